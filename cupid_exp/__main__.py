@@ -1,0 +1,3 @@
+from cupid_exp.cli import main
+
+main()

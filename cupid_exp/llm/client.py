@@ -1,0 +1,208 @@
+"""One client layer over litellm for every provider.
+
+litellm's Router gives retries with backoff (honouring retry-after) and timeouts,
+litellm's disk cache gives the persistent response cache, and litellm's price map
+gives cost. This module adds only what litellm lacks: bounded concurrency per model,
+a cache namespace that covers api_base and every decoding parameter, and per-step
+usage accounting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cupid_exp.config import ModelConfig, RuntimeConfig
+
+log = logging.getLogger(__name__)
+
+
+class ProviderError(RuntimeError):
+    """A model call that failed after retries; ``kind`` classifies it for the failure counts."""
+
+    def __init__(self, kind: str, message: str):
+        self.kind = kind
+        super().__init__(message)
+
+
+@dataclass
+class Completion:
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float | None = 0.0
+    cached: bool = False
+    seconds: float = 0.0
+
+
+@dataclass
+class UsageMeter:
+    """Per-step counters: calls, cache hits, tokens, cost, failures."""
+
+    counts: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
+
+    def add(self, step: str, completion: Completion) -> None:
+        c = self.counts[step]
+        c["calls"] += 1
+        c["cache_hits"] += int(completion.cached)
+        c["prompt_tokens"] += completion.prompt_tokens
+        c["completion_tokens"] += completion.completion_tokens
+        if completion.cost_usd is None:
+            c["unpriced_calls"] += 1
+        elif not completion.cached:
+            c["cost_usd"] += completion.cost_usd
+
+    def fail(self, step: str, kind: str) -> None:
+        self.counts[step][f"failed_{kind}"] += 1
+
+    def totals(self) -> dict[str, float]:
+        out: dict[str, float] = defaultdict(float)
+        for c in self.counts.values():
+            for k, v in c.items():
+                out[k] += v
+        return dict(out)
+
+    def as_dict(self) -> dict[str, dict[str, float]]:
+        return {step: dict(c) for step, c in self.counts.items()}
+
+
+_CACHE_DIR: str | None = None
+
+
+def configure_litellm(runtime: RuntimeConfig) -> None:
+    """Process-wide litellm settings: quiet, offline price map, disk cache."""
+    global _CACHE_DIR
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    litellm.suppress_debug_info = True
+    litellm.drop_params = True  # a provider that rejects a param (e.g. seed) gets it dropped, not an error
+    for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "litellm"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    if runtime.cache:
+        cache_dir = str(Path(runtime.cache_dir).expanduser().resolve())
+        if cache_dir != _CACHE_DIR:
+            from litellm.caching.caching import Cache
+
+            litellm.cache = Cache(type="disk", disk_cache_dir=cache_dir)
+            _CACHE_DIR = cache_dir
+    else:
+        litellm.cache = None
+        _CACHE_DIR = None
+
+
+def _error_kind(exc: BaseException) -> str:
+    import litellm
+
+    if isinstance(exc, litellm.ContextWindowExceededError):
+        return "context_length"
+    text = str(exc).lower()
+    if any(s in text for s in ("context_length_exceeded", "context length", "maximum context", "too many tokens",
+                               "prompt is too long", "input is too long", "exceeds n_ctx")):
+        return "context_length"
+    if isinstance(exc, (litellm.Timeout, asyncio.TimeoutError)):
+        return "timeout"
+    if isinstance(exc, litellm.RateLimitError):
+        return "rate_limit"
+    if isinstance(exc, (litellm.AuthenticationError, litellm.PermissionDeniedError)):
+        return "auth"
+    return "provider"
+
+
+class LLMClient:
+    """Completions for one configured model, shared by every step that uses it."""
+
+    def __init__(self, model: ModelConfig, runtime: RuntimeConfig, meter: UsageMeter):
+        import litellm
+
+        self.model, self.runtime, self.meter = model, runtime, meter
+        if model.local is not None:
+            from cupid_exp.llm.local import register_local_model
+
+            register_local_model(model.litellm_model, model.local)
+        params: dict[str, Any] = {"model": model.litellm_model}
+        if model.api_base:
+            params["api_base"] = model.api_base
+        key = os.environ.get(model.api_key_env) if model.api_key_env else None
+        if key:
+            params["api_key"] = key
+        elif model.api_base:
+            params["api_key"] = "EMPTY"  # OpenAI-compatible servers without auth still need a value
+        if model.input_cost_per_token is not None:
+            params["input_cost_per_token"] = model.input_cost_per_token
+        if model.output_cost_per_token is not None:
+            params["output_cost_per_token"] = model.output_cost_per_token
+        self._router = litellm.Router(
+            model_list=[{"model_name": model.name, "litellm_params": params}],
+            num_retries=runtime.num_retries,
+            timeout=runtime.timeout,
+            disable_cooldowns=True,
+        )
+        self._semaphore = asyncio.Semaphore(max(1, model.max_concurrency))
+
+    def cache_namespace(self, json_schema: dict | None) -> str:
+        """Everything besides messages that changes an answer; litellm's own key misses api_base."""
+        identity = {
+            "model": self.model.litellm_model,
+            "api_base": self.model.api_base,
+            "params": dict(self.model.params),
+            "schema": json_schema if self.model.structured_output else None,
+        }
+        return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+    async def complete(self, messages: list[dict], *, step: str, json_schema: dict | None = None) -> Completion:
+        import litellm
+
+        kwargs: dict[str, Any] = dict(self.model.params)
+        if json_schema is not None and self.model.structured_output:
+            kwargs["response_format"] = {"type": "json_schema",
+                                         "json_schema": {"name": "reply", "schema": json_schema, "strict": True}}
+        if self.runtime.cache:
+            kwargs["caching"] = True
+            kwargs["cache"] = {"namespace": self.cache_namespace(json_schema)}
+        start = time.perf_counter()
+        try:
+            async with self._semaphore:
+                response = await self._router.acompletion(model=self.model.name, messages=messages, **kwargs)
+        except Exception as exc:  # litellm maps every provider's errors to its own exception types
+            kind = _error_kind(exc)
+            self.meter.fail(step, kind)
+            raise ProviderError(kind, f"{self.model.name}: {type(exc).__name__}: {_short(exc)}") from exc
+        text = response.choices[0].message.content or ""
+        usage = getattr(response, "usage", None)
+        cached = bool((getattr(response, "_hidden_params", None) or {}).get("cache_hit"))
+        try:
+            cost = float(litellm.completion_cost(completion_response=response))
+        except Exception:  # unpriced model: counted, never guessed
+            cost = None
+        completion = Completion(
+            text=text,
+            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+            cost_usd=cost,
+            cached=cached,
+            seconds=time.perf_counter() - start,
+        )
+        self.meter.add(step, completion)
+        return completion
+
+
+def _short(exc: BaseException, n: int = 300) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+async def drain_background_tasks() -> None:
+    """Let litellm finish its async cache writes before the event loop closes."""
+    current = asyncio.current_task()
+    pending = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+    if pending:
+        await asyncio.wait(pending, timeout=10)

@@ -1,0 +1,71 @@
+"""Prompt files in the official tool's layout: <dir>/{evaluation,synthesis}/<name>.yaml.
+
+Each file holds ``system_prompt`` and ``user_prompt`` templates with ``{placeholder}``
+fields. Pointing ``prompts.dir`` at the official directory reproduces its messages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PROJECT_PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
+MATCHER_EXAMPLES = "evaluation/preference_matcher_examples.yaml"
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    name: str
+    system: str | None
+    user: str
+
+    def messages(self, system_role: str = "system", **values: Any) -> list[dict[str, str]]:
+        """Fill both templates with ``str.format`` (as the official tool does) into chat messages."""
+        try:
+            user = self.user.format(**values)
+            system = self.system.format(**values) if self.system is not None else None
+        except (KeyError, IndexError) as exc:
+            raise KeyError(f"prompt {self.name} needs placeholder {exc} that this step does not provide") from exc
+        out = [{"role": system_role, "content": system}] if system is not None else []
+        return out + [{"role": "user", "content": user}]
+
+
+class PromptSet:
+    """Loads templates on first use; falls back to the project's files for ones a drop-in lacks."""
+
+    def __init__(self, directory: str | Path | None = None):
+        self.directory = Path(directory).expanduser().resolve() if directory else PROJECT_PROMPTS
+        if not self.directory.is_dir():
+            raise FileNotFoundError(f"prompts.dir is not a directory: {self.directory}")
+        self._cache: dict[str, PromptTemplate] = {}
+
+    def _path(self, relative: str) -> Path:
+        path = self.directory / relative
+        return path if path.is_file() else PROJECT_PROMPTS / relative
+
+    def get(self, name: str) -> PromptTemplate:
+        """``name`` like 'evaluation/preference_inferrer'."""
+        if name not in self._cache:
+            path = self._path(f"{name}.yaml")
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+            if not isinstance(data, dict) or "user_prompt" not in data and "system_prompt" not in data:
+                raise ValueError(f"{path}: expected keys system_prompt and user_prompt")
+            self._cache[name] = PromptTemplate(name, data.get("system_prompt"), data.get("user_prompt", ""))
+        return self._cache[name]
+
+    def matcher_examples(self) -> list[dict]:
+        data = yaml.safe_load(self._path(MATCHER_EXAMPLES).read_text(encoding="utf-8"))
+        return list(data["examples"])
+
+    def digest(self) -> str:
+        """Hash of every prompt file in effect, so runs with different prompts never look alike."""
+        h = hashlib.sha256()
+        names = {p.relative_to(PROJECT_PROMPTS).as_posix() for p in PROJECT_PROMPTS.rglob("*.yaml")}
+        names |= {p.relative_to(self.directory).as_posix() for p in self.directory.rglob("*.yaml")}
+        for name in sorted(names):
+            h.update(name.encode() + b"\0" + self._path(name).read_bytes())
+        return h.hexdigest()[:16]

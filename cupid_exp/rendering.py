@@ -1,0 +1,48 @@
+"""Text rendering of sessions, checklists and few-shot blocks.
+
+The byte layout follows the official tool, so that prompts dropped in from the
+official directory produce exactly the messages the official tool sends.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Iterable, Mapping, Sequence
+
+from cupid_exp.data.schema import PriorSession
+
+SCORE_TO_LABEL = {1.0: "Fully Covered", 0.5: "Partially Covered", 0.0: "Not Covered"}
+
+
+def interaction_log(sessions: Sequence[PriorSession]) -> str:
+    """Sessions as '### Session i' blocks of '#### User' / '#### AI Assistant' turns, '---' after each."""
+    parts = []
+    for i, session in enumerate(sessions, start=1):
+        block = f"### Session {i}\n\n"
+        for message in session.dialogue:
+            speaker = "User" if message.role == "user" else "AI Assistant"
+            block += f"#### {speaker}\n\n{message.content}\n\n"
+        parts.append(block + "---\n\n")
+    return "".join(parts).strip()
+
+
+def numbered(items: Iterable[str]) -> str:
+    return "\n".join(f"{i}. {item}" for i, item in enumerate(items, start=1))
+
+
+def bulleted(items: Iterable[str]) -> str:
+    return "\n".join(f"- {item}" for item in items)
+
+
+def matcher_examples(examples: Sequence[Mapping]) -> str:
+    """Few-shot block: each example's preference, then its labels as a fenced JSON 'results' list."""
+    text = ""
+    for example in examples:
+        results = [
+            {"index": i, "entry": entry, "label": SCORE_TO_LABEL.get(float(score), "Not Covered")}
+            for i, (entry, score) in enumerate(example["checklist"].items(), start=1)
+        ]
+        text += f"#### Preference\n\n{example['preference']}\n\n#### Output\n\n```json\n"
+        text += json.dumps({"results": results}, indent=2)
+        text += "\n```\n\n---\n\n"
+    return text.strip()

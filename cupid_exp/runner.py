@@ -1,0 +1,198 @@
+"""One job: load data, call models, score, write outputs, log to MLflow, print the table."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from cupid_exp.data.loading import load_instances
+from cupid_exp.data.schema import Instance
+from cupid_exp.llm.client import LLMClient, UsageMeter, configure_litellm, drain_background_tasks
+from cupid_exp.metrics import error_counts, flat_metrics, inference_metrics
+from cupid_exp.outputs import write_json, write_jsonl
+from cupid_exp.prompts import PromptSet
+from cupid_exp.rendering import matcher_examples
+from cupid_exp.settings import context_sessions, validate_setting
+from cupid_exp.tasks.base import EvalContext, InstanceRecord, StepFailed
+from cupid_exp.tasks.inference import run_inference
+
+log = logging.getLogger(__name__)
+
+TASKS = {"inference": run_inference}
+
+
+@dataclass
+class JobResult:
+    metrics: dict[str, float]
+    records: list[dict[str, Any]]
+    run_id: str | None
+    output_dir: Path
+
+
+def _clients(cfg: DictConfig, meter: UsageMeter) -> dict[str, LLMClient]:
+    """One client per distinct model config, so roles on the same model share its concurrency."""
+    by_identity: dict[str, LLMClient] = {}
+    roles = {"subject": cfg.model, "decomposer": cfg.evaluator.decomposer,
+             "matcher": cfg.evaluator.matcher, "judge": cfg.evaluator.judge}
+    out = {}
+    for role, model_cfg in roles.items():
+        identity = json.dumps(OmegaConf.to_container(model_cfg, resolve=True), sort_keys=True)
+        if identity not in by_identity:
+            by_identity[identity] = LLMClient(OmegaConf.to_object(model_cfg), cfg.runtime, meter)
+        out[role] = by_identity[identity]
+    return out
+
+
+def _new_record(instance: Instance, n_sessions: int) -> InstanceRecord:
+    return InstanceRecord(key=instance.key, persona_id=instance.persona_id, instance_type=instance.instance_type,
+                          values={"gt_preference": instance.current_contextual_preference,
+                                  "gt_checklist": list(instance.current_checklist),
+                                  "gt_checklist_len": len(instance.current_checklist),
+                                  "context_factor": instance.current_context_factor,
+                                  "n_context_sessions": n_sessions})
+
+
+async def _run_all(cfg: DictConfig, ctx: EvalContext, instances: list[Instance]) -> list[InstanceRecord]:
+    from tqdm import tqdm
+
+    task = TASKS[cfg.task.name]
+
+    async def one(instance: Instance) -> InstanceRecord:
+        sessions = context_sessions(instance, cfg.setting)
+        record = _new_record(instance, len(sessions))
+        try:
+            await task(ctx, instance, sessions, record)
+        except StepFailed as exc:
+            record.add_error(exc)
+            log.warning("instance %s failed at %s", instance.key, exc)
+        return record
+
+    show = bool(cfg.runtime.progress) and sys.stderr.isatty()
+    records: dict[str, InstanceRecord] = {}
+    with tqdm(total=len(instances), desc=f"{cfg.task.name}", disable=not show, unit="inst") as bar:
+        for future in asyncio.as_completed([one(i) for i in instances]):
+            record = await future
+            records[record.key] = record
+            totals = ctx.subject.meter.totals()
+            bar.set_postfix(calls=int(totals.get("calls", 0)), cached=int(totals.get("cache_hits", 0)),
+                            usd=f"{totals.get('cost_usd', 0.0):.4f}", refresh=False)
+            bar.update()
+    await drain_background_tasks()
+    return [records[i.key] for i in instances]  # dataset order, whatever finished first
+
+
+def _usage_metrics(meter: UsageMeter) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for step, counts in meter.as_dict().items():
+        out[f"calls/{step}"] = counts.get("calls", 0.0)
+        out[f"calls/{step}/cache_hits"] = counts.get("cache_hits", 0.0)
+        out[f"tokens/{step}/prompt"] = counts.get("prompt_tokens", 0.0)
+        out[f"tokens/{step}/completion"] = counts.get("completion_tokens", 0.0)
+    totals = meter.totals()
+    out["calls/total"] = totals.get("calls", 0.0)
+    out["calls/cache_hits"] = totals.get("cache_hits", 0.0)
+    out["calls/unpriced"] = totals.get("unpriced_calls", 0.0)
+    out["tokens/prompt"] = totals.get("prompt_tokens", 0.0)
+    out["tokens/completion"] = totals.get("completion_tokens", 0.0)
+    out["cost/usd"] = totals.get("cost_usd", 0.0)
+    return out
+
+
+def results_table(nested: Mapping[str, Any]) -> pd.DataFrame:
+    rows = []
+    for group, block in nested.items():
+        if group == "counts":
+            continue
+        rows.append({"instances": group, "n": block.get("n", 0),
+                     **{k: round(100 * block[k], 1) for k in ("precision", "recall", "f1", "micro/precision",
+                                                               "micro/recall", "micro/f1") if k in block}})
+    return pd.DataFrame(rows).set_index("instances")
+
+
+def instance_table(records: list[dict[str, Any]]) -> pd.DataFrame:
+    """Per-instance rows for mlflow.log_table: scalars as-is, containers as JSON text."""
+    rows = []
+    for rec in records:
+        row = {k: (json.dumps(v, ensure_ascii=False) if isinstance(v, (list, dict)) else v)
+               for k, v in rec.items() if k != "raw"}
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def run_job(cfg: DictConfig, output_dir: Path, *, choices: Mapping[str, str] | None = None,
+            parent_run: str | None = None) -> JobResult:
+    start = time.perf_counter()
+    validate_setting(cfg.setting, cfg.task.name)
+    if cfg.task.name not in TASKS:
+        raise ValueError(f"task={cfg.task.name!r} is not available; choose one of {sorted(TASKS)}")
+    configure_litellm(cfg.runtime)
+    data = load_instances(cfg.data)
+    prompts = PromptSet(cfg.prompts.dir)
+    meter = UsageMeter()
+    clients = _clients(cfg, meter)
+    ctx = EvalContext(**clients, prompts=prompts, reask=cfg.runtime.reask,
+                      matcher_prompt=cfg.evaluator.matcher_prompt,
+                      matcher_examples=matcher_examples(prompts.matcher_examples()),
+                      max_checklist_items=cfg.evaluator.max_checklist_items)
+    log.info("%d instances from %s (%d bad rows); model=%s evaluator=%s", len(data.instances), data.source,
+             len(data.errors), cfg.model.name, cfg.evaluator.name)
+    records = [r.to_dict() for r in asyncio.run(_run_all(cfg, ctx, data.instances))]
+
+    nested = inference_metrics(records, cfg.runtime.failure_policy)
+    errors = error_counts(records)
+    metrics = flat_metrics(cfg.task.name, nested)
+    metrics.update(_usage_metrics(meter))
+    metrics.update({f"errors/{k}": float(v) for k, v in errors.items()})
+    metrics["data/bad_rows"] = float(len(data.errors))
+    metrics["time/seconds"] = time.perf_counter() - start
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    write_jsonl(output_dir / "instances.jsonl", records)
+    summary = {"metrics": metrics, "breakdown": nested, "errors": errors, "usage": meter.as_dict(),
+               "data": {"source": data.source, "digest": data.digest, "instances": len(data.instances),
+                        "bad_rows": [str(e) for e in data.errors]},
+               "prompts_digest": prompts.digest()}
+    write_json(output_dir / "metrics.json", summary)
+
+    run_id = None
+    if cfg.tracking.enabled:
+        from cupid_exp.tracking import log_job
+
+        run_id = log_job(
+            cfg, run_name=cfg.tracking.run_name or f"{cfg.model.name}-{cfg.task.name}-{cfg.setting.name}",
+            choices=choices or {}, metrics=metrics, table=instance_table(records), parent=parent_run,
+            tags={"dataset_digest": data.digest, "dataset_source": data.source,
+                  "prompts_digest": prompts.digest(), "output_dir": str(output_dir.resolve())},
+            artifacts=[output_dir / "instances.jsonl", output_dir / "metrics.json"])
+    print(render_report(cfg, nested, errors, metrics, data.errors, output_dir, run_id))
+    return JobResult(metrics=metrics, records=records, run_id=run_id, output_dir=output_dir)
+
+
+def render_report(cfg: DictConfig, nested: Mapping[str, Any], errors: Mapping[str, int],
+                  metrics: Mapping[str, float], bad_rows: list, output_dir: Path, run_id: str | None) -> str:
+    counts = nested.get("counts", {})
+    lines = [
+        "",
+        f"CUPID {cfg.task.name} | model={cfg.model.name} setting={cfg.setting.name} "
+        f"evaluator={cfg.evaluator.name} data={cfg.data.name}",
+        "P/R/F1 in %: macro (paper: mean per-instance P and R, F1 = their harmonic mean) and micro (pooled, upstream)",
+        results_table(nested).to_string(),
+        f"instances: {counts.get('instances', 0)} run, {counts.get('scored', 0)} scored, "
+        f"{counts.get('failed', 0)} failed (policy: {counts.get('failure_policy', '-')}); "
+        f"bad data rows skipped: {len(bad_rows)}",
+        "failed steps: " + (", ".join(f"{k}={v}" for k, v in sorted(errors.items()) if "/" in k) or "none"),
+        f"calls: {int(metrics.get('calls/total', 0))} ({int(metrics.get('calls/cache_hits', 0))} cached), "
+        f"tokens: {int(metrics.get('tokens/prompt', 0))} in / {int(metrics.get('tokens/completion', 0))} out, "
+        f"cost: ${metrics.get('cost/usd', 0.0):.4f}, time: {metrics.get('time/seconds', 0.0):.1f}s",
+        f"outputs: {output_dir}" + (f" | MLflow run {run_id} at {cfg.tracking.uri}" if run_id else ""),
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,144 @@
+"""MLflow logging: one run per job, nested under one parent run per Hydra multirun.
+
+The parent is created once on the launching process (``MlflowSweepCallback``) and its id
+is written into the sweep directory, so jobs in other processes (joblib, submitit) find
+it without sharing memory. Keys are never logged: config values under secret-looking
+names are redacted before they reach params, artifacts or the saved config.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import subprocess
+from pathlib import Path
+from typing import Any, Mapping
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+PARENT_RUN_FILE = "mlflow_parent_run_id"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+_SECRET_KEY = re.compile(r"(api[_-]?key|secret|password|token|authorization|credential)", re.IGNORECASE)
+_SAFE_SECRET_NAMES = re.compile(r"(_env|_tokens?|max_.*tokens?|budget_tokens|tokens?_.*)$", re.IGNORECASE)
+
+
+def redact(value: Any) -> Any:
+    """Copy of a nested container with secret-looking keys' values replaced by '***'."""
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            secret = _SECRET_KEY.search(str(k)) and not _SAFE_SECRET_NAMES.search(str(k))
+            out[k] = "***" if secret and v not in (None, "") else redact(v)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [redact(v) for v in value]
+    return value
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, str]:
+    """{'a': {'b': 1}} -> {'a.b': '1'}; lists become JSON strings."""
+    out: dict[str, str] = {}
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+    else:
+        text = json.dumps(value) if isinstance(value, (list, tuple)) else str(value)
+        out[prefix.rstrip(".")] = text[:6000]
+    return out
+
+
+def git_state() -> dict[str, str]:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return {"git_commit": "unknown", "git_dirty": "unknown"}
+    return {"git_commit": commit or "unknown", "git_dirty": str(dirty).lower()}
+
+
+def _experiment_id(tracking: DictConfig) -> str:
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking.uri)
+    experiment = mlflow.get_experiment_by_name(tracking.experiment)
+    if experiment is not None:
+        return experiment.experiment_id
+    location = None
+    if tracking.artifact_location:
+        location = Path(tracking.artifact_location).expanduser().resolve().as_uri()
+    try:
+        return mlflow.create_experiment(tracking.experiment, artifact_location=location)
+    except Exception:  # another job created it first
+        return mlflow.get_experiment_by_name(tracking.experiment).experiment_id
+
+
+def _prepare_store(tracking: DictConfig) -> None:
+    if tracking.uri.startswith("sqlite:///"):
+        Path(tracking.uri.removeprefix("sqlite:///")).expanduser().parent.mkdir(parents=True, exist_ok=True)
+
+
+class MlflowSweepCallback(Callback):
+    """Opens the parent run of a multirun and closes it when the sweep ends."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if not config.tracking.enabled:
+            return
+        from mlflow.tracking import MlflowClient
+
+        _prepare_store(config.tracking)
+        experiment_id = _experiment_id(config.tracking)
+        sweep_dir = Path(config.hydra.sweep.dir)
+        run = MlflowClient(config.tracking.uri).create_run(
+            experiment_id, run_name=f"sweep {sweep_dir.name}",
+            tags={"cupid.kind": "sweep", "cupid.sweep_dir": str(sweep_dir.resolve()), **git_state()})
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        (sweep_dir / PARENT_RUN_FILE).write_text(run.info.run_id)
+        log.info("MLflow parent run %s for sweep %s", run.info.run_id, sweep_dir)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if not config.tracking.enabled:
+            return
+        from mlflow.tracking import MlflowClient
+
+        marker = Path(config.hydra.sweep.dir) / PARENT_RUN_FILE
+        if marker.exists():
+            MlflowClient(config.tracking.uri).set_terminated(marker.read_text().strip())
+
+
+def parent_run_id(sweep_dir: str | Path | None) -> str | None:
+    if not sweep_dir:
+        return None
+    marker = Path(sweep_dir) / PARENT_RUN_FILE
+    return marker.read_text().strip() if marker.exists() else None
+
+
+def log_job(cfg: DictConfig, *, run_name: str, choices: Mapping[str, str], tags: Mapping[str, str],
+            metrics: Mapping[str, float], table: Any, artifacts: list[Path], parent: str | None) -> str:
+    """Log one job as an MLflow run; returns its run id."""
+    import mlflow
+
+    _prepare_store(cfg.tracking)
+    experiment_id = _experiment_id(cfg.tracking)
+    resolved = redact(OmegaConf.to_container(cfg, resolve=True))
+    params = flatten(resolved)
+    params.update({"choice." + re.sub(r"[^\w.\-/: ]", ":", k): str(v) for k, v in choices.items()})
+    all_tags = {**git_state(), **tags, "cupid.kind": "job"}
+    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, parent_run_id=parent,
+                          tags=all_tags) as run:
+        mlflow.log_params(params)
+        mlflow.log_metrics({k: v for k, v in metrics.items() if v == v})  # NaN-free
+        mlflow.log_dict(resolved, "config.yaml")
+        for path in artifacts:
+            if path.exists():
+                mlflow.log_artifact(str(path))
+        if table is not None and len(table):
+            mlflow.log_table(table, artifact_file="instances_table.json")
+        return run.info.run_id

@@ -26,6 +26,7 @@ class LocalModelConfig:
     n_threads: int = 2
     n_batch: int = 512
     chat_format: Optional[str] = None
+    prompt_cache_mb: int = 1024  # llama.cpp KV states reused across calls sharing a prompt prefix; 0 = off
 
 
 @dataclass

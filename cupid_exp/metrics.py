@@ -41,7 +41,12 @@ def inference_metrics(records: Iterable[dict[str, Any]], failure_policy: str = "
     if failure_policy == "zero":
         # upstream scores a failed instance 0 against full checklist lengths
         df.loc[failed, ["precision", "recall", "f1", "predicted_matched", "true_matched"]] = 0.0
-        df.loc[failed & df.get("n_predicted", pd.Series(float("nan"), index=df.index)).isna(), "n_predicted"] = 0
+        if "n_predicted" not in df:
+            df["n_predicted"] = float("nan")
+        if "inferred_checklist" in df:  # the checklist exists when only matching failed
+            known = df["inferred_checklist"].map(lambda c: len(c) if isinstance(c, list) else float("nan"))
+            df["n_predicted"] = df["n_predicted"].fillna(known)
+        df["n_predicted"] = df["n_predicted"].fillna(0)
         if "n_true" not in df or df["n_true"].isna().any():
             df["n_true"] = df.get("n_true", pd.Series(float("nan"), index=df.index)).fillna(df["gt_checklist_len"])
         scored = df
@@ -71,7 +76,7 @@ def error_counts(records: Iterable[dict[str, Any]]) -> dict[str, int]:
 
 
 def flat_metrics(task: str, nested: dict[str, Any]) -> dict[str, float]:
-    """'inference/f1', 'inference/micro/f1', 'inference/changing/f1', 'inference/n_scored', ..."""
+    """'inference/f1', 'inference/micro/f1', 'inference/changing/f1', 'inference/count/scored', ..."""
     flat: dict[str, float] = {}
     for group, block in nested.items():
         if group == "counts":

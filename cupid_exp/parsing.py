@@ -13,7 +13,19 @@ _PREFERENCE_HEADER = re.compile(
     r"[ \t]*(?:\*\*|__)?[ \t]*(?P<rest>.*)$",
     re.IGNORECASE | re.MULTILINE,
 )
-_HEADER_LINE = re.compile(r"^\s*(#{1,6}\s|\*\*[^*]+\*\*\s*:?\s*$)")
+_HEADER_LINE = re.compile(r"^\s*#{1,6}\s")
+_BOLD_LINE = re.compile(r"^\s*\*\*(?P<inner>[^*]+)\*\*\s*(?P<colon>:?)\s*$")
+
+
+def _is_header(line: str) -> bool:
+    """A markdown header, or a bold label line ('**Confidence:**', '**Notes**'); not a bolded sentence."""
+    if _HEADER_LINE.match(line):
+        return True
+    bold = _BOLD_LINE.match(line)
+    if not bold:
+        return False
+    inner = bold.group("inner").strip()
+    return bool(bold.group("colon")) or inner.endswith(":") or len(inner.split()) <= 4
 
 
 class ParseError(ValueError):
@@ -34,9 +46,10 @@ def parse_json_reply(text: str) -> Any:
     fenced = re.search(r"```(?:json)?\s*(.*?)```", text, re.DOTALL)
     candidates = [fenced.group(1)] if fenced else []
     candidates.append(text)
-    start, end = text.find("{"), text.rfind("}")
-    if 0 <= start < end:
-        candidates.append(text[start : end + 1])
+    for opener, closer in ("{}", "[]"):
+        start, end = text.find(opener), text.rfind(closer)
+        if 0 <= start < end:
+            candidates.append(text[start : end + 1])
     for candidate in candidates:
         try:
             return json.loads(candidate.strip())
@@ -77,7 +90,7 @@ def parse_preference(text: str) -> str:
     if rest:
         return rest
     for line in body[match.end():].splitlines():
-        if _HEADER_LINE.match(line):
+        if _is_header(line):
             break
         line = _clean_sentence(line.lstrip("-*> \t"))
         if line:

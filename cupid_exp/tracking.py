@@ -127,7 +127,8 @@ def log_job(cfg: DictConfig, *, run_name: str, choices: Mapping[str, str], tags:
 
     _prepare_store(cfg.tracking)
     experiment_id = _experiment_id(cfg.tracking)
-    resolved = redact(OmegaConf.to_container(cfg, resolve=True))
+    resolved = redact({k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
+                       for k in cfg if k != "hydra"})
     params = flatten(resolved)
     params.update({"choice." + re.sub(r"[^\w.\-/: ]", ":", k): str(v) for k, v in choices.items()})
     all_tags = {**git_state(), **tags, "cupid.kind": "job"}

@@ -38,22 +38,29 @@ def _raw_rows_from_file(path: Path) -> Iterator[tuple[str, Any]]:
     """Yield (where, row) pairs; an unreadable line is yielded as a DataError."""
     where_file = path.name
     if path.suffix == ".jsonl":
+        seen_line = False
         with path.open("rb") as fh:
             for lineno, raw in enumerate(fh, start=1):
                 where = f"{where_file}:{lineno}"
                 if not raw.strip():
                     continue
+                seen_line = True
                 try:
                     yield where, json.loads(raw.decode("utf-8"))
                 except UnicodeDecodeError as exc:
                     yield where, DataError(where, "<row>", f"is not valid UTF-8 ({exc.reason})")
                 except json.JSONDecodeError as exc:
                     yield where, DataError(where, "<row>", f"is not valid JSON ({exc.msg})")
+        if not seen_line:  # an empty file is a mistake to report, not a silent zero-row dataset
+            yield where_file, DataError(where_file, "<file>", "is empty (no rows)")
     elif path.suffix == ".json":
         try:
             payload = json.loads(path.read_bytes().decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             yield where_file, DataError(where_file, "<file>", f"cannot be read as JSON ({exc})")
+            return
+        if payload == []:
+            yield where_file, DataError(where_file, "<file>", "is empty (no rows)")
             return
         rows = payload if isinstance(payload, list) else [payload]
         for i, row in enumerate(rows):
@@ -61,7 +68,10 @@ def _raw_rows_from_file(path: Path) -> Iterator[tuple[str, Any]]:
     elif path.suffix == ".parquet":
         import pandas as pd
 
-        for i, row in enumerate(pd.read_parquet(path).to_dict(orient="records")):
+        records = pd.read_parquet(path).to_dict(orient="records")
+        if not records:
+            yield where_file, DataError(where_file, "<file>", "is empty (no rows)")
+        for i, row in enumerate(records):
             yield f"{where_file} row {i}", _plain(row)
     else:
         yield where_file, DataError(where_file, "<file>", f"has unsupported suffix; use one of {LOCAL_SUFFIXES}")
@@ -75,6 +85,8 @@ def _plain(value: Any) -> Any:
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
+    if isinstance(value, float) and value != value:  # pandas reads a null string cell back as NaN
+        return None
     return value
 
 

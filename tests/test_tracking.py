@@ -1,0 +1,64 @@
+"""MLflow logging: secrets redacted, params/tags/metrics/artifacts present, sweeps nested."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
+
+from conftest import compose_config
+from cupid_exp.tracking import MlflowSweepCallback, flatten, log_job, parent_run_id, redact
+
+
+def test_redact_hides_secret_values_but_keeps_names_and_token_counts() -> None:
+    cfg = {"model": {"api_key": "sk-live-123", "api_key_env": "OPENAI_API_KEY",
+                     "params": {"max_tokens": 10, "thinking": {"budget_tokens": 5}, "Authorization": "Bearer x"}},
+           "list": [{"secret": "s3"}]}
+    out = redact(cfg)
+    assert out["model"]["api_key"] == "***" and out["list"][0]["secret"] == "***"
+    assert out["model"]["params"]["Authorization"] == "***"
+    assert out["model"]["api_key_env"] == "OPENAI_API_KEY"
+    assert out["model"]["params"]["max_tokens"] == 10 and out["model"]["params"]["thinking"]["budget_tokens"] == 5
+    assert "sk-live-123" not in str(out)
+
+
+def test_flatten_paths_and_lists() -> None:
+    assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": None}) == {"a.b": "1", "a.c": "[1, 2]", "d": "None"}
+
+
+def test_log_job_records_config_metrics_tags_and_artifacts(tmp_path: Path) -> None:
+    cfg = compose_config([f"paths.output_root={tmp_path}", "model=gpt4o"])
+    (tmp_path / "instances.jsonl").write_text('{"key": "a/consistent"}\n')
+    run_id = log_job(cfg, run_name="unit", choices={"model": "gpt4o", "model@evaluator.judge": "local"},
+                     tags={"dataset_digest": "abc"}, metrics={"inference/f1": 0.5, "nan": float("nan")},
+                     table=pd.DataFrame([{"key": "a/consistent", "f1": 0.5}]),
+                     artifacts=[tmp_path / "instances.jsonl"], parent=None)
+    client = MlflowClient(cfg.tracking.uri)
+    run = client.get_run(run_id)
+    assert run.data.params["model.litellm_model"] == "openai/gpt-4o-2024-08-07"
+    assert run.data.params["choice.model"] == "gpt4o"
+    assert run.data.params["choice.model:evaluator.judge"] == "local"
+    assert run.data.metrics == {"inference/f1": 0.5}
+    assert run.data.tags["dataset_digest"] == "abc" and "git_commit" in run.data.tags
+    names = {a.path for a in client.list_artifacts(run_id)}
+    assert {"config.yaml", "instances.jsonl", "instances_table.json"} <= names
+    assert Path(tmp_path / "mlartifacts").is_dir()  # artifacts land under outputs/, not the cwd
+
+
+def test_sweep_callback_creates_and_closes_the_parent(tmp_path: Path) -> None:
+    cfg = compose_config([f"paths.output_root={tmp_path}"], return_hydra_config=True)
+    OmegaConf.update(cfg, "hydra.sweep.dir", str(tmp_path / "sweep"))
+    callback = MlflowSweepCallback()
+    callback.on_multirun_start(cfg)
+    parent = parent_run_id(tmp_path / "sweep")
+    assert parent
+    child = log_job(cfg, run_name="child", choices={}, tags={}, metrics={"x": 1.0}, table=None, artifacts=[],
+                    parent=parent)
+    callback.on_multirun_end(cfg)
+    client = MlflowClient(cfg.tracking.uri)
+    assert client.get_run(child).data.tags["mlflow.parentRunId"] == parent
+    assert client.get_run(parent).info.status == "FINISHED"
+    mlflow.set_tracking_uri(None)

@@ -6,6 +6,7 @@ import os
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before anything imports litellm
 
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import hydra  # noqa: E402
@@ -24,8 +25,14 @@ def main(cfg: DictConfig) -> float | None:
     from cupid_exp.runner import run_job
     from cupid_exp.tracking import parent_run_id
 
+    from cupid_exp.settings import ConfigError
+
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
-    result = run_job(cfg, Path(hc.runtime.output_dir), choices=dict(hc.runtime.choices),
-                     parent_run=parent_run_id(hc.sweep.dir) if multirun else None)
-    return result.metrics.get(f"{cfg.task.name}/f1")
+    try:
+        result = run_job(cfg, Path(hc.runtime.output_dir), choices=dict(hc.runtime.choices),
+                         parent_run=parent_run_id(hc.sweep.dir) if multirun else None)
+    except ConfigError as exc:  # a bad combination: one line, before any model call
+        print(f"cupid_exp: {exc}", file=sys.stderr)
+        sys.exit(2)
+    return result.metrics.get(f"{cfg.task.name}/f1", result.metrics.get("generation/score"))

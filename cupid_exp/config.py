@@ -47,6 +47,17 @@ class ModelConfig:
 
 
 @dataclass
+class ServerConfig:
+    """A local OpenAI-compatible server (vLLM) started for a job when ``serve`` is true."""
+
+    serve: bool = False
+    command: List[str] = field(default_factory=list)  # e.g. [vllm, serve, kixlab/prefmatcher-7b, --port, "8000"]
+    base_url: str = "http://127.0.0.1:8000"  # health is checked at <base_url>/v1/models
+    startup_timeout: float = 1200.0
+    log_file: Optional[str] = None
+
+
+@dataclass
 class EvaluatorConfig:
     """Who decomposes, matches and judges (paper: GPT-4o at temperature 0)."""
 
@@ -55,7 +66,9 @@ class EvaluatorConfig:
     matcher: ModelConfig = MISSING
     judge: ModelConfig = MISSING
     matcher_prompt: str = "evaluation/preference_matcher"  # its {examples} get the 8 few-shot pairs
+    matcher_few_shot: bool = True  # the fine-tuned PrefMatcher takes no examples
     max_checklist_items: int = 4
+    server: Optional[ServerConfig] = None  # a model server the runner starts and stops (PrefMatcher)
 
 
 @dataclass
@@ -65,7 +78,10 @@ class TaskConfig:
 
 @dataclass
 class SettingConfig:
-    name: str = MISSING  # standard (oracle, oracle_preference, summary: later)
+    name: str = MISSING  # standard | oracle | oracle_preference | summary
+    include_log: bool = False  # oracle_preference: show the session log beside the true preference
+    expected_oracle_sessions: int = 2  # CUPID has exactly 2; any other count is a data warning
+    summary_params: Dict[str, Any] = field(default_factory=dict)  # decoding overrides for the summary call
 
 
 @dataclass

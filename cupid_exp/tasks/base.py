@@ -19,8 +19,9 @@ class EvalContext:
     prompts: PromptSet
     reask: int = 1
     matcher_prompt: str = "evaluation/preference_matcher"
-    matcher_examples: str = ""  # rendered few-shot block for the matcher's {examples}
+    matcher_examples: str | None = ""  # rendered few-shot block for the matcher's {examples}
     max_checklist_items: int = 4
+    summaries: dict[str, Any] = field(default_factory=dict)  # instance key -> summary task (shared by tasks)
 
 
 class StepFailed(Exception):
@@ -52,7 +53,8 @@ class InstanceRecord:
 
 
 async def ask(ctx: EvalContext, client: LLMClient, record: InstanceRecord, step: str, messages: list[dict],
-              parse: Callable[[str], Any], json_schema: dict | None = None) -> Any:
+              parse: Callable[[str], Any], json_schema: dict | None = None,
+              params: dict[str, Any] | None = None) -> Any:
     """Call the model, parse the reply, and on a parse failure re-ask up to ``ctx.reask`` times.
 
     A re-ask shows the model its own reply and the parse error. Raw replies are kept on
@@ -62,7 +64,7 @@ async def ask(ctx: EvalContext, client: LLMClient, record: InstanceRecord, step:
     last_error = ""
     for attempt in range(ctx.reask + 1):
         try:
-            completion = await client.complete(conversation, step=step, json_schema=json_schema)
+            completion = await client.complete(conversation, step=step, json_schema=json_schema, params=params)
         except ProviderError as exc:
             raise StepFailed(step, exc.kind, str(exc)) from exc
         usage = record.usage.setdefault(step, {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0})

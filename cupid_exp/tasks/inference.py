@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 
-from cupid_exp.data.schema import Instance, PriorSession
+from cupid_exp.data.schema import Instance
 from cupid_exp.parsing import parse_checklist, parse_match_labels, parse_preference
-from cupid_exp.rendering import interaction_log, matcher_examples, numbered
+from cupid_exp.rendering import numbered
 from cupid_exp.tasks.base import EvalContext, InstanceRecord, StepFailed, ask
 
 _LABELS = ["Fully Covered", "Partially Covered", "Not Covered"]
@@ -63,11 +63,10 @@ async def match(ctx: EvalContext, record: InstanceRecord, step: str, checklist: 
                      lambda text: parse_match_labels(text, n), match_schema(n))
 
 
-async def run_inference(ctx: EvalContext, instance: Instance, sessions: list[PriorSession],
-                        record: InstanceRecord) -> None:
+async def run_inference(ctx: EvalContext, instance: Instance, log_text: str, record: InstanceRecord) -> None:
     """Fill ``record.values`` with the inferred preference, checklists, labels and P/R/F1."""
     template = ctx.prompts.get("evaluation/preference_inferrer")
-    messages = template.messages(ctx.subject.model.system_role, interaction_log=interaction_log(sessions),
+    messages = template.messages(ctx.subject.model.system_role, interaction_log=log_text,
                                  curr_request=instance.current_request)
     preference = await ask(ctx, ctx.subject, record, "infer", messages, parse_preference, INFER_SCHEMA)
     record.values["inferred_preference"] = preference

@@ -1,0 +1,82 @@
+"""Start, health-check and stop a local OpenAI-compatible model server (vLLM for PrefMatcher).
+
+A server already answering on the configured URL is reused and left running; a server
+this process started is stopped (its whole process group) when the job ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+from cupid_exp.config import ServerConfig
+
+log = logging.getLogger(__name__)
+
+
+def is_healthy(base_url: str, timeout: float = 2.0) -> bool:
+    """True when <base_url>/v1/models answers 200."""
+    try:
+        with urllib.request.urlopen(f"{base_url.rstrip('/')}/v1/models", timeout=timeout) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+class ServerStartError(RuntimeError):
+    pass
+
+
+@contextlib.contextmanager
+def managed_server(cfg: ServerConfig | None) -> Iterator[str | None]:
+    """Yield the server's base URL for the duration of a job; no-op when serving is off."""
+    if cfg is None or not cfg.serve:
+        yield None
+        return
+    if is_healthy(cfg.base_url):
+        log.info("reusing the model server already up at %s", cfg.base_url)
+        yield cfg.base_url
+        return
+    if not cfg.command:
+        raise ServerStartError("evaluator.server.serve=true needs evaluator.server.command")
+    log_path = Path(cfg.log_file) if cfg.log_file else None
+    sink = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    log.info("starting model server: %s", " ".join(cfg.command))
+    proc = subprocess.Popen(list(cfg.command), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    try:
+        deadline = time.monotonic() + cfg.startup_timeout
+        while not is_healthy(cfg.base_url):
+            if proc.poll() is not None:
+                raise ServerStartError(f"model server exited with code {proc.returncode} before becoming healthy"
+                                       + (f"; see {log_path}" if log_path else ""))
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"model server not healthy at {cfg.base_url} after {cfg.startup_timeout:.0f}s")
+            time.sleep(0.5)
+        log.info("model server healthy at %s (pid %d)", cfg.base_url, proc.pid)
+        yield cfg.base_url
+    finally:
+        _stop(proc)
+        if log_path:
+            sink.close()
+
+
+def _stop(proc: subprocess.Popen, grace: float = 20.0) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

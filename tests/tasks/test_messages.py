@@ -1,0 +1,159 @@
+"""What reaches the model: drop-in prompts give the official tool's exact messages, and each
+model config's decoding parameters reach litellm unchanged."""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import compose_config
+from cupid_exp.config import DataConfig
+from cupid_exp.data.loading import load_instances
+from cupid_exp.llm.client import LLMClient, UsageMeter, configure_litellm
+from cupid_exp.prompts import PromptSet
+from cupid_exp.runner import build_context, evaluate_instance
+
+INSTANCE = load_instances(DataConfig(name="sample", source="sample")).instances[0]
+
+
+def official_style_dir(root: Path) -> Path:
+    """Prompt files in the official layout (keys, placeholder names, |- blocks), with our own text."""
+    files = {
+        "evaluation/preference_inferrer.yaml": """
+            system_prompt: |-
+              INFER-SYSTEM (no placeholders)
+            user_prompt: |-
+              ## Log
+
+              {interaction_log}
+
+              ---
+
+              ## Current
+
+              ### User
+
+              {curr_request}
+            """,
+        "evaluation/response_generator.yaml": """
+            system_prompt: |-
+              GENERATE-SYSTEM
+            user_prompt: |-
+              ## Log
+
+              {interaction_log}
+
+              ---
+
+              ## Request
+
+              {curr_request}
+            """,
+        "evaluation/response_judger.yaml": """
+            system_prompt: |-
+              JUDGE-SYSTEM
+
+              **Preference**: "{preference}"
+
+              **Checklist**:
+              {checklist}
+            user_prompt: |-
+              ### User's Request
+
+              {user_request}
+
+              ### AI Assistant's Response
+
+              {ai_response}
+            """,
+    }
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip())
+    return root
+
+
+def official_log(instance) -> str:
+    """The official tool's log layout, written out independently of cupid_exp.rendering."""
+    out = ""
+    for i, session in enumerate(instance.prior_interactions):
+        out += f"### Session {i + 1}\n\n"
+        for m in session.dialogue:
+            out += f"#### {'User' if m.role == 'user' else 'AI Assistant'}\n\n{m.content}\n\n"
+        out += "---\n\n"
+    return out.strip()
+
+
+@pytest.mark.slow
+def test_drop_in_prompts_send_the_official_messages(tmp_path: Path, monkeypatch) -> None:
+    cfg = compose_config([f"prompts.dir={official_style_dir(tmp_path / 'official')}", "task=both",
+                          f"paths.output_root={tmp_path}", "model.params.max_tokens=96", "runtime.reask=0"])
+    configure_litellm(cfg.runtime)
+    sent: dict[str, list[dict]] = {}
+    real_complete = LLMClient.complete
+
+    async def recording_complete(self, messages, *, step, **kw):
+        sent.setdefault(step, messages)  # the first attempt of each step
+        return await real_complete(self, messages, step=step, **kw)
+
+    monkeypatch.setattr(LLMClient, "complete", recording_complete)
+    ctx = build_context(cfg, PromptSet(cfg.prompts.dir), UsageMeter())
+    record = asyncio.run(evaluate_instance(cfg, ctx, INSTANCE))
+
+    log = official_log(INSTANCE)
+    assert sent["infer"] == [
+        {"role": "system", "content": "INFER-SYSTEM (no placeholders)"},
+        {"role": "user", "content": f"## Log\n\n{log}\n\n---\n\n## Current\n\n### User\n\n{INSTANCE.current_request}"},
+    ]
+    assert sent["generate"] == [
+        {"role": "system", "content": "GENERATE-SYSTEM"},
+        {"role": "user", "content": f"## Log\n\n{log}\n\n---\n\n## Request\n\n{INSTANCE.current_request}"},
+    ]
+    if "judge" in sent:  # the judge runs only when the local model produced a non-empty response
+        checklist = "\n".join(f"- {item}" for item in INSTANCE.current_checklist)
+        assert sent["judge"] == [
+            {"role": "system", "content": f'JUDGE-SYSTEM\n\n**Preference**: "{INSTANCE.current_contextual_preference}"'
+                                          f"\n\n**Checklist**:\n{checklist}"},
+            {"role": "user", "content": f"### User's Request\n\n{INSTANCE.current_request}\n\n"
+                                        f"### AI Assistant's Response\n\n{record.values['response']}"},
+        ]
+    else:
+        assert any(e["step"] == "generate" for e in record.errors)
+    # the decomposer and matcher prompts this directory lacks fall back to the project's files
+    assert "**Preferences**" in sent["decompose"][-1]["content"]
+
+
+@pytest.mark.parametrize("model,expected", [
+    ("gpt4o", {"temperature": 0}),
+    ("o3_mini", {"max_completion_tokens": 16384}),
+    ("claude37", {"temperature": 1, "thinking": {"type": "enabled", "budget_tokens": 1024}}),
+    ("deepseek_r1", {"temperature": 0}),
+    ("gemini_pro", {"temperature": 0}),
+])
+def test_decoding_parameters_reach_litellm_unchanged(tmp_path: Path, model: str, expected: dict) -> None:
+    cfg = compose_config([f"model={model}", f"paths.output_root={tmp_path}"])
+    configure_litellm(cfg.runtime)
+    from omegaconf import OmegaConf
+
+    client = LLMClient(OmegaConf.to_object(cfg.model), cfg.runtime, UsageMeter())
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    async def capture(**kwargs):  # injected fault: stop at the litellm boundary, no network
+        seen.update(kwargs)
+        raise Stop
+
+    client._router.acompletion = capture
+    with pytest.raises(Exception):
+        asyncio.run(client.complete([{"role": "user", "content": "hi"}], step="s"))
+    for key, value in expected.items():
+        assert seen[key] == value
+    if model == "o3_mini":
+        assert "temperature" not in seen
+    assert seen["model"] == cfg.model.name

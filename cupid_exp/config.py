@@ -115,6 +115,7 @@ class RuntimeConfig:
     reask: int = 1  # extra attempts when a reply cannot be parsed
     failure_policy: str = "exclude"  # exclude | zero: how a failed instance enters the means
     progress: bool = True
+    resume: bool = True  # skip instances a previous run of the same job already finished
 
 
 @dataclass

@@ -15,6 +15,7 @@ import yaml
 
 PROJECT_PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
 MATCHER_EXAMPLES = "evaluation/preference_matcher_examples.yaml"
+EVALUATION_PROMPTS = ("evaluation/", "synthesis/preference_decomposer.yaml")  # what an evaluation job reads
 
 
 @dataclass(frozen=True)
@@ -61,11 +62,14 @@ class PromptSet:
         data = yaml.safe_load(self._path(MATCHER_EXAMPLES).read_text(encoding="utf-8"))
         return list(data["examples"])
 
-    def digest(self) -> str:
-        """Hash of every prompt file in effect, so runs with different prompts never look alike."""
+    def digest(self, prefixes: tuple[str, ...] | None = None) -> str:
+        """Hash of the prompt files in effect (those whose path starts with one of ``prefixes``, or all),
+        so runs with different prompts never look alike."""
         h = hashlib.sha256()
         names = {p.relative_to(PROJECT_PROMPTS).as_posix() for p in PROJECT_PROMPTS.rglob("*.yaml")}
         names |= {p.relative_to(self.directory).as_posix() for p in self.directory.rglob("*.yaml")}
+        if prefixes is not None:
+            names = {n for n in names if n.startswith(prefixes)}
         for name in sorted(names):
             h.update(name.encode() + b"\0" + self._path(name).read_bytes())
         return h.hexdigest()[:16]

@@ -16,12 +16,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from cupid_exp.data.loading import load_instances
 from cupid_exp.data.schema import Instance
+from cupid_exp.journal import Journal, job_identity
 from cupid_exp.llm.client import LLMClient, UsageMeter, configure_litellm, drain_background_tasks
 from cupid_exp.llm.server import managed_server
 from cupid_exp.metrics import error_counts, flat_metrics, generation_metrics, inference_metrics
 from cupid_exp.outputs import write_json, write_jsonl
-from cupid_exp.prompts import PromptSet
+from cupid_exp.prompts import EVALUATION_PROMPTS, PromptSet
 from cupid_exp.rendering import matcher_examples
+from cupid_exp.secrets import install_log_scrubber, scrub_obj, secret_values
 from cupid_exp.settings import context_text, relevant_positions, select_sessions, validate_combination
 from cupid_exp.tasks.base import EvalContext, InstanceRecord, StepFailed
 from cupid_exp.tasks.generation import run_generation
@@ -112,11 +114,15 @@ async def evaluate_instance(cfg: DictConfig, ctx: EvalContext, instance: Instanc
     return record
 
 
-async def _run_all(cfg: DictConfig, ctx: EvalContext, instances: list[Instance]) -> list[InstanceRecord]:
+async def _run_all(cfg: DictConfig, ctx: EvalContext, instances: list[Instance],
+                   journal: Journal | None = None) -> list[InstanceRecord]:
     from tqdm import tqdm
 
     async def one(instance: Instance) -> InstanceRecord:
-        return await evaluate_instance(cfg, ctx, instance)
+        record = await evaluate_instance(cfg, ctx, instance)
+        if journal is not None:
+            journal.append(record.to_dict())
+        return record
 
     show = bool(cfg.runtime.progress) and sys.stderr.isatty()
     records: dict[str, InstanceRecord] = {}
@@ -129,7 +135,7 @@ async def _run_all(cfg: DictConfig, ctx: EvalContext, instances: list[Instance])
                             usd=f"{totals.get('cost_usd', 0.0):.4f}", refresh=False)
             bar.update()
     await drain_background_tasks()
-    return [records[i.key] for i in instances]  # dataset order, whatever finished first
+    return list(records.values())
 
 
 def _usage_metrics(meter: UsageMeter) -> dict[str, float]:
@@ -143,6 +149,8 @@ def _usage_metrics(meter: UsageMeter) -> dict[str, float]:
     out["calls/total"] = totals.get("calls", 0.0)
     out["calls/cache_hits"] = totals.get("cache_hits", 0.0)
     out["calls/unpriced"] = totals.get("unpriced_calls", 0.0)
+    out["calls/retries"] = totals.get("retries", 0.0)
+    out["calls/gave_up"] = sum(v for k, v in totals.items() if k.startswith("failed_") and "unparseable" not in k)
     out["tokens/prompt"] = totals.get("prompt_tokens", 0.0)
     out["tokens/completion"] = totals.get("completion_tokens", 0.0)
     out["cost/usd"] = totals.get("cost_usd", 0.0)
@@ -180,14 +188,28 @@ def run_job(cfg: DictConfig, output_dir: Path, *, choices: Mapping[str, str] | N
         raise ValueError(f"task={cfg.task.name!r} is not available; choose one of {sorted(TASK_PARTS)}")
     validate_combination(cfg.task.name, cfg.setting.name)
     configure_litellm(cfg.runtime)
+    secrets = secret_values(OmegaConf.to_container(cfg, resolve=True))
+    install_log_scrubber(secrets)
     data = load_instances(cfg.data)
     prompts = PromptSet(cfg.prompts.dir)
     meter = UsageMeter()
     ctx = build_context(cfg, prompts, meter)
     log.info("%d instances from %s (%d bad rows); model=%s evaluator=%s", len(data.instances), data.source,
              len(data.errors), cfg.model.name, cfg.evaluator.name)
-    with managed_server(cfg.evaluator.server):
-        records = [r.to_dict() for r in asyncio.run(_run_all(cfg, ctx, data.instances))]
+    journal = None
+    done: dict[str, dict[str, Any]] = {}
+    if cfg.runtime.resume:
+        identity = job_identity(cfg, dataset_digest=data.digest, prompts_digest=prompts.digest(EVALUATION_PROMPTS))
+        journal = Journal(Path(cfg.paths.output_root) / "journal" / f"{identity}.jsonl", secrets)
+        done = journal.load()
+        done = {i.key: done[i.key] for i in data.instances if i.key in done}
+        if done:
+            log.info("resuming: %d of %d instances already finished (journal %s)", len(done),
+                     len(data.instances), journal.path)
+    todo = [i for i in data.instances if i.key not in done]
+    with managed_server(cfg.evaluator.server if todo else None):
+        fresh = {r.key: r.to_dict() for r in asyncio.run(_run_all(cfg, ctx, todo, journal))} if todo else {}
+    records = [done.get(i.key) or fresh[i.key] for i in data.instances]  # dataset order
 
     nested = {part: METRICS[part](records, cfg.runtime.failure_policy) for part in TASK_PARTS[cfg.task.name]}
     errors = error_counts(records)
@@ -195,17 +217,19 @@ def run_job(cfg: DictConfig, output_dir: Path, *, choices: Mapping[str, str] | N
     for part, block in nested.items():
         metrics.update(flat_metrics(part, block))
     metrics.update(_usage_metrics(meter))
+    metrics["resume/instances_from_journal"] = float(len(done))
     metrics["data/oracle_count_warnings"] = float(sum(1 for r in records if r.get("data_warnings")))
     metrics.update({f"errors/{k}": float(v) for k, v in errors.items()})
     metrics["data/bad_rows"] = float(len(data.errors))
     metrics["time/seconds"] = time.perf_counter() - start
 
+    records = scrub_obj(records, secrets)
     output_dir.mkdir(parents=True, exist_ok=True)
     write_jsonl(output_dir / "instances.jsonl", records)
     summary = {"metrics": metrics, "breakdown": nested, "errors": errors, "usage": meter.as_dict(),
                "data": {"source": data.source, "digest": data.digest, "instances": len(data.instances),
                         "bad_rows": [str(e) for e in data.errors]},
-               "prompts_digest": prompts.digest()}
+               "prompts_digest": prompts.digest(EVALUATION_PROMPTS)}
     write_json(output_dir / "metrics.json", summary)
 
     run_id = None
@@ -216,7 +240,7 @@ def run_job(cfg: DictConfig, output_dir: Path, *, choices: Mapping[str, str] | N
             cfg, run_name=cfg.tracking.run_name or f"{cfg.model.name}-{cfg.task.name}-{cfg.setting.name}",
             choices=choices or {}, metrics=metrics, table=instance_table(records), parent=parent_run,
             tags={"dataset_digest": data.digest, "dataset_source": data.source,
-                  "prompts_digest": prompts.digest(), "output_dir": str(output_dir.resolve())},
+                  "prompts_digest": prompts.digest(EVALUATION_PROMPTS), "output_dir": str(output_dir.resolve())},
             artifacts=[output_dir / "instances.jsonl", output_dir / "metrics.json"])
     print(render_report(cfg, nested, errors, metrics, data.errors, output_dir, run_id))
     return JobResult(metrics=metrics, records=records, run_id=run_id, output_dir=output_dir)

@@ -18,27 +18,12 @@ from typing import Any, Mapping
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from cupid_exp.secrets import redact, scrub, scrub_file, secret_values
+
 log = logging.getLogger(__name__)
 
 PARENT_RUN_FILE = "mlflow_parent_run_id"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-_SECRET_KEY = re.compile(r"(api[_-]?key|secret|password|token|authorization|credential)", re.IGNORECASE)
-_SAFE_SECRET_NAMES = re.compile(r"(_env|_tokens?|max_.*tokens?|budget_tokens|tokens?_.*)$", re.IGNORECASE)
-
-
-def redact(value: Any) -> Any:
-    """Copy of a nested container with secret-looking keys' values replaced by '***'."""
-    if isinstance(value, Mapping):
-        out = {}
-        for k, v in value.items():
-            secret = _SECRET_KEY.search(str(k)) and not _SAFE_SECRET_NAMES.search(str(k))
-            out[k] = "***" if secret and v not in (None, "") else redact(v)
-        return out
-    if isinstance(value, (list, tuple)):
-        return [redact(v) for v in value]
-    return value
-
-
 def flatten(value: Any, prefix: str = "") -> dict[str, str]:
     """{'a': {'b': 1}} -> {'a.b': '1'}; lists become JSON strings."""
     out: dict[str, str] = {}
@@ -85,6 +70,21 @@ def _prepare_store(tracking: DictConfig) -> None:
         Path(tracking.uri.removeprefix("sqlite:///")).expanduser().parent.mkdir(parents=True, exist_ok=True)
 
 
+class RedactSecretsCallback(Callback):
+    """Hydra saves the config and overrides before the job starts; mask any secret in them."""
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        hc = HydraConfig.get()
+        secrets = secret_values(list(hc.overrides.task))
+        if not secrets or hc.output_subdir is None:
+            return
+        saved = Path(hc.runtime.output_dir) / hc.output_subdir
+        for name in ("config.yaml", "overrides.yaml", "hydra.yaml"):
+            scrub_file(saved / name, secrets)
+
+
 class MlflowSweepCallback(Callback):
     """Opens the parent run of a multirun and closes it when the sweep ends."""
 
@@ -129,9 +129,10 @@ def log_job(cfg: DictConfig, *, run_name: str, choices: Mapping[str, str], tags:
     experiment_id = _experiment_id(cfg.tracking)
     resolved = redact({k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
                        for k in cfg if k != "hydra"})
-    params = flatten(resolved)
+    secrets = secret_values(resolved)
+    params = {k: scrub(v, secrets) for k, v in flatten(resolved).items()}
     params.update({"choice." + re.sub(r"[^\w.\-/: ]", ":", k): str(v) for k, v in choices.items()})
-    all_tags = {**git_state(), **tags, "cupid.kind": "job"}
+    all_tags = {k: scrub(str(v), secrets) for k, v in {**git_state(), **tags, "cupid.kind": "job"}.items()}
     with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, parent_run_id=parent,
                           tags=all_tags) as run:
         mlflow.log_params(params)

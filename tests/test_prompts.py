@@ -9,12 +9,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cupid_exp.prompts import MATCHER_EXAMPLES, PROJECT_PROMPTS, PromptSet, PromptTemplate
+from cupid_exp.prompts import EVALUATION_PROMPTS, MATCHER_EXAMPLES, PROJECT_PROMPTS, PromptSet, PromptTemplate
 
+# The evaluation prompts (synthesis prompts are tested with the synthesis package).
 PROMPT_FILES = sorted(
     p.relative_to(PROJECT_PROMPTS).with_suffix("").as_posix()
     for p in PROJECT_PROMPTS.rglob("*.yaml")
     if p.relative_to(PROJECT_PROMPTS).as_posix() != MATCHER_EXAMPLES
+    and p.relative_to(PROJECT_PROMPTS).as_posix().startswith(EVALUATION_PROMPTS)
 )
 
 # The placeholders each step fills (cupid_exp/tasks and the protocol spec); written out by hand.
@@ -23,6 +25,8 @@ EXPECTED_PLACEHOLDERS = {
     "evaluation/preference_matcher": {"examples", "preference", "checklist"},
     "evaluation/preference_matcher_model": {"preference", "checklist"},
     "evaluation/response_generator": {"interaction_log", "curr_request"},
+    "evaluation/response_generator_oracle_preference": {"preference", "curr_request"},
+    "evaluation/response_generator_oracle_preference_log": {"interaction_log", "preference", "curr_request"},
     "evaluation/response_judger": {"preference", "checklist", "user_request", "ai_response"},
     "evaluation/session_summarizer": {"interaction_log"},
     "synthesis/preference_decomposer": {"preferences"},

@@ -41,6 +41,7 @@ class Completion:
     cost_usd: float | None = 0.0
     cached: bool = False
     seconds: float = 0.0
+    retries: int = 0
 
 
 @dataclass
@@ -53,6 +54,7 @@ class UsageMeter:
         c = self.counts[step]
         c["calls"] += 1
         c["cache_hits"] += int(completion.cached)
+        c["retries"] += completion.retries
         c["prompt_tokens"] += completion.prompt_tokens
         c["completion_tokens"] += completion.completion_tokens
         if completion.cost_usd is None:
@@ -178,9 +180,12 @@ class LLMClient:
             kind = _error_kind(exc)
             self.meter.fail(step, kind)
             raise ProviderError(kind, f"{self.model.name}: {type(exc).__name__}: {_short(exc)}") from exc
+        await _flush_cache_writes()  # durable before anyone relies on it (a kill must not lose a paid call)
         text = response.choices[0].message.content or ""
         usage = getattr(response, "usage", None)
-        cached = bool((getattr(response, "_hidden_params", None) or {}).get("cache_hit"))
+        hidden = getattr(response, "_hidden_params", None) or {}
+        cached = bool(hidden.get("cache_hit"))
+        retries = int((hidden.get("additional_headers") or {}).get("x-litellm-attempted-retries") or 0)
         try:
             cost = float(litellm.completion_cost(completion_response=response))
         except Exception:  # unpriced model: counted, never guessed
@@ -192,9 +197,21 @@ class LLMClient:
             cost_usd=cost,
             cached=cached,
             seconds=time.perf_counter() - start,
+            retries=retries,
         )
         self.meter.add(step, completion)
         return completion
+
+
+async def _flush_cache_writes() -> None:
+    """Await litellm's background cache-write tasks (it schedules them fire-and-forget)."""
+    try:
+        from litellm.caching.caching_handler import _PENDING_CACHE_WRITES
+    except ImportError:  # another litellm layout: fall back to its own scheduling
+        return
+    pending = [t for t in list(_PENDING_CACHE_WRITES) if not t.done()]
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)
 
 
 def _short(exc: BaseException, n: int = 300) -> str:

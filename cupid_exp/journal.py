@@ -1,0 +1,72 @@
+"""Resume: finished instances are appended to a journal keyed by the job's identity.
+
+Re-running the same command after a crash (or SIGKILL) finds the journal, skips every
+instance already finished, and re-runs only the rest; together with the response cache
+no completed model call is repeated. Each line is flushed and fsynced; a torn last line
+from a kill is ignored on load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from cupid_exp.secrets import scrub_obj
+
+log = logging.getLogger(__name__)
+
+# A record failed only for these reasons is re-run on resume; other failures (unparseable
+# replies, context too long) are deterministic and stay as they are.
+TRANSIENT_KINDS = {"provider", "timeout", "rate_limit", "auth"}
+_NOT_IDENTITY = {"paths", "tracking", "hydra"}
+
+
+def job_identity(cfg: DictConfig, *, dataset_digest: str, prompts_digest: str) -> str:
+    """Hash of everything that decides a job's results (not where they are written or logged)."""
+    resolved = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
+                for k in cfg if k not in _NOT_IDENTITY}
+    resolved.get("runtime", {}).pop("progress", None)
+    resolved.get("runtime", {}).pop("cache_dir", None)
+    resolved.get("runtime", {}).pop("resume", None)
+    payload = json.dumps({"config": resolved, "data": dataset_digest, "prompts": prompts_digest},
+                         sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:20]
+
+
+def is_final(record: dict[str, Any]) -> bool:
+    return not any(err.get("kind") in TRANSIENT_KINDS for err in record.get("errors", []))
+
+
+class Journal:
+    def __init__(self, path: Path, secrets: list[str] | None = None):
+        self.path, self.secrets = path, list(secrets or [])
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def load(self) -> dict[str, dict[str, Any]]:
+        """Finished records by key; later lines win; a torn or invalid line is skipped."""
+        done: dict[str, dict[str, Any]] = {}
+        if not self.path.exists():
+            return done
+        with self.path.open("rb") as fh:
+            for raw in fh:
+                try:
+                    record = json.loads(raw)
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    log.warning("journal %s: skipping a torn line", self.path.name)
+                    continue
+                if isinstance(record, dict) and "key" in record:
+                    done[record["key"]] = record
+        return {k: r for k, r in done.items() if is_final(r)}
+
+    def append(self, record: dict[str, Any]) -> None:
+        line = (json.dumps(scrub_obj(record, self.secrets), ensure_ascii=False) + "\n").encode()
+        with self.path.open("ab") as fh:
+            fh.write(line)
+            fh.flush()
+            os.fsync(fh.fileno())

@@ -116,6 +116,8 @@ class RuntimeConfig:
     failure_policy: str = "exclude"  # exclude | zero: how a failed instance enters the means
     progress: bool = True
     resume: bool = True  # skip instances a previous run of the same job already finished
+    dry_run: bool = False  # render prompts and count calls/tokens/cost; call no model
+    dry_run_completion_tokens: int = 300  # assumed reply length for the dry-run cost estimate
 
 
 @dataclass

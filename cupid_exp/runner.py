@@ -198,7 +198,8 @@ def run_job(cfg: DictConfig, output_dir: Path, *, choices: Mapping[str, str] | N
              len(data.errors), cfg.model.name, cfg.evaluator.name)
     journal = None
     done: dict[str, dict[str, Any]] = {}
-    if cfg.runtime.resume:
+    dry_run = bool(cfg.runtime.dry_run)
+    if cfg.runtime.resume and not dry_run:
         identity = job_identity(cfg, dataset_digest=data.digest, prompts_digest=prompts.digest(EVALUATION_PROMPTS))
         journal = Journal(Path(cfg.paths.output_root) / "journal" / f"{identity}.jsonl", secrets)
         done = journal.load()
@@ -207,7 +208,7 @@ def run_job(cfg: DictConfig, output_dir: Path, *, choices: Mapping[str, str] | N
             log.info("resuming: %d of %d instances already finished (journal %s)", len(done),
                      len(data.instances), journal.path)
     todo = [i for i in data.instances if i.key not in done]
-    with managed_server(cfg.evaluator.server if todo else None):
+    with managed_server(cfg.evaluator.server if todo and not dry_run else None):
         fresh = {r.key: r.to_dict() for r in asyncio.run(_run_all(cfg, ctx, todo, journal))} if todo else {}
     records = [done.get(i.key) or fresh[i.key] for i in data.instances]  # dataset order
 
@@ -226,13 +227,16 @@ def run_job(cfg: DictConfig, output_dir: Path, *, choices: Mapping[str, str] | N
     records = scrub_obj(records, secrets)
     output_dir.mkdir(parents=True, exist_ok=True)
     write_jsonl(output_dir / "instances.jsonl", records)
-    summary = {"metrics": metrics, "breakdown": nested, "errors": errors, "usage": meter.as_dict(),
+    summary = {"dry_run": dry_run, "metrics": metrics, "breakdown": nested, "errors": errors, "usage": meter.as_dict(),
                "data": {"source": data.source, "digest": data.digest, "instances": len(data.instances),
                         "bad_rows": [str(e) for e in data.errors]},
                "prompts_digest": prompts.digest(EVALUATION_PROMPTS)}
     write_json(output_dir / "metrics.json", summary)
 
     run_id = None
+    if dry_run:
+        print(render_dry_run(cfg, meter))
+        return JobResult(metrics=metrics, records=records, run_id=None, output_dir=output_dir)
     if cfg.tracking.enabled:
         from cupid_exp.tracking import log_job
 
@@ -270,3 +274,21 @@ def render_report(cfg: DictConfig, nested: Mapping[str, Any], errors: Mapping[st
         f"outputs: {output_dir}" + (f" | MLflow run {run_id} at {cfg.tracking.uri}" if run_id else ""),
     ]
     return "\n".join(lines)
+
+
+def render_dry_run(cfg: DictConfig, meter: UsageMeter) -> str:
+    """Calls, tokens and estimated cost per step; nothing was sent to any model."""
+    rows = [{"step": step, "calls": int(c.get("calls", 0)), "prompt tokens": int(c.get("prompt_tokens", 0)),
+             "completion tokens (est.)": int(c.get("completion_tokens", 0)),
+             "cost USD (est.)": round(c.get("cost_usd", 0.0), 4), "unpriced calls": int(c.get("unpriced_calls", 0))}
+            for step, c in meter.as_dict().items()]
+    totals = meter.totals()
+    table = pd.DataFrame(rows).set_index("step").to_string() if rows else "(no calls)"
+    return "\n".join([
+        "", f"DRY RUN (no model was called) | model={cfg.model.name} task={cfg.task.name} "
+            f"setting={cfg.setting.name} evaluator={cfg.evaluator.name} data={cfg.data.name}",
+        table,
+        f"total: {int(totals.get('calls', 0))} calls, {int(totals.get('prompt_tokens', 0))} prompt tokens, "
+        f"~{int(totals.get('completion_tokens', 0))} completion tokens, ~${totals.get('cost_usd', 0.0):.4f}"
+        + (f" ({int(totals.get('unpriced_calls', 0))} calls unpriced)" if totals.get("unpriced_calls") else ""),
+    ])

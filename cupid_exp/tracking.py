@@ -89,7 +89,7 @@ class MlflowSweepCallback(Callback):
     """Opens the parent run of a multirun and closes it when the sweep ends."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if not config.tracking.enabled:
+        if not config.tracking.enabled or config.runtime.dry_run:
             return
         from mlflow.tracking import MlflowClient
 
@@ -104,6 +104,8 @@ class MlflowSweepCallback(Callback):
         log.info("MLflow parent run %s for sweep %s", run.info.run_id, sweep_dir)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.runtime.dry_run:
+            print(_sweep_dry_run_total(Path(config.hydra.sweep.dir)))
         if not config.tracking.enabled:
             return
         from mlflow.tracking import MlflowClient
@@ -144,3 +146,18 @@ def log_job(cfg: DictConfig, *, run_name: str, choices: Mapping[str, str], tags:
         if table is not None and len(table):
             mlflow.log_table(table, artifact_file="instances_table.json")
         return run.info.run_id
+
+
+def _sweep_dry_run_total(sweep_dir: Path) -> str:
+    """Sum the dry-run estimates of every job of a sweep."""
+    calls = tokens = completion = cost = 0.0
+    jobs = 0
+    for path in sorted(sweep_dir.glob("*/metrics.json")):
+        metrics = json.loads(path.read_text()).get("metrics", {})
+        jobs += 1
+        calls += metrics.get("calls/total", 0.0)
+        tokens += metrics.get("tokens/prompt", 0.0)
+        completion += metrics.get("tokens/completion", 0.0)
+        cost += metrics.get("cost/usd", 0.0)
+    return (f"DRY RUN sweep total over {jobs} jobs: {int(calls)} calls, {int(tokens)} prompt tokens, "
+            f"~{int(completion)} completion tokens, ~${cost:.4f}")

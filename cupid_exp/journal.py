@@ -34,6 +34,10 @@ def job_identity(cfg: DictConfig, *, dataset_digest: str, prompts_digest: str) -
     resolved.get("runtime", {}).pop("progress", None)
     resolved.get("runtime", {}).pop("cache_dir", None)
     resolved.get("runtime", {}).pop("resume", None)
+    setting = resolved.get("setting", {})
+    if setting.get("name") != "retrieval":  # a retriever sweep must not split the other settings' jobs
+        for field in ("retriever", "top_k", "embedding_model"):
+            setting.pop(field, None)
     payload = json.dumps({"config": resolved, "data": dataset_digest, "prompts": prompts_digest},
                          sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:20]

@@ -115,3 +115,30 @@ def generation_metrics(records: Iterable[dict[str, Any]], failure_policy: str = 
     out["counts"] = {"instances": int(len(df)), "scored": int((~failed).sum()), "failed": int(failed.sum()),
                      "failure_policy": failure_policy}
     return out
+
+
+def retrieval_metrics(records: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """recall@k / precision@k of the oracle sessions (overall and per type), and how often a
+    contrastive or a stale session was retrieved, over the instances that have one."""
+    rows = [{"instance_type": r["instance_type"], **r["retrieval"]} for r in records if r.get("retrieval")]
+    if not rows:
+        return {}
+    df = pd.DataFrame(rows)
+    out: dict[str, float] = {}
+
+    def put(prefix: str, part: pd.DataFrame) -> None:
+        for name in ("recall_at_k", "precision_at_k"):
+            values = part[name].dropna()
+            if len(values):
+                out[f"{prefix}/{name}"] = float(values.mean())
+
+    put("retrieval", df)
+    for itype in INSTANCE_TYPES:
+        if (df["instance_type"] == itype).any():
+            put(f"retrieval/{itype}", df[df["instance_type"] == itype])
+    for name, metric in (("contrastive_hit", "contrastive_hit_rate"), ("stale_hit", "stale_hit_rate")):
+        values = df[name].dropna()
+        if len(values):
+            out[f"retrieval/{metric}"] = float(values.mean())
+            out[f"retrieval/{metric}/n"] = float(len(values))
+    return out

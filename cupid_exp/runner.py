@@ -19,12 +19,13 @@ from cupid_exp.data.schema import Instance
 from cupid_exp.journal import Journal, job_identity
 from cupid_exp.llm.client import LLMClient, UsageMeter, configure_litellm, drain_background_tasks
 from cupid_exp.llm.server import managed_server
-from cupid_exp.metrics import error_counts, flat_metrics, generation_metrics, inference_metrics
+from cupid_exp.metrics import error_counts, flat_metrics, generation_metrics, inference_metrics, retrieval_metrics
 from cupid_exp.outputs import write_json, write_jsonl
 from cupid_exp.prompts import EVALUATION_PROMPTS, PromptSet
 from cupid_exp.rendering import matcher_examples
 from cupid_exp.secrets import install_log_scrubber, scrub_obj, secret_values
-from cupid_exp.settings import context_text, relevant_positions, select_sessions, validate_combination
+from cupid_exp.retrieval import score_retrieval
+from cupid_exp.settings import context_text, relevant_positions, shown_positions, validate_combination
 from cupid_exp.tasks.base import EvalContext, InstanceRecord, StepFailed
 from cupid_exp.tasks.generation import run_generation
 from cupid_exp.tasks.inference import run_inference
@@ -90,8 +91,12 @@ async def _guarded(record: InstanceRecord, coro) -> None:
 
 async def evaluate_instance(cfg: DictConfig, ctx: EvalContext, instance: Instance) -> InstanceRecord:
     setting = cfg.setting
-    sessions = select_sessions(instance, setting)
+    positions = await asyncio.to_thread(shown_positions, instance, setting)
+    sessions = [instance.prior_interactions[i - 1] for i in positions]
     record = _new_record(instance, len(sessions))
+    if setting.name == "retrieval":
+        record.values["retrieved_positions"] = positions
+        record.values["retrieval"] = score_retrieval(instance, positions, record.values["relevant_positions"])
     if setting.name == "oracle" and len(sessions) != setting.expected_oracle_sessions:
         record.values["data_warnings"] = [f"oracle kept {len(sessions)} sessions, expected "
                                           f"{setting.expected_oracle_sessions}"]
@@ -218,6 +223,8 @@ def run_job(cfg: DictConfig, output_dir: Path, *, choices: Mapping[str, str] | N
     for part, block in nested.items():
         metrics.update(flat_metrics(part, block))
     metrics.update(_usage_metrics(meter))
+    if cfg.setting.name == "retrieval":
+        metrics.update(retrieval_metrics(records))
     metrics["resume/instances_from_journal"] = float(len(done))
     metrics["data/oracle_count_warnings"] = float(sum(1 for r in records if r.get("data_warnings")))
     metrics.update({f"errors/{k}": float(v) for k, v in errors.items()})

@@ -22,7 +22,9 @@ TASKS_PER_SETTING = {
     "oracle": ("inference", "generation", "both"),
     "summary": ("inference", "generation", "both"),
     "oracle_preference": ("generation",),
+    "retrieval": ("inference", "generation", "both"),
 }
+RETRIEVAL_FIELDS = ("retriever", "top_k", "embedding_model")  # meaningful only for setting=retrieval
 
 
 class ConfigError(ValueError):
@@ -46,11 +48,20 @@ def relevant_positions(instance: Instance) -> list[int]:
             if normalize_text(s.context_factor) == factor and normalize_text(s.contextual_preference) == preference]
 
 
+def shown_positions(instance: Instance, setting: SettingConfig) -> list[int]:
+    """1-based positions of the prior sessions the setting shows, in their original order."""
+    if setting.name == "oracle":
+        return relevant_positions(instance)
+    if setting.name == "retrieval":
+        from cupid_exp.retrieval import retrieve
+
+        return retrieve(instance, setting)
+    return list(range(1, len(instance.prior_interactions) + 1))
+
+
 def select_sessions(instance: Instance, setting: SettingConfig) -> list[PriorSession]:
     """The prior sessions the setting shows, in their original order."""
-    if setting.name == "oracle":
-        return [instance.prior_interactions[i - 1] for i in relevant_positions(instance)]
-    return list(instance.prior_interactions)
+    return [instance.prior_interactions[i - 1] for i in shown_positions(instance, setting)]
 
 
 def summary_schema(n_sessions: int) -> dict:

@@ -12,7 +12,9 @@ CACHE=${CUPID_WHEEL_CACHE:-$HOME/.cache/cupid-exp/wheels}
 LLAMA_VERSION=0.3.36
 mkdir -p "$CACHE"
 
-$PY -m pip install -q -e '.[test,launchers]'
+# CPU torch for the embedding retriever (pip takes the local CPU wheel where one is provided).
+$PY -c "import torch" 2>/dev/null || $PY -m pip install -q "torch==2.13.0" || $PY -m pip install -q torch
+$PY -m pip install -q -e '.[test,launchers,retrieval]'
 
 if ! $PY -c "import llama_cpp, sse_starlette, starlette_context" 2>/dev/null; then
   wheel=$(ls "$CACHE"/llama_cpp_python-$LLAMA_VERSION-*.whl 2>/dev/null | head -1 || true)

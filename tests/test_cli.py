@@ -140,3 +140,24 @@ def test_prefmatcher_evaluator_serves_and_scores(tmp_path: Path, cache_dir: Path
     failed_early = {e["step"] for e in record["errors"]} & {"infer", "decompose"}
     if not failed_early:  # then the matcher must have been called on the served model
         assert record["raw"]["match_recall"] and metrics["calls/match_recall"] >= 1
+
+
+def test_retrieval_sweep_beside_standard_and_oracle(tmp_path: Path, cache_dir: Path) -> None:
+    fast = ["task=inference", "data.limit=2", "model.params.max_tokens=96", "runtime.reask=0"]
+    run_cli(["-m", "setting=standard,retrieval,oracle", "setting.retriever=bm25,recency", *fast], tmp_path,
+            cache_dir)
+    client, found = runs(tmp_path / "outputs")
+    jobs = [r for r in found if r.data.tags.get("cupid.kind") == "job"]
+    assert len(jobs) == 6
+    retrieval = {r.data.params["setting.retriever"]: r for r in jobs if r.data.params["setting.name"] == "retrieval"}
+    assert sorted(retrieval) == ["bm25", "recency"]
+    for run in retrieval.values():
+        assert 0.0 <= run.data.metrics["retrieval/recall_at_k"] <= 1.0
+        assert "retrieval/consistent/recall_at_k" in run.data.metrics
+    # the first two sample instances: oracle sessions [1, 2]; recency takes [7, 8]
+    assert retrieval["recency"].data.metrics["retrieval/recall_at_k"] == 0.0
+    others = [r for r in jobs if r.data.params["setting.name"] != "retrieval"]
+    assert all("retrieval/recall_at_k" not in r.data.metrics for r in others)
+    # standard and oracle do not depend on the retriever: their second job replays the first's journal
+    replayed = [r for r in others if r.data.metrics.get("resume/instances_from_journal") == 2]
+    assert len(replayed) == 2

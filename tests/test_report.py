@@ -1,0 +1,264 @@
+"""The report on a real (temporary) SQLite MLflow store with finished, failed, running, partial and
+superseded runs and a sweep parent, all logged the way jobs log them."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
+
+from conftest import compose_config
+from cupid_exp.metrics import flat_metrics, inference_metrics
+from cupid_exp.report import load_reference, main
+from cupid_exp.stats import bootstrap_ci, paired_compare
+from cupid_exp.tracking import MlflowSweepCallback, log_job
+from test_plots import make_records
+
+
+def generation_block(records: list[dict], policy: str) -> dict:
+    """Mean judge score overall and per type, as the runner logs generation (failed judgments excluded)."""
+    def block(part: list[dict]) -> dict:
+        scores = [r["judge_score"] if r.get("judge_score") is not None else 0.0 for r in part
+                  if r.get("judge_score") is not None or policy == "zero"]
+        return {"n": len(scores), "score": sum(scores) / len(scores)} if scores else {"n": 0}
+
+    out = {"all": block(records)}
+    for t in ("consistent", "contrastive", "changing"):
+        out[t] = block([r for r in records if r["instance_type"] == t])
+    out["counts"] = {"instances": len(records)}
+    return out
+
+
+def log(root: Path, overrides: list[str], records: list[dict], *, task: str = "inference",
+        drop_records: int = 0, name: str = "run", metric_edit: dict | None = None) -> str:
+    """Log a job exactly as runner.run_job does: params from the composed config, metrics from records."""
+    cfg = compose_config([f"paths.output_root={root}", *overrides], return_hydra_config=True)
+    choices = {k: v for k, v in OmegaConf.to_container(cfg.hydra.runtime.choices).items() if v is not None}
+    OmegaConf.set_struct(cfg, False)
+    del cfg["hydra"]
+    policy = cfg.runtime.failure_policy
+    metrics = {}
+    if task in ("inference", "both"):
+        metrics.update(flat_metrics("inference", inference_metrics(records, policy)))
+    if task in ("generation", "both"):
+        metrics.update(flat_metrics("generation", generation_block(records, policy)))
+    metrics.update(metric_edit or {})
+    job_dir = root / "jobs" / name
+    job_dir.mkdir(parents=True)
+    kept = records[:len(records) - drop_records]
+    (job_dir / "instances.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+    run_id = log_job(cfg, run_name=name, choices=choices, tags={"dataset_digest": "d"}, metrics=metrics,
+                     table=None, artifacts=[job_dir / "instances.jsonl"], parent=None)
+    time.sleep(0.01)  # distinct start times
+    return run_id
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("store")
+    uri = f"sqlite:///{root}/mlflow.db"
+    ids = {}
+    ids["gpt4o_old"] = log(root, ["model=gpt4o"], make_records(seed=9, shift=-0.3), name="gpt4o_old")
+    ids["gpt4o"] = log(root, ["model=gpt4o"], make_records(seed=1), name="gpt4o")
+    ids["claude37"] = log(root, ["model=claude37"], make_records(seed=2, shift=0.15), name="claude37")
+    ids["gpt4o_oracle"] = log(root, ["model=gpt4o", "setting.name=oracle"], make_records(seed=3, shift=0.25),
+                              name="gpt4o_oracle")
+    ids["gpt4o_summary"] = log(root, ["model=gpt4o", "setting.name=summary"], make_records(seed=4, shift=0.05),
+                               name="gpt4o_summary")
+    ids["gpt4o_gen"] = log(root, ["model=gpt4o", "task.name=generation"], make_records(seed=5), task="generation",
+                           name="gpt4o_gen")
+    ids["cupid"] = log(root, ["model=gpt4o", "data=cupid", "evaluator=gpt4o"], make_records(seed=6),
+                       name="cupid")
+    ids["partial"] = log(root, ["model=mistral7b"], make_records(seed=7), drop_records=5, name="partial")
+    client = MlflowClient(uri)
+    experiment_id = client.get_experiment_by_name("cupid").experiment_id
+    failed = client.create_run(experiment_id, run_name="failed", tags={"cupid.kind": "job"})
+    client.log_param(failed.info.run_id, "model.name", "qwen72b")
+    client.set_terminated(failed.info.run_id, "FAILED")
+    running = client.create_run(experiment_id, run_name="running", tags={"cupid.kind": "job"})
+    client.log_param(running.info.run_id, "model.name", "llama405b")
+    ids["failed"], ids["running"] = failed.info.run_id, running.info.run_id
+    cfg = compose_config([f"paths.output_root={root}"], return_hydra_config=True)
+    OmegaConf.update(cfg, "hydra.sweep.dir", str(root / "sweep"))
+    MlflowSweepCallback().on_multirun_start(cfg)
+    MlflowSweepCallback().on_multirun_end(cfg)
+    mlflow.set_tracking_uri(None)
+    return {"uri": uri, "root": root, "ids": ids, "cache": root / "cache"}
+
+
+def report(store, capsys, *args: str) -> str:
+    assert main(["--tracking-uri", store["uri"], "--cache-dir", str(store["cache"]), "--n-boot", "300",
+                 *args]) == 0
+    return capsys.readouterr().out
+
+
+def records_of(store, name: str) -> list[dict]:
+    path = store["cache"] / store["ids"][name] / "instances.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def table_rows(markdown: str, title_start: str) -> dict[str, list[str]]:
+    block = markdown.split(f"### {title_start}")[1].split("###")[0]
+    rows = {}
+    lines = [line for line in block.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = dict(zip(header, cells))
+    return rows
+
+
+def test_leaderboard_uses_latest_finished_runs_with_intervals(store, capsys) -> None:
+    out = report(store, capsys)
+    rows = table_rows(out, "Inference by model — data=sample, evaluator=local")
+    assert set(rows) == {"gpt4o", "claude37"}  # mistral7b (partial), qwen/llama (failed/running) are out
+    gpt4o = rows["gpt4o"]
+    metrics = MlflowClient(store["uri"]).get_run(store["ids"]["gpt4o"]).data.metrics
+    recs = records_of(store, "gpt4o")
+    f1 = bootstrap_ci(recs, "f1", n_boot=300)
+    p, r = (bootstrap_ci(recs, m, n_boot=300) for m in ("precision", "recall"))
+    expected = " / ".join(e.fmt(100) for e in (p, r, f1))
+    assert gpt4o["all"] == expected
+    assert f"{100 * metrics['inference/f1']:.1f} [" in gpt4o["all"]
+    changing = bootstrap_ci([x for x in recs if x["instance_type"] == "changing"], "f1", n_boot=300)
+    assert gpt4o["changing"].endswith(changing.fmt(100))
+    oracle = bootstrap_ci(records_of(store, "gpt4o_oracle"), "f1", n_boot=300)
+    assert gpt4o["oracle"].endswith(oracle.fmt(100))  # from the setting=oracle run
+    summary = bootstrap_ci(records_of(store, "gpt4o_summary"), "f1", n_boot=300)
+    assert gpt4o["summary"].endswith(summary.fmt(100))
+    assert rows["claude37"]["oracle"] == "–" and rows["claude37"]["summary"] == "–"
+    n_scored = sum(x["precision"] is not None for x in recs)
+    assert gpt4o["n (all)"] == f"{n_scored}/{len(recs)}"
+    # the superseded run is said, and its numbers are not used
+    old = store["ids"]["gpt4o_old"][:8]
+    assert f"using the latest, {store['ids']['gpt4o'][:8]}" in out and f"not used: {old}" in out
+    assert old not in gpt4o["runs"]
+
+
+def test_skipped_runs_are_noted_and_sweep_parents_ignored(store, capsys) -> None:
+    out = report(store, capsys)
+    ids = store["ids"]
+    assert f"skipped run {ids['failed'][:8]} (qwen72b, standard): status FAILED" in out
+    assert f"skipped run {ids['running'][:8]} (llama405b, standard): status RUNNING" in out
+    assert f"skipped partial run {ids['partial'][:8]} (mistral7b, standard): instances.jsonl holds 85 of 90" in out
+    assert "sweep" not in out
+
+
+def test_sections_by_data_and_generation_table(store, capsys) -> None:
+    out = report(store, capsys)
+    assert "### Inference by model — data=cupid, evaluator=gpt4o" in out
+    rows = table_rows(out, "Generation by model — data=sample, evaluator=local")
+    score = bootstrap_ci(records_of(store, "gpt4o_gen"), "score", n_boot=300)
+    assert rows["gpt4o"]["all"] == score.fmt(1, 2) and rows["gpt4o"]["oracle_preference"] == "–"
+    summary_rows = table_rows(out, "Inference with summaries, by instance type — data=sample")
+    assert set(summary_rows) == {"gpt4o"}
+    assert "paper" not in out
+
+
+def test_no_generation_runs_no_generation_table(store, capsys) -> None:
+    out = report(store, capsys, "--filter", "params.`data.name` = 'cupid'")
+    assert "data=sample" not in out and "data=cupid" in out
+    assert "Generation" not in out
+
+
+def test_reference_paper_rows_are_marked_and_placed_beside_the_model(store, capsys) -> None:
+    out = report(store, capsys, "--reference", "paper", "--filter", "params.`data.name` = 'cupid'")
+    section = out.split("### Inference by model — data=cupid, evaluator=gpt4o")[1].split("###")[0]
+    lines = [line for line in section.splitlines() if line.startswith("| ")]
+    models = [line.split("|")[1].strip() for line in lines[1:]]
+    assert models[:2] == ["gpt4o", "paper: GPT-4o"]  # beside the user's row
+    assert len(models) == 11 and all(m.startswith("paper: ") for m in models[1:])
+    gpt = [line for line in lines if line.startswith("| paper: GPT-4o ")][0]
+    assert "36.6 / 52.1 / 43.0" in gpt and "57.1 / 77.7 / 65.8" in gpt and "37.7 / 58.5 / 45.9" in gpt
+    assert "paper: Table 1" in gpt
+    assert "Paper reference (Table 11)" in out and "Paper reference (Table 3, Table 10 (summary))" in out
+    assert "34.9 / 52.9 / 42.0" in out  # Table 11's GPT-4o
+
+
+def test_reference_file_is_internally_consistent() -> None:
+    ref = load_reference()
+    assert len(ref["models"]) == 10
+    for name, table in ref["tables"].items():
+        assert set(table["rows"]) == set(ref["models"]), name
+        for label, cells in table["rows"].items():
+            assert len(cells) == len(table["columns"]), (name, label)
+            if table["task"] == "inference":
+                for p, r, f1 in cells:  # the paper's F1 is the harmonic mean of its P and R
+                    assert abs(2 * p * r / (p + r) - f1) < 0.1, (name, label, p, r, f1)
+            else:
+                assert all(1 <= v <= 10 for v in cells)
+    conf_models = {yaml.safe_load(p.read_text())["name"] for p in (Path(__file__).parent.parent / "conf" /
+                                                                    "model").glob("*.yaml")}
+    assert set(ref["models"].values()) <= conf_models
+
+
+def test_csv_and_html_formats(store, capsys, tmp_path: Path) -> None:
+    out = report(store, capsys, "--format", "csv", "--reference", "paper")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    runs = [r for r in rows if r["source"] == "run"]
+    assert runs and all(float(r["ci_low"]) <= float(r["value"]) <= float(r["ci_high"]) for r in runs)
+    assert {r["metric"] for r in runs} == {"precision", "recall", "f1", "score"}
+    paper = [r for r in rows if r["source"] == "paper" and r["model"] == "GPT-4o" and r["column"] == "all"
+             and r["reference"].startswith("Table 1") and r["metric"] == "f1"]
+    assert paper and float(paper[0]["value"]) == pytest.approx(0.43)
+    target = tmp_path / "r.html"
+    assert main(["--tracking-uri", store["uri"], "--cache-dir", str(store["cache"]), "--n-boot", "100",
+                 "--format", "html", "--reference", "paper", "--output", str(target)]) == 0
+    text = target.read_text()
+    assert text.startswith("<!doctype html>") and "<tr class='paper'><td>paper: GPT-4o</td>" in text
+
+
+def test_records_are_cached(store, capsys, monkeypatch) -> None:
+    report(store, capsys)  # fills the cache
+    import mlflow.artifacts
+
+    def offline(*args, **kwargs):
+        raise AssertionError("downloaded again")
+
+    monkeypatch.setattr(mlflow.artifacts, "download_artifacts", offline)
+    out = report(store, capsys)
+    assert "[" in table_rows(out, "Inference by model — data=sample")["gpt4o"]["all"]
+
+
+def test_compare_is_a_paired_test_on_shared_instances(store, capsys) -> None:
+    a, b = store["ids"]["gpt4o"], store["ids"]["claude37"]
+    out = report(store, capsys, "--compare", a, b)
+    expected = paired_compare(records_of(store, "gpt4o"), records_of(store, "claude37"), "f1", n_boot=300)
+    line = [x for x in out.splitlines() if x.startswith("| inference | all ") and "| f1 " in x][0]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[5] == f"{100 * expected.diff:+.1f}"
+    assert cells[6] == f"[{100 * expected.low:+.1f}, {100 * expected.high:+.1f}]"
+    assert cells[8] == f"{expected.n_shared} ({expected.n_clusters})"
+    assert expected.diff > 0 and expected.low > 0 and float(cells[7].rstrip("*")) < 0.01
+    assert any(x.startswith("| inference | changing ") for x in out.splitlines())
+    assert f"python -m cupid_exp.diff {a} {b}" in out and "model.name gpt4o → claude37" in out
+
+
+def test_missing_experiment_is_an_error(store, capsys) -> None:
+    assert main(["--tracking-uri", store["uri"], "--experiment", "nope"]) == 2
+    assert "no MLflow experiment 'nope'" in capsys.readouterr().err
+
+
+def test_report_plots(store, capsys, tmp_path: Path) -> None:
+    report(store, capsys, "--plots", str(tmp_path / "plots"))
+    names = sorted(p.name for p in (tmp_path / "plots").glob("*.png"))
+    assert "sample_local_inference_by_type.png" in names and "sample_local_generation_by_position.png" in names
+    assert all((tmp_path / "plots" / n).stat().st_size > 10_000 for n in names)
+
+
+def test_a_logged_number_its_records_do_not_give_is_flagged(tmp_path: Path, capsys) -> None:
+    run = log(tmp_path, ["model=gpt4o"], make_records(seed=1), metric_edit={"inference/f1": 0.9})
+    mlflow.set_tracking_uri(None)
+    assert main(["--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--cache-dir", str(tmp_path / "c"),
+                 "--n-boot", "100"]) == 0
+    out = capsys.readouterr().out
+    assert f"run {run[:8]}: logged inference/f1 = 0.9000, but its instances.jsonl gives" in out
+    assert table_rows(out, "Inference by model")["gpt4o"]["all"].split(" / ")[2].startswith("90.0 [")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,11 @@ from cupid_exp.metrics import error_counts, flat_metrics, generation_metrics, in
 from cupid_exp.outputs import write_json, write_jsonl
 from cupid_exp.prompts import EVALUATION_PROMPTS, PromptSet
 from cupid_exp.rendering import matcher_examples
+from cupid_exp.plots import save_run_plots
+from cupid_exp.progress import Progress
 from cupid_exp.secrets import install_log_scrubber, scrub_obj, secret_values
+from cupid_exp.stats import ci_metrics
+from cupid_exp.tracking import git_state
 from cupid_exp.retrieval import score_retrieval
 from cupid_exp.settings import context_text, relevant_positions, shown_positions, validate_combination
 from cupid_exp.tasks.base import EvalContext, InstanceRecord, StepFailed
@@ -80,16 +83,24 @@ def _new_record(instance: Instance, n_sessions: int) -> InstanceRecord:
                                                        for m in s.dialogue)})
 
 
-async def _guarded(record: InstanceRecord, coro) -> None:
+async def _guarded(record: InstanceRecord, coro, progress: Progress | None = None, stage: str = "") -> None:
     """Run one task on one instance; a failed step is recorded, and the other task goes on."""
     try:
         await coro
     except StepFailed as exc:
         record.add_error(exc)
         log.warning("instance %s: %s", record.key, exc)
+    finally:
+        if progress is not None:
+            progress.done(stage)
 
 
-async def evaluate_instance(cfg: DictConfig, ctx: EvalContext, instance: Instance) -> InstanceRecord:
+def stages(cfg: DictConfig) -> list[str]:
+    return (["summary"] if cfg.setting.name == "summary" else []) + list(TASK_PARTS[cfg.task.name])
+
+
+async def evaluate_instance(cfg: DictConfig, ctx: EvalContext, instance: Instance,
+                            progress: Progress | None = None) -> InstanceRecord:
     setting = cfg.setting
     positions = await asyncio.to_thread(shown_positions, instance, setting)
     sessions = [instance.prior_interactions[i - 1] for i in positions]
@@ -102,43 +113,44 @@ async def evaluate_instance(cfg: DictConfig, ctx: EvalContext, instance: Instanc
                                           f"{setting.expected_oracle_sessions}"]
         log.warning("data warning: %s: oracle kept %d sessions (expected %d)", instance.key, len(sessions),
                     setting.expected_oracle_sessions)
+    parts = TASK_PARTS[cfg.task.name]
     try:
         log_text = await context_text(ctx, instance, sessions, setting, record)
     except StepFailed as exc:
         record.add_error(exc)
         log.warning("instance %s: %s", record.key, exc)
+        for stage in stages(cfg) if progress is not None else ():
+            progress.done(stage)
         return record
-    parts = TASK_PARTS[cfg.task.name]
+    if progress is not None and setting.name == "summary":
+        progress.done("summary")
     coros = []
     if "inference" in parts:
-        coros.append(_guarded(record, run_inference(ctx, instance, log_text, record)))
+        coros.append(_guarded(record, run_inference(ctx, instance, log_text, record), progress, "inference"))
     if "generation" in parts:
         coros.append(_guarded(record, run_generation(ctx, instance, log_text, record, setting_name=setting.name,
-                                                     include_log=setting.include_log)))
+                                                     include_log=setting.include_log), progress, "generation"))
     await asyncio.gather(*coros)
     return record
 
 
 async def _run_all(cfg: DictConfig, ctx: EvalContext, instances: list[Instance],
                    journal: Journal | None = None) -> list[InstanceRecord]:
-    from tqdm import tqdm
+    progress = Progress(stages(cfg), len(instances), ctx.subject.meter, enabled=bool(cfg.runtime.progress))
 
     async def one(instance: Instance) -> InstanceRecord:
-        record = await evaluate_instance(cfg, ctx, instance)
+        record = await evaluate_instance(cfg, ctx, instance, progress)
         if journal is not None:
             journal.append(record.to_dict())
         return record
 
-    show = bool(cfg.runtime.progress) and sys.stderr.isatty()
     records: dict[str, InstanceRecord] = {}
-    with tqdm(total=len(instances), desc=f"{cfg.task.name}", disable=not show, unit="inst") as bar:
+    try:
         for future in asyncio.as_completed([one(i) for i in instances]):
             record = await future
             records[record.key] = record
-            totals = ctx.subject.meter.totals()
-            bar.set_postfix(calls=int(totals.get("calls", 0)), cached=int(totals.get("cache_hits", 0)),
-                            usd=f"{totals.get('cost_usd', 0.0):.4f}", refresh=False)
-            bar.update()
+    finally:
+        progress.close()
     await drain_background_tasks()
     return list(records.values())
 
@@ -192,13 +204,11 @@ def run_job(cfg: DictConfig, output_dir: Path, *, choices: Mapping[str, str] | N
     if cfg.task.name not in TASK_PARTS:
         raise ValueError(f"task={cfg.task.name!r} is not available; choose one of {sorted(TASK_PARTS)}")
     validate_combination(cfg.task.name, cfg.setting.name)
-    configure_litellm(cfg.runtime)
     secrets = secret_values(OmegaConf.to_container(cfg, resolve=True))
     install_log_scrubber(secrets)
     data = load_instances(cfg.data)
     prompts = PromptSet(cfg.prompts.dir)
     meter = UsageMeter()
-    ctx = build_context(cfg, prompts, meter)
     log.info("%d instances from %s (%d bad rows); model=%s evaluator=%s", len(data.instances), data.source,
              len(data.errors), cfg.model.name, cfg.evaluator.name)
     journal = None
@@ -213,6 +223,9 @@ def run_job(cfg: DictConfig, output_dir: Path, *, choices: Mapping[str, str] | N
             log.info("resuming: %d of %d instances already finished (journal %s)", len(done),
                      len(data.instances), journal.path)
     todo = [i for i in data.instances if i.key not in done]
+    if todo:  # importing litellm takes seconds: a re-run that finds every instance done skips it
+        configure_litellm(cfg.runtime)
+        ctx = build_context(cfg, prompts, meter)
     with managed_server(cfg.evaluator.server if todo and not dry_run else None):
         fresh = {r.key: r.to_dict() for r in asyncio.run(_run_all(cfg, ctx, todo, journal))} if todo else {}
     records = [done.get(i.key) or fresh[i.key] for i in data.instances]  # dataset order
@@ -234,7 +247,9 @@ def run_job(cfg: DictConfig, output_dir: Path, *, choices: Mapping[str, str] | N
     records = scrub_obj(records, secrets)
     output_dir.mkdir(parents=True, exist_ok=True)
     write_jsonl(output_dir / "instances.jsonl", records)
-    summary = {"dry_run": dry_run, "metrics": metrics, "breakdown": nested, "errors": errors, "usage": meter.as_dict(),
+    if not dry_run and records:
+        metrics.update(ci_metrics(records, cfg.task.name, seed=cfg.seed, failure_policy=cfg.runtime.failure_policy))
+    summary = {"dry_run": dry_run, "git": git_state(), "metrics": metrics, "breakdown": nested, "errors": errors, "usage": meter.as_dict(),
                "data": {"source": data.source, "digest": data.digest, "instances": len(data.instances),
                         "bad_rows": [str(e) for e in data.errors]},
                "prompts_digest": prompts.digest(EVALUATION_PROMPTS)}
@@ -252,7 +267,9 @@ def run_job(cfg: DictConfig, output_dir: Path, *, choices: Mapping[str, str] | N
             choices=choices or {}, metrics=metrics, table=instance_table(records), parent=parent_run,
             tags={"dataset_digest": data.digest, "dataset_source": data.source,
                   "prompts_digest": prompts.digest(EVALUATION_PROMPTS), "output_dir": str(output_dir.resolve())},
-            artifacts=[output_dir / "instances.jsonl", output_dir / "metrics.json"])
+            artifacts=[output_dir / "instances.jsonl", output_dir / "metrics.json"],
+            artifact_dirs={"plots": _plots(cfg, records, output_dir),
+                           ".hydra": sorted((output_dir / ".hydra").glob("*.yaml"))})
     print(render_report(cfg, nested, errors, metrics, data.errors, output_dir, run_id))
     return JobResult(metrics=metrics, records=records, run_id=run_id, output_dir=output_dir)
 
@@ -281,6 +298,17 @@ def render_report(cfg: DictConfig, nested: Mapping[str, Any], errors: Mapping[st
         f"outputs: {output_dir}" + (f" | MLflow run {run_id} at {cfg.tracking.uri}" if run_id else ""),
     ]
     return "\n".join(lines)
+
+
+def _plots(cfg: DictConfig, records: list[dict[str, Any]], output_dir: Path) -> list[Path]:
+    """Score by type, F1 vs relevant-session position (paper Fig. 3), score vs history length (Fig. 9)."""
+    try:
+        return save_run_plots(records, cfg.task.name, output_dir / "plots", seed=cfg.seed,
+                              failure_policy=cfg.runtime.failure_policy,
+                              title_prefix=f"{cfg.model.name} {cfg.setting.name}")
+    except Exception as exc:  # a plot must never cost the run its results
+        log.warning("plots skipped: %s: %s", type(exc).__name__, exc)
+        return []
 
 
 def render_dry_run(cfg: DictConfig, meter: UsageMeter) -> str:

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from cupid_exp.secrets import redact, scrub, scrub_file, secret_values
+from cupid_exp.secrets import install_log_scrubber, redact, scrub, scrub_file, secret_values
 
 log = logging.getLogger(__name__)
 
@@ -71,18 +71,39 @@ def _prepare_store(tracking: DictConfig) -> None:
 
 
 class RedactSecretsCallback(Callback):
-    """Hydra saves the config and overrides before the job starts; mask any secret in them."""
+    """Hydra saves the config and overrides before the job starts (and a sweep's overrides in
+    ``multirun.yaml``), and prints a failed job's overrides; mask any secret in them."""
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
 
         hc = HydraConfig.get()
         secrets = secret_values(list(hc.overrides.task))
-        if not secrets or hc.output_subdir is None:
+        if not secrets:
             return
-        saved = Path(hc.runtime.output_dir) / hc.output_subdir
-        for name in ("config.yaml", "overrides.yaml", "hydra.yaml"):
-            scrub_file(saved / name, secrets)
+        if hc.output_subdir is not None:
+            saved = Path(hc.runtime.output_dir) / hc.output_subdir
+            for name in ("config.yaml", "overrides.yaml", "hydra.yaml"):
+                scrub_file(saved / name, secrets)
+        if hc.mode == RunMode.MULTIRUN:  # written by the sweeper after on_multirun_start
+            scrub_file(Path(hc.sweep.dir) / "multirun.yaml", secrets)
+
+    def on_job_end(self, config: DictConfig, job_return: Any = None, **kwargs: Any) -> None:
+        # Hydra writes "Error executing job with overrides: [...]" to stderr for a failed job
+        overrides = getattr(job_return, "overrides", None)
+        if overrides:
+            secrets = secret_values(list(overrides))
+            job_return.overrides = [scrub(o, secrets) for o in overrides]
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # the launcher logs every job's overrides ("#0 : model=... +x.api_key=...") before any job runs
+        install_log_scrubber(secret_values(list(config.hydra.overrides.task)))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        secrets = secret_values(list(config.hydra.overrides.task))
+        if secrets:
+            scrub_file(Path(config.hydra.sweep.dir) / "multirun.yaml", secrets)
 
 
 class MlflowSweepCallback(Callback):
@@ -123,8 +144,10 @@ def parent_run_id(sweep_dir: str | Path | None) -> str | None:
 
 
 def log_job(cfg: DictConfig, *, run_name: str, choices: Mapping[str, str], tags: Mapping[str, str],
-            metrics: Mapping[str, float], table: Any, artifacts: list[Path], parent: str | None) -> str:
-    """Log one job as an MLflow run; returns its run id."""
+            metrics: Mapping[str, float], table: Any, artifacts: list[Path], parent: str | None,
+            artifact_dirs: Mapping[str, list[Path]] | None = None) -> str:
+    """Log one job as an MLflow run; returns its run id. ``artifact_dirs`` maps an artifact
+    folder (e.g. 'plots', '.hydra') to the files logged under it."""
     import mlflow
 
     _prepare_store(cfg.tracking)
@@ -143,6 +166,10 @@ def log_job(cfg: DictConfig, *, run_name: str, choices: Mapping[str, str], tags:
         for path in artifacts:
             if path.exists():
                 mlflow.log_artifact(str(path))
+        for folder, paths in (artifact_dirs or {}).items():
+            for path in paths:
+                if path.exists():
+                    mlflow.log_artifact(str(path), artifact_path=folder)
         if table is not None and len(table):
             mlflow.log_table(table, artifact_file="instances_table.json")
         return run.info.run_id

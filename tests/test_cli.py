@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import PROJECT_ROOT
 
 pytestmark = pytest.mark.slow
 

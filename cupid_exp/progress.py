@@ -1,0 +1,35 @@
+"""Progress: one bar per stage (summaries, inference, generation) with ETA, plus calls,
+cache hits, tokens and cost so far. Silent when stderr is not a terminal or when
+``runtime.progress=false``."""
+
+from __future__ import annotations
+
+import sys
+from typing import Iterable
+
+from cupid_exp.llm.client import UsageMeter
+
+
+class Progress:
+    def __init__(self, stages: Iterable[str], total: int, meter: UsageMeter, enabled: bool = True):
+        from tqdm import tqdm
+
+        self.meter = meter
+        show = enabled and sys.stderr.isatty() and total > 0
+        self.bars = {stage: tqdm(total=total, desc=f"{stage:<10}", unit="inst", position=i, leave=True,
+                                 disable=not show, dynamic_ncols=True)
+                     for i, stage in enumerate(stages)}
+
+    def done(self, stage: str) -> None:
+        bar = self.bars.get(stage)
+        if bar is None:
+            return
+        totals = self.meter.totals()
+        bar.set_postfix(calls=int(totals.get("calls", 0)), cached=int(totals.get("cache_hits", 0)),
+                        tokens=int(totals.get("prompt_tokens", 0) + totals.get("completion_tokens", 0)),
+                        usd=f"{totals.get('cost_usd', 0.0):.4f}", refresh=False)
+        bar.update()
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            bar.close()

@@ -1,0 +1,113 @@
+"""Typed schema of the synthesis job (``conf/synthesize.yaml`` and the ``synthesis`` group).
+
+Registered in Hydra's ConfigStore as ``synthesize_schema`` (the entry config extends it), so
+a misspelt key or a wrong type in any synthesis choice, role model or override stops the run
+at composition, before any model call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, OmegaConf
+
+from cupid_exp.config import ModelConfig, PathsConfig, PromptsConfig, RuntimeConfig, TrackingConfig
+
+ROLES = ("persona_writer", "factor_writer", "session_writer", "user_simulator", "assistant_simulator",
+         "decomposer", "validator")
+PERSONA_SOURCES = ("builtin", "personahub")
+UNSATISFIED_POLICIES = ("keep", "regenerate", "drop")
+
+
+class SynthesisError(RuntimeError):
+    """A problem that stops the synthesis job; its message is one line for the user."""
+
+
+@dataclass
+class SynthesisRoles:
+    """One model config per role (``model@synthesis.roles.<role>=<choice>`` swaps one)."""
+
+    persona_writer: ModelConfig = MISSING
+    factor_writer: ModelConfig = MISSING
+    session_writer: ModelConfig = MISSING
+    user_simulator: ModelConfig = MISSING
+    assistant_simulator: ModelConfig = MISSING
+    decomposer: ModelConfig = MISSING
+    validator: ModelConfig = MISSING
+
+
+@dataclass
+class PersonaHubConfig:
+    name: str = "proj-persona/PersonaHub"
+    subset: str = "instruction"
+    split: str = "train"
+    text_field: str = "input persona"
+
+
+@dataclass
+class SynthesisConfig:
+    name: str = MISSING  # short id used in the job dir and the MLflow run name
+    roles: SynthesisRoles = field(default_factory=SynthesisRoles)
+    n_personas: int = 2
+    seed: int = 0  # structure: persona attributes, seeds, journey positions, dropped sessions
+    persona_source: str = "builtin"  # builtin | personahub
+    personahub: PersonaHubConfig = field(default_factory=PersonaHubConfig)
+    max_retries: int = 3  # extra attempts when an artefact fails validation or cannot be parsed
+    max_turns: int = 4  # assistant replies per simulated dialogue (each is scored by the user simulator)
+    on_unsatisfied: str = "keep"  # keep (flagged) | regenerate (then drop) | drop: instances using it
+    with_resources: bool = False  # sessions may carry a [resource] (document, code, data) in the request
+    max_checklist_items: int = 4
+    validate: bool = True  # the LLM validation pass (paper App. E)
+    persona_concurrency: int = 4  # personas synthesised at once (the local model serialises anyway)
+
+
+@dataclass
+class SynthesizeConfig:
+    synthesis: SynthesisConfig = MISSING
+    tracking: TrackingConfig = MISSING
+    runtime: RuntimeConfig = MISSING
+    prompts: PromptsConfig = field(default_factory=PromptsConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+
+
+def register_synthesis_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="synthesize_schema", node=SynthesizeConfig)
+    register_resolvers()
+
+
+def check_synthesis_config(cfg: SynthesisConfig) -> None:
+    """Value checks a dataclass cannot express; raise SynthesisError naming the key."""
+    if cfg.n_personas < 1:
+        raise SynthesisError(f"synthesis.n_personas must be >= 1, got {cfg.n_personas}")
+    if cfg.persona_source not in PERSONA_SOURCES:
+        raise SynthesisError(f"synthesis.persona_source={cfg.persona_source!r}; expected one of {PERSONA_SOURCES}")
+    if cfg.on_unsatisfied not in UNSATISFIED_POLICIES:
+        raise SynthesisError(f"synthesis.on_unsatisfied={cfg.on_unsatisfied!r}; expected one of {UNSATISFIED_POLICIES}")
+    if cfg.max_turns < 1:
+        raise SynthesisError(f"synthesis.max_turns must be >= 1, got {cfg.max_turns}")
+    if cfg.max_retries < 0:
+        raise SynthesisError(f"synthesis.max_retries must be >= 0, got {cfg.max_retries}")
+
+
+_NOT_STRUCTURAL = ("n_personas", "persona_concurrency")
+
+
+def fingerprint(synthesis: Any, prompts_dir: Any = None) -> str:
+    """Short hash of everything that shapes a persona's artefacts (not n_personas: a rerun with more
+    personas tops up the same job dir). Used in the job dir name, so one command always resumes in
+    its own dir and a changed recipe never mixes with old artefacts."""
+    data = OmegaConf.to_container(synthesis, resolve=True) if OmegaConf.is_config(synthesis) else dict(synthesis)
+    for key in _NOT_STRUCTURAL:
+        data.pop(key, None)
+    payload = json.dumps({"synthesis": data, "prompts_dir": prompts_dir}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:8]
+
+
+def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("synthesis_fingerprint"):
+        OmegaConf.register_new_resolver("synthesis_fingerprint", fingerprint)

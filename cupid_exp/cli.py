@@ -25,6 +25,7 @@ def main(cfg: DictConfig) -> float | None:
     from cupid_exp.runner import run_job
     from cupid_exp.tracking import parent_run_id
 
+    from cupid_exp.data.schema import DataError
     from cupid_exp.settings import ConfigError
 
     hc = HydraConfig.get()
@@ -32,7 +33,7 @@ def main(cfg: DictConfig) -> float | None:
     try:
         result = run_job(cfg, Path(hc.runtime.output_dir), choices=dict(hc.runtime.choices),
                          parent_run=parent_run_id(hc.sweep.dir) if multirun else None)
-    except ConfigError as exc:  # a bad combination: one line, before any model call
+    except (ConfigError, DataError) as exc:  # a bad combination or (data.strict) a bad row: one line, no call
         print(f"cupid_exp: {exc}", file=sys.stderr)
         sys.exit(2)
     return result.metrics.get(f"{cfg.task.name}/f1", result.metrics.get("generation/score"))

@@ -50,6 +50,7 @@ def is_final(record: dict[str, Any]) -> bool:
 class Journal:
     def __init__(self, path: Path, secrets: list[str] | None = None):
         self.path, self.secrets = path, list(secrets or [])
+        self._tail_checked = False
         path.parent.mkdir(parents=True, exist_ok=True)
 
     def load(self) -> dict[str, dict[str, Any]]:
@@ -57,6 +58,8 @@ class Journal:
         done: dict[str, dict[str, Any]] = {}
         if not self.path.exists():
             return done
+        self._cut_torn_tail()
+        self._tail_checked = True
         with self.path.open("rb") as fh:
             for raw in fh:
                 try:
@@ -68,7 +71,36 @@ class Journal:
                     done[record["key"]] = record
         return {k: r for k, r in done.items() if is_final(r)}
 
+    def _cut_torn_tail(self) -> None:
+        """Drop a last line without its newline (a kill mid-write), so the next append starts a fresh line
+        instead of being glued to the torn one and lost with it."""
+        with self.path.open("rb+") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            if size == 0:
+                return
+            fh.seek(size - 1)
+            if fh.read(1) == b"\n":
+                return
+            keep = size - 1
+            while keep > 0:  # scan back to the last newline
+                step = min(keep, 65536)
+                fh.seek(keep - step)
+                chunk = fh.read(step)
+                cut = chunk.rfind(b"\n")
+                if cut >= 0:
+                    keep = keep - step + cut + 1
+                    break
+                keep -= step
+            log.warning("journal %s: dropping a torn last line (%d bytes)", self.path.name, size - keep)
+            fh.truncate(keep)
+            fh.flush()
+            os.fsync(fh.fileno())
+
     def append(self, record: dict[str, Any]) -> None:
+        if not self._tail_checked:
+            if self.path.exists():
+                self._cut_torn_tail()
+            self._tail_checked = True
         line = (json.dumps(scrub_obj(record, self.secrets), ensure_ascii=False) + "\n").encode()
         with self.path.open("ab") as fh:
             fh.write(line)

@@ -33,11 +33,18 @@ def redact(value: Any) -> Any:
     return value
 
 
+def _names_secret_env(name: str) -> bool:
+    """'api_key_env' and the like: the value is the NAME of an env var that holds a secret."""
+    return name.lower().endswith("_env") and is_secret_key(name[: -len("_env")])
+
+
 def _config_secrets(value: Any) -> Iterable[str]:
     if isinstance(value, Mapping):
         for k, v in value.items():
             if is_secret_key(str(k)) and isinstance(v, str):
                 yield v
+            elif _names_secret_env(str(k)) and isinstance(v, str) and os.environ.get(v):
+                yield os.environ[v]  # a key in an env var of any name, e.g. api_key_env: MY_CREDS
             else:
                 yield from _config_secrets(v)
     elif isinstance(value, (list, tuple)):
@@ -46,8 +53,11 @@ def _config_secrets(value: Any) -> Iterable[str]:
     elif isinstance(value, str):
         # overrides such as "+model.params.api_key=sk-..." saved verbatim by Hydra
         name, sep, val = value.partition("=")
-        if sep and is_secret_key(name.rsplit(".", 1)[-1].lstrip("+~")):
+        key = name.rsplit(".", 1)[-1].lstrip("+~")
+        if sep and is_secret_key(key):
             yield val
+        elif sep and _names_secret_env(key) and os.environ.get(val):
+            yield os.environ[val]
 
 
 def secret_values(config: Any = None) -> list[str]:
@@ -66,11 +76,14 @@ def scrub(text: str, secrets: Iterable[str]) -> str:
 
 
 def scrub_file(path: Path, secrets: Iterable[str]) -> None:
+    """Mask secrets in a file in place, atomically (parallel jobs may scrub the sweep's multirun.yaml at once)."""
     if path.is_file():
         text = path.read_text(encoding="utf-8", errors="replace")
         cleaned = scrub(text, secrets)
         if cleaned != text:
-            path.write_text(cleaned, encoding="utf-8")
+            from cupid_exp.outputs import atomic_write_text
+
+            atomic_write_text(path, cleaned)
 
 
 class ScrubbingFilter(logging.Filter):
@@ -87,8 +100,39 @@ class ScrubbingFilter(logging.Filter):
         return True
 
 
+_FACTORY_SECRETS: list[str] = []
+_BASE_FACTORY: Any = None
+
+
+def _install_record_factory(secrets: Iterable[str]) -> None:
+    """Mask secrets in every log record when it is created: unlike handler filters, this survives
+    Hydra re-configuring logging (its launchers do, then log each job's overrides)."""
+    global _BASE_FACTORY
+    _FACTORY_SECRETS[:] = sorted(set(_FACTORY_SECRETS) | {s for s in secrets if s}, key=len, reverse=True)
+    if _BASE_FACTORY is not None:
+        return
+    _BASE_FACTORY = base = logging.getLogRecordFactory()
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = base(*args, **kwargs)
+        if _FACTORY_SECRETS:
+            try:
+                message = record.getMessage()
+            except Exception:  # noqa: BLE001  # a malformed record is logging's problem, not ours
+                return record
+            cleaned = scrub(message, _FACTORY_SECRETS)
+            if cleaned != message:
+                record.msg, record.args = cleaned, None
+        return record
+
+    logging.setLogRecordFactory(factory)
+
+
 def install_log_scrubber(secrets: Iterable[str]) -> None:
-    """Mask secrets in every handler of the root logger (Hydra's console and job-log handlers)."""
+    """Mask secrets in every log record (record factory) and in every handler of the root logger
+    (Hydra's console and job-log handlers)."""
+    secrets = list(secrets)
+    _install_record_factory(secrets)
     scrubber = ScrubbingFilter(secrets)
     for handler in logging.getLogger().handlers:
         handler.filters = [f for f in handler.filters if not isinstance(f, ScrubbingFilter)]

@@ -8,12 +8,13 @@ names are redacted before they reach params, artifacts or the saved config.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
 import subprocess
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
@@ -65,9 +66,37 @@ def _experiment_id(tracking: DictConfig) -> str:
         return mlflow.get_experiment_by_name(tracking.experiment).experiment_id
 
 
+_READY_STORES: set[str] = set()
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock across processes (a no-op where fcntl is missing)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield
+        return
+    with path.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def _prepare_store(tracking: DictConfig) -> None:
-    if tracking.uri.startswith("sqlite:///"):
-        Path(tracking.uri.removeprefix("sqlite:///")).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    """Create a SQLite store's folder and schema. Parallel jobs on a fresh store would each run MLflow's
+    schema migrations at once and fail ('table ... already exists'); a file lock lets one do it."""
+    if not tracking.uri.startswith("sqlite:///") or tracking.uri in _READY_STORES:
+        return
+    db = Path(tracking.uri.removeprefix("sqlite:///")).expanduser()
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(db.with_name(db.name + ".lock")):
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(tracking.uri).search_experiments(max_results=1)  # creates or migrates the schema
+    _READY_STORES.add(tracking.uri)
 
 
 class RedactSecretsCallback(Callback):

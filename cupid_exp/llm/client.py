@@ -62,8 +62,9 @@ class UsageMeter:
         elif not completion.cached:
             c["cost_usd"] += completion.cost_usd
 
-    def fail(self, step: str, kind: str) -> None:
+    def fail(self, step: str, kind: str, retries: int = 0) -> None:
         self.counts[step][f"failed_{kind}"] += 1
+        self.counts[step]["retries"] += retries  # a call that gave up after N retries sent N+1 requests
 
     def totals(self) -> dict[str, float]:
         out: dict[str, float] = defaultdict(float)
@@ -156,6 +157,19 @@ class LLMClient:
             if key in (model.litellm_model, bare) and "input_cost_per_token" not in (litellm.model_cost[key] or {}):
                 del litellm.model_cost[key]
         self._semaphore = asyncio.Semaphore(max(1, model.max_concurrency))
+        self._unpriced = False
+
+    def _price(self, response: Any) -> float | None:
+        """Cost from litellm's price map; None for an unpriced model (tried once per client, not per call)."""
+        import litellm
+
+        if self._unpriced:
+            return None
+        try:
+            return float(litellm.completion_cost(completion_response=response))
+        except Exception:  # unpriced model: counted, never guessed
+            self._unpriced = True
+            return None
 
     def cache_namespace(self, json_schema: dict | None, params: dict | None = None) -> str:
         """Everything besides messages that changes an answer; litellm's own key misses api_base."""
@@ -199,18 +213,23 @@ class LLMClient:
                 response = await self._router.acompletion(model=self.model.name, messages=messages, **kwargs)
         except Exception as exc:  # litellm maps every provider's errors to its own exception types
             kind = _error_kind(exc)
-            self.meter.fail(step, kind)
+            self.meter.fail(step, kind, retries=_retries_of(exc))
             raise ProviderError(kind, f"{self.model.name}: {type(exc).__name__}: {_short(exc)}") from exc
+        if not getattr(response, "choices", None):
+            # litellm returns None instead of raising when a server rejects a request with HTTP 422 twice
+            # (its drop_params retry); without this check the job died on an AttributeError.
+            self.meter.fail(step, "provider")
+            raise ProviderError("provider", f"{self.model.name}: the provider returned no completion "
+                                            f"(got {type(response).__name__}; e.g. an HTTP 422 rejection)")
         await _flush_cache_writes()  # durable before anyone relies on it (a kill must not lose a paid call)
         text = response.choices[0].message.content or ""
         usage = getattr(response, "usage", None)
         hidden = getattr(response, "_hidden_params", None) or {}
         cached = bool(hidden.get("cache_hit"))
         retries = int((hidden.get("additional_headers") or {}).get("x-litellm-attempted-retries") or 0)
-        try:
-            cost = float(litellm.completion_cost(completion_response=response))
-        except Exception:  # unpriced model: counted, never guessed
-            cost = None
+        cost = hidden.get("response_cost")  # litellm prices every response (with the config's own prices)
+        if not isinstance(cost, (int, float)):
+            cost = self._price(response)
         completion = Completion(
             text=text,
             prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
@@ -235,14 +254,37 @@ async def _flush_cache_writes() -> None:
         await asyncio.gather(*pending, return_exceptions=True)
 
 
+def _retries_of(exc: BaseException) -> int:
+    """Retries the Router made before giving up (litellm sets ``num_retries`` on the final exception)."""
+    try:
+        return max(0, int(getattr(exc, "num_retries", 0) or 0))
+    except (TypeError, ValueError):
+        return 0
+
+
 def _short(exc: BaseException, n: int = 300) -> str:
     text = " ".join(str(exc).split())
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-async def drain_background_tasks() -> None:
-    """Let litellm finish its async cache writes before the event loop closes."""
+async def drain_background_tasks(timeout: float = 10.0) -> None:
+    """Let litellm finish its async cache writes and logging callbacks before the event loop closes.
+
+    litellm's logging worker loops forever, so waiting on every pending task would always run into
+    the timeout (10 s added to every job); it is flushed and stopped instead.
+    """
+    await _flush_cache_writes()
+    try:
+        from litellm.litellm_core_utils.logging_worker import GLOBAL_LOGGING_WORKER as worker
+    except ImportError:  # another litellm layout
+        worker = None
+    if worker is not None:
+        try:
+            await asyncio.wait_for(worker.flush(), timeout)
+        except Exception:  # noqa: BLE001  # a slow or failing logging callback must not fail the job
+            log.debug("litellm logging worker did not flush", exc_info=True)
+        await worker.stop()  # it restarts on its own in the next event loop
     current = asyncio.current_task()
     pending = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
     if pending:
-        await asyncio.wait(pending, timeout=10)
+        await asyncio.wait(pending, timeout=timeout)

@@ -113,3 +113,15 @@ def test_api_model_calls_are_priced_from_litellms_map(tmp_path) -> None:
     # 7 prompt + 3 completion tokens at gpt-4o's listed prices ($2.50 / $10 per million)
     assert out.cost_usd == pytest.approx(7 * 2.5e-6 + 3 * 1e-5)
     assert meter.as_dict()["s"]["cost_usd"] == pytest.approx(out.cost_usd)
+
+
+def test_custom_priced_model_is_costed_at_its_configured_prices(tmp_path) -> None:
+    """Regression: a model priced in its config (input/output_cost_per_token) used to cost $0."""
+    with ScriptedServer([(200, completion_body("hello"), {})]) as server:
+        model = ModelConfig(name="mine", litellm_model="openai/my-model", api_base=server.url,
+                            input_cost_per_token=1e-6, output_cost_per_token=2e-6)
+        meter = UsageMeter()
+        out = asyncio.run(LLMClient(model, runtime(tmp_path, cache=False), meter).complete(
+            [{"role": "user", "content": "hi"}], step="s"))
+    assert out.cost_usd == pytest.approx(7 * 1e-6 + 3 * 2e-6)
+    assert meter.as_dict()["s"]["cost_usd"] == pytest.approx(out.cost_usd)

@@ -1,0 +1,69 @@
+"""Run the real CLI (``python -m cupid_exp``) against the stub server, and read what it wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from helpers.cupid_data import stub_overrides
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+# What decides an instance's result; timing, usage and raw attempts are left out of comparisons.
+SCORING_FIELDS = ("key", "persona_id", "instance_type", "inferred_preference", "inferred_checklist",
+                  "precision_labels", "recall_labels", "n_predicted", "n_true", "predicted_matched", "true_matched",
+                  "precision", "recall", "f1", "response", "judge_score", "gt_checklist")
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1", **extra}
+
+
+def cli_command(url: str, output_root: Path, *extra: str, cache_dir: Path | None = None,
+                data: Path | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "cupid_exp", *stub_overrides(url), f"paths.output_root={output_root}",
+           "runtime.progress=false"]
+    if cache_dir is not None:
+        cmd.append(f"runtime.cache_dir={cache_dir}")
+    if data is not None:
+        cmd += ["data=local", f"data.path={data}"]
+    return cmd + list(extra)
+
+
+def run_cli(cmd: list[str], *, env: dict[str, str] | None = None, timeout: float = 120,
+            check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=env or cli_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    if check:
+        assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    return proc
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every line must be one JSON object (raises on a half-written line)."""
+    lines = path.read_text(encoding="utf-8").split("\n")
+    assert lines[-1] == "", f"{path} does not end with a newline"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def job_dirs(output_root: Path) -> list[Path]:
+    """Hydra job directories (single runs and sweep jobs) that hold an instances.jsonl."""
+    return sorted(p.parent for p in output_root.glob("**/instances.jsonl") if (p.parent / ".hydra").is_dir())
+
+
+def scoring(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for r in records:
+        row = {k: r.get(k) for k in SCORING_FIELDS}
+        row["errors"] = sorted((e["step"], e["kind"]) for e in r.get("errors", []))
+        out.append(row)
+    return out
+
+
+def metrics_of(job_dir: Path) -> dict[str, float]:
+    return json.loads((job_dir / "metrics.json").read_text())["metrics"]

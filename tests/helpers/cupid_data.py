@@ -1,0 +1,48 @@
+"""Synthetic CUPID-schema data sets for reliability tests and benchmarks: the shipped sample rows,
+copied under new persona ids and perturbed so that every instance sends different prompts."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from cupid_exp.data.loading import SAMPLE_PATH
+
+
+def sample_rows() -> list[dict[str, Any]]:
+    return [json.loads(line) for line in SAMPLE_PATH.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def make_rows(n: int, *, start: int = 100) -> list[dict[str, Any]]:
+    """``n`` valid rows: sample rows in turn, persona ids ``<start+i>+<role>``, requests made unique."""
+    base = sample_rows()
+    rows = []
+    for i in range(n):
+        row = copy.deepcopy(base[i % len(base)])
+        role = row["persona_id"].split("+", 1)[-1]
+        row["persona_id"] = f"{start + i}+{role}"
+        row["current_request"] += f" (variant {i})"
+        row["prior_interactions"][0]["dialogue"][0]["content"] += f" [case {i}]"
+        rows.append(row)
+    return rows
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def write_dataset(path: Path, n: int, *, start: int = 100) -> Path:
+    return write_jsonl(path, make_rows(n, start=start))
+
+
+def stub_overrides(url: str) -> list[str]:
+    """CLI overrides that send the subject model and every evaluator role to the stub at ``url``."""
+    out = ["model=openai_compatible", "model.litellm_model=openai/stub", f"model.api_base={url}"]
+    for role in ("decomposer", "matcher", "judge"):
+        out += [f"model@evaluator.{role}=openai_compatible", f"evaluator.{role}.litellm_model=openai/stub",
+                f"evaluator.{role}.api_base={url}"]
+    return out

@@ -1,0 +1,506 @@
+"""A deterministic OpenAI-compatible stand-in model on 127.0.0.1, for fault injection and benchmarks.
+
+It is not a model: it recognises which CUPID pipeline step a request belongs to (from the
+prompt text, or from the JSON schema in ``response_format``) and returns a well-formed reply
+for that step, derived from a hash of the prompt, so the same request always gets the same
+answer. Around that it injects what real providers do: latency (fixed or jittered), HTTP 429
+with ``retry-after``, 500, 503, responses slower than the client's timeout, malformed bodies
+(truncated JSON, a wrong content-type, no ``choices``), context-length errors in the styles
+of several providers, and unparseable replies for chosen steps.
+
+Fault decisions are deterministic too: they hash (seed, prompt, how many times this prompt
+was seen), so a run's faults do not depend on the order in which concurrent requests arrive.
+
+Counters per step (requests received, responses completed, faults by kind) are available
+in-process (``StubServer.stats()``) and over HTTP (``GET /stats``). A test can also close a
+*gate* after N completed responses: further requests are received but held unanswered until
+the gate opens — the moment to SIGKILL a client with a known set of requests in flight.
+
+CLI (for bench/ and manual use)::
+
+    python tests/helpers/stub_llm_server.py --port 8011 --latency-ms 200 --jitter-ms 20 \
+        --rate-429 0.1 --rate-500 0.1 --rate-503 0.1 --retry-after 1 --seed 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import re
+import signal
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+STEPS = ("infer", "decompose", "match", "generate", "judge", "summarize", "unknown")
+LABELS = ("Fully Covered", "Partially Covered", "Not Covered")
+MALFORMED_KINDS = ("truncated", "content_type", "no_choices")
+
+# Context-length errors as providers send them (status, body).
+CONTEXT_ERRORS: dict[str, tuple[int, dict[str, Any]]] = {
+    "openai": (400, {"error": {
+        "message": "This model's maximum context length is 8192 tokens. However, your messages resulted in "
+                   "9120 tokens. Please reduce the length of the messages.",
+        "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}),
+    "anthropic": (400, {"type": "error", "error": {
+        "type": "invalid_request_error", "message": "prompt is too long: 215837 tokens > 200000 maximum"}}),
+    "vllm": (400, {"object": "error", "type": "BadRequestError", "param": None, "code": 400,
+                   "message": "This model's maximum context length is 4096 tokens. However, you requested 5310 "
+                              "tokens (1214 in the messages, 4096 in the completion). Please reduce the length "
+                              "of the messages or completion."}),
+    "llamacpp": (400, {"error": {"code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": 9001,
+                                 "n_ctx": 8192,
+                                 "message": "the request exceeds the available context size, try increasing it"}}),
+    "tgi": (422, {"error_type": "validation",
+                  "error": "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. "
+                           "Given: 5000 `inputs` tokens and 100 `max_new_tokens`"}),
+}
+
+
+@dataclass
+class StubConfig:
+    latency_ms: float = 0.0
+    jitter_ms: float = 0.0  # uniform extra latency in [0, jitter_ms], seeded per request
+    seed: int = 0
+    rate_429: float = 0.0
+    rate_500: float = 0.0
+    rate_503: float = 0.0
+    rate_slow: float = 0.0  # answered after ``slow_s`` seconds (set it above the client's timeout)
+    rate_malformed: float = 0.0  # a 200 whose body is broken (kind chosen by hash from MALFORMED_KINDS)
+    retry_after: float = 1.0  # seconds, sent with every 429
+    slow_s: float = 5.0
+    giveup_rate: float = 0.0  # prompts that fail with 500 on every attempt (a share chosen by hash)
+    giveup_match: str = ""  # ... and prompts whose first user message contains this text
+    fault_steps: tuple[str, ...] = ()  # faults only for these steps (empty: all)
+    fail_first: int = 0  # the first N attempts of every prompt get ``fail_first_kind`` (deterministic retries)
+    fail_first_kind: str = "429"
+    garbage_steps: tuple[str, ...] = ()  # these steps get a well-formed reply with unusable text ...
+    garbage_rate: float = 1.0  # ... for this share of their prompts (re-asks of a prompt included)
+    echo_key_steps: tuple[str, ...] = ()  # these steps get a 401 that echoes the caller's full API key ...
+    echo_key_rate: float = 1.0  # ... for this share of their prompts
+    context_error: str | None = None  # one of CONTEXT_ERRORS
+    context_error_steps: tuple[str, ...] = ()  # empty: every step
+    judge_score: str = "7.5"
+
+
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _unit(*parts: Any) -> float:
+    """A deterministic number in [0, 1) from the parts."""
+    return int(digest("\x1f".join(map(str, parts)))[:13], 16) / 16 ** 13
+
+
+# ---------------------------------------------------------------- recognising the step
+
+
+def _content(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):  # content parts
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return content or ""
+
+
+def prompt_of(messages: list[dict[str, Any]]) -> tuple[str, str]:
+    """(system text, first user text): what the step's template produced, re-asks excluded."""
+    system = "".join(_content(m) for m in messages if m.get("role") in ("system", "developer"))
+    user = next((_content(m) for m in messages if m.get("role") == "user"), "")
+    return system, user
+
+
+def classify(body: dict[str, Any]) -> str:
+    schema = (((body.get("response_format") or {}).get("json_schema") or {}).get("schema") or {})
+    props = set((schema.get("properties") or {}).keys())
+    if props:
+        for key, step in (("summaries", "summarize"), ("results", "match"), ("checklist", "decompose"),
+                          ("score", "judge"), ("preference", "infer")):
+            if key in props:
+                return step
+    system, user = prompt_of(body.get("messages") or [])
+    text = system + "\n" + user
+    if "Summarise every session" in user or '"summaries"' in text:
+        return "summarize"
+    if "Evaluation Score" in system or "critical evaluator" in system:
+        return "judge"
+    if "#### Checklist" in user:
+        return "match"
+    if "**Preferences**" in user or "evaluation checklist" in system:
+        return "decompose"
+    if "Most Likely Preference" in text:
+        return "infer"
+    if "User's Request" in user or "Respond to the user's request" in system:
+        return "generate"
+    return "unknown"
+
+
+# ---------------------------------------------------------------- well-formed replies
+
+_WANTS = ("concise", "step-by-step", "formal", "friendly", "detailed", "bullet-pointed", "sourced", "practical")
+_THINGS = ("worked examples", "a summary table", "one closing question", "plain language", "cited sources",
+           "a short checklist", "concrete numbers", "a clear recommendation")
+
+
+def _words(h: str, offset: int, options: tuple[str, ...]) -> str:
+    return options[int(h[offset:offset + 2], 16) % len(options)]
+
+
+def numbered_lines(text: str, after: str) -> list[str]:
+    """The '1. …' lines following the header ``after`` (the matcher's checklist)."""
+    tail = text.split(after, 1)[-1]
+    return [m.group(1).strip() for m in re.finditer(r"^\s*\d+\.\s+(.*)$", tail, re.MULTILINE)]
+
+
+def reply_text(step: str, body: dict[str, Any], cfg: StubConfig) -> str:
+    system, user = prompt_of(body.get("messages") or [])
+    h = digest(f"{cfg.seed}\x1f{system}\x1f{user}")
+    structured = bool(body.get("response_format"))
+    if step == "infer":
+        sentence = (f"The user wants {_words(h, 0, _WANTS)} answers with {_words(h, 2, _THINGS)} "
+                    f"and {_words(h, 4, _THINGS)} for requests like this (ref {h[:8]}).")
+        if structured:
+            return json.dumps({"preference": sentence})
+        return (f"### Analysis\n\nSessions {int(h[6], 16) % 8 + 1} and {int(h[7], 16) % 8 + 1} match the "
+                f"current request.\n\n### Most Likely Preference\n\n{sentence}")
+    if step == "decompose":
+        n = int(h[0], 16) % 4 + 1
+        items = [f"Does the response use {_words(h, 2 + 2 * i, _THINGS)} (item {i + 1}, {h[10:16]})?"
+                 for i in range(n)]
+        payload = {"analysis": f"The preference states {n} requirement(s).", "checklist": items}
+        return json.dumps(payload) if structured else (
+            f"**Analysis**\n\n{payload['analysis']}\n\n**Checklist**\n\n```json\n"
+            f"{json.dumps({'checklist': items}, indent=2)}\n```")
+    if step == "match":
+        items = numbered_lines(user, "#### Checklist")
+        results = [{"index": i, "entry": item, "reasoning": "Compared with the preference.",
+                    "label": LABELS[int(digest(f'{h}{i}')[:2], 16) % 3]}
+                   for i, item in enumerate(items, start=1)]
+        payload = {"results": results}
+        return json.dumps(payload) if structured else f"```json\n{json.dumps(payload, indent=2)}\n```"
+    if step == "summarize":
+        n = len(re.findall(r"^### Session \d+", user, re.MULTILINE))
+        summaries = [{"session_id": i, "analysis": f"Session {i} ({h[:6]}).",
+                      "context": [f"context of session {i}"],
+                      "preferences": [f"wants {_words(h, 2 * (i % 8), _THINGS)}"]} for i in range(1, n + 1)]
+        payload = {"summaries": summaries}
+        return json.dumps(payload) if structured else f"```json\n{json.dumps(payload, indent=2)}\n```"
+    if step == "judge":
+        if structured:
+            return json.dumps({"evaluation": "Checked every item.", "score": float(cfg.judge_score)})
+        return f"### Evaluation of AI Assistant's Response\n\nChecked every item.\n\n### Evaluation Score\n\n" \
+               f"{cfg.judge_score}"
+    if step == "generate":
+        return (f"Here is a {_words(h, 0, _WANTS)} answer with {_words(h, 2, _THINGS)}.\n\n"
+                f"1. First point ({h[:6]}).\n2. Second point.\n")
+    return f"Stub reply {h[:12]}."
+
+
+def garbage_text(body: dict[str, Any], cfg: StubConfig) -> str:
+    """Unusable text; it differs between a prompt and its re-asks, as a real model's would."""
+    conversation = json.dumps(body.get("messages"), sort_keys=True)
+    return f"I'd rather talk about the weather today. <<unusable reply {digest(conversation)[:10]}>>"
+
+
+def completion_body(text: str, body: dict[str, Any]) -> dict[str, Any]:
+    prompt_chars = sum(len(_content(m)) for m in body.get("messages") or [])
+    prompt_tokens, completion_tokens = max(1, prompt_chars // 4), max(1, len(text) // 4)
+    return {"id": "chatcmpl-stub-" + digest(text)[:12], "object": "chat.completion", "created": 0,
+            "model": body.get("model", "stub"),
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens}}
+
+
+# ---------------------------------------------------------------- the server
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 512  # the default backlog of 5 drops connections under 32+ concurrent clients
+
+
+@dataclass
+class _Counters:
+    received: Counter = field(default_factory=Counter)
+    completed: Counter = field(default_factory=Counter)
+    faults: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    in_flight: int = 0
+    held: int = 0
+    completed_prompts: Counter = field(default_factory=Counter)  # digest of the request -> completions
+
+
+class StubServer:
+    """The stand-in model. Use as a context manager (a background thread) or via ``serve_forever``."""
+
+    def __init__(self, config: StubConfig | None = None, *, port: int = 0, **overrides: Any):
+        self.config = config or StubConfig()
+        for k, v in overrides.items():
+            setattr(self.config, k, v)
+        self._lock = threading.Lock()
+        self._gate = threading.Condition(self._lock)
+        self._hold_after: int | None = None
+        self._seen: Counter = Counter()
+        self.counters = _Counters()
+        self.httpd = _HTTPServer(("127.0.0.1", port), self._handler())
+        self._thread: threading.Thread | None = None
+
+    # ---- control
+
+    @property
+    def port(self) -> int:
+        return self.httpd.server_address[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def reset(self) -> None:
+        with self._lock:
+            self.counters = _Counters()
+            self._seen = Counter()
+
+    def hold_after(self, n_completed: int | None) -> None:
+        """Once ``n_completed`` responses have completed in total, hold every later request unanswered."""
+        with self._gate:
+            self._hold_after = n_completed
+            self._gate.notify_all()
+
+    def release(self) -> None:
+        self.hold_after(None)
+
+    def wait_held(self, timeout: float) -> bool:
+        """True once the gate is closed and at least one request waits at it."""
+        deadline = time.monotonic() + timeout
+        with self._gate:
+            while self.counters.held == 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._gate.wait(left)
+            return True
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            c = self.counters
+            return {"received": dict(c.received), "completed": dict(c.completed),
+                    "faults": {k: dict(v) for k, v in c.faults.items()},
+                    "total_received": sum(c.received.values()), "total_completed": sum(c.completed.values()),
+                    "in_flight": c.in_flight, "held": c.held,
+                    "repeated_completions": sum(n - 1 for n in c.completed_prompts.values() if n > 1),
+                    "distinct_completed": len(c.completed_prompts)}
+
+    def __enter__(self) -> "StubServer":
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    # ---- decisions
+
+    def _fault(self, step: str, prompt_digest: str, attempt: int, body: dict[str, Any]) -> str | None:
+        cfg = self.config
+        if cfg.context_error and (not cfg.context_error_steps or step in cfg.context_error_steps):
+            return "context_length"
+        if step in cfg.echo_key_steps and _unit(cfg.seed, "echo", prompt_digest) < cfg.echo_key_rate:
+            return "echo_key"
+        if cfg.fault_steps and step not in cfg.fault_steps:
+            return None
+        if attempt < cfg.fail_first:
+            return cfg.fail_first_kind
+        if cfg.giveup_rate and _unit(cfg.seed, "giveup", prompt_digest) < cfg.giveup_rate:
+            return "500"
+        if cfg.giveup_match and cfg.giveup_match in prompt_of(body.get("messages") or [])[1]:
+            return "500"
+        u = _unit(cfg.seed, "fault", prompt_digest, attempt)
+        for kind, rate in (("429", cfg.rate_429), ("500", cfg.rate_500), ("503", cfg.rate_503),
+                           ("slow", cfg.rate_slow), ("malformed", cfg.rate_malformed)):
+            if u < rate:
+                return kind
+            u -= rate
+        return None
+
+    def _garbage(self, step: str, body: dict[str, Any]) -> bool:
+        if step not in self.config.garbage_steps:
+            return False
+        system, user = prompt_of(body.get("messages") or [])  # the template's prompt: re-asks share it
+        return _unit(self.config.seed, "garbage", system, user) < self.config.garbage_rate
+
+    def _handler(self):
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # else headers and body in two writes stall ~40 ms on delayed ACKs
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, status: int, payload: bytes, content_type: str = "application/json",
+                      headers: dict[str, str] | None = None) -> bool:
+                try:
+                    self.send_response(status)
+                    self.send_header("content-type", content_type)
+                    for k, v in (headers or {}).items():
+                        self.send_header(k, v)
+                    self.send_header("content-length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    self.wfile.flush()
+                    return True
+                except OSError:  # the client gave up (timeout) or was killed
+                    self.close_connection = True
+                    return False
+
+            def do_GET(self) -> None:  # noqa: N802
+                if self.path.rstrip("/") in ("/v1/models", "/models"):
+                    self._send(200, json.dumps({"object": "list", "data": [
+                        {"id": "stub", "object": "model", "owned_by": "stub"}]}).encode())
+                elif self.path.rstrip("/") in ("/stats", "/health"):
+                    self._send(200, json.dumps(server.stats()).encode())
+                else:
+                    self._send(404, b'{"error": {"message": "not found"}}')
+
+            def do_POST(self) -> None:  # noqa: N802
+                length = int(self.headers.get("content-length") or 0)
+                raw = self.rfile.read(length)
+                if self.path.rstrip("/") == "/reset":
+                    server.reset()
+                    self._send(200, b"{}")
+                    return
+                try:
+                    body = json.loads(raw or b"{}")
+                except json.JSONDecodeError:
+                    self._send(400, b'{"error": {"message": "invalid JSON body"}}')
+                    return
+                server._serve(self, body, raw, self.headers.get("authorization", ""))
+
+        return Handler
+
+    def _serve(self, handler: BaseHTTPRequestHandler, body: dict[str, Any], raw: bytes, auth: str = "") -> None:
+        cfg = self.config
+        step = classify(body)
+        prompt_digest = digest(json.dumps(body.get("messages"), sort_keys=True))
+        request_digest = digest(raw.decode("utf-8", "replace"))
+        with self._gate:
+            self.counters.received[step] += 1
+            self.counters.in_flight += 1
+            attempt = self._seen[prompt_digest]
+            self._seen[prompt_digest] += 1
+        try:
+            delay = cfg.latency_ms / 1000
+            if cfg.jitter_ms:
+                delay += random.Random(f"{cfg.seed}:{prompt_digest}:{attempt}").uniform(0, cfg.jitter_ms) / 1000
+            if delay > 0:
+                time.sleep(delay)
+            fault = self._fault(step, prompt_digest, attempt, body)
+            if fault is None or fault == "malformed":
+                # a reply about to complete waits at a closed gate
+                with self._gate:
+                    if self._hold_after is not None and sum(self.counters.completed.values()) >= self._hold_after:
+                        self.counters.held += 1
+                        self._gate.notify_all()
+                        while self._hold_after is not None:
+                            self._gate.wait()
+                        self.counters.held -= 1
+                        handler.close_connection = True
+                        return  # released: the client is gone; answer nothing
+            if fault is not None:
+                with self._lock:
+                    self.counters.faults[step][fault] += 1
+                self._send_fault(handler, fault, body, auth)
+                return
+            text = garbage_text(body, cfg) if self._garbage(step, body) else reply_text(step, body, cfg)
+            if handler._send(200, json.dumps(completion_body(text, body)).encode()):  # type: ignore[attr-defined]
+                with self._lock:
+                    self.counters.completed[step] += 1
+                    self.counters.completed_prompts[request_digest] += 1
+        finally:
+            with self._lock:
+                self.counters.in_flight -= 1
+
+    def _send_fault(self, handler: Any, fault: str, body: dict[str, Any], auth: str = "") -> None:
+        cfg = self.config
+        if fault == "echo_key":  # some providers quote the key they rejected
+            key = auth.removeprefix("Bearer ").strip()
+            handler._send(401, json.dumps({"error": {"message": f"Incorrect API key provided: {key}.",
+                                                     "type": "invalid_request_error", "code": "invalid_api_key"}}
+                                          ).encode())
+        elif fault == "429":
+            handler._send(429, json.dumps({"error": {"message": "Rate limit reached; slow down.",
+                                                     "type": "rate_limit_error", "code": "rate_limit_exceeded"}}
+                                          ).encode(), headers={"retry-after": f"{cfg.retry_after:g}"})
+        elif fault == "500":
+            handler._send(500, b'{"error": {"message": "The server had an error processing your request.", '
+                               b'"type": "server_error"}}')
+        elif fault == "503":
+            handler._send(503, b'{"error": {"message": "The engine is currently overloaded.", '
+                               b'"type": "service_unavailable"}}')
+        elif fault == "slow":
+            time.sleep(cfg.slow_s)
+            handler._send(200, json.dumps(completion_body("too late", body)).encode())
+        elif fault == "context_length":
+            status, payload = CONTEXT_ERRORS[cfg.context_error or "openai"]
+            handler._send(status, json.dumps(payload).encode())
+        elif fault == "malformed":
+            text = reply_text(classify(body), body, cfg)
+            full = json.dumps(completion_body(text, body)).encode()
+            kind = MALFORMED_KINDS[int(digest(full.decode())[:2], 16) % len(MALFORMED_KINDS)]
+            if kind == "truncated":
+                handler._send(200, full[: len(full) // 2])
+            elif kind == "content_type":
+                handler._send(200, b"<html><body><h1>502 Bad Gateway</h1></body></html>", "text/html")
+            else:
+                handler._send(200, json.dumps({"id": "chatcmpl-stub", "object": "chat.completion",
+                                               "created": 0, "model": "stub"}).encode())
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[int, StubConfig]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--port", type=int, default=0, help="0: any free port (printed)")
+    for f in StubConfig.__dataclass_fields__.values():
+        flag = "--" + f.name.replace("_", "-")
+        if f.name.endswith("_steps"):
+            p.add_argument(flag, default="", help="comma-separated steps: " + ",".join(STEPS))
+        elif f.name in ("context_error", "judge_score", "fail_first_kind", "giveup_match"):
+            p.add_argument(flag, default=f.default)
+        else:
+            p.add_argument(flag, type=type(f.default), default=f.default)
+    args = vars(p.parse_args(argv))
+    port = args.pop("port")
+    for name in list(args):
+        if name.endswith("_steps"):
+            args[name] = tuple(s for s in args[name].split(",") if s)
+    return port, StubConfig(**args)
+
+
+def main(argv: list[str] | None = None) -> None:
+    port, cfg = parse_args(argv)
+    server = StubServer(cfg, port=port)
+    print(f"stub LLM server listening on {server.url} ({json.dumps(asdict(cfg))})", flush=True)
+    def stop(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        server.httpd.serve_forever(poll_interval=0.05)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        print("stub stats " + json.dumps(server.stats()), file=sys.stderr, flush=True)
+        server.httpd.server_close()
+
+
+if __name__ == "__main__":
+    main()

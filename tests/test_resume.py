@@ -1,0 +1,132 @@
+"""Kill and resume: the real CLI, SIGKILLed at seeded random points and restarted with the same command.
+
+The stub server counts every model response it completes. Before each kill it closes a gate: after
+the k-th completed response it holds every further request unanswered, so the requests in flight at
+the kill are known exactly, and the test waits until every completed response is in the client's
+response cache (the client awaits litellm's cache write before it returns a completion). The final
+results must equal an uninterrupted run's, and no completed model call may be repeated.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import diskcache
+import pytest
+
+from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env, job_dirs, read_jsonl, run_cli, scoring
+from helpers.cupid_data import write_dataset
+from helpers.stub_llm_server import StubServer
+
+pytestmark = pytest.mark.slow
+
+N_INSTANCES = 30
+N_KILLS = 5
+
+
+def cache_entries(cache_dir: Path) -> int:
+    if not cache_dir.exists():
+        return 0
+    with diskcache.Cache(str(cache_dir)) as cache:
+        return len(cache)
+
+
+def kill_after(stub: StubServer, cmd: list[str], completed: int, cache_dir: Path, log: Path) -> dict[str, int]:
+    """Start the CLI, SIGKILL it once ``completed`` responses are done in total; what was in flight then."""
+    stub.hold_after(completed)
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=cli_env(), stdout=out, stderr=subprocess.STDOUT)
+        try:
+            assert stub.wait_held(timeout=90), f"no request reached the gate; log:\n{log.read_text()[-2000:]}"
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:  # settle: nothing in flight but the held requests, all durable
+                st = stub.stats()
+                if st["in_flight"] == st["held"] and cache_entries(cache_dir) >= st["distinct_completed"]:
+                    break
+                time.sleep(0.05)
+            st, durable = stub.stats(), cache_entries(cache_dir)
+            proc.send_signal(signal.SIGKILL)
+            assert proc.wait(timeout=30) == -signal.SIGKILL
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            stub.release()
+    return {"in_flight": st["in_flight"], "non_durable": st["distinct_completed"] - durable}
+
+
+def tear_last_journal_line(journal_dir: Path) -> str:
+    """Simulate a kill in the middle of a journal write: the last record is cut in half."""
+    (path,) = journal_dir.glob("*.jsonl")
+    lines = path.read_bytes().splitlines(keepends=True)
+    assert lines and lines[-1].endswith(b"\n")
+    torn = lines[-1]
+    path.write_bytes(b"".join(lines[:-1]) + torn[: len(torn) // 2])
+    return json.loads(torn)["key"]
+
+
+def journal_records(journal_dir: Path) -> int:
+    paths = list(journal_dir.glob("*.jsonl"))
+    return sum(1 for line in paths[0].read_bytes().splitlines() if line.endswith(b"}")) if paths else 0
+
+
+def test_sigkill_at_random_points_then_resume_gives_identical_results(tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "data.jsonl", N_INSTANCES)
+    extra = ["tracking=none", "runtime.num_retries=0"]
+    with StubServer(latency_ms=5, seed=3) as stub:
+        # the uninterrupted run
+        base_root = tmp_path / "base"
+        run_cli(cli_command(stub.url, base_root, *extra, cache_dir=base_root / "cache", data=data))
+        baseline = stub.stats()
+        assert baseline["total_completed"] == baseline["distinct_completed"] == 4 * N_INSTANCES
+        (base_dir,) = job_dirs(base_root)
+        expected = scoring(read_jsonl(base_dir / "instances.jsonl"))
+        assert len(expected) == N_INSTANCES and all(r["f1"] is not None for r in expected)
+
+        # the same job, killed at seeded random points; every attempt is the very same command
+        stub.reset()
+        root, cache = tmp_path / "killed", tmp_path / "cache"
+        cmd = cli_command(stub.url, root, *extra, cache_dir=cache, data=data)
+        points = sorted(random.Random(20240611).sample(range(3, baseline["total_completed"] - 3), N_KILLS))
+        kills, torn_key, torn_log = [], None, None
+        for i, point in enumerate(points):
+            log = tmp_path / f"attempt{i}.log"
+            finished_before = journal_records(root / "journal")
+            kills.append(kill_after(stub, cmd, point, cache, log))
+            text = log.read_text()
+            assert ("resuming:" in text) == (finished_before > 0), text[-2000:]
+            if torn_key is not None and torn_log is None:
+                torn_log = text
+            if torn_key is None and i < N_KILLS - 1 and journal_records(root / "journal") > 0:
+                torn_key = tear_last_journal_line(root / "journal")
+        assert torn_key is not None and torn_log is not None
+        assert all(k["in_flight"] >= 1 for k in kills)  # each kill really cut requests off
+        assert not job_dirs(root), "a killed attempt must not leave an instances.jsonl"
+        final = run_cli(cmd)
+        after = stub.stats()
+
+    # identical per-instance results
+    (final_dir,) = job_dirs(root)
+    records = read_jsonl(final_dir / "instances.jsonl")
+    assert scoring(records) == expected
+    assert not list(final_dir.glob(".*.tmp")), "a temporary output file survived"
+
+    # no completed call was repeated: every repeat must be a response that was not yet durable at a kill
+    non_durable = sum(k["non_durable"] for k in kills)
+    in_flight = sum(k["in_flight"] for k in kills)
+    assert after["distinct_completed"] == baseline["total_completed"]  # the very same set of model calls
+    assert after["repeated_completions"] <= non_durable
+    assert after["total_completed"] <= baseline["total_completed"] + in_flight
+    assert non_durable == 0, f"completed responses were not yet in the cache at a kill: {kills}"
+    assert after["repeated_completions"] == 0
+
+    # the journal: the torn record was dropped and its instance redone; every line is whole JSON now
+    journal = read_jsonl(next((root / "journal").glob("*.jsonl")))
+    assert torn_key in {r["key"] for r in journal}
+    assert {r["key"] for r in journal} == {r["key"] for r in records}
+    assert "dropping a torn last line" in torn_log
+    assert "resuming:" in final.stdout + final.stderr

@@ -67,12 +67,14 @@ class JourneyStore:
         self.path, self.data = path, data
 
     @classmethod
-    def open(cls, directory: Path, template: PersonaTemplate, journey: JourneyTemplate) -> "JourneyStore":
+    def open(cls, directory: Path, template: PersonaTemplate, journey: JourneyTemplate, seed: int) -> "JourneyStore":
         path = directory / f"persona_{template.index:03d}.json"
-        fresh = {"persona_index": template.index, "template": template.to_dict(), "journey": journey.to_dict()}
+        fresh = json.loads(json.dumps({"persona_index": template.index, "template": template.to_dict(),
+                                       "journey": journey.to_dict(),
+                                       "factor_plan": plan_factors(seed, template.index)}))
         if path.exists():
             data = json.loads(path.read_text(encoding="utf-8"))
-            if data.get("template") == fresh["template"] and data.get("journey") == fresh["journey"]:
+            if all(data.get(k) == fresh[k] for k in ("template", "journey", "factor_plan")):
                 return cls(path, data)
             log.warning("%s was written for another template; starting that persona again", path)
         store = cls(path, fresh)
@@ -119,7 +121,7 @@ async def _synthesize_persona(ctx: steps.SynthContext, scfg: SynthesisConfig, te
                 j["factors_partial"] = partial
                 store.save()
 
-            j["factors"] = await steps.write_factors(ctx, description, plan_factors(scfg.seed, template.index),
+            j["factors"] = await steps.write_factors(ctx, description, j["factor_plan"],
                                                      done=j.get("factors_partial"), on_factor=keep)
             j.pop("factors_partial", None)
             store.save()
@@ -287,7 +289,7 @@ async def _run_personas(ctx: steps.SynthContext, scfg: SynthesisConfig, template
 
     async def one(t: PersonaTemplate) -> PersonaOutcome:
         async with limit:
-            store = JourneyStore.open(journeys_dir, t, make_template(scfg.seed, t.index))
+            store = JourneyStore.open(journeys_dir, t, make_template(scfg.seed, t.index), scfg.seed)
             if store.data.get("status") == "done" and (store.data.get("validation") is not None or not scfg.validate):
                 return PersonaOutcome(index=t.index, journey=store.data, instances=store.data["instances"],
                                       dropped=store.data.get("dropped_instances", []),

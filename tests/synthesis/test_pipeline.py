@@ -14,7 +14,9 @@ from omegaconf import OmegaConf
 
 from cupid_exp.config import register_configs
 from cupid_exp.synthesis.config import ROLES, SynthesisError, check_synthesis_config, register_synthesis_configs
-from fault_server import ScriptedServer, completion_body
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "llm"))  # the scripted fault server
+from fault_server import ScriptedServer, completion_body  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = PROJECT_ROOT / "conf"

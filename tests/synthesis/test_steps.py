@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +18,9 @@ from cupid_exp.prompts import PromptSet
 from cupid_exp.synthesis import steps
 from cupid_exp.synthesis.config import ROLES
 from cupid_exp.synthesis.journey import plan_factors
-from fault_server import ScriptedServer, completion_body
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "llm"))  # the scripted fault server
+from fault_server import ScriptedServer, completion_body  # noqa: E402
 
 
 def factor(name: str, pref: str) -> dict:

@@ -27,7 +27,7 @@ from cupid_exp.outputs import atomic_write_text, write_json, write_jsonl
 from cupid_exp.prompts import PromptSet
 from cupid_exp.synthesis import steps
 from cupid_exp.synthesis.config import ROLES, SynthesisConfig, SynthesisError, check_synthesis_config
-from cupid_exp.synthesis.journey import (CHANGED, FINAL, N_SESSIONS, JourneyTemplate, build_instances,
+from cupid_exp.synthesis.journey import (CHANGED, N_SESSIONS, JourneyTemplate, build_instances,
                                          make_template, persona_id, plan_factors, relevant_checks,
                                          removed_sessions, session_task_type, slot_preference)
 from cupid_exp.synthesis.personas import (PersonaTemplate, builtin_seeds, personahub_seeds, render_template,
@@ -35,8 +35,6 @@ from cupid_exp.synthesis.personas import (PersonaTemplate, builtin_seeds, person
 
 log = logging.getLogger(__name__)
 
-PHASES = ("persona", "factors", "changed_preference", "sessions", "checklists", "dialogues", "instances",
-          "validation")
 SYNTHESIS_PROMPTS = ("persona_generator", "context_factors_generator", "preference_changer", "sessions_generator",
                      "preference_decomposer", "user_simulator", "assistant_simulator", "expression_validator")
 
@@ -193,14 +191,9 @@ async def _synthesize_persona(ctx: steps.SynthContext, scfg: SynthesisConfig, te
         phase = "instances"
         rows = build_instances(j["persona"]["persona_id"], journey, factors, changed, checklists, sessions,
                                [d["dialogue"] for d in dialogues])
-        unsatisfied = {i for i, d in enumerate(dialogues) if not d["is_satisfied"]}
-        for row in rows:
-            used = set(range(N_SESSIONS - 1)) - set(removed_sessions(journey, row["instance_type"]))
-            if scfg.on_unsatisfied != "keep" and used & unsatisfied:
-                outcome.dropped.append({"persona_id": row["persona_id"], "instance_type": row["instance_type"],
-                                        "reason": f"unsatisfied dialogues in sessions "
-                                                  f"{sorted(i + 1 for i in used & unsatisfied)}"})
-                continue
+        kept, dropped = filter_unsatisfied(rows, journey, dialogues, scfg.on_unsatisfied)
+        outcome.dropped += dropped
+        for row in kept:
             try:
                 validate_row(row, f"persona {template.index}")
             except DataError as exc:
@@ -230,6 +223,22 @@ async def _synthesize_persona(ctx: steps.SynthContext, scfg: SynthesisConfig, te
     j["failed_phase"], j["error"] = outcome.failed_phase, outcome.error
     store.save()
     return outcome
+
+
+def filter_unsatisfied(rows: list[dict[str, Any]], journey: JourneyTemplate, dialogues: list[dict[str, Any]],
+                       policy: str) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """``keep``: every row (unsatisfied dialogues stay flagged in the journey file); otherwise a row is
+    dropped when one of its 8 prior sessions ended unsatisfied (after regeneration, for ``regenerate``)."""
+    unsatisfied = {i for i, d in enumerate(dialogues) if not d["is_satisfied"]}
+    kept, dropped = [], []
+    for row in rows:
+        used = set(range(N_SESSIONS - 1)) - set(removed_sessions(journey, row["instance_type"]))
+        if policy != "keep" and used & unsatisfied:
+            dropped.append({"persona_id": row["persona_id"], "instance_type": row["instance_type"],
+                            "reason": f"unsatisfied dialogues in sessions {sorted(i + 1 for i in used & unsatisfied)}"})
+        else:
+            kept.append(row)
+    return kept, dropped
 
 
 async def _gather_all(coros: list) -> None:

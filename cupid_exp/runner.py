@@ -227,9 +227,9 @@ def run_job(cfg: DictConfig, output_dir: Path, *, choices: Mapping[str, str] | N
         configure_litellm(cfg.runtime)
         ctx = build_context(cfg, prompts, meter)
     with managed_server(cfg.evaluator.server if todo and not dry_run else None):
-        model_start = time.perf_counter()  # the model-calling phase, without a model server's start-up
+        model_start, model_cpu = time.perf_counter(), time.process_time()  # without a model server's start-up
         fresh = {r.key: r.to_dict() for r in asyncio.run(_run_all(cfg, ctx, todo, journal))} if todo else {}
-        model_seconds = time.perf_counter() - model_start
+        model_seconds, model_cpu = time.perf_counter() - model_start, time.process_time() - model_cpu
     records = [done.get(i.key) or fresh[i.key] for i in data.instances]  # dataset order
 
     nested = {part: METRICS[part](records, cfg.runtime.failure_policy) for part in TASK_PARTS[cfg.task.name]}
@@ -246,6 +246,7 @@ def run_job(cfg: DictConfig, output_dir: Path, *, choices: Mapping[str, str] | N
     metrics["data/bad_rows"] = float(len(data.errors))
     metrics["time/seconds"] = time.perf_counter() - start
     metrics["time/model_seconds"] = model_seconds  # calling models (and scoring), without start-up or logging
+    metrics["time/model_cpu_seconds"] = model_cpu  # this process's CPU time in that phase (orchestration cost)
 
     records = scrub_obj(records, secrets)
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -52,8 +52,10 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def job_dirs(output_root: Path) -> list[Path]:
-    """Hydra job directories (single runs and sweep jobs) that hold an instances.jsonl."""
-    return sorted(p.parent for p in output_root.glob("**/instances.jsonl") if (p.parent / ".hydra").is_dir())
+    """Hydra job directories (single runs and sweep jobs) that hold an instances.jsonl (not MLflow's copies)."""
+    roots = [output_root] if output_root.name in ("runs", "multirun") else [output_root / "runs",
+                                                                            output_root / "multirun"]
+    return sorted(p.parent for root in roots for p in root.glob("**/instances.jsonl") if (p.parent / ".hydra").is_dir())
 
 
 def scoring(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -125,3 +125,21 @@ def test_custom_priced_model_is_costed_at_its_configured_prices(tmp_path) -> Non
             [{"role": "user", "content": "hi"}], step="s"))
     assert out.cost_usd == pytest.approx(7 * 1e-6 + 3 * 2e-6)
     assert meter.as_dict()["s"]["cost_usd"] == pytest.approx(out.cost_usd)
+
+
+def test_clients_of_one_config_share_a_router_that_adds_no_global_callbacks(tmp_path) -> None:
+    """Every litellm Router used to add callbacks that every later call ran: a sweep slowed down job by job."""
+    import litellm
+
+    def lists():
+        return [len(x) for x in (litellm.success_callback, litellm._async_success_callback,
+                                 litellm.failure_callback, litellm._async_failure_callback, litellm.callbacks)]
+
+    rt = runtime(tmp_path, cache=False)
+    model = ModelConfig(name="shared", litellm_model="openai/shared-model", api_base="http://127.0.0.1:9/v1")
+    before = lists()
+    first, second = LLMClient(model, rt, UsageMeter()), LLMClient(model, rt, UsageMeter())
+    other = LLMClient(ModelConfig(name="shared", litellm_model="openai/shared-model",
+                                  api_base="http://127.0.0.1:10/v1"), rt, UsageMeter())
+    assert first._router is second._router and other._router is not first._router
+    assert lists() == before

@@ -95,3 +95,18 @@ def test_jobs_starting_together_on_a_fresh_store_all_log(tmp_path: Path) -> None
     client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("cupid").experiment_id])
     assert sorted(r.info.run_name for r in runs) == ["job0", "job1", "job2", "job3"]
+
+
+def test_jobs_run_one_after_another_in_one_process_share_routers_across_event_loops(tmp_path: Path) -> None:
+    """Hydra's basic launcher runs a sweep's jobs in one process, each in its own event loop; the litellm Router
+    made for the first job is reused by the next, and must still work there."""
+    data = write_dataset(tmp_path / "data.jsonl", 3)
+    root = tmp_path / "out"
+    with StubServer() as stub:
+        cmd = cli_command(stub.url, root, "tracking=none", "runtime.cache=false", data=data)
+        proc = run_cli([*cmd[:3], "-m", *cmd[3:], "runtime.failure_policy=exclude,zero"])
+        st = stub.stats()
+    assert st["total_completed"] == st["total_received"] == 2 * 3 * 4  # both jobs called the model, no errors
+    dirs = job_dirs(root)
+    assert len(dirs) == 2 and all(metrics_of(d)["inference/count/scored"] == 3 for d in dirs)
+    assert "Traceback" not in proc.stderr

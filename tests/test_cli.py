@@ -69,8 +69,14 @@ def test_default_run_scores_instances_and_logs_one_mlflow_run(tmp_path: Path, ca
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "instances.jsonl", "metrics.json", "instances_table.json"} <= artifacts
 
-    # an identical rerun is served from the response cache
-    again = run_cli(["data.limit=2"], tmp_path, cache_dir)
+    # an identical rerun finds every instance in the resume journal and calls nothing
+    resumed = run_cli(["data.limit=2"], tmp_path, cache_dir)
+    assert int(resumed.stdout.split("calls: ")[1].split(" ")[0]) == 0
+    resumed_dir = max((tmp_path / "outputs" / "runs").glob("*/*"), key=lambda p: p.stat().st_mtime)
+    assert json.loads((resumed_dir / "metrics.json").read_text())["metrics"]["resume/instances_from_journal"] == 2
+
+    # without the journal, the same calls are served from the response cache
+    again = run_cli(["data.limit=2", "runtime.resume=false"], tmp_path, cache_dir)
     calls = int(again.stdout.split("calls: ")[1].split(" ")[0])
     cached = int(again.stdout.split("calls: ")[1].split("(")[1].split(" ")[0])
     assert calls == cached > 0

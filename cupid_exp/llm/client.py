@@ -233,8 +233,6 @@ class LLMClient:
     async def complete(self, messages: list[dict], *, step: str, json_schema: dict | None = None,
                        params: dict[str, Any] | None = None) -> Completion:
         """One chat completion; ``params`` overrides the model's decoding parameters for this step."""
-        import litellm
-
         kwargs: dict[str, Any] = {**self.model.params, **(params or {})}
         if json_schema is not None and self.model.structured_output:
             kwargs["response_format"] = {"type": "json_schema",

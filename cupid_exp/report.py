@@ -6,7 +6,10 @@ experiment and prints, per data set × evaluator:
 - inference P / R / F1 by model × {all, consistent, contrastive, changing, oracle, summary}
   (all and the types from ``setting=standard`` runs, the oracle and summary columns from runs
   with those settings) — the paper's Tables 1 / 11, plus Table 9's summary-by-type breakdown;
-- generation score by model × {all, types, oracle, oracle_preference, summary} — Tables 3 / 10.
+- generation score by model × {all, types, oracle, oracle_preference, summary} — Tables 3 / 10;
+- one more column per setting beyond the paper's (a retrieval run is ``retrieval[<retriever>,k=<top_k>]``),
+  and, when any setting other than standard ran, a table by model × setting × instance type with the
+  share of the oracle gain (oracle − standard) each setting recovers.
 
 Every number carries a 95% cluster bootstrap interval over the run's instances (personas
 resampled as clusters), computed from the run's ``instances.jsonl`` artifact (downloaded once
@@ -23,6 +26,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -50,6 +54,11 @@ COLUMN_SOURCE = {"all": ("standard", "all"), **{t: ("standard", t) for t in TYPE
                  "summary": ("summary", "all")}
 TASK_METRICS = {"inference": ("precision", "recall", "f1"), "generation": ("score",)}
 HEADLINE = {"inference": "f1", "generation": "score"}
+PAPER_SETTINGS = ("standard", "oracle", "oracle_preference", "summary")
+# setting name -> the params that tell its variants apart, each with the prefix its value gets in the label;
+# a setting not listed is labelled by its name alone (its other params are replays or don't matter)
+SETTING_VARIANTS: dict[str, dict[str, str]] = {"retrieval": {"setting.retriever": "", "setting.top_k": "k="}}
+RECOVERED = "oracle gain recovered"
 
 
 # --------------------------------------------------------------------------------------------
@@ -85,6 +94,14 @@ class JobRun:
         return self.param("setting.name", "standard")
 
     @property
+    def setting_label(self) -> str:
+        """The setting and, for one with variants (``SETTING_VARIANTS``), which: ``retrieval[bm25,k=2]``."""
+        variants = SETTING_VARIANTS.get(self.setting)
+        if not variants:
+            return self.setting
+        return f"{self.setting}[{','.join(prefix + self.param(key) for key, prefix in variants.items())}]"
+
+    @property
     def data(self) -> str:
         return self.param("data.name")
 
@@ -114,7 +131,7 @@ class JobRun:
         return None if limit in (None, "", "None", "null") else limit
 
     def describe(self) -> str:
-        return f"{self.short} ({self.model}, {self.setting}, {', '.join(self.tasks) or self.param('task.name')})"
+        return f"{self.short} ({self.model}, {self.setting_label}, {', '.join(self.tasks) or self.param('task.name')})"
 
 
 def _job_run(run: Any) -> JobRun:
@@ -199,7 +216,7 @@ def _partial_reason(run: JobRun, records: list[dict[str, Any]] | None) -> str | 
 
 
 def select_runs(runs: Sequence[JobRun], load: Any) -> Selection:
-    """Keep finished, complete runs; for each (data, evaluator, model, setting, task) the latest one.
+    """Keep finished, complete runs; for each (data, evaluator, model, setting label, task) the latest one.
 
     ``load(run_id)`` returns a run's records or None.
     """
@@ -208,22 +225,22 @@ def select_runs(runs: Sequence[JobRun], load: Any) -> Selection:
     usable: list[JobRun] = []
     for run in runs:
         if run.status != "FINISHED":
-            notes.append(f"skipped run {run.short} ({run.model}, {run.setting}): status {run.status}")
+            notes.append(f"skipped run {run.short} ({run.model}, {run.setting_label}): status {run.status}")
             continue
         recs = load(run.run_id)
         reason = _partial_reason(run, recs)
         if reason:
-            notes.append(f"skipped partial run {run.short} ({run.model}, {run.setting}): {reason}")
+            notes.append(f"skipped partial run {run.short} ({run.model}, {run.setting_label}): {reason}")
             continue
         if recs is None:
-            notes.append(f"run {run.short} ({run.model}, {run.setting}) has no instances.jsonl artifact: "
+            notes.append(f"run {run.short} ({run.model}, {run.setting_label}) has no instances.jsonl artifact: "
                          f"its numbers have no confidence interval")
         records[run.run_id] = recs
         usable.append(run)
     latest: dict[tuple, list[JobRun]] = {}
     for run in sorted(usable, key=lambda r: r.start_time, reverse=True):
         for task in run.tasks:
-            latest.setdefault((run.data, run.evaluator, run.model, run.setting, task), []).append(run)
+            latest.setdefault((run.data, run.evaluator, run.model, run.setting_label, task), []).append(run)
     chosen: dict[str, JobRun] = {}
     for (data, evaluator, model, setting, task), group in sorted(latest.items()):
         chosen[group[0].run_id] = group[0]
@@ -233,7 +250,7 @@ def select_runs(runs: Sequence[JobRun], load: Any) -> Selection:
                          f"using the latest, {group[0].short} ({group[0].started}); not used: {older}")
     for run in chosen.values():
         if run.subset:
-            notes.append(f"run {run.short} ({run.model}, {run.setting}) covers a subset: data.limit={run.subset}")
+            notes.append(f"run {run.short} ({run.model}, {run.setting_label}) covers a subset: data.limit={run.subset}")
     kept = [r for r in usable if r.run_id in chosen]
     return Selection(kept, {r.run_id: records[r.run_id] for r in kept}, notes)
 
@@ -332,6 +349,25 @@ def _matcher(evaluator: str) -> str:
     return "prefmatcher" if evaluator == "prefmatcher" else "gpt4o"
 
 
+def _natural(label: str) -> list:
+    """Sort key that puts k=2 before k=10."""
+    return [int(x) if i % 2 else x for i, x in enumerate(re.split(r"(\d+)", label))]
+
+
+def _runs_by_model(task: str, runs: Sequence[JobRun], data: str | None, evaluator: str) -> dict[str, dict[str, JobRun]]:
+    """{model: {setting label: run}} for the runs of one task × data × evaluator."""
+    by_model: dict[str, dict[str, JobRun]] = {}
+    for run in runs:
+        if task in run.tasks and run.data == data and run.evaluator == evaluator:
+            by_model.setdefault(run.model, {})[run.setting_label] = run
+    return by_model
+
+
+def extra_settings(labels: Any) -> list[str]:
+    """The setting labels beyond the paper's, in natural order."""
+    return sorted({lb for lb in labels if lb not in PAPER_SETTINGS}, key=_natural)
+
+
 def leaderboard(task: str, runs: Sequence[JobRun], records: Mapping[str, list | None], *, data: str | None,
                 evaluator: str, summary_by_type: bool = False, reference: Mapping[str, Any] | None = None,
                 n_boot: int = DEFAULT_N_BOOT, seed: int = 0) -> Table | None:
@@ -339,17 +375,15 @@ def leaderboard(task: str, runs: Sequence[JobRun], records: Mapping[str, list | 
 
     ``data=None`` builds the paper's rows alone (for ``evaluator``'s matcher).
     """
+    by_model = _runs_by_model(task, runs, data, evaluator)
     if summary_by_type:
         columns = BY_TYPE_COLUMNS
         source = {c: ("summary", c) for c in columns}
-    else:
-        columns = INFERENCE_COLUMNS if task == "inference" else GENERATION_COLUMNS
-        source = COLUMN_SOURCE
+    else:  # the paper's columns, then one per other setting label among these runs (its 'all')
+        extra = extra_settings(label for settings in by_model.values() for label in settings)
+        columns = [*(INFERENCE_COLUMNS if task == "inference" else GENERATION_COLUMNS), *extra]
+        source = {**COLUMN_SOURCE, **{label: (label, "all") for label in extra}}
     metrics = TASK_METRICS[task]
-    by_model: dict[str, dict[str, JobRun]] = {}
-    for run in runs:
-        if task in run.tasks and run.data == data and run.evaluator == evaluator:
-            by_model.setdefault(run.model, {})[run.setting] = run
     settings_used = {s for s, _ in (source[c] for c in columns)}
     by_model = {m: s for m, s in by_model.items() if settings_used & set(s)}
     matcher = _matcher(evaluator)
@@ -380,7 +414,7 @@ def leaderboard(task: str, runs: Sequence[JobRun], records: Mapping[str, list | 
             values = cells[c] if task == "inference" else [cells[c]]
             for m, v in zip(metrics, values):
                 long.append({"table": title, "model": label, "source": "paper", "reference": ref_title,
-                             "column": c, "metric": m, "value": v / 100 if task == "inference" else v,
+                             "column": c, "setting": source[c][0], "metric": m, "value": v / 100 if task == "inference" else v,
                              "ci_low": "", "ci_high": "", "n": "", "run_id": ""})
         shown_paper.add(label)
 
@@ -408,7 +442,7 @@ def leaderboard(task: str, runs: Sequence[JobRun], records: Mapping[str, list | 
             for m, e in zip(metrics, ests):
                 if e is not None:
                     long.append({"table": title, "model": model, "source": "run", "reference": "",
-                                 "column": c, "metric": m, "value": e.value,
+                                 "column": c, "setting": setting, "metric": m, "value": e.value,
                                  "ci_low": "" if math.isnan(e.low) else e.low,
                                  "ci_high": "" if math.isnan(e.high) else e.high, "n": e.n, "run_id": run.run_id})
         rows.append([model, "run", *cells, n_main, " ".join(used)])
@@ -426,6 +460,84 @@ def leaderboard(task: str, runs: Sequence[JobRun], records: Mapping[str, list | 
     return Table(title, header, rows, long, notes)
 
 
+def _setting_order(label: str) -> tuple:
+    """standard, then the settings beyond the paper's (natural order), then oracle, oracle_preference, summary."""
+    if label in PAPER_SETTINGS:
+        rank = 0 if label == "standard" else 1 + PAPER_SETTINGS.index(label)
+        return (rank, [])
+    return (1, _natural(label))
+
+
+def recovered_share(value: float | None, standard: float | None, oracle: float | None) -> float | None:
+    """(value − standard) / (oracle − standard): the share of the oracle gain a setting recovers; None when
+    a number is missing or the gap is 0."""
+    if any(v is None or math.isnan(v) for v in (value, standard, oracle)) or abs(oracle - standard) < 1e-12:
+        return None
+    return (value - standard) / (oracle - standard)
+
+
+def setting_table(task: str, runs: Sequence[JobRun], records: Mapping[str, list | None], *, data: str,
+                  evaluator: str, n_boot: int = DEFAULT_N_BOOT, seed: int = 0) -> Table | None:
+    """Headline metric by model × setting label × instance type, with the share of the oracle gain each
+    setting recovers; None unless some setting other than standard ran."""
+    by_model = _runs_by_model(task, runs, data, evaluator)
+    if not any(label != "standard" for settings in by_model.values() for label in settings):
+        return None
+    metric = HEADLINE[task]
+    unit = "F1 in %" if task == "inference" else "mean judge score 1–10"
+    title = f"{task.capitalize()} by setting and instance type — data={data}, evaluator={evaluator} ({unit}; [95% CI])"
+    groups = BY_TYPE_COLUMNS
+    recovered_columns = [RECOVERED, *(f"recovered: {t}" for t in TYPES)]
+    header = ["model", "setting", *groups, *recovered_columns, "n (all)", "run"]
+    rows: list[list[str]] = []
+    long: list[dict[str, Any]] = []
+    mismatches: list[str] = []
+    for model in sorted(by_model):
+        settings = by_model[model]
+        ests = {label: {g: _estimate(run, records.get(run.run_id), task, g, metric, n_boot=n_boot, seed=seed,
+                                     notes=mismatches) for g in groups}
+                for label, run in settings.items()}
+
+        def point(label: str, group: str, ests: dict = ests) -> float | None:
+            e = ests.get(label, {}).get(group)
+            return None if e is None else e.value
+
+        baseline = "standard" in settings and "oracle" in settings
+        if baseline and len({settings[lb].subset for lb in settings}) > 1:
+            mismatches.append(f"{model}: its runs cover different subsets (data.limit); "
+                              f"the {RECOVERED} shares compare different instances")
+        for label in sorted(settings, key=_setting_order):
+            run = settings[label]
+            cells = [_cell([ests[label][g]], task) if ests[label][g] else "–" for g in groups]
+            shares = []
+            for g in groups:
+                share = None
+                if baseline and label not in ("standard", "oracle"):
+                    share = recovered_share(point(label, g), point("standard", g), point("oracle", g))
+                shares.append("" if share is None else f"{100 * share:.0f}%")
+                if share is not None:
+                    long.append({"table": title, "model": model, "source": "derived", "reference": "", "column": g,
+                                 "setting": label, "metric": "oracle_gain_recovered", "value": share,
+                                 "ci_low": "", "ci_high": "", "n": "", "run_id": run.run_id})
+            for g in groups:
+                e = ests[label][g]
+                if e is not None:
+                    long.append({"table": title, "model": model, "source": "run", "reference": "", "column": g,
+                                 "setting": label, "metric": metric, "value": e.value,
+                                 "ci_low": "" if math.isnan(e.low) else e.low,
+                                 "ci_high": "" if math.isnan(e.high) else e.high, "n": e.n, "run_id": run.run_id})
+            e_all = ests[label]["all"]
+            scored = e_all.n if e_all is not None else 0
+            total = run.metrics.get(f"{task}/count/instances")
+            n_main = f"{scored}/{int(total)}" if total is not None and total != scored else str(scored)
+            rows.append([model, label, *cells, *shares, n_main, run.short])
+    notes = list(dict.fromkeys(mismatches))
+    notes.append(f"{RECOVERED} = (setting − standard) / (oracle − standard) of the {metric} point values, same model "
+                 f"and instance type; blank without both a standard and an oracle run or when their gap is 0; "
+                 f"no interval")
+    return Table(title, header, rows, long, notes)
+
+
 def build_report(selection: Selection, *, reference: Mapping[str, Any] | None = None,
                  n_boot: int = DEFAULT_N_BOOT, seed: int = 0) -> list[Table]:
     """The leaderboards of every data set × evaluator in the selection; with ``reference``, the paper's
@@ -440,6 +552,10 @@ def build_report(selection: Selection, *, reference: Mapping[str, Any] | None = 
                 if table is not None and any(row[1] == "run" for row in table.rows):
                     tables.append(table)
                     shown.add((task, by_type, _matcher(evaluator)))
+            table = setting_table(task, selection.runs, selection.records, data=data, evaluator=evaluator,
+                                  n_boot=n_boot, seed=seed)
+            if table is not None:
+                tables.append(table)
     if reference is not None:
         for task in ("inference", "generation"):
             for by_type in (False, True):
@@ -498,7 +614,8 @@ def compare_runs(run_a: JobRun, records_a: list[dict[str, Any]], run_b: JobRun, 
         notes.append("* p from 10,000 random sign patterns (exact enumeration when ≤ 12 personas)")
     if run_a.failure_policy != run_b.failure_policy:
         notes.append("the runs used different failure policies; compared with failures excluded")
-    differs = [k for k in ("model.name", "setting.name", "evaluator.name", "data.name")
+    variant_keys = [k for run in (run_a, run_b) for k in SETTING_VARIANTS.get(run.setting, {})]
+    differs = [k for k in dict.fromkeys(("model.name", "setting.name", *variant_keys, "evaluator.name", "data.name"))
                if run_a.params.get(k) != run_b.params.get(k)]
     notes.append("differs: " + (", ".join(f"{k} {run_a.params.get(k)} → {run_b.params.get(k)}" for k in differs)
                                 or "none of model/setting/evaluator/data")

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from conftest import compose_config
 from cupid_exp.metrics import flat_metrics, inference_metrics
-from cupid_exp.report import load_reference, main
+from cupid_exp.report import JobRun, extra_settings, load_reference, main
 from cupid_exp.stats import bootstrap_ci, paired_compare
 from cupid_exp.tracking import MlflowSweepCallback, log_job
 from test_plots import make_records
@@ -78,6 +78,13 @@ def store(tmp_path_factory) -> dict:
     ids["cupid"] = log(root, ["model=gpt4o", "data=cupid", "evaluator=gpt4o"], make_records(seed=6),
                        name="cupid")
     ids["partial"] = log(root, ["model=mistral7b"], make_records(seed=7), drop_records=5, name="partial")
+    # a retriever sweep: two variants of one setting, plus a superseded run of one of them
+    retrieval = ["model=gpt4o", "setting=retrieval"]
+    ids["bm25_old"] = log(root, [*retrieval, "setting.retriever=bm25"], make_records(seed=12, shift=-0.2),
+                          name="bm25_old")
+    ids["bm25"] = log(root, [*retrieval, "setting.retriever=bm25"], make_records(seed=10, shift=0.1), name="bm25")
+    ids["embedding"] = log(root, [*retrieval, "setting.retriever=embedding"], make_records(seed=11, shift=0.18),
+                           name="embedding")
     client = MlflowClient(uri)
     experiment_id = client.get_experiment_by_name("cupid").experiment_id
     failed = client.create_run(experiment_id, run_name="failed", tags={"cupid.kind": "job"})
@@ -262,3 +269,100 @@ def test_a_logged_number_its_records_do_not_give_is_flagged(tmp_path: Path, caps
     out = capsys.readouterr().out
     assert f"run {run[:8]}: logged inference/f1 = 0.9000, but its instances.jsonl gives" in out
     assert table_rows(out, "Inference by model")["gpt4o"]["all"].split(" / ")[2].startswith("90.0 [")
+
+
+def setting_rows(markdown: str, title_start: str) -> dict[tuple[str, str], dict[str, str]]:
+    """A by-setting table's rows keyed by (model, setting)."""
+    block = markdown.split(f"### {title_start}")[1].split("###")[0]
+    lines = [line for line in block.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[(cells[0], cells[1])] = dict(zip(header, cells))
+    return rows
+
+
+BM25, EMB = "retrieval[bm25,k=2]", "retrieval[embedding,k=2]"
+
+
+def test_setting_label_tells_variants_apart() -> None:
+    def run(**params: str) -> JobRun:
+        return JobRun("r" * 32, "", "FINISHED", 0, params, {}, {})
+
+    assert run(**{"setting.name": "retrieval", "setting.retriever": "embedding",
+                  "setting.top_k": "4"}).setting_label == "retrieval[embedding,k=4]"
+    # other settings carry the retrieval params too (a retriever sweep replays them): they are not variants
+    assert run(**{"setting.name": "oracle", "setting.retriever": "bm25", "setting.top_k": "2"}).setting_label == "oracle"
+    assert run().setting_label == "standard"
+    assert extra_settings(["standard", "retrieval[bm25,k=10]", "oracle", "retrieval[bm25,k=2]", "summary"]) == [
+        "retrieval[bm25,k=2]", "retrieval[bm25,k=10]"]
+
+
+def test_retrieval_variants_are_selected_and_get_their_own_columns(store, capsys) -> None:
+    out = report(store, capsys)
+    ids = store["ids"]
+    # both variants kept; only the superseded bm25 run is left out
+    assert f"gpt4o × {BM25} (inference, data=sample, evaluator=local): 2 runs; using the latest, {ids['bm25'][:8]}" in out
+    assert f"not used: {ids['bm25_old'][:8]}" in out
+    assert f"not used: {ids['embedding'][:8]}" not in out and f"gpt4o × {EMB}" not in out
+    rows = table_rows(out, "Inference by model — data=sample, evaluator=local")
+    header = list(rows["gpt4o"])
+    assert header[header.index("summary") + 1:header.index("n (all)")] == [BM25, EMB]
+    for name, column in (("bm25", BM25), ("embedding", EMB)):
+        recs = records_of(store, name)
+        expected = " / ".join(bootstrap_ci(recs, m, n_boot=300).fmt(100) for m in ("precision", "recall", "f1"))
+        assert rows["gpt4o"][column] == expected
+        assert ids[name][:8] in rows["gpt4o"]["runs"]
+    assert rows["claude37"][BM25] == "–" and rows["claude37"][EMB] == "–"
+    assert ids["bm25_old"][:8] not in out.split("Notes:")[0]  # in no table
+    # the paper's rows have no retrieval numbers
+    paper = table_rows(report(store, capsys, "--reference", "paper"), "Inference by model — data=sample")
+    assert paper["paper: GPT-4o"][BM25] == "–" and paper["paper: GPT-4o"]["all"] != "–"
+    # generation ran in the standard setting only: no retrieval columns, no by-setting table
+    assert BM25 not in table_rows(out, "Generation by model — data=sample")["gpt4o"]
+    assert "Generation by setting" not in out
+    compared = report(store, capsys, "--compare", ids["bm25"], ids["embedding"])
+    assert f"A = {ids['bm25'][:8]} (gpt4o, {BM25}, inference)" in compared
+    assert "differs: setting.retriever bm25 → embedding;" in compared
+
+
+def test_by_setting_table_with_oracle_gain_recovered(store, capsys) -> None:
+    out = report(store, capsys)
+    rows = setting_rows(out, "Inference by setting and instance type — data=sample, evaluator=local")
+    assert list(rows) == [("claude37", "standard"), ("gpt4o", "standard"), ("gpt4o", BM25), ("gpt4o", EMB),
+                          ("gpt4o", "oracle"), ("gpt4o", "summary")]
+    metrics = {name: MlflowClient(store["uri"]).get_run(store["ids"][name]).data.metrics
+               for name in ("gpt4o", "gpt4o_oracle", "bm25", "embedding", "gpt4o_summary")}
+    std, orc = metrics["gpt4o"], metrics["gpt4o_oracle"]
+    for name, label in (("bm25", BM25), ("embedding", EMB), ("gpt4o_summary", "summary")):
+        row = rows[("gpt4o", label)]
+        x = metrics[name]
+        share = (x["inference/f1"] - std["inference/f1"]) / (orc["inference/f1"] - std["inference/f1"])
+        assert row["oracle gain recovered"] == f"{100 * share:.0f}%"
+        key = "inference/changing/f1"
+        share = (x[key] - std[key]) / (orc[key] - std[key])
+        assert row["recovered: changing"] == f"{100 * share:.0f}%"
+        recs = records_of(store, name)
+        assert row["all"] == bootstrap_ci(recs, "f1", n_boot=300).fmt(100)
+        contrastive = [r for r in recs if r["instance_type"] == "contrastive"]
+        assert row["contrastive"] == bootstrap_ci(contrastive, "f1", n_boot=300).fmt(100)
+    # bm25 (shift 0.1) and embedding (0.18) sit between standard (0) and oracle (0.25)
+    assert 0 < int(rows[("gpt4o", BM25)]["oracle gain recovered"].rstrip("%")) < 100
+    for key in (("gpt4o", "standard"), ("gpt4o", "oracle"), ("claude37", "standard")):
+        assert rows[key]["oracle gain recovered"] == "" and rows[key]["recovered: consistent"] == ""
+    assert rows[("gpt4o", BM25)]["run"] == store["ids"]["bm25"][:8]
+    assert "oracle gain recovered = (setting − standard) / (oracle − standard)" in out
+
+
+def test_csv_carries_the_retrieval_columns_and_by_setting_table(store, capsys) -> None:
+    rows = list(csv.DictReader(io.StringIO(report(store, capsys, "--format", "csv"))))
+    main_emb = [r for r in rows if r["table"].startswith("Inference by model — data=sample")
+                and r["column"] == EMB and r["metric"] == "f1"]
+    assert len(main_emb) == 1 and main_emb[0]["setting"] == EMB and main_emb[0]["run_id"] == store["ids"]["embedding"]
+    by_setting = [r for r in rows if r["table"].startswith("Inference by setting and instance type")]
+    assert {(r["setting"], r["column"]) for r in by_setting if r["metric"] == "f1"} >= {
+        (BM25, "all"), (EMB, "changing"), ("oracle", "consistent")}
+    recovered = [r for r in by_setting if r["metric"] == "oracle_gain_recovered"]
+    assert {r["setting"] for r in recovered} == {BM25, EMB, "summary"}
+    assert all(r["source"] == "derived" for r in recovered)

@@ -20,6 +20,10 @@ calls the models and scores the instances, without process start-up, data loadin
 
     python bench/bench.py                 # ~3-4 minutes on 2 cores
     python bench/bench.py --quick         # fewer instances, ~1-2 minutes
+    python bench/bench.py --unpriced      # the stub without prices (litellm's slower unpriced-model path)
+
+By default the stub model is priced like gpt-4o (config prices on the subject and every evaluator
+role), as every API model in litellm's price map is: a real run takes litellm's priced path.
 """
 
 from __future__ import annotations
@@ -46,6 +50,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 from helpers.cupid_data import stub_overrides, write_dataset  # noqa: E402
 
 STUB = ROOT / "tests" / "helpers" / "stub_llm_server.py"
+# gpt-4o's list prices per token, given to the stub through the model configs (see --unpriced)
+PRICES = {"input_cost_per_token": 2.5e-06, "output_cost_per_token": 1e-05}
+PRICED = True
 ENV = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
@@ -82,8 +89,15 @@ class Stub:
         self.close()
 
 
+def price_overrides() -> list[str]:
+    if not PRICED:
+        return []
+    return [f"{prefix}.{k}={v}" for prefix in ("model", "evaluator.decomposer", "evaluator.matcher", "evaluator.judge")
+            for k, v in PRICES.items()]
+
+
 def cli(url: str, root: Path, data: Path, *extra: str, multirun: bool = False) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "cupid_exp", *(["-m"] if multirun else []), *stub_overrides(url),
+    cmd = [sys.executable, "-m", "cupid_exp", *(["-m"] if multirun else []), *stub_overrides(url), *price_overrides(),
            f"paths.output_root={root}", f"runtime.cache_dir={root / 'cache'}", "runtime.progress=false",
            "data=local", f"data.path={data}", *extra]
     since = time.time() - 1
@@ -125,7 +139,7 @@ import asyncio, json, sys, time
 sys.path.insert(0, sys.argv[2])
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm.client import LLMClient, UsageMeter, configure_litellm
-url, n = sys.argv[1], 300
+url, n, prices = sys.argv[1], 300, json.loads(sys.argv[4])
 log = "x " * 3300  # about the size of an inference prompt on the sample rows
 
 def messages(i, tag):
@@ -147,7 +161,7 @@ async def main():
     configure_litellm(rt)
     sdk = AsyncOpenAI(base_url=url, api_key="x", max_retries=0)
     client = LLMClient(ModelConfig(name="s", litellm_model="openai/stub", api_base=url, max_concurrency=16,
-                                   params={"temperature": 0}), rt, UsageMeter())
+                                   params={"temperature": 0}, **prices), rt, UsageMeter())
     out = {"OpenAI SDK alone (no litellm)": await measure(
                lambda i: sdk.chat.completions.create(model="stub", messages=messages(i, "sdk"))),
            "litellm Router + disk cache": await measure(
@@ -163,7 +177,8 @@ asyncio.run(main())
 def layers(work: Path) -> list[tuple[str, float]]:
     """CPU per call of each layer under the runner, warm, in one process: where the per-call cost goes."""
     with Stub(latency_ms=0) as stub:
-        proc = subprocess.run([sys.executable, "-c", LAYERS, stub.url, str(ROOT), str(work / "layers-cache")],
+        proc = subprocess.run([sys.executable, "-c", LAYERS, stub.url, str(ROOT), str(work / "layers-cache"),
+                               json.dumps(PRICES if PRICED else {})],
                               env=ENV, capture_output=True, text=True, timeout=600, check=True)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     for label, value in result.items():
@@ -187,7 +202,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="zero-latency runs; the best is reported")
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results.md")
     parser.add_argument("--keep", action="store_true", help="keep the temporary output root")
+    parser.add_argument("--unpriced", action="store_true", help="no prices on the stub model (litellm's slower "
+                        "unpriced path; API models are priced)")
     args = parser.parse_args()
+    global PRICED
+    PRICED = not args.unpriced
     n_overhead, n_scaling = (80, 96) if args.quick else (160, 160)
     work = Path(tempfile.mkdtemp(prefix="cupid-bench-"))
     info = machine()
@@ -365,7 +384,9 @@ def _report(info: dict[str, str], table: str, load_before: tuple, load_after: tu
         f"litellm {info['litellm']}, mlflow {info['mlflow']}. Load: {loads}; other work shared the machine.",
         "",
         "Backend: `tests/helpers/stub_llm_server.py` in its own process (a deterministic OpenAI-compatible "
-        "stand-in model). Every job is the real CLI with `runtime.progress=false`, a fresh response cache and "
+        "stand-in model), " + ("priced like gpt-4o through the model configs (litellm's priced path, as for any "
+        "API model in its price map)" if PRICED else "unpriced (`--unpriced`: litellm's slower unpriced-model path)")
+        + ". Every job is the real CLI with `runtime.progress=false`, a fresh response cache and "
         "MLflow tracking into a SQLite store, as in a normal run. \"Model phase\" is the job's "
         "`time/model_seconds` metric (calling the models and scoring, without start-up, data loading or "
         "logging).",

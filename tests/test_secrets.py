@@ -17,7 +17,7 @@ from helpers.cli_runner import cli_command, cli_env, job_dirs, read_jsonl, run_c
 from helpers.cupid_data import write_dataset
 from helpers.stub_llm_server import StubServer
 
-pytestmark = pytest.mark.slow
+from cupid_exp import secrets as secrets_module
 
 KEYS = {
     "OPENAI_API_KEY": "sk-envOPENAI-fake-0a1b2c3d4e5f",
@@ -39,6 +39,7 @@ def leaks(root: Path, outputs: list[str]) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_no_key_appears_in_outputs_logs_hydra_files_or_mlflow(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "data.jsonl", 12)
     root = tmp_path / "out"  # the response cache stays under it too (runtime.cache_dir default)
@@ -69,3 +70,27 @@ def test_no_key_appears_in_outputs_logs_hydra_files_or_mlflow(tmp_path: Path) ->
     assert list(root.glob("runs/*/*/.hydra/overrides.yaml"))
 
     assert leaks(root, outputs) == []
+
+
+class _EnvLosingAKey(dict):
+    """An environment where one name is listed but gone when read, as when another thread deletes it."""
+
+    def __getitem__(self, key: str) -> str:
+        if key == "_VANISHING_TOKEN":
+            raise KeyError(key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def items(self):  # like os._Environ: items are read through __getitem__
+        return [(k, self[k]) for k in list(self)]
+
+
+def test_secret_values_tolerate_a_variable_deleted_while_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = _EnvLosingAKey({"_VANISHING_TOKEN": "x" * 20, "MY_API_KEY": "sk-still-here-123456"})
+    monkeypatch.setattr(secrets_module.os, "environ", env)
+    assert secrets_module.secret_values() == ["sk-still-here-123456"]

@@ -60,11 +60,14 @@ def _config_secrets(value: Any) -> Iterable[str]:
             yield os.environ[val]
 
 
+def env_snapshot() -> dict[str, str]:
+    """A copy of os.environ that survives another thread (MLflow's telemetry) deleting a variable mid-read."""
+    return {k: v for k in list(os.environ) if (v := os.environ.get(k)) is not None}
+
+
 def secret_values(config: Any = None) -> list[str]:
     """Secret strings known now: env vars named like keys/tokens, and values under secret config keys."""
-    # snapshot the names first: MLflow's telemetry thread sets and deletes variables while we read
-    env = {k: v for k in list(os.environ) if (v := os.environ.get(k)) is not None}
-    found = {v for k, v in env.items() if _SECRET_ENV.search(k) and len(v) >= _MIN_SECRET_LEN}
+    found = {v for k, v in env_snapshot().items() if _SECRET_ENV.search(k) and len(v) >= _MIN_SECRET_LEN}
     if config is not None:
         found |= {v for v in _config_secrets(config) if len(v) >= _MIN_SECRET_LEN}
     return sorted(found, key=len, reverse=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterator
 
 from cupid_exp.config import ServerConfig
+from cupid_exp.secrets import env_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def managed_server(cfg: ServerConfig | None) -> Iterator[str | None]:
     sink = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
     log.info("starting model server: %s", " ".join(cfg.command))
     proc = subprocess.Popen(list(cfg.command), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+                            env={**env_snapshot(), "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
     try:
         deadline = time.monotonic() + cfg.startup_timeout
         while not is_healthy(cfg.base_url):

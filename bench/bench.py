@@ -18,7 +18,7 @@ Figures (the issue's targets in brackets):
 "Model phase" is the job's ``time/model_seconds`` metric: the wall time of the asyncio phase that
 calls the models and scores the instances, without process start-up, data loading or MLflow logging.
 
-    python bench/bench.py                 # ~3-4 minutes on 2 cores
+    python bench/bench.py                 # ~4-5 minutes on 2 cores
     python bench/bench.py --quick         # fewer instances, ~1-2 minutes
     python bench/bench.py --unpriced      # the stub without prices (litellm's slower unpriced-model path)
 

@@ -231,17 +231,41 @@ def _model_response(name: str, out: dict[str, Any]) -> Any:
 def _make_handler(models: LocalModels):
     import litellm
 
+    def call(model: str, messages: list[dict], optional_params: dict) -> Any:
+        try:
+            return _model_response(model, models.complete(model, messages, optional_params))
+        except Exception as exc:
+            if not isinstance(exc, tuple(litellm.LITELLM_EXCEPTION_TYPES)):
+                exc._cupid_local_bug = True  # type: ignore[attr-defined]  # see provider_bug()
+            raise
+
     class _Handler(litellm.CustomLLM):
         def completion(self, model, messages, api_base, custom_prompt_dict, model_response, print_verbose,
                        encoding, api_key, logging_obj, optional_params, *args, **kwargs):
-            return _model_response(model, models.complete(model, messages, optional_params))
+            return call(model, messages, optional_params)
 
         async def acompletion(self, model, messages, api_base, custom_prompt_dict, model_response, print_verbose,
                               encoding, api_key, logging_obj, optional_params, *args, **kwargs):
-            out = await asyncio.to_thread(models.complete, model, messages, optional_params)
-            return _model_response(model, out)
+            return await asyncio.to_thread(call, model, messages, optional_params)
 
     return _Handler()
+
+
+def provider_bug(exc: BaseException) -> BaseException | None:
+    """The error our provider raised that was not a provider problem (a TypeError, a KeyError, ...), if any.
+
+    litellm wraps every exception a custom provider raises that is not one of its own types into an
+    ``APIConnectionError`` (keeping the original only as ``__context__``), which would count a bug in our
+    code as a flaky provider. Callers re-raise what this returns: ``if (bug := provider_bug(exc)): raise bug``.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if getattr(current, "_cupid_local_bug", False):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 _MODELS: LocalModels | None = None

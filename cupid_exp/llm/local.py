@@ -4,11 +4,12 @@ Going through litellm keeps one code path for every model: the same caching,
 retries, usage and cost accounting apply to the embedded model and to API models.
 
 The engine is xllamacpp, which ships prebuilt CPU wheels of llama.cpp (portable AVX2, no
-AMX path, so no source build) and runs llama.cpp's own C++ server inside this process, without
-opening a port. We call its OpenAI-style ``handle_chat_completions`` directly. That server brings
-what the evaluation needs: JSON-schema constrained decoding (llguidance), the chat template from
-the GGUF, a context check, and prompt-prefix reuse (the slot keeps the last prompt's KV cache and
-a RAM cache keeps earlier ones, so the matcher's long few-shot system prompt is processed once).
+AMX path, so no source build) and runs llama.cpp's own C++ server inside this process. We call
+its OpenAI-style ``handle_chat_completions`` directly (the HTTP listener it also starts is locked
+with a random key). That server brings what the evaluation needs: JSON-schema constrained
+decoding (llguidance), the chat template from the GGUF, a context check, and prompt-prefix reuse
+(the slot keeps the last prompt's KV cache and a RAM cache keeps earlier ones, so the matcher's
+long few-shot system prompt is processed once).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import asyncio
 import atexit
 import importlib
 import importlib.metadata
+import secrets
 import threading
 import time
 from collections import defaultdict
@@ -102,6 +104,9 @@ class XLlamaCppEngine:
         params.cache_ram_mib = max(0, cfg.prompt_cache_mb)
         params.cache_idle_slots = cfg.prompt_cache_mb > 0
         params.verbosity = -1  # llama.cpp's per-request log lines would flood stderr
+        # xllamacpp always starts the server's HTTP listener too (127.0.0.1, a random port); a random
+        # key nobody holds makes it refuse every request but /health. In-process calls need no key.
+        params.api_keys = [secrets.token_urlsafe(24)]
         params.endpoint_slots = False
         if cfg.chat_format:
             # a llama.cpp built-in template by name (e.g. "gemma" for a GGUF that ships none); the Jinja

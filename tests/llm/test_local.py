@@ -213,3 +213,16 @@ def test_two_models_side_by_side() -> None:
     engines = local_models()._engines
     assert engines["test-smol-a"] is not engines["test-smol-b"]
     assert (engines["test-smol-a"].n_ctx, engines["test-smol-b"].n_ctx) == (512, 1024)
+
+
+@needs_model
+def test_the_http_listener_xllamacpp_starts_refuses_requests() -> None:
+    import urllib.error
+    import urllib.request
+
+    register_local_model("llamacpp/test-smol-a", LocalModelConfig(gguf=SMOL, n_ctx=512))
+    address = local_models().engine("test-smol-a")._server.listening_address
+    assert address.startswith("http://127.0.0.1:")
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(f"{address}/v1/models", timeout=10)
+    assert info.value.code == 401

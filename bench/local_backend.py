@@ -170,6 +170,38 @@ def child_replay(args: argparse.Namespace) -> None:
                       "peak_rss_mb": _peak_rss_mb(), "calls": rows}))
 
 
+MICRO = {
+    # the demo's first preference-inference prompt (~2.1k tokens), answered without a schema
+    "long prompt": None,
+    "short prompt": [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}],
+}
+
+
+def child_micro(args: argparse.Namespace) -> None:
+    """One cold 2.1k-token prompt and one short prompt, 128 tokens each, no schema, no prompt cache."""
+    from cupid_exp.config import LocalModelConfig
+    from cupid_exp.llm.local import LocalModels
+    from omegaconf import OmegaConf
+
+    local = OmegaConf.load(ROOT / "conf" / "model" / "local.yaml").local
+    cfg = replace(LocalModelConfig(**OmegaConf.to_container(local)), prompt_cache_mb=0)
+    first = json.loads(Path(args.calls).read_text().splitlines()[0])
+    models = LocalModels(engine_factory=_engine_factory(args.engine))
+    models.register("m", cfg)
+    start = time.perf_counter()
+    models.engine("m")
+    out = {"engine": args.engine, "load_s": time.perf_counter() - start}
+    for name, messages in MICRO.items():
+        t0 = time.perf_counter()
+        reply = models.complete("m", messages or first["messages"], {"temperature": 0, "seed": 0, "max_tokens": 128})
+        wall = time.perf_counter() - t0
+        timings = reply.get("timings") or {}
+        out[name] = {"prompt_tokens": reply["usage"]["prompt_tokens"], "prompt_ms": timings.get("prompt_ms", 0.0),
+                     "completion_tokens": reply["usage"]["completion_tokens"], "wall_s": wall}
+    out["peak_rss_mb"] = _peak_rss_mb()
+    print(json.dumps(out))
+
+
 def child_cli(args: argparse.Namespace, overrides: list[str]) -> None:
     """Run ``python -m cupid_exp <overrides>`` in this process with the given engine (and record its calls)."""
     import runpy
@@ -239,6 +271,16 @@ def replay(engine: str, calls: Path, prompt_cache_mb: int, site: str | None) -> 
     return result
 
 
+def micro(engine: str, calls: Path, site: str | None) -> dict[str, Any]:
+    out, err, _, _, code, _ = _run_child([__file__, "_micro", "--engine", engine, "--calls", str(calls)],
+                                         _site_for(engine, site))
+    if code != 0:
+        raise SystemExit(f"micro with {engine} failed:\n{err[-3000:]}")
+    result = json.loads(out.strip().splitlines()[-1])
+    result["load_avg"] = os.getloadavg()[0]
+    return result
+
+
 def run_cli(engine: str, site: str | None, overrides: list[str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         argv = [__file__, "_cli", "--engine", engine, "--", f"paths.output_root={tmp}",
@@ -255,6 +297,16 @@ def run_cli(engine: str, site: str | None, overrides: list[str]) -> dict[str, An
             "tokens_in": int(calls.group(3)) if calls else None,
             "tokens_out": int(calls.group(4)) if calls else None,
             "model_s": float(calls.group(5)) if calls else None}
+
+
+def _decode_tps(calls: list[dict[str, Any]]) -> float:
+    """Generated tokens per second of wall time after the prompt: sampling and grammar included.
+
+    The engines' own generation timers differ (llama-cpp-python's counts only the forward passes,
+    xllamacpp's includes sampling with the grammar), so this is the comparable figure."""
+    seconds = sum(c["wall_s"] for c in calls) - sum(c["prompt_ms"] for c in calls) / 1000
+    tokens = sum(c["completion_tokens"] for c in calls)
+    return tokens / seconds if seconds > 0 else 0.0
 
 
 def summarise(result: dict[str, Any]) -> dict[str, Any]:
@@ -276,6 +328,7 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
             "cached": sum(c["cached"] for c in ok), "completion_tokens": sum(c["completion_tokens"] for c in ok),
             "pp_tps": prompt_n / (prompt_ms / 1000) if prompt_ms else 0.0,
             "tg_tps": gen_n / (gen_ms / 1000) if gen_ms else 0.0,
+            "decode_tps": _decode_tps(ok),
             "mean_call_s": statistics.mean(c["wall_s"] for c in ok) if ok else 0.0, "by_step": by_step}
 
 
@@ -287,18 +340,44 @@ def _range(values: list[float], fmt: str = "{:.1f}") -> str:
         f"{fmt.format(lo)}–{fmt.format(hi)}"
 
 
-def report(replays: list[dict[str, Any]], clis: list[dict[str, Any]], n_calls: int) -> str:
+def report(replays: list[dict[str, Any]], clis: list[dict[str, Any]], n_calls: int,
+           micros: list[dict[str, Any]] | None = None) -> str:
     lines = [f"Machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
              f"Python {platform.python_version()}, load average at the end "
              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.",
              ""]
+    if micros:
+        lines += ["**Engine micro-benchmark** (no schema, no prompt cache, 128 tokens asked; the long prompt is the "
+                  "demo's first preference-inference prompt; prompt tok/s from the engine's timer, generation tok/s = "
+                  "completion tokens / (call wall − prompt time), so sampling is included for both):", "",
+                  "| engine | load s | long prompt tokens | prompt tok/s | gen tok/s after it | "
+                  "gen tok/s, short prompt | peak RSS MB | load avg |", "|---|---|---|---|---|---|---|---|"]
+        for engine in ENGINES:
+            rows = [m for m in micros if m["engine"] == engine]
+            if not rows:
+                continue
+
+            def pp(m):
+                return m["long prompt"]["prompt_tokens"] / (m["long prompt"]["prompt_ms"] / 1000)
+
+            def tg(m, key):
+                c = m[key]
+                return c["completion_tokens"] / (c["wall_s"] - c["prompt_ms"] / 1000)
+
+            lines.append(f"| {engine} | {_range([m['load_s'] for m in rows], '{:.2f}')} | "
+                         f"{_range([m['long prompt']['prompt_tokens'] for m in rows], '{:.0f}')} | "
+                         f"{_range([pp(m) for m in rows], '{:.0f}')} | {_range([tg(m, 'long prompt') for m in rows])} | "
+                         f"{_range([tg(m, 'short prompt') for m in rows])} | "
+                         f"{_range([m['peak_rss_mb'] for m in rows], '{:.0f}')} | "
+                         f"{_range([m['load_avg'] for m in rows])} |")
+        lines.append("")
     if replays:
         lines += [f"**Replay of the demo's {n_calls} model calls** (ranges over the repeats; tok/s from llama.cpp's "
                   "own timers; per-call latency is the provider's wall time per call):", "",
                   "| engine | prompt cache | load s | prompt tokens (processed / reused) | prompt tok/s | "
-                  "gen tokens | gen tok/s | mean call s | infer / decompose / match call s (mean) | "
+                  "gen tokens | gen tok/s (engine timer) | gen tok/s (wall) | mean call s | infer / decompose / match call s (mean) | "
                   "total s | CPU s | peak RSS MB | failed | load avg |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for engine in ENGINES:
             for cache in (True, False):
                 rows = [summarise(r) for r in replays if r["engine"] == engine and (r["prompt_cache_mb"] > 0) == cache]
@@ -311,7 +390,8 @@ def report(replays: list[dict[str, Any]], clis: list[dict[str, Any]], n_calls: i
                     f"{_range([r['processed'] for r in rows], '{:.0f}')} / {_range([r['cached'] for r in rows], '{:.0f}')} | "
                     f"{_range([r['pp_tps'] for r in rows], '{:.0f}')} | "
                     f"{_range([r['completion_tokens'] for r in rows], '{:.0f}')} | "
-                    f"{_range([r['tg_tps'] for r in rows], '{:.1f}')} | {_range([r['mean_call_s'] for r in rows], '{:.2f}')} | "
+                    f"{_range([r['tg_tps'] for r in rows], '{:.1f}')} | {_range([r['decode_tps'] for r in rows], '{:.1f}')} | "
+                    f"{_range([r['mean_call_s'] for r in rows], '{:.2f}')} | "
                     f"{steps} | {_range([r['total_s'] for r in rows])} | {_range([r['cpu_s'] for r in rows])} | "
                     f"{_range([r['rss'] for r in rows], '{:.0f}')} | {_range([r['failed'] for r in rows], '{:.0f}')} | "
                     f"{_range([r['load_avg'] for r in rows])} |")
@@ -356,7 +436,7 @@ def main() -> None:
         cut = argv.index("--")
         argv, overrides = argv[:cut], argv[cut + 1:]
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", nargs="?", default="bench", choices=["bench", "_replay", "_cli"])
+    parser.add_argument("mode", nargs="?", default="bench", choices=["bench", "_replay", "_cli", "_micro"])
     parser.add_argument("--engine", choices=ENGINES, default="xllamacpp")
     parser.add_argument("--only", choices=ENGINES, help="benchmark one engine only")
     parser.add_argument("--llama-cpp-site", help="directory holding an installed llama_cpp package")
@@ -368,14 +448,21 @@ def main() -> None:
     parser.add_argument("--skip-replay", action="store_true")
     parser.add_argument("--skip-cli", action="store_true")
     parser.add_argument("--no-cache-off", action="store_true", help="replay with the prompt cache on only")
+    parser.add_argument("--micro", type=int, default=3, help="rounds of the engine micro-benchmark (0: none)")
+    parser.add_argument("--raw", default=str(ROOT / "outputs" / "bench" / "local_backend_raw.json"),
+                        help="all measurements as JSON (new ones are added to it unless --fresh)")
+    parser.add_argument("--fresh", action="store_true", help="start a new raw file instead of adding to it")
+    parser.add_argument("--report-only", action="store_true", help="rewrite the report from --raw, measure nothing")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     if args.mode == "_replay":
         return child_replay(args)
     if args.mode == "_cli":
         return child_cli(args, overrides)
+    if args.mode == "_micro":
+        return child_micro(args)
 
-    engines = [args.only] if args.only else list(ENGINES)
+    engines = [] if args.report_only else [args.only] if args.only else list(ENGINES)
     if "llama-cpp-python" in engines and not args.llama_cpp_site:
         try:
             import llama_cpp  # noqa: F401
@@ -383,17 +470,27 @@ def main() -> None:
             raise SystemExit("llama-cpp-python is not importable: pass --llama-cpp-site (see the docstring) "
                              "or --only xllamacpp") from None
     calls = Path(args.calls)
-    replays: list[dict[str, Any]] = []
-    clis: list[dict[str, Any]] = []
-    if not args.skip_replay and (args.rerecord or not calls.exists()):
+    raw_path = Path(args.raw)
+    raw = json.loads(raw_path.read_text()) if raw_path.exists() and not args.fresh else \
+        {"replays": [], "clis": [], "micros": []}
+    replays, clis, micros = raw["replays"], raw["clis"], raw["micros"]
+    if args.report_only:
+        args.repeats, args.micro = 0, 0
+    if (args.micro or not args.skip_replay) and engines and (args.rerecord or not calls.exists()):
         calls.parent.mkdir(parents=True, exist_ok=True)
         record_calls(calls, overrides)
+    for round_ in range(args.micro):
+        for engine in engines:
+            micros.append(micro(engine, calls, args.llama_cpp_site))
+            print(f"[{round_ + 1}/{args.micro}] micro  {engine:16} {json.dumps(micros[-1])}", file=sys.stderr)
+            raw_path.write_text(json.dumps(raw))
     for repeat in range(args.repeats):
         for engine in engines:  # interleaved, so a change of machine load hits both engines
             if not args.skip_replay:
                 for cache_mb in ((args.prompt_cache_mb,) if args.no_cache_off else (args.prompt_cache_mb, 0)):
                     result = replay(engine, calls, cache_mb, args.llama_cpp_site)
                     replays.append(result)
+                    raw_path.write_text(json.dumps(raw))
                     s = summarise(result)
                     print(f"[{repeat + 1}/{args.repeats}] replay {engine:16} cache={'on ' if s['cache'] else 'off'} "
                           f"total {s['total_s']:6.1f} s  pp {s['pp_tps']:5.0f} tok/s  tg {s['tg_tps']:5.1f} tok/s  "
@@ -402,10 +499,11 @@ def main() -> None:
             if not args.skip_cli:
                 result = run_cli(engine, args.llama_cpp_site, overrides)
                 clis.append(result)
+                raw_path.write_text(json.dumps(raw))
                 print(f"[{repeat + 1}/{args.repeats}] demo   {engine:16} wall {result['wall_s']:6.1f} s  "
                       f"model phase {result['model_s']} s  rss {result['peak_rss_mb']:.0f} MB", file=sys.stderr)
     n_calls = sum(1 for _ in calls.open()) if calls.exists() else 0
-    text = report(replays, clis, n_calls)
+    text = report(replays, clis, n_calls, micros)
     print(text)
     if not args.no_write:
         write_md(text)

@@ -36,7 +36,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import yaml  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from cupid_exp.tracking import redact  # noqa: E402
+from cupid_exp.secrets import redact  # noqa: E402
 
 REDACTED = "***"
 DIGESTS = ("prompts_digest", "dataset_digest", "git_commit")
@@ -177,7 +177,9 @@ def compose(overrides: Sequence[str], conf_dir: str | Path | None = None) -> Com
     from cupid_exp.config import register_configs
 
     if conf_dir is None:
-        conf_dir = Path(__file__).resolve().parent.parent / "conf"
+        from cupid_exp.resources import conf_dir as shipped_conf
+
+        conf_dir = shipped_conf()
     register_configs()
     if GlobalHydra.instance().is_initialized():  # e.g. called from inside a Hydra app
         GlobalHydra.instance().clear()

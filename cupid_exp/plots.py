@@ -27,7 +27,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from cupid_exp.data.schema import INSTANCE_TYPES
-from cupid_exp.stats import bootstrap_ci
+from cupid_exp.scoring.bootstrap import bootstrap_ci
 
 log = logging.getLogger(__name__)
 
@@ -284,19 +284,19 @@ def plot_by_history_length(records: Series, metric: str = "f1", *, n_bins: int =
                         footnote=footnote)
 
 
-def _tasks(task: str, records: Sequence[Mapping[str, Any]]) -> list[str]:
-    if task == "both":
-        return ["inference", "generation"]
-    if task in TASK_METRIC:
-        return [task]
-    raise ValueError(f"task={task!r}; expected inference, generation or both")
+def _tasks(task: str | Sequence[str], records: Sequence[Mapping[str, Any]]) -> list[str]:
+    parts = ["inference", "generation"] if task == "both" else [task] if isinstance(task, str) else list(task)
+    unknown = [t for t in parts if t not in TASK_METRIC]
+    if unknown:
+        raise ValueError(f"task={task!r}; expected parts from {sorted(TASK_METRIC)}")
+    return parts
 
 
 def _has(records: Sequence[Mapping[str, Any]], field: str) -> bool:
     return any(r.get(field) is not None for r in records)
 
 
-def save_run_plots(records: Sequence[Mapping[str, Any]], task: str, out_dir: str | Path, *, n_boot: int = 1000,
+def save_run_plots(records: Sequence[Mapping[str, Any]], task: str | Sequence[str], out_dir: str | Path, *, n_boot: int = 1000,
                    seed: int = 0, failure_policy: str = "exclude", title_prefix: str = "") -> list[Path]:
     """Write one run's plots as PNGs into ``out_dir``; returns the paths written.
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from typing import Iterable
 
-from cupid_exp.llm.client import UsageMeter
+from cupid_exp.llm.usage import UsageMeter
 
 
 class Progress:

@@ -13,7 +13,9 @@ from typing import Any
 
 import yaml
 
-PROJECT_PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
+from cupid_exp.resources import prompts_dir
+
+PROJECT_PROMPTS = prompts_dir()
 MATCHER_EXAMPLES = "evaluation/preference_matcher_examples.yaml"
 EVALUATION_PROMPTS = ("evaluation/", "synthesis/preference_decomposer.yaml")  # what an evaluation job reads
 

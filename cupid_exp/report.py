@@ -40,7 +40,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import yaml  # noqa: E402
 
 from cupid_exp.data.schema import INSTANCE_TYPES  # noqa: E402
-from cupid_exp.stats import DEFAULT_N_BOOT, Estimate, bootstrap_ci, paired_compare  # noqa: E402
+from cupid_exp.scoring.bootstrap import DEFAULT_N_BOOT, Estimate, bootstrap_ci, paired_compare  # noqa: E402
 
 REFERENCE_FILE = Path(__file__).with_name("paper_reference.yaml")
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cupid-exp" / "report"

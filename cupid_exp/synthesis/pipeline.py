@@ -22,7 +22,8 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from cupid_exp.data.schema import INSTANCE_TYPES, DataError, validate_row
-from cupid_exp.llm.client import LLMClient, UsageMeter, configure_litellm, drain_background_tasks
+from cupid_exp.llm.client import LLMClient, configure_litellm, drain_background_tasks
+from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.outputs import atomic_write_text, write_json, write_jsonl
 from cupid_exp.prompts import PromptSet
 from cupid_exp.synthesis import steps

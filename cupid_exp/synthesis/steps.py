@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from cupid_exp.data.schema import normalize_text
 from cupid_exp.llm.client import LLMClient, ProviderError
-from cupid_exp.parsing import ParseError, parse_json_reply
+from cupid_exp.llm.replies import ParseError, parse_json_reply
 from cupid_exp.prompts import PromptSet
 from cupid_exp.rendering import numbered
 from cupid_exp.synthesis import taxonomy

@@ -13,38 +13,38 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
-from omegaconf import DictConfig, OmegaConf
 
 from cupid_exp.secrets import scrub_obj
 
 log = logging.getLogger(__name__)
 
-# A record failed only for these reasons is re-run on resume; other failures (unparseable
-# replies, context too long) are deterministic and stay as they are.
+# A record failed only for these reasons is re-run on resume; other failures (unparseable replies,
+# context too long) are deterministic and stay as they are unless ``runtime.retry_failed=true``.
 TRANSIENT_KINDS = {"provider", "timeout", "rate_limit", "auth"}
+# What never changes an instance's result: where it is written or logged, how progress shows, how
+# failures enter the means (aggregation reads the journal, so another policy replays it for free).
 _NOT_IDENTITY = {"paths", "tracking", "hydra"}
+_RUNTIME_NOT_IDENTITY = {"progress", "cache_dir", "resume", "failure_policy", "max_failed_fraction", "retry_failed"}
 
 
-def job_identity(cfg: DictConfig, *, dataset_digest: str, prompts_digest: str) -> str:
-    """Hash of everything that decides a job's results (not where they are written or logged)."""
-    resolved = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
-                for k in cfg if k not in _NOT_IDENTITY}
-    resolved.get("runtime", {}).pop("progress", None)
-    resolved.get("runtime", {}).pop("cache_dir", None)
-    resolved.get("runtime", {}).pop("resume", None)
-    setting = resolved.get("setting", {})
-    if setting.get("name") != "retrieval":  # a retriever sweep must not split the other settings' jobs
-        for field in ("retriever", "top_k", "embedding_model"):
-            setting.pop(field, None)
-    payload = json.dumps({"config": resolved, "data": dataset_digest, "prompts": prompts_digest},
+def job_identity(resolved: Mapping[str, Any], *, dataset_digest: str, prompts_digest: str) -> str:
+    """Hash of everything that decides a job's results, from the resolved config as plain data."""
+    config = {k: v for k, v in resolved.items() if k not in _NOT_IDENTITY}
+    config["runtime"] = {k: v for k, v in dict(config.get("runtime") or {}).items() if k not in _RUNTIME_NOT_IDENTITY}
+    payload = json.dumps({"config": config, "data": dataset_digest, "prompts": prompts_digest},
                          sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 
-def is_final(record: dict[str, Any]) -> bool:
-    return not any(err.get("kind") in TRANSIENT_KINDS for err in record.get("errors", []))
+def is_final(record: Mapping[str, Any], retry_failed: bool = False) -> bool:
+    """Whether a journalled instance stands on resume: provider failures are retried, unusable replies
+    only when asked (``runtime.retry_failed``)."""
+    errors = record.get("errors", [])
+    if retry_failed:
+        return not errors
+    return not any(err.get("kind") in TRANSIENT_KINDS for err in errors)
 
 
 class Journal:
@@ -53,7 +53,7 @@ class Journal:
         self._tail_checked = False
         path.parent.mkdir(parents=True, exist_ok=True)
 
-    def load(self) -> dict[str, dict[str, Any]]:
+    def load(self, retry_failed: bool = False) -> dict[str, dict[str, Any]]:
         """Finished records by key; later lines win; a torn or invalid line is skipped."""
         done: dict[str, dict[str, Any]] = {}
         if not self.path.exists():
@@ -69,7 +69,7 @@ class Journal:
                     continue
                 if isinstance(record, dict) and "key" in record:
                     done[record["key"]] = record
-        return {k: r for k, r in done.items() if is_final(r)}
+        return {k: r for k, r in done.items() if is_final(r, retry_failed)}
 
     def _cut_torn_tail(self) -> None:
         """Drop a last line without its newline (a kill mid-write), so the next append starts a fresh line

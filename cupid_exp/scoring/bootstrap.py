@@ -5,17 +5,9 @@ history and one preference, so they are not independent draws. Every interval he
 *personas* (``persona_id``) with replacement and keeps all of a drawn persona's instances —
 a cluster bootstrap — and every paired test permutes at the persona level.
 
-Statistics (``metric``):
-
-- ``precision`` / ``recall``: mean of the per-instance values (the paper's macro numbers);
-- ``f1``: harmonic mean of mean precision and mean recall, recomputed on every resample
-  (the paper's F1 — *not* the mean of per-instance F1s);
-- ``score`` (alias of ``judge_score``): mean judge score of generation (1–10);
-- any other numeric record field: its mean.
-
-Failed instances (the field is missing or null) are excluded, as in ``cupid_exp.metrics``
-with ``failure_policy=exclude``; ``failure_policy="zero"`` scores them 0 instead.
-Intervals are percentile intervals of ``n_boot`` resamples drawn from ``numpy.random.default_rng(seed)``.
+The statistics and the failure policy are those of ``cupid_exp.scoring.statistics`` (defined
+there once): an interval is always around the very number the job reports. Intervals are
+percentile intervals of ``n_boot`` resamples drawn from ``numpy.random.default_rng(seed)``.
 """
 
 from __future__ import annotations
@@ -26,15 +18,15 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
+import pandas as pd
 
 from cupid_exp.data.schema import INSTANCE_TYPES
+from cupid_exp.scoring.names import metric_key
+from cupid_exp.scoring.statistics import TASK_METRICS, fields_of, task_frame, task_of
 
 DEFAULT_N_BOOT = 2000
 DEFAULT_N_PERM = 10000
 MAX_EXACT_PERSONAS = 12  # up to 2**12 sign patterns are enumerated exactly
-METRIC_ALIASES = {"score": "judge_score"}
-INFERENCE_METRICS = ("precision", "recall", "f1")
-GENERATION_METRICS = ("score",)
 
 
 @dataclass(frozen=True)
@@ -105,48 +97,41 @@ class _Clusters:
         return len(self.ids)
 
 
-def _fields(metric: str) -> tuple[str, ...]:
-    metric = METRIC_ALIASES.get(metric, metric)
-    return ("precision", "recall") if metric == "f1" else (metric,)
+def _rows(records: Sequence[Mapping[str, Any]], metric: str, failure_policy: str) -> pd.DataFrame:
+    """The rows that enter ``metric`` (zero-filled failures where the policy says so)."""
+    task = task_of(metric)
+    if task is not None:
+        return task_frame(records, task, failure_policy)
+    frame = pd.DataFrame(list(records))
+    if frame.empty or metric not in frame:
+        return pd.DataFrame()
+    values = pd.to_numeric(frame[metric].where(frame[metric].map(lambda v: not isinstance(v, bool))),
+                           errors="coerce")
+    return frame[values.notna()].assign(**{metric: values[values.notna()]})
 
 
-def _value(record: Mapping[str, Any], field: str, failure_policy: str) -> float:
-    v = record.get(field)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and math.isnan(v)):
-        if failure_policy == "zero":
-            return 0.0
-        if failure_policy != "exclude":
-            raise ValueError(f"failure_policy={failure_policy!r}; expected exclude or zero")
-        return math.nan
-    return float(v)
-
-
-def _clusters(records: Sequence[Mapping[str, Any]], fields: Sequence[str], cluster: str,
-              failure_policy: str, ids: Sequence[str] | None = None) -> _Clusters:
-    if ids is None:
-        ids = sorted({str(r.get(cluster, r.get("key"))) for r in records})
-    index = {c: i for i, c in enumerate(ids)}
-    sums = {f: np.zeros(len(ids)) for f in fields}
-    counts = {f: np.zeros(len(ids)) for f in fields}
-    for rec in records:
-        i = index[str(rec.get(cluster, rec.get("key")))]
-        values = {f: _value(rec, f, failure_policy) for f in fields}
-        if any(math.isnan(v) for v in values.values()):
-            continue  # a failed instance: excluded from every field of the statistic alike
-        for f, v in values.items():
-            sums[f][i] += v
-            counts[f][i] += 1
-    return _Clusters(tuple(ids), sums, counts)
+def _clusters(rows: pd.DataFrame, fields: Sequence[str], cluster: str, ids: Sequence[str] | None = None
+              ) -> _Clusters:
+    """Per-cluster sums and counts of ``fields`` over ``rows`` (every row enters: the policy already ran)."""
+    if rows.empty:
+        ids = list(ids or [])
+        return _Clusters(tuple(ids), {f: np.zeros(len(ids)) for f in fields}, {f: np.zeros(len(ids)) for f in fields})
+    keys = (rows[cluster] if cluster in rows else rows["key"]).astype(str)
+    values = rows[list(fields)].apply(pd.to_numeric, errors="coerce").astype(float)
+    grouped = values.groupby(keys.to_numpy())
+    ids = sorted(set(keys)) if ids is None else list(ids)
+    sums, counts = grouped.sum().reindex(ids, fill_value=0.0), grouped.count().reindex(ids, fill_value=0)
+    return _Clusters(tuple(ids), {f: sums[f].to_numpy(dtype=float) for f in fields},
+                     {f: counts[f].to_numpy(dtype=float) for f in fields})
 
 
 def _from_totals(metric: str, sums: Mapping[str, np.ndarray], counts: Mapping[str, np.ndarray]) -> np.ndarray:
-    metric = METRIC_ALIASES.get(metric, metric)
     with np.errstate(invalid="ignore", divide="ignore"):
-        means = {f: sums[f] / counts[f] for f in _fields(metric)}
+        means = {f: sums[f] / counts[f] for f in fields_of(metric)}
         if metric == "f1":
             p, r = means["precision"], means["recall"]
             return np.where(p + r > 0, 2 * p * r / (p + r), np.where(np.isnan(p + r), np.nan, 0.0))
-        return means[metric]
+        return means[fields_of(metric)[0]]
 
 
 def _scored_clusters(cl: _Clusters) -> _Clusters:
@@ -159,7 +144,7 @@ def _scored_clusters(cl: _Clusters) -> _Clusters:
 
 def _statistic(metric: str, cl: _Clusters, weights: np.ndarray) -> np.ndarray:
     """The statistic for each row of ``weights`` (resamples x clusters: how often each persona is drawn)."""
-    fields = _fields(metric)
+    fields = fields_of(metric)
     return _from_totals(metric, {f: weights @ cl.sums[f] for f in fields},
                         {f: weights @ cl.counts[f] for f in fields})
 
@@ -189,7 +174,7 @@ def bootstrap_distribution(records: Sequence[Mapping[str, Any]], metric: str, *,
                            seed: int = 0, cluster: str = "persona_id",
                            failure_policy: str = "exclude") -> np.ndarray:
     """The ``n_boot`` resampled values of ``metric`` (for tests and plots)."""
-    cl = _scored_clusters(_clusters(list(records), _fields(metric), cluster, failure_policy))
+    cl = _scored_clusters(_clusters(_rows(list(records), metric, failure_policy), fields_of(metric), cluster))
     if cl.n == 0:
         return np.full(n_boot, np.nan)
     weights = _resample_weights(cl.n, n_boot, np.random.default_rng(seed))
@@ -198,7 +183,7 @@ def bootstrap_distribution(records: Sequence[Mapping[str, Any]], metric: str, *,
 
 def point_estimate(records: Sequence[Mapping[str, Any]], metric: str, *, cluster: str = "persona_id",
                    failure_policy: str = "exclude") -> float:
-    cl = _clusters(list(records), _fields(metric), cluster, failure_policy)
+    cl = _clusters(_rows(list(records), metric, failure_policy), fields_of(metric), cluster)
     if cl.n == 0:
         return math.nan
     return float(_statistic(metric, cl, np.ones((1, cl.n)))[0])
@@ -208,9 +193,8 @@ def bootstrap_ci(records: Iterable[Mapping[str, Any]], metric: str, *, n_boot: i
                  seed: int = 0, level: float = 0.95, cluster: str = "persona_id",
                  failure_policy: str = "exclude") -> Estimate:
     """Point estimate and cluster-bootstrap percentile interval of ``metric`` over ``records``."""
-    records = list(records)
-    fields = _fields(metric)
-    cl = _scored_clusters(_clusters(records, fields, cluster, failure_policy))
+    fields = fields_of(metric)
+    cl = _scored_clusters(_clusters(_rows(list(records), metric, failure_policy), fields, cluster))
     n = int(cl.counts[fields[0]].sum())
     n_clusters = cl.n
     if n == 0:
@@ -235,7 +219,7 @@ def task_cis(records: Iterable[Mapping[str, Any]], task: str, **kwargs: Any) -> 
 
     kwargs go to :func:`bootstrap_ci` (n_boot, seed, level, cluster, failure_policy).
     """
-    metrics = {"inference": INFERENCE_METRICS, "generation": GENERATION_METRICS}[task]
+    metrics = TASK_METRICS[task]
     return {group: {m: bootstrap_ci(part, m, **kwargs) for m in metrics}
             for group, part in _by_type(list(records)).items()}
 
@@ -248,21 +232,19 @@ def generation_cis(records: Iterable[Mapping[str, Any]], **kwargs: Any) -> dict[
     return task_cis(records, "generation", **kwargs)
 
 
-def ci_metrics(records: Iterable[Mapping[str, Any]], task: str, **kwargs: Any) -> dict[str, float]:
+def ci_metrics(records: Iterable[Mapping[str, Any]], parts: Sequence[str], **kwargs: Any) -> dict[str, float]:
     """Flat MLflow metrics for a job: '<task>/f1/ci_low', '<task>/changing/score/ci_high', ...
 
-    ``task`` may be 'inference', 'generation' or 'both'. Names mirror cupid_exp.metrics.flat_metrics.
+    ``parts`` are the task parts the job ran. Names come from ``scoring.names.metric_key``.
     """
     records = list(records)
-    tasks = ("inference", "generation") if task == "both" else (task,)
     out: dict[str, float] = {}
-    for t in tasks:
+    for t in parts:
         for group, block in task_cis(records, t, **kwargs).items():
-            prefix = t if group == "all" else f"{t}/{group}"
             for m, est in block.items():
                 if est.n:
-                    out[f"{prefix}/{m}/ci_low"] = est.low
-                    out[f"{prefix}/{m}/ci_high"] = est.high
+                    out[metric_key(t, group, m, "ci_low")] = est.low
+                    out[metric_key(t, group, m, "ci_high")] = est.high
     return {k: v for k, v in out.items() if v == v}
 
 
@@ -286,21 +268,19 @@ def paired_compare(records_a: Iterable[Mapping[str, Any]], records_b: Iterable[M
     are at most ``MAX_EXACT_PERSONAS`` personas, else ``n_perm`` random patterns, with
     p = (1 + #{|d*| >= |d|}) / (1 + n_perm)).
     """
-    fields = _fields(metric)
+    fields = fields_of(metric)
 
-    def scored(records: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
-        out = {}
-        for r in records:
-            if not any(math.isnan(_value(r, f, failure_policy)) for f in fields):
-                out[str(r[key])] = r
-        return out
+    def scored(records: Iterable[Mapping[str, Any]]) -> dict[str, pd.Series]:
+        rows = _rows(list(records), metric, failure_policy)
+        return {} if rows.empty else {str(row[key]): row for _, row in rows.iterrows()}
 
     a, b = scored(records_a), scored(records_b)
     shared = sorted(set(a) & set(b))
-    ra, rb = [a[k] for k in shared], [b[k] for k in shared]
-    ids = sorted({str(r.get(cluster, r.get(key))) for r in ra})
-    ca = _clusters(ra, fields, cluster, failure_policy, ids)
-    cb = _clusters(rb, fields, cluster, failure_policy, ids)
+    ra = pd.DataFrame([a[k] for k in shared]) if shared else pd.DataFrame()
+    rb = pd.DataFrame([b[k] for k in shared]) if shared else pd.DataFrame()
+    ids = sorted({str(a[k].get(cluster, k)) for k in shared})
+    ca = _clusters(ra, fields, cluster, ids)
+    cb = _clusters(rb, fields, cluster, ids)
     nan = math.nan
     if not shared:
         return Comparison(metric, nan, nan, nan, nan, nan, nan, False, 0, 0, len(a), len(b), level, n_boot, seed)

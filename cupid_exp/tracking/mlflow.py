@@ -1,0 +1,148 @@
+"""MLflow: one run per job, opened when the job starts and closed with its outcome; one parent per sweep.
+
+The parent is created once on the launching process (``callbacks.MlflowSweepCallback``) and its id
+written into the sweep directory, so jobs in other processes (joblib, submitit) nest under it
+without sharing memory. Keys never reach MLflow: config values under secret-looking names are
+redacted and known secret values scrubbed before they become params, tags or artifacts.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from cupid_exp.config import TrackingConfig
+from cupid_exp.secrets import scrub, scrub_obj
+from cupid_exp.tracking.provenance import git_state
+
+log = logging.getLogger(__name__)
+
+PARENT_RUN_FILE = "mlflow_parent_run_id"
+_READY_STORES: set[str] = set()
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, str]:
+    """{'a': {'b': 1}} -> {'a.b': '1'}; lists become JSON strings; values cut at MLflow's 6000 characters."""
+    import json
+
+    out: dict[str, str] = {}
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+    else:
+        text = json.dumps(value) if isinstance(value, (list, tuple)) else str(value)
+        out[prefix.rstrip(".")] = text[:6000]
+    return out
+
+
+def prepare_store(uri: str) -> None:
+    """Create a SQLite store's folder and schema once, under a file lock: parallel jobs on a fresh store
+    would each run MLflow's schema migrations at once and fail ('table ... already exists')."""
+    if not uri.startswith("sqlite:///") or uri in _READY_STORES:
+        return
+    from filelock import FileLock
+    from mlflow.tracking import MlflowClient
+
+    db = Path(uri.removeprefix("sqlite:///")).expanduser()
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(db.with_name(db.name + ".lock"))):
+        MlflowClient(uri).search_experiments(max_results=1)  # creates or migrates the schema
+    _READY_STORES.add(uri)
+
+
+def experiment_id(tracking: TrackingConfig) -> str:
+    """The experiment's id, created on first use (with ``artifact_location`` if one is configured)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking.uri)
+    found = client.get_experiment_by_name(tracking.experiment)
+    if found is not None:
+        return found.experiment_id
+    location = Path(tracking.artifact_location).expanduser().resolve().as_uri() if tracking.artifact_location else None
+    try:
+        return client.create_experiment(tracking.experiment, artifact_location=location)
+    except MlflowException:  # another job created it first
+        return client.get_experiment_by_name(tracking.experiment).experiment_id
+
+
+def parent_run_id(sweep_dir: str | Path | None) -> str | None:
+    if not sweep_dir:
+        return None
+    marker = Path(sweep_dir) / PARENT_RUN_FILE
+    return marker.read_text().strip() if marker.exists() else None
+
+
+def records_table(records: Iterable[Mapping[str, Any]]) -> Any:
+    """Per-instance rows for MLflow's table view: scalars as they are, containers as JSON text."""
+    import json
+
+    import pandas as pd
+
+    frame = pd.DataFrame([{k: v for k, v in r.items() if k != "raw"} for r in records])
+    return frame.apply(lambda col: col.map(
+        lambda v: json.dumps(v, ensure_ascii=False) if isinstance(v, (list, dict)) else v))
+
+
+def _clean_key(key: str) -> str:
+    return re.sub(r"[^\w.\-/: ]", ":", key)
+
+
+class RunTracker:
+    """The MLflow run of one job: params and tags at start, progress while it works, results at the end."""
+
+    def __init__(self, tracking: TrackingConfig, secrets: Iterable[str] = ()):
+        from mlflow.tracking import MlflowClient
+
+        self.tracking, self.secrets = tracking, list(secrets)
+        prepare_store(tracking.uri)
+        self.client = MlflowClient(tracking.uri)
+        self.experiment_id = experiment_id(tracking)
+        self.run_id: str | None = None
+
+    def start(self, *, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str], parent: str | None,
+              config: Mapping[str, Any]) -> str:
+        all_tags = {**git_state(), **tags, "cupid.kind": "job"}
+        if parent:
+            all_tags["mlflow.parentRunId"] = parent
+        run = self.client.create_run(self.experiment_id, run_name=run_name,
+                                     tags={k: scrub(str(v), self.secrets) for k, v in all_tags.items()})
+        self.run_id = run.info.run_id
+        self.log_params(params)
+        self.client.log_dict(self.run_id, scrub_obj(config, self.secrets), "config.yaml")
+        return self.run_id
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(_clean_key(k), scrub(str(v), self.secrets)[:6000]) for k, v in params.items()]
+        for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
+            self.client.log_batch(self.run_id, params=items[i:i + 100])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(_clean_key(k), float(v), now, step) for k, v in metrics.items() if v == v]  # NaN-free
+        for i in range(0, len(items), 1000):
+            self.client.log_batch(self.run_id, metrics=items[i:i + 1000])
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        for key, value in tags.items():
+            self.client.set_tag(self.run_id, key, scrub(str(value), self.secrets))
+
+    def log_artifacts(self, files: Iterable[Path], folder: str | None = None) -> None:
+        for path in files:
+            if path.exists():
+                self.client.log_artifact(self.run_id, str(path), artifact_path=folder)
+
+    def log_table(self, table: Any, name: str) -> None:
+        if table is not None and len(table):
+            self.client.log_table(self.run_id, data=table, artifact_file=name)
+
+    def end(self, status: str = "FINISHED") -> None:
+        if self.run_id is not None:
+            self.client.set_terminated(self.run_id, status=status)

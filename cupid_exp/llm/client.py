@@ -21,7 +21,6 @@ from typing import Any, Callable, Iterator, Mapping
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm import _litellm
 from cupid_exp.llm.usage import Completion, UsageMeter
-from cupid_exp.resources import PACKAGE_DIR
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +39,13 @@ _CONTEXT_PHRASES = ("context_length_exceeded", "context length", "maximum contex
                     "prompt is too long", "input is too long", "exceeds n_ctx", "exceed_context_size")
 
 
+# Python's own programming errors. Raised anywhere but inside the HTTP/provider libraries (where they mean a
+# reply litellm could not digest, e.g. a malformed body), they are bugs: ours, a custom provider's, a missing module.
+_PROGRAMMING_ERRORS = (TypeError, AttributeError, NameError, KeyError, IndexError, AssertionError,
+                       NotImplementedError, ZeroDivisionError, RecursionError, ImportError)
+_PROVIDER_LIBRARIES = {"litellm", "openai", "httpx", "httpcore", "h11", "aiohttp", "anyio"}
+
+
 def _chain(exc: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
@@ -48,13 +54,17 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         exc = exc.__cause__ or exc.__context__
 
 
-def _raised_in_our_code(exc: BaseException) -> bool:
+def _is_bug(exc: BaseException) -> bool:
+    """A programming error, unless it was raised inside a provider library digesting a reply."""
+    if isinstance(exc, ImportError):
+        return True  # a missing dependency is never the provider's fault
+    if not isinstance(exc, _PROGRAMMING_ERRORS):
+        return False
     tb = exc.__traceback__
-    while tb is not None:
-        if Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(PACKAGE_DIR):
-            return True
+    while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
-    return False
+    module = tb.tb_frame.f_globals.get("__name__", "") if tb is not None else ""
+    return module.split(".")[0] not in _PROVIDER_LIBRARIES
 
 
 def provider_error_kind(exc: BaseException) -> str | None:
@@ -62,20 +72,16 @@ def provider_error_kind(exc: BaseException) -> str | None:
 
     Provider errors are litellm's API exception types (rate limit, timeout, server error, bad request,
     context window, auth, connection) and asyncio timeouts. litellm wraps whatever an in-process
-    provider raises as APIConnectionError, so the chain is read too: a missing module anywhere, or a
-    non-provider exception raised in cupid_exp's own code, is a bug, whatever litellm wrapped it in.
+    provider raises as APIConnectionError, so the chain is read too: a missing module, or a programming
+    error (TypeError, KeyError, ...) raised outside the HTTP/provider libraries, is a bug whatever
+    litellm wrapped it in.
     """
     import litellm
     import openai
 
     provider_types = (*litellm.LITELLM_EXCEPTION_TYPES, openai.APIError, asyncio.TimeoutError)
-    if not isinstance(exc, provider_types):
+    if not isinstance(exc, provider_types) or any(_is_bug(inner) for inner in _chain(exc)):
         return None
-    for inner in _chain(exc):
-        if isinstance(inner, provider_types):
-            continue
-        if isinstance(inner, ImportError) or _raised_in_our_code(inner):
-            return None
     if isinstance(exc, litellm.ContextWindowExceededError):
         return "context_length"
     text = str(exc).lower()
@@ -85,7 +91,8 @@ def provider_error_kind(exc: BaseException) -> str | None:
         return "timeout"
     if isinstance(exc, litellm.RateLimitError):
         return "rate_limit"
-    if isinstance(exc, (litellm.AuthenticationError, litellm.PermissionDeniedError)):
+    if isinstance(exc, (litellm.AuthenticationError, litellm.PermissionDeniedError)) or getattr(
+            exc, "status_code", None) in (401, 403):
         return "auth"
     return "provider"
 

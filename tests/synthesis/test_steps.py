@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from cupid_exp.config import ModelConfig, RuntimeConfig
-from cupid_exp.llm.client import LLMClient, UsageMeter, configure_litellm
+from cupid_exp.llm.client import LLMClient, configure_litellm
+from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.prompts import PromptSet
 from cupid_exp.synthesis import steps
 from cupid_exp.synthesis.config import ROLES

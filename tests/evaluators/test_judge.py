@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from cupid_exp.parsing import ParseError, parse_judge_score, parse_match_labels
+from cupid_exp.evaluators.checklist import parse_match_labels
+from cupid_exp.evaluators.judge import parse_judge_score
+from cupid_exp.llm.replies import ParseError
 
 
 @pytest.mark.parametrize("reply,score", [
@@ -53,3 +55,13 @@ def test_prefmatcher_output_variants(reply: str) -> None:
 def test_prefmatcher_bad_outputs_raise(reply: str, problem: str) -> None:
     with pytest.raises(ParseError, match=problem):
         parse_match_labels(reply, 2)
+
+
+@pytest.mark.parametrize("reply,score", [
+    ("### Evaluation Score (1-10)\n\n8", 8.0),
+    ("### Evaluation Score (1–10)\n8", 8.0),
+    ("**Evaluation Score (out of 10):** 7", 7.0),
+    ("### Evaluation Score (scale 1 to 10)\n\n**9**", 9.0),
+])
+def test_a_scale_note_on_the_header_is_not_the_score(reply: str, score: float) -> None:
+    assert parse_judge_score(reply) == score

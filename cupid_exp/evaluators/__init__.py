@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cupid_exp.evaluators.checklist import (CHECKLIST_SCHEMA, LABELS, dry_checklist, dry_match, label_score,
+from cupid_exp.evaluators.checklist import (CHECKLIST_SCHEMA, LABELS, decompose, dry_match, label_score,
                                             match_schema, parse_checklist, parse_match_labels)
 from cupid_exp.evaluators.judge import JUDGE_SCHEMA, dry_judgment, parse_judge_score
 from cupid_exp.llm.client import LLMClient
@@ -33,11 +33,8 @@ class Evaluator:
 
     async def checklist(self, preference: str, transcript: Transcript, step: str = "decompose") -> list[str]:
         """The preference as yes/no checklist items (at most ``max_checklist_items``)."""
-        messages = self.prompts.get("synthesis/preference_decomposer").messages(
-            self.decomposer.model.system_role, preferences=preference)
-        items = await ask(self.decomposer, step, messages, parse_checklist, transcript=transcript,
-                          schema=CHECKLIST_SCHEMA, retry=self.retry, dry_reply=dry_checklist)
-        return items[: self.max_checklist_items]
+        return await decompose(self.decomposer, self.prompts, preference, transcript=transcript, retry=self.retry,
+                               max_items=self.max_checklist_items, step=step)
 
     async def match(self, step: str, checklist: list[str], preference: str, transcript: Transcript) -> list[float]:
         """1 / 0.5 / 0 per checklist item: how far ``preference`` covers it."""

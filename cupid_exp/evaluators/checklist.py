@@ -1,28 +1,42 @@
 """Checklist evaluation (paper §2.3): decompose a preference into yes/no items, then match items
 against a preference, each labelled Fully (1) / Partially (0.5) / Not (0) covered.
 
-Used by the inference task in both directions and by synthesis to decompose preferences.
+Used by the inference task in both directions and by synthesis to decompose preferences
+(``decompose``: one prompt, one schema, one parser for both).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from cupid_exp.llm.dry_run import PLACEHOLDER
 from cupid_exp.llm.replies import ParseError, excerpt, parse_json_reply
+from cupid_exp.llm.steps import Reask, Resample, Transcript, ask
+
+if TYPE_CHECKING:
+    from cupid_exp.llm.client import LLMClient
+    from cupid_exp.prompts import PromptSet
 
 LABELS = ("Fully Covered", "Partially Covered", "Not Covered")
 LABEL_SCORES = {"fully covered": 1.0, "partially covered": 0.5, "not covered": 0.0}
 
-CHECKLIST_SCHEMA = {
-    "type": "object",
-    "properties": {"analysis": {"type": "string", "maxLength": 400},
-                   "checklist": {"type": "array", "items": {"type": "string", "minLength": 5, "maxLength": 200},
-                                 "minItems": 1, "maxItems": 4}},
-    "required": ["analysis", "checklist"],
-}
+DECOMPOSER_PROMPT = "synthesis/preference_decomposer"
+
+
+def checklist_schema(max_items: int = 4) -> dict:
+    """The decomposer's reply: its analysis, then at most ``max_items`` checklist questions."""
+    return {
+        "type": "object",
+        "properties": {"analysis": {"type": "string", "maxLength": 400},
+                       "checklist": {"type": "array", "items": {"type": "string", "minLength": 5, "maxLength": 200},
+                                     "minItems": 1, "maxItems": max_items}},
+        "required": ["analysis", "checklist"],
+    }
+
+
+CHECKLIST_SCHEMA = checklist_schema()
 
 
 def match_schema(n_items: int) -> dict:
@@ -47,6 +61,20 @@ def parse_checklist(text: str) -> list[str]:
     if len(cleaned) != len(items):
         raise ParseError("'checklist' holds empty or non-text entries")
     return cleaned
+
+
+async def decompose(client: LLMClient, prompts: PromptSet, preference: str, *, transcript: Transcript,
+                    retry: Reask | Resample, max_items: int = 4, step: str = "decompose",
+                    parse: Callable[[str], list[str]] = parse_checklist) -> list[str]:
+    """The preference as yes/no checklist items, at most ``max_items`` (the schema asks for no more).
+
+    ``parse`` defaults to ``parse_checklist``; synthesis wraps it with its data checks (its checklists
+    become dataset rows).
+    """
+    messages = prompts.get(DECOMPOSER_PROMPT).messages(client.model.system_role, preferences=preference)
+    items = await ask(client, step, messages, parse, transcript=transcript, schema=checklist_schema(max_items),
+                      retry=retry, dry_reply=dry_checklist)
+    return items[:max_items]
 
 
 def label_score(label: Any) -> float:

@@ -112,9 +112,14 @@ def configure_litellm(runtime: RuntimeConfig) -> None:
     if runtime.cache:
         cache_dir = str(Path(runtime.cache_dir).expanduser().resolve())
         if cache_dir != _CACHE_DIR:
+            import inspect
+
             from litellm.caching.caching import Cache
 
-            litellm.cache = Cache(type="disk", disk_cache_dir=cache_dir)
+            # litellm >= 1.10x neither looks up nor stores requests of more than 4 messages by default
+            # (``max_messages``): a simulated dialogue's later turns and a second re-ask would never be cached.
+            unlimited = {"max_messages": None} if "max_messages" in inspect.signature(Cache).parameters else {}
+            litellm.cache = Cache(type="disk", disk_cache_dir=cache_dir, **unlimited)
             _CACHE_DIR = cache_dir
     else:
         litellm.cache = None

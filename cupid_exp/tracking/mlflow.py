@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import re
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from cupid_exp.config import TrackingConfig
 from cupid_exp.secrets import scrub, scrub_obj
@@ -146,3 +147,19 @@ class RunTracker:
     def end(self, status: str = "FINISHED") -> None:
         if self.run_id is not None:
             self.client.set_terminated(self.run_id, status=status)
+
+
+@contextmanager
+def ends_on_error(tracker: RunTracker | None) -> Iterator[None]:
+    """Around a job's work: its run ends KILLED on Ctrl-C and FAILED on any other exception (the
+    exception goes on); a job that gets through ends its run itself, with its results."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if tracker is not None:
+            tracker.end("KILLED")
+        raise
+    except BaseException:
+        if tracker is not None:
+            tracker.end("FAILED")
+        raise

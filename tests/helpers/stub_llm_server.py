@@ -3,7 +3,9 @@
 It is not a model: it recognises which CUPID pipeline step a request belongs to (from the
 prompt text, or from the JSON schema in ``response_format``) and returns a well-formed reply
 for that step, derived from a hash of the prompt, so the same request always gets the same
-answer. Around that it injects what real providers do: latency (fixed or jittered), HTTP 429
+answer. Synthesis steps are recognised by their schema alone and answered with JSON built from
+that schema (``schema_value``), so synthesis roles pointed at the stub need
+``structured_output=true``; the assistant simulator (free text) is recognised by its prompt. Around that it injects what real providers do: latency (fixed or jittered), HTTP 429
 with ``retry-after``, 500, 503, responses slower than the client's timeout, malformed bodies
 (truncated JSON, a wrong content-type, no ``choices``), context-length errors in the styles
 of several providers, and unparseable replies for chosen steps.
@@ -39,6 +41,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 STEPS = ("infer", "decompose", "match", "generate", "judge", "summarize", "unknown")
+# Synthesis's own steps (its decomposition is evaluation's "decompose").
+SYNTHESIS_STEPS = ("persona", "factors", "changed_preference", "session", "user_simulator", "validate",
+                   "assistant_simulator")
 LABELS = ("Fully Covered", "Partially Covered", "Not Covered")
 MALFORMED_KINDS = ("truncated", "content_type", "no_choices")
 
@@ -115,9 +120,30 @@ def prompt_of(messages: list[dict[str, Any]]) -> tuple[str, str]:
     return system, user
 
 
+def request_schema(body: dict[str, Any]) -> dict[str, Any]:
+    return ((body.get("response_format") or {}).get("json_schema") or {}).get("schema") or {}
+
+
+# A key no evaluation schema has -> the synthesis step whose schema has it.
+_SYNTHESIS_KEYS = (("personas", "persona"), ("factor", "factors"), ("reason", "changed_preference"),
+                   ("story", "session"), ("selected_items", "user_simulator"))
+
+
+def synthesis_step(schema: dict[str, Any]) -> str | None:
+    props = schema.get("properties") or {}
+    for key, step in _SYNTHESIS_KEYS:
+        if key in props:
+            return step
+    results = ((props.get("results") or {}).get("items") or {}).get("properties") or {}
+    return "validate" if "expressed" in results else None
+
+
 def classify(body: dict[str, Any]) -> str:
-    schema = (((body.get("response_format") or {}).get("json_schema") or {}).get("schema") or {})
+    schema = request_schema(body)
     props = set((schema.get("properties") or {}).keys())
+    synthesis = synthesis_step(schema)
+    if synthesis:
+        return synthesis
     if props:
         for key, step in (("summaries", "summarize"), ("results", "match"), ("checklist", "decompose"),
                           ("score", "judge"), ("preference", "infer")):
@@ -137,6 +163,8 @@ def classify(body: dict[str, Any]) -> str:
         return "infer"
     if "User's Request" in user or "Respond to the user's request" in system:
         return "generate"
+    if "helpful conversational assistant" in system:
+        return "assistant_simulator"
     return "unknown"
 
 
@@ -157,7 +185,62 @@ def numbered_lines(text: str, after: str) -> list[str]:
     return [m.group(1).strip() for m in re.finditer(r"^\s*\d+\.\s+(.*)$", tail, re.MULTILINE)]
 
 
+_VOCAB = ("amber", "anchor", "atlas", "basil", "beacon", "birch", "bramble", "cedar", "cinder", "clover", "cobalt",
+          "comet", "coral", "cricket", "delta", "ember", "falcon", "fennel", "fjord", "garnet", "glacier", "granite",
+          "harbor", "hazel", "heron", "indigo", "island", "jasper", "juniper", "kestrel", "lagoon", "lantern",
+          "lilac", "maple", "marble", "meadow", "meteor", "nectar", "nutmeg", "oasis", "onyx", "orchid", "otter",
+          "pebble", "pepper", "pine", "quartz", "quill", "raven", "reef", "saffron", "sable", "sierra", "spruce",
+          "summit", "thistle", "timber", "topaz", "tundra", "velvet", "willow", "walnut", "yarrow", "zephyr")
+
+
+def stub_sentence(key: str, min_len: int = 0, max_len: int = 200) -> str:
+    """Words drawn by ``key`` plus a token unique to it: no two fields share much, none is a placeholder."""
+    target = max(min_len, min(max_len, 24))
+    words = [f"k{key[:6]}"]
+    i = 0
+    while len(" ".join(words)) + 1 < target:
+        words.append(_VOCAB[int(digest(f"{key}\x1f{i}")[:4], 16) % len(_VOCAB)])
+        i += 1
+    text = " ".join(words[1:] + words[:1]).capitalize()
+    return (text[: max(1, max_len - 1)].rstrip() + ".")[:max_len]
+
+
+def schema_value(schema: dict[str, Any], key: str, position: int | None = None) -> Any:
+    """A value valid under ``schema`` (the subset synthesis uses), drawn deterministically by ``key``.
+
+    An enum inside an array takes its item's position (checklist indices 1, 2, ...), elsewhere a
+    draw; an array gets its minItems, or one item.
+    """
+    draw = int(digest(key)[:8], 16)
+    if "enum" in schema:
+        options = schema["enum"]
+        return options[position % len(options)] if position is not None else options[draw % len(options)]
+    kind = schema.get("type")
+    if kind == "object":
+        return {name: schema_value(sub, f"{key}/{name}", position)
+                for name, sub in (schema.get("properties") or {}).items()}
+    if kind == "array":
+        n = schema.get("minItems", min(1, schema.get("maxItems", 1)))
+        return [schema_value(schema.get("items") or {}, f"{key}[{i}]", i) for i in range(n)]
+    if kind == "boolean":
+        return bool(draw % 2)
+    if kind in ("integer", "number"):
+        low, high = int(schema.get("minimum", 1)), int(schema.get("maximum", 10))
+        return low + draw % (high - low + 1)
+    return stub_sentence(digest(key), int(schema.get("minLength", 0)), int(schema.get("maxLength", 200)))
+
+
+def synthesis_reply(step: str, body: dict[str, Any], cfg: StubConfig) -> str:
+    """JSON from the request's schema, keyed by the whole conversation (a re-ask or a later turn differs)."""
+    key = digest(f"{cfg.seed}\x1f{json.dumps(body.get('messages'), sort_keys=True)}")
+    if step == "assistant_simulator":
+        return f"Here is my answer. {stub_sentence(key, 60, 300)}"
+    return json.dumps(schema_value(request_schema(body), key))
+
+
 def reply_text(step: str, body: dict[str, Any], cfg: StubConfig) -> str:
+    if step in SYNTHESIS_STEPS:
+        return synthesis_reply(step, body, cfg)
     system, user = prompt_of(body.get("messages") or [])
     h = digest(f"{cfg.seed}\x1f{system}\x1f{user}")
     structured = bool(body.get("response_format"))
@@ -472,7 +555,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[int, StubConfig]:
     for f in StubConfig.__dataclass_fields__.values():
         flag = "--" + f.name.replace("_", "-")
         if f.name.endswith("_steps"):
-            p.add_argument(flag, default="", help="comma-separated steps: " + ",".join(STEPS))
+            p.add_argument(flag, default="", help="comma-separated steps: " + ",".join(STEPS + SYNTHESIS_STEPS))
         elif f.name in ("context_error", "judge_score", "fail_first_kind", "giveup_match"):
             p.add_argument(flag, default=f.default)
         else:

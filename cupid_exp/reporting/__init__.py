@@ -9,9 +9,13 @@ records; ``diff`` turns two runs' configs into Hydra overrides. ``cli`` is ``pyt
 from cupid_exp.reporting.diff import ConfigDiff, diff_runs, overrides_to_reach
 from cupid_exp.reporting.diff_compose import compose, format_value, leaf_diffs
 from cupid_exp.reporting.diff_specs import RunSpec, load_spec, spec_from_job_dir, spec_from_mlflow
+from cupid_exp.reporting.plots import (plot_by_history_length, plot_by_relevant_position, plot_by_type,
+                                       save_report_plots, save_run_plots)
 from cupid_exp.reporting.runs import (JobRun, get_job_run, load_records, search_job_runs, setting_label,
                                       tracking_uri)
 
 __all__ = ["ConfigDiff", "JobRun", "RunSpec", "compose", "diff_runs", "format_value", "get_job_run", "leaf_diffs",
-           "load_records", "load_spec", "overrides_to_reach", "search_job_runs", "setting_label", "spec_from_job_dir",
+           "load_records", "load_spec", "overrides_to_reach",
+           "plot_by_history_length", "plot_by_relevant_position", "plot_by_type", "save_report_plots",
+           "save_run_plots", "search_job_runs", "setting_label", "spec_from_job_dir",
            "spec_from_mlflow", "tracking_uri"]

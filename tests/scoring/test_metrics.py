@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from cupid_exp.metrics import error_counts, flat_metrics, inference_metrics
+from cupid_exp.scoring.metrics import error_counts, flat_metrics, task_metrics
 
 
 def rec(itype, pm, n_pred, tm, n_true, **extra):
@@ -36,7 +36,7 @@ FAILED = {"key": "y/changing", "instance_type": "changing", "gt_checklist_len": 
 
 
 def test_macro_is_mean_of_instances_and_f1_is_harmonic_mean_of_means():
-    m = inference_metrics(RECORDS)["all"]
+    m = task_metrics(RECORDS, "inference")["all"]
     assert m["n"] == 4
     # P = (1 + .5 + .25 + 1) / 4 = 0.6875 ; R = (.5 + 1 + .25 + 0) / 4 = 0.4375
     assert m["precision"] == pytest.approx(0.6875)
@@ -49,7 +49,7 @@ def test_macro_is_mean_of_instances_and_f1_is_harmonic_mean_of_means():
 
 
 def test_micro_pools_matched_over_lengths():
-    m = inference_metrics(RECORDS)["all"]
+    m = task_metrics(RECORDS, "inference")["all"]
     # P = (2+2+1+1)/(2+4+4+1) = 6/11 ; R = (1+3+1+0)/(2+3+4+3) = 5/12 ; F1 = 60/127
     assert m["micro/precision"] == pytest.approx(6 / 11)
     assert m["micro/recall"] == pytest.approx(5 / 12)
@@ -57,7 +57,7 @@ def test_micro_pools_matched_over_lengths():
 
 
 def test_per_type_blocks():
-    out = inference_metrics(RECORDS)
+    out = task_metrics(RECORDS, "inference")
     assert set(out) == {"all", "consistent", "contrastive", "changing", "counts"}
     cons = out["consistent"]
     # A and D: P = (1 + 1)/2 = 1 ; R = (.5 + 0)/2 = .25 ; F1 = 2*.25/1.25 = .4
@@ -73,37 +73,37 @@ def test_per_type_blocks():
     assert out["contrastive"]["f1"] == pytest.approx(2 / 3)
     assert out["changing"]["precision"] == pytest.approx(0.25)
     assert out["changing"]["f1"] == pytest.approx(0.25)
-    assert out["counts"] == {"instances": 4, "scored": 4, "failed": 0, "failure_policy": "exclude"}
+    assert out["counts"] == {"instances": 4, "scored": 4, "failed": 0, "zeroed": 0, "failure_policy": "exclude"}
 
 
 def test_type_absent_from_records_has_no_block():
-    out = inference_metrics(RECORDS[:1])
+    out = task_metrics(RECORDS[:1], "inference")
     assert "consistent" in out and "contrastive" not in out and "changing" not in out
 
 
 def test_exclude_drops_failed_record_and_counts_it():
-    out = inference_metrics(RECORDS + [FAILED], "exclude")
+    out = task_metrics(RECORDS + [FAILED], "inference", "exclude")
     assert out["all"]["n"] == 4
     assert out["all"]["precision"] == pytest.approx(0.6875)
     assert out["all"]["micro/recall"] == pytest.approx(5 / 12)
     assert out["changing"]["n"] == 1
     assert out["changing"]["precision"] == pytest.approx(0.25)
-    assert out["counts"] == {"instances": 5, "scored": 4, "failed": 1, "failure_policy": "exclude"}
+    assert out["counts"] == {"instances": 5, "scored": 4, "failed": 1, "zeroed": 0, "failure_policy": "exclude"}
 
 
 def test_exclude_also_treats_explicit_none_precision_as_failed():
     failed = dict(FAILED, precision=None, recall=None, f1=None)
-    out = inference_metrics(RECORDS + [failed])
+    out = task_metrics(RECORDS + [failed], "inference")
     assert out["counts"]["failed"] == 1
     assert out["all"]["recall"] == pytest.approx(0.4375)
 
 
 def test_exclude_is_the_default_policy():
-    assert inference_metrics(RECORDS + [FAILED]) == inference_metrics(RECORDS + [FAILED], "exclude")
+    assert task_metrics(RECORDS + [FAILED], "inference") == task_metrics(RECORDS + [FAILED], "inference", "exclude")
 
 
 def test_zero_scores_failed_record_with_gt_length():
-    out = inference_metrics(RECORDS + [FAILED], "zero")
+    out = task_metrics(RECORDS + [FAILED], "inference", "zero")
     m = out["all"]
     assert m["n"] == 5
     # macro P = (1 + .5 + .25 + 1 + 0)/5 = .55 ; R = (.5 + 1 + .25 + 0 + 0)/5 = .35
@@ -120,24 +120,24 @@ def test_zero_scores_failed_record_with_gt_length():
     assert ch["n"] == 2
     assert ch["precision"] == pytest.approx(0.125)
     assert ch["micro/recall"] == pytest.approx(1 / 7)
-    assert out["counts"] == {"instances": 5, "scored": 4, "failed": 1, "failure_policy": "zero"}
+    assert out["counts"] == {"instances": 5, "scored": 4, "failed": 1, "zeroed": 1, "failure_policy": "zero"}
 
 
 def test_zero_keeps_a_known_n_predicted():
     failed = dict(FAILED, n_predicted=2)  # e.g. a record that got as far as storing its checklist length
-    m = inference_metrics(RECORDS + [failed], "zero")["all"]
+    m = task_metrics(RECORDS + [failed], "inference", "zero")["all"]
     assert m["micro/precision"] == pytest.approx(6 / 13)
 
 
 def test_zero_with_every_record_failed():
-    out = inference_metrics([FAILED], "zero")
+    out = task_metrics([FAILED], "inference", "zero")
     assert out["all"]["n"] == 1
     assert out["all"]["precision"] == 0.0 and out["all"]["micro/recall"] == 0.0
     assert out["counts"]["failed"] == 1 and out["counts"]["scored"] == 0
 
 
 def test_exclude_with_every_record_failed():
-    out = inference_metrics([FAILED], "exclude")
+    out = task_metrics([FAILED], "inference", "exclude")
     assert out["all"] == {"n": 0}
     assert out["changing"] == {"n": 0}
     assert out["counts"]["failed"] == 1
@@ -145,17 +145,17 @@ def test_exclude_with_every_record_failed():
 
 def test_unknown_policy_raises():
     with pytest.raises(ValueError, match="drop"):
-        inference_metrics(RECORDS + [FAILED], "drop")
+        task_metrics(RECORDS + [FAILED], "inference", "drop")
 
 
 def test_no_records():
-    out = inference_metrics([])
+    out = task_metrics([], "inference")
     assert out["all"] == {"n": 0}
     assert out["counts"]["instances"] == 0
 
 
 def test_flat_metrics_key_names():
-    flat = flat_metrics("inference", inference_metrics(RECORDS + [FAILED]))
+    flat = flat_metrics("inference", task_metrics(RECORDS + [FAILED], "inference"))
     assert flat["inference/f1"] == pytest.approx(0.6015625 / 1.125)
     assert flat["inference/precision"] == pytest.approx(0.6875)
     assert flat["inference/n"] == 4.0

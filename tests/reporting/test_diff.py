@@ -13,8 +13,10 @@ import yaml
 from omegaconf import OmegaConf
 
 from conftest import compose_config
-from cupid_exp.diff import RunSpec, diff_runs, format_value, leaf_diffs, main, spec_from_job_dir
-from cupid_exp.tracking import log_job
+from cupid_exp.diff import main
+from cupid_exp.reporting import RunSpec, diff_runs, format_value, leaf_diffs, spec_from_job_dir
+from cupid_exp.reporting.diff import render
+from helpers.mlflow_runs import log_job_run
 
 
 def resolved(overrides: list[str]) -> dict:
@@ -41,6 +43,9 @@ PAIRS = [
     (["model=claude37"], ["model=claude37", "model.params.temperature=0.5",
                           "+model.params.thinking={type:enabled,budget_tokens:2048}"]),
     (["tracking=none"], ["tracking=mlflow", "runtime.failure_policy=zero"]),
+    # per-setting schemas: a setting choice brings its own keys; a task choice brings its parts
+    (["setting=oracle"], ["setting=retrieval", "setting.retriever=embedding", "setting.top_k=4"]),
+    (["setting=retrieval", "setting.top_k=3"], ["setting=retrieval", "task=both"]),
 ]
 
 
@@ -53,6 +58,23 @@ def test_round_trip_composes_b(a_overrides, b_overrides) -> None:
     assert resolved(a_overrides + diff.overrides) == resolved(b_overrides)
     if resolved(a_overrides) != resolved(b_overrides):
         assert diff.overrides
+
+
+def test_an_override_inside_a_group_b_chose_otherwise_is_left_out_of_as(capsys) -> None:
+    """standard's schema has no top_k, so A's setting.top_k=3 cannot stand after setting=standard."""
+    a_ov, b_ov = ["setting=retrieval", "setting.top_k=3", "data.limit=2"], ["setting=standard", "task=both"]
+    diff = diff_runs(spec(a_ov), spec(b_ov))
+    assert diff.verified, diff.unreproduced
+    assert diff.superseded == ["setting.top_k=3"] and diff.base_overrides == a_ov
+    assert diff.overrides == ["setting=standard", "task=both", "data.limit=null"]
+    kept = [o for o in a_ov if o not in diff.superseded]
+    assert resolved(kept + diff.overrides) == resolved(b_ov)
+    assert resolved(shlex.split(diff.command())[3:]) == resolved(b_ov)
+    text = render(diff, spec(a_ov), spec(b_ov))
+    assert "# leave out of A's overrides (inside a group B chose otherwise): setting.top_k=3" in text
+    # an override inside a group that stays is never left out
+    diff = diff_runs(spec(["setting=retrieval", "setting.top_k=3"]), spec(["setting=retrieval", "setting.top_k=5"]))
+    assert diff.superseded == [] and diff.overrides == ["setting.top_k=5"]
 
 
 def test_a_whole_group_change_is_printed_as_the_choice() -> None:
@@ -158,7 +180,8 @@ def test_keys_added_to_conf_since_both_runs_are_not_differences(tmp_path: Path) 
         del recorded["runtime"]["progress"]
         (job / ".hydra" / "config.yaml").write_text(yaml.safe_dump(recorded))
     diff = diff_runs(spec_from_job_dir(a), spec_from_job_dir(b))
-    assert diff.overrides == ["data.limit=3", "runtime.failure_policy=zero"] and diff.drift == []
+    # leaves come in the composed config's key order (the job schema's runtime before the run's data)
+    assert diff.overrides == ["runtime.failure_policy=zero", "data.limit=3"] and diff.drift == []
     assert diff.verified and diff.added_since == ["runtime.progress"]
     # but a key only B's record lacks is a difference no override can make: not verified
     recorded = yaml.safe_load((b / ".hydra" / "config.yaml").read_text())
@@ -170,14 +193,11 @@ def test_keys_added_to_conf_since_both_runs_are_not_differences(tmp_path: Path) 
 
 def log_run(cfg_overrides: list[str], tags: dict) -> str:
     cfg = compose_config(cfg_overrides, return_hydra_config=True)
-    choices = {k: v for k, v in OmegaConf.to_container(cfg.hydra.runtime.choices).items() if v is not None}
-    OmegaConf.set_struct(cfg, False)
-    del cfg["hydra"]
-    return log_job(cfg, run_name="t", choices=choices, tags=tags, metrics={"inference/f1": 0.5},
-                   table=pd.DataFrame([{"key": "k"}]), artifacts=[], parent=None)
+    return log_job_run(cfg, run_name="t", tags=tags, metrics={"inference/f1": 0.5},
+                       table=pd.DataFrame([{"key": "k"}]))
 
 
-def test_cli_on_mlflow_runs_reconstructs_a_and_reports_digests(tmp_path: Path, capsys) -> None:
+def test_cli_on_mlflow_runs_reconstructs_a_and_reports_digests(tmp_path: Path, capsys, monkeypatch) -> None:
     root = f"paths.output_root={tmp_path}"
     a_ov = [root, "model=gpt4o", "data.limit=4"]
     b_ov = [root, "model=claude37", "evaluator=gpt4o", "model@evaluator.matcher=local",
@@ -195,6 +215,10 @@ def test_cli_on_mlflow_runs_reconstructs_a_and_reports_digests(tmp_path: Path, c
     base = shlex.split(out.split("reconstructed as: ")[1].splitlines()[0])
     # the MLflow record of A is resolved and redacted; compose(reconstructed A + diff) must equal B's
     assert resolved(base + printed) == resolved(b_ov)
+    # without --tracking-uri the store is $MLFLOW_TRACKING_URI's
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    assert main([run_a, run_b]) == 0
+    assert capsys.readouterr().out == out
     mlflow.set_tracking_uri(None)
 
 

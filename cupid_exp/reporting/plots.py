@@ -5,14 +5,16 @@
   the current preference (paper Fig. 3: is a preference shown early harder to recover?);
 - :func:`plot_by_history_length` — score against the history's length in words, in equal-size
   bins (paper Fig. 9);
-- :func:`save_run_plots` — all of them for one run, as PNG files.
+- :func:`save_run_plots` — all of them for one run, as PNG files;
+- :func:`save_report_plots` — the cross-model ones of a report's selection.
 
 Every function takes either one run's records or ``{label: records}`` for several runs (one
 series each, e.g. one per model in the report) and returns a matplotlib ``Figure`` built with
 the object-oriented API on the Agg canvas: no pyplot state, safe in worker processes.
 
 Inference is shown as the paper's F1 (harmonic mean of mean precision and mean recall,
-recomputed per bin); generation as the mean judge score (1–10).
+recomputed per bin); generation as the mean judge score (1–10). Every number, and which instances
+enter it under the failure policy, comes from ``cupid_exp.scoring``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -28,6 +30,10 @@ from matplotlib.figure import Figure
 
 from cupid_exp.data.schema import INSTANCE_TYPES
 from cupid_exp.scoring.bootstrap import bootstrap_ci
+from cupid_exp.scoring.statistics import HEADLINE, TASK_METRICS, fields_of, task_frame, task_of
+
+if TYPE_CHECKING:
+    from cupid_exp.reporting.selection import Selection
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +41,8 @@ Records = Sequence[Mapping[str, Any]]
 Series = Records | Mapping[str, Records]
 
 LABELS = {"precision": "precision", "recall": "recall", "f1": "F1 (HM of mean P and mean R)",
-          "score": "judge score (1–10)", "judge_score": "judge score (1–10)"}
-# per-instance field shown as faint dots behind the binned statistic
-POINT_FIELD = {"f1": "f1", "precision": "precision", "recall": "recall", "score": "judge_score",
-               "judge_score": "judge_score"}
-TASK_METRIC = {"inference": "f1", "generation": "score"}
+          "score": "judge score (1–10)"}
+ALIASES = {"judge_score": "score"}  # the record field's name for the statistic
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
           "#bcbd22", "#17becf"]
 
@@ -50,12 +53,26 @@ def _series(records: Series) -> dict[str, list[Mapping[str, Any]]]:
     return {"": list(records)}
 
 
+def _metric(metric: str) -> tuple[str, str]:
+    """(statistic, its task) for a metric name a plot accepts."""
+    metric = ALIASES.get(metric, metric)
+    task = task_of(metric)
+    if task is None:
+        raise ValueError(f"metric={metric!r}; expected one of {[m for ms in TASK_METRICS.values() for m in ms]}")
+    return metric, task
+
+
+def _point_field(metric: str) -> str:
+    """The per-instance field shown as faint dots behind the binned statistic (F1: each instance's own)."""
+    return "f1" if metric == "f1" else fields_of(metric)[0]
+
+
 def _scale(metric: str) -> float:
-    return 1.0 if metric in ("score", "judge_score") else 100.0
+    return 1.0 if metric == "score" else 100.0
 
 
 def _ylim(metric: str) -> tuple[float, float]:
-    return (0.0, 10.5) if metric in ("score", "judge_score") else (0.0, 105.0)
+    return (0.0, 10.5) if metric == "score" else (0.0, 105.0)
 
 
 def _figure(width: float = 7.5, height: float = 4.5) -> Figure:
@@ -70,14 +87,6 @@ def _empty(fig: Figure, title: str, message: str) -> Figure:
     ax.set_title(title)
     ax.text(0.5, 0.5, message, ha="center", va="center", wrap=True, transform=ax.transAxes, color="0.35")
     return fig
-
-
-def _scored(records: Sequence[Mapping[str, Any]], metric: str, failure_policy: str) -> list[Mapping[str, Any]]:
-    """Records that enter the statistic (all of them under failure_policy=zero)."""
-    if failure_policy == "zero":
-        return list(records)
-    fields = ("precision", "recall") if metric == "f1" else (POINT_FIELD.get(metric, metric),)
-    return [r for r in records if all(isinstance(r.get(f), (int, float)) and r.get(f) == r.get(f) for f in fields)]
 
 
 def _errorbar(est, scale: float) -> tuple[float, float]:
@@ -97,11 +106,11 @@ def plot_by_type(records: Series, task: str = "inference", *, metric: str | None
     judge score) with one bar per run.
     """
     series = _series(records)
-    metric = metric or TASK_METRIC[task]
+    metric, _ = _metric(metric or HEADLINE[task])
     present = {r.get("instance_type") for recs in series.values() for r in recs}
     groups = ["all", *[t for t in INSTANCE_TYPES if t in present]]
     single = len(series) == 1
-    metrics = ["precision", "recall", "f1"] if (single and task == "inference" and metric == "f1") else [metric]
+    metrics = list(TASK_METRICS["inference"]) if (single and task == "inference" and metric == "f1") else [metric]
     bars = [(label, m) for label in series for m in metrics]
     fig = _figure(max(6.5, 1.6 + 0.55 * len(groups) * len(bars)), 4.6)
     title = title or f"{task}: {LABELS.get(metric, metric) if len(metrics) == 1 else 'P / R / F1'} by instance type" \
@@ -112,10 +121,13 @@ def plot_by_type(records: Series, task: str = "inference", *, metric: str | None
     width = 0.8 / len(bars)
     x = np.arange(len(groups))
     scale = _scale(metric)
+    scored: dict[str, list[int]] = {}  # series -> instances entering ``metric`` per group
     for j, (label, m) in enumerate(bars):
         recs = series[label]
         ests = [bootstrap_ci(recs if g == "all" else [r for r in recs if r.get("instance_type") == g], m,
                              n_boot=n_boot, seed=seed, failure_policy=failure_policy) for g in groups]
+        if m == metric:
+            scored[label] = [e.n for e in ests]
         values = [0.0 if math.isnan(e.value) else e.value * scale for e in ests]
         err = np.array([_errorbar(e, scale) for e in ests]).T
         name = label if not single else m
@@ -129,11 +141,9 @@ def plot_by_type(records: Series, task: str = "inference", *, metric: str | None
             ax.annotate(text, (xi, v + up), xytext=(0, 2), textcoords="offset points", ha="center",
                         va="bottom", fontsize=7, color="0.2")
     ticks = []
-    for g in groups:
-        ns = {len(_scored([r for r in recs if g == "all" or r.get("instance_type") == g], metric, failure_policy))
-              for recs in series.values()}
-        ticks.append(f"{g}\n(n={ns.pop()})" if len(ns) == 1 else
-                     f"{g}\n(n={'/'.join(str(len(_scored([r for r in recs if g == 'all' or r.get('instance_type') == g], metric, failure_policy))) for recs in series.values())})")
+    for i, g in enumerate(groups):
+        ns = [scored[label][i] for label in series]
+        ticks.append(f"{g}\n(n={ns[0] if len(set(ns)) == 1 else '/'.join(map(str, ns))})")
     ax.set_xticks(x, ticks)
     ax.set_ylim(*_ylim(metric))
     ax.set_ylabel(("%" if scale == 100 else "") + (" " if scale == 100 else "") + LABELS.get(metric, metric)
@@ -151,7 +161,7 @@ def _binned_plot(series: dict[str, list[Mapping[str, Any]]], metric: str, bins: 
     fig = _figure(7.5, 4.6)
     ax = fig.add_subplot()
     scale = _scale(metric)
-    field = POINT_FIELD.get(metric, metric)
+    task, field = task_of(metric), _point_field(metric)
     rng = np.random.default_rng(seed)
     for j, (label, recs) in enumerate(series.items()):
         color = COLORS[j % len(COLORS)]
@@ -174,11 +184,10 @@ def _binned_plot(series: dict[str, list[Mapping[str, Any]]], metric: str, bins: 
         if dots and len(series) == 1:
             px, py = [], []
             for (x, _, _), part in zip(bins, members):
-                for r in _scored(part, metric, failure_policy):
-                    v = r.get(field)
-                    if isinstance(v, (int, float)) and v == v:
-                        px.append(x + rng.uniform(-0.12, 0.12) * (bins[1][0] - bins[0][0] if len(bins) > 1 else 1))
-                        py.append(v * scale)
+                frame = task_frame(part, task, failure_policy)  # the instances the statistic is over
+                for v in (frame[field].dropna() if field in frame else []):
+                    px.append(x + rng.uniform(-0.12, 0.12) * (bins[1][0] - bins[0][0] if len(bins) > 1 else 1))
+                    py.append(float(v) * scale)
             ax.scatter(px, py, s=9, color="0.6", alpha=0.45, linewidths=0, label="instances", zorder=1)
         if len(series) > 1 and len(bins) > 1:  # dodge the series a little so their bars do not overlap
             step = (bins[1][0] - bins[0][0]) * 0.06
@@ -216,7 +225,8 @@ def plot_by_relevant_position(records: Series, metric: str = "f1", *, n_boot: in
     left out and counted in the footnote.
     """
     series = _series(records)
-    title = title or f"{LABELS.get(metric, metric)} vs. where the relevant sessions are in the history"
+    metric, _ = _metric(metric)
+    title = title or f"{LABELS[metric]} vs. where the relevant sessions are in the history"
     fig_args = dict(n_boot=n_boot, seed=seed, failure_policy=failure_policy)
     means = [m for recs in series.values() for r in recs if (m := _mean_position(r)) is not None]
     total = sum(len(recs) for recs in series.values())
@@ -251,7 +261,8 @@ def plot_by_history_length(records: Series, metric: str = "f1", *, n_bins: int =
     Bin edges are quantiles of all instances pooled (so several runs share the same bins).
     """
     series = _series(records)
-    title = title or f"{LABELS.get(metric, metric)} vs. history length (equal-size bins)"
+    metric, _ = _metric(metric)
+    title = title or f"{LABELS[metric]} vs. history length (equal-size bins)"
     words = sorted(float(r["history_words"]) for recs in series.values() for r in recs
                    if isinstance(r.get("history_words"), (int, float)))
     if not words:
@@ -284,24 +295,26 @@ def plot_by_history_length(records: Series, metric: str = "f1", *, n_bins: int =
                         footnote=footnote)
 
 
-def _tasks(task: str | Sequence[str], records: Sequence[Mapping[str, Any]]) -> list[str]:
-    parts = ["inference", "generation"] if task == "both" else [task] if isinstance(task, str) else list(task)
-    unknown = [t for t in parts if t not in TASK_METRIC]
+def _parts(parts: str | Sequence[str]) -> list[str]:
+    """One task part's name, or several; each must be a task with numbers."""
+    names = [parts] if isinstance(parts, str) else list(parts)
+    unknown = [p for p in names if p not in TASK_METRICS]
     if unknown:
-        raise ValueError(f"task={task!r}; expected parts from {sorted(TASK_METRIC)}")
-    return parts
+        raise ValueError(f"parts={parts!r}; expected parts from {sorted(TASK_METRICS)}")
+    return names
 
 
 def _has(records: Sequence[Mapping[str, Any]], field: str) -> bool:
     return any(r.get(field) is not None for r in records)
 
 
-def save_run_plots(records: Sequence[Mapping[str, Any]], task: str | Sequence[str], out_dir: str | Path, *, n_boot: int = 1000,
-                   seed: int = 0, failure_policy: str = "exclude", title_prefix: str = "") -> list[Path]:
+def save_run_plots(records: Sequence[Mapping[str, Any]], parts: Sequence[str] | str, out_dir: str | Path, *,
+                   n_boot: int = 1000, seed: int = 0, failure_policy: str = "exclude",
+                   title_prefix: str = "") -> list[Path]:
     """Write one run's plots as PNGs into ``out_dir``; returns the paths written.
 
-    For each task in ``task`` (inference, generation, both): ``<task>_by_type.png``,
-    ``<task>_by_position.png`` (needs ``relevant_positions``), ``<task>_by_history_length.png``
+    For each task part in ``parts`` (inference, generation): ``<part>_by_type.png``,
+    ``<part>_by_position.png`` (needs ``relevant_positions``), ``<part>_by_history_length.png``
     (needs ``history_words``). A plot whose data the records lack is skipped (and logged),
     not written empty.
     """
@@ -311,9 +324,9 @@ def save_run_plots(records: Sequence[Mapping[str, Any]], task: str | Sequence[st
     kw = dict(n_boot=n_boot, seed=seed, failure_policy=failure_policy)
     prefix = f"{title_prefix}: " if title_prefix else ""
     written: list[Path] = []
-    for t in _tasks(task, records):
-        metric = TASK_METRIC[t]
-        if not _scored(records, metric, failure_policy):
+    for t in _parts(parts):
+        metric = HEADLINE[t]
+        if task_frame(records, t, failure_policy).empty:
             log.info("no scored %s instances: no %s plots", t, t)
             continue
         figures = {f"{t}_by_type": plot_by_type(records, t, title=f"{prefix}{t} by instance type "
@@ -328,8 +341,38 @@ def save_run_plots(records: Sequence[Mapping[str, Any]], task: str | Sequence[st
                 records, metric, title=f"{prefix}{LABELS[metric]} vs. history length", **kw)
         else:
             log.info("records carry no history_words: %s_by_history_length skipped", t)
-        for name, fig in figures.items():
-            path = out / f"{name}.png"
-            fig.savefig(path)
-            written.append(path)
+        written += _save(figures, out, "")
+    return written
+
+
+def _save(figures: Mapping[str, Figure], out: Path, stem: str) -> list[Path]:
+    paths = []
+    for name, fig in figures.items():
+        path = out / f"{stem}{name}.png"
+        fig.savefig(path)
+        paths.append(path)
+    return paths
+
+
+def save_report_plots(selection: "Selection", out_dir: Path, *, n_boot: int = 1000, seed: int = 0) -> list[Path]:
+    """Cross-model plots (one series per model, setting=standard) per data set × evaluator × task.
+
+    Under the runs' shared failure policy (``exclude`` when they differ)."""
+    from cupid_exp.reporting.runs import common_policy
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for data, evaluator in sorted({(r.data, r.evaluator) for r in selection.runs}):
+        for task in TASK_METRICS:
+            runs = [r for r in selection.runs if r.data == data and r.evaluator == evaluator
+                    and r.setting == "standard" and task in r.tasks and selection.records.get(r.run_id)]
+            if not runs:
+                continue
+            series = {r.model: selection.records[r.run_id] for r in runs}
+            kw = dict(n_boot=n_boot, seed=seed, failure_policy=common_policy(runs))
+            metric = HEADLINE[task]
+            figures = {"by_type": plot_by_type(series, task, **kw),
+                       "by_position": plot_by_relevant_position(series, metric, **kw),
+                       "by_history_length": plot_by_history_length(series, metric, **kw)}
+            written += _save(figures, out_dir, f"{data}_{evaluator}_{task}_")
     return written

@@ -8,39 +8,11 @@ import numpy as np
 import pytest
 from matplotlib.container import BarContainer, ErrorbarContainer
 
-from cupid_exp.plots import plot_by_history_length, plot_by_relevant_position, plot_by_type, save_run_plots
-from cupid_exp.stats import point_estimate
+from cupid_exp.reporting.plots import plot_by_history_length, plot_by_relevant_position, plot_by_type, save_run_plots
+from cupid_exp.scoring import bootstrap_ci, point_estimate
+from helpers.records import make_records
 
-TYPES = ("consistent", "contrastive", "changing")
 PNG = b"\x89PNG\r\n\x1a\n"
-
-
-def make_records(n_personas: int = 30, seed: int = 0, shift: float = 0.0, fail_every: int = 17,
-                 generation: bool = True) -> list[dict]:
-    """Records shaped like instances.jsonl lines, with the fields the plots use."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n_personas):
-        skill = rng.normal(0, 0.1)
-        n_prior = int(rng.integers(8, 12))
-        for t in TYPES:
-            pos = sorted(int(x) for x in rng.choice(np.arange(1, n_prior + 1), size=2, replace=False))
-            words = int(rng.integers(2000, 20000))
-            base = float(np.clip(0.5 + shift + skill - 0.00001 * words + rng.normal(0, 0.1), 0.05, 0.95))
-            rec = {"key": f"{i}+persona/{t}", "persona_id": f"{i}+persona", "instance_type": t,
-                   "relevant_positions": pos, "n_prior_sessions": n_prior, "history_words": words, "errors": [],
-                   "gt_checklist_len": 3}
-            if len(out) % fail_every == fail_every - 1:
-                rec["errors"] = [{"step": "infer", "kind": "unparseable", "message": "x"}]
-                rec.update(precision=None, recall=None, f1=None)
-            else:
-                p, r = base, float(np.clip(base + 0.1, 0, 1))
-                rec.update(precision=p, recall=r, f1=2 * p * r / (p + r), n_predicted=3, n_true=3,
-                           predicted_matched=3 * p, true_matched=3 * r)
-                if generation:
-                    rec["judge_score"] = float(np.clip(round(1 + 9 * base), 1, 10))
-            out.append(rec)
-    return out
 
 
 def bar_heights(fig) -> list[list[float]]:
@@ -111,7 +83,7 @@ def test_history_plot_uses_equal_size_bins() -> None:
 
 
 def test_save_run_plots_writes_non_empty_pngs(tmp_path: Path) -> None:
-    paths = save_run_plots(make_records(), "both", tmp_path / "plots", n_boot=100)
+    paths = save_run_plots(make_records(), ["inference", "generation"], tmp_path / "plots", n_boot=100)
     names = sorted(p.name for p in paths)
     assert names == sorted(f"{t}_{k}.png" for t in ("inference", "generation")
                            for k in ("by_type", "by_position", "by_history_length"))
@@ -123,10 +95,13 @@ def test_save_run_plots_writes_non_empty_pngs(tmp_path: Path) -> None:
 def test_save_run_plots_skips_what_the_records_cannot_show(tmp_path: Path) -> None:
     old = [{k: v for k, v in r.items() if k not in ("relevant_positions", "history_words")}
            for r in make_records(generation=False)]
-    paths = save_run_plots(old, "both", tmp_path)
+    paths = save_run_plots(old, ("inference", "generation"), tmp_path)
     assert [p.name for p in paths] == ["inference_by_type.png"]  # no positions, no lengths, no judge scores
+    assert [p.name for p in save_run_plots(old, "inference", tmp_path / "one")] == ["inference_by_type.png"]
     with pytest.raises(ValueError):
         save_run_plots(old, "ranking", tmp_path)
+    with pytest.raises(ValueError):  # a task name is not a list of parts
+        save_run_plots(old, "both", tmp_path)
 
 
 def test_empty_inputs_give_a_message_not_a_crash() -> None:
@@ -134,3 +109,47 @@ def test_empty_inputs_give_a_message_not_a_crash() -> None:
     assert "no instance carries relevant_positions" in fig.axes[0].texts[0].get_text()
     fig = plot_by_type([], "inference")
     assert fig.axes[0].texts[0].get_text() == "no instances"
+
+
+def failing(records: list[dict]) -> list[dict]:
+    """``records`` where some instances failed at matching (after inferring) and some at inference."""
+    out = [dict(r) for r in records]
+    for i, r in enumerate(out):
+        if r["errors"]:
+            continue
+        if i % 5 == 0:
+            r.update(precision=None, recall=None, f1=None, inferred_checklist=["a", "b"], n_predicted=2,
+                     errors=[{"step": "match_recall", "kind": "timeout", "message": "x"}])
+    return out
+
+
+@pytest.mark.parametrize("policy", ["exclude", "zero", "upstream"])
+def test_plots_count_and_score_under_the_failure_policy(policy) -> None:
+    records = failing(make_records())
+    fig = plot_by_type(records, "inference", n_boot=50, failure_policy=policy)
+    p_all, r_all, f1_all = (h[0] for h in bar_heights(fig))
+    for bar, metric in ((p_all, "precision"), (r_all, "recall"), (f1_all, "f1")):
+        assert bar == pytest.approx(100 * point_estimate(records, metric, failure_policy=policy))
+    scored = sum(r["precision"] is not None for r in records)
+    match_failed = sum(r["errors"] != [] and r["errors"][0]["step"] == "match_recall" for r in records)
+    n = {"exclude": scored, "zero": len(records), "upstream": scored + match_failed}[policy]
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()][0] == f"all\n(n={n})"
+    assert len({bootstrap_ci(records, "f1", failure_policy=p).n for p in ("exclude", "zero", "upstream")}) == 3
+
+
+def test_binned_dots_are_the_instances_the_statistic_is_over() -> None:
+    records = failing(make_records(n_personas=10, fail_every=1000))
+    zero_dots = plot_by_history_length(records, "f1", n_boot=20, failure_policy="zero").axes[0].collections[0]
+    exclude_dots = plot_by_history_length(records, "f1", n_boot=20).axes[0].collections[0]
+    failed = sum(r["precision"] is None for r in records)
+    assert failed and len(zero_dots.get_offsets()) == len(exclude_dots.get_offsets()) + failed
+    assert sorted(zero_dots.get_offsets()[:, 1])[:failed] == [0.0] * failed  # a zeroed instance sits at 0
+
+
+def test_judge_score_is_an_alias_and_other_fields_are_refused() -> None:
+    records = make_records()
+    (alias,) = line_points(plot_by_history_length(records, "judge_score", n_boot=20))
+    (score,) = line_points(plot_by_history_length(records, "score", n_boot=20))
+    assert alias.tolist() == score.tolist()
+    with pytest.raises(ValueError, match="metric='history_words'"):
+        plot_by_history_length(records, "history_words")

@@ -8,7 +8,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from cupid_exp.stats import bootstrap_ci, bootstrap_distribution, ci_metrics, paired_compare, point_estimate, task_cis
+from cupid_exp.scoring.bootstrap import (bootstrap_ci, bootstrap_distribution, ci_metrics, paired_compare,
+                                         point_estimate, task_cis)
 
 
 def rec(persona: str, itype: str, **values) -> dict:
@@ -98,10 +99,10 @@ def test_task_cis_and_flat_metric_names() -> None:
     assert set(cis) == {"all", "consistent", "contrastive"}
     assert cis["consistent"]["precision"].value == pytest.approx(1.0)
     assert cis["contrastive"]["recall"].value == pytest.approx(0.5)
-    flat = ci_metrics(TWO_PERSONAS, "inference", n_boot=200)
+    flat = ci_metrics(TWO_PERSONAS, ["inference"], n_boot=200)
     assert flat["inference/f1/ci_high"] == pytest.approx(0.6)
     assert "inference/consistent/precision/ci_low" in flat and "inference/changing/f1/ci_low" not in flat
-    gen = ci_metrics([rec("A", "changing", judge_score=7), rec("B", "changing", judge_score=9)], "generation",
+    gen = ci_metrics([rec("A", "changing", judge_score=7), rec("B", "changing", judge_score=9)], ["generation"],
                      n_boot=500)
     assert gen["generation/score/ci_low"] == pytest.approx(7) and gen["generation/changing/score/ci_high"] == 9
 
@@ -116,13 +117,19 @@ def test_fmt_scales_and_rounds() -> None:
 # Sign flips of (X, Y, Z) sums over 4 instances: (±0.8 ±0.1 ∓0.3)/4 ∈ {±0.15, ±0.3, ±0.1, ±0.25};
 # |d*| >= 0.15 for 6 of the 8 patterns -> p = 0.75 exactly.
 # Bootstrap: XXX (p=1/27) gives +0.4, ZZZ (p=1/27) gives -0.3; 1/27 > 2.5% -> CI = [-0.3, 0.4].
-RUN_A = [rec("X", "consistent", precision=0.2), rec("X", "changing", precision=0.4),
-         rec("Y", "consistent", precision=0.5), rec("Z", "consistent", precision=0.6),
-         rec("W", "consistent", precision=0.9),  # only in A
-         rec("V", "consistent", precision=0.1)]  # failed in B
-RUN_B = [rec("X", "consistent", precision=0.6), rec("X", "changing", precision=0.8),
-         rec("Y", "consistent", precision=0.6), rec("Z", "consistent", precision=0.3),
-         rec("V", "consistent", precision=None), rec("U", "consistent", precision=0.5)]  # U only in B
+# An inference instance is scored when it has both precision and recall (recall is fixed here; only precision
+# is compared); V's precision=None is a failed instance.
+def prec(persona: str, itype: str, precision: float | None) -> dict:
+    return rec(persona, itype, precision=precision, recall=None if precision is None else 0.5)
+
+
+RUN_A = [prec("X", "consistent", 0.2), prec("X", "changing", 0.4),
+         prec("Y", "consistent", 0.5), prec("Z", "consistent", 0.6),
+         prec("W", "consistent", 0.9),  # only in A
+         prec("V", "consistent", 0.1)]  # failed in B
+RUN_B = [prec("X", "consistent", 0.6), prec("X", "changing", 0.8),
+         prec("Y", "consistent", 0.6), prec("Z", "consistent", 0.3),
+         prec("V", "consistent", None), prec("U", "consistent", 0.5)]  # U only in B
 
 
 def test_paired_compare_matches_the_hand_computed_case() -> None:
@@ -163,6 +170,5 @@ def test_paired_f1_uses_the_harmonic_mean_of_means() -> None:
 
 
 def test_paired_compare_with_nothing_shared() -> None:
-    cmp = paired_compare([rec("X", "consistent", precision=1.0)], [rec("Y", "consistent", precision=1.0)],
-                         "precision")
+    cmp = paired_compare([prec("X", "consistent", 1.0)], [prec("Y", "consistent", 1.0)], "precision")
     assert cmp.n_shared == 0 and math.isnan(cmp.diff)

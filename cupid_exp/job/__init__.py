@@ -17,8 +17,9 @@ from cupid_exp.entry import Outcome
 from cupid_exp.job.execute import Execution, execute, run_instance
 from cupid_exp.job.plan import JobPlan, build_context, plan, typed_config
 from cupid_exp.job.publish import headline, publish, start_tracking
-from cupid_exp.scoring.summary import JobSummary, summarize
 from cupid_exp.results import InstanceResult
+from cupid_exp.scoring.summary import JobSummary, summarize
+from cupid_exp.tracking.mlflow import ends_on_error
 
 
 def summarize_job(job: JobPlan, execution: Execution, started: float) -> JobSummary:
@@ -43,18 +44,10 @@ def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = 
     started = time.perf_counter()
     job = plan(cfg, output_dir, choices, parent_run)
     tracker = start_tracking(job)
-    try:
+    with ends_on_error(tracker):
         execution = execute(job)
         summary = summarize_job(job, execution, started)
         publish(job, summary, tracker)
-    except KeyboardInterrupt:
-        if tracker is not None:
-            tracker.end("KILLED")
-        raise
-    except BaseException:
-        if tracker is not None:
-            tracker.end("FAILED")
-        raise
     if summary.over_threshold and not job.dry_run:
         return Outcome("incomplete", summary.status_line(), headline(summary))
     return Outcome("ok", "", headline(summary))

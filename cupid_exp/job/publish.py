@@ -63,7 +63,7 @@ def write_outputs(plan: JobPlan, summary: JobSummary) -> None:
 
 def _plots(plan: JobPlan, summary: JobSummary) -> list[Path]:
     """Score by type, score vs relevant-session position (paper Fig. 3), vs history length (Fig. 9)."""
-    from cupid_exp.plots import save_run_plots
+    from cupid_exp.reporting.plots import save_run_plots
 
     cfg = plan.cfg
     return save_run_plots(summary.records, plan.parts, plan.output_dir / "plots", seed=cfg.seed,

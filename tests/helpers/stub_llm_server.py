@@ -329,6 +329,7 @@ class StubServer:
         self._lock = threading.Lock()
         self._gate = threading.Condition(self._lock)
         self._hold_after: int | None = None
+        self._releases = 0
         self._seen: Counter = Counter()
         self.counters = _Counters()
         self.httpd = _HTTPServer(("127.0.0.1", port), self._handler())
@@ -353,10 +354,17 @@ class StubServer:
         """Once ``n_completed`` responses have completed in total, hold every later request unanswered."""
         with self._gate:
             self._hold_after = n_completed
+            if n_completed is None:
+                self._releases += 1  # wakes exactly the requests held so far, even if the gate closes again
             self._gate.notify_all()
 
-    def release(self) -> None:
+    def release(self, timeout: float = 10.0) -> None:
+        """Open the gate and wait until every held request has left it (so the next gate starts clean)."""
         self.hold_after(None)
+        deadline = time.monotonic() + timeout
+        with self._gate:
+            while self.counters.held and deadline - time.monotonic() > 0:
+                self._gate.wait(deadline - time.monotonic())
 
     def wait_held(self, timeout: float) -> bool:
         """True once the gate is closed and at least one request waits at it."""
@@ -494,9 +502,11 @@ class StubServer:
                     if self._hold_after is not None and sum(self.counters.completed.values()) >= self._hold_after:
                         self.counters.held += 1
                         self._gate.notify_all()
-                        while self._hold_after is not None:
+                        released = self._releases
+                        while self._releases == released:
                             self._gate.wait()
                         self.counters.held -= 1
+                        self._gate.notify_all()
                         handler.close_connection = True
                         return  # released: the client is gone; answer nothing
             if fault is not None:

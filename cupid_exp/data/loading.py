@@ -11,10 +11,12 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-from cupid_exp.config import DataConfig
 from cupid_exp.data.schema import INSTANCE_TYPES, DataError, Instance, validate_row
+
+if TYPE_CHECKING:
+    from cupid_exp.config import DataConfig
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import re
 from typing import TYPE_CHECKING, Any, Callable
 
 from cupid_exp.llm.dry_run import PLACEHOLDER
-from cupid_exp.llm.replies import ParseError, excerpt, parse_json_reply
+from cupid_exp.llm.replies import ParseError, counted_list, excerpt, parse_json_reply
 from cupid_exp.llm.steps import Reask, Resample, Transcript, ask
 
 if TYPE_CHECKING:
@@ -90,12 +90,7 @@ def label_score(label: Any) -> float:
 
 def parse_match_labels(text: str, n_items: int) -> list[float]:
     """One score per checklist entry, from {'results': [...]} or a bare list (PrefMatcher); counts must agree."""
-    data = parse_json_reply(text)
-    results = data.get("results") if isinstance(data, dict) else data
-    if not isinstance(results, list):
-        raise ParseError("match reply has no 'results' list")
-    if len(results) != n_items:
-        raise ParseError(f"match reply has {len(results)} results for {n_items} checklist entries")
+    results = counted_list(text, "results", n_items, "match", "checklist entries")
     scores = []
     for i, item in enumerate(results):
         label = item.get("label") if isinstance(item, dict) else item

@@ -72,6 +72,18 @@ def json_object(text: str, what: str) -> dict[str, Any]:
     return data
 
 
+def counted_list(text: str, key: str, n_items: int, what: str, unit: str) -> list[Any]:
+    """The list under ``key`` of a JSON reply (or a bare JSON list): exactly one item per one of ``n_items``
+    ``unit`` (checklist entries, sessions)."""
+    data = parse_json_reply(text)
+    items = data.get(key) if isinstance(data, dict) else data
+    if not isinstance(items, list):
+        raise ParseError(f"{what} reply has no {key!r} list")
+    if len(items) != n_items:
+        raise ParseError(f"{what} reply has {len(items)} {key} for {n_items} {unit}")
+    return items
+
+
 def text_field(data: dict[str, Any], key: str, what: str) -> str:
     """A non-empty string under ``key`` of a parsed reply."""
     value = data.get(key)

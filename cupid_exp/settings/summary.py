@@ -15,7 +15,7 @@ from typing import Any, Dict
 
 from cupid_exp.config import SettingConfig
 from cupid_exp.llm.dry_run import PLACEHOLDER
-from cupid_exp.llm.replies import ParseError, parse_json_reply, string_list
+from cupid_exp.llm.replies import ParseError, counted_list, string_list
 from cupid_exp.llm.steps import ask
 from cupid_exp.rendering import interaction_log, summary_log
 from cupid_exp.results import SettingOutput
@@ -45,12 +45,7 @@ def summary_schema(n_sessions: int) -> dict:
 
 def parse_summaries(text: str, n_sessions: int) -> list[dict[str, Any]]:
     """The summariser's {'summaries': [...]}: one entry per session with context and preferences lists."""
-    data = parse_json_reply(text)
-    items = data.get("summaries") if isinstance(data, dict) else data
-    if not isinstance(items, list):
-        raise ParseError("summary reply has no 'summaries' list")
-    if len(items) != n_sessions:
-        raise ParseError(f"summary reply has {len(items)} entries for {n_sessions} sessions")
+    items = counted_list(text, "summaries", n_sessions, "summary", "sessions")
     out = []
     for i, item in enumerate(items, start=1):
         if not isinstance(item, dict) or "context" not in item or "preferences" not in item:

@@ -83,7 +83,7 @@ def test_summary_parsing_and_rendering() -> None:
                     "- no jargon\n\n---\n\n### Session 2\n\n#### Context\n\n- a single string\n\n"
                     "#### Preferences\n\n- (none)\n\n---")
     assert "analysis" not in text
-    with pytest.raises(ParseError, match="1 entries for 2 sessions"):
+    with pytest.raises(ParseError, match="1 summaries for 2 sessions"):
         parse_summaries('{"summaries": [{"context": [], "preferences": []}]}', 2)
     with pytest.raises(ParseError, match="lacks 'context'"):
         parse_summaries('{"summaries": [["not", "an", "object"]]}', 1)

@@ -80,7 +80,7 @@ def check_tree(node: Any, where: str = "") -> None:
 
 
 @dataclass
-class LocalModelConfig:
+class LocalModelConfig(Checked):
     """An embedded GGUF model run in-process by llama.cpp (no server, no key)."""
 
     # Where the weights come from: "package:<dist>:<file suffix>" finds a file shipped
@@ -92,6 +92,11 @@ class LocalModelConfig:
     n_batch: int = 512
     chat_format: Optional[str] = None
     prompt_cache_mb: int = 1024  # llama.cpp KV states reused across calls sharing a prompt prefix; 0 = off
+
+    def check(self, where: str) -> None:
+        for key, low in (("n_ctx", 256), ("n_threads", 1), ("n_batch", 1), ("prompt_cache_mb", 0)):
+            value = getattr(self, key)
+            require(isinstance(value, int) and value >= low, f"{where}.{key}", value, f"an integer >= {low}")
 
 
 @dataclass
@@ -108,6 +113,7 @@ class ModelConfig(Checked):
     structured_output: bool = False  # ask for JSON-schema constrained output on JSON steps
     input_cost_per_token: Optional[float] = None  # for models litellm's price map lacks
     output_cost_per_token: Optional[float] = None
+    context_window: Optional[int] = None  # input tokens the model takes; null: litellm's map (or local n_ctx)
     local: Optional[LocalModelConfig] = None
 
     @property
@@ -122,6 +128,8 @@ class ModelConfig(Checked):
         require(self.system_role in SYSTEM_ROLES, f"{where}.system_role", self.system_role, f"one of {SYSTEM_ROLES}")
         for key in ("input_cost_per_token", "output_cost_per_token"):
             require_positive(f"{where}.{key}", getattr(self, key), allow_none=True, allow_zero=True)
+        require(self.context_window is None or (isinstance(self.context_window, int) and self.context_window >= 1),
+                f"{where}.context_window", self.context_window, "an integer >= 1, or null")
         max_tokens = self.params.get("max_tokens")
         if max_tokens is not None:
             require(isinstance(max_tokens, int) and max_tokens >= 1, f"{where}.params.max_tokens", max_tokens,

@@ -113,6 +113,8 @@ def _dialogue(raw: Any, field: str, where: str) -> tuple[Message, ...]:
         raise DataError(where, f"{field}.dialogue[0].role", "must be 'user' (a session starts with the user)")
     if not any(m.role == "assistant" for m in messages):
         raise DataError(where, f"{field}.dialogue", "has no assistant message")
+    if not any(m.content.strip() for m in messages):
+        raise DataError(where, f"{field}.dialogue", "has only empty turns (nothing for the model to read)")
     return tuple(messages)
 
 

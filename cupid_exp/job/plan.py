@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from cupid_exp.config import RunConfig, check_known_keys, check_tree
 from cupid_exp.data.loading import LoadedData, load_instances
 from cupid_exp.data.schema import Instance
+from cupid_exp.job.checks import check_before_calls, prompt_set
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.prompts import EVALUATION_PROMPTS, PromptSet
 from cupid_exp.secrets import install_log_scrubber, redact, secret_values
@@ -96,8 +97,9 @@ def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = Non
     resolved = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "hydra"}
     secrets = secret_values(resolved)
     install_log_scrubber(secrets)
+    prompts = prompt_set(run_cfg.prompts.dir)
+    check_before_calls(run_cfg, setting, prompts, run_cfg.task.parts)
     data = load_instances(run_cfg.data)
-    prompts = PromptSet(run_cfg.prompts.dir)
     identity = job_identity(resolved, dataset_digest=data.digest, prompts_digest=prompts.digest(EVALUATION_PROMPTS))
     job = JobPlan(cfg=run_cfg, resolved=redact(resolved), output_dir=output_dir, choices=dict(choices or {}),
                   parent_run=parent_run, data=data, prompts=prompts, setting=setting,

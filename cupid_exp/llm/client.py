@@ -154,6 +154,28 @@ def _router(model: ModelConfig, params: dict[str, Any], runtime: RuntimeConfig,
     return _ROUTERS[key]
 
 
+# A prompt this many characters per token of the model's window cannot fit (real text runs 3-5
+# characters per token): refused before it is sent, as a context_length failure that costs nothing.
+_CHARS_PER_TOKEN_CEILING = 6
+
+
+def context_window(model: ModelConfig) -> int | None:
+    """Input tokens the model takes: the config's, the local model's n_ctx, or litellm's price map."""
+    if model.context_window:
+        return model.context_window
+    if model.local is not None:
+        return model.local.n_ctx
+    import litellm
+
+    provider, _, name = model.litellm_model.partition("/")
+    try:
+        info = litellm.get_model_info(model=name, custom_llm_provider=provider)
+    except (litellm.exceptions.ModelNotMappedError, litellm.exceptions.BadRequestError,
+            litellm.exceptions.NotFoundError):
+        return None
+    return info.get("max_input_tokens") or None
+
+
 class LLMClient:
     """Completions for one configured model, shared by every step and role that uses it."""
 
@@ -179,6 +201,17 @@ class LLMClient:
         self._semaphore = asyncio.Semaphore(max(1, model.max_concurrency))
         self._unpriced = False
         self._internal = _litellm.no_logging_flag()
+        self.window = context_window(model)
+
+    def _refuse_oversized(self, messages: list[dict], step: str) -> None:
+        """Never pay for a prompt that cannot fit: raise context_length before sending it."""
+        if not self.window:
+            return
+        chars = sum(len(str(m.get("content") or "")) for m in messages)
+        if chars > _CHARS_PER_TOKEN_CEILING * self.window:
+            self.meter.refuse(step)
+            raise ProviderError("context_length", f"{self.model.name}: not sent: a prompt of {chars:,} characters "
+                                                  f"cannot fit the model's {self.window:,}-token context window")
 
     def _price(self, response: Any) -> float | None:
         """Cost from litellm's price map; None for an unpriced model (tried once per client, not per call)."""
@@ -233,6 +266,7 @@ class LLMClient:
         kwargs = self.request_params(json_schema, params)
         if self.runtime.dry_run:
             return self._dry_run(messages, step, kwargs, dry_reply)
+        self._refuse_oversized(messages, step)
         start = time.perf_counter()
         token = self._internal.set(True) if self._internal is not None else None
         try:

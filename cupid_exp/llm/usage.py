@@ -52,6 +52,10 @@ class UsageMeter:
         self.counts[step][f"failed_{kind}"] += 1
         self.counts[step]["retries"] += retries
 
+    def refuse(self, step: str) -> None:
+        """A call not sent: its prompt cannot fit the model's context window (no request, no cost)."""
+        self.counts[step]["not_sent_oversized"] += 1
+
     def reject(self, step: str, kind: str) -> None:
         """A reply that came back but could not be used (``unparseable``, ``invalid``, ``length``)."""
         self.counts[step][f"{kind}_attempt"] += 1
@@ -100,6 +104,7 @@ def usage_metrics(meter: UsageMeter) -> dict[str, float]:
     out["calls/failed"] = failed_calls(totals)
     out["calls/unusable_replies"] = sum(v for k, v in totals.items() if k.endswith("_attempt"))
     out["calls/unpriced"] = totals.get("unpriced_calls", 0.0)
+    out["calls/not_sent_oversized"] = totals.get("not_sent_oversized", 0.0)
     out["tokens/prompt"] = totals.get("prompt_tokens", 0.0)
     out["tokens/completion"] = totals.get("completion_tokens", 0.0)
     out["cost/usd"] = totals.get("cost_usd", 0.0)

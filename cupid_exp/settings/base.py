@@ -41,9 +41,19 @@ class Setting:
     Config: ClassVar[type[SettingConfig]]
     tasks: ClassVar[tuple[str, ...]] = ("inference", "generation")  #: the task parts it is defined for
     stages: ClassVar[tuple[str, ...]] = ()  #: work before the tasks that gets its own progress bar
+    generation_fields: ClassVar[frozenset[str]] = frozenset()  #: placeholders it adds to the generation prompt
 
     def __init__(self, config: SettingConfig):
         self.config = config
+
+    @property
+    def generation_prompt(self) -> str:
+        """The prompt file the generation task uses under this setting."""
+        return GENERATION_PROMPT
+
+    def own_prompts(self) -> dict[str, set[str]]:
+        """Prompt files the setting itself sends, with the placeholders it fills (checked before any call)."""
+        return {}
 
     def positions(self, instance: Instance) -> list[int]:
         """1-based positions of the prior sessions shown, in their original order."""

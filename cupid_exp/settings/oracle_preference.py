@@ -24,9 +24,13 @@ class OraclePreference(Setting):
     name = "oracle_preference"
     Config = OraclePreferenceConfig
     tasks = ("generation",)
+    generation_fields = frozenset({"preference"})
+
+    @property
+    def generation_prompt(self) -> str:
+        return "evaluation/response_generator_oracle_preference" + ("_log" if self.config.include_log else "")
 
     async def view(self, instance, ctx, transcript) -> View:
         view = await super().view(instance, ctx, transcript)
-        prompt = "evaluation/response_generator_oracle_preference" + ("_log" if self.config.include_log else "")
-        return replace(view, generation_prompt=prompt,
+        return replace(view, generation_prompt=self.generation_prompt,
                        generation_values={"preference": instance.current_contextual_preference})

@@ -23,6 +23,9 @@ from cupid_exp.settings import register
 from cupid_exp.settings.base import Setting, View
 
 
+SUMMARIZER_PROMPT = "evaluation/session_summarizer"
+
+
 @dataclass
 class SummaryConfig(SettingConfig):
     name: str = "summary"
@@ -68,10 +71,13 @@ class Summary(Setting):
     Config = SummaryConfig
     stages = ("summary",)
 
+    def own_prompts(self) -> dict[str, set[str]]:
+        return {SUMMARIZER_PROMPT: {"interaction_log"}}
+
     async def view(self, instance, ctx, transcript) -> View:
         positions = self.positions(instance)
         sessions = self.sessions(instance, positions)
-        messages = ctx.prompts.get("evaluation/session_summarizer").messages(
+        messages = ctx.prompts.get(SUMMARIZER_PROMPT).messages(
             ctx.subject.model.system_role, interaction_log=interaction_log(sessions))
         n = len(sessions)
         summaries = await ask(ctx.subject, "summarize", messages, lambda text: parse_summaries(text, n),

@@ -115,3 +115,14 @@ def test_a_composition_error_exits_2_before_any_call(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
         "cupid_exp: runtime.failure_policy='bogus' is not allowed: one of ['exclude', 'zero', 'upstream']")
+
+
+def test_the_calls_line_counts_requests_sent_even_when_every_call_fails(tmp_path: Path) -> None:
+    """A run whose every call timed out used to print 'calls: 0 ... $0.0000' while requests reached the server."""
+    with StubServer(rate_slow=1.0, slow_s=4.0) as stub:
+        proc = run_cli(cli_command(stub.url, tmp_path / "out", "tracking=none", "data.limit=2", "runtime.timeout=1",
+                                   "runtime.num_retries=1", cache_dir=tmp_path / "c"), check=False, timeout=120)
+        received = stub.stats()["total_received"]
+    assert proc.returncode == 3
+    assert received == 4  # 2 instances x (1 request + 1 retry) on the infer step
+    assert "calls: 0 ok (0 cached), 2 failed; requests sent: 4 (2 retries)" in proc.stdout

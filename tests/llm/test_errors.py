@@ -7,7 +7,7 @@ import asyncio
 
 import litellm
 import pytest
-from fault_server import ScriptedServer, completion_body
+from helpers.fault_server import ScriptedServer, completion_body
 
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm import _litellm

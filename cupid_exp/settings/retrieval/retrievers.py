@@ -44,13 +44,14 @@ def _local_encoder(package: str):
     return SentenceTransformer(str(path), device="cpu")
 
 
-def embed(texts: Sequence[str], model: str) -> np.ndarray:
+def embed(texts: Sequence[str], model: str, api_base: str | None = None) -> np.ndarray:
     """Unit-length embeddings. An API model's errors are litellm's (the caller counts them per instance)."""
     if model.startswith("local:"):
         return np.asarray(_local_encoder(model.removeprefix("local:")).encode(list(texts), normalize_embeddings=True))
     import litellm
 
-    response = litellm.embedding(model=model, input=list(texts), caching=litellm.cache is not None)
+    extra = {"api_base": api_base, "api_key": "EMPTY"} if api_base else {}
+    response = litellm.embedding(model=model, input=list(texts), caching=litellm.cache is not None, **extra)
     data = getattr(response, "data", None)
     if not isinstance(data, list) or len(data) != len(texts) or not all(
             isinstance(item, dict) and isinstance(item.get("embedding"), list) for item in data):
@@ -60,7 +61,8 @@ def embed(texts: Sequence[str], model: str) -> np.ndarray:
     return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
 
-def top_k(instance: Instance, retriever: str, k: int, embedding_model: str) -> list[int]:
+def top_k(instance: Instance, retriever: str, k: int, embedding_model: str, api_base: str | None = None
+          ) -> list[int]:
     """1-based positions of the top-k sessions, in their original order; ties go to the more recent one."""
     docs = [session_text(s) for s in instance.prior_interactions]
     n = len(docs)
@@ -69,7 +71,7 @@ def top_k(instance: Instance, retriever: str, k: int, embedding_model: str) -> l
     elif retriever == "bm25":
         scores = bm25_scores(instance.current_request, docs)
     else:
-        vectors = embed([instance.current_request, *docs], embedding_model)
+        vectors = embed([instance.current_request, *docs], embedding_model, api_base)
         scores = vectors[1:] @ vectors[0]
     order = sorted(range(n), key=lambda i: (-float(scores[i]), -i))
     return sorted(i + 1 for i in order[:k])

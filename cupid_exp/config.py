@@ -41,6 +41,24 @@ def require_positive(key: str, value: float | None, *, allow_none: bool = False,
     require(ok, key, value, f"a number {bound}" + (" or null" if allow_none else ""))
 
 
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def config_digest(data: Any, length: int = 20) -> str:
+    """A stable hash of plain config data. Null values are left out, so a new optional setting (null by
+    default) does not change the digest of every earlier job: resumes and job folders carry over."""
+    import hashlib
+    import json
+
+    payload = json.dumps(_without_nulls(data), sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:length]
+
+
 class Checked:
     """A config node with value checks; ``check`` raises ConfigError naming ``where.<key>``."""
 

@@ -8,15 +8,13 @@ at composition, before any model call. Value ranges are checked by ``SynthesisCo
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from cupid_exp.config import Checked, JobConfig, ModelConfig, require
+from cupid_exp.config import Checked, JobConfig, ModelConfig, config_digest, require
 
 ROLES = ("persona_writer", "factor_writer", "session_writer", "user_simulator", "assistant_simulator",
          "decomposer", "validator")
@@ -107,8 +105,7 @@ def fingerprint(synthesis: Any, prompts_dir: Any = None) -> str:
     data = OmegaConf.to_container(synthesis, resolve=True) if OmegaConf.is_config(synthesis) else dict(synthesis)
     for key in _NOT_STRUCTURAL:
         data.pop(key, None)
-    payload = json.dumps({"synthesis": data, "prompts_dir": prompts_dir}, sort_keys=True, default=str)
-    return hashlib.sha256(payload.encode()).hexdigest()[:8]
+    return config_digest({"synthesis": data, "prompts_dir": prompts_dir}, length=8)
 
 
 def register_resolvers() -> None:

@@ -8,7 +8,6 @@ from a kill is ignored on load.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 
+from cupid_exp.config import config_digest
 from cupid_exp.secrets import scrub_obj
 
 log = logging.getLogger(__name__)
@@ -33,9 +33,7 @@ def job_identity(resolved: Mapping[str, Any], *, dataset_digest: str, prompts_di
     """Hash of everything that decides a job's results, from the resolved config as plain data."""
     config = {k: v for k, v in resolved.items() if k not in _NOT_IDENTITY}
     config["runtime"] = {k: v for k, v in dict(config.get("runtime") or {}).items() if k not in _RUNTIME_NOT_IDENTITY}
-    payload = json.dumps({"config": config, "data": dataset_digest, "prompts": prompts_digest},
-                         sort_keys=True, default=str)
-    return hashlib.sha256(payload.encode()).hexdigest()[:20]
+    return config_digest({"config": config, "data": dataset_digest, "prompts": prompts_digest})
 
 
 def is_final(record: Mapping[str, Any], retry_failed: bool = False) -> bool:

@@ -26,7 +26,7 @@ from cupid_exp.settings.base import Setting, View
 @dataclass
 class SummaryConfig(SettingConfig):
     name: str = "summary"
-    summary_params: Dict[str, Any] = field(default_factory=dict)  # decoding overrides for the summary call
+    summary_params: Dict[str, Any] = field(default_factory=dict)  # overrides of the model's params, this call only
 
 
 def summary_schema(n_sessions: int) -> dict:

@@ -74,7 +74,6 @@ def record(official: Path, given: dict) -> dict[str, list[dict]]:
         fn()
         return [c["messages"] for c in CALLS[start:]]
 
-    REPLIES[:] = [given["subject_reply"]]
     checklist_reply = "```json\n" + json.dumps({"checklist": given["inferred_checklist"]}) + "\n```"
     REPLIES[:] = [checklist_reply]
     out["decompose"] = calls_of(lambda: PreferenceInferrer(model)(given["current_request"],

@@ -22,8 +22,9 @@ Failure policy (``runtime.failure_policy``): how an instance whose task failed e
   generation — a context-length error while generating, or any judge failure, scores 0; any other
   failure drops the instance, and so does an inference failure that dropped it (with ``task=both``
   the official tool returns before generating).
-  Where the official aggregation itself crashes (no inferred items: a label-less match record) the 0
-  it evidently intends is used.
+  Where the official aggregation itself crashes, the evident intent is used: an inference with no
+  inferred items (label-less match records) scores 0; with ``task=both``, a generation that failed
+  after a saved inference (a record without a score) is dropped.
 """
 
 from __future__ import annotations

@@ -104,7 +104,8 @@ def test_prefmatcher_evaluator_serves_and_scores(tmp_path: Path, stub) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = Path(__file__).parent / "helpers" / "stub_llm_server.py"
-    overrides = [o for o in stub_overrides(stub.url) if "matcher" not in o]  # subject, decomposer, judge
+    # subject, decomposer, judge at the stub; its evaluator=local would win over evaluator=prefmatcher
+    overrides = [o for o in stub_overrides(stub.url) if "matcher" not in o and not o.startswith("evaluator=")]
     proc = run_cli([sys.executable, "-m", "cupid_exp", "evaluator=prefmatcher", *overrides,
                     "evaluator.server.serve=true", f"evaluator.server.base_url=http://127.0.0.1:{port}",
                     f"evaluator.server.command=[{sys.executable},{server},--port,{port}]",

@@ -15,7 +15,7 @@ from cupid_exp.llm.replies import ParseError, excerpt, parse_json_reply, strip_t
 JUDGE_SCHEMA = {
     "type": "object",
     "properties": {"evaluation": {"type": "string", "maxLength": 800},
-                   "score": {"type": "number", "minimum": 1, "maximum": 10}},
+                   "score": {"type": "integer", "minimum": 1, "maximum": 10}},
     "required": ["evaluation", "score"],
 }
 

@@ -46,9 +46,15 @@ def _custom_llm_setup() -> Any:
     return custom_llm_setup
 
 
+def _openai_chat_config() -> Any:
+    from litellm.llms.openai.chat.gpt_transformation import OpenAIGPTConfig
+
+    return OpenAIGPTConfig.translate_developer_role_to_system_role
+
+
 _TARGETS = {"pending_cache_writes": _pending_cache_writes, "logging_worker": _logging_worker,
             "internal_call_flag": _internal_call_flag, "callback_manager": _callback_manager,
-            "custom_llm_setup": _custom_llm_setup}
+            "custom_llm_setup": _custom_llm_setup, "developer_role": _openai_chat_config}
 
 
 def probe() -> dict[str, bool]:
@@ -75,6 +81,26 @@ def drop_legacy_cache_callbacks() -> None:
     for callbacks in (litellm.input_callback, litellm.success_callback, litellm._async_success_callback):
         while "cache" in callbacks:
             callbacks.remove("cache")
+
+
+def keep_developer_role() -> None:
+    """Send a ``developer`` message as ``developer`` to OpenAI-style chat APIs.
+
+    litellm rewrites ``developer`` to ``system`` for every OpenAI chat model but the o-series (measured on
+    the wire with gpt-4o-2024-11-20), while the official CUPID tool sends its evaluator's instructions as
+    ``developer``: a model config's ``system_role`` must be what reaches the API, or drop-in prompts are not
+    the official calls. Only messages we build with that role are affected (``system_role: developer``).
+    """
+    try:
+        from litellm.llms.openai.chat.gpt_transformation import OpenAIGPTConfig
+    except ImportError:  # another layout: the role may be rewritten, which tests/tasks catch on the wire
+        log.debug("could not keep the developer role", exc_info=True)
+        return
+    OpenAIGPTConfig.translate_developer_role_to_system_role = _as_given  # type: ignore[method-assign]
+
+
+def _as_given(self: Any, messages: list) -> list:
+    return messages
 
 
 def unhook_router_callbacks(router: Any) -> None:

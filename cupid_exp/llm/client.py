@@ -125,6 +125,7 @@ def configure_litellm(runtime: RuntimeConfig) -> None:
         litellm.cache = None
         _CACHE_DIR = None
     _litellm.drop_legacy_cache_callbacks()
+    _litellm.keep_developer_role()
 
 
 _ROUTERS: dict[str, Any] = {}

@@ -4,7 +4,7 @@ A and B are MLflow run ids or Hydra job output dirs. The printed overrides, appe
 own overrides, make ``python -m cupid_exp`` compose B's resolved config:
 
 - a config group whose choice changed is printed as the choice (``model=gpt4o``,
-  ``model@evaluator.judge=local``, ``~group`` / ``+group=x`` when removed / added);
+  ``llm@evaluator.judge=local``, ``~group`` / ``+group=x`` when removed / added);
 - then every leaf that still differs: ``key=value``, ``+key=value`` (added), ``~key`` (removed);
   a value that follows from another by interpolation (``tracking.uri`` from ``paths.output_root``)
   is not printed when setting its source already reproduces it;
@@ -77,9 +77,23 @@ def _extend(prefix: list[str], batch: Sequence[str], conf_dir: str | Path | None
     return added, composed
 
 
+def _implied(prefix: list[str], added: list[str], composed: Composed | None, conf_dir: str | Path | None) -> list[str]:
+    """``added`` without the group choices another one brings along (``model=gpt4o`` implies
+    ``evaluator=gpt4o`` through its defaults list), so only the choice that decides is printed."""
+    if composed is None:
+        return added
+    kept = list(added)
+    for override in added:
+        trial = [o for o in kept if o != override]
+        attempt = _try_compose([*prefix, *trial], conf_dir)
+        if attempt is not None and attempt.choices == composed.choices:
+            kept = trial
+    return kept
+
+
 def _inside(overrides: Sequence[str], choices: Sequence[str]) -> list[str]:
     """The value overrides that set keys inside the config nodes the group ``choices`` fill: ``setting.top_k=3``
-    is inside ``setting=standard``, ``evaluator.judge.name=x`` inside ``model@evaluator.judge=local``."""
+    is inside ``setting=standard``, ``evaluator.judge.name=x`` inside ``llm@evaluator.judge=local``."""
     nodes = [_override_key(c).split("@", 1)[-1] + "." for c in choices]
     return [o for o in overrides if any(_override_key(o).startswith(node) for node in nodes)]
 
@@ -105,8 +119,9 @@ def overrides_to_reach(base: Sequence[str], target: RunSpec, *, conf_dir: str | 
     composed = compose(base, conf_dir)
     out: list[str] = []
 
-    # 1. group choices: top-level groups, then nested ones (model@evaluator.judge) still differing
-    for nested in (False, True):
+    # 1. group choices: top-level groups, then nested ones (llm@evaluator.judge) still differing. Top-level
+    # twice: a choice can imply another (model=gpt4o brings evaluator=gpt4o), which B may have overridden.
+    for nested in (False, False, True):
         wanted = []
         for group in sorted(set(composed.choices) | set(target.choices)):
             if ("@" in group) != nested or not target.choices:
@@ -120,6 +135,7 @@ def overrides_to_reach(base: Sequence[str], target: RunSpec, *, conf_dir: str | 
                 wanted.append(f"+{group}={want}")
             else:
                 wanted.append(f"{group}={want}")
+        wanted = [w for w in wanted if w not in failed]
         stale = _inside(base, wanted)
         if stale and _try_compose([*base, *out, *wanted], conf_dir) is None:
             kept = [o for o in base if o not in stale]
@@ -127,7 +143,7 @@ def overrides_to_reach(base: Sequence[str], target: RunSpec, *, conf_dir: str | 
                 base, superseded = kept, superseded + stale
         if wanted:
             added, attempt = _extend([*base, *out], wanted, conf_dir, failed)
-            out += added
+            out += _implied([*base, *out], added, attempt, conf_dir)
             composed = attempt or composed
 
     # 2. leaves: sources first, derived values only if still different

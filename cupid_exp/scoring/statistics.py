@@ -11,11 +11,20 @@ Statistics (``metric``):
 Failure policy (``runtime.failure_policy``): how an instance whose task failed enters a statistic.
 
 - ``exclude`` (default): left out, and counted (every number says how many instances it covers);
-- ``zero``: scored 0 against full checklist lengths, whatever step failed;
-- ``upstream``: the official tool's rule — inference: a failed match scores 0 against full checklist
-  lengths, a context-length failure of the model scores 0 (no inferred items), any other failure
-  drops the instance; generation: a context-length failure of the model or any judge failure scores
-  0, any other failure drops the instance.
+- ``zero`` (ours, not the official tool's): every failed instance scores 0, whatever step failed —
+  inference against its full true checklist and the inferred items it had (none if it never got
+  them), generation as a judge score of 0;
+- ``upstream``: the official tool's rule (``evaluation/pipeline/evaluate.py``), which only counts a
+  failure as 0 where its code saves a result:
+  inference — a context-length error while inferring or decomposing (its inferrer wraps both) scores 0
+  with no inferred items; a failed match (either direction) scores 0 against both full checklists;
+  any other failure drops the instance;
+  generation — a context-length error while generating, or any judge failure, scores 0; any other
+  failure drops the instance, and so does an inference failure that dropped it (with ``task=both``
+  the official tool returns before generating).
+  Where the official aggregation itself crashes, the evident intent is used: an inference with no
+  inferred items (label-less match records) scores 0; with ``task=both``, a generation that failed
+  after a saved inference (a record without a score) is dropped.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ METRIC_FIELDS = {"precision": ("precision",), "recall": ("recall",), "f1": ("pre
 MICRO_FIELDS = ("predicted_matched", "n_predicted", "true_matched", "n_true")
 
 SCORED, ZERO, EXCLUDED = "scored", "zero", "excluded"
+UPSTREAM_INFERRER_STEPS = ("infer", "decompose")  # one try block in the official tool: infer, then decompose
 
 
 def harmonic_mean(precision: float, recall: float) -> float:
@@ -57,8 +67,16 @@ def _failed_steps(record: Mapping[str, Any]) -> set[tuple[str, str]]:
     return {(e.get("step", ""), e.get("kind", "")) for e in record.get("errors", [])}
 
 
+def _upstream_drops_inference(failed: set[tuple[str, str]]) -> bool:
+    """The official tool returns without saving anything when inferring or decomposing fails for any
+    reason but the context length (which it saves as an empty inference)."""
+    return any(step in UPSTREAM_INFERRER_STEPS and kind != "context_length" for step, kind in failed)
+
+
 def treatment(record: Mapping[str, Any], task: str, policy: str) -> str:
     """SCORED, ZERO or EXCLUDED: how ``record`` enters ``task``'s statistics under ``policy``."""
+    if policy == "upstream" and task == "generation" and _upstream_drops_inference(_failed_steps(record)):
+        return EXCLUDED
     if all(_number(record.get(f)) for m in TASK_METRICS[task] for f in fields_of(m)):
         return SCORED
     if policy == "exclude":
@@ -70,8 +88,9 @@ def treatment(record: Mapping[str, Any], task: str, policy: str) -> str:
     failed = _failed_steps(record)
     steps = {step for step, _ in failed}
     if task == "inference":
+        too_long = any(step in UPSTREAM_INFERRER_STEPS and kind == "context_length" for step, kind in failed)
         matched_failed = bool(steps & {"match_precision", "match_recall"}) and record.get("inferred_checklist")
-        return ZERO if matched_failed or ("infer", "context_length") in failed else EXCLUDED
+        return ZERO if too_long or matched_failed else EXCLUDED
     return ZERO if "judge" in steps or ("generate", "context_length") in failed else EXCLUDED
 
 

@@ -29,7 +29,7 @@ SUMMARIZER_PROMPT = "evaluation/session_summarizer"
 @dataclass
 class SummaryConfig(SettingConfig):
     name: str = "summary"
-    summary_params: Dict[str, Any] = field(default_factory=dict)  # decoding overrides for the summary call
+    summary_params: Dict[str, Any] = field(default_factory=dict)  # overrides of the model's params, this call only
 
 
 def summary_schema(n_sessions: int) -> dict:

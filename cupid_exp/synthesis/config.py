@@ -29,7 +29,7 @@ class SynthesisError(RuntimeError):
 
 @dataclass
 class SynthesisRoles:
-    """One model config per role (``model@synthesis.roles.<role>=<choice>`` swaps one)."""
+    """One model config per role (``llm@synthesis.roles.<role>=<choice>`` swaps one)."""
 
     persona_writer: ModelConfig = MISSING
     factor_writer: ModelConfig = MISSING

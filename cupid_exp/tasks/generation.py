@@ -24,8 +24,8 @@ async def run_generation(ctx: TaskContext, instance: Instance, view: View, trans
                          ) -> GenerationResult:
     """Generate with the setting's prompt, then judge; a failed step ends the task with what was reached."""
     messages = ctx.prompts.get(view.generation_prompt).messages(
-        ctx.subject.model.system_role, interaction_log=view.log_text, curr_request=instance.current_request,
-        **view.generation_values)
+        ctx.subject.model.system_role, format_system=False, interaction_log=view.log_text,
+        curr_request=instance.current_request, **view.generation_values)
     response = None
     try:
         response = await ask(ctx.subject, "generate", messages, parse_response, transcript=transcript,

@@ -97,7 +97,8 @@ def _dry_preference(messages: list[dict]) -> str:
 async def run_inference(ctx: TaskContext, instance: Instance, view: View, transcript: Transcript) -> InferenceResult:
     """Infer, decompose, match both ways; a failed step ends the task with what was reached so far."""
     messages = ctx.prompts.get("evaluation/preference_inferrer").messages(
-        ctx.subject.model.system_role, interaction_log=view.log_text, curr_request=instance.current_request)
+        ctx.subject.model.system_role, format_system=False, interaction_log=view.log_text,
+        curr_request=instance.current_request)
     preference = checklist = None
     try:
         preference = await ask(ctx.subject, "infer", messages, parse_preference, transcript=transcript,

@@ -92,6 +92,8 @@ class StubConfig:
     context_error: str | None = None  # one of CONTEXT_ERRORS
     context_error_steps: tuple[str, ...] = ()  # empty: every step
     judge_score: str = "7.5"
+    length_steps: tuple[str, ...] = ()  # these steps get their reply cut in half, finish_reason "length"
+    record_bodies: bool = False  # keep every request body (``StubServer.bodies``): what went over the wire
 
 
 def digest(text: str) -> str:
@@ -290,12 +292,12 @@ def garbage_text(body: dict[str, Any], cfg: StubConfig) -> str:
     return f"I'd rather talk about the weather today. <<unusable reply {digest(conversation)[:10]}>>"
 
 
-def completion_body(text: str, body: dict[str, Any]) -> dict[str, Any]:
+def completion_body(text: str, body: dict[str, Any], finish_reason: str = "stop") -> dict[str, Any]:
     prompt_chars = sum(len(_content(m)) for m in body.get("messages") or [])
     prompt_tokens, completion_tokens = max(1, prompt_chars // 4), max(1, len(text) // 4)
     return {"id": "chatcmpl-stub-" + digest(text)[:12], "object": "chat.completion", "created": 0,
             "model": body.get("model", "stub"),
-            "choices": [{"index": 0, "finish_reason": "stop",
+            "choices": [{"index": 0, "finish_reason": finish_reason,
                          "message": {"role": "assistant", "content": text}}],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": prompt_tokens + completion_tokens}}
@@ -332,6 +334,7 @@ class StubServer:
         self._releases = 0
         self._seen: Counter = Counter()
         self.counters = _Counters()
+        self.bodies: list[dict[str, Any]] = []  # request bodies, when ``record_bodies`` is on
         self.httpd = _HTTPServer(("127.0.0.1", port), self._handler())
         self._thread: threading.Thread | None = None
 
@@ -485,6 +488,8 @@ class StubServer:
         prompt_digest = digest(json.dumps(body.get("messages"), sort_keys=True))
         request_digest = digest(raw.decode("utf-8", "replace"))
         with self._gate:
+            if cfg.record_bodies:
+                self.bodies.append(body)
             self.counters.received[step] += 1
             self.counters.in_flight += 1
             attempt = self._seen[prompt_digest]
@@ -515,7 +520,11 @@ class StubServer:
                 self._send_fault(handler, fault, body, auth)
                 return
             text = garbage_text(body, cfg) if self._garbage(step, body) else reply_text(step, body, cfg)
-            if handler._send(200, json.dumps(completion_body(text, body)).encode()):  # type: ignore[attr-defined]
+            finish = "stop"
+            if step in cfg.length_steps:  # a reply that ran into max_tokens
+                text, finish = text[: len(text) // 2], "length"
+            reply = completion_body(text, body, finish)
+            if handler._send(200, json.dumps(reply).encode()):  # type: ignore[attr-defined]
                 with self._lock:
                     self.counters.completed[step] += 1
                     self.counters.completed_prompts[request_digest] += 1
@@ -566,6 +575,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[int, StubConfig]:
         flag = "--" + f.name.replace("_", "-")
         if f.name.endswith("_steps"):
             p.add_argument(flag, default="", help="comma-separated steps: " + ",".join(STEPS + SYNTHESIS_STEPS))
+        elif isinstance(f.default, bool):
+            p.add_argument(flag, action="store_true")
         elif f.name in ("context_error", "judge_score", "fail_first_kind", "giveup_match"):
             p.add_argument(flag, default=f.default)
         else:

@@ -34,7 +34,7 @@ PAIRS = [
     ([], ["model=gpt4o"]),
     (["model=local", "data.limit=2"],
      ["model=gpt4o", "data.limit=3", "+model.params.top_p=0.9", "~model.params.max_tokens",
-      "evaluator=gpt4o", "model@evaluator.judge=local", "data.instance_types=[changing,consistent]"]),
+      "evaluator=gpt4o", "llm@evaluator.judge=local", "data.instance_types=[changing,consistent]"]),
     (["evaluator=gpt4o"], []),  # back to the defaults
     (["paths.output_root=/a"], ["paths.output_root=/b", "tracking.uri=sqlite:////elsewhere.db"]),
     ([], ["model=openai_compatible", "model.litellm_model=openai/my-model",
@@ -79,9 +79,11 @@ def test_an_override_inside_a_group_b_chose_otherwise_is_left_out_of_as(capsys) 
 
 def test_a_whole_group_change_is_printed_as_the_choice() -> None:
     diff = diff_runs(spec(["model=local"]), spec(["model=gpt4o"]))
-    assert diff.overrides == ["model=gpt4o"]
-    diff = diff_runs(spec([]), spec(["evaluator=gpt4o", "model@evaluator.judge=local"]))
-    assert diff.overrides == ["evaluator=gpt4o", "model@evaluator.judge=local"]
+    assert diff.overrides == ["model=gpt4o"]  # the evaluator it implies (gpt4o) comes with it, unprinted
+    diff = diff_runs(spec(["model=local"]), spec(["model=gpt4o", "evaluator=local"]))
+    assert diff.overrides == ["model=gpt4o", "evaluator=local"]  # an explicit choice against the default stays
+    diff = diff_runs(spec([]), spec(["evaluator=gpt4o", "llm@evaluator.judge=local"]))
+    assert diff.overrides == ["evaluator=gpt4o", "llm@evaluator.judge=local"]
 
 
 def test_only_sources_of_interpolations_are_printed() -> None:
@@ -199,8 +201,8 @@ def log_run(cfg_overrides: list[str], tags: dict) -> str:
 
 def test_cli_on_mlflow_runs_reconstructs_a_and_reports_digests(tmp_path: Path, capsys, monkeypatch) -> None:
     root = f"paths.output_root={tmp_path}"
-    a_ov = [root, "model=gpt4o", "data.limit=4"]
-    b_ov = [root, "model=claude37", "evaluator=gpt4o", "model@evaluator.matcher=local",
+    a_ov = [root, "model=gpt4o", "evaluator=local", "data.limit=4"]
+    b_ov = [root, "model=claude37", "evaluator=gpt4o", "llm@evaluator.matcher=local",
             "runtime.failure_policy=zero"]
     run_a = log_run(a_ov, {"dataset_digest": "aaa", "prompts_digest": "p"})
     run_b = log_run(b_ov, {"dataset_digest": "bbb", "prompts_digest": "p"})
@@ -209,7 +211,7 @@ def test_cli_on_mlflow_runs_reconstructs_a_and_reports_digests(tmp_path: Path, c
     out = capsys.readouterr().out
     printed = [tok for line in out.splitlines() if line and not line.startswith("#") for tok in shlex.split(line)]
     assert "model=claude37" in printed and "evaluator=gpt4o" in printed
-    assert "model@evaluator.matcher=local" in printed and "runtime.failure_policy=zero" in printed
+    assert "llm@evaluator.matcher=local" in printed and "runtime.failure_policy=zero" in printed
     assert "# dataset_digest: aaa -> bbb" in out and "git_commit" not in out
     assert "reconstructed as:" in out and "# verified" in out
     base = shlex.split(out.split("reconstructed as: ")[1].splitlines()[0])

@@ -1,8 +1,10 @@
 """The failure policy, defined once in ``scoring.statistics``: how a failed instance enters every number.
 
-``upstream`` is the official tool's rule: inference — a failed match scores 0 against full checklist lengths,
-a context-length failure of the model scores 0 (no inferred items), any other failure drops the instance;
-generation — any judge failure or a context-length failure of the model scores 0, any other failure drops it.
+``upstream`` is the official tool's rule (spec §2.6, evaluation/pipeline/evaluate.py): inference — a
+context-length error while inferring or decomposing scores 0 with no inferred items, a failed match scores 0
+against full checklist lengths, any other failure drops the instance; generation — any judge failure or a
+context-length error while generating scores 0, any other failure drops it, and an inference failure that
+dropped the instance drops its generation too (task=both: the official tool returns before generating).
 Expected values are computed by hand in the comments.
 """
 
@@ -53,15 +55,16 @@ def test_the_config_and_scoring_know_the_same_policies() -> None:
     ("inference", TOO_LONG, "zero"),
     ("inference", UNPARSEABLE, "excluded"),
     ("inference", failed("k/consistent", "consistent", err("infer", "rate_limit")), "excluded"),
+    # the official inferrer decomposes inside the same try: a context-length error there is saved as empty
     ("inference", failed("k/consistent", "consistent", err("decompose", "context_length"),
-                         inferred_preference="p"), "excluded"),  # only the model's own context counts
+                         inferred_preference="p"), "zero"),
+    ("inference", failed("k/consistent", "consistent", err("decompose", "unparseable"),
+                         inferred_preference="p"), "excluded"),
     ("generation", failed("k/changing", "changing", err("judge", "unparseable"), response="r"), "zero"),
     ("generation", failed("k/changing", "changing", err("judge", "timeout"), response="r"), "zero"),
     ("generation", failed("k/changing", "changing", err("generate", "context_length")), "zero"),
     ("generation", failed("k/changing", "changing", err("generate", "provider")), "excluded"),
     ("generation", failed("k/changing", "changing", err("generate", "unparseable")), "excluded"),
-    # each task is judged by its own fields: a generation that was judged is scored whatever inference did
-    ("generation", failed("k/changing", "changing", err("infer", "unparseable"), judge_score=7.0), "scored"),
     ("inference", failed("k/changing", "changing", err("judge", "unparseable"), precision=0.5, recall=0.5,
                          f1=0.5), "scored"),
 ])
@@ -70,6 +73,18 @@ def test_upstream_treatment(task, record, expected) -> None:
     if expected != "scored":  # the other policies do not look at the step
         assert treatment(record, task, "exclude") == "excluded"
         assert treatment(record, task, "zero") == "zero"
+
+
+@pytest.mark.parametrize("errors, expected", [
+    (err("infer", "unparseable"), "excluded"),  # no result saved: the official tool never generated
+    (err("decompose", "provider"), "excluded"),
+    (err("infer", "context_length"), "scored"),  # saved as an empty inference; generation went on
+    (err("match_recall", "unparseable"), "scored"),  # saved as a zero match; generation went on
+])
+def test_upstream_generation_follows_what_the_official_tool_did_after_inference(errors, expected) -> None:
+    record = failed("k/changing", "changing", errors, response="r", judge_score=7.0)
+    assert treatment(record, "generation", "upstream") == expected
+    assert treatment(record, "generation", "exclude") == treatment(record, "generation", "zero") == "scored"
 
 
 def test_upstream_inference_numbers() -> None:

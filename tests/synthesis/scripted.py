@@ -57,7 +57,7 @@ def role_overrides(url: str, *, structured: bool = True) -> list[str]:
     """CLI overrides that put every synthesis role on the OpenAI-compatible server at ``url``."""
     out = []
     for role in ROLES:
-        out += [f"model@synthesis.roles.{role}=openai_compatible", f"synthesis.roles.{role}.litellm_model=openai/stub",
+        out += [f"llm@synthesis.roles.{role}=openai_compatible", f"synthesis.roles.{role}.litellm_model=openai/stub",
                 f"synthesis.roles.{role}.api_base={url}"]
         if structured:  # the stub answers synthesis steps from the request's JSON schema
             out.append(f"synthesis.roles.{role}.structured_output=true")

@@ -49,7 +49,7 @@ def test_defaults_compose_with_paper_temperatures_per_role() -> None:
 
 
 def test_one_role_can_be_swapped_and_keeps_its_role_temperature() -> None:
-    cfg = compose_synthesis(["model@synthesis.roles.user_simulator=gpt4o_eval"])
+    cfg = compose_synthesis(["llm@synthesis.roles.user_simulator=gpt4o_eval"])
     assert cfg.synthesis.roles.user_simulator.litellm_model == "openai/gpt-4o-2024-11-20"
     assert cfg.synthesis.roles.user_simulator.params.temperature == 0.3
     assert cfg.synthesis.roles.session_writer.name == "local"

@@ -76,10 +76,14 @@ def official_style_dir(root: Path) -> Path:
             """,
     }
     for name, text in files.items():
-        path = root / name
+        path = root / "prompts" / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text).lstrip())
-    return root
+    # the official tool keeps its matcher examples in Python beside prompts/ (here: one invented example)
+    module = root / "evaluation" / "modules" / "preference_matcher.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(f"EXAMPLES = {[{'preference': 'INVENTED-EXAMPLE', 'checklist': {'Is it short?': 1}}]!r}\n")
+    return root / "prompts"
 
 
 def official_log(instance) -> str:
@@ -124,8 +128,10 @@ def test_drop_in_prompts_send_the_official_messages(tmp_path: Path, monkeypatch)
         {"role": "user", "content": f"### User's Request\n\n{INSTANCE.current_request}\n\n"
                                     f"### AI Assistant's Response\n\n{result.generation.response}"},
     ]
-    # the decomposer and matcher prompts this directory lacks fall back to the project's files
+    # the decomposer and matcher prompts this directory lacks fall back to the project's files; the matcher's
+    # examples come from the official module beside it
     assert "**Preferences**" in sent["decompose"][-1]["content"]
+    assert "INVENTED-EXAMPLE" in sent["match_recall"][0]["content"]
     assert result.inference.f1 is not None  # the stub answers the official-style prompts; the job ran through
 
 

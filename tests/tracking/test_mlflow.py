@@ -46,7 +46,7 @@ def test_a_run_records_config_params_metrics_tags_and_artifacts(tmp_path: Path) 
     cfg = compose_config([f"paths.output_root={tmp_path}", "model=gpt4o"])
     (tmp_path / "instances.jsonl").write_text('{"key": "a/consistent"}\n')
     params = {"model.litellm_model": "openai/gpt-4o-2024-08-07", "choice.model": "gpt4o",
-              "choice.model@evaluator.judge": "local", "leak": "key sk-live-123 here"}
+              "choice.llm@evaluator.judge": "local", "leak": "key sk-live-123 here"}
     run_id = tracked_run(cfg, run_name="unit", params=params, metrics={"inference/f1": 0.5, "nan": float("nan")},
                          table=pd.DataFrame([{"key": "a/consistent", "f1": 0.5}]),
                          artifacts=[tmp_path / "instances.jsonl"])
@@ -54,7 +54,7 @@ def test_a_run_records_config_params_metrics_tags_and_artifacts(tmp_path: Path) 
     run = client.get_run(run_id)
     assert run.data.params["model.litellm_model"] == "openai/gpt-4o-2024-08-07"
     assert run.data.params["choice.model"] == "gpt4o"
-    assert run.data.params["choice.model:evaluator.judge"] == "local"
+    assert run.data.params["choice.llm:evaluator.judge"] == "local"
     assert run.data.params["leak"] == "key *** here"
     assert run.data.metrics == {"inference/f1": 0.5}
     assert run.data.tags["dataset_digest"] == "abc" and "git_commit" in run.data.tags

@@ -52,6 +52,8 @@ def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = 
         live = start_tracking(job)
         with ends_on_error(live):
             execution = execute(job, live)
+            if live is not None:
+                live.executed()
             summary = summarize_job(job, execution, started)
             publish(job, summary, live)
     if summary.over_threshold and not job.dry_run:

@@ -131,6 +131,12 @@ class LiveRun:
         except Exception as exc:  # noqa: BLE001  # a progress point is never worth the job
             log.warning("MLflow progress point not logged: %s: %s", type(exc).__name__, exc)
 
+    def executed(self) -> None:
+        """The model phase is over: export its traces while the job computes its numbers."""
+        if self.traces is not None:
+            flush(0)
+        self._wake.set()
+
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the background thread and log the last point (once)."""
         if self._thread is None:

@@ -154,8 +154,7 @@ class LiveRun:
         try:
             self.stop()
             if status == "FINISHED" and self.traces is not None:
-                if not flush():
-                    log.warning("MLflow trace export did not finish")
+                flush(terminate=True)
             note = f"{status} with {len(self._records)} of {self.total} instances done"
             if summary:
                 note += "; " + ", ".join(f"{k} {v}" for k, v in summary.items())
@@ -163,6 +162,6 @@ class LiveRun:
         finally:
             self.tracker.end(status)
             self.claim.release()
-        if status != "FINISHED" and self.traces is not None and not flush(INTERRUPTED_FLUSH_S):
+        if status != "FINISHED" and self.traces is not None and not flush(INTERRUPTED_FLUSH_S, terminate=True):
             log.warning("MLflow trace export gave up after %.0f s; traces of this attempt may be missing",
                         INTERRUPTED_FLUSH_S)

@@ -30,7 +30,8 @@ _EXPORT_DEFAULTS = {"MLFLOW_USE_BATCH_SPAN_PROCESSOR": "true", "MLFLOW_ASYNC_TRA
 
 
 def setup(uri: str) -> None:
-    """Point MLflow's trace export at ``uri`` (resets its tracer), with the export defaults above."""
+    """A fresh trace exporter for this job, pointed at ``uri``, with the export defaults above (the previous
+    job of a sweep run in this process shut its own down: ``flush(terminate=True)``)."""
     import mlflow
 
     from cupid_exp.tracking.mlflow import env_uri_kept
@@ -41,18 +42,20 @@ def setup(uri: str) -> None:
         os.environ.setdefault("MLFLOW_ASYNC_TRACE_LOGGING_MAX_WORKERS", "1")
     with env_uri_kept():
         mlflow.set_tracking_uri(uri)
+    mlflow.tracing.reset()
 
 
-def flush(timeout: float | None = None) -> bool:
+def flush(timeout: float | None = None, *, terminate: bool = False) -> bool:
     """Wait until every finished trace is exported; False when ``timeout`` seconds were not enough
-    (``timeout=0``: start the export now and return at once)."""
+    (``timeout=0``: start the export now and return at once). ``terminate`` also stops the export threads,
+    which MLflow would otherwise drain again at exit (a second wait of about a second)."""
     import mlflow
 
     done = threading.Event()
 
     def work() -> None:
         try:
-            mlflow.flush_trace_async_logging()
+            mlflow.flush_trace_async_logging(terminate=terminate)
         finally:
             done.set()
 

@@ -11,7 +11,7 @@ from helpers.cli_runner import run_cli
 from helpers.cupid_data import stub_overrides, write_dataset
 from helpers.stub_llm_server import StubServer
 from mlflow.tracking import MlflowClient
-from tracking_runs import PRICES, store_uri
+from tracking_runs import PRICES, store_uri, traces_of
 
 
 def test_the_parent_run_has_the_sweeps_leaderboard_and_plots(tmp_path: Path) -> None:
@@ -29,6 +29,8 @@ def test_the_parent_run_has_the_sweeps_leaderboard_and_plots(tmp_path: Path) -> 
     assert parent.info.status == "FINISHED" and len(children) == 2
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}
     assert parent.data.metrics["sweep/jobs"] == 2 and parent.data.metrics["sweep/jobs_in_tables"] == 2
+    # the jobs ran one after the other in this process: each traced its own instances
+    assert [len(traces_of(uri, c)) for c in children] == [6, 6]
 
     names = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"leaderboard.md", "leaderboard.html", "leaderboard", "plots"} <= names

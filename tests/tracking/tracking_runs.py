@@ -46,7 +46,7 @@ def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, floa
 def traces_of(uri: str, run: Any) -> list[Any]:
     """The run's traces, spans included (the job flushed its export before it ended the run)."""
     client = MlflowClient(uri)
-    return list(client.search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id, max_results=1000))
+    return list(client.search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id, max_results=500))
 
 
 def start(cmd: list[str], log: Path, **env: str) -> subprocess.Popen:

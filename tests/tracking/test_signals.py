@@ -64,3 +64,39 @@ def test_an_interrupt_while_the_run_logs_its_results_never_leaves_it_running(tmp
     # killed while logging, or (if the signal came after the run ended) finished and then stopped
     assert (run.info.status, returncode) in {("KILLED", 143), ("FINISHED", 143), ("FINISHED", 0)}, log.read_text()[-3000:]
     print("status after SIGTERM while logging:", run.info.status, returncode, run.data.tags.get("cupid.attempt.1"))
+
+
+def test_sigterm_to_a_sweep_ends_its_running_job_and_its_parent_killed(tmp_path: Path) -> None:
+    import sys
+
+    from helpers.cupid_data import stub_overrides
+    from tracking_runs import PRICES
+
+    data = write_dataset(tmp_path / "data.jsonl", N)
+    root, log = tmp_path / "out", tmp_path / "sweep.log"
+    uri = store_uri(root)
+    with StubServer() as stub:
+        cmd = [sys.executable, "-m", "cupid_exp", "-m", *stub_overrides(stub.url), *PRICES,
+               f"paths.output_root={root}", "runtime.progress=false", "data=local", f"data.path={data}",
+               "model.name=stub_a,stub_b", "runtime.cache=false"]  # (the cache would answer the second job)
+        stub.hold_after(N * 4 + N)  # the first job finishes; the second is stuck
+        proc = start(cmd, log)
+        try:
+            assert stub.wait_held(timeout=180), log.read_text()[-3000:]
+            wait_for(lambda: len(_runs(uri, "job")) == 2, 30, "the second job's run")
+            proc.send_signal(signal.SIGTERM)
+            returncode = proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            stub.release()
+    assert returncode == 143, log.read_text()[-3000:]
+    jobs = {r.data.params["model.name"]: r.info.status for r in _runs(uri, "job")}
+    assert jobs == {"stub_a": "FINISHED", "stub_b": "KILLED"}
+    assert [r.info.status for r in _runs(uri, "sweep")] == ["KILLED"]
+
+
+def _runs(uri: str, kind: str) -> list:
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("cupid")
+    return [r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get("cupid.kind") == kind]

@@ -16,6 +16,7 @@ from cupid_exp.job.plan import JobPlan
 from cupid_exp.outputs import write_json, write_jsonl
 from cupid_exp.scoring.summary import JobSummary
 from cupid_exp.secrets import scrub_obj
+from cupid_exp.tracking.attempts import whole_job_metrics
 from cupid_exp.tracking.live import LiveRun
 from cupid_exp.tracking.mlflow import flatten, records_table
 from cupid_exp.tracking.provenance import git_state
@@ -128,15 +129,15 @@ def publish(plan: JobPlan, summary: JobSummary, tracker: LiveRun | None) -> None
     if live is None:
         return
     run = live.tracker
-    run.log_metrics(summary.metrics, step=summary.n_instances)  # the last step: these are the latest values
+    # the run spans every attempt: usage for the whole job (the folder's metrics.json: this attempt's)
+    run.log_metrics({**summary.metrics, **whole_job_metrics(summary.metrics)}, step=summary.n_instances)
     run.set_tags({"cupid.complete": str(summary.complete).lower(), "cupid.failed_instances": summary.failed_instances})
     run.log_artifacts([plan.output_dir / "instances.jsonl", plan.output_dir / "metrics.json"])
     run.log_artifacts(sorted((plan.output_dir / ".hydra").glob("*.yaml")), ".hydra")
     run.log_table(records_table(scrub_obj(summary.records, plan.secrets)), "instances_table.json")
     run.log_artifacts(_plots(plan, summary), "plots")
     m = summary.metrics
-    live.end("FINISHED", {"calls": int(m.get("calls/total/this_attempt", 0)),
-                          "cost_usd": round(m.get("cost/usd/this_attempt", 0.0), 6)})
+    live.end("FINISHED", {"calls": int(m.get("calls/total", 0)), "cost_usd": round(m.get("cost/usd", 0.0), 6)})
 
 
 def headline(summary: JobSummary) -> Any:

@@ -24,11 +24,11 @@ from typing import Any, Iterable, Mapping
 
 log = logging.getLogger(__name__)
 
-#: Whole-job usage metrics (this attempt + earlier attempts), each also logged as ``<name>/this_attempt``
-#: and ``<name>/earlier_attempts``; per-step and request counts stay per attempt.
+#: The usage a resumed job's MLflow run reports for the whole job (this attempt + earlier ones) under these
+#: names, with ``<name>/this_attempt`` and ``<name>/earlier_attempts`` beside them. The attempt's own folder
+#: (metrics.json, the console) keeps them for the attempt; per-step and request counts are always per attempt.
 JOB_USAGE = {"calls/total": "calls", "tokens/prompt": "prompt_tokens", "tokens/completion": "completion_tokens",
              "cost/usd": "cost_usd"}
-
 
 def run_key(identity: str, runtime: Any, output_root: str | Path) -> str:
     """What makes two jobs the same MLflow run (see the module docstring)."""
@@ -108,14 +108,19 @@ def earlier_usage(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     return out
 
 
-def job_usage_metrics(metrics: Mapping[str, float], earlier: Mapping[str, float]) -> dict[str, float]:
-    """The whole job's usage under the usual names, with this attempt's and the earlier attempts' beside them."""
-    out: dict[str, float] = {}
-    for name, field in JOB_USAGE.items():
-        this = float(metrics.get(name, 0.0))
-        out[f"{name}/this_attempt"] = this
-        out[f"{name}/earlier_attempts"] = earlier.get(field, 0.0)
-        out[name] = this + earlier.get(field, 0.0)
+def earlier_attempt_metrics(earlier: Mapping[str, float]) -> dict[str, float]:
+    """``<name>/earlier_attempts`` for the job's summary (``unpriced_instances``: see ``earlier_usage``)."""
+    out = {f"{name}/earlier_attempts": earlier.get(field, 0.0) for name, field in JOB_USAGE.items()}
     if earlier.get("unpriced_instances"):
         out["cost/usd/earlier_unpriced_instances"] = earlier["unpriced_instances"]
+    return out
+
+
+def whole_job_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    """For the run: the whole job under the usual names, this attempt's as ``<name>/this_attempt``."""
+    out: dict[str, float] = {}
+    for name in JOB_USAGE:
+        this = float(metrics.get(name, 0.0))
+        out[f"{name}/this_attempt"] = this
+        out[name] = this + float(metrics.get(f"{name}/earlier_attempts", 0.0))
     return out

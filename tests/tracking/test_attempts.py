@@ -13,7 +13,7 @@ from helpers.stub_llm_server import StubServer
 from mlflow.tracking import MlflowClient
 from tracking_runs import history, job_command, job_runs, only_run, start, store_uri, traces_of, wait_for
 
-from cupid_exp.tracking.attempts import earlier_usage, job_usage_metrics, run_key
+from cupid_exp.tracking.attempts import earlier_attempt_metrics, earlier_usage, run_key, whole_job_metrics
 
 N = 10
 CALLS = 4 * N
@@ -84,7 +84,8 @@ def test_killed_attempts_resume_one_run_that_reports_the_whole_job(tmp_path: Pat
     records = read_jsonl(job / "instances.jsonl")
     assert m["cost/usd"] == pytest.approx(sum(u["cost_usd"] for r in records for u in r["usage"].values()))
     assert m["cost/usd"] <= clean["cost/usd"] + 1e-12  # calls attempt 1 paid for unfinished instances: cache hits
-    assert metrics_of(job)["calls/total"] == m["calls/total"]  # metrics.json says the same
+    saved = metrics_of(job)  # the attempt's own folder: this attempt's usage, the earlier attempts' beside it
+    assert saved["calls/total"] == 0 and saved["calls/total/earlier_attempts"] == m["calls/total"]
     # at most one trace per instance across the attempts (a SIGKILL loses the traces not yet exported)
     keys = [t.info.tags["cupid.key"] for t in traces_of(uri, run)]
     assert len(keys) == len(set(keys)) and set(keys) <= {r["key"] for r in records}
@@ -110,6 +111,7 @@ def test_earlier_usage_comes_from_the_journalled_records() -> None:
     earlier = earlier_usage(records)
     assert earlier["calls"] == 3 and earlier["prompt_tokens"] == 15 and earlier["cost_usd"] == 0.5
     assert earlier["unpriced_instances"] == 1
-    m = job_usage_metrics({"calls/total": 4.0, "cost/usd": 0.25}, earlier)
-    assert m["calls/total"] == 7 and m["calls/total/this_attempt"] == 4 and m["calls/total/earlier_attempts"] == 3
-    assert m["cost/usd"] == 0.75 and m["cost/usd/earlier_unpriced_instances"] == 1
+    summary = {"calls/total": 4.0, "cost/usd": 0.25, **earlier_attempt_metrics(earlier)}
+    assert summary["calls/total/earlier_attempts"] == 3 and summary["cost/usd/earlier_unpriced_instances"] == 1
+    m = whole_job_metrics(summary)
+    assert m["calls/total"] == 7 and m["calls/total/this_attempt"] == 4 and m["cost/usd"] == 0.75

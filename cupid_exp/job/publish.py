@@ -63,7 +63,8 @@ def start_tracking(plan: JobPlan) -> LiveRun | None:
         writer = None
         if cfg.tracking.traces and plan.todo:
             traces.setup(cfg.tracking.uri)
-            writer = traces.TraceWriter(tracker.experiment_id, tracker.run_id, _trace_tags(plan), _judges(plan))
+            writer = traces.TraceWriter(tracker.experiment_id, tracker.run_id, _trace_tags(plan), _judges(plan),
+                                        plan.secrets)
         live = LiveRun(tracker, claim, total=len(plan.data.instances), parts=plan.parts,
                        policy=cfg.runtime.failure_policy, done=list(plan.done.values()),
                        earlier=attempts.earlier_usage(plan.done.values()), meter=plan.meter,

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 from cupid_exp.llm.calls import CallLog, CallRecord
 from cupid_exp.results import InstanceResult
+from cupid_exp.secrets import scrub_obj
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +73,13 @@ def _chat_reply(call: CallRecord) -> dict[str, Any]:
 
 
 class TraceWriter:
-    """Builds each finished instance's trace in the job's experiment, linked to the job's run."""
+    """Builds each finished instance's trace in the job's experiment, linked to the job's run. Every text
+    in it is scrubbed of the job's secrets (a provider's auth error may quote the key it rejected)."""
 
-    def __init__(self, experiment_id: str, run_id: str, tags: Mapping[str, str], judges: Mapping[str, str]):
+    def __init__(self, experiment_id: str, run_id: str, tags: Mapping[str, str], judges: Mapping[str, str],
+                 secrets: list[str] | None = None):
         self.experiment_id, self.run_id = experiment_id, run_id
+        self.secrets = list(secrets or [])
         self.tags = dict(tags)  #: on every trace (model, setting, task, ...)
         self.judges = dict(judges)  #: part -> the evaluator model whose labels the scores come from
         self.written = 0
@@ -97,11 +101,12 @@ class TraceWriter:
         from mlflow.entities import SpanType
 
         ended = max([c.ended_ns for c in calls.calls] + [calls.started_ns + 1])
+        clean = self._clean
         root = mlflow.start_span_no_context(
             result.key, span_type=SpanType.CHAIN, experiment_id=self.experiment_id, start_time_ns=calls.started_ns,
-            inputs={"key": result.key, "instance_type": result.instance_type,
-                    "current_request": instance.current_request,
-                    "context_factor": instance.current_context_factor},
+            inputs=clean({"key": result.key, "instance_type": result.instance_type,
+                          "current_request": instance.current_request,
+                          "context_factor": instance.current_context_factor}),
             attributes={"cupid.persona_id": result.persona_id, "cupid.instance_type": result.instance_type},
             tags={**self.tags, "cupid.key": result.key, "cupid.instance_type": result.instance_type},
             metadata={"mlflow.sourceRun": self.run_id})
@@ -111,8 +116,11 @@ class TraceWriter:
         if result.errors:
             root.set_status("ERROR")
             for error in result.errors:
-                root.add_event(_error_event(error.kind, error.message, error.step))
-        root.end(outputs=_outputs(result), end_time_ns=ended)
+                root.add_event(_error_event(error.kind, clean(error.message), error.step))
+        root.end(outputs=clean(_outputs(result)), end_time_ns=ended)
+
+    def _clean(self, value: Any) -> Any:
+        return scrub_obj(value, self.secrets)
 
     def _call_span(self, root: Any, call: CallRecord) -> None:
         import mlflow
@@ -132,12 +140,13 @@ class TraceWriter:
                 "input_tokens": call.prompt_tokens, "output_tokens": call.completion_tokens,
                 "total_tokens": call.prompt_tokens + call.completion_tokens}
         span = mlflow.start_span_no_context(name, span_type=SpanType.CHAT_MODEL, parent_span=root,
-                                            inputs={"messages": call.messages}, attributes=attributes,
+                                            inputs=self._clean({"messages": call.messages}), attributes=attributes,
                                             start_time_ns=call.started_ns)
         if call.error_kind:
             span.set_status("ERROR")
-            span.add_event(_error_event(call.error_kind, call.error or "", call.step))
-        span.end(outputs=_chat_reply(call) if call.reply is not None else None, end_time_ns=call.ended_ns)
+            span.add_event(_error_event(call.error_kind, self._clean(call.error or ""), call.step))
+        reply = self._clean(_chat_reply(call)) if call.reply is not None else None
+        span.end(outputs=reply, end_time_ns=call.ended_ns)
 
     def _assess(self, trace_id: str, result: InstanceResult) -> None:
         """Scores and truths ride with the trace (added while it is still in memory: no extra store call)."""
@@ -145,10 +154,11 @@ class TraceWriter:
         from mlflow.tracing.trace_manager import InMemoryTraceManager
 
         meta = {"mlflow.assessment.sourceRunId": self.run_id}
-        items: list[Any] = [Expectation(name="expected_preference", value=result.truth.gt_preference,
+        items: list[Any] = [Expectation(name="expected_preference", value=self._clean(result.truth.gt_preference),
                                         source=AssessmentSource(source_type="HUMAN", source_id="dataset"))]
         failure = next(iter(result.errors), None)
-        error = AssessmentError(error_code=failure.kind, error_message=failure.message) if failure else None
+        error = (AssessmentError(error_code=failure.kind, error_message=self._clean(failure.message)) if failure
+                 else None)
         scores: list[tuple[str, str, Any]] = []
         if result.inference is not None:
             scores += [("inference", n, getattr(result.inference, n)) for n in ("precision", "recall", "f1")]

@@ -20,7 +20,7 @@ def test_an_interrupt_mid_job_ends_the_run_killed(tmp_path: Path, sig: int, code
     root, log = tmp_path / "out", tmp_path / "job.log"
     uri = store_uri(root)
     with StubServer() as stub:
-        stub.hold_after(N * 4 // 2)
+        stub.hold_after(3 * N + 2)  # more than 3 of 4 calls per instance done: some instances finished, not all
         proc = start(job_command(stub.url, root, data, "model.max_concurrency=2"), log)
         try:
             assert stub.wait_held(timeout=120), log.read_text()[-3000:]

@@ -104,9 +104,9 @@ class TraceWriter:
         clean = self._clean
         root = mlflow.start_span_no_context(
             result.key, span_type=SpanType.CHAIN, experiment_id=self.experiment_id, start_time_ns=calls.started_ns,
-            inputs=clean({"key": result.key, "instance_type": result.instance_type,
-                          "current_request": instance.current_request,
-                          "context_factor": instance.current_context_factor}),
+            inputs=clean({"current_request": instance.current_request,  # first: the Traces page previews it
+                          "context_factor": instance.current_context_factor, "key": result.key,
+                          "instance_type": result.instance_type}),
             attributes={"cupid.persona_id": result.persona_id, "cupid.instance_type": result.instance_type},
             tags={**self.tags, "cupid.key": result.key, "cupid.instance_type": result.instance_type},
             metadata={"mlflow.sourceRun": self.run_id})

@@ -129,7 +129,8 @@ class TraceWriter:
         name = call.step if call.attempt == 0 else f"{call.step} (attempt {call.attempt + 1})"
         attributes = {
             "cupid.step": call.step, "cupid.attempt": call.attempt, "cupid.model": call.model,
-            "cupid.cache_hit": call.cached, "cupid.retries": call.retries, "cupid.cost_usd": call.cost_usd,
+            "cupid.cache_hit": call.cached, "cupid.retries": call.retries,
+            "cupid.cost_usd": None if call.cost_usd is None else round(call.cost_usd, 10),  # no float noise
             "cupid.latency_s": round((call.ended_ns - call.started_ns) / 1e9, 4),
             "cupid.finish_reason": call.finish_reason,
             "mlflow.llm.model": call.litellm_model, "mlflow.message.format": "openai",

@@ -239,13 +239,16 @@ class TrackingConfig(Checked):
     enabled: bool = True
     uri: str = MISSING
     experiment: str = "cupid"
-    artifact_location: Optional[str] = None
+    artifact_location: Optional[str] = None  # None: a server's own artifact store; beside the DB for SQLite
     run_name: Optional[str] = None
+    traces: bool = True  # one MLflow trace per instance (a span per model call, scores as feedback)
+    progress_every_s: float = 15.0  # longest gap between two progress points while a job runs
 
     def check(self, where: str) -> None:
         require(not self.enabled or bool(self.uri), f"{where}.uri", self.uri, "a tracking URI when tracking is on")
         require(not self.enabled or bool(self.experiment), f"{where}.experiment", self.experiment,
                 "a non-empty experiment name")
+        require_positive(f"{where}.progress_every_s", self.progress_every_s)
 
 
 @dataclass

@@ -3,7 +3,8 @@
 Each phase is a function of the previous one's value, callable and testable in-process:
 ``plan`` checks everything it can before the first model call, ``execute`` runs the instances
 left to run, ``summarize`` (``cupid_exp.scoring.summary``) computes the numbers, ``publish``
-writes files, prints the table and finishes the MLflow run, which was opened right after planning.
+writes files, prints the table and finishes the MLflow run, which was opened right after planning
+and followed the job's progress (``cupid_exp.tracking.live``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from cupid_exp.job.plan import JobPlan, build_context, plan, typed_config
 from cupid_exp.job.publish import headline, publish, start_tracking
 from cupid_exp.results import InstanceResult
 from cupid_exp.scoring.summary import JobSummary, summarize
+from cupid_exp.tracking.attempts import earlier_attempt_metrics, earlier_usage
 from cupid_exp.tracking.mlflow import ends_on_error
+from cupid_exp.tracking.signals import sigterm_raises
 
 
 def summarize_job(job: JobPlan, execution: Execution, started: float) -> JobSummary:
@@ -34,6 +37,8 @@ def summarize_job(job: JobPlan, execution: Execution, started: float) -> JobSumm
     summary = summarize(records, job.parts, failure_policy=cfg.runtime.failure_policy, meter=job.meter,
                         extra_metrics=extra, seed=cfg.seed, with_intervals=not job.dry_run,
                         max_failed_fraction=cfg.runtime.max_failed_fraction)
+    if not job.dry_run:  # what earlier attempts spent on the instances they finished (the journal's records)
+        summary.metrics.update(earlier_attempt_metrics(earlier_usage(job.done.values())))
     summary.metrics["time/seconds"] = time.perf_counter() - started
     return summary
 
@@ -43,11 +48,14 @@ def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = 
     """Run one job end to end; the Outcome says whether it completed (and carries the headline metric)."""
     started = time.perf_counter()
     job = plan(cfg, output_dir, choices, parent_run)
-    tracker = start_tracking(job)
-    with ends_on_error(tracker):
-        execution = execute(job)
-        summary = summarize_job(job, execution, started)
-        publish(job, summary, tracker)
+    with sigterm_raises():  # from the run's creation on, SIGTERM unwinds (and ends the run KILLED)
+        live = start_tracking(job)
+        with ends_on_error(live):
+            execution = execute(job, live)
+            if live is not None:
+                live.executed()
+            summary = summarize_job(job, execution, started)
+            publish(job, summary, live)
     if summary.over_threshold and not job.dry_run:
         return Outcome("incomplete", summary.status_line(), headline(summary))
     return Outcome("ok", "", headline(summary))

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 from cupid_exp.data.schema import Instance, relevant_positions
 from cupid_exp.job.plan import JobPlan
+from cupid_exp.llm.calls import recording
 from cupid_exp.llm.client import drain_background_tasks
 from cupid_exp.llm.server import managed_server
 from cupid_exp.llm.steps import StepFailed, Transcript
-from cupid_exp.progress import Progress
+from cupid_exp.progress import InstanceObserver, Progress
 from cupid_exp.results import HistoryView, InstanceResult, SettingOutput, Truth
 from cupid_exp.settings.base import View
 from cupid_exp.tasks import TASKS
@@ -80,14 +81,19 @@ async def run_instance(plan: JobPlan, instance: Instance, progress: Progress | N
         errors=transcript.errors, raw=transcript.raw, usage=transcript.usage)
 
 
-async def _run_all(plan: JobPlan, instances: list[Instance]) -> list[InstanceResult]:
+async def _run_all(plan: JobPlan, instances: list[Instance], observer: InstanceObserver | None = None
+                   ) -> list[InstanceResult]:
     progress = Progress([*plan.setting.stages, *plan.parts], len(instances), plan.meter,
                         enabled=bool(plan.cfg.runtime.progress))
 
     async def one(instance: Instance) -> InstanceResult:
-        result = await run_instance(plan, instance, progress)
+        with recording(observer is not None and observer.wants_calls) as calls:  # the instance's calls, for its trace
+            result = await run_instance(plan, instance, progress)
+        record = result.to_record()
         if plan.journal is not None:
-            plan.journal.append(result.to_record())
+            plan.journal.append(record)
+        if observer is not None:
+            observer.instance_finished(instance, result, record, calls)
         return result
 
     results: list[InstanceResult] = []
@@ -100,13 +106,14 @@ async def _run_all(plan: JobPlan, instances: list[Instance]) -> list[InstanceRes
     return results
 
 
-def execute(plan: JobPlan) -> Execution:
-    """Run what is left to run (nothing on a complete resume), inside the evaluator's model server if any."""
+def execute(plan: JobPlan, observer: InstanceObserver | None = None) -> Execution:
+    """Run what is left to run (nothing on a complete resume), inside the evaluator's model server if any;
+    ``observer`` (the MLflow run's live view) hears of each finished instance."""
     todo = plan.todo
     if not todo:
         return Execution([])
     server = plan.cfg.evaluator.server if not plan.dry_run else None
     with managed_server(server):
         start, cpu = time.perf_counter(), time.process_time()  # without a model server's start-up
-        results = asyncio.run(_run_all(plan, todo))
+        results = asyncio.run(_run_all(plan, todo, observer))
         return Execution(results, time.perf_counter() - start, time.process_time() - cpu)

@@ -1,4 +1,5 @@
-"""Phase 4 of a job: write its files, finish its MLflow run, print its table.
+"""Phase 4 of a job: write its files, finish its MLflow run, print its table (and, before phase 2,
+open that run: ``start_tracking``).
 
 instances.jsonl and metrics.json land in the Hydra job folder first (atomically), so a tracking
 failure can never cost the results; plots are drawn after the table is printed.
@@ -15,7 +16,9 @@ from cupid_exp.job.plan import JobPlan
 from cupid_exp.outputs import write_json, write_jsonl
 from cupid_exp.scoring.summary import JobSummary
 from cupid_exp.secrets import scrub_obj
-from cupid_exp.tracking.mlflow import RunTracker, flatten, records_table
+from cupid_exp.tracking.attempts import whole_job_metrics
+from cupid_exp.tracking.live import LiveRun
+from cupid_exp.tracking.mlflow import flatten, records_table
 from cupid_exp.tracking.provenance import git_state
 
 log = logging.getLogger(__name__)
@@ -32,19 +35,60 @@ def run_name(plan: JobPlan) -> str:
     return cfg.tracking.run_name or f"{cfg.model.name}-{cfg.task.name}-{cfg.setting.name}"
 
 
-def start_tracking(plan: JobPlan) -> RunTracker | None:
-    """Open the job's MLflow run with its params and tags before any model is called."""
+def start_tracking(plan: JobPlan) -> LiveRun | None:
+    """Open the job's MLflow run before any model is called: params, tags and the dataset input first,
+    then progress while the job works. A resumed job reopens its earlier attempt's run (``tracking.attempts``)."""
+    from pathlib import Path
+
+    from cupid_exp.tracking import attempts, traces
+    from cupid_exp.tracking.dataset import mlflow_dataset
+    from cupid_exp.tracking.mlflow import RunTracker
+
     cfg = plan.cfg
     if not cfg.tracking.enabled or plan.dry_run:
         return None
     tracker = RunTracker(cfg.tracking, plan.secrets)
+    key = attempts.run_key(plan.identity, cfg.runtime, cfg.paths.output_root)
+    claim = attempts.claim(key, Path(cfg.paths.output_root) / "journal") if cfg.runtime.resume else attempts.Claim(key)
+    previous = attempts.earlier_run(tracker.client, tracker.experiment_id, key) if claim.exclusive else None
     params = flatten(plan.resolved)
     params.update({f"choice.{k}": str(v) for k, v in plan.choices.items()})
-    tracker.start(run_name=run_name(plan), params=params, parent=plan.parent_run, config=plan.resolved,
-                  tags={"dataset_digest": plan.data.digest, "dataset_source": plan.data.source,
-                        "prompts_digest": plan.prompts_digest, "output_dir": str(plan.output_dir.resolve()),
-                        "job_identity": plan.identity})
-    return tracker
+    tags = {"dataset_digest": plan.data.digest, "dataset_source": plan.data.source,
+            "prompts_digest": plan.prompts_digest, "output_dir": str(plan.output_dir.resolve()),
+            "job_identity": plan.identity, **attempts.attempt_tags(previous, key)}
+    try:
+        tracker.start(run_name=run_name(plan), params=params, parent=plan.parent_run, config=plan.resolved,
+                      tags=tags, resume=previous.info.run_id if previous is not None else None)
+        tracker.log_input(mlflow_dataset(cfg.data, plan.data))
+        writer = None
+        if cfg.tracking.traces and plan.todo:
+            traces.setup(cfg.tracking.uri)
+            writer = traces.TraceWriter(tracker.experiment_id, tracker.run_id, _trace_tags(plan), _judges(plan),
+                                        plan.secrets)
+        live = LiveRun(tracker, claim, total=len(plan.data.instances), parts=plan.parts,
+                       policy=cfg.runtime.failure_policy, done=list(plan.done.values()),
+                       earlier=attempts.earlier_usage(plan.done.values()), meter=plan.meter,
+                       every_s=cfg.tracking.progress_every_s, traces=writer, attempt=tags["cupid.attempt"])
+        live.start()
+    except BaseException as exc:  # an interrupt or a store error while opening: never leave it RUNNING
+        from cupid_exp.tracking.signals import Terminated
+
+        tracker.end("KILLED" if isinstance(exc, (KeyboardInterrupt, Terminated)) else "FAILED")
+        claim.release()
+        raise
+    return live
+
+
+def _trace_tags(plan: JobPlan) -> dict[str, str]:
+    cfg = plan.cfg
+    return {"cupid.model": cfg.model.name, "cupid.setting": plan.setting.label(), "cupid.task": cfg.task.name,
+            "cupid.evaluator": cfg.evaluator.name, "cupid.data": cfg.data.name}
+
+
+def _judges(plan: JobPlan) -> dict[str, str]:
+    """Whose labels each part's scores come from (the feedback's source)."""
+    ev = plan.cfg.evaluator
+    return {"inference": ev.matcher.name, "generation": ev.judge.name}
 
 
 def write_outputs(plan: JobPlan, summary: JobSummary) -> None:
@@ -71,27 +115,30 @@ def _plots(plan: JobPlan, summary: JobSummary) -> list[Path]:
                           title_prefix=f"{cfg.model.name} {plan.setting.label()}")
 
 
-def publish(plan: JobPlan, summary: JobSummary, tracker: RunTracker | None) -> None:
+def publish(plan: JobPlan, summary: JobSummary, tracker: LiveRun | None) -> None:
     """Files, then the console table, then MLflow (metrics, tags, artifacts, plots) and the run's end."""
+    live = tracker
     write_outputs(plan, summary)
     if plan.dry_run:
         print(console.dry_run_report(title(plan), plan.meter))
         return
     where = str(plan.output_dir)
-    if tracker is not None:
-        where += f" | MLflow run {tracker.run_id} at {plan.cfg.tracking.uri}"
+    if live is not None:
+        where += f" | MLflow run {live.tracker.run_id} at {plan.cfg.tracking.uri}"
     print(console.job_report(title(plan), summary.nested, summary.errors, summary.metrics, len(plan.data.errors),
                              where, summary.status_line()), flush=True)
-    if tracker is None:
+    if live is None:
         return
-    tracker.log_metrics(summary.metrics)
-    tracker.set_tags({"cupid.complete": str(summary.complete).lower(),
-                      "cupid.failed_instances": summary.failed_instances})
-    tracker.log_artifacts([plan.output_dir / "instances.jsonl", plan.output_dir / "metrics.json"])
-    tracker.log_artifacts(sorted((plan.output_dir / ".hydra").glob("*.yaml")), ".hydra")
-    tracker.log_table(records_table(scrub_obj(summary.records, plan.secrets)), "instances_table.json")
-    tracker.log_artifacts(_plots(plan, summary), "plots")
-    tracker.end("FINISHED")
+    run = live.tracker
+    # the run spans every attempt: usage for the whole job (the folder's metrics.json: this attempt's)
+    run.log_metrics({**summary.metrics, **whole_job_metrics(summary.metrics)}, step=summary.n_instances)
+    run.set_tags({"cupid.complete": str(summary.complete).lower(), "cupid.failed_instances": summary.failed_instances})
+    run.log_artifacts([plan.output_dir / "instances.jsonl", plan.output_dir / "metrics.json"])
+    run.log_artifacts(sorted((plan.output_dir / ".hydra").glob("*.yaml")), ".hydra")
+    run.log_table(records_table(scrub_obj(summary.records, plan.secrets)), "instances_table.json")
+    run.log_artifacts(_plots(plan, summary), "plots")
+    m = summary.metrics
+    live.end("FINISHED", {"calls": int(m.get("calls/total", 0)), "cost_usd": round(m.get("cost/usd", 0.0), 6)})
 
 
 def headline(summary: JobSummary) -> Any:

@@ -10,9 +10,11 @@ propagates. Every reply, usage and failure lands in the instance's ``Transcript`
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from cupid_exp.llm import calls
 from cupid_exp.llm.client import DryReply, LLMClient, ProviderError
 from cupid_exp.llm.replies import ParseError
 from cupid_exp.llm.usage import Completion
@@ -41,10 +43,15 @@ class Transcript:
     errors: list[StepError] = field(default_factory=list)
 
     def add(self, step: str, completion: Completion) -> None:
-        usage = self.usage.setdefault(step, {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0})
+        usage = self.usage.setdefault(step, {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0,
+                                             "cache_hits": 0, "cost_usd": 0.0})
         usage["calls"] += 1
         usage["prompt_tokens"] += completion.prompt_tokens
         usage["completion_tokens"] += completion.completion_tokens
+        # kept per instance so a resumed job can count what its earlier attempts spent (as UsageMeter does)
+        usage["cache_hits"] += int(completion.cached)
+        if completion.cost_usd is not None and not completion.cached:
+            usage["cost_usd"] += completion.cost_usd
         self.raw.setdefault(step, []).append(completion.text)
 
     def fail(self, exc: StepFailed) -> None:
@@ -99,19 +106,29 @@ async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[
     text kept: asking again would hit the same limit.
     """
     reply, reason, kind = "", "", "unparseable"
+    log = calls.current()
     for attempt in range(retry.attempts + 1):
         extra = retry.params(client, attempt)
+        sent = retry.messages(messages, attempt, reply, reason)
+        started = time.time_ns() if log is not None else 0
         try:
-            completion = await client.complete(retry.messages(messages, attempt, reply, reason), step=step,
-                                               json_schema=schema, params={**(params or {}), **(extra or {})},
-                                               dry_reply=dry_reply)
+            completion = await client.complete(sent, step=step, json_schema=schema,
+                                               params={**(params or {}), **(extra or {})}, dry_reply=dry_reply)
         except ProviderError as exc:
+            if log is not None:
+                log.calls.append(_record(client, step, attempt, sent, started, error=(exc.kind, str(exc))))
             raise StepFailed(step, exc.kind, str(exc)) from exc
         transcript.add(step, completion)
         reply = completion.text
+        record = _record(client, step, attempt, sent, started, completion) if log is not None else None
+        if record is not None:
+            log.calls.append(record)
         try:
             return parse(reply)
         except ParseError as exc:
+            if record is not None:
+                record.error_kind, record.error = ("length" if completion.finish_reason == "length" else exc.kind,
+                                                   str(exc))
             if completion.finish_reason == "length":
                 client.meter.reject(step, "length")
                 raise StepFailed(step, "length", f"the reply was cut at max_tokens ({exc})") from exc
@@ -119,3 +136,18 @@ async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[
             client.meter.reject(step, kind)
     client.meter.gave_up(step)
     raise StepFailed(step, kind, reason)
+
+
+def _record(client: LLMClient, step: str, attempt: int, messages: Messages, started: int,
+            completion: Completion | None = None, error: tuple[str, str] | None = None) -> calls.CallRecord:
+    """What the tracing layer needs of one attempt (only built while a call log is open)."""
+    record = calls.CallRecord(step=step, attempt=attempt, model=client.model.name,
+                              litellm_model=client.model.litellm_model, messages=messages, started_ns=started,
+                              ended_ns=time.time_ns())
+    if completion is not None:
+        record.reply, record.finish_reason = completion.text, completion.finish_reason
+        record.prompt_tokens, record.completion_tokens = completion.prompt_tokens, completion.completion_tokens
+        record.cost_usd, record.cached, record.retries = completion.cost_usd, completion.cached, completion.retries
+    if error is not None:
+        record.error_kind, record.error = error
+    return record

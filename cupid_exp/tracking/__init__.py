@@ -1,4 +1,5 @@
-"""Tracking: the job's MLflow run, the sweep's Hydra callbacks, the resume journal, provenance."""
+"""Tracking: the job's MLflow run (live progress, one trace per instance, the dataset input, resumed
+attempts), the sweep's Hydra callbacks and parent run, the resume journal, provenance."""
 
 from cupid_exp.tracking.journal import Journal, job_identity
 from cupid_exp.tracking.mlflow import PARENT_RUN_FILE, RunTracker, flatten, parent_run_id, records_table

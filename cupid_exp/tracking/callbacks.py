@@ -3,6 +3,7 @@ and a sweep that reports its failed and incomplete jobs together when it ends.""
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 from pathlib import Path
@@ -12,7 +13,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from cupid_exp.secrets import install_log_scrubber, scrub, scrub_file, secret_values
-from cupid_exp.tracking.mlflow import PARENT_RUN_FILE, experiment_id, prepare_store
+from cupid_exp.tracking.mlflow import PARENT_RUN_FILE, env_uri_kept, experiment_id, prepare_store
 from cupid_exp.tracking.provenance import git_state
 
 log = logging.getLogger(__name__)
@@ -55,21 +56,46 @@ class RedactSecretsCallback(Callback):
 
 
 class MlflowSweepCallback(Callback):
-    """Opens the parent run of a multirun and closes it when the sweep ends (FAILED if any job failed)."""
+    """Opens the parent run of a multirun and closes it when the sweep ends (FAILED if any job failed),
+    after logging the sweep's leaderboard and plots on it (``tracking.sweep``). A sweep stopped by Ctrl-C
+    or SIGTERM in the launching process ends its parent KILLED (at exit) instead of leaving it RUNNING."""
+
+    def __init__(self) -> None:
+        self._open: tuple[str, str] | None = None  # (tracking uri, parent run id) while the sweep runs
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if not config.tracking.enabled or config.runtime.dry_run:
             return
         from mlflow.tracking import MlflowClient
 
+        from cupid_exp.tracking.signals import install_sigterm_handler
+
         prepare_store(config.tracking.uri)
         sweep_dir = Path(config.hydra.sweep.dir)
         run = MlflowClient(config.tracking.uri).create_run(
             experiment_id(config.tracking), run_name=f"sweep {sweep_dir.name}",
             tags={"cupid.kind": "sweep", "cupid.sweep_dir": str(sweep_dir.resolve()), **git_state()})
+        self._open = (config.tracking.uri, run.info.run_id)
+        atexit.register(self._killed_at_exit)
+        install_sigterm_handler()
         sweep_dir.mkdir(parents=True, exist_ok=True)
         (sweep_dir / PARENT_RUN_FILE).write_text(run.info.run_id)
         log.info("MLflow parent run %s for sweep %s", run.info.run_id, sweep_dir)
+
+    def _killed_at_exit(self) -> None:
+        """The process exits with the sweep still open: KILLED after an interrupt, FAILED after a crash."""
+        if self._open is not None:
+            import sys
+
+            from mlflow.tracking import MlflowClient
+
+            from cupid_exp.tracking.signals import Terminated
+
+            uri, run_id = self._open
+            self._open = None
+            crash = getattr(sys, "last_value", None)
+            interrupted = crash is None or isinstance(crash, (KeyboardInterrupt, Terminated))
+            MlflowClient(uri).set_terminated(run_id, status="KILLED" if interrupted else "FAILED")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
@@ -79,11 +105,24 @@ class MlflowSweepCallback(Callback):
             return
         from mlflow.tracking import MlflowClient
 
+        from cupid_exp.tracking.signals import shielded
+        from cupid_exp.tracking.sweep import publish_sweep
+
         marker = sweep_dir / PARENT_RUN_FILE
-        if marker.exists():
-            failed = any(s.get("outcome") == "error" for s in job_statuses(sweep_dir))
-            MlflowClient(config.tracking.uri).set_terminated(marker.read_text().strip(),
-                                                             status="FAILED" if failed else "FINISHED")
+        if not marker.exists():
+            return
+        parent = marker.read_text().strip()
+        client = MlflowClient(config.tracking.uri)
+        try:
+            with env_uri_kept():  # the report's queries set MLflow's global URI
+                publish_sweep(client, config.tracking.uri, config.tracking.experiment, parent,
+                              seed=int(config.get("seed", 0) or 0))
+        except Exception as exc:  # noqa: BLE001  # the leaderboard is a view; the jobs' runs hold the results
+            log.warning("sweep leaderboard not logged on the parent run: %s: %s", type(exc).__name__, exc)
+        failed = any(s.get("outcome") == "error" for s in job_statuses(sweep_dir))
+        with shielded():
+            client.set_terminated(parent, status="FAILED" if failed else "FINISHED")
+            self._open = None
 
 
 STATUS_FILE = "job_status.json"

@@ -4,11 +4,15 @@ The parent is created once on the launching process (``callbacks.MlflowSweepCall
 written into the sweep directory, so jobs in other processes (joblib, submitit) nest under it
 without sharing memory. Keys never reach MLflow: config values under secret-looking names are
 redacted and known secret values scrubbed before they become params, tags or artifacts.
+
+Artifacts go where the store says: a server's own artifact store (``mlflow-artifacts:/``) unless
+``tracking.artifact_location`` names a place; for a SQLite store, a folder beside the database.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from contextlib import contextmanager
@@ -23,6 +27,20 @@ log = logging.getLogger(__name__)
 
 PARENT_RUN_FILE = "mlflow_parent_run_id"
 _READY_STORES: set[str] = set()
+
+
+@contextmanager
+def env_uri_kept() -> Iterator[None]:
+    """``mlflow.set_tracking_uri`` also exports ``MLFLOW_TRACKING_URI``, which the job config reads: keep our own
+    calls of it from leaking into the next job of a sweep (``paths.output_root=a,b``) or into child processes."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = before
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, str]:
@@ -54,8 +72,20 @@ def prepare_store(uri: str) -> None:
     _READY_STORES.add(uri)
 
 
+def artifact_location(tracking: TrackingConfig) -> str | None:
+    """Where a new experiment keeps its artifacts: the configured place; beside a SQLite database (MLflow
+    would otherwise use ./mlruns of whatever the current directory is); None, the server's choice, otherwise."""
+    where = tracking.artifact_location
+    if where:
+        return where if re.match(r"^[a-zA-Z][\w+.-]*:/", where) else Path(where).expanduser().resolve().as_uri()
+    if tracking.uri.startswith("sqlite:///"):
+        db = Path(tracking.uri.removeprefix("sqlite:///")).expanduser()
+        return db.parent.resolve().joinpath("mlartifacts").as_uri()
+    return None
+
+
 def experiment_id(tracking: TrackingConfig) -> str:
-    """The experiment's id, created on first use (with ``artifact_location`` if one is configured)."""
+    """The experiment's id, created on first use (see ``artifact_location``)."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -63,7 +93,7 @@ def experiment_id(tracking: TrackingConfig) -> str:
     found = client.get_experiment_by_name(tracking.experiment)
     if found is not None:
         return found.experiment_id
-    location = Path(tracking.artifact_location).expanduser().resolve().as_uri() if tracking.artifact_location else None
+    location = artifact_location(tracking)
     try:
         return client.create_experiment(tracking.experiment, artifact_location=location)
     except MlflowException:  # another job created it first
@@ -103,15 +133,25 @@ class RunTracker:
         self.client = MlflowClient(tracking.uri)
         self.experiment_id = experiment_id(tracking)
         self.run_id: str | None = None
+        self.status: str | None = None  #: how the run ended (None while it runs)
 
     def start(self, *, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str], parent: str | None,
-              config: Mapping[str, Any]) -> str:
+              config: Mapping[str, Any], resume: str | None = None) -> str:
+        """A new run, or (``resume``: a run id) an earlier attempt's run reopened. Params are write-once in
+        MLflow: a reopened run keeps its values and gets only the params it lacks."""
         all_tags = {**git_state(), **tags, "cupid.kind": "job"}
         if parent:
             all_tags["mlflow.parentRunId"] = parent
-        run = self.client.create_run(self.experiment_id, run_name=run_name,
-                                     tags={k: scrub(str(v), self.secrets) for k, v in all_tags.items()})
-        self.run_id = run.info.run_id
+        if resume is None:
+            run = self.client.create_run(self.experiment_id, run_name=run_name,
+                                         tags={k: scrub(str(v), self.secrets) for k, v in all_tags.items()})
+            self.run_id = run.info.run_id
+        else:
+            self.run_id = resume
+            self.client.update_run(resume, status="RUNNING")
+            self.set_tags(all_tags)
+            known = self.client.get_run(resume).data.params
+            params = {k: v for k, v in params.items() if _clean_key(k) not in known}
         self.log_params(params)
         self.client.log_dict(self.run_id, scrub_obj(config, self.secrets), "config.yaml")
         return self.run_id
@@ -132,8 +172,18 @@ class RunTracker:
             self.client.log_batch(self.run_id, metrics=items[i:i + 1000])
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        for key, value in tags.items():
-            self.client.set_tag(self.run_id, key, scrub(str(value), self.secrets))
+        """All in batches of 100 (one request each, not one per tag)."""
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k, scrub(str(v), self.secrets)[:8000]) for k, v in tags.items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, tags=items[i:i + 100])
+
+    def log_input(self, dataset: Any, context: str = "eval") -> None:
+        """A dataset entity as the run's input: the runs table's Dataset column."""
+        from mlflow.entities import DatasetInput, InputTag
+
+        self.client.log_inputs(self.run_id, [DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)])])
 
     def log_artifacts(self, files: Iterable[Path], folder: str | None = None) -> None:
         for path in files:
@@ -145,21 +195,29 @@ class RunTracker:
             self.client.log_table(self.run_id, data=table, artifact_file=name)
 
     def end(self, status: str = "FINISHED") -> None:
-        if self.run_id is not None:
+        """End the run once; later calls (an interrupt after the run finished) change nothing."""
+        if self.run_id is not None and self.status is None:
             self.client.set_terminated(self.run_id, status=status)
+            self.status = status
 
 
 @contextmanager
-def ends_on_error(tracker: RunTracker | None) -> Iterator[None]:
-    """Around a job's work: its run ends KILLED on Ctrl-C and FAILED on any other exception (the
-    exception goes on); a job that gets through ends its run itself, with its results."""
-    try:
-        yield
-    except KeyboardInterrupt:
-        if tracker is not None:
-            tracker.end("KILLED")
-        raise
-    except BaseException:
-        if tracker is not None:
-            tracker.end("FAILED")
-        raise
+def ends_on_error(run: Any) -> Iterator[None]:
+    """Around a job's work: its run (anything with ``end(status)``) ends KILLED on Ctrl-C or SIGTERM and FAILED
+    on any other exception (the exception goes on); a job that gets through ends its run itself, with its
+    results. SIGTERM raises ``Terminated`` inside the block, and ending the run is shielded from interrupts."""
+    from cupid_exp.tracking.signals import Terminated, shielded, sigterm_raises
+
+    with sigterm_raises():
+        try:
+            yield
+        except (KeyboardInterrupt, Terminated):
+            if run is not None:
+                with shielded():
+                    run.end("KILLED")
+            raise
+        except BaseException:
+            if run is not None:
+                with shielded():
+                    run.end("FAILED")
+            raise

@@ -1,4 +1,5 @@
-"""MLflow logging: secrets redacted, params/tags/metrics/artifacts present, sweeps nested."""
+"""MLflow logging: secrets redacted, params/tags/metrics/artifacts present, sweeps nested, artifacts where the
+store says, the tracking URI from the environment."""
 
 from __future__ import annotations
 
@@ -77,3 +78,42 @@ def test_sweep_callback_creates_and_closes_the_parent(tmp_path: Path) -> None:
     client = MlflowClient(cfg.tracking.uri)
     assert client.get_run(child).data.tags["mlflow.parentRunId"] == parent
     assert client.get_run(parent).info.status == "FINISHED"
+
+
+def test_artifacts_go_where_the_store_says(tmp_path: Path) -> None:
+    """Beside a SQLite database; a server's own store (None: MLflow asks the server); a configured place as is."""
+    from cupid_exp.config import TrackingConfig
+    from cupid_exp.tracking.mlflow import artifact_location
+
+    db = tmp_path / "outputs" / "mlflow.db"
+    assert artifact_location(TrackingConfig(uri=f"sqlite:///{db}")) == (tmp_path / "outputs" / "mlartifacts").as_uri()
+    assert artifact_location(TrackingConfig(uri="http://127.0.0.1:5000")) is None
+    assert artifact_location(TrackingConfig(uri="https://mlflow.example.org")) is None
+    assert artifact_location(TrackingConfig(uri="http://h:5000", artifact_location="s3://bucket/cupid")) == \
+        "s3://bucket/cupid"
+    assert artifact_location(TrackingConfig(uri="http://h:5000", artifact_location=str(tmp_path / "a"))) == \
+        (tmp_path / "a").as_uri()
+
+
+def test_the_job_config_honours_mlflow_tracking_uri(tmp_path: Path, monkeypatch) -> None:
+    assert compose_config([f"paths.output_root={tmp_path}"]).tracking.uri == f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5055")
+    assert compose_config([f"paths.output_root={tmp_path}"]).tracking.uri == "http://127.0.0.1:5055"
+    given = compose_config([f"paths.output_root={tmp_path}", "tracking.uri=sqlite:///x.db"])
+    assert given.tracking.uri == "sqlite:///x.db"  # an explicit tracking.uri wins
+    assert typed_config(given).tracking.artifact_location is None and typed_config(given).tracking.traces is True
+
+
+def test_our_own_set_tracking_uri_does_not_leak_into_the_environment(monkeypatch) -> None:
+    import os
+
+    import mlflow
+
+    from cupid_exp.tracking.mlflow import env_uri_kept
+
+    with env_uri_kept():
+        mlflow.set_tracking_uri("sqlite:///leak.db")
+    try:
+        assert "MLFLOW_TRACKING_URI" not in os.environ
+    finally:
+        mlflow.set_tracking_uri(None)

@@ -47,10 +47,10 @@ def seed_store(output_root: Path) -> None:
 
 
 def cli_command(url: str, output_root: Path, *extra: str, cache_dir: Path | None = None,
-                data: Path | None = None) -> list[str]:
+                data: Path | None = None, seed: bool = True) -> list[str]:
     """The CLI against the stub at ``url``, writing under ``output_root`` (its MLflow store pre-created
-    when the job will track)."""
-    if not {"tracking=none", "runtime.dry_run=true"} & set(extra):
+    when the job will track into the default SQLite file and ``seed`` is on)."""
+    if seed and not {"tracking=none", "runtime.dry_run=true"} & set(extra):
         seed_store(output_root)
     cmd = [sys.executable, "-m", "cupid_exp", *stub_overrides(url), f"paths.output_root={output_root}",
            "runtime.progress=false"]

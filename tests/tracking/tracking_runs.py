@@ -16,10 +16,11 @@ PRICES = [f"{role}.{kind}_cost_per_token={price}" for role in ("model", "evaluat
           for kind, price in (("input", "2.5e-06"), ("output", "1e-05"))]
 
 
-def job_command(url: str, root: Path, data: Path, *extra: str, cache_dir: Path | None = None) -> list[str]:
+def job_command(url: str, root: Path, data: Path, *extra: str, cache_dir: Path | None = None,
+                seed: bool = True) -> list[str]:
     """The CLI on the stub, priced, with a quick progress interval and its own cache (unless given one)."""
     return cli_command(url, root, *PRICES, "tracking.progress_every_s=0.5", *extra,
-                       cache_dir=cache_dir or root / "cache", data=data)
+                       cache_dir=cache_dir or root / "cache", data=data, seed=seed)
 
 
 def store_uri(root: Path) -> str:

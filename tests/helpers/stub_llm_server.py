@@ -94,6 +94,7 @@ class StubConfig:
     judge_score: str = "7.5"
     length_steps: tuple[str, ...] = ()  # these steps get their reply cut in half, finish_reason "length"
     record_bodies: bool = False  # keep every request body (``StubServer.bodies``): what went over the wire
+    model_ids: tuple[str, ...] = ("stub",)  # what GET /v1/models lists (clients that check a model exists)
 
 
 def digest(text: str) -> str:
@@ -460,7 +461,7 @@ class StubServer:
             def do_GET(self) -> None:  # noqa: N802
                 if self.path.rstrip("/") in ("/v1/models", "/models"):
                     self._send(200, json.dumps({"object": "list", "data": [
-                        {"id": "stub", "object": "model", "owned_by": "stub"}]}).encode())
+                        {"id": m, "object": "model", "owned_by": "stub"} for m in server.config.model_ids]}).encode())
                 elif self.path.rstrip("/") in ("/stats", "/health"):
                     self._send(200, json.dumps(server.stats()).encode())
                 else:
@@ -575,6 +576,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[int, StubConfig]:
         flag = "--" + f.name.replace("_", "-")
         if f.name.endswith("_steps"):
             p.add_argument(flag, default="", help="comma-separated steps: " + ",".join(STEPS + SYNTHESIS_STEPS))
+        elif f.name == "model_ids":
+            p.add_argument(flag, default="stub", help="comma-separated model ids for GET /v1/models")
         elif isinstance(f.default, bool):
             p.add_argument(flag, action="store_true")
         elif f.name in ("context_error", "judge_score", "fail_first_kind", "giveup_match"):
@@ -584,7 +587,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[int, StubConfig]:
     args = vars(p.parse_args(argv))
     port = args.pop("port")
     for name in list(args):
-        if name.endswith("_steps"):
+        if name.endswith("_steps") or name == "model_ids":
             args[name] = tuple(s for s in args[name].split(",") if s)
     return port, StubConfig(**args)
 

@@ -20,6 +20,7 @@ from cupid_exp.tracking.attempts import whole_job_metrics
 from cupid_exp.tracking.live import LiveRun
 from cupid_exp.tracking.mlflow import flatten, records_table
 from cupid_exp.tracking.provenance import git_state
+from cupid_exp.tracking.signals import shielded
 
 log = logging.getLogger(__name__)
 
@@ -129,16 +130,20 @@ def publish(plan: JobPlan, summary: JobSummary, tracker: LiveRun | None) -> None
                              where, summary.status_line()), flush=True)
     if live is None:
         return
-    run = live.tracker
-    # the run spans every attempt: usage for the whole job (the folder's metrics.json: this attempt's)
-    run.log_metrics({**summary.metrics, **whole_job_metrics(summary.metrics)}, step=summary.n_instances)
-    run.set_tags({"cupid.complete": str(summary.complete).lower(), "cupid.failed_instances": summary.failed_instances})
-    run.log_artifacts([plan.output_dir / "instances.jsonl", plan.output_dir / "metrics.json"])
-    run.log_artifacts(sorted((plan.output_dir / ".hydra").glob("*.yaml")), ".hydra")
-    run.log_table(records_table(scrub_obj(summary.records, plan.secrets)), "instances_table.json")
-    run.log_artifacts(_plots(plan, summary), "plots")
-    m = summary.metrics
-    live.end("FINISHED", {"calls": int(m.get("calls/total", 0)), "cost_usd": round(m.get("cost/usd", 0.0), 6)})
+    # The results are on disk and printed: logging them is held together, an interrupt waits for it (a few
+    # seconds) and is delivered once the run has ended FINISHED. Raised half-way through MLflow's store
+    # writes, it could leave a SQLite transaction or a lock behind and the run RUNNING.
+    with shielded():
+        run = live.tracker
+        # the run spans every attempt: usage for the whole job (the folder's metrics.json: this attempt's)
+        run.log_metrics({**summary.metrics, **whole_job_metrics(summary.metrics)}, step=summary.n_instances)
+        run.set_tags({"cupid.complete": str(summary.complete).lower(), "cupid.failed_instances": summary.failed_instances})
+        run.log_artifacts([plan.output_dir / "instances.jsonl", plan.output_dir / "metrics.json"])
+        run.log_artifacts(sorted((plan.output_dir / ".hydra").glob("*.yaml")), ".hydra")
+        run.log_table(records_table(scrub_obj(summary.records, plan.secrets)), "instances_table.json")
+        run.log_artifacts(_plots(plan, summary), "plots")
+        m = summary.metrics
+        live.end("FINISHED", {"calls": int(m.get("calls/total", 0)), "cost_usd": round(m.get("cost/usd", 0.0), 6)})
 
 
 def headline(summary: JobSummary) -> Any:

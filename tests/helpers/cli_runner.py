@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import atexit
 import os
 import shutil
 import subprocess
@@ -38,6 +39,7 @@ def seed_store(output_root: Path) -> None:
         from mlflow.tracking import MlflowClient
 
         folder = Path(tempfile.mkdtemp(prefix="cupid-mlflow-template-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
         MlflowClient(f"sqlite:///{folder / 'mlflow.db'}").search_experiments(max_results=1)
         _TEMPLATE_STORE = folder / "mlflow.db"
     target = Path(output_root) / "mlflow.db"

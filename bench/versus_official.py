@@ -142,14 +142,15 @@ def ours_command(url: str, root: Path, data: Path, concurrency: int) -> list[str
     return cmd
 
 
-def run_ours(args: argparse.Namespace, stub: Stub, data: Path, work: Path, store: Path | None) -> dict[str, Any]:
+def run_ours(args: argparse.Namespace, stub: Stub, data: Path, work: Path, store: Path | None,
+             *extra: str) -> dict[str, Any]:
     root = work / f"ours-{time.monotonic_ns()}"
     root.mkdir()
     if store is not None:  # an existing, migrated MLflow store, as from a user's earlier runs
         shutil.copyfile(store, root / "mlflow.db")
     env = {**ENV, "OPENAI_API_KEY": "sk-bench"}
     before = stub.stats()["total_completed"]
-    res = timed(ours_command(stub.url, root, data, args.concurrency), cwd=ROOT, env=env)
+    res = timed(ours_command(stub.url, root, data, args.concurrency) + list(extra), cwd=ROOT, env=env)
     res["requests"] = stub.stats()["total_completed"] - before
     (metrics_file,) = root.glob("runs/**/metrics.json")
     metrics = json.loads(metrics_file.read_text())["metrics"]
@@ -186,6 +187,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=BENCH / "versus_official.md")
+    parser.add_argument("--tracking-costs", action="store_true",
+                        help="also run cupid-exp with tracking.traces=false and with tracking=none: what tracing and "
+                             "MLflow cost")
     args = parser.parse_args()
     has_official = args.official is not None and (Path(args.official) / "evaluation" / "run.py").is_file()
     if args.official is not None and not has_official:
@@ -198,6 +202,7 @@ def main() -> None:
         store = migrated_store(work)
         official: list[dict[str, Any]] = []
         ours: list[dict[str, Any]] = []
+        variants: dict[str, list[dict[str, Any]]] = {"tracking.traces=false": [], "tracking=none": []}
         with Stub(latency_ms=int(args.latency * 1000), model_ids=",".join(OFFICIAL_MODELS)) as stub:
             fresh = run_ours(args, stub, data, work, store=None)  # first run on this machine: store created
             for i in range(args.repeats):
@@ -209,14 +214,19 @@ def main() -> None:
                 print(f"cupid-exp #{i + 1}: {ours[-1]['wall']:.1f} s (model phase {ours[-1]['model_s']:.2f} s), "
                       f"{ours[-1]['requests']} requests, {ours[-1]['rss_max_mb']:.0f} MB "
                       f"(tree {ours[-1]['rss_tree_mb']:.0f} MB)")
-        report = render(args, has_official, official, ours, fresh)
+                if args.tracking_costs:
+                    for override, runs in variants.items():
+                        runs.append(run_ours(args, stub, data, work, store, override))
+                        print(f"cupid-exp {override} #{i + 1}: {runs[-1]['wall']:.1f} s, {runs[-1]['cpu']:.1f} CPU s")
+        report = render(args, has_official, official, ours, fresh, variants if args.tracking_costs else {})
         args.out.write_text(report)
         print(report)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def render(args: argparse.Namespace, has_official: bool, official: list[dict], ours: list[dict], fresh: dict) -> str:
+def render(args: argparse.Namespace, has_official: bool, official: list[dict], ours: list[dict], fresh: dict,
+           variants: dict[str, list[dict]]) -> str:
     m = machine()
     load = os.getloadavg()
     lines = [
@@ -264,6 +274,18 @@ def render(args: argparse.Namespace, has_official: bool, official: list[dict], o
         f"{fresh['wall'] - fresh['model_s']:.1f} s fixed cost.",
         "",
     ]
+    if variants:
+        requests = statistics.median(r["requests"] for r in ours)
+        lines += ["What tracking costs (the same cupid-exp run with tracking reduced; per call = per request served):",
+                  "", "| cupid-exp | wall, s | CPU, s | wall saved per call, ms | CPU saved per call, ms |",
+                  "|---|---|---|---|---|",
+                  f"| as above (MLflow run, progress, traces) | {spread(w_ours)} | {spread([r['cpu'] for r in ours])} | | |"]
+        for override, runs in variants.items():
+            wall = statistics.median(w_ours) - statistics.median(r["wall"] for r in runs)
+            cpu = statistics.median(r["cpu"] for r in ours) - statistics.median(r["cpu"] for r in runs)
+            lines.append(f"| `{override}` | {spread([r['wall'] for r in runs])} | {spread([r['cpu'] for r in runs])} | "
+                         f"{1000 * wall / requests:.1f} | {1000 * cpu / requests:.1f} |")
+        lines.append("")
     return "\n".join(lines)
 
 

@@ -138,7 +138,8 @@ LAYERS = r"""
 import asyncio, json, sys, time
 sys.path.insert(0, sys.argv[2])
 from cupid_exp.config import ModelConfig, RuntimeConfig
-from cupid_exp.llm.client import LLMClient, UsageMeter, configure_litellm
+from cupid_exp.llm.client import LLMClient, configure_litellm
+from cupid_exp.llm.usage import UsageMeter
 url, n, prices = sys.argv[1], 300, json.loads(sys.argv[4])
 log = "x " * 3300  # about the size of an inference prompt on the sample rows
 

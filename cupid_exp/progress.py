@@ -1,13 +1,26 @@
 """Progress: one bar per stage (summaries, inference, generation) with ETA, plus calls,
 cache hits, tokens and cost so far. Silent when stderr is not a terminal or when
-``runtime.progress=false``."""
+``runtime.progress=false``. Other watchers of a job (its live MLflow run) hear of each finished
+instance through ``InstanceObserver``."""
 
 from __future__ import annotations
 
 import sys
-from typing import Iterable
+from typing import Any, Iterable, Mapping, Protocol
 
-from cupid_exp.llm.client import UsageMeter
+from cupid_exp.llm.calls import CallLog
+from cupid_exp.llm.usage import UsageMeter
+
+
+class InstanceObserver(Protocol):
+    """Told of every instance as it finishes, on the event loop: must return quickly and never raise."""
+
+    @property
+    def wants_calls(self) -> bool:
+        """Whether to log the instance's model calls (``cupid_exp.llm.calls``) for it."""
+
+    def instance_finished(self, instance: Any, result: Any, record: Mapping[str, Any], calls: CallLog | None) -> None:
+        ...
 
 
 class Progress:

@@ -1,7 +1,9 @@
 """Prompt files in the official tool's layout: <dir>/{evaluation,synthesis}/<name>.yaml.
 
 Each file holds ``system_prompt`` and ``user_prompt`` templates with ``{placeholder}``
-fields. Pointing ``prompts.dir`` at the official directory reproduces its messages.
+fields. Pointing ``prompts.dir`` at the official directory reproduces its messages; the
+matcher's few-shot examples, which the official tool keeps in Python, are read from its
+source beside that directory (``cupid_exp.official_examples``), never taken from ours.
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ from typing import Any
 
 import yaml
 
-PROJECT_PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
+from cupid_exp.official_examples import OFFICIAL_MATCHER_MODULE, missing_examples, read_official_examples
+from cupid_exp.resources import prompts_dir
+
+PROJECT_PROMPTS = prompts_dir()
 MATCHER_EXAMPLES = "evaluation/preference_matcher_examples.yaml"
 EVALUATION_PROMPTS = ("evaluation/", "synthesis/preference_decomposer.yaml")  # what an evaluation job reads
 
@@ -24,11 +29,15 @@ class PromptTemplate:
     system: str | None
     user: str
 
-    def messages(self, system_role: str = "system", **values: Any) -> list[dict[str, str]]:
-        """Fill both templates with ``str.format`` (as the official tool does) into chat messages."""
+    def messages(self, system_role: str = "system", *, format_system: bool = True, **values: Any) -> list[dict[str, str]]:
+        """Fill the templates with ``str.format`` into chat messages, as the official tool does.
+
+        ``format_system=False`` sends the system text as written: the official tool formats only the
+        user prompt of the evaluated model's steps (inference, generation).
+        """
         try:
             user = self.user.format(**values)
-            system = self.system.format(**values) if self.system is not None else None
+            system = self.system if self.system is None or not format_system else self.system.format(**values)
         except (KeyError, IndexError) as exc:
             raise KeyError(f"prompt {self.name} needs placeholder {exc} that this step does not provide") from exc
         out = [{"role": system_role, "content": system}] if system is not None else []
@@ -58,9 +67,27 @@ class PromptSet:
             self._cache[name] = PromptTemplate(name, data.get("system_prompt"), data.get("user_prompt", ""))
         return self._cache[name]
 
+    def _examples_source(self) -> Path | None:
+        """Where the matcher's few-shot examples come from: ours; a drop-in directory's own
+        ``preference_matcher_examples.yaml``; or the official tool's module beside it (None: neither)."""
+        own = self.directory / MATCHER_EXAMPLES
+        if own.is_file():
+            return own
+        official = self.directory.parent / OFFICIAL_MATCHER_MODULE
+        return official if official.is_file() else None
+
     def matcher_examples(self) -> list[dict]:
-        data = yaml.safe_load(self._path(MATCHER_EXAMPLES).read_text(encoding="utf-8"))
-        return list(data["examples"])
+        """The few-shot pairs as ``{'preference': str, 'checklist': {entry: score}}``.
+
+        A drop-in directory never falls back to ours: without its own examples file or the official
+        module, this raises ConfigError (one line) before any model is called.
+        """
+        source = self._examples_source()
+        if source is None:
+            raise missing_examples(self.directory, MATCHER_EXAMPLES)
+        if source.suffix == ".py":
+            return read_official_examples(source)
+        return list(yaml.safe_load(source.read_text(encoding="utf-8"))["examples"])
 
     def digest(self, prefixes: tuple[str, ...] | None = None) -> str:
         """Hash of the prompt files in effect (those whose path starts with one of ``prefixes``, or all),
@@ -70,6 +97,9 @@ class PromptSet:
         names |= {p.relative_to(self.directory).as_posix() for p in self.directory.rglob("*.yaml")}
         if prefixes is not None:
             names = {n for n in names if n.startswith(prefixes)}
-        for name in sorted(names):
+        examples = self._examples_source()
+        for name in sorted(names - {MATCHER_EXAMPLES}):
             h.update(name.encode() + b"\0" + self._path(name).read_bytes())
+        if examples is not None and (prefixes is None or MATCHER_EXAMPLES.startswith(prefixes)):
+            h.update(MATCHER_EXAMPLES.encode() + b"\0" + examples.read_bytes())
         return h.hexdigest()[:16]

@@ -27,6 +27,13 @@ def compose_config(overrides: list[str] | None = None, *, return_hydra_config: b
         return compose("config", overrides=overrides or [], return_hydra_config=return_hydra_config)
 
 
+@pytest.fixture(autouse=True)
+def _no_tracking_uri_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job config honours $MLFLOW_TRACKING_URI, and ``mlflow.set_tracking_uri`` in one in-process test would
+    export it to every later CLI run: each test starts without it (tests of the variable set it themselves)."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
 @pytest.fixture
 def output_root(tmp_path: Path) -> Path:
     root = tmp_path / "outputs"

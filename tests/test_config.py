@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
@@ -25,9 +26,17 @@ def test_every_choice_composes(group: str, choice: str) -> None:
         overrides.append("data.path=/tmp/x.jsonl")
     cfg = compose_config(overrides)
     OmegaConf.to_object(cfg)  # resolves and type-checks every field (MISSING would raise)
-    if group == "model":
-        assert cfg.model.name == choice
+    if group == "model":  # a subject choice is the conf/llm/ config it names (model=claude -> claude37)
+        included = yaml.safe_load((CONF_DIR / "model" / f"{choice}.yaml").read_text())["defaults"][0]["/llm@_here_"]
+        assert cfg.model.name == included
         assert "/" in cfg.model.litellm_model
+
+
+@pytest.mark.parametrize("choice", choices("llm"))
+def test_every_llm_config_composes_in_an_evaluator_role(choice: str) -> None:
+    cfg = compose_config(["evaluator=gpt4o", f"llm@evaluator.judge={choice}"])
+    OmegaConf.to_object(cfg)
+    assert cfg.evaluator.judge.name == choice and cfg.evaluator.name == "gpt4o"
 
 
 def test_paper_models_are_shipped_with_table8_decoding() -> None:
@@ -47,7 +56,7 @@ def test_evaluator_roles_are_model_configs() -> None:
     for role in ("decomposer", "matcher", "judge"):
         assert cfg.evaluator[role].litellm_model == "openai/gpt-4o-2024-11-20"
         assert cfg.evaluator[role].params.temperature == 0
-    swapped = compose_config(["evaluator=gpt4o", "model@evaluator.decomposer=claude35"])
+    swapped = compose_config(["evaluator=gpt4o", "llm@evaluator.decomposer=claude35"])
     assert swapped.evaluator.decomposer.name == "claude35"
     assert swapped.evaluator.matcher.name == "gpt4o_eval"
 

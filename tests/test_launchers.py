@@ -1,8 +1,8 @@
 """Scale-out: real 2-job sweeps of the real CLI through Hydra's joblib and submitit (local) launchers.
 
-Each sweep runs ``data.limit=1`` on the local model with ``runtime.failure_policy=exclude,zero``:
+Each sweep runs one instance against the stub model server with ``runtime.failure_policy=exclude,zero``:
 two jobs that make the same model calls, so once a warm-up job has filled the shared response
-cache they are fast. What is checked is the plumbing: both jobs ran in worker processes, logged
+cache every call of both is a cache hit. What is checked is the plumbing: both jobs ran in worker processes, logged
 one MLflow run each under the sweep's parent run (whose id the sweep callback wrote into the
 sweep dir), and their job dirs and runs diff to exactly the swept override.
 """
@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.cupid_data import stub_overrides
+from helpers.stub_llm_server import StubServer
 from mlflow.tracking import MlflowClient
 
 from cupid_exp.diff import diff_runs, spec_from_job_dir, spec_from_mlflow
@@ -23,21 +25,27 @@ from cupid_exp.tracking import PARENT_RUN_FILE
 pytestmark = pytest.mark.slow
 
 
-def cli(args: list[str], cwd: Path, output_root: Path, cache_dir: Path) -> subprocess.CompletedProcess:
+@pytest.fixture(scope="module")
+def stub():
+    with StubServer() as server:
+        yield server
+
+
+def cli(args: list[str], cwd: Path, output_root: Path, cache_dir: Path, url: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "cupid_exp", *args, "data.limit=1", f"paths.output_root={output_root}",
-           f"runtime.cache_dir={cache_dir}"]
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=1500)
+    cmd = [sys.executable, "-m", "cupid_exp", *args, *stub_overrides(url), "data.limit=1",
+           f"paths.output_root={output_root}", f"runtime.cache_dir={cache_dir}"]
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
     return proc
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> Path:
+def cache_dir(tmp_path_factory, stub) -> Path:
     """A response cache filled by one plain job, so the sweeps' identical calls are cache hits."""
     cache = tmp_path_factory.mktemp("llm-cache")
     root = tmp_path_factory.mktemp("warm")
-    cli(["tracking=none"], root, root / "outputs", cache)
+    cli(["tracking=none"], root, root / "outputs", cache, stub.url)
     return cache
 
 
@@ -68,20 +76,20 @@ def check_sweep(output_root: Path) -> tuple[list, Path]:
     return children, sweep_dir
 
 
-def test_joblib_launcher_runs_jobs_in_parallel_workers(tmp_path: Path, cache_dir: Path) -> None:
+def test_joblib_launcher_runs_jobs_in_parallel_workers(tmp_path: Path, cache_dir: Path, stub) -> None:
     proc = cli(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "runtime.failure_policy=exclude,zero"],
-               tmp_path, tmp_path / "outputs", cache_dir)
+               tmp_path, tmp_path / "outputs", cache_dir, stub.url)
     assert "Joblib.Parallel(n_jobs=2" in proc.stdout + proc.stderr
     children, _ = check_sweep(tmp_path / "outputs")
     # served from the warm cache: every call of both jobs was a hit
     assert all(c.data.metrics["calls/total"] == c.data.metrics["calls/cache_hits"] > 0 for c in children)
 
 
-def test_submitit_local_launcher_runs_jobs_as_submitit_jobs(tmp_path: Path, cache_dir: Path) -> None:
+def test_submitit_local_launcher_runs_jobs_as_submitit_jobs(tmp_path: Path, cache_dir: Path, stub) -> None:
     proc = cli(["-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=20",
-                "runtime.failure_policy=exclude,zero"], tmp_path, tmp_path / "outputs", cache_dir)
+                "runtime.failure_policy=exclude,zero"], tmp_path, tmp_path / "outputs", cache_dir, stub.url)
     assert "Submitit 'local' sweep output dir" in proc.stdout + proc.stderr
     children, sweep_dir = check_sweep(tmp_path / "outputs")
     logs = list((sweep_dir / ".submitit").glob("*/*_log.out"))
     assert len(logs) == 2  # each job ran as its own submitit job
-    assert any("CUPID inference | model=local" in p.read_text() for p in logs)
+    assert any("CUPID inference | model=openai_compatible" in p.read_text() for p in logs)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cupid_exp.config import ConfigError
 from cupid_exp.prompts import EVALUATION_PROMPTS, MATCHER_EXAMPLES, PROJECT_PROMPTS, PromptSet, PromptTemplate
 
 # The evaluation prompts (synthesis prompts are tested with the synthesis package).
@@ -101,6 +102,13 @@ def test_missing_placeholder_in_system_prompt_raises():
         tpl.messages(given="x")
 
 
+def test_the_system_text_can_be_sent_as_written():
+    """The official tool formats only the user prompt of the evaluated model's steps."""
+    tpl = PromptTemplate("t", system="Keep {this} and {{that}}", user="U {x}")
+    assert tpl.messages(format_system=False, x="1")[0]["content"] == "Keep {this} and {{that}}"
+    assert tpl.messages(x="1", this="it")[0]["content"] == "Keep it and {that}"
+
+
 def test_template_without_system_gives_user_only():
     assert PromptTemplate("t", system=None, user="U {x}").messages(x="1") == [{"role": "user", "content": "U 1"}]
 
@@ -120,7 +128,10 @@ def test_drop_in_overrides_one_file_and_falls_back_for_others(tmp_path):
     project = PromptSet()
     for name in ("evaluation/preference_matcher", "synthesis/preference_decomposer"):
         assert drop.get(name) == project.get(name)
-    assert drop.matcher_examples() == project.matcher_examples()
+    # ... but never the matcher's few-shot examples: a drop-in brings its own or the official module's
+    with pytest.raises(ConfigError, match="no matcher few-shot examples") as err:
+        drop.matcher_examples()
+    assert "\n" not in str(err.value)
 
 
 def test_drop_in_with_only_user_prompt(tmp_path):
@@ -143,6 +154,7 @@ def test_digest_changes_only_when_a_file_in_effect_differs(tmp_path):
     target = same / "evaluation" / "preference_matcher.yaml"
     target.parent.mkdir(parents=True)
     shutil.copy(PROJECT_PROMPTS / "evaluation" / "preference_matcher.yaml", target)
+    shutil.copy(PROJECT_PROMPTS / MATCHER_EXAMPLES, same / MATCHER_EXAMPLES)
     assert PromptSet(same).digest() == base  # byte-identical drop-in: same prompts in effect
     changed = tmp_path / "changed"
     shutil.copytree(same, changed)

@@ -45,7 +45,7 @@ def test_no_key_appears_in_outputs_logs_hydra_files_or_mlflow(tmp_path: Path) ->
     root = tmp_path / "out"  # the response cache stays under it too (runtime.cache_dir default)
     env = cli_env(**KEYS)
     overrides = ["model.api_key_env=STUB_CREDS", f"+evaluator.decomposer.params.api_key={OVERRIDE_KEY}",
-                 "runtime.num_retries=0"]
+                 "runtime.num_retries=0", "runtime.max_failed_fraction=1"]
     outputs = []
     with StubServer(echo_key_steps=("infer", "decompose", "match"), echo_key_rate=0.35, seed=2) as stub:
         cmd = cli_command(stub.url, root, *overrides, data=data)

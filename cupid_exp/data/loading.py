@@ -1,20 +1,28 @@
 """Load CUPID instances from the Hub, a local file or directory, or the shipped sample.
 
-Every row goes through ``validate_row``; bad rows become one-line ``DataError``s that
-the caller reports and counts, and the valid rows still run (``strict`` stops instead).
+Every row goes through ``validate_row``; a bad row becomes one ``DataError`` line naming file:line,
+key and field, which the caller reports and counts, and the valid rows still run (``data.strict``
+stops instead). What JSON lets through silently is refused here: a key given twice in one object
+(the last would win), NaN/Infinity, a byte-order mark that would hide the first row. A path that
+is not a regular file or directory (a pipe would hang) and data with no valid row at all are
+errors before any model call.
 """
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import logging
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-from cupid_exp.config import DataConfig
-from cupid_exp.data.schema import INSTANCE_TYPES, DataError, Instance, validate_row
+from cupid_exp.data.schema import DataError, Instance, validate_row
+
+if TYPE_CHECKING:
+    from cupid_exp.config import DataConfig
 
 log = logging.getLogger(__name__)
 
@@ -34,47 +42,94 @@ class LoadedData:
         return len(self.instances) + len(self.errors)
 
 
-def _raw_rows_from_file(path: Path) -> Iterator[tuple[str, Any]]:
-    """Yield (where, row) pairs; an unreadable line is yielded as a DataError."""
-    where_file = path.name
-    if path.suffix == ".jsonl":
-        seen_line = False
-        with path.open("rb") as fh:
-            for lineno, raw in enumerate(fh, start=1):
-                where = f"{where_file}:{lineno}"
-                if not raw.strip():
-                    continue
-                seen_line = True
-                try:
-                    yield where, json.loads(raw.decode("utf-8"))
-                except UnicodeDecodeError as exc:
-                    yield where, DataError(where, "<row>", f"is not valid UTF-8 ({exc.reason})")
-                except json.JSONDecodeError as exc:
-                    yield where, DataError(where, "<row>", f"is not valid JSON ({exc.msg})")
-        if not seen_line:  # an empty file is a mistake to report, not a silent zero-row dataset
-            yield where_file, DataError(where_file, "<file>", "is empty (no rows)")
-    elif path.suffix == ".json":
-        try:
-            payload = json.loads(path.read_bytes().decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            yield where_file, DataError(where_file, "<file>", f"cannot be read as JSON ({exc})")
-            return
-        if payload == []:
-            yield where_file, DataError(where_file, "<file>", "is empty (no rows)")
-            return
-        rows = payload if isinstance(payload, list) else [payload]
-        for i, row in enumerate(rows):
-            yield (f"{where_file}[{i}]" if isinstance(payload, list) else where_file), row
-    elif path.suffix == ".parquet":
-        import pandas as pd
+class _Rejected(ValueError):
+    """A JSON text that parses but must not be taken as it is."""
 
-        records = pd.read_parquet(path).to_dict(orient="records")
-        if not records:
-            yield where_file, DataError(where_file, "<file>", "is empty (no rows)")
-        for i, row in enumerate(records):
-            yield f"{where_file} row {i}", _plain(row)
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _Rejected(f"has the key {key!r} twice in one object (JSON would keep the last silently)")
+        seen.add(key)
+    return dict(pairs)
+
+
+def _no_constants(name: str) -> Any:
+    raise _Rejected(f"holds {name}, which is not JSON")
+
+
+def parse_json(text: str | bytes) -> Any:
+    """Strict JSON: no duplicate keys, no NaN/Infinity."""
+    return json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
+
+
+def _parse_line(raw: bytes, where: str) -> Any:
+    try:
+        return parse_json(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return DataError(where, "<row>", f"is not valid UTF-8 ({exc.reason})")
+    except json.JSONDecodeError as exc:
+        return DataError(where, "<row>", f"is not valid JSON ({exc.msg} at column {exc.colno})")
+    except _Rejected as exc:
+        return DataError(where, "<row>", str(exc))
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    seen_line = False
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8):]  # a BOM would make the first row invalid JSON
+            if not raw.strip():
+                continue
+            seen_line = True
+            where = f"{path.name}:{lineno}"
+            yield where, _parse_line(raw, where)
+    if not seen_line:  # an empty file is a mistake to report, not a silent zero-row dataset
+        yield path.name, DataError(path.name, "<file>", "is empty (no rows)")
+
+
+def _json_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    raw = path.read_bytes()
+    if not raw.strip():
+        yield path.name, DataError(path.name, "<file>", "is empty (no rows)")
+        return
+    payload = _parse_line(raw[len(codecs.BOM_UTF8):] if raw.startswith(codecs.BOM_UTF8) else raw, path.name)
+    if isinstance(payload, DataError):
+        yield path.name, DataError(path.name, "<file>", f"cannot be read: {payload.problem}")
+    elif payload in ([], {}, None):
+        yield path.name, DataError(path.name, "<file>", "is empty (no rows)")
+    elif isinstance(payload, list):
+        for i, row in enumerate(payload):
+            yield f"{path.name}[{i}]", row
     else:
-        yield where_file, DataError(where_file, "<file>", f"has unsupported suffix; use one of {LOCAL_SUFFIXES}")
+        yield path.name, payload
+
+
+def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    import pandas as pd
+    import pyarrow
+
+    try:
+        records = pd.read_parquet(path).to_dict(orient="records")
+    except (pyarrow.ArrowException, OSError, ValueError) as exc:
+        yield path.name, DataError(path.name, "<file>", f"cannot be read as parquet ({type(exc).__name__}: "
+                                                        f"{str(exc).splitlines()[0][:160]})")
+        return
+    if not records:
+        yield path.name, DataError(path.name, "<file>", "is empty (no rows)")
+    for i, row in enumerate(records):
+        yield f"{path.name} row {i}", _plain(row)
+
+
+def _raw_rows_from_file(path: Path) -> Iterator[tuple[str, Any]]:
+    """(where, row or DataError) pairs of one file."""
+    readers = {".jsonl": _jsonl_rows, ".json": _json_rows, ".parquet": _parquet_rows}
+    if path.suffix not in readers:
+        yield path.name, DataError(path.name, "<file>", f"has unsupported suffix; use one of {LOCAL_SUFFIXES}")
+        return
+    yield from readers[path.suffix](path)
 
 
 def _plain(value: Any) -> Any:
@@ -90,15 +145,34 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _raw_rows_local(path_str: str) -> Iterator[tuple[str, Any]]:
+def check_path(path_str: str | None) -> Path:
+    """The data path, if it is a readable regular file or a directory; else one DataError line.
+
+    A pipe or device is refused at once: reading one could block for ever.
+    """
+    if not path_str:
+        raise DataError("data.path", "<path>", "is empty; give a file or directory (data=local data.path=...)")
     path = Path(path_str).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(f"data.path does not exist: {path}")
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise DataError(str(path), "<path>", "does not exist") from None
+    except OSError as exc:
+        raise DataError(str(path), "<path>", f"cannot be read ({exc.strerror})") from None
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise DataError(str(path), "<path>", "is not a regular file or directory (a pipe or device is refused)")
+    if stat.S_ISDIR(mode):
+        if not any(p.suffix in LOCAL_SUFFIXES and p.is_file() for p in path.iterdir()):
+            raise DataError(str(path), "<path>", f"holds no {'/'.join(LOCAL_SUFFIXES)} files")
+    elif path.suffix not in LOCAL_SUFFIXES:
+        raise DataError(str(path), "<path>", f"has unsupported suffix; use one of {LOCAL_SUFFIXES}")
+    return path
+
+
+def _raw_rows_local(path_str: str | None) -> Iterator[tuple[str, Any]]:
+    path = check_path(path_str)
     if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix in LOCAL_SUFFIXES)
-        if not files:
-            raise FileNotFoundError(f"data.path {path} holds no {'/'.join(LOCAL_SUFFIXES)} files")
-        for f in files:
+        for f in sorted(p for p in path.iterdir() if p.suffix in LOCAL_SUFFIXES and p.is_file()):
             yield from _raw_rows_from_file(f)
     else:
         yield from _raw_rows_from_file(path)
@@ -114,21 +188,14 @@ def _raw_rows_hub(cfg: DataConfig) -> Iterator[tuple[str, Any]]:
 
 def raw_rows(cfg: DataConfig) -> Iterator[tuple[str, Any]]:
     if cfg.source == "sample":
-        return _raw_rows_from_file(SAMPLE_PATH)
+        return _jsonl_rows(SAMPLE_PATH)
     if cfg.source == "local":
-        if not cfg.path:
-            raise ValueError("data=local needs data.path=<file or directory>")
         return _raw_rows_local(cfg.path)
-    if cfg.source == "hf":
-        return _raw_rows_hub(cfg)
-    raise ValueError(f"data.source={cfg.source!r} is not one of: sample, local, hf")
+    return _raw_rows_hub(cfg)
 
 
 def load_instances(cfg: DataConfig) -> LoadedData:
     """Validate every row, drop duplicates by key, then apply the type filter and limit."""
-    unknown = sorted(set(cfg.instance_types) - set(INSTANCE_TYPES))
-    if unknown:
-        raise ValueError(f"data.instance_types has unknown types {unknown}; expected {list(INSTANCE_TYPES)}")
     instances: list[Instance] = []
     errors: list[DataError] = []
     seen: dict[str, str] = {}
@@ -151,12 +218,17 @@ def load_instances(cfg: DataConfig) -> LoadedData:
         instances.append(inst)
     for err in errors:
         log.error("bad data row: %s", err)
+    source = cfg.hf_name if cfg.source == "hf" else (cfg.path or str(SAMPLE_PATH))
     if cfg.strict and errors:
         raise DataError(errors[0].where, errors[0].field,
                         f"{errors[0].problem} (and {len(errors) - 1} more bad rows; data.strict=true)")
+    if not instances:
+        first = f"; the first: {errors[0]}" if errors else ""
+        raise DataError(source, "<data>", f"has no valid row ({len(errors)} bad rows{first})")
     if cfg.instance_types:
         instances = [i for i in instances if i.instance_type in cfg.instance_types]
+        if not instances:
+            raise DataError(source, "<data>", f"has no instance of data.instance_types={list(cfg.instance_types)}")
     if cfg.limit is not None:
         instances = instances[: cfg.limit]
-    return LoadedData(instances=instances, errors=errors, digest=digest.hexdigest()[:16],
-                      source=cfg.hf_name if cfg.source == "hf" else (cfg.path or str(SAMPLE_PATH)))
+    return LoadedData(instances=instances, errors=errors, digest=digest.hexdigest()[:16], source=source)

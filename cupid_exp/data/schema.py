@@ -59,6 +59,15 @@ def normalize_text(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip().removesuffix(".").strip()
 
 
+def relevant_positions(instance: Instance) -> list[int]:
+    """1-based positions of the prior sessions sharing the current context factor and preference
+    (the oracle sessions: 2 in CUPID)."""
+    factor = normalize_text(instance.current_context_factor)
+    preference = normalize_text(instance.current_contextual_preference)
+    return [i for i, s in enumerate(instance.prior_interactions, start=1)
+            if normalize_text(s.context_factor) == factor and normalize_text(s.contextual_preference) == preference]
+
+
 def _text(row: Mapping[str, Any], key: str, where: str, *, label: str | None = None,
           allow_empty: bool = False) -> str:
     field = label or key
@@ -104,6 +113,8 @@ def _dialogue(raw: Any, field: str, where: str) -> tuple[Message, ...]:
         raise DataError(where, f"{field}.dialogue[0].role", "must be 'user' (a session starts with the user)")
     if not any(m.role == "assistant" for m in messages):
         raise DataError(where, f"{field}.dialogue", "has no assistant message")
+    if not any(m.content.strip() for m in messages):
+        raise DataError(where, f"{field}.dialogue", "has only empty turns (nothing for the model to read)")
     return tuple(messages)
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cupid_exp.config import LocalModelConfig
+from cupid_exp.llm import _litellm
 
 PROVIDER = "llamacpp"
 _PASSED_PARAMS = ("temperature", "max_tokens", "top_p", "top_k", "stop", "seed", "response_format", "grammar")
@@ -234,15 +235,12 @@ def _model_response(name: str, out: dict[str, Any]) -> Any:
 
 
 def _make_handler(models: LocalModels):
+    """litellm's CustomLLM over ``models``. A bug raised here reaches the caller wrapped by litellm as an
+    APIConnectionError; ``client.provider_error_kind`` reads the exception chain and stops the job on it."""
     import litellm
 
     def call(model: str, messages: list[dict], optional_params: dict) -> Any:
-        try:
-            return _model_response(model, models.complete(model, messages, optional_params))
-        except Exception as exc:
-            if not isinstance(exc, tuple(litellm.LITELLM_EXCEPTION_TYPES)):
-                exc._cupid_local_bug = True  # type: ignore[attr-defined]  # see provider_bug()
-            raise
+        return _model_response(model, models.complete(model, messages, optional_params))
 
     class _Handler(litellm.CustomLLM):
         def completion(self, model, messages, api_base, custom_prompt_dict, model_response, print_verbose,
@@ -254,23 +252,6 @@ def _make_handler(models: LocalModels):
             return await asyncio.to_thread(call, model, messages, optional_params)
 
     return _Handler()
-
-
-def provider_bug(exc: BaseException) -> BaseException | None:
-    """The error our provider raised that was not a provider problem (a TypeError, a KeyError, ...), if any.
-
-    litellm wraps every exception a custom provider raises that is not one of its own types into an
-    ``APIConnectionError`` (keeping the original only as ``__context__``), which would count a bug in our
-    code as a flaky provider. Callers re-raise what this returns: ``if (bug := provider_bug(exc)): raise bug``.
-    """
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if getattr(current, "_cupid_local_bug", False):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
 
 
 _MODELS: LocalModels | None = None
@@ -297,12 +278,7 @@ def register_local_model(litellm_model: str, cfg: LocalModelConfig) -> None:
                for p in litellm.custom_provider_map):
         handler = _make_handler(models)
         handler._cupid_models = models
-        litellm.custom_provider_map = [
-            *[p for p in litellm.custom_provider_map if p.get("provider") != PROVIDER],
-            {"provider": PROVIDER, "custom_handler": handler},
-        ]
-        if hasattr(litellm, "custom_llm_setup"):
-            litellm.custom_llm_setup()
+        _litellm.register_custom_provider(PROVIDER, handler)
     models.register(name, cfg)
     litellm.register_model({litellm_model: {"input_cost_per_token": 0.0, "output_cost_per_token": 0.0,
                                             "litellm_provider": PROVIDER, "mode": "chat"}})

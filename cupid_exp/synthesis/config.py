@@ -2,20 +2,19 @@
 
 Registered in Hydra's ConfigStore as ``synthesize_schema`` (the entry config extends it), so
 a misspelt key or a wrong type in any synthesis choice, role model or override stops the run
-at composition, before any model call.
+at composition, before any model call. Value ranges are checked by ``SynthesisConfig.check``
+(run with every other ``check`` of the tree by ``config.check_tree``), one ``ConfigError`` line each.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from cupid_exp.config import ModelConfig, PathsConfig, PromptsConfig, RuntimeConfig, TrackingConfig
+from cupid_exp.config import Checked, JobConfig, ModelConfig, config_digest, require
 
 ROLES = ("persona_writer", "factor_writer", "session_writer", "user_simulator", "assistant_simulator",
          "decomposer", "validator")
@@ -24,12 +23,13 @@ UNSATISFIED_POLICIES = ("keep", "regenerate", "drop")
 
 
 class SynthesisError(RuntimeError):
-    """A problem that stops the synthesis job; its message is one line for the user."""
+    """A problem outside the config that stops the job before any call (e.g. an unreachable seed source);
+    its message is one line for the user."""
 
 
 @dataclass
 class SynthesisRoles:
-    """One model config per role (``model@synthesis.roles.<role>=<choice>`` swaps one)."""
+    """One model config per role (``llm@synthesis.roles.<role>=<choice>`` swaps one)."""
 
     persona_writer: ModelConfig = MISSING
     factor_writer: ModelConfig = MISSING
@@ -49,7 +49,7 @@ class PersonaHubConfig:
 
 
 @dataclass
-class SynthesisConfig:
+class SynthesisConfig(Checked):
     name: str = MISSING  # short id used in the job dir and the MLflow run name
     roles: SynthesisRoles = field(default_factory=SynthesisRoles)
     n_personas: int = 2
@@ -64,34 +64,35 @@ class SynthesisConfig:
     validate: bool = True  # the LLM validation pass (paper App. E)
     persona_concurrency: int = 4  # personas synthesised at once (the local model serialises anyway)
 
+    def check(self, where: str) -> None:
+        """Value checks a dataclass cannot express (the role models are checked as ModelConfigs)."""
+        def at_least(key: str, low: int) -> None:
+            value = getattr(self, key)
+            require(isinstance(value, int) and not isinstance(value, bool) and value >= low, f"{where}.{key}",
+                    value, f"an integer >= {low}")
+
+        at_least("n_personas", 1)
+        at_least("max_retries", 0)
+        at_least("max_turns", 1)
+        at_least("max_checklist_items", 1)
+        at_least("persona_concurrency", 1)
+        require(self.persona_source in PERSONA_SOURCES, f"{where}.persona_source", self.persona_source,
+                f"one of {list(PERSONA_SOURCES)}")
+        require(self.on_unsatisfied in UNSATISFIED_POLICIES, f"{where}.on_unsatisfied", self.on_unsatisfied,
+                f"one of {list(UNSATISFIED_POLICIES)}")
+
 
 @dataclass
-class SynthesizeConfig:
+class SynthesizeConfig(JobConfig):
+    """One synthesis job: the recipe, plus what every job has (tracking, runtime, prompts, paths)."""
+
     synthesis: SynthesisConfig = MISSING
-    tracking: TrackingConfig = MISSING
-    runtime: RuntimeConfig = MISSING
-    prompts: PromptsConfig = field(default_factory=PromptsConfig)
-    paths: PathsConfig = field(default_factory=PathsConfig)
 
 
 def register_synthesis_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="synthesize_schema", node=SynthesizeConfig)
     register_resolvers()
-
-
-def check_synthesis_config(cfg: SynthesisConfig) -> None:
-    """Value checks a dataclass cannot express; raise SynthesisError naming the key."""
-    if cfg.n_personas < 1:
-        raise SynthesisError(f"synthesis.n_personas must be >= 1, got {cfg.n_personas}")
-    if cfg.persona_source not in PERSONA_SOURCES:
-        raise SynthesisError(f"synthesis.persona_source={cfg.persona_source!r}; expected one of {PERSONA_SOURCES}")
-    if cfg.on_unsatisfied not in UNSATISFIED_POLICIES:
-        raise SynthesisError(f"synthesis.on_unsatisfied={cfg.on_unsatisfied!r}; expected one of {UNSATISFIED_POLICIES}")
-    if cfg.max_turns < 1:
-        raise SynthesisError(f"synthesis.max_turns must be >= 1, got {cfg.max_turns}")
-    if cfg.max_retries < 0:
-        raise SynthesisError(f"synthesis.max_retries must be >= 0, got {cfg.max_retries}")
 
 
 _NOT_STRUCTURAL = ("n_personas", "persona_concurrency")
@@ -104,8 +105,7 @@ def fingerprint(synthesis: Any, prompts_dir: Any = None) -> str:
     data = OmegaConf.to_container(synthesis, resolve=True) if OmegaConf.is_config(synthesis) else dict(synthesis)
     for key in _NOT_STRUCTURAL:
         data.pop(key, None)
-    payload = json.dumps({"synthesis": data, "prompts_dir": prompts_dir}, sort_keys=True, default=str)
-    return hashlib.sha256(payload.encode()).hexdigest()[:8]
+    return config_digest({"synthesis": data, "prompts_dir": prompts_dir}, length=8)
 
 
 def register_resolvers() -> None:

@@ -50,6 +50,12 @@ EXTRA_ROWS: list[tuple[str, object, str, str | None]] = [
     ("invalid_json", b'{"persona_id": "63+bad", "instance_type": "consistent",', "<row>", None),
     ("invalid_utf8", json.dumps(make_row("64+bad")).encode().replace(b"factor A", b"factor \xc3\x28", 1), "<row>",
      None),
+    ("duplicate_json_key", json.dumps(make_row("65+bad")).encode()[:-1] + b', "current_request": "again"}', "<row>",
+     None),
+    ("nan_literal", json.dumps(make_row("66+bad")).encode()[:-1] + b', "score": NaN}', "<row>", None),
+    ("all_turns_empty", _mutated("67+bad", _set(["prior_interactions", 1, "dialogue"],
+                                                [{"role": "user", "content": " "}, {"role": "assistant", "content": ""}])),
+     "prior_interactions[1].dialogue", "67+bad/consistent"),
 ]
 
 
@@ -77,7 +83,7 @@ def build_corpus(folder: Path) -> tuple[list[str], list[tuple[str, str, str | No
     duplicate = copy.deepcopy(valid[1])
     duplicate["current_request"] = "a different request under the same key"
     add(duplicate, "persona_id+instance_type", f"{valid[1]['persona_id']}/{valid[1]['instance_type']}")
-    (folder / "rows.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    (folder / "rows.jsonl").write_bytes(b"\xef\xbb\xbf" + b"\n".join(lines) + b"\n")  # a BOM loses no row
     (folder / "huge.jsonl").write_text(json.dumps(huge) + "\n", encoding="utf-8")
     (folder / "empty.jsonl").write_bytes(b"")
     (folder / "blank.jsonl").write_bytes(b"\n   \n\n")

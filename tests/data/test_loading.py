@@ -15,7 +15,7 @@ from typing import Callable
 import pandas as pd
 import pytest
 
-from cupid_exp.config import DataConfig
+from cupid_exp.config import ConfigError, DataConfig
 from cupid_exp.data.loading import SAMPLE_PATH, load_instances
 from cupid_exp.data.schema import INSTANCE_TYPES, DataError
 
@@ -192,42 +192,50 @@ def test_limit_applies_after_type_filter():
     ]
 
 
-def test_unknown_instance_type_in_filter_raises():
-    with pytest.raises(ValueError, match="evolving"):
-        load_instances(sample_cfg(instance_types=["changing", "evolving"]))
+def test_unknown_instance_type_in_filter_is_a_config_error():
+    with pytest.raises(ConfigError, match="evolving"):
+        sample_cfg(instance_types=["changing", "evolving"]).check("data")
+
+
+def test_a_filter_that_keeps_nothing_is_an_error(tmp_path):
+    rows = [r for r in sample_rows() if r["instance_type"] != "changing"]
+    path = tmp_path / "no_changing.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match="no instance of data.instance_types=.'changing'."):
+        load_instances(local_cfg(path, instance_types=["changing"]))
 
 
 # ---------------------------------------------------------------- config / path errors
 
 
 def test_local_without_path_raises():
-    with pytest.raises(ValueError, match="data.path"):
+    with pytest.raises(DataError, match="data.path"):
         load_instances(DataConfig(name="local", source="local"))
+    with pytest.raises(ConfigError, match="data.path"):
+        DataConfig(name="local", source="local").check("data")
 
 
-def test_unknown_source_raises():
-    with pytest.raises(ValueError, match="ftp"):
-        load_instances(DataConfig(name="x", source="ftp"))
+def test_unknown_source_is_a_config_error():
+    with pytest.raises(ConfigError, match="ftp"):
+        DataConfig(name="x", source="ftp").check("data")
 
 
-def test_missing_path_raises(tmp_path):
-    with pytest.raises(FileNotFoundError):
+def test_missing_path_is_one_line(tmp_path):
+    with pytest.raises(DataError, match="nope.jsonl: field '<path>' does not exist"):
         load_instances(local_cfg(tmp_path / "nope.jsonl"))
 
 
-def test_directory_without_data_files_raises(tmp_path):
+def test_directory_without_data_files_is_one_line(tmp_path):
     (tmp_path / "notes.txt").write_text("x")
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(DataError, match="holds no .jsonl/.json/.parquet files"):
         load_instances(local_cfg(tmp_path))
 
 
-def test_unsupported_suffix_is_one_error(tmp_path):
+def test_unsupported_suffix_is_one_line(tmp_path):
     path = tmp_path / "rows.csv"
     path.write_text("persona_id\n1")
-    data = load_instances(local_cfg(path))
-    assert data.instances == []
-    assert len(data.errors) == 1
-    assert str(data.errors[0]).startswith("rows.csv: field '<file>'")
+    with pytest.raises(DataError, match="rows.csv: field '<path>' has unsupported suffix"):
+        load_instances(local_cfg(path))
 
 
 # ---------------------------------------------------------------- the malformed corpus
@@ -432,19 +440,17 @@ def test_unreadable_files_in_a_directory(tmp_path):
 def test_empty_file_is_one_error(tmp_path, name, content):
     path = tmp_path / name
     path.write_bytes(content)
-    data = load_instances(local_cfg(path))
-    assert data.instances == []
-    assert len(data.errors) == 1, [str(e) for e in data.errors]
-    assert str(data.errors[0]).startswith(f"{name}: field '<file>'")
+    with pytest.raises(DataError) as err:
+        load_instances(local_cfg(path))
+    assert "has no valid row (1 bad rows; the first: " in str(err.value)
+    assert f"{name}: field '<file>' is empty" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_empty_parquet_is_one_error(tmp_path):
     path = tmp_path / "empty.parquet"
     pd.DataFrame(sample_rows()).iloc[:0].to_parquet(path)
-    data = load_instances(local_cfg(path))
-    assert data.instances == []
-    assert len(data.errors) == 1
-    assert str(data.errors[0]).startswith("empty.parquet: field '<file>'")
+    with pytest.raises(DataError, match="empty.parquet: field '<file>' is empty"):
+        load_instances(local_cfg(path))
 
 
 def test_whole_corpus_in_one_file_one_error_per_bad_row(tmp_path):

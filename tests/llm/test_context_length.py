@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from cupid_exp.config import ModelConfig, RuntimeConfig
-from cupid_exp.llm.client import LLMClient, ProviderError, UsageMeter, configure_litellm
+from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
+from cupid_exp.llm.usage import UsageMeter
 from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_cli
 from helpers.cupid_data import write_dataset
 from helpers.stub_llm_server import CONTEXT_ERRORS, StubServer
@@ -46,18 +47,22 @@ def test_cli_records_context_length_as_its_own_final_failure_kind(tmp_path: Path
     root = tmp_path / "out"
     with StubServer(context_error="anthropic", context_error_steps=("infer",)) as stub:
         cmd = cli_command(stub.url, root, "tracking=none", cache_dir=tmp_path / "cache", data=data)
-        proc = run_cli(cmd)
+        proc = run_cli(cmd, check=False)
+        assert proc.returncode == 3, proc.stderr[-2000:]  # every instance failed: incomplete
         assert stub.stats()["received"] == {"infer": n}  # one request each, no retries, nothing after
         (job,) = job_dirs(root)
         records = read_jsonl(job / "instances.jsonl")
         assert [[(e["step"], e["kind"]) for e in r["errors"]] for r in records] == [[("infer", "context_length")]] * n
         assert all("prompt is too long" in r["errors"][0]["message"] for r in records)
         metrics = metrics_of(job)
-        assert metrics["errors/infer/context_length"] == n and metrics["calls/gave_up"] == n
+        assert metrics["errors/infer/context_length"] == n and metrics["calls/failed"] == n
         assert "infer/context_length=4" in proc.stdout
         assert f"{n} run, 0 scored, {n} failed" in proc.stdout
+        assert proc.stdout.rstrip().splitlines()[-1] == (
+            f"INCOMPLETE: {n} of {n} instances failed (infer/context_length={n}); "
+            "above runtime.max_failed_fraction=0.1: exit 3")
 
         # final, not transient: the same command again serves every instance from the journal
-        again = run_cli(cmd)
+        again = run_cli(cmd, check=False)
         assert stub.stats()["received"] == {"infer": n}
     assert f"resuming: {n} of {n} instances already finished" in again.stdout + again.stderr

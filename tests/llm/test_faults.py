@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from cupid_exp.config import ModelConfig, RuntimeConfig
-from cupid_exp.llm.client import LLMClient, ProviderError, UsageMeter, configure_litellm
+from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
+from cupid_exp.llm.usage import UsageMeter
 from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_cli
 from helpers.cupid_data import write_dataset
 from helpers.stub_llm_server import StubServer
@@ -95,7 +96,8 @@ def test_run_survives_provider_faults_and_counts_them_in_mlflow(tmp_path: Path) 
     root = tmp_path / "out"
     with StubServer(**faults) as stub:
         proc = run_cli(cli_command(stub.url, root, "runtime.timeout=2", "runtime.num_retries=3",
-                                   cache_dir=tmp_path / "cache", data=data), timeout=240)
+                                   "runtime.max_failed_fraction=1", cache_dir=tmp_path / "cache", data=data),
+                       timeout=240)
         st = stub.stats()
     faults_seen = {kind for per_step in st["faults"].values() for kind in per_step}
     assert {"429", "500", "503", "slow", "malformed"} <= faults_seen
@@ -115,11 +117,11 @@ def test_run_survives_provider_faults_and_counts_them_in_mlflow(tmp_path: Path) 
 
     metrics = metrics_of(job)
     gave_up = sum(len(r["errors"]) for r in records)
-    assert metrics["calls/gave_up"] == gave_up >= 1
+    assert metrics["calls/failed"] == gave_up >= 1
     assert metrics["calls/retries"] >= 1
-    # every request the stub saw: a completed call, a retry, or the first attempt of a give-up
+    # every request the stub saw: a completed call, a retry, or the first attempt of a failed call
     sent = metrics["calls/total"] - metrics["calls/cache_hits"]
-    assert st["total_received"] == sent + metrics["calls/retries"] + metrics["calls/gave_up"]
+    assert st["total_received"] == sent + metrics["calls/retries"] + metrics["calls/failed"] == metrics["calls/requests"]
     assert st["total_completed"] == sent
     errors = {}
     for r in records:
@@ -133,6 +135,6 @@ def test_run_survives_provider_faults_and_counts_them_in_mlflow(tmp_path: Path) 
     mlflow_client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     (run,) = mlflow_client.search_runs([mlflow_client.get_experiment_by_name("cupid").experiment_id])
     logged = run.data.metrics
-    for key in ("calls/retries", "calls/gave_up", "calls/total", *errors):
+    for key in ("calls/retries", "calls/failed", "calls/requests", "calls/total", *errors):
         assert logged[key] == metrics[key], key
     assert run.info.status == "FINISHED"

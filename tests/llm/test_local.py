@@ -14,7 +14,8 @@ import json
 import pytest
 
 from cupid_exp.config import LocalModelConfig
-from cupid_exp.llm.local import LocalModels, local_models, provider_bug, register_local_model, strict_schema
+from cupid_exp.llm.client import provider_error_kind
+from cupid_exp.llm.local import LocalModels, local_models, register_local_model, strict_schema
 
 litellm = pytest.importorskip("litellm")
 
@@ -113,8 +114,8 @@ def test_bugs_are_not_disguised() -> None:
         LocalModels().complete("nope", MESSAGES, {})
 
 
-def test_a_bug_inside_the_provider_is_recoverable_from_litellms_wrapper() -> None:
-    """litellm turns a custom provider's TypeError into APIConnectionError; provider_bug() gets it back."""
+def test_a_bug_inside_the_provider_is_a_bug_not_a_provider_error() -> None:
+    """litellm turns a custom provider's TypeError into APIConnectionError; the client's rule still sees the bug."""
     engine = ScriptedEngine(TypeError("unhashable type: 'dict'"))
     models = local_models()
     factory, models.engine_factory = models.engine_factory, (lambda gguf, cfg: engine)
@@ -122,11 +123,15 @@ def test_a_bug_inside_the_provider_is_recoverable_from_litellms_wrapper() -> Non
         register_local_model("llamacpp/test-bug", LocalModelConfig(gguf=__file__))
         with pytest.raises(litellm.APIConnectionError) as info:
             asyncio.run(litellm.acompletion(model="llamacpp/test-bug", messages=MESSAGES))
-        assert isinstance(provider_bug(info.value), TypeError)
+        assert provider_error_kind(info.value) is None  # the job stops with the traceback
         engine.outcome = {"error": {"code": 400, "type": "exceed_context_size_error", "message": "too long"}}
         with pytest.raises(litellm.ContextWindowExceededError) as info:
             litellm.completion(model="llamacpp/test-bug", messages=MESSAGES)
-        assert provider_bug(info.value) is None  # a provider problem is not a bug
+        assert provider_error_kind(info.value) == "context_length"  # a provider problem, counted per instance
+        engine.outcome = {"error": {"code": 500, "type": "server_error", "message": "decode failed"}}
+        with pytest.raises(litellm.InternalServerError) as info:
+            litellm.completion(model="llamacpp/test-bug", messages=MESSAGES)
+        assert provider_error_kind(info.value) == "provider"
     finally:
         models.engine_factory = factory
         models._engines.pop("test-bug", None)

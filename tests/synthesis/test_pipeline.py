@@ -1,22 +1,25 @@
-"""The job around the steps: composition, failure accounting, outputs and MLflow, without a real model."""
+"""The job around the steps: composition, value checks, failure accounting, outcome, outputs and MLflow."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from cupid_exp.config import register_configs
-from cupid_exp.synthesis.config import ROLES, SynthesisError, check_synthesis_config, register_synthesis_configs
+from cupid_exp.config import ConfigError, register_configs
+from cupid_exp.synthesis import pipeline
+from cupid_exp.synthesis.config import ROLES, SynthesizeConfig, register_synthesis_configs
+from cupid_exp.synthesis.steps import persona as persona_step
+from helpers.cli_runner import cli_env
+from helpers.stub_llm_server import StubServer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "llm"))  # the scripted fault server
-from fault_server import ScriptedServer, completion_body  # noqa: E402
+from .scripted import ScriptedServer, reply, role_overrides
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = PROJECT_ROOT / "conf"
@@ -29,9 +32,15 @@ def compose_synthesis(overrides: list[str] | None = None, hydra: bool = False):
         return compose("synthesize", overrides=overrides or [], return_hydra_config=hydra)
 
 
+def mlflow_runs(root: Path) -> list:
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    return client.search_runs([client.get_experiment_by_name("cupid-synthesis").experiment_id])
+
+
 def test_defaults_compose_with_paper_temperatures_per_role() -> None:
     cfg = compose_synthesis()
-    OmegaConf.to_object(cfg)
+    typed = OmegaConf.to_object(cfg)
+    assert isinstance(typed, SynthesizeConfig) and typed.runtime.max_failed_fraction == 0.1  # a JobConfig
     temps = {r: cfg.synthesis.roles[r].params.temperature for r in ROLES}
     assert temps == {"persona_writer": 0.7, "factor_writer": 0.7, "session_writer": 0.7, "user_simulator": 0.3,
                      "assistant_simulator": 0.7, "decomposer": 0, "validator": 0}
@@ -40,7 +49,7 @@ def test_defaults_compose_with_paper_temperatures_per_role() -> None:
 
 
 def test_one_role_can_be_swapped_and_keeps_its_role_temperature() -> None:
-    cfg = compose_synthesis(["model@synthesis.roles.user_simulator=gpt4o_eval"])
+    cfg = compose_synthesis(["llm@synthesis.roles.user_simulator=gpt4o_eval"])
     assert cfg.synthesis.roles.user_simulator.litellm_model == "openai/gpt-4o-2024-11-20"
     assert cfg.synthesis.roles.user_simulator.params.temperature == 0.3
     assert cfg.synthesis.roles.session_writer.name == "local"
@@ -51,41 +60,72 @@ def test_job_dir_is_stable_for_a_command_and_differs_by_recipe() -> None:
         return compose_synthesis(overrides, hydra=True).hydra.run.dir
 
     assert run_dir(["synthesis.n_personas=2"]) == run_dir(["synthesis.n_personas=5"])  # top-up resumes
+    # pinned: a new optional (null) setting must not move every job folder (nulls are left out of the hash)
+    assert run_dir([]) == "outputs/synthesis/default_local_seed0_21e1ff6a"
     assert run_dir([]) != run_dir(["synthesis.max_turns=2"])
     assert run_dir([]) != run_dir(["synthesis.seed=1"])
 
 
-def test_bad_values_fail_before_any_call() -> None:
+@pytest.mark.parametrize("override,key", [("synthesis.on_unsatisfied=maybe", "synthesis.on_unsatisfied"),
+                                          ("synthesis.n_personas=0", "synthesis.n_personas"),
+                                          ("synthesis.max_retries=-1", "synthesis.max_retries"),
+                                          ("synthesis.persona_concurrency=0", "synthesis.persona_concurrency"),
+                                          ("synthesis.persona_source=web", "synthesis.persona_source"),
+                                          ("synthesis.roles.validator.max_concurrency=0",
+                                           "synthesis.roles.validator.max_concurrency"),
+                                          ("runtime.dry_run=true", "runtime.dry_run"),
+                                          ("+synthesis.max_turn=2", "synthesis.max_turn")])
+def test_bad_values_fail_before_any_call_with_one_line(tmp_path, override: str, key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        pipeline.plan(compose_synthesis([override, f"paths.output_root={tmp_path}"]), tmp_path / "job")
+    assert str(err.value).startswith(key) and "\n" not in str(err.value)
+    assert not (tmp_path / "job").exists()
+
+
+def test_misspelt_key_fails_at_composition() -> None:
     with pytest.raises(Exception):
         compose_synthesis(["synthesis.n_personaz=2"])
-    cfg = OmegaConf.to_object(compose_synthesis(["synthesis.on_unsatisfied=maybe"]).synthesis)
-    with pytest.raises(SynthesisError, match="on_unsatisfied"):
-        check_synthesis_config(cfg)
 
 
-def test_bad_model_output_fails_personas_not_the_run(tmp_path: Path) -> None:
-    """Every reply is garbage: each persona fails at its first phase, counted; outputs and MLflow still land."""
-    from mlflow.tracking import MlflowClient
-
-    with ScriptedServer([(200, completion_body("I cannot write JSON."), {})]) as server:
-        role_overrides = []
-        for role in ROLES:
-            role_overrides += [f"model@synthesis.roles.{role}=openai_compatible",
-                               f"synthesis.roles.{role}.api_base={server.url}"]
-        env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1"}
+def test_bad_model_output_fails_personas_and_the_job_ends_incomplete(tmp_path: Path) -> None:
+    """Every reply is garbage: each persona fails at its first phase, counted; outputs and MLflow still land,
+    and the job exits 3 (more than runtime.max_failed_fraction of the personas failed)."""
+    with ScriptedServer([reply("I cannot write JSON.")]) as server:
         cmd = [sys.executable, "-m", "cupid_exp.synthesize", "synthesis.n_personas=2", "synthesis.max_retries=1",
-               f"paths.output_root={tmp_path / 'out'}", f"runtime.cache_dir={tmp_path / 'cache'}",
-               "runtime.num_retries=0", *role_overrides]
-        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+               f"paths.output_root={tmp_path / 'out'}", "runtime.num_retries=0", "runtime.progress=false",
+               *role_overrides(server.url, structured=False)]
+        proc = subprocess.run(cmd, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stderr[-3000:]
     assert "personas: 0/2 completed" in proc.stdout
     assert "persona 1 at persona" in proc.stdout and "persona 2 at persona" in proc.stdout
+    assert proc.stdout.rstrip().endswith("above runtime.max_failed_fraction=0.1: exit 3")
     job = next((tmp_path / "out" / "synthesis").iterdir())
     metrics = json.loads((job / "metrics.json").read_text())["metrics"]
     assert metrics["personas/failed/persona"] == 2
-    assert metrics["errors/persona/unparseable_attempt"] == 4 and metrics["errors/persona/gave_up"] == 2
+    assert metrics["calls/persona/unparseable_attempt"] == 4 and metrics["calls/persona"] == 4
+    assert metrics["calls/requests"] == 4 and metrics["calls/retries"] == 0
     assert (job / "instances" / "instances.jsonl").read_text() == ""
     assert len(json.loads((job / "personas.json").read_text())) == 2
-    client = MlflowClient(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("cupid-synthesis").experiment_id])
+    runs = mlflow_runs(tmp_path / "out")
     assert len(runs) == 1 and runs[0].data.metrics["personas/failed"] == 2
+    assert runs[0].info.status == "FINISHED" and runs[0].data.tags["cupid.complete"] == "false"
+
+
+def test_a_bug_in_a_builder_stops_the_job_and_fails_its_run(tmp_path: Path, monkeypatch) -> None:
+    """A TypeError while building an artefact is not a counted failure: it leaves the pipeline, and the
+    MLflow run (opened when the job started) ends FAILED."""
+    def buggy(data):
+        raise TypeError("a bug in the persona builder")
+
+    monkeypatch.setattr(persona_step, "build_persona", buggy)
+    with StubServer() as stub:
+        cfg = compose_synthesis([*role_overrides(stub.url), "synthesis.n_personas=1", f"paths.output_root={tmp_path}",
+                                 "runtime.progress=false"])
+        with pytest.raises(TypeError, match="a bug in the persona builder"):
+            pipeline.run_synthesis(cfg, tmp_path / "job", {}, None)
+        assert stub.stats()["total_completed"] == 1  # asked once: a bug is not re-asked
+    runs = mlflow_runs(tmp_path)
+    assert len(runs) == 1 and runs[0].info.status == "FAILED"
+    journey = json.loads((tmp_path / "job" / "journeys" / "persona_001.json").read_text())
+    assert "status" not in journey and "persona" not in journey
+    assert not (tmp_path / "job" / "metrics.json").exists()

@@ -10,11 +10,14 @@ from pathlib import Path
 import pytest
 
 from conftest import compose_config
+from helpers.jobs import run_one, stub_plan
+from helpers.stub_llm_server import StubServer
+
 from cupid_exp.config import DataConfig
 from cupid_exp.data.loading import load_instances
-from cupid_exp.llm.client import LLMClient, UsageMeter, configure_litellm
-from cupid_exp.prompts import PromptSet
-from cupid_exp.runner import build_context, evaluate_instance
+from cupid_exp.job import typed_config
+from cupid_exp.llm.client import LLMClient, configure_litellm
+from cupid_exp.llm.usage import UsageMeter
 
 INSTANCE = load_instances(DataConfig(name="sample", source="sample")).instances[0]
 
@@ -37,6 +40,8 @@ def official_style_dir(root: Path) -> Path:
               ### User
 
               {curr_request}
+
+              Answer under "### Most Likely Preference".
             """,
         "evaluation/response_generator.yaml": """
             system_prompt: |-
@@ -71,10 +76,14 @@ def official_style_dir(root: Path) -> Path:
             """,
     }
     for name, text in files.items():
-        path = root / name
+        path = root / "prompts" / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text).lstrip())
-    return root
+    # the official tool keeps its matcher examples in Python beside prompts/ (here: one invented example)
+    module = root / "evaluation" / "modules" / "preference_matcher.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(f"EXAMPLES = {[{'preference': 'INVENTED-EXAMPLE', 'checklist': {'Is it short?': 1}}]!r}\n")
+    return root / "prompts"
 
 
 def official_log(instance) -> str:
@@ -88,11 +97,7 @@ def official_log(instance) -> str:
     return out.strip()
 
 
-@pytest.mark.slow
 def test_drop_in_prompts_send_the_official_messages(tmp_path: Path, monkeypatch) -> None:
-    cfg = compose_config([f"prompts.dir={official_style_dir(tmp_path / 'official')}", "task=both",
-                          f"paths.output_root={tmp_path}", "model.params.max_tokens=96", "runtime.reask=0"])
-    configure_litellm(cfg.runtime)
     sent: dict[str, list[dict]] = {}
     real_complete = LLMClient.complete
 
@@ -101,30 +106,33 @@ def test_drop_in_prompts_send_the_official_messages(tmp_path: Path, monkeypatch)
         return await real_complete(self, messages, step=step, **kw)
 
     monkeypatch.setattr(LLMClient, "complete", recording_complete)
-    ctx = build_context(cfg, PromptSet(cfg.prompts.dir), UsageMeter())
-    record = asyncio.run(evaluate_instance(cfg, ctx, INSTANCE))
+    with StubServer() as stub:
+        job = stub_plan(stub.url, tmp_path, f"prompts.dir={official_style_dir(tmp_path / 'official')}",
+                        "task=both", "runtime.reask=0", "runtime.cache=false")
+        result = run_one(job)
 
     log = official_log(INSTANCE)
+    request = f"## Log\n\n{log}\n\n---\n\n## Current\n\n### User\n\n{INSTANCE.current_request}"
     assert sent["infer"] == [
         {"role": "system", "content": "INFER-SYSTEM (no placeholders)"},
-        {"role": "user", "content": f"## Log\n\n{log}\n\n---\n\n## Current\n\n### User\n\n{INSTANCE.current_request}"},
+        {"role": "user", "content": f'{request}\n\nAnswer under "### Most Likely Preference".'},
     ]
     assert sent["generate"] == [
         {"role": "system", "content": "GENERATE-SYSTEM"},
         {"role": "user", "content": f"## Log\n\n{log}\n\n---\n\n## Request\n\n{INSTANCE.current_request}"},
     ]
-    if "judge" in sent:  # the judge runs only when the local model produced a non-empty response
-        checklist = "\n".join(f"- {item}" for item in INSTANCE.current_checklist)
-        assert sent["judge"] == [
-            {"role": "system", "content": f'JUDGE-SYSTEM\n\n**Preference**: "{INSTANCE.current_contextual_preference}"'
-                                          f"\n\n**Checklist**:\n{checklist}"},
-            {"role": "user", "content": f"### User's Request\n\n{INSTANCE.current_request}\n\n"
-                                        f"### AI Assistant's Response\n\n{record.values['response']}"},
-        ]
-    else:
-        assert any(e["step"] == "generate" for e in record.errors)
-    # the decomposer and matcher prompts this directory lacks fall back to the project's files
+    checklist = "\n".join(f"- {item}" for item in INSTANCE.current_checklist)
+    assert sent["judge"] == [
+        {"role": "system", "content": f'JUDGE-SYSTEM\n\n**Preference**: "{INSTANCE.current_contextual_preference}"'
+                                      f"\n\n**Checklist**:\n{checklist}"},
+        {"role": "user", "content": f"### User's Request\n\n{INSTANCE.current_request}\n\n"
+                                    f"### AI Assistant's Response\n\n{result.generation.response}"},
+    ]
+    # the decomposer and matcher prompts this directory lacks fall back to the project's files; the matcher's
+    # examples come from the official module beside it
     assert "**Preferences**" in sent["decompose"][-1]["content"]
+    assert "INVENTED-EXAMPLE" in sent["match_recall"][0]["content"]
+    assert result.inference.f1 is not None  # the stub answers the official-style prompts; the job ran through
 
 
 @pytest.mark.parametrize("model,expected", [
@@ -135,11 +143,9 @@ def test_drop_in_prompts_send_the_official_messages(tmp_path: Path, monkeypatch)
     ("gemini_pro", {"temperature": 0}),
 ])
 def test_decoding_parameters_reach_litellm_unchanged(tmp_path: Path, model: str, expected: dict) -> None:
-    cfg = compose_config([f"model={model}", f"paths.output_root={tmp_path}"])
+    cfg = typed_config(compose_config([f"model={model}", f"paths.output_root={tmp_path}"]))
     configure_litellm(cfg.runtime)
-    from omegaconf import OmegaConf
-
-    client = LLMClient(OmegaConf.to_object(cfg.model), cfg.runtime, UsageMeter())
+    client = LLMClient(cfg.model, cfg.runtime, UsageMeter())
     seen = {}
 
     class Stop(Exception):

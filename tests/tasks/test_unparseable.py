@@ -25,7 +25,8 @@ def test_unparseable_decomposer_replies_are_kept_reasked_counted_and_policy_appl
         def run(policy: str):
             root = tmp_path / policy
             proc = run_cli(cli_command(stub.url, root, "tracking=none", f"runtime.reask={REASK}",
-                                       f"runtime.failure_policy={policy}", cache_dir=cache, data=data))
+                                       f"runtime.failure_policy={policy}", "runtime.max_failed_fraction=1",
+                                       cache_dir=cache, data=data))
             (job,) = job_dirs(root)
             return proc, read_jsonl(job / "instances.jsonl"), metrics_of(job)
 
@@ -49,7 +50,10 @@ def test_unparseable_decomposer_replies_are_kept_reasked_counted_and_policy_appl
 
     # counted per step, and the table states the policy and the counts
     assert metrics["errors/decompose/unparseable"] == len(failed) == zmetrics["errors/decompose/unparseable"]
-    assert metrics["calls/gave_up"] == 0  # an unparseable reply is not a provider give-up
+    assert metrics["calls/failed"] == 0  # an unparseable reply is not a failed call
+    assert metrics["calls/unusable_replies"] == REASK * len(failed) + len(failed)
+    assert proc.stdout.rstrip().splitlines()[-1].startswith(
+        f"INCOMPLETE: {len(failed)} of {N} instances failed (decompose/unparseable={len(failed)})")
     line = f"inference instances: {N} run, {len(ok)} scored, {len(failed)} failed"
     assert f"{line} (policy: exclude)" in proc.stdout and f"{line} (policy: zero)" in zproc.stdout
     assert f"decompose/unparseable={len(failed)}" in proc.stdout

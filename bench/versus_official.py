@@ -1,0 +1,293 @@
+#!/usr/bin/env python
+"""cupid-exp and the official runner (kixlab/CUPID) side by side on the same work (a script, not a test).
+
+Both answer to the same stub OpenAI-compatible server on 127.0.0.1 (``tests/helpers/stub_llm_server.py``,
+a fixed latency per request), on the same synthetic instances in the real CUPID schema, on the same
+machine, interleaved run by run so that the machine's load hits both alike:
+
+* official: ``python -m evaluation.run --model gpt-4.1-nano-2025-04-14 --n_workers C --task inference --data_dir …``
+  from a checkout of kixlab/CUPID (``--official DIR``; skipped when absent), run by ``--official-python``
+  (a Python with its requirements: openai, anthropic, google-genai, datasets, python-dotenv, tiktoken);
+* cupid-exp: ``python -m cupid_exp model=gpt4o evaluator=gpt4o task=inference`` with every model's
+  ``api_base`` on the stub and ``max_concurrency`` C, a fresh output folder and response cache per run,
+  MLflow tracking into a SQLite store that already exists (as it does from a user's second run on; the
+  first-run store creation is reported apart).
+
+Reported per run: whole-process wall time, requests the stub served, peak RSS (the largest single
+process, as ``/usr/bin/time`` reports it, and the whole process tree summed, sampled every 20 ms), and
+for cupid-exp its model phase (``time/model_seconds``) against the ideal requests × latency /
+concurrency, and its fixed cost (wall − model phase). Results go to ``bench/versus_official.md``.
+
+    python bench/versus_official.py --official /path/to/CUPID --official-python /path/to/venv/bin/python
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from bench import ENV, Stub, machine  # noqa: E402
+from helpers.cupid_data import write_dataset  # noqa: E402
+
+
+# the official runner checks that its models are listed by the server
+OFFICIAL_MODELS = ("gpt-4.1-nano-2025-04-14", "gpt-4o-2024-11-20")
+
+
+class TreeMemory:
+    """Samples the summed RSS of a process and its descendants (from /proc) until stopped."""
+
+    def __init__(self, pid: int, every_s: float = 0.02):
+        self.pid, self.every_s, self.peak_kb = pid, every_s, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _tree_rss_kb(self) -> int:
+        children: dict[int, list[int]] = {}
+        rss: dict[int, int] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                fields = stat[stat.rindex(")") + 2:].split()
+                children.setdefault(int(fields[1]), []).append(int(entry))
+                rss[int(entry)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE") // 1024
+            except (OSError, ValueError, IndexError):
+                continue
+        total, todo = 0, [self.pid]
+        while todo:
+            pid = todo.pop()
+            total += rss.get(pid, 0)
+            todo += children.get(pid, [])
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak_kb = max(self.peak_kb, self._tree_rss_kb())
+            self._stop.wait(self.every_s)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak_kb
+
+
+def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> dict[str, Any]:
+    """Run ``cmd``; wall time, CPU seconds, the largest process's peak RSS and the tree's summed peak."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    tree = TreeMemory(proc.pid)
+    out_chunks: list[str] = []
+    reader = threading.Thread(target=lambda: out_chunks.append(proc.stdout.read()), daemon=True)
+    reader.start()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    reader.join()
+    output = "".join(out_chunks)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[:4]} failed ({proc.returncode}):\n{output[-3000:]}")
+    return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "rss_max_mb": usage.ru_maxrss / 1024,
+            "rss_tree_mb": tree.stop() / 1024, "output": output}
+
+
+def official_instances(rows: Path, folder: Path) -> Path:
+    """The official runner's --data_dir layout: one JSON file per instance, named by its persona id."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for line in rows.read_text().splitlines():
+        row = json.loads(line)
+        name = f"{row['persona_id']}-{row['instance_type']}".replace("/", "_")
+        (folder / f"{name}.json").write_text(json.dumps({k: row[k] for k in (
+            "current_request", "current_contextual_preference", "current_checklist", "prior_interactions")}))
+    return folder
+
+
+def run_official(args: argparse.Namespace, stub: Stub, data_dir: Path, work: Path) -> dict[str, Any]:
+    results = work / "official-results"
+    shutil.rmtree(results, ignore_errors=True)
+    env = {**ENV, "OPENAI_API_KEY": "sk-bench", "OPENAI_BASE_URL": stub.url, "PYTHONPATH": str(args.official)}
+    before = stub.stats()["total_completed"]
+    res = timed([args.official_python, "-m", "evaluation.run", "--results_dir", str(results), "--model", OFFICIAL_MODELS[0],
+                 "--data_dir", str(data_dir), "--n_workers", str(args.concurrency), "--task", "inference",
+                 "--log_file", str(work / "official.log")], cwd=args.official, env=env)
+    res["requests"] = stub.stats()["total_completed"] - before
+    summary = json.loads((results / OFFICIAL_MODELS[0] / "results.json").read_text())["inference"]
+    res["micro_f1"] = 100 * summary["f1"]
+    return res
+
+
+def ours_command(url: str, root: Path, data: Path, concurrency: int) -> list[str]:
+    cmd = [sys.executable, "-m", "cupid_exp", "model=gpt4o", "evaluator=gpt4o", "task=inference", "data=local",
+           f"data.path={data}", f"paths.output_root={root}", f"runtime.cache_dir={root / 'cache'}",
+           "runtime.progress=false", f"model.api_base={url}", f"model.max_concurrency={concurrency}"]
+    for role in ("decomposer", "matcher", "judge"):
+        cmd += [f"evaluator.{role}.api_base={url}", f"evaluator.{role}.max_concurrency={concurrency}"]
+    return cmd
+
+
+def run_ours(args: argparse.Namespace, stub: Stub, data: Path, work: Path, store: Path | None,
+             *extra: str) -> dict[str, Any]:
+    root = work / f"ours-{time.monotonic_ns()}"
+    root.mkdir()
+    if store is not None:  # an existing, migrated MLflow store, as from a user's earlier runs
+        shutil.copyfile(store, root / "mlflow.db")
+    env = {**ENV, "OPENAI_API_KEY": "sk-bench"}
+    before = stub.stats()["total_completed"]
+    res = timed(ours_command(stub.url, root, data, args.concurrency) + list(extra), cwd=ROOT, env=env)
+    res["requests"] = stub.stats()["total_completed"] - before
+    (metrics_file,) = root.glob("runs/**/metrics.json")
+    metrics = json.loads(metrics_file.read_text())["metrics"]
+    res["model_s"] = metrics["time/model_seconds"]
+    res["micro_f1"] = 100 * metrics["inference/micro/f1"]
+    res["ideal_s"] = res["requests"] * args.latency / args.concurrency
+    shutil.rmtree(root, ignore_errors=True)
+    return res
+
+
+def migrated_store(work: Path) -> Path:
+    """An empty MLflow SQLite store with its schema migrations done (what a second run finds)."""
+    from mlflow.tracking import MlflowClient
+
+    path = work / "template" / "mlflow.db"
+    path.parent.mkdir(parents=True)
+    MlflowClient(f"sqlite:///{path}").search_experiments(max_results=1)
+    return path
+
+
+def spread(values: list[float], fmt: str = "{:.1f}") -> str:
+    values = sorted(values)
+    mid = statistics.median(values)
+    return fmt.format(mid) + (f" ({fmt.format(values[0])}–{fmt.format(values[-1])})" if len(values) > 1 else "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--official", type=Path, default=os.environ.get("CUPID_OFFICIAL_DIR"),
+                        help="a checkout of kixlab/CUPID (default $CUPID_OFFICIAL_DIR); without it only cupid-exp runs")
+    parser.add_argument("--official-python", default=sys.executable)
+    parser.add_argument("--instances", type=int, default=30)
+    parser.add_argument("--latency", type=float, default=0.2, help="seconds per request at the stub")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=BENCH / "versus_official.md")
+    parser.add_argument("--tracking-costs", action="store_true",
+                        help="also run cupid-exp with tracking.traces=false and with tracking=none: what tracing and "
+                             "MLflow cost")
+    args = parser.parse_args()
+    has_official = args.official is not None and (Path(args.official) / "evaluation" / "run.py").is_file()
+    if args.official is not None and not has_official:
+        print(f"no official checkout at {args.official}: cupid-exp only")
+
+    work = Path(tempfile.mkdtemp(prefix="cupid-versus-"))
+    try:
+        data = write_dataset(work / "data.jsonl", args.instances)
+        data_dir = official_instances(data, work / "official-data")
+        store = migrated_store(work)
+        official: list[dict[str, Any]] = []
+        ours: list[dict[str, Any]] = []
+        variants: dict[str, list[dict[str, Any]]] = {"tracking.traces=false": [], "tracking=none": []}
+        with Stub(latency_ms=int(args.latency * 1000), model_ids=",".join(OFFICIAL_MODELS)) as stub:
+            fresh = run_ours(args, stub, data, work, store=None)  # first run on this machine: store created
+            for i in range(args.repeats):
+                if has_official:
+                    official.append(run_official(args, stub, data_dir, work))
+                    print(f"official  #{i + 1}: {official[-1]['wall']:.1f} s, {official[-1]['requests']} requests, "
+                          f"{official[-1]['rss_max_mb']:.0f} MB (tree {official[-1]['rss_tree_mb']:.0f} MB)")
+                ours.append(run_ours(args, stub, data, work, store))
+                print(f"cupid-exp #{i + 1}: {ours[-1]['wall']:.1f} s (model phase {ours[-1]['model_s']:.2f} s), "
+                      f"{ours[-1]['requests']} requests, {ours[-1]['rss_max_mb']:.0f} MB "
+                      f"(tree {ours[-1]['rss_tree_mb']:.0f} MB)")
+                if args.tracking_costs:
+                    for override, runs in variants.items():
+                        runs.append(run_ours(args, stub, data, work, store, override))
+                        print(f"cupid-exp {override} #{i + 1}: {runs[-1]['wall']:.1f} s, {runs[-1]['cpu']:.1f} CPU s")
+        report = render(args, has_official, official, ours, fresh, variants if args.tracking_costs else {})
+        args.out.write_text(report)
+        print(report)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def render(args: argparse.Namespace, has_official: bool, official: list[dict], ours: list[dict], fresh: dict,
+           variants: dict[str, list[dict]]) -> str:
+    m = machine()
+    load = os.getloadavg()
+    lines = [
+        "# cupid-exp beside the official runner",
+        "",
+        f"`python bench/versus_official.py` on {time.strftime('%Y-%m-%d')}: {args.instances} instances, "
+        f"task=inference, stub latency {args.latency * 1000:.0f} ms, concurrency {args.concurrency} "
+        f"(official `--n_workers {args.concurrency}`, ours `max_concurrency={args.concurrency}`), {args.repeats} "
+        f"interleaved runs each; median (min–max).",
+        f"Machine: {m['nproc']} cores, {m['cpu']}, Python {m['python']}, litellm {m['litellm']}, "
+        f"mlflow {m['mlflow']}; load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}.",
+        "",
+        "| | official | cupid-exp | ratio | target |",
+        "|---|---|---|---|---|",
+    ]
+    w_ours = [r["wall"] for r in ours]
+    model = [r["model_s"] for r in ours]
+    fixed = [r["wall"] - r["model_s"] for r in ours]
+    ideal = statistics.median(r["ideal_s"] for r in ours)
+    if has_official:
+        w_off = [r["wall"] for r in official]
+        lines += [
+            f"| whole-process wall, s | {spread(w_off)} | {spread(w_ours)} | "
+            f"{statistics.median(w_ours) / statistics.median(w_off):.2f} | ≤ 0.60 |",
+            f"| requests served | {spread([r['requests'] for r in official], '{:.0f}')} | "
+            f"{spread([r['requests'] for r in ours], '{:.0f}')} | | |",
+            f"| micro F1 | {spread([r['micro_f1'] for r in official])} | {spread([r['micro_f1'] for r in ours])} | | |",
+            f"| peak RSS, largest process, MB | {spread([r['rss_max_mb'] for r in official], '{:.0f}')} | "
+            f"{spread([r['rss_max_mb'] for r in ours], '{:.0f}')} | "
+            f"{statistics.median(r['rss_max_mb'] for r in ours) / statistics.median(r['rss_max_mb'] for r in official):.2f}"
+            f" | ≤ 1 |",
+            f"| peak RSS, process tree summed, MB | {spread([r['rss_tree_mb'] for r in official], '{:.0f}')} | "
+            f"{spread([r['rss_tree_mb'] for r in ours], '{:.0f}')} | | |",
+            f"| CPU seconds | {spread([r['cpu'] for r in official])} | {spread([r['cpu'] for r in ours])} | | |",
+        ]
+    else:
+        lines += [f"| whole-process wall, s | – | {spread(w_ours)} | | |",
+                  f"| peak RSS, largest process, MB | – | {spread([r['rss_max_mb'] for r in ours], '{:.0f}')} | | |"]
+    lines += [
+        f"| cupid-exp model phase, s | | {spread(model, '{:.2f}')} | "
+        f"{statistics.median(model) / ideal:.2f} × ideal ({ideal:.2f} s) | ≤ 1.25 |",
+        f"| cupid-exp fixed cost (wall − model phase), s | | {spread(fixed)} | | ≤ 3 |",
+        "",
+        f"First run on a machine (no MLflow store yet: SQLite schema migrations): {fresh['wall']:.1f} s wall, "
+        f"{fresh['wall'] - fresh['model_s']:.1f} s fixed cost.",
+        "",
+    ]
+    if variants:
+        requests = statistics.median(r["requests"] for r in ours)
+        lines += ["What tracking costs (the same cupid-exp run with tracking reduced; per call = per request served):",
+                  "", "| cupid-exp | wall, s | CPU, s | wall saved per call, ms | CPU saved per call, ms |",
+                  "|---|---|---|---|---|",
+                  f"| as above (MLflow run, progress, traces) | {spread(w_ours)} | {spread([r['cpu'] for r in ours])} | | |"]
+        for override, runs in variants.items():
+            wall = statistics.median(w_ours) - statistics.median(r["wall"] for r in runs)
+            cpu = statistics.median(r["cpu"] for r in ours) - statistics.median(r["cpu"] for r in runs)
+            lines.append(f"| `{override}` | {spread([r['wall'] for r in runs])} | {spread([r['cpu'] for r in runs])} | "
+                         f"{1000 * wall / requests:.1f} | {1000 * cpu / requests:.1f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""What a job prints: the results table per task part, failures, usage, where the outputs went, and a
+last line that says whether the run is complete (scripts read it). Dry runs print their estimate."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import pandas as pd
+
+from cupid_exp.llm.usage import UsageMeter, usage_line
+
+PERCENT_COLUMNS = ("precision", "recall", "f1", "micro/precision", "micro/recall", "micro/f1")
+HEADERS = {"inference": "inference P/R/F1 in %: macro (paper: mean per-instance P and R, F1 = their harmonic "
+                        "mean) and micro (pooled, upstream)",
+           "generation": "generation: mean judge score (1-10)"}
+
+
+def results_table(nested: Mapping[str, Any]) -> pd.DataFrame:
+    """One row per instance group (all, then each type): n and the task's numbers."""
+    rows = []
+    for group, block in nested.items():
+        if group == "counts":
+            continue
+        row: dict[str, Any] = {"instances": group, "n": block.get("n", 0)}
+        row.update({k: round(100 * block[k], 1) for k in PERCENT_COLUMNS if k in block})
+        if "score" in block:
+            row["score (1-10)"] = round(block["score"], 2)
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("instances").fillna("-")
+
+
+def header(kind: str, choices: Mapping[str, str]) -> str:
+    return f"CUPID {kind} | " + " ".join(f"{k}={v}" for k, v in choices.items())
+
+
+def job_report(title: str, nested: Mapping[str, Any], errors: Mapping[str, int], metrics: Mapping[str, float],
+               n_bad_rows: int, where: str, status: str) -> str:
+    lines = ["", title]
+    for part, block in nested.items():
+        counts = block.get("counts", {})
+        lines += [HEADERS.get(part, part), results_table(block).to_string(),
+                  f"{part} instances: {counts.get('instances', 0)} run, {counts.get('scored', 0)} scored, "
+                  f"{counts.get('failed', 0)} failed (policy: {counts.get('failure_policy', '-')})"]
+    warnings = int(metrics.get("data/oracle_count_warnings", 0))
+    lines += [
+        f"bad data rows skipped: {n_bad_rows}" + (f"; oracle count warnings: {warnings}" if warnings else ""),
+        "failed steps: " + (", ".join(f"{k}={v}" for k, v in sorted(errors.items()) if "/" in k) or "none"),
+        usage_line(dict(metrics), metrics.get("time/seconds")),
+        f"outputs: {where}",
+        status,
+    ]
+    return "\n".join(lines)
+
+
+def dry_run_report(title: str, meter: UsageMeter) -> str:
+    """Calls, tokens and estimated cost per step; nothing was sent to any model."""
+    rows = [{"step": step, "calls": int(c.get("calls", 0)), "prompt tokens": int(c.get("prompt_tokens", 0)),
+             "completion tokens (est.)": int(c.get("completion_tokens", 0)),
+             "cost USD (est.)": round(c.get("cost_usd", 0.0), 4), "unpriced calls": int(c.get("unpriced_calls", 0))}
+            for step, c in meter.as_dict().items()]
+    totals = meter.totals()
+    table = pd.DataFrame(rows).set_index("step").to_string() if rows else "(no calls)"
+    unpriced = int(totals.get("unpriced_calls", 0))
+    return "\n".join([
+        "", f"DRY RUN (no model was called) | {title}", table,
+        f"total: {int(totals.get('calls', 0))} calls, {int(totals.get('prompt_tokens', 0))} prompt tokens, "
+        f"~{int(totals.get('completion_tokens', 0))} completion tokens, ~${totals.get('cost_usd', 0.0):.4f}"
+        + (f" ({unpriced} calls unpriced)" if unpriced else ""),
+    ])

@@ -1,0 +1,127 @@
+"""The Hydra entry shared by ``python -m cupid_exp`` and ``python -m cupid_exp.synthesize``.
+
+A job ends in one of four ways, each with its exit code (documented in the README):
+
+- 0: complete (or below ``runtime.max_failed_fraction`` failed instances);
+- 1: a bug: the traceback is printed, the journal keeps what finished;
+- 2: a bad setting or bad data, found before the first model call: one line, no traceback;
+- 3: incomplete: more than ``runtime.max_failed_fraction`` of the instances failed.
+
+In a sweep, a job's bad setting or incomplete result does not stop the other jobs: each job
+writes ``job_status.json`` into its folder, and when the sweep ends the failed and incomplete
+jobs are listed together and the process exits with the worst code.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+EXIT_OK, EXIT_BUG, EXIT_BAD_INPUT, EXIT_INCOMPLETE = 0, 1, 2, 3
+
+
+@dataclass
+class Outcome:
+    """How a job ended: ``ok``, ``incomplete`` (too many failed instances) or ``error`` (bad input)."""
+
+    outcome: str
+    reason: str = ""
+    value: float | None = None  # what Hydra's sweepers optimise (the headline metric)
+
+    @property
+    def exit_code(self) -> int:
+        return {"ok": EXIT_OK, "incomplete": EXIT_INCOMPLETE}.get(self.outcome, EXIT_BAD_INPUT)
+
+
+class InputError(Exception):
+    """Bad settings or data: reported in one line, exit 2 (``ConfigError``, ``DataError`` are turned into it)."""
+
+
+_STARTED = False  # set once a job function runs: a composition error before it is Hydra's own
+
+
+def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path, dict, str | None], Outcome],
+                  input_errors: tuple[type[BaseException], ...]) -> float | None:
+    """Run one job under Hydra; write its status; exit with its code when it is a single run."""
+    global _STARTED
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from cupid_exp.tracking.callbacks import STATUS_FILE
+    from cupid_exp.tracking.mlflow import parent_run_id
+
+    _STARTED = True
+    hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
+    output_dir = Path(hc.runtime.output_dir)
+    try:
+        outcome = job(cfg, output_dir, dict(hc.runtime.choices), parent_run_id(hc.sweep.dir) if multirun else None)
+    except input_errors as exc:
+        print(f"{program}: {exc}", file=sys.stderr)
+        outcome = Outcome("error", str(exc))
+    if multirun:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        status = {"job": output_dir.name, "overrides": list(hc.overrides.task), "outcome": outcome.outcome,
+                  "reason": outcome.reason}
+        from cupid_exp.secrets import scrub_obj, secret_values
+
+        (output_dir / STATUS_FILE).write_text(json.dumps(scrub_obj(status, secret_values(status["overrides"]))))
+        return outcome.value
+    if outcome.exit_code:
+        sys.exit(outcome.exit_code)
+    return outcome.value
+
+
+class SweepReportCallback(Callback):
+    """At the end of a sweep: list the jobs that failed or ended incomplete, and set the exit code."""
+
+    exit_code = EXIT_OK
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from cupid_exp.tracking.callbacks import job_statuses
+
+        statuses = job_statuses(Path(config.hydra.sweep.dir))
+        bad = [s for s in statuses if s.get("outcome") != "ok"]
+        if not bad:
+            return
+        lines = [f"sweep: {len(bad)} of {len(statuses)} jobs did not complete:"]
+        lines += [f"  {s.get('job')}: {s.get('outcome')}: {s.get('reason')}" for s in bad]
+        print("\n".join(lines), file=sys.stderr)
+        codes = [Outcome(s.get("outcome", "error")).exit_code for s in bad]
+        SweepReportCallback.exit_code = EXIT_BAD_INPUT if EXIT_BAD_INPUT in codes else max(codes)
+
+
+def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
+                register: Callable[[], None] | None = None) -> Callable[[], None]:
+    """A console-script ``main()`` running ``task`` under Hydra with cupid-exp's config folder.
+
+    Exit codes: Hydra's own composition errors (an unknown choice, a misspelt key) exit 2 like our
+    checks; a sweep exits with its worst job's code once every job has run.
+    """
+    import hydra
+
+    from cupid_exp.config import register_configs
+    from cupid_exp.resources import conf_dir
+
+    register_configs()
+    if register is not None:
+        register()
+    hydra_main = hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name=config_name)(task)
+
+    def main() -> None:
+        try:
+            hydra_main()
+        except SystemExit as exc:
+            if exc.code == EXIT_BUG and not _STARTED:
+                sys.exit(EXIT_BAD_INPUT)  # Hydra printed why composition failed; no job ran, no call was made
+            raise
+        if SweepReportCallback.exit_code:
+            sys.exit(SweepReportCallback.exit_code)
+
+    return main

@@ -1,0 +1,65 @@
+"""One evaluation job in four phases: plan → execute → summarise → publish.
+
+Each phase is a function of the previous one's value, callable and testable in-process:
+``plan`` checks everything it can before the first model call, ``execute`` runs the instances
+left to run, ``summarize`` (``cupid_exp.scoring.summary``) computes the numbers, ``publish``
+writes files, prints the table and finishes the MLflow run, which was opened right after planning
+and followed the job's progress (``cupid_exp.tracking.live``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from cupid_exp.entry import Outcome
+from cupid_exp.job.execute import Execution, execute, run_instance
+from cupid_exp.job.plan import JobPlan, build_context, plan, typed_config
+from cupid_exp.job.publish import headline, publish, start_tracking
+from cupid_exp.results import InstanceResult
+from cupid_exp.scoring.summary import JobSummary, summarize
+from cupid_exp.tracking.attempts import earlier_attempt_metrics, earlier_usage
+from cupid_exp.tracking.mlflow import ends_on_error
+from cupid_exp.tracking.signals import sigterm_raises
+
+
+def summarize_job(job: JobPlan, execution: Execution, started: float) -> JobSummary:
+    """The job's summary from the journal's finished records and this run's fresh ones, in dataset order."""
+    fresh = {r.key: r.to_record() for r in execution.results}
+    records = [job.done.get(i.key) or fresh[i.key] for i in job.data.instances]
+    extra = job.setting.metrics(records)
+    extra.update({"resume/instances_from_journal": float(len(job.done)), "data/bad_rows": float(len(job.data.errors)),
+                  "data/oracle_count_warnings": float(sum(1 for r in records if r.get("data_warnings"))),
+                  "time/model_seconds": execution.seconds, "time/model_cpu_seconds": execution.cpu_seconds})
+    cfg = job.cfg
+    summary = summarize(records, job.parts, failure_policy=cfg.runtime.failure_policy, meter=job.meter,
+                        extra_metrics=extra, seed=cfg.seed, with_intervals=not job.dry_run,
+                        max_failed_fraction=cfg.runtime.max_failed_fraction)
+    if not job.dry_run:  # what earlier attempts spent on the instances they finished (the journal's records)
+        summary.metrics.update(earlier_attempt_metrics(earlier_usage(job.done.values())))
+    summary.metrics["time/seconds"] = time.perf_counter() - started
+    return summary
+
+
+def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = None,
+            parent_run: str | None = None) -> Outcome:
+    """Run one job end to end; the Outcome says whether it completed (and carries the headline metric)."""
+    started = time.perf_counter()
+    job = plan(cfg, output_dir, choices, parent_run)
+    with sigterm_raises():  # from the run's creation on, SIGTERM unwinds (and ends the run KILLED)
+        live = start_tracking(job)
+        with ends_on_error(live):
+            execution = execute(job, live)
+            if live is not None:
+                live.executed()
+            summary = summarize_job(job, execution, started)
+            publish(job, summary, live)
+    if summary.over_threshold and not job.dry_run:
+        return Outcome("incomplete", summary.status_line(), headline(summary))
+    return Outcome("ok", "", headline(summary))
+
+
+__all__ = ["Execution", "InstanceResult", "JobPlan", "JobSummary", "build_context", "execute", "plan", "publish",
+           "run_instance", "run_job", "start_tracking", "summarize", "summarize_job", "typed_config"]

@@ -1,0 +1,111 @@
+"""Checks that need the world, run before the first model call: folders writable, prompt files usable,
+the tracking server reachable. Each problem is one ConfigError line naming the setting and the value.
+
+(Value ranges and choices are checked by the config schema itself, ``cupid_exp.config``.)
+"""
+
+from __future__ import annotations
+
+import string
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Iterable
+
+import yaml
+
+from cupid_exp.config import ConfigError, RunConfig
+from cupid_exp.prompts import PromptSet
+from cupid_exp.settings.base import Setting
+
+TRACKING_TIMEOUT_S = 3.0
+
+# The placeholders each step fills, by prompt file (a drop-in prompt may use fewer, never others).
+STEP_PROMPTS = {
+    "inference": {"evaluation/preference_inferrer": {"interaction_log", "curr_request"},
+                  "synthesis/preference_decomposer": {"preferences"}},
+    "generation": {"evaluation/response_judger": {"preference", "checklist", "user_request", "ai_response"}},
+}
+MATCHER_FIELDS = {"checklist", "preference", "examples"}
+GENERATOR_FIELDS = {"interaction_log", "curr_request"}
+
+
+def check_writable(key: str, folder: str | Path) -> None:
+    path = Path(folder).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".cupid-write-check-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{key}={str(folder)!r} is not a writable folder ({exc.strerror or exc})") from None
+
+
+def _placeholders(text: str | None) -> set[str]:
+    return {name.split(".")[0].split("[")[0] for _, name, _, _ in string.Formatter().parse(text or "") if name}
+
+
+def prompts_needed(cfg: RunConfig, setting: Setting, parts: Iterable[str]) -> dict[str, set[str]]:
+    """Every prompt file the job will send, with the placeholders the sending step fills."""
+    needed = dict(setting.own_prompts())
+    for part in parts:
+        needed.update(STEP_PROMPTS[part])
+    if "inference" in parts:
+        needed[cfg.evaluator.matcher_prompt] = MATCHER_FIELDS
+    if "generation" in parts:
+        needed[setting.generation_prompt] = GENERATOR_FIELDS | setting.generation_fields
+    return needed
+
+
+def check_prompts(prompts: PromptSet, needed: dict[str, set[str]]) -> None:
+    """Each prompt file exists, parses, and asks only for placeholders its step fills."""
+    where = f"prompts.dir={str(prompts.directory)!r}"
+    for name, provided in needed.items():
+        try:
+            template = prompts.get(name)
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{where}: prompt {name} cannot be used ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0][:200]})") from None
+        try:
+            unknown = sorted((_placeholders(template.system) | _placeholders(template.user)) - provided)
+        except ValueError as exc:  # a stray "{" in the template
+            raise ConfigError(f"{where}: prompt {name} is not a valid template ({exc})") from None
+        if unknown:
+            raise ConfigError(f"{where}: prompt {name} asks for placeholder(s) {unknown} that its step does not "
+                              f"fill (it fills {sorted(provided)}; write a literal brace as '{{{{' or '}}}}')")
+
+
+def check_tracking(cfg: RunConfig) -> None:
+    """An MLflow server answers within a few seconds; a SQLite store's folder is writable."""
+    tracking = cfg.tracking
+    if not tracking.enabled or cfg.runtime.dry_run:
+        return
+    uri = tracking.uri
+    if uri.startswith("sqlite:///"):
+        check_writable("tracking.uri", Path(uri.removeprefix("sqlite:///")).expanduser().parent)
+    elif uri.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=TRACKING_TIMEOUT_S):
+                pass
+        except urllib.error.HTTPError:
+            pass  # it answered: a server is there (a proxy may refuse /health)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ConfigError(f"tracking.uri={uri!r} is not reachable within {TRACKING_TIMEOUT_S:g} s ({reason}); "
+                              "start the server, fix the URI, or run with tracking=none") from None
+
+
+def prompt_set(directory: str | None) -> PromptSet:
+    """The prompt files in effect; a missing ``prompts.dir`` is one ConfigError line."""
+    if directory and not Path(directory).expanduser().is_dir():
+        raise ConfigError(f"prompts.dir={directory!r} is not a directory (point it at a folder in the official "
+                          "layout: evaluation/*.yaml, synthesis/*.yaml)")
+    return PromptSet(directory)
+
+
+def check_before_calls(cfg: RunConfig, setting: Setting, prompts: PromptSet, parts: Iterable[str]) -> None:
+    check_writable("paths.output_root", cfg.paths.output_root)
+    if cfg.runtime.cache and not cfg.runtime.dry_run:
+        check_writable("runtime.cache_dir", cfg.runtime.cache_dir)
+    check_prompts(prompts, prompts_needed(cfg, setting, tuple(parts)))
+    check_tracking(cfg)

@@ -1,0 +1,119 @@
+"""Phase 2 of a job: run every instance left to run, journal each as it finishes.
+
+Each instance gets the setting's view once, then its task parts run concurrently on it. A step's
+failure is recorded on its instance and the others go on; a bug (any exception that is not a
+counted step failure) stops the job with its traceback, and the journal keeps what finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from cupid_exp.data.schema import Instance, relevant_positions
+from cupid_exp.job.plan import JobPlan
+from cupid_exp.llm.calls import recording
+from cupid_exp.llm.client import drain_background_tasks
+from cupid_exp.llm.server import managed_server
+from cupid_exp.llm.steps import StepFailed, Transcript
+from cupid_exp.progress import InstanceObserver, Progress
+from cupid_exp.results import HistoryView, InstanceResult, SettingOutput, Truth
+from cupid_exp.settings.base import View
+from cupid_exp.tasks import TASKS
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Execution:
+    """What the model phase produced, and what it cost in time."""
+
+    results: list[InstanceResult]  #: fresh results, in completion order
+    seconds: float = 0.0  #: wall time calling models and scoring (without start-up or logging)
+    cpu_seconds: float = 0.0  #: this process's CPU time in that phase (the orchestration cost)
+
+
+def _truth(instance: Instance) -> Truth:
+    return Truth(gt_preference=instance.current_contextual_preference, gt_checklist=list(instance.current_checklist),
+                 gt_checklist_len=len(instance.current_checklist), context_factor=instance.current_context_factor)
+
+
+def _history(instance: Instance, n_shown: int) -> HistoryView:
+    words = sum(len(m.content.split()) for s in instance.prior_interactions for m in s.dialogue)
+    return HistoryView(n_context_sessions=n_shown, relevant_positions=relevant_positions(instance),
+                       n_prior_sessions=len(instance.prior_interactions), history_words=words)
+
+
+async def run_instance(plan: JobPlan, instance: Instance, progress: Progress | None = None) -> InstanceResult:
+    """The setting's view, then every task part on it; failed steps are recorded, never raised."""
+    transcript = Transcript()
+    stages = plan.setting.stages
+    try:
+        view: View | None = await plan.setting.view(instance, plan.ctx, transcript)
+    except StepFailed as exc:
+        transcript.fail(exc)
+        log.warning("instance %s: %s", instance.key, exc)
+        view = None
+    for stage in stages:
+        if progress is not None:
+            progress.done(stage)
+    outcomes: dict[str, object] = {}
+    if view is not None:
+        async def part(name: str) -> None:
+            outcomes[name] = await TASKS[name].run(plan.ctx, instance, view, transcript)
+            if progress is not None:
+                progress.done(name)
+
+        await asyncio.gather(*(part(name) for name in plan.parts))
+    elif progress is not None:
+        for name in plan.parts:
+            progress.done(name)
+    for error in transcript.errors:
+        log.warning("instance %s: %s", instance.key, error.message)
+    n_shown = len(view.positions) if view is not None else len(plan.setting.positions(instance))
+    return InstanceResult(
+        key=instance.key, persona_id=instance.persona_id, instance_type=instance.instance_type,
+        truth=_truth(instance), history=_history(instance, n_shown),
+        setting=view.output if view is not None else SettingOutput(),
+        inference=outcomes.get("inference"), generation=outcomes.get("generation"),
+        errors=transcript.errors, raw=transcript.raw, usage=transcript.usage)
+
+
+async def _run_all(plan: JobPlan, instances: list[Instance], observer: InstanceObserver | None = None
+                   ) -> list[InstanceResult]:
+    progress = Progress([*plan.setting.stages, *plan.parts], len(instances), plan.meter,
+                        enabled=bool(plan.cfg.runtime.progress))
+
+    async def one(instance: Instance) -> InstanceResult:
+        with recording(observer is not None and observer.wants_calls) as calls:  # the instance's calls, for its trace
+            result = await run_instance(plan, instance, progress)
+        record = result.to_record()
+        if plan.journal is not None:
+            plan.journal.append(record)
+        if observer is not None:
+            observer.instance_finished(instance, result, record, calls)
+        return result
+
+    results: list[InstanceResult] = []
+    try:
+        for future in asyncio.as_completed([one(i) for i in instances]):
+            results.append(await future)
+    finally:
+        progress.close()
+    await drain_background_tasks()
+    return results
+
+
+def execute(plan: JobPlan, observer: InstanceObserver | None = None) -> Execution:
+    """Run what is left to run (nothing on a complete resume), inside the evaluator's model server if any;
+    ``observer`` (the MLflow run's live view) hears of each finished instance."""
+    todo = plan.todo
+    if not todo:
+        return Execution([])
+    server = plan.cfg.evaluator.server if not plan.dry_run else None
+    with managed_server(server):
+        start, cpu = time.perf_counter(), time.process_time()  # without a model server's start-up
+        results = asyncio.run(_run_all(plan, todo, observer))
+        return Execution(results, time.perf_counter() - start, time.process_time() - cpu)

@@ -1,0 +1,118 @@
+"""Phase 1 of a job: everything decided and checked before the first model call.
+
+The config becomes typed objects once and every value is checked; the setting object, the data
+(every row validated), the prompts and the resume journal are loaded; the clients are built only
+when some instance is left to run (importing litellm takes seconds).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from cupid_exp.config import RunConfig, check_known_keys, check_tree
+from cupid_exp.data.loading import LoadedData, load_instances
+from cupid_exp.data.schema import Instance
+from cupid_exp.job.checks import check_before_calls, prompt_set
+from cupid_exp.llm.usage import UsageMeter
+from cupid_exp.prompts import EVALUATION_PROMPTS, PromptSet
+from cupid_exp.secrets import install_log_scrubber, redact, secret_values
+from cupid_exp.settings import make_setting
+from cupid_exp.settings.base import Setting
+from cupid_exp.tasks.context import TaskContext
+from cupid_exp.tracking.journal import Journal, job_identity
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class JobPlan:
+    """A job ready to run: its typed config, data, setting, prompts and what resume already has."""
+
+    cfg: RunConfig
+    resolved: dict[str, Any]  #: the resolved config as plain data (identity, MLflow params, config.yaml)
+    output_dir: Path
+    choices: dict[str, str]  #: Hydra's group choices (model=..., setting=...)
+    parent_run: str | None  #: the sweep's MLflow parent run
+    data: LoadedData
+    prompts: PromptSet
+    setting: Setting
+    parts: tuple[str, ...]  #: the task parts to run, in order
+    secrets: list[str]
+    identity: str  #: hash of everything that decides the results (names the journal)
+    journal: Journal | None = None
+    done: dict[str, dict[str, Any]] = field(default_factory=dict)  #: key -> finished record from the journal
+    meter: UsageMeter = field(default_factory=UsageMeter)
+    ctx: TaskContext | None = None  #: clients and evaluator; None when nothing is left to run
+
+    @property
+    def todo(self) -> list[Instance]:
+        return [i for i in self.data.instances if i.key not in self.done]
+
+    @property
+    def dry_run(self) -> bool:
+        return bool(self.cfg.runtime.dry_run)
+
+    @property
+    def prompts_digest(self) -> str:
+        return self.prompts.digest(EVALUATION_PROMPTS)
+
+
+def typed_config(cfg: DictConfig) -> RunConfig:
+    """The composed config as objects, every value checked (ConfigError names the first bad one)."""
+    run_cfg = OmegaConf.to_object(cfg)
+    check_known_keys(cfg, run_cfg)
+    check_tree(run_cfg)
+    return run_cfg
+
+
+def build_context(cfg: RunConfig, prompts: PromptSet, meter: UsageMeter) -> TaskContext:
+    """Clients for every role (one per distinct model config) and the evaluator around them."""
+    from cupid_exp.evaluators import Evaluator
+    from cupid_exp.llm.client import clients_for, configure_litellm
+    from cupid_exp.llm.steps import Reask
+    from cupid_exp.rendering import matcher_examples
+
+    configure_litellm(cfg.runtime)
+    ev = cfg.evaluator
+    clients = clients_for({"subject": cfg.model, "decomposer": ev.decomposer, "matcher": ev.matcher,
+                           "judge": ev.judge}, cfg.runtime, meter)
+    retry = Reask(cfg.runtime.reask)
+    examples = matcher_examples(prompts.matcher_examples()) if ev.matcher_few_shot else None
+    evaluator = Evaluator(clients["decomposer"], clients["matcher"], clients["judge"], prompts,
+                          matcher_prompt=ev.matcher_prompt, matcher_examples=examples,
+                          max_checklist_items=ev.max_checklist_items, retry=retry)
+    return TaskContext(clients["subject"], evaluator, prompts, retry)
+
+
+def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = None,
+         parent_run: str | None = None) -> JobPlan:
+    run_cfg = typed_config(cfg)
+    setting = make_setting(run_cfg.setting)
+    setting.check_parts(run_cfg.task.parts)
+    resolved = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "hydra"}
+    secrets = secret_values(resolved)
+    install_log_scrubber(secrets)
+    prompts = prompt_set(run_cfg.prompts.dir)
+    check_before_calls(run_cfg, setting, prompts, run_cfg.task.parts)
+    data = load_instances(run_cfg.data)
+    identity = job_identity(resolved, dataset_digest=data.digest, prompts_digest=prompts.digest(EVALUATION_PROMPTS))
+    job = JobPlan(cfg=run_cfg, resolved=redact(resolved), output_dir=output_dir, choices=dict(choices or {}),
+                  parent_run=parent_run, data=data, prompts=prompts, setting=setting,
+                  parts=tuple(run_cfg.task.parts), secrets=secrets, identity=identity)
+    log.info("%d instances from %s (%d bad rows); model=%s evaluator=%s", len(data.instances), data.source,
+             len(data.errors), run_cfg.model.name, run_cfg.evaluator.name)
+    if run_cfg.runtime.resume and not job.dry_run:
+        job.journal = Journal(Path(run_cfg.paths.output_root) / "journal" / f"{identity}.jsonl", secrets)
+        finished = job.journal.load(retry_failed=run_cfg.runtime.retry_failed)
+        job.done = {i.key: finished[i.key] for i in data.instances if i.key in finished}
+        if job.done:
+            log.info("resuming: %d of %d instances already finished (journal %s)", len(job.done),
+                     len(data.instances), job.journal.path)
+    if job.todo:
+        job.ctx = build_context(run_cfg, prompts, job.meter)
+    return job

@@ -1,0 +1,152 @@
+"""Phase 4 of a job: write its files, finish its MLflow run, print its table (and, before phase 2,
+open that run: ``start_tracking``).
+
+instances.jsonl and metrics.json land in the Hydra job folder first (atomically), so a tracking
+failure can never cost the results; plots are drawn after the table is printed.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from cupid_exp import console
+from cupid_exp.job.plan import JobPlan
+from cupid_exp.outputs import write_json, write_jsonl
+from cupid_exp.scoring.summary import JobSummary
+from cupid_exp.secrets import scrub_obj
+from cupid_exp.tracking.attempts import whole_job_metrics
+from cupid_exp.tracking.live import LiveRun
+from cupid_exp.tracking.mlflow import flatten, records_table
+from cupid_exp.tracking.provenance import git_state
+from cupid_exp.tracking.signals import shielded
+
+log = logging.getLogger(__name__)
+
+
+def title(plan: JobPlan) -> str:
+    cfg = plan.cfg
+    return console.header(cfg.task.name, {"model": cfg.model.name, "setting": plan.setting.label(),
+                                          "evaluator": cfg.evaluator.name, "data": cfg.data.name})
+
+
+def run_name(plan: JobPlan) -> str:
+    cfg = plan.cfg
+    return cfg.tracking.run_name or f"{cfg.model.name}-{cfg.task.name}-{cfg.setting.name}"
+
+
+def start_tracking(plan: JobPlan) -> LiveRun | None:
+    """Open the job's MLflow run before any model is called: params, tags and the dataset input first,
+    then progress while the job works. A resumed job reopens its earlier attempt's run (``tracking.attempts``)."""
+    from pathlib import Path
+
+    from cupid_exp.tracking import attempts, traces
+    from cupid_exp.tracking.dataset import mlflow_dataset
+    from cupid_exp.tracking.mlflow import RunTracker
+
+    cfg = plan.cfg
+    if not cfg.tracking.enabled or plan.dry_run:
+        return None
+    tracker = RunTracker(cfg.tracking, plan.secrets)
+    key = attempts.run_key(plan.identity, cfg.runtime, cfg.paths.output_root)
+    claim = attempts.claim(key, Path(cfg.paths.output_root) / "journal") if cfg.runtime.resume else attempts.Claim(key)
+    previous = attempts.earlier_run(tracker.client, tracker.experiment_id, key) if claim.exclusive else None
+    params = flatten(plan.resolved)
+    params.update({f"choice.{k}": str(v) for k, v in plan.choices.items()})
+    tags = {"dataset_digest": plan.data.digest, "dataset_source": plan.data.source,
+            "prompts_digest": plan.prompts_digest, "output_dir": str(plan.output_dir.resolve()),
+            "job_identity": plan.identity, **attempts.attempt_tags(previous, key)}
+    try:
+        tracker.start(run_name=run_name(plan), params=params, parent=plan.parent_run, config=plan.resolved,
+                      tags=tags, resume=previous.info.run_id if previous is not None else None)
+        tracker.log_input(mlflow_dataset(cfg.data, plan.data))
+        writer = None
+        if cfg.tracking.traces and plan.todo:
+            traces.setup(cfg.tracking.uri)
+            writer = traces.TraceWriter(tracker.experiment_id, tracker.run_id, _trace_tags(plan), _judges(plan),
+                                        plan.secrets)
+        live = LiveRun(tracker, claim, total=len(plan.data.instances), parts=plan.parts,
+                       policy=cfg.runtime.failure_policy, done=list(plan.done.values()),
+                       earlier=attempts.earlier_usage(plan.done.values()), meter=plan.meter,
+                       every_s=cfg.tracking.progress_every_s, traces=writer, attempt=tags["cupid.attempt"])
+        live.start()
+    except BaseException as exc:  # an interrupt or a store error while opening: never leave it RUNNING
+        from cupid_exp.tracking.signals import Terminated
+
+        tracker.end("KILLED" if isinstance(exc, (KeyboardInterrupt, Terminated)) else "FAILED")
+        claim.release()
+        raise
+    return live
+
+
+def _trace_tags(plan: JobPlan) -> dict[str, str]:
+    cfg = plan.cfg
+    return {"cupid.model": cfg.model.name, "cupid.setting": plan.setting.label(), "cupid.task": cfg.task.name,
+            "cupid.evaluator": cfg.evaluator.name, "cupid.data": cfg.data.name}
+
+
+def _judges(plan: JobPlan) -> dict[str, str]:
+    """Whose labels each part's scores come from (the feedback's source)."""
+    ev = plan.cfg.evaluator
+    return {"inference": ev.matcher.name, "generation": ev.judge.name}
+
+
+def write_outputs(plan: JobPlan, summary: JobSummary) -> None:
+    records = scrub_obj(summary.records, plan.secrets)
+    plan.output_dir.mkdir(parents=True, exist_ok=True)
+    write_jsonl(plan.output_dir / "instances.jsonl", records)
+    write_json(plan.output_dir / "metrics.json", {
+        "dry_run": plan.dry_run, "git": git_state(), "metrics": summary.metrics, "breakdown": summary.nested,
+        "errors": summary.errors, "usage": plan.meter.as_dict(),
+        "complete": summary.complete, "failed_instances": summary.failed_instances,
+        "failure_reasons": summary.failure_reasons(),
+        "data": {"source": plan.data.source, "digest": plan.data.digest, "instances": len(plan.data.instances),
+                 "bad_rows": [str(e) for e in plan.data.errors]},
+        "prompts_digest": plan.prompts_digest})
+
+
+def _plots(plan: JobPlan, summary: JobSummary) -> list[Path]:
+    """Score by type, score vs relevant-session position (paper Fig. 3), vs history length (Fig. 9)."""
+    from cupid_exp.reporting.plots import save_run_plots
+
+    cfg = plan.cfg
+    return save_run_plots(summary.records, plan.parts, plan.output_dir / "plots", seed=cfg.seed,
+                          failure_policy=cfg.runtime.failure_policy,
+                          title_prefix=f"{cfg.model.name} {plan.setting.label()}")
+
+
+def publish(plan: JobPlan, summary: JobSummary, tracker: LiveRun | None) -> None:
+    """Files, then the console table, then MLflow (metrics, tags, artifacts, plots) and the run's end."""
+    live = tracker
+    write_outputs(plan, summary)
+    if plan.dry_run:
+        print(console.dry_run_report(title(plan), plan.meter))
+        return
+    where = str(plan.output_dir)
+    if live is not None:
+        where += f" | MLflow run {live.tracker.run_id} at {plan.cfg.tracking.uri}"
+    print(console.job_report(title(plan), summary.nested, summary.errors, summary.metrics, len(plan.data.errors),
+                             where, summary.status_line()), flush=True)
+    if live is None:
+        return
+    # The results are on disk and printed: logging them is held together, an interrupt waits for it (a few
+    # seconds) and is delivered once the run has ended FINISHED. Raised half-way through MLflow's store
+    # writes, it could leave a SQLite transaction or a lock behind and the run RUNNING.
+    with shielded():
+        run = live.tracker
+        # the run spans every attempt: usage for the whole job (the folder's metrics.json: this attempt's)
+        run.log_metrics({**summary.metrics, **whole_job_metrics(summary.metrics)}, step=summary.n_instances)
+        run.set_tags({"cupid.complete": str(summary.complete).lower(), "cupid.failed_instances": summary.failed_instances})
+        run.log_artifacts([plan.output_dir / "instances.jsonl", plan.output_dir / "metrics.json"])
+        run.log_artifacts(sorted((plan.output_dir / ".hydra").glob("*.yaml")), ".hydra")
+        run.log_table(records_table(scrub_obj(summary.records, plan.secrets)), "instances_table.json")
+        run.log_artifacts(_plots(plan, summary), "plots")
+        m = summary.metrics
+        live.end("FINISHED", {"calls": int(m.get("calls/total", 0)), "cost_usd": round(m.get("cost/usd", 0.0), 6)})
+
+
+def headline(summary: JobSummary) -> Any:
+    """What Hydra's sweepers optimise: the first part's headline metric."""
+    part = summary.parts[0]
+    return summary.metrics.get(f"{part}/f1" if part == "inference" else f"{part}/score")

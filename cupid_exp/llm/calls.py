@@ -1,0 +1,67 @@
+"""A per-instance log of model calls, for tracing: who asked what, what came back, and what it cost.
+
+``ask`` appends one ``CallRecord`` per attempt to the log of the current context, if there is one;
+the job opens a log around each instance (``recording``), so every step of that instance — run in
+child tasks, which inherit the context — lands in the same list. With no log open, recording is a
+single ContextVar lookup: the tracing layer builds its spans from this list after the instance
+finishes, off the call path.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+
+@dataclass
+class CallRecord:
+    """One attempt of one step: a completion, a provider failure, or a reply that could not be used."""
+
+    step: str
+    attempt: int  #: 0 for the first ask, 1.. for re-asks / resamples
+    model: str  #: the model config's name
+    litellm_model: str
+    messages: list[dict[str, Any]]
+    started_ns: int  #: wall clock (epoch ns) when the call was made
+    ended_ns: int
+    reply: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float | None = None
+    cached: bool = False
+    retries: int = 0
+    finish_reason: str | None = None
+    error_kind: str | None = None  #: provider failure kind, or the parse failure's kind (unparseable, length, ...)
+    error: str | None = None
+
+
+@dataclass
+class CallLog:
+    """The calls of one instance, in the order they ended."""
+
+    started_ns: int = field(default_factory=time.time_ns)
+    calls: list[CallRecord] = field(default_factory=list)
+
+
+_CURRENT: ContextVar[CallLog | None] = ContextVar("cupid_call_log", default=None)
+
+
+def current() -> CallLog | None:
+    return _CURRENT.get()
+
+
+@contextmanager
+def recording(enabled: bool = True) -> Iterator[CallLog | None]:
+    """Open a call log for the code (and the tasks it starts) inside the block; None when disabled."""
+    if not enabled:
+        yield None
+        return
+    log = CallLog()
+    token = _CURRENT.set(log)
+    try:
+        yield log
+    finally:
+        _CURRENT.reset(token)

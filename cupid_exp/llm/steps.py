@@ -1,0 +1,153 @@
+"""One model step, used by evaluation and synthesis alike: ask → parse → ask again → fail (counted).
+
+``ask`` sends the messages, hands the reply to the step's parser and, when the parser raises
+``ParseError``, tries again as the step's ``retry`` policy says: ``Reask`` shows the model its own
+reply and the reason (evaluation), ``Resample`` asks afresh with the attempt number, the reason and
+a moved sampling seed (synthesis, where a tiny model otherwise repeats itself). A provider failure
+or a reply that never parses becomes ``StepFailed`` with its kind; anything else is a bug and
+propagates. Every reply, usage and failure lands in the instance's ``Transcript``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from cupid_exp.llm import calls
+from cupid_exp.llm.client import DryReply, LLMClient, ProviderError
+from cupid_exp.llm.replies import ParseError
+from cupid_exp.llm.usage import Completion
+from cupid_exp.results import StepError
+
+Messages = list[dict[str, str]]
+
+
+class StepFailed(Exception):
+    """A step that could not produce a usable value; recorded on the instance, never scored as 0."""
+
+    def __init__(self, step: str, kind: str, message: str):
+        self.step, self.kind = step, kind
+        super().__init__(f"{step}: {kind}: {message}")
+
+    def as_error(self) -> StepError:
+        return StepError(self.step, self.kind, str(self))
+
+
+@dataclass
+class Transcript:
+    """One instance's model calls: raw replies and usage per step, and the steps that failed."""
+
+    raw: dict[str, list[str]] = field(default_factory=dict)
+    usage: dict[str, dict[str, float]] = field(default_factory=dict)
+    errors: list[StepError] = field(default_factory=list)
+
+    def add(self, step: str, completion: Completion) -> None:
+        usage = self.usage.setdefault(step, {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0,
+                                             "cache_hits": 0, "cost_usd": 0.0})
+        usage["calls"] += 1
+        usage["prompt_tokens"] += completion.prompt_tokens
+        usage["completion_tokens"] += completion.completion_tokens
+        # kept per instance so a resumed job can count what its earlier attempts spent (as UsageMeter does)
+        usage["cache_hits"] += int(completion.cached)
+        if completion.cost_usd is not None and not completion.cached:
+            usage["cost_usd"] += completion.cost_usd
+        self.raw.setdefault(step, []).append(completion.text)
+
+    def fail(self, exc: StepFailed) -> None:
+        self.errors.append(exc.as_error())
+
+
+@dataclass(frozen=True)
+class Reask:
+    """Evaluation's policy: on an unusable reply, show the model its reply and why, then ask again."""
+
+    attempts: int = 1  #: extra attempts after the first
+
+    def messages(self, original: Messages, attempt: int, reply: str, reason: str) -> Messages:
+        if attempt == 0:
+            return list(original)
+        return [*original, {"role": "assistant", "content": reply},
+                {"role": "user", "content": f"Your reply could not be used ({reason}). "
+                                            "Answer again, exactly in the required format."}]
+
+    def params(self, client: LLMClient, attempt: int) -> dict[str, Any] | None:
+        return None
+
+
+@dataclass(frozen=True)
+class Resample:
+    """Synthesis's policy: ask afresh, saying which attempt it is and what was wrong, with a moved seed.
+
+    The note changes the cache key and the seed changes the sample: a tiny model otherwise repeats the
+    rejected answer almost word for word.
+    """
+
+    attempts: int = 2
+
+    def messages(self, original: Messages, attempt: int, reply: str, reason: str) -> Messages:
+        if attempt == 0:
+            return list(original)
+        last = dict(original[-1])
+        note = f"(Attempt {attempt + 1}. The previous answer was rejected: {reason[:300]}. Write a new answer.)"
+        last["content"] = f"{last['content']}\n\n{note}"
+        return [*original[:-1], last]
+
+    def params(self, client: LLMClient, attempt: int) -> dict[str, Any] | None:
+        return None if attempt == 0 else {"seed": int(client.model.params.get("seed") or 0) + attempt}
+
+
+async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[[str], Any], *,
+              transcript: Transcript, schema: dict | None = None, params: dict[str, Any] | None = None,
+              retry: Reask | Resample = Reask(1), dry_reply: DryReply | None = None) -> Any:
+    """Ask ``client`` for ``step`` and return ``parse(reply)``; raise StepFailed when no reply is usable.
+
+    A reply cut at max_tokens (finish_reason "length") fails the step as ``length`` at once, its raw
+    text kept: asking again would hit the same limit.
+    """
+    reply, reason, kind = "", "", "unparseable"
+    log = calls.current()
+    for attempt in range(retry.attempts + 1):
+        extra = retry.params(client, attempt)
+        sent = retry.messages(messages, attempt, reply, reason)
+        started = time.time_ns() if log is not None else 0
+        try:
+            completion = await client.complete(sent, step=step, json_schema=schema,
+                                               params={**(params or {}), **(extra or {})}, dry_reply=dry_reply)
+        except ProviderError as exc:
+            if log is not None:
+                log.calls.append(_record(client, step, attempt, sent, started, error=(exc.kind, str(exc))))
+            raise StepFailed(step, exc.kind, str(exc)) from exc
+        transcript.add(step, completion)
+        reply = completion.text
+        record = _record(client, step, attempt, sent, started, completion) if log is not None else None
+        if record is not None:
+            log.calls.append(record)
+        try:
+            return parse(reply)
+        except ParseError as exc:
+            if record is not None:
+                record.error_kind, record.error = ("length" if completion.finish_reason == "length" else exc.kind,
+                                                   str(exc))
+            if completion.finish_reason == "length":
+                client.meter.reject(step, "length")
+                raise StepFailed(step, "length", f"the reply was cut at max_tokens ({exc})") from exc
+            kind, reason = exc.kind, str(exc)
+            client.meter.reject(step, kind)
+    client.meter.gave_up(step)
+    raise StepFailed(step, kind, reason)
+
+
+def _record(client: LLMClient, step: str, attempt: int, messages: Messages, started: int,
+            completion: Completion | None = None, error: tuple[str, str] | None = None) -> calls.CallRecord:
+    """What the tracing layer needs of one attempt (only built while a call log is open)."""
+    record = calls.CallRecord(step=step, attempt=attempt, model=client.model.name,
+                              litellm_model=client.model.litellm_model, messages=messages, started_ns=started,
+                              ended_ns=time.time_ns())
+    if completion is not None:
+        record.reply, record.finish_reason = completion.text, completion.finish_reason
+        record.prompt_tokens, record.completion_tokens = completion.prompt_tokens, completion.completion_tokens
+        record.cost_usd, record.cached, record.retries = completion.cost_usd, completion.cached, completion.retries
+    if error is not None:
+        record.error_kind, record.error = error
+    return record

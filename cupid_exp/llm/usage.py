@@ -1,0 +1,121 @@
+"""What every model call costs and how it ended, counted per step; the one place usage becomes metrics.
+
+A *call* is one completion a step asked for. It either succeeds (fresh or from the cache) or fails
+after the Router's retries. *Requests* are what reached a provider: every fresh success, every
+failed call, and every retry of either. Replies that came back but could not be used are counted
+apart (``<kind>_attempt``), since the call itself succeeded.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+# Failure kinds that come from the provider (the call failed), as opposed to unusable replies.
+PROVIDER_KINDS = ("provider", "timeout", "rate_limit", "auth", "context_length")
+
+
+@dataclass
+class Completion:
+    """One successful call: the reply text and what it cost."""
+
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float | None = 0.0  #: None: the model is not in litellm's price map (counted, never guessed)
+    cached: bool = False
+    seconds: float = 0.0
+    retries: int = 0  #: requests the Router repeated before this one succeeded
+    finish_reason: str | None = None  #: "length" when the reply was cut at max_tokens
+
+
+@dataclass
+class UsageMeter:
+    """Per-step counters shared by every client of a job (evaluation and synthesis alike)."""
+
+    counts: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
+
+    def add(self, step: str, completion: Completion) -> None:
+        c = self.counts[step]
+        c["calls"] += 1
+        c["cache_hits"] += int(completion.cached)
+        c["retries"] += completion.retries
+        c["prompt_tokens"] += completion.prompt_tokens
+        c["completion_tokens"] += completion.completion_tokens
+        if completion.cost_usd is None:
+            c["unpriced_calls"] += 1
+        elif not completion.cached:
+            c["cost_usd"] += completion.cost_usd
+
+    def fail(self, step: str, kind: str, retries: int = 0) -> None:
+        """A call that failed for good (``kind`` from the provider) after ``retries`` repeated requests."""
+        self.counts[step][f"failed_{kind}"] += 1
+        self.counts[step]["retries"] += retries
+
+    def refuse(self, step: str) -> None:
+        """A call not sent: its prompt cannot fit the model's context window (no request, no cost)."""
+        self.counts[step]["not_sent_oversized"] += 1
+
+    def reject(self, step: str, kind: str) -> None:
+        """A reply that came back but could not be used (``unparseable``, ``invalid``, ``length``)."""
+        self.counts[step][f"{kind}_attempt"] += 1
+
+    def gave_up(self, step: str) -> None:
+        """A step that ran out of attempts on unusable replies."""
+        self.counts[step]["gave_up"] += 1
+
+    def totals(self) -> dict[str, float]:
+        out: dict[str, float] = defaultdict(float)
+        for c in self.counts.values():
+            for k, v in c.items():
+                out[k] += v
+        return dict(out)
+
+    def as_dict(self) -> dict[str, dict[str, float]]:
+        return {step: dict(c) for step, c in self.counts.items()}
+
+
+def failed_calls(counts: dict[str, float]) -> float:
+    return sum(v for k, v in counts.items() if k.startswith("failed_"))
+
+
+def requests_sent(counts: dict[str, float]) -> float:
+    """Requests that reached a provider: fresh successes, failed calls, and every retry."""
+    return counts.get("calls", 0.0) - counts.get("cache_hits", 0.0) + failed_calls(counts) + counts.get("retries", 0.0)
+
+
+def usage_metrics(meter: UsageMeter) -> dict[str, float]:
+    """Flat MLflow metrics: ``calls/<step>``, ``calls/total``, ``calls/requests``, ``cost/usd``, ..."""
+    out: dict[str, float] = {}
+    for step, counts in meter.as_dict().items():
+        out[f"calls/{step}"] = counts.get("calls", 0.0)
+        out[f"calls/{step}/cache_hits"] = counts.get("cache_hits", 0.0)
+        out[f"calls/{step}/failed"] = failed_calls(counts)
+        out[f"tokens/{step}/prompt"] = counts.get("prompt_tokens", 0.0)
+        out[f"tokens/{step}/completion"] = counts.get("completion_tokens", 0.0)
+        for key, value in counts.items():
+            if key.endswith("_attempt") or key.startswith("failed_"):
+                out[f"calls/{step}/{key}"] = value
+    totals = meter.totals()
+    out["calls/total"] = totals.get("calls", 0.0)
+    out["calls/cache_hits"] = totals.get("cache_hits", 0.0)
+    out["calls/requests"] = requests_sent(totals)
+    out["calls/retries"] = totals.get("retries", 0.0)
+    out["calls/failed"] = failed_calls(totals)
+    out["calls/unusable_replies"] = sum(v for k, v in totals.items() if k.endswith("_attempt"))
+    out["calls/unpriced"] = totals.get("unpriced_calls", 0.0)
+    out["calls/not_sent_oversized"] = totals.get("not_sent_oversized", 0.0)
+    out["tokens/prompt"] = totals.get("prompt_tokens", 0.0)
+    out["tokens/completion"] = totals.get("completion_tokens", 0.0)
+    out["cost/usd"] = totals.get("cost_usd", 0.0)
+    return out
+
+
+def usage_line(metrics: dict[str, float], seconds: float | None = None) -> str:
+    """The console's one-line account of calls, requests, tokens and cost."""
+    m = metrics.get
+    line = (f"calls: {int(m('calls/total', 0))} ok ({int(m('calls/cache_hits', 0))} cached), "
+            f"{int(m('calls/failed', 0))} failed; requests sent: {int(m('calls/requests', 0))} "
+            f"({int(m('calls/retries', 0))} retries); tokens: {int(m('tokens/prompt', 0))} in / "
+            f"{int(m('tokens/completion', 0))} out; cost: ${m('cost/usd', 0.0):.4f}")
+    return line + (f"; time: {seconds:.1f}s" if seconds is not None else "")

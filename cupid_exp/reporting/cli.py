@@ -1,0 +1,114 @@
+"""Paper-layout leaderboards from the MLflow store, with bootstrap intervals and paired comparisons.
+
+``python -m cupid_exp.report`` reads the finished job runs (tag ``cupid.kind=job``) of an
+experiment and prints, per data set × evaluator:
+
+- inference P / R / F1 by model × {all, consistent, contrastive, changing, oracle, summary}
+  (all and the types from ``setting=standard`` runs, the oracle and summary columns from runs
+  with those settings) — the paper's Tables 1 / 11, plus Table 9's summary-by-type breakdown;
+- generation score by model × {all, types, oracle, oracle_preference, summary} — Tables 3 / 10;
+- one more column per setting beyond the paper's, labelled by the setting's own ``label()``
+  (``retrieval[bm25,k=2]``), and, when any setting other than standard ran, a table by model ×
+  setting × instance type with the share of the oracle gain (oracle − standard) each setting recovers.
+
+Every number carries a 95% cluster bootstrap interval over the run's instances (personas
+resampled as clusters), computed from the run's ``instances.jsonl`` artifact (downloaded once
+and cached). ``--reference paper`` adds the paper's rows, marked "paper". ``--compare A B``
+prints a paired comparison of two runs on their shared instances.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from cupid_exp.reporting.build import build_report
+from cupid_exp.reporting.compare import compare_runs
+from cupid_exp.reporting.reference import load_reference
+from cupid_exp.reporting.render import FORMATS, render
+from cupid_exp.reporting.runs import (DEFAULT_CACHE, DEFAULT_TRACKING_URI, get_job_run, load_records, search_job_runs,
+                                      tracking_uri)
+from cupid_exp.reporting.selection import select_runs
+from cupid_exp.reporting.tables import Table
+from cupid_exp.scoring.bootstrap import DEFAULT_N_BOOT
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m cupid_exp.report", description=__doc__.split("\n\n")[0])
+    p.add_argument("--tracking-uri", default=None,
+                   help=f"default: $MLFLOW_TRACKING_URI, else {DEFAULT_TRACKING_URI}")
+    p.add_argument("--experiment", default="cupid")
+    p.add_argument("--filter", default=None, help="MLflow filter string, e.g. \"params.`data.name` = 'cupid'\"")
+    p.add_argument("--format", choices=list(FORMATS), default="markdown")
+    p.add_argument("--output", type=Path, default=None, help="write here instead of stdout")
+    p.add_argument("--reference", choices=["paper"], default=None, help="add the paper's published rows")
+    p.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), default=None,
+                   help="paired comparison of two runs (B − A) on their shared instances")
+    p.add_argument("--plots", type=Path, default=None, help="also write cross-model PNG plots into this folder")
+    p.add_argument("--n-boot", type=int, default=DEFAULT_N_BOOT)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where downloaded instances.jsonl are kept")
+    args = p.parse_args(argv)
+    args.tracking_uri = tracking_uri(args.tracking_uri)
+    return args
+
+
+def _comparison(args: argparse.Namespace, load) -> tuple[list[Table], list[str]] | None:
+    """The --compare table; None (after saying why) when a run has no records to pair."""
+    a, b = (get_job_run(args.tracking_uri, r) for r in args.compare)
+    notes, recs = [], {}
+    for run in (a, b):
+        recs[run.run_id] = load(run.run_id)
+        if recs[run.run_id] is None:
+            print(f"run {run.run_id} has no instances.jsonl artifact: nothing to pair", file=sys.stderr)
+            return None
+        if run.status != "FINISHED":
+            notes.append(f"run {run.short} has status {run.status}: its instances may be incomplete")
+    return [compare_runs(a, recs[a.run_id], b, recs[b.run_id], n_boot=args.n_boot, seed=args.seed)], notes
+
+
+def _leaderboards(args: argparse.Namespace, load) -> tuple[list[Table], list[str]] | None:
+    """The report's tables and notes; None (after saying why) when the experiment does not exist."""
+    try:
+        runs = search_job_runs(args.tracking_uri, args.experiment, args.filter)
+    except LookupError as exc:
+        print(str(exc), file=sys.stderr)
+        return None
+    selection = select_runs(runs, load)
+    notes = list(selection.notes)
+    if not selection.runs:
+        notes.append(f"no finished job runs in experiment {args.experiment!r} at {args.tracking_uri}"
+                     + (f" matching {args.filter!r}" if args.filter else ""))
+    reference = load_reference() if args.reference == "paper" else None
+    tables = build_report(selection, reference=reference, n_boot=args.n_boot, seed=args.seed)
+    notes.append(f"95% intervals: cluster bootstrap over personas, {args.n_boot} resamples, seed {args.seed}")
+    if args.plots:
+        from cupid_exp.reporting.plots import save_report_plots
+
+        paths = save_report_plots(selection, args.plots, seed=args.seed)
+        notes.append(f"plots: {len(paths)} PNG files in {args.plots}")
+    return tables, notes
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    def load(run_id: str):
+        return load_records(args.tracking_uri, run_id, args.cache_dir)
+
+    result = (_comparison if args.compare else _leaderboards)(args, load)
+    if result is None:
+        return 2
+    tables, notes = result
+    text = render(tables, notes, args.format)
+    if args.format == "csv" and notes:
+        print("\n".join(notes), file=sys.stderr)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text, encoding="utf-8")
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0

@@ -1,0 +1,70 @@
+"""Paired comparison of two runs (B − A) on the instances both scored, overall and per instance type."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+
+from cupid_exp.reporting.reference import GROUPS
+from cupid_exp.reporting.runs import JobRun, common_policy, setting_fields
+from cupid_exp.reporting.tables import SCALE, Table
+from cupid_exp.scoring.bootstrap import DEFAULT_N_BOOT, DEFAULT_N_PERM, MAX_EXACT_PERSONAS, paired_compare
+from cupid_exp.scoring.statistics import HEADLINE, TASK_METRICS, task_frame
+
+Records = Sequence[Mapping[str, Any]]
+HEADER = ["task", "instances", "metric", "A", "B", "B − A", "95% CI", "p", "shared (personas)", "only A", "only B"]
+
+
+def _tasks(run_a: JobRun, records_a: Records, run_b: JobRun, records_b: Records) -> list[str]:
+    """The tasks both runs have numbers for; failing that, those both runs' records carry a scored instance of."""
+    tasks = [t for t in TASK_METRICS if t in run_a.tasks and t in run_b.tasks]
+    return tasks or [t for t in TASK_METRICS
+                     if not task_frame(records_a, t).empty and not task_frame(records_b, t).empty]
+
+
+def _differs(run_a: JobRun, run_b: JobRun) -> str:
+    """'differs: model.name gpt4o → claude37, ...' over what names a configuration in the report."""
+    setting_keys = [k for run in (run_a, run_b) for k in setting_fields(run.setting)]
+    keys = dict.fromkeys(("model.name", "setting.name", *setting_keys, "evaluator.name", "data.name"))
+    differs = [k for k in keys if run_a.params.get(k) != run_b.params.get(k)]
+    return "differs: " + (", ".join(f"{k} {run_a.params.get(k)} → {run_b.params.get(k)}" for k in differs)
+                          or "none of model/setting/evaluator/data")
+
+
+def compare_runs(run_a: JobRun, records_a: Records, run_b: JobRun, records_b: Records, *,
+                 n_boot: int = DEFAULT_N_BOOT, seed: int = 0) -> Table:
+    """Paired comparison B − A on the instances both runs scored, overall and per instance type."""
+    policy = common_policy([run_a, run_b])
+    title = (f"Paired comparison: B − A on shared instances (95% paired cluster-bootstrap CI; "
+             f"sign-flip permutation p over personas) — A = {run_a.describe()}, B = {run_b.describe()}")
+    rows, long = [], []
+    for task in _tasks(run_a, records_a, run_b, records_b):
+        factor, digits = SCALE[task]
+        for group in GROUPS:
+            ra = records_a if group == "all" else [r for r in records_a if r.get("instance_type") == group]
+            rb = records_b if group == "all" else [r for r in records_b if r.get("instance_type") == group]
+            if not ra or not rb:
+                continue
+            for metric in (TASK_METRICS[task] if group == "all" else (HEADLINE[task],)):
+                c = paired_compare(ra, rb, metric, n_boot=n_boot, seed=seed, failure_policy=policy)
+                if c.n_shared == 0:
+                    continue
+                rows.append([task, group, metric, f"{c.a * factor:.{digits}f}", f"{c.b * factor:.{digits}f}",
+                             f"{c.diff * factor:+.{digits}f}",
+                             f"[{c.low * factor:+.{digits}f}, {c.high * factor:+.{digits}f}]",
+                             f"{c.p_value:.3g}" + ("" if c.p_exact else "*"), f"{c.n_shared} ({c.n_clusters})",
+                             str(c.only_a), str(c.only_b)])
+                long.append({"table": "compare", "task": task, "instances": group, **c.as_dict(),
+                             "run_a": run_a.run_id, "run_b": run_b.run_id})
+    frame = pd.DataFrame(rows, columns=HEADER)
+    notes = []
+    if frame.empty:
+        notes.append("the two runs share no scored instances")
+    if frame["p"].str.endswith("*").any():
+        notes.append(f"* p from {DEFAULT_N_PERM:,} random sign patterns (exact enumeration when ≤ "
+                     f"{MAX_EXACT_PERSONAS} personas)")
+    if run_a.failure_policy != run_b.failure_policy:
+        notes.append("the runs used different failure policies; compared with failures excluded")
+    notes.append(f"{_differs(run_a, run_b)}; full config diff: python -m cupid_exp.diff {run_a.run_id} {run_b.run_id}")
+    return Table(title, frame, pd.DataFrame(long), notes)

@@ -1,0 +1,291 @@
+"""What changed between two runs, as Hydra overrides: ``python -m cupid_exp.diff A B``.
+
+A and B are MLflow run ids or Hydra job output dirs. The printed overrides, appended to A's
+own overrides, make ``python -m cupid_exp`` compose B's resolved config:
+
+- a config group whose choice changed is printed as the choice (``model=gpt4o``,
+  ``llm@evaluator.judge=local``, ``~group`` / ``+group=x`` when removed / added);
+- then every leaf that still differs: ``key=value``, ``+key=value`` (added), ``~key`` (removed);
+  a value that follows from another by interpolation (``tracking.uri`` from ``paths.output_root``)
+  is not printed when setting its source already reproduces it;
+- the prompt-set hash, dataset digest and git commit, when they differ, as ``#`` comments.
+
+The overrides are computed — and then checked — by composing with Hydra's compose API against
+the current ``conf/``: compose(A's overrides + printed) must equal B's recorded resolved config.
+For an MLflow run, A's overrides are the job dir's ``.hydra/overrides.yaml`` when its ``output_dir``
+tag still points at one, otherwise they are reconstructed from the run's group choices and config.
+Secret-looking values are redacted in MLflow and are never compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+
+from cupid_exp.reporting.diff_compose import REDACTED, Composed, LeafDiff, compose, leaf_diffs, same
+from cupid_exp.reporting.diff_specs import ABSENT, DIGESTS, RunSpec, load_spec
+from cupid_exp.reporting.runs import DEFAULT_TRACKING_URI, tracking_uri
+
+
+@dataclass
+class ConfigDiff:
+    overrides: list[str]  # apply after base_overrides
+    base_overrides: list[str]  # A's overrides (recorded or reconstructed)
+    digests: list[tuple[str, str, str]]  # (name, A, B) for those that differ
+    notes: list[str]
+    verified: bool  # compose(base - superseded + overrides + drift) == B's recorded config
+    unreproduced: list[str] = field(default_factory=list)  # keys still differing after the overrides
+    # overrides on keys where A and B were recorded alike but today's conf/ composes A's overrides
+    # differently (the conf changed since they ran): needed to reproduce B today, not a difference
+    drift: list[str] = field(default_factory=list)
+    added_since: list[str] = field(default_factory=list)  # keys in today's conf/ that neither record has
+    # A's overrides inside a group B chose otherwise (B's option may lack their keys): left out of A's
+    superseded: list[str] = field(default_factory=list)
+
+    def command(self) -> str:
+        base = [o for o in self.base_overrides if o not in self.superseded]
+        return shlex.join(["python", "-m", "cupid_exp", *base, *self.overrides, *self.drift])
+
+
+def _try_compose(overrides: Sequence[str], conf_dir: str | Path | None) -> Composed | None:
+    try:
+        return compose(overrides, conf_dir)
+    except Exception:
+        return None
+
+
+def _extend(prefix: list[str], batch: Sequence[str], conf_dir: str | Path | None,
+            failed: list[str]) -> tuple[list[str], Composed | None]:
+    """The overrides of ``batch`` that compose after ``prefix`` (all at once if they can, else one by one,
+    collecting the ones Hydra rejects in ``failed``), and the config they compose."""
+    attempt = _try_compose([*prefix, *batch], conf_dir)
+    if attempt is not None:
+        return list(batch), attempt
+    added: list[str] = []
+    composed = None
+    for override in batch:
+        attempt = _try_compose([*prefix, *added, override], conf_dir)
+        if attempt is None:
+            failed.append(override)
+            continue
+        added.append(override)
+        composed = attempt
+    return added, composed
+
+
+def _implied(prefix: list[str], added: list[str], composed: Composed | None, conf_dir: str | Path | None) -> list[str]:
+    """``added`` without the group choices another one brings along (``model=gpt4o`` implies
+    ``evaluator=gpt4o`` through its defaults list), so only the choice that decides is printed."""
+    if composed is None:
+        return added
+    kept = list(added)
+    for override in added:
+        trial = [o for o in kept if o != override]
+        attempt = _try_compose([*prefix, *trial], conf_dir)
+        if attempt is not None and attempt.choices == composed.choices:
+            kept = trial
+    return kept
+
+
+def _inside(overrides: Sequence[str], choices: Sequence[str]) -> list[str]:
+    """The value overrides that set keys inside the config nodes the group ``choices`` fill: ``setting.top_k=3``
+    is inside ``setting=standard``, ``evaluator.judge.name=x`` inside ``llm@evaluator.judge=local``."""
+    nodes = [_override_key(c).split("@", 1)[-1] + "." for c in choices]
+    return [o for o in overrides if any(_override_key(o).startswith(node) for node in nodes)]
+
+
+class Reach(NamedTuple):
+    overrides: list[str]  # to append after the base (less ``superseded``)
+    notes: list[str]
+    remaining: list[LeafDiff]  # what still differs after them
+    superseded: list[str]  # base overrides inside a group the target chose otherwise, left out to compose
+
+
+def overrides_to_reach(base: Sequence[str], target: RunSpec, *, conf_dir: str | Path | None = None,
+                       max_rounds: int = 6, who: str = "B") -> Reach:
+    """Overrides that, after ``base``, compose ``target.config``.
+
+    Group choices first (only those that composing the top-level ones did not already bring along),
+    then leaf values, sources of interpolations before the values derived from them. A base override
+    that sets a key inside a group the target chose otherwise cannot stand with the new option when
+    its schema lacks the key (settings have one schema each): it is left out of the base (``superseded``).
+    """
+    failed: list[str] = []
+    base, superseded = list(base), []
+    composed = compose(base, conf_dir)
+    out: list[str] = []
+
+    # 1. group choices: top-level groups, then nested ones (llm@evaluator.judge) still differing. Top-level
+    # twice: a choice can imply another (model=gpt4o brings evaluator=gpt4o), which B may have overridden.
+    for nested in (False, False, True):
+        wanted = []
+        for group in sorted(set(composed.choices) | set(target.choices)):
+            if ("@" in group) != nested or not target.choices:
+                continue
+            have, want = composed.choices.get(group), target.choices.get(group)
+            if have == want:
+                continue
+            if want is None:
+                wanted.append(f"~{group}")
+            elif have is None:
+                wanted.append(f"+{group}={want}")
+            else:
+                wanted.append(f"{group}={want}")
+        wanted = [w for w in wanted if w not in failed]
+        stale = _inside(base, wanted)
+        if stale and _try_compose([*base, *out, *wanted], conf_dir) is None:
+            kept = [o for o in base if o not in stale]
+            if _try_compose([*kept, *out, *wanted], conf_dir) is not None:
+                base, superseded = kept, superseded + stale
+        if wanted:
+            added, attempt = _extend([*base, *out], wanted, conf_dir, failed)
+            out += _implied([*base, *out], added, attempt, conf_dir)
+            composed = attempt or composed
+
+    # 2. leaves: sources first, derived values only if still different
+    for _ in range(max_rounds):
+        diffs = [d for d in leaf_diffs(composed.resolved, target.config) if d.override() not in failed]
+        if not diffs:
+            break
+        sources = [d for d in diffs if not composed.derived(d.key)]
+        added, attempt = _extend([*base, *out], [d.override() for d in (sources or diffs)], conf_dir, failed)
+        out += added
+        composed = attempt or composed
+        if not added and len(sources) == len(diffs):
+            break
+    remaining = leaf_diffs(composed.resolved, target.config)
+    notes = []
+    absent = [o[1:] for o in failed if o.startswith("~") and "=" not in o]
+    if absent:
+        notes.append(f"{who}'s record lacks keys the current conf/ always has (recorded under another schema?); "
+                     f"no override removes them: {', '.join(absent)}")
+    other = [o for o in failed if not (o.startswith("~") and "=" not in o)]
+    if other:
+        notes.append(f"not expressible as overrides under the current conf/: {' '.join(other)}")
+    return Reach(out, notes, remaining, superseded)
+
+
+def diff_runs(a: RunSpec, b: RunSpec, *, conf_dir: str | Path | None = None) -> ConfigDiff:
+    notes: list[str] = []
+    if not leaf_diffs(a.config, b.config):
+        notes.append("A's and B's recorded resolved configs are identical")
+    if a.overrides is None:
+        base, rebuild_notes, missing, _ = overrides_to_reach([], a, conf_dir=conf_dir, who="A")
+        notes.append(f"A's overrides are not recorded; reconstructed as: {' '.join(base) or '(none)'}")
+        notes += rebuild_notes
+        if missing:
+            notes.append("A's recorded config is not reproducible under the current conf/ "
+                         f"({', '.join(d.key for d in missing)})")
+    else:
+        base = list(a.overrides)
+    composed_a = compose(base, conf_dir)
+    drift = [d.key for d in leaf_diffs(composed_a.resolved, a.config)]
+    drift_groups = {g for g in set(composed_a.choices) | set(a.choices)
+                    if a.choices and composed_a.choices.get(g) != a.choices.get(g)}
+    if a.overrides is not None:
+        if drift:
+            notes.append("A's overrides compose differently under the current conf/ than when A ran "
+                         f"({', '.join(drift[:8])}{', …' if len(drift) > 8 else ''}); the overrides below "
+                         "reach B from A's overrides as they compose today")
+    reach, more_notes, still, superseded = overrides_to_reach(base, b, conf_dir=conf_dir)
+    notes += more_notes
+    # keys today's conf/ has that neither A's nor B's record has: added to the schema since both ran
+    added_since = [d.key for d in still if d.op == "remove" and a.select(d.key) is ABSENT]
+    if added_since:
+        notes.append("keys added to conf/ since both runs (in neither record; not counted as differences): "
+                     + ", ".join(added_since))
+        notes = [n for n in notes if not n.startswith("B's record lacks keys")]
+    remaining = [d.key for d in still if d.key not in added_since]
+    overrides, drifted = [], []
+    for override in reach:
+        (drifted if _is_drift(override, a, b, drift, drift_groups) else overrides).append(override)
+    digests = [(k, a.digests[k], b.digests[k]) for k in DIGESTS
+               if k in a.digests and k in b.digests and a.digests[k] != b.digests[k]]
+    unknown = [f"{k} ({', '.join(s for s, spec in (('A', a), ('B', b)) if k not in spec.digests)})"
+               for k in DIGESTS if (k in a.digests) != (k in b.digests)]
+    if unknown:
+        notes.append("not recorded, so not compared: " + ", ".join(unknown))
+    if any(v == REDACTED for v in _walk(b.config)):
+        notes.append("secret-looking values are redacted in the records and were not compared")
+    return ConfigDiff(overrides, base, digests, notes, not remaining, remaining, drifted, added_since, superseded)
+
+
+def _override_key(override: str) -> str:
+    return override.lstrip("~+").split("=", 1)[0]
+
+
+def _is_drift(override: str, a: RunSpec, b: RunSpec, drift_keys: Sequence[str], drift_groups: set[str]) -> bool:
+    """True when ``override`` only undoes conf drift: A's overrides compose differently today than A's
+    record there, and A's and B's records agree on it — so it is not a difference between A and B."""
+    key = _override_key(override)
+    if key in a.choices or key in b.choices or "@" in key:  # a group choice
+        return key in drift_groups and a.choices.get(key) == b.choices.get(key)
+    if not any(d == key or d.startswith(key + ".") or key.startswith(d + ".") for d in drift_keys):
+        return False
+    va, vb = a.select(key), b.select(key)
+    return (va is ABSENT and vb is ABSENT) or (va is not ABSENT and vb is not ABSENT and same(va, vb))
+
+
+def _walk(tree: Any) -> Iterable[Any]:
+    if isinstance(tree, Mapping):
+        for v in tree.values():
+            yield from _walk(v)
+    elif isinstance(tree, (list, tuple)):
+        for v in tree:
+            yield from _walk(v)
+    else:
+        yield tree
+
+
+def render(diff: ConfigDiff, a: RunSpec, b: RunSpec) -> str:
+    lines = [f"# A: {a.label}", f"# B: {b.label}"]
+    if diff.base_overrides:
+        lines.append(f"# A's overrides: {shlex.join(diff.base_overrides)}")
+    if diff.superseded:
+        lines.append(f"# leave out of A's overrides (inside a group B chose otherwise): {shlex.join(diff.superseded)}")
+    if diff.overrides:
+        lines += [shlex.quote(o) for o in diff.overrides]
+    elif diff.verified or not leaf_diffs(a.config, b.config):
+        lines.append("# no differences between A's and B's resolved configs")
+    else:
+        lines.append("# no override expresses the differences (see the notes)")
+    if diff.drift:
+        lines.append("# conf/ has changed since these runs; to reproduce B under today's conf/, also apply:")
+        lines += [shlex.quote(o) for o in diff.drift]
+    for name, va, vb in diff.digests:
+        lines.append(f"# {name}: {va} -> {vb}")
+    for note in diff.notes:
+        lines.append(f"# note: {note}")
+    if diff.verified:
+        lines.append(f"# verified: A's overrides{' (less those left out)' if diff.superseded else ''} "
+                     "+ the overrides above compose B's resolved config"
+                     + (" (on every key B's record has)" if diff.added_since else ""))
+    else:
+        lines.append(f"# NOT reproduced: still different after the overrides: {', '.join(diff.unreproduced)}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m cupid_exp.diff",
+                                description="What differs between two runs, as Hydra overrides (B relative to A).")
+    p.add_argument("a", help="MLflow run id or job output dir")
+    p.add_argument("b", help="MLflow run id or job output dir")
+    p.add_argument("--tracking-uri", default=None,
+                   help=f"default: $MLFLOW_TRACKING_URI, else {DEFAULT_TRACKING_URI}")
+    p.add_argument("--shell", action="store_true",
+                   help="print one command line: python -m cupid_exp <A's overrides> <the diff>")
+    args = p.parse_args(argv)
+    try:
+        uri = tracking_uri(args.tracking_uri)
+        a, b = load_spec(args.a, uri), load_spec(args.b, uri)
+    except (ValueError, FileNotFoundError) as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    diff = diff_runs(a, b)
+    sys.stdout.write(diff.command() + "\n" if args.shell else render(diff, a, b))
+    return 0 if diff.verified else 1
+

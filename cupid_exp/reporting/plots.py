@@ -1,0 +1,378 @@
+"""Plots of per-instance records (instances.jsonl): where a model succeeds and fails.
+
+- :func:`plot_by_type` — score per instance type, bars with cluster-bootstrap 95% intervals;
+- :func:`plot_by_relevant_position` — score against the mean position of the sessions that reveal
+  the current preference (paper Fig. 3: is a preference shown early harder to recover?);
+- :func:`plot_by_history_length` — score against the history's length in words, in equal-size
+  bins (paper Fig. 9);
+- :func:`save_run_plots` — all of them for one run, as PNG files;
+- :func:`save_report_plots` — the cross-model ones of a report's selection.
+
+Every function takes either one run's records or ``{label: records}`` for several runs (one
+series each, e.g. one per model in the report) and returns a matplotlib ``Figure`` built with
+the object-oriented API on the Agg canvas: no pyplot state, safe in worker processes.
+
+Inference is shown as the paper's F1 (harmonic mean of mean precision and mean recall,
+recomputed per bin); generation as the mean judge score (1–10). Every number, and which instances
+enter it under the failure policy, comes from ``cupid_exp.scoring``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from cupid_exp.data.schema import INSTANCE_TYPES
+from cupid_exp.scoring.bootstrap import bootstrap_ci
+from cupid_exp.scoring.statistics import HEADLINE, TASK_METRICS, fields_of, task_frame, task_of
+
+if TYPE_CHECKING:
+    from cupid_exp.reporting.selection import Selection
+
+log = logging.getLogger(__name__)
+
+Records = Sequence[Mapping[str, Any]]
+Series = Records | Mapping[str, Records]
+
+LABELS = {"precision": "precision", "recall": "recall", "f1": "F1 (HM of mean P and mean R)",
+          "score": "judge score (1–10)"}
+ALIASES = {"judge_score": "score"}  # the record field's name for the statistic
+COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+          "#bcbd22", "#17becf"]
+
+
+def _series(records: Series) -> dict[str, list[Mapping[str, Any]]]:
+    if isinstance(records, Mapping):
+        return {str(k): list(v) for k, v in records.items()}
+    return {"": list(records)}
+
+
+def _metric(metric: str) -> tuple[str, str]:
+    """(statistic, its task) for a metric name a plot accepts."""
+    metric = ALIASES.get(metric, metric)
+    task = task_of(metric)
+    if task is None:
+        raise ValueError(f"metric={metric!r}; expected one of {[m for ms in TASK_METRICS.values() for m in ms]}")
+    return metric, task
+
+
+def _point_field(metric: str) -> str:
+    """The per-instance field shown as faint dots behind the binned statistic (F1: each instance's own)."""
+    return "f1" if metric == "f1" else fields_of(metric)[0]
+
+
+def _scale(metric: str) -> float:
+    return 1.0 if metric == "score" else 100.0
+
+
+def _ylim(metric: str) -> tuple[float, float]:
+    return (0.0, 10.5) if metric == "score" else (0.0, 105.0)
+
+
+def _figure(width: float = 7.5, height: float = 4.5) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _empty(fig: Figure, title: str, message: str) -> Figure:
+    ax = fig.add_subplot()
+    ax.set_axis_off()
+    ax.set_title(title)
+    ax.text(0.5, 0.5, message, ha="center", va="center", wrap=True, transform=ax.transAxes, color="0.35")
+    return fig
+
+
+def _errorbar(est, scale: float) -> tuple[float, float]:
+    if math.isnan(est.low):
+        return 0.0, 0.0
+    return max(0.0, (est.value - est.low) * scale), max(0.0, (est.high - est.value) * scale)
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def plot_by_type(records: Series, task: str = "inference", *, metric: str | None = None, n_boot: int = 1000,
+                 seed: int = 0, failure_policy: str = "exclude", title: str | None = None) -> Figure:
+    """Bars per instance type (and 'all') with 95% cluster-bootstrap intervals.
+
+    One run of inference shows P, R and F1 side by side; several runs show one metric (F1 or
+    judge score) with one bar per run.
+    """
+    series = _series(records)
+    metric, _ = _metric(metric or HEADLINE[task])
+    present = {r.get("instance_type") for recs in series.values() for r in recs}
+    groups = ["all", *[t for t in INSTANCE_TYPES if t in present]]
+    single = len(series) == 1
+    metrics = list(TASK_METRICS["inference"]) if (single and task == "inference" and metric == "f1") else [metric]
+    bars = [(label, m) for label in series for m in metrics]
+    fig = _figure(max(6.5, 1.6 + 0.55 * len(groups) * len(bars)), 4.6)
+    title = title or f"{task}: {LABELS.get(metric, metric) if len(metrics) == 1 else 'P / R / F1'} by instance type" \
+                     f" (95% cluster-bootstrap CI)"
+    if not any(series.values()):
+        return _empty(fig, title, "no instances")
+    ax = fig.add_subplot()
+    width = 0.8 / len(bars)
+    x = np.arange(len(groups))
+    scale = _scale(metric)
+    scored: dict[str, list[int]] = {}  # series -> instances entering ``metric`` per group
+    for j, (label, m) in enumerate(bars):
+        recs = series[label]
+        ests = [bootstrap_ci(recs if g == "all" else [r for r in recs if r.get("instance_type") == g], m,
+                             n_boot=n_boot, seed=seed, failure_policy=failure_policy) for g in groups]
+        if m == metric:
+            scored[label] = [e.n for e in ests]
+        values = [0.0 if math.isnan(e.value) else e.value * scale for e in ests]
+        err = np.array([_errorbar(e, scale) for e in ests]).T
+        name = label if not single else m
+        if single and len(metrics) == 1:
+            name = LABELS.get(m, m)
+        pos = x - 0.4 + width * (j + 0.5)
+        ax.bar(pos, values, width * 0.92, yerr=err, capsize=3, label=name, color=COLORS[j % len(COLORS)],
+               error_kw={"elinewidth": 1, "ecolor": "0.25"})
+        for xi, e, v, up in zip(pos, ests, values, err[1]):
+            text = "n/a" if math.isnan(e.value) else (f"{v:.1f}" if scale == 100 else f"{v:.2f}")
+            ax.annotate(text, (xi, v + up), xytext=(0, 2), textcoords="offset points", ha="center",
+                        va="bottom", fontsize=7, color="0.2")
+    ticks = []
+    for i, g in enumerate(groups):
+        ns = [scored[label][i] for label in series]
+        ticks.append(f"{g}\n(n={ns[0] if len(set(ns)) == 1 else '/'.join(map(str, ns))})")
+    ax.set_xticks(x, ticks)
+    ax.set_ylim(*_ylim(metric))
+    ax.set_ylabel(("%" if scale == 100 else "") + (" " if scale == 100 else "") + LABELS.get(metric, metric)
+                  if len(metrics) == 1 else "% (macro)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", ncols=min(len(bars), 4), frameon=False)
+    return fig
+
+
+def _binned_plot(series: dict[str, list[Mapping[str, Any]]], metric: str, bins: list[tuple[float, str, Any]],
+                 assign, *, n_boot: int, seed: int, failure_policy: str, title: str, xlabel: str,
+                 dots: bool, footnote: str) -> Figure:
+    """Shared body: one line per series through the per-bin statistic, CI bars, n per point."""
+    fig = _figure(7.5, 4.6)
+    ax = fig.add_subplot()
+    scale = _scale(metric)
+    task, field = task_of(metric), _point_field(metric)
+    rng = np.random.default_rng(seed)
+    for j, (label, recs) in enumerate(series.items()):
+        color = COLORS[j % len(COLORS)]
+        members: list[list[Mapping[str, Any]]] = [[] for _ in bins]
+        for r in recs:
+            b = assign(r)
+            if b is not None:
+                members[b].append(r)
+        xs, ys, lo, hi, ns = [], [], [], [], []
+        for (x, _, _), part in zip(bins, members):
+            est = bootstrap_ci(part, metric, n_boot=n_boot, seed=seed, failure_policy=failure_policy)
+            if est.n == 0:
+                continue
+            xs.append(x)
+            ys.append(est.value * scale)
+            e = _errorbar(est, scale)
+            lo.append(e[0])
+            hi.append(e[1])
+            ns.append(est.n)
+        if dots and len(series) == 1:
+            px, py = [], []
+            for (x, _, _), part in zip(bins, members):
+                frame = task_frame(part, task, failure_policy)  # the instances the statistic is over
+                for v in (frame[field].dropna() if field in frame else []):
+                    px.append(x + rng.uniform(-0.12, 0.12) * (bins[1][0] - bins[0][0] if len(bins) > 1 else 1))
+                    py.append(float(v) * scale)
+            ax.scatter(px, py, s=9, color="0.6", alpha=0.45, linewidths=0, label="instances", zorder=1)
+        if len(series) > 1 and len(bins) > 1:  # dodge the series a little so their bars do not overlap
+            step = (bins[1][0] - bins[0][0]) * 0.06
+            xs = [x + step * (j - (len(series) - 1) / 2) for x in xs]
+        ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, color=color, lw=1.6, zorder=3,
+                    label=label or LABELS.get(metric, metric))
+        for x, y, n in zip(xs, ys, ns):
+            ax.annotate(f"n={n}", (x, y), xytext=(4, 5), textcoords="offset points", fontsize=7, color=color)
+    ax.set_xticks([b[0] for b in bins], [b[1] for b in bins], fontsize=8)
+    ax.set_ylim(*_ylim(metric))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(("% " if scale == 100 else "") + LABELS.get(metric, metric))
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, frameon=False, loc="best")
+    if footnote:
+        ax.annotate(footnote, (0, 0), xycoords="axes fraction", xytext=(0, -38), textcoords="offset points",
+                    fontsize=7, color="0.4", ha="left", va="top", annotation_clip=False)
+    return fig
+
+
+def _mean_position(r: Mapping[str, Any]) -> float | None:
+    pos = r.get("relevant_positions")
+    if not isinstance(pos, (list, tuple)) or not pos:
+        return None
+    return float(np.mean(pos))
+
+
+def plot_by_relevant_position(records: Series, metric: str = "f1", *, n_boot: int = 1000, seed: int = 0,
+                              failure_policy: str = "exclude", title: str | None = None) -> Figure:
+    """Score against the mean 1-based position of the relevant sessions (paper Fig. 3).
+
+    Instances are grouped by that mean into unit-width bins [k, k+1) of the session axis
+    (1 = oldest session); records without ``relevant_positions`` (or with none found) are
+    left out and counted in the footnote.
+    """
+    series = _series(records)
+    metric, _ = _metric(metric)
+    title = title or f"{LABELS[metric]} vs. where the relevant sessions are in the history"
+    fig_args = dict(n_boot=n_boot, seed=seed, failure_policy=failure_policy)
+    means = [m for recs in series.values() for r in recs if (m := _mean_position(r)) is not None]
+    total = sum(len(recs) for recs in series.values())
+    if not means:
+        return _empty(_figure(), title, "no instance carries relevant_positions\n"
+                                        "(runs from before they were recorded, or no relevant session found)")
+    n_prior = [r.get("n_prior_sessions") for recs in series.values() for r in recs
+               if isinstance(r.get("n_prior_sessions"), int)]
+    first = int(math.floor(min(means)))
+    last = int(math.floor(max(means)))
+    bins = [(k + 0.5, f"{k}–{k + 1}" if k + 1 <= (max(n_prior) if n_prior else last + 1) else f"{k}", None)
+            for k in range(first, last + 1)]
+
+    def assign(r: Mapping[str, Any]) -> int | None:
+        m = _mean_position(r)
+        return None if m is None else int(math.floor(m)) - first
+
+    left_out = total - len(means)
+    hist = (f"histories of {min(n_prior)}–{max(n_prior)} sessions" if n_prior and min(n_prior) != max(n_prior)
+            else f"histories of {n_prior[0]} sessions" if n_prior else "")
+    footnote = "; ".join(x for x in [hist, "1 = oldest session",
+                                     f"{left_out} instance(s) without relevant positions left out" if left_out
+                                     else ""] if x)
+    return _binned_plot(series, metric, bins, assign, title=title, dots=True, footnote=footnote,
+                        xlabel="mean position of the relevant sessions (bins of one session)", **fig_args)
+
+
+def plot_by_history_length(records: Series, metric: str = "f1", *, n_bins: int = 5, n_boot: int = 1000,
+                           seed: int = 0, failure_policy: str = "exclude", title: str | None = None) -> Figure:
+    """Score against history length (words in the prior sessions), in ``n_bins`` equal-size bins (paper Fig. 9).
+
+    Bin edges are quantiles of all instances pooled (so several runs share the same bins).
+    """
+    series = _series(records)
+    metric, _ = _metric(metric)
+    title = title or f"{LABELS[metric]} vs. history length (equal-size bins)"
+    words = sorted(float(r["history_words"]) for recs in series.values() for r in recs
+                   if isinstance(r.get("history_words"), (int, float)))
+    if not words:
+        return _empty(_figure(), title, "no instance carries history_words")
+    # equal-size bins over all instances pooled (several runs of the same data share the same bins)
+    chunks = [c for c in np.array_split(np.array(words), max(1, min(n_bins, len(words)))) if len(c)]
+    uppers = [float(c[-1]) for c in chunks]
+    bins = []
+    for i, c in enumerate(chunks):
+        lo, hi = float(c[0]), float(c[-1])
+        label = f"{lo / 1000:.1f}k–{hi / 1000:.1f}k" if hi >= 10_000 else f"{lo:.0f}–{hi:.0f}"
+        bins.append((float(i), label, None))
+
+    def assign(r: Mapping[str, Any]) -> int | None:
+        w = r.get("history_words")
+        if not isinstance(w, (int, float)):
+            return None
+        for i, upper in enumerate(uppers):
+            if w <= upper:
+                return i
+        return len(uppers) - 1
+
+    total = sum(len(recs) for recs in series.values())
+    sizes = sorted({len(c) // max(1, len(series)) for c in chunks})
+    size = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}–{sizes[-1]}"
+    footnote = f"{len(chunks)} bins of {size} instances by words in the prior sessions" + (
+        f"; {total - len(words)} instance(s) without history_words left out" if total - len(words) else "")
+    return _binned_plot(series, metric, bins, assign, n_boot=n_boot, seed=seed, failure_policy=failure_policy,
+                        title=title, xlabel="history length (words in the prior sessions)", dots=True,
+                        footnote=footnote)
+
+
+def _parts(parts: str | Sequence[str]) -> list[str]:
+    """One task part's name, or several; each must be a task with numbers."""
+    names = [parts] if isinstance(parts, str) else list(parts)
+    unknown = [p for p in names if p not in TASK_METRICS]
+    if unknown:
+        raise ValueError(f"parts={parts!r}; expected parts from {sorted(TASK_METRICS)}")
+    return names
+
+
+def _has(records: Sequence[Mapping[str, Any]], field: str) -> bool:
+    return any(r.get(field) is not None for r in records)
+
+
+def save_run_plots(records: Sequence[Mapping[str, Any]], parts: Sequence[str] | str, out_dir: str | Path, *,
+                   n_boot: int = 1000, seed: int = 0, failure_policy: str = "exclude",
+                   title_prefix: str = "") -> list[Path]:
+    """Write one run's plots as PNGs into ``out_dir``; returns the paths written.
+
+    For each task part in ``parts`` (inference, generation): ``<part>_by_type.png``,
+    ``<part>_by_position.png`` (needs ``relevant_positions``), ``<part>_by_history_length.png``
+    (needs ``history_words``). A plot whose data the records lack is skipped (and logged),
+    not written empty.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    records = list(records)
+    kw = dict(n_boot=n_boot, seed=seed, failure_policy=failure_policy)
+    prefix = f"{title_prefix}: " if title_prefix else ""
+    written: list[Path] = []
+    for t in _parts(parts):
+        metric = HEADLINE[t]
+        if task_frame(records, t, failure_policy).empty:
+            log.info("no scored %s instances: no %s plots", t, t)
+            continue
+        figures = {f"{t}_by_type": plot_by_type(records, t, title=f"{prefix}{t} by instance type "
+                                                                  f"(95% cluster-bootstrap CI)", **kw)}
+        if any(_mean_position(r) is not None for r in records):
+            figures[f"{t}_by_position"] = plot_by_relevant_position(
+                records, metric, title=f"{prefix}{LABELS[metric]} vs. position of the relevant sessions", **kw)
+        else:
+            log.info("records carry no relevant_positions: %s_by_position skipped", t)
+        if _has(records, "history_words"):
+            figures[f"{t}_by_history_length"] = plot_by_history_length(
+                records, metric, title=f"{prefix}{LABELS[metric]} vs. history length", **kw)
+        else:
+            log.info("records carry no history_words: %s_by_history_length skipped", t)
+        written += _save(figures, out, "")
+    return written
+
+
+def _save(figures: Mapping[str, Figure], out: Path, stem: str) -> list[Path]:
+    paths = []
+    for name, fig in figures.items():
+        path = out / f"{stem}{name}.png"
+        fig.savefig(path)
+        paths.append(path)
+    return paths
+
+
+def save_report_plots(selection: "Selection", out_dir: Path, *, n_boot: int = 1000, seed: int = 0) -> list[Path]:
+    """Cross-model plots (one series per model, setting=standard) per data set × evaluator × task.
+
+    Under the runs' shared failure policy (``exclude`` when they differ)."""
+    from cupid_exp.reporting.runs import common_policy
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for data, evaluator in sorted({(r.data, r.evaluator) for r in selection.runs}):
+        for task in TASK_METRICS:
+            runs = [r for r in selection.runs if r.data == data and r.evaluator == evaluator
+                    and r.setting == "standard" and task in r.tasks and selection.records.get(r.run_id)]
+            if not runs:
+                continue
+            series = {r.model: selection.records[r.run_id] for r in runs}
+            kw = dict(n_boot=n_boot, seed=seed, failure_policy=common_policy(runs))
+            metric = HEADLINE[task]
+            figures = {"by_type": plot_by_type(series, task, **kw),
+                       "by_position": plot_by_relevant_position(series, metric, **kw),
+                       "by_history_length": plot_by_history_length(series, metric, **kw)}
+            written += _save(figures, out_dir, f"{data}_{evaluator}_{task}_")
+    return written

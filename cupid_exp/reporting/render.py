@@ -1,0 +1,70 @@
+"""The report as Markdown, HTML or CSV, written by pandas (``to_markdown`` needs ``tabulate``)."""
+
+from __future__ import annotations
+
+import html
+from typing import Sequence
+
+import pandas as pd
+
+from cupid_exp.reporting.tables import Table
+
+FORMATS = ("markdown", "csv", "html")
+STYLE = ("body{font-family:sans-serif;font-size:14px} table{border-collapse:collapse;margin-bottom:8px}"
+         "td,th{border:1px solid #ccc;padding:3px 6px;white-space:nowrap} tr.paper{color:#666;"
+         "font-style:italic;background:#f6f6f6}")
+
+
+def _markdown_table(frame: pd.DataFrame) -> str:
+    # cells are finished text: no number parsing (it would reformat '4.70'), and a '|' must not split a cell
+    escaped = frame.astype(str).map(lambda text: text.replace("|", "\\|"))
+    return escaped.to_markdown(index=False, tablefmt="pipe", disable_numparse=True)
+
+
+def render_markdown(tables: Sequence[Table], notes: Sequence[str] = ()) -> str:
+    out = []
+    for t in tables:
+        out += [f"### {t.title}", "", _markdown_table(t.frame), ""]
+        out += [f"- {n}" for n in t.notes] + ([""] if t.notes else [])
+    if notes:
+        out += ["Notes:", ""] + [f"- {n}" for n in notes]
+    return "\n".join(out) + "\n"
+
+
+def _html_table(frame: pd.DataFrame) -> str:
+    """``to_html``, with the paper's rows (first cell 'paper: …') in class ``paper``."""
+    text = frame.to_html(index=False, border=0)
+    head, body = text.split("<tbody>", 1)
+    chunks = body.split("<tr>")
+    paper = frame.iloc[:, 0].astype(str).str.startswith("paper:").tolist() if len(frame.columns) else []
+    return head + "<tbody>" + chunks[0] + "".join(
+        ('<tr class="paper">' if is_paper else "<tr>") + chunk for is_paper, chunk in zip(paper, chunks[1:]))
+
+
+def render_html(tables: Sequence[Table], notes: Sequence[str] = ()) -> str:
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>CUPID report</title><style>{STYLE}</style>"
+             "</head><body>"]
+    for t in tables:
+        parts.append(f"<h3>{html.escape(t.title)}</h3>")
+        parts.append(_html_table(t.frame))
+        parts.extend(f"<p>{html.escape(n)}</p>" for n in t.notes)
+    if notes:
+        parts.append("<h4>Notes</h4><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def render_csv(tables: Sequence[Table]) -> str:
+    """Every number of every table, a row each (the tables' ``long`` frames, columns united)."""
+    frames = [t.long for t in tables if not t.long.empty]
+    return pd.concat(frames, ignore_index=True).to_csv(index=False) if frames else ""
+
+
+def render(tables: Sequence[Table], notes: Sequence[str], fmt: str) -> str:
+    if fmt == "markdown":
+        return render_markdown(tables, notes)
+    if fmt == "csv":
+        return render_csv(tables)
+    if fmt == "html":
+        return render_html(tables, notes)
+    raise ValueError(f"format {fmt!r}; expected one of {', '.join(FORMATS)}")

@@ -1,0 +1,187 @@
+"""Finished job runs as the report reads them: MLflow queries, and each run's records (downloaded once, cached).
+
+A run's setting label comes from the setting's own ``label()``, fed the run's recorded ``setting.*``
+params through the setting's schema, so the report and the job name a variant the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Mapping
+
+from omegaconf import OmegaConf
+from omegaconf.errors import ValidationError
+
+from cupid_exp.scoring.names import metric_key
+from cupid_exp.scoring.statistics import HEADLINE, TASK_METRICS
+
+DEFAULT_TRACKING_URI = "sqlite:///outputs/mlflow.db"
+DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cupid-exp" / "report"
+
+
+def tracking_uri(given: str | None) -> str:
+    """``--tracking-uri`` if given, else ``MLFLOW_TRACKING_URI``, else the bare checkout's SQLite store."""
+    return given or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+@functools.lru_cache(maxsize=None)
+def _setting_class(name: str) -> Any:
+    """The registered setting called ``name``; None for one this checkout does not have."""
+    from cupid_exp.settings import SETTINGS, register_setting_schemas
+
+    register_setting_schemas()  # imports every setting module, so SETTINGS is complete
+    return SETTINGS.get(name)
+
+
+def setting_fields(name: str) -> list[str]:
+    """The params of a setting's schema (``setting.retriever``, ...), without its name."""
+    cls = _setting_class(name)
+    return [] if cls is None else [f"setting.{f.name}" for f in dataclasses.fields(cls.Config) if f.name != "name"]
+
+
+def setting_label(params: Mapping[str, str]) -> str:
+    """What the setting's ``label()`` says for the run's params; a param the run did not record (or that does
+    not fit the schema) takes the schema's default, as composing would have given it."""
+    name = params.get("setting.name") or "standard"
+    cls = _setting_class(name)
+    if cls is None:
+        return name
+    node = OmegaConf.structured(cls.Config)
+    for f in dataclasses.fields(cls.Config):
+        value = params.get(f"setting.{f.name}")
+        if f.name != "name" and value not in (None, ""):
+            try:
+                node[f.name] = value  # the schema turns "2" into 2
+            except ValidationError:
+                pass
+    return cls(OmegaConf.to_object(node)).label()
+
+
+def _param(key: str, default: str = "?") -> property:
+    return property(lambda run: run.param(key, default), doc=f"The run's ``{key}`` (``{default}`` if unset).")
+
+
+@dataclass
+class JobRun:
+    """One finished job run as the report needs it."""
+
+    run_id: str
+    run_name: str
+    status: str
+    start_time: int  # ms since the epoch
+    params: dict[str, str]
+    metrics: dict[str, float]
+    tags: dict[str, str]
+
+    @property
+    def short(self) -> str:
+        return self.run_id[:8]
+
+    def param(self, key: str, default: str = "?") -> str:
+        value = self.params.get(key)
+        return default if value in (None, "") else value
+
+    model = _param("model.name")
+    setting = _param("setting.name", "standard")
+    data = _param("data.name")
+    evaluator = _param("evaluator.name")
+    failure_policy = _param("runtime.failure_policy", "exclude")
+
+    @functools.cached_property
+    def setting_label(self) -> str:
+        """``standard``, ``oracle``, ``retrieval[bm25,k=2]``, ``retrieval[embedding=<model>,k=2]``, ..."""
+        return setting_label(self.params)
+
+    @property
+    def tasks(self) -> list[str]:
+        """Task parts this run has numbers for: its ``task.parts`` (or, for an older run, its task name) confirmed
+        by its headline metrics; when neither names a part, the parts whose headline it logged."""
+        recorded = self.params.get("task.parts")
+        declared = json.loads(recorded) if recorded else [self.param("task.name", "")]
+        found = [t for t in TASK_METRICS if metric_key(t, "all", HEADLINE[t]) in self.metrics]
+        return [t for t in declared if t in found] or found
+
+    def instances(self, task: str) -> float | None:
+        """How many instances the run had for ``task`` (scored or not)."""
+        return self.metrics.get(metric_key(task, "count", "instances"))
+
+    @property
+    def started(self) -> str:
+        return datetime.fromtimestamp(self.start_time / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+    @property
+    def subset(self) -> str | None:
+        limit = self.params.get("data.limit")
+        return None if limit in (None, "", "None", "null") else limit
+
+    def describe(self) -> str:
+        return f"{self.short} ({self.model}, {self.setting_label}, {', '.join(self.tasks) or self.param('task.name')})"
+
+
+def _job_run(run: Any) -> JobRun:
+    return JobRun(run_id=run.info.run_id, run_name=run.info.run_name or "", status=run.info.status,
+                  start_time=run.info.start_time or 0, params=dict(run.data.params),
+                  metrics=dict(run.data.metrics), tags=dict(run.data.tags))
+
+
+def search_job_runs(uri: str, experiment: str, filter_string: str | None = None) -> list[JobRun]:
+    """All job runs (any status) of ``experiment`` matching ``filter_string``; sweep parents are not jobs."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    mlflow.set_tracking_uri(uri)
+    if MlflowClient(uri).get_experiment_by_name(experiment) is None:
+        raise LookupError(f"no MLflow experiment {experiment!r} at {uri}")
+    clauses = ["tags.`cupid.kind` = 'job'"] + ([filter_string] if filter_string else [])
+    runs = mlflow.search_runs(experiment_names=[experiment], filter_string=" and ".join(clauses),
+                              output_format="list", order_by=["attributes.start_time DESC"])
+    return [_job_run(r) for r in runs]
+
+
+def get_job_run(uri: str, run_id: str) -> JobRun:
+    from mlflow.tracking import MlflowClient
+
+    return _job_run(MlflowClient(uri).get_run(run_id))
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def load_records(uri: str, run_id: str, cache_dir: Path | None = DEFAULT_CACHE) -> list[dict[str, Any]] | None:
+    """The run's per-instance records (its ``instances.jsonl`` artifact), cached by run id; None if absent.
+
+    Finished runs' artifacts do not change, so the cache never goes stale.
+    """
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    import mlflow.artifacts
+
+    cached = Path(cache_dir) / run_id / "instances.jsonl" if cache_dir else None
+    if cached is None or not cached.exists():
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                path = Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="instances.jsonl",
+                                                                dst_path=tmp, tracking_uri=uri))
+            except Exception:  # no such artifact (or unreadable store): the caller reports it
+                return None
+            if cached is None:
+                return read_jsonl(path)
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            partial = cached.with_suffix(".part")
+            shutil.copyfile(path, partial)
+            os.replace(partial, cached)
+    return read_jsonl(cached)
+
+
+def common_policy(runs: Any) -> str:
+    """The failure policy the runs share; ``exclude`` when they differ (a failure is then left out everywhere)."""
+    policies = {run.failure_policy for run in runs}
+    return policies.pop() if len(policies) == 1 else "exclude"

@@ -1,0 +1,101 @@
+"""What every report table shares: its shape, the cell text of a number, the column order of settings."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import pandas as pd
+
+from cupid_exp.reporting.reference import GROUPS
+from cupid_exp.reporting.runs import JobRun
+from cupid_exp.scoring.bootstrap import Estimate
+
+PAPER_SETTINGS = ("standard", "oracle", "oracle_preference", "summary")
+# the paper's columns of each leaderboard: the instance groups (setting standard), then other settings' 'all'
+PAPER_COLUMNS = {"inference": [*GROUPS, "oracle", "summary"],
+                 "generation": [*GROUPS, "oracle", "oracle_preference", "summary"]}
+SCALE = {"inference": (100.0, 1), "generation": (1.0, 2)}  # (factor, digits) of a cell
+# what a table's CSV rows carry, one per number
+LONG_COLUMNS = ["table", "model", "source", "reference", "column", "setting", "metric", "value", "ci_low", "ci_high",
+                "n", "run_id"]
+
+
+@dataclass
+class Table:
+    """A printed table: its text cells, the numbers behind them (a row each, for CSV) and its notes."""
+
+    title: str
+    frame: pd.DataFrame
+    long: pd.DataFrame
+    notes: list[str] = field(default_factory=list)
+
+
+def cell_text(value: float, low: float, high: float, task: str) -> str:
+    """'43.0 [39.8–46.1]' (inference, in %), '6.46 [6.10–6.80]' (judge score), '–' for no number."""
+    if value is None or pd.isna(value):
+        return "–"
+    factor, digits = SCALE[task]
+    low, high = (math.nan if pd.isna(x) else float(x) for x in (low, high))
+    return Estimate("", float(value), low, high, 0, 0).fmt(factor, digits)
+
+
+def with_text(frame: pd.DataFrame, task: str) -> pd.DataFrame:
+    """``frame`` plus a ``text`` column: each row's number as a cell."""
+    text = [cell_text(v, lo, hi, task) for v, lo, hi in zip(frame["value"], frame["ci_low"], frame["ci_high"])]
+    return frame.assign(text=pd.Series(text, index=frame.index, dtype=object))
+
+
+def run_numbers(tidy: pd.DataFrame, task: str, data: str | None, evaluator: str) -> pd.DataFrame:
+    """The tidy frame's run rows of one task × data set × evaluator."""
+    return tidy[(tidy["source"] == "run") & (tidy["task"] == task) & (tidy["data"] == data)
+                & (tidy["evaluator"] == evaluator)]
+
+
+def notes_of(frame: pd.DataFrame) -> list[str]:
+    """The notes attached to the numbers a table shows, each once, in order."""
+    return list(dict.fromkeys(frame["note"].dropna()))
+
+
+def ordered(frame: pd.DataFrame, orders: Mapping[str, Sequence[Any]]) -> pd.DataFrame:
+    """``frame`` sorted by the given columns, each in the order listed for it."""
+    ranks = {name: {v: i for i, v in enumerate(values)} for name, values in orders.items()}
+    return frame.sort_values(list(orders), key=lambda col: col.map(ranks[col.name]), kind="stable")
+
+
+def long_rows(frame: pd.DataFrame, title: str) -> pd.DataFrame:
+    """A table's numbers as CSV rows (the columns of ``LONG_COLUMNS``)."""
+    return frame.assign(table=title).reindex(columns=LONG_COLUMNS)
+
+
+def n_cell(scored: int, total: float | None) -> str:
+    """'85/90' when some instances were not scored, else '90'."""
+    return f"{scored}/{int(total)}" if total is not None and total != scored else str(scored)
+
+
+def natural(label: str) -> list[Any]:
+    """Sort key that puts k=2 before k=10."""
+    return [int(x) if i % 2 else x for i, x in enumerate(re.split(r"(\d+)", label))]
+
+
+def extra_settings(labels: Iterable[str]) -> list[str]:
+    """The setting labels beyond the paper's, in natural order."""
+    return sorted({lb for lb in labels if lb not in PAPER_SETTINGS}, key=natural)
+
+
+def setting_order(label: str) -> tuple[int, list[Any]]:
+    """standard, then the settings beyond the paper's (natural order), then oracle, oracle_preference, summary."""
+    if label in PAPER_SETTINGS:
+        return (0 if label == "standard" else 1 + PAPER_SETTINGS.index(label), [])
+    return (1, natural(label))
+
+
+def runs_by_model(task: str, runs: Sequence[JobRun], data: str | None, evaluator: str) -> dict[str, dict[str, JobRun]]:
+    """{model: {setting label: run}} for the runs of one task × data × evaluator."""
+    by_model: dict[str, dict[str, JobRun]] = {}
+    for run in runs:
+        if task in run.tasks and run.data == data and run.evaluator == evaluator:
+            by_model.setdefault(run.model, {})[run.setting_label] = run
+    return by_model

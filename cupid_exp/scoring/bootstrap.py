@@ -1,0 +1,305 @@
+"""Confidence for CUPID numbers: seeded cluster bootstrap over personas, and paired comparisons.
+
+The three instances of a persona (consistent / contrastive / changing) share one user, one
+history and one preference, so they are not independent draws. Every interval here resamples
+*personas* (``persona_id``) with replacement and keeps all of a drawn persona's instances —
+a cluster bootstrap — and every paired test permutes at the persona level.
+
+The statistics and the failure policy are those of ``cupid_exp.scoring.statistics`` (defined
+there once): an interval is always around the very number the job reports. Intervals are
+percentile intervals of ``n_boot`` resamples drawn from ``numpy.random.default_rng(seed)``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from cupid_exp.data.schema import INSTANCE_TYPES
+from cupid_exp.scoring.names import metric_key
+from cupid_exp.scoring.statistics import TASK_METRICS, fields_of, task_frame, task_of
+
+DEFAULT_N_BOOT = 2000
+DEFAULT_N_PERM = 10000
+MAX_EXACT_PERSONAS = 12  # up to 2**12 sign patterns are enumerated exactly
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A point estimate with its bootstrap interval, on the metric's own scale (P/R/F1 in 0–1)."""
+
+    metric: str
+    value: float
+    low: float
+    high: float
+    n: int  # instances that entered the estimate
+    n_clusters: int  # personas
+    level: float = 0.95
+    n_boot: int = DEFAULT_N_BOOT
+    seed: int = 0
+
+    def fmt(self, scale: float = 1.0, digits: int = 1) -> str:
+        """'43.0 [39.8–46.1]' (scale=100 for percentages)."""
+        if math.isnan(self.value):
+            return "–"
+        v = f"{self.value * scale:.{digits}f}"
+        if math.isnan(self.low) or math.isnan(self.high):
+            return v
+        return f"{v} [{self.low * scale:.{digits}f}–{self.high * scale:.{digits}f}]"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """B minus A on the instances both runs scored (paired by instance key)."""
+
+    metric: str
+    a: float
+    b: float
+    diff: float  # b - a
+    low: float
+    high: float
+    p_value: float  # two-sided sign-flip permutation test, persona level
+    p_exact: bool  # True when every sign pattern was enumerated
+    n_shared: int
+    n_clusters: int
+    only_a: int  # instances scored in A but not in B (left out of the comparison)
+    only_b: int
+    level: float = 0.95
+    n_boot: int = DEFAULT_N_BOOT
+    seed: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------------------------
+# cluster arrays
+
+
+@dataclass(frozen=True)
+class _Clusters:
+    """Per-persona sums and counts of the fields a statistic needs."""
+
+    ids: tuple[str, ...]
+    sums: dict[str, np.ndarray]  # field -> (n_clusters,)
+    counts: dict[str, np.ndarray]  # field -> (n_clusters,)
+
+    @property
+    def n(self) -> int:
+        return len(self.ids)
+
+
+def _rows(records: Sequence[Mapping[str, Any]], metric: str, failure_policy: str) -> pd.DataFrame:
+    """The rows that enter ``metric`` (zero-filled failures where the policy says so)."""
+    task = task_of(metric)
+    if task is not None:
+        return task_frame(records, task, failure_policy)
+    frame = pd.DataFrame(list(records))
+    if frame.empty or metric not in frame:
+        return pd.DataFrame()
+    values = pd.to_numeric(frame[metric].where(frame[metric].map(lambda v: not isinstance(v, bool))),
+                           errors="coerce")
+    return frame[values.notna()].assign(**{metric: values[values.notna()]})
+
+
+def _clusters(rows: pd.DataFrame, fields: Sequence[str], cluster: str, ids: Sequence[str] | None = None
+              ) -> _Clusters:
+    """Per-cluster sums and counts of ``fields`` over ``rows`` (every row enters: the policy already ran)."""
+    if rows.empty:
+        ids = list(ids or [])
+        return _Clusters(tuple(ids), {f: np.zeros(len(ids)) for f in fields}, {f: np.zeros(len(ids)) for f in fields})
+    keys = (rows[cluster] if cluster in rows else rows["key"]).astype(str)
+    values = rows[list(fields)].apply(pd.to_numeric, errors="coerce").astype(float)
+    grouped = values.groupby(keys.to_numpy())
+    ids = sorted(set(keys)) if ids is None else list(ids)
+    sums, counts = grouped.sum().reindex(ids, fill_value=0.0), grouped.count().reindex(ids, fill_value=0)
+    return _Clusters(tuple(ids), {f: sums[f].to_numpy(dtype=float) for f in fields},
+                     {f: counts[f].to_numpy(dtype=float) for f in fields})
+
+
+def _from_totals(metric: str, sums: Mapping[str, np.ndarray], counts: Mapping[str, np.ndarray]) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = {f: sums[f] / counts[f] for f in fields_of(metric)}
+        if metric == "f1":
+            p, r = means["precision"], means["recall"]
+            return np.where(p + r > 0, 2 * p * r / (p + r), np.where(np.isnan(p + r), np.nan, 0.0))
+        return means[fields_of(metric)[0]]
+
+
+def _scored_clusters(cl: _Clusters) -> _Clusters:
+    """Only the personas with at least one scored instance (the population the statistic is about)."""
+    first = next(iter(cl.counts))
+    keep = cl.counts[first] > 0
+    return _Clusters(tuple(c for c, k in zip(cl.ids, keep) if k), {f: v[keep] for f, v in cl.sums.items()},
+                     {f: v[keep] for f, v in cl.counts.items()})
+
+
+def _statistic(metric: str, cl: _Clusters, weights: np.ndarray) -> np.ndarray:
+    """The statistic for each row of ``weights`` (resamples x clusters: how often each persona is drawn)."""
+    fields = fields_of(metric)
+    return _from_totals(metric, {f: weights @ cl.sums[f] for f in fields},
+                        {f: weights @ cl.counts[f] for f in fields})
+
+
+def _percentiles(samples: np.ndarray, level: float) -> tuple[float, float]:
+    samples = samples[~np.isnan(samples)]
+    if samples.size == 0:
+        return math.nan, math.nan
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(samples, [alpha, 1 - alpha])
+    return float(lo), float(hi)
+
+
+def _resample_weights(n_clusters: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """n_boot x n_clusters counts: persona i drawn w[b, i] times in resample b (n_clusters draws)."""
+    draws = rng.integers(0, n_clusters, size=(n_boot, n_clusters))
+    weights = np.zeros((n_boot, n_clusters))
+    np.add.at(weights, (np.repeat(np.arange(n_boot), n_clusters), draws.ravel()), 1.0)
+    return weights
+
+
+# --------------------------------------------------------------------------------------------
+# public API
+
+
+def bootstrap_distribution(records: Sequence[Mapping[str, Any]], metric: str, *, n_boot: int = DEFAULT_N_BOOT,
+                           seed: int = 0, cluster: str = "persona_id",
+                           failure_policy: str = "exclude") -> np.ndarray:
+    """The ``n_boot`` resampled values of ``metric`` (for tests and plots)."""
+    cl = _scored_clusters(_clusters(_rows(list(records), metric, failure_policy), fields_of(metric), cluster))
+    if cl.n == 0:
+        return np.full(n_boot, np.nan)
+    weights = _resample_weights(cl.n, n_boot, np.random.default_rng(seed))
+    return _statistic(metric, cl, weights)
+
+
+def point_estimate(records: Sequence[Mapping[str, Any]], metric: str, *, cluster: str = "persona_id",
+                   failure_policy: str = "exclude") -> float:
+    cl = _clusters(_rows(list(records), metric, failure_policy), fields_of(metric), cluster)
+    if cl.n == 0:
+        return math.nan
+    return float(_statistic(metric, cl, np.ones((1, cl.n)))[0])
+
+
+def bootstrap_ci(records: Iterable[Mapping[str, Any]], metric: str, *, n_boot: int = DEFAULT_N_BOOT,
+                 seed: int = 0, level: float = 0.95, cluster: str = "persona_id",
+                 failure_policy: str = "exclude") -> Estimate:
+    """Point estimate and cluster-bootstrap percentile interval of ``metric`` over ``records``."""
+    fields = fields_of(metric)
+    cl = _scored_clusters(_clusters(_rows(list(records), metric, failure_policy), fields, cluster))
+    n = int(cl.counts[fields[0]].sum())
+    n_clusters = cl.n
+    if n == 0:
+        return Estimate(metric, math.nan, math.nan, math.nan, 0, 0, level, n_boot, seed)
+    value = float(_statistic(metric, cl, np.ones((1, cl.n)))[0])
+    weights = _resample_weights(cl.n, n_boot, np.random.default_rng(seed))
+    low, high = _percentiles(_statistic(metric, cl, weights), level)
+    return Estimate(metric, value, low, high, n, n_clusters, level, n_boot, seed)
+
+
+def _by_type(records: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    groups: dict[str, list[Mapping[str, Any]]] = {"all": list(records)}
+    for itype in INSTANCE_TYPES:
+        part = [r for r in records if r.get("instance_type") == itype]
+        if part:
+            groups[itype] = part
+    return groups
+
+
+def task_cis(records: Iterable[Mapping[str, Any]], task: str, **kwargs: Any) -> dict[str, dict[str, Estimate]]:
+    """{'all': {'precision': Estimate, ...}, 'consistent': {...}, ...} for ``task`` inference or generation.
+
+    kwargs go to :func:`bootstrap_ci` (n_boot, seed, level, cluster, failure_policy).
+    """
+    metrics = TASK_METRICS[task]
+    return {group: {m: bootstrap_ci(part, m, **kwargs) for m in metrics}
+            for group, part in _by_type(list(records)).items()}
+
+
+def inference_cis(records: Iterable[Mapping[str, Any]], **kwargs: Any) -> dict[str, dict[str, Estimate]]:
+    return task_cis(records, "inference", **kwargs)
+
+
+def generation_cis(records: Iterable[Mapping[str, Any]], **kwargs: Any) -> dict[str, dict[str, Estimate]]:
+    return task_cis(records, "generation", **kwargs)
+
+
+def ci_metrics(records: Iterable[Mapping[str, Any]], parts: Sequence[str], **kwargs: Any) -> dict[str, float]:
+    """Flat MLflow metrics for a job: '<task>/f1/ci_low', '<task>/changing/score/ci_high', ...
+
+    ``parts`` are the task parts the job ran. Names come from ``scoring.names.metric_key``.
+    """
+    records = list(records)
+    out: dict[str, float] = {}
+    for t in parts:
+        for group, block in task_cis(records, t, **kwargs).items():
+            for m, est in block.items():
+                if est.n:
+                    out[metric_key(t, group, m, "ci_low")] = est.low
+                    out[metric_key(t, group, m, "ci_high")] = est.high
+    return {k: v for k, v in out.items() if v == v}
+
+
+def _sign_patterns(n: int, n_perm: int, rng: np.random.Generator) -> tuple[np.ndarray, bool]:
+    """Rows of 0/1: 1 = swap A and B for that persona. Exact enumeration when small."""
+    if n <= MAX_EXACT_PERSONAS and 2 ** n <= max(n_perm, 2):
+        return np.array(list(itertools.product((0, 1), repeat=n)), dtype=float), True
+    return rng.integers(0, 2, size=(n_perm, n)).astype(float), False
+
+
+def paired_compare(records_a: Iterable[Mapping[str, Any]], records_b: Iterable[Mapping[str, Any]], metric: str, *,
+                   key: str = "key", cluster: str = "persona_id", n_boot: int = DEFAULT_N_BOOT,
+                   n_perm: int = DEFAULT_N_PERM, seed: int = 0, level: float = 0.95,
+                   failure_policy: str = "exclude") -> Comparison:
+    """B − A on the instances both runs scored.
+
+    Instances are paired by ``key``; an instance failed in either run is left out of both
+    (so the two statistics cover exactly the same instances). The interval is a paired
+    cluster bootstrap (the same personas drawn for A and B); the p-value is a two-sided
+    sign-flip permutation test that swaps A and B within each persona (exact when there
+    are at most ``MAX_EXACT_PERSONAS`` personas, else ``n_perm`` random patterns, with
+    p = (1 + #{|d*| >= |d|}) / (1 + n_perm)).
+    """
+    fields = fields_of(metric)
+
+    def scored(records: Iterable[Mapping[str, Any]]) -> dict[str, pd.Series]:
+        rows = _rows(list(records), metric, failure_policy)
+        return {} if rows.empty else {str(row[key]): row for _, row in rows.iterrows()}
+
+    a, b = scored(records_a), scored(records_b)
+    shared = sorted(set(a) & set(b))
+    ra = pd.DataFrame([a[k] for k in shared]) if shared else pd.DataFrame()
+    rb = pd.DataFrame([b[k] for k in shared]) if shared else pd.DataFrame()
+    ids = sorted({str(a[k].get(cluster, k)) for k in shared})
+    ca = _clusters(ra, fields, cluster, ids)
+    cb = _clusters(rb, fields, cluster, ids)
+    nan = math.nan
+    if not shared:
+        return Comparison(metric, nan, nan, nan, nan, nan, nan, False, 0, 0, len(a), len(b), level, n_boot, seed)
+    ones = np.ones((1, len(ids)))
+    va, vb = float(_statistic(metric, ca, ones)[0]), float(_statistic(metric, cb, ones)[0])
+    diff = vb - va
+
+    rng = np.random.default_rng(seed)
+    weights = _resample_weights(len(ids), n_boot, rng)
+    low, high = _percentiles(_statistic(metric, cb, weights) - _statistic(metric, ca, weights), level)
+
+    flips, exact = _sign_patterns(len(ids), n_perm, rng)
+    # flip[j, i] = 1: persona i's A and B results trade places in permutation j
+    keep = 1 - flips
+    null = (_from_totals(metric, {f: keep @ cb.sums[f] + flips @ ca.sums[f] for f in fields},
+                         {f: keep @ cb.counts[f] + flips @ ca.counts[f] for f in fields})
+            - _from_totals(metric, {f: keep @ ca.sums[f] + flips @ cb.sums[f] for f in fields},
+                           {f: keep @ ca.counts[f] + flips @ cb.counts[f] for f in fields}))
+    extreme = int(np.sum(np.abs(null) >= abs(diff) - 1e-12))
+    p_value = extreme / len(flips) if exact else (1 + extreme) / (1 + len(flips))
+    return Comparison(metric, va, vb, diff, low, high, float(p_value), exact, len(shared), len(ids),
+                      len(set(a) - set(b)), len(set(b) - set(a)), level, n_boot, seed)

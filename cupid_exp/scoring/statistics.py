@@ -1,0 +1,145 @@
+"""Each statistic and the failure policy, defined once; point values, tables and intervals all use them.
+
+Statistics (``metric``):
+
+- ``precision`` / ``recall``: mean of the per-instance values (the paper's macro numbers);
+- ``f1``: harmonic mean of mean precision and mean recall (the paper's F1 — *not* the mean of
+  per-instance F1s; every F1 in the paper's tables is the harmonic mean of its P and R);
+- ``score``: mean judge score of generation (1–10), read from the record field ``judge_score``;
+- any other numeric record field: its mean, over the records that have it.
+
+Failure policy (``runtime.failure_policy``): how an instance whose task failed enters a statistic.
+
+- ``exclude`` (default): left out, and counted (every number says how many instances it covers);
+- ``zero`` (ours, not the official tool's): every failed instance scores 0, whatever step failed —
+  inference against its full true checklist and the inferred items it had (none if it never got
+  them), generation as a judge score of 0;
+- ``upstream``: the official tool's rule (``evaluation/pipeline/evaluate.py``), which only counts a
+  failure as 0 where its code saves a result:
+  inference — a context-length error while inferring or decomposing (its inferrer wraps both) scores 0
+  with no inferred items; a failed match (either direction) scores 0 against both full checklists;
+  any other failure drops the instance;
+  generation — a context-length error while generating, or any judge failure, scores 0; any other
+  failure drops the instance, and so does an inference failure that dropped it (with ``task=both``
+  the official tool returns before generating).
+  Where the official aggregation itself crashes, the evident intent is used: an inference with no
+  inferred items (label-less match records) scores 0; with ``task=both``, a generation that failed
+  after a saved inference (a record without a score) is dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping, Sequence
+
+import pandas as pd
+
+FAILURE_POLICIES = ("exclude", "zero", "upstream")
+TASK_METRICS = {"inference": ("precision", "recall", "f1"), "generation": ("score",)}
+HEADLINE = {"inference": "f1", "generation": "score"}
+METRIC_FIELDS = {"precision": ("precision",), "recall": ("recall",), "f1": ("precision", "recall"),
+                 "score": ("judge_score",)}
+MICRO_FIELDS = ("predicted_matched", "n_predicted", "true_matched", "n_true")
+
+SCORED, ZERO, EXCLUDED = "scored", "zero", "excluded"
+UPSTREAM_INFERRER_STEPS = ("infer", "decompose")  # one try block in the official tool: infer, then decompose
+
+
+def harmonic_mean(precision: float, recall: float) -> float:
+    """F1 of a precision and a recall (0 when both are 0)."""
+    return 0.0 if precision + recall == 0 else 2 * precision * recall / (precision + recall)
+
+
+def fields_of(metric: str) -> tuple[str, ...]:
+    """The record fields a statistic is computed from."""
+    return METRIC_FIELDS.get(metric, (metric,))
+
+
+def task_of(metric: str) -> str | None:
+    return next((task for task, metrics in TASK_METRICS.items() if metric in metrics), None)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def _failed_steps(record: Mapping[str, Any]) -> set[tuple[str, str]]:
+    return {(e.get("step", ""), e.get("kind", "")) for e in record.get("errors", [])}
+
+
+def _upstream_drops_inference(failed: set[tuple[str, str]]) -> bool:
+    """The official tool returns without saving anything when inferring or decomposing fails for any
+    reason but the context length (which it saves as an empty inference)."""
+    return any(step in UPSTREAM_INFERRER_STEPS and kind != "context_length" for step, kind in failed)
+
+
+def treatment(record: Mapping[str, Any], task: str, policy: str) -> str:
+    """SCORED, ZERO or EXCLUDED: how ``record`` enters ``task``'s statistics under ``policy``."""
+    if policy == "upstream" and task == "generation" and _upstream_drops_inference(_failed_steps(record)):
+        return EXCLUDED
+    if all(_number(record.get(f)) for m in TASK_METRICS[task] for f in fields_of(m)):
+        return SCORED
+    if policy == "exclude":
+        return EXCLUDED
+    if policy == "zero":
+        return ZERO
+    if policy != "upstream":
+        raise ValueError(f"failure_policy={policy!r}; expected one of {FAILURE_POLICIES}")
+    failed = _failed_steps(record)
+    steps = {step for step, _ in failed}
+    if task == "inference":
+        too_long = any(step in UPSTREAM_INFERRER_STEPS and kind == "context_length" for step, kind in failed)
+        matched_failed = bool(steps & {"match_precision", "match_recall"}) and record.get("inferred_checklist")
+        return ZERO if too_long or matched_failed else EXCLUDED
+    return ZERO if "judge" in steps or ("generate", "context_length") in failed else EXCLUDED
+
+
+def _zeroed(record: Mapping[str, Any], task: str) -> dict[str, Any]:
+    """A failed instance scored 0 against full checklist lengths (no inferred items if it never had any)."""
+    row = dict(record)
+    if task == "inference":
+        checklist = record.get("inferred_checklist")
+        row.update(precision=0.0, recall=0.0, f1=0.0, predicted_matched=0.0, true_matched=0.0,
+                   n_predicted=len(checklist) if isinstance(checklist, list) else 0,
+                   n_true=record.get("n_true") or record.get("gt_checklist_len") or 0)
+    else:
+        row["judge_score"] = 0.0
+    return row
+
+
+def task_frame(records: Iterable[Mapping[str, Any]], task: str, policy: str = "exclude") -> pd.DataFrame:
+    """The rows that enter ``task``'s statistics (failed ones zero-filled where the policy says so), with a
+    ``treatment`` column; excluded rows are left out."""
+    rows = []
+    for record in records:
+        how = treatment(record, task, policy)
+        if how != EXCLUDED:
+            rows.append({**(record if how == SCORED else _zeroed(record, task)), "treatment": how})
+    return pd.DataFrame(rows)
+
+
+def counts(records: Sequence[Mapping[str, Any]], task: str, policy: str) -> dict[str, Any]:
+    """How many instances ran, were scored, failed, and (zero/upstream) entered the means as 0."""
+    treatments = [treatment(r, task, policy) for r in records]
+    failed = sum(t != SCORED for t in treatments)
+    return {"instances": len(records), "scored": len(records) - failed, "failed": failed,
+            "zeroed": sum(t == ZERO for t in treatments), "failure_policy": policy}
+
+
+def point_value(frame: pd.DataFrame, metric: str) -> float:
+    """The statistic over the rows of a task frame (NaN when no row enters it)."""
+    if frame.empty:
+        return math.nan
+    if metric == "f1":
+        return harmonic_mean(float(frame["precision"].mean()), float(frame["recall"].mean()))
+    field = fields_of(metric)[0]
+    values = pd.to_numeric(frame[field], errors="coerce").dropna() if field in frame else pd.Series(dtype=float)
+    return float(values.mean()) if len(values) else math.nan
+
+
+def micro(frame: pd.DataFrame) -> dict[str, float]:
+    """Upstream's pooled numbers: matched items over checklist lengths, summed over instances."""
+    n_predicted, n_true = float(frame["n_predicted"].sum()), float(frame["n_true"].sum())
+    p = float(frame["predicted_matched"].sum()) / n_predicted if n_predicted else 0.0
+    r = float(frame["true_matched"].sum()) / n_true if n_true else 0.0
+    return {"micro/precision": p, "micro/recall": r, "micro/f1": harmonic_mean(p, r)}

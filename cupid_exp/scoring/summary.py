@@ -1,0 +1,84 @@
+"""Phase 3 of a job: turn the records and the usage into the job's numbers and its completeness."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from cupid_exp.llm.usage import UsageMeter, usage_metrics
+from cupid_exp.scoring.bootstrap import ci_metrics
+from cupid_exp.scoring.metrics import error_counts, flat_metrics, task_metrics
+
+
+@dataclass
+class JobSummary:
+    """A job's results: records in dataset order, metrics nested by part and flat, and completeness."""
+
+    records: list[dict[str, Any]]
+    parts: tuple[str, ...]
+    nested: dict[str, dict[str, Any]]  #: part -> {'all': {...}, '<type>': {...}, 'counts': {...}}
+    errors: dict[str, int]  #: failed steps by 'step' and 'step/kind'
+    metrics: dict[str, float] = field(default_factory=dict)  #: flat, as logged to MLflow
+    max_failed_fraction: float = 1.0
+
+    @property
+    def n_instances(self) -> int:
+        return len(self.records)
+
+    @property
+    def failed_instances(self) -> int:
+        """Instances with at least one failed step (whatever the failure policy made of them)."""
+        return sum(1 for r in self.records if r.get("errors"))
+
+    @property
+    def complete(self) -> bool:
+        return self.failed_instances == 0
+
+    @property
+    def failed_fraction(self) -> float:
+        return self.failed_instances / self.n_instances if self.n_instances else 0.0
+
+    @property
+    def over_threshold(self) -> bool:
+        """More instances failed than ``runtime.max_failed_fraction`` allows: the run exits 3."""
+        return self.failed_fraction > self.max_failed_fraction
+
+    def failure_reasons(self) -> dict[str, int]:
+        """Why instances failed: the first failed step/kind of each failed instance."""
+        first = Counter(f"{r['errors'][0]['step']}/{r['errors'][0]['kind']}" for r in self.records if r.get("errors"))
+        return dict(sorted(first.items()))
+
+    def status_line(self) -> str:
+        """The last line a job prints: complete, or how many instances are missing and why."""
+        if self.complete:
+            return f"complete: {self.n_instances} of {self.n_instances} instances ran without a failed step"
+        reasons = ", ".join(f"{k}={v}" for k, v in self.failure_reasons().items())
+        verdict = (f"above runtime.max_failed_fraction={self.max_failed_fraction:g}: exit 3" if self.over_threshold
+                   else f"within runtime.max_failed_fraction={self.max_failed_fraction:g}")
+        return (f"INCOMPLETE: {self.failed_instances} of {self.n_instances} instances failed ({reasons}); "
+                f"{verdict}")
+
+    def completeness_metrics(self) -> dict[str, float]:
+        return {"instances/total": float(self.n_instances), "instances/failed": float(self.failed_instances),
+                "instances/complete": float(self.complete)}
+
+
+def summarize(records: Sequence[Mapping[str, Any]], parts: Sequence[str], *, failure_policy: str, meter: UsageMeter,
+              extra_metrics: Mapping[str, float] | None = None, seed: int = 0, with_intervals: bool = True,
+              max_failed_fraction: float = 1.0) -> JobSummary:
+    """Metrics per part (overall and per type), failure counts, usage and bootstrap intervals."""
+    records = [dict(r) for r in records]
+    nested = {part: task_metrics(records, part, failure_policy) for part in parts}
+    summary = JobSummary(records, tuple(parts), nested, error_counts(records), max_failed_fraction=max_failed_fraction)
+    metrics: dict[str, float] = {}
+    for part, block in nested.items():
+        metrics.update(flat_metrics(part, block))
+    metrics.update(usage_metrics(meter))
+    metrics.update(extra_metrics or {})
+    metrics.update({f"errors/{k}": float(v) for k, v in summary.errors.items()})
+    metrics.update(summary.completeness_metrics())
+    if with_intervals and records:
+        metrics.update(ci_metrics(records, parts, seed=seed, failure_policy=failure_policy))
+    summary.metrics = metrics
+    return summary

@@ -1,0 +1,51 @@
+"""Settings: what the model sees of an instance's history, registered by name (paper §4.1 and ours).
+
+Each module in this package defines one setting and its config dataclass and registers both with
+``@register``; the module is found and imported on its own, so adding a setting touches its module
+and its YAML (``conf/setting/<name>.yaml``, whose defaults name ``<name>_schema``) only.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import TYPE_CHECKING
+
+from cupid_exp.config import ConfigError
+
+if TYPE_CHECKING:
+    from cupid_exp.config import SettingConfig
+    from cupid_exp.settings.base import Setting
+
+SETTINGS: dict[str, type["Setting"]] = {}
+
+
+def register(cls: type["Setting"]) -> type["Setting"]:
+    SETTINGS[cls.name] = cls
+    return cls
+
+
+def _load_all() -> None:
+    for module in pkgutil.iter_modules(__path__):
+        if module.name != "base":
+            importlib.import_module(f"{__name__}.{module.name}")
+
+
+def register_setting_schemas() -> None:
+    """Store every setting's schema in Hydra's ConfigStore, group ``setting``, as ``<name>_schema``."""
+    from hydra.core.config_store import ConfigStore
+
+    _load_all()
+    store = ConfigStore.instance()
+    for name, cls in SETTINGS.items():
+        store.store(group="setting", name=f"{name}_schema", node=cls.Config)
+
+
+def make_setting(config: "SettingConfig") -> "Setting":
+    _load_all()
+    if config.name not in SETTINGS:
+        raise ConfigError(f"setting.name={config.name!r} is not a registered setting; choose one of {sorted(SETTINGS)}")
+    return SETTINGS[config.name](config)
+
+
+__all__ = ["SETTINGS", "make_setting", "register", "register_setting_schemas"]

@@ -1,0 +1,47 @@
+"""oracle: only the prior sessions that share the current context factor and preference (paper §4.1).
+
+CUPID has exactly 2 per instance; another count is a data warning on the instance and counted
+in ``data/oracle_count_warnings``, and the instance still runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+from cupid_exp.config import SettingConfig, require
+from cupid_exp.data.schema import Instance, relevant_positions
+from cupid_exp.results import SettingOutput
+from cupid_exp.settings import register
+from cupid_exp.settings.base import Setting, View
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class OracleConfig(SettingConfig):
+    name: str = "oracle"
+    expected_oracle_sessions: int = 2  # CUPID has exactly 2; any other count is a data warning
+
+    def check(self, where: str) -> None:
+        require(isinstance(self.expected_oracle_sessions, int) and self.expected_oracle_sessions >= 1,
+                f"{where}.expected_oracle_sessions", self.expected_oracle_sessions, "an integer >= 1")
+
+
+@register
+class Oracle(Setting):
+    name = "oracle"
+    Config = OracleConfig
+
+    def positions(self, instance: Instance) -> list[int]:
+        return relevant_positions(instance)
+
+    async def view(self, instance, ctx, transcript) -> View:
+        view = await super().view(instance, ctx, transcript)
+        expected = self.config.expected_oracle_sessions
+        if len(view.positions) == expected:
+            return view
+        log.warning("data warning: %s: oracle kept %d sessions (expected %d)", instance.key, len(view.positions),
+                    expected)
+        warning = f"oracle kept {len(view.positions)} sessions, expected {expected}"
+        return replace(view, output=SettingOutput(data_warnings=[warning]))

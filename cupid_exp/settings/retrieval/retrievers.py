@@ -1,0 +1,77 @@
+"""Retrievers for the retrieval setting: pick the top-k prior sessions for the current request.
+
+bm25 (lexical, default), embedding (a local sentence-transformers model shipped on PyPI, or any
+litellm embedding model), recency (the last k sessions: the baseline models fall back on).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from cupid_exp.data.schema import Instance, PriorSession
+
+RETRIEVERS = ("bm25", "embedding", "recency")
+_TOKEN = re.compile(r"\w+")
+
+
+def session_text(session: PriorSession) -> str:
+    return "\n".join(m.content for m in session.dialogue)
+
+
+def _tokens(text: str) -> list[str]:
+    return _TOKEN.findall(text.lower())
+
+
+def bm25_scores(query: str, docs: Sequence[str]) -> np.ndarray:
+    from rank_bm25 import BM25Okapi
+
+    return np.asarray(BM25Okapi([_tokens(d) or ["<empty>"] for d in docs]).get_scores(_tokens(query)))
+
+
+@functools.lru_cache(maxsize=2)
+def _local_encoder(package: str):
+    """A sentence-transformers model shipped inside a PyPI package (offline, no hub)."""
+    from sentence_transformers import SentenceTransformer
+
+    module = importlib.import_module(package)
+    path = module.get_model_path() if hasattr(module, "get_model_path") else Path(module.__file__).parent / "model"
+    return SentenceTransformer(str(path), device="cpu")
+
+
+def embed(texts: Sequence[str], model: str, api_base: str | None = None) -> np.ndarray:
+    """Unit-length embeddings. An API model's errors are litellm's (the caller counts them per instance)."""
+    if model.startswith("local:"):
+        return np.asarray(_local_encoder(model.removeprefix("local:")).encode(list(texts), normalize_embeddings=True))
+    import litellm
+
+    extra = {"api_base": api_base, "api_key": "EMPTY"} if api_base else {}
+    response = litellm.embedding(model=model, input=list(texts), caching=litellm.cache is not None, **extra)
+    data = getattr(response, "data", None)
+    if not isinstance(data, list) or len(data) != len(texts) or not all(
+            isinstance(item, dict) and isinstance(item.get("embedding"), list) for item in data):
+        raise litellm.exceptions.APIError(status_code=502, message=f"malformed embedding reply: {str(response)[:200]}",
+                                          llm_provider="embedding", model=model)
+    vectors = np.asarray([item["embedding"] for item in data], dtype=float)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def top_k(instance: Instance, retriever: str, k: int, embedding_model: str, api_base: str | None = None
+          ) -> list[int]:
+    """1-based positions of the top-k sessions, in their original order; ties go to the more recent one."""
+    docs = [session_text(s) for s in instance.prior_interactions]
+    n = len(docs)
+    if retriever == "recency":
+        scores = np.arange(n, dtype=float)
+    elif retriever == "bm25":
+        scores = bm25_scores(instance.current_request, docs)
+    else:
+        vectors = embed([instance.current_request, *docs], embedding_model, api_base)
+        scores = vectors[1:] @ vectors[0]
+    order = sorted(range(n), key=lambda i: (-float(scores[i]), -i))
+    return sorted(i + 1 for i in order[:k])

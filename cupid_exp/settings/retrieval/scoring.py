@@ -1,0 +1,69 @@
+"""Retrieval scored from CUPID's session labels: did the retriever find the oracle sessions, and did it
+pull in a contrastive (same-looking factor, conflicting preference) or a stale (superseded) session?
+
+The paper finds models fail mostly by attending to the wrong prior sessions; every prior session
+carries its factor and preference, so a retriever's choice can be scored directly.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+
+from cupid_exp.data.schema import INSTANCE_TYPES, Instance, normalize_text
+
+
+def stale_positions(instance: Instance) -> list[int]:
+    """Sessions of the current factor with a different (superseded) preference: changing instances."""
+    factor = normalize_text(instance.current_context_factor)
+    preference = normalize_text(instance.current_contextual_preference)
+    return [i for i, s in enumerate(instance.prior_interactions, start=1)
+            if normalize_text(s.context_factor) == factor and normalize_text(s.contextual_preference) != preference]
+
+
+def contrastive_positions(instance: Instance) -> list[int]:
+    """Sessions of the contrastive factor: in CUPID the only other factor that recurs in the history."""
+    current = normalize_text(instance.current_context_factor)
+    factors = [normalize_text(s.context_factor) for s in instance.prior_interactions]
+    recurring = {f for f, n in Counter(factors).items() if n >= 2 and f != current}
+    return [i for i, f in enumerate(factors, start=1) if f in recurring]
+
+
+def score_retrieval(instance: Instance, retrieved: Sequence[int], oracle: Sequence[int]) -> dict[str, float | None]:
+    hits = len(set(retrieved) & set(oracle))
+    contrastive, stale = contrastive_positions(instance), stale_positions(instance)
+    return {
+        "recall_at_k": hits / len(oracle) if oracle else None,
+        "precision_at_k": hits / len(retrieved) if retrieved else None,
+        "contrastive_hit": float(bool(set(retrieved) & set(contrastive))) if contrastive else None,
+        "stale_hit": float(bool(set(retrieved) & set(stale))) if stale else None,
+    }
+
+
+def retrieval_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """recall@k / precision@k of the oracle sessions (overall and per type), and how often a
+    contrastive or a stale session was retrieved, over the instances that have one."""
+    rows = [{"instance_type": r["instance_type"], **r["retrieval"]} for r in records if r.get("retrieval")]
+    if not rows:
+        return {}
+    df = pd.DataFrame(rows)
+    out: dict[str, float] = {}
+
+    def put(prefix: str, part: pd.DataFrame) -> None:
+        for name in ("recall_at_k", "precision_at_k"):
+            values = part[name].dropna()
+            if len(values):
+                out[f"{prefix}/{name}"] = float(values.mean())
+
+    put("retrieval", df)
+    for itype in INSTANCE_TYPES:
+        if (df["instance_type"] == itype).any():
+            put(f"retrieval/{itype}", df[df["instance_type"] == itype])
+    for name, metric in (("contrastive_hit", "contrastive_hit_rate"), ("stale_hit", "stale_hit_rate")):
+        values = df[name].dropna()
+        if len(values):
+            out[f"retrieval/{metric}"] = float(values.mean())
+            out[f"retrieval/{metric}/n"] = float(len(values))
+    return out

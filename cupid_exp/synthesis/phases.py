@@ -1,0 +1,216 @@
+"""One persona through every phase: persona → factors → changed preference → sessions → checklists →
+dialogues → instances → validation, each saved to its journey file as soon as it is done.
+
+A step that fails (``StepFailed``: a provider's failure or replies that never validated) fails the
+persona at that phase and the other personas go on; any other exception is a bug and stops the job,
+the journey file keeping what finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from cupid_exp.data.schema import DataError, validate_row
+from cupid_exp.llm.steps import StepFailed
+from cupid_exp.synthesis import steps
+from cupid_exp.synthesis.config import SynthesisConfig
+from cupid_exp.synthesis.journey import (CHANGED, N_SESSIONS, JourneyTemplate, build_instances, persona_id,
+                                         removed_sessions, session_task_type, slot_preference)
+from cupid_exp.synthesis.personas import PersonaTemplate, render_template
+from cupid_exp.synthesis.store import JourneyStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PersonaOutcome:
+    index: int
+    journey: dict[str, Any]
+    failed_phase: str | None = None
+    error: str | None = None
+    instances: list[dict[str, Any]] = field(default_factory=list)
+    dropped: list[dict[str, str]] = field(default_factory=list)
+    validation: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def from_store(cls, index: int, store: JourneyStore) -> "PersonaOutcome":
+        """A persona a previous run finished."""
+        j = store.data
+        return cls(index=index, journey=j, instances=j["instances"], dropped=j.get("dropped_instances", []),
+                   validation=j.get("validation") or [])
+
+
+def filter_unsatisfied(rows: list[dict[str, Any]], journey: JourneyTemplate, dialogues: list[dict[str, Any]],
+                       policy: str) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """``keep``: every row (unsatisfied dialogues stay flagged in the journey file); otherwise a row is
+    dropped when one of its 8 prior sessions ended unsatisfied (after regeneration, for ``regenerate``)."""
+    unsatisfied = {i for i, d in enumerate(dialogues) if not d["is_satisfied"]}
+    kept, dropped = [], []
+    for row in rows:
+        used = set(range(N_SESSIONS - 1)) - set(removed_sessions(journey, row["instance_type"]))
+        if policy != "keep" and used & unsatisfied:
+            dropped.append({"persona_id": row["persona_id"], "instance_type": row["instance_type"],
+                            "reason": f"unsatisfied dialogues in sessions {sorted(i + 1 for i in used & unsatisfied)}"})
+        else:
+            kept.append(row)
+    return kept, dropped
+
+
+async def gather_all(coros: list) -> None:
+    """Run all; after every one has finished, re-raise the first failure (so finished work is saved)."""
+    results = await asyncio.gather(*coros, return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+
+
+class PersonaRun:
+    """The phases of one persona over its journey file; each phase skips what the file already holds."""
+
+    def __init__(self, ctx: steps.SynthContext, scfg: SynthesisConfig, template: PersonaTemplate,
+                 store: JourneyStore):
+        self.ctx, self.scfg, self.template, self.store = ctx, scfg, template, store
+        self.j = store.data
+        self.journey = JourneyTemplate.from_dict(self.j["journey"])
+
+    def save(self, key: str, value: Any) -> Any:
+        self.j[key] = value
+        self.store.save()
+        return value
+
+    async def persona(self) -> None:
+        if "persona" not in self.j:
+            persona = await steps.write_persona(self.ctx, render_template(self.template))
+            self.save("persona", {**persona, "persona_id": persona_id(self.template.index, persona["occupation"])})
+
+    async def factors(self) -> None:
+        if "factors" not in self.j:
+            factors = await steps.write_factors(self.ctx, self.description, self.j["factor_plan"],
+                                                done=self.j.get("factors_partial"),
+                                                on_factor=lambda partial: self.save("factors_partial", partial))
+            self.j.pop("factors_partial", None)
+            self.save("factors", factors)
+
+    async def changed_preference(self) -> None:
+        if "changed" not in self.j:
+            factors = self.j["factors"]
+            others = [f["preference"] for f in factors]
+            self.save("changed", await steps.write_changed_preference(
+                self.ctx, self.description, factors[self.journey.current_factor], others))
+
+    async def sessions(self) -> None:
+        factors, changed = self.j["factors"], self.changed
+        sessions = self.j.setdefault("sessions", [None] * N_SESSIONS)
+        first_changed = min(self.journey.positions(CHANGED))
+        for slot in self.journey.slots:
+            if sessions[slot.index] is not None:
+                continue
+            factor = factors[slot.factor]
+            preference = slot_preference(slot, factors, changed)
+            session = await steps.write_session(
+                self.ctx, persona_description=self.description, factor=factor, preference=preference,
+                session_number=slot.index + 1, n_sessions=N_SESSIONS, earlier=sessions[: slot.index],
+                task_type=session_task_type(self.scfg.seed, self.template.index, slot.index, factor["task_types"]),
+                shift_reason=self.j["changed"]["reason"] if slot.index == first_changed else None)
+            sessions[slot.index] = {**session, "context_factor": factor["factor"], "preference": preference,
+                                    "kind": slot.kind}
+            self.store.save()
+
+    async def checklists(self) -> None:
+        checklists = self.j.setdefault("checklists", {})
+        needed = list(dict.fromkeys([f["preference"] for f in self.j["factors"]] + [self.changed]))
+
+        async def checklist(preference: str) -> None:
+            if preference not in checklists:
+                checklists[preference] = await steps.decompose(self.ctx, preference)
+                self.store.save()
+
+        await gather_all([checklist(p) for p in needed])
+
+    def _regenerate(self, record: dict[str, Any]) -> bool:
+        return (self.scfg.on_unsatisfied == "regenerate" and not record["is_satisfied"]
+                and record["attempt"] < self.scfg.max_retries)
+
+    async def dialogues(self) -> None:
+        factors, sessions = self.j["factors"], self.j["sessions"]
+        dialogues = self.j.setdefault("dialogues", [None] * (N_SESSIONS - 1))
+
+        async def dialogue(slot_index: int) -> None:
+            slot = self.journey.slots[slot_index]
+            preference = slot_preference(slot, factors, self.changed)
+            record = dialogues[slot_index]
+            while record is None or self._regenerate(record):
+                record = await steps.simulate_dialogue(
+                    self.ctx, persona_description=self.description, factor=factors[slot.factor]["factor"],
+                    preference=preference, checklist=self.j["checklists"][preference],
+                    request=steps.first_message(sessions[slot_index]),
+                    attempt=0 if record is None else record["attempt"] + 1)
+                dialogues[slot_index] = record
+                self.store.save()
+
+        await gather_all([dialogue(i) for i in range(N_SESSIONS - 1)])
+
+    def instances(self, outcome: PersonaOutcome) -> None:
+        """The three rows (paper B.5), minus those the unsatisfied policy or the data schema rejects."""
+        j = self.j
+        rows = build_instances(j["persona"]["persona_id"], self.journey, j["factors"], self.changed, j["checklists"],
+                               j["sessions"], [d["dialogue"] for d in j["dialogues"]])
+        kept, outcome.dropped = filter_unsatisfied(rows, self.journey, j["dialogues"], self.scfg.on_unsatisfied)
+        for row in kept:
+            try:
+                validate_row(row, f"persona {self.template.index}")
+            except DataError as exc:
+                outcome.dropped.append({"persona_id": row["persona_id"], "instance_type": row["instance_type"],
+                                        "reason": str(exc)})
+                continue
+            outcome.instances.append(row)
+        j["instances"], j["dropped_instances"] = outcome.instances, outcome.dropped
+        self.store.save()
+
+    async def validation(self, outcome: PersonaOutcome) -> None:
+        if "validation" not in self.j:
+            j = self.j
+            self.save("validation", await steps.validate_persona(self.ctx, self.journey, j["factors"], self.changed,
+                                                                 j["checklists"], j["dialogues"], outcome.instances))
+        outcome.validation = self.j["validation"]
+
+    @property
+    def description(self) -> str:
+        return self.j["persona"]["description"]
+
+    @property
+    def changed(self) -> str:
+        return self.j["changed"]["preference"]
+
+    async def run(self) -> PersonaOutcome:
+        outcome = PersonaOutcome(index=self.template.index, journey=self.j)
+        phases = [("persona", self.persona), ("factors", self.factors),
+                  ("changed_preference", self.changed_preference), ("sessions", self.sessions),
+                  ("checklists", self.checklists), ("dialogues", self.dialogues)]
+        phase = "persona"
+        try:
+            for phase, step in phases:
+                await step()
+            phase = "instances"
+            self.instances(outcome)
+            phase = "validation"
+            if self.scfg.validate:
+                await self.validation(outcome)
+        except StepFailed as exc:
+            outcome.failed_phase, outcome.error = phase, str(exc)
+            log.warning("persona %d failed at %s: %s", self.template.index, phase, exc)
+        self.j["status"] = "failed" if outcome.failed_phase else "done"
+        self.j["failed_phase"], self.j["error"] = outcome.failed_phase, outcome.error
+        self.store.save()
+        return outcome
+
+
+async def synthesize_persona(ctx: steps.SynthContext, scfg: SynthesisConfig, template: PersonaTemplate,
+                             store: JourneyStore) -> PersonaOutcome:
+    """One persona, resumed from its journey file; a finished one is returned as it is."""
+    if store.finished(scfg.validate):
+        return PersonaOutcome.from_store(template.index, store)
+    return await PersonaRun(ctx, scfg, template, store).run()

@@ -1,0 +1,47 @@
+"""What a synthesis job prints: what it made, what validation found, what was rejected, what it cost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+from cupid_exp.llm.usage import usage_line
+from cupid_exp.synthesis.config import SynthesisConfig
+from cupid_exp.synthesis.phases import PersonaOutcome
+
+
+def rejections(metrics: Mapping[str, float]) -> str:
+    """Rejected replies and failed calls per step (``calls/<step>/<kind>_attempt``, ``.../failed_<kind>``)."""
+    parts = []
+    for key, value in sorted(metrics.items()):
+        step, _, kind = key.removeprefix("calls/").rpartition("/")
+        if key.startswith("calls/") and step and value and (kind.endswith("_attempt") or kind.startswith("failed_")):
+            parts.append(f"{step}/{kind}={int(value)}")
+    return ", ".join(parts) or "none"
+
+
+def render_report(scfg: SynthesisConfig, m: Mapping[str, float], outcomes: list[PersonaOutcome],
+                  instances_path: Path, where: str, status: str) -> str:
+    g = lambda k: int(m.get(k, 0))  # noqa: E731
+    failed = [f"persona {o.index} at {o.failed_phase}: {o.error}" for o in outcomes if o.failed_phase]
+    lines = [
+        "",
+        f"CUPID synthesis | recipe={scfg.name} seed={scfg.seed} session_writer={scfg.roles.session_writer.name}",
+        f"personas: {g('personas/completed')}/{g('personas/requested')} completed"
+        + (" | failed: " + "; ".join(failed) if failed else ""),
+        f"factors: {g('factors/count')}, sessions: {g('sessions/count')}, dialogues: {g('dialogues/count')} "
+        f"({g('dialogues/satisfied')} satisfied, {g('dialogues/unsatisfied')} unsatisfied, "
+        f"{g('dialogues/regenerated')} regenerated; on_unsatisfied={scfg.on_unsatisfied})",
+        f"instances: {g('instances/count')} (consistent {g('instances/consistent')}, contrastive "
+        f"{g('instances/contrastive')}, changing {g('instances/changing')}; dropped {g('instances/dropped')})",
+        f"validation: {g('validation/items_expressed')}/{g('validation/items')} checklist items expressed, "
+        f"{g('validation/instances_all_expressed')}/{g('validation/instances')} instances fully expressed, "
+        f"{g('validation/instances_leaking')} requests leak, {g('validation/failed_checks')} checks failed",
+        "rejected replies and failed calls: " + rejections(m),
+        usage_line(dict(m), m.get("time/seconds")),
+        f"instances file: {instances_path}",
+        f"evaluate: python -m cupid_exp data=local data.path={instances_path}",
+        f"outputs: {where}",
+        status,
+    ]
+    return "\n".join(lines)

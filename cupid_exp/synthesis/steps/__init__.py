@@ -1,0 +1,16 @@
+"""The model steps of synthesis, one module per phase; each writes text into a slot code has laid out.
+
+``base`` holds the context and the one way a step asks (the shared ``llm.steps.ask`` with
+``Resample``), ``checks`` the text heuristics the validators share.
+"""
+
+from cupid_exp.synthesis.steps.base import SynthContext
+from cupid_exp.synthesis.steps.checklists import decompose
+from cupid_exp.synthesis.steps.dialogue import simulate_dialogue
+from cupid_exp.synthesis.steps.factors import write_changed_preference, write_factors
+from cupid_exp.synthesis.steps.persona import write_persona
+from cupid_exp.synthesis.steps.sessions import first_message, write_session
+from cupid_exp.synthesis.steps.validation import validate_persona
+
+__all__ = ["SynthContext", "decompose", "first_message", "simulate_dialogue", "validate_persona",
+           "write_changed_preference", "write_factors", "write_persona", "write_session"]

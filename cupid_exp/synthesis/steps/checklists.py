@@ -1,0 +1,38 @@
+"""Step 4 (paper B.4): each preference as a yes/no checklist, by the evaluator's own decomposition step.
+
+Synthesis and evaluation share the prompt, the schema and the parser (``evaluators.checklist``);
+synthesis adds the checks a dataset row needs on top: no copied placeholders, no duplicates, every
+entry a real question, at most ``synthesis.max_checklist_items`` of them.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from cupid_exp.evaluators.checklist import decompose as decompose_preference
+from cupid_exp.evaluators.checklist import parse_checklist
+from cupid_exp.llm.replies import Invalid
+from cupid_exp.llm.steps import Transcript
+from cupid_exp.synthesis.steps.base import SynthContext
+from cupid_exp.synthesis.steps.checks import placeholders
+
+
+def checklist_parser(max_items: int) -> Callable[[str], list[str]]:
+    """``parse_checklist`` plus the data checks; duplicates go before the cut to ``max_items``."""
+    def parse(reply: str) -> list[str]:
+        items = parse_checklist(reply)
+        found = placeholders(items)
+        if found:
+            raise Invalid(f"replace the template placeholders {found[:3]} with real text")
+        cleaned = list(dict.fromkeys(" ".join(x.split()) for x in items))[:max_items]
+        if any(len(x) < 8 for x in cleaned):
+            raise Invalid("every checklist entry must be a yes/no question")
+        return cleaned
+
+    return parse
+
+
+async def decompose(ctx: SynthContext, preference: str) -> list[str]:
+    return await decompose_preference(ctx.clients["decomposer"], ctx.prompts, preference, transcript=Transcript(),
+                                      retry=ctx.retry, max_items=ctx.max_checklist_items,
+                                      parse=checklist_parser(ctx.max_checklist_items))

@@ -1,0 +1,180 @@
+"""Step 2 (paper B.2): eight context factors, the last two a contrastive pair; then the changed preference.
+
+Code plans each factor slot (factor type, preference type, task types); the model writes the
+background, the name and the preference, one factor per call.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Mapping, Sequence
+
+from cupid_exp.data.schema import normalize_text
+from cupid_exp.llm.replies import Invalid
+from cupid_exp.llm.steps import StepFailed
+from cupid_exp.synthesis import taxonomy
+from cupid_exp.synthesis.journey import N_FACTORS, PAIR
+from cupid_exp.synthesis.steps.base import SynthContext, as_object, string_schema, text
+from cupid_exp.synthesis.steps.checks import name_key, overlap, same_text
+
+FACTOR_SCHEMA = {"type": "object", "properties": {"factor": string_schema(3, 50),
+                                                  "background": string_schema(20, 200),
+                                                  "preference": string_schema(30, 200)},
+                 "required": ["factor", "background", "preference"]}
+N_ORDINARY = N_FACTORS - 2
+
+_GENERIC_NAME = re.compile(r"^(the )?(context )?(factor|item|thing|person|place|tool|event|name)\s*[a-z0-9]?$|^[.<>]*$",
+                           re.I)
+
+
+def _factor(data: Any, slot: Mapping[str, Any]) -> dict[str, Any]:
+    """The model's text in a code-planned slot (factor type, preference type, task types)."""
+    item = as_object(data, "context factor")
+    return {"factor_type": slot["factor_type"], "background": text(item, "background", "context factor"),
+            "factor": text(item, "factor", "context factor").strip(" ."), "task_types": list(slot["task_types"]),
+            "preference_type": slot["preference_type"], "preference": text(item, "preference", "context factor"),
+            "related_factor": "N/A"}
+
+
+def _factor_problems(f: Mapping[str, Any], label: str, existing: Sequence[Mapping[str, Any]]) -> list[str]:
+    problems = []
+    if not f["factor"] or _GENERIC_NAME.match(f["factor"]) or "context factor" in f["factor"].lower():
+        problems.append(f"{label} needs a specific name, not {f['factor']!r}")
+    if len(f["preference"]) < 20:
+        problems.append(f"{label} ({f['factor']}) needs a full-sentence preference")
+    if f["factor_type"] not in taxonomy.FACTOR_TYPES:
+        problems.append(f"{label} has unknown factor type {f['factor_type']!r}")
+    if f["preference_type"] not in taxonomy.PREFERENCE_TYPES:
+        problems.append(f"{label} has unknown preference type {f['preference_type']!r}")
+    if not f["task_types"] or any(t not in taxonomy.TASK_TYPES for t in f["task_types"]):
+        problems.append(f"{label} needs task types from the list")
+    if any(name_key(e["factor"]) == name_key(f["factor"]) for e in existing):
+        problems.append(f"{label}: the factor names must all be different ({f['factor']!r} is taken)")
+    if any(name_key(e["preference"]) == name_key(f["preference"]) for e in existing):
+        problems.append(f"{label}: the preferences must all be different")
+    return problems
+
+
+def validate_factors(factors: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Rules for one persona's 8 factors; returns the problems (empty = valid)."""
+    if len(factors) != N_FACTORS:
+        return [f"there must be exactly {N_FACTORS} context factors, got {len(factors)}"]
+    problems = []
+    for i, f in enumerate(factors):
+        problems += _factor_problems(f, f"factor {i + 1}", factors[:i])
+    a, b = factors[PAIR[0]], factors[PAIR[1]]
+    if a["factor_type"] != b["factor_type"]:
+        problems.append("the contrastive pair must share one factor type")
+    if a["related_factor"] != b["factor"] or b["related_factor"] != a["factor"]:
+        problems.append("the contrastive pair must name each other")
+    if overlap(a["preference"], b["preference"]) > 0.8 and overlap(b["preference"], a["preference"]) > 0.8:
+        problems.append("the contrastive pair's preferences must contradict each other, not repeat each other")
+    if any(f["related_factor"] != "N/A" for f in factors[:PAIR[0]]):
+        problems.append("only the last two factors may be related")
+    return problems
+
+
+def build_factor(existing: Sequence[Mapping[str, Any]], label: str, slot: Mapping[str, Any],
+                 ) -> Callable[[Any], dict[str, Any]]:
+    def build(data: Any) -> dict[str, Any]:
+        factor = _factor(data, slot)
+        problems = _factor_problems(factor, label, existing)
+        if problems:
+            raise Invalid(problems)
+        return factor
+
+    return build
+
+
+def build_second(ordinary: Sequence[Mapping[str, Any]], first: Mapping[str, Any], slot: Mapping[str, Any],
+                 ) -> Callable[[Any], dict[str, Any]]:
+    """The pair's second member; code links the two (each names the other) and checks the whole set."""
+    def build(data: Any) -> dict[str, Any]:
+        second = dict(_factor(data, slot), related_factor=first["factor"])
+        problems = validate_factors([*ordinary, dict(first, related_factor=second["factor"]), second])
+        if problems:
+            raise Invalid(problems)
+        return second
+
+    return build
+
+
+def _slot_text(slot: Mapping[str, Any]) -> str:
+    return (f"Name {taxonomy.FACTOR_TYPE_HINTS[slot['factor_type']]} in this person's life. "
+            f"Its preference is about {slot['preference_type'].lower()}. "
+            f"It matters when the person asks for: {', '.join(slot['task_types']).lower()}.")
+
+
+async def write_factors(ctx: SynthContext, persona_description: str, plan: Sequence[Mapping[str, Any]],
+                        done: list[dict[str, Any]] | None = None,
+                        on_factor: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+    """Six ordinary factors and the pair's first member one at a time, then the pair's second member.
+
+    ``plan`` (code, seeded) fixes each slot's factor type, preference type and task types; the
+    model writes background, name and preference. The earlier names are not shown (a tiny model
+    copies them); a clash is rejected and the retry names it. One call per factor keeps each constrained
+    generation short (a tiny model is slow and drifts on long outputs) and lets a rejected factor
+    be regenerated alone. ``done`` resumes a partial list; ``on_factor`` is called after each
+    accepted factor so the caller can save it.
+    """
+    template = ctx.prompts.get("synthesis/context_factors_generator")
+    role = ctx.system_role("factor_writer")
+
+    def messages(what_to_write: str) -> list[dict[str, str]]:
+        return template.messages(role, user_persona=persona_description, n_factors=N_FACTORS,
+                                 what_to_write=what_to_write)
+
+    factors = list(done or [])[:PAIR[0] + 1]
+    while len(factors) <= PAIR[0]:
+        k = len(factors)
+        factors.append(await ctx.ask_json("factor_writer", "factors", messages(_slot_text(plan[k])), FACTOR_SCHEMA,
+                                          build_factor(factors, f"factor {k + 1}", plan[k])))
+        if on_factor:
+            on_factor(factors)
+    first, slot = factors[PAIR[0]], plan[PAIR[1]]
+    pair_text = (f"{_slot_text(slot)} It forms a contrastive pair with a similar thing of the same kind "
+                 f"(not named here; choose a clearly different one) whose preference is: \"{first['preference']}\". "
+                 f"Its own preference must contradict that one.")
+    second = await ctx.ask_json("factor_writer", "factors", messages(pair_text), FACTOR_SCHEMA,
+                                build_second(factors[:PAIR[0]], first, slot))
+    factors = [*factors[:PAIR[0]], dict(first, related_factor=second["factor"]), second]
+    problems = validate_factors(factors)
+    if problems:  # only reachable when resuming a partial list written under other rules
+        raise StepFailed("factors", "invalid", "; ".join(problems))
+    return factors
+
+
+CHANGE_SCHEMA = {"type": "object", "properties": {"reason": string_schema(10, 200),
+                                                  "preference": string_schema(30, 200)},
+                 "required": ["reason", "preference"]}
+
+
+def build_changed(original: str, others: Sequence[str]) -> Callable[[Any], dict[str, str]]:
+    def build(data: Any) -> dict[str, str]:
+        item = as_object(data, "changed preference")
+        out = {"reason": text(item, "reason", "changed preference"),
+               "preference": text(item, "preference", "changed preference")}
+        new = normalize_text(out["preference"]).lower()
+        problems = []
+        if len(new) < 20:
+            problems.append("the new preference must be a full sentence")
+        if same_text(new, original):
+            problems.append("the new preference must differ from the old one")
+        if any(same_text(new, o) for o in others):
+            problems.append("the new preference must differ from the other factors' preferences")
+        if re.match(r"^(no longer|not |do not|don't|never )", new):
+            problems.append("state what is wanted now instead of negating the old preference")
+        if problems:
+            raise Invalid(problems)
+        return out
+
+    return build
+
+
+async def write_changed_preference(ctx: SynthContext, persona_description: str, factor: Mapping[str, Any],
+                                   others: Sequence[str]) -> dict[str, str]:
+    messages = ctx.prompts.get("synthesis/preference_changer").messages(
+        ctx.system_role("factor_writer"), user_persona=persona_description, context_factor=factor["factor"],
+        preference=factor["preference"])
+    return await ctx.ask_json("factor_writer", "changed_preference", messages, CHANGE_SCHEMA,
+                              build_changed(factor["preference"], others))

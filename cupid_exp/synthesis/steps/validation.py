@@ -1,0 +1,88 @@
+"""Step 7 (paper App. E, Fig. 20): which checklist items the user's messages express, and what the
+current request leaks; asked per instance of a persona, each distinct check once."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable, Mapping, Sequence
+
+from cupid_exp.llm.replies import Invalid
+from cupid_exp.llm.steps import StepFailed
+from cupid_exp.rendering import numbered
+from cupid_exp.synthesis.journey import JourneyTemplate, relevant_checks
+from cupid_exp.synthesis.steps.base import SynthContext
+
+
+def expression_schema(n_items: int) -> dict:
+    item = {"type": "object", "properties": {"index": {"type": "integer", "enum": list(range(1, n_items + 1))},
+                                             "evidence": {"type": "string", "maxLength": 100},
+                                             "expressed": {"type": "boolean"}},
+            "required": ["index", "evidence", "expressed"]}
+    return {"type": "object", "properties": {"results": {"type": "array", "items": item, "minItems": n_items,
+                                                         "maxItems": n_items}}, "required": ["results"]}
+
+
+def _flag(result: Any) -> bool:
+    value = result.get("expressed") if isinstance(result, dict) else result
+    if isinstance(value, str) and value.strip().lower() in ("true", "yes", "false", "no"):
+        value = value.strip().lower() in ("true", "yes")
+    if not isinstance(value, bool):
+        raise Invalid("'expressed' must be true or false")
+    return value
+
+
+def build_expression(n_items: int) -> Callable[[Any], list[bool]]:
+    def build(data: Any) -> list[bool]:
+        results = data.get("results") if isinstance(data, dict) else data
+        if not isinstance(results, list) or len(results) != n_items:
+            raise Invalid(f"give exactly {n_items} results, one per checklist question")
+        return [_flag(r) for r in results]
+
+    return build
+
+
+async def check_expressed(ctx: SynthContext, checklist: Sequence[str], user_messages: Sequence[str],
+                          step: str) -> list[bool]:
+    """Which checklist questions the user's messages express (one flag per question)."""
+    messages = ctx.prompts.get("synthesis/expression_validator").messages(
+        ctx.system_role("validator"), checklist=numbered(checklist),
+        user_messages="\n".join(f"- {m}" for m in user_messages) or "(none)")
+    return await ctx.ask_json("validator", step, messages, expression_schema(len(checklist)),
+                              build_expression(len(checklist)))
+
+
+async def validate_persona(ctx: SynthContext, journey: JourneyTemplate, factors: list[dict], changed: str,
+                           checklists: Mapping[str, list[str]], dialogues: list[dict],
+                           instances: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per instance: which checklist items the relevant sessions' user messages express, and which the
+    current request leaks. A failed check is recorded on its instance; the others go on."""
+    memo: dict[tuple, asyncio.Task] = {}
+
+    def ask(checklist: list[str], messages: list[str], step: str) -> asyncio.Task:
+        key = (tuple(checklist), tuple(messages))
+        if key not in memo:
+            memo[key] = asyncio.ensure_future(check_expressed(ctx, checklist, messages, step))
+        return memo[key]
+
+    async def one(row: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {"persona_id": row["persona_id"], "instance_type": row["instance_type"],
+                               "checks": [], "errors": []}
+        for role, pref, positions in relevant_checks(journey, factors, changed, row["instance_type"]):
+            user_messages = [m["content"] for i in positions for m in dialogues[i]["dialogue"] if m["role"] == "user"]
+            check = {"preference_role": role, "preference": pref, "sessions": [i + 1 for i in positions],
+                     "checklist": checklists[pref]}
+            try:
+                check["expressed"] = await ask(checklists[pref], user_messages, "validate_expressed")
+            except StepFailed as exc:
+                check["expressed"], check["error"] = None, str(exc)
+                out["errors"].append(str(exc))
+            out["checks"].append(check)
+        try:
+            leaked = await ask(row["current_checklist"], [row["current_request"]], "validate_leak")
+        except StepFailed as exc:
+            leaked = None
+            out["errors"].append(str(exc))
+        out["leaked"] = leaked
+        return out
+
+    return list(await asyncio.gather(*(one(r) for r in instances)))

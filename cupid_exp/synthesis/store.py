@@ -1,0 +1,49 @@
+"""One persona's journey file, ``journeys/persona_NNN.json``: what resume reads and every step extends.
+
+It is rewritten atomically after every step, so a killed job re-run with the same command skips the
+personas, phases and sessions that finished.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from cupid_exp.outputs import atomic_write_text
+from cupid_exp.synthesis.journey import JourneyTemplate, plan_factors
+from cupid_exp.synthesis.personas import PersonaTemplate
+
+log = logging.getLogger(__name__)
+
+
+class JourneyStore:
+    """One persona's journey file; every ``save`` replaces it atomically."""
+
+    def __init__(self, path: Path, data: dict[str, Any]):
+        self.path, self.data = path, data
+
+    @classmethod
+    def open(cls, directory: Path, template: PersonaTemplate, journey: JourneyTemplate, seed: int) -> "JourneyStore":
+        """The persona's file as a previous run left it, or a fresh one when it was written for another
+        template (compared as JSON, so tuples and lists agree)."""
+        path = directory / f"persona_{template.index:03d}.json"
+        fresh = json.loads(json.dumps({"persona_index": template.index, "template": template.to_dict(),
+                                       "journey": journey.to_dict(),
+                                       "factor_plan": plan_factors(seed, template.index)}))
+        if path.exists():
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if all(data.get(k) == fresh[k] for k in ("template", "journey", "factor_plan")):
+                return cls(path, data)
+            log.warning("%s was written for another template; starting that persona again", path)
+        store = cls(path, fresh)
+        store.save()
+        return store
+
+    def save(self) -> None:
+        atomic_write_text(self.path, json.dumps(self.data, indent=2, ensure_ascii=False) + "\n")
+
+    def finished(self, validate: bool) -> bool:
+        """Done in a previous run (with its validation, when the recipe asks for one)."""
+        return self.data.get("status") == "done" and (self.data.get("validation") is not None or not validate)

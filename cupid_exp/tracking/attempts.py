@@ -1,0 +1,126 @@
+"""A job's attempts share one MLflow run: a resumed job reopens the run its earlier attempt left.
+
+A job is found again by its *run key*: the job identity (everything that decides its instances'
+results, which also names the resume journal), the output root the journal lives under, and the
+runtime settings that change what is reported from the same results (failure policy, incomplete
+threshold, retry of unusable replies). Two jobs with the same key continue one another; any other
+difference gets its own run. While an attempt runs it holds a lock file beside the journal, so a
+second live process with the same key (a duplicate launch) gets a run of its own instead of writing
+into this one; the lock dies with its process, so a SIGKILLed attempt's run (left RUNNING) is
+taken over by the next attempt.
+
+What earlier attempts spent is read back from the journal's per-instance usage, so a resumed run
+reports the whole job's calls, tokens and cost beside this attempt's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+log = logging.getLogger(__name__)
+
+#: The usage a resumed job's MLflow run reports for the whole job (this attempt + earlier ones) under these
+#: names, with ``<name>/this_attempt`` and ``<name>/earlier_attempts`` beside them. The attempt's own folder
+#: (metrics.json, the console) keeps them for the attempt; per-step and request counts are always per attempt.
+JOB_USAGE = {"calls/total": "calls", "tokens/prompt": "prompt_tokens", "tokens/completion": "completion_tokens",
+             "cost/usd": "cost_usd"}
+
+def run_key(identity: str, runtime: Any, output_root: str | Path) -> str:
+    """What makes two jobs the same MLflow run (see the module docstring)."""
+    payload = {"identity": identity, "output_root": str(Path(output_root).expanduser().resolve()),
+               "failure_policy": runtime.failure_policy, "max_failed_fraction": runtime.max_failed_fraction,
+               "retry_failed": runtime.retry_failed}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
+
+
+@dataclass
+class Claim:
+    """The right to write into the runs of one run key, held while an attempt runs."""
+
+    key: str
+    lock: Any = None  #: a held filelock, or None when another live process has the key
+
+    @property
+    def exclusive(self) -> bool:
+        return self.lock is not None
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+
+def claim(key: str, lock_dir: Path) -> Claim:
+    """Take the key's lock without waiting; a key another live process holds gives a non-exclusive claim."""
+    from filelock import FileLock, Timeout
+
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(lock_dir / f"{key}.run.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.warning("another process is running the same job (run key %s): this attempt gets its own MLflow run",
+                    key)
+        return Claim(key)
+    return Claim(key, lock)
+
+
+def earlier_run(client: Any, experiment_id: str, key: str) -> Any | None:
+    """The latest run of ``key`` in the experiment, any status (None when there is none)."""
+    runs = client.search_runs([experiment_id], filter_string=f"tags.`cupid.run_key` = '{key}'",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0] if runs else None
+
+
+def attempt_tags(previous: Any | None, key: str) -> dict[str, str]:
+    """``cupid.run_key`` and the attempt number; a previous attempt left RUNNING died without ending its run."""
+    tags = {"cupid.run_key": key}
+    if previous is None:
+        tags["cupid.attempt"] = "1"
+        return tags
+    before = int(previous.data.tags.get("cupid.attempt", "1"))
+    tags["cupid.attempt"] = str(before + 1)
+    if previous.info.status == "RUNNING" and f"cupid.attempt.{before}" not in previous.data.tags:
+        tags[f"cupid.attempt.{before}"] = "the process died without ending the run (e.g. SIGKILL)"
+    return tags
+
+
+def earlier_usage(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Calls, tokens and cost of the journalled instances (what earlier attempts spent on them).
+
+    ``unpriced_instances`` counts instances with calls but no recorded cost (journals written before the
+    per-instance cost was kept)."""
+    out = {"calls": 0.0, "prompt_tokens": 0.0, "completion_tokens": 0.0, "cost_usd": 0.0, "cache_hits": 0.0,
+           "instances": 0.0, "unpriced_instances": 0.0}
+    for record in records:
+        out["instances"] += 1
+        steps = (record.get("usage") or {}).values()
+        for usage in steps:
+            for key in ("calls", "prompt_tokens", "completion_tokens", "cost_usd", "cache_hits"):
+                out[key] += float(usage.get(key, 0) or 0)
+        if any(u.get("calls") and "cost_usd" not in u for u in steps):
+            out["unpriced_instances"] += 1
+    return out
+
+
+def earlier_attempt_metrics(earlier: Mapping[str, float]) -> dict[str, float]:
+    """``<name>/earlier_attempts`` for the job's summary (``unpriced_instances``: see ``earlier_usage``)."""
+    out = {f"{name}/earlier_attempts": earlier.get(field, 0.0) for name, field in JOB_USAGE.items()}
+    if earlier.get("unpriced_instances"):
+        out["cost/usd/earlier_unpriced_instances"] = earlier["unpriced_instances"]
+    return out
+
+
+def whole_job_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    """For the run: the whole job under the usual names, this attempt's as ``<name>/this_attempt``."""
+    out: dict[str, float] = {}
+    for name in JOB_USAGE:
+        this = float(metrics.get(name, 0.0))
+        out[f"{name}/this_attempt"] = this
+        out[name] = this + float(metrics.get(f"{name}/earlier_attempts", 0.0))
+    return out

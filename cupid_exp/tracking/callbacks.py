@@ -1,0 +1,154 @@
+"""Hydra callbacks shared by both entry points: secrets out of Hydra's files, one MLflow parent per sweep,
+and a sweep that reports its failed and incomplete jobs together when it ends."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from cupid_exp.secrets import install_log_scrubber, scrub, scrub_file, secret_values
+from cupid_exp.tracking.mlflow import PARENT_RUN_FILE, env_uri_kept, experiment_id, prepare_store
+from cupid_exp.tracking.provenance import git_state
+
+log = logging.getLogger(__name__)
+
+
+class RedactSecretsCallback(Callback):
+    """Hydra saves the config and overrides before the job starts (and a sweep's overrides in
+    ``multirun.yaml``), and prints a failed job's overrides; mask any secret in them."""
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        secrets = secret_values(list(hc.overrides.task))
+        if not secrets:
+            return
+        if hc.output_subdir is not None:
+            saved = Path(hc.runtime.output_dir) / hc.output_subdir
+            for name in ("config.yaml", "overrides.yaml", "hydra.yaml"):
+                scrub_file(saved / name, secrets)
+        if hc.mode == RunMode.MULTIRUN:  # written by the sweeper after on_multirun_start
+            scrub_file(Path(hc.sweep.dir) / "multirun.yaml", secrets)
+
+    def on_job_end(self, config: DictConfig, job_return: Any = None, **kwargs: Any) -> None:
+        # Hydra writes "Error executing job with overrides: [...]" to stderr for a failed job
+        overrides = getattr(job_return, "overrides", None)
+        if overrides:
+            secrets = secret_values(list(overrides))
+            job_return.overrides = [scrub(o, secrets) for o in overrides]
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # the launcher logs every job's overrides ("#0 : model=... +x.api_key=...") before any job runs
+        install_log_scrubber(secret_values(list(config.hydra.overrides.task)))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        secrets = secret_values(list(config.hydra.overrides.task))
+        if secrets:
+            scrub_file(Path(config.hydra.sweep.dir) / "multirun.yaml", secrets)
+
+
+class MlflowSweepCallback(Callback):
+    """Opens the parent run of a multirun and closes it when the sweep ends (FAILED if any job failed),
+    after logging the sweep's leaderboard and plots on it (``tracking.sweep``). A sweep stopped by Ctrl-C
+    or SIGTERM in the launching process ends its parent KILLED (at exit) instead of leaving it RUNNING."""
+
+    def __init__(self) -> None:
+        self._open: tuple[str, str] | None = None  # (tracking uri, parent run id) while the sweep runs
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if not config.tracking.enabled or config.runtime.dry_run:
+            return
+        from mlflow.tracking import MlflowClient
+
+        from cupid_exp.tracking.signals import install_sigterm_handler
+
+        prepare_store(config.tracking.uri)
+        sweep_dir = Path(config.hydra.sweep.dir)
+        run = MlflowClient(config.tracking.uri).create_run(
+            experiment_id(config.tracking), run_name=f"sweep {sweep_dir.name}",
+            tags={"cupid.kind": "sweep", "cupid.sweep_dir": str(sweep_dir.resolve()), **git_state()})
+        self._open = (config.tracking.uri, run.info.run_id)
+        atexit.register(self._killed_at_exit)
+        install_sigterm_handler()
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        (sweep_dir / PARENT_RUN_FILE).write_text(run.info.run_id)
+        log.info("MLflow parent run %s for sweep %s", run.info.run_id, sweep_dir)
+
+    def _killed_at_exit(self) -> None:
+        """The process exits with the sweep still open: KILLED after an interrupt, FAILED after a crash."""
+        if self._open is not None:
+            import sys
+
+            from mlflow.tracking import MlflowClient
+
+            from cupid_exp.tracking.signals import Terminated
+
+            uri, run_id = self._open
+            self._open = None
+            crash = getattr(sys, "last_value", None)
+            interrupted = crash is None or isinstance(crash, (KeyboardInterrupt, Terminated))
+            MlflowClient(uri).set_terminated(run_id, status="KILLED" if interrupted else "FAILED")
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if config.runtime.dry_run:
+            print(sweep_dry_run_total(sweep_dir))
+        if not config.tracking.enabled:
+            return
+        from mlflow.tracking import MlflowClient
+
+        from cupid_exp.tracking.signals import shielded
+        from cupid_exp.tracking.sweep import publish_sweep
+
+        marker = sweep_dir / PARENT_RUN_FILE
+        if not marker.exists():
+            return
+        parent = marker.read_text().strip()
+        client = MlflowClient(config.tracking.uri)
+        try:
+            with env_uri_kept():  # the report's queries set MLflow's global URI
+                publish_sweep(client, config.tracking.uri, config.tracking.experiment, parent,
+                              seed=int(config.get("seed", 0) or 0))
+        except Exception as exc:  # noqa: BLE001  # the leaderboard is a view; the jobs' runs hold the results
+            log.warning("sweep leaderboard not logged on the parent run: %s: %s", type(exc).__name__, exc)
+        failed = any(s.get("outcome") == "error" for s in job_statuses(sweep_dir))
+        with shielded():
+            client.set_terminated(parent, status="FAILED" if failed else "FINISHED")
+            self._open = None
+
+
+STATUS_FILE = "job_status.json"
+
+
+def job_statuses(sweep_dir: Path) -> list[dict[str, Any]]:
+    """What each job of a sweep wrote about how it ended (see ``job.entry``)."""
+    out = []
+    for path in sorted(sweep_dir.glob(f"*/{STATUS_FILE}")):
+        try:
+            out.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, json.JSONDecodeError):
+            out.append({"job": path.parent.name, "outcome": "error", "reason": f"unreadable {path.name}"})
+    return out
+
+
+def sweep_dry_run_total(sweep_dir: Path) -> str:
+    """Sum the dry-run estimates of every job of a sweep."""
+    calls = tokens = completion = cost = 0.0
+    jobs = 0
+    for path in sorted(sweep_dir.glob("*/metrics.json")):
+        metrics = json.loads(path.read_text()).get("metrics", {})
+        jobs += 1
+        calls += metrics.get("calls/total", 0.0)
+        tokens += metrics.get("tokens/prompt", 0.0)
+        completion += metrics.get("tokens/completion", 0.0)
+        cost += metrics.get("cost/usd", 0.0)
+    return (f"DRY RUN sweep total over {jobs} jobs: {int(calls)} calls, {int(tokens)} prompt tokens, "
+            f"~{int(completion)} completion tokens, ~${cost:.4f}")

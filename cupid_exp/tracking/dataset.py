@@ -1,0 +1,58 @@
+"""The evaluated data as an MLflow dataset input, so runs can be grouped and filtered by it in the UI.
+
+The dataset is the instances the job ran (after ``data.instance_types`` and ``data.limit``), one row
+per instance with its key fields; its source is the Hub id, split and revision, or the file path;
+its digest is the data digest, or — for a subset — a digest of the data digest and the keys kept,
+so a 3-instance run and a full run never share one dataset entry (MLflow keys datasets by name and
+digest).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from pathlib import Path
+from typing import Any
+
+from cupid_exp.config import DataConfig
+from cupid_exp.data.loading import LoadedData
+
+
+def dataset_name(cfg: DataConfig, data: LoadedData) -> str:
+    if cfg.source == "hf":
+        return str(cfg.hf_name)
+    if cfg.source == "sample":
+        return "cupid-sample"
+    return Path(data.source).name or data.source
+
+
+def dataset_digest(cfg: DataConfig, data: LoadedData) -> str:
+    if not cfg.limit and not cfg.instance_types:
+        return data.digest
+    keys = "\n".join(i.key for i in data.instances)
+    return hashlib.sha256(f"{data.digest}\n{keys}".encode()).hexdigest()[:16]
+
+
+def _source(cfg: DataConfig, data: LoadedData) -> Any:
+    if cfg.source == "hf":
+        from mlflow.data.huggingface_dataset_source import HuggingFaceDatasetSource
+
+        return HuggingFaceDatasetSource(path=str(cfg.hf_name), split=cfg.split, revision=cfg.revision)
+    return str(Path(data.source).expanduser().resolve())  # MLflow makes it a "local" source
+
+
+def mlflow_dataset(cfg: DataConfig, data: LoadedData) -> Any:
+    """The dataset entity (``mlflow.entities.Dataset``): name, source, digest, schema and row count of the
+    instances run."""
+    import mlflow.data
+    import pandas as pd
+
+    frame = pd.DataFrame([{"key": i.key, "persona_id": i.persona_id, "instance_type": i.instance_type,
+                           "current_context_factor": i.current_context_factor,
+                           "current_request": i.current_request, "n_prior_sessions": len(i.prior_interactions),
+                           "n_checklist_items": len(i.current_checklist)} for i in data.instances])
+    with warnings.catch_warnings():  # hints meant for model signatures, and a local path "read two ways"
+        warnings.simplefilter("ignore", UserWarning)
+        dataset = mlflow.data.from_pandas(frame, source=_source(cfg, data), name=dataset_name(cfg, data),
+                                          digest=dataset_digest(cfg, data))
+        return dataset._to_mlflow_entity()

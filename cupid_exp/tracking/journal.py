@@ -1,0 +1,106 @@
+"""Resume: finished instances are appended to a journal keyed by the job's identity.
+
+Re-running the same command after a crash (or SIGKILL) finds the journal, skips every
+instance already finished, and re-runs only the rest; together with the response cache
+no completed model call is repeated. Each line is flushed and fsynced; a torn last line
+from a kill is ignored on load.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+
+from cupid_exp.config import config_digest
+from cupid_exp.secrets import scrub_obj
+
+log = logging.getLogger(__name__)
+
+# A record failed only for these reasons is re-run on resume; other failures (unparseable replies,
+# context too long) are deterministic and stay as they are unless ``runtime.retry_failed=true``.
+TRANSIENT_KINDS = {"provider", "timeout", "rate_limit", "auth"}
+# What never changes an instance's result: where it is written or logged, how progress shows, how
+# failures enter the means (aggregation reads the journal, so another policy replays it for free).
+_NOT_IDENTITY = {"paths", "tracking", "hydra"}
+_RUNTIME_NOT_IDENTITY = {"progress", "cache_dir", "resume", "failure_policy", "max_failed_fraction", "retry_failed"}
+
+
+def job_identity(resolved: Mapping[str, Any], *, dataset_digest: str, prompts_digest: str) -> str:
+    """Hash of everything that decides a job's results, from the resolved config as plain data."""
+    config = {k: v for k, v in resolved.items() if k not in _NOT_IDENTITY}
+    config["runtime"] = {k: v for k, v in dict(config.get("runtime") or {}).items() if k not in _RUNTIME_NOT_IDENTITY}
+    return config_digest({"config": config, "data": dataset_digest, "prompts": prompts_digest})
+
+
+def is_final(record: Mapping[str, Any], retry_failed: bool = False) -> bool:
+    """Whether a journalled instance stands on resume: provider failures are retried, unusable replies
+    only when asked (``runtime.retry_failed``)."""
+    errors = record.get("errors", [])
+    if retry_failed:
+        return not errors
+    return not any(err.get("kind") in TRANSIENT_KINDS for err in errors)
+
+
+class Journal:
+    def __init__(self, path: Path, secrets: list[str] | None = None):
+        self.path, self.secrets = path, list(secrets or [])
+        self._tail_checked = False
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def load(self, retry_failed: bool = False) -> dict[str, dict[str, Any]]:
+        """Finished records by key; later lines win; a torn or invalid line is skipped."""
+        done: dict[str, dict[str, Any]] = {}
+        if not self.path.exists():
+            return done
+        self._cut_torn_tail()
+        self._tail_checked = True
+        with self.path.open("rb") as fh:
+            for raw in fh:
+                try:
+                    record = json.loads(raw)
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    log.warning("journal %s: skipping a torn line", self.path.name)
+                    continue
+                if isinstance(record, dict) and "key" in record:
+                    done[record["key"]] = record
+        return {k: r for k, r in done.items() if is_final(r, retry_failed)}
+
+    def _cut_torn_tail(self) -> None:
+        """Drop a last line without its newline (a kill mid-write), so the next append starts a fresh line
+        instead of being glued to the torn one and lost with it."""
+        with self.path.open("rb+") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            if size == 0:
+                return
+            fh.seek(size - 1)
+            if fh.read(1) == b"\n":
+                return
+            keep = size - 1
+            while keep > 0:  # scan back to the last newline
+                step = min(keep, 65536)
+                fh.seek(keep - step)
+                chunk = fh.read(step)
+                cut = chunk.rfind(b"\n")
+                if cut >= 0:
+                    keep = keep - step + cut + 1
+                    break
+                keep -= step
+            log.warning("journal %s: dropping a torn last line (%d bytes)", self.path.name, size - keep)
+            fh.truncate(keep)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def append(self, record: dict[str, Any]) -> None:
+        if not self._tail_checked:
+            if self.path.exists():
+                self._cut_torn_tail()
+            self._tail_checked = True
+        line = (json.dumps(scrub_obj(record, self.secrets), ensure_ascii=False) + "\n").encode()
+        with self.path.open("ab") as fh:
+            fh.write(line)
+            fh.flush()
+            os.fsync(fh.fileno())

@@ -1,0 +1,167 @@
+"""The job's MLflow run while the job works: progress points, a trace per instance, and a clean end.
+
+Progress goes to the run as ``progress/...`` metrics whose step is the number of instances done
+(those resumed from the journal included), so the curves of a resumed job continue where the
+earlier attempt stopped. A background thread logs a point at most every ``tracking.progress_every_s``
+seconds, sooner when another 5% of the instances are done, never more than once a second, and only
+when something changed: a few points a minute, never one per call. The event loop only hands over
+each finished instance (and its trace); nothing it does waits on MLflow.
+
+``end`` is the one way the run ends, whatever happened: the last progress point, then for a
+finished job the trace export (so a FINISHED run has all its traces), the status and a line on
+this attempt; for a failed or interrupted job the status first and a bounded trace export after.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Mapping, Sequence
+
+from cupid_exp.llm.calls import CallLog
+from cupid_exp.llm.usage import UsageMeter
+from cupid_exp.results import InstanceResult
+from cupid_exp.scoring.statistics import TASK_METRICS, point_value, task_frame
+from cupid_exp.tracking.attempts import Claim
+from cupid_exp.tracking.mlflow import RunTracker
+from cupid_exp.tracking.traces import TraceWriter, flush
+
+log = logging.getLogger(__name__)
+
+PERCENT_STEP = 0.05  #: a point whenever this share of the instances is newly done
+MIN_GAP_S = 1.0  #: never two points closer than this
+INTERRUPTED_FLUSH_S = 10.0  #: how long an interrupted job waits for its traces
+
+
+def running_scores(records: Sequence[Mapping[str, Any]], parts: Sequence[str], policy: str) -> dict[str, float]:
+    """Macro P/R/F1 and judge score so far, as the final numbers are computed (failure policy included)."""
+    out: dict[str, float] = {}
+    for part in parts:
+        frame = task_frame(records, part, policy)
+        for metric in TASK_METRICS[part]:
+            value = point_value(frame, metric)
+            if value == value:
+                out[f"progress/{part}/{metric}"] = value
+    return out
+
+
+def _totals(meter: UsageMeter) -> dict[str, float]:
+    """The meter's totals, read from another thread than the event loop that writes them: a read that
+    meets a counter being added (dict changed size) is simply tried again."""
+    for _ in range(20):
+        try:
+            return meter.totals()
+        except RuntimeError:
+            time.sleep(0.001)
+    return {}
+
+
+class LiveRun:
+    """Observer of a job's instances (``execute``) and owner of its run's end (``ends_on_error``)."""
+
+    def __init__(self, tracker: RunTracker, claim: Claim, *, total: int, parts: Sequence[str], policy: str,
+                 done: Sequence[Mapping[str, Any]], earlier: Mapping[str, float], meter: UsageMeter,
+                 every_s: float, traces: TraceWriter | None, attempt: str):
+        self.tracker, self.claim, self.traces, self.attempt = tracker, claim, traces, attempt
+        self.total, self.parts, self.policy, self.meter, self.every_s = total, tuple(parts), policy, meter, every_s
+        self.earlier = dict(earlier)
+        self._records = list(done)
+        self._failed = sum(1 for r in done if r.get("errors"))
+        self._lock = threading.Lock()
+        self._wake, self._stop = threading.Event(), threading.Event()
+        self._logged: tuple[int, float] | None = None  # (instances done, calls) at the last point
+        self._signalled_done = len(self._records)
+        self._started = time.perf_counter()
+        self._thread: threading.Thread | None = None
+        self.points = 0
+
+    @property
+    def wants_calls(self) -> bool:
+        return self.traces is not None
+
+    def start(self) -> None:
+        self._log_point()  # where the job starts: 0, or what the journal already has
+        self._thread = threading.Thread(target=self._loop, name="cupid-mlflow-progress", daemon=True)
+        self._thread.start()
+
+    def instance_finished(self, instance: Any, result: InstanceResult, record: Mapping[str, Any],
+                          calls: CallLog | None) -> None:
+        """Called on the event loop for each finished instance: cheap, never waits on MLflow."""
+        with self._lock:
+            self._records.append(record)
+            self._failed += bool(record.get("errors"))
+            done = len(self._records)
+        if self.traces is not None and calls is not None:
+            self.traces.write(instance, result, calls)
+        if done - self._signalled_done >= max(1.0, PERCENT_STEP * self.total):
+            self._signalled_done = done
+            self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.every_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            self._log_point()
+            self._stop.wait(MIN_GAP_S)
+
+    def _log_point(self) -> None:
+        """One progress point if anything changed; a failure is logged and the job goes on."""
+        with self._lock:
+            records, failed = list(self._records), self._failed
+        usage = _totals(self.meter)
+        done = len(records)
+        state = (done, usage.get("calls", 0.0))
+        if state == self._logged:
+            return
+        so_far = {k: self.earlier.get(k, 0.0) + usage.get(k, 0.0)  # the whole job's, earlier attempts included
+                  for k in ("calls", "prompt_tokens", "completion_tokens", "cost_usd")}
+        metrics = {"progress/instances_done": float(done), "progress/instances_failed": float(failed),
+                   "progress/fraction_done": done / self.total if self.total else 1.0,
+                   "progress/calls": so_far["calls"], "progress/cost_usd": so_far["cost_usd"],
+                   "progress/tokens": so_far["prompt_tokens"] + so_far["completion_tokens"],
+                   "progress/seconds": time.perf_counter() - self._started}
+        try:
+            metrics.update(running_scores(records, self.parts, self.policy))
+            self.tracker.log_metrics(metrics, step=done)
+            self._logged = state
+            self.points += 1
+        except Exception as exc:  # noqa: BLE001  # a progress point is never worth the job
+            log.warning("MLflow progress point not logged: %s: %s", type(exc).__name__, exc)
+
+    def executed(self) -> None:
+        """The model phase is over: export its traces while the job computes its numbers."""
+        if self.traces is not None:
+            flush(0)
+        self._wake.set()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the background thread and log the last point (once)."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout)
+        self._thread = None
+        self._log_point()
+
+    def end(self, status: str, summary: Mapping[str, Any] | None = None) -> None:
+        """End the run (once): see the module docstring for the order."""
+        if self.tracker.status is not None:
+            return
+        try:
+            self.stop()
+            if status == "FINISHED" and self.traces is not None:
+                flush(terminate=True)
+            note = f"{status} with {len(self._records)} of {self.total} instances done"
+            if summary:
+                note += "; " + ", ".join(f"{k} {v}" for k, v in summary.items())
+            self.tracker.set_tags({f"cupid.attempt.{self.attempt}": note})
+        finally:
+            self.tracker.end(status)
+            self.claim.release()
+        if status != "FINISHED" and self.traces is not None and not flush(INTERRUPTED_FLUSH_S, terminate=True):
+            log.warning("MLflow trace export gave up after %.0f s; traces of this attempt may be missing",
+                        INTERRUPTED_FLUSH_S)

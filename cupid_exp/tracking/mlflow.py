@@ -1,0 +1,223 @@
+"""MLflow: one run per job, opened when the job starts and closed with its outcome; one parent per sweep.
+
+The parent is created once on the launching process (``callbacks.MlflowSweepCallback``) and its id
+written into the sweep directory, so jobs in other processes (joblib, submitit) nest under it
+without sharing memory. Keys never reach MLflow: config values under secret-looking names are
+redacted and known secret values scrubbed before they become params, tags or artifacts.
+
+Artifacts go where the store says: a server's own artifact store (``mlflow-artifacts:/``) unless
+``tracking.artifact_location`` names a place; for a SQLite store, a folder beside the database.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+from cupid_exp.config import TrackingConfig
+from cupid_exp.secrets import scrub, scrub_obj
+from cupid_exp.tracking.provenance import git_state
+
+log = logging.getLogger(__name__)
+
+PARENT_RUN_FILE = "mlflow_parent_run_id"
+_READY_STORES: set[str] = set()
+
+
+@contextmanager
+def env_uri_kept() -> Iterator[None]:
+    """``mlflow.set_tracking_uri`` also exports ``MLFLOW_TRACKING_URI``, which the job config reads: keep our own
+    calls of it from leaking into the next job of a sweep (``paths.output_root=a,b``) or into child processes."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = before
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, str]:
+    """{'a': {'b': 1}} -> {'a.b': '1'}; lists become JSON strings; values cut at MLflow's 6000 characters."""
+    import json
+
+    out: dict[str, str] = {}
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+    else:
+        text = json.dumps(value) if isinstance(value, (list, tuple)) else str(value)
+        out[prefix.rstrip(".")] = text[:6000]
+    return out
+
+
+def prepare_store(uri: str) -> None:
+    """Create a SQLite store's folder and schema once, under a file lock: parallel jobs on a fresh store
+    would each run MLflow's schema migrations at once and fail ('table ... already exists')."""
+    if not uri.startswith("sqlite:///") or uri in _READY_STORES:
+        return
+    from filelock import FileLock
+    from mlflow.tracking import MlflowClient
+
+    db = Path(uri.removeprefix("sqlite:///")).expanduser()
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(db.with_name(db.name + ".lock"))):
+        MlflowClient(uri).search_experiments(max_results=1)  # creates or migrates the schema
+    _READY_STORES.add(uri)
+
+
+def artifact_location(tracking: TrackingConfig) -> str | None:
+    """Where a new experiment keeps its artifacts: the configured place; beside a SQLite database (MLflow
+    would otherwise use ./mlruns of whatever the current directory is); None, the server's choice, otherwise."""
+    where = tracking.artifact_location
+    if where:
+        return where if re.match(r"^[a-zA-Z][\w+.-]*:/", where) else Path(where).expanduser().resolve().as_uri()
+    if tracking.uri.startswith("sqlite:///"):
+        db = Path(tracking.uri.removeprefix("sqlite:///")).expanduser()
+        return db.parent.resolve().joinpath("mlartifacts").as_uri()
+    return None
+
+
+def experiment_id(tracking: TrackingConfig) -> str:
+    """The experiment's id, created on first use (see ``artifact_location``)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking.uri)
+    found = client.get_experiment_by_name(tracking.experiment)
+    if found is not None:
+        return found.experiment_id
+    location = artifact_location(tracking)
+    try:
+        return client.create_experiment(tracking.experiment, artifact_location=location)
+    except MlflowException:  # another job created it first
+        return client.get_experiment_by_name(tracking.experiment).experiment_id
+
+
+def parent_run_id(sweep_dir: str | Path | None) -> str | None:
+    if not sweep_dir:
+        return None
+    marker = Path(sweep_dir) / PARENT_RUN_FILE
+    return marker.read_text().strip() if marker.exists() else None
+
+
+def records_table(records: Iterable[Mapping[str, Any]]) -> Any:
+    """Per-instance rows for MLflow's table view: scalars as they are, containers as JSON text."""
+    import json
+
+    import pandas as pd
+
+    frame = pd.DataFrame([{k: v for k, v in r.items() if k != "raw"} for r in records])
+    return frame.apply(lambda col: col.map(
+        lambda v: json.dumps(v, ensure_ascii=False) if isinstance(v, (list, dict)) else v))
+
+
+def _clean_key(key: str) -> str:
+    return re.sub(r"[^\w.\-/: ]", ":", key)
+
+
+class RunTracker:
+    """The MLflow run of one job: params and tags at start, progress while it works, results at the end."""
+
+    def __init__(self, tracking: TrackingConfig, secrets: Iterable[str] = ()):
+        from mlflow.tracking import MlflowClient
+
+        self.tracking, self.secrets = tracking, list(secrets)
+        prepare_store(tracking.uri)
+        self.client = MlflowClient(tracking.uri)
+        self.experiment_id = experiment_id(tracking)
+        self.run_id: str | None = None
+        self.status: str | None = None  #: how the run ended (None while it runs)
+
+    def start(self, *, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str], parent: str | None,
+              config: Mapping[str, Any], resume: str | None = None) -> str:
+        """A new run, or (``resume``: a run id) an earlier attempt's run reopened. Params are write-once in
+        MLflow: a reopened run keeps its values and gets only the params it lacks."""
+        all_tags = {**git_state(), **tags, "cupid.kind": "job"}
+        if parent:
+            all_tags["mlflow.parentRunId"] = parent
+        if resume is None:
+            run = self.client.create_run(self.experiment_id, run_name=run_name,
+                                         tags={k: scrub(str(v), self.secrets) for k, v in all_tags.items()})
+            self.run_id = run.info.run_id
+        else:
+            self.run_id = resume
+            self.client.update_run(resume, status="RUNNING")
+            self.set_tags(all_tags)
+            known = self.client.get_run(resume).data.params
+            params = {k: v for k, v in params.items() if _clean_key(k) not in known}
+        self.log_params(params)
+        self.client.log_dict(self.run_id, scrub_obj(config, self.secrets), "config.yaml")
+        return self.run_id
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(_clean_key(k), scrub(str(v), self.secrets)[:6000]) for k, v in params.items()]
+        for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
+            self.client.log_batch(self.run_id, params=items[i:i + 100])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(_clean_key(k), float(v), now, step) for k, v in metrics.items() if v == v]  # NaN-free
+        for i in range(0, len(items), 1000):
+            self.client.log_batch(self.run_id, metrics=items[i:i + 1000])
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        """All in batches of 100 (one request each, not one per tag)."""
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k, scrub(str(v), self.secrets)[:8000]) for k, v in tags.items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, tags=items[i:i + 100])
+
+    def log_input(self, dataset: Any, context: str = "eval") -> None:
+        """A dataset entity as the run's input: the runs table's Dataset column."""
+        from mlflow.entities import DatasetInput, InputTag
+
+        self.client.log_inputs(self.run_id, [DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)])])
+
+    def log_artifacts(self, files: Iterable[Path], folder: str | None = None) -> None:
+        for path in files:
+            if path.exists():
+                self.client.log_artifact(self.run_id, str(path), artifact_path=folder)
+
+    def log_table(self, table: Any, name: str) -> None:
+        if table is not None and len(table):
+            self.client.log_table(self.run_id, data=table, artifact_file=name)
+
+    def end(self, status: str = "FINISHED") -> None:
+        """End the run once; later calls (an interrupt after the run finished) change nothing."""
+        if self.run_id is not None and self.status is None:
+            self.client.set_terminated(self.run_id, status=status)
+            self.status = status
+
+
+@contextmanager
+def ends_on_error(run: Any) -> Iterator[None]:
+    """Around a job's work: its run (anything with ``end(status)``) ends KILLED on Ctrl-C or SIGTERM and FAILED
+    on any other exception (the exception goes on); a job that gets through ends its run itself, with its
+    results. SIGTERM raises ``Terminated`` inside the block, and ending the run is shielded from interrupts."""
+    from cupid_exp.tracking.signals import Terminated, shielded, sigterm_raises
+
+    with sigterm_raises():
+        try:
+            yield
+        except (KeyboardInterrupt, Terminated):
+            if run is not None:
+                with shielded():
+                    run.end("KILLED")
+            raise
+        except BaseException:
+            if run is not None:
+                with shielded():
+                    run.end("FAILED")
+            raise

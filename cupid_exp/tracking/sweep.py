@@ -1,0 +1,54 @@
+"""A sweep's parent run as the sweep's front page: its leaderboard and comparison plots.
+
+When a sweep ends, the report (``cupid_exp.reporting``) is built from the parent's finished child
+runs — the same selection rules, tables and bootstrap intervals as ``python -m cupid_exp.report``
+— and logged on the parent: ``leaderboard.md`` and ``leaderboard.html``, each table as an MLflow
+table artifact under ``leaderboard/``, the cross-model plots under ``plots/``, and a few counts as
+metrics. A sweep that ended before its parent existed (or with no finished child) logs notes only.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")[:60]
+
+
+def publish_sweep(client: Any, uri: str, experiment: str, parent_id: str, *, seed: int = 0,
+                  n_boot: int = 1000) -> dict[str, float]:
+    """Log the sweep's leaderboard and plots on its parent run; returns the metrics logged there."""
+    from mlflow.entities import Metric
+
+    from cupid_exp.reporting.build import build_report
+    from cupid_exp.reporting.plots import save_report_plots
+    from cupid_exp.reporting.render import render
+    from cupid_exp.reporting.runs import load_records, search_job_runs
+    from cupid_exp.reporting.selection import select_runs
+
+    children = search_job_runs(uri, experiment, f"tags.`mlflow.parentRunId` = '{parent_id}'")
+    selection = select_runs(children, lambda run_id: load_records(uri, run_id, cache_dir=None))
+    tables = build_report(selection, n_boot=n_boot, seed=seed) if selection.runs else []
+    notes = list(selection.notes) + [f"{len(children)} job runs in this sweep, {len(selection.runs)} in the tables",
+                                     f"95% intervals: cluster bootstrap over personas, {n_boot} resamples, seed {seed}"]
+    client.log_text(parent_id, render(tables, notes, "markdown"), "leaderboard.md")
+    client.log_text(parent_id, render(tables, notes, "html"), "leaderboard.html")
+    for i, table in enumerate(tables, start=1):
+        client.log_table(parent_id, data=table.frame.astype(str),
+                         artifact_file=f"leaderboard/{i:02d}_{_slug(table.title)}.json")
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in save_report_plots(selection, Path(tmp), n_boot=n_boot, seed=seed) if selection.runs else []:
+            client.log_artifact(parent_id, str(path), artifact_path="plots")
+    metrics = {"sweep/jobs": float(len(children)), "sweep/jobs_in_tables": float(len(selection.runs)),
+               "sweep/jobs_finished": float(sum(r.status == "FINISHED" for r in children))}
+    now = int(time.time() * 1000)
+    client.log_batch(parent_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
+    return metrics

@@ -1,0 +1,195 @@
+"""One MLflow trace per instance: a root span for the instance, a span per model call, scores as feedback.
+
+The spans are built after the instance finishes, from the calls ``ask`` logged for it
+(``cupid_exp.llm.calls``), with the times the calls really had; nothing touches MLflow while a
+call is in flight. MLflow exports traces from its own background threads; we switch on its
+batch span processor (one store write per batch of spans rather than per span) and, for a SQLite
+store, a single export worker (several would only queue on the database lock). Those are defaults:
+``MLFLOW_*`` variables set by the user win. ``flush`` waits for the export at the end of a job.
+
+Why explicit spans rather than ``mlflow.litellm.autolog``: autolog makes one trace per call (not
+per instance), knows neither the step nor re-asks, and would put litellm's logging callbacks, which
+the client unhooks for speed, back on every call.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any, Mapping
+
+from cupid_exp.llm.calls import CallLog, CallRecord
+from cupid_exp.results import InstanceResult
+from cupid_exp.secrets import scrub_obj
+
+log = logging.getLogger(__name__)
+
+# Batches of up to 256 spans, at least every 0.5 s: few store writes, and little lost if the process is SIGKILLed.
+_EXPORT_DEFAULTS = {"MLFLOW_USE_BATCH_SPAN_PROCESSOR": "true", "MLFLOW_ASYNC_TRACE_LOGGING_MAX_SPAN_BATCH_SIZE": "256",
+                    "MLFLOW_ASYNC_TRACE_LOGGING_MAX_INTERVAL_MILLIS": "500"}
+
+
+def setup(uri: str) -> None:
+    """A fresh trace exporter for this job, pointed at ``uri``, with the export defaults above (the previous
+    job of a sweep run in this process shut its own down: ``flush(terminate=True)``)."""
+    import mlflow
+
+    from cupid_exp.tracking.mlflow import env_uri_kept
+
+    for key, value in _EXPORT_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    if uri.startswith("sqlite:"):
+        os.environ.setdefault("MLFLOW_ASYNC_TRACE_LOGGING_MAX_WORKERS", "1")
+    with env_uri_kept():
+        mlflow.set_tracking_uri(uri)
+    mlflow.tracing.reset()
+
+
+def flush(timeout: float | None = None, *, terminate: bool = False) -> bool:
+    """Wait until every finished trace is exported; False when ``timeout`` seconds were not enough
+    (``timeout=0``: start the export now and return at once). ``terminate`` also stops the export threads,
+    which MLflow would otherwise drain again at exit (a second wait of about a second)."""
+    import mlflow
+
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            mlflow.flush_trace_async_logging(terminate=terminate)
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name="cupid-trace-flush", daemon=True).start()
+    return done.wait(timeout)
+
+
+def _chat_reply(call: CallRecord) -> dict[str, Any]:
+    """The reply in OpenAI's response shape, so MLflow's trace view shows the exchange as a chat."""
+    return {"choices": [{"index": 0, "finish_reason": call.finish_reason,
+                         "message": {"role": "assistant", "content": call.reply}}],
+            "usage": {"prompt_tokens": call.prompt_tokens, "completion_tokens": call.completion_tokens,
+                      "total_tokens": call.prompt_tokens + call.completion_tokens}}
+
+
+class TraceWriter:
+    """Builds each finished instance's trace in the job's experiment, linked to the job's run. Every text
+    in it is scrubbed of the job's secrets (a provider's auth error may quote the key it rejected)."""
+
+    def __init__(self, experiment_id: str, run_id: str, tags: Mapping[str, str], judges: Mapping[str, str],
+                 secrets: list[str] | None = None):
+        self.experiment_id, self.run_id = experiment_id, run_id
+        self.secrets = list(secrets or [])
+        self.tags = dict(tags)  #: on every trace (model, setting, task, ...)
+        self.judges = dict(judges)  #: part -> the evaluator model whose labels the scores come from
+        self.written = 0
+        self.failed = False
+
+    def write(self, instance: Any, result: InstanceResult, calls: CallLog) -> None:
+        """Never raises: a trace that cannot be built is logged once and tracing stops for the job."""
+        if self.failed:
+            return
+        try:
+            self._write(instance, result, calls)
+            self.written += 1
+        except Exception as exc:  # noqa: BLE001  # tracing must never stop the job
+            self.failed = True
+            log.warning("MLflow tracing stopped for this job: %s: %s", type(exc).__name__, exc)
+
+    def _write(self, instance: Any, result: InstanceResult, calls: CallLog) -> None:
+        import mlflow
+        from mlflow.entities import SpanType
+
+        ended = max([c.ended_ns for c in calls.calls] + [calls.started_ns + 1])
+        clean = self._clean
+        root = mlflow.start_span_no_context(
+            result.key, span_type=SpanType.CHAIN, experiment_id=self.experiment_id, start_time_ns=calls.started_ns,
+            inputs=clean({"current_request": instance.current_request,  # first: the Traces page previews it
+                          "context_factor": instance.current_context_factor, "key": result.key,
+                          "instance_type": result.instance_type}),
+            attributes={"cupid.persona_id": result.persona_id, "cupid.instance_type": result.instance_type},
+            tags={**self.tags, "cupid.key": result.key, "cupid.instance_type": result.instance_type},
+            metadata={"mlflow.sourceRun": self.run_id})
+        for call in sorted(calls.calls, key=lambda c: c.started_ns):
+            self._call_span(root, call)
+        self._assess(root.trace_id, result)
+        if result.errors:
+            root.set_status("ERROR")
+            for error in result.errors:
+                root.add_event(_error_event(error.kind, clean(error.message), error.step))
+        root.end(outputs=clean(_outputs(result)), end_time_ns=ended)
+
+    def _clean(self, value: Any) -> Any:
+        return scrub_obj(value, self.secrets)
+
+    def _call_span(self, root: Any, call: CallRecord) -> None:
+        import mlflow
+        from mlflow.entities import SpanType
+
+        name = call.step if call.attempt == 0 else f"{call.step} (attempt {call.attempt + 1})"
+        attributes = {
+            "cupid.step": call.step, "cupid.attempt": call.attempt, "cupid.model": call.model,
+            "cupid.cache_hit": call.cached, "cupid.retries": call.retries,
+            "cupid.cost_usd": None if call.cost_usd is None else round(call.cost_usd, 10),  # no float noise
+            "cupid.latency_s": round((call.ended_ns - call.started_ns) / 1e9, 4),
+            "cupid.finish_reason": call.finish_reason,
+            "mlflow.llm.model": call.litellm_model, "mlflow.message.format": "openai",
+            "mlflow.llm.cost": {"total_cost": 0.0 if call.cached else (call.cost_usd or 0.0)},
+        }
+        if call.reply is not None:
+            attributes["mlflow.chat.tokenUsage"] = {
+                "input_tokens": call.prompt_tokens, "output_tokens": call.completion_tokens,
+                "total_tokens": call.prompt_tokens + call.completion_tokens}
+        span = mlflow.start_span_no_context(name, span_type=SpanType.CHAT_MODEL, parent_span=root,
+                                            inputs=self._clean({"messages": call.messages}), attributes=attributes,
+                                            start_time_ns=call.started_ns)
+        if call.error_kind:
+            span.set_status("ERROR")
+            span.add_event(_error_event(call.error_kind, self._clean(call.error or ""), call.step))
+        reply = self._clean(_chat_reply(call)) if call.reply is not None else None
+        span.end(outputs=reply, end_time_ns=call.ended_ns)
+
+    def _assess(self, trace_id: str, result: InstanceResult) -> None:
+        """Scores and truths ride with the trace (added while it is still in memory: no extra store call)."""
+        from mlflow.entities import AssessmentError, AssessmentSource, Expectation, Feedback
+        from mlflow.tracing.trace_manager import InMemoryTraceManager
+
+        meta = {"mlflow.assessment.sourceRunId": self.run_id}
+        items: list[Any] = [Expectation(name="expected_preference", value=self._clean(result.truth.gt_preference),
+                                        source=AssessmentSource(source_type="HUMAN", source_id="dataset"))]
+        failure = next(iter(result.errors), None)
+        error = (AssessmentError(error_code=failure.kind, error_message=self._clean(failure.message)) if failure
+                 else None)
+        scores: list[tuple[str, str, Any]] = []
+        if result.inference is not None:
+            scores += [("inference", n, getattr(result.inference, n)) for n in ("precision", "recall", "f1")]
+        if result.generation is not None:
+            scores.append(("generation", "judge_score", result.generation.judge_score))
+        for part, name, value in scores:
+            source = AssessmentSource(source_type="LLM_JUDGE", source_id=self.judges.get(part, "evaluator"))
+            items.append(Feedback(name=name, value=value, source=source, metadata=meta) if value is not None
+                         else Feedback(name=name, error=error or AssessmentError(error_code="not_scored"),
+                                       source=source, metadata=meta))
+        with InMemoryTraceManager.get_instance().get_trace(trace_id) as trace:
+            if trace is not None:
+                trace.info.assessments.extend(items)
+
+
+def _error_event(kind: str, message: str, step: str) -> Any:
+    from mlflow.entities import SpanEvent
+
+    return SpanEvent("exception", attributes={"exception.type": kind, "exception.message": message[:2000],
+                                              "cupid.step": step})
+
+
+def _outputs(result: InstanceResult) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if result.inference is not None:
+        out.update(inferred_preference=result.inference.inferred_preference,
+                   inferred_checklist=result.inference.inferred_checklist, precision=result.inference.precision,
+                   recall=result.inference.recall, f1=result.inference.f1)
+    if result.generation is not None:
+        out.update(response=result.generation.response, judge_score=result.generation.judge_score)
+    if result.errors:
+        out["errors"] = [e.to_record() for e in result.errors]
+    return out

@@ -1,0 +1,75 @@
+"""The job's four phases, each called in-process against the stub model server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers.jobs import stub_config, stub_plan
+from helpers.stub_llm_server import StubServer
+
+from cupid_exp.config import ConfigError
+from cupid_exp.job import execute, plan, publish, summarize_job
+
+PARTS = ("inference", "generation")
+
+
+def test_plan_checks_everything_before_any_call(tmp_path: Path) -> None:
+    with StubServer() as stub:
+        job = stub_plan(stub.url, tmp_path, "task=both", "setting=oracle")
+        assert stub.stats()["total_received"] == 0
+    assert job.parts == PARTS and job.setting.name == "oracle"
+    assert len(job.todo) == 9 and job.ctx is not None and job.identity
+    with pytest.raises(ConfigError, match="setting=oracle_preference is defined for generation only"):
+        plan(stub_config("http://127.0.0.1:9/v1", tmp_path, "task=both", "setting=oracle_preference"), tmp_path)
+    with pytest.raises(ConfigError, match=r"runtime.timeout=0.0 is not allowed: a number > 0"):
+        plan(stub_config("http://127.0.0.1:9/v1", tmp_path, "runtime.timeout=0"), tmp_path)
+
+
+def test_execute_summarize_publish(tmp_path: Path, capsys) -> None:
+    with StubServer() as stub:
+        job = stub_plan(stub.url, tmp_path, "task=both")
+        execution = execute(job)
+    assert len(execution.results) == 9 and execution.seconds > 0
+    result = execution.results[0]
+    assert result.inference.f1 is not None and result.generation.judge_score == 7.5
+    summary = summarize_job(job, execution, started=0.0)
+    assert summary.complete and summary.metrics["instances/failed"] == 0
+    assert summary.metrics["calls/total"] == 9 * 6  # infer, decompose, 2 matches, generate, judge
+    assert [r["key"] for r in summary.records] == [i.key for i in job.data.instances]  # dataset order
+    publish(job, summary, tracker=None)
+    out = capsys.readouterr().out
+    assert out.rstrip().splitlines()[-1] == "complete: 9 of 9 instances ran without a failed step"
+    lines = (job.output_dir / "instances.jsonl").read_text().splitlines()
+    assert [json.loads(line)["key"] for line in lines] == [r["key"] for r in summary.records]
+    saved = json.loads((job.output_dir / "metrics.json").read_text())
+    assert saved["complete"] is True and saved["failed_instances"] == 0
+
+
+def test_a_rerun_replays_the_journal_and_calls_nothing(tmp_path: Path) -> None:
+    with StubServer() as stub:
+        first = stub_plan(stub.url, tmp_path)
+        execute(first)
+        received = stub.stats()["total_received"]
+        again = stub_plan(stub.url, tmp_path)
+        assert again.todo == [] and again.ctx is None and len(again.done) == 9
+        assert execute(again).results == []
+        summary = summarize_job(again, execute(again), started=0.0)
+        assert stub.stats()["total_received"] == received
+    assert summary.metrics["resume/instances_from_journal"] == 9 and summary.complete
+
+
+def test_another_failure_policy_replays_the_same_journal(tmp_path: Path) -> None:
+    with StubServer(garbage_steps=("decompose",), garbage_rate=0.5, seed=3) as stub:
+        excluded = stub_plan(stub.url, tmp_path, "runtime.reask=0")
+        run = execute(excluded)
+        received = stub.stats()["total_received"]
+        zero = stub_plan(stub.url, tmp_path, "runtime.reask=0", "runtime.failure_policy=zero")
+        assert zero.identity == excluded.identity and zero.todo == []
+        z = summarize_job(zero, execute(zero), started=0.0)
+        e = summarize_job(excluded, run, started=0.0)
+        assert stub.stats()["total_received"] == received
+    assert 0 < e.failed_instances == z.failed_instances < 9
+    assert z.metrics["inference/n"] == 9 and e.metrics["inference/n"] == 9 - e.failed_instances
+    assert z.metrics["inference/precision"] < e.metrics["inference/precision"]

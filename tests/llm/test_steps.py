@@ -1,0 +1,101 @@
+"""The one step engine: ask, parse, ask again on an unusable reply, then fail as counted."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from helpers.fault_server import ScriptedServer, completion_body
+
+from cupid_exp.config import ModelConfig, RuntimeConfig
+from cupid_exp.llm.client import LLMClient, configure_litellm
+from cupid_exp.llm.replies import Invalid, ParseError
+from cupid_exp.llm.steps import Reask, Resample, StepFailed, Transcript, ask
+from cupid_exp.llm.usage import UsageMeter
+
+ASK = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
+
+
+def client(url: str, tmp_path, meter: UsageMeter, **params) -> LLMClient:
+    rt = RuntimeConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0, timeout=10)
+    configure_litellm(rt)
+    return LLMClient(ModelConfig(name="s", litellm_model="openai/scripted", api_base=url, params=params), rt, meter)
+
+
+def number(text: str) -> int:
+    if not text.strip().isdigit():
+        raise ParseError(f"not a number: {text!r}")
+    return int(text)
+
+
+def test_reask_shows_the_reply_and_the_reason_then_succeeds(tmp_path) -> None:
+    script = [(200, completion_body("seven"), {}), (200, completion_body("7"), {})]
+    meter, transcript = UsageMeter(), Transcript()
+    with ScriptedServer(script) as server:
+        value = asyncio.run(ask(client(server.url, tmp_path, meter), "count", ASK, number,
+                                transcript=transcript, retry=Reask(1)))
+        second = server.requests[1]["messages"]
+    assert value == 7
+    assert second[:2] == ASK and second[2] == {"role": "assistant", "content": "seven"}
+    assert "not a number" in second[3]["content"]
+    assert transcript.raw["count"] == ["seven", "7"] and transcript.usage["count"]["calls"] == 2
+    assert meter.as_dict()["count"]["unparseable_attempt"] == 1 and not transcript.errors
+
+
+def test_resample_appends_the_attempt_and_moves_the_seed(tmp_path) -> None:
+    def positive(text: str) -> int:
+        value = number(text)
+        if value <= 0:
+            raise Invalid(["the number must be positive"])
+        return value
+
+    script = [(200, completion_body("0"), {}), (200, completion_body("3"), {})]
+    with ScriptedServer(script) as server:
+        value = asyncio.run(ask(client(server.url, tmp_path, UsageMeter(), seed=5), "n", ASK, positive,
+                                transcript=Transcript(), retry=Resample(2)))
+        first, second = server.requests
+    assert value == 3
+    assert first["seed"] == 5 and second["seed"] == 6
+    assert len(second["messages"]) == 2 and "(Attempt 2." in second["messages"][1]["content"]
+    assert "must be positive" in second["messages"][1]["content"]
+
+
+def test_attempts_run_out_into_a_counted_failure(tmp_path) -> None:
+    meter = UsageMeter()
+    with ScriptedServer([(200, completion_body("nope"), {})]) as server:
+        with pytest.raises(StepFailed) as err:
+            asyncio.run(ask(client(server.url, tmp_path, meter), "count", ASK, number, transcript=Transcript(),
+                            retry=Reask(2)))
+        assert len(server.requests) == 3
+    assert (err.value.step, err.value.kind) == ("count", "unparseable")
+    assert meter.as_dict()["count"]["gave_up"] == 1
+
+
+def test_a_reply_cut_at_max_tokens_fails_as_length_without_a_reask(tmp_path) -> None:
+    body = completion_body('{"summaries": [{"session')
+    body["choices"][0]["finish_reason"] = "length"
+    transcript, meter = Transcript(), UsageMeter()
+    with ScriptedServer([(200, body, {})]) as server:
+        with pytest.raises(StepFailed) as err:
+            asyncio.run(ask(client(server.url, tmp_path, meter), "summarize", ASK, number, transcript=transcript,
+                            retry=Reask(3)))
+        assert len(server.requests) == 1
+    assert err.value.kind == "length"
+    assert transcript.raw["summarize"] == ['{"summaries": [{"session']  # the cut text is kept
+    assert meter.as_dict()["summarize"]["length_attempt"] == 1
+
+
+def test_a_provider_failure_is_a_step_failure_of_its_kind(tmp_path) -> None:
+    with ScriptedServer([(500, {"error": {"message": "down"}}, {})]) as server:
+        with pytest.raises(StepFailed) as err:
+            asyncio.run(ask(client(server.url, tmp_path, UsageMeter()), "s", ASK, number, transcript=Transcript()))
+    assert err.value.kind == "provider"
+
+
+def test_a_bug_in_a_parser_is_not_a_step_failure(tmp_path) -> None:
+    def broken(text: str) -> int:
+        raise TypeError("a bug, not a bad reply")
+
+    with ScriptedServer([(200, completion_body("1"), {})]) as server:
+        with pytest.raises(TypeError):
+            asyncio.run(ask(client(server.url, tmp_path, UsageMeter()), "s", ASK, broken, transcript=Transcript()))

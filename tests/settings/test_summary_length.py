@@ -1,0 +1,49 @@
+"""The summary step runs under the model's own max_tokens, and a summary cut at that limit is counted
+as ``summarize/length`` with its raw text kept — through the real CLI, against the stub server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import compose_config
+from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_cli
+from helpers.stub_llm_server import StubServer, classify
+
+from cupid_exp.job import typed_config
+
+
+def test_no_setting_caps_the_models_max_tokens() -> None:
+    for setting in ("standard", "oracle", "summary", "retrieval"):
+        cfg = typed_config(compose_config(["model=gpt4o", f"setting={setting}"]))
+        assert getattr(cfg.setting, "summary_params", {}) == {}
+
+
+def test_the_summary_call_is_sent_with_the_models_own_max_tokens(tmp_path: Path) -> None:
+    with StubServer(record_bodies=True) as stub:
+        run_cli(cli_command(stub.url, tmp_path, "setting=summary", "tracking=none", "data.limit=1",
+                            "model.params.max_tokens=12345"))
+        summaries = [b for b in stub.bodies if classify(b) == "summarize"]
+    assert summaries and {b["max_tokens"] for b in summaries} == {12345}
+
+
+def test_a_summary_cut_at_max_tokens_is_a_length_failure_with_its_text_kept(tmp_path: Path) -> None:
+    with StubServer(length_steps=("summarize",)) as stub:
+        proc = run_cli(cli_command(stub.url, tmp_path, "setting=summary", "task=both", "tracking=none",
+                                   "data.limit=3"), check=False)
+        stats = stub.stats()
+    assert proc.returncode == 3, proc.stderr[-2000:]  # every instance failed: incomplete
+    assert stats["received"]["summarize"] == 3  # one call each: a cut reply is not re-asked
+    assert "summarize/length=3" in proc.stdout
+    (job,) = job_dirs(tmp_path)
+    for record in read_jsonl(job / "instances.jsonl"):
+        assert [(e["step"], e["kind"]) for e in record["errors"]] == [("summarize", "length")]
+        (raw,) = record["raw"]["summarize"]
+        assert raw.startswith("```json") and not raw.rstrip().endswith("```")  # the cut text, as it came
+        json_part = raw.split("```json", 1)[1]
+        try:
+            json.loads(json_part)
+            raise AssertionError("the stub's cut reply should not parse")
+        except json.JSONDecodeError:
+            pass
+    assert metrics_of(job)["errors/summarize/length"] == 3.0

@@ -1,0 +1,75 @@
+"""One persona through its phases, on the stub model: journey file, resume, failure at a phase, policies."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from cupid_exp.synthesis.config import SynthesisConfig
+from cupid_exp.synthesis.journey import make_template
+from cupid_exp.synthesis.personas import builtin_seeds, sample_templates
+from cupid_exp.synthesis.phases import filter_unsatisfied, synthesize_persona
+from cupid_exp.synthesis.store import JourneyStore
+from helpers.stub_llm_server import StubServer
+
+from .scripted import ScriptedServer, context, counts, reply
+from .test_journey import build, hand_built
+
+TEMPLATE = sample_templates(1, 0, builtin_seeds(1, 0))[0]
+
+
+def run_persona(ctx, tmp_path, **recipe):
+    scfg = SynthesisConfig(name="test", **recipe)
+    store = JourneyStore.open(tmp_path / "journeys", TEMPLATE, make_template(scfg.seed, TEMPLATE.index), scfg.seed)
+    return asyncio.run(synthesize_persona(ctx, scfg, TEMPLATE, store)), store
+
+
+def test_a_persona_runs_every_phase_and_a_finished_one_is_not_asked_again(tmp_path) -> None:
+    with StubServer() as stub:
+        ctx = context(stub.url, tmp_path, structured=True, max_turns=2)
+        outcome, store = run_persona(ctx, tmp_path)
+        first = stub.stats()["total_completed"]
+        again, _ = run_persona(ctx, tmp_path)
+        assert stub.stats()["total_completed"] == first  # nothing left to ask
+    assert outcome.failed_phase is None and len(outcome.instances) == 3 and len(outcome.validation) == 3
+    saved = json.loads(store.path.read_text())
+    assert saved["status"] == "done" and "factors_partial" not in saved
+    assert len(saved["factors"]) == 8 and all(s for s in saved["sessions"]) and all(saved["dialogues"])
+    assert {s["kind"] for s in saved["sessions"]} == {"current", "changed", "contrastive", "other", "final"}
+    assert again.instances == outcome.instances and again.validation == outcome.validation
+
+
+def test_regenerate_asks_for_unsatisfied_dialogues_again_up_to_max_retries(tmp_path) -> None:
+    with StubServer() as stub:
+        ctx = context(stub.url, tmp_path, structured=True, max_turns=1)
+        outcome, store = run_persona(ctx, tmp_path, on_unsatisfied="regenerate", max_retries=1, validate=False)
+    dialogues = store.data["dialogues"]
+    assert all(d["is_satisfied"] or d["attempt"] == 1 for d in dialogues)  # unsatisfied: asked again once
+    assert any(d["attempt"] == 1 for d in dialogues) and all(d["attempt"] <= 1 for d in dialogues)
+    kept = {r["instance_type"] for r in outcome.instances}
+    assert len(kept) + len(outcome.dropped) == 3 and all("unsatisfied" in d["reason"] for d in outcome.dropped)
+
+
+def test_a_step_that_fails_fails_the_persona_at_its_phase(tmp_path) -> None:
+    persona = {"personas": [{"occupation": "Paediatric nurse", "description": "A senior nurse. " * 8}]}
+    with ScriptedServer([reply(persona), reply("not json")]) as server:
+        ctx = context(server.url, tmp_path, max_retries=1)
+        outcome, store = run_persona(ctx, tmp_path)
+    assert outcome.failed_phase == "factors" and outcome.error.startswith("factors: unparseable")
+    saved = json.loads(store.path.read_text())
+    assert saved["status"] == "failed" and saved["failed_phase"] == "factors" and "persona" in saved
+    assert counts(ctx, "factors")["gave_up"] == 1 and len(server.requests) == 3
+
+
+@pytest.mark.parametrize("policy,kept", [("keep", ["consistent", "contrastive", "changing"]),
+                                         ("drop", ["consistent", "changing"]),
+                                         ("regenerate", ["consistent", "changing"])])
+def test_unsatisfied_dialogues_drop_only_the_instances_that_use_them(policy: str, kept: list[str]) -> None:
+    t = hand_built()
+    rows = build(t)
+    dialogues = [{"is_satisfied": i != 2} for i in range(12)]  # session 3 (contrastive factor) unsatisfied
+    out, dropped = filter_unsatisfied(rows, t, dialogues, policy)
+    assert [r["instance_type"] for r in out] == kept
+    assert all("sessions [3]" in d["reason"] for d in dropped)

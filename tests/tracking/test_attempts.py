@@ -1,0 +1,117 @@
+"""A resumed job continues its run: SIGKILLed attempts (mid-job and while logging) are taken over by the next
+attempt, which ends the same run FINISHED with the whole job's calls, tokens and cost, labelled by attempt."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from helpers.cli_runner import job_dirs, metrics_of, read_jsonl, run_cli
+from helpers.cupid_data import write_dataset
+from helpers.stub_llm_server import StubServer
+from mlflow.tracking import MlflowClient
+from tracking_runs import history, job_command, job_runs, only_run, start, store_uri, traces_of, wait_for
+
+from cupid_exp.tracking.attempts import earlier_attempt_metrics, earlier_usage, run_key, whole_job_metrics
+
+N = 10
+CALLS = 4 * N
+
+
+def _journalled(root: Path) -> int:
+    return sum(len(read_jsonl(p)) for p in (root / "journal").glob("*.jsonl"))
+
+
+def _sigkill(proc, log: Path) -> None:
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL, log.read_text()[-2000:]
+
+
+@pytest.mark.slow
+def test_killed_attempts_resume_one_run_that_reports_the_whole_job(tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "data.jsonl", N)
+    with StubServer(latency_ms=5) as stub:
+        clean_root = tmp_path / "clean"
+        run_cli(job_command(stub.url, clean_root, data), timeout=240)
+        clean = only_run(store_uri(clean_root)).data.metrics
+        assert clean["calls/total"] == CALLS and clean["cost/usd"] > 0
+        stub.reset()  # the gate counts completed responses from here
+
+        root = tmp_path / "out"
+        uri = store_uri(root)
+        cmd = job_command(stub.url, root, data, "runtime.num_retries=0")
+        # attempt 1: SIGKILL mid-job, some instances journalled
+        stub.hold_after(CALLS - 6)  # instances progress side by side: most finish in the last quarter of the calls
+        log1 = tmp_path / "attempt1.log"
+        proc = start(cmd, log1)
+        try:
+            assert stub.wait_held(timeout=120), log1.read_text()[-3000:]
+            wait_for(lambda: _journalled(root) and only_run(uri), 30, "a journalled instance and the run")
+            _sigkill(proc, log1)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            stub.release()
+        first = only_run(uri)
+        assert first.info.status == "RUNNING" and 0 < _journalled(root) < N  # nothing can end a run on SIGKILL...
+        # attempt 2: SIGKILL while it logs its results (every instance done)
+        log2 = tmp_path / "attempt2.log"
+        proc = start(cmd, log2)
+        try:
+            wait_for(lambda: "| MLflow run " in log2.read_text(), 180, "the printed table")
+            _sigkill(proc, log2)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert only_run(uri).info.status == "RUNNING"
+        # attempt 3: nothing left to call; it ends the run
+        before = stub.stats()["total_received"]
+        final = run_cli(cmd, timeout=240)
+        assert stub.stats()["total_received"] == before and "resuming: 10 of 10" in final.stdout + final.stderr
+
+    run = only_run(uri)  # ...but the next attempt takes the run over: still one run for the job
+    assert run.info.run_id == first.info.run_id and run.info.status == "FINISHED"
+    tags = run.data.tags
+    assert tags["cupid.attempt"] == "3" and tags["cupid.attempt.3"].startswith("FINISHED with 10 of 10")
+    assert "died" in tags["cupid.attempt.1"] and "died" in tags["cupid.attempt.2"]
+    m = run.data.metrics
+    # the whole job, as the clean run: calls and tokens exactly; cost as the final instances recorded it
+    assert m["calls/total"] == clean["calls/total"] and m["tokens/prompt"] == clean["tokens/prompt"]
+    assert m["calls/total/this_attempt"] == 0 and m["calls/total/earlier_attempts"] == CALLS
+    assert m["cost/usd/this_attempt"] == 0 and m["cost/usd"] == m["cost/usd/earlier_attempts"] > 0
+    job = job_dirs(root)[-1]  # attempt 3's folder (attempt 2 wrote its files before it was killed)
+    records = read_jsonl(job / "instances.jsonl")
+    assert m["cost/usd"] == pytest.approx(sum(u["cost_usd"] for r in records for u in r["usage"].values()))
+    assert m["cost/usd"] <= clean["cost/usd"] + 1e-12  # calls attempt 1 paid for unfinished instances: cache hits
+    saved = metrics_of(job)  # the attempt's own folder: this attempt's usage, the earlier attempts' beside it
+    assert saved["calls/total"] == 0 and saved["calls/total/earlier_attempts"] == m["calls/total"]
+    # at most one trace per instance across the attempts (a SIGKILL loses the traces not yet exported)
+    keys = [t.info.tags["cupid.key"] for t in traces_of(uri, run)]
+    assert len(keys) == len(set(keys)) and set(keys) <= {r["key"] for r in records}
+    # progress continued to the end
+    steps = [s for s, _ in history(MlflowClient(uri), run.info.run_id, "progress/instances_done")]
+    assert steps[-1] == N and len(job_runs(uri)) == 1
+
+
+def test_the_run_key_separates_what_reports_differently(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    rt = SimpleNamespace(failure_policy="exclude", max_failed_fraction=0.1, retry_failed=False)
+    key = run_key("abc", rt, tmp_path)
+    assert key == run_key("abc", SimpleNamespace(**vars(rt)), tmp_path / "." )
+    assert key != run_key("abd", rt, tmp_path) and key != run_key("abc", rt, tmp_path / "other")
+    assert key != run_key("abc", SimpleNamespace(**{**vars(rt), "failure_policy": "zero"}), tmp_path)
+
+
+def test_earlier_usage_comes_from_the_journalled_records() -> None:
+    records = [{"usage": {"infer": {"calls": 1, "prompt_tokens": 10, "completion_tokens": 2, "cost_usd": 0.5,
+                                    "cache_hits": 0}}},
+               {"usage": {"infer": {"calls": 2, "prompt_tokens": 5, "completion_tokens": 1}}}]  # an old journal line
+    earlier = earlier_usage(records)
+    assert earlier["calls"] == 3 and earlier["prompt_tokens"] == 15 and earlier["cost_usd"] == 0.5
+    assert earlier["unpriced_instances"] == 1
+    summary = {"calls/total": 4.0, "cost/usd": 0.25, **earlier_attempt_metrics(earlier)}
+    assert summary["calls/total/earlier_attempts"] == 3 and summary["cost/usd/earlier_unpriced_instances"] == 1
+    m = whole_job_metrics(summary)
+    assert m["calls/total"] == 7 and m["calls/total/this_attempt"] == 4 and m["cost/usd"] == 0.75

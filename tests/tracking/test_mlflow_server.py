@@ -1,0 +1,90 @@
+"""Against a real `mlflow server`: a job that only has $MLFLOW_TRACKING_URI logs its run, metrics, traces and
+artifacts there, and the artifacts land in the server's artifact store, not in a folder on the client."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from helpers.cli_runner import cli_env, run_cli
+from helpers.cupid_data import write_dataset
+from helpers.stub_llm_server import StubServer
+from mlflow.tracking import MlflowClient
+from tracking_runs import job_command, only_run, traces_of, wait_for
+
+pytestmark = pytest.mark.slow  # the server alone takes 10-20 s to start here
+
+N = 4
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _healthy(url: str) -> bool:
+    with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
+        return reply.status == 200
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """`mlflow server` on 127.0.0.1 with a SQLite backend and its own artifact store (LITELLM_LOCAL_MODEL_COST_MAP
+    keeps it from deadlocking offline); stopped with its worker processes at the end."""
+    tmp = tmp_path_factory.mktemp("server")
+    port, artifacts = _free_port(), tmp / "artifact-store"
+    url = f"http://127.0.0.1:{port}"
+    log = (tmp / "server.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                             "--backend-store-uri", f"sqlite:///{tmp / 'server.db'}", "--artifacts-destination",
+                             str(artifacts), "--workers", "1"], cwd=tmp, env=cli_env(), stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: proc.poll() is None and _healthy(url), 120, "mlflow server")
+        yield {"url": url, "artifacts": artifacts}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group: uvicorn, its job runner, huey workers
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pass
+        try:  # huey workers can outlive a SIGTERMed server
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+
+def test_a_job_logs_everything_to_the_server_named_by_the_environment(server, tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "data.jsonl", N)
+    root = tmp_path / "out"
+    env = cli_env(MLFLOW_TRACKING_URI=server["url"])
+    with StubServer() as stub:
+        proc = run_cli(job_command(stub.url, root, data, seed=False), env=env, timeout=300)
+    assert f"at {server['url']}" in proc.stdout
+    assert not (root / "mlflow.db").exists() and not (root / "mlartifacts").exists()  # nothing on the client
+
+    client = MlflowClient(server["url"])
+    experiment = client.get_experiment_by_name("cupid")
+    assert experiment.artifact_location.startswith("mlflow-artifacts:")  # the server decides
+    run = only_run(server["url"])
+    assert run.info.status == "FINISHED" and run.data.metrics["calls/total"] == 4 * N
+    assert len(client.get_metric_history(run.info.run_id, "progress/instances_done")) >= 2
+    assert [d.dataset.name for d in run.inputs.dataset_inputs] == ["data.jsonl"]
+    assert len(traces_of(server["url"], run)) == N
+    names = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"instances.jsonl", "metrics.json", "config.yaml", "plots"} <= names
+    stored = list(server["artifacts"].rglob(f"{run.info.run_id}/artifacts/instances.jsonl"))
+    assert len(stored) == 1 and stored[0].read_text().count("\n") == N  # in the server's store, on its disk
+
+    # the report honours the variable too
+    report = run_cli([sys.executable, "-m", "cupid_exp.report", "--n-boot", "50", "--cache-dir",
+                      str(tmp_path / "cache")], env=env, timeout=120)
+    assert "openai_compatible" in report.stdout and run.info.run_id[:8] in report.stdout

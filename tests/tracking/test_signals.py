@@ -1,0 +1,105 @@
+"""Interrupts end the run: SIGTERM or Ctrl-C mid-job leave it KILLED (never RUNNING), even while it logs."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from helpers.cupid_data import write_dataset
+from helpers.stub_llm_server import StubServer
+from mlflow.tracking import MlflowClient
+from tracking_runs import history, job_command, only_run, start, store_uri, traces_of, wait_for
+
+N = 8
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, None)], ids=["SIGTERM", "SIGINT"])
+def test_an_interrupt_mid_job_ends_the_run_killed(tmp_path: Path, sig: int, code: int | None) -> None:
+    data = write_dataset(tmp_path / "data.jsonl", N)
+    root, log = tmp_path / "out", tmp_path / "job.log"
+    uri = store_uri(root)
+    with StubServer() as stub:
+        stub.hold_after(3 * N + 2)  # more than 3 of 4 calls per instance done: some instances finished, not all
+        proc = start(job_command(stub.url, root, data, "model.max_concurrency=2"), log)
+        try:
+            assert stub.wait_held(timeout=120), log.read_text()[-3000:]
+            client = MlflowClient(uri)
+            run = wait_for(lambda: history(client, only_run(uri).info.run_id, "progress/instances_done")[-1][0] > 0
+                           and only_run(uri), 30, "a progress point")
+            assert run.info.status == "RUNNING"
+            proc.send_signal(sig)
+            returncode = proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            stub.release()
+    text = log.read_text()
+    assert returncode != 0, text[-3000:]
+    if code is not None:
+        assert returncode == code, text[-3000:]
+    run = only_run(uri)
+    assert run.info.status == "KILLED" and run.info.end_time is not None
+    assert run.data.tags["cupid.attempt.1"].startswith("KILLED with ")
+    # what finished before the interrupt is in the run: its progress and its traces
+    finished = int(run.data.metrics["progress/instances_done"])
+    assert 0 < finished < N and len(traces_of(uri, run)) == finished
+
+
+def test_an_interrupt_while_the_run_logs_its_results_never_leaves_it_running(tmp_path: Path) -> None:
+    """SIGTERM as soon as the job has printed its table: the logging that follows is shielded, so the run ends
+    FINISHED with everything logged and the signal is delivered after it (143)."""
+    data = write_dataset(tmp_path / "data.jsonl", N)
+    root, log = tmp_path / "out", tmp_path / "job.log"
+    with StubServer() as stub:
+        proc = start(job_command(stub.url, root, data), log)
+        try:
+            wait_for(lambda: "| MLflow run " in log.read_text(), 180, "the printed table")
+            proc.send_signal(signal.SIGTERM)
+            returncode = proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    run = only_run(store_uri(root))
+    assert run.info.status != "RUNNING"
+    # finished, then stopped by the held signal (or, if the signal came after the process was done, exit 0)
+    assert (run.info.status, returncode) in {("FINISHED", 143), ("FINISHED", 0)}, log.read_text()[-3000:]
+    logged = {a.path for a in MlflowClient(store_uri(root)).list_artifacts(run.info.run_id)}
+    assert run.data.tags["cupid.complete"] == "true" and "instances_table.json" in logged
+    print("status after SIGTERM while logging:", run.info.status, returncode, run.data.tags.get("cupid.attempt.1"))
+
+
+def test_sigterm_to_a_sweep_ends_its_running_job_and_its_parent_killed(tmp_path: Path) -> None:
+    import sys
+
+    from helpers.cupid_data import stub_overrides
+    from tracking_runs import PRICES
+
+    data = write_dataset(tmp_path / "data.jsonl", N)
+    root, log = tmp_path / "out", tmp_path / "sweep.log"
+    uri = store_uri(root)
+    with StubServer() as stub:
+        cmd = [sys.executable, "-m", "cupid_exp", "-m", *stub_overrides(stub.url), *PRICES,
+               f"paths.output_root={root}", "runtime.progress=false", "data=local", f"data.path={data}",
+               "model.name=stub_a,stub_b", "runtime.cache=false"]  # (the cache would answer the second job)
+        stub.hold_after(N * 4 + N)  # the first job finishes; the second is stuck
+        proc = start(cmd, log)
+        try:
+            assert stub.wait_held(timeout=180), log.read_text()[-3000:]
+            wait_for(lambda: len(_runs(uri, "job")) == 2, 30, "the second job's run")
+            proc.send_signal(signal.SIGTERM)
+            returncode = proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            stub.release()
+    assert returncode == 143, log.read_text()[-3000:]
+    jobs = {r.data.params["model.name"]: r.info.status for r in _runs(uri, "job")}
+    assert jobs == {"stub_a": "FINISHED", "stub_b": "KILLED"}
+    assert [r.info.status for r in _runs(uri, "sweep")] == ["KILLED"]
+
+
+def _runs(uri: str, kind: str) -> list:
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("cupid")
+    return [r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get("cupid.kind") == kind]

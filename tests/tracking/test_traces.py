@@ -1,0 +1,102 @@
+"""One MLflow trace per instance: a span per model call with its step, model, messages, reply, tokens, cost,
+latency, cache hit and retries; the scores as feedback; failed steps as errors; none with tracking.traces=false."""
+
+from __future__ import annotations
+
+import pytest
+from helpers.cli_runner import job_dirs, read_jsonl, run_cli
+from helpers.cupid_data import write_dataset
+from helpers.stub_llm_server import StubServer
+from tracking_runs import job_command, only_run, store_uri, traces_of
+
+N = 5
+
+
+def _feedback(trace) -> dict:
+    return {a.name: a for a in trace.info.assessments}
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory) -> dict:
+    """A task=both job in which instance 2 fails (its requests always get HTTP 500) and decompose replies are
+    sometimes unusable (re-asked); then, on the same stub (the cache key covers its address), the same job's
+    first 2 instances in a new output root sharing the response cache, and a job with tracking.traces=false."""
+    tmp = tmp_path_factory.mktemp("traced")
+    data = write_dataset(tmp / "data.jsonl", N)
+    root, again, off = tmp / "out", tmp / "again", tmp / "off"
+    common = ("task=both", "runtime.num_retries=0", "runtime.max_failed_fraction=1")
+    with StubServer(giveup_match="(variant 2)", garbage_steps=("decompose",), garbage_rate=0.4, seed=3) as stub:
+        run_cli(job_command(stub.url, root, data, *common), timeout=240)
+        run_cli(job_command(stub.url, again, data, *common, "data.limit=2", cache_dir=root / "cache"), timeout=240)
+        run_cli(job_command(stub.url, off, data, *common, "data.limit=2", "tracking.traces=false"), timeout=240)
+    uri = store_uri(root)
+    run = only_run(uri)
+    (job,) = job_dirs(root)
+    records = {r["key"]: r for r in read_jsonl(job / "instances.jsonl")}
+    return {"run": run, "traces": traces_of(uri, run), "records": records, "again": store_uri(again),
+            "off": store_uri(off)}
+
+
+def test_each_instance_is_one_trace_linked_to_its_run(traced) -> None:
+    traces, records = traced["traces"], traced["records"]
+    assert sorted(t.info.tags["cupid.key"] for t in traces) == sorted(records)
+    for trace in traces:
+        record = records[trace.info.tags["cupid.key"]]
+        assert trace.info.trace_metadata["mlflow.sourceRun"] == traced["run"].info.run_id
+        assert trace.info.tags["cupid.model"] == "openai_compatible" and trace.info.tags["cupid.setting"] == "standard"
+        calls = [s for s in trace.data.spans if s.parent_id is not None]
+        assert all(s.parent_id == trace.data.spans[0].span_id for s in calls)  # root, then one span per call
+        ok = [s for s in calls if s.attributes.get("mlflow.chat.tokenUsage")]
+        assert len(ok) == sum(u["calls"] for u in record["usage"].values())
+        tokens = (trace.info.token_usage or {}).get("input_tokens", 0)  # none for an instance without a reply
+        assert tokens == sum(u["prompt_tokens"] for u in record["usage"].values())
+
+
+def test_a_call_span_has_step_model_messages_reply_tokens_cost_latency_cache_and_retries(traced) -> None:
+    trace = next(t for t in traced["traces"] if not traced["records"][t.info.tags["cupid.key"]]["errors"])
+    record = traced["records"][trace.info.tags["cupid.key"]]
+    (infer,) = [s for s in trace.data.spans if s.name == "infer"]
+    a = infer.attributes
+    assert a["cupid.step"] == "infer" and a["cupid.model"] == "openai_compatible"
+    assert a["mlflow.llm.model"] == "openai/stub" and a["cupid.cache_hit"] is False and a["cupid.retries"] == 0
+    assert a["cupid.latency_s"] > 0 and a["cupid.cost_usd"] > 0
+    assert a["mlflow.llm.cost"]["total_cost"] == pytest.approx(a["cupid.cost_usd"])
+    assert a["mlflow.chat.tokenUsage"]["input_tokens"] == record["usage"]["infer"]["prompt_tokens"]
+    messages = infer.inputs["messages"]
+    assert messages[-1]["role"] == "user" and record["instance_type"] and "variant" in str(messages)
+    assert infer.outputs["choices"][0]["message"]["content"] == record["raw"]["infer"][0]
+    assert infer.start_time_ns < infer.end_time_ns <= trace.data.spans[0].end_time_ns
+    assert trace.info.state == "OK"
+    # the scores, as feedback from the evaluator's models; the truth as an expectation
+    fb = _feedback(trace)
+    for name in ("precision", "recall", "f1"):
+        assert fb[name].value == pytest.approx(record[name]) and fb[name].source.source_type == "LLM_JUDGE"
+    assert fb["judge_score"].value == record["judge_score"] == 7.5
+    assert fb["expected_preference"].value == record["gt_preference"]
+
+
+def test_failed_steps_are_errors_and_unusable_replies_are_marked(traced) -> None:
+    traces, records = traced["traces"], traced["records"]
+    failed = [t for t in traces if records[t.info.tags["cupid.key"]]["errors"]]
+    assert failed and all(t.info.state == "ERROR" for t in failed)
+    provider = next(t for t in failed if "(variant 2)" in str(t.data.spans[0].inputs))
+    bad = [s for s in provider.data.spans if s.status.status_code == "ERROR" and s.parent_id is not None]
+    assert bad and all(e.attributes["exception.type"] == "provider" for s in bad for e in s.events)
+    fb = _feedback(provider)
+    assert fb["f1"].value is None and fb["f1"].error.error_code == "provider"
+    assert fb["judge_score"].error is not None
+    # a re-asked decompose: its first attempt's span is an error, the re-ask a span of its own
+    reasks = [s for t in traces for s in t.data.spans if s.name == "decompose (attempt 2)"]
+    assert reasks, "the stub's garbage rate gave no re-ask; pick another seed"
+    firsts = [s for t in traces for s in t.data.spans if s.name == "decompose" and s.status.status_code == "ERROR"]
+    assert firsts and all(e.attributes["exception.type"] == "unparseable" for s in firsts for e in s.events)
+
+
+def test_a_cached_rerun_marks_cache_hits_and_traces_false_logs_no_trace(traced) -> None:
+    uri = traced["again"]
+    run = only_run(uri)
+    spans = [s for t in traces_of(uri, run) for s in t.data.spans if s.attributes.get("mlflow.chat.tokenUsage")]
+    assert spans and [(s.name, s.attributes["cupid.cache_hit"], s.attributes["mlflow.llm.cost"]) for s in spans] == [
+        (s.name, True, {"total_cost": 0.0}) for s in spans]
+    quiet = only_run(traced["off"])
+    assert quiet.info.status == "FINISHED" and traces_of(traced["off"], quiet) == []

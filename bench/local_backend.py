@@ -3,7 +3,7 @@
 
 A script, not a test. Both engines run behind the same litellm provider (``cupid_exp/llm/local.py``,
 ``LocalModels``): the same request translation, the same error handling, the same settings from
-``conf/model/local.yaml`` (n_ctx, n_threads, n_batch, prompt cache). Only the object that turns an
+``conf/llm/local.yaml`` (n_ctx, n_threads, n_batch, prompt cache). Only the object that turns an
 OpenAI-style request into tokens differs:
 
   xllamacpp         the prebuilt wheel; llama.cpp's C++ server in-process (slot KV reuse + RAM prompt cache)
@@ -115,8 +115,8 @@ def _engine_factory(engine: str):
 
 def _step_of(messages: list[dict]) -> str:
     system = str(messages[0].get("content") or "") if messages else ""
-    for key, step in (("works out what a user wants", "infer"), ("preference and a numbered checklist", "match"),
-                      ("checklist", "decompose")):
+    for key, step in (("infer the implicit preference", "infer"), ("preference and a numbered checklist", "match"),
+                      ("evaluation checklist", "decompose")):
         if key in system:
             return step
     return "other"
@@ -135,7 +135,7 @@ def child_replay(args: argparse.Namespace) -> None:
     from cupid_exp.llm.local import LocalModels
     from omegaconf import OmegaConf
 
-    local = OmegaConf.load(ROOT / "conf" / "model" / "local.yaml").local
+    local = OmegaConf.load(ROOT / "conf" / "llm" / "local.yaml").local
     cfg = replace(LocalModelConfig(**OmegaConf.to_container(local)), prompt_cache_mb=args.prompt_cache_mb)
     calls = [json.loads(line) for line in Path(args.calls).read_text().splitlines() if line.strip()]
     models = LocalModels(engine_factory=_engine_factory(args.engine))
@@ -183,7 +183,7 @@ def child_micro(args: argparse.Namespace) -> None:
     from cupid_exp.llm.local import LocalModels
     from omegaconf import OmegaConf
 
-    local = OmegaConf.load(ROOT / "conf" / "model" / "local.yaml").local
+    local = OmegaConf.load(ROOT / "conf" / "llm" / "local.yaml").local
     cfg = replace(LocalModelConfig(**OmegaConf.to_container(local)), prompt_cache_mb=0)
     first = json.loads(Path(args.calls).read_text().splitlines()[0])
     models = LocalModels(engine_factory=_engine_factory(args.engine))

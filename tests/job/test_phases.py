@@ -10,14 +10,16 @@ from helpers.jobs import stub_config, stub_plan
 from helpers.stub_llm_server import StubServer
 
 from cupid_exp.config import ConfigError
+from cupid_exp.data.loading import SAMPLE_FULL_PATH
 from cupid_exp.job import execute, plan, publish, summarize_job
 
 PARTS = ("inference", "generation")
+NINE = ("data=local", f"data.path={SAMPLE_FULL_PATH}")  # the 9-row sample: three personas x three types
 
 
 def test_plan_checks_everything_before_any_call(tmp_path: Path) -> None:
     with StubServer() as stub:
-        job = stub_plan(stub.url, tmp_path, "task=both", "setting=oracle")
+        job = stub_plan(stub.url, tmp_path, *NINE, "task=both", "setting=oracle")
         assert stub.stats()["total_received"] == 0
     assert job.parts == PARTS and job.setting.name == "oracle"
     assert len(job.todo) == 9 and job.ctx is not None and job.identity
@@ -29,7 +31,7 @@ def test_plan_checks_everything_before_any_call(tmp_path: Path) -> None:
 
 def test_execute_summarize_publish(tmp_path: Path, capsys) -> None:
     with StubServer() as stub:
-        job = stub_plan(stub.url, tmp_path, "task=both")
+        job = stub_plan(stub.url, tmp_path, *NINE, "task=both")
         execution = execute(job)
     assert len(execution.results) == 9 and execution.seconds > 0
     result = execution.results[0]
@@ -49,10 +51,10 @@ def test_execute_summarize_publish(tmp_path: Path, capsys) -> None:
 
 def test_a_rerun_replays_the_journal_and_calls_nothing(tmp_path: Path) -> None:
     with StubServer() as stub:
-        first = stub_plan(stub.url, tmp_path)
+        first = stub_plan(stub.url, tmp_path, *NINE)
         execute(first)
         received = stub.stats()["total_received"]
-        again = stub_plan(stub.url, tmp_path)
+        again = stub_plan(stub.url, tmp_path, *NINE)
         assert again.todo == [] and again.ctx is None and len(again.done) == 9
         assert execute(again).results == []
         summary = summarize_job(again, execute(again), started=0.0)
@@ -62,10 +64,10 @@ def test_a_rerun_replays_the_journal_and_calls_nothing(tmp_path: Path) -> None:
 
 def test_another_failure_policy_replays_the_same_journal(tmp_path: Path) -> None:
     with StubServer(garbage_steps=("decompose",), garbage_rate=0.5, seed=3) as stub:
-        excluded = stub_plan(stub.url, tmp_path, "runtime.reask=0")
+        excluded = stub_plan(stub.url, tmp_path, *NINE, "runtime.reask=0")
         run = execute(excluded)
         received = stub.stats()["total_received"]
-        zero = stub_plan(stub.url, tmp_path, "runtime.reask=0", "runtime.failure_policy=zero")
+        zero = stub_plan(stub.url, tmp_path, *NINE, "runtime.reask=0", "runtime.failure_policy=zero")
         assert zero.identity == excluded.identity and zero.todo == []
         z = summarize_job(zero, execute(zero), started=0.0)
         e = summarize_job(excluded, run, started=0.0)

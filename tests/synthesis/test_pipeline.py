@@ -61,7 +61,9 @@ def test_job_dir_is_stable_for_a_command_and_differs_by_recipe() -> None:
 
     assert run_dir(["synthesis.n_personas=2"]) == run_dir(["synthesis.n_personas=5"])  # top-up resumes
     # pinned: a new optional (null) setting must not move every job folder (nulls are left out of the hash)
-    assert run_dir([]) == "outputs/synthesis/default_local_seed0_21e1ff6a"
+    # (moved from ..._21e1ff6a when conf/llm/local.yaml set n_threads 1 and n_threads_batch 2: a config value
+    # that changed, not a null; with n_threads=2 and n_threads_batch=null on every role the old hash comes back)
+    assert run_dir([]) == "outputs/synthesis/default_local_seed0_952b87cc"
     assert run_dir([]) != run_dir(["synthesis.max_turns=2"])
     assert run_dir([]) != run_dir(["synthesis.seed=1"])
 

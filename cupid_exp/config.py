@@ -106,7 +106,8 @@ class LocalModelConfig(Checked):
     # anything else is a path to a .gguf file.
     gguf: str = MISSING
     n_ctx: int = 8192
-    n_threads: int = 2
+    n_threads: int = 2  # threads for generation (token by token)
+    n_threads_batch: Optional[int] = None  # threads for prompt processing; None = n_threads
     n_batch: int = 512
     chat_format: Optional[str] = None
     prompt_cache_mb: int = 1024  # llama.cpp KV states reused across calls sharing a prompt prefix; 0 = off

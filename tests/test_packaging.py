@@ -89,7 +89,7 @@ def _declared() -> set[str]:
 
 
 # Optional backends imported lazily behind their extra, which CI may not install.
-OPTIONAL = {"xllamacpp", "llama_cpp", "sentence_transformers", "vllm"}
+OPTIONAL = {"xllamacpp", "sentence_transformers", "vllm"}
 
 
 def test_every_third_party_import_is_a_declared_dependency() -> None:
@@ -98,5 +98,6 @@ def test_every_third_party_import_is_a_declared_dependency() -> None:
     missing = sorted(third_party - _declared() - OPTIONAL)
     assert not missing, f"imported but not declared in pyproject.toml: {missing}"
     requires = " ".join(importlib.metadata.requires("cupid-exp") or [])
-    for extra_module, dist in (("sentence_transformers", "sentence-transformers"), ("vllm", "vllm")):
+    for extra_module, dist in (("xllamacpp", "xllamacpp"), ("sentence_transformers", "sentence-transformers"),
+                              ("vllm", "vllm")):
         assert dist in requires, f"{extra_module} must be declared as an extra"

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SAMPLE_PATH = Path(__file__).parent / "sample" / "cupid_sample.jsonl"
+SAMPLE_PATH = Path(__file__).parent / "sample" / "cupid_sample.jsonl"  # data=sample: the 3-row demo set
+SAMPLE_FULL_PATH = SAMPLE_PATH.with_name("cupid_sample_full.jsonl")  # 9 rows: three personas x three types
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 

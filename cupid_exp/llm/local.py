@@ -2,6 +2,14 @@
 
 Going through litellm keeps one code path for every model: the same caching,
 retries, usage and cost accounting apply to the embedded model and to API models.
+
+The engine is xllamacpp, which ships prebuilt CPU wheels of llama.cpp (portable AVX2, no
+AMX path, so no source build) and runs llama.cpp's own C++ server inside this process. We call
+its OpenAI-style ``handle_chat_completions`` directly (the HTTP listener it also starts is locked
+with a random key). That server brings what the evaluation needs: JSON-schema constrained
+decoding (llguidance), the chat template from the GGUF, a context check, and prompt-prefix reuse
+(the slot keeps the last prompt's KV cache and a RAM cache keeps earlier ones, so the matcher's
+long few-shot system prompt is processed once).
 """
 
 from __future__ import annotations
@@ -10,11 +18,15 @@ import asyncio
 import atexit
 import importlib
 import importlib.metadata
+import secrets
 import threading
+import time
+from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from cupid_exp.config import LocalModelConfig
+from cupid_exp.llm import _litellm
 
 PROVIDER = "llamacpp"
 _PASSED_PARAMS = ("temperature", "max_tokens", "top_p", "top_k", "stop", "seed", "response_format", "grammar")
@@ -29,7 +41,7 @@ def resolve_gguf(spec: str) -> Path:
             files = importlib.metadata.distribution(dist).files or []
         except importlib.metadata.PackageNotFoundError as exc:
             raise FileNotFoundError(f"local model package {dist!r} is not installed "
-                                    f"(see README: scripts/install_local_model.sh)") from exc
+                                    f"(see README: scripts/setup.sh)") from exc
         matches = [f for f in files if str(f).endswith(suffix or ".gguf")]
         if not matches:
             raise FileNotFoundError(f"package {dist!r} ships no file ending in {suffix!r}")
@@ -43,105 +55,230 @@ def resolve_gguf(spec: str) -> Path:
     return path
 
 
-def _llama_response_format(fmt: Any) -> Any:
-    """OpenAI-style json_schema -> llama.cpp's {'type': 'json_object', 'schema': ...}."""
+def strict_schema(schema: Any) -> Any:
+    """OpenAI's ``strict: true`` semantics for a JSON schema: objects take no properties beyond the listed ones.
+
+    The OpenAI API rejects strict schemas without ``additionalProperties: false``; llguidance follows the
+    JSON-schema default (extra properties allowed), and a small model then invents keys until max_tokens.
+    """
+    if isinstance(schema, list):
+        return [strict_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: strict_schema(v) for k, v in schema.items()}
+    if out.get("type") == "object" and "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def _request(messages: list[dict], params: dict[str, Any], cache_prompt: bool) -> dict[str, Any]:
+    """The OpenAI-style request the llama.cpp server takes, from litellm's optional_params."""
+    request: dict[str, Any] = {"messages": messages, "cache_prompt": cache_prompt}
+    for key in _PASSED_PARAMS:
+        if params.get(key) is not None:
+            request[key] = params[key]
+    fmt = request.get("response_format")
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
-        return {"type": "json_object", "schema": fmt.get("json_schema", {}).get("schema", {})}
-    return fmt
+        spec = fmt.get("json_schema") or {}
+        schema = spec.get("schema") or {}
+        request["response_format"] = {"type": "json_schema",
+                                      "json_schema": {"schema": strict_schema(schema) if spec.get("strict") else schema}}
+    return request
 
 
-class LlamaCppProvider:
-    """Lazily loads one llama.cpp model per registered name; calls are serialised per model."""
+class XLlamaCppEngine:
+    """One GGUF model loaded by xllamacpp; ``chat`` takes and returns OpenAI-style dicts (thread-safe)."""
 
-    def __init__(self) -> None:
+    def __init__(self, gguf: Path, cfg: LocalModelConfig):
+        import xllamacpp
+
+        params = xllamacpp.CommonParams()
+        params.model.path = str(gguf)
+        params.n_ctx = cfg.n_ctx
+        params.n_batch = cfg.n_batch
+        params.n_ubatch = cfg.n_batch
+        params.n_parallel = 1  # one slot: the whole n_ctx for one request at a time
+        params.cpuparams.n_threads = cfg.n_threads
+        params.cpuparams_batch.n_threads = cfg.n_threads_batch or cfg.n_threads
+        params.ctx_shift = False  # a prompt that does not fit is an error, never silently shifted
+        params.cache_prompt = cfg.prompt_cache_mb > 0
+        params.cache_ram_mib = max(0, cfg.prompt_cache_mb)
+        params.cache_idle_slots = cfg.prompt_cache_mb > 0
+        params.verbosity = -1  # llama.cpp's per-request log lines would flood stderr
+        # xllamacpp always starts the server's HTTP listener too (127.0.0.1, a random port); a random
+        # key nobody holds makes it refuse every request but /health. In-process calls need no key.
+        params.api_keys = [secrets.token_urlsafe(24)]
+        params.endpoint_slots = False
+        if cfg.chat_format:
+            # a llama.cpp built-in template by name (e.g. "gemma" for a GGUF that ships none); the Jinja
+            # path would take the name for a template's source text
+            params.use_jinja = False
+            params.chat_template = cfg.chat_format
+        self.n_ctx = cfg.n_ctx
+        self.cache_prompt = cfg.prompt_cache_mb > 0
+        self._server = xllamacpp.Server(params)
+
+    def chat(self, request: dict[str, Any]) -> dict[str, Any]:
+        return self._server.handle_chat_completions(request)
+
+    def close(self) -> None:
+        self._server = None  # the server's destructor stops its loop and frees the model
+
+
+class LocalModels:
+    """Loads one engine per registered name on first use; calls are serialised per model."""
+
+    def __init__(self, engine_factory: Callable[[Path, LocalModelConfig], Any] = XLlamaCppEngine) -> None:
+        self.engine_factory = engine_factory
         self._configs: dict[str, LocalModelConfig] = {}
-        self._models: dict[str, Any] = {}
+        self._engines: dict[str, Any] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._load_lock = threading.Lock()
+        self.stats: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
 
     def register(self, name: str, cfg: LocalModelConfig) -> None:
-        self._configs[name] = cfg
-        self._locks.setdefault(name, threading.Lock())
-
-    def _model(self, name: str) -> Any:
         with self._load_lock:
-            if name not in self._models:
+            old = self._configs.get(name)
+            if old is not None and old != cfg and name in self._engines:
+                self._engines.pop(name).close()  # reconfigured (another job in this process): reload
+            self._configs[name] = cfg
+            self._locks.setdefault(name, threading.Lock())
+
+    def engine(self, name: str) -> Any:
+        with self._load_lock:
+            if name not in self._engines:
                 if name not in self._configs:
                     raise ValueError(f"local model {name!r} is not configured")
-                from llama_cpp import Llama
-
                 cfg = self._configs[name]
-                llm = Llama(model_path=str(resolve_gguf(cfg.gguf)), n_ctx=cfg.n_ctx, n_threads=cfg.n_threads,
-                            n_batch=cfg.n_batch, chat_format=cfg.chat_format, verbose=False)
-                if cfg.prompt_cache_mb > 0:  # the matcher's few-shot system prompt is then processed once
-                    from llama_cpp import LlamaRAMCache
+                self._engines[name] = self.engine_factory(resolve_gguf(cfg.gguf), cfg)
+            return self._engines[name]
 
-                    llm.set_cache(LlamaRAMCache(capacity_bytes=cfg.prompt_cache_mb * 2**20))
-                atexit.register(llm.close)
-                self._models[name] = llm
-            return self._models[name]
-
-    def complete(self, name: str, messages: list[dict], params: dict[str, Any]) -> dict:
-        import litellm
-
-        kwargs = {k: v for k, v in params.items() if k in _PASSED_PARAMS and v is not None}
-        if "response_format" in kwargs:
-            kwargs["response_format"] = _llama_response_format(kwargs["response_format"])
-        if isinstance(kwargs.get("grammar"), str):
-            from llama_cpp import LlamaGrammar
-
-            kwargs["grammar"] = LlamaGrammar.from_string(kwargs["grammar"], verbose=False)
-        llm = self._model(name)
-        n_ctx = self._configs[name].n_ctx
+    def complete(self, name: str, messages: list[dict], params: dict[str, Any]) -> dict[str, Any]:
+        """One chat completion as an OpenAI-style dict; provider problems raise litellm exceptions."""
+        engine = self.engine(name)
+        request = _request(messages, params, engine.cache_prompt)
         with self._locks[name]:
-            n_prompt = len(llm.tokenize(_flatten(messages).encode("utf-8"), add_bos=False, special=True))
-            if n_prompt + int(kwargs.get("max_tokens") or 0) > n_ctx:
-                raise litellm.ContextWindowExceededError(
-                    message=f"prompt of ~{n_prompt} tokens + max_tokens exceeds n_ctx={n_ctx}",
-                    model=f"{PROVIDER}/{name}", llm_provider=PROVIDER)
-            return llm.create_chat_completion(messages=messages, **kwargs)
+            start = time.perf_counter()
+            try:
+                out = engine.chat(request)
+            except ValueError as exc:  # xllamacpp rejects a request it cannot serve (e.g. a schema) this way
+                raise _litellm_error(name, 400, "invalid_request_error", str(exc)) from exc
+            wall = time.perf_counter() - start
+        if "error" in out:
+            err = out["error"] if isinstance(out["error"], dict) else {"message": str(out["error"])}
+            raise _litellm_error(name, int(err.get("code") or 500), str(err.get("type") or ""),
+                                 str(err.get("message") or err))
+        choice = out["choices"][0]
+        usage = out.get("usage") or {}
+        n_prompt, n_out = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+        if choice.get("finish_reason") == "length" and n_prompt + n_out >= engine.n_ctx - 1:
+            # llama.cpp stops a generation that reaches the end of the context and calls it "length"
+            raise _litellm_error(name, 400, "exceed_context_size_error",
+                                 f"prompt of {n_prompt} tokens + generation reached n_ctx={engine.n_ctx}")
+        text = (choice.get("message") or {}).get("content") or ""
+        if not text.strip():
+            raise _litellm_error(name, 500, "empty_completion",
+                                 f"the model produced no text (finish_reason={choice.get('finish_reason')})")
+        self._account(name, usage, out.get("timings") or {}, wall)
+        return out
+
+    def _account(self, name: str, usage: dict, timings: dict, wall: float) -> None:
+        s = self.stats[name]
+        s["calls"] += 1
+        s["wall_s"] += wall
+        s["prompt_tokens"] += usage.get("prompt_tokens") or 0
+        s["completion_tokens"] += usage.get("completion_tokens") or 0
+        s["cached_prompt_tokens"] += timings.get("cache_n") or 0
+        s["processed_prompt_tokens"] += timings.get("prompt_n") or 0
+        s["prompt_ms"] += timings.get("prompt_ms") or 0.0
+        s["generated_tokens"] += timings.get("predicted_n") or 0
+        s["generation_ms"] += timings.get("predicted_ms") or 0.0
+
+    def close(self) -> None:
+        with self._load_lock:
+            while self._engines:
+                _, engine = self._engines.popitem()
+                engine.close()
 
 
-def _flatten(messages: list[dict]) -> str:
-    return "\n".join(str(m.get("content") or "") for m in messages)
-
-
-def _make_handler(provider: LlamaCppProvider):
+def _litellm_error(name: str, code: int, kind: str, message: str) -> Exception:
     import litellm
+
+    model = f"{PROVIDER}/{name}"
+    text = f"{model}: {message}"
+    if kind == "exceed_context_size_error":
+        return litellm.ContextWindowExceededError(message=text, model=model, llm_provider=PROVIDER)
+    if code == 400:
+        return litellm.BadRequestError(message=text, model=model, llm_provider=PROVIDER)
+    if code == 503:
+        return litellm.ServiceUnavailableError(message=text, model=model, llm_provider=PROVIDER)
+    if code >= 500:
+        return litellm.InternalServerError(message=text, model=model, llm_provider=PROVIDER)
+    return litellm.APIError(status_code=code, message=text, model=model, llm_provider=PROVIDER)
+
+
+def _model_response(name: str, out: dict[str, Any]) -> Any:
+    import litellm
+
+    choice = out["choices"][0]
+    usage = out.get("usage") or {}
+    return litellm.ModelResponse(
+        id=out.get("id"), created=out.get("created"), model=f"{PROVIDER}/{name}", object="chat.completion",
+        choices=[{"index": 0, "finish_reason": choice.get("finish_reason") or "stop",
+                  "message": {"role": "assistant", "content": (choice.get("message") or {}).get("content") or ""}}],
+        usage={"prompt_tokens": int(usage.get("prompt_tokens") or 0),
+               "completion_tokens": int(usage.get("completion_tokens") or 0),
+               "total_tokens": int(usage.get("total_tokens") or 0),
+               "prompt_tokens_details": {"cached_tokens": int((usage.get("prompt_tokens_details") or {})
+                                                              .get("cached_tokens") or 0)}},
+    )
+
+
+def _make_handler(models: LocalModels):
+    """litellm's CustomLLM over ``models``. A bug raised here reaches the caller wrapped by litellm as an
+    APIConnectionError; ``client.provider_error_kind`` reads the exception chain and stops the job on it."""
+    import litellm
+
+    def call(model: str, messages: list[dict], optional_params: dict) -> Any:
+        return _model_response(model, models.complete(model, messages, optional_params))
 
     class _Handler(litellm.CustomLLM):
         def completion(self, model, messages, api_base, custom_prompt_dict, model_response, print_verbose,
                        encoding, api_key, logging_obj, optional_params, *args, **kwargs):
-            out = provider.complete(model, messages, optional_params)
-            return litellm.ModelResponse(**{**out, "model": f"{PROVIDER}/{model}"})
+            return call(model, messages, optional_params)
 
         async def acompletion(self, model, messages, api_base, custom_prompt_dict, model_response, print_verbose,
                               encoding, api_key, logging_obj, optional_params, *args, **kwargs):
-            out = await asyncio.to_thread(provider.complete, model, messages, optional_params)
-            return litellm.ModelResponse(**{**out, "model": f"{PROVIDER}/{model}"})
+            return await asyncio.to_thread(call, model, messages, optional_params)
 
     return _Handler()
 
 
-_PROVIDER: LlamaCppProvider | None = None
+_MODELS: LocalModels | None = None
+
+
+def local_models() -> LocalModels:
+    """The process-wide registry behind the provider (its ``stats`` count tokens and timings per model)."""
+    global _MODELS
+    if _MODELS is None:
+        _MODELS = LocalModels()
+        atexit.register(_MODELS.close)
+    return _MODELS
 
 
 def register_local_model(litellm_model: str, cfg: LocalModelConfig) -> None:
     """Make 'llamacpp/<name>' routable by litellm, priced at zero."""
-    global _PROVIDER
     import litellm
 
     provider_name, _, name = litellm_model.partition("/")
     if provider_name != PROVIDER or not name:
         raise ValueError(f"a local model's litellm_model must be '{PROVIDER}/<name>', got {litellm_model!r}")
-    if _PROVIDER is None:
-        _PROVIDER = LlamaCppProvider()
-        litellm.custom_provider_map = [
-            *[p for p in litellm.custom_provider_map if p.get("provider") != PROVIDER],
-            {"provider": PROVIDER, "custom_handler": _make_handler(_PROVIDER)},
-        ]
-        if hasattr(litellm, "custom_llm_setup"):
-            litellm.custom_llm_setup()
-    _PROVIDER.register(name, cfg)
+    models = local_models()
+    if not any(p.get("provider") == PROVIDER and getattr(p.get("custom_handler"), "_cupid_models", None) is models
+               for p in litellm.custom_provider_map):
+        handler = _make_handler(models)
+        handler._cupid_models = models
+        _litellm.register_custom_provider(PROVIDER, handler)
+    models.register(name, cfg)
     litellm.register_model({litellm_model: {"input_cost_per_token": 0.0, "output_cost_per_token": 0.0,
                                             "litellm_provider": PROVIDER, "mode": "chat"}})

@@ -1,4 +1,4 @@
-"""load_instances: the shipped sample, local files in every supported format, and a corpus of bad rows.
+"""load_instances: the shipped samples, local files in every supported format, and a corpus of bad rows.
 
 Every malformed row must become exactly one DataError that names where it is and which
 field is wrong, and the valid rows around it must still load.
@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from cupid_exp.config import ConfigError, DataConfig
-from cupid_exp.data.loading import SAMPLE_PATH, load_instances
+from cupid_exp.data.loading import SAMPLE_FULL_PATH, SAMPLE_PATH, load_instances
 from cupid_exp.data.schema import INSTANCE_TYPES, DataError
 
 SAMPLE_PERSONAS = {"1+high_school_chemistry_teacher", "2+freelance_landscape_architect", "3+community_pharmacist"}
@@ -26,12 +26,18 @@ def sample_cfg(**kw) -> DataConfig:
     return DataConfig(name="sample", source="sample", **kw)
 
 
+def full_cfg(**kw) -> DataConfig:
+    """The 9-row sample (three personas x three types); data=sample is its first 3 rows."""
+    return DataConfig(name="local", source="local", path=str(SAMPLE_FULL_PATH), **kw)
+
+
 def local_cfg(path: Path, **kw) -> DataConfig:
     return DataConfig(name="local", source="local", path=str(path), **kw)
 
 
 def sample_rows() -> list[dict]:
-    return [json.loads(line) for line in SAMPLE_PATH.read_text(encoding="utf-8").splitlines() if line.strip()]
+    """The rows of the 9-row sample."""
+    return [json.loads(line) for line in SAMPLE_FULL_PATH.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def make_row(persona_id: str, instance_type: str = "consistent") -> dict:
@@ -67,8 +73,18 @@ def make_row(persona_id: str, instance_type: str = "consistent") -> dict:
 # ---------------------------------------------------------------- the shipped sample
 
 
-def test_sample_loads_nine_instances_three_personas_by_three_types():
+def test_demo_sample_is_one_persona_by_three_types_the_full_samples_first_rows():
     data = load_instances(sample_cfg())
+    assert len(data.instances) == 3
+    assert data.errors == []
+    assert data.n_rows == 3
+    assert [i.key for i in data.instances] == [f"1+high_school_chemistry_teacher/{t}" for t in INSTANCE_TYPES]
+    assert data.source == str(SAMPLE_PATH)
+    assert data.instances == load_instances(full_cfg()).instances[:3]
+
+
+def test_full_sample_loads_nine_instances_three_personas_by_three_types():
+    data = load_instances(full_cfg())
     assert len(data.instances) == 9
     assert data.errors == []
     assert data.n_rows == 9
@@ -76,11 +92,11 @@ def test_sample_loads_nine_instances_three_personas_by_three_types():
     assert Counter(i.instance_type for i in data.instances) == {t: 3 for t in INSTANCE_TYPES}
     pairs = {(i.persona_id, i.instance_type) for i in data.instances}
     assert len(pairs) == 9  # every persona has every type
-    assert data.source == str(SAMPLE_PATH)
+    assert data.source == str(SAMPLE_FULL_PATH)
 
 
-def test_sample_keys_are_unique_persona_slash_type():
-    data = load_instances(sample_cfg())
+def test_full_sample_keys_are_unique_persona_slash_type():
+    data = load_instances(full_cfg())
     keys = [i.key for i in data.instances]
     assert len(set(keys)) == 9
     assert all(k == f"{i.persona_id}/{i.instance_type}" for k, i in zip(keys, data.instances))
@@ -90,7 +106,7 @@ def test_sample_keys_are_unique_persona_slash_type():
 
 
 def test_sample_rows_have_eight_priors_each_starting_with_user():
-    for inst in load_instances(sample_cfg()).instances:
+    for inst in load_instances(full_cfg()).instances:  # the demo's rows are its first 3
         assert len(inst.prior_interactions) == 8, inst.key
         assert inst.current_checklist, inst.key
         for session in inst.prior_interactions:
@@ -105,10 +121,11 @@ def test_digest_is_stable_and_independent_of_source_path(tmp_path):
     copy_path = tmp_path / "copy.jsonl"
     copy_path.write_bytes(SAMPLE_PATH.read_bytes())
     assert load_instances(local_cfg(copy_path)).digest == a.digest
+    assert load_instances(full_cfg()).digest != a.digest
 
 
 def test_digest_changes_when_one_row_changes(tmp_path):
-    base = load_instances(sample_cfg()).digest
+    base = load_instances(full_cfg()).digest
     rows = sample_rows()
     rows[4]["current_checklist"][0] += " (edited)"
     path = tmp_path / "edited.jsonl"
@@ -119,7 +136,7 @@ def test_digest_changes_when_one_row_changes(tmp_path):
 
 
 def test_digest_changes_when_a_dialogue_turn_changes(tmp_path):
-    base = load_instances(sample_cfg()).digest
+    base = load_instances(full_cfg()).digest
     rows = sample_rows()
     rows[0]["prior_interactions"][7]["dialogue"][-1]["content"] += "!"
     path = tmp_path / "edited.jsonl"
@@ -128,7 +145,7 @@ def test_digest_changes_when_a_dialogue_turn_changes(tmp_path):
 
 
 def test_digest_depends_on_row_order(tmp_path):
-    base = load_instances(sample_cfg()).digest
+    base = load_instances(full_cfg()).digest
     rows = sample_rows()
     rows[0], rows[1] = rows[1], rows[0]
     path = tmp_path / "swapped.jsonl"
@@ -142,14 +159,14 @@ def test_sample_written_as_parquet_loads_identically(tmp_path):
     data = load_instances(local_cfg(path))
     assert data.errors == []
     assert len(data.instances) == 9
-    assert data.instances == load_instances(sample_cfg()).instances
-    assert data.digest == load_instances(sample_cfg()).digest
+    assert data.instances == load_instances(full_cfg()).instances
+    assert data.digest == load_instances(full_cfg()).digest
 
 
 def test_sample_as_json_list_and_directory_load_identically(tmp_path):
     rows = sample_rows()
     (tmp_path / "all.json").write_text(json.dumps(rows), encoding="utf-8")
-    expected = load_instances(sample_cfg())
+    expected = load_instances(full_cfg())
     as_list = load_instances(local_cfg(tmp_path / "all.json"))
     assert as_list.digest == expected.digest and as_list.errors == []
     folder = tmp_path / "per_instance"
@@ -167,25 +184,25 @@ def test_sample_as_json_list_and_directory_load_identically(tmp_path):
 
 
 def test_instance_types_filter():
-    data = load_instances(sample_cfg(instance_types=["changing"]))
+    data = load_instances(full_cfg(instance_types=["changing"]))
     assert len(data.instances) == 3
     assert {i.instance_type for i in data.instances} == {"changing"}
-    two = load_instances(sample_cfg(instance_types=["consistent", "contrastive"]))
+    two = load_instances(full_cfg(instance_types=["consistent", "contrastive"]))
     assert Counter(i.instance_type for i in two.instances) == {"consistent": 3, "contrastive": 3}
 
 
 def test_limit_keeps_file_order():
-    data = load_instances(sample_cfg(limit=2))
+    data = load_instances(full_cfg(limit=2))
     assert [i.key for i in data.instances] == [
         "1+high_school_chemistry_teacher/consistent",
         "1+high_school_chemistry_teacher/contrastive",
     ]
-    assert load_instances(sample_cfg(limit=0)).instances == []
-    assert len(load_instances(sample_cfg(limit=100)).instances) == 9
+    assert load_instances(full_cfg(limit=0)).instances == []
+    assert len(load_instances(full_cfg(limit=100)).instances) == 9
 
 
 def test_limit_applies_after_type_filter():
-    data = load_instances(sample_cfg(instance_types=["changing"], limit=2))
+    data = load_instances(full_cfg(instance_types=["changing"], limit=2))
     assert [i.key for i in data.instances] == [
         "1+high_school_chemistry_teacher/changing",
         "2+freelance_landscape_architect/changing",
@@ -487,4 +504,5 @@ def test_strict_raises_before_returning(tmp_path):
 
 
 def test_strict_with_clean_data_returns():
-    assert len(load_instances(sample_cfg(strict=True)).instances) == 9
+    assert len(load_instances(full_cfg(strict=True)).instances) == 9
+    assert len(load_instances(sample_cfg(strict=True)).instances) == 3

@@ -1,5 +1,6 @@
-"""Synthetic CUPID-schema data sets for reliability tests and benchmarks: the shipped sample rows,
-copied under new persona ids and perturbed so that every instance sends different prompts."""
+"""Synthetic CUPID-schema data sets for reliability tests and benchmarks: the shipped 9-row sample
+(``cupid_sample_full.jsonl``: three personas x three types), copied under new persona ids and perturbed
+so that every instance sends different prompts."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from cupid_exp.data.loading import SAMPLE_PATH
+from cupid_exp.data.loading import SAMPLE_FULL_PATH
 
 
 def sample_rows() -> list[dict[str, Any]]:
-    return [json.loads(line) for line in SAMPLE_PATH.read_text(encoding="utf-8").splitlines() if line.strip()]
+    """The 9 rows of the full sample (the demo's ``data=sample`` is its first 3)."""
+    return [json.loads(line) for line in SAMPLE_FULL_PATH.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def make_rows(n: int, *, start: int = 100) -> list[dict[str, Any]]:

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from cupid_exp.config import DataConfig
-from cupid_exp.data.loading import load_instances
+from cupid_exp.data.loading import SAMPLE_FULL_PATH, load_instances
 from cupid_exp.data.schema import relevant_positions
 from cupid_exp.llm.replies import ParseError
 from cupid_exp.llm.steps import Transcript
@@ -19,7 +19,7 @@ from cupid_exp.settings.oracle_preference import OraclePreferenceConfig
 from cupid_exp.settings.standard import StandardConfig
 from cupid_exp.settings.summary import parse_summaries
 
-SAMPLE = load_instances(DataConfig(name="sample", source="sample")).instances
+SAMPLE = load_instances(DataConfig(name="local", source="local", path=str(SAMPLE_FULL_PATH))).instances  # 9 rows
 
 
 def view(config, instance, ctx=None):

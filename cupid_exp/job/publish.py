@@ -41,41 +41,53 @@ def start_tracking(plan: JobPlan) -> LiveRun | None:
     then progress while the job works. A resumed job reopens its earlier attempt's run (``tracking.attempts``)."""
     from pathlib import Path
 
-    from cupid_exp.tracking import attempts, traces
+    from cupid_exp.tracking import attempts, trace_worker, traces
     from cupid_exp.tracking.dataset import mlflow_dataset
     from cupid_exp.tracking.mlflow import RunTracker
 
     cfg = plan.cfg
     if not cfg.tracking.enabled or plan.dry_run:
         return None
-    tracker = RunTracker(cfg.tracking, plan.secrets)
-    key = attempts.run_key(plan.identity, cfg.runtime, cfg.paths.output_root)
-    claim = attempts.claim(key, Path(cfg.paths.output_root) / "journal") if cfg.runtime.resume else attempts.Claim(key)
-    previous = attempts.earlier_run(tracker.client, tracker.experiment_id, key) if claim.exclusive else None
-    params = flatten(plan.resolved)
-    params.update({f"choice.{k}": str(v) for k, v in plan.choices.items()})
-    tags = {"dataset_digest": plan.data.digest, "dataset_source": plan.data.source,
-            "prompts_digest": plan.prompts_digest, "output_dir": str(plan.output_dir.resolve()),
-            "job_identity": plan.identity, **attempts.attempt_tags(previous, key)}
+    # first, so that the worker's start (its own Python, import mlflow) overlaps everything below
+    worker = trace_worker.start() if cfg.tracking.traces and plan.todo else None
+    tracer: Any = None
+    tracker = claim = None
     try:
+        tracker = RunTracker(cfg.tracking, plan.secrets)
+        key = attempts.run_key(plan.identity, cfg.runtime, cfg.paths.output_root)
+        claim = (attempts.claim(key, Path(cfg.paths.output_root) / "journal") if cfg.runtime.resume
+                 else attempts.Claim(key))
+        previous = attempts.earlier_run(tracker.client, tracker.experiment_id, key) if claim.exclusive else None
+        params = flatten(plan.resolved)
+        params.update({f"choice.{k}": str(v) for k, v in plan.choices.items()})
+        tags = {"dataset_digest": plan.data.digest, "dataset_source": plan.data.source,
+                "prompts_digest": plan.prompts_digest, "output_dir": str(plan.output_dir.resolve()),
+                "job_identity": plan.identity, **attempts.attempt_tags(previous, key)}
         tracker.start(run_name=run_name(plan), params=params, parent=plan.parent_run, config=plan.resolved,
                       tags=tags, resume=previous.info.run_id if previous is not None else None)
         tracker.log_input(mlflow_dataset(cfg.data, plan.data))
-        writer = None
-        if cfg.tracking.traces and plan.todo:
+        if worker is not None:
+            worker.begin(cfg.tracking.uri, tracker.experiment_id, tracker.run_id, _trace_tags(plan), _judges(plan),
+                         plan.secrets)
+            tracer = worker
+        elif cfg.tracking.traces and plan.todo:
             traces.setup(cfg.tracking.uri)
-            writer = traces.TraceWriter(tracker.experiment_id, tracker.run_id, _trace_tags(plan), _judges(plan),
-                                        plan.secrets)
+            tracer = trace_worker.InProcessTraces(traces.TraceWriter(
+                tracker.experiment_id, tracker.run_id, _trace_tags(plan), _judges(plan), plan.secrets))
         live = LiveRun(tracker, claim, total=len(plan.data.instances), parts=plan.parts,
                        policy=cfg.runtime.failure_policy, done=list(plan.done.values()),
                        earlier=attempts.earlier_usage(plan.done.values()), meter=plan.meter,
-                       every_s=cfg.tracking.progress_every_s, traces=writer, attempt=tags["cupid.attempt"])
+                       every_s=cfg.tracking.progress_every_s, traces=tracer, attempt=tags["cupid.attempt"])
         live.start()
     except BaseException as exc:  # an interrupt or a store error while opening: never leave it RUNNING
         from cupid_exp.tracking.signals import Terminated
 
-        tracker.end("KILLED" if isinstance(exc, (KeyboardInterrupt, Terminated)) else "FAILED")
-        claim.release()
+        if worker is not None:
+            worker.abandon()
+        if tracker is not None:
+            tracker.end("KILLED" if isinstance(exc, (KeyboardInterrupt, Terminated)) else "FAILED")
+        if claim is not None:
+            claim.release()
         raise
     return live
 

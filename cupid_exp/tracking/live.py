@@ -25,7 +25,6 @@ from cupid_exp.results import InstanceResult
 from cupid_exp.scoring.statistics import TASK_METRICS, point_value, task_frame
 from cupid_exp.tracking.attempts import Claim
 from cupid_exp.tracking.mlflow import RunTracker
-from cupid_exp.tracking.traces import TraceWriter, flush
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +61,7 @@ class LiveRun:
 
     def __init__(self, tracker: RunTracker, claim: Claim, *, total: int, parts: Sequence[str], policy: str,
                  done: Sequence[Mapping[str, Any]], earlier: Mapping[str, float], meter: UsageMeter,
-                 every_s: float, traces: TraceWriter | None, attempt: str):
+                 every_s: float, traces: Any, attempt: str):
         self.tracker, self.claim, self.traces, self.attempt = tracker, claim, traces, attempt
         self.total, self.parts, self.policy, self.meter, self.every_s = total, tuple(parts), policy, meter, every_s
         self.earlier = dict(earlier)
@@ -134,7 +133,7 @@ class LiveRun:
     def executed(self) -> None:
         """The model phase is over: export its traces while the job computes its numbers."""
         if self.traces is not None:
-            flush(0)
+            self.traces.executed()
         self._wake.set()
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -153,8 +152,8 @@ class LiveRun:
             return
         try:
             self.stop()
-            if status == "FINISHED" and self.traces is not None:
-                flush(terminate=True)
+            if status == "FINISHED":
+                self._close_traces(None)
             note = f"{status} with {len(self._records)} of {self.total} instances done"
             if summary:
                 note += "; " + ", ".join(f"{k} {v}" for k, v in summary.items())
@@ -162,6 +161,11 @@ class LiveRun:
         finally:
             self.tracker.end(status)
             self.claim.release()
-        if status != "FINISHED" and self.traces is not None and not flush(INTERRUPTED_FLUSH_S, terminate=True):
-            log.warning("MLflow trace export gave up after %.0f s; traces of this attempt may be missing",
-                        INTERRUPTED_FLUSH_S)
+            self._close_traces(INTERRUPTED_FLUSH_S)  # (a finished job's are closed already)
+
+    def _close_traces(self, timeout: float | None) -> None:
+        """Wait for the trace backlog (``timeout`` None: a finished job's, as long as it progresses) and stop
+        tracing; the tracer warns if it gave up."""
+        if self.traces is not None:
+            traces, self.traces = self.traces, None
+            traces.close(timeout)

@@ -5,7 +5,8 @@ The spans are built after the instance finishes, from the calls ``ask`` logged f
 call is in flight. MLflow exports traces from its own background threads; we switch on its
 batch span processor (one store write per batch of spans rather than per span) and, for a SQLite
 store, a single export worker (several would only queue on the database lock). Those are defaults:
-``MLFLOW_*`` variables set by the user win. ``flush`` waits for the export at the end of a job.
+``MLFLOW_*`` variables set by the user win. ``flush`` waits for the export at the end of a job. All this
+normally runs in a worker process beside the job (``cupid_exp.tracking.trace_worker``).
 
 Why explicit spans rather than ``mlflow.litellm.autolog``: autolog makes one trace per call (not
 per instance), knows neither the step nor re-asks, and would put litellm's logging callbacks, which
@@ -83,7 +84,11 @@ class TraceWriter:
         self.tags = dict(tags)  #: on every trace (model, setting, task, ...)
         self.judges = dict(judges)  #: part -> the evaluator model whose labels the scores come from
         self.written = 0
-        self.failed = False
+        self.error: str | None = None  #: why tracing stopped, once it has
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
 
     def write(self, instance: Any, result: InstanceResult, calls: CallLog) -> None:
         """Never raises: a trace that cannot be built is logged once and tracing stops for the job."""
@@ -93,8 +98,8 @@ class TraceWriter:
             self._write(instance, result, calls)
             self.written += 1
         except Exception as exc:  # noqa: BLE001  # tracing must never stop the job
-            self.failed = True
-            log.warning("MLflow tracing stopped for this job: %s: %s", type(exc).__name__, exc)
+            self.error = f"{type(exc).__name__}: {exc}"
+            log.warning("MLflow tracing stopped for this job: %s", self.error)
 
     def _write(self, instance: Any, result: InstanceResult, calls: CallLog) -> None:
         import mlflow

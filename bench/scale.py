@@ -1,0 +1,97 @@
+#!/usr/bin/env python
+"""cupid-exp at benchmark scale (a script, not a test): CUPID's 756 instances, task=both, a stub that answers
+after 0.5 s, every model at concurrency 64, MLflow tracking as in a normal run.
+
+Reported per size (a quarter of the benchmark, then all of it, so growth is visible): whole-process wall,
+model phase against the ideal (requests × latency / concurrency), throughput, CPU per request, peak RSS
+(largest process) and the size of the records the job keeps (instances.jsonl). Memory that grows with
+the instances by much more than the records do would show here. Results go to ``bench/scale.md``.
+
+    python bench/scale.py [--sizes 189 756] [--latency 0.5] [--concurrency 64] [--task both]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(BENCH.parent / "tests"))
+
+from bench import ENV, ROOT, Stub, machine, price_overrides  # noqa: E402
+from helpers.cupid_data import stub_overrides, write_dataset  # noqa: E402
+from versus_official import migrated_store, timed  # noqa: E402
+
+
+def run(size: int, args: argparse.Namespace, stub: Stub, work: Path, store: Path) -> dict:
+    data = write_dataset(work / f"data-{size}.jsonl", size)
+    root = work / f"out-{size}"
+    root.mkdir()
+    shutil.copyfile(store, root / "mlflow.db")
+    roles = ("model", "evaluator.decomposer", "evaluator.matcher", "evaluator.judge")
+    cmd = [sys.executable, "-m", "cupid_exp", *stub_overrides(stub.url), *price_overrides(),
+           f"task={args.task}", "data=local", f"data.path={data}", f"paths.output_root={root}",
+           f"runtime.cache_dir={root / 'cache'}", "runtime.progress=false",
+           *[f"{r}.max_concurrency={args.concurrency}" for r in roles]]
+    before = stub.stats()["total_completed"]
+    res = timed(cmd, cwd=ROOT, env=ENV)
+    requests = stub.stats()["total_completed"] - before
+    (metrics_file,) = root.glob("runs/**/metrics.json")
+    metrics = json.loads(metrics_file.read_text())["metrics"]
+    (records,) = root.glob("runs/**/instances.jsonl")
+    ideal = requests * args.latency / args.concurrency
+    return {"size": size, "wall": res["wall"], "cpu": res["cpu"], "rss": res["rss_max_mb"], "requests": requests,
+            "model_s": metrics["time/model_seconds"], "ideal": ideal, "records_mb": records.stat().st_size / 2**20}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[189, 756])
+    parser.add_argument("--latency", type=float, default=0.5)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--task", default="both")
+    parser.add_argument("--out", type=Path, default=BENCH / "scale.md")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="cupid-scale-"))
+    try:
+        store = migrated_store(work)
+        with Stub(latency_ms=int(args.latency * 1000)) as stub:
+            results = []
+            for size in args.sizes:
+                results.append(run(size, args, stub, work, store))
+                r = results[-1]
+                print(f"{size} instances: {r['wall']:.1f} s wall, model phase {r['model_s']:.1f} s vs ideal "
+                      f"{r['ideal']:.1f} s, {r['requests']} requests, {r['rss']:.0f} MB peak RSS")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    m, load = machine(), os.getloadavg()
+    lines = ["# cupid-exp at benchmark scale", "",
+             f"`python bench/scale.py` on {time.strftime('%Y-%m-%d')}: task={args.task}, stub latency "
+             f"{args.latency * 1000:.0f} ms, concurrency {args.concurrency} for every model, MLflow tracking (run, "
+             f"progress, traces) into SQLite. Machine: {m['nproc']} cores, {m['cpu']}, Python {m['python']}, litellm "
+             f"{m['litellm']}, mlflow {m['mlflow']}; load average at the end {load[0]:.1f}.", "",
+             "| instances | requests | wall, s | model phase, s | ideal, s | model phase / ideal | requests/s | "
+             "CPU ms per request | peak RSS, MB | records (instances.jsonl), MB |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['size']} | {r['requests']} | {r['wall']:.1f} | {r['model_s']:.1f} | {r['ideal']:.1f} | "
+                     f"{r['model_s'] / r['ideal']:.2f} | {r['requests'] / r['model_s']:.0f} | "
+                     f"{1000 * r['cpu'] / r['requests']:.1f} | {r['rss']:.0f} | {r['records_mb']:.1f} |")
+    if len(results) > 1:
+        a, b = results[0], results[-1]
+        lines += ["", f"From {a['size']} to {b['size']} instances peak RSS grew by {b['rss'] - a['rss']:.0f} MB while "
+                      f"the records grew by {b['records_mb'] - a['records_mb']:.1f} MB on disk."]
+    report = "\n".join(lines) + "\n"
+    args.out.write_text(report)
+    print(report)
+
+
+if __name__ == "__main__":
+    main()

@@ -57,6 +57,11 @@ class TraceWorker:
     """The job's handle on its trace worker: ``begin`` once the run exists, ``write`` per instance, ``close``."""
 
     def __init__(self) -> None:
+        method = multiprocessing.get_start_method(allow_none=True)
+        if method not in (None, "spawn", "fork", "forkserver"):
+            # a spawned child sets the parent's start method before anything else; joblib's loky workers
+            # have their own ('loky'), which a bare child does not know: it would die at once
+            raise RuntimeError(f"this process's start method {method!r} cannot spawn a worker")
         ctx = multiprocessing.get_context("spawn")
         self.inbox = ctx.Queue()  # its feeder thread sends: a put never waits on the worker
         self.outbox, writer = ctx.Pipe(duplex=False)  # the worker's notes: a failure, then 'closed'

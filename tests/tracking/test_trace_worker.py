@@ -14,6 +14,7 @@ from helpers.cupid_data import stub_overrides, write_dataset
 from helpers.stub_llm_server import StubServer
 from tracking_runs import job_command, only_run, start, store_uri, traces_of, wait_for
 
+from cupid_exp.data.loading import SAMPLE_FULL_PATH
 from cupid_exp.job import execute, plan, publish, start_tracking, summarize_job
 from cupid_exp.tracking import trace_worker
 
@@ -23,7 +24,8 @@ N = 8
 def _in_process_job(url: str, root: Path):
     """A traced job, phase by phase in this process; returns its tracer as it was during the model phase."""
     cfg = compose_config([*stub_overrides(url), f"paths.output_root={root}", "runtime.progress=false",
-                          f"tracking.uri={store_uri(root)}", "data.limit=4"])
+                          f"tracking.uri={store_uri(root)}", "data=local", f"data.path={SAMPLE_FULL_PATH}",
+                          "data.limit=4"])
     job = plan(cfg, root / "job")
     live = start_tracking(job)
     tracer = live.traces

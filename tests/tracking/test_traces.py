@@ -7,7 +7,7 @@ import pytest
 from helpers.cli_runner import job_dirs, read_jsonl, run_cli
 from helpers.cupid_data import write_dataset
 from helpers.stub_llm_server import StubServer
-from tracking_runs import job_command, only_run, store_uri, traces_of
+from tracking_runs import job_command, job_runs, only_run, store_uri, traces_of
 
 N = 5
 
@@ -26,10 +26,11 @@ def traced(tmp_path_factory) -> dict:
     root, again, off = tmp / "out", tmp / "again", tmp / "off"
     common = ("task=both", "runtime.num_retries=0", "runtime.max_failed_fraction=1")
     with StubServer(giveup_match="(variant 2)", garbage_steps=("decompose",), garbage_rate=0.4, seed=3) as stub:
-        run_cli(job_command(stub.url, root, data, *common), timeout=240)
+        first = run_cli(job_command(stub.url, root, data, *common), timeout=240)
         run_cli(job_command(stub.url, again, data, *common, "data.limit=2", cache_dir=root / "cache"), timeout=240)
         run_cli(job_command(stub.url, off, data, *common, "data.limit=2", "tracking.traces=false"), timeout=240)
     uri = store_uri(root)
+    assert len(job_runs(uri)) == 1, first.stdout[-3000:] + first.stderr[-3000:]
     run = only_run(uri)
     (job,) = job_dirs(root)
     records = {r["key"]: r for r in read_jsonl(job / "instances.jsonl")}

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_cli
-from helpers.cupid_data import make_rows
+from helpers.cupid_data import delete_at, make_rows, set_at
 from helpers.stub_llm_server import StubServer
-from test_loading import BAD_KEY, ROW_CASES, _bad_row, _delete, _set, make_row
+from test_loading import BAD_KEY, ROW_CASES, _bad_row, make_row
 
 pytestmark = pytest.mark.slow
 
@@ -26,26 +26,26 @@ def _mutated(persona: str, mutate) -> object:
 
 # (label, raw line or row, field named, key named in the line or None)
 EXTRA_ROWS: list[tuple[str, object, str, str | None]] = [
-    ("one_sided_dialogue", _mutated("51+bad", _set(["prior_interactions", 0, "dialogue"],
+    ("one_sided_dialogue", _mutated("51+bad", set_at(["prior_interactions", 0, "dialogue"],
                                                     [{"role": "user", "content": "Hello?"}])),
      "prior_interactions[0].dialogue", "51+bad/consistent"),
-    ("checklist_item_not_text", _mutated("52+bad", _set(["current_checklist", 0], 7)), "current_checklist[0]",
+    ("checklist_item_not_text", _mutated("52+bad", set_at(["current_checklist", 0], 7)), "current_checklist[0]",
      "52+bad/consistent"),
-    ("missing_persona_id", _mutated("53+bad", _delete(["persona_id"])), "persona_id", None),
-    ("persona_id_not_text", _mutated("54+bad", _set(["persona_id"], 54)), "persona_id", None),
-    ("empty_preference", _mutated("55+bad", _set(["current_contextual_preference"], "  ")),
+    ("missing_persona_id", _mutated("53+bad", delete_at(["persona_id"])), "persona_id", None),
+    ("persona_id_not_text", _mutated("54+bad", set_at(["persona_id"], 54)), "persona_id", None),
+    ("empty_preference", _mutated("55+bad", set_at(["current_contextual_preference"], "  ")),
      "current_contextual_preference", "55+bad/consistent"),
-    ("turn_content_not_text", _mutated("56+bad", _set(["prior_interactions", 0, "dialogue", 1, "content"], 3.5)),
+    ("turn_content_not_text", _mutated("56+bad", set_at(["prior_interactions", 0, "dialogue", 1, "content"], 3.5)),
      "prior_interactions[0].dialogue[1].content", "56+bad/consistent"),
-    ("turn_without_role", _mutated("57+bad", _delete(["prior_interactions", 0, "dialogue", 0, "role"])),
+    ("turn_without_role", _mutated("57+bad", delete_at(["prior_interactions", 0, "dialogue", 0, "role"])),
      "prior_interactions[0].dialogue[0].role", "57+bad/consistent"),
-    ("no_prior_sessions", _mutated("58+bad", _set(["prior_interactions"], [])), "prior_interactions",
+    ("no_prior_sessions", _mutated("58+bad", set_at(["prior_interactions"], [])), "prior_interactions",
      "58+bad/consistent"),
-    ("prior_sessions_not_a_list", _mutated("59+bad", _set(["prior_interactions"], {"0": "x"})),
+    ("prior_sessions_not_a_list", _mutated("59+bad", set_at(["prior_interactions"], {"0": "x"})),
      "prior_interactions", "59+bad/consistent"),
-    ("session_not_an_object", _mutated("60+bad", _set(["prior_interactions", 0], "session")),
+    ("session_not_an_object", _mutated("60+bad", set_at(["prior_interactions", 0], "session")),
      "prior_interactions[0]", "60+bad/consistent"),
-    ("null_instance_type", _mutated("61+bad", _set(["instance_type"], None)), "instance_type", None),
+    ("null_instance_type", _mutated("61+bad", set_at(["instance_type"], None)), "instance_type", None),
     ("row_is_a_list", ["persona_id", "62+bad"], "<row>", None),
     ("invalid_json", b'{"persona_id": "63+bad", "instance_type": "consistent",', "<row>", None),
     ("invalid_utf8", json.dumps(make_row("64+bad")).encode().replace(b"factor A", b"factor \xc3\x28", 1), "<row>",
@@ -53,7 +53,7 @@ EXTRA_ROWS: list[tuple[str, object, str, str | None]] = [
     ("duplicate_json_key", json.dumps(make_row("65+bad")).encode()[:-1] + b', "current_request": "again"}', "<row>",
      None),
     ("nan_literal", json.dumps(make_row("66+bad")).encode()[:-1] + b', "score": NaN}', "<row>", None),
-    ("all_turns_empty", _mutated("67+bad", _set(["prior_interactions", 1, "dialogue"],
+    ("all_turns_empty", _mutated("67+bad", set_at(["prior_interactions", 1, "dialogue"],
                                                 [{"role": "user", "content": " "}, {"role": "assistant", "content": ""}])),
      "prior_interactions[1].dialogue", "67+bad/consistent"),
 ]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from helpers.cupid_data import delete_at, set_at
 
 from cupid_exp.config import DataConfig
 from cupid_exp.data.loading import load_instances
@@ -25,28 +26,8 @@ KEY = "7+bad_row/consistent"
 Row = dict[str, Any]
 
 
-def at(path: list, value: Any) -> Callable[[Row], Row]:
-    def apply(row: Row) -> Row:
-        target = row
-        for part in path[:-1]:
-            target = target[part]
-        target[path[-1]] = value
-        return row
-    return apply
-
-
-def drop(path: list) -> Callable[[Row], Row]:
-    def apply(row: Row) -> Row:
-        target = row
-        for part in path[:-1]:
-            target = target[part]
-        del target[path[-1]]
-        return row
-    return apply
-
-
 def turns(session: int, value: Any) -> Callable[[Row], Row]:
-    return at(["prior_interactions", session, "dialogue"], value)
+    return set_at(["prior_interactions", session, "dialogue"], value)
 
 
 D0 = ["prior_interactions", 0, "dialogue"]
@@ -54,55 +35,55 @@ TOP_TEXT = ("current_request", "current_context_factor", "current_contextual_pre
 
 # (kind, mutation of a valid row of persona 7+bad_row, field named in the error, message fragment, key known?)
 ROW_KINDS: list[tuple[str, Callable[[Row], Any], str, str, bool]] = [
-    *[(f"{f}_missing", drop([f]), f, "is missing", True) for f in TOP_TEXT],
-    *[(f"{f}_null", at([f], None), f, "is missing", True) for f in TOP_TEXT],
-    *[(f"{f}_blank", at([f], " \t\n"), f, "is empty", True) for f in TOP_TEXT],
-    *[(f"{f}_number", at([f], 42), f, "must be a string, got int", True) for f in TOP_TEXT],
-    *[(f"{f}_list", at([f], ["a", "b"]), f, "must be a string, got list", True) for f in TOP_TEXT],
-    ("persona_id_missing", drop(["persona_id"]), "persona_id", "is missing", False),
-    ("persona_id_blank", at(["persona_id"], "  "), "persona_id", "is empty", False),
-    ("persona_id_number", at(["persona_id"], 7), "persona_id", "must be a string", False),
-    ("instance_type_missing", drop(["instance_type"]), "instance_type", "is missing", False),
-    ("instance_type_unknown", at(["instance_type"], "evolving"), "instance_type", "expected one of", False),
-    ("instance_type_capitalised", at(["instance_type"], "Consistent"), "instance_type", "expected one of", False),
-    ("checklist_missing", drop(["current_checklist"]), "current_checklist", "is missing", True),
-    ("checklist_string", at(["current_checklist"], "Is it short?"), "current_checklist", "must be a list", True),
-    ("checklist_empty", at(["current_checklist"], []), "current_checklist", "empty list", True),
-    ("checklist_item_blank", at(["current_checklist", 1], ""), "current_checklist[1]", "non-empty string", True),
-    ("checklist_item_number", at(["current_checklist", 0], 3), "current_checklist[0]", "non-empty string", True),
-    ("checklist_item_null", at(["current_checklist", 0], None), "current_checklist[0]", "non-empty string", True),
-    ("checklist_object", at(["current_checklist"], {"a": 1}), "current_checklist", "must be a list", True),
-    ("priors_missing", drop(["prior_interactions"]), "prior_interactions", "is missing", True),
-    ("priors_empty", at(["prior_interactions"], []), "prior_interactions", "empty list", True),
-    ("priors_object", at(["prior_interactions"], {"0": {}}), "prior_interactions", "must be a list", True),
-    ("prior_string", at(["prior_interactions", 1], "a session"), "prior_interactions[1]", "must be an object", True),
-    ("prior_factor_missing", drop(["prior_interactions", 0, "context_factor"]),
+    *[(f"{f}_missing", delete_at([f]), f, "is missing", True) for f in TOP_TEXT],
+    *[(f"{f}_null", set_at([f], None), f, "is missing", True) for f in TOP_TEXT],
+    *[(f"{f}_blank", set_at([f], " \t\n"), f, "is empty", True) for f in TOP_TEXT],
+    *[(f"{f}_number", set_at([f], 42), f, "must be a string, got int", True) for f in TOP_TEXT],
+    *[(f"{f}_list", set_at([f], ["a", "b"]), f, "must be a string, got list", True) for f in TOP_TEXT],
+    ("persona_id_missing", delete_at(["persona_id"]), "persona_id", "is missing", False),
+    ("persona_id_blank", set_at(["persona_id"], "  "), "persona_id", "is empty", False),
+    ("persona_id_number", set_at(["persona_id"], 7), "persona_id", "must be a string", False),
+    ("instance_type_missing", delete_at(["instance_type"]), "instance_type", "is missing", False),
+    ("instance_type_unknown", set_at(["instance_type"], "evolving"), "instance_type", "expected one of", False),
+    ("instance_type_capitalised", set_at(["instance_type"], "Consistent"), "instance_type", "expected one of", False),
+    ("checklist_missing", delete_at(["current_checklist"]), "current_checklist", "is missing", True),
+    ("checklist_string", set_at(["current_checklist"], "Is it short?"), "current_checklist", "must be a list", True),
+    ("checklist_empty", set_at(["current_checklist"], []), "current_checklist", "empty list", True),
+    ("checklist_item_blank", set_at(["current_checklist", 1], ""), "current_checklist[1]", "non-empty string", True),
+    ("checklist_item_number", set_at(["current_checklist", 0], 3), "current_checklist[0]", "non-empty string", True),
+    ("checklist_item_null", set_at(["current_checklist", 0], None), "current_checklist[0]", "non-empty string", True),
+    ("checklist_object", set_at(["current_checklist"], {"a": 1}), "current_checklist", "must be a list", True),
+    ("priors_missing", delete_at(["prior_interactions"]), "prior_interactions", "is missing", True),
+    ("priors_empty", set_at(["prior_interactions"], []), "prior_interactions", "empty list", True),
+    ("priors_object", set_at(["prior_interactions"], {"0": {}}), "prior_interactions", "must be a list", True),
+    ("prior_string", set_at(["prior_interactions", 1], "a session"), "prior_interactions[1]", "must be an object", True),
+    ("prior_factor_missing", delete_at(["prior_interactions", 0, "context_factor"]),
      "prior_interactions[0].context_factor", "is missing", True),
-    ("prior_preference_blank", at(["prior_interactions", 1, "contextual_preference"], ""),
+    ("prior_preference_blank", set_at(["prior_interactions", 1, "contextual_preference"], ""),
      "prior_interactions[1].contextual_preference", "is empty", True),
-    ("prior_preference_number", at(["prior_interactions", 0, "contextual_preference"], 1.5),
+    ("prior_preference_number", set_at(["prior_interactions", 0, "contextual_preference"], 1.5),
      "prior_interactions[0].contextual_preference", "must be a string", True),
-    ("dialogue_missing", drop(["prior_interactions", 0, "dialogue"]), "prior_interactions[0].dialogue", "is missing",
+    ("dialogue_missing", delete_at(["prior_interactions", 0, "dialogue"]), "prior_interactions[0].dialogue", "is missing",
      True),
     ("dialogue_empty", turns(1, []), "prior_interactions[1].dialogue", "empty list", True),
     ("dialogue_string", turns(0, "User: hi"), "prior_interactions[0].dialogue", "must be a list", True),
     ("dialogue_user_only", turns(0, [{"role": "user", "content": "hello?"}]), "prior_interactions[0].dialogue",
      "no assistant message", True),
-    ("dialogue_starts_with_assistant", at(D0 + [0, "role"], "assistant"), "prior_interactions[0].dialogue[0].role",
+    ("dialogue_starts_with_assistant", set_at(D0 + [0, "role"], "assistant"), "prior_interactions[0].dialogue[0].role",
      "must be 'user'", True),
     ("dialogue_all_turns_empty", turns(0, [{"role": "user", "content": ""}, {"role": "assistant", "content": " "}]),
      "prior_interactions[0].dialogue", "only empty turns", True),
-    ("turn_string", at(D0 + [1], "assistant: ok"), "prior_interactions[0].dialogue[1]", "must be an object", True),
-    ("turn_role_missing", drop(D0 + [1, "role"]), "prior_interactions[0].dialogue[1].role", "is missing", True),
-    ("turn_role_system", at(D0 + [1, "role"], "system"), "prior_interactions[0].dialogue[1].role", "expected one of",
+    ("turn_string", set_at(D0 + [1], "assistant: ok"), "prior_interactions[0].dialogue[1]", "must be an object", True),
+    ("turn_role_missing", delete_at(D0 + [1, "role"]), "prior_interactions[0].dialogue[1].role", "is missing", True),
+    ("turn_role_system", set_at(D0 + [1, "role"], "system"), "prior_interactions[0].dialogue[1].role", "expected one of",
      True),
-    ("turn_role_uppercase", at(D0 + [0, "role"], "User"), "prior_interactions[0].dialogue[0].role", "expected one of",
+    ("turn_role_uppercase", set_at(D0 + [0, "role"], "User"), "prior_interactions[0].dialogue[0].role", "expected one of",
      True),
-    ("turn_content_missing", drop(D0 + [1, "content"]), "prior_interactions[0].dialogue[1].content", "is missing",
+    ("turn_content_missing", delete_at(D0 + [1, "content"]), "prior_interactions[0].dialogue[1].content", "is missing",
      True),
-    ("turn_content_number", at(D0 + [1, "content"], 3.5), "prior_interactions[0].dialogue[1].content",
+    ("turn_content_number", set_at(D0 + [1, "content"], 3.5), "prior_interactions[0].dialogue[1].content",
      "must be a string", True),
-    ("turn_content_list", at(D0 + [1, "content"], [{"type": "text", "text": "hi"}]),
+    ("turn_content_list", set_at(D0 + [1, "content"], [{"type": "text", "text": "hi"}]),
      "prior_interactions[0].dialogue[1].content", "must be a string", True),
     ("row_is_a_list", lambda row: list(row), "<row>", "must be an object", False),
     ("row_is_a_string", lambda row: "a row", "<row>", "must be an object", False),

@@ -15,6 +15,7 @@ from typing import Callable
 import pandas as pd
 import pytest
 
+from helpers.cupid_data import delete_at, set_at
 from cupid_exp.config import ConfigError, DataConfig
 from cupid_exp.data.loading import SAMPLE_FULL_PATH, SAMPLE_PATH, load_instances
 from cupid_exp.data.schema import INSTANCE_TYPES, DataError
@@ -261,39 +262,17 @@ BAD_PERSONA = "7+bad_row"
 BAD_KEY = f"{BAD_PERSONA}/consistent"
 
 
-def _set(path, value):
-    def apply(row):
-        target = row
-        for part in path[:-1]:
-            target = target[part]
-        target[path[-1]] = value
-        return row
-
-    return apply
-
-
-def _delete(path):
-    def apply(row):
-        target = row
-        for part in path[:-1]:
-            target = target[part]
-        del target[path[-1]]
-        return row
-
-    return apply
-
-
 # (id, mutation of a valid row with persona BAD_PERSONA, field named, key known?, representable in parquet?)
 ROW_CASES: list[tuple[str, Callable[[dict], object], str, bool, bool]] = [
-    ("missing_field", _delete(["current_request"]), "current_request", True, True),
-    ("wrong_type_checklist_string", _set(["current_checklist"], "Is it short?"), "current_checklist", True, False),
-    ("empty_checklist", _set(["current_checklist"], []), "current_checklist", True, True),
-    ("unknown_instance_type", _set(["instance_type"], "evolving"), "instance_type", False, True),
-    ("unknown_role", _set(["prior_interactions", 0, "dialogue", 1, "role"], "system"),
+    ("missing_field", delete_at(["current_request"]), "current_request", True, True),
+    ("wrong_type_checklist_string", set_at(["current_checklist"], "Is it short?"), "current_checklist", True, False),
+    ("empty_checklist", set_at(["current_checklist"], []), "current_checklist", True, True),
+    ("unknown_instance_type", set_at(["instance_type"], "evolving"), "instance_type", False, True),
+    ("unknown_role", set_at(["prior_interactions", 0, "dialogue", 1, "role"], "system"),
      "prior_interactions[0].dialogue[1].role", True, True),
-    ("dialogue_starts_with_assistant", _set(["prior_interactions", 1, "dialogue", 0, "role"], "assistant"),
+    ("dialogue_starts_with_assistant", set_at(["prior_interactions", 1, "dialogue", 0, "role"], "assistant"),
      "prior_interactions[1].dialogue[0].role", True, True),
-    ("empty_dialogue", _set(["prior_interactions", 1, "dialogue"], []), "prior_interactions[1].dialogue", True,
+    ("empty_dialogue", set_at(["prior_interactions", 1, "dialogue"], []), "prior_interactions[1].dialogue", True,
      True),
     ("non_object_row", lambda row: "not a row", "<row>", False, False),
 ]
@@ -426,7 +405,7 @@ def test_invalid_utf8_line(tmp_path):
 def test_blank_lines_in_jsonl_are_skipped_but_line_numbers_kept(tmp_path):
     first, last = _good_rows()
     path = tmp_path / "rows.jsonl"
-    path.write_text(json.dumps(first) + "\n\n   \n" + json.dumps(_bad_row(_set(["current_checklist"], [])))
+    path.write_text(json.dumps(first) + "\n\n   \n" + json.dumps(_bad_row(set_at(["current_checklist"], [])))
                     + "\n" + json.dumps(last) + "\n", encoding="utf-8")
     _assert_one_error(load_instances(local_cfg(path)), "rows.jsonl:4", "current_checklist", True)
 
@@ -492,7 +471,7 @@ def test_whole_corpus_in_one_file_one_error_per_bad_row(tmp_path):
 def test_strict_raises_before_returning(tmp_path):
     first, last = _good_rows()
     path = tmp_path / "rows.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in (first, _bad_row(_set(["current_checklist"], [])), last,
+    path.write_text("\n".join(json.dumps(r) for r in (first, _bad_row(set_at(["current_checklist"], [])), last,
                                                        "oops")), encoding="utf-8")
     assert len(load_instances(local_cfg(path)).errors) == 2
     with pytest.raises(DataError) as info:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from cupid_exp.data.loading import SAMPLE_FULL_PATH
 
@@ -52,3 +52,25 @@ def stub_overrides(url: str) -> list[str]:
         out += [f"llm@evaluator.{role}=openai_compatible", f"evaluator.{role}.litellm_model=openai/stub",
                 f"evaluator.{role}.api_base={url}"]
     return out
+
+
+def set_at(path: list, value: Any) -> Callable[[dict], dict]:
+    """A row mutation for bad-input tests: set the value at ``path`` (keys and list indices) in place."""
+    def apply(row: dict) -> dict:
+        target = row
+        for part in path[:-1]:
+            target = target[part]
+        target[path[-1]] = value
+        return row
+    return apply
+
+
+def delete_at(path: list) -> Callable[[dict], dict]:
+    """A row mutation for bad-input tests: delete what ``path`` names, in place."""
+    def apply(row: dict) -> dict:
+        target = row
+        for part in path[:-1]:
+            target = target[part]
+        del target[path[-1]]
+        return row
+    return apply

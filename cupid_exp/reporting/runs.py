@@ -137,7 +137,10 @@ def search_job_runs(uri: str, experiment: str, filter_string: str | None = None)
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    mlflow.set_tracking_uri(uri)
+    from cupid_exp.tracking.mlflow import env_uri_kept
+
+    with env_uri_kept():  # the report runs in-process in tests and notebooks: no exported URI for later jobs
+        mlflow.set_tracking_uri(uri)
     if MlflowClient(uri).get_experiment_by_name(experiment) is None:
         raise LookupError(f"no MLflow experiment {experiment!r} at {uri}")
     clauses = ["tags.`cupid.kind` = 'job'"] + ([filter_string] if filter_string else [])

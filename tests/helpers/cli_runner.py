@@ -23,7 +23,10 @@ SCORING_FIELDS = ("key", "persona_id", "instance_type", "inferred_preference", "
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+    """The environment of a CLI run: this process's, less any ``MLFLOW_TRACKING_URI`` (an in-process test's
+    ``mlflow.set_tracking_uri`` exports it, and a module fixture runs before the per-test cleanup), plus ``extra``."""
+    inherited = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    return {**inherited, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
             "PYTHONUNBUFFERED": "1", **extra}
 
 

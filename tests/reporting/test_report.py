@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -341,6 +342,13 @@ def test_csv_carries_the_retrieval_columns_and_by_setting_table(store, capsys) -
     recovered = [r for r in by_setting if r["metric"] == "oracle_gain_recovered"]
     assert {r["setting"] for r in recovered} == {BM25, EMB, "summary"}
     assert all(r["source"] == "derived" for r in recovered)
+
+
+def test_a_report_does_not_export_its_tracking_uri(store, capsys) -> None:
+    """A report run in-process (a notebook, a test) must not leave ``MLFLOW_TRACKING_URI`` behind: a job started
+    afterwards would log into the reported store (seen in CI: a trace test's job went to this module's store)."""
+    report(store, capsys)
+    assert "MLFLOW_TRACKING_URI" not in os.environ
 
 
 def test_tracking_uri_comes_from_the_environment_when_not_given(store, capsys, monkeypatch) -> None:

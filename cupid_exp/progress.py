@@ -25,12 +25,14 @@ class InstanceObserver(Protocol):
 
 class Progress:
     def __init__(self, stages: Iterable[str], total: int, meter: UsageMeter, enabled: bool = True):
+        self.meter = meter
+        self.bars: dict[str, Any] = {}
+        if not (enabled and sys.stderr.isatty() and total > 0):
+            return  # no bars, and no tqdm import (a tenth of a second or two, in the model phase)
         from tqdm import tqdm
 
-        self.meter = meter
-        show = enabled and sys.stderr.isatty() and total > 0
         self.bars = {stage: tqdm(total=total, desc=f"{stage:<10}", unit="inst", position=i, leave=True,
-                                 disable=not show, dynamic_ncols=True)
+                                 dynamic_ncols=True)
                      for i, stage in enumerate(stages)}
 
     def done(self, stage: str) -> None:

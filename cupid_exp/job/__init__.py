@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from cupid_exp.entry import Outcome
 from cupid_exp.job.execute import Execution, execute, run_instance
-from cupid_exp.job.plan import JobPlan, build_context, plan, typed_config
+from cupid_exp.job.plan import JobPlan, build_context, connect, plan, typed_config
 from cupid_exp.job.publish import headline, publish, start_tracking
 from cupid_exp.results import InstanceResult
 from cupid_exp.scoring.summary import JobSummary, summarize
@@ -47,10 +47,13 @@ def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = 
             parent_run: str | None = None) -> Outcome:
     """Run one job end to end; the Outcome says whether it completed (and carries the headline metric)."""
     started = time.perf_counter()
-    job = plan(cfg, output_dir, choices, parent_run)
+    job = plan(cfg, output_dir, choices, parent_run, clients=False)
     with sigterm_raises():  # from the run's creation on, SIGTERM unwinds (and ends the run KILLED)
         live = start_tracking(job)
         with ends_on_error(live):
+            connect(job)  # importing litellm while the MLflow worker opens the run
+            if live is not None:
+                live.wait_opened()
             execution = execute(job, live)
             if live is not None:
                 live.executed()
@@ -61,5 +64,5 @@ def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = 
     return Outcome("ok", "", headline(summary))
 
 
-__all__ = ["Execution", "InstanceResult", "JobPlan", "JobSummary", "build_context", "execute", "plan", "publish",
+__all__ = ["Execution", "InstanceResult", "JobPlan", "JobSummary", "build_context", "connect", "execute", "plan", "publish",
            "run_instance", "run_job", "start_tracking", "summarize", "summarize_job", "typed_config"]

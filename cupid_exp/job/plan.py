@@ -90,7 +90,8 @@ def build_context(cfg: RunConfig, prompts: PromptSet, meter: UsageMeter) -> Task
 
 
 def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = None,
-         parent_run: str | None = None) -> JobPlan:
+         parent_run: str | None = None, *, clients: bool = True) -> JobPlan:
+    """The checked, loaded job; with ``clients`` its model clients too (``connect``: later, see ``run_job``)."""
     run_cfg = typed_config(cfg)
     setting = make_setting(run_cfg.setting)
     setting.check_parts(run_cfg.task.parts)
@@ -113,6 +114,12 @@ def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = Non
         if job.done:
             log.info("resuming: %d of %d instances already finished (journal %s)", len(job.done),
                      len(data.instances), job.journal.path)
-    if job.todo:
-        job.ctx = build_context(run_cfg, prompts, job.meter)
+    if clients:
+        connect(job)
     return job
+
+
+def connect(job: JobPlan) -> None:
+    """The model clients, when some instance is left to run (this imports litellm: seconds)."""
+    if job.todo and job.ctx is None:
+        job.ctx = build_context(job.cfg, job.prompts, job.meter)

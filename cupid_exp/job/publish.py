@@ -17,8 +17,8 @@ from cupid_exp.outputs import write_json, write_jsonl
 from cupid_exp.scoring.summary import JobSummary
 from cupid_exp.secrets import scrub_obj
 from cupid_exp.tracking.attempts import whole_job_metrics
-from cupid_exp.tracking.live import LiveRun
-from cupid_exp.tracking.mlflow import flatten, records_table
+from cupid_exp.tracking.live import FinalLog
+from cupid_exp.tracking.mlflow import flatten
 from cupid_exp.tracking.provenance import git_state
 from cupid_exp.tracking.signals import shielded
 
@@ -36,60 +36,48 @@ def run_name(plan: JobPlan) -> str:
     return cfg.tracking.run_name or f"{cfg.model.name}-{cfg.task.name}-{cfg.setting.name}"
 
 
-def start_tracking(plan: JobPlan) -> LiveRun | None:
-    """Open the job's MLflow run before any model is called: params, tags and the dataset input first,
-    then progress while the job works. A resumed job reopens its earlier attempt's run (``tracking.attempts``)."""
-    from pathlib import Path
+def start_tracking(plan: JobPlan) -> Any:
+    """Have the job's MLflow run opened before any model is called: params, tags and the dataset input first,
+    then progress while the job works. A resumed job reopens its earlier attempt's run (``tracking.attempts``).
 
-    from cupid_exp.tracking import attempts, trace_worker, traces
-    from cupid_exp.tracking.dataset import mlflow_dataset
-    from cupid_exp.tracking.mlflow import RunTracker
+    The run is kept by a worker process (``tracking.run_worker``), asked here and waited for only before the
+    first call (``wait_opened``), so that opening it overlaps the job's own start; without a worker, here.
+    """
+    from cupid_exp.tracking import attempts, run_worker
+    from cupid_exp.tracking.dataset import dataset_input
+    from cupid_exp.tracking.live import RunRequest, open_run
 
     cfg = plan.cfg
     if not cfg.tracking.enabled or plan.dry_run:
         return None
-    # first, so that the worker's start (its own Python, import mlflow) overlaps everything below
-    worker = trace_worker.start() if cfg.tracking.traces and plan.todo else None
-    tracer: Any = None
-    tracker = claim = None
+    worker = run_worker.start()  # first: its own Python and `import mlflow` overlap everything after
+    claim = None
     try:
-        tracker = RunTracker(cfg.tracking, plan.secrets)
         key = attempts.run_key(plan.identity, cfg.runtime, cfg.paths.output_root)
         claim = (attempts.claim(key, Path(cfg.paths.output_root) / "journal") if cfg.runtime.resume
                  else attempts.Claim(key))
-        previous = attempts.earlier_run(tracker.client, tracker.experiment_id, key) if claim.exclusive else None
         params = flatten(plan.resolved)
         params.update({f"choice.{k}": str(v) for k, v in plan.choices.items()})
         tags = {"dataset_digest": plan.data.digest, "dataset_source": plan.data.source,
                 "prompts_digest": plan.prompts_digest, "output_dir": str(plan.output_dir.resolve()),
-                "job_identity": plan.identity, **attempts.attempt_tags(previous, key)}
-        tracker.start(run_name=run_name(plan), params=params, parent=plan.parent_run, config=plan.resolved,
-                      tags=tags, resume=previous.info.run_id if previous is not None else None)
-        tracker.log_input(mlflow_dataset(cfg.data, plan.data))
+                "job_identity": plan.identity}
+        request = RunRequest(
+            tracking=cfg.tracking, secrets=list(plan.secrets), run_name=run_name(plan), params=params, tags=tags,
+            config=plan.resolved, parent=plan.parent_run, run_key=key, exclusive=claim.exclusive,
+            dataset=dataset_input(cfg.data, plan.data), total=len(plan.data.instances), parts=plan.parts,
+            policy=cfg.runtime.failure_policy, done=list(plan.done.values()),
+            earlier=attempts.earlier_usage(plan.done.values()), traces=bool(cfg.tracking.traces and plan.todo),
+            trace_tags=_trace_tags(plan), judges=_judges(plan))
         if worker is not None:
-            worker.begin(cfg.tracking.uri, tracker.experiment_id, tracker.run_id, _trace_tags(plan), _judges(plan),
-                         plan.secrets)
-            tracer = worker
-        elif cfg.tracking.traces and plan.todo:
-            traces.setup(cfg.tracking.uri)
-            tracer = trace_worker.InProcessTraces(traces.TraceWriter(
-                tracker.experiment_id, tracker.run_id, _trace_tags(plan), _judges(plan), plan.secrets))
-        live = LiveRun(tracker, claim, total=len(plan.data.instances), parts=plan.parts,
-                       policy=cfg.runtime.failure_policy, done=list(plan.done.values()),
-                       earlier=attempts.earlier_usage(plan.done.values()), meter=plan.meter,
-                       every_s=cfg.tracking.progress_every_s, traces=tracer, attempt=tags["cupid.attempt"])
-        live.start()
-    except BaseException as exc:  # an interrupt or a store error while opening: never leave it RUNNING
-        from cupid_exp.tracking.signals import Terminated
-
+            worker.open(request, claim, plan.meter)
+            return worker
+        return open_run(request, claim, plan.meter)
+    except BaseException:
         if worker is not None:
             worker.abandon()
-        if tracker is not None:
-            tracker.end("KILLED" if isinstance(exc, (KeyboardInterrupt, Terminated)) else "FAILED")
         if claim is not None:
             claim.release()
         raise
-    return live
 
 
 def _trace_tags(plan: JobPlan) -> dict[str, str]:
@@ -128,7 +116,7 @@ def _plots(plan: JobPlan, summary: JobSummary) -> list[Path]:
                           title_prefix=f"{cfg.model.name} {plan.setting.label()}")
 
 
-def publish(plan: JobPlan, summary: JobSummary, tracker: LiveRun | None) -> None:
+def publish(plan: JobPlan, summary: JobSummary, tracker: Any) -> None:
     """Files, then the console table, then MLflow (metrics, tags, artifacts, plots) and the run's end."""
     live = tracker
     write_outputs(plan, summary)
@@ -137,7 +125,7 @@ def publish(plan: JobPlan, summary: JobSummary, tracker: LiveRun | None) -> None
         return
     where = str(plan.output_dir)
     if live is not None:
-        where += f" | MLflow run {live.tracker.run_id} at {plan.cfg.tracking.uri}"
+        where += f" | MLflow run {live.run_id} at {plan.cfg.tracking.uri}"
     print(console.job_report(title(plan), summary.nested, summary.errors, summary.metrics, len(plan.data.errors),
                              where, summary.status_line()), flush=True)
     if live is None:
@@ -146,16 +134,18 @@ def publish(plan: JobPlan, summary: JobSummary, tracker: LiveRun | None) -> None
     # seconds) and is delivered once the run has ended FINISHED. Raised half-way through MLflow's store
     # writes, it could leave a SQLite transaction or a lock behind and the run RUNNING.
     with shielded():
-        run = live.tracker
-        # the run spans every attempt: usage for the whole job (the folder's metrics.json: this attempt's)
-        run.log_metrics({**summary.metrics, **whole_job_metrics(summary.metrics)}, step=summary.n_instances)
-        run.set_tags({"cupid.complete": str(summary.complete).lower(), "cupid.failed_instances": summary.failed_instances})
-        run.log_artifacts([plan.output_dir / "instances.jsonl", plan.output_dir / "metrics.json"])
-        run.log_artifacts(sorted((plan.output_dir / ".hydra").glob("*.yaml")), ".hydra")
-        run.log_table(records_table(scrub_obj(summary.records, plan.secrets)), "instances_table.json")
-        run.log_artifacts(_plots(plan, summary), "plots")
         m = summary.metrics
-        live.end("FINISHED", {"calls": int(m.get("calls/total", 0)), "cost_usd": round(m.get("cost/usd", 0.0), 6)})
+        # drawn here while the MLflow worker catches up with the last traces, then logged by it
+        plots = _plots(plan, summary)
+        # the run spans every attempt: usage for the whole job (the folder's metrics.json: this attempt's)
+        live.finish(FinalLog(
+            metrics={**m, **whole_job_metrics(m)}, step=summary.n_instances,
+            tags={"cupid.complete": str(summary.complete).lower(), "cupid.failed_instances": summary.failed_instances},
+            artifacts=[([str(plan.output_dir / "instances.jsonl"), str(plan.output_dir / "metrics.json")], None),
+                       ([str(p) for p in sorted((plan.output_dir / ".hydra").glob("*.yaml"))], ".hydra"),
+                       ([str(p) for p in plots], "plots")],
+            table=scrub_obj(summary.records, plan.secrets),
+            summary={"calls": int(m.get("calls/total", 0)), "cost_usd": round(m.get("cost/usd", 0.0), 6)}))
 
 
 def headline(summary: JobSummary) -> Any:

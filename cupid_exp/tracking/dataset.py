@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,26 +34,48 @@ def dataset_digest(cfg: DataConfig, data: LoadedData) -> str:
     return hashlib.sha256(f"{data.digest}\n{keys}".encode()).hexdigest()[:16]
 
 
-def _source(cfg: DataConfig, data: LoadedData) -> Any:
-    if cfg.source == "hf":
-        from mlflow.data.huggingface_dataset_source import HuggingFaceDatasetSource
+@dataclass
+class DatasetInput:
+    """What the run's dataset input is made of, as plain data: built in the job's process, turned into MLflow's
+    entity where the run is logged (``entity``), so the job itself never imports MLflow."""
 
-        return HuggingFaceDatasetSource(path=str(cfg.hf_name), split=cfg.split, revision=cfg.revision)
-    return str(Path(data.source).expanduser().resolve())  # MLflow makes it a "local" source
+    name: str
+    digest: str
+    rows: list[dict[str, Any]]
+    local_path: str | None = None  #: the file the rows came from
+    hub: dict[str, Any] | None = None  #: path, split and revision on the Hugging Face Hub
+
+    def entity(self) -> Any:
+        """The dataset entity (``mlflow.entities.Dataset``): name, source, digest, schema and row count."""
+        import mlflow.data
+        import pandas as pd
+
+        if self.hub is not None:
+            from mlflow.data.huggingface_dataset_source import HuggingFaceDatasetSource
+
+            source: Any = HuggingFaceDatasetSource(**self.hub)
+        else:
+            source = self.local_path  # MLflow makes it a "local" source
+        with warnings.catch_warnings():  # hints meant for model signatures, and a local path "read two ways"
+            warnings.simplefilter("ignore", UserWarning)
+            dataset = mlflow.data.from_pandas(pd.DataFrame(self.rows), source=source, name=self.name,
+                                              digest=self.digest)
+            return dataset._to_mlflow_entity()
+
+
+def dataset_input(cfg: DataConfig, data: LoadedData) -> DatasetInput:
+    """The instances run, one row each with its key fields, with their name, digest and source."""
+    rows = [{"key": i.key, "persona_id": i.persona_id, "instance_type": i.instance_type,
+             "current_context_factor": i.current_context_factor, "current_request": i.current_request,
+             "n_prior_sessions": len(i.prior_interactions), "n_checklist_items": len(i.current_checklist)}
+            for i in data.instances]
+    if cfg.source == "hf":
+        hub = {"path": str(cfg.hf_name), "split": cfg.split, "revision": cfg.revision}
+        return DatasetInput(dataset_name(cfg, data), dataset_digest(cfg, data), rows, hub=hub)
+    return DatasetInput(dataset_name(cfg, data), dataset_digest(cfg, data), rows,
+                        local_path=str(Path(data.source).expanduser().resolve()))
 
 
 def mlflow_dataset(cfg: DataConfig, data: LoadedData) -> Any:
-    """The dataset entity (``mlflow.entities.Dataset``): name, source, digest, schema and row count of the
-    instances run."""
-    import mlflow.data
-    import pandas as pd
-
-    frame = pd.DataFrame([{"key": i.key, "persona_id": i.persona_id, "instance_type": i.instance_type,
-                           "current_context_factor": i.current_context_factor,
-                           "current_request": i.current_request, "n_prior_sessions": len(i.prior_interactions),
-                           "n_checklist_items": len(i.current_checklist)} for i in data.instances])
-    with warnings.catch_warnings():  # hints meant for model signatures, and a local path "read two ways"
-        warnings.simplefilter("ignore", UserWarning)
-        dataset = mlflow.data.from_pandas(frame, source=_source(cfg, data), name=dataset_name(cfg, data),
-                                          digest=dataset_digest(cfg, data))
-        return dataset._to_mlflow_entity()
+    """The dataset entity of the instances run (see ``DatasetInput.entity``)."""
+    return dataset_input(cfg, data).entity()

@@ -17,13 +17,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from cupid_exp.llm.calls import CallLog
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.results import InstanceResult
 from cupid_exp.scoring.statistics import TASK_METRICS, point_value, task_frame
+from cupid_exp.config import TrackingConfig
 from cupid_exp.tracking.attempts import Claim
+from cupid_exp.tracking.dataset import DatasetInput
 from cupid_exp.tracking.mlflow import RunTracker
 
 log = logging.getLogger(__name__)
@@ -78,6 +82,13 @@ class LiveRun:
     @property
     def wants_calls(self) -> bool:
         return self.traces is not None
+
+    @property
+    def run_id(self) -> str:
+        return self.tracker.run_id
+
+    def wait_opened(self) -> None:
+        """Opened already (``open_run`` returns an open run); the worker's handle waits here."""
 
     def start(self) -> None:
         self._log_point()  # where the job starts: 0, or what the journal already has
@@ -163,9 +174,89 @@ class LiveRun:
             self.claim.release()
             self._close_traces(INTERRUPTED_FLUSH_S)  # (a finished job's are closed already)
 
+    def finish(self, final: "FinalLog") -> None:
+        """The job's results into the run, then the run's end, FINISHED."""
+        run = self.tracker
+        run.log_metrics(final.metrics, step=final.step)
+        run.set_tags(final.tags)
+        for files, folder in final.artifacts:
+            run.log_artifacts([Path(f) for f in files], folder)
+        if final.table is not None:
+            from cupid_exp.tracking.mlflow import records_table
+
+            run.log_table(records_table(final.table), "instances_table.json")
+        self.end("FINISHED", final.summary)
+
     def _close_traces(self, timeout: float | None) -> None:
         """Wait for the trace backlog (``timeout`` None: a finished job's, as long as it progresses) and stop
         tracing; the tracer warns if it gave up."""
         if self.traces is not None:
             traces, self.traces = self.traces, None
             traces.close(timeout)
+
+
+@dataclass
+class RunRequest:
+    """Everything the job's MLflow run is opened with: plain data, so another process can open it."""
+
+    tracking: TrackingConfig
+    secrets: list[str]
+    run_name: str
+    params: dict[str, str]
+    tags: dict[str, str]
+    config: dict[str, Any]
+    parent: str | None
+    run_key: str
+    exclusive: bool  #: this attempt holds the run key's lock: it may reopen an earlier attempt's run
+    dataset: DatasetInput
+    total: int
+    parts: tuple[str, ...]
+    policy: str
+    done: list[dict[str, Any]]  #: the journal's finished records
+    earlier: dict[str, float]
+    traces: bool
+    trace_tags: dict[str, str] = field(default_factory=dict)
+    judges: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class FinalLog:
+    """A finished job's results for its run (``LiveRun.finish``)."""
+
+    metrics: dict[str, float]
+    step: int
+    tags: dict[str, str]
+    artifacts: list[tuple[list[str], str | None]]  #: (files, artifact folder)
+    table: list[dict[str, Any]] | None  #: the per-instance records (scrubbed), as the run's table
+    summary: dict[str, Any]  #: the attempt's one-line note
+    totals: dict[str, float] = field(default_factory=dict)  #: the meter's last totals (a worker's final point)
+
+
+def open_run(request: RunRequest, claim: Claim, meter: Any, traces: Any = None) -> LiveRun:
+    """Open the run (a resumed job's earlier run when ``request.exclusive``), with its params, tags, config and
+    dataset input, and start its progress thread. ``traces``: the tracer, or None to trace here (or not at all)."""
+    from cupid_exp.tracking import attempts
+    from cupid_exp.tracking import traces as tracing
+
+    tracker = RunTracker(request.tracking, request.secrets)
+    previous = attempts.earlier_run(tracker.client, tracker.experiment_id, request.run_key) if request.exclusive \
+        else None
+    tags = {**request.tags, **attempts.attempt_tags(previous, request.run_key)}
+    try:
+        tracker.start(run_name=request.run_name, params=request.params, parent=request.parent,
+                      config=request.config, tags=tags, resume=previous.info.run_id if previous is not None else None)
+        tracker.log_input(request.dataset.entity())
+        if traces is None and request.traces:
+            tracing.setup(request.tracking.uri)
+            traces = tracing.InProcessTraces(tracing.TraceWriter(
+                tracker.experiment_id, tracker.run_id, request.trace_tags, request.judges, request.secrets))
+        live = LiveRun(tracker, claim, total=request.total, parts=request.parts, policy=request.policy,
+                       done=request.done, earlier=request.earlier, meter=meter,
+                       every_s=request.tracking.progress_every_s, traces=traces, attempt=tags["cupid.attempt"])
+        live.start()
+    except BaseException as exc:  # an interrupt or a store error while opening: never leave it RUNNING
+        from cupid_exp.tracking.signals import Terminated
+
+        tracker.end("KILLED" if isinstance(exc, (KeyboardInterrupt, Terminated)) else "FAILED")
+        raise
+    return live

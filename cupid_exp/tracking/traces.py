@@ -6,7 +6,7 @@ call is in flight. MLflow exports traces from its own background threads; we swi
 batch span processor (one store write per batch of spans rather than per span) and, for a SQLite
 store, a single export worker (several would only queue on the database lock). Those are defaults:
 ``MLFLOW_*`` variables set by the user win. ``flush`` waits for the export at the end of a job. All this
-normally runs in a worker process beside the job (``cupid_exp.tracking.trace_worker``).
+normally runs in the worker process that keeps the job's run (``cupid_exp.tracking.run_worker``).
 
 Why explicit spans rather than ``mlflow.litellm.autolog``: autolog makes one trace per call (not
 per instance), knows neither the step nor re-asks, and would put litellm's logging callbacks, which
@@ -198,3 +198,27 @@ def _outputs(result: InstanceResult) -> dict[str, Any]:
     if result.errors:
         out["errors"] = [e.to_record() for e in result.errors]
     return out
+
+
+class InProcessTraces:
+    """A job's tracer where the run is kept (the run worker, or the job's process as a fallback): ``TraceWriter``
+    here, MLflow's threads exporting."""
+
+    def __init__(self, writer: TraceWriter):
+        self.writer = writer
+
+    def write(self, instance: Any, result: InstanceResult, calls: Any) -> None:
+        self.writer.write(instance, result, calls)
+
+    @property
+    def error(self) -> str | None:
+        return self.writer.error
+
+    def executed(self) -> None:
+        flush(0)
+
+    def close(self, timeout: float | None = None) -> bool:
+        done = flush(timeout, terminate=True)
+        if not done:
+            log.warning("MLflow trace export gave up after %.0f s; traces of this attempt may be missing", timeout)
+        return done

@@ -1,0 +1,324 @@
+"""The job's MLflow run, kept by a worker process beside the job.
+
+Everything MLflow costs happens here, on another core than the job's event loop: importing it
+(1-2 s), opening the run while the job imports litellm, building and exporting a trace per
+instance, progress points, and at the end the metrics, artifacts, table and plots. The job's
+process never imports MLflow. The worker is spawned, not forked (the job holds threads), as the
+job starts; ``open`` sends it the run's request and the job goes on building its clients;
+``wait_opened`` (before the first model call) returns once the run exists, or raises with the
+store's error. Then one message per finished instance (its ``InstanceResult``, record and
+``CallLog``, pickled on the event loop so that a failure shows up there), and ``finish`` or
+``end`` once, which wait until the run has ended.
+
+Tracking never costs the job its results: if the worker dies or stalls, the job's process
+finishes the run itself (metrics, artifacts and status; the traces not yet exported are lost),
+and a worker that cannot be started at all leaves the job keeping its run in its own process.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import pickle
+import queue
+import signal
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from cupid_exp.llm.calls import CallLog
+from cupid_exp.results import InstanceResult
+from cupid_exp.tracking.attempts import Claim
+from cupid_exp.tracking.live import FinalLog, LiveRun, RunRequest
+
+log = logging.getLogger(__name__)
+
+STALL_S = 60.0  #: the job gives up on a worker that handled nothing for this long while it waits
+OPEN_S = 120.0  #: how long the job waits for its run to open (the store answered the checks already)
+ORPHAN_FLUSH_S = 30.0  #: a worker whose job process died exports what it built for at most this long
+INTERRUPTED_WAIT_S = 30.0  #: how long a failed or interrupted job waits for its run to end
+
+
+class TrackingError(RuntimeError):
+    """The MLflow run could not be opened or logged (the store's error, as the worker saw it)."""
+
+
+class SnapshotMeter:
+    """The job's usage totals as its process last sent them (what ``LiveRun`` reads for progress points)."""
+
+    def __init__(self, latest: dict[str, float] | None = None):
+        self.latest = dict(latest or {})
+
+    def totals(self) -> dict[str, float]:
+        return dict(self.latest)
+
+
+class RunWorker:
+    """The job's handle on its run worker; the same interface as ``LiveRun`` for the job's phases."""
+
+    def __init__(self) -> None:
+        method = multiprocessing.get_start_method(allow_none=True)
+        if method not in (None, "spawn", "fork", "forkserver"):
+            # a spawned child sets the parent's start method before anything else; joblib's loky workers
+            # have their own ('loky'), which a bare child does not know: it would die at once
+            raise RuntimeError(f"this process's start method {method!r} cannot spawn a worker")
+        ctx = multiprocessing.get_context("spawn")
+        self.inbox = ctx.Queue()  # its feeder thread sends: a put never waits on the worker
+        self.outbox, writer = ctx.Pipe(duplex=False)  # the worker's notes
+        self.progress = ctx.RawValue("q", 0)  # messages the worker has handled, to tell slow from stuck
+        self.process = ctx.Process(target=_serve, args=(self.inbox, writer, self.progress), name="cupid-mlflow",
+                                   daemon=True)
+        try:
+            self.process.start()
+        finally:
+            writer.close()  # the worker holds the writing end: its death is an EOF here
+        self.pid = self.process.pid
+        self.request: RunRequest | None = None
+        self.claim: Claim | None = None
+        self.meter: Any = None
+        self.run_id: str | None = None
+        self.attempt = "1"
+        self.stopped = False  #: nothing more goes to the worker (it failed, died, or the run ended)
+        self.ended = False
+
+    # -- opening ---------------------------------------------------------------------------------------------
+    def open(self, request: RunRequest, claim: Claim, meter: Any) -> None:
+        """Ask for the run to be opened; returns at once (``wait_opened`` waits)."""
+        self.request, self.claim, self.meter = request, claim, meter
+        self.inbox.put(("open", request))
+
+    def wait_opened(self) -> None:
+        if self.run_id is not None:
+            return
+        note = self._wait(("opened",), OPEN_S, stall=False)
+        if note is None or note[0] != "opened":
+            why = note[1] if note is not None and note[0] == "failed" else self._gone()
+            self.stopped = True
+            raise TrackingError(f"the MLflow run could not be opened at {self.request.tracking.uri}: {why}")
+        self.run_id, self.attempt = note[1], note[2]
+
+    # -- while the job works ---------------------------------------------------------------------------------
+    @property
+    def wants_calls(self) -> bool:
+        return bool(self.request is not None and self.request.traces)
+
+    def instance_finished(self, instance: Any, result: InstanceResult, record: Any, calls: CallLog | None) -> None:
+        """On the event loop: a health check, one pickle and a queue put; never waits on the worker."""
+        if not self._healthy():
+            return
+        shown = SimpleNamespace(current_request=instance.current_request,
+                                current_context_factor=instance.current_context_factor)
+        self.inbox.put(("instance", pickle.dumps((shown, result, record, calls, self.meter.totals()),
+                                                 protocol=pickle.HIGHEST_PROTOCOL)))
+
+    def executed(self) -> None:
+        if self._healthy():
+            self.inbox.put(("executed", self.meter.totals()))
+
+    # -- the end -----------------------------------------------------------------------------------------------
+    def finish(self, final: FinalLog) -> None:
+        """Log the results and end the run FINISHED; waits while the worker works (its trace backlog first)."""
+        if self.ended:
+            return
+        final.totals = self.meter.totals()
+        note = None
+        if self._healthy():
+            self.inbox.put(("finish", final))
+            note = self._wait(("finished",), None, stall=True)
+        self.ended = True
+        try:
+            if note is not None and note[0] == "failed":  # the store refused: as if it had failed here
+                try:
+                    self._here(final.totals).end("FAILED")
+                except Exception:  # noqa: BLE001  # the store's first error is the one to report
+                    log.debug("the run could not be ended FAILED either", exc_info=True)
+                raise TrackingError(f"MLflow logging failed: {note[1]}")
+            if note is None:
+                self._here(final.totals).finish(final)
+        finally:
+            self._release()
+
+    def end(self, status: str, summary: dict[str, Any] | None = None) -> None:
+        """End the run with ``status`` (a failed or interrupted job), waiting a bounded time."""
+        if self.ended:
+            return
+        self.ended = True
+        try:
+            note = None
+            if self.run_id is None and not self.stopped:  # opening may still be under way: let it finish
+                try:
+                    self.wait_opened()
+                except TrackingError:
+                    return
+            if self._healthy():
+                self.inbox.put(("end", status, summary, self.meter.totals()))
+                note = self._wait(("finished",), INTERRUPTED_WAIT_S, stall=False)
+            if (note is None or note[0] != "finished") and self.run_id is not None:
+                self._here(self.meter.totals()).end(status, summary)
+        finally:
+            self._release()
+
+    def abandon(self) -> None:
+        """Stop the worker now (the run could not be requested)."""
+        self.ended = self.stopped = True
+        self._release()
+
+    # -- internals ---------------------------------------------------------------------------------------------
+    def _here(self, totals: dict[str, float]) -> LiveRun:
+        """The run, reattached in this process after the worker failed: no progress thread, no traces."""
+        from cupid_exp.tracking.mlflow import RunTracker
+
+        request = self.request
+        tracker = RunTracker(request.tracking, request.secrets)
+        tracker.run_id = self.run_id
+        return LiveRun(tracker, Claim(request.run_key), total=request.total, parts=request.parts,
+                       policy=request.policy, done=[], earlier=request.earlier, meter=SnapshotMeter(totals),
+                       every_s=request.tracking.progress_every_s, traces=None, attempt=self.attempt)
+
+    def _wait(self, wanted: tuple[str, ...], timeout: float | None, *, stall: bool) -> tuple | None:
+        """The worker's next note among ``wanted`` (or 'failed'); None if it died, or gave no sign of progress
+        for ``STALL_S`` (``stall``) or ``timeout`` seconds."""
+        from multiprocessing.connection import wait
+
+        began = moved = time.monotonic()
+        seen = self.progress.value
+        while True:
+            ready = wait([self.outbox, self.process.sentinel], 0.25)
+            if self.outbox in ready:
+                try:
+                    note = self.outbox.recv()
+                except (EOFError, OSError):  # it exited
+                    note = None
+                if note is not None:
+                    if note[0] in wanted or note[0] == "failed":
+                        return note
+                    self._note(note)
+                    continue
+            if ready:  # it exited without the note
+                self.process.join(1.0)
+                self._give_up(self._gone())
+                return None
+            now = time.monotonic()
+            if self.progress.value != seen:
+                seen, moved = self.progress.value, now
+            if timeout is not None and now - began >= timeout or stall and now - moved >= STALL_S:
+                self._give_up(f"no answer within {now - began:.0f} s")
+                return None
+
+    def _note(self, note: tuple) -> None:
+        if note[0] == "traces_stopped":
+            log.warning("MLflow tracing stopped for this job: %s", note[1])
+        elif note[0] == "opened":
+            self.run_id, self.attempt = note[1], note[2]
+        elif note[0] == "failed":
+            self._give_up(note[1])
+
+    def _gone(self) -> str:
+        code = self.process.exitcode
+        return f"the MLflow worker exited (code {code})" if code is not None else "the MLflow worker did not answer"
+
+    def _healthy(self) -> bool:
+        """Read the worker's notes and check it is alive (two cheap system calls)."""
+        try:
+            while not self.stopped and self.outbox.poll():
+                self._note(self.outbox.recv())
+        except (EOFError, OSError):
+            pass
+        if not self.stopped and self.process.exitcode is not None:
+            self._give_up(self._gone())
+        return not self.stopped
+
+    def _give_up(self, why: str) -> None:
+        if not self.stopped:
+            self.stopped = True
+            log.warning("the MLflow worker stopped (%s): this job finishes its run itself, without further traces",
+                        why)
+
+    def _release(self) -> None:
+        self.stopped = True
+        if self.claim is not None:
+            self.claim.release()
+        self.process.join(2.0)
+        if self.process.exitcode is None:
+            self.process.kill()
+            self.process.join(5.0)
+        self.inbox.cancel_join_thread()  # whatever the worker did not read is lost: never hang the job's exit on it
+        self.inbox.close()
+        self.outbox.close()
+
+
+def start() -> RunWorker | None:
+    """A run worker, or None (with a warning) when none can be started."""
+    try:
+        return RunWorker()
+    except Exception as exc:  # noqa: BLE001  # the job keeps its run in its own process instead
+        log.warning("the MLflow run is kept in the job's process: no worker (%s: %s)", type(exc).__name__, exc)
+        return None
+
+
+def _serve(inbox: Any, outbox: Any, progress: Any) -> None:
+    """The worker: open the run, hear of each instance, finish or end the run, say so and exit."""
+    # Ctrl-C and a launcher's SIGTERM reach the whole process group: the job decides, and tells this worker
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Writing traces is one of few things this process does: MLflow's batch thread writes them to the store
+    # itself, without its async queue, whose flush idles up to a second (a 1 s poll) before it returns.
+    os.environ.setdefault("MLFLOW_ENABLE_ASYNC_TRACE_LOGGING", "false")
+    from cupid_exp.tracking import traces
+
+    logging.getLogger(traces.__name__).addHandler(logging.NullHandler())  # the job reports failures, once
+    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401  # now, while the job is still starting
+    import mlflow.tracing.export.mlflow_v3  # noqa: F401
+    import mlflow.tracing.provider  # noqa: F401
+
+    from cupid_exp.tracking.live import open_run
+
+    parent = multiprocessing.parent_process()
+    meter = SnapshotMeter()
+    live: LiveRun | None = None
+    reported = False
+    while True:
+        try:
+            message = inbox.get(timeout=1.0)
+        except queue.Empty:
+            if parent is not None and not parent.is_alive():  # the job died: its run stays RUNNING, as a
+                if live is not None and live.traces is not None:  # SIGKILLed job's does (tracking.attempts)
+                    live.traces.close(ORPHAN_FLUSH_S)
+                os._exit(0)
+            continue
+        kind = message[0]
+        try:
+            if kind == "open":
+                request: RunRequest = message[1]
+                live = open_run(request, Claim(request.run_key), meter)  # the job holds the claim's lock
+                outbox.send(("opened", live.run_id, live.attempt))
+                import pandas  # noqa: F401  # what the end will need (the table), while the job calls models
+            elif kind == "instance" and live is not None:
+                shown, result, record, calls, meter.latest = pickle.loads(message[1])
+                live.instance_finished(shown, result, record, calls)
+                error = getattr(live.traces, "error", None)
+                if error and not reported:
+                    reported = True
+                    outbox.send(("traces_stopped", error))
+            elif kind == "executed" and live is not None:
+                meter.latest = message[1]
+                live.executed()
+            elif kind == "finish" and live is not None:
+                final: FinalLog = message[1]
+                meter.latest = final.totals
+                live.finish(final)
+                outbox.send(("finished",))
+                os._exit(0)  # all is in the store: skip the interpreter's teardown (and MLflow's exit-time drain)
+            elif kind == "end":
+                if live is not None:
+                    meter.latest = message[3]
+                    live.end(message[1], message[2])
+                outbox.send(("finished",))
+                os._exit(0)
+        except Exception as exc:  # noqa: BLE001  # the job hears why and finishes the run itself
+            outbox.send(("failed", f"{type(exc).__name__}: {exc}"))
+            if live is not None and live.traces is not None:
+                live.traces.close(ORPHAN_FLUSH_S)
+            os._exit(1)
+        progress.value += 1

@@ -1,0 +1,164 @@
+"""The job's MLflow run (its opening, traces, progress and end) is kept by a worker process beside the job, and
+the job's process never imports MLflow; a worker that dies or cannot start never costs the job its results or
+its run."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+
+from conftest import compose_config
+from mlflow.tracking import MlflowClient
+from helpers.cli_runner import job_dirs, read_jsonl
+from helpers.cupid_data import stub_overrides, write_dataset
+from helpers.stub_llm_server import StubServer
+from tracking_runs import job_command, only_run, start, store_uri, traces_of, wait_for
+
+from cupid_exp.data.loading import SAMPLE_FULL_PATH
+from cupid_exp.job import connect, execute, plan, publish, start_tracking, summarize_job
+from cupid_exp.tracking import run_worker
+from cupid_exp.tracking.live import LiveRun
+
+N = 8
+
+
+def _in_process_job(url: str, root: Path):
+    """A traced job, phase by phase in this process, as ``run_job`` runs it; returns its run's keeper."""
+    cfg = compose_config([*stub_overrides(url), f"paths.output_root={root}", "runtime.progress=false",
+                          f"tracking.uri={store_uri(root)}", "data=local", f"data.path={SAMPLE_FULL_PATH}",
+                          "data.limit=4"])
+    job = plan(cfg, root / "job", clients=False)
+    live = start_tracking(job)
+    connect(job)
+    live.wait_opened()
+    execution = execute(job, live)
+    live.executed()
+    publish(job, summarize_job(job, execution, 0.0), live)
+    return live
+
+
+def test_the_run_is_kept_by_another_process(tmp_path: Path) -> None:
+    with StubServer() as stub:
+        live = _in_process_job(stub.url, tmp_path)
+    assert isinstance(live, run_worker.RunWorker) and live.pid != os.getpid()
+    assert live.process.exitcode == 0 and live.claim.lock is None  # it said it was done, then exited
+    uri = store_uri(tmp_path)
+    run = only_run(uri)
+    assert run.info.run_id == live.run_id and run.info.status == "FINISHED" and len(traces_of(uri, run)) == 4
+    assert run.data.metrics["inference/f1"] > 0 and run.data.tags["cupid.complete"] == "true"
+
+
+def test_the_job_process_never_imports_mlflow(tmp_path: Path) -> None:
+    """The job's own process: no `import mlflow` (1-2 s of its start-up), all of it in the worker."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from helpers.cli_runner import cli_env
+
+    data = write_dataset(tmp_path / "data.jsonl", 3)
+    with StubServer() as stub:
+        cmd = job_command(stub.url, tmp_path / "out", data)
+        script = textwrap.dedent(f"""
+            import sys, atexit
+            sys.argv = {["cupid_exp", *cmd[3:]]!r}
+            atexit.register(lambda: print("MLFLOW IMPORTED" if "mlflow" in sys.modules else "NO MLFLOW"))
+            from cupid_exp.cli import main
+            main()
+        """)
+        proc = subprocess.run([sys.executable, "-c", script], env=cli_env(), capture_output=True, text=True,
+                              timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "NO MLFLOW" in proc.stdout, proc.stdout[-2000:]
+    assert only_run(store_uri(tmp_path / "out")).info.status == "FINISHED"
+
+
+def test_without_a_worker_the_job_keeps_its_run_itself(tmp_path: Path, monkeypatch, caplog) -> None:
+    def no_spawn() -> None:
+        raise OSError("no processes left")
+
+    monkeypatch.setattr(run_worker, "RunWorker", no_spawn)
+    with StubServer() as stub, caplog.at_level(logging.WARNING):
+        live = _in_process_job(stub.url, tmp_path)
+    assert isinstance(live, LiveRun)
+    assert "no worker (OSError: no processes left)" in caplog.text
+    uri = store_uri(tmp_path)
+    run = only_run(uri)
+    assert run.info.status == "FINISHED" and len(traces_of(uri, run)) == 4
+
+
+def _worker_of(pid: int) -> int:
+    """The job's MLflow worker: its child process started by multiprocessing's spawn."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid and b"spawn_main" in cmdline:
+            return int(entry)
+    return 0
+
+
+def test_a_worker_killed_mid_job_costs_the_traces_only(tmp_path: Path) -> None:
+    """The job finishes its run itself: results, metrics, artifacts and status; no more traces or progress."""
+    data = write_dataset(tmp_path / "data.jsonl", N)
+    root, log = tmp_path / "out", tmp_path / "job.log"
+    with StubServer() as stub:
+        stub.hold_after(3 * N + 2)  # some instances finished, not all
+        proc = start(job_command(stub.url, root, data, "model.max_concurrency=2"), log)
+        try:
+            assert stub.wait_held(timeout=120), log.read_text()[-3000:]
+            worker = wait_for(lambda: _worker_of(proc.pid), 30, "the MLflow worker")
+            os.kill(worker, signal.SIGKILL)
+            stub.release()
+            returncode = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            stub.release()
+    text = log.read_text()
+    assert returncode == 0, text[-3000:]
+    assert text.count("the MLflow worker stopped (the MLflow worker exited (code -9))") == 1, text[-3000:]
+    run = only_run(store_uri(root))
+    assert run.info.status == "FINISHED" and run.data.tags["cupid.complete"] == "true"
+    assert run.data.metrics["calls/total"] == 4 * N and run.data.tags["cupid.attempt.1"].startswith("FINISHED")
+    artifacts = {a.path for a in MlflowClient(store_uri(root)).list_artifacts(run.info.run_id)}
+    assert {"instances.jsonl", "metrics.json", "instances_table.json", "plots"} <= artifacts
+    (job,) = job_dirs(root)
+    assert len(read_jsonl(job / "instances.jsonl")) == N
+    assert len(traces_of(store_uri(root), run)) < N  # (those the worker exported before it was killed)
+
+
+def test_a_dead_worker_is_reported_once_and_never_waited_for(caplog) -> None:
+    worker = run_worker.RunWorker()
+    worker.process.kill()
+    worker.process.join(10)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            worker.instance_finished(object(), None, {}, None)  # never sent: the worker is gone
+        worker.end("FAILED")  # no run was opened: nothing to end, and no wait
+    assert caplog.text.count("the MLflow worker exited (code -9)") == 1
+
+
+def test_a_store_that_refuses_the_run_stops_the_job_before_any_call(tmp_path: Path) -> None:
+    """The run is opened while the job builds its clients; a store error is the job's error before the
+    first model call (the worker's message, one line), and the worker is gone."""
+    import pytest
+
+    from conftest import compose_config as compose
+
+    root = tmp_path / "out"
+    cfg = compose(["model=gpt4o", f"paths.output_root={root}", f"tracking.uri={store_uri(root)}",
+                   "tracking.experiment=x", "data=local", f"data.path={SAMPLE_FULL_PATH}", "data.limit=1"])
+    job = plan(cfg, root / "job", clients=False)
+    (root / "mlflow.db").write_text("not a database")  # after the checks: the store breaks in between
+    live = start_tracking(job)
+    with pytest.raises(run_worker.TrackingError, match="could not be opened"):
+        live.wait_opened()
+    live.end("FAILED")
+    assert live.process.exitcode is not None and live.claim.lock is None

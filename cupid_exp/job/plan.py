@@ -78,6 +78,10 @@ def build_context(cfg: RunConfig, prompts: PromptSet, meter: UsageMeter) -> Task
     from cupid_exp.rendering import matcher_examples
 
     configure_litellm(cfg.runtime)
+    if not cfg.runtime.dry_run:
+        from cupid_exp.llm._litellm import import_first_call_modules
+
+        import_first_call_modules()
     ev = cfg.evaluator
     clients = clients_for({"subject": cfg.model, "decomposer": ev.decomposer, "matcher": ev.matcher,
                            "judge": ev.judge}, cfg.runtime, meter)

@@ -52,9 +52,21 @@ def _openai_chat_config() -> Any:
     return OpenAIGPTConfig.translate_developer_role_to_system_role
 
 
+# What the first request imports (measured: ~0.45 s here, ~580 modules: the OpenAI client's resources and
+# types, litellm's OpenTelemetry hooks and proxy types), imported by ``import_first_call_modules``.
+FIRST_CALL_MODULES = ("openai.resources", "litellm.integrations.otel.logger", "litellm.proxy._types")
+
+
+def _first_call_modules() -> Any:
+    import importlib
+
+    return [importlib.import_module(name) for name in FIRST_CALL_MODULES]
+
+
 _TARGETS = {"pending_cache_writes": _pending_cache_writes, "logging_worker": _logging_worker,
             "internal_call_flag": _internal_call_flag, "callback_manager": _callback_manager,
-            "custom_llm_setup": _custom_llm_setup, "developer_role": _openai_chat_config}
+            "custom_llm_setup": _custom_llm_setup, "developer_role": _openai_chat_config,
+            "first_call_modules": _first_call_modules}
 
 
 def probe() -> dict[str, bool]:
@@ -81,6 +93,15 @@ def drop_legacy_cache_callbacks() -> None:
     for callbacks in (litellm.input_callback, litellm.success_callback, litellm._async_success_callback):
         while "cache" in callbacks:
             callbacks.remove("cache")
+
+
+def import_first_call_modules() -> None:
+    """Import now what litellm and the OpenAI SDK import on the first request, so that cost is start-up,
+    not a stall of the event loop while the first calls wait (it inflated the model phase by ~0.45 s)."""
+    try:
+        _first_call_modules()
+    except ImportError:  # another layout: the first request imports what it needs, as it would anyway
+        log.debug("could not import the first call's modules", exc_info=True)
 
 
 def keep_developer_role() -> None:

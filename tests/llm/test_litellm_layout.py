@@ -15,7 +15,45 @@ def test_every_private_target_is_found() -> None:
     assert not missing, (f"litellm {version} moved {missing}: revisit cupid_exp/llm/_litellm.py "
                          "(the workaround for each is documented there)")
     assert set(found) == {"pending_cache_writes", "logging_worker", "internal_call_flag", "callback_manager",
-                          "custom_llm_setup", "developer_role"}
+                          "custom_llm_setup", "developer_role", "first_call_modules"}
+
+
+def test_the_first_call_imports_almost_nothing_once_the_clients_are_built(tmp_path) -> None:
+    """Building the clients imports what litellm and the OpenAI SDK would import on the first request (~580
+    modules, ~0.45 s), so that it is start-up cost and not a stall of the model phase. In a fresh process."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from helpers.cli_runner import cli_env
+    from helpers.cupid_data import stub_overrides
+    from helpers.stub_llm_server import StubServer
+
+    from cupid_exp.data.loading import SAMPLE_FULL_PATH
+
+    with StubServer() as stub:
+        overrides = [*stub_overrides(stub.url), f"paths.output_root={tmp_path}", "tracking=none", "data=local",
+                     f"data.path={SAMPLE_FULL_PATH}", "data.limit=1", "runtime.progress=false",
+                     f"runtime.cache_dir={tmp_path / 'cache'}"]
+        script = textwrap.dedent(f"""
+            import sys
+            from hydra import compose, initialize_config_dir
+            from cupid_exp.config import register_configs
+            from cupid_exp.job import execute, plan
+            from cupid_exp.resources import conf_dir
+            register_configs()
+            with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+                cfg = compose("config", overrides={overrides!r})
+            job = plan(cfg, __import__("pathlib").Path({str(tmp_path / "job")!r}))
+            before = set(sys.modules)
+            assert len(execute(job).results) == 1
+            print("NEW", len(set(sys.modules) - before))
+        """)
+        proc = subprocess.run([sys.executable, "-c", script], env=cli_env(), capture_output=True, text=True,
+                              timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    new = int(proc.stdout.split("NEW")[-1])
+    assert new < 60, f"the first calls imported {new} modules"
 
 
 def test_the_legacy_cache_callback_is_dropped() -> None:

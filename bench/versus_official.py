@@ -89,16 +89,30 @@ class TreeMemory:
         return self.peak_kb
 
 
-def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> dict[str, Any]:
-    """Run ``cmd``; wall time, CPU seconds, the largest process's peak RSS and the tree's summed peak."""
+class Hung(RuntimeError):
+    """A run that went past its time limit (it was killed)."""
+
+
+def timed(cmd: list[str], cwd: Path, env: dict[str, str], limit_s: float | None = None) -> dict[str, Any]:
+    """Run ``cmd``; wall time, CPU seconds, the largest process's peak RSS and the tree's summed peak.
+    Past ``limit_s`` the process group is killed and ``Hung`` raised."""
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    killer = threading.Timer(limit_s, lambda: os.killpg(proc.pid, 9)) if limit_s else None
+    if killer is not None:
+        killer.start()
     tree = TreeMemory(proc.pid)
     out_chunks: list[str] = []
     reader = threading.Thread(target=lambda: out_chunks.append(proc.stdout.read()), daemon=True)
     reader.start()
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
+    if killer is not None:
+        killer.cancel()
+        if limit_s and wall >= limit_s:
+            tree.stop()
+            raise Hung(f"{cmd[:4]} killed after {wall:.0f} s")
     proc.returncode = os.waitstatus_to_exitcode(status)
     reader.join()
     output = "".join(out_chunks)
@@ -126,7 +140,7 @@ def run_official(args: argparse.Namespace, stub: Stub, data_dir: Path, work: Pat
     before = stub.stats()["total_completed"]
     res = timed([args.official_python, "-m", "evaluation.run", "--results_dir", str(results), "--model", OFFICIAL_MODELS[0],
                  "--data_dir", str(data_dir), "--n_workers", str(args.concurrency), "--task", "inference",
-                 "--log_file", str(work / "official.log")], cwd=args.official, env=env)
+                 "--log_file", str(work / "official.log")], cwd=args.official, env=env, limit_s=args.official_limit)
     res["requests"] = stub.stats()["total_completed"] - before
     summary = json.loads((results / OFFICIAL_MODELS[0] / "results.json").read_text())["inference"]
     res["micro_f1"] = 100 * summary["f1"]
@@ -186,6 +200,8 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.2, help="seconds per request at the stub")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--official-limit", type=float, default=60.0,
+                        help="seconds after which an official run counts as hung: killed, left out, and counted")
     parser.add_argument("--out", type=Path, default=BENCH / "versus_official.md")
     parser.add_argument("--tracking-costs", action="store_true",
                         help="also run cupid-exp with tracking.traces=false and with tracking=none: what tracing and "
@@ -202,12 +218,18 @@ def main() -> None:
         store = migrated_store(work)
         official: list[dict[str, Any]] = []
         ours: list[dict[str, Any]] = []
+        hung: list[str] = []
         variants: dict[str, list[dict[str, Any]]] = {"tracking.traces=false": [], "tracking=none": []}
         with Stub(latency_ms=int(args.latency * 1000), model_ids=",".join(OFFICIAL_MODELS)) as stub:
             fresh = run_ours(args, stub, data, work, store=None)  # first run on this machine: store created
             for i in range(args.repeats):
                 if has_official:
-                    official.append(run_official(args, stub, data_dir, work))
+                    try:
+                        official.append(run_official(args, stub, data_dir, work))
+                    except Hung as exc:
+                        hung.append(str(exc))
+                        print(f"official  #{i + 1}: hung ({exc})")
+                        continue
                     print(f"official  #{i + 1}: {official[-1]['wall']:.1f} s, {official[-1]['requests']} requests, "
                           f"{official[-1]['rss_max_mb']:.0f} MB (tree {official[-1]['rss_tree_mb']:.0f} MB)")
                 ours.append(run_ours(args, stub, data, work, store))
@@ -219,6 +241,9 @@ def main() -> None:
                         runs.append(run_ours(args, stub, data, work, store, override))
                         print(f"cupid-exp {override} #{i + 1}: {runs[-1]['wall']:.1f} s, {runs[-1]['cpu']:.1f} CPU s")
         report = render(args, has_official, official, ours, fresh, variants if args.tracking_costs else {})
+        if hung:
+            report += (f"\n{len(hung)} official run(s) hung past {args.official_limit:.0f} s and were killed and left "
+                       "out (that repeat's cupid-exp runs too): " + "; ".join(hung) + "\n")
         args.out.write_text(report)
         print(report)
     finally:

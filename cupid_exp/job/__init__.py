@@ -52,7 +52,7 @@ def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = 
         live = start_tracking(job)
         with ends_on_error(live):
             connect(job)  # importing litellm while the MLflow worker opens the run
-            if live is not None:
+            if live is not None and job.todo:  # before the first call; a complete resume waits at publish
                 live.wait_opened()
             execution = execute(job, live)
             if live is not None:

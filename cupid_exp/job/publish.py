@@ -125,6 +125,7 @@ def publish(plan: JobPlan, summary: JobSummary, tracker: Any) -> None:
         return
     where = str(plan.output_dir)
     if live is not None:
+        live.wait_opened()
         where += f" | MLflow run {live.run_id} at {plan.cfg.tracking.uri}"
     print(console.job_report(title(plan), summary.nested, summary.errors, summary.metrics, len(plan.data.errors),
                              where, summary.status_line()), flush=True)

@@ -64,5 +64,5 @@ def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = 
     return Outcome("ok", "", headline(summary))
 
 
-__all__ = ["Execution", "InstanceResult", "JobPlan", "JobSummary", "build_context", "connect", "execute", "plan", "publish",
-           "run_instance", "run_job", "start_tracking", "summarize", "summarize_job", "typed_config"]
+__all__ = ["Execution", "InstanceResult", "JobPlan", "JobSummary", "build_context", "connect", "execute", "plan",
+           "publish", "run_instance", "run_job", "start_tracking", "summarize", "summarize_job", "typed_config"]

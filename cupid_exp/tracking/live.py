@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from cupid_exp.config import TrackingConfig
 from cupid_exp.llm.calls import CallLog
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.results import InstanceResult
 from cupid_exp.scoring.statistics import TASK_METRICS, point_value, task_frame
-from cupid_exp.config import TrackingConfig
 from cupid_exp.tracking.attempts import Claim
 from cupid_exp.tracking.dataset import DatasetInput
 from cupid_exp.tracking.mlflow import RunTracker
@@ -232,9 +232,9 @@ class FinalLog:
     totals: dict[str, float] = field(default_factory=dict)  #: the meter's last totals (a worker's final point)
 
 
-def open_run(request: RunRequest, claim: Claim, meter: Any, traces: Any = None) -> LiveRun:
+def open_run(request: RunRequest, claim: Claim, meter: Any) -> LiveRun:
     """Open the run (a resumed job's earlier run when ``request.exclusive``), with its params, tags, config and
-    dataset input, and start its progress thread. ``traces``: the tracer, or None to trace here (or not at all)."""
+    dataset input, and start its progress thread; the traces (``request.traces``) are written in this process."""
     from cupid_exp.tracking import attempts
     from cupid_exp.tracking import traces as tracing
 
@@ -246,7 +246,8 @@ def open_run(request: RunRequest, claim: Claim, meter: Any, traces: Any = None) 
         tracker.start(run_name=request.run_name, params=request.params, parent=request.parent,
                       config=request.config, tags=tags, resume=previous.info.run_id if previous is not None else None)
         tracker.log_input(request.dataset.entity())
-        if traces is None and request.traces:
+        traces = None
+        if request.traces:
             tracing.setup(request.tracking.uri)
             traces = tracing.InProcessTraces(tracing.TraceWriter(
                 tracker.experiment_id, tracker.run_id, request.trace_tags, request.judges, request.secrets))

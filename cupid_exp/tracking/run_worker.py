@@ -37,8 +37,8 @@ log = logging.getLogger(__name__)
 STALL_S = 60.0  #: the job gives up on a worker that handled nothing for this long while it waits
 OPEN_S = 120.0  #: how long the job waits for its run to open (the store answered the checks already)
 ORPHAN_FLUSH_S = 30.0  #: a worker whose job process died exports what it built for at most this long
-INTERRUPTED_WAIT_S = 30.0
-BATCHED_FROM = 100  #: instances to run from which traces are exported in batches (see ``_serve``)  #: how long a failed or interrupted job waits for its run to end
+INTERRUPTED_WAIT_S = 30.0  #: how long a failed or interrupted job waits for its run to end
+BATCHED_FROM = 100  #: instances to run from which traces are exported in batches (see ``_serve``)
 
 
 class TrackingError(RuntimeError):
@@ -105,12 +105,13 @@ class RunWorker:
         return bool(self.request is not None and self.request.traces)
 
     def instance_finished(self, instance: Any, result: InstanceResult, record: Any, calls: CallLog | None) -> None:
-        """On the event loop: a health check, one pickle and a queue put; never waits on the worker."""
+        """On the event loop: a health check, one pickle and a queue put; never waits on the worker. The record
+        is not sent: it is ``result.to_record()``, which the worker makes again."""
         if not self._healthy():
             return
         shown = SimpleNamespace(current_request=instance.current_request,
                                 current_context_factor=instance.current_context_factor)
-        self.inbox.put(("instance", pickle.dumps((shown, result, record, calls, self.meter.totals()),
+        self.inbox.put(("instance", pickle.dumps((shown, result, calls, self.meter.totals()),
                                                  protocol=pickle.HIGHEST_PROTOCOL)))
 
     def executed(self) -> None:
@@ -163,6 +164,7 @@ class RunWorker:
     def abandon(self) -> None:
         """Stop the worker now (the run could not be requested)."""
         self.ended = self.stopped = True
+        self.process.kill()
         self._release()
 
     # -- internals ---------------------------------------------------------------------------------------------
@@ -299,8 +301,8 @@ def _serve(inbox: Any, outbox: Any, progress: Any) -> None:
                 outbox.send(("opened", live.run_id, live.attempt))
                 import pandas  # noqa: F401  # what the end will need (the table), while the job calls models
             elif kind == "instance" and live is not None:
-                shown, result, record, calls, meter.latest = pickle.loads(message[1])
-                live.instance_finished(shown, result, record, calls)
+                shown, result, calls, meter.latest = pickle.loads(message[1])
+                live.instance_finished(shown, result, result.to_record(), calls)
                 error = getattr(live.traces, "error", None)
                 if error and not reported:
                     reported = True

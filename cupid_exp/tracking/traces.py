@@ -2,9 +2,10 @@
 
 The spans are built after the instance finishes, from the calls ``ask`` logged for it
 (``cupid_exp.llm.calls``), with the times the calls really had; nothing touches MLflow while a
-call is in flight. MLflow exports traces from its own background threads; we switch on its
-batch span processor (one store write per batch of spans rather than per span) and, for a SQLite
-store, a single export worker (several would only queue on the database lock). Those are defaults:
+call is in flight. MLflow exports traces span by span as they end (one store write each) unless its
+async export queue is on; with the queue we switch on its batch span processor (one store write per
+batch of spans) and, for a SQLite store, a single export worker (several would only queue on the
+database lock). The run worker decides which (``run_worker.BATCHED_FROM``). Those are defaults:
 ``MLFLOW_*`` variables set by the user win. ``flush`` waits for the export at the end of a job. All this
 normally runs in the worker process that keeps the job's run (``cupid_exp.tracking.run_worker``).
 

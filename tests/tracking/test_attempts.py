@@ -11,7 +11,7 @@ from helpers.cli_runner import job_dirs, metrics_of, read_jsonl, run_cli
 from helpers.cupid_data import write_dataset
 from helpers.stub_llm_server import StubServer
 from mlflow.tracking import MlflowClient
-from tracking_runs import history, job_command, job_runs, only_run, start, store_uri, traces_of, wait_for
+from tracking_runs import held_job, history, job_command, job_runs, only_run, start, store_uri, traces_of, wait_for
 
 from cupid_exp.tracking.attempts import earlier_attempt_metrics, earlier_usage, run_key, whole_job_metrics
 
@@ -42,17 +42,11 @@ def test_killed_attempts_resume_one_run_that_reports_the_whole_job(tmp_path: Pat
         uri = store_uri(root)
         cmd = job_command(stub.url, root, data, "runtime.num_retries=0")
         # attempt 1: SIGKILL mid-job, some instances journalled
-        stub.hold_after(CALLS - 6)  # instances progress side by side: most finish in the last quarter of the calls
         log1 = tmp_path / "attempt1.log"
-        proc = start(cmd, log1)
-        try:
-            assert stub.wait_held(timeout=120), log1.read_text()[-3000:]
+        # instances progress side by side: most finish in the last quarter of the calls
+        with held_job(stub, cmd, log1, after=CALLS - 6) as proc:
             wait_for(lambda: _journalled(root) and only_run(uri), 30, "a journalled instance and the run")
             _sigkill(proc, log1)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            stub.release()
         first = only_run(uri)
         assert first.info.status == "RUNNING" and 0 < _journalled(root) < N  # nothing can end a run on SIGKILL...
         # attempt 2: SIGKILL while it logs its results (every instance done)

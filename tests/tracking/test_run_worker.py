@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 from helpers.cli_runner import job_dirs, read_jsonl
 from helpers.cupid_data import stub_overrides, write_dataset
 from helpers.stub_llm_server import StubServer
-from tracking_runs import job_command, only_run, start, store_uri, traces_of, wait_for
+from tracking_runs import held_job, job_command, only_run, store_uri, traces_of, wait_for
 
 from cupid_exp.data.loading import SAMPLE_FULL_PATH
 from cupid_exp.job import connect, execute, plan, publish, start_tracking, summarize_job
@@ -108,19 +108,12 @@ def test_a_worker_killed_mid_job_costs_the_traces_only(tmp_path: Path) -> None:
     """The job finishes its run itself: results, metrics, artifacts and status; no more traces or progress."""
     data = write_dataset(tmp_path / "data.jsonl", N)
     root, log = tmp_path / "out", tmp_path / "job.log"
-    with StubServer() as stub:
-        stub.hold_after(3 * N + 2)  # some instances finished, not all
-        proc = start(job_command(stub.url, root, data, "model.max_concurrency=2"), log)
-        try:
-            assert stub.wait_held(timeout=120), log.read_text()[-3000:]
-            worker = wait_for(lambda: _worker_of(proc.pid), 30, "the MLflow worker")
-            os.kill(worker, signal.SIGKILL)
-            stub.release()
-            returncode = proc.wait(timeout=120)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            stub.release()
+    with StubServer() as stub, held_job(stub, job_command(stub.url, root, data, "model.max_concurrency=2"), log,
+                                        after=3 * N + 2) as proc:  # some instances finished, not all
+        worker = wait_for(lambda: _worker_of(proc.pid), 30, "the MLflow worker")
+        os.kill(worker, signal.SIGKILL)
+        stub.release()
+        returncode = proc.wait(timeout=120)
     text = log.read_text()
     assert returncode == 0, text[-3000:]
     assert text.count("the MLflow worker stopped (the MLflow worker exited (code -9))") == 1, text[-3000:]

@@ -9,7 +9,7 @@ import pytest
 from helpers.cupid_data import write_dataset
 from helpers.stub_llm_server import StubServer
 from mlflow.tracking import MlflowClient
-from tracking_runs import history, job_command, only_run, start, store_uri, traces_of, wait_for
+from tracking_runs import held_job, history, job_command, only_run, start, store_uri, traces_of, wait_for
 
 N = 8
 
@@ -19,21 +19,15 @@ def test_an_interrupt_mid_job_ends_the_run_killed(tmp_path: Path, sig: int, code
     data = write_dataset(tmp_path / "data.jsonl", N)
     root, log = tmp_path / "out", tmp_path / "job.log"
     uri = store_uri(root)
-    with StubServer() as stub:
-        stub.hold_after(3 * N + 2)  # more than 3 of 4 calls per instance done: some instances finished, not all
-        proc = start(job_command(stub.url, root, data, "model.max_concurrency=2"), log)
-        try:
-            assert stub.wait_held(timeout=120), log.read_text()[-3000:]
-            client = MlflowClient(uri)
-            run = wait_for(lambda: history(client, only_run(uri).info.run_id, "progress/instances_done")[-1][0] > 0
-                           and only_run(uri), 30, "a progress point")
-            assert run.info.status == "RUNNING"
-            proc.send_signal(sig)
-            returncode = proc.wait(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            stub.release()
+    # more than 3 of 4 calls per instance done: some instances finished, not all
+    with StubServer() as stub, held_job(stub, job_command(stub.url, root, data, "model.max_concurrency=2"), log,
+                                        after=3 * N + 2) as proc:
+        client = MlflowClient(uri)
+        run = wait_for(lambda: history(client, only_run(uri).info.run_id, "progress/instances_done")[-1][0] > 0
+                       and only_run(uri), 30, "a progress point")
+        assert run.info.status == "RUNNING"
+        proc.send_signal(sig)
+        returncode = proc.wait(timeout=60)
     text = log.read_text()
     assert returncode != 0, text[-3000:]
     if code is not None:
@@ -82,17 +76,11 @@ def test_sigterm_to_a_sweep_ends_its_running_job_and_its_parent_killed(tmp_path:
         cmd = [sys.executable, "-m", "cupid_exp", "-m", *stub_overrides(stub.url), *PRICES,
                f"paths.output_root={root}", "runtime.progress=false", "data=local", f"data.path={data}",
                "model.name=stub_a,stub_b", "runtime.cache=false"]  # (the cache would answer the second job)
-        stub.hold_after(N * 4 + N)  # the first job finishes; the second is stuck
-        proc = start(cmd, log)
-        try:
-            assert stub.wait_held(timeout=180), log.read_text()[-3000:]
+        # the first job finishes; the second is stuck
+        with held_job(stub, cmd, log, after=N * 4 + N, timeout=180) as proc:
             wait_for(lambda: len(_runs(uri, "job")) == 2, 30, "the second job's run")
             proc.send_signal(signal.SIGTERM)
             returncode = proc.wait(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            stub.release()
     assert returncode == 143, log.read_text()[-3000:]
     jobs = {r.data.params["model.name"]: r.info.status for r in _runs(uri, "job")}
     assert jobs == {"stub_a": "FINISHED", "stub_b": "KILLED"}

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env
 from mlflow.tracking import MlflowClient
@@ -53,6 +54,22 @@ def traces_of(uri: str, run: Any) -> list[Any]:
 def start(cmd: list[str], log: Path, **env: str) -> subprocess.Popen:
     out = log.open("w")
     return subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=cli_env(**env), stdout=out, stderr=subprocess.STDOUT)
+
+
+@contextmanager
+def held_job(stub: Any, cmd: list[str], log: Path, after: int, timeout: float = 120) -> Iterator[subprocess.Popen]:
+    """The CLI job ``cmd`` started with the stub holding every response after ``after`` completed ones; yields
+    the process once a request is held. On the way out the process is killed if still running, and the stub
+    released."""
+    stub.hold_after(after)
+    proc = start(cmd, log)
+    try:
+        assert stub.wait_held(timeout=timeout), log.read_text()[-3000:]
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        stub.release()
 
 
 def wait_for(what: Callable[[], Any], timeout: float, message: str = "") -> Any:

@@ -155,3 +155,27 @@ def test_a_store_that_refuses_the_run_stops_the_job_before_any_call(tmp_path: Pa
         live.wait_opened()
     live.end("FAILED")
     assert live.process.exitcode is not None and live.claim.lock is None
+
+
+def test_a_store_that_refuses_the_results_fails_the_run_and_keeps_the_files(tmp_path: Path) -> None:
+    """The worker cannot log the results (here: the artifact folder turned into a file after the run opened):
+    the job hears the store's error, the run ends FAILED (never RUNNING), the job's own files are written."""
+    import shutil
+
+    import pytest
+
+    with StubServer() as stub:
+        cfg = compose_config([*stub_overrides(stub.url), f"paths.output_root={tmp_path}", "runtime.progress=false",
+                              f"tracking.uri={store_uri(tmp_path)}", "data=local", f"data.path={SAMPLE_FULL_PATH}",
+                              "data.limit=1", "tracking.traces=false"])
+        job = plan(cfg, tmp_path / "job", clients=False)
+        live = start_tracking(job)
+        connect(job)
+        live.wait_opened()
+        execution = execute(job, live)
+        shutil.rmtree(tmp_path / "mlartifacts")
+        (tmp_path / "mlartifacts").write_text("not a folder")
+        with pytest.raises(run_worker.TrackingError, match="MLflow logging failed"):
+            publish(job, summarize_job(job, execution, 0.0), live)
+    assert only_run(store_uri(tmp_path)).info.status == "FAILED"
+    assert (tmp_path / "job" / "instances.jsonl").exists() and live.claim.lock is None

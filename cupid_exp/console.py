@@ -3,11 +3,12 @@ last line that says whether the run is complete (scripts read it). Dry runs prin
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Mapping
 
 from cupid_exp.llm.usage import UsageMeter, usage_line
+
+if TYPE_CHECKING:  # imported by the tables when they are drawn, after the job's calls
+    import pandas as pd
 
 PERCENT_COLUMNS = ("precision", "recall", "f1", "micro/precision", "micro/recall", "micro/f1")
 HEADERS = {"inference": "inference P/R/F1 in %: macro (paper: mean per-instance P and R, F1 = their harmonic "
@@ -26,6 +27,8 @@ def results_table(nested: Mapping[str, Any]) -> pd.DataFrame:
         if "score" in block:
             row["score (1-10)"] = round(block["score"], 2)
         rows.append(row)
+    import pandas as pd
+
     return pd.DataFrame(rows).set_index("instances").fillna("-")
 
 
@@ -59,6 +62,8 @@ def dry_run_report(title: str, meter: UsageMeter) -> str:
              "cost USD (est.)": round(c.get("cost_usd", 0.0), 4), "unpriced calls": int(c.get("unpriced_calls", 0))}
             for step, c in meter.as_dict().items()]
     totals = meter.totals()
+    import pandas as pd
+
     table = pd.DataFrame(rows).set_index("step").to_string() if rows else "(no calls)"
     unpriced = int(totals.get("unpriced_calls", 0))
     return "\n".join([

@@ -17,7 +17,7 @@ from cupid_exp.outputs import write_json, write_jsonl
 from cupid_exp.scoring.summary import JobSummary
 from cupid_exp.secrets import scrub_obj
 from cupid_exp.tracking.attempts import whole_job_metrics
-from cupid_exp.tracking.live import FinalLog
+from cupid_exp.tracking.live import FinalLog, PlotRequest
 from cupid_exp.tracking.mlflow import flatten
 from cupid_exp.tracking.provenance import git_state
 from cupid_exp.tracking.signals import shielded
@@ -106,14 +106,12 @@ def write_outputs(plan: JobPlan, summary: JobSummary) -> None:
         "prompts_digest": plan.prompts_digest})
 
 
-def _plots(plan: JobPlan, summary: JobSummary) -> list[Path]:
+def _plots(plan: JobPlan) -> PlotRequest:
     """Score by type, score vs relevant-session position (paper Fig. 3), vs history length (Fig. 9)."""
-    from cupid_exp.reporting.plots import save_run_plots
-
     cfg = plan.cfg
-    return save_run_plots(summary.records, plan.parts, plan.output_dir / "plots", seed=cfg.seed,
-                          failure_policy=cfg.runtime.failure_policy,
-                          title_prefix=f"{cfg.model.name} {plan.setting.label()}")
+    return PlotRequest(parts=tuple(plan.parts), folder=str(plan.output_dir / "plots"), seed=cfg.seed,
+                       failure_policy=cfg.runtime.failure_policy,
+                       title_prefix=f"{cfg.model.name} {plan.setting.label()}")
 
 
 def publish(plan: JobPlan, summary: JobSummary, tracker: Any) -> None:
@@ -136,16 +134,13 @@ def publish(plan: JobPlan, summary: JobSummary, tracker: Any) -> None:
     # writes, it could leave a SQLite transaction or a lock behind and the run RUNNING.
     with shielded():
         m = summary.metrics
-        # drawn here while the MLflow worker catches up with the last traces, then logged by it
-        plots = _plots(plan, summary)
         # the run spans every attempt: usage for the whole job (the folder's metrics.json: this attempt's)
         live.finish(FinalLog(
             metrics={**m, **whole_job_metrics(m)}, step=summary.n_instances,
             tags={"cupid.complete": str(summary.complete).lower(), "cupid.failed_instances": summary.failed_instances},
             artifacts=[([str(plan.output_dir / "instances.jsonl"), str(plan.output_dir / "metrics.json")], None),
-                       ([str(p) for p in sorted((plan.output_dir / ".hydra").glob("*.yaml"))], ".hydra"),
-                       ([str(p) for p in plots], "plots")],
-            table=scrub_obj(summary.records, plan.secrets),
+                       ([str(p) for p in sorted((plan.output_dir / ".hydra").glob("*.yaml"))], ".hydra")],
+            table=scrub_obj(summary.records, plan.secrets), plots=_plots(plan),
             summary={"calls": int(m.get("calls/total", 0)), "cost_usd": round(m.get("cost/usd", 0.0), 6)}))
 
 

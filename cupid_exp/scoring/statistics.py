@@ -30,9 +30,10 @@ Failure policy (``runtime.failure_policy``): how an instance whose task failed e
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas comes in when a job is summarised, not with a task's per-instance scoring
+    import pandas as pd
 
 FAILURE_POLICIES = ("exclude", "zero", "upstream")
 TASK_METRICS = {"inference": ("precision", "recall", "f1"), "generation": ("score",)}
@@ -115,6 +116,8 @@ def task_frame(records: Iterable[Mapping[str, Any]], task: str, policy: str = "e
         how = treatment(record, task, policy)
         if how != EXCLUDED:
             rows.append({**(record if how == SCORED else _zeroed(record, task)), "treatment": how})
+    import pandas as pd
+
     return pd.DataFrame(rows)
 
 
@@ -133,6 +136,8 @@ def point_value(frame: pd.DataFrame, metric: str) -> float:
     if metric == "f1":
         return harmonic_mean(float(frame["precision"].mean()), float(frame["recall"].mean()))
     field = fields_of(metric)[0]
+    import pandas as pd
+
     values = pd.to_numeric(frame[field], errors="coerce").dropna() if field in frame else pd.Series(dtype=float)
     return float(values.mean()) if len(values) else math.nan
 

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from cupid_exp.llm.usage import UsageMeter, usage_metrics
-from cupid_exp.scoring.bootstrap import ci_metrics
 from cupid_exp.scoring.metrics import error_counts, flat_metrics, task_metrics
 
 
@@ -79,6 +78,8 @@ def summarize(records: Sequence[Mapping[str, Any]], parts: Sequence[str], *, fai
     metrics.update({f"errors/{k}": float(v) for k, v in summary.errors.items()})
     metrics.update(summary.completeness_metrics())
     if with_intervals and records:
+        from cupid_exp.scoring.bootstrap import ci_metrics  # numpy and pandas: loaded once the calls are done
+
         metrics.update(ci_metrics(records, parts, seed=seed, failure_policy=failure_policy))
     summary.metrics = metrics
     return summary

@@ -179,7 +179,10 @@ class LiveRun:
         run = self.tracker
         run.log_metrics(final.metrics, step=final.step)
         run.set_tags(final.tags)
-        for files, folder in final.artifacts:
+        artifacts = list(final.artifacts)
+        if final.plots is not None:
+            artifacts.append((final.plots.draw(final.table or []), "plots"))
+        for files, folder in artifacts:
             run.log_artifacts([Path(f) for f in files], folder)
         if final.table is not None:
             from cupid_exp.tracking.mlflow import records_table
@@ -230,6 +233,25 @@ class FinalLog:
     table: list[dict[str, Any]] | None  #: the per-instance records (scrubbed), as the run's table
     summary: dict[str, Any]  #: the attempt's one-line note
     totals: dict[str, float] = field(default_factory=dict)  #: the meter's last totals (a worker's final point)
+    plots: PlotRequest | None = None  #: drawn where the run is kept, then logged under plots/
+
+
+@dataclass
+class PlotRequest:
+    """The run's plots (``cupid_exp.reporting.plots.save_run_plots``), drawn from ``FinalLog.table`` where the
+    run is kept: the run worker imported matplotlib while the job called models; the job never imports it."""
+
+    parts: tuple[str, ...]
+    folder: str
+    seed: int
+    failure_policy: str
+    title_prefix: str
+
+    def draw(self, records: Sequence[Mapping[str, Any]]) -> list[str]:
+        from cupid_exp.reporting.plots import save_run_plots
+
+        return [str(p) for p in save_run_plots(records, self.parts, self.folder, seed=self.seed,
+                                               failure_policy=self.failure_policy, title_prefix=self.title_prefix)]
 
 
 def open_run(request: RunRequest, claim: Claim, meter: Any) -> LiveRun:

@@ -38,7 +38,6 @@ STALL_S = 60.0  #: the job gives up on a worker that handled nothing for this lo
 OPEN_S = 120.0  #: how long the job waits for its run to open (the store answered the checks already)
 ORPHAN_FLUSH_S = 30.0  #: a worker whose job process died exports what it built for at most this long
 INTERRUPTED_WAIT_S = 30.0  #: how long a failed or interrupted job waits for its run to end
-BATCHED_FROM = 100  #: instances to run from which traces are exported in batches (see ``_serve``)
 
 
 class TrackingError(RuntimeError):
@@ -291,15 +290,10 @@ def _serve(inbox: Any, outbox: Any, progress: Any) -> None:
         try:
             if kind == "open":
                 request: RunRequest = message[1]
-                # A small job's traces are written span by span as they come (one SQL transaction each): the
-                # worker keeps up, and the end waits for nothing. A large job's fall behind that way (756
-                # instances: ~50 s after the last call), so they go through MLflow's async queue in batches,
-                # whose end costs up to a second of idle polling. MLFLOW_ENABLE_ASYNC_TRACE_LOGGING, if set, wins.
-                todo = request.total - len(request.done)
-                os.environ.setdefault("MLFLOW_ENABLE_ASYNC_TRACE_LOGGING", str(todo >= BATCHED_FROM).lower())
                 live = open_run(request, Claim(request.run_key), meter)  # the job holds the claim's lock
                 outbox.send(("opened", live.run_id, live.attempt))
-                import pandas  # noqa: F401  # what the end will need (the table), while the job calls models
+                # what the end will need (the table, the plots), imported while the job calls models
+                import cupid_exp.reporting.plots  # noqa: F401
             elif kind == "instance" and live is not None:
                 shown, result, calls, meter.latest = pickle.loads(message[1])
                 live.instance_finished(shown, result, result.to_record(), calls)

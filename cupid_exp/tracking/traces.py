@@ -2,12 +2,15 @@
 
 The spans are built after the instance finishes, from the calls ``ask`` logged for it
 (``cupid_exp.llm.calls``), with the times the calls really had; nothing touches MLflow while a
-call is in flight. MLflow exports traces span by span as they end (one store write each) unless its
-async export queue is on; with the queue we switch on its batch span processor (one store write per
-batch of spans) and, for a SQLite store, a single export worker (several would only queue on the
-database lock). The run worker decides which (``run_worker.BATCHED_FROM``). Those are defaults:
-``MLFLOW_*`` variables set by the user win. ``flush`` waits for the export at the end of a job. All this
-normally runs in the worker process that keeps the job's run (``cupid_exp.tracking.run_worker``).
+call is in flight. MLflow's synchronous export writes span by span as they end, one store transaction
+each (~55 ms of CPU per instance on SQLite: the worker fell a second behind a 30-instance job, and
+~50 s behind 756 instances); we switch on its async export queue and batch span processor instead
+(one store write per batch of spans, in a thread) and, for a SQLite store, a single export worker
+(several would only queue on the database lock). Those are defaults: ``MLFLOW_*`` variables set by the
+user win. When the model phase ends, every span has ended: the final export starts then (``executed``)
+and the run's end waits for it (``close``), so MLflow's idle wait for its queue (up to a second) passes
+while the job summarises. All this normally runs in the worker process that keeps the job's run
+(``cupid_exp.tracking.run_worker``).
 
 Why explicit spans rather than ``mlflow.litellm.autolog``: autolog makes one trace per call (not
 per instance), knows neither the step nor re-asks, and would put litellm's logging callbacks, which
@@ -28,13 +31,14 @@ from cupid_exp.secrets import scrub_obj
 log = logging.getLogger(__name__)
 
 # Batches of up to 256 spans, at least every 0.5 s: few store writes, and little lost if the process is SIGKILLed.
-_EXPORT_DEFAULTS = {"MLFLOW_USE_BATCH_SPAN_PROCESSOR": "true", "MLFLOW_ASYNC_TRACE_LOGGING_MAX_SPAN_BATCH_SIZE": "256",
-                    "MLFLOW_ASYNC_TRACE_LOGGING_MAX_INTERVAL_MILLIS": "500"}
+_EXPORT_DEFAULTS = {"MLFLOW_ENABLE_ASYNC_TRACE_LOGGING": "true", "MLFLOW_USE_BATCH_SPAN_PROCESSOR": "true",
+                    "MLFLOW_ASYNC_TRACE_LOGGING_MAX_SPAN_BATCH_SIZE": "256",
+                    "MLFLOW_ASYNC_TRACE_LOGGING_MAX_INTERVAL_MILLIS": "100"}
 
 
 def setup(uri: str) -> None:
     """A fresh trace exporter for this job, pointed at ``uri``, with the export defaults above (the previous
-    job of a sweep run in this process shut its own down: ``flush(terminate=True)``)."""
+    job of a sweep run in this process shut its own down: ``start_flush(terminate=True)``)."""
     import mlflow
 
     from cupid_exp.tracking.mlflow import env_uri_kept
@@ -48,10 +52,10 @@ def setup(uri: str) -> None:
     mlflow.tracing.reset()
 
 
-def flush(timeout: float | None = None, *, terminate: bool = False) -> bool:
-    """Wait until every finished trace is exported; False when ``timeout`` seconds were not enough
-    (``timeout=0``: start the export now and return at once). ``terminate`` also stops the export threads,
-    which MLflow would otherwise drain again at exit (a second wait of about a second)."""
+def start_flush(*, terminate: bool = False) -> threading.Event:
+    """Start exporting every finished trace, in a thread; the event is set when all are in the store.
+    ``terminate`` also stops the export threads, which MLflow would otherwise drain again at exit (a second
+    wait of about a second)."""
     import mlflow
 
     done = threading.Event()
@@ -63,7 +67,7 @@ def flush(timeout: float | None = None, *, terminate: bool = False) -> bool:
             done.set()
 
     threading.Thread(target=work, name="cupid-trace-flush", daemon=True).start()
-    return done.wait(timeout)
+    return done
 
 
 def _chat_reply(call: CallRecord) -> dict[str, Any]:
@@ -207,6 +211,7 @@ class InProcessTraces:
 
     def __init__(self, writer: TraceWriter):
         self.writer = writer
+        self._final: threading.Event | None = None  # the last export, once the model phase is over
 
     def write(self, instance: Any, result: InstanceResult, calls: Any) -> None:
         self.writer.write(instance, result, calls)
@@ -216,10 +221,13 @@ class InProcessTraces:
         return self.writer.error
 
     def executed(self) -> None:
-        flush(0)
+        """No more traces (the last instance's spans have ended): start the final export now."""
+        if self._final is None:
+            self._final = start_flush(terminate=True)
 
     def close(self, timeout: float | None = None) -> bool:
-        done = flush(timeout, terminate=True)
+        self.executed()
+        done = self._final.wait(timeout)
         if not done:
             log.warning("MLflow trace export gave up after %.0f s; traces of this attempt may be missing", timeout)
         return done

@@ -75,3 +75,32 @@ def test_another_failure_policy_replays_the_same_journal(tmp_path: Path) -> None
     assert 0 < e.failed_instances == z.failed_instances < 9
     assert z.metrics["inference/n"] == 9 and e.metrics["inference/n"] == 9 - e.failed_instances
     assert z.metrics["inference/precision"] < e.metrics["inference/precision"]
+
+
+def test_the_job_starts_without_pandas_numpy_or_matplotlib() -> None:
+    """Start-up pays for Hydra and the job's own modules only: pandas and numpy load while the first models
+    answer (``import_alongside``), matplotlib in the MLflow worker."""
+    import subprocess
+    import sys
+
+    script = ("import sys, cupid_exp.cli, cupid_exp.job, cupid_exp.scoring, cupid_exp.settings, cupid_exp.tasks\n"
+              "print([m for m in ('pandas', 'numpy', 'matplotlib', 'litellm', 'mlflow') if m in sys.modules])")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"
+
+
+def test_import_alongside_loads_its_modules_and_leaves_failures_to_the_caller(monkeypatch) -> None:
+    import sys
+    import threading
+
+    from cupid_exp.job import import_alongside
+
+    unhandled: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: unhandled.append(args.exc_value))
+    monkeypatch.delitem(sys.modules, "cupid_exp.reporting.tidy", raising=False)
+    thread = import_alongside(("cupid_exp.reporting.tidy", "cupid_exp.no_such_module"))
+    thread.join(60)
+    assert not thread.is_alive() and "cupid_exp.reporting.tidy" in sys.modules and unhandled == []
+    with pytest.raises(ModuleNotFoundError):  # where the module is used, the import raises as usual
+        __import__("cupid_exp.no_such_module")

@@ -3,7 +3,9 @@ attempt, which ends the same run FINISHED with the whole job's calls, tokens and
 
 from __future__ import annotations
 
+import os
 import signal
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -49,15 +51,24 @@ def test_killed_attempts_resume_one_run_that_reports_the_whole_job(tmp_path: Pat
             _sigkill(proc, log1)
         first = only_run(uri)
         assert first.info.status == "RUNNING" and 0 < _journalled(root) < N  # nothing can end a run on SIGKILL...
-        # attempt 2: SIGKILL while it logs its results (every instance done)
+        # attempt 2: SIGKILL of the job and its MLflow worker (the process group, as a scheduler kills a job) while
+        # they log its results: the store is locked from its first model call (its run is open by then, and
+        # slower replies leave the time) until the table is printed (MLflow waits up to 20 s on a locked SQLite)
         log2 = tmp_path / "attempt2.log"
-        proc = start(cmd, log2)
+        stub.config.latency_ms, received = 300, stub.stats()["total_received"]
+        proc = start(cmd, log2, new_session=True)
+        lock = sqlite3.connect(root / "mlflow.db", timeout=60, isolation_level=None)
         try:
-            wait_for(lambda: "| MLflow run " in log2.read_text(), 180, "the printed table")
-            _sigkill(proc, log2)
+            wait_for(lambda: stub.stats()["total_received"] > received, 120, "attempt 2's first call")
+            lock.execute("BEGIN EXCLUSIVE")
+            wait_for(lambda: "| MLflow run " in log2.read_text(), 60, "the printed table")
+            os.killpg(proc.pid, signal.SIGKILL)
+            assert proc.wait(timeout=30) == -signal.SIGKILL, log2.read_text()[-2000:]
         finally:
+            lock.close()
             if proc.poll() is None:
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)
+            stub.config.latency_ms = 5
         assert only_run(uri).info.status == "RUNNING"
         # attempt 3: nothing left to call; it ends the run
         before = stub.stats()["total_received"]

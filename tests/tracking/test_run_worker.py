@@ -50,8 +50,9 @@ def test_the_run_is_kept_by_another_process(tmp_path: Path) -> None:
     assert run.data.metrics["inference/f1"] > 0 and run.data.tags["cupid.complete"] == "true"
 
 
-def test_the_job_process_never_imports_mlflow(tmp_path: Path) -> None:
-    """The job's own process: no `import mlflow` (1-2 s of its start-up), all of it in the worker."""
+def test_the_job_process_never_imports_mlflow_or_matplotlib(tmp_path: Path) -> None:
+    """The job's own process: no `import mlflow` (1-2 s of its start-up), all of it in the worker; nor matplotlib
+    (the worker draws the run's plots, into the job's folder and the run)."""
     import subprocess
     import sys
     import textwrap
@@ -64,15 +65,20 @@ def test_the_job_process_never_imports_mlflow(tmp_path: Path) -> None:
         script = textwrap.dedent(f"""
             import sys, atexit
             sys.argv = {["cupid_exp", *cmd[3:]]!r}
-            atexit.register(lambda: print("MLFLOW IMPORTED" if "mlflow" in sys.modules else "NO MLFLOW"))
+            atexit.register(lambda: print("IMPORTED:", [m for m in ("mlflow", "matplotlib") if m in sys.modules]))
             from cupid_exp.cli import main
             main()
         """)
         proc = subprocess.run([sys.executable, "-c", script], env=cli_env(), capture_output=True, text=True,
                               timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "NO MLFLOW" in proc.stdout, proc.stdout[-2000:]
-    assert only_run(store_uri(tmp_path / "out")).info.status == "FINISHED"
+    assert "IMPORTED: []" in proc.stdout, proc.stdout[-2000:]
+    run = only_run(store_uri(tmp_path / "out"))
+    assert run.info.status == "FINISHED"
+    drawn = sorted(p.name for p in (tmp_path / "out" / "runs").rglob("plots/*.png"))  # the job folder
+    assert drawn == ["inference_by_history_length.png", "inference_by_position.png", "inference_by_type.png"]
+    logged = MlflowClient(store_uri(tmp_path / "out")).list_artifacts(run.info.run_id, "plots")
+    assert sorted(Path(a.path).name for a in logged) == drawn
 
 
 def test_without_a_worker_the_job_keeps_its_run_itself(tmp_path: Path, monkeypatch, caplog) -> None:

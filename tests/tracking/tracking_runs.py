@@ -51,9 +51,11 @@ def traces_of(uri: str, run: Any) -> list[Any]:
     return list(client.search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id, max_results=500))
 
 
-def start(cmd: list[str], log: Path, **env: str) -> subprocess.Popen:
+def start(cmd: list[str], log: Path, *, new_session: bool = False, **env: str) -> subprocess.Popen:
+    """The CLI job, its output into ``log``; ``new_session``: in a process group of its own (``os.killpg``)."""
     out = log.open("w")
-    return subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=cli_env(**env), stdout=out, stderr=subprocess.STDOUT)
+    return subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=cli_env(**env), stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=new_session)
 
 
 @contextmanager

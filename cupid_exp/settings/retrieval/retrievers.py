@@ -10,11 +10,12 @@ import functools
 import importlib
 import re
 from pathlib import Path
-from typing import Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING, Sequence
 
 from cupid_exp.data.schema import Instance, PriorSession
+
+if TYPE_CHECKING:  # numpy is imported by the retrievers that run, not with the settings registry
+    import numpy as np
 
 RETRIEVERS = ("bm25", "embedding", "recency")
 _TOKEN = re.compile(r"\w+")
@@ -29,6 +30,7 @@ def _tokens(text: str) -> list[str]:
 
 
 def bm25_scores(query: str, docs: Sequence[str]) -> np.ndarray:
+    import numpy as np
     from rank_bm25 import BM25Okapi
 
     return np.asarray(BM25Okapi([_tokens(d) or ["<empty>"] for d in docs]).get_scores(_tokens(query)))
@@ -46,6 +48,8 @@ def _local_encoder(package: str):
 
 def embed(texts: Sequence[str], model: str, api_base: str | None = None) -> np.ndarray:
     """Unit-length embeddings. An API model's errors are litellm's (the caller counts them per instance)."""
+    import numpy as np
+
     if model.startswith("local:"):
         return np.asarray(_local_encoder(model.removeprefix("local:")).encode(list(texts), normalize_embeddings=True))
     import litellm
@@ -64,6 +68,8 @@ def embed(texts: Sequence[str], model: str, api_base: str | None = None) -> np.n
 def top_k(instance: Instance, retriever: str, k: int, embedding_model: str, api_base: str | None = None
           ) -> list[int]:
     """1-based positions of the top-k sessions, in their original order; ties go to the more recent one."""
+    import numpy as np
+
     docs = [session_text(s) for s in instance.prior_interactions]
     n = len(docs)
     if retriever == "recency":

@@ -8,11 +8,12 @@ carries its factor and preference, so a retriever's choice can be scored directl
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Mapping, Sequence
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from cupid_exp.data.schema import INSTANCE_TYPES, Instance, normalize_text
+
+if TYPE_CHECKING:  # pandas is imported when a job is summarised, not with the settings registry
+    import pandas as pd
 
 
 def stale_positions(instance: Instance) -> list[int]:
@@ -48,6 +49,8 @@ def retrieval_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     rows = [{"instance_type": r["instance_type"], **r["retrieval"]} for r in records if r.get("retrieval")]
     if not rows:
         return {}
+    import pandas as pd
+
     df = pd.DataFrame(rows)
     out: dict[str, float] = {}
 

@@ -39,7 +39,7 @@ def run(size: int, args: argparse.Namespace, stub: Stub, work: Path, store: Path
     cmd = [sys.executable, "-m", "cupid_exp", *stub_overrides(stub.url), *price_overrides(),
            f"task={args.task}", "data=local", f"data.path={data}", f"paths.output_root={root}",
            f"runtime.cache_dir={root / 'cache'}", "runtime.progress=false",
-           *[f"{r}.max_concurrency={args.concurrency}" for r in roles]]
+           *[f"{r}.max_concurrency={args.concurrency}" for r in roles], *args.overrides]
     before = stub.stats()["total_completed"]
     res = timed(cmd, cwd=ROOT, env=ENV)
     requests = stub.stats()["total_completed"] - before
@@ -48,6 +48,7 @@ def run(size: int, args: argparse.Namespace, stub: Stub, work: Path, store: Path
     (records,) = root.glob("runs/**/instances.jsonl")
     ideal = requests * args.latency / args.concurrency
     return {"size": size, "wall": res["wall"], "cpu": res["cpu"], "rss": res["rss_max_mb"], "requests": requests,
+            "rss_main": res["rss_main_mb"], "rss_worker": res["rss_child_mb"], "data_mb": data.stat().st_size / 2**20,
             "model_s": metrics["time/model_seconds"], "ideal": ideal, "records_mb": records.stat().st_size / 2**20}
 
 
@@ -58,6 +59,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--task", default="both")
     parser.add_argument("--out", type=Path, default=BENCH / "scale.md")
+    parser.add_argument("overrides", nargs="*", help="more cupid-exp overrides for every run (e.g. tracking=none)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="cupid-scale-"))
     try:
@@ -75,19 +77,24 @@ def main() -> None:
     lines = ["# cupid-exp at benchmark scale", "",
              f"`python bench/scale.py` on {time.strftime('%Y-%m-%d')}: task={args.task}, stub latency "
              f"{args.latency * 1000:.0f} ms, concurrency {args.concurrency} for every model, MLflow tracking (run, "
-             f"progress, traces) into SQLite. Machine: {m['nproc']} cores, {m['cpu']}, Python {m['python']}, litellm "
+             f"progress, traces) into SQLite{'; overrides: ' + ' '.join(args.overrides) if args.overrides else ''}. Machine: {m['nproc']} cores, {m['cpu']}, Python {m['python']}, litellm "
              f"{m['litellm']}, mlflow {m['mlflow']}; load average at the end {load[0]:.1f}.", "",
              "| instances | requests | wall, s | model phase, s | ideal, s | model phase / ideal | requests/s | "
-             "CPU ms per request | peak RSS, MB | records (instances.jsonl), MB |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "CPU ms per request | peak RSS, MB: largest process (job / MLflow worker) | data (JSONL), MB | "
+             "records (instances.jsonl), MB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['size']} | {r['requests']} | {r['wall']:.1f} | {r['model_s']:.1f} | {r['ideal']:.1f} | "
                      f"{r['model_s'] / r['ideal']:.2f} | {r['requests'] / r['model_s']:.0f} | "
-                     f"{1000 * r['cpu'] / r['requests']:.1f} | {r['rss']:.0f} | {r['records_mb']:.1f} |")
+                     f"{1000 * r['cpu'] / r['requests']:.1f} | {r['rss']:.0f} ({r['rss_main']:.0f} / "
+                     f"{r['rss_worker']:.0f}) | {r['data_mb']:.1f} | {r['records_mb']:.1f} |")
     if len(results) > 1:
         a, b = results[0], results[-1]
-        lines += ["", f"From {a['size']} to {b['size']} instances peak RSS grew by {b['rss'] - a['rss']:.0f} MB while "
-                      f"the records grew by {b['records_mb'] - a['records_mb']:.1f} MB on disk."]
+        lines += ["", f"From {a['size']} to {b['size']} instances the job's peak RSS grew by "
+                      f"{b['rss_main'] - a['rss_main']:.0f} MB and the MLflow worker's by "
+                      f"{b['rss_worker'] - a['rss_worker']:.0f} MB, while the data grew by "
+                      f"{b['data_mb'] - a['data_mb']:.1f} MB and the records by {b['records_mb'] - a['records_mb']:.1f} MB "
+                      "on disk."]
     report = "\n".join(lines) + "\n"
     args.out.write_text(report)
     print(report)

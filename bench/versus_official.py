@@ -50,10 +50,12 @@ OFFICIAL_MODELS = ("gpt-4.1-nano-2025-04-14", "gpt-4o-2024-11-20")
 
 
 class TreeMemory:
-    """Samples the summed RSS of a process and its descendants (from /proc) until stopped."""
+    """Samples the summed RSS of a process and its descendants (from /proc) until stopped; also each process's
+    own peak (``peak_by_pid``: the job's process is ``pid``)."""
 
     def __init__(self, pid: int, every_s: float = 0.02):
         self.pid, self.every_s, self.peak_kb = pid, every_s, 0
+        self.peak_by_pid: dict[int, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -75,6 +77,7 @@ class TreeMemory:
         while todo:
             pid = todo.pop()
             total += rss.get(pid, 0)
+            self.peak_by_pid[pid] = max(self.peak_by_pid.get(pid, 0), rss.get(pid, 0))
             todo += children.get(pid, [])
         return total
 
@@ -118,8 +121,11 @@ def timed(cmd: list[str], cwd: Path, env: dict[str, str], limit_s: float | None 
     output = "".join(out_chunks)
     if proc.returncode != 0:
         raise RuntimeError(f"{cmd[:4]} failed ({proc.returncode}):\n{output[-3000:]}")
+    tree_kb = tree.stop()
+    others = sorted((kb for pid, kb in tree.peak_by_pid.items() if pid != proc.pid), reverse=True)
     return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "rss_max_mb": usage.ru_maxrss / 1024,
-            "rss_tree_mb": tree.stop() / 1024, "output": output}
+            "rss_tree_mb": tree_kb / 1024, "rss_main_mb": tree.peak_by_pid.get(proc.pid, 0) / 1024,
+            "rss_child_mb": (others[0] if others else 0) / 1024, "output": output}
 
 
 def official_instances(rows: Path, folder: Path) -> Path:

@@ -273,6 +273,9 @@ def _serve(inbox: Any, outbox: Any, progress: Any) -> None:
 
     from cupid_exp.tracking.live import open_run
 
+    # The queue's writing end came along with it: closed here, so that a job killed half-way through sending a
+    # message leaves this end an EOF, not a read that waits for the rest forever (an orphan worker).
+    inbox._writer.close()
     parent = multiprocessing.parent_process()
     meter = SnapshotMeter()
     live: LiveRun | None = None
@@ -281,11 +284,11 @@ def _serve(inbox: Any, outbox: Any, progress: Any) -> None:
         try:
             message = inbox.get(timeout=1.0)
         except queue.Empty:
-            if parent is not None and not parent.is_alive():  # the job died: its run stays RUNNING, as a
-                if live is not None and live.traces is not None:  # SIGKILLed job's does (tracking.attempts)
-                    live.traces.close(ORPHAN_FLUSH_S)
-                os._exit(0)
+            if parent is not None and not parent.is_alive():
+                _orphaned(live)
             continue
+        except (EOFError, OSError):  # the job died (mid-message, or with its end closed)
+            _orphaned(live)
         kind = message[0]
         try:
             if kind == "open":
@@ -322,3 +325,11 @@ def _serve(inbox: Any, outbox: Any, progress: Any) -> None:
                 live.traces.close(ORPHAN_FLUSH_S)
             os._exit(1)
         progress.value += 1
+
+
+def _orphaned(live: LiveRun | None) -> None:
+    """The job died: export what was built (for a bounded time) and exit; its run stays RUNNING, as a SIGKILLed
+    job's does (``tracking.attempts``)."""
+    if live is not None and live.traces is not None:
+        live.traces.close(ORPHAN_FLUSH_S)
+    os._exit(0)

@@ -30,7 +30,8 @@ from cupid_exp.secrets import scrub_obj
 
 log = logging.getLogger(__name__)
 
-# Batches of up to 256 spans, at least every 0.5 s: few store writes, and little lost if the process is SIGKILLed.
+# Batches of up to 256 spans, at least every 0.1 s: few store writes, little left to export when the model phase
+# ends (the plots are drawn in the same process then), and little lost if the process is SIGKILLed.
 _EXPORT_DEFAULTS = {"MLFLOW_ENABLE_ASYNC_TRACE_LOGGING": "true", "MLFLOW_USE_BATCH_SPAN_PROCESSOR": "true",
                     "MLFLOW_ASYNC_TRACE_LOGGING_MAX_SPAN_BATCH_SIZE": "256",
                     "MLFLOW_ASYNC_TRACE_LOGGING_MAX_INTERVAL_MILLIS": "100"}

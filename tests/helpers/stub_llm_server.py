@@ -460,8 +460,13 @@ class StubServer:
 
             def do_GET(self) -> None:  # noqa: N802
                 if self.path.rstrip("/") in ("/v1/models", "/models"):
+                    # and the connection closed: a client that lists models and then forks workers (the official
+                    # runner does) would leave one keep-alive socket shared by all of them, and the responses
+                    # read by the wrong process (requests that hang until the client's 600 s timeout)
+                    self.close_connection = True
                     self._send(200, json.dumps({"object": "list", "data": [
-                        {"id": m, "object": "model", "owned_by": "stub"} for m in server.config.model_ids]}).encode())
+                        {"id": m, "object": "model", "owned_by": "stub"} for m in server.config.model_ids]}).encode(),
+                        headers={"connection": "close"})
                 elif self.path.rstrip("/") in ("/stats", "/health"):
                     self._send(200, json.dumps(server.stats()).encode())
                 else:

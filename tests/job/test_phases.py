@@ -11,7 +11,7 @@ from helpers.stub_llm_server import StubServer
 
 from cupid_exp.config import ConfigError
 from cupid_exp.data.loading import SAMPLE_FULL_PATH
-from cupid_exp.job import execute, plan, publish, summarize_job
+from cupid_exp.job import connect, execute, plan, publish, summarize_job
 
 PARTS = ("inference", "generation")
 NINE = ("data=local", f"data.path={SAMPLE_FULL_PATH}")  # the 9-row sample: three personas x three types
@@ -104,3 +104,34 @@ def test_import_alongside_loads_its_modules_and_leaves_failures_to_the_caller(mo
     assert not thread.is_alive() and "cupid_exp.reporting.tidy" in sys.modules and unhandled == []
     with pytest.raises(ModuleNotFoundError):  # where the module is used, the import raises as usual
         __import__("cupid_exp.no_such_module")
+
+
+def test_instances_beyond_twice_the_model_slots_wait_unstarted(tmp_path: Path, monkeypatch) -> None:
+    """With one slot per model config, at most two instances per slot run at once; the others wait unstarted
+    (they hold no prompt). All nine still run, in full."""
+    import importlib
+
+    phase = importlib.import_module("cupid_exp.job.execute")  # the module (the package exports its function)
+
+    running, peak = 0, 0
+    real = phase.run_instance
+
+    async def counted(*args, **kwargs):
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        try:
+            return await real(*args, **kwargs)
+        finally:
+            running -= 1
+
+    monkeypatch.setattr(phase, "run_instance", counted)
+    one_slot = [f"{r}.max_concurrency=1" for r in ("model", "evaluator.decomposer", "evaluator.matcher",
+                                                    "evaluator.judge")]
+    with StubServer(latency_ms=20) as stub:
+        job = stub_plan(stub.url, tmp_path, *NINE, *one_slot)
+        connect(job)
+        limit = phase.instances_in_flight(job.ctx)
+        execution = execute(job)
+    assert limit < 9 and peak == limit
+    assert len(execution.results) == 9 and all(r.inference.f1 is not None for r in execution.results)

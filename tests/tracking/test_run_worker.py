@@ -185,3 +185,27 @@ def test_a_store_that_refuses_the_results_fails_the_run_and_keeps_the_files(tmp_
             publish(job, summarize_job(job, execution, 0.0), live)
     assert only_run(store_uri(tmp_path)).info.status == "FAILED"
     assert (tmp_path / "job" / "instances.jsonl").exists() and live.claim.lock is None
+
+
+def test_a_job_killed_half_way_through_a_message_leaves_no_worker_behind(tmp_path: Path) -> None:
+    """SIGKILLed while its queue's feeder thread had sent a message's length but not the message: the worker
+    reads an EOF (its own copy of the writing end is closed), not a read that waits forever."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from helpers.cli_runner import cli_env
+
+    script = textwrap.dedent("""
+        import os, struct
+        from cupid_exp.tracking import run_worker
+        worker = run_worker.RunWorker()
+        os.write(worker.inbox._writer.fileno(), struct.pack("!i", 4096))  # a length, then nothing
+        print(worker.pid, flush=True)
+        os._exit(0)  # as a SIGKILL would: no feeder, no clean-up
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    worker = int(proc.stdout.split()[-1])
+    wait_for(lambda: not Path(f"/proc/{worker}").exists() or "Z" in Path(f"/proc/{worker}/stat").read_text().split()[2],
+             30, "the orphaned worker's exit")

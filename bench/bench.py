@@ -165,7 +165,7 @@ async def main():
                                    params={"temperature": 0}, **prices), rt, UsageMeter())
     out = {"OpenAI SDK alone (no litellm)": await measure(
                lambda i: sdk.chat.completions.create(model="stub", messages=messages(i, "sdk"))),
-           "litellm Router + disk cache": await measure(
+           "litellm Router + response cache on disk": await measure(
                lambda i: client._router.acompletion(model="s", messages=messages(i, "router"), caching=True)),
            "cupid-exp LLMClient.complete (Router, cache, accounting)": await measure(
                lambda i: client.complete(messages(i, "client"), step="x"))}
@@ -258,7 +258,7 @@ def main() -> None:
                          "-", ""))
         sdk, router, client = (v for _, v in floors)
         own = marginal_cpu - client
-        notes.append(f"Per model call, litellm's Router with the disk cache costs {router:.2f} ms of CPU on this machine "
+        notes.append(f"Per model call, litellm's Router with the response cache on disk costs {router:.2f} ms of CPU on this machine "
                      f"(the OpenAI SDK alone {sdk:.2f} ms; cupid-exp's client around the Router {client:.2f} ms). The "
                      f"pipeline's marginal {marginal_cpu:.2f} ms of CPU per call includes that floor, so cupid-exp's own "
                      "orchestration (prompts, parsing, records, journal) adds "

@@ -23,6 +23,8 @@ from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env, job_dirs, rea
 from helpers.cupid_data import write_dataset
 from helpers.stub_llm_server import StubServer
 
+from cupid_exp.llm.response_cache import STORE_FOLDER
+
 pytestmark = pytest.mark.slow
 
 N_INSTANCES = 30
@@ -30,9 +32,11 @@ N_KILLS = 5
 
 
 def cache_entries(cache_dir: Path) -> int:
-    if not cache_dir.exists():
+    """Entries in the response cache's store (``runtime.cache_dir``/responses)."""
+    store = cache_dir / STORE_FOLDER
+    if not store.exists():
         return 0
-    with diskcache.Cache(str(cache_dir)) as cache:
+    with diskcache.Cache(str(store), disk=diskcache.JSONDisk) as cache:
         return len(cache)
 
 

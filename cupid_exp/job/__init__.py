@@ -46,8 +46,8 @@ def summarize_job(job: JobPlan, execution: Execution, started: float) -> JobSumm
 
 
 # What summarising imports (pandas, numpy: ~0.3 s of CPU), loaded while models answer. Not matplotlib: its
-# ~0.35 s on the same GIL slowed the model phase by as much (30 instances: 1.65 -> 1.95 s); the plots are
-# drawn after the table is printed.
+# ~0.35 s on the same GIL slowed the model phase by as much (30 instances: 1.65 -> 1.95 s); the run worker
+# draws the plots, in its own process, while this one summarises.
 SUMMARY_MODULES = ("cupid_exp.scoring.bootstrap",)
 
 

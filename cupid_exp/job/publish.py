@@ -2,7 +2,7 @@
 open that run: ``start_tracking``).
 
 instances.jsonl and metrics.json land in the Hydra job folder first (atomically), so a tracking
-failure can never cost the results; plots are drawn after the table is printed.
+failure can never cost the results; the run worker draws the plots while the table is computed and printed.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def start_tracking(plan: JobPlan) -> Any:
             dataset=dataset_input(cfg.data, plan.data), total=len(plan.data.instances), parts=plan.parts,
             policy=cfg.runtime.failure_policy, done=list(plan.done.values()),
             earlier=attempts.earlier_usage(plan.done.values()), traces=bool(cfg.tracking.traces and plan.todo),
-            trace_tags=_trace_tags(plan), judges=_judges(plan))
+            trace_tags=_trace_tags(plan), judges=_judges(plan), plots=_plots(plan))
         if worker is not None:
             worker.open(request, claim, plan.meter)
             return worker
@@ -111,7 +111,8 @@ def _plots(plan: JobPlan) -> PlotRequest:
     cfg = plan.cfg
     return PlotRequest(parts=tuple(plan.parts), folder=str(plan.output_dir / "plots"), seed=cfg.seed,
                        failure_policy=cfg.runtime.failure_policy,
-                       title_prefix=f"{cfg.model.name} {plan.setting.label()}")
+                       title_prefix=f"{cfg.model.name} {plan.setting.label()}",
+                       order=tuple(i.key for i in plan.data.instances))
 
 
 def publish(plan: JobPlan, summary: JobSummary, tracker: Any) -> None:

@@ -1,7 +1,7 @@
 """One client layer over litellm for every provider, the embedded model included.
 
-litellm's Router gives retries with backoff (honouring retry-after) and timeouts, litellm's disk
-cache the persistent response cache, litellm's price map the cost. This module adds only what
+litellm's Router gives retries with backoff (honouring retry-after) and timeouts, litellm's cache
+the persistent response cache (its entries on disk: ``response_cache``), litellm's price map the cost. This module adds only what
 litellm lacks: bounded concurrency per model, a cache namespace that covers api_base and every
 decoding parameter, per-step usage, and the line between a provider's failure (counted per
 instance, the run goes on) and a bug (the job stops with its traceback).
@@ -101,7 +101,7 @@ _CACHE_DIR: str | None = None
 
 
 def configure_litellm(runtime: RuntimeConfig) -> None:
-    """Process-wide litellm settings: quiet, offline price map, disk cache."""
+    """Process-wide litellm settings: quiet, offline price map, the response cache on disk."""
     global _CACHE_DIR
     import litellm
 
@@ -112,14 +112,9 @@ def configure_litellm(runtime: RuntimeConfig) -> None:
     if runtime.cache:
         cache_dir = str(Path(runtime.cache_dir).expanduser().resolve())
         if cache_dir != _CACHE_DIR:
-            import inspect
+            from cupid_exp.llm.response_cache import response_cache
 
-            from litellm.caching.caching import Cache
-
-            # litellm >= 1.10x neither looks up nor stores requests of more than 4 messages by default
-            # (``max_messages``): a simulated dialogue's later turns and a second re-ask would never be cached.
-            unlimited = {"max_messages": None} if "max_messages" in inspect.signature(Cache).parameters else {}
-            litellm.cache = Cache(type="disk", disk_cache_dir=cache_dir, **unlimited)
+            litellm.cache = response_cache(cache_dir)
             _CACHE_DIR = cache_dir
     else:
         litellm.cache = None

@@ -65,8 +65,9 @@ class LiveRun:
 
     def __init__(self, tracker: RunTracker, claim: Claim, *, total: int, parts: Sequence[str], policy: str,
                  done: Sequence[Mapping[str, Any]], earlier: Mapping[str, float], meter: UsageMeter,
-                 every_s: float, traces: Any, attempt: str):
+                 every_s: float, traces: Any, attempt: str, plots: "PlotRequest | None" = None):
         self.tracker, self.claim, self.traces, self.attempt = tracker, claim, traces, attempt
+        self.plots, self.drawn = plots, None  # drawn: the plot files, once ``draw_plots`` made them
         self.total, self.parts, self.policy, self.meter, self.every_s = total, tuple(parts), policy, meter, every_s
         self.earlier = dict(earlier)
         self._records = list(done)
@@ -147,6 +148,15 @@ class LiveRun:
             self.traces.executed()
         self._wake.set()
 
+    def draw_plots(self) -> None:
+        """Draw the run's plots from the records heard so far (all of them once the model phase is over): the
+        run worker does it as soon as it hears ``executed``, while the job computes its numbers and prints its
+        table, so that ``finish`` only logs the files."""
+        if self.plots is not None and self.drawn is None:
+            with self._lock:
+                records = list(self._records)
+            self.drawn = self.plots.draw(records)
+
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the background thread and log the last point (once)."""
         if self._thread is None:
@@ -180,7 +190,9 @@ class LiveRun:
         run.log_metrics(final.metrics, step=final.step)
         run.set_tags(final.tags)
         artifacts = list(final.artifacts)
-        if final.plots is not None:
+        if self.drawn is not None:
+            artifacts.append((self.drawn, "plots"))
+        elif final.plots is not None:
             artifacts.append((final.plots.draw(final.table or []), "plots"))
         for files, folder in artifacts:
             run.log_artifacts([Path(f) for f in files], folder)
@@ -220,6 +232,7 @@ class RunRequest:
     traces: bool
     trace_tags: dict[str, str] = field(default_factory=dict)
     judges: dict[str, str] = field(default_factory=dict)
+    plots: "PlotRequest | None" = None  #: drawn by the run worker when the model phase ends
 
 
 @dataclass
@@ -238,17 +251,24 @@ class FinalLog:
 
 @dataclass
 class PlotRequest:
-    """The run's plots (``cupid_exp.reporting.plots.save_run_plots``), drawn from ``FinalLog.table`` where the
-    run is kept: the run worker imported matplotlib while the job called models; the job never imports it."""
+    """The run's plots (``cupid_exp.reporting.plots.save_run_plots``), drawn where the run is kept: by the run
+    worker (which imported matplotlib while the job called models) from the records it heard, else from
+    ``FinalLog.table``; the job's process never imports matplotlib. Records are put in dataset order first
+    (``order``: the instances' keys), so that the bootstrap intervals are those of the job's own table."""
 
     parts: tuple[str, ...]
     folder: str
     seed: int
     failure_policy: str
     title_prefix: str
+    order: tuple[str, ...] = ()
 
     def draw(self, records: Sequence[Mapping[str, Any]]) -> list[str]:
         from cupid_exp.reporting.plots import save_run_plots
+
+        if self.order:
+            rank = {key: i for i, key in enumerate(self.order)}
+            records = sorted(records, key=lambda r: rank.get(r.get("key"), len(rank)))
 
         return [str(p) for p in save_run_plots(records, self.parts, self.folder, seed=self.seed,
                                                failure_policy=self.failure_policy, title_prefix=self.title_prefix)]
@@ -275,7 +295,8 @@ def open_run(request: RunRequest, claim: Claim, meter: Any) -> LiveRun:
                 tracker.experiment_id, tracker.run_id, request.trace_tags, request.judges, request.secrets))
         live = LiveRun(tracker, claim, total=request.total, parts=request.parts, policy=request.policy,
                        done=request.done, earlier=request.earlier, meter=meter,
-                       every_s=request.tracking.progress_every_s, traces=traces, attempt=tags["cupid.attempt"])
+                       every_s=request.tracking.progress_every_s, traces=traces, attempt=tags["cupid.attempt"],
+                       plots=request.plots)
         live.start()
     except BaseException as exc:  # an interrupt or a store error while opening: never leave it RUNNING
         from cupid_exp.tracking.signals import Terminated

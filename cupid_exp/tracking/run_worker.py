@@ -307,6 +307,7 @@ def _serve(inbox: Any, outbox: Any, progress: Any) -> None:
             elif kind == "executed" and live is not None:
                 meter.latest = message[1]
                 live.executed()
+                live.draw_plots()  # while the job computes its numbers (files only: logged at the finish)
             elif kind == "finish" and live is not None:
                 final: FinalLog = message[1]
                 meter.latest = final.totals

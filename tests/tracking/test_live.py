@@ -93,3 +93,24 @@ def test_a_subset_is_its_own_dataset(tmp_path: Path) -> None:
     entity = mlflow_dataset(part_cfg, part)
     assert entity.name == "cupid-sample" and '"num_rows": 3' in entity.profile and entity.source_type == "local"
     assert job_runs(store_uri(tmp_path)) == []  # nothing was logged
+
+
+def test_plots_are_drawn_from_the_records_in_dataset_order(tmp_path: Path) -> None:
+    """The worker hears instances in the order they finish; its plots (bootstrap intervals included) are those
+    of the records in dataset order, as the job's table."""
+    import random
+
+    from helpers.records import make_records
+
+    from cupid_exp.tracking.live import PlotRequest
+
+    records = make_records(n_personas=12, generation=False)
+    shuffled = random.Random(1).sample(records, len(records))
+    request = PlotRequest(parts=("inference",), folder=str(tmp_path / "a"), seed=0, failure_policy="exclude",
+                          title_prefix="m", order=tuple(r["key"] for r in records))
+    in_order = {Path(p).name: Path(p).read_bytes() for p in request.draw(records)}
+    request.folder = str(tmp_path / "b")
+    from_shuffled = {Path(p).name: Path(p).read_bytes() for p in request.draw(shuffled)}
+    assert in_order == from_shuffled and len(in_order) == 3
+    request.folder, request.order = str(tmp_path / "c"), ()
+    assert {Path(p).name: Path(p).read_bytes() for p in request.draw(shuffled)} != in_order  # order matters

@@ -22,6 +22,7 @@ from cupid_exp.tracking import run_worker
 from cupid_exp.tracking.live import LiveRun
 
 N = 8
+PNG_END = b"IEND\xaeB`\x82"  # a PNG file's last chunk
 
 
 def _in_process_job(url: str, root: Path):
@@ -48,6 +49,33 @@ def test_the_run_is_kept_by_another_process(tmp_path: Path) -> None:
     run = only_run(uri)
     assert run.info.run_id == live.run_id and run.info.status == "FINISHED" and len(traces_of(uri, run)) == 4
     assert run.data.metrics["inference/f1"] > 0 and run.data.tags["cupid.complete"] == "true"
+
+
+def test_the_worker_draws_the_plots_when_the_model_phase_ends(tmp_path: Path) -> None:
+    """Drawn while the job summarises (before it has published anything), then logged as they are."""
+    with StubServer() as stub:
+        cfg = compose_config([*stub_overrides(stub.url), f"paths.output_root={tmp_path}", "runtime.progress=false",
+                              f"tracking.uri={store_uri(tmp_path)}", "data=local", f"data.path={SAMPLE_FULL_PATH}",
+                              "data.limit=4"])
+        job = plan(cfg, tmp_path / "job", clients=False)
+        live = start_tracking(job)
+        connect(job)
+        live.wait_opened()
+        execution = execute(job, live)
+        live.executed()
+        folder = tmp_path / "job" / "plots"
+        def complete() -> list[Path]:  # three PNG files written to their end
+            files = sorted(folder.glob("*.png"))
+            return files if len(files) == 3 and all(p.read_bytes().endswith(PNG_END) for p in files) else []
+
+        drawn = wait_for(complete, 60, "the worker drew no plots after the model phase")
+        assert not (tmp_path / "job" / "metrics.json").exists()  # nothing published yet
+        stamps = {p.name: p.stat().st_mtime_ns for p in drawn}
+        publish(job, summarize_job(job, execution, 0.0), live)
+    assert {p.name: p.stat().st_mtime_ns for p in folder.glob("*.png")} == stamps  # not drawn again
+    run = only_run(store_uri(tmp_path))
+    logged = MlflowClient(store_uri(tmp_path)).list_artifacts(run.info.run_id, "plots")
+    assert sorted(Path(a.path).name for a in logged) == sorted(stamps)
 
 
 def test_the_job_process_never_imports_mlflow_or_matplotlib(tmp_path: Path) -> None:

@@ -1,0 +1,86 @@
+"""Where litellm's response cache keeps its entries: on disk, as JSON, shared by every job on the machine.
+
+litellm 1.109 removed its disk backend (what is left keeps entries in memory or in Redis, S3, GCS, ...),
+but its ``Cache`` still does the caching itself: the keys, our namespaces, hits and misses, the usage a
+hit reports. What it asks of a backend is a handful of get/set methods (``BaseCache``), and this is one:
+diskcache's SQLite store, which processes of a sweep may share, holding JSON text, never pickles (a
+pickle read back from a shared folder can run code). The same class serves every litellm version the
+project accepts, so a cache written under one is read under another.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from pathlib import Path
+from typing import Any
+
+from litellm.caching.base_cache import BaseCache
+
+log = logging.getLogger(__name__)
+
+#: the store's folder under ``runtime.cache_dir`` (older litellm's disk cache pickled into the folder itself)
+STORE_FOLDER = "responses"
+
+
+class DiskResponseStore(BaseCache):
+    """litellm's cache backend over ``diskcache`` with JSON values. An entry that cannot be read back (another
+    tool's format, a torn file) is a miss, never an error: the call is then simply made again."""
+
+    def __init__(self, directory: str | Path):
+        super().__init__(default_ttl=0)
+        import diskcache
+
+        self.directory = Path(directory)
+        self.store = diskcache.Cache(str(self.directory), disk=diskcache.JSONDisk, disk_compress_level=1)
+
+    def set_cache(self, key: str, value: Any, **kwargs: Any) -> None:
+        ttl = kwargs.get("ttl")
+        self.store.set(key, value, expire=float(ttl) if ttl else None)
+
+    async def async_set_cache(self, key: str, value: Any, **kwargs: Any) -> None:
+        self.set_cache(key, value, **kwargs)
+
+    async def async_set_cache_pipeline(self, cache_list: list[tuple[str, Any]], **kwargs: Any) -> None:
+        for key, value in cache_list:
+            self.set_cache(key, value, **kwargs)
+
+    def get_cache(self, key: str, **kwargs: Any) -> Any:
+        try:
+            return self.store.get(key)
+        except (ValueError, zlib.error) as exc:  # not JSON, not deflated: an entry this store never wrote
+            log.warning("response cache: entry %s in %s unreadable (%s); treated as a miss", key[:16],
+                        self.directory, type(exc).__name__)
+            return None
+
+    async def async_get_cache(self, key: str, **kwargs: Any) -> Any:
+        return self.get_cache(key, **kwargs)
+
+    def batch_get_cache(self, keys: list[str], **kwargs: Any) -> list[Any]:
+        return [self.get_cache(key, **kwargs) for key in keys]
+
+    async def async_batch_get_cache(self, keys: list[str], **kwargs: Any) -> list[Any]:
+        return self.batch_get_cache(keys, **kwargs)
+
+    def delete_cache(self, key: str) -> None:
+        self.store.delete(key)
+
+    def flush_cache(self) -> None:
+        self.store.clear()
+
+    async def disconnect(self) -> None:
+        self.store.close()
+
+
+def response_cache(cache_dir: str | Path) -> Any:
+    """A litellm ``Cache`` (its keys and logic) whose entries live in ``cache_dir`` (``DiskResponseStore``)."""
+    import inspect
+
+    from litellm.caching.caching import Cache
+
+    # litellm >= 1.10x neither looks up nor stores requests of more than 4 messages by default
+    # (``max_messages``): a simulated dialogue's later turns and a second re-ask would never be cached.
+    unlimited = {"max_messages": None} if "max_messages" in inspect.signature(Cache).parameters else {}
+    cache = Cache(type="local", **unlimited)
+    cache.cache = DiskResponseStore(Path(cache_dir) / STORE_FOLDER)
+    return cache

@@ -1,0 +1,67 @@
+"""The response cache's store on disk: litellm's caching over JSON entries that outlive the process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sqlite3
+import zlib
+from pathlib import Path
+
+from cupid_exp.config import ModelConfig, RuntimeConfig
+from cupid_exp.llm import client as client_module
+from cupid_exp.llm.client import LLMClient, configure_litellm
+from cupid_exp.llm.response_cache import STORE_FOLDER
+from cupid_exp.llm.usage import UsageMeter
+from helpers.fault_server import ScriptedServer, completion_body
+
+MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "one"},
+            {"role": "assistant", "content": "two"}, {"role": "user", "content": "three"},
+            {"role": "assistant", "content": "four"}, {"role": "user", "content": "five?"}]  # > 4 messages
+
+
+def fresh_client(tmp_path: Path, url: str) -> LLMClient:
+    """A client on a newly built cache object (as in a new process): only the disk carries entries over."""
+    client_module._CACHE_DIR = None
+    runtime = RuntimeConfig(cache_dir=str(tmp_path / "cache"), num_retries=0, timeout=30)
+    configure_litellm(runtime)
+    return LLMClient(ModelConfig(name="m", litellm_model="openai/scripted", api_base=url), runtime, UsageMeter())
+
+
+def rows(tmp_path: Path) -> list[tuple]:
+    with sqlite3.connect(tmp_path / "cache" / STORE_FOLDER / "cache.db") as db:
+        return db.execute("SELECT rowid, mode, value, filename FROM Cache").fetchall()
+
+
+def test_a_reply_is_served_from_disk_to_a_new_cache_object(tmp_path) -> None:
+    with ScriptedServer([(200, completion_body("six"), {})]) as server:
+        first = asyncio.run(fresh_client(tmp_path, server.url).complete(MESSAGES, step="s"))
+        again = asyncio.run(fresh_client(tmp_path, server.url).complete(MESSAGES, step="s"))
+    assert (first.text, first.cached) == ("six", False)
+    assert (again.text, again.cached) == ("six", True)
+    assert len(server.requests) == 1
+
+
+def test_entries_are_stored_as_json_never_as_pickles(tmp_path) -> None:
+    with ScriptedServer([(200, completion_body("six"), {})]) as server:
+        asyncio.run(fresh_client(tmp_path, server.url).complete(MESSAGES, step="s"))
+    (rowid, mode, value, filename), = rows(tmp_path)
+    assert mode != 4, "diskcache's MODE_PICKLE"
+    raw = value if value is not None else (tmp_path / "cache" / STORE_FOLDER / filename).read_bytes()
+    entry = json.loads(zlib.decompress(raw))
+    assert json.loads(entry["response"])["choices"][0]["message"]["content"] == "six"
+
+
+def test_an_unreadable_entry_is_a_miss_and_the_call_is_made_again(tmp_path, caplog) -> None:
+    with ScriptedServer([(200, completion_body("six"), {})]) as server:
+        asyncio.run(fresh_client(tmp_path, server.url).complete(MESSAGES, step="s"))
+        (rowid, *_), = rows(tmp_path)
+        with sqlite3.connect(tmp_path / "cache" / STORE_FOLDER / "cache.db") as db:
+            db.execute("UPDATE Cache SET value = ?, mode = 1, filename = NULL WHERE rowid = ?",
+                       (b"not deflated json", rowid))
+        with caplog.at_level(logging.WARNING, logger="cupid_exp.llm.response_cache"):
+            again = asyncio.run(fresh_client(tmp_path, server.url).complete(MESSAGES, step="s"))
+    assert (again.text, again.cached) == ("six", False)
+    assert len(server.requests) == 2
+    assert any("unreadable" in r.getMessage() for r in caplog.records)

@@ -30,7 +30,10 @@ def test_a_bug_stops_the_job_loudly_and_the_journal_keeps_what_finished(tmp_path
         cmd = cli_command(stub.url, root, "tracking=none", "model.max_concurrency=1", data=data,
                           cache_dir=tmp_path / "cache")
         cmd[1:3] = [str(PROJECT_ROOT / "tests" / "helpers" / "buggy_cli.py")]
-        proc = run_cli(cmd, env=cli_env(CUPID_TEST_BUG_AT="4"), check=False)
+        # the bug from the 4th reply on, once an instance is journaled (under load the first instances can
+        # still be waiting on the evaluator when later replies are parsed)
+        proc = run_cli(cmd, env=cli_env(CUPID_TEST_BUG_AT="4", CUPID_TEST_BUG_AFTER_JOURNAL=str(root / "journal")),
+                       check=False)
         assert proc.returncode == 1
         assert "TypeError: injected bug in the preference parser" in proc.stderr
         assert "Traceback" in proc.stderr or "HYDRA_FULL_ERROR" in proc.stderr

@@ -181,6 +181,33 @@ def run_ours(args: argparse.Namespace, stub: Stub, data: Path, work: Path, store
     return res
 
 
+def run_official_series(args: argparse.Namespace, stub: Stub, data_dir: Path, work: Path) -> dict[str, Any]:
+    """The official runner once per model, one after the other (it has no sweeps): wall and requests summed."""
+    runs = [run_official(args, stub, data_dir, work) for _ in range(args.sweep)]
+    return {"wall": sum(r["wall"] for r in runs), "requests": sum(r["requests"] for r in runs)}
+
+
+def run_ours_sweep(args: argparse.Namespace, stub: Stub, data: Path, work: Path, store: Path) -> dict[str, Any]:
+    """One cupid-exp multirun of ``--sweep`` jobs that differ in the model's temperature (no job resumes another),
+    without the response cache (the stub's replies do not depend on the temperature: the evaluator's calls would be
+    hits), so that every job makes every call: wall, requests, and the sum of the jobs' model phases."""
+    root = work / f"sweep-{time.monotonic_ns()}"
+    root.mkdir()
+    shutil.copyfile(store, root / "mlflow.db")
+    temperatures = ",".join(f"{i / 10:g}" for i in range(args.sweep))
+    cmd = ours_command(stub.url, root, data, args.concurrency)
+    cmd = [*cmd[:3], "-m", *cmd[3:], f"model.params.temperature={temperatures}", "runtime.cache=false"]
+    before = stub.stats()["total_completed"]
+    res = timed(cmd, cwd=ROOT, env={**ENV, "OPENAI_API_KEY": "sk-bench"})
+    res["requests"] = stub.stats()["total_completed"] - before
+    phases = [json.loads(f.read_text())["metrics"]["time/model_seconds"] for f in root.glob("multirun/**/metrics.json")]
+    if len(phases) != args.sweep:
+        raise RuntimeError(f"the sweep wrote {len(phases)} jobs' metrics, not {args.sweep}")
+    res["model_s"] = sum(phases)
+    shutil.rmtree(root, ignore_errors=True)
+    return res
+
+
 def migrated_store(work: Path) -> Path:
     """An empty MLflow SQLite store with its schema migrations done (what a second run finds)."""
     from mlflow.tracking import MlflowClient
@@ -209,10 +236,15 @@ def main() -> None:
     parser.add_argument("--official-limit", type=float, default=60.0,
                         help="seconds after which an official run counts as hung: killed, left out, and counted")
     parser.add_argument("--out", type=Path, default=BENCH / "versus_official.md")
+    parser.add_argument("--sweep", type=int, default=0, metavar="N",
+                        help="also N models one after the other: the official runner N times, cupid-exp as one "
+                             "multirun of N jobs (in one process, as a researcher's `-m` sweep)")
     parser.add_argument("--tracking-costs", action="store_true",
                         help="also run cupid-exp with tracking.traces=false and with tracking=none: what tracing and "
                              "MLflow cost")
     args = parser.parse_args()
+    if args.sweep == 1:
+        parser.error("--sweep: at least 2 models")
     has_official = args.official is not None and (Path(args.official) / "evaluation" / "run.py").is_file()
     if args.official is not None and not has_official:
         print(f"no official checkout at {args.official}: cupid-exp only")
@@ -226,6 +258,7 @@ def main() -> None:
         ours: list[dict[str, Any]] = []
         hung: list[str] = []
         variants: dict[str, list[dict[str, Any]]] = {"tracking.traces=false": [], "tracking=none": []}
+        sweeps: dict[str, list[dict[str, Any]]] = {"official": [], "ours": []}
         with Stub(latency_ms=int(args.latency * 1000), model_ids=",".join(OFFICIAL_MODELS)) as stub:
             fresh = run_ours(args, stub, data, work, store=None)  # first run on this machine: store created
             for i in range(args.repeats):
@@ -246,7 +279,16 @@ def main() -> None:
                     for override, runs in variants.items():
                         runs.append(run_ours(args, stub, data, work, store, override))
                         print(f"cupid-exp {override} #{i + 1}: {runs[-1]['wall']:.1f} s, {runs[-1]['cpu']:.1f} CPU s")
+                if args.sweep:
+                    if has_official:
+                        sweeps["official"].append(run_official_series(args, stub, data_dir, work))
+                        print(f"official  x{args.sweep} #{i + 1}: {sweeps['official'][-1]['wall']:.1f} s")
+                    sweeps["ours"].append(run_ours_sweep(args, stub, data, work, store))
+                    print(f"cupid-exp -m x{args.sweep} #{i + 1}: {sweeps['ours'][-1]['wall']:.1f} s "
+                          f"(model phases {sweeps['ours'][-1]['model_s']:.2f} s)")
         report = render(args, has_official, official, ours, fresh, variants if args.tracking_costs else {})
+        if args.sweep:
+            report += render_sweeps(args, has_official, sweeps, ours)
         if hung:
             report += (f"\n{len(hung)} official run(s) hung past {args.official_limit:.0f} s and were killed and left "
                        "out (that repeat's cupid-exp runs too): " + "; ".join(hung) + "\n")
@@ -317,6 +359,30 @@ def render(args: argparse.Namespace, has_official: bool, official: list[dict], o
             lines.append(f"| `{override}` | {spread([r['wall'] for r in runs])} | {spread([r['cpu'] for r in runs])} | "
                          f"{1000 * wall / requests:.1f} | {1000 * cpu / requests:.1f} |")
         lines.append("")
+    return "\n".join(lines)
+
+
+def render_sweeps(args: argparse.Namespace, has_official: bool, sweeps: dict[str, list[dict]],
+                  ours: list[dict]) -> str:
+    n, runs = args.sweep, sweeps["ours"]
+    wall = [r["wall"] for r in runs]
+    fixed = [r["wall"] - r["model_s"] for r in runs]
+    single = statistics.median(r["wall"] for r in ours)
+    lines = ["", f"{n} models one after the other (the same workload each; cupid-exp: "
+             "`-m model.params.temperature=…` "
+             f"`runtime.cache=false`, {n} jobs in one process; official: {n} runs back to back):", "",
+             "| | official | cupid-exp | ratio |", "|---|---|---|---|"]
+    if has_official:
+        off = [r["wall"] for r in sweeps["official"]]
+        lines.append(f"| wall, s | {spread(off)} | {spread(wall)} | "
+                     f"{statistics.median(wall) / statistics.median(off):.2f} |")
+        lines.append(f"| requests served | {spread([r['requests'] for r in sweeps['official']], '{:.0f}')} | "
+                     f"{spread([r['requests'] for r in runs], '{:.0f}')} | |")
+    else:
+        lines.append(f"| wall, s | – | {spread(wall)} | |")
+    lines += [f"| cupid-exp fixed cost of the sweep (wall − the jobs' model phases), s | | {spread(fixed)} | |",
+              f"| cupid-exp wall per job after the first ((sweep − one job's run) / {n - 1}), s | | "
+              f"{spread([(w - single) / (n - 1) for w in wall])} | |", ""]
     return "\n".join(lines)
 
 

@@ -50,7 +50,9 @@ def start_tracking(plan: JobPlan) -> Any:
     cfg = plan.cfg
     if not cfg.tracking.enabled or plan.dry_run:
         return None
-    worker = run_worker.start()  # first: its own Python and `import mlflow` overlap everything after
+    # first: its own Python and `import mlflow` overlap everything after; a sweep's job (it has a parent run)
+    # takes the worker the previous job left, and leaves it to the next
+    worker = run_worker.start(keep=plan.parent_run is not None)
     claim = None
     try:
         key = attempts.run_key(plan.identity, cfg.runtime, cfg.paths.output_root)

@@ -25,12 +25,13 @@ N = 8
 PNG_END = b"IEND\xaeB`\x82"  # a PNG file's last chunk
 
 
-def _in_process_job(url: str, root: Path):
-    """A traced job, phase by phase in this process, as ``run_job`` runs it; returns its run's keeper."""
+def _in_process_job(url: str, root: Path, *, limit: int = 4, parent: str | None = None, folder: str = "job"):
+    """A traced job, phase by phase in this process, as ``run_job`` runs it; returns its run's keeper.
+    ``parent``: the job is one of a sweep's (its parent run)."""
     cfg = compose_config([*stub_overrides(url), f"paths.output_root={root}", "runtime.progress=false",
                           f"tracking.uri={store_uri(root)}", "data=local", f"data.path={SAMPLE_FULL_PATH}",
-                          "data.limit=4"])
-    job = plan(cfg, root / "job", clients=False)
+                          f"data.limit={limit}"])
+    job = plan(cfg, root / folder, None, parent, clients=False)
     live = start_tracking(job)
     connect(job)
     live.wait_opened()
@@ -49,6 +50,54 @@ def test_the_run_is_kept_by_another_process(tmp_path: Path) -> None:
     run = only_run(uri)
     assert run.info.run_id == live.run_id and run.info.status == "FINISHED" and len(traces_of(uri, run)) == 4
     assert run.data.metrics["inference/f1"] > 0 and run.data.tags["cupid.complete"] == "true"
+
+
+def _sweep_parent(root: Path) -> str:
+    from cupid_exp.tracking.mlflow import experiment_id, prepare_store
+
+    cfg = compose_config([f"tracking.uri={store_uri(root)}"])
+    prepare_store(cfg.tracking.uri)
+    return MlflowClient(cfg.tracking.uri).create_run(experiment_id(cfg.tracking), run_name="sweep").info.run_id
+
+
+def test_a_sweeps_jobs_share_one_worker(tmp_path: Path) -> None:
+    """The worker a finished job of a sweep leaves is the next job's (MLflow already imported there); each job's
+    run is whole (its parent, results, traces); the last worker quits when asked (at this process's exit)."""
+    parent = _sweep_parent(tmp_path)
+    try:
+        with StubServer() as stub:
+            first = _in_process_job(stub.url, tmp_path, limit=3, parent=parent, folder="job1")
+            assert first.process.exitcode is None and run_worker._IDLE is first  # waiting for the next job
+            pid, first_run = first.pid, first.run_id
+            second = _in_process_job(stub.url, tmp_path, limit=4, parent=parent, folder="job2")
+        assert isinstance(second, run_worker.RunWorker) and second.pid == pid and second.run_id != first_run
+    finally:
+        run_worker.quit_idle()
+    assert run_worker._IDLE is None and second.process.exitcode == 0
+    uri = store_uri(tmp_path)
+    client = MlflowClient(uri)
+    runs = {r.info.run_id: r for r in client.search_runs([client.get_run(parent).info.experiment_id],
+                                                         filter_string=f"tags.`mlflow.parentRunId` = '{parent}'")}
+    assert set(runs) == {first_run, second.run_id}
+    for run_id, n in ((first_run, 3), (second.run_id, 4)):
+        run = runs[run_id]
+        assert run.info.status == "FINISHED" and run.data.tags["cupid.complete"] == "true"
+        assert run.data.metrics["instances/total"] == n and len(traces_of(uri, run)) == n
+        assert len(client.list_artifacts(run_id, "plots")) == 3
+
+
+def test_a_sweeps_job_whose_kept_worker_died_starts_another(tmp_path: Path) -> None:
+    parent = _sweep_parent(tmp_path)
+    try:
+        with StubServer() as stub:
+            first = _in_process_job(stub.url, tmp_path, limit=2, parent=parent, folder="job1")
+            first.process.kill()
+            first.process.join(10)
+            second = _in_process_job(stub.url, tmp_path, limit=3, parent=parent, folder="job2")
+        assert second.pid != first.pid
+        assert MlflowClient(store_uri(tmp_path)).get_run(second.run_id).info.status == "FINISHED"
+    finally:
+        run_worker.quit_idle()
 
 
 def test_the_worker_draws_the_plots_when_the_model_phase_ends(tmp_path: Path) -> None:
@@ -110,7 +159,7 @@ def test_the_job_process_never_imports_mlflow_or_matplotlib(tmp_path: Path) -> N
 
 
 def test_without_a_worker_the_job_keeps_its_run_itself(tmp_path: Path, monkeypatch, caplog) -> None:
-    def no_spawn() -> None:
+    def no_spawn(*args) -> None:
         raise OSError("no processes left")
 
     monkeypatch.setattr(run_worker, "RunWorker", no_spawn)

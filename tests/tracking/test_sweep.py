@@ -3,24 +3,42 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+import uuid
 from pathlib import Path
 
 import mlflow.artifacts
-from helpers.cli_runner import run_cli
+from helpers.cli_runner import cli_env, run_cli
 from helpers.cupid_data import stub_overrides, write_dataset
 from helpers.stub_llm_server import StubServer
 from mlflow.tracking import MlflowClient
 from tracking_runs import PRICES, store_uri, traces_of
 
 
+def _processes_marked(mark: str) -> list[int]:
+    """Processes whose environment carries ``CUPID_TEST_MARK=mark`` (zombies aside)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            marked = f"CUPID_TEST_MARK={mark}".encode() in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            if marked and Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                found.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
 def test_the_parent_run_has_the_sweeps_leaderboard_and_plots(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "data.jsonl", 6)
     root = tmp_path / "out"
+    mark = f"sweep-{uuid.uuid4().hex}"
     with StubServer() as stub:
         run_cli([sys.executable, "-m", "cupid_exp", "-m", *stub_overrides(stub.url), *PRICES,
                  f"paths.output_root={root}", "runtime.progress=false", "data=local", f"data.path={data}",
-                 "model.name=stub_a,stub_b"], timeout=300)
+                 "model.name=stub_a,stub_b"], env=cli_env(CUPID_TEST_MARK=mark), timeout=300)
+    # the MLflow worker the jobs shared quit with the sweep's process
+    assert not _processes_marked(mark)
     uri = store_uri(root)
     client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("cupid").experiment_id])

@@ -46,7 +46,7 @@ class InputError(Exception):
 _STARTED = False  # set once a job function runs: a composition error before it is Hydra's own
 
 
-def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path, dict, str | None], Outcome],
+def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path, dict, Any], Outcome],
                   input_errors: tuple[type[BaseException], ...]) -> float | None:
     """Run one job under Hydra; write its status; exit with its code when it is a single run."""
     global _STARTED
@@ -54,14 +54,17 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
     from hydra.types import RunMode
 
     from cupid_exp.tracking.callbacks import STATUS_FILE
-    from cupid_exp.tracking.mlflow import parent_run_id
+    from cupid_exp.tracking.mlflow import SweepParent
 
     _STARTED = True
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     output_dir = Path(hc.runtime.output_dir)
     try:
-        outcome = job(cfg, output_dir, dict(hc.runtime.choices), parent_run_id(hc.sweep.dir) if multirun else None)
+        # a sweep's job names its parent run by the sweep's folder: the run worker opens it while the first job
+        # starts (``tracking.callbacks.MlflowSweepCallback``)
+        parent = SweepParent(str(Path(hc.sweep.dir).resolve())) if multirun else None
+        outcome = job(cfg, output_dir, dict(hc.runtime.choices), parent)
     except input_errors as exc:
         print(f"{program}: {exc}", file=sys.stderr)
         outcome = Outcome("error", str(exc))

@@ -34,6 +34,16 @@ def _no_tracking_uri_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
 
+@pytest.fixture(autouse=True)
+def _no_worker_left_between_tests():
+    """A sweep's MLflow worker waits in its process for the next job: a test that leaves one (a sweep callback or a
+    job with a parent run, in-process) has it stopped here, so that no later test takes it."""
+    yield
+    from cupid_exp.tracking import run_worker
+
+    run_worker.quit_idle()
+
+
 @pytest.fixture
 def output_root(tmp_path: Path) -> Path:
     root = tmp_path / "outputs"

@@ -23,7 +23,7 @@ from cupid_exp.job.publish import headline, publish, start_tracking
 from cupid_exp.results import InstanceResult
 from cupid_exp.scoring.summary import JobSummary, summarize
 from cupid_exp.tracking.attempts import earlier_attempt_metrics, earlier_usage
-from cupid_exp.tracking.mlflow import ends_on_error
+from cupid_exp.tracking.mlflow import SweepParent, ends_on_error
 from cupid_exp.tracking.signals import sigterm_raises
 
 
@@ -67,7 +67,7 @@ def import_alongside(modules: tuple[str, ...] = SUMMARY_MODULES) -> threading.Th
 
 
 def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = None,
-            parent_run: str | None = None) -> Outcome:
+            parent_run: str | SweepParent | None = None) -> Outcome:
     """Run one job end to end; the Outcome says whether it completed (and carries the headline metric)."""
     started = time.perf_counter()
     job = plan(cfg, output_dir, choices, parent_run, clients=False)

@@ -25,6 +25,7 @@ from cupid_exp.settings import make_setting
 from cupid_exp.settings.base import Setting
 from cupid_exp.tasks.context import TaskContext
 from cupid_exp.tracking.journal import Journal, job_identity
+from cupid_exp.tracking.mlflow import SweepParent
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class JobPlan:
     resolved: dict[str, Any]  #: the resolved config as plain data (identity, MLflow params, config.yaml)
     output_dir: Path
     choices: dict[str, str]  #: Hydra's group choices (model=..., setting=...)
-    parent_run: str | None  #: the sweep's MLflow parent run
+    parent_run: str | SweepParent | None  #: the sweep's MLflow parent run (by id, or by the sweep's folder)
     data: LoadedData
     prompts: PromptSet
     setting: Setting
@@ -94,7 +95,7 @@ def build_context(cfg: RunConfig, prompts: PromptSet, meter: UsageMeter) -> Task
 
 
 def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = None,
-         parent_run: str | None = None, *, clients: bool = True) -> JobPlan:
+         parent_run: str | SweepParent | None = None, *, clients: bool = True) -> JobPlan:
     """The checked, loaded job; with ``clients`` its model clients too (``connect``: later, see ``run_job``)."""
     run_cfg = typed_config(cfg)
     setting = make_setting(run_cfg.setting)

@@ -36,7 +36,7 @@ from cupid_exp.synthesis.phases import PersonaOutcome, synthesize_persona
 from cupid_exp.synthesis.report import render_report
 from cupid_exp.synthesis.store import JourneyStore
 from cupid_exp.synthesis.summary import Completeness, summary_metrics, validation_table
-from cupid_exp.tracking.mlflow import RunTracker, ends_on_error, flatten
+from cupid_exp.tracking.mlflow import RunTracker, SweepParent, ends_on_error, flatten, parent_of
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,8 @@ def plan(cfg: DictConfig, output_dir: Path) -> SynthesisJob:
     return SynthesisJob(job_cfg, redact(resolved), secrets, output_dir, prompts, digest, templates)
 
 
-def start_tracking(job: SynthesisJob, choices: Mapping[str, str], parent_run: str | None) -> RunTracker | None:
+def start_tracking(job: SynthesisJob, choices: Mapping[str, str],
+                   parent_run: str | SweepParent | None) -> RunTracker | None:
     """Open the job's MLflow run with its params and tags before any model is called."""
     cfg = job.cfg
     if not cfg.tracking.enabled:
@@ -112,7 +113,7 @@ def start_tracking(job: SynthesisJob, choices: Mapping[str, str], parent_run: st
     params = flatten(job.resolved)
     params.update({f"choice.{k}": str(v) for k, v in choices.items()})
     tracker.start(run_name=cfg.tracking.run_name or f"synthesis-{job.scfg.name}-{job.scfg.roles.session_writer.name}",
-                  params=params, parent=parent_run, config=job.resolved,
+                  params=params, parent=parent_of(cfg.tracking, parent_run), config=job.resolved,
                   tags={"cupid.task": "synthesis", "prompts_digest": job.digest,
                         "output_dir": str(job.output_dir.resolve()), "instances_path": str(job.instances_path.resolve())})
     return tracker
@@ -193,7 +194,7 @@ def publish(job: SynthesisJob, outcomes: list[PersonaOutcome], meter: UsageMeter
 
 
 def run_synthesis(cfg: DictConfig, output_dir: Path, choices: Mapping[str, str] | None = None,
-                  parent_run: str | None = None) -> Outcome:
+                  parent_run: str | SweepParent | None = None) -> Outcome:
     """Run one synthesis job end to end.
 
     Returns ``Outcome("ok", value=<instances written>)``, or ``Outcome("incomplete", reason)`` (exit 3)

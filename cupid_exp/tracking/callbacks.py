@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from cupid_exp.config import TrackingConfig
 from cupid_exp.secrets import install_log_scrubber, scrub, scrub_file, secret_values
-from cupid_exp.tracking.mlflow import PARENT_RUN_FILE, env_uri_kept, experiment_id, prepare_store
-from cupid_exp.tracking.provenance import git_state
+from cupid_exp.tracking.mlflow import ensure_parent, parent_run_id
 
 log = logging.getLogger(__name__)
 
@@ -58,44 +58,51 @@ class RedactSecretsCallback(Callback):
 class MlflowSweepCallback(Callback):
     """Opens the parent run of a multirun and closes it when the sweep ends (FAILED if any job failed),
     after logging the sweep's leaderboard and plots on it (``tracking.sweep``). A sweep stopped by Ctrl-C
-    or SIGTERM in the launching process ends its parent KILLED (at exit) instead of leaving it RUNNING."""
+    or SIGTERM in the launching process ends its parent KILLED (at exit) instead of leaving it RUNNING.
+
+    Both ends are the run worker's (``tracking.run_worker``), which the sweep's jobs share: it opens the parent
+    while the first job starts (the launching process does not wait for MLflow's import), and at the end
+    publishes the leaderboard with MLflow and matplotlib already imported. Without a worker, here.
+    """
 
     def __init__(self) -> None:
-        self._open: tuple[str, str] | None = None  # (tracking uri, parent run id) while the sweep runs
+        self._open: tuple[str, str] | None = None  # (tracking uri, sweep folder) while the sweep runs
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if not config.tracking.enabled or config.runtime.dry_run:
             return
-        from mlflow.tracking import MlflowClient
-
+        from cupid_exp.tracking import run_worker
         from cupid_exp.tracking.signals import install_sigterm_handler
 
-        prepare_store(config.tracking.uri)
-        sweep_dir = Path(config.hydra.sweep.dir)
-        run = MlflowClient(config.tracking.uri).create_run(
-            experiment_id(config.tracking), run_name=f"sweep {sweep_dir.name}",
-            tags={"cupid.kind": "sweep", "cupid.sweep_dir": str(sweep_dir.resolve()), **git_state()})
-        self._open = (config.tracking.uri, run.info.run_id)
+        sweep_dir = Path(config.hydra.sweep.dir).resolve()
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        tracking = _tracking(config)
+        worker = run_worker.start(keep=True)
+        if worker is not None:
+            worker.open_sweep(tracking, str(sweep_dir))
+        else:
+            ensure_parent(tracking, sweep_dir)
+        self._open = (tracking.uri, str(sweep_dir))
         atexit.register(self._killed_at_exit)
         install_sigterm_handler()
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        (sweep_dir / PARENT_RUN_FILE).write_text(run.info.run_id)
-        log.info("MLflow parent run %s for sweep %s", run.info.run_id, sweep_dir)
 
     def _killed_at_exit(self) -> None:
         """The process exits with the sweep still open: KILLED after an interrupt, FAILED after a crash."""
         if self._open is not None:
             import sys
 
-            from mlflow.tracking import MlflowClient
-
             from cupid_exp.tracking.signals import Terminated
 
-            uri, run_id = self._open
+            uri, sweep_dir = self._open
             self._open = None
+            parent = parent_run_id(sweep_dir)
+            if parent is None:
+                return
+            from mlflow.tracking import MlflowClient
+
             crash = getattr(sys, "last_value", None)
             interrupted = crash is None or isinstance(crash, (KeyboardInterrupt, Terminated))
-            MlflowClient(uri).set_terminated(run_id, status="KILLED" if interrupted else "FAILED")
+            MlflowClient(uri).set_terminated(parent, status="KILLED" if interrupted else "FAILED")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
@@ -103,26 +110,25 @@ class MlflowSweepCallback(Callback):
             print(sweep_dry_run_total(sweep_dir))
         if not config.tracking.enabled:
             return
-        from mlflow.tracking import MlflowClient
+        from cupid_exp.tracking import run_worker
+        from cupid_exp.tracking.sweep import SweepEnd, finish_sweep
 
-        from cupid_exp.tracking.signals import shielded
-        from cupid_exp.tracking.sweep import publish_sweep
+        end = SweepEnd(uri=config.tracking.uri, experiment=config.tracking.experiment,
+                       sweep_dir=str(sweep_dir.resolve()), seed=int(config.get("seed", 0) or 0),
+                       failed=any(s.get("outcome") == "error" for s in job_statuses(sweep_dir)))
+        worker = run_worker.take_idle()
+        done, problem = worker.close_sweep(end) if worker is not None else (False, None)
+        if not done:
+            problem = finish_sweep(end)
+        if problem:
+            log.warning("sweep leaderboard not logged on the parent run: %s", problem)
+        self._open = None
 
-        marker = sweep_dir / PARENT_RUN_FILE
-        if not marker.exists():
-            return
-        parent = marker.read_text().strip()
-        client = MlflowClient(config.tracking.uri)
-        try:
-            with env_uri_kept():  # the report's queries set MLflow's global URI
-                publish_sweep(client, config.tracking.uri, config.tracking.experiment, parent,
-                              seed=int(config.get("seed", 0) or 0))
-        except Exception as exc:  # noqa: BLE001  # the leaderboard is a view; the jobs' runs hold the results
-            log.warning("sweep leaderboard not logged on the parent run: %s: %s", type(exc).__name__, exc)
-        failed = any(s.get("outcome") == "error" for s in job_statuses(sweep_dir))
-        with shielded():
-            client.set_terminated(parent, status="FAILED" if failed else "FINISHED")
-            self._open = None
+
+def _tracking(config: DictConfig) -> TrackingConfig:
+    """The composed ``tracking`` node as its dataclass (plain data for the run worker)."""
+    node = OmegaConf.to_object(config.tracking)
+    return node if isinstance(node, TrackingConfig) else TrackingConfig(**node)
 
 
 STATUS_FILE = "job_status.json"

@@ -28,7 +28,7 @@ from cupid_exp.results import InstanceResult
 from cupid_exp.scoring.statistics import TASK_METRICS, point_value, task_frame
 from cupid_exp.tracking.attempts import Claim
 from cupid_exp.tracking.dataset import DatasetInput
-from cupid_exp.tracking.mlflow import RunTracker
+from cupid_exp.tracking.mlflow import RunTracker, SweepParent, parent_of
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +220,7 @@ class RunRequest:
     params: dict[str, str]
     tags: dict[str, str]
     config: dict[str, Any]
-    parent: str | None
+    parent: str | SweepParent | None  #: a sweep's parent run, by id or by its folder (opened on first use)
     run_key: str
     exclusive: bool  #: this attempt holds the run key's lock: it may reopen an earlier attempt's run
     dataset: DatasetInput
@@ -284,9 +284,10 @@ def open_run(request: RunRequest, claim: Claim, meter: Any) -> LiveRun:
     previous = attempts.earlier_run(tracker.client, tracker.experiment_id, request.run_key) if request.exclusive \
         else None
     tags = {**request.tags, **attempts.attempt_tags(previous, request.run_key)}
+    parent = parent_of(request.tracking, request.parent)
     try:
-        tracker.start(run_name=request.run_name, params=request.params, parent=request.parent,
-                      config=request.config, tags=tags, resume=previous.info.run_id if previous is not None else None)
+        tracker.start(run_name=request.run_name, params=request.params, parent=parent, config=request.config,
+                      tags=tags, resume=previous.info.run_id if previous is not None else None)
         tracker.log_input(request.dataset.entity())
         traces = None
         if request.traces:

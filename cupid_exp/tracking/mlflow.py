@@ -16,6 +16,7 @@ import os
 import re
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -105,6 +106,43 @@ def parent_run_id(sweep_dir: str | Path | None) -> str | None:
         return None
     marker = Path(sweep_dir) / PARENT_RUN_FILE
     return marker.read_text().strip() if marker.exists() else None
+
+
+@dataclass(frozen=True)
+class SweepParent:
+    """A sweep's parent run as its jobs name it before it exists: by the sweep's folder. The sweep's run worker
+    opens it while the first job starts (``ensure_parent``); its id is then in the folder's marker file."""
+
+    sweep_dir: str
+
+
+def ensure_parent(tracking: TrackingConfig, sweep_dir: str | Path) -> str:
+    """The id of the sweep's parent run: the one the sweep folder's marker names, else a new run (and the marker),
+    under a file lock (parallel jobs of a launcher may ask at once)."""
+    from filelock import FileLock
+
+    folder = Path(sweep_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder / f".{PARENT_RUN_FILE}.lock")):
+        found = parent_run_id(folder)
+        if found:
+            return found
+        from mlflow.tracking import MlflowClient
+
+        from cupid_exp.outputs import atomic_write_text
+
+        prepare_store(tracking.uri)
+        run = MlflowClient(tracking.uri).create_run(
+            experiment_id(tracking), run_name=f"sweep {folder.name}",
+            tags={"cupid.kind": "sweep", "cupid.sweep_dir": str(folder.resolve()), **git_state()})
+        atomic_write_text(folder / PARENT_RUN_FILE, run.info.run_id)
+        log.info("MLflow parent run %s for sweep %s", run.info.run_id, folder)
+        return run.info.run_id
+
+
+def parent_of(tracking: TrackingConfig, parent: str | SweepParent | None) -> str | None:
+    """A job's parent run id (a sweep's parent is opened here if nobody has yet)."""
+    return ensure_parent(tracking, parent.sweep_dir) if isinstance(parent, SweepParent) else parent
 
 
 def records_table(records: Iterable[Mapping[str, Any]]) -> Any:

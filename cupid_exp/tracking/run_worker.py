@@ -179,6 +179,30 @@ class RunWorker:
         self.process.kill()
         self._release()
 
+    # -- a sweep's parent run -----------------------------------------------------------------------------------
+    def open_sweep(self, tracking: Any, sweep_dir: str) -> None:
+        """Have the sweep's parent run opened (``tracking.mlflow.ensure_parent``) while the first job starts; returns
+        at once. The worker then waits for that job, which takes it; a failure reaches the job that does."""
+        self.inbox.put(("sweep", tracking, sweep_dir))
+        self._park()
+
+    def close_sweep(self, end: Any) -> tuple[bool, str | None]:
+        """Log the sweep's leaderboard on its parent run and end it (``tracking.sweep.finish_sweep``), here where
+        MLflow and matplotlib are imported already; then the worker exits. Returns (done, why the leaderboard is
+        missing); not done: the worker could not, and the caller does it itself."""
+        note = None
+        if self._healthy():
+            self.inbox.put(("sweep_end", end))
+            note = self._wait(("finished",), None, stall=True)
+        self.ended = True
+        self._release()
+        if note is None:
+            return False, None
+        if note[0] == "failed":
+            log.warning("the MLflow worker could not end the sweep's parent run (%s): ending it here", note[1])
+            return False, None
+        return True, note[1]
+
     # -- internals ---------------------------------------------------------------------------------------------
     def _here(self, totals: dict[str, float]) -> LiveRun:
         """The run, reattached in this process after the worker failed: no progress thread, no traces."""
@@ -304,6 +328,18 @@ def start(keep: bool = False) -> RunWorker | None:
         return None
 
 
+def take_idle() -> RunWorker | None:
+    """The worker this process's last job left, if it is alive (for the sweep's end)."""
+    global _IDLE
+    idle, _IDLE = _IDLE, None
+    if idle is not None and idle.process.exitcode is not None:
+        idle._release()
+        return None
+    if idle is not None:
+        idle._begin(keep=False)
+    return idle
+
+
 def quit_idle() -> None:
     """Stop the worker a sweep's last job left (at exit; a worker whose process died exits by itself)."""
     global _IDLE
@@ -370,6 +406,15 @@ def _serve(inbox: Any, outbox: Any, progress: Any) -> None:
                 if not message[2]:
                     os._exit(0)  # all is in the store: skip the interpreter's teardown (and MLflow's exit-time drain)
                 live, meter, reported = None, SnapshotMeter(), False  # the sweep's next job may take this worker
+            elif kind == "sweep":  # the sweep's parent run, before its first job's run
+                from cupid_exp.tracking.mlflow import ensure_parent
+
+                ensure_parent(message[1], message[2])
+            elif kind == "sweep_end":
+                from cupid_exp.tracking.sweep import finish_sweep
+
+                outbox.send(("finished", finish_sweep(message[1])))
+                os._exit(0)
             elif kind == "quit":
                 os._exit(0)
             elif kind == "end":

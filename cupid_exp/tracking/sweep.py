@@ -13,6 +13,7 @@ import logging
 import re
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,3 +53,37 @@ def publish_sweep(client: Any, uri: str, experiment: str, parent_id: str, *, see
     now = int(time.time() * 1000)
     client.log_batch(parent_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
     return metrics
+
+
+@dataclass
+class SweepEnd:
+    """What ending a sweep's parent run needs: plain data, so that the sweep's run worker can do it."""
+
+    uri: str
+    experiment: str
+    sweep_dir: str
+    seed: int
+    failed: bool  #: a job of the sweep failed: the parent ends FAILED
+
+
+def finish_sweep(end: SweepEnd) -> str | None:
+    """Log the leaderboard on the sweep's parent run and end the run (FAILED if a job failed). Returns why the
+    leaderboard could not be logged, if it could not: it is a view, the jobs' runs hold the results."""
+    from mlflow.tracking import MlflowClient
+
+    from cupid_exp.tracking.mlflow import env_uri_kept, parent_run_id
+    from cupid_exp.tracking.signals import shielded
+
+    parent = parent_run_id(end.sweep_dir)
+    if parent is None:  # no job opened a run (and with it the parent)
+        return None
+    client = MlflowClient(end.uri)
+    problem = None
+    try:
+        with env_uri_kept():  # the report's queries set MLflow's global URI
+            publish_sweep(client, end.uri, end.experiment, parent, seed=end.seed)
+    except Exception as exc:  # noqa: BLE001  # the leaderboard is a view; the jobs' runs hold the results
+        problem = f"{type(exc).__name__}: {exc}"
+    with shielded():
+        client.set_terminated(parent, status="FAILED" if end.failed else "FINISHED")
+    return problem

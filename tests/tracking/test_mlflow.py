@@ -14,6 +14,7 @@ from cupid_exp.job import typed_config
 from cupid_exp.secrets import redact
 from cupid_exp.tracking.callbacks import MlflowSweepCallback
 from cupid_exp.tracking.mlflow import RunTracker, flatten, parent_run_id
+from tracking_runs import wait_for
 
 
 def tracked_run(cfg, *, run_name: str, params=None, metrics=None, parent=None, artifacts=(), table=None) -> str:
@@ -69,9 +70,8 @@ def test_sweep_callback_creates_and_closes_the_parent(tmp_path: Path) -> None:
     cfg = compose_config([f"paths.output_root={tmp_path}"], return_hydra_config=True)
     OmegaConf.update(cfg, "hydra.sweep.dir", str(tmp_path / "sweep"))
     callback = MlflowSweepCallback()
-    callback.on_multirun_start(cfg)
-    parent = parent_run_id(tmp_path / "sweep")
-    assert parent
+    callback.on_multirun_start(cfg)  # the run worker opens the parent while the first job starts
+    parent = wait_for(lambda: parent_run_id(tmp_path / "sweep"), 120, "the sweep's parent run")
     child = tracked_run(compose_config([f"paths.output_root={tmp_path}"]), run_name="child", metrics={"x": 1.0},
                         parent=parent)
     callback.on_multirun_end(cfg)

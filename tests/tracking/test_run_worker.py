@@ -158,6 +158,42 @@ def test_the_job_process_never_imports_mlflow_or_matplotlib(tmp_path: Path) -> N
     assert sorted(Path(a.path).name for a in logged) == drawn
 
 
+def test_a_sweeps_launching_process_never_imports_mlflow_or_matplotlib(tmp_path: Path) -> None:
+    """The sweep's parent run is opened, and its leaderboard and plots logged, by the run worker its jobs share:
+    the process that runs the sweep imports neither MLflow (1-3 s before its first job could start) nor
+    matplotlib (the leaderboard's plots)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from helpers.cli_runner import cli_env
+
+    data = write_dataset(tmp_path / "data.jsonl", 3)
+    root = tmp_path / "out"
+    with StubServer() as stub:
+        cmd = job_command(stub.url, root, data, "model.name=stub_a,stub_b")
+        script = textwrap.dedent(f"""
+            import sys, atexit
+            sys.argv = {["cupid_exp", "-m", *cmd[3:]]!r}
+            atexit.register(lambda: print("IMPORTED:", [m for m in ("mlflow", "matplotlib") if m in sys.modules]))
+            from cupid_exp.cli import main
+            main()
+        """)
+        proc = subprocess.run([sys.executable, "-c", script], env=cli_env(), capture_output=True, text=True,
+                              timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "IMPORTED: []" in proc.stdout, proc.stdout[-2000:]
+    client = MlflowClient(store_uri(root))
+    runs = client.search_runs([client.get_experiment_by_name("cupid").experiment_id])
+    (parent,) = [r for r in runs if r.data.tags.get("cupid.kind") == "sweep"]
+    children = [r for r in runs if r.data.tags.get("cupid.kind") == "job"]
+    assert parent.info.status == "FINISHED" and parent.data.metrics["sweep/jobs"] == 2
+    assert sorted(c.data.params["model.name"] for c in children) == ["stub_a", "stub_b"]
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}
+    assert all(c.info.status == "FINISHED" for c in children)
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"leaderboard.md", "plots"}
+
+
 def test_without_a_worker_the_job_keeps_its_run_itself(tmp_path: Path, monkeypatch, caplog) -> None:
     def no_spawn(*args) -> None:
         raise OSError("no processes left")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,9 +52,17 @@ def traces_of(uri: str, run: Any) -> list[Any]:
     return list(client.search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id, max_results=500))
 
 
+# Ctrl-C at its default in the job, as a terminal starts it, even when this suite runs in the background: a
+# non-interactive shell's `cmd &` ignores SIGINT for cmd and everything it starts (the job would sit out SIGINT)
+_DEFAULT_SIGINT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                   "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+
+
 def start(cmd: list[str], log: Path, *, new_session: bool = False, **env: str) -> subprocess.Popen:
     """The CLI job, its output into ``log``; ``new_session``: in a process group of its own (``os.killpg``)."""
     out = log.open("w")
+    if cmd[0] == sys.executable:
+        cmd = [sys.executable, "-c", _DEFAULT_SIGINT, *cmd[1:]]
     return subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=cli_env(**env), stdout=out, stderr=subprocess.STDOUT,
                             start_new_session=new_session)
 
@@ -61,16 +70,24 @@ def start(cmd: list[str], log: Path, *, new_session: bool = False, **env: str) -
 @contextmanager
 def held_job(stub: Any, cmd: list[str], log: Path, after: int, timeout: float = 120) -> Iterator[subprocess.Popen]:
     """The CLI job ``cmd`` started with the stub holding every response after ``after`` completed ones; yields
-    the process once a request is held. On the way out the process is killed if still running, and the stub
+    the process once a request is held. On the way out the process is killed if still running (after a
+    SIGABRT that has its threads' stacks written into ``log``, printed here: what it was stuck on), and the stub
     released."""
+    import signal
+
     stub.hold_after(after)
-    proc = start(cmd, log)
+    proc = start(cmd, log, PYTHONFAULTHANDLER="1")
     try:
         assert stub.wait_held(timeout=timeout), log.read_text()[-3000:]
         yield proc
     finally:
         if proc.poll() is None:
-            proc.kill()
+            proc.send_signal(signal.SIGABRT)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            print(f"--- the job was still running; its log ({log}):\n{log.read_text()[-12000:]}")
         stub.release()
 
 

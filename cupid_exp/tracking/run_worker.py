@@ -314,13 +314,9 @@ _QUIT_AT_EXIT = False
 def start(keep: bool = False) -> RunWorker | None:
     """A run worker (the one the previous job left, if it is still alive), or None (with a warning) when none
     can be started. ``keep``: when its run has finished, leave it for this process's next job."""
-    global _IDLE
-    idle, _IDLE = _IDLE, None
+    idle = take_idle(keep)
     if idle is not None:
-        if idle.process.exitcode is None:
-            idle._begin(keep)
-            return idle
-        idle._release()
+        return idle
     try:
         return RunWorker(keep)
     except (OSError, RuntimeError) as exc:  # no process, pipe or start method: the job keeps its run itself
@@ -328,15 +324,17 @@ def start(keep: bool = False) -> RunWorker | None:
         return None
 
 
-def take_idle() -> RunWorker | None:
-    """The worker this process's last job left, if it is alive (for the sweep's end)."""
+def take_idle(keep: bool = False) -> RunWorker | None:
+    """The worker this process's last job left, if it is alive (for the next job, or the sweep's end); ready for
+    a new job's state (``keep``, as ``start``)."""
     global _IDLE
     idle, _IDLE = _IDLE, None
-    if idle is not None and idle.process.exitcode is not None:
+    if idle is None:
+        return None
+    if idle.process.exitcode is not None:  # it died while it waited
         idle._release()
         return None
-    if idle is not None:
-        idle._begin(keep=False)
+    idle._begin(keep)
     return idle
 
 

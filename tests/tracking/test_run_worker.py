@@ -127,27 +127,32 @@ def test_the_worker_draws_the_plots_when_the_model_phase_ends(tmp_path: Path) ->
     assert sorted(Path(a.path).name for a in logged) == sorted(stamps)
 
 
-def test_the_job_process_never_imports_mlflow_or_matplotlib(tmp_path: Path) -> None:
-    """The job's own process: no `import mlflow` (1-2 s of its start-up), all of it in the worker; nor matplotlib
-    (the worker draws the run's plots, into the job's folder and the run)."""
+def _run_with_import_probe(argv: list[str], timeout: float):
+    """The CLI with ``argv`` in a fresh Python that prints, at its very end, which of MLflow and matplotlib it
+    imported ("IMPORTED: [...]")."""
     import subprocess
     import sys
     import textwrap
 
     from helpers.cli_runner import cli_env
 
+    script = textwrap.dedent(f"""
+        import sys, atexit
+        sys.argv = {["cupid_exp", *argv]!r}
+        atexit.register(lambda: print("IMPORTED:", [m for m in ("mlflow", "matplotlib") if m in sys.modules]))
+        from cupid_exp.cli import main
+        main()
+    """)
+    return subprocess.run([sys.executable, "-c", script], env=cli_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_the_job_process_never_imports_mlflow_or_matplotlib(tmp_path: Path) -> None:
+    """The job's own process: no `import mlflow` (1-2 s of its start-up), all of it in the worker; nor matplotlib
+    (the worker draws the run's plots, into the job's folder and the run)."""
     data = write_dataset(tmp_path / "data.jsonl", 3)
     with StubServer() as stub:
-        cmd = job_command(stub.url, tmp_path / "out", data)
-        script = textwrap.dedent(f"""
-            import sys, atexit
-            sys.argv = {["cupid_exp", *cmd[3:]]!r}
-            atexit.register(lambda: print("IMPORTED:", [m for m in ("mlflow", "matplotlib") if m in sys.modules]))
-            from cupid_exp.cli import main
-            main()
-        """)
-        proc = subprocess.run([sys.executable, "-c", script], env=cli_env(), capture_output=True, text=True,
-                              timeout=240)
+        proc = _run_with_import_probe(job_command(stub.url, tmp_path / "out", data)[3:], timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "IMPORTED: []" in proc.stdout, proc.stdout[-2000:]
     run = only_run(store_uri(tmp_path / "out"))
@@ -162,25 +167,11 @@ def test_a_sweeps_launching_process_never_imports_mlflow_or_matplotlib(tmp_path:
     """The sweep's parent run is opened, and its leaderboard and plots logged, by the run worker its jobs share:
     the process that runs the sweep imports neither MLflow (1-3 s before its first job could start) nor
     matplotlib (the leaderboard's plots)."""
-    import subprocess
-    import sys
-    import textwrap
-
-    from helpers.cli_runner import cli_env
-
     data = write_dataset(tmp_path / "data.jsonl", 3)
     root = tmp_path / "out"
     with StubServer() as stub:
-        cmd = job_command(stub.url, root, data, "model.name=stub_a,stub_b")
-        script = textwrap.dedent(f"""
-            import sys, atexit
-            sys.argv = {["cupid_exp", "-m", *cmd[3:]]!r}
-            atexit.register(lambda: print("IMPORTED:", [m for m in ("mlflow", "matplotlib") if m in sys.modules]))
-            from cupid_exp.cli import main
-            main()
-        """)
-        proc = subprocess.run([sys.executable, "-c", script], env=cli_env(), capture_output=True, text=True,
-                              timeout=300)
+        proc = _run_with_import_probe(["-m", *job_command(stub.url, root, data, "model.name=stub_a,stub_b")[3:]],
+                                      timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "IMPORTED: []" in proc.stdout, proc.stdout[-2000:]
     client = MlflowClient(store_uri(root))

@@ -80,6 +80,29 @@ def test_sweep_callback_creates_and_closes_the_parent(tmp_path: Path) -> None:
     assert client.get_run(parent).info.status == "FINISHED"
 
 
+def test_a_sweep_whose_worker_died_is_closed_by_the_launching_process(tmp_path: Path, caplog) -> None:
+    """The worker that opened the parent is gone at the sweep's end: the leaderboard and the parent's end happen
+    here instead, and the parent ends FINISHED (never left RUNNING)."""
+    import logging
+
+    from cupid_exp.tracking import run_worker
+
+    cfg = compose_config([f"paths.output_root={tmp_path}"], return_hydra_config=True)
+    OmegaConf.update(cfg, "hydra.sweep.dir", str(tmp_path / "sweep"))
+    callback = MlflowSweepCallback()
+    callback.on_multirun_start(cfg)
+    parent = wait_for(lambda: parent_run_id(tmp_path / "sweep"), 120, "the sweep's parent run")
+    worker = run_worker._IDLE
+    worker.process.kill()
+    worker.process.join(10)
+    with caplog.at_level(logging.WARNING):
+        callback.on_multirun_end(cfg)
+    assert run_worker._IDLE is None
+    client = MlflowClient(cfg.tracking.uri)
+    assert client.get_run(parent).info.status == "FINISHED"
+    assert "leaderboard.md" in {a.path for a in client.list_artifacts(parent)}
+
+
 def test_artifacts_go_where_the_store_says(tmp_path: Path) -> None:
     """Beside a SQLite database; a server's own store (None: MLflow asks the server); a configured place as is."""
     from cupid_exp.config import TrackingConfig

@@ -266,8 +266,11 @@ class RuntimeConfig(Checked):
     resume: bool = True  # skip instances a previous run of the same job already finished
     dry_run: bool = False  # render prompts and count calls/tokens/cost; call no model
     dry_run_completion_tokens: int = 300  # assumed reply length for the dry-run cost estimate
+    workers: int = 1  # processes sharing an evaluation job's model calls (cupid_exp.job.workers); 1: this one
 
     def check(self, where: str) -> None:
+        require(isinstance(self.workers, int) and self.workers >= 1, f"{where}.workers", self.workers,
+                "an integer >= 1")
         require(isinstance(self.num_retries, int) and self.num_retries >= 0, f"{where}.num_retries",
                 self.num_retries, "an integer >= 0")
         require_positive(f"{where}.timeout", self.timeout)

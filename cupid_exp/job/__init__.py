@@ -20,6 +20,7 @@ from cupid_exp.entry import Outcome
 from cupid_exp.job.execute import Execution, execute, run_instance
 from cupid_exp.job.plan import JobPlan, build_context, connect, plan, typed_config
 from cupid_exp.job.publish import headline, publish, start_tracking
+from cupid_exp.job.workers import start_workers
 from cupid_exp.results import InstanceResult
 from cupid_exp.scoring.summary import JobSummary, summarize
 from cupid_exp.tracking.attempts import earlier_attempt_metrics, earlier_usage
@@ -72,19 +73,24 @@ def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = 
     started = time.perf_counter()
     job = plan(cfg, output_dir, choices, parent_run, clients=False)
     with sigterm_raises():  # from the run's creation on, SIGTERM unwinds (and ends the run KILLED)
-        live = start_tracking(job)
-        with ends_on_error(live):
-            connect(job)  # importing litellm while the MLflow worker opens the run
-            if live is not None and job.todo:  # before the first call; a complete resume waits at publish
-                live.wait_opened()
-            imports = import_alongside() if job.todo and not job.dry_run else None
-            execution = execute(job, live)
-            if live is not None:
-                live.executed()
-            if imports is not None:
-                imports.join()
-            summary = summarize_job(job, execution, started)
-            publish(job, summary, live)
+        job.workers = start_workers(job)  # runtime.workers: their start overlaps this process's (they wait for it)
+        try:
+            live = start_tracking(job)
+            with ends_on_error(live):
+                connect(job)  # importing litellm while the MLflow worker opens the run
+                if live is not None and job.todo:  # before the first call; a complete resume waits at publish
+                    live.wait_opened()
+                imports = import_alongside() if job.todo and not job.dry_run else None
+                execution = execute(job, live)
+                if live is not None:
+                    live.executed()
+                if imports is not None:
+                    imports.join()
+                summary = summarize_job(job, execution, started)
+                publish(job, summary, live)
+        finally:
+            if job.workers is not None:
+                job.workers.stop()
     if summary.over_threshold and not job.dry_run:
         return Outcome("incomplete", summary.status_line(), headline(summary))
     return Outcome("ok", "", headline(summary))

@@ -103,7 +103,19 @@ def prompt_set(directory: str | None) -> PromptSet:
     return PromptSet(directory)
 
 
+def check_workers(cfg: RunConfig) -> None:
+    """Embedded models run inside the job's process: every worker would load (and compute with) its own copy."""
+    if cfg.runtime.workers <= 1 or cfg.runtime.dry_run:
+        return
+    ev = cfg.evaluator
+    embedded = sorted({m.name for m in (cfg.model, ev.decomposer, ev.matcher, ev.judge) if m.is_embedded})
+    if embedded:
+        raise ConfigError(f"runtime.workers={cfg.runtime.workers}: {', '.join(embedded)} run(s) inside the job's "
+                          "process, one copy per worker; use runtime.workers=1 with embedded models")
+
+
 def check_before_calls(cfg: RunConfig, setting: Setting, prompts: PromptSet, parts: Iterable[str]) -> None:
+    check_workers(cfg)
     check_writable("paths.output_root", cfg.paths.output_root)
     if cfg.runtime.cache and not cfg.runtime.dry_run:
         check_writable("runtime.cache_dir", cfg.runtime.cache_dir)

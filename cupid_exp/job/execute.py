@@ -11,10 +11,11 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from cupid_exp.data.schema import Instance, relevant_positions
 from cupid_exp.job.plan import JobPlan
-from cupid_exp.llm.calls import recording
+from cupid_exp.llm.calls import CallLog, recording
 from cupid_exp.llm.client import drain_background_tasks
 from cupid_exp.llm.server import managed_server
 from cupid_exp.llm.steps import StepFailed, Transcript
@@ -33,7 +34,7 @@ class Execution:
 
     results: list[InstanceResult]  #: fresh results, in completion order
     seconds: float = 0.0  #: wall time calling models and scoring (without start-up or logging)
-    cpu_seconds: float = 0.0  #: this process's CPU time in that phase (the orchestration cost)
+    cpu_seconds: float = 0.0  #: CPU time in that phase (the orchestration cost), worker processes' included
 
 
 def _truth(instance: Instance) -> Truth:
@@ -92,27 +93,50 @@ def instances_in_flight(ctx: TaskContext) -> int:
     return 2 * sum(slots.values())
 
 
-async def _run_all(plan: JobPlan, instances: list[Instance], observer: InstanceObserver | None = None
-                   ) -> list[InstanceResult]:
-    progress = Progress([*plan.setting.stages, *plan.parts], len(instances), plan.meter,
-                        enabled=bool(plan.cfg.runtime.progress))
-    admitted = asyncio.Semaphore(instances_in_flight(plan.ctx))
+Taker = Callable[[], "Instance | None"]
+Finished = Callable[[Instance, InstanceResult, "CallLog | None"], None]
 
-    async def one(instance: Instance) -> InstanceResult:
-        async with admitted:
-            with recording(observer is not None and observer.wants_calls) as calls:  # its calls, for its trace
+
+async def run_instances(plan: JobPlan, take: Taker, finished: Finished, progress: Progress | None,
+                        wants_calls: bool) -> None:
+    """Run instances as ``take`` hands them out, ``instances_in_flight`` at a time, and tell ``finished`` of each
+    (with its model calls when ``wants_calls``). ``take`` returns None when none is left. The caller drains
+    litellm's background work after (``drain_background_tasks`` waits for every other task: its own too)."""
+    async def lane() -> None:
+        while (instance := take()) is not None:
+            with recording(wants_calls) as calls:  # its calls, for its trace
                 result = await run_instance(plan, instance, progress)
+            finished(instance, result, calls)
+
+    await asyncio.gather(*(lane() for _ in range(instances_in_flight(plan.ctx))))
+
+
+def job_finisher(plan: JobPlan, observer: InstanceObserver | None, results: list[InstanceResult]) -> Finished:
+    """What the job's process does with each finished instance, whichever process ran it: journal its record,
+    tell the observer (the MLflow run), keep its result."""
+    def finished(instance: Instance, result: InstanceResult, calls: CallLog | None) -> None:
         record = result.to_record()
         if plan.journal is not None:
             plan.journal.append(record)
         if observer is not None:
             observer.instance_finished(instance, result, record, calls)
-        return result
+        results.append(result)
 
+    return finished
+
+
+def job_progress(plan: JobPlan, total: int) -> Progress:
+    return Progress([*plan.setting.stages, *plan.parts], total, plan.meter, enabled=bool(plan.cfg.runtime.progress))
+
+
+async def _run_all(plan: JobPlan, instances: list[Instance], observer: InstanceObserver | None = None
+                   ) -> list[InstanceResult]:
+    progress = job_progress(plan, len(instances))
     results: list[InstanceResult] = []
+    pending = iter(instances)
     try:
-        for future in asyncio.as_completed([one(i) for i in instances]):
-            results.append(await future)
+        await run_instances(plan, lambda: next(pending, None), job_finisher(plan, observer, results), progress,
+                            observer is not None and observer.wants_calls)
     finally:
         progress.close()
     await drain_background_tasks()
@@ -128,5 +152,15 @@ def execute(plan: JobPlan, observer: InstanceObserver | None = None) -> Executio
     server = plan.cfg.evaluator.server if not plan.dry_run else None
     with managed_server(server):
         start, cpu = time.perf_counter(), time.process_time()  # without a model server's start-up
-        results = asyncio.run(_run_all(plan, todo, observer))
-        return Execution(results, time.perf_counter() - start, time.process_time() - cpu)
+        if plan.processes > 1:  # runtime.workers: started with the job (run_job), or here
+            from cupid_exp.job.workers import run_spread, start_workers
+
+            workers = plan.workers or start_workers(plan)
+            try:
+                results, workers_cpu = run_spread(plan, todo, observer, workers)
+            finally:
+                if workers is not plan.workers:
+                    workers.stop()
+        else:
+            results, workers_cpu = asyncio.run(_run_all(plan, todo, observer)), 0.0
+        return Execution(results, time.perf_counter() - start, time.process_time() - cpu + workers_cpu)

@@ -49,6 +49,8 @@ class JobPlan:
     done: dict[str, dict[str, Any]] = field(default_factory=dict)  #: key -> finished record from the journal
     meter: UsageMeter = field(default_factory=UsageMeter)
     ctx: TaskContext | None = None  #: clients and evaluator; None when nothing is left to run
+    processes: int = 1  #: processes sharing the model calls (``runtime.workers``, bounded: ``job.workers``)
+    workers: Any = None  #: the other processes' handle (``job.workers.Workers``), started by ``run_job``
 
     @property
     def todo(self) -> list[Instance]:
@@ -119,6 +121,10 @@ def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = Non
         if job.done:
             log.info("resuming: %d of %d instances already finished (journal %s)", len(job.done),
                      len(data.instances), job.journal.path)
+    if job.todo and not job.dry_run:
+        from cupid_exp.job.workers import processes
+
+        job.processes = processes(run_cfg, len(job.todo))
     if clients:
         connect(job)
     return job
@@ -127,4 +133,6 @@ def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = Non
 def connect(job: JobPlan) -> None:
     """The model clients, when some instance is left to run (this imports litellm: seconds)."""
     if job.todo and job.ctx is None:
-        job.ctx = build_context(job.cfg, job.prompts, job.meter)
+        from cupid_exp.job.workers import share
+
+        job.ctx = build_context(share(job.cfg, 0, job.processes), job.prompts, job.meter)

@@ -10,6 +10,7 @@ project accepts, so a cache written under one is read under another.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import zlib
 from pathlib import Path
@@ -39,11 +40,11 @@ class DiskResponseStore(BaseCache):
         self.store.set(key, value, expire=float(ttl) if ttl else None)
 
     async def async_set_cache(self, key: str, value: Any, **kwargs: Any) -> None:
-        self.set_cache(key, value, **kwargs)
+        # on a thread: compressing and SQLite's write release the GIL (the event loop goes on meanwhile)
+        await asyncio.to_thread(self.set_cache, key, value, **kwargs)
 
     async def async_set_cache_pipeline(self, cache_list: list[tuple[str, Any]], **kwargs: Any) -> None:
-        for key, value in cache_list:
-            self.set_cache(key, value, **kwargs)
+        await asyncio.to_thread(lambda: [self.set_cache(key, value, **kwargs) for key, value in cache_list])
 
     def get_cache(self, key: str, **kwargs: Any) -> Any:
         try:

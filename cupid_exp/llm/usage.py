@@ -64,6 +64,24 @@ class UsageMeter:
         """A step that ran out of attempts on unusable replies."""
         self.counts[step]["gave_up"] += 1
 
+    def merge(self, counts: dict[str, dict[str, float]]) -> None:
+        """Add counts another meter made (a worker process's, ``since``), step by step."""
+        for step, values in counts.items():
+            mine = self.counts[step]
+            for key, value in values.items():
+                mine[key] += value
+
+    def since(self, sent: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        """What was counted since the counts in ``sent``, which become the current ones (for ``merge``)."""
+        out: dict[str, dict[str, float]] = {}
+        for step, values in self.as_dict().items():
+            before = sent.setdefault(step, {})
+            changed = {k: v - before.get(k, 0.0) for k, v in values.items() if v != before.get(k, 0.0)}
+            if changed:
+                out[step] = changed
+                before.update(values)
+        return out
+
     def totals(self) -> dict[str, float]:
         out: dict[str, float] = defaultdict(float)
         for c in self.counts.values():

@@ -26,7 +26,8 @@ TRANSIENT_KINDS = {"provider", "timeout", "rate_limit", "auth"}
 # What never changes an instance's result: where it is written or logged, how progress shows, how
 # failures enter the means (aggregation reads the journal, so another policy replays it for free).
 _NOT_IDENTITY = {"paths", "tracking", "hydra"}
-_RUNTIME_NOT_IDENTITY = {"progress", "cache_dir", "resume", "failure_policy", "max_failed_fraction", "retry_failed"}
+_RUNTIME_NOT_IDENTITY = {"progress", "cache_dir", "resume", "failure_policy", "max_failed_fraction", "retry_failed",
+                         "workers"}
 
 
 def job_identity(resolved: Mapping[str, Any], *, dataset_digest: str, prompts_digest: str) -> str:

@@ -220,8 +220,17 @@ class RunTracker:
     def log_input(self, dataset: Any, context: str = "eval") -> None:
         """A dataset entity as the run's input: the runs table's Dataset column."""
         from mlflow.entities import DatasetInput, InputTag
+        from mlflow.exceptions import MlflowException
 
-        self.client.log_inputs(self.run_id, [DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)])])
+        inputs = [DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)])]
+        try:
+            self.client.log_inputs(self.run_id, inputs)
+        except MlflowException as exc:
+            if "UNIQUE constraint failed: datasets" not in str(exc):
+                raise
+            # parallel jobs (joblib, submitit) logging the same data: another one stored the dataset between
+            # MLflow's lookup and its insert; it exists now, and the retry links this run to it
+            self.client.log_inputs(self.run_id, inputs)
 
     def log_artifacts(self, files: Iterable[Path], folder: str | None = None) -> None:
         for path in files:

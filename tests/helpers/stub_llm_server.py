@@ -318,6 +318,7 @@ class _Counters:
     completed: Counter = field(default_factory=Counter)
     faults: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
     in_flight: int = 0
+    peak_in_flight: int = 0  # the most requests it was answering at once
     held: int = 0
     completed_prompts: Counter = field(default_factory=Counter)  # digest of the request -> completions
 
@@ -387,7 +388,7 @@ class StubServer:
             return {"received": dict(c.received), "completed": dict(c.completed),
                     "faults": {k: dict(v) for k, v in c.faults.items()},
                     "total_received": sum(c.received.values()), "total_completed": sum(c.completed.values()),
-                    "in_flight": c.in_flight, "held": c.held,
+                    "in_flight": c.in_flight, "peak_in_flight": c.peak_in_flight, "held": c.held,
                     "repeated_completions": sum(n - 1 for n in c.completed_prompts.values() if n > 1),
                     "distinct_completed": len(c.completed_prompts)}
 
@@ -498,6 +499,7 @@ class StubServer:
                 self.bodies.append(body)
             self.counters.received[step] += 1
             self.counters.in_flight += 1
+            self.counters.peak_in_flight = max(self.counters.peak_in_flight, self.counters.in_flight)
             attempt = self._seen[prompt_digest]
             self._seen[prompt_digest] += 1
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
@@ -140,3 +141,40 @@ def test_our_own_set_tracking_uri_does_not_leak_into_the_environment(monkeypatch
         assert "MLFLOW_TRACKING_URI" not in os.environ
     finally:
         mlflow.set_tracking_uri(None)
+
+
+def test_a_dataset_another_job_stored_meanwhile_is_linked_not_an_error(tmp_path: Path, monkeypatch) -> None:
+    """Parallel jobs on the same data race to store its dataset: the loser's insert fails on MLflow's unique
+    key (seen in a joblib sweep). The run then links the dataset the other job stored; other errors still raise."""
+    import mlflow.data
+    from mlflow.exceptions import MlflowException
+
+    cfg = compose_config([f"paths.output_root={tmp_path}"])
+    dataset = mlflow.data.from_pandas(pd.DataFrame([{"key": "a/consistent"}]), name="data.jsonl",
+                                      digest="d1")._to_mlflow_entity()
+    winner, loser = (RunTracker(typed_config(cfg).tracking, secrets=[]) for _ in range(2))
+    for tracker, name in ((winner, "winner"), (loser, "loser")):
+        tracker.start(run_name=name, params={}, tags={}, parent=None, config={})
+    real = loser.client.log_inputs
+    attempts = []
+
+    def lose_the_race(run_id, inputs):
+        attempts.append(run_id)
+        if len(attempts) == 1:
+            winner.log_input(dataset)  # the other job's insert lands between the lookup and ours
+            raise MlflowException("(sqlite3.IntegrityError) UNIQUE constraint failed: datasets.experiment_id, "
+                                  "datasets.name, datasets.digest")
+        return real(run_id, inputs)
+
+    monkeypatch.setattr(loser.client, "log_inputs", lose_the_race)
+    loser.log_input(dataset)
+    client = MlflowClient(cfg.tracking.uri)
+    linked = [client.get_run(t.run_id).inputs.dataset_inputs for t in (winner, loser)]
+    assert len(attempts) == 2 and [[d.dataset.digest for d in inputs] for inputs in linked] == [["d1"], ["d1"]]
+
+    def refused(run_id, inputs):
+        raise MlflowException("the store is read-only")
+
+    monkeypatch.setattr(loser.client, "log_inputs", refused)
+    with pytest.raises(MlflowException, match="read-only"):
+        loser.log_input(dataset)

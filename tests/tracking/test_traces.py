@@ -101,3 +101,26 @@ def test_a_cached_rerun_marks_cache_hits_and_traces_false_logs_no_trace(traced) 
         (s.name, True, {"total_cost": 0.0}) for s in spans]
     quiet = only_run(traced["off"])
     assert quiet.info.status == "FINISHED" and traces_of(traced["off"], quiet) == []
+
+
+def test_calls_shared_by_two_processes_are_traced_counted_and_logged(tmp_path) -> None:
+    """runtime.workers=2 through the CLI: each instance's trace, usage and failure reach the run, whichever
+    process ran it, and the job says how many processes shared its calls."""
+    data = write_dataset(tmp_path / "data.jsonl", 6)
+    slots = [f"{role}.max_concurrency=2" for role in ("model", "evaluator.decomposer", "evaluator.matcher",
+                                                       "evaluator.judge")]
+    with StubServer(latency_ms=200, giveup_match="(variant 2)") as stub:
+        done = run_cli(job_command(stub.url, tmp_path, data, "task=both", "runtime.num_retries=0",
+                                   "runtime.max_failed_fraction=1", "runtime.workers=2", *slots), timeout=240)
+        received = stub.stats()["total_received"]
+    uri = store_uri(tmp_path)
+    run = only_run(uri)
+    (job,) = job_dirs(tmp_path)
+    records = {r["key"]: r for r in read_jsonl(job / "instances.jsonl")}
+    assert run.info.status == "FINISHED" and len(records) == 6
+    assert sorted(t.info.tags["cupid.key"] for t in traces_of(uri, run)) == sorted(records)
+    assert run.data.metrics["calls/total"] == sum(u["calls"] for r in records.values() for u in r["usage"].values())
+    assert run.data.metrics["calls/requests"] == received
+    (failed,) = [key for key, r in records.items() if r["errors"]]
+    log = done.stdout + done.stderr
+    assert "model calls shared by 2 processes" in log and f"instance {failed}:" in log

@@ -1,0 +1,195 @@
+"""runtime.workers: a job's model calls shared by worker processes (``cupid_exp.job.workers``), against the stub."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers.jobs import stub_config, stub_plan
+from helpers.stub_llm_server import StubServer
+from helpers.worker_bug import BugInWorkersConfig, LogsInWorkersConfig, unregister_both
+
+from cupid_exp.config import ConfigError
+from cupid_exp.job import execute, plan, summarize_job
+from cupid_exp.job.plan import typed_config
+from cupid_exp.job.workers import Workers, WorkerFailed, processes, share, start_workers
+
+unregister_both()  # only the workers that unpickle them need them registered
+
+ROLES = ("model", "evaluator.decomposer", "evaluator.matcher", "evaluator.judge")
+
+
+def _nine() -> tuple[str, ...]:
+    from cupid_exp.data.loading import SAMPLE_FULL_PATH
+
+    return ("data=local", f"data.path={SAMPLE_FULL_PATH}", "task=both")
+
+
+def _concurrency(n: int) -> list[str]:
+    return [f"{role}.max_concurrency={n}" for role in ROLES]
+
+
+def _ready(workers: Workers, timeout: float = 120.0) -> None:
+    """Wait until every worker has built its clients (they then wait for the job's go)."""
+    deadline = time.monotonic() + timeout
+    while workers.shared.ready.value < len(workers.processes):
+        assert time.monotonic() < deadline, "a worker did not get ready"
+        assert all(p.exitcode is None for p in workers.processes), "a worker exited before it was ready"
+        time.sleep(0.05)
+
+
+def _scores(results) -> dict[str, tuple]:
+    return {r.key: (r.inference.precision, r.inference.recall, r.generation.judge_score) for r in results}
+
+
+def test_each_models_concurrency_is_split_and_the_processes_are_bounded(tmp_path: Path) -> None:
+    cfg = typed_config(stub_config("http://127.0.0.1:9/v1", tmp_path, "runtime.workers=3",
+                                   "model.max_concurrency=8", "evaluator.judge.max_concurrency=4"))
+    shares = [share(cfg, i, 3) for i in range(3)]
+    assert [s.model.max_concurrency for s in shares] == [3, 3, 2]  # together: the configured 8
+    assert [s.evaluator.judge.max_concurrency for s in shares] == [2, 1, 1]
+    assert cfg.model.max_concurrency == 8 and share(cfg, 0, 1) is cfg  # the job's own config is left alone
+    shared_object = typed_config(stub_config("http://127.0.0.1:9/v1", tmp_path, "model.max_concurrency=8"))
+    shared_object.evaluator.judge = shared_object.model  # two roles, one config object: split once
+    assert share(shared_object, 0, 2).evaluator.judge.max_concurrency == 4
+    assert processes(cfg, todo=100) == 3
+    assert processes(cfg, todo=2) == 2  # one per instance left at most
+    few = typed_config(stub_config("http://127.0.0.1:9/v1", tmp_path, "runtime.workers=8",
+                                   "evaluator.matcher.max_concurrency=2"))
+    assert processes(few, todo=100) == 2  # each process needs a slot of every model
+
+
+def test_embedded_models_refuse_workers_before_any_call(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"runtime.workers=2: .* inside the job's process"):
+        plan(stub_config("http://127.0.0.1:9/v1", tmp_path, "model=local", "runtime.workers=2"), tmp_path / "job")
+    with pytest.raises(ConfigError, match=r"runtime.workers=0 is not allowed"):
+        plan(stub_config("http://127.0.0.1:9/v1", tmp_path, "runtime.workers=0"), tmp_path / "job")
+
+
+def test_two_processes_run_every_instance_once_within_the_configured_bound(tmp_path: Path, caplog) -> None:
+    """One slot per model in each process: two requests at once means both processes called the stub, three
+    would break the configured bound. The results, usage and journal are those of a one-process run, and the
+    worker's log lines reach the job's log."""
+    with StubServer(latency_ms=150) as stub:
+        job = stub_plan(stub.url, tmp_path / "two", *_nine(), *_concurrency(2), "runtime.workers=2")
+        assert job.processes == 2
+        job.cfg.setting = LogsInWorkersConfig()  # the standard setting, which logs when a worker runs it
+        job.workers = start_workers(job)
+        try:
+            _ready(job.workers)
+            execution = execute(job)
+        finally:
+            job.workers.stop()
+        stats = stub.stats()
+        stub.config.latency_ms = 0
+        alone = stub_plan(stub.url, tmp_path / "one", *_nine(), *_concurrency(2))
+        assert alone.processes == 1 and alone.identity == job.identity  # workers change no result
+        alone_results = execute(alone).results
+    assert stats["peak_in_flight"] == 2 and stats["total_received"] == 9 * 6
+    assert all(p.exitcode == 0 for p in job.workers.processes)  # each sent its last word and left
+    assert sorted(r.key for r in execution.results) == sorted(i.key for i in job.data.instances)
+    summary = summarize_job(job, execution, started=0.0)
+    assert summary.metrics["calls/total"] == 9 * 6 and summary.metrics["calls/requests"] == 9 * 6  # merged usage
+    assert execution.cpu_seconds > 0
+    journal = job.journal.path.read_text().splitlines()
+    assert sorted(json.loads(line)["key"] for line in journal) == sorted(i.key for i in job.data.instances)
+    assert _scores(alone_results) == _scores(execution.results)
+    in_worker = [r for r in caplog.records if r.getMessage().endswith("ran in a worker")]
+    assert in_worker and {r.processName for r in in_worker} == {"cupid-calls-1"}
+
+
+def test_a_bug_in_a_worker_stops_the_job_with_its_traceback(tmp_path: Path) -> None:
+    with StubServer(latency_ms=100) as stub:
+        job = stub_plan(stub.url, tmp_path, *_nine(), *_concurrency(2), "runtime.workers=2")
+        job.cfg.setting = BugInWorkersConfig()  # the workers' setting (the job's own runs the standard one)
+        job.workers = start_workers(job)
+        try:
+            _ready(job.workers)
+            with pytest.raises(WorkerFailed, match=r"(?s)stopped on a bug:.*TypeError: a bug only workers have"):
+                execute(job)
+        finally:
+            job.workers.stop()
+    assert all(p.exitcode is not None for p in job.workers.processes)
+
+
+@pytest.mark.parametrize("when", ["while it calls", "before it is ready"])
+def test_a_worker_that_dies_stops_the_job(tmp_path: Path, when: str) -> None:
+    """Killed mid-job, or before it read the instances (the job must neither hang nor lose them silently)."""
+    with StubServer(latency_ms=300) as stub:
+        job = stub_plan(stub.url, tmp_path, *_nine(), *_concurrency(2), "runtime.workers=2")
+        job.workers = start_workers(job)
+        worker = job.workers.processes[0]
+
+        def kill_once_both_call() -> None:
+            deadline = time.monotonic() + 60
+            while stub.stats()["in_flight"] < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            os.kill(worker.pid, signal.SIGKILL)
+
+        try:
+            if when == "before it is ready":
+                os.kill(worker.pid, signal.SIGKILL)
+            else:
+                _ready(job.workers)
+                threading.Thread(target=kill_once_both_call, daemon=True).start()
+            with pytest.raises(WorkerFailed, match=r"worker process cupid-calls-1 died \(exit code -9\)"):
+                execute(job)
+        finally:
+            job.workers.stop()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process table from /proc")
+def test_a_job_killed_outright_leaves_no_worker_calling_models(tmp_path: Path) -> None:
+    """SIGKILL gives the job no chance to stop its workers: each notices its parent is gone and exits, instead of
+    making calls for nobody (and then hanging on a queue no one reads)."""
+    from helpers.cli_runner import cli_command, cli_env
+    from helpers.cupid_data import write_dataset
+
+    data = write_dataset(tmp_path / "data.jsonl", 12)
+    with StubServer(latency_ms=400) as stub:
+        cmd = cli_command(stub.url, tmp_path / "out", "tracking=none", "runtime.workers=2", *_concurrency(2),
+                          data=data)
+        job = subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 120
+            while stub.stats()["in_flight"] < 2:  # both processes are calling
+                assert job.poll() is None and time.monotonic() < deadline, "the job did not reach its calls"
+                time.sleep(0.05)
+            workers = _children(job.pid)
+            assert workers
+            job.kill()
+            job.wait(10)
+            deadline = time.monotonic() + 15
+            while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            left = [pid for pid in workers if _alive(pid)]
+            received = stub.stats()["total_received"]
+            time.sleep(1.0)
+            assert left == [] and stub.stats()["total_received"] == received
+        finally:
+            if job.poll() is None:
+                job.kill()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from helpers.jobs import stub_config, stub_plan
+from helpers.processes import alive, children
 from helpers.stub_llm_server import StubServer
 from helpers.worker_bug import BugInWorkersConfig, LogsInWorkersConfig, unregister_both
 
@@ -144,24 +145,6 @@ def test_a_worker_that_dies_stops_the_job(tmp_path: Path, when: str) -> None:
             job.workers.stop()
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process table from /proc")
 def test_a_job_killed_outright_leaves_no_worker_calling_models(tmp_path: Path) -> None:
     """SIGKILL gives the job no chance to stop its workers: each notices its parent is gone and exits, instead of
@@ -179,14 +162,14 @@ def test_a_job_killed_outright_leaves_no_worker_calling_models(tmp_path: Path) -
             while stub.stats()["in_flight"] < 2:  # both processes are calling
                 assert job.poll() is None and time.monotonic() < deadline, "the job did not reach its calls"
                 time.sleep(0.05)
-            workers = _children(job.pid)
+            workers = children(job.pid)
             assert workers
             job.kill()
             job.wait(10)
             deadline = time.monotonic() + 15
-            while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            left = [pid for pid in workers if _alive(pid)]
+            left = [pid for pid in workers if alive(pid)]
             received = stub.stats()["total_received"]
             time.sleep(1.0)
             assert left == [] and stub.stats()["total_received"] == received

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
 import pytest
 from helpers.cupid_data import write_dataset
+from helpers.processes import alive, children
 from helpers.stub_llm_server import StubServer
 from mlflow.tracking import MlflowClient
 from tracking_runs import held_job, history, job_command, only_run, start, store_uri, traces_of, wait_for
@@ -14,20 +16,29 @@ from tracking_runs import held_job, history, job_command, only_run, start, store
 N = 8
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, None)], ids=["SIGTERM", "SIGINT"])
-def test_an_interrupt_mid_job_ends_the_run_killed(tmp_path: Path, sig: int, code: int | None) -> None:
+@pytest.mark.parametrize("sig, code, workers", [(signal.SIGTERM, 143, 1), (signal.SIGINT, None, 1),
+                                               (signal.SIGTERM, 143, 2), (signal.SIGINT, None, 2)],
+                         ids=["SIGTERM", "SIGINT", "SIGTERM-2-processes", "SIGINT-2-processes"])
+def test_an_interrupt_mid_job_ends_the_run_killed(tmp_path: Path, sig: int, code: int | None, workers: int) -> None:
+    """With ``runtime.workers=2`` the job stops its worker too (a Ctrl-C reaches the worker as well, which leaves
+    it to the job): no process of the job is left."""
     data = write_dataset(tmp_path / "data.jsonl", N)
     root, log = tmp_path / "out", tmp_path / "job.log"
     uri = store_uri(root)
     # more than 3 of 4 calls per instance done: some instances finished, not all
-    with StubServer() as stub, held_job(stub, job_command(stub.url, root, data, "model.max_concurrency=2"), log,
-                                        after=3 * N + 2) as proc:
-        client = MlflowClient(uri)
-        run = wait_for(lambda: history(client, only_run(uri).info.run_id, "progress/instances_done")[-1][0] > 0
-                       and only_run(uri), 30, "a progress point")
-        assert run.info.status == "RUNNING"
-        proc.send_signal(sig)
-        returncode = proc.wait(timeout=60)
+    with StubServer() as stub:
+        cmd = job_command(stub.url, root, data, "model.max_concurrency=2", f"runtime.workers={workers}")
+        with held_job(stub, cmd, log, after=3 * N + 2) as proc:
+            client = MlflowClient(uri)
+            run = wait_for(lambda: history(client, only_run(uri).info.run_id, "progress/instances_done")[-1][0] > 0
+                           and only_run(uri), 30, "a progress point")
+            assert run.info.status == "RUNNING"
+            started = children(proc.pid)
+            # Ctrl-C reaches every process of the terminal's foreground group; SIGTERM only the job
+            for pid in [proc.pid, *(started if sig == signal.SIGINT else [])]:
+                os.kill(pid, sig)
+            returncode = proc.wait(timeout=60)
+            wait_for(lambda: not any(alive(pid) for pid in started), 30, "the job's processes to end")
     text = log.read_text()
     assert returncode != 0, text[-3000:]
     if code is not None:

@@ -314,6 +314,14 @@ class RunConfig(JobConfig):
     data: DataConfig = MISSING
     seed: int = 0
 
+    def model_configs(self) -> list[ModelConfig]:
+        """The subject's and every evaluator role's model config, each object once (roles may share one)."""
+        ev = self.evaluator
+        unique: dict[int, ModelConfig] = {}
+        for model in (self.model, ev.decomposer, ev.matcher, ev.judge):
+            unique.setdefault(id(model), model)
+        return list(unique.values())
+
 
 def register_configs() -> None:
     """Register the entry schema and every setting's schema (group ``setting``)."""

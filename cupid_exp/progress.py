@@ -23,9 +23,14 @@ class InstanceObserver(Protocol):
         ...
 
 
+def wants_calls(observer: InstanceObserver | None) -> bool:
+    """Whether each instance's model calls must be logged for ``observer`` (none: no)."""
+    return observer is not None and observer.wants_calls
+
+
 class Progress:
     def __init__(self, stages: Iterable[str], total: int, meter: UsageMeter, enabled: bool = True):
-        self.meter = meter
+        self.meter, self.stages = meter, list(stages)
         self.bars: dict[str, Any] = {}
         if not (enabled and sys.stderr.isatty() and total > 0):
             return  # no bars, and no tqdm import (a tenth of a second or two, in the model phase)
@@ -33,7 +38,12 @@ class Progress:
 
         self.bars = {stage: tqdm(total=total, desc=f"{stage:<10}", unit="inst", position=i, leave=True,
                                  dynamic_ncols=True)
-                     for i, stage in enumerate(stages)}
+                     for i, stage in enumerate(self.stages)}
+
+    def instance_done(self) -> None:
+        """Every stage of one instance (one that another process ran: runtime.workers)."""
+        for stage in self.stages:
+            self.done(stage)
 
     def done(self, stage: str) -> None:
         bar = self.bars.get(stage)

@@ -19,7 +19,7 @@ from cupid_exp.llm.calls import CallLog, recording
 from cupid_exp.llm.client import drain_background_tasks
 from cupid_exp.llm.server import managed_server
 from cupid_exp.llm.steps import StepFailed, Transcript
-from cupid_exp.progress import InstanceObserver, Progress
+from cupid_exp.progress import InstanceObserver, Progress, wants_calls
 from cupid_exp.results import HistoryView, InstanceResult, SettingOutput, Truth
 from cupid_exp.settings.base import View
 from cupid_exp.tasks import TASKS
@@ -98,13 +98,13 @@ Finished = Callable[[Instance, InstanceResult, "CallLog | None"], None]
 
 
 async def run_instances(plan: JobPlan, take: Taker, finished: Finished, progress: Progress | None,
-                        wants_calls: bool) -> None:
+                        with_calls: bool) -> None:
     """Run instances as ``take`` hands them out, ``instances_in_flight`` at a time, and tell ``finished`` of each
-    (with its model calls when ``wants_calls``). ``take`` returns None when none is left. The caller drains
+    (with its model calls when ``with_calls``). ``take`` returns None when none is left. The caller drains
     litellm's background work after (``drain_background_tasks`` waits for every other task: its own too)."""
     async def lane() -> None:
         while (instance := take()) is not None:
-            with recording(wants_calls) as calls:  # its calls, for its trace
+            with recording(with_calls) as calls:  # its calls, for its trace
                 result = await run_instance(plan, instance, progress)
             finished(instance, result, calls)
 
@@ -136,7 +136,7 @@ async def _run_all(plan: JobPlan, instances: list[Instance], observer: InstanceO
     pending = iter(instances)
     try:
         await run_instances(plan, lambda: next(pending, None), job_finisher(plan, observer, results), progress,
-                            observer is not None and observer.wants_calls)
+                            wants_calls(observer))
     finally:
         progress.close()
     await drain_background_tasks()

@@ -33,13 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cupid_exp.config import ModelConfig, RunConfig
+from cupid_exp.config import RunConfig
 from cupid_exp.data.loading import LoadedData
 from cupid_exp.data.schema import Instance
 from cupid_exp.job.execute import job_finisher, job_progress, run_instances
 from cupid_exp.job.plan import JobPlan, build_context
 from cupid_exp.llm.client import drain_background_tasks
-from cupid_exp.progress import InstanceObserver
+from cupid_exp.progress import InstanceObserver, wants_calls
 from cupid_exp.results import InstanceResult
 
 log = logging.getLogger(__name__)
@@ -51,19 +51,10 @@ class WorkerFailed(RuntimeError):
     """A worker process stopped on a bug or died: the job stops, as it would with the bug in its own process."""
 
 
-def _models(cfg: RunConfig) -> list[ModelConfig]:
-    """The job's model configs, each once (two roles may hold the same object)."""
-    ev = cfg.evaluator
-    unique: dict[int, ModelConfig] = {}
-    for model in (cfg.model, ev.decomposer, ev.matcher, ev.judge):
-        unique.setdefault(id(model), model)
-    return list(unique.values())
-
-
 def processes(cfg: RunConfig, todo: int) -> int:
     """How many processes share the calls: ``runtime.workers``, at most one per instance left and per slot of
     the least concurrent model (each process needs one), and 1 where this process cannot spawn."""
-    wanted = min(cfg.runtime.workers, todo, *(m.max_concurrency for m in _models(cfg)))
+    wanted = min(cfg.runtime.workers, todo, *(m.max_concurrency for m in cfg.model_configs()))
     if wanted <= 1:
         return 1
     method = multiprocessing.get_start_method(allow_none=True)
@@ -83,7 +74,7 @@ def share(cfg: RunConfig, index: int, n: int) -> RunConfig:
     if n == 1:
         return cfg
     out = copy.deepcopy(cfg)
-    for model in _models(out):
+    for model in out.model_configs():
         whole = model.max_concurrency
         model.max_concurrency = whole // n + (index < whole % n)
     return out
@@ -224,8 +215,8 @@ class Workers:
         self._stop = threading.Event()
         log.info("model calls shared by %d processes (runtime.workers)", plan.processes)
 
-    def go(self, wants_calls: bool) -> None:
-        self.shared.wants_calls.value = int(wants_calls)
+    def go(self, with_calls: bool) -> None:
+        self.shared.wants_calls.value = int(with_calls)
         self.shared.go.set()
 
     def listen(self, loop: asyncio.AbstractEventLoop, handle: Any) -> threading.Thread:
@@ -273,13 +264,12 @@ class Workers:
             channel.close()
 
 
-async def _spread(plan: JobPlan, todo: list[Instance], observer: InstanceObserver | None, workers: Workers
-                  ) -> list[InstanceResult]:
+async def _spread(plan: JobPlan, todo: list[Instance], observer: InstanceObserver | None, workers: Workers,
+                  calls: bool) -> list[InstanceResult]:
     loop = asyncio.get_running_loop()
     results: list[InstanceResult] = []
     finished = job_finisher(plan, observer, results)
     progress = job_progress(plan, len(todo))
-    stages = [*plan.setting.stages, *plan.parts]
     by_key = {instance.key: instance for instance in todo}
     all_done: asyncio.Future[None] = loop.create_future()
 
@@ -294,8 +284,7 @@ async def _spread(plan: JobPlan, todo: list[Instance], observer: InstanceObserve
             _, key, result, calls, counts = message
             plan.meter.merge(counts)
             finished(by_key[key], result, calls)
-            for stage in stages:
-                progress.done(stage)
+            progress.instance_done()
         elif kind == "done":
             _, pid, counts, cpu_seconds = message
             plan.meter.merge(counts)
@@ -312,8 +301,7 @@ async def _spread(plan: JobPlan, todo: list[Instance], observer: InstanceObserve
     workers.listen(loop, handle)
     try:
         await asyncio.gather(
-            run_instances(plan, SharedCursor(workers.shared.counter, todo), finished, progress,
-                          observer is not None and observer.wants_calls),
+            run_instances(plan, SharedCursor(workers.shared.counter, todo), finished, progress, calls),
             all_done)
     finally:
         progress.close()
@@ -333,5 +321,6 @@ def run_spread(plan: JobPlan, todo: list[Instance], observer: InstanceObserver |
     """Run ``todo`` over the job's process and its ``workers``; the results and the workers' CPU time."""
     if [i.key for i in todo] != [i.key for i in workers.todo]:
         raise RuntimeError("the workers were started for other instances than the job runs")
-    workers.go(observer is not None and observer.wants_calls)
-    return asyncio.run(_spread(plan, todo, observer, workers)), workers.cpu_seconds
+    calls = wants_calls(observer)
+    workers.go(calls)
+    return asyncio.run(_spread(plan, todo, observer, workers, calls)), workers.cpu_seconds

@@ -1,6 +1,6 @@
-"""Settings that behave differently in a worker process (``runtime.workers``): one with a bug, one that logs.
-The job's own process runs them as the standard setting; a worker imports this module when it unpickles the
-config that names them."""
+"""A setting that behaves differently in a worker process (``runtime.workers``): it logs there, or with
+``bug=true`` raises there. The job's own process runs it as the standard setting; a worker imports this module
+when it unpickles the config that names it."""
 
 from __future__ import annotations
 
@@ -13,47 +13,26 @@ from cupid_exp.settings.standard import Standard, StandardConfig
 
 
 @dataclass
-class BugInWorkersConfig(StandardConfig):
-    name: str = "bug_in_workers"
+class InWorkersConfig(StandardConfig):
+    name: str = "in_workers"
+    bug: bool = False  #: raise a TypeError in a worker, instead of logging that it ran there
 
 
-class BugInWorkers(Standard):
-    name = "bug_in_workers"
-    Config = BugInWorkersConfig
-
-    async def view(self, instance, ctx, transcript):
-        if multiprocessing.parent_process() is not None:
-            raise TypeError("a bug only workers have")
-        return await super().view(instance, ctx, transcript)
-
-
-@dataclass
-class LogsInWorkersConfig(StandardConfig):
-    name: str = "logs_in_workers"
-
-
-class LogsInWorkers(Standard):
-    """The standard setting, which says where it ran each instance when that is a worker process."""
-
-    name = "logs_in_workers"
-    Config = LogsInWorkersConfig
+class InWorkers(Standard):
+    name = "in_workers"
+    Config = InWorkersConfig
 
     async def view(self, instance, ctx, transcript):
         if multiprocessing.parent_process() is not None:
+            if self.config.bug:
+                raise TypeError("a bug only workers have")
             logging.getLogger("cupid_exp.tests").warning("instance %s ran in a worker", instance.key)
         return await super().view(instance, ctx, transcript)
 
 
-def register_both() -> None:
-    """Register both settings (a worker does so when it imports this module to unpickle its config)."""
-    register(BugInWorkers)
-    register(LogsInWorkers)
+def unregister() -> None:
+    """Keep it out of the test process's registry (the registry tests see the project's settings only)."""
+    SETTINGS.pop(InWorkers.name, None)
 
 
-def unregister_both() -> None:
-    """Keep them out of the test process's registry (the registry tests see the project's settings only)."""
-    for cls in (BugInWorkers, LogsInWorkers):
-        SETTINGS.pop(cls.name, None)
-
-
-register_both()
+register(InWorkers)  # a worker needs it registered when it imports this module to unpickle its config

@@ -14,14 +14,14 @@ import pytest
 from helpers.jobs import stub_config, stub_plan
 from helpers.processes import alive, children
 from helpers.stub_llm_server import StubServer
-from helpers.worker_bug import BugInWorkersConfig, LogsInWorkersConfig, unregister_both
+from helpers.worker_bug import InWorkersConfig, unregister
 
 from cupid_exp.config import ConfigError
 from cupid_exp.job import execute, plan, summarize_job
 from cupid_exp.job.plan import typed_config
 from cupid_exp.job.workers import Workers, WorkerFailed, processes, share, start_workers
 
-unregister_both()  # only the workers that unpickle them need them registered
+unregister()  # only the workers that unpickle its config need it registered
 
 ROLES = ("model", "evaluator.decomposer", "evaluator.matcher", "evaluator.judge")
 
@@ -80,7 +80,7 @@ def test_two_processes_run_every_instance_once_within_the_configured_bound(tmp_p
     with StubServer(latency_ms=150) as stub:
         job = stub_plan(stub.url, tmp_path / "two", *_nine(), *_concurrency(2), "runtime.workers=2")
         assert job.processes == 2
-        job.cfg.setting = LogsInWorkersConfig()  # the standard setting, which logs when a worker runs it
+        job.cfg.setting = InWorkersConfig()  # the standard setting, which logs when a worker runs it
         job.workers = start_workers(job)
         try:
             _ready(job.workers)
@@ -108,7 +108,7 @@ def test_two_processes_run_every_instance_once_within_the_configured_bound(tmp_p
 def test_a_bug_in_a_worker_stops_the_job_with_its_traceback(tmp_path: Path) -> None:
     with StubServer(latency_ms=100) as stub:
         job = stub_plan(stub.url, tmp_path, *_nine(), *_concurrency(2), "runtime.workers=2")
-        job.cfg.setting = BugInWorkersConfig()  # the workers' setting (the job's own runs the standard one)
+        job.cfg.setting = InWorkersConfig(bug=True)  # raises in workers (the job's own runs the standard one)
         job.workers = start_workers(job)
         try:
             _ready(job.workers)

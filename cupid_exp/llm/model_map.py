@@ -62,28 +62,29 @@ def _past(date: str | None, today: dt.date) -> bool:
         return False
 
 
+UNKNOWN = "not in litellm's model map (likely misspelt or retired by its provider)"
+UNPRICED = "unpriced: its cost will read as unknown (set input_cost_per_token and output_cost_per_token)"
+
+
 def model_note(model: ModelConfig, roles: Iterable[str], today: dt.date | None = None) -> tuple[str, str] | None:
     """One line about a model the map cannot vouch for, with its level ("warning" or "info"); None when all is
-    well. Embedded models price themselves; a self-hosted endpoint (``api_base``) is not looked up: its id is the
-    server's own name, so only a missing price in its config is noted, at info level."""
+    well. Embedded models price themselves. A self-hosted endpoint (``api_base``) serves whatever name it likes,
+    so only a missing price is noted, at info level."""
     if model.is_embedded:
         return None
     who = f"{', '.join(roles)} ({model.name}, {model.litellm_model})"
-    unpriced = "unpriced: its cost will read as unknown (set input_cost_per_token and output_cost_per_token)"
-    if model.api_base:
-        if config_priced(model):
-            return None
-        return "info", (f"{who} at {model.api_base}: a self-hosted endpoint with no prices in its config; its cost "
-                        "reads as unknown unless litellm's map knows the served model's name")
     entry = map_entry(model.litellm_model)
+    priced = config_priced(model) or (entry is not None and entry.priced)
+    if model.api_base:
+        return None if priced else ("info", f"{who} at {model.api_base}: a self-hosted endpoint; {UNPRICED}")
     problems = []
     if entry is None:
-        problems.append("not in litellm's model map (likely misspelt or retired by its provider)")
+        problems.append(UNKNOWN)
     elif _past(entry.deprecation_date, today or dt.date.today()):
         problems.append(f"litellm's map gives its deprecation date as {entry.deprecation_date}: "
                         "the provider may no longer serve it")
-    if not config_priced(model) and not (entry is not None and entry.priced):
-        problems.append(unpriced)
+    if not priced:
+        problems.append(UNPRICED)
     elif entry is None:
         problems.append("priced by its config")
     return ("warning", f"{who}: " + "; ".join(problems)) if problems else None

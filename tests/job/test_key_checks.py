@@ -33,7 +33,7 @@ def run(tmp_path: Path, url: str, *overrides: str, subject_at_stub: bool = True,
 
 def test_a_missing_evaluator_key_stops_before_the_subjects_first_call(tmp_path: Path) -> None:
     """The subject and decomposer are at the stub (no key needed); the matcher is the paper's GPT-4o. Without the
-    check, the stub would answer the subject's and decomposer's calls before the matcher failed on auth."""
+    check, the stub answers the subject's and decomposer's calls before the matcher's calls fail."""
     with StubServer() as stub:
         proc = run(tmp_path, stub.url, "llm@evaluator.matcher=gpt4o_eval", matcher_at_stub=False)
         received = stub.stats()["total_received"]
@@ -58,7 +58,8 @@ def test_model_claude_without_its_key_is_one_line_and_exit_2(tmp_path: Path) -> 
 
 def test_a_dry_run_warns_in_the_same_line_and_estimates(tmp_path: Path) -> None:
     with StubServer() as stub:
-        proc = run(tmp_path, stub.url, "llm@evaluator.matcher=gpt4o_eval", "runtime.dry_run=true", matcher_at_stub=False)
+        proc = run(tmp_path, stub.url, "llm@evaluator.matcher=gpt4o_eval", "runtime.dry_run=true",
+                   matcher_at_stub=False)
         received = stub.stats()["total_received"]
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert received == 0 and "DRY RUN (no model was called)" in proc.stdout

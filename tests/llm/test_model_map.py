@@ -127,7 +127,10 @@ def test_embedded_and_self_hosted_models_make_no_warning() -> None:
                         input_cost_per_token=0.0, output_cost_per_token=0.0)
     assert model_note(priced_server, ["evaluator.matcher"], TODAY) is None
     level, text = model_note(api("srv", "openai/whatever", api_base="http://127.0.0.1:8000/v1"), ["model"], TODAY)
-    assert level == "info" and "self-hosted" in text and "not in litellm's model map" not in text
+    assert level == "info" and "self-hosted" in text and "unpriced" in text and "not in litellm's model map" not in text
+    # a proxy of a mapped model is priced by the map: nothing to say
+    assert model_note(api("gpt4o", "openai/gpt-4o-2024-08-06", api_base="http://127.0.0.1:8000/v1"), ["model"],
+                      TODAY) is None
 
 
 def test_the_plan_notes_each_model_once_for_all_its_roles(caplog: pytest.LogCaptureFixture) -> None:

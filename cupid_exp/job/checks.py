@@ -164,5 +164,4 @@ def check_before_calls(cfg: RunConfig, setting: Setting, prompts: PromptSet, par
     if cfg.runtime.cache and not cfg.runtime.dry_run:
         check_writable("runtime.cache_dir", cfg.runtime.cache_dir)
     check_prompts(prompts, prompts_needed(cfg, setting, tuple(parts)))
-    check_keys(roles_called(cfg, parts), cfg.runtime.dry_run)
     check_tracking(cfg)

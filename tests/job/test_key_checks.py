@@ -68,13 +68,18 @@ def test_a_dry_run_warns_in_the_same_line_and_estimates(tmp_path: Path) -> None:
         in warnings[0]
 
 
-def test_with_the_key_exported_the_same_job_runs(tmp_path: Path) -> None:
+def test_with_the_key_exported_the_same_job_runs_and_its_resume_needs_none(tmp_path: Path) -> None:
     """The same matcher, its config untouched (no api_base), with OPENAI_API_KEY exported: the check passes and
-    the job runs (OpenAI's own OPENAI_BASE_URL sends its calls to the stub instead of api.openai.com)."""
+    the job runs (OpenAI's own OPENAI_BASE_URL sends its calls to the stub instead of api.openai.com). The same
+    command again without the key resumes with every instance finished: it calls nothing, so it needs no key."""
     with StubServer() as stub:
-        proc = run(tmp_path, stub.url, "llm@evaluator.matcher=gpt4o_eval", matcher_at_stub=False,
-                   OPENAI_API_KEY="sk-test-0000000000", OPENAI_BASE_URL=stub.url)
+        first = run(tmp_path, stub.url, "llm@evaluator.matcher=gpt4o_eval", matcher_at_stub=False,
+                    OPENAI_API_KEY="sk-test-0000000000", OPENAI_BASE_URL=stub.url)
         received = stub.stats()["received"]
-    assert proc.returncode == 0, proc.stderr[-2000:]
+        again = run(tmp_path, stub.url, "llm@evaluator.matcher=gpt4o_eval", matcher_at_stub=False)
+        received_again = stub.stats()["received"]
+    assert first.returncode == 0, first.stderr[-2000:]
     assert received.get("match", 0) > 0  # the matcher's calls reached the stub
-    assert "complete: 2 of 2 instances" in proc.stdout
+    assert "complete: 2 of 2 instances" in first.stdout
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert received_again == received and "2 of 2 instances already finished" in again.stdout + again.stderr

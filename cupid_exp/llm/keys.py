@@ -5,8 +5,8 @@ Without this, a missing key is found by the calls: every instance fails with ``a
 incomplete after dozens of long warnings. Here it is one line naming the role, the model and the variable.
 Only names are ever printed, never a value.
 
-Embedded models and roles pointed at an ``api_base`` (an OpenAI-compatible server, which the client sends
-"EMPTY" when no key is set) need no key.
+Embedded models and roles pointed at an ``api_base`` (an OpenAI-compatible server: the client sends it the key
+in ``api_key_env`` when that is set, "EMPTY" otherwise) need no key.
 """
 
 from __future__ import annotations
@@ -68,4 +68,5 @@ def missing_keys_line(roles: Mapping[str, ModelConfig]) -> str | None:
         whom = "the role" if len(next(iter(groups.values()))) == 1 else "these roles"
         return (f"{parts[0]}, which {'are' if plural else 'is'} not set; export {'them' if plural else 'it'} "
                 f"or point {whom} at another endpoint ({hint})")
-    return "; ".join(parts) + f"; none of these is set: export them or point the roles at other endpoints (e.g. {hint})"
+    return "; ".join(parts) + ("; none of these is set: export them or point the roles at other endpoints "
+                               f"(e.g. {hint})")

@@ -45,7 +45,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output", type=Path, default=None, help="write here instead of stdout")
     p.add_argument("--reference", choices=["paper"], default=None, help="add the paper's published rows")
     p.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), default=None,
-                   help="paired comparison of two runs (B − A) on their shared instances")
+                   help="paired comparison of two runs (B − A) on their shared instances; a run id or its first "
+                        "digits when unique (the 8 the report prints)")
     p.add_argument("--plots", type=Path, default=None, help="also write cross-model PNG plots into this folder")
     p.add_argument("--n-boot", type=int, default=DEFAULT_N_BOOT)
     p.add_argument("--seed", type=int, default=0)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
+from cupid_exp.data.hub import HubUnavailable, load_hub_dataset
 from cupid_exp.data.schema import DataError, Instance, validate_row
 
 if TYPE_CHECKING:
@@ -179,10 +180,19 @@ def _raw_rows_local(path_str: str | None) -> Iterator[tuple[str, Any]]:
         yield from _raw_rows_from_file(path)
 
 
-def _raw_rows_hub(cfg: DataConfig) -> Iterator[tuple[str, Any]]:
-    import datasets
+class HubDataError(DataError):
+    """The Hub data set cannot be had: one line naming the data choice, what failed and what to do."""
 
-    ds = datasets.load_dataset(cfg.hf_name, split=cfg.split, revision=cfg.revision)
+    def __init__(self, where: str, problem: str):
+        self.where, self.field, self.problem = where, "<hub>", problem
+        ValueError.__init__(self, f"{where}: {problem}")
+
+
+def _raw_rows_hub(cfg: DataConfig) -> Iterator[tuple[str, Any]]:
+    try:
+        ds = load_hub_dataset(cfg.hf_name, cfg.split, cfg.revision)
+    except HubUnavailable as exc:
+        raise HubDataError(f"data={cfg.name}", str(exc)) from None
     for i, row in enumerate(ds):
         yield f"{cfg.hf_name}[{cfg.split}] row {i}", _plain(row)
 

@@ -18,6 +18,7 @@ from typing import Iterable
 import yaml
 
 from cupid_exp.config import ConfigError, ModelConfig, RunConfig
+from cupid_exp.llm.server import check_server_command
 from cupid_exp.prompts import PromptSet
 from cupid_exp.settings.base import Setting
 
@@ -164,4 +165,6 @@ def check_before_calls(cfg: RunConfig, setting: Setting, prompts: PromptSet, par
     if cfg.runtime.cache and not cfg.runtime.dry_run:
         check_writable("runtime.cache_dir", cfg.runtime.cache_dir)
     check_prompts(prompts, prompts_needed(cfg, setting, tuple(parts)))
+    if not cfg.runtime.dry_run:  # a dry run starts no server
+        check_server_command(cfg.evaluator.server)
     check_tracking(cfg)

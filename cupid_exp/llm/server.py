@@ -1,7 +1,8 @@
 """Start, health-check and stop a local OpenAI-compatible model server (vLLM for PrefMatcher).
 
 A server already answering on the configured URL is reused and left running; a server
-this process started is stopped (its whole process group) when the job ends.
+this process started is stopped (its whole process group) when the job ends. A server command that
+is not installed is found before the job's first call (``check_server_command``), in one line.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -17,7 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
-from cupid_exp.config import ServerConfig
+from cupid_exp.config import ConfigError, ServerConfig
 from cupid_exp.secrets import env_snapshot
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,24 @@ class ServerStartError(RuntimeError):
     pass
 
 
+# How to install the programs the shipped configs start (conf/evaluator/prefmatcher.yaml)
+INSTALL_HINTS = {"vllm": "install it with pip install -e '.[vllm]' (vLLM needs an NVIDIA GPU)"}
+
+
+def check_server_command(cfg: ServerConfig | None, where: str = "evaluator.server") -> None:
+    """With ``serve=true``, the command's program must be installed, unless a server already answers at
+    ``base_url`` (it is reused and nothing is started): ConfigError in one line naming the program."""
+    if cfg is None or not cfg.serve or not cfg.command:
+        return
+    program = str(cfg.command[0])
+    if shutil.which(program) is not None or is_healthy(cfg.base_url):
+        return
+    hint = INSTALL_HINTS.get(Path(program).name, f"install it, or set {where}.command to a program that is")
+    raise ConfigError(f"{where}.serve=true starts {program!r} ({where}.command), which is not installed here "
+                      f"(not an executable on PATH): {hint}; or start the server yourself at {cfg.base_url} "
+                      f"(one already up there is used as it is)")
+
+
 @contextlib.contextmanager
 def managed_server(cfg: ServerConfig | None) -> Iterator[str | None]:
     """Yield the server's base URL for the duration of a job; no-op when serving is off."""
@@ -51,8 +71,13 @@ def managed_server(cfg: ServerConfig | None) -> Iterator[str | None]:
     log_path = Path(cfg.log_file) if cfg.log_file else None
     sink = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
     log.info("starting model server: %s", " ".join(cfg.command))
-    proc = subprocess.Popen(list(cfg.command), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**env_snapshot(), "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    try:
+        proc = subprocess.Popen(list(cfg.command), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**env_snapshot(), "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    except OSError as exc:  # removed since the check, or not executable
+        if log_path:
+            sink.close()
+        raise ServerStartError(f"cannot start the model server {cfg.command[0]!r}: {exc.strerror or exc}") from None
     try:
         deadline = time.monotonic() + cfg.startup_timeout
         while not is_healthy(cfg.base_url):

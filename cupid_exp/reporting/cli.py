@@ -28,8 +28,8 @@ from cupid_exp.reporting.build import build_report
 from cupid_exp.reporting.compare import compare_runs
 from cupid_exp.reporting.reference import load_reference
 from cupid_exp.reporting.render import FORMATS, render
-from cupid_exp.reporting.runs import (DEFAULT_CACHE, DEFAULT_TRACKING_URI, get_job_run, load_records, search_job_runs,
-                                      tracking_uri)
+from cupid_exp.reporting.runs import (DEFAULT_CACHE, DEFAULT_TRACKING_URI, RunIdError, get_job_run, load_records,
+                                      search_job_runs, tracking_uri)
 from cupid_exp.reporting.selection import select_runs
 from cupid_exp.reporting.tables import Table
 from cupid_exp.scoring.bootstrap import DEFAULT_N_BOOT
@@ -45,7 +45,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output", type=Path, default=None, help="write here instead of stdout")
     p.add_argument("--reference", choices=["paper"], default=None, help="add the paper's published rows")
     p.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), default=None,
-                   help="paired comparison of two runs (B − A) on their shared instances")
+                   help="paired comparison of two runs (B − A) on their shared instances; a run id or its first "
+                        "digits when unique (the 8 the report prints)")
     p.add_argument("--plots", type=Path, default=None, help="also write cross-model PNG plots into this folder")
     p.add_argument("--n-boot", type=int, default=DEFAULT_N_BOOT)
     p.add_argument("--seed", type=int, default=0)
@@ -57,7 +58,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def _comparison(args: argparse.Namespace, load) -> tuple[list[Table], list[str]] | None:
     """The --compare table; None (after saying why) when a run has no records to pair."""
-    a, b = (get_job_run(args.tracking_uri, r) for r in args.compare)
+    try:
+        a, b = (get_job_run(args.tracking_uri, r) for r in args.compare)
+    except RunIdError as exc:
+        print(f"--compare: {exc}", file=sys.stderr)
+        return None
     notes, recs = [], {}
     for run in (a, b):
         recs[run.run_id] = load(run.run_id)
@@ -76,11 +81,17 @@ def _leaderboards(args: argparse.Namespace, load) -> tuple[list[Table], list[str
     except LookupError as exc:
         print(str(exc), file=sys.stderr)
         return None
+    where = f"in experiment {args.experiment!r} at {args.tracking_uri}" + (
+        f" matching --filter {args.filter!r}" if args.filter else "")
+    if not runs:
+        print(f"no job run {where}: nothing to report, nothing written", file=sys.stderr)
+        return None
     selection = select_runs(runs, load)
-    notes = list(selection.notes)
     if not selection.runs:
-        notes.append(f"no finished job runs in experiment {args.experiment!r} at {args.tracking_uri}"
-                     + (f" matching {args.filter!r}" if args.filter else ""))
+        print(f"none of the {len(runs)} job runs {where} is finished and complete ({selection.notes[0]}; "
+              f"{len(selection.notes)} skipped): nothing to report, nothing written", file=sys.stderr)
+        return None
+    notes = list(selection.notes)
     reference = load_reference() if args.reference == "paper" else None
     tables = build_report(selection, reference=reference, n_boot=args.n_boot, seed=args.seed)
     notes.append(f"95% intervals: cluster bootstrap over personas, {args.n_boot} resamples, seed {args.seed}")

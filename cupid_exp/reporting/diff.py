@@ -272,8 +272,8 @@ def render(diff: ConfigDiff, a: RunSpec, b: RunSpec) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m cupid_exp.diff",
                                 description="What differs between two runs, as Hydra overrides (B relative to A).")
-    p.add_argument("a", help="MLflow run id or job output dir")
-    p.add_argument("b", help="MLflow run id or job output dir")
+    p.add_argument("a", help="MLflow run id (or its first digits, when unique) or job output dir")
+    p.add_argument("b", help="MLflow run id (or its first digits, when unique) or job output dir")
     p.add_argument("--tracking-uri", default=None,
                    help=f"default: $MLFLOW_TRACKING_URI, else {DEFAULT_TRACKING_URI}")
     p.add_argument("--shell", action="store_true",

@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,11 +14,11 @@ from typing import Any, Mapping
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from cupid_exp.reporting.runs import is_run_id_prefix, resolve_run_id
 from cupid_exp.secrets import redact
 
 DIGESTS = ("prompts_digest", "dataset_digest", "git_commit")
 ABSENT = object()  # what ``RunSpec.select`` gives for a key the record does not have
-_RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
 @dataclass
@@ -112,8 +111,9 @@ def spec_from_mlflow(run_id: str, tracking_uri: str) -> RunSpec:
 
 
 def load_spec(ref: str, tracking_uri: str) -> RunSpec:
+    """A job output dir, or an MLflow run by its id or the start of it when unique (RunIdError otherwise)."""
     if Path(ref).is_dir():
         return spec_from_job_dir(ref)
-    if _RUN_ID.match(ref):
-        return spec_from_mlflow(ref, tracking_uri)
-    raise ValueError(f"{ref!r} is neither a job output dir nor an MLflow run id (32 hex characters)")
+    if is_run_id_prefix(ref):
+        return spec_from_mlflow(resolve_run_id(tracking_uri, ref), tracking_uri)
+    raise ValueError(f"{ref!r} is neither a job output dir nor an MLflow run id (or the start of one: hex digits)")

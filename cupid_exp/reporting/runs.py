@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -144,15 +145,59 @@ def search_job_runs(uri: str, experiment: str, filter_string: str | None = None)
     if MlflowClient(uri).get_experiment_by_name(experiment) is None:
         raise LookupError(f"no MLflow experiment {experiment!r} at {uri}")
     clauses = ["tags.`cupid.kind` = 'job'"] + ([filter_string] if filter_string else [])
-    runs = mlflow.search_runs(experiment_names=[experiment], filter_string=" and ".join(clauses),
-                              output_format="list", order_by=["attributes.start_time DESC"])
+    try:
+        runs = mlflow.search_runs(experiment_names=[experiment], filter_string=" and ".join(clauses),
+                                  output_format="list", order_by=["attributes.start_time DESC"])
+    except mlflow.exceptions.MlflowException as exc:
+        if exc.error_code != "INVALID_PARAMETER_VALUE" or not filter_string:
+            raise
+        raise LookupError(f"--filter {filter_string!r} is not an MLflow filter string: "
+                          f"{str(exc).splitlines()[0][:200]}") from None
     return [_job_run(r) for r in runs]
 
 
-def get_job_run(uri: str, run_id: str) -> JobRun:
+_RUN_ID_PREFIX = re.compile(r"^[0-9a-f]{1,32}$")
+LISTED_CANDIDATES = 5  # an ambiguous prefix names this many of the runs it matches
+
+
+class RunIdError(ValueError):
+    """A run id (or prefix) that names no run, or several: the message is one line."""
+
+
+def is_run_id_prefix(ref: str) -> bool:
+    """Whether ``ref`` can be a run id or the start of one (MLflow's ids are 32 lowercase hex digits)."""
+    return bool(_RUN_ID_PREFIX.match(ref))
+
+
+def resolve_run_id(uri: str, ref: str) -> str:
+    """The full id of the run whose id is ``ref`` or starts with it (the report prints the first 8 digits).
+
+    Every active run of the store counts, whichever experiment it is in; RunIdError when none or several match.
+    """
+    from mlflow.entities import ViewType
     from mlflow.tracking import MlflowClient
 
-    return _job_run(MlflowClient(uri).get_run(run_id))
+    if not is_run_id_prefix(ref):
+        raise RunIdError(f"{ref!r} is not an MLflow run id or the start of one (lowercase hex digits)")
+    client = MlflowClient(uri)
+    experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+    found = client.search_runs(experiments, filter_string=f"attributes.run_id LIKE '{ref}%'",
+                               run_view_type=ViewType.ACTIVE_ONLY, max_results=LISTED_CANDIDATES + 1,
+                               order_by=["attributes.start_time DESC"]) if experiments else []
+    if len(found) == 1:
+        return found[0].info.run_id
+    if not found:
+        raise RunIdError(f"no run id starts with {ref!r} in {uri}")
+    listed = ", ".join(f"{r.info.run_id} ({r.info.run_name or 'unnamed'})" for r in found[:LISTED_CANDIDATES])
+    more = " and more" if len(found) > LISTED_CANDIDATES else ""
+    raise RunIdError(f"run id prefix {ref!r} is ambiguous in {uri}: it starts {listed}{more}; give more digits")
+
+
+def get_job_run(uri: str, run_id: str) -> JobRun:
+    """The run ``run_id`` names: its full id, or the start of it when that is unique (``resolve_run_id``)."""
+    from mlflow.tracking import MlflowClient
+
+    return _job_run(MlflowClient(uri).get_run(resolve_run_id(uri, run_id)))
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from cupid_exp.config import ModelConfig, RuntimeConfig, ServerConfig
+from cupid_exp.config import ConfigError, ModelConfig, RuntimeConfig, ServerConfig
 from cupid_exp.llm.client import LLMClient, configure_litellm
 from cupid_exp.llm.usage import UsageMeter
-from cupid_exp.llm.server import ServerStartError, is_healthy, managed_server
+from cupid_exp.llm.server import ServerStartError, check_server_command, is_healthy, managed_server
 
 
 def free_port() -> int:
@@ -75,3 +76,44 @@ def test_serving_off_is_a_no_op() -> None:
         assert url is None
     with managed_server(None) as url:
         assert url is None
+
+
+def test_a_missing_server_program_is_one_config_error_unless_a_server_already_answers() -> None:
+    from helpers.stub_llm_server import StubServer
+
+    missing = ServerConfig(serve=True, base_url=f"http://127.0.0.1:{free_port()}",
+                           command=["cupid-no-such-server", "serve", "m"])
+    with pytest.raises(ConfigError) as err:
+        check_server_command(missing)
+    message = str(err.value)
+    assert "\n" not in message and "'cupid-no-such-server'" in message and "evaluator.server.command" in message
+    assert f"start the server yourself at {missing.base_url}" in message
+    with StubServer() as up:  # a server already up is reused: nothing to start, nothing to install
+        check_server_command(ServerConfig(serve=True, base_url=f"http://127.0.0.1:{up.port}",
+                                          command=["cupid-no-such-server"]))
+    check_server_command(ServerConfig(serve=False, command=["cupid-no-such-server"]))  # serving off
+
+
+def test_serve_true_without_vllm_stops_before_any_call_in_one_line(tmp_path: Path) -> None:
+    """The README's ``evaluator=prefmatcher evaluator.server.serve=true`` where vLLM is not installed (PATH holds
+    no program at all here): one line naming the program and how to install it, exit 2, no request sent."""
+    from helpers.cli_runner import PROJECT_ROOT, cli_env
+    from helpers.cupid_data import stub_overrides
+    from helpers.stub_llm_server import StubServer
+
+    empty_bin = tmp_path / "bin"
+    empty_bin.mkdir()
+    with StubServer() as stub:
+        overrides = [o for o in stub_overrides(stub.url) if "matcher" not in o and not o.startswith("evaluator=")]
+        proc = subprocess.run(
+            [sys.executable, "-m", "cupid_exp", "evaluator=prefmatcher", *overrides, "evaluator.server.serve=true",
+             f"evaluator.server.base_url=http://127.0.0.1:{free_port()}", "data.limit=1", "runtime.progress=false",
+             f"paths.output_root={tmp_path / 'outputs'}"],
+            cwd=PROJECT_ROOT, env=cli_env(PATH=str(empty_bin)), capture_output=True, text=True, timeout=120)
+        received = sum(stub.counters.received.values())
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("cupid_exp:")]
+    assert "evaluator.server.serve=true starts 'vllm'" in line and "pip install -e '.[vllm]'" in line
+    assert "GPU" in line
+    assert received == 0 and not (tmp_path / "outputs" / "mlflow.db").exists()

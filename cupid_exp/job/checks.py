@@ -1,11 +1,13 @@
 """Checks that need the world, run before the first model call: folders writable, prompt files usable,
-the tracking server reachable. Each problem is one ConfigError line naming the setting and the value.
+the tracking server reachable, each role's credentials in the environment. Each problem is one ConfigError
+line naming the setting and the value.
 
 (Value ranges and choices are checked by the config schema itself, ``cupid_exp.config``.)
 """
 
 from __future__ import annotations
 
+import logging
 import string
 import tempfile
 import urllib.error
@@ -15,10 +17,12 @@ from typing import Iterable
 
 import yaml
 
-from cupid_exp.config import ConfigError, RunConfig
+from cupid_exp.config import ConfigError, ModelConfig, RunConfig
 from cupid_exp.llm.server import check_server_command
 from cupid_exp.prompts import PromptSet
 from cupid_exp.settings.base import Setting
+
+log = logging.getLogger(__name__)
 
 TRACKING_TIMEOUT_S = 3.0
 
@@ -112,6 +116,47 @@ def check_workers(cfg: RunConfig) -> None:
     if embedded:
         raise ConfigError(f"runtime.workers={cfg.runtime.workers}: {', '.join(embedded)} run(s) inside the job's "
                           "process, one copy per worker; use runtime.workers=1 with embedded models")
+
+
+def roles_called(cfg: RunConfig, parts: Iterable[str]) -> dict[str, ModelConfig]:
+    """The model config of each role the job's parts call, by its config path (the override's prefix)."""
+    parts = tuple(parts)
+    ev = cfg.evaluator
+    roles = {"model": cfg.model}
+    if "inference" in parts:
+        roles.update({"evaluator.decomposer": ev.decomposer, "evaluator.matcher": ev.matcher})
+    if "generation" in parts:
+        roles["evaluator.judge"] = ev.judge
+    return roles
+
+
+def check_keys(roles: dict[str, ModelConfig], dry_run: bool) -> None:
+    """Every called role's provider has its credentials (``cupid_exp.llm.keys``). A dry run calls nothing: it
+    only warns, in the same one line, so the estimate can be made before the keys are set."""
+    from cupid_exp.llm.keys import missing_keys_line
+
+    line = missing_keys_line(roles)
+    if line is None:
+        return
+    if dry_run:
+        log.warning("a real run would stop here: %s", line)
+        return
+    raise ConfigError(line)
+
+
+def note_models(roles: dict[str, ModelConfig]) -> None:
+    """One line per model that litellm's map cannot vouch for: an unknown id (misspelt or retired), a passed
+    deprecation date, no price (``cupid_exp.llm.model_map``). Roles on the same endpoint share the line."""
+    from cupid_exp.llm.model_map import model_note
+
+    groups: dict[tuple[str, str, str | None], tuple[ModelConfig, list[str]]] = {}
+    for role, model in roles.items():
+        groups.setdefault((model.name, model.litellm_model, model.api_base), (model, []))[1].append(role)
+    for model, names in groups.values():
+        note = model_note(model, names)
+        if note is not None:
+            level, text = note
+            log.log(logging.WARNING if level == "warning" else logging.INFO, "%s", text)
 
 
 def check_before_calls(cfg: RunConfig, setting: Setting, prompts: PromptSet, parts: Iterable[str]) -> None:

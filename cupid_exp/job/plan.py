@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from cupid_exp.config import RunConfig, check_known_keys, check_tree
 from cupid_exp.data.loading import LoadedData, load_instances
 from cupid_exp.data.schema import Instance
-from cupid_exp.job.checks import check_before_calls, prompt_set
+from cupid_exp.job.checks import check_before_calls, check_keys, note_models, prompt_set, roles_called
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.prompts import EVALUATION_PROMPTS, PromptSet
 from cupid_exp.secrets import install_log_scrubber, redact, secret_values
@@ -121,6 +121,8 @@ def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = Non
         if job.done:
             log.info("resuming: %d of %d instances already finished (journal %s)", len(job.done),
                      len(data.instances), job.journal.path)
+    if job.todo:  # a resume with nothing left calls nothing: it needs no key
+        check_keys(roles_called(run_cfg, job.parts), job.dry_run)
     if job.todo and not job.dry_run:
         from cupid_exp.job.workers import processes
 
@@ -136,3 +138,4 @@ def connect(job: JobPlan) -> None:
         from cupid_exp.job.workers import share
 
         job.ctx = build_context(share(job.cfg, 0, job.processes), job.prompts, job.meter)
+        note_models(roles_called(job.cfg, job.parts))  # litellm is imported now: its map says what it knows

@@ -21,9 +21,10 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from cupid_exp.config import check_known_keys, check_tree, require
+from cupid_exp.config import ConfigError, check_known_keys, check_tree, require
 from cupid_exp.entry import Outcome
 from cupid_exp.llm.client import clients_for, configure_litellm, drain_background_tasks
+from cupid_exp.llm.keys import missing_keys_line
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.outputs import atomic_write_text, write_json, write_jsonl
 from cupid_exp.prompts import PromptSet
@@ -89,6 +90,9 @@ def plan(cfg: DictConfig, output_dir: Path) -> SynthesisJob:
     check_tree(job_cfg)
     require(not job_cfg.runtime.dry_run, "runtime.dry_run", job_cfg.runtime.dry_run,
             "false: synthesis needs each step's real output to write the next")
+    missing_keys = missing_keys_line({f"synthesis.roles.{r}": getattr(job_cfg.synthesis.roles, r) for r in ROLES})
+    if missing_keys:  # before the first call: one line, not every persona failing on auth
+        raise ConfigError(missing_keys)
     resolved = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "hydra"}
     secrets = secret_values(resolved)
     install_log_scrubber(secrets)

@@ -79,9 +79,9 @@ def test_api_key_reaches_the_provider_but_not_the_error(tmp_path, monkeypatch) -
 
 def test_api_model_calls_are_priced_from_litellms_map(tmp_path) -> None:
     """Regression: the Router's empty price entry used to make every gpt-4o call cost $0."""
-    body = {**completion_body("hello"), "model": "gpt-4o-2024-08-07"}  # as OpenAI answers
+    body = {**completion_body("hello"), "model": "gpt-4o-2024-08-06"}  # as OpenAI answers
     with ScriptedServer([(200, body, {})]) as server:
-        model = ModelConfig(name="gpt4o", litellm_model="openai/gpt-4o-2024-08-07", api_base=server.url)
+        model = ModelConfig(name="gpt4o", litellm_model="openai/gpt-4o-2024-08-06", api_base=server.url)
         meter = UsageMeter()
         out = asyncio.run(LLMClient(model, runtime(tmp_path, cache=False), meter).complete(
             [{"role": "user", "content": "hi"}], step="s"))

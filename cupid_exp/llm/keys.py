@@ -1,0 +1,72 @@
+"""Credentials checked before the first call: which environment variables each role's provider needs, asked of
+litellm (``validate_environment``) and of the model config's own ``api_key_env``.
+
+Without this, a missing key is found by the calls: every instance fails with ``auth`` and the run ends
+incomplete after dozens of long warnings. Here it is one line naming the role, the model and the variable.
+Only names are ever printed, never a value.
+
+Embedded models and roles pointed at an ``api_base`` (an OpenAI-compatible server: the client sends it the key
+in ``api_key_env`` when that is set, "EMPTY" otherwise) need no key.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Mapping
+
+from cupid_exp.config import ConfigError, ModelConfig
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_key_env_name(role: str, model: ModelConfig) -> None:
+    """``api_key_env`` names a variable; a value that is not a name may be the key itself: never echo it."""
+    if model.api_key_env is not None and not _ENV_NAME.fullmatch(model.api_key_env):
+        raise ConfigError(f"{role}.api_key_env must be the NAME of an environment variable (letters, digits, _), "
+                          "not a key; its value is not shown here")
+
+
+def missing_credentials(model: ModelConfig) -> tuple[str, bool] | None:
+    """The variable(s) this model's calls need and the environment lacks, as a phrase ("ANTHROPIC_API_KEY",
+    "VERTEXAI_PROJECT and VERTEXAI_LOCATION", "TOGETHER_API_KEY (or TOGETHERAI_API_KEY)") and whether it names
+    several that are all needed; None when nothing is missing or nothing is needed."""
+    if model.is_embedded or model.api_base:
+        return None
+    own = model.api_key_env
+    if own and os.environ.get(own):
+        return None
+    import litellm  # only here: a role whose own variable is set never pays litellm's import in the plan
+
+    missing = list(litellm.validate_environment(model=model.litellm_model).get("missing_keys") or [])
+    if not missing:  # litellm finds what it needs (or knows no requirement for this provider)
+        return None
+    others = [k for k in missing if k != own]
+    if not own:
+        return " and ".join(others), len(others) > 1
+    return own + (f" (or {' and '.join(others)})" if others else ""), False
+
+
+def missing_keys_line(roles: Mapping[str, ModelConfig]) -> str | None:
+    """One line naming every role whose provider lacks its credentials (roles on one model together), with
+    what to do; None when every role can call its model."""
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    plural = False
+    for role, model in roles.items():
+        check_key_env_name(role, model)
+        missing = missing_credentials(model)
+        if missing:
+            groups.setdefault((model.name, model.litellm_model, missing[0]), []).append(role)
+            plural = plural or missing[1]
+    if not groups:
+        return None
+    parts = [f"{', '.join(rs)} ({name}, {litellm_model}) {'needs' if len(rs) == 1 else 'need'} {phrase}"
+             for (name, litellm_model, phrase), rs in groups.items()]
+    first = next(iter(groups.values()))[0]
+    hint = f"{first}.api_base=URL, {first}.api_key_env=VAR"
+    if len(groups) == 1:
+        whom = "the role" if len(next(iter(groups.values()))) == 1 else "these roles"
+        return (f"{parts[0]}, which {'are' if plural else 'is'} not set; export {'them' if plural else 'it'} "
+                f"or point {whom} at another endpoint ({hint})")
+    return "; ".join(parts) + ("; none of these is set: export them or point the roles at other endpoints "
+                               f"(e.g. {hint})")

@@ -1,0 +1,90 @@
+"""What litellm's model map says about a configured model: is its id known, its context window, its prices,
+its deprecation date. Read before the first call so that a misspelt or retired id, or a model whose cost would
+read as unknown, is said once in the plan rather than discovered by every call.
+
+litellm's own lookup (``get_model_info``) falls back to a near name when the exact id is absent: an OpenAI id
+with a date that never existed (``gpt-4o-2024-08-07``) is answered with ``gpt-4o``'s entry. Only an entry
+under the exact id counts as known here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Iterable
+
+from cupid_exp.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class MapEntry:
+    """litellm's entry for one model id (its fields as litellm names them)."""
+
+    key: str
+    max_input_tokens: int | None
+    input_cost_per_token: float | None
+    output_cost_per_token: float | None
+    deprecation_date: str | None  #: "YYYY-MM-DD" where litellm records one
+
+    @property
+    def priced(self) -> bool:
+        return self.input_cost_per_token is not None and self.output_cost_per_token is not None
+
+
+def map_entry(litellm_model: str) -> MapEntry | None:
+    """litellm's entry for exactly this "<provider>/<model>" id; None when the map lacks it."""
+    import litellm
+
+    litellm.suppress_debug_info = True  # an unmapped id otherwise prints litellm's provider list
+    provider, _, name = litellm_model.partition("/")
+    try:
+        info = litellm.get_model_info(model=name, custom_llm_provider=provider)
+    except Exception:  # noqa: BLE001 - litellm raises several types (and plain Exception) for "not mapped"
+        return None
+    key = info.get("key")
+    if key not in (litellm_model, name):  # a near-name fallback, not this id
+        return None
+    raw = litellm.model_cost.get(key) or {}
+    return MapEntry(key=key, max_input_tokens=info.get("max_input_tokens"),
+                    input_cost_per_token=info.get("input_cost_per_token"),
+                    output_cost_per_token=info.get("output_cost_per_token"),
+                    deprecation_date=raw.get("deprecation_date"))
+
+
+def config_priced(model: ModelConfig) -> bool:
+    return model.input_cost_per_token is not None and model.output_cost_per_token is not None
+
+
+def _past(date: str | None, today: dt.date) -> bool:
+    try:
+        return date is not None and dt.date.fromisoformat(date) <= today
+    except ValueError:
+        return False
+
+
+UNKNOWN = "not in litellm's model map (likely misspelt or retired by its provider)"
+UNPRICED = "unpriced: its cost will read as unknown (set input_cost_per_token and output_cost_per_token)"
+
+
+def model_note(model: ModelConfig, roles: Iterable[str], today: dt.date | None = None) -> tuple[str, str] | None:
+    """One line about a model the map cannot vouch for, with its level ("warning" or "info"); None when all is
+    well. Embedded models price themselves. A self-hosted endpoint (``api_base``) serves whatever name it likes,
+    so only a missing price is noted, at info level."""
+    if model.is_embedded:
+        return None
+    who = f"{', '.join(roles)} ({model.name}, {model.litellm_model})"
+    entry = map_entry(model.litellm_model)
+    priced = config_priced(model) or (entry is not None and entry.priced)
+    if model.api_base:
+        return None if priced else ("info", f"{who} at {model.api_base}: a self-hosted endpoint; {UNPRICED}")
+    problems = []
+    if entry is None:
+        problems.append(UNKNOWN)
+    elif _past(entry.deprecation_date, today or dt.date.today()):
+        problems.append(f"litellm's map gives its deprecation date as {entry.deprecation_date}: "
+                        "the provider may no longer serve it")
+    if not priced:
+        problems.append(UNPRICED)
+    elif entry is None:
+        problems.append("priced by its config")
+    return ("warning", f"{who}: " + "; ".join(problems)) if problems else None

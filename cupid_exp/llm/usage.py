@@ -26,7 +26,13 @@ class Completion:
     cached: bool = False
     seconds: float = 0.0
     retries: int = 0  #: requests the Router repeated before this one succeeded
-    finish_reason: str | None = None  #: "length" when the reply was cut at max_tokens
+    finish_reason: str | None = None  #: "length" when the reply was cut at max_tokens, "content_filter": refused
+    refusal: str | None = None  #: the provider's refusal message (OpenAI structured outputs), if any
+
+    @property
+    def refused(self) -> bool:
+        """The provider withheld the answer: its content filter stopped it, or the model refused."""
+        return self.finish_reason == "content_filter" or bool(self.refusal)
 
 
 @dataclass

@@ -4,7 +4,17 @@ only itself; a journal from before the ledger starts it with its finished instan
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from pathlib import Path
+
+import pytest
+from helpers.cli_runner import run_cli
+from helpers.cupid_data import write_dataset
+from helpers.processes import children
+from helpers.stub_llm_server import StubServer
+from tracking_runs import held_job, job_command, only_run, store_uri
 
 from cupid_exp.llm.usage import Completion, UsageMeter, usage_metrics
 from cupid_exp.tracking.attempts import whole_job_usage
@@ -63,3 +73,33 @@ def test_the_whole_job_is_the_earlier_attempts_and_this_one(tmp_path: Path) -> N
     assert whole["cost/usd"] == 0.004 and whole["calls/infer"] == 3 and whole["calls/decompose/failed_rate_limit"] == 1
     assert whole["calls/match/content_filter_attempt"] == 1 and whole["calls/unpriced"] == 1
     assert whole_job_usage(None, this) == {}
+
+
+def _price(tokens: dict) -> float:
+    """What the stub's answers cost at tracking_runs.PRICES (every role priced like gpt-4o)."""
+    return tokens.get("prompt_tokens", 0) * 2.5e-06 + tokens.get("completion_tokens", 0) * 1e-05
+
+
+@pytest.mark.slow
+def test_what_an_interrupted_attempt_paid_is_in_the_resumed_runs_cost(tmp_path: Path) -> None:
+    """Ctrl-C half-way through a job with two processes, then the same command: the run's cost is every answer
+    the stub sent, and its earlier attempts' share exactly what the interrupted attempt was sent."""
+    n = 8
+    data = write_dataset(tmp_path / "data.jsonl", n)
+    root = tmp_path / "out"
+    with StubServer() as stub:
+        cmd = job_command(stub.url, root, data, "model.max_concurrency=2", "runtime.workers=2",
+                          "runtime.num_retries=0")
+        with held_job(stub, cmd, tmp_path / "attempt1.log", after=2 * n) as proc:
+            time.sleep(1.5)  # the replies sent before the gate closed are read (their requests are paid)
+            for pid in [proc.pid, *children(proc.pid)]:  # as a terminal's Ctrl-C reaches the whole group
+                os.kill(pid, signal.SIGINT)
+            assert proc.wait(timeout=60) != 0
+        interrupted = stub.stats()
+        run_cli(cmd, timeout=240)
+        paid = stub.stats()
+    assert 0 < interrupted["total_completed"] < paid["total_completed"]
+    m = only_run(store_uri(root)).data.metrics
+    assert m["cost/usd/earlier_attempts"] == pytest.approx(_price(interrupted["tokens"]), rel=1e-9)
+    assert m["cost/usd"] == pytest.approx(_price(paid["tokens"]), rel=1e-9)
+    assert m["calls/requests"] == paid["total_completed"]

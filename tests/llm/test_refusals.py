@@ -86,7 +86,7 @@ def test_content_filter_is_counted_not_reasked_and_kept_on_resume(tmp_path: Path
         infer_requests = stub.stats()["received"]["infer"]
         again = run_cli(cmd, timeout=240)  # a resume: the refusals stand
         after_resume = stub.stats()["received"]["infer"]
-        retried = run_cli([*cmd, "runtime.retry_failed=true", "runtime.cache=false"], timeout=240)
+        retried = run_cli([*cmd, "runtime.retry_failed=true"], timeout=240)  # (litellm caches no empty reply)
         after_retry = stub.stats()["received"]["infer"]
 
     assert infer_requests == N  # one request per instance: no re-ask

@@ -149,10 +149,9 @@ class ModelConfig(Checked):
             require_positive(f"{where}.{key}", getattr(self, key), allow_none=True, allow_zero=True)
         require(self.context_window is None or (isinstance(self.context_window, int) and self.context_window >= 1),
                 f"{where}.context_window", self.context_window, "an integer >= 1, or null")
-        max_tokens = self.params.get("max_tokens")
-        if max_tokens is not None:
-            require(isinstance(max_tokens, int) and max_tokens >= 1, f"{where}.params.max_tokens", max_tokens,
-                    "an integer >= 1")
+        from cupid_exp.llm.params import check_params
+
+        check_params(self.params, where)  # types and ranges of temperature, top_p, max_tokens, seed, ...
 
 
 @dataclass

@@ -26,7 +26,8 @@ class StepError:
     """A step that gave no usable value: the instance is failed for that part, never scored as 0."""
 
     step: str  #: the step that failed ("infer", "decompose", "match_precision", "judge", ...)
-    kind: str  #: provider | timeout | rate_limit | auth | context_length | unparseable | invalid | length | ...
+    kind: str  #: provider | timeout | rate_limit | auth | context_length | unparseable | invalid | length |
+    #: content_filter (the provider refused) | ...
     message: str  #: one line for a human (secrets scrubbed before it is written)
 
     def to_record(self) -> dict[str, str]:

@@ -23,7 +23,7 @@ from cupid_exp.job.publish import headline, publish, start_tracking
 from cupid_exp.job.workers import start_workers
 from cupid_exp.results import InstanceResult
 from cupid_exp.scoring.summary import JobSummary, summarize
-from cupid_exp.tracking.attempts import earlier_attempt_metrics, earlier_usage
+from cupid_exp.tracking.attempts import earlier_attempt_metrics, earlier_spend
 from cupid_exp.tracking.mlflow import SweepParent, ends_on_error
 from cupid_exp.tracking.signals import sigterm_raises
 
@@ -40,8 +40,8 @@ def summarize_job(job: JobPlan, execution: Execution, started: float) -> JobSumm
     summary = summarize(records, job.parts, failure_policy=cfg.runtime.failure_policy, meter=job.meter,
                         extra_metrics=extra, seed=cfg.seed, with_intervals=not job.dry_run,
                         max_failed_fraction=cfg.runtime.max_failed_fraction)
-    if not job.dry_run:  # what earlier attempts spent on the instances they finished (the journal's records)
-        summary.metrics.update(earlier_attempt_metrics(earlier_usage(job.done.values())))
+    if not job.dry_run:  # what earlier attempts spent: every request they were answered (the usage ledger)
+        summary.metrics.update(earlier_attempt_metrics(earlier_spend(job.earlier)))
     summary.metrics["time/seconds"] = time.perf_counter() - started
     return summary
 

@@ -25,6 +25,7 @@ from cupid_exp.settings import make_setting
 from cupid_exp.settings.base import Setting
 from cupid_exp.tasks.context import TaskContext
 from cupid_exp.tracking.journal import Journal, job_identity
+from cupid_exp.tracking.ledger import UsageLedger
 from cupid_exp.tracking.mlflow import SweepParent
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,8 @@ class JobPlan:
     ctx: TaskContext | None = None  #: clients and evaluator; None when nothing is left to run
     processes: int = 1  #: processes sharing the model calls (``runtime.workers``, bounded: ``job.workers``)
     workers: Any = None  #: the other processes' handle (``job.workers.Workers``), started by ``run_job``
+    ledger: Any = None  #: the job's usage ledger (``tracking.ledger``), with the journal; the meter writes into it
+    earlier: UsageMeter | None = None  #: what the job's earlier attempts counted (the ledger); None without a journal
 
     @property
     def todo(self) -> list[Instance]:
@@ -118,6 +121,9 @@ def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = Non
         job.journal = Journal(Path(run_cfg.paths.output_root) / "journal" / f"{identity}.jsonl", secrets)
         finished = job.journal.load(retry_failed=run_cfg.runtime.retry_failed)
         job.done = {i.key: finished[i.key] for i in data.instances if i.key in finished}
+        job.ledger = UsageLedger.beside(job.journal.path)  # every paid request, as it returns
+        job.earlier = job.ledger.load(carried=job.done.values())
+        job.meter.sink = job.ledger.append
         if job.done:
             log.info("resuming: %d of %d instances already finished (journal %s)", len(job.done),
                      len(data.instances), job.journal.path)

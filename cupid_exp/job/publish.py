@@ -16,7 +16,7 @@ from cupid_exp.job.plan import JobPlan
 from cupid_exp.outputs import write_json, write_jsonl
 from cupid_exp.scoring.summary import JobSummary
 from cupid_exp.secrets import scrub_obj
-from cupid_exp.tracking.attempts import whole_job_metrics
+from cupid_exp.tracking.attempts import whole_job_metrics, whole_job_usage
 from cupid_exp.tracking.live import FinalLog, PlotRequest
 from cupid_exp.tracking.mlflow import flatten
 from cupid_exp.tracking.provenance import git_state
@@ -68,7 +68,7 @@ def start_tracking(plan: JobPlan) -> Any:
             config=plan.resolved, parent=plan.parent_run, run_key=key, exclusive=claim.exclusive,
             dataset=dataset_input(cfg.data, plan.data), total=len(plan.data.instances), parts=plan.parts,
             policy=cfg.runtime.failure_policy, done=list(plan.done.values()),
-            earlier=attempts.earlier_usage(plan.done.values()), traces=bool(cfg.tracking.traces and plan.todo),
+            earlier=attempts.earlier_spend(plan.earlier), traces=bool(cfg.tracking.traces and plan.todo),
             trace_tags=_trace_tags(plan), judges=_judges(plan), plots=_plots(plan))
         if worker is not None:
             worker.open(request, claim, plan.meter)
@@ -138,8 +138,9 @@ def publish(plan: JobPlan, summary: JobSummary, tracker: Any) -> None:
     with shielded():
         m = summary.metrics
         # the run spans every attempt: usage for the whole job (the folder's metrics.json: this attempt's)
+        whole = {**m, **whole_job_usage(plan.earlier, plan.meter), **whole_job_metrics(m)}
         live.finish(FinalLog(
-            metrics={**m, **whole_job_metrics(m)}, step=summary.n_instances,
+            metrics=whole, step=summary.n_instances,
             tags={"cupid.complete": str(summary.complete).lower(), "cupid.failed_instances": summary.failed_instances},
             artifacts=[([str(plan.output_dir / "instances.jsonl"), str(plan.output_dir / "metrics.json")], None),
                        ([str(p) for p in sorted((plan.output_dir / ".hydra").glob("*.yaml"))], ".hydra")],

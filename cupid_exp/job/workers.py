@@ -87,6 +87,7 @@ class WorkerSpec:
     cfg: RunConfig  #: with this worker's share of each model's concurrency
     parts: tuple[str, ...]
     secrets: list[str]
+    ledger: str | None = None  #: the job's usage ledger: this process writes its own counts into it
 
 
 @dataclass
@@ -148,6 +149,10 @@ def _worker_plan(spec: WorkerSpec) -> JobPlan:
     plan = JobPlan(cfg=cfg, resolved={}, output_dir=Path(cfg.paths.output_root), choices={}, parent_run=None,
                    data=LoadedData(instances=[]), prompts=prompts, setting=make_setting(cfg.setting),
                    parts=spec.parts, secrets=spec.secrets, identity="")
+    if spec.ledger:
+        from cupid_exp.tracking.ledger import UsageLedger
+
+        plan.meter.sink = UsageLedger(Path(spec.ledger)).append
     plan.ctx = build_context(cfg, prompts, plan.meter)
     return plan
 
@@ -202,7 +207,8 @@ class Workers:
         self.inbox, self.outbox = ctx.Queue(), ctx.Queue()
         self.processes = []
         for index in range(1, plan.processes):
-            spec = WorkerSpec(cfg=share(plan.cfg, index, plan.processes), parts=plan.parts, secrets=list(plan.secrets))
+            spec = WorkerSpec(cfg=share(plan.cfg, index, plan.processes), parts=plan.parts, secrets=list(plan.secrets),
+                              ledger=str(plan.ledger.path) if plan.ledger is not None else None)
             process = ctx.Process(target=_work, args=(spec, self.shared, self.inbox, self.outbox),
                                   name=f"cupid-calls-{index}", daemon=True)
             process.start()

@@ -296,6 +296,7 @@ class LLMClient:
             seconds=time.perf_counter() - start,
             retries=int((hidden.get("additional_headers") or {}).get("x-litellm-attempted-retries") or 0),
             finish_reason=getattr(choice, "finish_reason", None),
+            refusal=getattr(choice.message, "refusal", None) or None,  # OpenAI structured outputs' refusal
         )
         self.meter.add(step, completion)
         return completion

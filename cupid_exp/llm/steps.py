@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from cupid_exp.llm import calls
 from cupid_exp.llm.client import DryReply, LLMClient, ProviderError
-from cupid_exp.llm.replies import ParseError
+from cupid_exp.llm.replies import ParseError, excerpt
 from cupid_exp.llm.usage import Completion
 from cupid_exp.results import StepError
 
@@ -103,7 +103,9 @@ async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[
     """Ask ``client`` for ``step`` and return ``parse(reply)``; raise StepFailed when no reply is usable.
 
     A reply cut at max_tokens (finish_reason "length") fails the step as ``length`` at once, its raw
-    text kept: asking again would hit the same limit.
+    text kept: asking again would hit the same limit. A refusal (finish_reason "content_filter", or the
+    provider's ``refusal`` field) without a usable reply fails it as ``content_filter`` at once: a paid
+    re-ask of the same request would be refused again.
     """
     reply, reason, kind = "", "", "unparseable"
     log = calls.current()
@@ -123,9 +125,13 @@ async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[
         record = _record(client, step, attempt, sent, started, completion) if log is not None else None
         if record is not None:
             log.calls.append(record)
+        if completion.refused and not reply.strip():
+            raise _refused(client, step, completion, record)
         try:
             return parse(reply)
         except ParseError as exc:
+            if completion.refused:
+                raise _refused(client, step, completion, record, exc) from exc
             if record is not None:
                 record.error_kind, record.error = ("length" if completion.finish_reason == "length" else exc.kind,
                                                    str(exc))
@@ -136,6 +142,21 @@ async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[
             client.meter.reject(step, kind)
     client.meter.gave_up(step)
     raise StepFailed(step, kind, reason)
+
+
+REFUSAL_KIND = "content_filter"
+
+
+def _refused(client: LLMClient, step: str, completion: Completion, record: calls.CallRecord | None,
+             exc: ParseError | None = None) -> StepFailed:
+    """The step's failure for a refused reply: counted as ``content_filter``, never asked again."""
+    why = f"finish_reason={completion.finish_reason}" + (f", refusal: {excerpt(completion.refusal)}"
+                                                         if completion.refusal else "")
+    message = f"the provider refused to answer ({why})" + (f"; the partial reply is unusable: {exc}" if exc else "")
+    if record is not None:
+        record.error_kind, record.error = REFUSAL_KIND, message
+    client.meter.reject(step, REFUSAL_KIND)
+    return StepFailed(step, REFUSAL_KIND, message)
 
 
 def _record(client: LLMClient, step: str, attempt: int, messages: Messages, started: int,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Callable
 
 # Failure kinds that come from the provider (the call failed), as opposed to unusable replies.
 PROVIDER_KINDS = ("provider", "timeout", "rate_limit", "auth", "context_length")
@@ -26,46 +27,61 @@ class Completion:
     cached: bool = False
     seconds: float = 0.0
     retries: int = 0  #: requests the Router repeated before this one succeeded
-    finish_reason: str | None = None  #: "length" when the reply was cut at max_tokens
+    finish_reason: str | None = None  #: "length" when the reply was cut at max_tokens, "content_filter": refused
+    refusal: str | None = None  #: the provider's refusal message (OpenAI structured outputs), if any
+
+    @property
+    def refused(self) -> bool:
+        """The provider withheld the answer: its content filter stopped it, or the model refused."""
+        return self.finish_reason == "content_filter" or bool(self.refusal)
 
 
 @dataclass
 class UsageMeter:
-    """Per-step counters shared by every client of a job (evaluation and synthesis alike)."""
+    """Per-step counters shared by every client of a job (evaluation and synthesis alike).
+
+    ``sink``, when set, is told of every count as it is made (step, the counters it added): the job's usage
+    ledger (``tracking.ledger``), so that what an interrupted attempt paid is not lost with it."""
 
     counts: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
+    sink: Callable[[str, dict[str, float]], None] | None = None
+
+    def _count(self, step: str, added: dict[str, float]) -> None:
+        c = self.counts[step]
+        for key, value in added.items():
+            c[key] += value
+        if self.sink is not None:
+            self.sink(step, added)
 
     def add(self, step: str, completion: Completion) -> None:
-        c = self.counts[step]
-        c["calls"] += 1
-        c["cache_hits"] += int(completion.cached)
-        c["retries"] += completion.retries
-        c["prompt_tokens"] += completion.prompt_tokens
-        c["completion_tokens"] += completion.completion_tokens
+        added = {"calls": 1, "cache_hits": int(completion.cached), "retries": completion.retries,
+                 "prompt_tokens": completion.prompt_tokens, "completion_tokens": completion.completion_tokens}
         if completion.cost_usd is None:
-            c["unpriced_calls"] += 1
+            added["unpriced_calls"] = 1
         elif not completion.cached:
-            c["cost_usd"] += completion.cost_usd
+            added["cost_usd"] = completion.cost_usd
+        self._count(step, added)
 
     def fail(self, step: str, kind: str, retries: int = 0) -> None:
         """A call that failed for good (``kind`` from the provider) after ``retries`` repeated requests."""
-        self.counts[step][f"failed_{kind}"] += 1
-        self.counts[step]["retries"] += retries
+        self._count(step, {f"failed_{kind}": 1, "retries": retries})
 
     def refuse(self, step: str) -> None:
         """A call not sent: its prompt cannot fit the model's context window (no request, no cost)."""
-        self.counts[step]["not_sent_oversized"] += 1
+        self._count(step, {"not_sent_oversized": 1})
 
     def reject(self, step: str, kind: str) -> None:
-        """A reply that came back but could not be used (``unparseable``, ``invalid``, ``length``)."""
-        self.counts[step][f"{kind}_attempt"] += 1
+        """A reply that came back but could not be used (``unparseable``, ``invalid``, ``length``, ``content_filter``:
+        refused)."""
+        self._count(step, {f"{kind}_attempt": 1})
 
     def gave_up(self, step: str) -> None:
         """A step that ran out of attempts on unusable replies."""
-        self.counts[step]["gave_up"] += 1
+        self._count(step, {"gave_up": 1})
 
     def merge(self, counts: dict[str, dict[str, float]]) -> None:
-        """Add counts another meter made (a worker process's, ``since``), step by step."""
+        """Add counts another meter made (a worker process's, ``since``; the ledger's), step by step. Not told to
+        the sink: the meter that made them did."""
         for step, values in counts.items():
             mine = self.counts[step]
             for key, value in values.items():

@@ -9,8 +9,9 @@ second live process with the same key (a duplicate launch) gets a run of its own
 into this one; the lock dies with its process, so a SIGKILLed attempt's run (left RUNNING) is
 taken over by the next attempt.
 
-What earlier attempts spent is read back from the journal's per-instance usage, so a resumed run
-reports the whole job's calls, tokens and cost beside this attempt's.
+What earlier attempts spent is read back from the job's usage ledger (``tracking.ledger``: one line per
+request as it returned, the interrupted attempts' unfinished instances included), so a resumed run reports
+the whole job's usage (every ``calls/``, ``tokens/`` and ``cost/`` metric, per step too) beside this attempt's.
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from cupid_exp.llm.usage import UsageMeter, usage_metrics
+
 log = logging.getLogger(__name__)
 
 #: The usage a resumed job's MLflow run reports for the whole job (this attempt + earlier ones) under these
-#: names, with ``<name>/this_attempt`` and ``<name>/earlier_attempts`` beside them. The attempt's own folder
-#: (metrics.json, the console) keeps them for the attempt; per-step and request counts are always per attempt.
+#: names, with ``<name>/this_attempt`` and ``<name>/earlier_attempts`` beside them; its other usage metrics (per
+#: step, requests, failures) are the whole job's too. The attempt's own folder (metrics.json, the console) keeps
+#: the attempt's, with ``<name>/earlier_attempts``.
 JOB_USAGE = {"calls/total": "calls", "tokens/prompt": "prompt_tokens", "tokens/completion": "completion_tokens",
              "cost/usd": "cost_usd"}
 
@@ -91,7 +95,7 @@ def attempt_tags(previous: Any | None, key: str) -> dict[str, str]:
 
 
 def earlier_usage(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
-    """Calls, tokens and cost of the journalled instances (what earlier attempts spent on them).
+    """Calls, tokens and cost of the journalled instances (what a journal from before the usage ledger knew).
 
     ``unpriced_instances`` counts instances with calls but no recorded cost (journals written before the
     per-instance cost was kept)."""
@@ -106,6 +110,21 @@ def earlier_usage(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
         if any(u.get("calls") and "cost_usd" not in u for u in steps):
             out["unpriced_instances"] += 1
     return out
+
+
+def earlier_spend(earlier: UsageMeter | None) -> dict[str, float]:
+    """The totals of what the job's earlier attempts counted (its usage ledger); nothing without a journal."""
+    return earlier.totals() if earlier is not None else {}
+
+
+def whole_job_usage(earlier: UsageMeter | None, this: UsageMeter) -> dict[str, float]:
+    """Every usage metric of the whole job, earlier attempts and this one together (none without a journal)."""
+    if earlier is None:
+        return {}
+    whole = UsageMeter()
+    whole.merge(earlier.as_dict())
+    whole.merge(this.as_dict())
+    return usage_metrics(whole)
 
 
 def earlier_attempt_metrics(earlier: Mapping[str, float]) -> dict[str, float]:

@@ -93,6 +93,8 @@ class StubConfig:
     context_error_steps: tuple[str, ...] = ()  # empty: every step
     judge_score: str = "7.5"
     length_steps: tuple[str, ...] = ()  # these steps get their reply cut in half, finish_reason "length"
+    content_filter_steps: tuple[str, ...] = ()  # these steps get no content, finish_reason "content_filter"
+    refusal_steps: tuple[str, ...] = ()  # ... or no content and a ``refusal`` (OpenAI structured outputs)
     record_bodies: bool = False  # keep every request body (``StubServer.bodies``): what went over the wire
     model_ids: tuple[str, ...] = ("stub",)  # what GET /v1/models lists (clients that check a model exists)
 
@@ -293,13 +295,14 @@ def garbage_text(body: dict[str, Any], cfg: StubConfig) -> str:
     return f"I'd rather talk about the weather today. <<unusable reply {digest(conversation)[:10]}>>"
 
 
-def completion_body(text: str, body: dict[str, Any], finish_reason: str = "stop") -> dict[str, Any]:
+def completion_body(text: str | None, body: dict[str, Any], finish_reason: str = "stop",
+                    refusal: str | None = None) -> dict[str, Any]:
     prompt_chars = sum(len(_content(m)) for m in body.get("messages") or [])
-    prompt_tokens, completion_tokens = max(1, prompt_chars // 4), max(1, len(text) // 4)
-    return {"id": "chatcmpl-stub-" + digest(text)[:12], "object": "chat.completion", "created": 0,
+    prompt_tokens, completion_tokens = max(1, prompt_chars // 4), max(1, len(text or refusal or "") // 4)
+    message = {"role": "assistant", "content": text, **({"refusal": refusal} if refusal else {})}
+    return {"id": "chatcmpl-stub-" + digest(text or "")[:12], "object": "chat.completion", "created": 0,
             "model": body.get("model", "stub"),
-            "choices": [{"index": 0, "finish_reason": finish_reason,
-                         "message": {"role": "assistant", "content": text}}],
+            "choices": [{"index": 0, "finish_reason": finish_reason, "message": message}],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": prompt_tokens + completion_tokens}}
 
@@ -321,6 +324,7 @@ class _Counters:
     peak_in_flight: int = 0  # the most requests it was answering at once
     held: int = 0
     completed_prompts: Counter = field(default_factory=Counter)  # digest of the request -> completions
+    tokens: Counter = field(default_factory=Counter)  # prompt/completion tokens of the completed responses
 
 
 class StubServer:
@@ -390,7 +394,7 @@ class StubServer:
                     "total_received": sum(c.received.values()), "total_completed": sum(c.completed.values()),
                     "in_flight": c.in_flight, "peak_in_flight": c.peak_in_flight, "held": c.held,
                     "repeated_completions": sum(n - 1 for n in c.completed_prompts.values() if n > 1),
-                    "distinct_completed": len(c.completed_prompts)}
+                    "distinct_completed": len(c.completed_prompts), "tokens": dict(c.tokens)}
 
     def __enter__(self) -> "StubServer":
         self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
@@ -531,11 +535,17 @@ class StubServer:
             finish = "stop"
             if step in cfg.length_steps:  # a reply that ran into max_tokens
                 text, finish = text[: len(text) // 2], "length"
-            reply = completion_body(text, body, finish)
+            refusal = None
+            if step in cfg.content_filter_steps:
+                text, finish = None, "content_filter"
+            elif step in cfg.refusal_steps:
+                text, refusal = None, "I'm sorry, I can't help with that request."
+            reply = completion_body(text, body, finish, refusal)
             if handler._send(200, json.dumps(reply).encode()):  # type: ignore[attr-defined]
                 with self._lock:
                     self.counters.completed[step] += 1
                     self.counters.completed_prompts[request_digest] += 1
+                    self.counters.tokens.update({k: reply["usage"][k] for k in ("prompt_tokens", "completion_tokens")})
         finally:
             with self._lock:
                 self.counters.in_flight -= 1

@@ -20,6 +20,8 @@ from cupid_exp.config import ConfigError
 from cupid_exp.job import execute, plan, summarize_job
 from cupid_exp.job.plan import typed_config
 from cupid_exp.job.workers import Workers, WorkerFailed, processes, share, start_workers
+from cupid_exp.llm.usage import requests_sent
+from cupid_exp.tracking.ledger import UsageLedger
 
 unregister()  # only the workers that unpickle its config need it registered
 
@@ -97,6 +99,8 @@ def test_two_processes_run_every_instance_once_within_the_configured_bound(tmp_p
     assert sorted(r.key for r in execution.results) == sorted(i.key for i in job.data.instances)
     summary = summarize_job(job, execution, started=0.0)
     assert summary.metrics["calls/total"] == 9 * 6 and summary.metrics["calls/requests"] == 9 * 6  # merged usage
+    ledger = UsageLedger(job.ledger.path).load().totals()  # each process wrote its own counts, each once
+    assert ledger["calls"] == 9 * 6 and requests_sent(ledger) == 9 * 6
     assert execution.cpu_seconds > 0
     journal = job.journal.path.read_text().splitlines()
     assert sorted(json.loads(line)["key"] for line in journal) == sorted(i.key for i in job.data.instances)

@@ -1,0 +1,107 @@
+"""Decoding parameters checked before the first call: a wrong type or an out-of-range value in
+``model.params`` fails the plan with one line (key, value, what is allowed) instead of reaching a
+provider, which would refuse it at best (one paid request per instance) and coerce it at worst.
+
+The table holds what the OpenAI chat API and litellm's common parameters take, plus the provider
+extras the shipped configs carry (Anthropic's ``thinking``, OpenAI's ``reasoning_effort``) and the
+sampling knobs of open-weight servers (vLLM, llama.cpp). A key the table does not know passes
+through unchanged (providers differ, and litellm forwards or drops what it cannot map), unless it is
+one letter or two away from a known key (``temprature``): a typo there would silently leave the
+provider's default in force, so it fails too, with the name it probably meant.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from typing import Any, Callable, Mapping
+
+Check = tuple[Callable[[Any], bool], str]  # (accepts the value, what is allowed)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _between(low: float, high: float, *, open_low: bool = False) -> Check:
+    bracket = "(" if open_low else "["
+    return (lambda v: _number(v) and (v > low if open_low else v >= low) and v <= high,
+            f"a number in {bracket}{low:g}, {high:g}]")
+
+
+def _at_least(low: int) -> Check:
+    return (lambda v: _integer(v) and v >= low, f"an integer >= {low}")
+
+
+def _one_of(*choices: Any) -> Check:
+    return (lambda v: v in choices, f"one of {', '.join(map(str, choices))}")
+
+
+def _stop(value: Any) -> bool:
+    return isinstance(value, str) or (isinstance(value, list) and all(isinstance(s, str) for s in value))
+
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
+THINKING_MIN_BUDGET = 1024  # Anthropic's smallest thinking budget
+
+CHECKS: dict[str, Check] = {
+    "temperature": _between(0, 2),
+    "top_p": _between(0, 1, open_low=True),
+    "top_k": (lambda v: _integer(v) and v >= -1, "an integer >= 1 (or 0 / -1: off, as llama.cpp and vLLM take it)"),
+    "min_p": _between(0, 1),
+    "max_tokens": _at_least(1),
+    "max_completion_tokens": _at_least(1),
+    "min_tokens": _at_least(0),
+    "seed": (_integer, "an integer"),
+    "n": (lambda v: v == 1 and _integer(v), "1 (the runner reads one choice; more would be paid and thrown away)"),
+    "presence_penalty": _between(-2, 2),
+    "frequency_penalty": _between(-2, 2),
+    "repetition_penalty": (lambda v: _number(v) and v > 0, "a number > 0"),
+    "stop": (_stop, "a string or a list of strings"),
+    "logprobs": (lambda v: isinstance(v, bool), "true or false"),
+    "top_logprobs": (lambda v: _integer(v) and 0 <= v <= 20, "an integer in [0, 20]"),
+    "logit_bias": (lambda v: isinstance(v, Mapping) and all(_number(b) and -100 <= b <= 100 for b in v.values()),
+                   "a mapping of token id to a number in [-100, 100]"),
+    "stream": (lambda v: v is False, "false (the runner reads whole replies)"),
+    "reasoning_effort": _one_of(*REASONING_EFFORTS),
+    "user": (lambda v: isinstance(v, str), "a string"),
+}
+
+
+def _thinking(value: Any, params: Mapping[str, Any]) -> str | None:
+    """Anthropic's extended thinking: {type: enabled, budget_tokens: >= 1024 and < max_tokens} or {type: disabled}."""
+    if not isinstance(value, Mapping) or value.get("type") not in ("enabled", "disabled"):
+        return "{type: enabled, budget_tokens: N} or {type: disabled}"
+    if value["type"] == "disabled":
+        return None
+    budget, cap = value.get("budget_tokens"), params.get("max_tokens")
+    if not _integer(budget) or budget < THINKING_MIN_BUDGET:
+        return f"budget_tokens an integer >= {THINKING_MIN_BUDGET}"
+    if _integer(cap) and budget >= cap:
+        return f"budget_tokens below max_tokens ({cap})"
+    return None
+
+
+def param_problem(key: str, value: Any, params: Mapping[str, Any]) -> str | None:
+    """What is allowed for ``key`` when ``value`` is not; None when the value is fine or the key is not checked."""
+    if key == "thinking":
+        return _thinking(value, params)
+    check = CHECKS.get(key)
+    if check is None:
+        close = difflib.get_close_matches(key, [*CHECKS, "thinking"], n=1, cutoff=0.85)
+        return f"not a decoding parameter; did you mean {close[0]}?" if close else None
+    accepts, allowed = check
+    return None if accepts(value) else allowed
+
+
+def check_params(params: Mapping[str, Any], where: str) -> None:
+    """Raise ConfigError for the first bad decoding parameter, naming ``<where>.params.<key>``."""
+    from cupid_exp.config import require
+
+    for key, value in params.items():
+        problem = param_problem(str(key), value, params)
+        require(problem is None, f"{where}.params.{key}", value, problem or "")

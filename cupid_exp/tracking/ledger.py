@@ -1,0 +1,106 @@
+"""Every paid request in the spend: a job's usage ledger, one line per counted call as it returns.
+
+The journal holds an instance once it has finished, with its usage; what an interrupted attempt paid
+for the instances it never finished (and for the failed ones a resume runs again) was lost with it.
+The ledger beside the journal (``journal/usage/<identity>.jsonl``) gets one short JSON line for each
+count the job's ``UsageMeter`` makes (a call that returned: its tokens, cost, cache hit and retries;
+a failed call; an unusable or refused reply), written by one unbuffered ``write`` as the call returns,
+by whichever process made it (``runtime.workers``: each its own). A kill, SIGKILL included, then loses
+only the requests still in flight, whose usage nobody has been told. Lines are not fsynced one by one
+(the page cache outlives the process; a machine crash may lose the last ones), so a call costs one small
+system call here.
+
+A resumed job replays the ledger into a ``UsageMeter``: its earlier attempts' usage, step by step,
+which its MLflow run adds to this attempt's. A journal written before the ledger existed has its
+finished instances' usage carried into a new ledger once (all that was known of them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import weakref
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from cupid_exp.llm.usage import UsageMeter
+
+log = logging.getLogger(__name__)
+
+_CARRIED = ("calls", "prompt_tokens", "completion_tokens", "cost_usd", "cache_hits")  # what a journal record keeps
+
+
+class UsageLedger:
+    """The append-only usage lines of one job (one job identity under one output root)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._fd: int | None = None
+
+    @classmethod
+    def beside(cls, journal: Path) -> "UsageLedger":
+        """The ledger of the job whose resume journal is ``journal``."""
+        return cls(journal.parent / "usage" / journal.name)
+
+    def append(self, step: str, added: Mapping[str, float]) -> None:
+        """One line for one count (``UsageMeter.sink``); opened on the first, kept open."""
+        if self._fd is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            weakref.finalize(self, os.close, self._fd)
+        os.write(self._fd, (json.dumps({"step": step, **added}, separators=(",", ":")) + "\n").encode())
+
+    def load(self, carried: Iterable[Mapping[str, Any]] = ()) -> UsageMeter:
+        """Every count the job's earlier attempts made, as a meter; a torn last line is cut, a line that is not a
+        count is skipped (with a warning). No ledger yet: ``carried`` journal records' usage becomes its first
+        lines."""
+        meter = UsageMeter()
+        if not self.path.exists():
+            self._carry(carried)
+            if not self.path.exists():
+                return meter
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):  # a write cut short: the next line must start on its own
+            keep = data.rfind(b"\n") + 1
+            log.warning("usage ledger %s: dropping a torn last line (%d bytes)", self.path.name, len(data) - keep)
+            os.truncate(self.path, keep)
+            data = data[:keep]
+        skipped = 0
+        for raw in data.splitlines():
+            count = _count(raw)
+            if count is None:
+                skipped += 1
+                continue
+            step, added = count
+            meter.merge({step: added})
+        if skipped:
+            log.warning("usage ledger %s: skipped %d line(s) that are not usage counts", self.path.name, skipped)
+        return meter
+
+    def _carry(self, records: Iterable[Mapping[str, Any]]) -> None:
+        """The usage a journal's records kept, one line per step (a journal from before the ledger)."""
+        steps: dict[str, dict[str, float]] = {}
+        for record in records:
+            for step, usage in (record.get("usage") or {}).items():
+                into = steps.setdefault(step, {})
+                for key in _CARRIED:
+                    if isinstance(usage.get(key), (int, float)):
+                        into[key] = into.get(key, 0.0) + usage[key]
+        for step, added in steps.items():
+            self.append(step, added)
+        if steps:
+            log.info("usage ledger %s: started from the journal's finished instances", self.path.name)
+
+
+def _count(raw: bytes) -> tuple[str, dict[str, float]] | None:
+    try:
+        line = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if not isinstance(line, dict) or not isinstance(line.get("step"), str):
+        return None
+    step = line.pop("step")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in line.values()):
+        return None
+    return step, line

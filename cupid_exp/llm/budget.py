@@ -331,6 +331,7 @@ class BudgetReport:
     accounts: list[tuple[Account, float]]
     not_run: int
     stopped: bool
+    refused_calls: float = 0.0  #: calls not sent (every process of the job)
 
     def binding(self) -> tuple[Account, float]:
         return min(self.accounts, key=lambda a: a[0].cap - a[1])
@@ -344,7 +345,8 @@ class BudgetReport:
         return f"INCOMPLETE: {self.not_run} instances not run: the budget was reached: exit 4"
 
     def metrics(self) -> dict[str, float]:
-        out = {"budget/instances_not_run": float(self.not_run), "budget/stopped": float(self.stopped)}
+        out = {"budget/instances_not_run": float(self.not_run), "budget/stopped": float(self.stopped),
+               "calls/not_sent_budget": float(self.refused_calls)}
         for account, spent in self.accounts:
             out[f"budget/{account.scope}/max_usd"] = account.cap
             out[f"budget/{account.scope}/spent_usd"] = spent
@@ -354,7 +356,8 @@ class BudgetReport:
 
 def report(budget: Budget, not_run: int, refused_calls: float) -> BudgetReport:
     """The end of a budgeted job: stopped when some process of the job was refused a call."""
-    return BudgetReport(budget.state(), not_run, stopped=bool(refused_calls or budget.refused) and not_run > 0)
+    return BudgetReport(budget.state(), not_run, stopped=bool(refused_calls or budget.refused) and not_run > 0,
+                        refused_calls=refused_calls)
 
 
 def fit_line(runtime: RuntimeConfig, estimate_usd: float) -> str | None:

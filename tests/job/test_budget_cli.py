@@ -18,9 +18,18 @@ from helpers.stub_llm_server import StubServer
 from mlflow.tracking import MlflowClient
 
 N = 6
-# $1 / $2 per million tokens: the stub's instances cost ~$0.007 each, a call's worst case ~$0.02
-PRICES = [f"{role}.{kind}={price}" for role in ("model", "evaluator.decomposer", "evaluator.matcher", "evaluator.judge")
-          for kind, price in (("input_cost_per_token", 1e-6), ("output_cost_per_token", 2e-6))]
+# $0.1 / $2 per million tokens and replies of at most 600 tokens: the stub's instances cost ~$0.0014 each, a call's
+# worst case ~$0.002, so a budget of a few instances stops a job part-way with a few calls in flight
+PRICES = [f"{role}.{key}={value}" for role in ("model", "evaluator.decomposer", "evaluator.matcher", "evaluator.judge")
+          for key, value in (("input_cost_per_token", 1e-7), ("output_cost_per_token", 2e-6), ("params.max_tokens", 600))]
+
+ROLES = ("model", "evaluator.decomposer", "evaluator.matcher", "evaluator.judge")
+
+
+def concurrency(n: int) -> list[str]:
+    """Every role (one client: the same config) at ``n`` calls in flight: ``2n`` instances in flight. All in flight at
+    once, the instances share what is left of a budget step by step and none may finish before it stops them."""
+    return [f"{role}.max_concurrency={n}" for role in ROLES]
 
 
 def ledgers(root: Path) -> list[dict]:
@@ -37,13 +46,13 @@ def metrics_json(job: Path) -> dict:
 
 def test_a_budget_hit_mid_job_stops_it_and_a_higher_budget_resumes_to_the_results_of_one_run(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "data.jsonl", N)
-    root, budget = tmp_path / "out", 0.03
+    root, budget = tmp_path / "out", 0.005
     with StubServer() as stub:
-        whole = run_cli(cli_command(stub.url, tmp_path / "whole", "tracking=none", *PRICES, data=data,
+        whole = run_cli(cli_command(stub.url, tmp_path / "whole", "tracking=none", *PRICES, *concurrency(1), data=data,
                                     cache_dir=tmp_path / "whole-cache"))
         stub.reset()
 
-        hit = run_cli(cli_command(stub.url, root, *PRICES, f"runtime.max_cost_usd={budget}", data=data,
+        hit = run_cli(cli_command(stub.url, root, *PRICES, *concurrency(1), f"runtime.max_cost_usd={budget}", data=data,
                                   cache_dir=tmp_path / "cache"), check=False)
         sent = stub.stats()["total_received"]
         assert hit.returncode == 4, (hit.stdout[-2000:], hit.stderr[-2000:])
@@ -71,7 +80,7 @@ def test_a_budget_hit_mid_job_stops_it_and_a_higher_budget_resumes_to_the_result
         assert run.data.metrics["budget/job/spent_usd"] == pytest.approx(state["spent"])
 
         stub.reset()
-        resumed = run_cli(cli_command(stub.url, root, *PRICES, "runtime.max_cost_usd=1", data=data,
+        resumed = run_cli(cli_command(stub.url, root, *PRICES, *concurrency(1), "runtime.max_cost_usd=1", data=data,
                                       cache_dir=tmp_path / "cache"))
     assert f"resuming: {N - not_run} of {N} instances already finished" in resumed.stdout + resumed.stderr
     assert not budget_lines(resumed.stderr)
@@ -88,7 +97,7 @@ def test_a_budget_hit_mid_job_stops_it_and_a_higher_budget_resumes_to_the_result
 
 def test_parallel_sweep_jobs_share_one_budget_and_never_pass_it_together(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "data.jsonl", N)
-    root, budget = tmp_path / "out", 0.05
+    root, budget = tmp_path / "out", 0.01
     with StubServer(latency_ms=50) as stub:
         cmd = cli_command(stub.url, root, "tracking=none", *PRICES, f"runtime.sweep_max_cost_usd={budget}",
                           "runtime.cache=false", data=data)
@@ -131,3 +140,20 @@ def test_the_dry_run_says_whether_the_estimate_fits_the_budget(tmp_path: Path, b
     assert f" {verdict} runtime.max_cost_usd=${budget:.4f}" in line
 
 
+
+
+def test_a_jobs_worker_processes_draw_on_one_budget(tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "data.jsonl", N)
+    root, budget = tmp_path / "out", 0.005
+    with StubServer(latency_ms=50) as stub:
+        proc = run_cli(cli_command(stub.url, root, "tracking=none", *PRICES, "runtime.workers=2",
+                                   f"runtime.max_cost_usd={budget}", data=data, cache_dir=tmp_path / "cache"),
+                       check=False)
+        sent = stub.stats()["total_received"]
+    assert proc.returncode == 4, (proc.stdout[-2000:], proc.stderr[-3000:])
+    assert "model calls shared by 2 processes" in proc.stdout + proc.stderr
+    (job,) = job_dirs(root)
+    m = metrics_json(job)["metrics"]
+    (state,) = ledgers(root)
+    assert sent == m["calls/requests"] and state["spent"] == pytest.approx(m["cost/usd"]) and state["spent"] <= budget
+    assert m["budget/instances_not_run"] > 0 and len(budget_lines(proc.stderr)) == 1

@@ -15,7 +15,7 @@ from typing import Callable
 
 from cupid_exp.data.schema import Instance, relevant_positions
 from cupid_exp.job.plan import JobPlan
-from cupid_exp.llm.budget import BudgetExceeded
+from cupid_exp.llm.budget import BudgetExceeded, started_instance
 from cupid_exp.llm.calls import CallLog, recording
 from cupid_exp.llm.client import drain_background_tasks
 from cupid_exp.llm.server import managed_server
@@ -110,6 +110,7 @@ async def run_instances(plan: JobPlan, take: Taker, finished: Finished, progress
     async def lane() -> None:
         while not stop.is_set() and (instance := take()) is not None:
             with recording(with_calls) as calls:  # its calls, for its trace
+                started_instance()  # the budget serves older instances' calls first
                 try:
                     result = await run_instance(plan, instance, progress)
                 except BudgetExceeded:  # left unjournaled: a resume with a higher budget runs it

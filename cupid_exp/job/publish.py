@@ -13,13 +13,13 @@ from typing import Any
 
 from cupid_exp import console
 from cupid_exp.job.plan import JobPlan
-from cupid_exp.llm.budget import BudgetReport, fit_line
+from cupid_exp.job.budgets import BudgetReport, fit_line
 from cupid_exp.outputs import write_json, write_jsonl
 from cupid_exp.scoring.summary import JobSummary
 from cupid_exp.secrets import scrub_obj
 from cupid_exp.tracking.attempts import whole_job_metrics
 from cupid_exp.tracking.live import FinalLog, PlotRequest
-from cupid_exp.tracking.mlflow import flatten
+from cupid_exp.tracking.mlflow import SweepParent, flatten
 from cupid_exp.tracking.provenance import git_state
 from cupid_exp.tracking.signals import shielded
 
@@ -127,7 +127,8 @@ def publish(plan: JobPlan, summary: JobSummary, tracker: Any, spending: BudgetRe
     write_outputs(plan, summary, complete)
     if plan.dry_run:
         estimate = plan.meter.totals().get("cost_usd", 0.0)
-        print(console.dry_run_report(title(plan), plan.meter, fit_line(plan.cfg.runtime, estimate)))
+        sweep = plan.parent_run.sweep_dir if isinstance(plan.parent_run, SweepParent) else None
+        print(console.dry_run_report(title(plan), plan.meter, fit_line(plan.cfg.runtime, estimate, sweep)))
         return
     where = str(plan.output_dir)
     if live is not None:

@@ -10,12 +10,15 @@ spends over all its attempts) and a sweep's in the sweep folder (``runtime.sweep
 
 A call whose worst case does not fit what is left is not sent: ``BudgetExceeded``, which stops the job's new
 instances (``cupid_exp.job.execute``). While other calls hold reservations that may come back unused, it
-waits for them instead of giving up early.
+waits for them instead of giving up early; waiting calls go in the order their instances started
+(``started_instance``), so that near the end the oldest instances finish rather than all of them half-way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import itertools
 import json
 import logging
 import math
@@ -35,6 +38,15 @@ LEDGER_FILE = "budget.json"
 _TOKENS_PER_MESSAGE = 16  # role and framing tokens a chat format adds per message (OpenAI's: 3-4)
 _STALE_S = 24 * 3600  # a reservation of another host this old died with its process: charged in full
 _WAIT_S = 0.05  # poll interval while other calls' reservations may come back unused
+
+
+_ORDER: contextvars.ContextVar[float] = contextvars.ContextVar("cupid_budget_order", default=math.inf)
+_STARTS = itertools.count()
+
+
+def started_instance() -> None:
+    """Mark the calls of the instance starting in this task (and the tasks it starts) as younger than any before."""
+    _ORDER.set(next(_STARTS))
 
 
 class BudgetExceeded(Exception):
@@ -182,9 +194,10 @@ class Budget:
     accounts: list[Account]
     refused: int = 0  #: calls this process did not send
     _locks: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    _waiting: dict[str, float] = field(default_factory=dict, repr=False, compare=False)  #: rid -> instance order
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"accounts": self.accounts, "refused": self.refused, "_locks": {}}
+        return {"accounts": self.accounts, "refused": self.refused, "_locks": {}, "_waiting": {}}
 
     def _lock(self, account: Account) -> Any:
         from filelock import FileLock
@@ -235,15 +248,20 @@ class Budget:
     async def reserve(self, usd: float) -> "Reservation":
         """Hold ``usd`` on every account, waiting while others' reservations may come back; BudgetExceeded when
         the spent money alone leaves too little."""
-        rid = f"{_host()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
-        while True:
-            verdict, account, spent = self._try_reserve(rid, usd)
-            if verdict == "held":
-                return Reservation(self, rid, usd)
-            if verdict == "refuse":
-                self.refused += 1
-                raise BudgetExceeded(account, spent, usd)
-            await asyncio.sleep(_WAIT_S)
+        rid, order = f"{_host()}:{os.getpid()}:{uuid.uuid4().hex[:12]}", _ORDER.get()
+        try:
+            while True:
+                if not any(o < order for o in self._waiting.values()):  # an older instance's call waits: after it
+                    verdict, account, spent = self._try_reserve(rid, usd)
+                    if verdict == "held":
+                        return Reservation(self, rid, usd)
+                    if verdict == "refuse":
+                        self.refused += 1
+                        raise BudgetExceeded(account, spent, usd)
+                self._waiting[rid] = order
+                await asyncio.sleep(_WAIT_S)
+        finally:
+            self._waiting.pop(rid, None)
 
     def settle(self, rid: str, usd: float) -> None:
         def change(ledgers: list[tuple[Account, dict]]) -> None:
@@ -304,72 +322,3 @@ def settle_call(held: Reservation | None, response: Any) -> None:
         held.settle(float(cost) if isinstance(cost, (int, float)) else None)
     else:  # no completion came back (litellm's None for a rejected request): nothing billed
         held.settle(0.0)
-
-
-# ----------------------------------------------------------------------------------------------- a job's budget
-def job_budget(runtime: RuntimeConfig, *, job_ledger: Path, sweep_dir: str | None) -> Budget | None:
-    """The accounts of one job: its own ledger (``runtime.max_cost_usd``) and, in a sweep, the sweep's
-    (``runtime.sweep_max_cost_usd``). Outside a sweep the sweep's limit is simply a second cap on the job."""
-    accounts: list[Account] = []
-    job_caps = [(runtime.max_cost_usd, "runtime.max_cost_usd")]
-    if sweep_dir is None:
-        job_caps.append((runtime.sweep_max_cost_usd, "runtime.sweep_max_cost_usd"))
-    job_caps = [c for c in job_caps if c[0] is not None]
-    if job_caps:
-        cap, key = min(job_caps)
-        accounts.append(Account(str(job_ledger), float(cap), key))
-    if sweep_dir is not None and runtime.sweep_max_cost_usd is not None:
-        accounts.append(Account(str(Path(sweep_dir) / LEDGER_FILE), float(runtime.sweep_max_cost_usd),
-                                "runtime.sweep_max_cost_usd"))
-    return Budget(accounts) if accounts else None
-
-
-@dataclass
-class BudgetReport:
-    """How a budgeted job ended: each account's spending, and the instances left unrun by a stop."""
-
-    accounts: list[tuple[Account, float]]
-    not_run: int
-    stopped: bool
-    refused_calls: float = 0.0  #: calls not sent (every process of the job)
-
-    def binding(self) -> tuple[Account, float]:
-        return min(self.accounts, key=lambda a: a[0].cap - a[1])
-
-    def line(self) -> str:
-        account, spent = self.binding()
-        return (f"BUDGET: ${spent:.4f} of ${account.cap:.4f} spent; {self.not_run} instances not run; "
-                f"resume with a higher budget ({account.key})")
-
-    def status_line(self) -> str:
-        return f"INCOMPLETE: {self.not_run} instances not run: the budget was reached: exit 4"
-
-    def metrics(self) -> dict[str, float]:
-        out = {"budget/instances_not_run": float(self.not_run), "budget/stopped": float(self.stopped),
-               "calls/not_sent_budget": float(self.refused_calls)}
-        for account, spent in self.accounts:
-            out[f"budget/{account.scope}/max_usd"] = account.cap
-            out[f"budget/{account.scope}/spent_usd"] = spent
-            out[f"budget/{account.scope}/left_usd"] = max(0.0, account.cap - spent)
-        return out
-
-
-def report(budget: Budget, not_run: int, refused_calls: float) -> BudgetReport:
-    """The end of a budgeted job: stopped when some process of the job was refused a call."""
-    return BudgetReport(budget.state(), not_run, stopped=bool(refused_calls or budget.refused) and not_run > 0,
-                        refused_calls=refused_calls)
-
-
-def fit_line(runtime: RuntimeConfig, estimate_usd: float) -> str | None:
-    """The dry run's verdict: whether its estimate fits the budget (None without one)."""
-    if runtime.max_cost_usd is not None:
-        cap, key = runtime.max_cost_usd, "runtime.max_cost_usd"
-    elif runtime.sweep_max_cost_usd is not None:
-        cap, key = runtime.sweep_max_cost_usd, "runtime.sweep_max_cost_usd"
-    else:
-        return None
-    share = f" ({100 * estimate_usd / cap:.0f}% of it)" if cap else ""
-    if estimate_usd <= cap:
-        return f"budget: the estimate ~${estimate_usd:.4f} fits {key}=${cap:.4f}{share}"
-    return (f"budget: the estimate ~${estimate_usd:.4f} does NOT fit {key}=${cap:.4f}{share}: the job would stop "
-            "at the budget (exit 4)")

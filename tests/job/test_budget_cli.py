@@ -20,15 +20,14 @@ from mlflow.tracking import MlflowClient
 N = 6
 # $0.1 / $2 per million tokens and replies of at most 600 tokens: the stub's instances cost ~$0.0014 each, a call's
 # worst case ~$0.002, so a budget of a few instances stops a job part-way with a few calls in flight
-PRICES = [f"{role}.{key}={value}" for role in ("model", "evaluator.decomposer", "evaluator.matcher", "evaluator.judge")
-          for key, value in (("input_cost_per_token", 1e-7), ("output_cost_per_token", 2e-6), ("params.max_tokens", 600))]
-
 ROLES = ("model", "evaluator.decomposer", "evaluator.matcher", "evaluator.judge")
+PRICES = [f"{role}.{key}={value}" for role in ROLES for key, value in (
+    ("input_cost_per_token", 1e-7), ("output_cost_per_token", 2e-6), ("params.max_tokens", 600))]
 
 
 def concurrency(n: int) -> list[str]:
-    """Every role (one client: the same config) at ``n`` calls in flight: ``2n`` instances in flight. All in flight at
-    once, the instances share what is left of a budget step by step and none may finish before it stops them."""
+    """Every role (one client: the same config) at ``n`` calls in flight: ``2n`` instances in flight. With all of a
+    small data set in flight at once, none might finish before the budget stops them."""
     return [f"{role}.max_concurrency={n}" for role in ROLES]
 
 
@@ -67,8 +66,8 @@ def test_a_budget_hit_mid_job_stops_it_and_a_higher_budget_resumes_to_the_result
         not_run = int(m["budget/instances_not_run"])
         assert 0 < not_run < N and m["budget/job/spent_usd"] == pytest.approx(state["spent"])
         assert m["budget/job/left_usd"] == pytest.approx(budget - state["spent"])
-        assert budget_lines(hit.stderr) == [f"BUDGET: ${state['spent']:.4f} of ${budget:.4f} spent; {not_run} instances "
-                                            "not run; resume with a higher budget (runtime.max_cost_usd)"]
+        assert budget_lines(hit.stderr) == [f"BUDGET: ${state['spent']:.4f} of ${budget:.4f} spent; {not_run} "
+                                            "instances not run; resume with a higher budget (runtime.max_cost_usd)"]
         assert hit.stdout.rstrip().splitlines()[-1] == (f"INCOMPLETE: {not_run} instances not run: the budget was "
                                                         "reached: exit 4")
         assert saved["complete"] is False

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from cupid_exp.config import ConfigError, LocalModelConfig, ModelConfig, RuntimeConfig
-from cupid_exp.llm.budget import (Account, Budget, BudgetExceeded, check_priced, fit_line, job_budget, model_prices,
-                                  worst_case_usd)
+from cupid_exp.llm.budget import Account, Budget, BudgetExceeded, check_priced, model_prices, worst_case_usd
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
 from cupid_exp.llm.usage import UsageMeter
 from helpers.fault_server import ScriptedServer, completion_body
@@ -91,6 +90,34 @@ def test_a_call_waits_for_reservations_that_may_come_back_and_is_refused_on_what
     assert ledger(tmp_path / "budget.json")["spent"] == pytest.approx(6.0)
 
 
+def test_near_the_end_the_calls_of_older_instances_go_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cupid_exp.llm import budget as budget_module
+
+    monkeypatch.setattr(budget_module, "_WAIT_S", 0.2)  # the young call looks at 0.2, 0.4, 0.6 s; the old at 0.5, 0.7
+    budget = one_account(tmp_path, 10.0)
+
+    async def call(order: int, usd: float) -> str:
+        budget_module._ORDER.set(order)  # what started_instance sets for each instance, in its own task
+        try:
+            held = await budget.reserve(usd)
+        except BudgetExceeded:
+            return "refused"
+        await asyncio.sleep(0.3)
+        held.settle(usd)
+        return "sent"
+
+    async def scenario() -> list[str]:
+        first = await budget.reserve(9.0)
+        young = asyncio.ensure_future(call(5, 1.5))  # waits first, and looks first once there is room...
+        await asyncio.sleep(0.3)
+        old = asyncio.ensure_future(call(1, 1.5))  # ...but its instance started after this one's
+        await asyncio.sleep(0.25)
+        first.settle(8.0)  # room for one of them: the older instance's call
+        return await asyncio.gather(young, old)
+
+    assert asyncio.run(scenario()) == ["refused", "sent"]
+
+
 def test_a_reservation_left_by_a_dead_process_is_charged_in_full(tmp_path: Path) -> None:
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     pid = int(dead.stdout)
@@ -130,22 +157,6 @@ def test_prices_come_from_the_config_the_price_map_or_are_zero_for_an_embedded_m
         check_priced([configured, unpriced], RuntimeConfig(cache_dir="c", max_cost_usd=5))
     message = str(refused.value)
     assert "\n" not in message and "'mystery' (openai/stub)" in message and "runtime.max_cost_usd=5" in message
-
-
-def test_a_sweeps_jobs_share_the_sweep_ledger_and_each_keeps_its_own(tmp_path: Path) -> None:
-    rt = RuntimeConfig(cache_dir="c", max_cost_usd=2.0, sweep_max_cost_usd=5.0)
-    budget = job_budget(rt, job_ledger=tmp_path / "job.budget.json", sweep_dir=str(tmp_path / "sweep"))
-    assert [(a.cap, a.scope) for a in budget.accounts] == [(2.0, "job"), (5.0, "sweep")]
-    single = job_budget(RuntimeConfig(cache_dir="c", sweep_max_cost_usd=5.0), job_ledger=tmp_path / "j.json",
-                        sweep_dir=None)
-    assert [(a.cap, a.key) for a in single.accounts] == [(5.0, "runtime.sweep_max_cost_usd")]
-    assert job_budget(RuntimeConfig(cache_dir="c"), job_ledger=tmp_path / "j.json", sweep_dir=None) is None
-
-
-def test_the_dry_run_says_whether_its_estimate_fits() -> None:
-    assert "fits runtime.max_cost_usd=$1.0000" in fit_line(RuntimeConfig(cache_dir="c", max_cost_usd=1), 0.5)
-    assert "does NOT fit" in fit_line(RuntimeConfig(cache_dir="c", max_cost_usd=1), 1.5)
-    assert fit_line(RuntimeConfig(cache_dir="c"), 1.5) is None
 
 
 def test_a_client_settles_the_actual_cost_releases_a_failure_and_refuses_past_the_budget(tmp_path: Path) -> None:

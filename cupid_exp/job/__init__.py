@@ -18,11 +18,11 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from cupid_exp.entry import Outcome
+from cupid_exp.job.budgets import BudgetReport, report
 from cupid_exp.job.execute import Execution, execute, run_instance
 from cupid_exp.job.plan import JobPlan, build_context, connect, plan, typed_config
 from cupid_exp.job.publish import headline, publish, start_tracking
 from cupid_exp.job.workers import start_workers
-from cupid_exp.job.budgets import BudgetReport, report
 from cupid_exp.results import InstanceResult
 from cupid_exp.scoring.summary import JobSummary, summarize
 from cupid_exp.tracking.attempts import earlier_attempt_metrics, earlier_usage

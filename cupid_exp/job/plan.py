@@ -17,8 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from cupid_exp.config import RunConfig, check_known_keys, check_tree
 from cupid_exp.data.loading import LoadedData, load_instances
 from cupid_exp.data.schema import Instance
-from cupid_exp.job.checks import check_before_calls, prompt_set
 from cupid_exp.job.budgets import job_budget
+from cupid_exp.job.checks import check_before_calls, prompt_set
 from cupid_exp.llm.budget import check_priced
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.prompts import EVALUATION_PROMPTS, PromptSet

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from cupid_exp import console
-from cupid_exp.job.plan import JobPlan
 from cupid_exp.job.budgets import BudgetReport, fit_line
+from cupid_exp.job.plan import JobPlan
 from cupid_exp.outputs import write_json, write_jsonl
 from cupid_exp.scoring.summary import JobSummary
 from cupid_exp.secrets import scrub_obj

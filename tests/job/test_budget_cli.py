@@ -96,8 +96,9 @@ def test_a_budget_hit_mid_job_stops_it_and_a_higher_budget_resumes_to_the_result
 
 def test_parallel_sweep_jobs_share_one_budget_and_never_pass_it_together(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "data.jsonl", N)
-    root, budget = tmp_path / "out", 0.01
-    with StubServer(latency_ms=50) as stub:
+    # a job alone costs ~$0.0084: whichever job starts first cannot spend it all, the two together need more
+    root, budget = tmp_path / "out", 0.012
+    with StubServer(latency_ms=200) as stub:
         cmd = cli_command(stub.url, root, "tracking=none", *PRICES, f"runtime.sweep_max_cost_usd={budget}",
                           "runtime.cache=false", data=data)
         proc = run_cli([*cmd[:3], "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *cmd[3:], "seed=0,1"],

@@ -29,3 +29,27 @@ def test_the_dry_run_says_whether_its_estimate_fits(tmp_path: Path) -> None:
     assert first == ("budget: the sweep's estimate so far (1 jobs) ~$0.6000 fits runtime.sweep_max_cost_usd=$1.0000 "
                      "(60% of it)")
     assert second.startswith("budget: the sweep's estimate so far (2 jobs) ~$1.2000 does NOT fit")
+
+
+def test_a_sweep_with_a_budget_stop_exits_4_unless_a_job_had_a_bad_setting(tmp_path: Path, capsys) -> None:
+    import json
+
+    from omegaconf import OmegaConf
+
+    from cupid_exp.entry import EXIT_BAD_INPUT, EXIT_BUDGET, Outcome, SweepReportCallback
+    from cupid_exp.tracking.callbacks import STATUS_FILE
+
+    assert Outcome("budget").exit_code == EXIT_BUDGET == 4
+
+    def sweep_code(outcomes: list[str]) -> int:
+        sweep = tmp_path / "-".join(outcomes)
+        for i, outcome in enumerate(outcomes):
+            (sweep / str(i)).mkdir(parents=True)
+            (sweep / str(i) / STATUS_FILE).write_text(json.dumps({"job": str(i), "outcome": outcome, "reason": ""}))
+        SweepReportCallback.exit_code = 0
+        SweepReportCallback().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}}))
+        return SweepReportCallback.exit_code
+
+    assert sweep_code(["ok", "incomplete", "budget"]) == EXIT_BUDGET
+    assert sweep_code(["budget", "error", "incomplete"]) == EXIT_BAD_INPUT
+    assert "  2: budget: " in capsys.readouterr().err

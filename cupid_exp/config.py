@@ -266,8 +266,12 @@ class RuntimeConfig(Checked):
     dry_run: bool = False  # render prompts and count calls/tokens/cost; call no model
     dry_run_completion_tokens: int = 300  # assumed reply length for the dry-run cost estimate
     workers: int = 1  # processes sharing an evaluation job's model calls (cupid_exp.job.workers); 1: this one
+    max_cost_usd: Optional[float] = None  # USD the job may spend over all its attempts; null: no budget (exit 4)
+    sweep_max_cost_usd: Optional[float] = None  # USD all jobs of a -m sweep may spend together; null: no budget
 
     def check(self, where: str) -> None:
+        for key in ("max_cost_usd", "sweep_max_cost_usd"):
+            require_positive(f"{where}.{key}", getattr(self, key), allow_none=True, allow_zero=True)
         require(isinstance(self.workers, int) and self.workers >= 1, f"{where}.workers", self.workers,
                 "an integer >= 1")
         require(isinstance(self.num_retries, int) and self.num_retries >= 0, f"{where}.num_retries",

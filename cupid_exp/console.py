@@ -55,8 +55,9 @@ def job_report(title: str, nested: Mapping[str, Any], errors: Mapping[str, int],
     return "\n".join(lines)
 
 
-def dry_run_report(title: str, meter: UsageMeter) -> str:
-    """Calls, tokens and estimated cost per step; nothing was sent to any model."""
+def dry_run_report(title: str, meter: UsageMeter, budget_line: str | None = None) -> str:
+    """Calls, tokens and estimated cost per step; nothing was sent to any model. ``budget_line``: whether the
+    estimate fits the budget."""
     rows = [{"step": step, "calls": int(c.get("calls", 0)), "prompt tokens": int(c.get("prompt_tokens", 0)),
              "completion tokens (est.)": int(c.get("completion_tokens", 0)),
              "cost USD (est.)": round(c.get("cost_usd", 0.0), 4), "unpriced calls": int(c.get("unpriced_calls", 0))}
@@ -71,4 +72,5 @@ def dry_run_report(title: str, meter: UsageMeter) -> str:
         f"total: {int(totals.get('calls', 0))} calls, {int(totals.get('prompt_tokens', 0))} prompt tokens, "
         f"~{int(totals.get('completion_tokens', 0))} completion tokens, ~${totals.get('cost_usd', 0.0):.4f}"
         + (f" ({unpriced} calls unpriced)" if unpriced else ""),
+        *([budget_line] if budget_line else []),
     ])

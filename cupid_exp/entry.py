@@ -5,7 +5,9 @@ A job ends in one of four ways, each with its exit code (documented in the READM
 - 0: complete (or below ``runtime.max_failed_fraction`` failed instances);
 - 1: a bug: the traceback is printed, the journal keeps what finished;
 - 2: a bad setting or bad data, found before the first model call: one line, no traceback;
-- 3: incomplete: more than ``runtime.max_failed_fraction`` of the instances failed.
+- 3: incomplete: more than ``runtime.max_failed_fraction`` of the instances failed;
+- 4: budget reached: ``runtime.max_cost_usd`` or ``runtime.sweep_max_cost_usd`` refused a call; the instances
+  left are not run (the same command with a higher budget resumes them).
 
 In a sweep, a job's bad setting or incomplete result does not stop the other jobs: each job
 writes ``job_status.json`` into its folder, and when the sweep ends the failed and incomplete
@@ -24,11 +26,15 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 EXIT_OK, EXIT_BUG, EXIT_BAD_INPUT, EXIT_INCOMPLETE = 0, 1, 2, 3
+EXIT_BUDGET = 4
+# A sweep exits with its worst job's code, worst first: a bad setting, then a budget reached, then incomplete.
+_SWEEP_SEVERITY = (EXIT_BAD_INPUT, EXIT_BUDGET, EXIT_INCOMPLETE)
 
 
 @dataclass
 class Outcome:
-    """How a job ended: ``ok``, ``incomplete`` (too many failed instances) or ``error`` (bad input)."""
+    """How a job ended: ``ok``, ``incomplete`` (too many failed instances), ``budget`` (its budget stopped it) or
+    ``error`` (bad input)."""
 
     outcome: str
     reason: str = ""
@@ -36,7 +42,7 @@ class Outcome:
 
     @property
     def exit_code(self) -> int:
-        return {"ok": EXIT_OK, "incomplete": EXIT_INCOMPLETE}.get(self.outcome, EXIT_BAD_INPUT)
+        return {"ok": EXIT_OK, "incomplete": EXIT_INCOMPLETE, "budget": EXIT_BUDGET}.get(self.outcome, EXIT_BAD_INPUT)
 
 
 class InputError(Exception):
@@ -97,7 +103,7 @@ class SweepReportCallback(Callback):
         lines += [f"  {s.get('job')}: {s.get('outcome')}: {s.get('reason')}" for s in bad]
         print("\n".join(lines), file=sys.stderr)
         codes = [Outcome(s.get("outcome", "error")).exit_code for s in bad]
-        SweepReportCallback.exit_code = EXIT_BAD_INPUT if EXIT_BAD_INPUT in codes else max(codes)
+        SweepReportCallback.exit_code = next((c for c in _SWEEP_SEVERITY if c in codes), max(codes))
 
 
 def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],

@@ -10,6 +10,7 @@ and followed the job's progress (``cupid_exp.tracking.live``).
 from __future__ import annotations
 
 import importlib
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from cupid_exp.entry import Outcome
+from cupid_exp.job.budgets import BudgetReport, report
 from cupid_exp.job.execute import Execution, execute, run_instance
 from cupid_exp.job.plan import JobPlan, build_context, connect, plan, typed_config
 from cupid_exp.job.publish import headline, publish, start_tracking
@@ -28,10 +30,18 @@ from cupid_exp.tracking.mlflow import SweepParent, ends_on_error
 from cupid_exp.tracking.signals import sigterm_raises
 
 
+def budget_report(job: JobPlan, execution: Execution) -> BudgetReport | None:
+    """What a budgeted job spent, and whether its budget stopped it (None without a budget)."""
+    if job.budget is None:
+        return None
+    return report(job.budget, len(job.todo) - len(execution.results), job.meter.totals().get("not_sent_budget", 0.0))
+
+
 def summarize_job(job: JobPlan, execution: Execution, started: float) -> JobSummary:
     """The job's summary from the journal's finished records and this run's fresh ones, in dataset order."""
     fresh = {r.key: r.to_record() for r in execution.results}
-    records = [job.done.get(i.key) or fresh[i.key] for i in job.data.instances]
+    # an instance a budget left unrun has no record (it is run on resume)
+    records = [r for i in job.data.instances if (r := job.done.get(i.key) or fresh.get(i.key)) is not None]
     extra = job.setting.metrics(records)
     extra.update({"resume/instances_from_journal": float(len(job.done)), "data/bad_rows": float(len(job.data.errors)),
                   "data/oracle_count_warnings": float(sum(1 for r in records if r.get("data_warnings"))),
@@ -87,10 +97,16 @@ def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = 
                 if imports is not None:
                     imports.join()
                 summary = summarize_job(job, execution, started)
-                publish(job, summary, live)
+                spending = budget_report(job, execution)
+                if spending is not None:
+                    summary.metrics.update(spending.metrics())
+                publish(job, summary, live, spending)
         finally:
             if job.workers is not None:
                 job.workers.stop()
+    if spending is not None and spending.stopped:
+        print(spending.line(), file=sys.stderr, flush=True)
+        return Outcome("budget", spending.line(), headline(summary))
     if summary.over_threshold and not job.dry_run:
         return Outcome("incomplete", summary.status_line(), headline(summary))
     return Outcome("ok", "", headline(summary))

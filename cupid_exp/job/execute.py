@@ -15,10 +15,12 @@ from typing import Callable
 
 from cupid_exp.data.schema import Instance, relevant_positions
 from cupid_exp.job.plan import JobPlan
+from cupid_exp.llm.budget import BudgetExceeded, started_instance
 from cupid_exp.llm.calls import CallLog, recording
 from cupid_exp.llm.client import drain_background_tasks
 from cupid_exp.llm.server import managed_server
 from cupid_exp.llm.steps import StepFailed, Transcript
+from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.progress import InstanceObserver, Progress, wants_calls
 from cupid_exp.results import HistoryView, InstanceResult, SettingOutput, Truth
 from cupid_exp.settings.base import View
@@ -101,14 +103,27 @@ async def run_instances(plan: JobPlan, take: Taker, finished: Finished, progress
                         with_calls: bool) -> None:
     """Run instances as ``take`` hands them out, ``instances_in_flight`` at a time, and tell ``finished`` of each
     (with its model calls when ``with_calls``). ``take`` returns None when none is left. The caller drains
-    litellm's background work after (``drain_background_tasks`` waits for every other task: its own too)."""
+    litellm's background work after (``drain_background_tasks`` waits for every other task: its own too). A call the
+    budget refuses ends its instance unfinished and starts no other (``stopped_by_budget``)."""
+    stop = asyncio.Event()  # a call refused by the budget: no instance starts after it; those in flight go on
+
     async def lane() -> None:
-        while (instance := take()) is not None:
+        while not stop.is_set() and (instance := take()) is not None:
             with recording(with_calls) as calls:  # its calls, for its trace
-                result = await run_instance(plan, instance, progress)
+                started_instance()  # the budget serves older instances' calls first
+                try:
+                    result = await run_instance(plan, instance, progress)
+                except BudgetExceeded:  # left unjournaled: a resume with a higher budget runs it
+                    stop.set()
+                    return
             finished(instance, result, calls)
 
     await asyncio.gather(*(lane() for _ in range(instances_in_flight(plan.ctx))))
+
+
+def stopped_by_budget(meter: UsageMeter) -> bool:
+    """Whether some process of the job was refused a call by its budget (its meter counts it, workers' merged)."""
+    return meter.totals().get("not_sent_budget", 0.0) > 0
 
 
 def job_finisher(plan: JobPlan, observer: InstanceObserver | None, results: list[InstanceResult]) -> Finished:

@@ -17,7 +17,9 @@ from omegaconf import DictConfig, OmegaConf
 from cupid_exp.config import RunConfig, check_known_keys, check_tree
 from cupid_exp.data.loading import LoadedData, load_instances
 from cupid_exp.data.schema import Instance
+from cupid_exp.job.budgets import job_budget
 from cupid_exp.job.checks import check_before_calls, check_keys, note_models, prompt_set, roles_called
+from cupid_exp.llm.budget import check_priced
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.prompts import EVALUATION_PROMPTS, PromptSet
 from cupid_exp.secrets import install_log_scrubber, redact, secret_values
@@ -54,6 +56,7 @@ class JobPlan:
     workers: Any = None  #: the other processes' handle (``job.workers.Workers``), started by ``run_job``
     ledger: Any = None  #: the job's usage ledger (``tracking.ledger``), with the journal; the meter writes into it
     earlier: UsageMeter | None = None  #: what the job's earlier attempts counted (the ledger); None without a journal
+    budget: Any = None  #: the spending limits its calls draw on (``llm.budget.Budget``); None: no budget
 
     @property
     def todo(self) -> list[Instance]:
@@ -76,7 +79,7 @@ def typed_config(cfg: DictConfig) -> RunConfig:
     return run_cfg
 
 
-def build_context(cfg: RunConfig, prompts: PromptSet, meter: UsageMeter) -> TaskContext:
+def build_context(cfg: RunConfig, prompts: PromptSet, meter: UsageMeter, budget: Any = None) -> TaskContext:
     """Clients for every role (one per distinct model config) and the evaluator around them."""
     from cupid_exp.evaluators import Evaluator
     from cupid_exp.llm.client import clients_for, configure_litellm
@@ -90,7 +93,7 @@ def build_context(cfg: RunConfig, prompts: PromptSet, meter: UsageMeter) -> Task
         import_first_call_modules()
     ev = cfg.evaluator
     clients = clients_for({"subject": cfg.model, "decomposer": ev.decomposer, "matcher": ev.matcher,
-                           "judge": ev.judge}, cfg.runtime, meter)
+                           "judge": ev.judge}, cfg.runtime, meter, budget)
     retry = Reask(cfg.runtime.reask)
     examples = matcher_examples(prompts.matcher_examples()) if ev.matcher_few_shot else None
     evaluator = Evaluator(clients["decomposer"], clients["matcher"], clients["judge"], prompts,
@@ -110,6 +113,7 @@ def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = Non
     install_log_scrubber(secrets)
     prompts = prompt_set(run_cfg.prompts.dir)
     check_before_calls(run_cfg, setting, prompts, run_cfg.task.parts)
+    check_priced(run_cfg.model_configs(), run_cfg.runtime)  # a budget needs every model's price
     data = load_instances(run_cfg.data)
     identity = job_identity(resolved, dataset_digest=data.digest, prompts_digest=prompts.digest(EVALUATION_PROMPTS))
     job = JobPlan(cfg=run_cfg, resolved=redact(resolved), output_dir=output_dir, choices=dict(choices or {}),
@@ -129,6 +133,11 @@ def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = Non
                      len(data.instances), job.journal.path)
     if job.todo:  # a resume with nothing left calls nothing: it needs no key
         check_keys(roles_called(run_cfg, job.parts), job.dry_run)
+    if not job.dry_run:
+        ledger = (job.journal.path.with_suffix(".budget.json") if job.journal is not None
+                  else output_dir / "budget.json")
+        job.budget = job_budget(run_cfg.runtime, job_ledger=ledger,
+                                sweep_dir=parent_run.sweep_dir if isinstance(parent_run, SweepParent) else None)
     if job.todo and not job.dry_run:
         from cupid_exp.job.workers import processes
 
@@ -143,5 +152,5 @@ def connect(job: JobPlan) -> None:
     if job.todo and job.ctx is None:
         from cupid_exp.job.workers import share
 
-        job.ctx = build_context(share(job.cfg, 0, job.processes), job.prompts, job.meter)
+        job.ctx = build_context(share(job.cfg, 0, job.processes), job.prompts, job.meter, job.budget)
         note_models(roles_called(job.cfg, job.parts))  # litellm is imported now: its map says what it knows

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from cupid_exp import console
+from cupid_exp.job.budgets import BudgetReport, fit_line
 from cupid_exp.job.plan import JobPlan
 from cupid_exp.outputs import write_json, write_jsonl
 from cupid_exp.scoring.summary import JobSummary
 from cupid_exp.secrets import scrub_obj
 from cupid_exp.tracking.attempts import whole_job_metrics, whole_job_usage
 from cupid_exp.tracking.live import FinalLog, PlotRequest
-from cupid_exp.tracking.mlflow import flatten
+from cupid_exp.tracking.mlflow import SweepParent, flatten
 from cupid_exp.tracking.provenance import git_state
 from cupid_exp.tracking.signals import shielded
 
@@ -94,14 +95,14 @@ def _judges(plan: JobPlan) -> dict[str, str]:
     return {"inference": ev.matcher.name, "generation": ev.judge.name}
 
 
-def write_outputs(plan: JobPlan, summary: JobSummary) -> None:
+def write_outputs(plan: JobPlan, summary: JobSummary, complete: bool | None = None) -> None:
     records = scrub_obj(summary.records, plan.secrets)
     plan.output_dir.mkdir(parents=True, exist_ok=True)
     write_jsonl(plan.output_dir / "instances.jsonl", records)
     write_json(plan.output_dir / "metrics.json", {
         "dry_run": plan.dry_run, "git": git_state(), "metrics": summary.metrics, "breakdown": summary.nested,
         "errors": summary.errors, "usage": plan.meter.as_dict(),
-        "complete": summary.complete, "failed_instances": summary.failed_instances,
+        "complete": summary.complete if complete is None else complete, "failed_instances": summary.failed_instances,
         "failure_reasons": summary.failure_reasons(),
         "data": {"source": plan.data.source, "digest": plan.data.digest, "instances": len(plan.data.instances),
                  "bad_rows": [str(e) for e in plan.data.errors]},
@@ -117,19 +118,24 @@ def _plots(plan: JobPlan) -> PlotRequest:
                        order=tuple(i.key for i in plan.data.instances))
 
 
-def publish(plan: JobPlan, summary: JobSummary, tracker: Any) -> None:
-    """Files, then the console table, then MLflow (metrics, tags, artifacts, plots) and the run's end."""
+def publish(plan: JobPlan, summary: JobSummary, tracker: Any, spending: BudgetReport | None = None) -> None:
+    """Files, then the console table, then MLflow (metrics, tags, artifacts, plots) and the run's end. A job its
+    budget stopped (``spending``) is not complete, whatever the instances it ran."""
     live = tracker
-    write_outputs(plan, summary)
+    stopped = spending is not None and spending.stopped
+    complete = summary.complete and not stopped
+    write_outputs(plan, summary, complete)
     if plan.dry_run:
-        print(console.dry_run_report(title(plan), plan.meter))
+        estimate = plan.meter.totals().get("cost_usd", 0.0)
+        sweep = plan.parent_run.sweep_dir if isinstance(plan.parent_run, SweepParent) else None
+        print(console.dry_run_report(title(plan), plan.meter, fit_line(plan.cfg.runtime, estimate, sweep)))
         return
     where = str(plan.output_dir)
     if live is not None:
         live.wait_opened()
         where += f" | MLflow run {live.run_id} at {plan.cfg.tracking.uri}"
     print(console.job_report(title(plan), summary.nested, summary.errors, summary.metrics, len(plan.data.errors),
-                             where, summary.status_line()), flush=True)
+                             where, spending.status_line() if stopped else summary.status_line()), flush=True)
     if live is None:
         return
     # The results are on disk and printed: logging them is held together, an interrupt waits for it (a few
@@ -141,7 +147,7 @@ def publish(plan: JobPlan, summary: JobSummary, tracker: Any) -> None:
         whole = {**m, **whole_job_usage(plan.earlier, plan.meter), **whole_job_metrics(m)}
         live.finish(FinalLog(
             metrics=whole, step=summary.n_instances,
-            tags={"cupid.complete": str(summary.complete).lower(), "cupid.failed_instances": summary.failed_instances},
+            tags={"cupid.complete": str(complete).lower(), "cupid.failed_instances": summary.failed_instances},
             artifacts=[([str(plan.output_dir / "instances.jsonl"), str(plan.output_dir / "metrics.json")], None),
                        ([str(p) for p in sorted((plan.output_dir / ".hydra").glob("*.yaml"))], ".hydra")],
             table=scrub_obj(summary.records, plan.secrets), plots=_plots(plan),

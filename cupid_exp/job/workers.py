@@ -36,7 +36,7 @@ from typing import Any
 from cupid_exp.config import RunConfig
 from cupid_exp.data.loading import LoadedData
 from cupid_exp.data.schema import Instance
-from cupid_exp.job.execute import job_finisher, job_progress, run_instances
+from cupid_exp.job.execute import job_finisher, job_progress, run_instances, stopped_by_budget
 from cupid_exp.job.plan import JobPlan, build_context
 from cupid_exp.llm.client import drain_background_tasks
 from cupid_exp.progress import InstanceObserver, wants_calls
@@ -88,6 +88,7 @@ class WorkerSpec:
     parts: tuple[str, ...]
     secrets: list[str]
     ledger: str | None = None  #: the job's usage ledger: this process writes its own counts into it
+    budget: Any = None  #: the job's spending limits (``llm.budget.Budget``: ledger files shared by every process)
 
 
 @dataclass
@@ -153,7 +154,7 @@ def _worker_plan(spec: WorkerSpec) -> JobPlan:
         from cupid_exp.tracking.ledger import UsageLedger
 
         plan.meter.sink = UsageLedger(Path(spec.ledger)).append
-    plan.ctx = build_context(cfg, prompts, plan.meter)
+    plan.ctx = build_context(cfg, prompts, plan.meter, spec.budget)
     return plan
 
 
@@ -208,7 +209,8 @@ class Workers:
         self.processes = []
         for index in range(1, plan.processes):
             spec = WorkerSpec(cfg=share(plan.cfg, index, plan.processes), parts=plan.parts, secrets=list(plan.secrets),
-                              ledger=str(plan.ledger.path) if plan.ledger is not None else None)
+                              ledger=str(plan.ledger.path) if plan.ledger is not None else None,
+                              budget=plan.budget)
             process = ctx.Process(target=_work, args=(spec, self.shared, self.inbox, self.outbox),
                                   name=f"cupid-calls-{index}", daemon=True)
             process.start()
@@ -312,7 +314,7 @@ async def _spread(plan: JobPlan, todo: list[Instance], observer: InstanceObserve
     finally:
         progress.close()
     await drain_background_tasks()
-    if len(results) != len(todo):  # every instance taken was sent back or the job failed above
+    if len(results) != len(todo) and not stopped_by_budget(plan.meter):  # taken and sent back, or the job failed
         raise WorkerFailed(f"{len(todo) - len(results)} of {len(todo)} instances were taken and never reported")
     return results
 

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm import _litellm
+from cupid_exp.llm.budget import Budget, priced, reserve_call, settle_call
 from cupid_exp.llm.usage import Completion, UsageMeter
 
 log = logging.getLogger(__name__)
@@ -175,8 +176,10 @@ def context_window(model: ModelConfig) -> int | None:
 class LLMClient:
     """Completions for one configured model, shared by every step and role that uses it."""
 
-    def __init__(self, model: ModelConfig, runtime: RuntimeConfig, meter: UsageMeter):
+    def __init__(self, model: ModelConfig, runtime: RuntimeConfig, meter: UsageMeter, budget: Budget | None = None):
         self.model, self.runtime, self.meter = model, runtime, meter
+        self.budget = budget  # every call reserves its worst case first (cupid_exp.llm.budget)
+        self.prices = priced(model, runtime) if budget is not None else None
         if model.local is not None:
             from cupid_exp.llm.local import register_local_model
 
@@ -267,7 +270,13 @@ class LLMClient:
         token = self._internal.set(True) if self._internal is not None else None
         try:
             async with self._semaphore:
-                response = await self._router.acompletion(model=self.model.name, messages=messages, **kwargs)
+                held = await reserve_call(self, messages, kwargs, step)  # None without a budget
+                try:
+                    response = await self._router.acompletion(model=self.model.name, messages=messages, **kwargs)
+                except BaseException as exc:
+                    if held is not None:
+                        held.failed(exc)
+                    raise
         except Exception as exc:  # noqa: BLE001  # sorted right below: provider failures vs bugs
             kind = provider_error_kind(exc)
             if kind is None:
@@ -277,6 +286,7 @@ class LLMClient:
         finally:
             if token is not None:
                 self._internal.reset(token)
+        settle_call(held, response)
         if not getattr(response, "choices", None):
             # litellm returns None instead of raising when a server rejects a request with HTTP 422 twice
             self.meter.fail(step, "provider")
@@ -302,7 +312,8 @@ class LLMClient:
         return completion
 
 
-def clients_for(roles: Mapping[str, ModelConfig], runtime: RuntimeConfig, meter: UsageMeter) -> dict[str, LLMClient]:
+def clients_for(roles: Mapping[str, ModelConfig], runtime: RuntimeConfig, meter: UsageMeter,
+                budget: Budget | None = None) -> dict[str, LLMClient]:
     """One client per distinct model config, so roles on the same model share its concurrency bound."""
     from dataclasses import asdict
 
@@ -311,7 +322,7 @@ def clients_for(roles: Mapping[str, ModelConfig], runtime: RuntimeConfig, meter:
     for role, model in roles.items():
         identity = json.dumps(asdict(model), sort_keys=True, default=str)
         if identity not in by_identity:
-            by_identity[identity] = LLMClient(model, runtime, meter)
+            by_identity[identity] = LLMClient(model, runtime, meter, budget)
         out[role] = by_identity[identity]
     return out
 

@@ -27,7 +27,7 @@ TRANSIENT_KINDS = {"provider", "timeout", "rate_limit", "auth"}
 # failures enter the means (aggregation reads the journal, so another policy replays it for free).
 _NOT_IDENTITY = {"paths", "tracking", "hydra"}
 _RUNTIME_NOT_IDENTITY = {"progress", "cache_dir", "resume", "failure_policy", "max_failed_fraction", "retry_failed",
-                         "workers"}
+                         "workers", "max_cost_usd", "sweep_max_cost_usd"}
 
 
 def job_identity(resolved: Mapping[str, Any], *, dataset_digest: str, prompts_digest: str) -> str:

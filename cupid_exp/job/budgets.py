@@ -1,0 +1,109 @@
+"""A job's budgets: its accounts (its own ledger, its sweep's), how it ended, and the dry run's verdict.
+
+The call layer's side (prices, worst cases, ledgers, reservations) is ``cupid_exp.llm.budget``; this module
+decides which ledgers a job draws on and turns them into the job's last line, its metrics and its exit.
+``runtime.max_cost_usd`` is the job's over all its attempts (its ledger sits beside its resume journal, so a resume
+with a higher budget starts from what was spent); ``runtime.sweep_max_cost_usd`` is shared by every job of a
+``-m`` sweep (its ledger is in the sweep folder: the same ``hydra.sweep.dir`` continues it, a new one starts afresh).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from cupid_exp.config import RuntimeConfig
+from cupid_exp.llm.budget import LEDGER_FILE, Account, Budget
+
+ESTIMATE_FILE = "budget_estimate.json"  #: a dry-run sweep's jobs add their estimates up here
+
+
+def job_budget(runtime: RuntimeConfig, *, job_ledger: Path, sweep_dir: str | None) -> Budget | None:
+    """The accounts of one job: its own ledger (``runtime.max_cost_usd``) and, in a sweep, the sweep's
+    (``runtime.sweep_max_cost_usd``). Outside a sweep the sweep's limit is simply a second cap on the job."""
+    accounts: list[Account] = []
+    job_caps = [(runtime.max_cost_usd, "runtime.max_cost_usd")]
+    if sweep_dir is None:
+        job_caps.append((runtime.sweep_max_cost_usd, "runtime.sweep_max_cost_usd"))
+    job_caps = [c for c in job_caps if c[0] is not None]
+    if job_caps:
+        cap, key = min(job_caps)
+        accounts.append(Account(str(job_ledger), float(cap), key))
+    if sweep_dir is not None and runtime.sweep_max_cost_usd is not None:
+        accounts.append(Account(str(Path(sweep_dir) / LEDGER_FILE), float(runtime.sweep_max_cost_usd),
+                                "runtime.sweep_max_cost_usd"))
+    return Budget(accounts) if accounts else None
+
+
+@dataclass
+class BudgetReport:
+    """How a budgeted job ended: each account's spending, and the instances left unrun by a stop."""
+
+    accounts: list[tuple[Account, float]]
+    not_run: int
+    stopped: bool
+    refused_calls: float = 0.0  #: calls not sent (every process of the job)
+
+    def binding(self) -> tuple[Account, float]:
+        return min(self.accounts, key=lambda a: a[0].cap - a[1])
+
+    def line(self) -> str:
+        account, spent = self.binding()
+        return (f"BUDGET: ${spent:.4f} of ${account.cap:.4f} spent; {self.not_run} instances not run; "
+                f"resume with a higher budget ({account.key})")
+
+    def status_line(self) -> str:
+        return f"INCOMPLETE: {self.not_run} instances not run: the budget was reached: exit 4"
+
+    def metrics(self) -> dict[str, float]:
+        out = {"budget/instances_not_run": float(self.not_run), "budget/stopped": float(self.stopped),
+               "calls/not_sent_budget": float(self.refused_calls)}
+        for account, spent in self.accounts:
+            out[f"budget/{account.scope}/max_usd"] = account.cap
+            out[f"budget/{account.scope}/spent_usd"] = spent
+            out[f"budget/{account.scope}/left_usd"] = max(0.0, account.cap - spent)
+        return out
+
+
+def report(budget: Budget, not_run: int, refused_calls: float) -> BudgetReport:
+    """The end of a budgeted job: stopped when some process of the job was refused a call."""
+    return BudgetReport(budget.state(), not_run, stopped=bool(refused_calls or budget.refused) and not_run > 0,
+                        refused_calls=refused_calls)
+
+
+def _verdict(what: str, estimate_usd: float, cap: float, key: str) -> str:
+    share = f" ({100 * estimate_usd / cap:.0f}% of it)" if cap else ""
+    if estimate_usd <= cap:
+        return f"{what} ~${estimate_usd:.4f} fits {key}=${cap:.4f}{share}"
+    return f"{what} ~${estimate_usd:.4f} does NOT fit {key}=${cap:.4f}{share}: it would stop at the budget (exit 4)"
+
+
+def sweep_estimate(sweep_dir: str, estimate_usd: float) -> tuple[float, int]:
+    """Add a dry-run job's estimate to its sweep's; the sweep's total so far and how many jobs it holds."""
+    from filelock import FileLock
+
+    path = Path(sweep_dir) / ESTIMATE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock", timeout=60):
+        data = json.loads(path.read_text()) if path.exists() else {"usd": 0.0, "jobs": 0}
+        data = {"usd": data["usd"] + estimate_usd, "jobs": data["jobs"] + 1}
+        path.write_text(json.dumps(data))
+    return data["usd"], data["jobs"]
+
+
+def fit_line(runtime: RuntimeConfig, estimate_usd: float, sweep_dir: str | None = None) -> str | None:
+    """The dry run's one line: whether its estimate fits each budget (None without one). In a sweep, the jobs'
+    estimates are added up in the sweep folder: the last job's line holds the whole sweep's."""
+    parts = []
+    if runtime.max_cost_usd is not None:
+        parts.append(_verdict("the estimate", estimate_usd, runtime.max_cost_usd, "runtime.max_cost_usd"))
+    if runtime.sweep_max_cost_usd is not None:
+        if sweep_dir is None:
+            parts.append(_verdict("the estimate", estimate_usd, runtime.sweep_max_cost_usd,
+                                  "runtime.sweep_max_cost_usd"))
+        else:
+            total, jobs = sweep_estimate(sweep_dir, estimate_usd)
+            parts.append(_verdict(f"the sweep's estimate so far ({jobs} jobs)", total, runtime.sweep_max_cost_usd,
+                                  "runtime.sweep_max_cost_usd"))
+    return "budget: " + "; ".join(parts) if parts else None

@@ -1,0 +1,329 @@
+"""A spending limit that holds across calls, worker processes and the parallel jobs of a sweep.
+
+Why: a budget checked after each call overshoots by every call in flight, and one kept in a process's memory
+knows nothing of the job's worker processes or of the sweep's other jobs. Here each paid call *reserves* its
+worst case before it is sent (an upper bound on its prompt tokens plus the reply's ``max_tokens``, at the
+model's prices) and *settles* its actual cost after (litellm's response cost; nothing for a cache hit). The
+accounts are small JSON ledgers guarded by a file lock, checked and written in one step, so two processes can
+never both pass the limit: a job's ledger beside its resume journal (``runtime.max_cost_usd``: what the job
+spends over all its attempts) and a sweep's in the sweep folder (``runtime.sweep_max_cost_usd``).
+
+A call whose worst case does not fit what is left is not sent: ``BudgetExceeded``, which stops the job's new
+instances (``cupid_exp.job.execute``). While other calls hold reservations that may come back unused, it
+waits for them instead of giving up early; waiting calls go in the order their instances started
+(``started_instance``), so that near the end the oldest instances finish rather than all of them half-way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+import json
+import logging
+import math
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from cupid_exp.config import ConfigError, ModelConfig, RuntimeConfig
+
+log = logging.getLogger(__name__)
+
+LEDGER_FILE = "budget.json"
+_TOKENS_PER_MESSAGE = 16  # role and framing tokens a chat format adds per message (OpenAI's: 3-4)
+_STALE_S = 24 * 3600  # a reservation of another host this old died with its process: charged in full
+_WAIT_S = 0.05  # poll interval while other calls' reservations may come back unused
+
+
+_ORDER: contextvars.ContextVar[float] = contextvars.ContextVar("cupid_budget_order", default=math.inf)
+_STARTS = itertools.count()
+
+
+def started_instance() -> None:
+    """Mark the calls of the instance starting in this task (and the tasks it starts) as younger than any before."""
+    _ORDER.set(next(_STARTS))
+
+
+class BudgetExceeded(Exception):
+    """A call not sent: its worst-case cost does not fit what is left of a budget (the job stops, exit 4)."""
+
+    def __init__(self, account: "Account", spent: float, needed: float):
+        self.account, self.spent, self.needed = account, spent, needed
+        super().__init__(f"{account.key}={account.cap:g}: ${spent:.4f} spent, the next call may cost up to "
+                         f"${needed:.4f}")
+
+
+# ----------------------------------------------------------------------------------------------- prices
+@dataclass(frozen=True)
+class Prices:
+    """USD per token, and the longest reply the model can give when a call does not bound it."""
+
+    input: float
+    output: float
+    max_output_tokens: int | None = None
+
+
+def model_prices(model: ModelConfig) -> Prices | None:
+    """The model's prices: 0 for an embedded model, the config's own, else litellm's price map; None: unpriced."""
+    if model.is_embedded:
+        return Prices(0.0, 0.0, None)
+    info: Mapping[str, Any] = {}
+    if model.input_cost_per_token is None or model.output_cost_per_token is None or not model.params.get("max_tokens"):
+        import litellm
+
+        provider, _, name = model.litellm_model.partition("/")
+        try:
+            info = litellm.get_model_info(model=name, custom_llm_provider=provider) or {}
+        except (litellm.exceptions.ModelNotMappedError, litellm.exceptions.BadRequestError,
+                litellm.exceptions.NotFoundError, ValueError):
+            info = {}
+    cost_in = model.input_cost_per_token if model.input_cost_per_token is not None else info.get("input_cost_per_token")
+    cost_out = (model.output_cost_per_token if model.output_cost_per_token is not None
+                else info.get("output_cost_per_token"))
+    if cost_in is None or cost_out is None:
+        return None
+    return Prices(float(cost_in), float(cost_out), info.get("max_output_tokens") or info.get("max_tokens"))
+
+
+def wanted(runtime: RuntimeConfig) -> bool:
+    return runtime.max_cost_usd is not None or runtime.sweep_max_cost_usd is not None
+
+
+def check_priced(models: Iterable[ModelConfig], runtime: RuntimeConfig) -> None:
+    """Before the first call: a budget needs every model's price and a bound on its replies (one-line ConfigError)."""
+    if not wanted(runtime):
+        return
+    key = "runtime.max_cost_usd" if runtime.max_cost_usd is not None else "runtime.sweep_max_cost_usd"
+    cap = runtime.max_cost_usd if runtime.max_cost_usd is not None else runtime.sweep_max_cost_usd
+    for model in models:
+        prices = model_prices(model)
+        if prices is None:
+            raise ConfigError(f"{key}={cap:g} needs a price for model {model.name!r} ({model.litellm_model}): "
+                              "litellm's price map does not list it; set its input_cost_per_token and "
+                              "output_cost_per_token")
+        if not model.is_embedded and not (model.params.get("max_tokens") or model.params.get("max_completion_tokens")
+                                          or prices.max_output_tokens):
+            raise ConfigError(f"{key}={cap:g} needs a bound on the replies of model {model.name!r} "
+                              f"({model.litellm_model}): set its params.max_tokens")
+
+
+def priced(model: ModelConfig, runtime: RuntimeConfig) -> Prices:
+    """The prices of a model a budgeted client calls (checked by the job before, ``check_priced``)."""
+    check_priced([model], runtime)
+    return model_prices(model)  # type: ignore[return-value]
+
+
+def worst_case_usd(prices: Prices, messages: list[dict], kwargs: Mapping[str, Any]) -> float:
+    """An upper bound on a call's cost: every byte of the prompt a token (a token is at least one byte) plus the
+    framing of each message and any response schema, and a reply of ``max_tokens``. Counting tokens exactly
+    cost 2-3 ms of CPU per call (litellm's tokenizer, measured on 10k-character prompts); the bound costs
+    microseconds and only makes the last call of a budget stop a little early."""
+    if not prices.input and not prices.output:
+        return 0.0
+    prompt = sum(len(str(m.get("content") or "").encode()) + _TOKENS_PER_MESSAGE for m in messages)
+    if kwargs.get("response_format") is not None:
+        prompt += len(json.dumps(kwargs["response_format"]).encode())
+    reply = kwargs.get("max_tokens") or kwargs.get("max_completion_tokens") or prices.max_output_tokens or 0
+    return prompt * prices.input + int(reply) * prices.output
+
+
+# ----------------------------------------------------------------------------------------------- ledgers
+@dataclass(frozen=True)
+class Account:
+    """One limit: its ledger file, the cap in USD and the setting that set it (for the messages)."""
+
+    path: str
+    cap: float
+    key: str
+
+    @property
+    def scope(self) -> str:
+        return "sweep" if self.key.endswith("sweep_max_cost_usd") else "job"
+
+
+def _host() -> str:
+    return socket.gethostname()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _load(fd: int) -> dict[str, Any]:
+    raw = os.pread(fd, os.fstat(fd).st_size, 0)
+    data = json.loads(raw) if raw.strip() else {}
+    data.setdefault("spent", 0.0)
+    data.setdefault("reservations", {})
+    return data
+
+
+def _save(fd: int, data: Mapping[str, Any]) -> None:
+    """Rewritten in place under the lock, padded with spaces to the old length (JSON ignores them): no moment where
+    the file is cut short. A temporary file and a rename cost 1.4 ms per write here, this 0.01 ms (measured)."""
+    raw = json.dumps(data, sort_keys=True).encode()
+    os.pwrite(fd, raw.ljust(os.fstat(fd).st_size), 0)
+
+
+def _purge_dead(data: dict[str, Any]) -> None:
+    """Reservations of processes that died before settling are charged in full: their requests may have been paid."""
+    host, now = _host(), time.time()
+    for rid, held in list(data["reservations"].items()):
+        gone = (not _alive(int(held["pid"]))) if held.get("host") == host else now - held.get("at", now) > _STALE_S
+        if gone:
+            data["spent"] += float(held["usd"])
+            data["charged_unsettled"] = data.get("charged_unsettled", 0.0) + float(held["usd"])
+            del data["reservations"][rid]
+
+
+@dataclass
+class Budget:
+    """The accounts a job's calls draw on (its own, its sweep's); picklable for the job's worker processes."""
+
+    accounts: list[Account]
+    refused: int = 0  #: calls this process did not send
+    _locks: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    _files: dict[str, int] = field(default_factory=dict, repr=False, compare=False)  #: path -> open descriptor
+    _waiting: dict[str, float] = field(default_factory=dict, repr=False, compare=False)  #: rid -> instance order
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"accounts": self.accounts, "refused": self.refused, "_locks": {}, "_files": {}, "_waiting": {}}
+
+    def _lock(self, account: Account) -> Any:
+        from filelock import FileLock
+
+        if account.path not in self._locks:
+            Path(account.path).parent.mkdir(parents=True, exist_ok=True)
+            # a short poll: the lock is held for one read and one write (well under a millisecond)
+            self._locks[account.path] = FileLock(account.path + ".lock", timeout=60, poll_interval=0.001)
+        return self._locks[account.path]
+
+    def _file(self, account: Account) -> int:
+        if account.path not in self._files:
+            self._files[account.path] = os.open(account.path, os.O_RDWR | os.O_CREAT, 0o644)
+        return self._files[account.path]
+
+    def _update(self, change: Any) -> Any:
+        """``change(ledgers)`` on every account's ledger at once, under all their locks (taken in path order)."""
+        accounts = sorted(self.accounts, key=lambda a: a.path)
+        locks = [self._lock(a) for a in accounts]
+        for lock in locks:
+            lock.acquire()
+        try:
+            ledgers = [(a, _load(self._file(a))) for a in accounts]
+            for _, data in ledgers:
+                _purge_dead(data)
+            result = change(ledgers)
+            for account, data in ledgers:
+                data["cap"] = account.cap
+                _save(self._file(account), data)
+            return result
+        finally:
+            for lock in reversed(locks):
+                lock.release()
+
+    def _try_reserve(self, rid: str, usd: float) -> tuple[str, Account | None, float]:
+        def change(ledgers: list[tuple[Account, dict]]) -> tuple[str, Account | None, float]:
+            waiting = None
+            for account, data in ledgers:
+                spent, held = data["spent"], sum(r["usd"] for r in data["reservations"].values())
+                if spent + usd > account.cap * (1 + 1e-12):
+                    data["refusals"] = data.get("refusals", 0) + 1
+                    return "refuse", account, spent
+                if spent + held + usd > account.cap * (1 + 1e-12):
+                    waiting = waiting or (account, spent)
+            if waiting is not None:
+                return "wait", waiting[0], waiting[1]
+            entry = {"usd": usd, "pid": os.getpid(), "host": _host(), "at": time.time()}
+            for _, data in ledgers:
+                data["reservations"][rid] = entry
+            return "held", None, 0.0
+        return self._update(change)
+
+    async def reserve(self, usd: float) -> "Reservation":
+        """Hold ``usd`` on every account, waiting while others' reservations may come back; BudgetExceeded when
+        the spent money alone leaves too little."""
+        rid, order = f"{_host()}:{os.getpid()}:{uuid.uuid4().hex[:12]}", _ORDER.get()
+        try:
+            while True:
+                if not any(o < order for o in self._waiting.values()):  # an older instance's call waits: after it
+                    verdict, account, spent = self._try_reserve(rid, usd)
+                    if verdict == "held":
+                        return Reservation(self, rid, usd)
+                    if verdict == "refuse":
+                        self.refused += 1
+                        raise BudgetExceeded(account, spent, usd)
+                self._waiting[rid] = order
+                await asyncio.sleep(_WAIT_S)
+        finally:
+            self._waiting.pop(rid, None)
+
+    def settle(self, rid: str, usd: float) -> None:
+        def change(ledgers: list[tuple[Account, dict]]) -> None:
+            for _, data in ledgers:
+                if data["reservations"].pop(rid, None) is not None:
+                    data["spent"] += usd
+        self._update(change)
+
+    def state(self) -> list[tuple[Account, float]]:
+        """Each account with what was spent from it so far (settled, and charged for dead processes)."""
+        return self._update(lambda ledgers: [(a, float(d["spent"])) for a, d in ledgers])
+
+
+@dataclass
+class Reservation:
+    """A call's held worst case: ``settle`` with its actual cost, or ``failed`` when no reply came."""
+
+    budget: Budget
+    rid: str
+    usd: float
+
+    def settle(self, usd: float | None) -> None:
+        if usd is None or not math.isfinite(usd):
+            usd = self.usd  # a reply litellm could not price: charged its worst case
+        elif usd > self.usd * (1 + 1e-9):
+            log.warning("a call cost $%.6f, more than the $%.6f reserved for it", usd, self.usd)
+        self.budget.settle(self.rid, max(0.0, usd))
+
+    def failed(self, exc: BaseException) -> None:
+        """No reply: returned in full, except after a timeout (the provider may have answered and billed it)."""
+        import litellm
+
+        timed_out = isinstance(exc, (litellm.Timeout, asyncio.TimeoutError, TimeoutError))
+        self.budget.settle(self.rid, self.usd if timed_out else 0.0)
+
+
+async def reserve_call(client: Any, messages: list[dict], kwargs: Mapping[str, Any], step: str) -> Reservation | None:
+    """The hook before a client sends a call: its worst case held on the budget (None without one); a refused
+    call is counted on the step (``not_sent_budget``: the job's worker processes report it through their meter)."""
+    if client.budget is None:
+        return None
+    try:
+        return await client.budget.reserve(worst_case_usd(client.prices, messages, kwargs))
+    except BudgetExceeded:
+        client.meter.counts[step]["not_sent_budget"] += 1
+        raise
+
+
+def settle_call(held: Reservation | None, response: Any) -> None:
+    """The hook after a reply: the reservation settled at litellm's cost of it (nothing for a cache hit)."""
+    if held is None:
+        return
+    hidden = getattr(response, "_hidden_params", None) or {}
+    cost = hidden.get("response_cost")
+    if hidden.get("cache_hit"):
+        held.settle(0.0)
+    elif getattr(response, "choices", None):
+        held.settle(float(cost) if isinstance(cost, (int, float)) else None)
+    else:  # no completion came back (litellm's None for a rejected request): nothing billed
+        held.settle(0.0)

@@ -5,7 +5,9 @@ A job ends in one of four ways, each with its exit code (documented in the READM
 - 0: complete (or below ``runtime.max_failed_fraction`` failed instances);
 - 1: a bug: the traceback is printed, the journal keeps what finished;
 - 2: a bad setting or bad data, found before the first model call: one line, no traceback;
-- 3: incomplete: more than ``runtime.max_failed_fraction`` of the instances failed.
+- 3: incomplete: more than ``runtime.max_failed_fraction`` of the instances failed;
+- 5: the environment failed the job (a full disk, a read-only or forbidden folder, a folder that vanished):
+  one line naming the path and the error; the journal keeps what finished, the MLflow run ends FAILED.
 
 In a sweep, a job's bad setting or incomplete result does not stop the other jobs: each job
 writes ``job_status.json`` into its folder, and when the sweep ends the failed and incomplete
@@ -24,6 +26,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 EXIT_OK, EXIT_BUG, EXIT_BAD_INPUT, EXIT_INCOMPLETE = 0, 1, 2, 3
+EXIT_ENVIRONMENT = 5  #: a full disk, a read-only or forbidden path, a vanished folder (``outputs.environment_failure``)
 
 
 @dataclass
@@ -36,7 +39,8 @@ class Outcome:
 
     @property
     def exit_code(self) -> int:
-        return {"ok": EXIT_OK, "incomplete": EXIT_INCOMPLETE}.get(self.outcome, EXIT_BAD_INPUT)
+        return {"ok": EXIT_OK, "incomplete": EXIT_INCOMPLETE, "environment": EXIT_ENVIRONMENT}.get(self.outcome,
+                                                                                                   EXIT_BAD_INPUT)
 
 
 class InputError(Exception):
@@ -65,9 +69,17 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
         # starts (``tracking.callbacks.MlflowSweepCallback``)
         parent = SweepParent(str(Path(hc.sweep.dir).resolve())) if multirun else None
         outcome = job(cfg, output_dir, dict(hc.runtime.choices), parent)
-    except input_errors as exc:
+    except (*input_errors, InputError) as exc:
         print(f"{program}: {exc}", file=sys.stderr)
         outcome = Outcome("error", str(exc))
+    except Exception as exc:  # noqa: BLE001 - a bug goes on with its traceback; the environment's is one line
+        from cupid_exp.outputs import environment_failure
+
+        failure = environment_failure(exc)
+        if failure is None:
+            raise
+        print(f"{program}: {failure}", file=sys.stderr)
+        outcome = Outcome("environment", str(failure))
     if multirun:
         output_dir.mkdir(parents=True, exist_ok=True)
         status = {"job": output_dir.name, "overrides": list(hc.overrides.task), "outcome": outcome.outcome,

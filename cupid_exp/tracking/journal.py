@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 
 from cupid_exp.config import config_digest
+from cupid_exp.outputs import EnvironmentFailure, writing
 from cupid_exp.results import HistoryView, Truth
 from cupid_exp.secrets import scrub_obj
 
@@ -77,6 +78,7 @@ class Journal:
     def __init__(self, path: Path, secrets: list[str] | None = None):
         self.path, self.secrets = path, list(secrets or [])
         self._tail_checked = False
+        self._failed: Exception | None = None  #: the environment failure of an append: later ones fail alike
         path.parent.mkdir(parents=True, exist_ok=True)
 
     def load(self, retry_failed: bool = False) -> dict[str, dict[str, Any]]:
@@ -127,12 +129,34 @@ class Journal:
             os.fsync(fh.fileno())
 
     def append(self, record: dict[str, Any]) -> None:
+        """One whole line, fsynced. A full disk or a forbidden folder raises ``outputs.EnvironmentFailure`` and
+        leaves no part of the line; every later append raises it again without touching the disk."""
+        if self._failed is not None:
+            raise self._failed
+        try:
+            self._append(record)
+        except EnvironmentFailure as exc:
+            self._failed = exc
+            raise
+
+    def _append(self, record: dict[str, Any]) -> None:
         if not self._tail_checked:
             if self.path.exists():
                 self._cut_torn_tail()
             self._tail_checked = True
         line = (json.dumps(scrub_obj(record, self.secrets), ensure_ascii=False) + "\n").encode()
-        with self.path.open("ab") as fh:
-            fh.write(line)
-            fh.flush()
-            os.fsync(fh.fileno())
+        with writing(self.path):
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                view = memoryview(line)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            except OSError:  # a full disk may have taken part of the line: cut it, so the journal stays whole lines
+                try:
+                    self._cut_torn_tail()
+                except OSError:  # the next load cuts it
+                    pass
+                raise
+            finally:
+                os.close(fd)

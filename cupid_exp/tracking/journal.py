@@ -36,9 +36,18 @@ _RUNTIME_NOT_IDENTITY = {"progress", "cache_dir", "resume", "failure_policy", "m
 
 
 def job_identity(resolved: Mapping[str, Any], *, dataset_digest: str, prompts_digest: str) -> str:
-    """Hash of everything that decides a job's results, from the resolved config as plain data."""
+    """Hash of everything that decides a job's results, from the resolved config as plain data.
+
+    The data enter by their digest (the valid rows, in order), not by how a file's path is spelt: a relative and
+    an absolute ``data.path`` of the same file are one job (its journal, its MLflow run). Configs without a path
+    (``data=cupid``, ``data=sample``) keep the identity they always had; a local file's job got a new identity
+    once, when the path left it."""
     config = {k: v for k, v in resolved.items() if k not in _NOT_IDENTITY}
     config["runtime"] = {k: v for k, v in dict(config.get("runtime") or {}).items() if k not in _RUNTIME_NOT_IDENTITY}
+    data = dict(config.get("data") or {})
+    if data.get("path") is not None:
+        del data["path"]
+        config["data"] = data
     return config_digest({"config": config, "data": dataset_digest, "prompts": prompts_digest})
 
 

@@ -54,7 +54,7 @@ def writing(path: Path) -> Iterator[None]:
         yield
     except OSError as exc:
         if exc.errno in ENVIRONMENT_ERRNOS or exc.errno == errno.ENOENT:
-            raise EnvironmentFailure(exc.filename or path, exc) from exc
+            raise EnvironmentFailure(path, exc) from exc
         raise
 
 

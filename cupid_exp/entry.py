@@ -1,10 +1,11 @@
 """The Hydra entry shared by ``python -m cupid_exp`` and ``python -m cupid_exp.synthesize``.
 
-A job ends in one of four ways, each with its exit code (documented in the README):
+A job ends in one of these ways, each with its exit code (documented in the README):
 
 - 0: complete (or below ``runtime.max_failed_fraction`` failed instances);
 - 1: a bug: the traceback is printed, the journal keeps what finished;
-- 2: a bad setting or bad data, found before the first model call: one line, no traceback;
+- 2: a bad setting or bad data, found before the first model call, or the same job running in another
+  process (``tracking.job_lock``): one line, no traceback;
 - 3: incomplete: more than ``runtime.max_failed_fraction`` of the instances failed;
 - 5: the environment failed the job (a full disk, a read-only or forbidden folder, a folder that vanished):
   one line naming the path and the error; the journal keeps what finished, the MLflow run ends FAILED.

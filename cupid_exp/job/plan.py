@@ -26,6 +26,7 @@ from cupid_exp.settings import make_setting
 from cupid_exp.settings.base import Setting
 from cupid_exp.tasks.context import TaskContext
 from cupid_exp.tracking import job_lock
+from cupid_exp.tracking.attempts import run_key
 from cupid_exp.tracking.job_lock import JobLock
 from cupid_exp.tracking.journal import Journal, job_identity
 from cupid_exp.tracking.mlflow import SweepParent
@@ -125,7 +126,10 @@ def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = Non
              len(data.errors), run_cfg.model.name, run_cfg.evaluator.name)
     journal_dir = Path(run_cfg.paths.output_root) / "journal"
     if not job.dry_run:  # a dry run writes no journal and no run
-        job.lock = job_lock.acquire(journal_dir, identity)  # raises JobRunning when another process has the job
+        # raises JobRunning when another process runs the job (see tracking.job_lock for the same calls reported
+        # differently)
+        key = run_key(identity, run_cfg.runtime, run_cfg.paths.output_root)
+        job.lock = job_lock.acquire(journal_dir, identity, key)
     try:
         if run_cfg.runtime.resume and not job.dry_run:
             job.journal = Journal(journal_dir / f"{identity}.jsonl", secrets)

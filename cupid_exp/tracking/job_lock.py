@@ -6,7 +6,10 @@ lock is the operating system's (``filelock``: ``flock`` where the file system ha
 process: the next attempt after a SIGKILL or a crash finds it free, takes the job over and resumes it. Who holds
 the lock (pid, host, since when) is written beside it, for that message and the takeover's.
 
-The parallel jobs of a sweep are different jobs (their identities differ) and hold different locks.
+The parallel jobs of a sweep are different jobs (their identities differ) and hold different locks. Jobs that
+make the same calls but report them differently (a sweep over ``runtime.failure_policy``: same identity, one
+journal, different run keys, ``tracking.attempts``) are different jobs too: the second waits for the first to let
+go of the journal, then replays it (no call is made twice) into its own run.
 """
 
 from __future__ import annotations
@@ -58,9 +61,10 @@ def lock_path(journal_dir: Path, identity: str) -> Path:
     return journal_dir / f"{identity}.lock"
 
 
-def acquire(journal_dir: Path, identity: str) -> JobLock:
-    """Hold the job ``identity`` under ``journal_dir`` or raise ``JobRunning``; never waits. A lock this process
-    holds already (the same job planned again in one process) is returned as it is."""
+def acquire(journal_dir: Path, identity: str, run_key: str) -> JobLock:
+    """Hold the journal of ``identity`` under ``journal_dir`` for the job ``run_key``. Held by another live process
+    for the same run key: ``JobRunning``, at once; for another run key (the same calls reported differently): wait
+    for it. A lock this process holds already (the same job planned again in one process) is returned as it is."""
     from filelock import FileLock, Timeout
 
     path = lock_path(journal_dir, identity)
@@ -72,14 +76,19 @@ def acquire(journal_dir: Path, identity: str) -> JobLock:
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        raise JobRunning(running_message(path)) from None
+        holder = _wait_for_holder(path)
+        if holder is None or holder.get("run_key") == run_key:
+            raise JobRunning(running_message(path, holder)) from None
+        log.warning("waiting for %s, which makes this job's calls for another report of them (run key %s): this "
+                    "one replays its journal after it", describe(holder), holder.get("run_key"))
+        lock.acquire()
     try:
         before = _holder(path)
         if before is not None:
             log.warning("taking over this job from %s, which no longer holds it (it died or was killed): resuming",
                         describe(before))
         atomic_write_text(JobLock.holder_file(path), json.dumps(
-            {"pid": os.getpid(), "host": socket.gethostname(),
+            {"pid": os.getpid(), "host": socket.gethostname(), "run_key": run_key,
              "since": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")}))
     except BaseException:
         lock.release()
@@ -88,17 +97,36 @@ def acquire(journal_dir: Path, identity: str) -> JobLock:
     return job
 
 
-def running_message(path: Path) -> str:
-    """The one line a second process prints (the holder may still be writing who it is: asked for a moment)."""
-    holder = None
-    for _ in range(10):
-        holder = _holder(path)
-        if holder is not None:
-            break
-        time.sleep(0.05)
+def running_message(path: Path, holder: dict[str, Any] | None) -> str:
+    """The one line a second process prints."""
     who = describe(holder) if holder is not None else "a process that has not said which it is yet"
     return (f"another process is running this job: {who} (lock {path}); let it finish, or stop it and run this "
             "command again to resume")
+
+
+def _wait_for_holder(path: Path, seconds: float = 2.0) -> dict[str, Any] | None:
+    """Who holds ``path`` (it writes that just after it took the lock: asked again for a moment)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        holder = _holder(path)
+        if holder is not None and _alive(holder):
+            return holder
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
+
+
+def _alive(holder: dict[str, Any]) -> bool:
+    """False for a holder on this host whose process is gone (a dead holder's note, before the new one's)."""
+    if holder.get("host") != socket.gethostname():
+        return True
+    try:
+        os.kill(int(holder.get("pid", 0)), 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, ValueError):
+        return True
+    return True
 
 
 def describe(holder: dict[str, Any]) -> str:

@@ -58,18 +58,28 @@ def test_a_second_process_on_a_running_job_stops_and_a_dead_ones_job_is_taken_ov
 
 
 def test_the_lock_names_its_holder_and_is_free_once_released(tmp_path: Path) -> None:
-    held = job_lock.acquire(tmp_path, "abc")
-    assert job_lock.acquire(tmp_path, "abc") is held  # this process planning the same job again
-    holder = json.loads(held.holder_file(held.path).read_text())
-    assert holder["host"] == socket.gethostname() and holder["pid"] > 0
-    # another process cannot take it
     import subprocess
 
+    held = job_lock.acquire(tmp_path, "abc", "key1")
+    assert job_lock.acquire(tmp_path, "abc", "key1") is held  # this process planning the same job again
+    holder = json.loads(held.holder_file(held.path).read_text())
+    assert holder["host"] == socket.gethostname() and holder["pid"] > 0
     probe = ("import sys; from pathlib import Path; from cupid_exp.tracking import job_lock\n"
-             "try:\n    job_lock.acquire(Path(sys.argv[1]), 'abc')\nexcept job_lock.JobRunning as exc:\n"
-             "    print(exc); sys.exit(2)\n")
-    taken = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, timeout=60)
+             "try:\n    job_lock.acquire(Path(sys.argv[1]), 'abc', sys.argv[2])\nexcept job_lock.JobRunning as exc:\n"
+             "    print(exc); sys.exit(2)\nprint('acquired')\n")
+    # the same job in another process: stopped at once
+    taken = subprocess.run([sys.executable, "-c", probe, str(tmp_path), "key1"], capture_output=True, text=True,
+                           timeout=60)
     assert taken.returncode == 2 and f"pid {holder['pid']} on {holder['host']}" in taken.stdout
-    held.release()
-    free = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, timeout=60)
-    assert free.returncode == 0, free.stdout + free.stderr
+    # the same calls reported differently (another run key): it waits for the journal, then has it
+    waiting = subprocess.Popen([sys.executable, "-c", probe, str(tmp_path), "key2"], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            waiting.wait(timeout=8)
+        held.release()
+        out, _ = waiting.communicate(timeout=60)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+    assert waiting.returncode == 0 and "acquired" in out and "waiting for pid" in out, out

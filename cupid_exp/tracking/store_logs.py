@@ -14,15 +14,22 @@ MAX_CHARS = 300
 
 
 class OneLineOnce(logging.Filter):
-    """For warnings and errors: the message's first line (with the exception's type and first line), once."""
+    """For MLflow's warnings and errors: the message's first line (with the exception's type and first line), once."""
 
     def __init__(self) -> None:
         super().__init__()
         self.seen: set[str] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING:
-            return True
+        if record.levelno < logging.WARNING or not (record.name == "mlflow" or record.name.startswith("mlflow.")):
+            return True  # (on the root's handlers too: every other logger's records pass as they are)
+        decided = getattr(record, "cupid_shown", None)  # one record reaches several handlers: decided once
+        if decided is not None:
+            return decided
+        record.cupid_shown = self._shown(record)
+        return record.cupid_shown
+
+    def _shown(self, record: logging.LogRecord) -> bool:
         line = _first_line(record.getMessage())
         if record.exc_info and record.exc_info[1] is not None:
             exc = record.exc_info[1]

@@ -156,3 +156,38 @@ def test_a_really_full_disk_exits_5_and_the_rerun_on_a_freed_disk_completes(tmp_
     assert len(keys) == len(set(keys)) == n
     run = only_run(store_uri(tiny_disk))
     assert run.info.status == "FINISHED" and run.data.metrics["instances/total"] == n
+
+
+def test_mlflows_store_errors_are_one_line_once_and_other_loggers_untouched() -> None:
+    import logging
+
+    from cupid_exp.tracking import store_logs
+
+    class Kept(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__(logging.WARNING)
+            self.records: list[logging.LogRecord] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.records.append(record)
+
+    kept = Kept()
+    logging.getLogger("mlflow").addHandler(kept)
+    logging.getLogger("cupid_exp.anything").addHandler(kept)
+    try:
+        store_logs.install()  # finds MLflow's handlers, this one among them
+        for _ in range(3):
+            try:
+                raise RuntimeError("(sqlite3.OperationalError) database or disk is full\n[SQL: INSERT ...]")
+            except RuntimeError:
+                logging.getLogger("mlflow.store.db.utils").exception("SQLAlchemy database error.\nmore")
+            logging.getLogger("cupid_exp.anything").warning("ours\nsecond line")
+    finally:
+        logging.getLogger("mlflow").removeHandler(kept)
+        logging.getLogger("cupid_exp.anything").removeHandler(kept)
+    mlflow_lines = [r for r in kept.records if r.name.startswith("mlflow")]
+    assert len(mlflow_lines) == 1 and mlflow_lines[0].exc_info is None
+    assert mlflow_lines[0].getMessage() == ("SQLAlchemy database error. (RuntimeError: (sqlite3.OperationalError) "
+                                            "database or disk is full)")
+    ours = [r for r in kept.records if r.name == "cupid_exp.anything"]
+    assert len(ours) == 3 and ours[0].getMessage() == "ours\nsecond line"

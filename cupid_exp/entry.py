@@ -1,13 +1,16 @@
 """The Hydra entry shared by ``python -m cupid_exp`` and ``python -m cupid_exp.synthesize``.
 
-A job ends in one of four ways, each with its exit code (documented in the README):
+A job ends in one of these ways, each with its exit code (documented in the README):
 
 - 0: complete (or below ``runtime.max_failed_fraction`` failed instances);
 - 1: a bug: the traceback is printed, the journal keeps what finished;
-- 2: a bad setting or bad data, found before the first model call: one line, no traceback;
+- 2: a bad setting or bad data, found before the first model call, or the same job running in another
+  process (``tracking.job_lock``): one line, no traceback;
 - 3: incomplete: more than ``runtime.max_failed_fraction`` of the instances failed;
 - 4: budget reached: ``runtime.max_cost_usd`` or ``runtime.sweep_max_cost_usd`` refused a call; the instances
-  left are not run (the same command with a higher budget resumes them).
+  left are not run (the same command with a higher budget resumes them);
+- 5: the environment failed the job (a full disk, a read-only or forbidden folder, a folder that vanished):
+  one line naming the path and the error; the journal keeps what finished, the MLflow run ends FAILED.
 
 In a sweep, a job's bad setting or incomplete result does not stop the other jobs: each job
 writes ``job_status.json`` into its folder, and when the sweep ends the failed and incomplete
@@ -27,8 +30,9 @@ from omegaconf import DictConfig
 
 EXIT_OK, EXIT_BUG, EXIT_BAD_INPUT, EXIT_INCOMPLETE = 0, 1, 2, 3
 EXIT_BUDGET = 4
-# A sweep exits with its worst job's code, worst first: a bad setting, then a budget reached, then incomplete.
-_SWEEP_SEVERITY = (EXIT_BAD_INPUT, EXIT_BUDGET, EXIT_INCOMPLETE)
+EXIT_ENVIRONMENT = 5  #: a full disk, a read-only or forbidden path, a vanished folder (``outputs.environment_failure``)
+# A sweep exits with its worst job's code, worst first: a bad setting, the environment, a budget reached, incomplete.
+_SWEEP_SEVERITY = (EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_BUDGET, EXIT_INCOMPLETE)
 
 
 @dataclass
@@ -42,7 +46,8 @@ class Outcome:
 
     @property
     def exit_code(self) -> int:
-        return {"ok": EXIT_OK, "incomplete": EXIT_INCOMPLETE, "budget": EXIT_BUDGET}.get(self.outcome, EXIT_BAD_INPUT)
+        return {"ok": EXIT_OK, "incomplete": EXIT_INCOMPLETE, "budget": EXIT_BUDGET,
+                "environment": EXIT_ENVIRONMENT}.get(self.outcome, EXIT_BAD_INPUT)
 
 
 class InputError(Exception):
@@ -71,9 +76,17 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
         # starts (``tracking.callbacks.MlflowSweepCallback``)
         parent = SweepParent(str(Path(hc.sweep.dir).resolve())) if multirun else None
         outcome = job(cfg, output_dir, dict(hc.runtime.choices), parent)
-    except input_errors as exc:
+    except (*input_errors, InputError) as exc:
         print(f"{program}: {exc}", file=sys.stderr)
         outcome = Outcome("error", str(exc))
+    except Exception as exc:  # noqa: BLE001 - a bug goes on with its traceback; the environment's is one line
+        from cupid_exp.outputs import environment_failure
+
+        failure = environment_failure(exc)
+        if failure is None:
+            raise
+        print(f"{program}: {failure}", file=sys.stderr)
+        outcome = Outcome("environment", str(failure))
     if multirun:
         output_dir.mkdir(parents=True, exist_ok=True)
         status = {"job": output_dir.name, "overrides": list(hc.overrides.task), "outcome": outcome.outcome,

@@ -1,26 +1,76 @@
-"""Job-directory outputs, written atomically so a half-written file never survives."""
+"""Job-directory outputs, written atomically so a half-written file never survives; and what the environment
+did to a job's files, told apart from our bugs.
+
+A full disk (``ENOSPC``, ``EDQUOT``), a read-only file system (``EROFS``) or a forbidden path (``EACCES``,
+``EPERM``) is the machine's, not the code's: the job ends with one line naming the path and the error (exit 5,
+``entry.EXIT_ENVIRONMENT``), not a traceback. A folder that vanished (``ENOENT``) is the environment's only where
+our own writes find it gone (``writing``): elsewhere a missing file can be our bug.
+"""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
+
+#: What an OSError's errno must be for the environment to be blamed wherever it is raised.
+ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+class EnvironmentFailure(Exception):
+    """The machine failed the job's files: ``path`` and the error, in one line."""
+
+    def __init__(self, path: str | os.PathLike[str] | None, error: OSError):
+        self.path, self.error = path, error
+        name = errno.errorcode.get(error.errno or 0, "")
+        where = f"{path}: " if path else ""
+        super().__init__(f"environment failure: {where}{error.strerror or error} [{name}]; the journal keeps what "
+                         "finished: free the space or fix the folder, then run the same command again to resume")
+
+
+def environment_failure(exc: BaseException) -> EnvironmentFailure | None:
+    """The environment failure behind ``exc`` (itself, its cause or its context), or None when it is not one."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, EnvironmentFailure):
+            return current
+        if isinstance(current, OSError) and current.errno in ENVIRONMENT_ERRNOS:
+            return EnvironmentFailure(current.filename, current)
+        current = current.__cause__ or current.__context__
+    return None
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Around a write of ours under ``path``: the environment's errors, and a folder that vanished under it,
+    become ``EnvironmentFailure`` naming ``path``."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in ENVIRONMENT_ERRNOS or exc.errno == errno.ENOENT:
+            raise EnvironmentFailure(path, exc) from exc
+        raise
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:

@@ -81,29 +81,32 @@ def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = 
             parent_run: str | SweepParent | None = None) -> Outcome:
     """Run one job end to end; the Outcome says whether it completed (and carries the headline metric)."""
     started = time.perf_counter()
-    job = plan(cfg, output_dir, choices, parent_run, clients=False)
-    with sigterm_raises():  # from the run's creation on, SIGTERM unwinds (and ends the run KILLED)
-        job.workers = start_workers(job)  # runtime.workers: their start overlaps this process's (they wait for it)
-        try:
-            live = start_tracking(job)
-            with ends_on_error(live):
-                connect(job)  # importing litellm while the MLflow worker opens the run
-                if live is not None and job.todo:  # before the first call; a complete resume waits at publish
-                    live.wait_opened()
-                imports = import_alongside() if job.todo and not job.dry_run else None
-                execution = execute(job, live)
-                if live is not None:
-                    live.executed()
-                if imports is not None:
-                    imports.join()
-                summary = summarize_job(job, execution, started)
-                spending = budget_report(job, execution)
-                if spending is not None:
-                    summary.metrics.update(spending.metrics())
-                publish(job, summary, live, spending)
-        finally:
-            if job.workers is not None:
-                job.workers.stop()
+    job = plan(cfg, output_dir, choices, parent_run, clients=False)  # holds the job from here (tracking.job_lock)
+    try:
+        with sigterm_raises():  # from the run's creation on, SIGTERM unwinds (and ends the run KILLED)
+            job.workers = start_workers(job)  # runtime.workers: their start overlaps this process's (they wait)
+            try:
+                live = start_tracking(job)
+                with ends_on_error(live):
+                    connect(job)  # importing litellm while the MLflow worker opens the run
+                    if live is not None and job.todo:  # before the first call; a complete resume waits at publish
+                        live.wait_opened()
+                    imports = import_alongside() if job.todo and not job.dry_run else None
+                    execution = execute(job, live)
+                    if live is not None:
+                        live.executed()
+                    if imports is not None:
+                        imports.join()
+                    summary = summarize_job(job, execution, started)
+                    spending = budget_report(job, execution)
+                    if spending is not None:
+                        summary.metrics.update(spending.metrics())
+                    publish(job, summary, live, spending)
+            finally:
+                if job.workers is not None:
+                    job.workers.stop()
+    finally:
+        job.release()
     if spending is not None and spending.stopped:
         print(spending.line(), file=sys.stderr, flush=True)
         return Outcome("budget", spending.line(), headline(summary))

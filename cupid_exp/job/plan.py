@@ -2,7 +2,8 @@
 
 The config becomes typed objects once and every value is checked; the setting object, the data
 (every row validated), the prompts and the resume journal are loaded; the clients are built only
-when some instance is left to run (importing litellm takes seconds).
+when some instance is left to run (importing litellm takes seconds). Before the journal is read the
+job takes its lock (``tracking.job_lock``): a second process on the same job stops here, exit 2.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from cupid_exp.secrets import install_log_scrubber, redact, secret_values
 from cupid_exp.settings import make_setting
 from cupid_exp.settings.base import Setting
 from cupid_exp.tasks.context import TaskContext
+from cupid_exp.tracking import job_lock
+from cupid_exp.tracking.attempts import run_key
+from cupid_exp.tracking.job_lock import JobLock
 from cupid_exp.tracking.journal import Journal, job_identity
 from cupid_exp.tracking.ledger import UsageLedger
 from cupid_exp.tracking.mlflow import SweepParent
@@ -57,6 +61,12 @@ class JobPlan:
     ledger: Any = None  #: the job's usage ledger (``tracking.ledger``), with the journal; the meter writes into it
     earlier: UsageMeter | None = None  #: what the job's earlier attempts counted (the ledger); None without a journal
     budget: Any = None  #: the spending limits its calls draw on (``llm.budget.Budget``); None: no budget
+    lock: JobLock | None = None  #: this process's hold on the job (``tracking.job_lock``); None in a dry run
+
+    def release(self) -> None:
+        """Let another process take the job (its end; idempotent)."""
+        if self.lock is not None:
+            self.lock.release()
 
     @property
     def todo(self) -> list[Instance]:
@@ -121,29 +131,39 @@ def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = Non
                   parts=tuple(run_cfg.task.parts), secrets=secrets, identity=identity)
     log.info("%d instances from %s (%d bad rows); model=%s evaluator=%s", len(data.instances), data.source,
              len(data.errors), run_cfg.model.name, run_cfg.evaluator.name)
-    if run_cfg.runtime.resume and not job.dry_run:
-        job.journal = Journal(Path(run_cfg.paths.output_root) / "journal" / f"{identity}.jsonl", secrets)
-        finished = job.journal.load(retry_failed=run_cfg.runtime.retry_failed)
-        job.done = {i.key: finished[i.key] for i in data.instances if i.key in finished}
-        job.ledger = UsageLedger.beside(job.journal.path)  # every paid request, as it returns
-        job.earlier = job.ledger.load(carried=job.done.values())
-        job.meter.sink = job.ledger.append
-        if job.done:
-            log.info("resuming: %d of %d instances already finished (journal %s)", len(job.done),
-                     len(data.instances), job.journal.path)
-    if job.todo:  # a resume with nothing left calls nothing: it needs no key
-        check_keys(roles_called(run_cfg, job.parts), job.dry_run)
-    if not job.dry_run:
-        ledger = (job.journal.path.with_suffix(".budget.json") if job.journal is not None
-                  else output_dir / "budget.json")
-        job.budget = job_budget(run_cfg.runtime, job_ledger=ledger,
-                                sweep_dir=parent_run.sweep_dir if isinstance(parent_run, SweepParent) else None)
-    if job.todo and not job.dry_run:
-        from cupid_exp.job.workers import processes
+    journal_dir = Path(run_cfg.paths.output_root) / "journal"
+    if not job.dry_run:  # a dry run writes no journal and no run
+        # raises JobRunning when another process runs the job (see tracking.job_lock for the same calls reported
+        # differently)
+        key = run_key(identity, run_cfg.runtime, run_cfg.paths.output_root)
+        job.lock = job_lock.acquire(journal_dir, identity, key)
+    try:
+        if run_cfg.runtime.resume and not job.dry_run:
+            job.journal = Journal(journal_dir / f"{identity}.jsonl", secrets)
+            finished = job.journal.load(retry_failed=run_cfg.runtime.retry_failed)
+            job.done = {i.key: finished[i.key] for i in data.instances if i.key in finished}
+            job.ledger = UsageLedger.beside(job.journal.path)  # every paid request, as it returns
+            job.earlier = job.ledger.load(carried=job.done.values())
+            job.meter.sink = job.ledger.append
+            if job.done:
+                log.info("resuming: %d of %d instances already finished (journal %s)", len(job.done),
+                         len(data.instances), job.journal.path)
+        if job.todo:  # a resume with nothing left calls nothing: it needs no key
+            check_keys(roles_called(run_cfg, job.parts), job.dry_run)
+        if not job.dry_run:
+            ledger = (job.journal.path.with_suffix(".budget.json") if job.journal is not None
+                      else output_dir / "budget.json")
+            job.budget = job_budget(run_cfg.runtime, job_ledger=ledger,
+                                    sweep_dir=parent_run.sweep_dir if isinstance(parent_run, SweepParent) else None)
+        if job.todo and not job.dry_run:
+            from cupid_exp.job.workers import processes
 
-        job.processes = processes(run_cfg, len(job.todo))
-    if clients:
-        connect(job)
+            job.processes = processes(run_cfg, len(job.todo))
+        if clients:
+            connect(job)
+    except BaseException:
+        job.release()
+        raise
     return job
 
 

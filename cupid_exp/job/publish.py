@@ -8,7 +8,6 @@ failure can never cost the results; the run worker draws the plots while the tab
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 from cupid_exp import console
@@ -57,8 +56,8 @@ def start_tracking(plan: JobPlan) -> Any:
     claim = None
     try:
         key = attempts.run_key(plan.identity, cfg.runtime, cfg.paths.output_root)
-        claim = (attempts.claim(key, Path(cfg.paths.output_root) / "journal") if cfg.runtime.resume
-                 else attempts.Claim(key))
+        # the job's lock (``tracking.job_lock``) makes this the only attempt: a resumed job reopens the earlier run
+        claim = attempts.Claim(key, plan.lock if cfg.runtime.resume else None)
         params = flatten(plan.resolved)
         params.update({f"choice.{k}": str(v) for k, v in plan.choices.items()})
         tags = {"dataset_digest": plan.data.digest, "dataset_source": plan.data.source,

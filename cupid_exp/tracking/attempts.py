@@ -4,9 +4,9 @@ A job is found again by its *run key*: the job identity (everything that decides
 results, which also names the resume journal), the output root the journal lives under, and the
 runtime settings that change what is reported from the same results (failure policy, incomplete
 threshold, retry of unusable replies). Two jobs with the same key continue one another; any other
-difference gets its own run. While an attempt runs it holds a lock file beside the journal, so a
-second live process with the same key (a duplicate launch) gets a run of its own instead of writing
-into this one; the lock dies with its process, so a SIGKILLed attempt's run (left RUNNING) is
+difference gets its own run. While an attempt runs it holds the job's lock beside the journal
+(``tracking.job_lock``), so a second live process of the same job (a duplicate launch) stops before
+it opens any run; the lock dies with its process, so a SIGKILLed attempt's run (left RUNNING) is
 taken over by the next attempt.
 
 What earlier attempts spent is read back from the job's usage ledger (``tracking.ledger``: one line per
@@ -18,14 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from cupid_exp.llm.usage import UsageMeter, usage_metrics
-
-log = logging.getLogger(__name__)
 
 #: The usage a resumed job's MLflow run reports for the whole job (this attempt + earlier ones) under these
 #: names, with ``<name>/this_attempt`` and ``<name>/earlier_attempts`` beside them; its other usage metrics (per
@@ -44,10 +41,11 @@ def run_key(identity: str, runtime: Any, output_root: str | Path) -> str:
 
 @dataclass
 class Claim:
-    """The right to write into the runs of one run key, held while an attempt runs."""
+    """The right to reopen the run key's earlier run: the job's lock (``tracking.job_lock``), held while an
+    attempt runs, or None (``runtime.resume=false``: each attempt gets a run of its own)."""
 
     key: str
-    lock: Any = None  #: a held filelock, or None when another live process has the key
+    lock: Any = None  #: the job's held ``JobLock``, or None
 
     @property
     def exclusive(self) -> bool:
@@ -57,21 +55,6 @@ class Claim:
         if self.lock is not None:
             self.lock.release()
             self.lock = None
-
-
-def claim(key: str, lock_dir: Path) -> Claim:
-    """Take the key's lock without waiting; a key another live process holds gives a non-exclusive claim."""
-    from filelock import FileLock, Timeout
-
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(lock_dir / f"{key}.run.lock"))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        log.warning("another process is running the same job (run key %s): this attempt gets its own MLflow run",
-                    key)
-        return Claim(key)
-    return Claim(key, lock)
 
 
 def earlier_run(client: Any, experiment_id: str, key: str) -> Any | None:

@@ -3,7 +3,9 @@
 Re-running the same command after a crash (or SIGKILL) finds the journal, skips every
 instance already finished, and re-runs only the rest; together with the response cache
 no completed model call is repeated. Each line is flushed and fsynced; a torn last line
-from a kill is ignored on load.
+from a kill is ignored on load, and so is any line that is not a whole record (valid JSON that lacks a
+record's fields, e.g. ``{"key": ...}`` alone): it never replaces a good record of its key, and its instance
+runs again unless a good record stands.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Mapping
 
 
 from cupid_exp.config import config_digest
+from cupid_exp.outputs import EnvironmentFailure, writing
+from cupid_exp.results import HistoryView, Truth
 from cupid_exp.secrets import scrub_obj
 
 log = logging.getLogger(__name__)
@@ -31,10 +36,42 @@ _RUNTIME_NOT_IDENTITY = {"progress", "cache_dir", "resume", "failure_policy", "m
 
 
 def job_identity(resolved: Mapping[str, Any], *, dataset_digest: str, prompts_digest: str) -> str:
-    """Hash of everything that decides a job's results, from the resolved config as plain data."""
+    """Hash of everything that decides a job's results, from the resolved config as plain data.
+
+    The data enter by their digest (the valid rows, in order), not by how a file's path is spelt: a relative and
+    an absolute ``data.path`` of the same file are one job (its journal, its MLflow run). Configs without a path
+    (``data=cupid``, ``data=sample``) keep the identity they always had; a local file's job got a new identity
+    once, when the path left it."""
     config = {k: v for k, v in resolved.items() if k not in _NOT_IDENTITY}
     config["runtime"] = {k: v for k, v in dict(config.get("runtime") or {}).items() if k not in _RUNTIME_NOT_IDENTITY}
+    data = dict(config.get("data") or {})
+    if data.get("path") is not None:
+        del data["path"]
+        config["data"] = data
     return config_digest({"config": config, "data": dataset_digest, "prompts": prompts_digest})
+
+
+#: What every record ``InstanceResult.to_record`` writes carries, with its type (the truth and history fields too:
+#: scoring and the table read them for failed instances as well).
+RECORD_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "key": str, "persona_id": str, "instance_type": str, "errors": list, "usage": dict,
+    **{f.name: object for cls in (Truth, HistoryView) for f in fields(cls)}}
+
+
+def whole_record(record: Any) -> str | None:
+    """Why a parsed journal line is not a whole record (None when it is)."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not a record"
+    missing = [name for name in RECORD_FIELDS if name not in record]
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        return "missing " + ", ".join(missing[:3]) + more
+    wrong = [name for name, kind in RECORD_FIELDS.items() if not isinstance(record[name], kind)]
+    if wrong:
+        return "wrong type for " + ", ".join(wrong)
+    if not all(isinstance(err, dict) and isinstance(err.get("kind"), str) for err in record["errors"]):
+        return "an error entry without its kind"
+    return None
 
 
 def is_final(record: Mapping[str, Any], retry_failed: bool = False) -> bool:
@@ -50,10 +87,12 @@ class Journal:
     def __init__(self, path: Path, secrets: list[str] | None = None):
         self.path, self.secrets = path, list(secrets or [])
         self._tail_checked = False
+        self._failed: Exception | None = None  #: the environment failure of an append: later ones fail alike
         path.parent.mkdir(parents=True, exist_ok=True)
 
     def load(self, retry_failed: bool = False) -> dict[str, dict[str, Any]]:
-        """Finished records by key; later lines win; a torn or invalid line is skipped."""
+        """Finished records by key; later whole records win; a torn line, or one that is not a whole record
+        (``whole_record``), is skipped with a warning."""
         done: dict[str, dict[str, Any]] = {}
         if not self.path.exists():
             return done
@@ -66,8 +105,11 @@ class Journal:
                 except (json.JSONDecodeError, UnicodeDecodeError):
                     log.warning("journal %s: skipping a torn line", self.path.name)
                     continue
-                if isinstance(record, dict) and "key" in record:
-                    done[record["key"]] = record
+                why = whole_record(record)
+                if why is not None:
+                    log.warning("journal %s: skipping a line that is not a whole record (%s)", self.path.name, why)
+                    continue
+                done[record["key"]] = record
         return {k: r for k, r in done.items() if is_final(r, retry_failed)}
 
     def _cut_torn_tail(self) -> None:
@@ -96,12 +138,34 @@ class Journal:
             os.fsync(fh.fileno())
 
     def append(self, record: dict[str, Any]) -> None:
+        """One whole line, fsynced. A full disk or a forbidden folder raises ``outputs.EnvironmentFailure`` and
+        leaves no part of the line; every later append raises it again without touching the disk."""
+        if self._failed is not None:
+            raise self._failed
+        try:
+            self._append(record)
+        except EnvironmentFailure as exc:
+            self._failed = exc
+            raise
+
+    def _append(self, record: dict[str, Any]) -> None:
         if not self._tail_checked:
             if self.path.exists():
                 self._cut_torn_tail()
             self._tail_checked = True
         line = (json.dumps(scrub_obj(record, self.secrets), ensure_ascii=False) + "\n").encode()
-        with self.path.open("ab") as fh:
-            fh.write(line)
-            fh.flush()
-            os.fsync(fh.fileno())
+        with writing(self.path):
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                view = memoryview(line)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            except OSError:  # a full disk may have taken part of the line: cut it, so the journal stays whole lines
+                try:
+                    self._cut_torn_tail()
+                except OSError:  # the next load cuts it
+                    pass
+                raise
+            finally:
+                os.close(fd)

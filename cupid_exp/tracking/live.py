@@ -140,7 +140,8 @@ class LiveRun:
             self._logged = state
             self.points += 1
         except Exception as exc:  # noqa: BLE001  # a progress point is never worth the job
-            log.warning("MLflow progress point not logged: %s: %s", type(exc).__name__, exc)
+            first = (str(exc).strip().splitlines() or [""])[0][:200]  # a store error carries its SQL and values
+            log.warning("MLflow progress point not logged: %s: %s", type(exc).__name__, first)
 
     def executed(self) -> None:
         """The model phase is over: export its traces while the job computes its numbers."""

@@ -166,6 +166,9 @@ class RunTracker:
     def __init__(self, tracking: TrackingConfig, secrets: Iterable[str] = ()):
         from mlflow.tracking import MlflowClient
 
+        from cupid_exp.tracking import store_logs
+
+        store_logs.install()  # a failing store is reported once by the job, not in thousands of lines by MLflow
         self.tracking, self.secrets = tracking, list(secrets)
         prepare_store(tracking.uri)
         self.client = MlflowClient(tracking.uri)
@@ -266,5 +269,9 @@ def ends_on_error(run: Any) -> Iterator[None]:
         except BaseException:
             if run is not None:
                 with shielded():
-                    run.end("FAILED")
+                    try:
+                        run.end("FAILED")
+                    except Exception as why:  # noqa: BLE001 - the job's own error is the one to report
+                        log.warning("the MLflow run could not be ended FAILED (%s: %s); the next run of this "
+                                    "command repairs it", type(why).__name__, str(why).splitlines()[0][:200])
             raise

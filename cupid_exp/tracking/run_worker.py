@@ -24,10 +24,7 @@ from __future__ import annotations
 import atexit
 import logging
 import multiprocessing
-import os
 import pickle
-import queue
-import signal
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -36,27 +33,17 @@ from cupid_exp.llm.calls import CallLog
 from cupid_exp.results import InstanceResult
 from cupid_exp.tracking.attempts import Claim
 from cupid_exp.tracking.live import FinalLog, LiveRun, RunRequest
+from cupid_exp.tracking.run_worker_process import SnapshotMeter, serve
 
 log = logging.getLogger(__name__)
 
 STALL_S = 60.0  #: the job gives up on a worker that handled nothing for this long while it waits
 OPEN_S = 120.0  #: how long the job waits for its run to open (the store answered the checks already)
-ORPHAN_FLUSH_S = 30.0  #: a worker whose job process died exports what it built for at most this long
 INTERRUPTED_WAIT_S = 30.0  #: how long a failed or interrupted job waits for its run to end
 
 
 class TrackingError(RuntimeError):
     """The MLflow run could not be opened or logged (the store's error, as the worker saw it)."""
-
-
-class SnapshotMeter:
-    """The job's usage totals as its process last sent them (what ``LiveRun`` reads for progress points)."""
-
-    def __init__(self, latest: dict[str, float] | None = None):
-        self.latest = dict(latest or {})
-
-    def totals(self) -> dict[str, float]:
-        return dict(self.latest)
 
 
 class RunWorker:
@@ -72,7 +59,7 @@ class RunWorker:
         self.inbox = ctx.Queue()  # its feeder thread sends: a put never waits on the worker
         self.outbox, writer = ctx.Pipe(duplex=False)  # the worker's notes
         self.progress = ctx.RawValue("q", 0)  # messages the worker has handled, to tell slow from stuck
-        self.process = ctx.Process(target=_serve, args=(self.inbox, writer, self.progress), name="cupid-mlflow",
+        self.process = ctx.Process(target=serve, args=(self.inbox, writer, self.progress), name="cupid-mlflow",
                                    daemon=True)
         try:
             self.process.start()
@@ -344,94 +331,3 @@ def quit_idle() -> None:
     idle, _IDLE = _IDLE, None
     if idle is not None:
         idle._quit()
-
-
-def _serve(inbox: Any, outbox: Any, progress: Any) -> None:
-    """The worker: open the run, hear of each instance, finish or end the run, say so and exit (or, in a sweep,
-    wait for the next job's run)."""
-    # Ctrl-C and a launcher's SIGTERM reach the whole process group: the job decides, and tells this worker
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from cupid_exp.tracking import traces
-
-    logging.getLogger(traces.__name__).addHandler(logging.NullHandler())  # the job reports failures, once
-    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401  # now, while the job is still starting
-    import mlflow.tracing.export.mlflow_v3  # noqa: F401
-    import mlflow.tracing.provider  # noqa: F401
-
-    from cupid_exp.tracking.live import open_run
-
-    # The queue's writing end came along with it: closed here, so that a job killed half-way through sending a
-    # message leaves this end an EOF, not a read that waits for the rest forever (an orphan worker).
-    inbox._writer.close()
-    parent = multiprocessing.parent_process()
-    meter = SnapshotMeter()
-    live: LiveRun | None = None
-    reported = False
-    while True:
-        try:
-            message = inbox.get(timeout=1.0)
-        except queue.Empty:
-            if parent is not None and not parent.is_alive():
-                _orphaned(live)
-            continue
-        except (EOFError, OSError):  # the job died (mid-message, or with its end closed)
-            _orphaned(live)
-        kind = message[0]
-        try:
-            if kind == "open":
-                request: RunRequest = message[1]
-                live = open_run(request, Claim(request.run_key), meter)  # the job holds the claim's lock
-                outbox.send(("opened", live.run_id, live.attempt))
-                # what the end will need (the table, the plots), imported while the job calls models
-                import cupid_exp.reporting.plots  # noqa: F401
-            elif kind == "instance" and live is not None:
-                shown, result, calls, meter.latest = pickle.loads(message[1])
-                live.instance_finished(shown, result, result.to_record(), calls)
-                error = getattr(live.traces, "error", None)
-                if error and not reported:
-                    reported = True
-                    outbox.send(("traces_stopped", error))
-            elif kind == "executed" and live is not None:
-                meter.latest = message[1]
-                live.executed()
-                live.draw_plots()  # while the job computes its numbers (files only: logged at the finish)
-            elif kind == "finish" and live is not None:
-                final: FinalLog = message[1]
-                meter.latest = final.totals
-                live.finish(final)
-                outbox.send(("finished",))
-                if not message[2]:
-                    os._exit(0)  # all is in the store: skip the interpreter's teardown (and MLflow's exit-time drain)
-                live, meter, reported = None, SnapshotMeter(), False  # the sweep's next job may take this worker
-            elif kind == "sweep":  # the sweep's parent run, before its first job's run
-                from cupid_exp.tracking.mlflow import ensure_parent
-
-                ensure_parent(message[1], message[2])
-            elif kind == "sweep_end":
-                from cupid_exp.tracking.sweep import finish_sweep
-
-                outbox.send(("finished", finish_sweep(message[1])))
-                os._exit(0)
-            elif kind == "quit":
-                os._exit(0)
-            elif kind == "end":
-                if live is not None:
-                    meter.latest = message[3]
-                    live.end(message[1], message[2])
-                outbox.send(("finished",))
-                os._exit(0)
-        except Exception as exc:  # noqa: BLE001  # the job hears why and finishes the run itself
-            outbox.send(("failed", f"{type(exc).__name__}: {exc}"))
-            if live is not None and live.traces is not None:
-                live.traces.close(ORPHAN_FLUSH_S)
-            os._exit(1)
-        progress.value += 1
-
-
-def _orphaned(live: LiveRun | None) -> None:
-    """The job died: export what was built (for a bounded time) and exit; its run stays RUNNING, as a SIGKILLed
-    job's does (``tracking.attempts``)."""
-    if live is not None and live.traces is not None:
-        live.traces.close(ORPHAN_FLUSH_S)
-    os._exit(0)

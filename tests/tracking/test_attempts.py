@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import job_dirs, metrics_of, read_jsonl, run_cli
+from helpers.cli_runner import PROJECT_ROOT, job_dirs, metrics_of, read_jsonl, run_cli
 from helpers.cupid_data import write_dataset
 from helpers.stub_llm_server import StubServer
 from mlflow.tracking import MlflowClient
@@ -128,3 +128,38 @@ def test_earlier_usage_comes_from_the_journalled_records() -> None:
     assert summary["calls/total/earlier_attempts"] == 3 and summary["cost/usd/earlier_unpriced_instances"] == 1
     m = whole_job_metrics(summary)
     assert m["calls/total"] == 7 and m["calls/total/this_attempt"] == 4 and m["cost/usd"] == 0.75
+
+
+def test_the_same_data_spelt_two_ways_is_one_job(tmp_path: Path) -> None:
+    """``data.path`` relative or absolute: one identity, so the second command resumes the first's journal and
+    MLflow run, whose cost is the whole job's (the first attempt's), not the second's $0."""
+    data = write_dataset(tmp_path / "data.jsonl", 3)
+    root = tmp_path / "out"
+    with StubServer(latency_ms=1) as stub:
+        first = run_cli(job_command(stub.url, root, data), timeout=240)
+        spent = only_run(store_uri(root)).data.metrics["cost/usd"]
+        assert spent > 0 and "resuming" not in first.stdout + first.stderr
+        relative = os.path.relpath(data, PROJECT_ROOT)  # the CLI runs in the project's folder
+        assert not Path(relative).is_absolute()
+        before = stub.stats()["total_received"]
+        again = run_cli(job_command(stub.url, root, Path(relative), cache_dir=tmp_path / "cold"), timeout=240)
+        assert stub.stats()["total_received"] == before and "resuming: 3 of 3" in again.stdout + again.stderr
+    run = only_run(store_uri(root))  # the same run, its second attempt
+    assert run.data.tags["cupid.attempt"] == "2" and run.data.params["data.path"] == str(data)
+    assert run.data.metrics["cost/usd"] == pytest.approx(spent) and run.data.metrics["cost/usd/this_attempt"] == 0
+    assert len(list((root / "journal").glob("*.jsonl"))) == 1
+
+
+def test_the_identity_keeps_its_value_where_no_path_was_part_of_it() -> None:
+    from cupid_exp.config import config_digest
+    from cupid_exp.tracking.journal import job_identity
+
+    resolved = {"model": {"name": "m"}, "data": {"name": "cupid", "source": "hf", "path": None}, "runtime": {"seed": 1},
+                "paths": {"output_root": "x"}}
+    before = config_digest({"config": {k: v for k, v in resolved.items() if k != "paths"}, "data": "d",
+                            "prompts": "p"})  # the formula every existing job's journal is named by
+    assert job_identity(resolved, dataset_digest="d", prompts_digest="p") == before
+    local = {**resolved, "data": {"name": "local", "source": "local", "path": "data.jsonl"}}
+    absolute = {**resolved, "data": {"name": "local", "source": "local", "path": "/abs/data.jsonl"}}
+    assert job_identity(local, dataset_digest="d", prompts_digest="p") == job_identity(
+        absolute, dataset_digest="d", prompts_digest="p") != job_identity(local, dataset_digest="e", prompts_digest="p")

@@ -1,0 +1,67 @@
+"""The journal trusts only whole records: a line that parses as JSON but is not a record is skipped with a warning,
+like a torn line, and never replaces a good record; the printed counts, metrics.json and MLflow then agree."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from helpers.cli_runner import job_dirs, read_jsonl, run_cli
+from helpers.cupid_data import write_dataset
+from helpers.stub_llm_server import StubServer
+from tracking_runs import job_command, only_run, store_uri
+
+from cupid_exp.tracking.journal import Journal, whole_record
+
+N = 4
+CALLS_PER_INSTANCE = 4
+
+
+def _record(key: str, **extra) -> dict:
+    return {"key": key, "persona_id": key.split("/")[0], "instance_type": "t", "gt_preference": "p",
+            "gt_checklist": ["a"], "gt_checklist_len": 1, "context_factor": "f", "n_context_sessions": 8,
+            "relevant_positions": [1], "n_prior_sessions": 8, "history_words": 10, "errors": [], "raw": {},
+            "usage": {}, **extra}
+
+
+def test_a_line_that_is_not_a_whole_record_is_skipped_and_never_replaces_a_good_one(tmp_path: Path, caplog) -> None:
+    path = tmp_path / "journal.jsonl"
+    good = _record("p1/a", inferred_preference="x")
+    lines = [good, {"key": "p1/a"}, _record("p2/a"), {**_record("p2/a"), "errors": "none"}, ["p3/a"], {"key": "p3/a"},
+             {**_record("p4/a"), "errors": [{"step": "infer"}]}]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with caplog.at_level(logging.WARNING):
+        done = Journal(path).load()
+    assert done == {"p1/a": good, "p2/a": _record("p2/a")}  # neither p3 nor p4 is finished: they run again
+    skipped = [r.getMessage() for r in caplog.records if "not a whole record" in r.getMessage()]
+    assert len(skipped) == 5 and "missing persona_id" in skipped[0] and "wrong type for errors" in skipped[1]
+    assert whole_record(good) is None and "its kind" in whole_record(lines[-1])
+
+
+def test_a_partial_record_in_the_journal_neither_hides_nor_fakes_an_instance(tmp_path: Path) -> None:
+    """The CLI on the stub: a record replaced by ``{"key": ...}`` is run again, one followed by it stands; the
+    rerun's printed counts, metrics.json and the MLflow run agree, and it completes."""
+    data = write_dataset(tmp_path / "data.jsonl", N)
+    root = tmp_path / "out"
+    with StubServer(latency_ms=1) as stub:
+        cmd = job_command(stub.url, root, data)
+        run_cli(cmd, timeout=240)
+        (journal,) = (root / "journal").glob("*.jsonl")
+        records = read_jsonl(journal)
+        assert len(records) == N and not any(r["errors"] for r in records)
+        lost, kept = records[0]["key"], records[1]["key"]
+        # the first record replaced by a partial line; a partial line after the second one
+        lines = [{"key": lost}, *records[1:], {"key": kept}]
+        journal.write_text("".join(json.dumps(r) + "\n" for r in lines))
+        before = stub.stats()["total_received"]
+        # a cold response cache: what the rerun calls reaches the stub
+        rerun = run_cli(job_command(stub.url, root, data, cache_dir=tmp_path / "cold"), timeout=240)
+        assert stub.stats()["total_received"] - before == CALLS_PER_INSTANCE  # only the lost instance again
+    out = rerun.stdout + rerun.stderr
+    assert "not a whole record" in out and f"resuming: {N - 1} of {N}" in out and "INCOMPLETE" not in out
+    saved = json.loads((job_dirs(root)[-1] / "metrics.json").read_text())
+    assert saved["complete"] and saved["failed_instances"] == 0 and saved["metrics"]["instances/total"] == N
+    run = only_run(store_uri(root)).data
+    assert run.tags["cupid.complete"] == "true" and run.metrics["instances/total"] == N
+    assert {r["key"] for r in read_jsonl(job_dirs(root)[-1] / "instances.jsonl")} == {r["key"] for r in records}

@@ -27,6 +27,25 @@ class Completion:
     seconds: float = 0.0
     retries: int = 0  #: requests the Router repeated before this one succeeded
     finish_reason: str | None = None  #: "length" when the reply was cut at max_tokens
+    batch_cost_usd: float | None = None  #: a dry run's estimate at the Batch API's prices, where there are some
+
+
+@dataclass
+class BatchCounts:
+    """What a job's batches did, for the progress line, the summary and MLflow."""
+
+    submitted: int = 0  #: batches this job created
+    collected: int = 0  #: batches (this job's or an earlier run's) whose results were read
+    expired: int = 0
+    failed: int = 0  #: batches the provider rejected as a whole
+    rows_submitted: int = 0
+    rows_resubmitted: int = 0  #: rows sent again after a retryable failure or an expiry
+    rows_reused: int = 0  #: replies served from the ledger (an earlier run's batch: no cost)
+    pending: int = 0  #: batches in flight now
+    ids: list[str] = field(default_factory=list)
+
+    def metrics(self) -> dict[str, float]:
+        return {f"batch/{k}": float(v) for k, v in vars(self).items() if k != "ids"}
 
 
 @dataclass
@@ -34,6 +53,7 @@ class UsageMeter:
     """Per-step counters shared by every client of a job (evaluation and synthesis alike)."""
 
     counts: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
+    batches: BatchCounts = field(default_factory=lambda: BatchCounts())  #: the Batch API's side (runtime.batch)
 
     def add(self, step: str, completion: Completion) -> None:
         c = self.counts[step]
@@ -46,6 +66,8 @@ class UsageMeter:
             c["unpriced_calls"] += 1
         elif not completion.cached:
             c["cost_usd"] += completion.cost_usd
+        if completion.batch_cost_usd is not None:
+            c["batch_cost_usd"] += completion.batch_cost_usd
 
     def fail(self, step: str, kind: str, retries: int = 0) -> None:
         """A call that failed for good (``kind`` from the provider) after ``retries`` repeated requests."""
@@ -126,6 +148,8 @@ def usage_metrics(meter: UsageMeter) -> dict[str, float]:
     out["tokens/prompt"] = totals.get("prompt_tokens", 0.0)
     out["tokens/completion"] = totals.get("completion_tokens", 0.0)
     out["cost/usd"] = totals.get("cost_usd", 0.0)
+    if meter.batches.submitted or meter.batches.rows_reused or meter.batches.collected:
+        out.update(meter.batches.metrics())
     return out
 
 
@@ -136,4 +160,8 @@ def usage_line(metrics: dict[str, float], seconds: float | None = None) -> str:
             f"{int(m('calls/failed', 0))} failed; requests sent: {int(m('calls/requests', 0))} "
             f"({int(m('calls/retries', 0))} retries); tokens: {int(m('tokens/prompt', 0))} in / "
             f"{int(m('tokens/completion', 0))} out; cost: ${m('cost/usd', 0.0):.4f}")
+    if m("batch/submitted", 0) or m("batch/rows_reused", 0):
+        line += (f"; batches: {int(m('batch/submitted', 0))} submitted ({int(m('batch/rows_submitted', 0))} rows, "
+                 f"{int(m('batch/rows_resubmitted', 0))} resent), {int(m('batch/expired', 0))} expired, "
+                 f"{int(m('batch/rows_reused', 0))} rows reused")
     return line + (f"; time: {seconds:.1f}s" if seconds is not None else "")

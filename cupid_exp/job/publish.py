@@ -140,7 +140,8 @@ def publish(plan: JobPlan, summary: JobSummary, tracker: Any) -> None:
         # the run spans every attempt: usage for the whole job (the folder's metrics.json: this attempt's)
         live.finish(FinalLog(
             metrics={**m, **whole_job_metrics(m)}, step=summary.n_instances,
-            tags={"cupid.complete": str(summary.complete).lower(), "cupid.failed_instances": summary.failed_instances},
+            tags={"cupid.complete": str(summary.complete).lower(), "cupid.failed_instances": summary.failed_instances,
+                  **({"cupid.batch_ids": " ".join(plan.meter.batches.ids)[:5000]} if plan.meter.batches.ids else {})},
             artifacts=[([str(plan.output_dir / "instances.jsonl"), str(plan.output_dir / "metrics.json")], None),
                        ([str(p) for p in sorted((plan.output_dir / ".hydra").glob("*.yaml"))], ".hydra")],
             table=scrub_obj(summary.records, plan.secrets), plots=_plots(plan),

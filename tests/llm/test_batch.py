@@ -121,3 +121,16 @@ def test_the_dry_run_shows_batch_prices(tmp_path: Path) -> None:
     full = float(line.split("~$")[1].split()[0].rstrip(";"))
     batch = float(line.split("Batch API prices (runtime.batch=true) ~$")[1].split()[0])
     assert batch == pytest.approx(full / 2, rel=0.01)
+
+
+def test_the_mlflow_run_has_the_batches_at_batch_prices(tmp_path: Path, data: Path) -> None:
+    from tracking.tracking_runs import PRICES, only_run, store_uri
+
+    with StubServer(batch=BatchQueueConfig(complete_after_s=1.5)) as stub:
+        run_cli(cli_command(stub.url, tmp_path, *PRICES, *FAST[:-1], "tracking.progress_every_s=0.2", data=data))
+        ids = sorted(stub.batches.batches)
+    run = only_run(store_uri(tmp_path))
+    assert sorted(run.data.tags["cupid.batch_ids"].split()) == ids
+    assert run.data.metrics["batch/submitted"] == len(ids)
+    # the configured prices are taken as they are (the stub is no model litellm prices at batch rates)
+    assert run.data.metrics["cost/usd"] > 0

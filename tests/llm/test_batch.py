@@ -134,3 +134,17 @@ def test_the_mlflow_run_has_the_batches_at_batch_prices(tmp_path: Path, data: Pa
     assert run.data.metrics["batch/submitted"] == len(ids)
     # the configured prices are taken as they are (the stub is no model litellm prices at batch rates)
     assert run.data.metrics["cost/usd"] > 0
+
+
+def test_a_parallel_sweep_in_batch_mode_completes(tmp_path: Path, data: Path) -> None:
+    """Two joblib jobs share the cache folder's batch ledger (a file lock) and the stub's queue."""
+    with StubServer(batch=BatchQueueConfig(complete_after_s=0.3)) as stub:
+        cmd = cli_command(stub.url, tmp_path, *FAST, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                          "setting=standard,oracle", data=data)
+        proc = run_cli([*cmd[:3], "-m", *cmd[3:]], timeout=240)
+        assert stub.stats()["total_received"] == 0  # no live call
+    jobs = job_dirs(tmp_path)
+    assert len(jobs) == 2, proc.stdout[-2000:]
+    for job in jobs:
+        assert len(read_jsonl(job / "instances.jsonl")) == N
+        assert metrics_of(job)["calls/failed"] == 0

@@ -148,6 +148,8 @@ def usage_metrics(meter: UsageMeter) -> dict[str, float]:
     out["tokens/prompt"] = totals.get("prompt_tokens", 0.0)
     out["tokens/completion"] = totals.get("completion_tokens", 0.0)
     out["cost/usd"] = totals.get("cost_usd", 0.0)
+    if "batch_cost_usd" in totals:  # a dry run: the estimate at the Batch API's prices too (runtime.batch)
+        out["cost/usd_at_batch_prices"] = totals["batch_cost_usd"]
     if meter.batches.submitted or meter.batches.rows_reused or meter.batches.collected:
         out.update(meter.batches.metrics())
     return out

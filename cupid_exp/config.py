@@ -133,6 +133,7 @@ class ModelConfig(Checked):
     input_cost_per_token: Optional[float] = None  # for models litellm's price map lacks
     output_cost_per_token: Optional[float] = None
     context_window: Optional[int] = None  # input tokens the model takes; null: litellm's map (or local n_ctx)
+    batch: Optional[bool] = None  # through the provider's Batch API; null: runtime.batch decides
     local: Optional[LocalModelConfig] = None
 
     @property
@@ -268,12 +269,22 @@ class RuntimeConfig(Checked):
     workers: int = 1  # processes sharing an evaluation job's model calls (cupid_exp.job.workers); 1: this one
     max_cost_usd: Optional[float] = None  # USD the job may spend over all its attempts; null: no budget (exit 4)
     sweep_max_cost_usd: Optional[float] = None  # USD all jobs of a -m sweep may spend together; null: no budget
+    batch: bool = False  # send calls through the providers' Batch APIs (half price, hours): cupid_exp.llm.batch
+    batch_size: int = 1000  # rows per batch at most
+    batch_delay_s: float = 5.0  # the first waiting request waits this long for others before its batch is sent
+    batch_poll_s: float = 30.0  # seconds between two status checks of a pending batch
 
     def check(self, where: str) -> None:
         for key in ("max_cost_usd", "sweep_max_cost_usd"):
             require_positive(f"{where}.{key}", getattr(self, key), allow_none=True, allow_zero=True)
         require(isinstance(self.workers, int) and self.workers >= 1, f"{where}.workers", self.workers,
                 "an integer >= 1")
+        require(isinstance(self.batch_size, int) and 1 <= self.batch_size <= 50000, f"{where}.batch_size",
+                self.batch_size, "an integer from 1 to 50000 (OpenAI's limit per batch)")
+        require_positive(f"{where}.batch_delay_s", self.batch_delay_s, allow_zero=True)
+        require_positive(f"{where}.batch_poll_s", self.batch_poll_s)
+        require(not (self.batch and self.workers > 1), f"{where}.workers", self.workers,
+                "1 with runtime.batch=true (a batch job waits on the provider, not on the client's CPU)")
         require(isinstance(self.num_retries, int) and self.num_retries >= 0, f"{where}.num_retries",
                 self.num_retries, "an integer >= 0")
         require_positive(f"{where}.timeout", self.timeout)

@@ -67,10 +67,12 @@ def dry_run_report(title: str, meter: UsageMeter, budget_line: str | None = None
 
     table = pd.DataFrame(rows).set_index("step").to_string() if rows else "(no calls)"
     unpriced = int(totals.get("unpriced_calls", 0))
+    batch = totals.get("batch_cost_usd")
     return "\n".join([
         "", f"DRY RUN (no model was called) | {title}", table,
         f"total: {int(totals.get('calls', 0))} calls, {int(totals.get('prompt_tokens', 0))} prompt tokens, "
         f"~{int(totals.get('completion_tokens', 0))} completion tokens, ~${totals.get('cost_usd', 0.0):.4f}"
-        + (f" ({unpriced} calls unpriced)" if unpriced else ""),
+        + (f" ({unpriced} calls unpriced)" if unpriced else "")
+        + (f"; at Batch API prices (runtime.batch=true) ~${batch:.4f} for the calls that have them" if batch else ""),
         *([budget_line] if budget_line else []),
     ])

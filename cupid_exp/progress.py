@@ -52,7 +52,9 @@ class Progress:
         totals = self.meter.totals()
         bar.set_postfix(calls=int(totals.get("calls", 0)), cached=int(totals.get("cache_hits", 0)),
                         tokens=int(totals.get("prompt_tokens", 0) + totals.get("completion_tokens", 0)),
-                        usd=f"{totals.get('cost_usd', 0.0):.4f}", refresh=False)
+                        usd=f"{totals.get('cost_usd', 0.0):.4f}", refresh=False,
+                        **({"batches": f"{b.pending} pending/{b.collected} done"} if (b := self.meter.batches).submitted
+                           else {}))
         bar.update()
 
     def close(self) -> None:

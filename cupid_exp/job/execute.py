@@ -87,11 +87,11 @@ async def run_instance(plan: JobPlan, instance: Instance, progress: Progress | N
 
 def instances_in_flight(ctx: TaskContext) -> int:
     """How many instances run at once: twice the calls the job's models can have in flight together (each
-    distinct model config's ``max_concurrency``), so that every free slot finds a call waiting. The rest wait
+    distinct model config's ``max_concurrency``, or its batch size with the Batch API), so that every free slot finds a call waiting. The rest wait
     unstarted: started all at once, each held its first prompt and state while it queued for a slot (the job's
     memory grew with the data set: +46 MB at 1,134 instances, concurrency 64; ``bench/scale.py``)."""
     clients = (ctx.subject, ctx.evaluator.decomposer, ctx.evaluator.matcher, ctx.evaluator.judge)
-    slots = {id(c): max(1, int(c.model.max_concurrency)) for c in clients}
+    slots = {id(c): c.slots for c in clients}  # a Batch API client takes a whole batch
     return 2 * sum(slots.values())
 
 

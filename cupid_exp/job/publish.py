@@ -146,7 +146,8 @@ def publish(plan: JobPlan, summary: JobSummary, tracker: Any, spending: BudgetRe
         whole = {**m, **whole_job_usage(plan.earlier, plan.meter), **whole_job_metrics(m)}
         live.finish(FinalLog(
             metrics=whole, step=summary.n_instances,
-            tags={"cupid.complete": str(complete).lower(), "cupid.failed_instances": summary.failed_instances},
+            tags={"cupid.complete": str(complete).lower(), "cupid.failed_instances": summary.failed_instances,
+                  **({"cupid.batch_ids": " ".join(plan.meter.batches.ids)[:5000]} if plan.meter.batches.ids else {})},
             artifacts=[([str(plan.output_dir / "instances.jsonl"), str(plan.output_dir / "metrics.json")], None),
                        ([str(p) for p in sorted((plan.output_dir / ".hydra").glob("*.yaml"))], ".hydra")],
             table=scrub_obj(summary.records, plan.secrets), plots=_plots(plan),

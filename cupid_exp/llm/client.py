@@ -197,10 +197,18 @@ class LLMClient:
         prices = {k: v for k, v in (("input_cost_per_token", model.input_cost_per_token),
                                     ("output_cost_per_token", model.output_cost_per_token)) if v is not None}
         self._router = _router(model, params, runtime, prices) if not runtime.dry_run else None
+        self._api_key = params.get("api_key")
+        self._batcher: Any = None
+        self._batch = _wants_batch(model, runtime)
         self._semaphore = asyncio.Semaphore(max(1, model.max_concurrency))
         self._unpriced = False
         self._internal = _litellm.no_logging_flag()
         self.window = context_window(model)
+
+    @property
+    def slots(self) -> int:
+        """Calls this client takes at once: ``max_concurrency``, or a whole batch with the Batch API."""
+        return self.runtime.batch_size if self._batch else max(1, int(self.model.max_concurrency))
 
     def _refuse_oversized(self, messages: list[dict], step: str) -> None:
         """Never pay for a prompt that cannot fit: raise context_length before sending it."""
@@ -244,6 +252,7 @@ class LLMClient:
 
     def _dry_run(self, messages: list[dict], step: str, kwargs: dict[str, Any], dry_reply: DryReply | None
                  ) -> Completion:
+        from cupid_exp.llm.batch import batch_price, batch_provider
         from cupid_exp.llm.dry_run import estimate
 
         max_tokens = kwargs.get("max_tokens") or kwargs.get("max_completion_tokens")
@@ -251,8 +260,34 @@ class LLMClient:
             self.model.litellm_model, messages, max_tokens, self.runtime.dry_run_completion_tokens,
             self.model.input_cost_per_token, self.model.output_cost_per_token)
         text = dry_reply(messages) if dry_reply is not None else "(dry run)"
+        in_batch = batch_provider(self.model.litellm_model) is not None
         completion = Completion(text=text, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                                cost_usd=cost)
+                                cost_usd=cost, batch_cost_usd=batch_price(self.model, prompt_tokens, completion_tokens)
+                                if in_batch else None)
+        self.meter.add(step, completion)
+        return completion
+
+    async def _complete_in_batch(self, messages: list[dict], step: str, kwargs: dict[str, Any]) -> Completion:
+        """The call through the provider's Batch API (``cupid_exp.llm.batch``), counted like a live one."""
+        from cupid_exp.llm import batch
+
+        if self._batcher is None or self._batcher.loop is not asyncio.get_running_loop():
+            self._batcher = batch.new_batcher(self.model, self.runtime, self._api_key, self.meter.batches)
+        held = await reserve_call(self, messages, kwargs, step)  # the worst case at the live price: an upper bound
+        try:
+            completion = await batch.batched_completion(self._batcher, self.model, messages, kwargs)
+        except BaseException as exc:
+            if held is not None:
+                held.failed(exc)
+            if not isinstance(exc, Exception):
+                raise
+            kind = batch.row_failure_kind(exc) if isinstance(exc, batch.RowFailed) else provider_error_kind(exc)
+            if kind is None:
+                raise
+            self.meter.fail(step, kind)
+            raise ProviderError(kind, f"{self.model.name}: {type(exc).__name__}: {_short(exc)}") from exc
+        if held is not None:
+            held.settle(0.0 if completion.cached else completion.cost_usd)
         self.meter.add(step, completion)
         return completion
 
@@ -266,6 +301,8 @@ class LLMClient:
         if self.runtime.dry_run:
             return self._dry_run(messages, step, kwargs, dry_reply)
         self._refuse_oversized(messages, step)
+        if self._batch:
+            return await self._complete_in_batch(messages, step, kwargs)
         start = time.perf_counter()
         token = self._internal.set(True) if self._internal is not None else None
         try:
@@ -310,6 +347,20 @@ class LLMClient:
         )
         self.meter.add(step, completion)
         return completion
+
+
+def _wants_batch(model: ModelConfig, runtime: RuntimeConfig) -> bool:
+    """Whether this model's calls go through a Batch API (``model.batch``, else ``runtime.batch``)."""
+    wanted = model.batch if model.batch is not None else runtime.batch
+    if not wanted or runtime.dry_run:
+        return False
+    from cupid_exp.llm.batch import batch_provider
+
+    if batch_provider(model.litellm_model) is None:
+        log.warning("%s: %s has no Batch API litellm can drive here; its calls are sent one by one", model.name,
+                    model.litellm_model.split("/", 1)[0])
+        return False
+    return True
 
 
 def clients_for(roles: Mapping[str, ModelConfig], runtime: RuntimeConfig, meter: UsageMeter,

@@ -29,11 +29,30 @@ class Completion:
     retries: int = 0  #: requests the Router repeated before this one succeeded
     finish_reason: str | None = None  #: "length" when the reply was cut at max_tokens, "content_filter": refused
     refusal: str | None = None  #: the provider's refusal message (OpenAI structured outputs), if any
+    batch_cost_usd: float | None = None  #: a dry run's estimate at the Batch API's prices, where there are some
 
     @property
     def refused(self) -> bool:
         """The provider withheld the answer: its content filter stopped it, or the model refused."""
         return self.finish_reason == "content_filter" or bool(self.refusal)
+
+
+@dataclass
+class BatchCounts:
+    """What a job's batches did, for the progress line, the summary and MLflow."""
+
+    submitted: int = 0  #: batches this job created
+    collected: int = 0  #: batches (this job's or an earlier run's) whose results were read
+    expired: int = 0
+    failed: int = 0  #: batches the provider rejected as a whole
+    rows_submitted: int = 0
+    rows_resubmitted: int = 0  #: rows sent again after a retryable failure or an expiry
+    rows_reused: int = 0  #: replies served from the ledger (an earlier run's batch: no cost)
+    pending: int = 0  #: batches in flight now
+    ids: list[str] = field(default_factory=list)
+
+    def metrics(self) -> dict[str, float]:
+        return {f"batch/{k}": float(v) for k, v in vars(self).items() if k != "ids"}
 
 
 @dataclass
@@ -45,6 +64,7 @@ class UsageMeter:
 
     counts: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
     sink: Callable[[str, dict[str, float]], None] | None = None
+    batches: BatchCounts = field(default_factory=lambda: BatchCounts())  #: the Batch API's side (runtime.batch)
 
     def _count(self, step: str, added: dict[str, float]) -> None:
         c = self.counts[step]
@@ -60,6 +80,8 @@ class UsageMeter:
             added["unpriced_calls"] = 1
         elif not completion.cached:
             added["cost_usd"] = completion.cost_usd
+        if completion.batch_cost_usd is not None:
+            added["batch_cost_usd"] = completion.batch_cost_usd
         self._count(step, added)
 
     def fail(self, step: str, kind: str, retries: int = 0) -> None:
@@ -142,6 +164,10 @@ def usage_metrics(meter: UsageMeter) -> dict[str, float]:
     out["tokens/prompt"] = totals.get("prompt_tokens", 0.0)
     out["tokens/completion"] = totals.get("completion_tokens", 0.0)
     out["cost/usd"] = totals.get("cost_usd", 0.0)
+    if "batch_cost_usd" in totals:  # a dry run: the estimate at the Batch API's prices too (runtime.batch)
+        out["cost/usd_at_batch_prices"] = totals["batch_cost_usd"]
+    if meter.batches.submitted or meter.batches.rows_reused or meter.batches.collected:
+        out.update(meter.batches.metrics())
     return out
 
 
@@ -152,4 +178,8 @@ def usage_line(metrics: dict[str, float], seconds: float | None = None) -> str:
             f"{int(m('calls/failed', 0))} failed; requests sent: {int(m('calls/requests', 0))} "
             f"({int(m('calls/retries', 0))} retries); tokens: {int(m('tokens/prompt', 0))} in / "
             f"{int(m('tokens/completion', 0))} out; cost: ${m('cost/usd', 0.0):.4f}")
+    if m("batch/submitted", 0) or m("batch/rows_reused", 0):
+        line += (f"; batches: {int(m('batch/submitted', 0))} submitted ({int(m('batch/rows_submitted', 0))} rows, "
+                 f"{int(m('batch/rows_resubmitted', 0))} resent), {int(m('batch/expired', 0))} expired, "
+                 f"{int(m('batch/rows_reused', 0))} rows reused")
     return line + (f"; time: {seconds:.1f}s" if seconds is not None else "")

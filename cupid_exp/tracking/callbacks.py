@@ -147,7 +147,7 @@ def job_statuses(sweep_dir: Path) -> list[dict[str, Any]]:
 
 def sweep_dry_run_total(sweep_dir: Path) -> str:
     """Sum the dry-run estimates of every job of a sweep."""
-    calls = tokens = completion = cost = 0.0
+    calls = tokens = completion = cost = batch = 0.0
     jobs = 0
     for path in sorted(sweep_dir.glob("*/metrics.json")):
         metrics = json.loads(path.read_text()).get("metrics", {})
@@ -156,5 +156,7 @@ def sweep_dry_run_total(sweep_dir: Path) -> str:
         tokens += metrics.get("tokens/prompt", 0.0)
         completion += metrics.get("tokens/completion", 0.0)
         cost += metrics.get("cost/usd", 0.0)
+        batch += metrics.get("cost/usd_at_batch_prices", 0.0)
     return (f"DRY RUN sweep total over {jobs} jobs: {int(calls)} calls, {int(tokens)} prompt tokens, "
-            f"~{int(completion)} completion tokens, ~${cost:.4f}")
+            f"~{int(completion)} completion tokens, ~${cost:.4f}"
+            + (f"; at Batch API prices (runtime.batch=true) ~${batch:.4f} for the calls that have them" if batch else ""))

@@ -74,7 +74,7 @@ class LiveRun:
         self._failed = sum(1 for r in done if r.get("errors"))
         self._lock = threading.Lock()
         self._wake, self._stop = threading.Event(), threading.Event()
-        self._logged: tuple[int, float] | None = None  # (instances done, calls) at the last point
+        self._logged: tuple | None = None  # (instances done, calls, batch counts) at the last point
         self._signalled_done = len(self._records)
         self._started = time.perf_counter()
         self._thread: threading.Thread | None = None
@@ -124,7 +124,10 @@ class LiveRun:
             records, failed = list(self._records), self._failed
         usage = _totals(self.meter)
         done = len(records)
-        state = (done, usage.get("calls", 0.0))
+        batches = getattr(self.meter, "batches", None)  # runtime.batch: the provider's queue, while nothing finishes
+        batch_points = ({f"progress/{k}": v for k, v in batches.metrics().items() if k != "batch/rows_reused"}
+                        if batches is not None and (batches.submitted or batches.pending) else {})
+        state = (done, usage.get("calls", 0.0), tuple(batch_points.values()))
         if state == self._logged:
             return
         so_far = {k: self.earlier.get(k, 0.0) + usage.get(k, 0.0)  # the whole job's, earlier attempts included
@@ -133,7 +136,7 @@ class LiveRun:
                    "progress/fraction_done": done / self.total if self.total else 1.0,
                    "progress/calls": so_far["calls"], "progress/cost_usd": so_far["cost_usd"],
                    "progress/tokens": so_far["prompt_tokens"] + so_far["completion_tokens"],
-                   "progress/seconds": time.perf_counter() - self._started}
+                   "progress/seconds": time.perf_counter() - self._started, **batch_points}
         try:
             metrics.update(running_scores(records, self.parts, self.policy))
             self.tracker.log_metrics(metrics, step=done)

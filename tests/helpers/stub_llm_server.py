@@ -40,6 +40,11 @@ from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+try:  # a module of the test helpers, or this file run as a script
+    from tests.helpers.batch_api import BatchQueue, BatchQueueConfig
+except ImportError:  # pragma: no cover - run as a script from its folder
+    from batch_api import BatchQueue, BatchQueueConfig  # type: ignore[no-redef]
+
 STEPS = ("infer", "decompose", "match", "generate", "judge", "summarize", "unknown")
 # Synthesis's own steps (its decomposition is evaluation's "decompose").
 SYNTHESIS_STEPS = ("persona", "factors", "changed_preference", "session", "user_simulator", "validate",
@@ -330,7 +335,8 @@ class _Counters:
 class StubServer:
     """The stand-in model. Use as a context manager (a background thread) or via ``serve_forever``."""
 
-    def __init__(self, config: StubConfig | None = None, *, port: int = 0, **overrides: Any):
+    def __init__(self, config: StubConfig | None = None, *, port: int = 0, batch: BatchQueueConfig | None = None,
+                 **overrides: Any):
         self.config = config or StubConfig()
         for k, v in overrides.items():
             setattr(self.config, k, v)
@@ -341,6 +347,7 @@ class StubServer:
         self._seen: Counter = Counter()
         self.counters = _Counters()
         self.bodies: list[dict[str, Any]] = []  # request bodies, when ``record_bodies`` is on
+        self.batches = BatchQueue(self._batch_row, batch)  # OpenAI's Files and Batch endpoints
         self.httpd = _HTTPServer(("127.0.0.1", port), self._handler())
         self._thread: threading.Thread | None = None
 
@@ -407,6 +414,13 @@ class StubServer:
         self.httpd.shutdown()
         self.httpd.server_close()
 
+    def _batch_row(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A batch row's reply: what a live call with the same body gets (without live faults)."""
+        step = classify(body)
+        with self._lock:
+            self.counters.completed[step] += 1
+        return completion_body(reply_text(step, body, self.config), body)
+
     # ---- decisions
 
     def _fault(self, step: str, prompt_digest: str, attempt: int, body: dict[str, Any]) -> str | None:
@@ -463,7 +477,20 @@ class StubServer:
                     self.close_connection = True
                     return False
 
+            def _batch_api(self, method: str, raw: bytes) -> bool:
+                routed = server.batches.route(method, self.path, self.headers, raw)
+                if routed is None:
+                    return False
+                status, payload = routed
+                if isinstance(payload, bytes):
+                    self._send(status, payload, "application/octet-stream")
+                else:
+                    self._send(status, json.dumps(payload).encode())
+                return True
+
             def do_GET(self) -> None:  # noqa: N802
+                if self._batch_api("GET", b""):
+                    return
                 if self.path.rstrip("/") in ("/v1/models", "/models"):
                     # and the connection closed: a client that lists models and then forks workers (the official
                     # runner does) would leave one keep-alive socket shared by all of them, and the responses
@@ -483,6 +510,8 @@ class StubServer:
                 if self.path.rstrip("/") == "/reset":
                     server.reset()
                     self._send(200, b"{}")
+                    return
+                if self._batch_api("POST", raw):
                     return
                 try:
                     body = json.loads(raw or b"{}")

@@ -1,0 +1,434 @@
+"""A provider's Batch API behind the same ``complete`` call: half price, hours of latency, resumable.
+
+With ``runtime.batch=true`` a client hands each request to its ``Batcher`` instead of sending it. The
+batcher gathers the requests waiting at that moment (up to ``batch_size`` rows, or whatever arrived
+within ``batch_delay_s`` of the first), uploads them as one JSONL file, creates a batch, and polls it
+every ``batch_poll_s``; each row's reply resolves the call that asked for it, so the instance pipeline
+keeps its shape: a job's subject calls go out as one batch, then each evaluator step as further batches.
+
+Nothing is paid twice (``BatchLedger``, under ``<runtime.cache_dir>/batches``): every submitted batch and
+the requests it holds (by digest) are journaled before it is awaited, and every row that came back is kept.
+A rerun, even days later or on another machine with the same outputs folder, serves kept rows at no cost
+and polls the batches still pending instead of resubmitting. A row that failed for a reason a retry can
+fix (429, 5xx, an expired batch) goes into a later batch, up to ``runtime.num_retries`` times; any other
+failure is the call's ``ProviderError``, counted by kind like a live call's. Files and batches go through
+litellm (``acreate_file``, ``acreate_batch``, ``aretrieve_batch``, ``afile_content``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from cupid_exp.llm.usage import BatchCounts, Completion
+
+log = logging.getLogger(__name__)
+
+# litellm's batch calls per provider; "openai" covers every OpenAI-compatible endpoint (api_base).
+BATCH_PROVIDERS = {"openai": "openai", "azure": "azure", "hosted_vllm": "hosted_vllm"}
+FINAL_STATES = ("completed", "failed", "expired", "cancelled")
+RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
+
+
+class BatchUnsupported(ValueError):
+    """The model's provider has no Batch API litellm can drive; the client calls it live instead."""
+
+
+def batch_provider(litellm_model: str) -> str | None:
+    """litellm's provider name for the Batch API of ``<provider>/<model>``, or None without one."""
+    return BATCH_PROVIDERS.get(litellm_model.split("/", 1)[0])
+
+
+def request_digest(endpoint: dict[str, Any], body: dict[str, Any]) -> str:
+    """What identifies a request across runs: the endpoint (model, api_base) and the whole body."""
+    payload = json.dumps({"endpoint": endpoint, "body": body}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+class BatchLedger:
+    """Submitted batches and returned rows, on disk, shared by every process using the cache folder."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "rows").mkdir(exist_ok=True)
+        self._journal = self.root / "batches.jsonl"
+        self._lock = FileLock(str(self.root / ".lock"))
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        with self._lock, self._journal.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(entry, sort_keys=True) + "\n")
+            fh.flush()
+
+    def submitted(self, batch_id: str, endpoint: dict[str, Any], input_file_id: str, rows: dict[str, str]) -> None:
+        """Journal a batch before anyone waits on it: ``rows`` maps custom_id -> request digest."""
+        self._append({"batch": batch_id, "model": endpoint.get("model"), "api_base": endpoint.get("api_base"),
+                      "input_file_id": input_file_id, "rows": rows, "at": time.time()})
+
+    def closed(self, batch_id: str, status: str) -> None:
+        self._append({"batch": batch_id, "closed": status, "at": time.time()})
+
+    def open_batches(self) -> dict[str, dict[str, Any]]:
+        """Batches submitted and not yet collected (by anyone): batch id -> its journal entry."""
+        out: dict[str, dict[str, Any]] = {}
+        if not self._journal.exists():
+            return out
+        for line in self._journal.read_text(encoding="utf-8").splitlines():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:  # a torn last line from a killed writer
+                continue
+            if not isinstance(entry, dict) or "batch" not in entry:
+                continue
+            if "closed" in entry:
+                out.pop(entry["batch"], None)
+            elif isinstance(entry.get("rows"), dict):
+                out[entry["batch"]] = entry
+        return out
+
+    def _row_path(self, digest: str) -> Path:
+        return self.root / "rows" / f"{digest}.json"
+
+    def keep(self, digest: str, body: dict[str, Any]) -> None:
+        """A row's reply, written atomically: a later run gets it without paying again."""
+        path = self._row_path(digest)
+        tmp = path.with_suffix(f".{id(body)}.tmp")
+        tmp.write_text(json.dumps(body), encoding="utf-8")
+        tmp.replace(path)
+
+    def kept(self, digest: str) -> dict[str, Any] | None:
+        path = self._row_path(digest)
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, json.JSONDecodeError):
+            log.warning("batch ledger: unreadable reply %s, asked again", path)
+            return None
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    size: int = 1000  #: rows per batch at most (OpenAI takes up to 50,000)
+    delay_s: float = 5.0  #: how long the first waiting request waits for more before its batch is sent
+    poll_s: float = 30.0  #: seconds between two status checks of a batch
+    max_resubmits: int = 3  #: times a row is sent again after a retryable failure
+
+
+@dataclass
+class _Row:
+    digest: str
+    body: dict[str, Any]
+    future: asyncio.Future
+    resubmits: int = 0
+
+
+class RowFailed(Exception):
+    """One row's failure, with the HTTP status (or the batch's code) a live call would have seen."""
+
+    def __init__(self, status: int | None, code: str | None, message: str):
+        self.status, self.code = status, code
+        super().__init__(message)
+
+
+def row_failure_kind(exc: RowFailed) -> str:
+    """The failure kind a live call with the same HTTP status would have been counted as."""
+    text = str(exc).lower()
+    if exc.code == "context_length_exceeded" or "context length" in text or "maximum context" in text:
+        return "context_length"
+    if exc.status == 429:
+        return "rate_limit"
+    if exc.status in (401, 403):
+        return "auth"
+    if exc.status == 408:
+        return "timeout"
+    return "provider"
+
+
+class Batcher:
+    """One endpoint's batches for one job (one event loop): gathers, submits, polls, resolves."""
+
+    def __init__(self, endpoint: dict[str, Any], call_kwargs: dict[str, Any], ledger: BatchLedger,
+                 settings: BatchSettings, counts: BatchCounts):
+        self.endpoint, self.kwargs, self.ledger, self.settings, self.counts = (
+            endpoint, call_kwargs, ledger, settings, counts)
+        self._waiting: dict[str, _Row] = {}
+        self._intake: list[_Row] = []
+        self._timer: asyncio.Task | None = None
+        self._watched: set[str] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self._adopted = False
+        self.loop = asyncio.get_running_loop()
+        self._open: dict[str, str] = {}  # request digest -> the open batch (an earlier run's) that holds it
+
+    async def complete(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """The reply body for ``body`` and whether it was kept from an earlier batch (no cost now)."""
+        digest = request_digest(self.endpoint, body)
+        kept = self.ledger.kept(digest)
+        if kept is not None:
+            self.counts.rows_reused += 1
+            return kept, True
+        row = self._waiting.get(digest)
+        if row is None:
+            row = _Row(digest, body, asyncio.get_running_loop().create_future())
+            self._waiting[digest] = row
+            if not self._adopt(digest):
+                self._intake.append(row)
+                self._schedule()
+        return await asyncio.shield(row.future), False
+
+    # ---- gathering and sending
+
+    def _adopt(self, digest: str) -> bool:
+        """True when an earlier run's batch, still open, holds ``digest``: its result is awaited, not resent.
+
+        The ledger is read once per job: open batches of this model and endpoint are watched from then on."""
+        if not self._adopted:
+            self._adopted = True
+            for batch_id, entry in self.ledger.open_batches().items():
+                if (entry.get("api_base"), entry.get("model")) != (self.endpoint.get("api_base"),
+                                                                   self.endpoint.get("model")):
+                    continue
+                self._open.update({d: batch_id for d in entry["rows"].values()})
+                self._watch(batch_id, entry["rows"])
+        return digest in self._open
+
+    def _schedule(self) -> None:
+        if len(self._intake) >= self.settings.size:
+            self._spawn(self._send(self._take()))
+        elif self._timer is None or self._timer.done():
+            self._timer = self._spawn(self._send_after_delay())
+
+    def _take(self) -> list[_Row]:
+        rows, self._intake = self._intake[: self.settings.size], self._intake[self.settings.size:]
+        return rows
+
+    async def _send_after_delay(self) -> None:
+        await asyncio.sleep(self.settings.delay_s)
+        while self._intake:
+            await self._send(self._take())
+
+    def _spawn(self, coro: Any) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _send(self, rows: list[_Row]) -> None:
+        import litellm
+
+        lines = [{"custom_id": row.digest[:40], "method": "POST", "url": "/v1/chat/completions", "body": row.body}
+                 for row in rows]
+        data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+        try:
+            uploaded = await litellm.acreate_file(file=("cupid-batch.jsonl", data), purpose="batch", **self.kwargs)
+            batch = await litellm.acreate_batch(completion_window="24h", endpoint="/v1/chat/completions",
+                                                input_file_id=uploaded.id, **self.kwargs)
+        except Exception as exc:  # noqa: BLE001  # the rows' callers sort provider failures from bugs
+            for row in rows:
+                self._fail(row, exc)
+            return
+        mapping = {line["custom_id"]: row.digest for line, row in zip(lines, rows)}
+        self.ledger.submitted(batch.id, self.endpoint, uploaded.id, mapping)
+        self.counts.submitted += 1
+        self.counts.rows_submitted += len(rows)
+        self.counts.ids.append(batch.id)
+        log.info("batch %s submitted: %d requests", batch.id, len(rows))
+        self._watch(batch.id, mapping)
+
+    # ---- waiting and collecting
+
+    def _watch(self, batch_id: str, rows: dict[str, str]) -> None:
+        self._watched.add(batch_id)
+        self.counts.pending += 1
+        self._spawn(self._poll(batch_id, rows))
+
+    async def _poll(self, batch_id: str, rows: dict[str, str]) -> None:
+        import litellm
+
+        failures = 0
+        try:
+            while True:
+                try:
+                    batch = await litellm.aretrieve_batch(batch_id=batch_id, **self.kwargs)
+                    failures = 0
+                except Exception as exc:  # noqa: BLE001
+                    failures += 1
+                    if failures >= 10:  # a batch whose status cannot be read: its rows fail, the run goes on
+                        for digest in rows.values():
+                            if digest in self._waiting:
+                                self._fail(self._waiting[digest], exc)
+                        return
+                    await asyncio.sleep(min(self.settings.poll_s, 2.0 ** failures))
+                    continue
+                if batch.status in FINAL_STATES:
+                    await self._collect(batch, rows)
+                    return
+                await asyncio.sleep(self.settings.poll_s)
+        finally:
+            self.counts.pending -= 1
+
+    async def _read(self, file_id: str | None) -> list[dict[str, Any]]:
+        import litellm
+
+        if not file_id:
+            return []
+        content = await litellm.afile_content(file_id=file_id, **self.kwargs)
+        out = []
+        for number, line in enumerate(content.content.decode("utf-8", "replace").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+                if not isinstance(entry, dict) or "custom_id" not in entry:
+                    raise ValueError("no custom_id")
+            except ValueError:
+                log.warning("batch file %s: line %d is not a batch result; its row counts as missing", file_id,
+                            number)
+                continue
+            out.append(entry)
+        return out
+
+    async def _collect(self, batch: Any, rows: dict[str, str]) -> None:
+        answered: set[str] = set()
+        if batch.status == "failed":
+            self.counts.failed += 1
+            reason = _batch_errors(batch)
+            for digest in rows.values():
+                if digest in self._waiting:
+                    self._fail(self._waiting[digest], RowFailed(400, "batch_failed",
+                                                                f"batch {batch.id} was rejected: {reason}"))
+        else:
+            self.counts.expired += batch.status == "expired"
+            for entry in [*await self._read(batch.output_file_id), *await self._read(batch.error_file_id)]:
+                digest = rows.get(entry["custom_id"])
+                if digest is None:
+                    continue
+                answered.add(digest)
+                self._settle(digest, entry)
+            for digest in set(rows.values()) - answered:  # a row neither file mentions
+                if digest in self._waiting:
+                    if batch.status in ("expired", "cancelled"):
+                        self._retry_or_fail(self._waiting[digest], RowFailed(
+                            None, "batch_expired", f"batch {batch.id} {batch.status} before this request ran"))
+                    else:
+                        self._fail(self._waiting[digest], RowFailed(
+                            502, "missing_row", f"batch {batch.id}: no result for this request in its output"))
+        for digest in rows.values():
+            self._open.pop(digest, None)
+        self.counts.collected += 1
+        self.ledger.closed(batch.id, batch.status)
+        if self._intake:
+            self._schedule()
+
+    def _settle(self, digest: str, entry: dict[str, Any]) -> None:
+        response = entry.get("response") or {}
+        status = response.get("status_code")
+        body = response.get("body")
+        if status == 200 and isinstance(body, dict) and body.get("choices"):
+            self.ledger.keep(digest, body)
+            row = self._waiting.pop(digest, None)
+            if row is not None and not row.future.done():
+                row.future.set_result(body)
+            return
+        row = self._waiting.get(digest)
+        if row is None:
+            return
+        error = entry.get("error") or (body or {}).get("error") or {}
+        message = (error.get("message") if isinstance(error, dict) else str(error)) or "no reply body"
+        code = error.get("code") if isinstance(error, dict) else None
+        failure = RowFailed(status, code, f"batch row: {status or code}: {message}")
+        if status is None and code == "batch_expired" or status in RETRYABLE_STATUS:
+            self._retry_or_fail(row, failure)
+        else:
+            self._fail(row, failure)
+
+    def _retry_or_fail(self, row: _Row, failure: RowFailed) -> None:
+        if row.resubmits >= self.settings.max_resubmits:
+            self._fail(row, failure)
+            return
+        row.resubmits += 1
+        self.counts.rows_resubmitted += 1
+        self._intake.append(row)
+        self._schedule()
+
+    def _fail(self, row: _Row, exc: BaseException) -> None:
+        self._waiting.pop(row.digest, None)
+        if not row.future.done():
+            row.future.set_exception(exc)
+
+    async def close(self) -> None:
+        """Stop polling (the job is over or interrupted): pending batches stay journaled for a rerun."""
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _batch_errors(batch: Any) -> str:
+    errors = getattr(batch, "errors", None)
+    data = getattr(errors, "data", None) if errors is not None and not isinstance(errors, dict) else (
+        (errors or {}).get("data"))
+    messages = [getattr(e, "message", None) or (e.get("message") if isinstance(e, dict) else None) for e in data or []]
+    return "; ".join(m for m in messages if m) or "no reason given"
+
+
+# ---------------------------------------------------------------- the client's side
+
+
+def batch_settings(runtime: Any) -> BatchSettings:
+    return BatchSettings(size=runtime.batch_size, delay_s=runtime.batch_delay_s, poll_s=runtime.batch_poll_s,
+                         max_resubmits=runtime.num_retries)
+
+
+def batch_price(model: Any, prompt_tokens: int, completion_tokens: int) -> float | None:
+    """A reply's cost at the provider's batch prices (litellm's map), else the config's prices, else None."""
+    import litellm
+
+    if model.input_cost_per_token is not None and model.output_cost_per_token is not None:
+        return prompt_tokens * model.input_cost_per_token + completion_tokens * model.output_cost_per_token
+    try:
+        cost_in, cost_out = litellm.cost_per_token(model=model.litellm_model, prompt_tokens=prompt_tokens,
+                                                   completion_tokens=completion_tokens, call_type="aretrieve_batch")
+    except (litellm.exceptions.ModelNotMappedError, litellm.exceptions.BadRequestError,
+            litellm.exceptions.NotFoundError):
+        return None
+    return float(cost_in + cost_out)
+
+
+def new_batcher(model: Any, runtime: Any, api_key: str | None, counts: BatchCounts) -> Batcher:
+    provider = batch_provider(model.litellm_model)
+    if provider is None:
+        raise BatchUnsupported(model.litellm_model)
+    kwargs: dict[str, Any] = {"custom_llm_provider": provider}
+    if model.api_base:
+        kwargs["api_base"] = model.api_base
+    if api_key:
+        kwargs["api_key"] = api_key
+    endpoint = {"model": model.litellm_model, "api_base": model.api_base}
+    ledger = BatchLedger(Path(runtime.cache_dir).expanduser() / "batches")
+    return Batcher(endpoint, kwargs, ledger, batch_settings(runtime), counts)
+
+
+async def batched_completion(batcher: Batcher, model: Any, messages: list[dict], kwargs: dict[str, Any]
+                             ) -> Completion:
+    """One call answered through the Batch API; raises ``RowFailed`` (or litellm's error) when it failed."""
+    params = {k: v for k, v in kwargs.items() if k not in ("caching", "cache")}
+    body = {"model": model.litellm_model.split("/", 1)[1], "messages": messages, **params}
+    start = time.perf_counter()
+    reply, kept = await batcher.complete(body)
+    choice = (reply.get("choices") or [{}])[0]
+    usage = reply.get("usage") or {}
+    prompt_tokens, completion_tokens = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    return Completion(text=(choice.get("message") or {}).get("content") or "", prompt_tokens=prompt_tokens,
+                      completion_tokens=completion_tokens, cached=kept,
+                      cost_usd=batch_price(model, prompt_tokens, completion_tokens),
+                      seconds=time.perf_counter() - start, finish_reason=choice.get("finish_reason"))

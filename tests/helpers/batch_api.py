@@ -1,0 +1,186 @@
+"""OpenAI's Files and Batch endpoints, in memory, for the stub server (``stub_llm_server.py``).
+
+What a real batch queue does to a client, on 127.0.0.1: an upload (``POST /v1/files``, multipart,
+``purpose=batch``), a batch that stays ``validating``/``in_progress`` for ``complete_after_s`` and then
+``completed`` with an output file (one line per row, in OpenAI's format) and an error file; rows
+that fail (``status_code`` 500 in the output file, by a seeded hash); a chosen batch (by the order of
+submission) that ``expired`` with its rows in the error file as ``batch_expired``; a malformed
+input line rejected as a whole batch (``failed``, with ``errors``). Submissions are counted, so a
+test can tell a resumed job that re-submitted from one that collected.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import email.policy
+import hashlib
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+Answer = Callable[[dict[str, Any]], dict[str, Any]]  # a request body -> a chat.completion body
+
+
+@dataclass
+class BatchQueueConfig:
+    complete_after_s: float = 0.5  # how long a batch stays in progress
+    row_fail_rate: float = 0.0  # share of rows answered 500 (seeded by the row's body; a retry passes)
+    expire_batches: tuple[int, ...] = ()  # 1-based submission numbers that expire instead of completing
+    seed: int = 0
+
+
+@dataclass
+class _Batch:
+    id: str
+    input_file_id: str
+    created: float
+    number: int
+    status: str = "validating"
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    errors: dict[str, Any] | None = None
+    counts: dict[str, int] = field(default_factory=lambda: {"total": 0, "completed": 0, "failed": 0})
+
+
+def _multipart(content_type: str, raw: bytes) -> dict[str, tuple[str | None, bytes]]:
+    """Form fields of a multipart/form-data body: name -> (filename, bytes)."""
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+        b"content-type: " + content_type.encode() + b"\r\n\r\n" + raw)
+    fields = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        fields[name] = (part.get_filename(), part.get_payload(decode=True) or b"")
+    return fields
+
+
+class BatchQueue:
+    """Files and batches of one stub server; ``answer`` gives a row's reply as a live call would."""
+
+    def __init__(self, answer: Answer, config: BatchQueueConfig | None = None):
+        self.answer, self.config = answer, config or BatchQueueConfig()
+        self._lock = threading.Lock()
+        self.files: dict[str, bytes] = {}
+        self.batches: dict[str, _Batch] = {}
+        self.submissions = 0  # batches created
+        self.uploads = 0
+        self.polls = 0
+        self.rows_answered = 0
+
+    # ---- HTTP routes: (status, JSON body or bytes)
+
+    def route(self, method: str, path: str, headers: Any, raw: bytes) -> tuple[int, Any] | None:
+        path = path.split("?")[0].rstrip("/")
+        if method == "POST" and path == "/v1/files":
+            return self._upload(headers.get("content-type", ""), raw)
+        if method == "GET" and path.startswith("/v1/files/") and path.endswith("/content"):
+            data = self.files.get(path[len("/v1/files/"):-len("/content")])
+            return (200, data) if data is not None else _not_found("file")
+        if method == "GET" and path.startswith("/v1/files/"):
+            file_id = path[len("/v1/files/"):]
+            return (200, _file_object(file_id, self.files[file_id])) if file_id in self.files else _not_found("file")
+        if method == "POST" and path == "/v1/batches":
+            return self._create(json.loads(raw or b"{}"))
+        if method == "GET" and path.startswith("/v1/batches/"):
+            return self._retrieve(path[len("/v1/batches/"):])
+        return None
+
+    def _upload(self, content_type: str, raw: bytes) -> tuple[int, Any]:
+        fields = _multipart(content_type, raw)
+        if fields.get("purpose", (None, b""))[1].decode() != "batch" or "file" not in fields:
+            return 400, {"error": {"message": "purpose must be 'batch' and a file given",
+                                   "type": "invalid_request_error", "param": "purpose", "code": None}}
+        data = fields["file"][1]
+        with self._lock:
+            self.uploads += 1
+            file_id = "file-" + hashlib.sha256(data + str(self.uploads).encode()).hexdigest()[:24]
+            self.files[file_id] = data
+        return 200, _file_object(file_id, data)
+
+    def _create(self, body: dict[str, Any]) -> tuple[int, Any]:
+        file_id = body.get("input_file_id")
+        if file_id not in self.files:
+            return _not_found("file")
+        if body.get("endpoint") != "/v1/chat/completions" or body.get("completion_window") != "24h":
+            return 400, {"error": {"message": "endpoint must be /v1/chat/completions and completion_window 24h",
+                                   "type": "invalid_request_error", "param": None, "code": None}}
+        with self._lock:
+            self.submissions += 1
+            batch = _Batch(id=f"batch_{self.submissions:04d}_" + file_id[-8:], input_file_id=file_id,
+                           created=time.time(), number=self.submissions)
+            self.batches[batch.id] = batch
+        return 200, self._object(batch)
+
+    def _retrieve(self, batch_id: str) -> tuple[int, Any]:
+        batch = self.batches.get(batch_id)
+        if batch is None:
+            return _not_found("batch")
+        with self._lock:
+            self.polls += 1
+            if batch.status in ("validating", "in_progress"):
+                age = time.time() - batch.created
+                if age >= self.config.complete_after_s:
+                    self._finish(batch)
+                elif age >= self.config.complete_after_s / 3:
+                    batch.status = "in_progress"
+        return 200, self._object(batch)
+
+    # ---- the queue's work
+
+    def _finish(self, batch: _Batch) -> None:
+        lines = self.files[batch.input_file_id].decode().splitlines()
+        try:
+            rows = [json.loads(line) for line in lines if line.strip()]
+            assert all("custom_id" in r and isinstance(r.get("body"), dict) for r in rows)
+        except (ValueError, AssertionError):
+            batch.status = "failed"
+            batch.errors = {"object": "list", "data": [{"code": "invalid_json_line", "line": None,
+                                                        "message": "a line of the input file is not a request"}]}
+            return
+        batch.counts["total"] = len(rows)
+        expired = batch.number in self.config.expire_batches
+        output, errors = [], []
+        for row in rows:
+            if expired:
+                errors.append({"id": "batch_req_" + row["custom_id"], "custom_id": row["custom_id"], "response": None,
+                               "error": {"code": "batch_expired",
+                                         "message": "This request could not be executed before the completion "
+                                                    "window expired."}})
+                continue
+            body = row["body"]
+            u = int(hashlib.sha256(f"{self.config.seed}:{batch.number}:{json.dumps(body, sort_keys=True)}"
+                                   .encode()).hexdigest()[:8], 16) / 16 ** 8
+            if u < self.config.row_fail_rate:
+                response = {"status_code": 500, "request_id": "req_" + row["custom_id"],
+                            "body": {"error": {"message": "The server had an error processing your request.",
+                                               "type": "server_error", "param": None, "code": None}}}
+                batch.counts["failed"] += 1
+            else:
+                self.rows_answered += 1
+                response = {"status_code": 200, "request_id": "req_" + row["custom_id"], "body": self.answer(body)}
+                batch.counts["completed"] += 1
+            output.append({"id": "batch_req_" + row["custom_id"], "custom_id": row["custom_id"],
+                           "response": response, "error": None})
+        batch.status = "expired" if expired else "completed"
+        for kind, items in (("output", output), ("error", errors)):
+            if items:
+                file_id = f"file-{kind}-{batch.id}"
+                self.files[file_id] = "".join(json.dumps(i) + "\n" for i in items).encode()
+                setattr(batch, f"{kind}_file_id", file_id)
+
+    def _object(self, batch: _Batch) -> dict[str, Any]:
+        return {"id": batch.id, "object": "batch", "endpoint": "/v1/chat/completions", "errors": batch.errors,
+                "input_file_id": batch.input_file_id, "completion_window": "24h", "status": batch.status,
+                "output_file_id": batch.output_file_id, "error_file_id": batch.error_file_id,
+                "created_at": int(batch.created), "request_counts": dict(batch.counts), "metadata": None}
+
+
+def _file_object(file_id: str, data: bytes) -> dict[str, Any]:
+    return {"id": file_id, "object": "file", "bytes": len(data), "created_at": int(time.time()),
+            "filename": "batch.jsonl", "purpose": "batch", "status": "processed"}
+
+
+def _not_found(what: str) -> tuple[int, Any]:
+    return 404, {"error": {"message": f"No such {what}", "type": "invalid_request_error", "param": None,
+                           "code": None}}

@@ -89,6 +89,7 @@ class Expect:
     no_calls: bool = False   # the stub must receive no request (the command is stubbed to catch any)
     capture: tuple[str, str] = ("", "")  # (placeholder, regex on stdout) for later commands of the block
     check: str = ""          # name of an extra check in CHECKS
+    short_ids: bool = False  # RUN_A, RUN_B as the report prints them (8 characters) instead of whole ids
 
 
 HUB = "data=local"  # what the Hub's one-line error must offer instead
@@ -137,7 +138,7 @@ EXPECTED: dict[str, Expect] = {
     "python -m cupid_exp.report --filter \"params.\\`model.name\\` = 'gpt4o'\" --format csv --output leaderboard.csv":
         Expect(check="csv_of_gpt4o"),
     "python -m cupid_exp.report --format html --output report.html --plots report_plots/": Expect(check="html_and_plots"),
-    "python -m cupid_exp.report --compare RUN_A RUN_B": Expect(stdout_has="f1"),
+    "python -m cupid_exp.report --compare RUN_A RUN_B": Expect(short_ids=True, stdout_has="f1"),
     "python -m cupid_exp.diff JOB_DIR RUN_B": Expect(stdout_has="# verified"),
     "python -m cupid_exp.diff RUN_A RUN_B --shell": Expect(stdout_has="python -m cupid_exp"),
     # README: Synthesis
@@ -324,14 +325,14 @@ def workspace(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="module")
 def runs(workspace: Workspace) -> dict[str, str]:
     """Two finished, tracked jobs in the workspace's MLflow store (gpt4o and claude on the stub), for the report
-    and diff commands: RUN_A, RUN_B as the report prints them (8 characters) and JOB_DIR, A's folder."""
+    and diff commands: RUN_A, RUN_B (their run ids) and JOB_DIR (A's folder)."""
     cmd = ["python", "-m", "cupid_exp", "-m", "model=gpt4o,claude", *at_stub(workspace.stub.url)]
     proc = subprocess.run(cmd, cwd=workspace.root, env=workspace.env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
     ids = re.findall(r"MLflow run ([0-9a-f]{32})", proc.stdout)
     dirs = re.findall(r"^outputs: (\S+) \|", proc.stdout, re.M)
     assert len(ids) == 2 and len(dirs) == 2, proc.stdout[-2000:]
-    return {"RUN_A": ids[0][:8], "RUN_B": ids[1][:8], "JOB_DIR": dirs[0]}
+    return {"RUN_A": ids[0], "RUN_B": ids[1], "JOB_DIR": dirs[0]}
 
 
 def _free_port() -> int:
@@ -416,7 +417,8 @@ def run_command(command: str, expect: Expect, ws: Workspace, values: dict[str, s
     if expect.instead:
         command = expect.instead
     for name, value in values.items():
-        command = command.replace(name, value)
+        short = expect.short_ids and name in ("RUN_A", "RUN_B")
+        command = command.replace(name, value[:8] if short else value)
     if expect.server:
         _serve(" ".join([command, *expect.extra.split()]), ws)
         _PASSED.add(key)
@@ -463,9 +465,17 @@ def test_docs_block_runs_as_declared(commands: list[str], workspace: Workspace, 
     if any(re.search(r"\b(RUN_A|RUN_B|JOB_DIR)\b", c) or key_of(c).startswith("python -m cupid_exp.report")
            for c in commands):
         values.update(request.getfixturevalue("runs"))
-    for command in commands:
+    failures = []
+    for command in commands:  # every command runs, so that one failure does not hide the next
         expect = EXPECTED.get(key_of(command))
-        assert expect is not None, f"undeclared command: {key_of(command)!r}: declare its outcome in EXPECTED"
+        if expect is None:
+            failures.append(f"undeclared command: {key_of(command)!r}: declare its outcome in EXPECTED")
+            continue
         if expect.skip:
             continue
-        run_command(command, expect, workspace, values)
+        try:
+            run_command(command, expect, workspace, values)
+        except AssertionError as exc:
+            pending = f" [PENDING: {PENDING[key_of(command)]}]" if key_of(command) in PENDING else ""
+            failures.append(f"{key_of(command)}{pending}: {exc}")
+    assert not failures, "\n\n".join(failures)

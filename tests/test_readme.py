@@ -389,8 +389,10 @@ def check_dry_run_totals(proc: subprocess.CompletedProcess, ws: Workspace) -> No
     assert m, proc.stdout[-2000:]
     calls, prompt, completion, cost = m.groups()
     row = _readme_table("| preset | calls | prompt tokens")["table1"]
-    assert [c.replace(",", "") for c in row[:3]] == [calls, prompt, completion], (row, m.group(0))
-    assert row[3] == f"${float(cost):.2f}", (row, m.group(0))
+    redo = ("the README's dry-run table is stale: rerun its command for table1, table3, table9_10 and table11, "
+            f"and quote the new totals with the date; table1 now: {m.group(0)}, README: {row}")
+    assert [c.replace(",", "") for c in row[:3]] == [calls, prompt, completion], redo
+    assert row[3] == f"${float(cost):.2f}", redo
 
 
 def check_csv_of_gpt4o(proc: subprocess.CompletedProcess, ws: Workspace) -> None:

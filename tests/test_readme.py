@@ -124,8 +124,6 @@ PENDING = {
     "python -m cupid_exp -m hydra/launcher=joblib hydra.launcher.n_jobs=4 model=gpt4o,claude37,deepseek_r1,qwen72b "
     "evaluator=gpt4o data=cupid": "item 4: the Hub unreachable in one line (today the joblib sweeper re-raises the "
                                   "job's ConnectionError with a traceback)",
-    "python -m cupid_exp -m setting=retrieval setting.retriever=bm25,embedding,recency":
-        "item 4: the embedding retriever loads its model once per job, quietly",
 }
 
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Mapping
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm import _litellm
 from cupid_exp.llm.limits import Endpoint, endpoint_for, estimated_tokens
-from cupid_exp.llm.retry import CallFailed, with_retries
+from cupid_exp.llm.retry import CallFailed, JobStop, with_retries
 from cupid_exp.llm.usage import Completion, UsageMeter
 
 log = logging.getLogger(__name__)
@@ -201,6 +201,7 @@ class LLMClient:
         self._router = _router(model, params, runtime, prices) if not runtime.dry_run else None
         self._semaphore = asyncio.Semaphore(max(1, model.max_concurrency))
         self.roles: tuple[str, ...] = (model.name,)  # the roles it serves (``clients_for``), for a fatal refusal
+        self.stop = JobStop()  # shared with the job's other clients (``clients_for``)
         self._key = key
         self.endpoint: Endpoint = endpoint_for(
             model.litellm_model, model.api_base, key, label=model.name, config_id=_identity(model),
@@ -282,12 +283,13 @@ class LLMClient:
                 response, attempts = await with_retries(
                     lambda: self._send(messages, kwargs), self.endpoint, tokens=tokens,
                     num_retries=self.runtime.num_retries, patience_s=self.runtime.rate_limit_patience_s,
-                    classify=provider_error_kind, model=self.model.name, roles=self.roles, scrub=self._scrub)
+                    classify=provider_error_kind, model=self.model.name, roles=self.roles, scrub=self._scrub,
+                    stop=self.stop)
         except CallFailed as failed:
             a = failed.attempts
             self.meter.fail(step, failed.kind, retries=a.retries, rate_limited=a.rate_limited, wait_s=a.wait_s)
             if failed.fatal:
-                raise self.endpoint.fatal from failed.cause
+                raise (self.stop.fatal or self.endpoint.fatal) from failed.cause
             exc = failed.cause
             raise ProviderError(failed.kind, f"{self.model.name}: " + (
                 failed.reason or f"{type(exc).__name__}: {self._scrub(_short(exc))}")) from exc
@@ -343,11 +345,12 @@ def clients_for(roles: Mapping[str, ModelConfig], runtime: RuntimeConfig, meter:
 
     by_identity: dict[str, LLMClient] = {}
     out = {}
+    stop = JobStop()  # one fatal refusal stops every role's new calls
     for role, model in roles.items():
         identity = json.dumps(asdict(model), sort_keys=True, default=str)
         if identity not in by_identity:
             by_identity[identity] = LLMClient(model, runtime, meter)
-            by_identity[identity].roles = ()
+            by_identity[identity].roles, by_identity[identity].stop = (), stop
         out[role] = by_identity[identity]
         out[role].roles += (role,)
     return out

@@ -33,6 +33,14 @@ _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _TRY_AGAIN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECASE)
 
 
+class JobStop:
+    """Shared by the clients of one job: the first fatal refusal, after which none of them sends another request
+    (calls already in flight finish; ``cupid_exp.llm.client.clients_for``)."""
+
+    def __init__(self) -> None:
+        self.fatal: FatalProviderError | None = None
+
+
 class FatalProviderError(Exception):
     """A provider's refusal that no retry and no other instance can get past (bad key, unknown model, no
     endpoint): the job stops starting instances and exits 2 with this one line. Not a ``ProviderError``, so
@@ -235,7 +243,8 @@ class CallFailed(Exception):
 
 async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tokens: int, num_retries: int,
                        patience_s: float, classify: Callable[[BaseException], str | None], model: str,
-                       roles: tuple[str, ...], scrub: Callable[[str], str]) -> tuple[Any, Attempts]:
+                       roles: tuple[str, ...], scrub: Callable[[str], str], stop: JobStop | None = None
+                       ) -> tuple[Any, Attempts]:
     """``send()`` once per attempt inside the endpoint's slot, until a reply, a final failure (``CallFailed``),
     a fatal refusal (``FatalProviderError``) or a bug (raised unchanged)."""
     import asyncio
@@ -243,6 +252,8 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tok
     attempts = Attempts()
     started = time.monotonic()
     while True:
+        if stop is not None and stop.fatal is not None:
+            raise stop.fatal  # the job stops: no new request, whichever endpoint
         if endpoint.fatal is not None:
             raise endpoint.fatal  # another call found the endpoint refusing: not sent
         try:
@@ -261,6 +272,8 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tok
             if decision.what == FATAL:
                 if endpoint.fatal is None:
                     endpoint.fatal = FatalProviderError(model, decision.kind, scrub(_message(exc)), roles)
+                if stop is not None and stop.fatal is None:
+                    stop.fatal = endpoint.fatal
                 raise CallFailed(decision.kind, exc, attempts, fatal=True) from exc
             headers = headers_of(exc)
             hint = retry_after_s(headers, str(exc))

@@ -4,7 +4,9 @@ A job ends in one of four ways, each with its exit code (documented in the READM
 
 - 0: complete (or below ``runtime.max_failed_fraction`` failed instances);
 - 1: a bug: the traceback is printed, the journal keeps what finished;
-- 2: a bad setting or bad data, found before the first model call: one line, no traceback;
+- 2: a bad setting or bad data, found before the first model call, or a provider's fatal refusal (a bad key,
+  an unknown model, an endpoint that never answers: ``cupid_exp.llm.retry.FatalProviderError``, the job stops
+  starting instances at once): one line, no traceback;
 - 3: incomplete: more than ``runtime.max_failed_fraction`` of the instances failed.
 
 In a sweep, a job's bad setting or incomplete result does not stop the other jobs: each job

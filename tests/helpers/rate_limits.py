@@ -1,6 +1,7 @@
 """A key's limits as the OpenAI API enforces them, for the stub server (``stub_llm_server.py --rpm/--tpm``).
 
-- Requests per minute and tokens per minute, quantised into one-second windows: each window adds a
+- Requests per minute and tokens per minute for each model (OpenAI limits a key per model), quantised into
+  one-second windows: each window adds a
   60th of the limit to what may be spent, and a request is admitted while what it counts fits (one
   request larger than a window's share is admitted into an empty one and its excess carries over). The
   tokens a request counts are its prompt (characters / 4, as the stub's ``usage`` reports them) plus its
@@ -14,8 +15,8 @@
 - ``refuse``: every request answered as OpenAI answers a bad key (401 ``invalid_api_key``), a region or
   permission refusal (403) or an unknown model (404 ``model_not_found``).
 
-``ideal_s`` adds up each admitted request's share of the binding limit (max of 60/rpm and 60·tokens/tpm):
-the least wall time the admitted work could take.
+``ideal_s`` adds up each admitted request's share of the binding limit (max of 60/rpm and 60·tokens/tpm) per
+model, and takes the largest model's: the least wall time the admitted work could take.
 """
 
 from __future__ import annotations
@@ -105,17 +106,21 @@ class KeyLimits:
     def __init__(self, rpm: float = 0.0, tpm: float = 0.0, closed_s: float = 0.0, refuse: str = ""):
         if refuse and refuse not in REFUSALS:
             raise ValueError(f"refuse={refuse!r}: one of {sorted(REFUSALS)}")
-        self.requests = _Window(rpm) if rpm else None
-        self.tokens = _Window(tpm) if tpm else None
+        self.rpm, self.tpm = rpm, tpm
+        self.windows: dict[str, tuple[_Window | None, _Window | None]] = {}
+        self.ideal_by_model: dict[str, float] = {}
         self.closed_s, self.refuse = closed_s, refuse
         self.opened_at: float | None = None
-        self.ideal_s = 0.0
         self.admitted = 0
         self._lock = threading.Lock()
 
     @property
     def active(self) -> bool:
-        return bool(self.requests or self.tokens or self.closed_s or self.refuse)
+        return bool(self.rpm or self.tpm or self.closed_s or self.refuse)
+
+    @property
+    def ideal_s(self) -> float:
+        return max(self.ideal_by_model.values(), default=0.0)
 
     def check(self, body: dict[str, Any], now: float | None = None) -> Verdict | None:
         """None: admitted (and counted); else the refusal to send."""
@@ -131,26 +136,31 @@ class KeyLimits:
                 self.opened_at = now
             if self.closed_s and now - self.opened_at < self.closed_s:
                 wait = min(self.closed_s - (now - self.opened_at), 1.0)  # "try again in 1s", as long as it lasts
-                return self._limited("requests", model, wait, 0, 0, cost)
-            for kind, window, amount in (("requests", self.requests, 1), ("tokens", self.tokens, cost)):
+                return self._limited("requests", model, wait, 0, 0, cost, (None, None))
+            windows = self.windows.get(model)
+            if windows is None:
+                windows = self.windows[model] = (_Window(self.rpm) if self.rpm else None,
+                                                 _Window(self.tpm) if self.tpm else None)
+            for kind, window, amount in (("requests", windows[0], 1), ("tokens", windows[1], cost)):
                 if window is not None and not window.fits(amount, now):
                     return self._limited(kind, model, window.reset_s(amount, now), window.per_minute,
-                                         window.per_minute - window.remaining(), amount)
-            for window, amount in ((self.requests, 1), (self.tokens, cost)):
+                                         window.per_minute - window.remaining(), amount, windows)
+            for window, amount in zip(windows, (1, cost)):
                 if window is not None:
                     window.spend(amount)
             self.admitted += 1
-            self.ideal_s += max(60.0 / self.requests.per_minute if self.requests else 0.0,
-                                60.0 * cost / self.tokens.per_minute if self.tokens else 0.0)
+            self.ideal_by_model[model] = self.ideal_by_model.get(model, 0.0) + max(
+                60.0 / self.rpm if self.rpm else 0.0, 60.0 * cost / self.tpm if self.tpm else 0.0)
         return None
 
-    def _limited(self, kind: str, model: str, wait: float, limit: float, used: float, requested: int) -> Verdict:
+    def _limited(self, kind: str, model: str, wait: float, limit: float, used: float, requested: int,
+                 windows: tuple[_Window | None, _Window | None]) -> Verdict:
         unit = "requests per min (RPM)" if kind == "requests" else "tokens per min (TPM)"
         message = (f"Rate limit reached for {model} in organization org-stub on {unit}: Limit {limit:g}, Used "
                    f"{used:g}, Requested {requested if kind == 'tokens' else 1}. Please try again in "
                    f"{openai_duration(wait)}. Visit https://platform.openai.com/account/rate-limits to learn more.")
         headers = {"retry-after": str(max(1, math.ceil(wait))), "retry-after-ms": str(max(1, round(wait * 1000)))}
-        for name, window in (("requests", self.requests), ("tokens", self.tokens)):
+        for name, window in zip(("requests", "tokens"), windows):
             if window is not None:
                 headers[f"x-ratelimit-limit-{name}"] = f"{window.per_minute:g}"
                 headers[f"x-ratelimit-remaining-{name}"] = str(window.remaining())

@@ -53,14 +53,16 @@ def limit_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def ours(args: argparse.Namespace, url: str, data: Path, work: Path, extra: list[str], jobs: int = 1) -> dict[str, Any]:
-    """``jobs`` cupid-exp processes started together (different temperatures: no shared replies), one cache_dir."""
+    """``jobs`` cupid-exp processes started together, one ``runtime.cache_dir`` (their pacing ledger), no response
+    cache (every job makes every call, as jobs on different models would)."""
     roots = [work / f"ours-{time.monotonic_ns()}-{i}" for i in range(jobs)]
     cache = work / f"cache-{time.monotonic_ns()}"
     procs = []
     start = time.perf_counter()
     for i, root in enumerate(roots):
         cmd = ours_command(url, root, data, args.concurrency) + [
-            "tracking=none", f"runtime.cache_dir={cache}", f"model.params.temperature={i / 10:g}", *extra]
+            "tracking=none", f"runtime.cache_dir={cache}", "runtime.cache=false", f"model.params.temperature={i / 10:g}",
+            *extra]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env={**ENV, "OPENAI_API_KEY": "sk-bench"},
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outputs = [p.communicate(timeout=args.limit_s)[0] for p in procs]

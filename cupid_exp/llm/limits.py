@@ -3,14 +3,18 @@
 An endpoint is a model at an API base with one key (the key enters only a hash). Every client of the
 process that calls the same endpoint shares its ``Endpoint``:
 
-- an adaptive concurrency limit (AIMD): it starts at the clients' ``max_concurrency`` (summed over distinct
-  model configs on the endpoint), falls ×0.8 on a 429 (at most once per ``COOLDOWN_S``), and climbs back
-  by 10% after a round of successes (as many as the limit) with no 429, never under 1 nor over the start;
+- an adaptive concurrency limit (AIMD): it starts at a quarter of the clients' ``max_concurrency`` (summed
+  over distinct model configs on the endpoint; at least 4) and grows by one per success up to it (slow start,
+  so that a key's first window does not meet the whole burst), falls ×0.8 on a 429 (at most once per
+  ``COOLDOWN_S``, which ends the slow start), and climbs back by 10% after a round of successes (as many as
+  the limit) with no 429, never under 1 nor over ``max_concurrency``;
 - a pause: a 429 that says how long to wait holds every caller of the endpoint until then, not only the
   one that got it (the others would meet the same closed window);
 - a pacer (``rpm``/``tpm`` on the model config, else the limits the provider states in its
   ``x-ratelimit-limit-*`` headers once it refused a request): each request is sent no earlier than the
-  requests and tokens before it allow, counted as OpenAI counts them (prompt estimate + ``max_tokens``).
+  requests and tokens before it allow, counted as OpenAI counts them (prompt estimate + ``max_tokens``); a 429
+  while pacing slows the pace ×0.9 (once per cooldown, down to half), success brings it back slowly: the
+  provider's windows and our clock never align exactly.
   Its schedule is a small ledger file under ``runtime.cache_dir/rate_limits/`` (``filelock``), so worker
   processes and the jobs of a parallel sweep on the same key stay within the limits together;
 - whether it refused for good (a bad key, an unknown model, no connection ever): later calls are not sent.
@@ -33,7 +37,8 @@ from cupid_exp.llm.retry import FatalProviderError
 
 COOLDOWN_S = 3.0  #: at most one cut of the concurrency limit per this many seconds
 DECREASE, INCREASE = 0.8, 0.1  #: the cut on a 429, the share added after a round of successes
-PACE_MARGIN = 0.97  #: pace at this share of the stated limits (the provider's windows and ours never align exactly)
+PACE_MARGIN = 0.95  #: pace at this share of the stated limits (the provider's windows and ours never align exactly)
+SLOW_START = 4  #: the least a limit starts at (a quarter of max_concurrency otherwise)
 CHARS_PER_TOKEN = 4  #: the prompt estimate for tokens-per-minute (OpenAI's own rule of thumb)
 
 
@@ -49,7 +54,8 @@ class AdaptiveLimit:
 
     def __init__(self, ceiling: int):
         self.ceiling = max(1, ceiling)
-        self.limit = float(self.ceiling)
+        self.limit = float(min(self.ceiling, max(SLOW_START, self.ceiling // 4)))
+        self.slow_start = self.limit < self.ceiling
         self.in_flight = 0
         self._waiters: deque[asyncio.Future] = deque()
         self._last_cut = -math.inf
@@ -60,7 +66,7 @@ class AdaptiveLimit:
         grow = max(1, ceiling) - self.ceiling
         if grow > 0:
             self.ceiling += grow
-            self.limit += grow
+            self.limit = min(float(self.ceiling), self.limit + grow)
             self._wake()
 
     async def acquire(self) -> None:
@@ -89,12 +95,18 @@ class AdaptiveLimit:
             waiter.set_result(None)
 
     def rate_limited(self, now: float) -> None:
+        self.slow_start = False
         if now - self._last_cut >= COOLDOWN_S:
             self.limit = max(1.0, self.limit * DECREASE)
             self._last_cut, self._ok = now, 0
             self.cuts += 1
 
     def succeeded(self, now: float) -> None:
+        if self.slow_start:
+            self.limit = min(float(self.ceiling), self.limit + 1)
+            self.slow_start = self.limit < self.ceiling
+            self._wake()
+            return
         self._ok += 1
         if self.limit < self.ceiling and self._ok >= int(self.limit) and now - self._last_cut >= COOLDOWN_S:
             self.limit = min(float(self.ceiling), self.limit + max(1.0, self.limit * INCREASE))
@@ -109,6 +121,8 @@ class Pacer:
 
     def __init__(self, rpm: float | None, tpm: float | None, ledger: Path | None):
         self.rpm, self.tpm, self.ledger = rpm, tpm, ledger
+        self.scale = 1.0  # of the stated limits: lowered by 429s met while pacing
+        self._last_cut = -math.inf
         self._state = {"requests": 0.0, "tokens": 0.0}  # wall-clock times the next request / token is free
         self._lock: Any = None
         if ledger is not None:
@@ -134,13 +148,22 @@ class Pacer:
             self.ledger.write_text(json.dumps(state))
         return wait
 
+    def rate_limited(self, now: float) -> None:
+        if now - self._last_cut >= COOLDOWN_S:
+            self.scale, self._last_cut = max(0.5, self.scale * 0.9), now
+
+    def succeeded(self) -> None:
+        if self.scale < 1.0:
+            self.scale = min(1.0, self.scale + 0.002)
+
     def _book(self, state: dict[str, float], tokens: int) -> float:
         now = time.time()
         start = max(now, state.get("requests", 0.0) if self.rpm else now, state.get("tokens", 0.0) if self.tpm else now)
+        share = PACE_MARGIN * self.scale
         if self.rpm:
-            state["requests"] = start + 60.0 / (self.rpm * PACE_MARGIN)
+            state["requests"] = start + 60.0 / (self.rpm * share)
         if self.tpm:
-            state["tokens"] = start + 60.0 * tokens / (self.tpm * PACE_MARGIN)
+            state["tokens"] = start + 60.0 * tokens / (self.tpm * share)
         return start - now
 
 
@@ -176,6 +199,8 @@ class Endpoint:
         tpm = self.configured[1] or told[1]
         if (rpm, tpm) != (self.pacer.rpm, self.pacer.tpm):
             self.pacer = Pacer(rpm, tpm, self._ledger(rpm, tpm))
+        elif self.pacer.active:
+            self.pacer.rate_limited(time.monotonic())
 
     def pause(self, seconds: float) -> None:
         self.paused_until = max(self.paused_until, time.monotonic() + seconds)

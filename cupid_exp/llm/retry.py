@@ -299,6 +299,8 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tok
             continue
         endpoint.successes += 1
         endpoint.concurrency.succeeded(time.monotonic())
+        if endpoint.pacer.scale < 1.0:
+            endpoint.pacer.succeeded()
         return response, attempts
 
 

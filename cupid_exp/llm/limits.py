@@ -121,8 +121,7 @@ class Pacer:
 
     def __init__(self, rpm: float | None, tpm: float | None, ledger: Path | None):
         self.rpm, self.tpm, self.ledger = rpm, tpm, ledger
-        self.scale = 1.0  # of the stated limits: lowered by 429s met while pacing
-        self._last_cut = -math.inf
+        self.scale = 1.0  # of the stated limits: lowered by 429s met while pacing (kept in the ledger)
         self._state = {"requests": 0.0, "tokens": 0.0}  # wall-clock times the next request / token is free
         self._lock: Any = None
         if ledger is not None:
@@ -140,25 +139,40 @@ class Pacer:
         if self._lock is None:
             return self._book(self._state, tokens)
         with self._lock:
-            try:
-                state = json.loads(self.ledger.read_text())
-            except (OSError, ValueError):
-                state = {"requests": 0.0, "tokens": 0.0}
+            state = self._read()
             wait = self._book(state, tokens)
             self.ledger.write_text(json.dumps(state))
         return wait
 
-    def rate_limited(self, now: float) -> None:
-        if now - self._last_cut >= COOLDOWN_S:
-            self.scale, self._last_cut = max(0.5, self.scale * 0.9), now
+    def rate_limited(self) -> None:
+        """A 429 while pacing: ×0.9 at most once per cooldown, for every process of the ledger."""
+        self._update(lambda state: state.update(scale=max(0.5, state.get("scale", 1.0) * 0.9), cut=time.time())
+                     if time.time() - state.get("cut", 0.0) >= COOLDOWN_S else None)
 
     def succeeded(self) -> None:
-        if self.scale < 1.0:
-            self.scale = min(1.0, self.scale + 0.002)
+        self._update(lambda state: state.update(scale=min(1.0, state.get("scale", 1.0) + 0.002)))
+
+    def _update(self, change: Any) -> None:
+        if self._lock is None:
+            change(self._state)
+            self.scale = self._state.get("scale", 1.0)
+            return
+        with self._lock:
+            state = self._read()
+            change(state)
+            self.scale = state.get("scale", 1.0)
+            self.ledger.write_text(json.dumps(state))
+
+    def _read(self) -> dict[str, float]:
+        try:
+            return json.loads(self.ledger.read_text())
+        except (OSError, ValueError):
+            return {"requests": 0.0, "tokens": 0.0}
 
     def _book(self, state: dict[str, float], tokens: int) -> float:
         now = time.time()
         start = max(now, state.get("requests", 0.0) if self.rpm else now, state.get("tokens", 0.0) if self.tpm else now)
+        self.scale = state.get("scale", 1.0)
         share = PACE_MARGIN * self.scale
         if self.rpm:
             state["requests"] = start + 60.0 / (self.rpm * share)
@@ -200,7 +214,7 @@ class Endpoint:
         if (rpm, tpm) != (self.pacer.rpm, self.pacer.tpm):
             self.pacer = Pacer(rpm, tpm, self._ledger(rpm, tpm))
         elif self.pacer.active:
-            self.pacer.rate_limited(time.monotonic())
+            self.pacer.rate_limited()
 
     def pause(self, seconds: float) -> None:
         self.paused_until = max(self.paused_until, time.monotonic() + seconds)

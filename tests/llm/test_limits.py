@@ -118,3 +118,16 @@ def test_a_429_teaches_the_stated_limits_and_lowers_concurrency(tmp_path: Path) 
 
     (endpoint,) = _ENDPOINTS.values()
     assert endpoint.pacer.rpm == 300 and endpoint.concurrency.cuts >= 1
+
+
+def test_a_429_while_pacing_slows_every_process_of_the_ledger(tmp_path: Path) -> None:
+    ledger = tmp_path / "rate_limits" / "endpoint.json"
+    first, second = Pacer(600, None, ledger), Pacer(600, None, ledger)
+    first.rate_limited()
+    first.rate_limited()  # within the cooldown: one cut
+    second.reserve(1)
+    assert second.scale == pytest.approx(0.9)
+    assert second.reserve(1) == pytest.approx(0.1 / (0.95 * 0.9), abs=0.02)
+    for _ in range(100):
+        first.succeeded()
+    assert first.reserve(1) > 0 and first.scale == 1.0

@@ -2,8 +2,8 @@
 
 - Requests per minute and tokens per minute for each model (OpenAI limits a key per model), quantised into
   one-second windows: each window adds a
-  60th of the limit to what may be spent, and a request is admitted while what it counts fits (one
-  request larger than a window's share is admitted into an empty one and its excess carries over). The
+  60th of the limit to what may be spent, and a request is admitted while the window has any of it left
+  (what it spends beyond that is owed by the next windows). The
   tokens a request counts are its prompt (characters / 4, as the stub's ``usage`` reports them) plus its
   ``max_tokens``; a refused request counts nothing.
 - A refused request gets a 429 with ``retry-after`` (whole seconds), ``retry-after-ms``,
@@ -74,18 +74,16 @@ class _Window:
             self.window = window
 
     def fits(self, cost: float, now: float) -> bool:
+        """While this window has any of its share left (a larger request's excess carries to the next)."""
         self._drain(now)
-        return self.level + cost <= self.per_window + 1e-9 or self.level == 0.0
+        return self.level < self.per_window - 1e-9
 
     def spend(self, cost: float) -> None:
         self.level += cost
 
     def reset_s(self, cost: float, now: float) -> float:
-        """Seconds until ``cost`` would fit."""
-        excess = self.level + cost - self.per_window if self.level + cost > self.per_window else 0.0
-        windows = math.ceil(excess / self.per_window) if excess > 0 else 0
-        if windows == 0 and self.level > 0 and cost > self.per_window:
-            windows = math.ceil(self.level / self.per_window)
+        """Seconds until a window has some of its share left."""
+        windows = math.floor((self.level - self.per_window) / self.per_window) + 1
         return max(0.001, self.window + max(1, windows) - now)
 
     def remaining(self) -> int:

@@ -9,10 +9,11 @@ from cupid_exp.entry import hydra_entry, run_job_entry
 
 def evaluate(cfg: DictConfig) -> float | None:
     from cupid_exp.config import ConfigError
+    from cupid_exp.llm.retry import FatalProviderError
     from cupid_exp.data.schema import DataError
     from cupid_exp.job import run_job
 
-    return run_job_entry(cfg, "cupid_exp", run_job, (ConfigError, DataError))
+    return run_job_entry(cfg, "cupid_exp", run_job, (ConfigError, DataError, FatalProviderError))
 
 
 main = hydra_entry("config", evaluate)

@@ -135,6 +135,8 @@ class ModelConfig(Checked):
     context_window: Optional[int] = None  # input tokens the model takes; null: litellm's map (or local n_ctx)
     batch: Optional[bool] = None  # through the provider's Batch API; null: runtime.batch decides
     local: Optional[LocalModelConfig] = None
+    rpm: Optional[float] = None  # the key's requests per minute: calls are paced under it (null: not paced)
+    tpm: Optional[float] = None  # the key's tokens per minute (prompt estimate + max_tokens per request)
 
     @property
     def is_embedded(self) -> bool:
@@ -148,6 +150,8 @@ class ModelConfig(Checked):
         require(self.system_role in SYSTEM_ROLES, f"{where}.system_role", self.system_role, f"one of {SYSTEM_ROLES}")
         for key in ("input_cost_per_token", "output_cost_per_token"):
             require_positive(f"{where}.{key}", getattr(self, key), allow_none=True, allow_zero=True)
+        for key in ("rpm", "tpm"):
+            require_positive(f"{where}.{key}", getattr(self, key), allow_none=True)
         require(self.context_window is None or (isinstance(self.context_window, int) and self.context_window >= 1),
                 f"{where}.context_window", self.context_window, "an integer >= 1, or null")
         from cupid_exp.llm.params import check_params
@@ -273,6 +277,7 @@ class RuntimeConfig(Checked):
     batch_size: int = 1000  # rows per batch at most
     batch_delay_s: float = 5.0  # the first waiting request waits this long for others before its batch is sent
     batch_poll_s: float = 30.0  # seconds between two status checks of a pending batch
+    rate_limit_patience_s: float = 1800.0  # how long one call may wait for a provider's rate limit to reopen
 
     def check(self, where: str) -> None:
         for key in ("max_cost_usd", "sweep_max_cost_usd"):
@@ -288,6 +293,7 @@ class RuntimeConfig(Checked):
         require(isinstance(self.num_retries, int) and self.num_retries >= 0, f"{where}.num_retries",
                 self.num_retries, "an integer >= 0")
         require_positive(f"{where}.timeout", self.timeout)
+        require_positive(f"{where}.rate_limit_patience_s", self.rate_limit_patience_s)
         require(isinstance(self.reask, int) and self.reask >= 0, f"{where}.reask", self.reask, "an integer >= 0")
         require(self.failure_policy in FAILURE_POLICIES, f"{where}.failure_policy", self.failure_policy,
                 f"one of {list(FAILURE_POLICIES)}")

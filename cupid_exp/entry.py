@@ -4,8 +4,10 @@ A job ends in one of these ways, each with its exit code (documented in the READ
 
 - 0: complete (or below ``runtime.max_failed_fraction`` failed instances);
 - 1: a bug: the traceback is printed, the journal keeps what finished;
-- 2: a bad setting or bad data, found before the first model call, or the same job running in another
-  process (``tracking.job_lock``): one line, no traceback;
+- 2: a bad setting or bad data, found before the first model call, the same job running in another
+  process (``tracking.job_lock``), or a provider's fatal refusal (a bad key, an unknown model, an endpoint that
+  never answers: ``cupid_exp.llm.retry.FatalProviderError``, the job stops starting instances at once): one
+  line, no traceback;
 - 3: incomplete: more than ``runtime.max_failed_fraction`` of the instances failed;
 - 4: budget reached: ``runtime.max_cost_usd`` or ``runtime.sweep_max_cost_usd`` refused a call; the instances
   left are not run (the same command with a higher budget resumes them);

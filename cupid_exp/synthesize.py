@@ -10,10 +10,11 @@ from cupid_exp.synthesis.config import register_synthesis_configs
 
 def synthesize(cfg: DictConfig) -> float | None:
     from cupid_exp.config import ConfigError
+    from cupid_exp.llm.retry import FatalProviderError
     from cupid_exp.synthesis.config import SynthesisError
     from cupid_exp.synthesis.pipeline import run_synthesis
 
-    return run_job_entry(cfg, "cupid_exp.synthesize", run_synthesis, (ConfigError, SynthesisError))
+    return run_job_entry(cfg, "cupid_exp.synthesize", run_synthesis, (ConfigError, SynthesisError, FatalProviderError))
 
 
 main = hydra_entry("synthesize", synthesize, register_synthesis_configs)

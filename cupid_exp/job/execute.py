@@ -18,6 +18,7 @@ from cupid_exp.job.plan import JobPlan
 from cupid_exp.llm.budget import BudgetExceeded, started_instance
 from cupid_exp.llm.calls import CallLog, recording
 from cupid_exp.llm.client import drain_background_tasks
+from cupid_exp.llm.retry import FatalProviderError
 from cupid_exp.llm.server import managed_server
 from cupid_exp.llm.steps import StepFailed, Transcript
 from cupid_exp.llm.usage import UsageMeter
@@ -103,12 +104,17 @@ async def run_instances(plan: JobPlan, take: Taker, finished: Finished, progress
                         with_calls: bool) -> None:
     """Run instances as ``take`` hands them out, ``instances_in_flight`` at a time, and tell ``finished`` of each
     (with its model calls when ``with_calls``). ``take`` returns None when none is left. The caller drains
-    litellm's background work after (``drain_background_tasks`` waits for every other task: its own too). A call the
-    budget refuses ends its instance unfinished and starts no other (``stopped_by_budget``)."""
+    litellm's background work after (``drain_background_tasks`` waits for every other task: its own too).
+
+    A call the budget refuses ends its instance unfinished and starts no other (``stopped_by_budget``). A
+    provider's fatal refusal (a bad key, an unknown model, no endpoint) stops the taking: the instances in
+    flight end (their calls to the refusing endpoint are not sent, the others' are not wasted), none of them is
+    journaled (a resume runs them), and the refusal is raised once every lane has stopped."""
     stop = asyncio.Event()  # a call refused by the budget: no instance starts after it; those in flight go on
+    fatal: list[FatalProviderError] = []
 
     async def lane() -> None:
-        while not stop.is_set() and (instance := take()) is not None:
+        while not stop.is_set() and not fatal and (instance := take()) is not None:
             with recording(with_calls) as calls:  # its calls, for its trace
                 started_instance()  # the budget serves older instances' calls first
                 try:
@@ -116,9 +122,15 @@ async def run_instances(plan: JobPlan, take: Taker, finished: Finished, progress
                 except BudgetExceeded:  # left unjournaled: a resume with a higher budget runs it
                     stop.set()
                     return
+                except FatalProviderError as exc:
+                    fatal.append(exc)
+                    getattr(take, "stop", lambda: None)()  # other processes take no more either
+                    return
             finished(instance, result, calls)
 
     await asyncio.gather(*(lane() for _ in range(instances_in_flight(plan.ctx))))
+    if fatal:
+        raise fatal[0]
 
 
 def stopped_by_budget(meter: UsageMeter) -> bool:

@@ -39,6 +39,7 @@ from cupid_exp.data.schema import Instance
 from cupid_exp.job.execute import job_finisher, job_progress, run_instances, stopped_by_budget
 from cupid_exp.job.plan import JobPlan, build_context
 from cupid_exp.llm.client import drain_background_tasks
+from cupid_exp.llm.retry import FatalProviderError
 from cupid_exp.progress import InstanceObserver, wants_calls
 from cupid_exp.results import InstanceResult
 
@@ -116,6 +117,11 @@ class SharedCursor:
             self.counter.value = index + 1
         return self.instances[index]
 
+    def stop(self) -> None:
+        """No process takes another instance (a fatal provider refusal)."""
+        with self.counter.get_lock():
+            self.counter.value = len(self.instances)
+
 
 # -- in a worker ------------------------------------------------------------------------------------------------
 def _exit_with_parent() -> None:
@@ -183,7 +189,10 @@ def _work(spec: WorkerSpec, shared: "Shared", inbox: Any, outbox: Any) -> None:
                                 bool(shared.wants_calls.value))
             await drain_background_tasks()
 
-        asyncio.run(run())
+        try:
+            asyncio.run(run())
+        except FatalProviderError as exc:  # the job stops taking instances and reports it
+            outbox.put(pickle.dumps(("fatal", exc)))
         outbox.put(pickle.dumps(("done", os.getpid(), plan.meter.since(sent), time.process_time())))
     except BaseException:  # noqa: BLE001 - every failure here is the job's to raise
         outbox.put(pickle.dumps(("bug", os.getpid(), traceback.format_exc())))
@@ -280,6 +289,8 @@ async def _spread(plan: JobPlan, todo: list[Instance], observer: InstanceObserve
     progress = job_progress(plan, len(todo))
     by_key = {instance.key: instance for instance in todo}
     all_done: asyncio.Future[None] = loop.create_future()
+    fatal: list[FatalProviderError] = []
+    cursor = SharedCursor(workers.shared.counter, todo)
 
     def handle(message: Any) -> None:
         if all_done.done():
@@ -300,20 +311,29 @@ async def _spread(plan: JobPlan, todo: list[Instance], observer: InstanceObserve
             workers.running.discard(pid)
             if not workers.running:
                 all_done.set_result(None)
+        elif kind == "fatal":
+            fatal.append(message[1])
+            cursor.stop()
         elif kind == "bug":
             all_done.set_exception(WorkerFailed(f"a worker process stopped on a bug:\n{message[2]}"))
         elif kind == "died":
             all_done.set_exception(WorkerFailed(f"worker process {message[1]} died (exit code {message[2]}) "
                                                 "before it finished its instances"))
 
+    async def own_share() -> None:
+        try:
+            await run_instances(plan, cursor, finished, progress, calls)
+        except FatalProviderError as exc:  # the workers finish what they have in flight first
+            fatal.append(exc)
+
     workers.listen(loop, handle)
     try:
-        await asyncio.gather(
-            run_instances(plan, SharedCursor(workers.shared.counter, todo), finished, progress, calls),
-            all_done)
+        await asyncio.gather(own_share(), all_done)
     finally:
         progress.close()
     await drain_background_tasks()
+    if fatal:
+        raise fatal[0]
     if len(results) != len(todo) and not stopped_by_budget(plan.meter):  # taken and sent back, or the job failed
         raise WorkerFailed(f"{len(todo) - len(results)} of {len(todo)} instances were taken and never reported")
     return results

@@ -1,10 +1,12 @@
 """One client layer over litellm for every provider, the embedded model included.
 
-litellm's Router gives retries with backoff (honouring retry-after) and timeouts, litellm's cache
-the persistent response cache (its entries on disk: ``response_cache``), litellm's price map the cost. This module adds only what
-litellm lacks: bounded concurrency per model, a cache namespace that covers api_base and every
-decoding parameter, per-step usage, and the line between a provider's failure (counted per
-instance, the run goes on) and a bug (the job stops with its traceback).
+litellm's Router gives timeouts, litellm's cache the persistent response cache (its entries on disk:
+``response_cache``), litellm's price map the cost. This module adds only what litellm lacks: bounded
+concurrency per model, a cache namespace that covers api_base and every decoding parameter, per-step
+usage, and the line between a provider's failure (counted per instance, the run goes on) and a bug (the
+job stops with its traceback). Retries are ours (``cupid_exp.llm.retry``: rate limits waited out as the
+provider asks, a fatal refusal stops the job), and so are each endpoint's limits (``cupid_exp.llm.limits``:
+adaptive concurrency, pacing at ``rpm``/``tpm``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import Any, Callable, Iterator, Mapping
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm import _litellm
 from cupid_exp.llm.budget import Budget, priced, reserve_call, settle_call
+from cupid_exp.llm.limits import Endpoint, endpoint_for, estimated_tokens
+from cupid_exp.llm.retry import CallFailed, JobStop, with_retries
 from cupid_exp.llm.usage import Completion, UsageMeter
 
 log = logging.getLogger(__name__)
@@ -129,7 +133,8 @@ _ROUTERS: dict[str, Any] = {}
 
 def _router(model: ModelConfig, params: dict[str, Any], runtime: RuntimeConfig,
             model_info: dict[str, Any] | None = None) -> Any:
-    """The litellm Router for one deployment, made once per process.
+    """The litellm Router for one deployment, made once per process, with no retries of its own (ours read
+    every rate-limit header and are not bounded by a count: ``cupid_exp.llm.retry``).
 
     Every Router adds itself to litellm's global callback lists and price registrations, and every
     call of every Router then pays for all of them (~0.7 ms of CPU per extra Router per call, measured),
@@ -137,14 +142,14 @@ def _router(model: ModelConfig, params: dict[str, Any], runtime: RuntimeConfig,
     """
     import litellm
 
-    key = hashlib.sha256(json.dumps([model.name, params, model_info, runtime.num_retries, runtime.timeout],
+    key = hashlib.sha256(json.dumps([model.name, params, model_info, runtime.timeout],
                                     sort_keys=True, default=str).encode()).hexdigest()
     if key not in _ROUTERS:
         known = set(litellm.model_cost)
         router = litellm.Router(
             model_list=[{"model_name": model.name, "litellm_params": params,
                          **({"model_info": dict(model_info)} if model_info else {})}],
-            num_retries=runtime.num_retries, timeout=runtime.timeout, disable_cooldowns=True)
+            num_retries=0, timeout=runtime.timeout, disable_cooldowns=True)
         _litellm.drop_empty_price_entries(known, model.litellm_model)
         _litellm.unhook_router_callbacks(router)
         _ROUTERS[key] = router
@@ -201,6 +206,13 @@ class LLMClient:
         self._batcher: Any = None
         self._batch = _wants_batch(model, runtime)
         self._semaphore = asyncio.Semaphore(max(1, model.max_concurrency))
+        self.roles: tuple[str, ...] = (model.name,)  # the roles it serves (``clients_for``), for a fatal refusal
+        self.stop = JobStop()  # shared with the job's other clients (``clients_for``)
+        self._key = key
+        self.endpoint: Endpoint = endpoint_for(
+            model.litellm_model, model.api_base, key, label=model.name, config_id=_identity(model),
+            max_concurrency=model.max_concurrency, rpm=model.rpm, tpm=model.tpm,
+            ledger_dir=Path(runtime.cache_dir).expanduser() / "rate_limits" if runtime.cache_dir else None)
         self._unpriced = False
         self._internal = _litellm.no_logging_flag()
         self.window = context_window(model)
@@ -304,22 +316,29 @@ class LLMClient:
         if self._batch:
             return await self._complete_in_batch(messages, step, kwargs)
         start = time.perf_counter()
+        tokens = estimated_tokens(messages, kwargs.get("max_tokens") or kwargs.get("max_completion_tokens"))
         token = self._internal.set(True) if self._internal is not None else None
         try:
             async with self._semaphore:
                 held = await reserve_call(self, messages, kwargs, step)  # None without a budget
                 try:
-                    response = await self._router.acompletion(model=self.model.name, messages=messages, **kwargs)
+                    response, attempts = await with_retries(
+                        lambda: self._send(messages, kwargs), self.endpoint, tokens=tokens,
+                        num_retries=self.runtime.num_retries, patience_s=self.runtime.rate_limit_patience_s,
+                        classify=provider_error_kind, model=self.model.name, roles=self.roles, scrub=self._scrub,
+                        stop=self.stop)
                 except BaseException as exc:
                     if held is not None:
-                        held.failed(exc)
+                        held.failed(exc.cause if isinstance(exc, CallFailed) else exc)
                     raise
-        except Exception as exc:  # noqa: BLE001  # sorted right below: provider failures vs bugs
-            kind = provider_error_kind(exc)
-            if kind is None:
-                raise
-            self.meter.fail(step, kind, retries=_retries_of(exc))
-            raise ProviderError(kind, f"{self.model.name}: {type(exc).__name__}: {_short(exc)}") from exc
+        except CallFailed as failed:
+            a = failed.attempts
+            self.meter.fail(step, failed.kind, retries=a.retries, rate_limited=a.rate_limited, wait_s=a.wait_s)
+            if failed.fatal:
+                raise (self.stop.fatal or self.endpoint.fatal) from failed.cause
+            exc = failed.cause
+            raise ProviderError(failed.kind, f"{self.model.name}: " + (
+                failed.reason or f"{type(exc).__name__}: {self._scrub(_short(exc))}")) from exc
         finally:
             if token is not None:
                 self._internal.reset(token)
@@ -341,12 +360,31 @@ class LLMClient:
             cost_usd=cost if isinstance(cost, (int, float)) else self._price(response),
             cached=bool(hidden.get("cache_hit")),
             seconds=time.perf_counter() - start,
-            retries=int((hidden.get("additional_headers") or {}).get("x-litellm-attempted-retries") or 0),
+            retries=attempts.retries, rate_limited=attempts.rate_limited, limit_wait_s=attempts.wait_s,
             finish_reason=getattr(choice, "finish_reason", None),
             refusal=getattr(choice.message, "refusal", None) or None,  # OpenAI structured outputs' refusal
         )
         self.meter.add(step, completion)
         return completion
+
+    async def _send(self, messages: list[dict], kwargs: dict[str, Any]) -> Any:
+        """The one place a request goes out (``messages`` with ``kwargs``' max_tokens): once per attempt,
+        inside the endpoint's slot (``cupid_exp.llm.retry.with_retries``)."""
+        return await self._router.acompletion(model=self.model.name, messages=messages, **kwargs)
+
+    def _scrub(self, text: str) -> str:
+        """A provider's message without the key (some quote the key they refused)."""
+        if not self._key or self._key == "EMPTY":
+            return text
+        from cupid_exp.secrets import scrub
+
+        return scrub(text, [self._key])
+
+
+def _identity(model: ModelConfig) -> str:
+    from dataclasses import asdict
+
+    return json.dumps(asdict(model), sort_keys=True, default=str)
 
 
 def _wants_batch(model: ModelConfig, runtime: RuntimeConfig) -> bool:
@@ -370,20 +408,15 @@ def clients_for(roles: Mapping[str, ModelConfig], runtime: RuntimeConfig, meter:
 
     by_identity: dict[str, LLMClient] = {}
     out = {}
+    stop = JobStop()  # one fatal refusal stops every role's new calls
     for role, model in roles.items():
         identity = json.dumps(asdict(model), sort_keys=True, default=str)
         if identity not in by_identity:
             by_identity[identity] = LLMClient(model, runtime, meter, budget)
+            by_identity[identity].roles, by_identity[identity].stop = (), stop
         out[role] = by_identity[identity]
+        out[role].roles += (role,)
     return out
-
-
-def _retries_of(exc: BaseException) -> int:
-    """Retries the Router made before giving up (litellm sets ``num_retries`` on the final exception)."""
-    try:
-        return max(0, int(getattr(exc, "num_retries", 0) or 0))
-    except (TypeError, ValueError):
-        return 0
 
 
 def _short(exc: BaseException, n: int = 300) -> str:

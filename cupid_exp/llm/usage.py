@@ -26,7 +26,9 @@ class Completion:
     cost_usd: float | None = 0.0  #: None: the model is not in litellm's price map (counted, never guessed)
     cached: bool = False
     seconds: float = 0.0
-    retries: int = 0  #: requests the Router repeated before this one succeeded
+    retries: int = 0  #: requests repeated after a transient failure before this one succeeded
+    rate_limited: int = 0  #: requests repeated after a 429 (rate limit) before this one succeeded
+    limit_wait_s: float = 0.0  #: seconds this call waited on rate limits (429s, pauses, pacing)
     finish_reason: str | None = None  #: "length" when the reply was cut at max_tokens, "content_filter": refused
     refusal: str | None = None  #: the provider's refusal message (OpenAI structured outputs), if any
     batch_cost_usd: float | None = None  #: a dry run's estimate at the Batch API's prices, where there are some
@@ -76,6 +78,9 @@ class UsageMeter:
     def add(self, step: str, completion: Completion) -> None:
         added = {"calls": 1, "cache_hits": int(completion.cached), "retries": completion.retries,
                  "prompt_tokens": completion.prompt_tokens, "completion_tokens": completion.completion_tokens}
+        if completion.rate_limited or completion.limit_wait_s:
+            added["rate_limited"] = completion.rate_limited
+            added["limit_wait_s"] = completion.limit_wait_s
         if completion.cost_usd is None:
             added["unpriced_calls"] = 1
         elif not completion.cached:
@@ -84,9 +89,13 @@ class UsageMeter:
             added["batch_cost_usd"] = completion.batch_cost_usd
         self._count(step, added)
 
-    def fail(self, step: str, kind: str, retries: int = 0) -> None:
-        """A call that failed for good (``kind`` from the provider) after ``retries`` repeated requests."""
-        self._count(step, {f"failed_{kind}": 1, "retries": retries})
+    def fail(self, step: str, kind: str, retries: int = 0, rate_limited: int = 0, wait_s: float = 0.0) -> None:
+        """A call that failed for good (``kind`` from the provider) after ``retries`` repeated requests (and
+        ``rate_limited`` repeated after a 429, ``wait_s`` seconds waited on limits)."""
+        added = {f"failed_{kind}": 1, "retries": retries}
+        if rate_limited or wait_s:
+            added.update(rate_limited=rate_limited, limit_wait_s=wait_s)
+        self._count(step, added)
 
     def refuse(self, step: str) -> None:
         """A call not sent: its prompt cannot fit the model's context window (no request, no cost)."""
@@ -136,8 +145,9 @@ def failed_calls(counts: dict[str, float]) -> float:
 
 
 def requests_sent(counts: dict[str, float]) -> float:
-    """Requests that reached a provider: fresh successes, failed calls, and every retry."""
-    return counts.get("calls", 0.0) - counts.get("cache_hits", 0.0) + failed_calls(counts) + counts.get("retries", 0.0)
+    """Requests that reached a provider: fresh successes, failed calls, and every retry (after a 429 too)."""
+    return (counts.get("calls", 0.0) - counts.get("cache_hits", 0.0) + failed_calls(counts) + counts.get("retries", 0.0)
+            + counts.get("rate_limited", 0.0))
 
 
 def usage_metrics(meter: UsageMeter) -> dict[str, float]:
@@ -157,6 +167,8 @@ def usage_metrics(meter: UsageMeter) -> dict[str, float]:
     out["calls/cache_hits"] = totals.get("cache_hits", 0.0)
     out["calls/requests"] = requests_sent(totals)
     out["calls/retries"] = totals.get("retries", 0.0)
+    out["calls/rate_limited"] = totals.get("rate_limited", 0.0)
+    out["calls/limit_wait_s"] = totals.get("limit_wait_s", 0.0)
     out["calls/failed"] = failed_calls(totals)
     out["calls/unusable_replies"] = sum(v for k, v in totals.items() if k.endswith("_attempt"))
     out["calls/unpriced"] = totals.get("unpriced_calls", 0.0)
@@ -176,10 +188,18 @@ def usage_line(metrics: dict[str, float], seconds: float | None = None) -> str:
     m = metrics.get
     line = (f"calls: {int(m('calls/total', 0))} ok ({int(m('calls/cache_hits', 0))} cached), "
             f"{int(m('calls/failed', 0))} failed; requests sent: {int(m('calls/requests', 0))} "
-            f"({int(m('calls/retries', 0))} retries); tokens: {int(m('tokens/prompt', 0))} in / "
+            f"({int(m('calls/retries', 0))} retries{_limits_part(metrics)}); tokens: {int(m('tokens/prompt', 0))} in / "
             f"{int(m('tokens/completion', 0))} out; cost: ${m('cost/usd', 0.0):.4f}")
     if m("batch/submitted", 0) or m("batch/rows_reused", 0):
         line += (f"; batches: {int(m('batch/submitted', 0))} submitted ({int(m('batch/rows_submitted', 0))} rows, "
                  f"{int(m('batch/rows_resubmitted', 0))} resent), {int(m('batch/expired', 0))} expired, "
                  f"{int(m('batch/rows_reused', 0))} rows reused")
     return line + (f"; time: {seconds:.1f}s" if seconds is not None else "")
+
+
+def _limits_part(metrics: dict[str, float]) -> str:
+    """", 12 after a 429, 8.3 s waiting on rate limits" when the run met limits (nothing otherwise)."""
+    repeated, waited = metrics.get("calls/rate_limited", 0.0), metrics.get("calls/limit_wait_s", 0.0)
+    if not repeated and waited < 0.05:
+        return ""
+    return f", {int(repeated)} after a 429, {waited:.1f} s waiting on rate limits"

@@ -23,6 +23,7 @@ from typing import Any, Mapping, Sequence
 
 from cupid_exp.config import TrackingConfig
 from cupid_exp.llm.calls import CallLog
+from cupid_exp.llm.limits import limit_metrics
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.results import InstanceResult
 from cupid_exp.scoring.statistics import TASK_METRICS, point_value, task_frame
@@ -136,7 +137,10 @@ class LiveRun:
                    "progress/fraction_done": done / self.total if self.total else 1.0,
                    "progress/calls": so_far["calls"], "progress/cost_usd": so_far["cost_usd"],
                    "progress/tokens": so_far["prompt_tokens"] + so_far["completion_tokens"],
-                   "progress/seconds": time.perf_counter() - self._started, **batch_points}
+                   "progress/seconds": time.perf_counter() - self._started,
+                   # rate limits: 429s met and time spent waiting on them, and each endpoint's concurrency limit
+                   "progress/rate_limited": usage.get("rate_limited", 0.0),
+                   "progress/limit_wait_s": usage.get("limit_wait_s", 0.0), **limit_metrics(), **batch_points}
         try:
             metrics.update(running_scores(records, self.parts, self.policy))
             self.tracker.log_metrics(metrics, step=done)

@@ -22,6 +22,7 @@ CLI (for bench/ and manual use)::
 
     python tests/helpers/stub_llm_server.py --port 8011 --latency-ms 200 --jitter-ms 20 \
         --rate-429 0.1 --rate-500 0.1 --rate-503 0.1 --retry-after 1 --seed 0
+    python tests/helpers/stub_llm_server.py --rpm 300 --tpm 400000   # a key's limits (helpers/rate_limits.py)
 """
 
 from __future__ import annotations
@@ -40,10 +41,12 @@ from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-try:  # a module of the test helpers, or this file run as a script
-    from tests.helpers.batch_api import BatchQueue, BatchQueueConfig
-except ImportError:  # pragma: no cover - run as a script from its folder
+try:
+    from helpers.batch_api import BatchQueue, BatchQueueConfig
+    from helpers.rate_limits import KeyLimits
+except ImportError:  # run as a script: python tests/helpers/stub_llm_server.py
     from batch_api import BatchQueue, BatchQueueConfig  # type: ignore[no-redef]
+    from rate_limits import KeyLimits  # type: ignore[no-redef]
 
 STEPS = ("infer", "decompose", "match", "generate", "judge", "summarize", "unknown")
 # Synthesis's own steps (its decomposition is evaluation's "decompose").
@@ -102,6 +105,10 @@ class StubConfig:
     refusal_steps: tuple[str, ...] = ()  # ... or no content and a ``refusal`` (OpenAI structured outputs)
     record_bodies: bool = False  # keep every request body (``StubServer.bodies``): what went over the wire
     model_ids: tuple[str, ...] = ("stub",)  # what GET /v1/models lists (clients that check a model exists)
+    rpm: float = 0.0  # a key's limits as OpenAI enforces them (helpers/rate_limits.py); 0: none
+    tpm: float = 0.0
+    closed_s: float = 0.0  # every request 429 for this long from the first one (inf: for ever)
+    refuse: str = ""  # "401" | "403" | "404": every request refused as OpenAI refuses a bad key / unknown model
 
 
 def digest(text: str) -> str:
@@ -348,6 +355,7 @@ class StubServer:
         self.counters = _Counters()
         self.bodies: list[dict[str, Any]] = []  # request bodies, when ``record_bodies`` is on
         self.batches = BatchQueue(self._batch_row, batch)  # OpenAI's Files and Batch endpoints
+        self.limits = KeyLimits(self.config.rpm, self.config.tpm, self.config.closed_s, self.config.refuse)
         self.httpd = _HTTPServer(("127.0.0.1", port), self._handler())
         self._thread: threading.Thread | None = None
 
@@ -365,6 +373,7 @@ class StubServer:
         with self._lock:
             self.counters = _Counters()
             self._seen = Counter()
+            self.limits = KeyLimits(self.config.rpm, self.config.tpm, self.config.closed_s, self.config.refuse)
 
     def hold_after(self, n_completed: int | None) -> None:
         """Once ``n_completed`` responses have completed in total, hold every later request unanswered."""
@@ -401,7 +410,9 @@ class StubServer:
                     "total_received": sum(c.received.values()), "total_completed": sum(c.completed.values()),
                     "in_flight": c.in_flight, "peak_in_flight": c.peak_in_flight, "held": c.held,
                     "repeated_completions": sum(n - 1 for n in c.completed_prompts.values() if n > 1),
-                    "distinct_completed": len(c.completed_prompts), "tokens": dict(c.tokens)}
+                    "distinct_completed": len(c.completed_prompts), "tokens": dict(c.tokens),
+                    "rate_limited": sum(f.get("429", 0) for f in c.faults.values()),
+                    "limits_ideal_s": self.limits.ideal_s}
 
     def __enter__(self) -> "StubServer":
         self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
@@ -536,6 +547,11 @@ class StubServer:
             attempt = self._seen[prompt_digest]
             self._seen[prompt_digest] += 1
         try:
+            if self.limits.active and (verdict := self.limits.check(body)) is not None:  # answered at once
+                with self._lock:
+                    self.counters.faults[step][verdict.kind] += 1
+                handler._send(verdict.status, json.dumps(verdict.body).encode(), headers=verdict.headers)
+                return
             delay = cfg.latency_ms / 1000
             if cfg.jitter_ms:
                 delay += random.Random(f"{cfg.seed}:{prompt_digest}:{attempt}").uniform(0, cfg.jitter_ms) / 1000
@@ -626,7 +642,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[int, StubConfig]:
             p.add_argument(flag, default="stub", help="comma-separated model ids for GET /v1/models")
         elif isinstance(f.default, bool):
             p.add_argument(flag, action="store_true")
-        elif f.name in ("context_error", "judge_score", "fail_first_kind", "giveup_match"):
+        elif f.name in ("context_error", "judge_score", "fail_first_kind", "giveup_match", "refuse"):
             p.add_argument(flag, default=f.default)
         else:
             p.add_argument(flag, type=type(f.default), default=f.default)

@@ -53,7 +53,6 @@ def test_retries_transient_errors_then_succeeds(tmp_path) -> None:
     (500, {"error": {"message": "internal"}}, "provider"),
     (400, {"error": {"message": "This model's maximum context length is 8192 tokens",
                      "code": "context_length_exceeded"}}, "context_length"),
-    (401, {"error": {"message": "bad key"}}, "auth"),
 ])
 def test_give_up_is_classified_and_counted(tmp_path, status, body, kind) -> None:
     with ScriptedServer([(status, body, {})]) as server:

@@ -42,14 +42,13 @@ def test_retry_after_is_honoured(tmp_path: Path) -> None:
         start = time.perf_counter()
         out = ask(c)
         elapsed = time.perf_counter() - start
-    assert out.text and out.retries == 1
+    assert out.text and out.rate_limited == 1 and out.retries == 0  # a 429 is not one of num_retries
     assert stub.stats()["total_received"] == 2
     assert 2.0 <= elapsed < 6.0
-    assert meter.as_dict()["s"]["retries"] == 1
+    assert meter.as_dict()["s"]["rate_limited"] == 1 and out.limit_wait_s >= 2.0
 
 
-@pytest.mark.parametrize("fault,kind", [("rate_500", "provider"), ("rate_429", "rate_limit"),
-                                        ("rate_malformed", "provider")])
+@pytest.mark.parametrize("fault,kind", [("rate_500", "provider"), ("rate_malformed", "provider")])
 def test_give_up_counts_its_retries(tmp_path: Path, fault: str, kind: str) -> None:
     with StubServer(**{fault: 1.0}, retry_after=0) as stub:
         c, meter = client(stub.url, tmp_path, num_retries=1)
@@ -119,9 +118,11 @@ def test_run_survives_provider_faults_and_counts_them_in_mlflow(tmp_path: Path) 
     gave_up = sum(len(r["errors"]) for r in records)
     assert metrics["calls/failed"] == gave_up >= 1
     assert metrics["calls/retries"] >= 1
-    # every request the stub saw: a completed call, a retry, or the first attempt of a failed call
+    # every request the stub saw: a completed call, a retry (after a 429 too), or the first attempt of a failed call
     sent = metrics["calls/total"] - metrics["calls/cache_hits"]
-    assert st["total_received"] == sent + metrics["calls/retries"] + metrics["calls/failed"] == metrics["calls/requests"]
+    assert st["total_received"] == (sent + metrics["calls/retries"] + metrics["calls/rate_limited"]
+                                    + metrics["calls/failed"]) == metrics["calls/requests"]
+    assert metrics["calls/rate_limited"] >= 1
     assert st["total_completed"] == sent
     errors = {}
     for r in records:
@@ -135,6 +136,6 @@ def test_run_survives_provider_faults_and_counts_them_in_mlflow(tmp_path: Path) 
     mlflow_client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     (run,) = mlflow_client.search_runs([mlflow_client.get_experiment_by_name("cupid").experiment_id])
     logged = run.data.metrics
-    for key in ("calls/retries", "calls/failed", "calls/requests", "calls/total", *errors):
+    for key in ("calls/retries", "calls/rate_limited", "calls/failed", "calls/requests", "calls/total", *errors):
         assert logged[key] == metrics[key], key
     assert run.info.status == "FINISHED"

@@ -1,0 +1,315 @@
+"""What to do with a failed request: wait and retry, retry a bounded number of times, give up, or stop the job.
+
+litellm's own retries read only ``retry-after`` and honour it only under 60 s, and they absorb 429s before
+anyone else sees them; the client turns them off (``num_retries=0`` on its Router) and decides here:
+
+- a rate limit (429) is waited out for as long as the provider says, however long, and retried without a
+  count limit, until ``runtime.rate_limit_patience_s`` has passed since the call began;
+- a transient failure (5xx, timeout, a dropped connection, a malformed body) is retried
+  ``runtime.num_retries`` times with exponential backoff and full jitter;
+- a refusal that retrying cannot fix (401/403 bad key, 404 unknown model, an endpoint that never accepted a
+  connection) raises ``FatalProviderError``: the job stops starting instances (``cupid_exp.job.execute``);
+- anything else (a context window, a 400) fails the call at once.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import random
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Mapping
+
+# Retry classes of a provider failure (``decide``).
+RATE_LIMIT, TRANSIENT, FATAL, FINAL = "rate_limit", "transient", "fatal", "final"
+
+BACKOFF_BASE_S, BACKOFF_CAP_S = 0.5, 60.0
+RATE_LIMIT_BASE_S = 1.0  # a 429 without any hint: 1, 2, 4 ... s (full jitter), at most BACKOFF_CAP_S
+REFUSED_BEFORE_FATAL = 3  # connection refusals, with no success ever, that make an endpoint unreachable
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_TRY_AGAIN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECASE)
+
+
+class JobStop:
+    """Shared by the clients of one job: the first fatal refusal, after which none of them sends another request
+    (calls already in flight finish; ``cupid_exp.llm.client.clients_for``)."""
+
+    def __init__(self) -> None:
+        self.fatal: FatalProviderError | None = None
+
+
+class FatalProviderError(Exception):
+    """A provider's refusal that no retry and no other instance can get past (bad key, unknown model, no
+    endpoint): the job stops starting instances and exits 2 with this one line. Not a ``ProviderError``, so
+    no step records it as an instance's failure and a resume tries again."""
+
+    def __init__(self, model: str, kind: str, message: str, roles: tuple[str, ...] = ()):
+        self.model, self.kind, self.message, self.roles = model, kind, message, tuple(roles)
+        super().__init__(self.line())
+
+    def line(self) -> str:
+        who = ", ".join(self.roles) or "a role"
+        return (f"stopped: {who} (model {self.model}): {self.kind}: {self.message}; no new instance was started, "
+                "finished ones are journaled: fix it and run the same command to resume")
+
+    def __reduce__(self) -> tuple:  # crosses from a worker process to the job's
+        return FatalProviderError, (self.model, self.kind, self.message, self.roles)
+
+
+# ---------------------------------------------------------------- how long the provider asks us to wait
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds in OpenAI's reset format (``1.2s``, ``6m0s``, ``20ms``, ``1h2m3s``) or a bare number of seconds."""
+    text = text.strip().lower()
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        pass
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text.replace(" ", ""):
+        return None
+    scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    return sum(float(n) * scale[u] for n, u in parts)
+
+
+def _until(text: str, now: float) -> float | None:
+    """Seconds until an RFC 3339 time (Anthropic's resets) or an HTTP date (``Retry-After``'s other form)."""
+    from datetime import datetime
+
+    text = text.strip()
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(text).timestamp()
+        except (TypeError, ValueError, IndexError):
+            return None
+    return max(0.0, when - now)
+
+
+def retry_after_s(headers: Mapping[str, str] | None, body_message: str = "", now: float | None = None
+                  ) -> float | None:
+    """How long the provider asks to wait, from its headers (any value, not only under 60 s), else from its
+    message ("Please try again in 1.2s"); None when it says nothing.
+
+    ``retry-after-ms`` first, then ``retry-after`` (seconds or an HTTP date), then the latest of the
+    ``x-ratelimit-reset-*`` (OpenAI: ``1.2s``, ``6m0s``) and ``anthropic-ratelimit-*-reset`` (RFC 3339) resets.
+    """
+    now = time.time() if now is None else now
+    h = {str(k).lower(): str(v) for k, v in (headers or {}).items()}
+    if "retry-after-ms" in h:
+        try:
+            return max(0.0, float(h["retry-after-ms"]) / 1000)
+        except ValueError:
+            pass
+    if "retry-after" in h:
+        value = parse_duration(h["retry-after"])
+        if value is None:
+            value = _until(h["retry-after"], now)
+        if value is not None:
+            return value
+    resets = []
+    for key, value in h.items():
+        if key.startswith("x-ratelimit-reset"):
+            resets.append(parse_duration(value))
+        elif key.startswith("anthropic-ratelimit-") and key.endswith("-reset"):
+            resets.append(_until(value, now))
+    resets = [r for r in resets if r is not None]
+    if resets:
+        return max(resets)
+    match = _TRY_AGAIN.search(body_message or "")
+    if match:
+        return float(match.group(1)) * (0.001 if match.group(2).lower() == "ms" else 1.0)
+    return None
+
+
+def told_limits(headers: Mapping[str, str] | None) -> tuple[float | None, float | None]:
+    """(requests, tokens) per minute a provider says the key has (``x-ratelimit-limit-*`` or
+    ``anthropic-ratelimit-*-limit``), for pacing when the config names none."""
+    h = {str(k).lower(): str(v) for k, v in (headers or {}).items()}
+
+    def number(*keys: str) -> float | None:
+        for key in keys:
+            try:
+                value = float(h[key])
+            except (KeyError, ValueError):
+                continue
+            if value > 0:
+                return value
+        return None
+
+    return (number("x-ratelimit-limit-requests", "anthropic-ratelimit-requests-limit"),
+            number("x-ratelimit-limit-tokens", "anthropic-ratelimit-tokens-limit",
+                   "anthropic-ratelimit-input-tokens-limit"))
+
+
+def headers_of(exc: BaseException) -> dict[str, str]:
+    """The HTTP headers a litellm/OpenAI exception carries (``litellm_response_headers`` or ``response``)."""
+    for source in (getattr(exc, "litellm_response_headers", None),
+                   getattr(getattr(exc, "response", None), "headers", None)):
+        if source:
+            try:
+                return {str(k).lower(): str(v) for k, v in dict(source).items()}
+            except (TypeError, ValueError):
+                continue
+    return {}
+
+
+def provider_code(exc: BaseException) -> str | None:
+    """The ``error.code`` of an OpenAI-style error body (``invalid_api_key``, ``model_not_found`` ...)."""
+    body = getattr(exc, "body", None)
+    if not isinstance(body, dict):
+        try:
+            body = json.loads(getattr(getattr(exc, "response", None), "text", "") or "{}")
+        except (TypeError, ValueError):
+            return None
+    error = body.get("error", body) if isinstance(body, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return str(code) if code is not None else None
+
+
+def backoff_s(attempt: int, base: float = BACKOFF_BASE_S, cap: float = BACKOFF_CAP_S) -> float:
+    """Exponential backoff with full jitter: uniform in [0, min(cap, base * 2**attempt)] (callers retry apart)."""
+    return random.uniform(0, min(cap, base * 2 ** min(attempt, 30)))
+
+
+# ---------------------------------------------------------------- which failure is which
+
+
+def is_connection_refused(exc: BaseException) -> bool:
+    """No connection could be made at all (refused, unknown host): not a timeout, not a dropped connection."""
+    import socket
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (ConnectionRefusedError, socket.gaierror)) or type(exc).__name__ in (
+                "ConnectError", "ClientConnectorError"):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+@dataclass(frozen=True)
+class Decision:
+    what: str  #: RATE_LIMIT, TRANSIENT, FATAL or FINAL
+    kind: str  #: the failure kind counted when the call fails (cupid_exp.llm.usage.PROVIDER_KINDS or fatal's)
+
+
+def decide(exc: BaseException, kind: str) -> Decision:
+    """What to do with a provider failure of ``kind`` (``cupid_exp.llm.client.provider_error_kind``)."""
+    import litellm
+
+    status = getattr(exc, "status_code", None)
+    code = provider_code(exc)
+    if kind == "rate_limit" or status == 429:
+        if code == "insufficient_quota":  # out of credit: waiting does not bring it back
+            return Decision(FATAL, "insufficient_quota")
+        return Decision(RATE_LIMIT, "rate_limit")
+    if kind == "auth" or status in (401, 403):
+        return Decision(FATAL, "auth")
+    if isinstance(exc, litellm.NotFoundError) or status == 404 or code == "model_not_found":
+        return Decision(FATAL, "model_not_found")
+    if kind in ("timeout",):
+        return Decision(TRANSIENT, kind)
+    if kind == "context_length" or (isinstance(status, int) and 400 <= status < 500 and status not in (408, 409)):
+        return Decision(FINAL, kind)
+    return Decision(TRANSIENT, kind)  # 5xx, dropped connections, malformed bodies
+
+
+# ---------------------------------------------------------------- the loop around one call
+
+
+@dataclass
+class Attempts:
+    """What one call went through before its last request: counted in the usage meter."""
+
+    retries: int = 0  #: requests repeated after a transient failure (bounded by runtime.num_retries)
+    rate_limited: int = 0  #: requests repeated after a 429 (bounded by runtime.rate_limit_patience_s)
+    wait_s: float = 0.0  #: seconds waited on rate limits: 429s, the endpoint's pause, the pacer
+
+
+class CallFailed(Exception):
+    """A call that failed for good (not fatal): its kind, the provider's exception and what it went through."""
+
+    def __init__(self, kind: str, cause: BaseException, attempts: Attempts, reason: str = "", fatal: bool = False):
+        self.kind, self.cause, self.attempts, self.reason, self.fatal = kind, cause, attempts, reason, fatal
+        super().__init__(reason or str(cause))
+
+
+async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tokens: int, num_retries: int,
+                       patience_s: float, classify: Callable[[BaseException], str | None], model: str,
+                       roles: tuple[str, ...], scrub: Callable[[str], str], stop: JobStop | None = None
+                       ) -> tuple[Any, Attempts]:
+    """``send()`` once per attempt inside the endpoint's slot, until a reply, a final failure (``CallFailed``),
+    a fatal refusal (``FatalProviderError``) or a bug (raised unchanged)."""
+    import asyncio
+
+    attempts = Attempts()
+    started = time.monotonic()
+    while True:
+        if stop is not None and stop.fatal is not None:
+            raise stop.fatal  # the job stops: no new request, whichever endpoint
+        if endpoint.fatal is not None:
+            raise endpoint.fatal  # another call found the endpoint refusing: not sent
+        try:
+            async with endpoint.slot(tokens) as held:
+                attempts.wait_s += held.seconds
+                response = await send()
+        except Exception as exc:  # noqa: BLE001  # sorted right below: a provider's failure vs a bug
+            kind = classify(exc)
+            if kind is None:
+                raise
+            decision = decide(exc, kind)
+            if decision.what == TRANSIENT and is_connection_refused(exc):
+                endpoint.refused += 1
+                if endpoint.successes == 0 and endpoint.refused >= REFUSED_BEFORE_FATAL:
+                    decision = Decision(FATAL, "unreachable")
+            if decision.what == FATAL:
+                if endpoint.fatal is None:
+                    endpoint.fatal = FatalProviderError(model, decision.kind, scrub(_message(exc)), roles)
+                if stop is not None and stop.fatal is None:
+                    stop.fatal = endpoint.fatal
+                raise CallFailed(decision.kind, exc, attempts, fatal=True) from exc
+            headers = headers_of(exc)
+            hint = retry_after_s(headers, str(exc))
+            if decision.what == RATE_LIMIT:
+                endpoint.learn(told_limits(headers))
+                endpoint.concurrency.rate_limited(time.monotonic())
+                wait = hint if hint is not None else backoff_s(attempts.rate_limited, RATE_LIMIT_BASE_S)
+                spent = time.monotonic() - started
+                if spent + wait > patience_s:
+                    raise CallFailed("rate_limit", exc, attempts,
+                                     f"still rate-limited after {spent:.0f} s (runtime.rate_limit_patience_s="
+                                     f"{patience_s:g}): {scrub(_message(exc))}") from exc
+                if hint is not None:
+                    endpoint.pause(wait)  # the window is closed for every caller, not only this one
+                attempts.rate_limited += 1
+            elif decision.what == TRANSIENT and attempts.retries < num_retries:
+                wait = hint if hint is not None else backoff_s(attempts.retries)
+                attempts.retries += 1
+            else:
+                raise CallFailed(decision.kind, exc, attempts) from exc
+            attempts.wait_s += wait if decision.what == RATE_LIMIT else 0.0
+            await asyncio.sleep(wait)
+            continue
+        endpoint.successes += 1
+        endpoint.concurrency.succeeded(time.monotonic())
+        if endpoint.pacer.scale < 1.0:
+            endpoint.pacer.succeeded()
+        return response, attempts
+
+
+def _message(exc: BaseException, n: int = 300) -> str:
+    """The provider's own words, on one line (litellm prefixes its class names)."""
+    text = " ".join(str(exc).split())
+    text = re.sub(r"^litellm\.\w+:\s*(\w+:\s*)?(OpenAIException\s*-\s*)?", "", text)
+    status = getattr(exc, "status_code", None)
+    code = provider_code(exc)
+    prefix = " ".join(str(p) for p in (status, code) if p)
+    text = f"{prefix}: {text}" if prefix else text
+    return text if len(text) <= n else text[: n - 1] + "…"

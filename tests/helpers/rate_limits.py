@@ -1,0 +1,167 @@
+"""A key's limits as the OpenAI API enforces them, for the stub server (``stub_llm_server.py --rpm/--tpm``).
+
+- Requests per minute and tokens per minute for each model (OpenAI limits a key per model), quantised into
+  one-second windows: each window adds a
+  60th of the limit to what may be spent, and a request is admitted while the window has any of it left
+  (what it spends beyond that is owed by the next windows). The
+  tokens a request counts are its prompt (characters / 4, as the stub's ``usage`` reports them) plus its
+  ``max_tokens``; a refused request counts nothing.
+- A refused request gets a 429 with ``retry-after`` (whole seconds), ``retry-after-ms``,
+  ``x-ratelimit-limit-*``, ``x-ratelimit-remaining-*``, ``x-ratelimit-reset-*`` (``1.2s``, ``6m0s``, ``20ms``)
+  and OpenAI's body: ``{"error": {"message": "Rate limit reached for ... Please try again in 1.2s. ...",
+  "type": "requests" | "tokens", "param": null, "code": "rate_limit_exceeded"}}``.
+- ``closed_s``: every request refused (429, type ``requests``, "try again in 1s" at most) for that long from
+  the first request on (``inf``: for ever): a limit that lifts, or one that never does.
+- ``refuse``: every request answered as OpenAI answers a bad key (401 ``invalid_api_key``), a region or
+  permission refusal (403) or an unknown model (404 ``model_not_found``).
+
+``ideal_s`` adds up each admitted request's share of the binding limit (max of 60/rpm and 60·tokens/tpm) per
+model, and takes the largest model's: the least wall time the admitted work could take.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+REFUSALS: dict[str, tuple[int, dict[str, Any]]] = {
+    "401": (401, {"error": {"message": "Incorrect API key provided: sk-stub***********abcd. You can find your API key "
+                                       "at https://platform.openai.com/account/api-keys.",
+                            "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}),
+    "403": (403, {"error": {"message": "Country, region, or territory not supported",
+                            "type": "request_forbidden", "param": None, "code": "unsupported_country_region_territory"}}),
+    "404": (404, {"error": {"message": "The model `{model}` does not exist or you do not have access to it.",
+                            "type": "invalid_request_error", "param": None, "code": "model_not_found"}}),
+}
+
+
+def openai_duration(seconds: float) -> str:
+    """OpenAI's reset format: ``20ms``, ``1.2s``, ``6m0s``."""
+    if seconds < 1:
+        return f"{max(1, round(seconds * 1000))}ms"
+    if seconds < 60:
+        return f"{seconds:.3g}s"
+    minutes, rest = divmod(seconds, 60)
+    return f"{int(minutes)}m{rest:.0f}s"
+
+
+def request_tokens(body: dict[str, Any]) -> int:
+    """What a request counts toward TPM: its prompt (characters / 4) plus its ``max_tokens``."""
+    chars = 0
+    for message in body.get("messages") or []:
+        content = message.get("content")
+        if isinstance(content, list):
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        chars += len(content or "")
+    return max(1, chars // 4) + int(body.get("max_tokens") or body.get("max_completion_tokens") or 0)
+
+
+class _Window:
+    """One per-minute limit spent in one-second windows."""
+
+    def __init__(self, per_minute: float):
+        self.per_minute, self.per_window = per_minute, per_minute / 60.0
+        self.window, self.level = 0, 0.0
+
+    def _drain(self, now: float) -> None:
+        window = int(now)
+        if window > self.window:
+            self.level = max(0.0, self.level - self.per_window * (window - self.window))
+            self.window = window
+
+    def fits(self, cost: float, now: float) -> bool:
+        """While this window has any of its share left (a larger request's excess carries to the next)."""
+        self._drain(now)
+        return self.level < self.per_window - 1e-9
+
+    def spend(self, cost: float) -> None:
+        self.level += cost
+
+    def reset_s(self, cost: float, now: float) -> float:
+        """Seconds until a window has some of its share left."""
+        windows = math.floor((self.level - self.per_window) / self.per_window) + 1
+        return max(0.001, self.window + max(1, windows) - now)
+
+    def remaining(self) -> int:
+        return max(0, int((self.per_window - self.level) * 60))
+
+
+@dataclass
+class Verdict:
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str]
+    kind: str  #: "429" or the refusal's status
+
+
+class KeyLimits:
+    """Admits or refuses each request as a key with these limits would (thread-safe)."""
+
+    def __init__(self, rpm: float = 0.0, tpm: float = 0.0, closed_s: float = 0.0, refuse: str = ""):
+        if refuse and refuse not in REFUSALS:
+            raise ValueError(f"refuse={refuse!r}: one of {sorted(REFUSALS)}")
+        self.rpm, self.tpm = rpm, tpm
+        self.windows: dict[str, tuple[_Window | None, _Window | None]] = {}
+        self.ideal_by_model: dict[str, float] = {}
+        self.closed_s, self.refuse = closed_s, refuse
+        self.opened_at: float | None = None
+        self.admitted = 0
+        self._lock = threading.Lock()
+
+    @property
+    def active(self) -> bool:
+        return bool(self.rpm or self.tpm or self.closed_s or self.refuse)
+
+    @property
+    def ideal_s(self) -> float:
+        return max(self.ideal_by_model.values(), default=0.0)
+
+    def check(self, body: dict[str, Any], now: float | None = None) -> Verdict | None:
+        """None: admitted (and counted); else the refusal to send."""
+        now = time.time() if now is None else now
+        model = str(body.get("model") or "stub")
+        if self.refuse:
+            status, payload = REFUSALS[self.refuse]
+            payload = json.loads(json.dumps(payload).replace("{model}", model))
+            return Verdict(status, payload, {}, self.refuse)
+        cost = request_tokens(body)
+        with self._lock:
+            if self.opened_at is None:
+                self.opened_at = now
+            if self.closed_s and now - self.opened_at < self.closed_s:
+                wait = min(self.closed_s - (now - self.opened_at), 1.0)  # "try again in 1s", as long as it lasts
+                return self._limited("requests", model, wait, 0, 0, cost, (None, None))
+            windows = self.windows.get(model)
+            if windows is None:
+                windows = self.windows[model] = (_Window(self.rpm) if self.rpm else None,
+                                                 _Window(self.tpm) if self.tpm else None)
+            for kind, window, amount in (("requests", windows[0], 1), ("tokens", windows[1], cost)):
+                if window is not None and not window.fits(amount, now):
+                    return self._limited(kind, model, window.reset_s(amount, now), window.per_minute,
+                                         window.per_minute - window.remaining(), amount, windows)
+            for window, amount in zip(windows, (1, cost)):
+                if window is not None:
+                    window.spend(amount)
+            self.admitted += 1
+            self.ideal_by_model[model] = self.ideal_by_model.get(model, 0.0) + max(
+                60.0 / self.rpm if self.rpm else 0.0, 60.0 * cost / self.tpm if self.tpm else 0.0)
+        return None
+
+    def _limited(self, kind: str, model: str, wait: float, limit: float, used: float, requested: int,
+                 windows: tuple[_Window | None, _Window | None]) -> Verdict:
+        unit = "requests per min (RPM)" if kind == "requests" else "tokens per min (TPM)"
+        message = (f"Rate limit reached for {model} in organization org-stub on {unit}: Limit {limit:g}, Used "
+                   f"{used:g}, Requested {requested if kind == 'tokens' else 1}. Please try again in "
+                   f"{openai_duration(wait)}. Visit https://platform.openai.com/account/rate-limits to learn more.")
+        headers = {"retry-after": str(max(1, math.ceil(wait))), "retry-after-ms": str(max(1, round(wait * 1000)))}
+        for name, window in zip(("requests", "tokens"), windows):
+            if window is not None:
+                headers[f"x-ratelimit-limit-{name}"] = f"{window.per_minute:g}"
+                headers[f"x-ratelimit-remaining-{name}"] = str(window.remaining())
+                headers[f"x-ratelimit-reset-{name}"] = openai_duration(wait if name == kind else 0.001)
+        body = {"error": {"message": message, "type": kind, "param": None, "code": "rate_limit_exceeded"}}
+        return Verdict(429, body, headers, "429")

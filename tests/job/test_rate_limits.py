@@ -1,0 +1,70 @@
+"""A real key's limits, end to end through the CLI: a limit that lifts costs time, not instances; one that never
+lifts ends at the patience deadline with counted ``rate_limit`` failures; a bad key, a refused region or an
+unknown model stops the job after its first calls (exit 2, one line), the journal kept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_cli
+from helpers.cupid_data import write_dataset
+from helpers.stub_llm_server import StubServer
+
+N = 6
+
+
+@pytest.mark.slow
+def test_a_limit_that_lifts_after_a_few_seconds_costs_no_instance(tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "data.jsonl", N)
+    with StubServer(closed_s=3.0, latency_ms=20) as stub:
+        # num_retries=0: before, the first 429 of each call failed its instance
+        proc = run_cli(cli_command(stub.url, tmp_path / "out", "tracking=none", "runtime.num_retries=0",
+                                   data=data, cache_dir=tmp_path / "cache"), timeout=240)
+        st = stub.stats()
+    assert st["rate_limited"] >= 1
+    (job,) = job_dirs(tmp_path / "out")
+    records = read_jsonl(job / "instances.jsonl")
+    assert len(records) == N and not any(r["errors"] for r in records)
+    metrics = metrics_of(job)
+    assert metrics["calls/rate_limited"] == st["rate_limited"] and metrics["calls/failed"] == 0
+    assert "after a 429" in proc.stdout and "waiting on rate limits" in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_limit_that_never_lifts_ends_at_the_patience_deadline(tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "data.jsonl", 3)
+    with StubServer(closed_s=float("inf")) as stub:
+        proc = run_cli(cli_command(stub.url, tmp_path / "out", "tracking=none", "runtime.rate_limit_patience_s=2",
+                                   data=data, cache_dir=tmp_path / "cache"), timeout=240, check=False)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "infer/rate_limit=3" in proc.stdout.rstrip().splitlines()[-1]
+    (job,) = job_dirs(tmp_path / "out")
+    records = read_jsonl(job / "instances.jsonl")
+    assert all(r["errors"][0]["kind"] == "rate_limit" and "rate_limit_patience_s=2" in r["errors"][0]["message"]
+               for r in records)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("refuse,kind", [("401", "auth"), ("403", "auth"), ("404", "model_not_found")])
+def test_a_fatal_refusal_stops_the_job_after_its_first_calls(tmp_path: Path, refuse: str, kind: str) -> None:
+    data = write_dataset(tmp_path / "data.jsonl", 24)
+    root = tmp_path / "out"
+    with StubServer() as good, StubServer(refuse=refuse) as bad:
+        # the subject answers; the evaluator's key is refused
+        cmd = cli_command(good.url, root, "tracking=none", "runtime.num_retries=3", "model.max_concurrency=2",
+                          *(f"evaluator.{role}.api_base={bad.url}" for role in ("decomposer", "matcher", "judge")),
+                          data=data, cache_dir=tmp_path / "cache")
+        proc = run_cli(cmd, timeout=240, check=False)
+        refused, answered = bad.stats()["total_received"], good.stats()["total_received"]
+    assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("cupid_exp: stopped:")]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert f"decomposer, matcher, judge (model" in lines[0] and f"{kind}: {refuse}" in lines[0]
+    # the calls in flight when the first refusal came: a handful, not one (or four, retried) per instance
+    assert refused <= 8, refused
+    assert answered < 24, answered  # no call of any role sent after it (the subject's in flight finished)
+    assert "Traceback" not in proc.stderr
+    journals = list((root / "journal").glob("*.jsonl")) if (root / "journal").exists() else []
+    assert all(not r["errors"] for j in journals for r in read_jsonl(j))  # nothing journaled as a failure

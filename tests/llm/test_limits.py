@@ -1,0 +1,133 @@
+"""An endpoint's limits: AIMD concurrency (429s lower the calls in flight, success brings them back), pacing at
+``rpm``/``tpm`` (shared by processes through a ledger file), the limits a provider states learned from a 429."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from cupid_exp.config import ConfigError, ModelConfig, RuntimeConfig
+from cupid_exp.llm.client import LLMClient, configure_litellm
+from cupid_exp.llm.limits import COOLDOWN_S, AdaptiveLimit, Pacer, estimated_tokens, forget_endpoints
+from cupid_exp.llm.usage import UsageMeter, usage_line, usage_metrics
+from helpers.stub_llm_server import StubServer
+
+
+def test_aimd_lowers_the_calls_in_flight_on_429s_and_recovers() -> None:
+    async def run() -> tuple[list[int], float, float]:
+        limit = AdaptiveLimit(10)
+        assert limit.limit == 4  # slow start: a quarter, at least 4
+        for _ in range(6):
+            limit.succeeded(now=0.0)  # +1 per success up to max_concurrency
+        assert limit.limit == 10
+        peak: list[int] = []
+
+        async def call(i: int) -> None:
+            await limit.acquire()
+            peak.append(limit.in_flight)
+            await asyncio.sleep(0.01)
+            limit.release()
+
+        limit.rate_limited(now=100.0)
+        limit.rate_limited(now=100.5)  # within the cooldown: one cut
+        cut = limit.limit
+        await asyncio.gather(*(call(i) for i in range(40)))
+        for i in range(200):  # a long stretch of successes after the cooldown
+            limit.succeeded(now=100.0 + COOLDOWN_S + i)
+        return peak, cut, limit.limit
+
+    peak, cut, recovered = asyncio.run(run())
+    assert cut == pytest.approx(8.0) and max(peak) == 8
+    assert recovered == 10.0  # back to the ceiling, never above
+
+
+def test_aimd_never_goes_under_one() -> None:
+    limit = AdaptiveLimit(4)
+    for i in range(50):
+        limit.rate_limited(now=i * COOLDOWN_S)
+    assert limit.limit == 1.0
+
+
+def test_the_pacer_spaces_requests_and_tokens_across_processes(tmp_path: Path) -> None:
+    ledger = tmp_path / "rate_limits" / "endpoint.json"
+    first, second = Pacer(600, None, ledger), Pacer(600, None, ledger)  # two processes on one key: 10/s together
+    waits = [p.reserve(10) for p in (first, second, first, second)]
+    assert waits[0] == pytest.approx(0, abs=0.02)
+    assert waits[1:] == pytest.approx([0.1 / 0.95, 0.2 / 0.95, 0.3 / 0.95], abs=0.02)
+    tokens = Pacer(None, 60_000, None)  # 1,000 tokens a second
+    assert tokens.reserve(2_000) == pytest.approx(0, abs=0.02)
+    assert tokens.reserve(10) == pytest.approx(2.0 / 0.95, abs=0.02)
+
+
+def test_tokens_are_counted_as_openai_counts_them() -> None:
+    messages = [{"role": "system", "content": "x" * 400}, {"role": "user", "content": "y" * 800}]
+    assert estimated_tokens(messages, 4096) == 300 + 4096
+
+
+def test_rpm_and_tpm_are_checked() -> None:
+    with pytest.raises(ConfigError, match="model.rpm"):
+        ModelConfig(name="m", litellm_model="openai/m", rpm=0).check("model")
+    ModelConfig(name="m", litellm_model="openai/m", rpm=300, tpm=400_000).check("model")
+
+
+def _run(url: str, tmp_path: Path, n: int, **model) -> tuple[UsageMeter, float]:
+    forget_endpoints()
+    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=0, timeout=10)
+    configure_litellm(rt)
+    meter = UsageMeter()
+    c = LLMClient(ModelConfig(name="stub", litellm_model="openai/stub", api_base=url,
+                              **{"max_concurrency": 8, **model}), rt, meter)
+
+    async def go():
+        return await asyncio.gather(*(c.complete([{"role": "user", "content": f"question {i}"}], step="s")
+                                      for i in range(n)))
+
+    start = time.perf_counter()
+    asyncio.run(go())
+    return meter, time.perf_counter() - start
+
+
+@pytest.mark.slow
+def test_rpm_pacing_keeps_429s_near_zero(tmp_path: Path) -> None:
+    n = 16
+    with StubServer(rpm=240, latency_ms=50) as stub:  # 4 requests a second, in one-second windows
+        meter, seconds = _run(stub.url, tmp_path, n)
+        unpaced = stub.stats()["rate_limited"]
+    with StubServer(rpm=240, latency_ms=50) as stub:
+        meter, seconds = _run(stub.url, tmp_path, n, rpm=240)
+        paced = stub.stats()["rate_limited"]
+    assert unpaced >= 4  # 8 at once into a 4-request window
+    assert paced <= 1 and meter.as_dict()["s"]["calls"] == n
+    assert seconds >= (n - 1) / 4 * 0.9  # it did wait for the windows
+    assert "waiting on rate limits" in usage_line(usage_metrics(meter))
+
+
+@pytest.mark.slow
+def test_a_429_teaches_the_stated_limits_and_lowers_concurrency(tmp_path: Path) -> None:
+    """Adaptation alone (no rpm configured): the x-ratelimit-limit-* headers of the first 429s pace the rest."""
+    n = 24
+    with StubServer(rpm=300, latency_ms=50) as stub:
+        meter, seconds = _run(stub.url, tmp_path, n)
+        st = stub.stats()
+    assert st["total_completed"] == n
+    assert st["rate_limited"] <= 8  # the first burst only (8 in flight into a 5-request window)
+    from cupid_exp.llm.limits import _ENDPOINTS
+
+    (endpoint,) = _ENDPOINTS.values()
+    assert endpoint.pacer.rpm == 300 and endpoint.concurrency.cuts >= 1
+
+
+def test_a_429_while_pacing_slows_every_process_of_the_ledger(tmp_path: Path) -> None:
+    ledger = tmp_path / "rate_limits" / "endpoint.json"
+    first, second = Pacer(600, None, ledger), Pacer(600, None, ledger)
+    first.rate_limited()
+    first.rate_limited()  # within the cooldown: one cut
+    second.reserve(1)
+    assert second.scale == pytest.approx(0.9)
+    assert second.reserve(1) == pytest.approx(0.1 / (0.95 * 0.9), abs=0.02)
+    for _ in range(100):
+        first.succeeded()
+    assert first.reserve(1) > 0 and first.scale == 1.0

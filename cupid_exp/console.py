@@ -73,6 +73,7 @@ def dry_run_report(title: str, meter: UsageMeter, budget_line: str | None = None
         f"total: {int(totals.get('calls', 0))} calls, {int(totals.get('prompt_tokens', 0))} prompt tokens, "
         f"~{int(totals.get('completion_tokens', 0))} completion tokens, ~${totals.get('cost_usd', 0.0):.4f}"
         + (f" ({unpriced} calls unpriced)" if unpriced else "")
-        + (f"; at Batch API prices (runtime.batch=true) ~${batch:.4f} for the calls that have them" if batch else ""),
+        + (f"; with runtime.batch=true ~${batch:.4f} (Batch API prices where the provider has them)"
+           if batch is not None and batch < totals.get("cost_usd", 0.0) else ""),
         *([budget_line] if budget_line else []),
     ])

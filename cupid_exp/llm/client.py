@@ -18,11 +18,12 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm import _litellm
 from cupid_exp.llm.budget import Budget, priced, reserve_call, settle_call
+from cupid_exp.llm.errors import ProviderError, _short, provider_error_kind  # noqa: F401  (re-exported)
 from cupid_exp.llm.limits import Endpoint, endpoint_for, estimated_tokens
 from cupid_exp.llm.retry import CallFailed, JobStop, with_retries
 from cupid_exp.llm.usage import Completion, UsageMeter
@@ -30,76 +31,6 @@ from cupid_exp.llm.usage import Completion, UsageMeter
 log = logging.getLogger(__name__)
 
 DryReply = Callable[[list[dict]], str]
-
-
-class ProviderError(RuntimeError):
-    """A model call that failed after retries; ``kind`` classifies it for the failure counts."""
-
-    def __init__(self, kind: str, message: str):
-        self.kind = kind
-        super().__init__(message)
-
-
-_CONTEXT_PHRASES = ("context_length_exceeded", "context length", "maximum context", "too many tokens",
-                    "prompt is too long", "input is too long", "exceeds n_ctx", "exceed_context_size")
-
-
-# Python's own programming errors. Raised anywhere but inside the HTTP/provider libraries (where they mean a
-# reply litellm could not digest, e.g. a malformed body), they are bugs: ours, a custom provider's, a missing module.
-_PROGRAMMING_ERRORS = (TypeError, AttributeError, NameError, KeyError, IndexError, AssertionError,
-                       NotImplementedError, ZeroDivisionError, RecursionError, ImportError)
-_PROVIDER_LIBRARIES = {"litellm", "openai", "httpx", "httpcore", "h11", "aiohttp", "anyio"}
-
-
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__
-
-
-def _is_bug(exc: BaseException) -> bool:
-    """A programming error, unless it was raised inside a provider library digesting a reply."""
-    if isinstance(exc, ImportError):
-        return True  # a missing dependency is never the provider's fault
-    if not isinstance(exc, _PROGRAMMING_ERRORS):
-        return False
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    module = tb.tb_frame.f_globals.get("__name__", "") if tb is not None else ""
-    return module.split(".")[0] not in _PROVIDER_LIBRARIES
-
-
-def provider_error_kind(exc: BaseException) -> str | None:
-    """The failure kind of a provider's error, or None when ``exc`` is a bug that must stop the job.
-
-    Provider errors are litellm's API exception types (rate limit, timeout, server error, bad request,
-    context window, auth, connection) and asyncio timeouts. litellm wraps whatever an in-process
-    provider raises as APIConnectionError, so the chain is read too: a missing module, or a programming
-    error (TypeError, KeyError, ...) raised outside the HTTP/provider libraries, is a bug whatever
-    litellm wrapped it in.
-    """
-    import litellm
-    import openai
-
-    provider_types = (*litellm.LITELLM_EXCEPTION_TYPES, openai.APIError, asyncio.TimeoutError)
-    if not isinstance(exc, provider_types) or any(_is_bug(inner) for inner in _chain(exc)):
-        return None
-    if isinstance(exc, litellm.ContextWindowExceededError):
-        return "context_length"
-    text = str(exc).lower()
-    if any(phrase in text for phrase in _CONTEXT_PHRASES):
-        return "context_length"
-    if isinstance(exc, (litellm.Timeout, asyncio.TimeoutError)):
-        return "timeout"
-    if isinstance(exc, litellm.RateLimitError):
-        return "rate_limit"
-    if isinstance(exc, (litellm.AuthenticationError, litellm.PermissionDeniedError)) or getattr(
-            exc, "status_code", None) in (401, 403):
-        return "auth"
-    return "provider"
 
 
 _CACHE_DIR: str | None = None
@@ -272,10 +203,10 @@ class LLMClient:
             self.model.litellm_model, messages, max_tokens, self.runtime.dry_run_completion_tokens,
             self.model.input_cost_per_token, self.model.output_cost_per_token)
         text = dry_reply(messages) if dry_reply is not None else "(dry run)"
-        in_batch = batch_provider(self.model.litellm_model) is not None
+        at_batch = batch_price(self.model, prompt_tokens, completion_tokens) if batch_provider(
+            self.model.litellm_model) else None  # what runtime.batch=true would cost: live price without a batch API
         completion = Completion(text=text, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                                cost_usd=cost, batch_cost_usd=batch_price(self.model, prompt_tokens, completion_tokens)
-                                if in_batch else None)
+                                cost_usd=cost, batch_cost_usd=at_batch if at_batch is not None else cost)
         self.meter.add(step, completion)
         return completion
 
@@ -417,11 +348,6 @@ def clients_for(roles: Mapping[str, ModelConfig], runtime: RuntimeConfig, meter:
         out[role] = by_identity[identity]
         out[role].roles += (role,)
     return out
-
-
-def _short(exc: BaseException, n: int = 300) -> str:
-    text = " ".join(str(exc).split())
-    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 async def drain_background_tasks(timeout: float = 10.0) -> None:

@@ -159,4 +159,5 @@ def sweep_dry_run_total(sweep_dir: Path) -> str:
         batch += metrics.get("cost/usd_at_batch_prices", 0.0)
     return (f"DRY RUN sweep total over {jobs} jobs: {int(calls)} calls, {int(tokens)} prompt tokens, "
             f"~{int(completion)} completion tokens, ~${cost:.4f}"
-            + (f"; at Batch API prices (runtime.batch=true) ~${batch:.4f} for the calls that have them" if batch else ""))
+            + (f"; with runtime.batch=true ~${batch:.4f} (Batch API prices where the provider has them)"
+               if 0 < batch < cost else ""))

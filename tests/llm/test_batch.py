@@ -119,7 +119,7 @@ def test_the_dry_run_shows_batch_prices(tmp_path: Path) -> None:
                     f"paths.output_root={tmp_path}"], env=cli_env(OPENAI_API_KEY="sk-dry"))
     line = next(line for line in proc.stdout.splitlines() if line.startswith("total:"))
     full = float(line.split("~$")[1].split()[0].rstrip(";"))
-    batch = float(line.split("Batch API prices (runtime.batch=true) ~$")[1].split()[0])
+    batch = float(line.split("with runtime.batch=true ~$")[1].split()[0])
     assert batch == pytest.approx(full / 2, rel=0.01)
 
 

@@ -1,0 +1,87 @@
+"""The Batch API's memory on disk: which batches were submitted with which requests, and every row that came back.
+
+Shared by every process that uses the same cache folder (``<runtime.cache_dir>/batches``), so a job killed while
+its batches were pending, rerun later (another day, another machine with the same outputs folder), collects
+them instead of paying again (``cupid_exp.llm.batch``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+log = logging.getLogger(__name__)
+
+
+def request_digest(endpoint: dict[str, Any], body: dict[str, Any]) -> str:
+    """What identifies a request across runs: the endpoint (model, api_base) and the whole body."""
+    payload = json.dumps({"endpoint": endpoint, "body": body}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+class BatchLedger:
+    """Submitted batches and returned rows, on disk, shared by every process using the cache folder."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "rows").mkdir(exist_ok=True)
+        self._journal = self.root / "batches.jsonl"
+        self._lock = FileLock(str(self.root / ".lock"))
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        with self._lock, self._journal.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(entry, sort_keys=True) + "\n")
+            fh.flush()
+
+    def submitted(self, batch_id: str, endpoint: dict[str, Any], input_file_id: str, rows: dict[str, str]) -> None:
+        """Journal a batch before anyone waits on it: ``rows`` maps custom_id -> request digest."""
+        self._append({"batch": batch_id, "model": endpoint.get("model"), "api_base": endpoint.get("api_base"),
+                      "input_file_id": input_file_id, "rows": rows, "at": time.time()})
+
+    def closed(self, batch_id: str, status: str) -> None:
+        self._append({"batch": batch_id, "closed": status, "at": time.time()})
+
+    def open_batches(self) -> dict[str, dict[str, Any]]:
+        """Batches submitted and not yet collected (by anyone): batch id -> its journal entry."""
+        out: dict[str, dict[str, Any]] = {}
+        if not self._journal.exists():
+            return out
+        for line in self._journal.read_text(encoding="utf-8").splitlines():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:  # a torn last line from a killed writer
+                continue
+            if not isinstance(entry, dict) or "batch" not in entry:
+                continue
+            if "closed" in entry:
+                out.pop(entry["batch"], None)
+            elif isinstance(entry.get("rows"), dict):
+                out[entry["batch"]] = entry
+        return out
+
+    def _row_path(self, digest: str) -> Path:
+        return self.root / "rows" / f"{digest}.json"
+
+    def keep(self, digest: str, body: dict[str, Any]) -> None:
+        """A row's reply, written atomically: a later run gets it without paying again."""
+        path = self._row_path(digest)
+        tmp = path.with_suffix(f".{id(body)}.tmp")
+        tmp.write_text(json.dumps(body), encoding="utf-8")
+        tmp.replace(path)
+
+    def kept(self, digest: str) -> dict[str, Any] | None:
+        path = self._row_path(digest)
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, json.JSONDecodeError):
+            log.warning("batch ledger: unreadable reply %s, asked again", path)
+            return None

@@ -127,7 +127,8 @@ async def run_personas(job: SynthesisJob, meter: UsageMeter) -> list[PersonaOutc
     configure_litellm(cfg.runtime)
     ctx = steps.SynthContext(clients=clients_for({r: getattr(scfg.roles, r) for r in ROLES}, cfg.runtime, meter),
                              prompts=job.prompts, max_retries=scfg.max_retries, max_turns=scfg.max_turns,
-                             max_checklist_items=scfg.max_checklist_items, with_resources=scfg.with_resources)
+                             max_checklist_items=scfg.max_checklist_items, with_resources=scfg.with_resources,
+                             embedded_sampling=dict(scfg.embedded_sampling))
     limit = asyncio.Semaphore(scfg.persona_concurrency)
     journeys = job.output_dir / "journeys"
 

@@ -71,12 +71,17 @@ class SynthContext:
                          transcript=Transcript(), schema=schema, retry=self.retry)
 
 
+# The retry note carries the reason: quoting the copied placeholders there ("<question 1>") only shows a
+# tiny model the bait again (seed 1 on SmolLM2-135M copied them into four retries in a row).
+PLACEHOLDER_REASON = "write real text of your own instead of copying the template placeholders in angle brackets"
+
+
 def reply_json(text: str) -> Any:
     """The reply's JSON, refused when it still holds the prompt's template placeholders."""
     data = parse_json_reply(text)
     found = placeholders(data)
     if found:
-        raise Invalid(f"replace the template placeholders {found[:3]} with real text")
+        raise Invalid(PLACEHOLDER_REASON)
     return data
 
 

@@ -14,7 +14,7 @@ from cupid_exp.evaluators.checklist import decompose as decompose_preference
 from cupid_exp.evaluators.checklist import parse_checklist
 from cupid_exp.llm.replies import Invalid
 from cupid_exp.llm.steps import Transcript
-from cupid_exp.synthesis.steps.base import SynthContext
+from cupid_exp.synthesis.steps.base import PLACEHOLDER_REASON, SynthContext
 from cupid_exp.synthesis.steps.checks import placeholders
 
 
@@ -26,7 +26,7 @@ def checklist_parser(max_items: int) -> Callable[[str], list[str]]:
         # often appends one); a list of placeholders only is refused and asked again
         real = [x for x in items if not placeholders(x)]
         if not real:
-            raise Invalid(f"replace the template placeholders {placeholders(items)[:3]} with real text")
+            raise Invalid(PLACEHOLDER_REASON)
         cleaned = list(dict.fromkeys(" ".join(x.split()) for x in real))[:max_items]
         if any(len(x) < 8 for x in cleaned):
             raise Invalid("every checklist entry must be a yes/no question")

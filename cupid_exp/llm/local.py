@@ -29,7 +29,10 @@ from cupid_exp.config import LocalModelConfig
 from cupid_exp.llm import _litellm
 
 PROVIDER = "llamacpp"
-_PASSED_PARAMS = ("temperature", "max_tokens", "top_p", "top_k", "stop", "seed", "response_format", "grammar")
+_PASSED_PARAMS = ("temperature", "max_tokens", "top_p", "top_k", "stop", "seed", "response_format", "grammar",
+                  # llama.cpp's repetition samplers (synthesis.embedded_sampling)
+                  "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "dry_multiplier",
+                  "dry_base", "dry_allowed_length")
 
 
 def resolve_gguf(spec: str) -> Path:

@@ -9,7 +9,7 @@ at composition, before any model call. Value ranges are checked by ``SynthesisCo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Dict
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
@@ -20,6 +20,9 @@ ROLES = ("persona_writer", "factor_writer", "session_writer", "user_simulator", 
          "decomposer", "validator")
 PERSONA_SOURCES = ("builtin", "personahub")
 UNSATISFIED_POLICIES = ("keep", "regenerate", "drop")
+# llama.cpp's repetition samplers (the embedded engine passes these through; cupid_exp/llm/local.py)
+EMBEDDED_SAMPLERS = ("repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "dry_multiplier",
+                     "dry_base", "dry_allowed_length")
 
 
 class SynthesisError(RuntimeError):
@@ -63,6 +66,9 @@ class SynthesisConfig(Checked):
     max_checklist_items: int = 4
     validate: bool = True  # the LLM validation pass (paper App. E)
     persona_concurrency: int = 4  # personas synthesised at once (the local model serialises anyway)
+    # llama.cpp sampler settings added to every call of a role on an embedded model (API roles never get
+    # them): a 135M model loops ("X and X and X ...") without a repetition penalty
+    embedded_sampling: Dict[str, float] = field(default_factory=dict)
 
     def check(self, where: str) -> None:
         """Value checks a dataclass cannot express (the role models are checked as ModelConfigs)."""
@@ -78,6 +84,10 @@ class SynthesisConfig(Checked):
         at_least("persona_concurrency", 1)
         require(self.persona_source in PERSONA_SOURCES, f"{where}.persona_source", self.persona_source,
                 f"one of {list(PERSONA_SOURCES)}")
+        for key, value in self.embedded_sampling.items():
+            require(key in EMBEDDED_SAMPLERS, f"{where}.embedded_sampling.{key}", key, f"one of {list(EMBEDDED_SAMPLERS)}")
+            require(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0,
+                    f"{where}.embedded_sampling.{key}", value, "a number >= 0")
         require(self.on_unsatisfied in UNSATISFIED_POLICIES, f"{where}.on_unsatisfied", self.on_unsatisfied,
                 f"one of {list(UNSATISFIED_POLICIES)}")
 

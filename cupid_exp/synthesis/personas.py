@@ -103,7 +103,7 @@ def personahub_seeds(n: int, seed: int, name: str, subset: str, split: str, text
 
 def render_template(t: PersonaTemplate) -> str:
     """One numbered line per template, as the persona writer's ``{seed_descriptions}``."""
-    return (f"1. Seed: {t.seed_description}. Career level: {t.career_level}. "
+    return (f"1. {t.seed_description}. Career level: {t.career_level}. "
             f"Personality traits: {', '.join(t.personality_traits)}. "
             f"Personal values: {', '.join(t.personal_values)}. "
             f"Decision-making style: {t.decision_making_style}.")

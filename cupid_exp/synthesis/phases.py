@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cupid_exp.data.schema import DataError, validate_row
+from cupid_exp.llm import calls
 from cupid_exp.llm.steps import StepFailed
 from cupid_exp.synthesis import steps
+from cupid_exp.synthesis.attempts import AttemptLog
 from cupid_exp.synthesis.config import SynthesisConfig
 from cupid_exp.synthesis.journey import (CHANGED, N_SESSIONS, JourneyTemplate, build_instances, persona_id,
                                          removed_sessions, session_task_type, slot_preference)
@@ -75,11 +77,17 @@ class PersonaRun:
         self.ctx, self.scfg, self.template, self.store = ctx, scfg, template, store
         self.j = store.data
         self.journey = JourneyTemplate.from_dict(self.j["journey"])
+        self.attempts = AttemptLog(store.path.with_suffix(".calls.jsonl"), None)
 
     def save(self, key: str, value: Any) -> Any:
         self.j[key] = value
-        self.store.save()
+        self.persist()
         return value
+
+    def persist(self) -> None:
+        """The journey file, and the replies received since the last save."""
+        self.store.save()
+        self.attempts.flush()
 
     async def persona(self) -> None:
         if "persona" not in self.j:
@@ -117,7 +125,7 @@ class PersonaRun:
                 shift_reason=self.j["changed"]["reason"] if slot.index == first_changed else None)
             sessions[slot.index] = {**session, "context_factor": factor["factor"], "preference": preference,
                                     "kind": slot.kind}
-            self.store.save()
+            self.persist()
 
     async def checklists(self) -> None:
         checklists = self.j.setdefault("checklists", {})
@@ -126,7 +134,7 @@ class PersonaRun:
         async def checklist(preference: str) -> None:
             if preference not in checklists:
                 checklists[preference] = await steps.decompose(self.ctx, preference)
-                self.store.save()
+                self.persist()
 
         await gather_all([checklist(p) for p in needed])
 
@@ -149,7 +157,7 @@ class PersonaRun:
                     request=steps.first_message(sessions[slot_index]),
                     attempt=0 if record is None else record["attempt"] + 1)
                 dialogues[slot_index] = record
-                self.store.save()
+                self.persist()
 
         await gather_all([dialogue(i) for i in range(N_SESSIONS - 1)])
 
@@ -168,7 +176,7 @@ class PersonaRun:
                 continue
             outcome.instances.append(row)
         j["instances"], j["dropped_instances"] = outcome.instances, outcome.dropped
-        self.store.save()
+        self.persist()
 
     async def validation(self, outcome: PersonaOutcome) -> None:
         if "validation" not in self.j:
@@ -186,6 +194,14 @@ class PersonaRun:
         return self.j["changed"]["preference"]
 
     async def run(self) -> PersonaOutcome:
+        with calls.recording() as log:
+            self.attempts.log = log
+            try:
+                return await self._run()
+            finally:
+                self.attempts.flush()
+
+    async def _run(self) -> PersonaOutcome:
         outcome = PersonaOutcome(index=self.template.index, journey=self.j)
         phases = [("persona", self.persona), ("factors", self.factors),
                   ("changed_preference", self.changed_preference), ("sessions", self.sessions),
@@ -204,7 +220,7 @@ class PersonaRun:
             log.warning("persona %d failed at %s: %s", self.template.index, phase, exc)
         self.j["status"] = "failed" if outcome.failed_phase else "done"
         self.j["failed_phase"], self.j["error"] = outcome.failed_phase, outcome.error
-        self.store.save()
+        self.persist()
         return outcome
 
 

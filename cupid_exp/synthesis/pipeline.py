@@ -123,15 +123,22 @@ def start_tracking(job: SynthesisJob, choices: Mapping[str, str],
     return tracker
 
 
+def synth_context(job: SynthesisJob, meter: UsageMeter) -> steps.SynthContext:
+    """The role clients and recipe knobs every step reads (litellm configured for the job's runtime)."""
+    scfg = job.scfg
+    configure_litellm(job.cfg.runtime)
+    return steps.SynthContext(clients=clients_for({r: getattr(scfg.roles, r) for r in ROLES}, job.cfg.runtime, meter),
+                              prompts=job.prompts, max_retries=scfg.max_retries, max_turns=scfg.max_turns,
+                              max_checklist_items=scfg.max_checklist_items, with_resources=scfg.with_resources,
+                              embedded_sampling=dict(scfg.embedded_sampling))
+
+
 async def run_personas(job: SynthesisJob, meter: UsageMeter) -> list[PersonaOutcome]:
     """Every persona, ``persona_concurrency`` at a time, in index order when done."""
     from tqdm import tqdm
 
     cfg, scfg = job.cfg, job.scfg
-    configure_litellm(cfg.runtime)
-    ctx = steps.SynthContext(clients=clients_for({r: getattr(scfg.roles, r) for r in ROLES}, cfg.runtime, meter),
-                             prompts=job.prompts, max_retries=scfg.max_retries, max_turns=scfg.max_turns,
-                             max_checklist_items=scfg.max_checklist_items, with_resources=scfg.with_resources)
+    ctx = synth_context(job, meter)
     limit = asyncio.Semaphore(scfg.persona_concurrency)
     journeys = job.output_dir / "journeys"
 

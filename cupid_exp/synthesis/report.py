@@ -29,7 +29,7 @@ def render_report(scfg: SynthesisConfig, m: Mapping[str, float], outcomes: list[
         f"CUPID synthesis | recipe={scfg.name} seed={scfg.seed} session_writer={scfg.roles.session_writer.name}",
         f"personas: {g('personas/completed')}/{g('personas/requested')} completed"
         + (" | failed: " + "; ".join(failed) if failed else ""),
-        f"factors: {g('factors/count')}, sessions: {g('sessions/count')}, dialogues: {g('dialogues/count')} "
+        f"factors: {g('factors/count')} ({g('factors/names_from_taxonomy')} named from the taxonomy), sessions: {g('sessions/count')}, dialogues: {g('dialogues/count')} "
         f"({g('dialogues/satisfied')} satisfied, {g('dialogues/unsatisfied')} unsatisfied, "
         f"{g('dialogues/regenerated')} regenerated; on_unsatisfied={scfg.on_unsatisfied})",
         f"instances: {g('instances/count')} (consistent {g('instances/consistent')}, contrastive "
@@ -39,9 +39,23 @@ def render_report(scfg: SynthesisConfig, m: Mapping[str, float], outcomes: list[
         f"{g('validation/instances_leaking')} requests leak, {g('validation/failed_checks')} checks failed",
         "rejected replies and failed calls: " + rejections(m),
         usage_line(dict(m), m.get("time/seconds")),
-        f"instances file: {instances_path}",
-        f"evaluate: python -m cupid_exp data=local data.path={instances_path}",
+        *_next_step(m, outcomes, instances_path),
         f"outputs: {where}",
         status,
     ]
     return "\n".join(lines)
+
+
+def _next_step(m: Mapping[str, float], outcomes: list[PersonaOutcome], instances_path: Path) -> list[str]:
+    """Where the instances are and how to evaluate them; when there are none, why none were written."""
+    if m.get("instances/count", 0) > 0:
+        return [f"instances file: {instances_path}",
+                f"evaluate: python -m cupid_exp data=local data.path={instances_path}"]
+    if any(o.failed_phase for o in outcomes) and not any(o.dropped for o in outcomes):
+        why = "every persona failed before its instances were built (see 'failed' above)"
+    elif any(o.dropped for o in outcomes):
+        why = "every instance was dropped (metrics.json lists why, per persona)"
+    else:
+        why = "no persona produced an instance"
+    return [f"no instances to evaluate ({instances_path.name} is empty): {why}; journeys/ keeps each persona's "
+            "artefacts and every model reply (persona_NNN.calls.jsonl)"]

@@ -73,6 +73,9 @@ def summary_metrics(outcomes: list[PersonaOutcome], meter: UsageMeter, max_faile
     m = Completeness.of(outcomes, max_failed_fraction).metrics()
     journeys = [o.journey for o in outcomes]
     m["factors/count"] = sum(len(j.get("factors") or []) for j in journeys)
+    # names swapped in by code when the model kept repeating one (steps/factors.py NameRepair)
+    m["factors/names_from_taxonomy"] = sum(1 for j in journeys for f in j.get("factors") or []
+                                           if f.get("name_source") == "taxonomy")
     m["sessions/count"] = sum(sum(1 for s in j.get("sessions") or [] if s) for j in journeys)
     m.update(_dialogue_metrics(journeys))
     instances = [r for o in outcomes for r in o.instances]

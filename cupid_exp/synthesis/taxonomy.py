@@ -43,3 +43,34 @@ TASK_TYPES = ("Information seeking", "Learning", "Reasoning", "Planning", "Conte
 def trait_name(trait: str) -> str:
     """'High Neuroticism' -> 'Neuroticism'."""
     return trait.split(" ", 1)[1]
+
+
+# Fallback factor names, per factor type: used only when the factor writer, asked again, still names
+# a factor that another of the persona's factors already has (or a generic label). The factor's
+# background and preference stay the model's; the swap is recorded on the factor ("name_source")
+# and counted in the job's report (factors/names_from_taxonomy). Written for this project.
+FALLBACK_FACTOR_NAMES = {
+    "Person/Group": ("their line manager", "their closest colleague", "their younger sister", "the weekend book club",
+                     "their long-time mentor", "the neighbourhood parents' group", "their oldest friend",
+                     "the new intern they supervise"),
+    "Organization/Institution": ("the local city council", "their professional association", "the regional bank",
+                                 "the community college", "their health insurer", "the tenants' union",
+                                 "the public library service", "their former employer"),
+    "Object/Artifact": ("their worn paper notebook", "the household budget binder", "their old film camera",
+                        "the family recipe box", "their annual performance review", "the lease contract",
+                        "their field guide", "the inherited piano"),
+    "Content/Media": ("a weekly industry newsletter", "their favourite history podcast",
+                      "a long-running cooking channel", "the local evening news", "a popular science magazine",
+                      "an online forum for their trade", "a documentary series", "an audiobook they are reading"),
+    "Tool/Technology": ("their shared team spreadsheet", "a budgeting app", "their smartwatch",
+                        "the company chat tool", "a photo-editing program", "their e-reader",
+                        "a route-planning app", "the office printer"),
+    "Location/Place": ("the corner café", "their home office", "the public swimming pool", "the allotment garden",
+                       "the train commute", "their parents' house", "the downtown gym", "the harbour walk"),
+    "Process/Activity": ("the Monday planning meeting", "their evening run", "the quarterly report cycle",
+                         "weekly grocery shopping", "the Sunday family call", "their language lessons",
+                         "the yearly tax return", "volunteering at the food bank"),
+    "Event/Time": ("the end-of-year holidays", "an upcoming job interview", "the spring inspection season",
+                   "a cousin's wedding", "the first week of school", "a planned move to a new flat",
+                   "the annual conference", "a hospital appointment next month"),
+}

@@ -73,12 +73,14 @@ def test_request_passes_decoding_params_and_the_schema() -> None:
     models, engine = scripted(reply("ok"))
     schema = {"type": "object", "properties": {"p": {"type": "string"}}, "required": ["p"]}
     models.complete("m", MESSAGES, {"temperature": 0, "max_tokens": 7, "seed": 3, "stream": False, "user": "u",
+                                    "repeat_penalty": 1.1, "dry_multiplier": 0.8,
                                     "response_format": {"type": "json_schema",
                                                         "json_schema": {"name": "r", "schema": schema, "strict": True}}})
     (request,) = engine.requests
     assert request["messages"] == MESSAGES and request["cache_prompt"] is True
     assert (request["temperature"], request["max_tokens"], request["seed"]) == (0, 7, 3)
     assert "stream" not in request and "user" not in request
+    assert (request["repeat_penalty"], request["dry_multiplier"]) == (1.1, 0.8)  # synthesis.embedded_sampling
     assert request["response_format"] == {"type": "json_schema",
                                           "json_schema": {"schema": {**schema, "additionalProperties": False}}}
     assert models.stats["m"]["calls"] == 1 and models.stats["m"]["cached_prompt_tokens"] == 4

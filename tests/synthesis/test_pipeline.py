@@ -63,7 +63,8 @@ def test_job_dir_is_stable_for_a_command_and_differs_by_recipe() -> None:
     # pinned: a new optional (null) setting must not move every job folder (nulls are left out of the hash)
     # (moved from ..._21e1ff6a when conf/llm/local.yaml set n_threads 1 and n_threads_batch 2: a config value
     # that changed, not a null; with n_threads=2 and n_threads_batch=null on every role the old hash comes back)
-    assert run_dir([]) == "outputs/synthesis/default_local_seed0_952b87cc"
+    # (moved from ..._952b87cc when the recipe gained embedded_sampling, the repetition samplers of the local model)
+    assert run_dir([]) == "outputs/synthesis/default_local_seed0_bf8ecab3"
     assert run_dir([]) != run_dir(["synthesis.max_turns=2"])
     assert run_dir([]) != run_dir(["synthesis.seed=1"])
 
@@ -76,6 +77,10 @@ def test_job_dir_is_stable_for_a_command_and_differs_by_recipe() -> None:
                                           ("synthesis.roles.validator.max_concurrency=0",
                                            "synthesis.roles.validator.max_concurrency"),
                                           ("runtime.dry_run=true", "runtime.dry_run"),
+                                          ("+synthesis.embedded_sampling.min_p=0.1",
+                                           "synthesis.embedded_sampling.min_p"),
+                                          ("synthesis.embedded_sampling.repeat_penalty=-1",
+                                           "synthesis.embedded_sampling.repeat_penalty"),
                                           ("+synthesis.max_turn=2", "synthesis.max_turn")])
 def test_bad_values_fail_before_any_call_with_one_line(tmp_path, override: str, key: str) -> None:
     with pytest.raises(ConfigError) as err:
@@ -101,7 +106,13 @@ def test_bad_model_output_fails_personas_and_the_job_ends_incomplete(tmp_path: P
     assert "personas: 0/2 completed" in proc.stdout
     assert "persona 1 at persona" in proc.stdout and "persona 2 at persona" in proc.stdout
     assert proc.stdout.rstrip().endswith("above runtime.max_failed_fraction=0.1: exit 3")
+    assert "evaluate:" not in proc.stdout  # nothing to evaluate, and the report says why
+    assert "no instances to evaluate (instances.jsonl is empty): every persona failed" in proc.stdout
     job = next((tmp_path / "out" / "synthesis").iterdir())
+    attempts = [json.loads(line) for line in (job / "journeys" / "persona_001.calls.jsonl").read_text().splitlines()]
+    assert [(a["step"], a["attempt"], a["rejected"]) for a in attempts] == [("persona", 0, "unparseable"),
+                                                                           ("persona", 1, "unparseable")]
+    assert attempts[1]["reply"] == "I cannot write JSON." and "Attempt 2" in attempts[1]["prompt_tail"]
     metrics = json.loads((job / "metrics.json").read_text())["metrics"]
     assert metrics["personas/failed/persona"] == 2
     assert metrics["calls/persona/unparseable_attempt"] == 4 and metrics["calls/persona"] == 4

@@ -10,7 +10,7 @@ so any other exception escaping a builder is a bug and stops the job.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from cupid_exp.llm.client import LLMClient
@@ -18,6 +18,28 @@ from cupid_exp.llm.replies import Invalid, ParseError, parse_json_reply, text_fi
 from cupid_exp.llm.steps import Messages, Resample, Transcript, ask
 from cupid_exp.prompts import PromptSet
 from cupid_exp.synthesis.steps.checks import placeholders
+
+
+@dataclass(frozen=True)
+class WarmerResample(Resample):
+    """``Resample`` whose every retry also samples hotter: ``temperature + step * attempt``, at most ``ceiling``.
+
+    A moved seed alone is not enough: a 135M model at 0.7 gives the rejected answer again under
+    another seed (its distribution is that peaked), and at temperature 0 (decomposer, validator) the
+    seed changes nothing at all. The first attempt keeps the paper's temperature.
+    """
+
+    step: float = 0.3
+    ceiling: float = 1.3
+    embedded_sampling: Mapping[str, float] = field(default_factory=dict)  #: every attempt, embedded models only
+
+    def params(self, client: LLMClient, attempt: int) -> dict[str, Any] | None:
+        out = dict(self.embedded_sampling) if client.model.is_embedded else {}
+        moved = super().params(client, attempt)
+        if moved is not None:
+            base = float(client.model.params.get("temperature") or 0.0)
+            out.update(moved, temperature=round(max(base, min(self.ceiling, base + self.step * attempt)), 2))
+        return out or None
 
 
 @dataclass
@@ -30,10 +52,11 @@ class SynthContext:
     max_turns: int = 4
     max_checklist_items: int = 4
     with_resources: bool = False
+    embedded_sampling: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def retry(self) -> Resample:
-        return Resample(self.max_retries)
+        return WarmerResample(self.max_retries, embedded_sampling=self.embedded_sampling)
 
     def system_role(self, role: str) -> str:
         return self.clients[role].model.system_role
@@ -48,12 +71,17 @@ class SynthContext:
                          transcript=Transcript(), schema=schema, retry=self.retry)
 
 
+# The retry note carries the reason: quoting the copied placeholders there ("<question 1>") only shows a
+# tiny model the bait again (seed 1 on SmolLM2-135M copied them into four retries in a row).
+PLACEHOLDER_REASON = "write real text of your own instead of copying the template placeholders in angle brackets"
+
+
 def reply_json(text: str) -> Any:
     """The reply's JSON, refused when it still holds the prompt's template placeholders."""
     data = parse_json_reply(text)
     found = placeholders(data)
     if found:
-        raise Invalid(f"replace the template placeholders {found[:3]} with real text")
+        raise Invalid(PLACEHOLDER_REASON)
     return data
 
 

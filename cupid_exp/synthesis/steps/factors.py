@@ -6,6 +6,7 @@ background, the name and the preference, one factor per call.
 
 from __future__ import annotations
 
+import random
 import re
 from typing import Any, Callable, Mapping, Sequence
 
@@ -22,6 +23,7 @@ FACTOR_SCHEMA = {"type": "object", "properties": {"factor": string_schema(3, 50)
                                                   "preference": string_schema(30, 200)},
                  "required": ["factor", "background", "preference"]}
 N_ORDINARY = N_FACTORS - 2
+NAME_ATTEMPTS = 2  # the model's own attempts at a factor before a repeated or generic name is swapped in code
 
 _GENERIC_NAME = re.compile(r"^(the )?(context )?(factor|item|thing|person|place|tool|event|name)\s*[a-z0-9]?$|^[.<>]*$",
                            re.I)
@@ -36,10 +38,18 @@ def _factor(data: Any, slot: Mapping[str, Any]) -> dict[str, Any]:
             "related_factor": "N/A"}
 
 
-def _factor_problems(f: Mapping[str, Any], label: str, existing: Sequence[Mapping[str, Any]]) -> list[str]:
+def _name_problems(f: Mapping[str, Any], label: str, existing: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What is wrong with the factor's name alone: a generic label, or a name another factor has."""
     problems = []
     if not f["factor"] or _GENERIC_NAME.match(f["factor"]) or "context factor" in f["factor"].lower():
         problems.append(f"{label} needs a specific name, not {f['factor']!r}")
+    if any(name_key(e["factor"]) == name_key(f["factor"]) for e in existing):
+        problems.append(f"{label}: the factor names must all be different ({f['factor']!r} is taken)")
+    return problems
+
+
+def _factor_problems(f: Mapping[str, Any], label: str, existing: Sequence[Mapping[str, Any]]) -> list[str]:
+    problems = _name_problems(f, label, existing)
     if len(f["preference"]) < 20:
         problems.append(f"{label} ({f['factor']}) needs a full-sentence preference")
     if f["factor_type"] not in taxonomy.FACTOR_TYPES:
@@ -48,11 +58,30 @@ def _factor_problems(f: Mapping[str, Any], label: str, existing: Sequence[Mappin
         problems.append(f"{label} has unknown preference type {f['preference_type']!r}")
     if not f["task_types"] or any(t not in taxonomy.TASK_TYPES for t in f["task_types"]):
         problems.append(f"{label} needs task types from the list")
-    if any(name_key(e["factor"]) == name_key(f["factor"]) for e in existing):
-        problems.append(f"{label}: the factor names must all be different ({f['factor']!r} is taken)")
     if any(name_key(e["preference"]) == name_key(f["preference"]) for e in existing):
         problems.append(f"{label}: the preferences must all be different")
     return problems
+
+
+def fallback_name(factor_type: str, taken: Sequence[str], key: str) -> str | None:
+    """A name for a ``factor_type`` slot from the taxonomy's list, none of ``taken``; the order is a
+    pure function of ``key`` (random.Random seeds from a string's SHA-512, stable across runs)."""
+    names = list(taxonomy.FALLBACK_FACTOR_NAMES.get(factor_type, ()))
+    random.Random(key).shuffle(names)
+    used = {name_key(t) for t in taken}
+    return next((n for n in names if name_key(n) not in used), None)
+
+
+def repair_name(factor: dict[str, Any], label: str, existing: Sequence[Mapping[str, Any]], key: str
+                ) -> dict[str, Any] | None:
+    """The factor with a taxonomy name when its name is its only problem; None otherwise."""
+    if not _name_problems(factor, label, existing):
+        return None
+    name = fallback_name(factor["factor_type"], [e["factor"] for e in existing], key)
+    if name is None:
+        return None
+    repaired = dict(factor, factor=name, name_source="taxonomy", model_name=factor["factor"])
+    return repaired if not _factor_problems(repaired, label, existing) else None
 
 
 def validate_factors(factors: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -74,26 +103,59 @@ def validate_factors(factors: Sequence[Mapping[str, Any]]) -> list[str]:
     return problems
 
 
+class NameRepair:
+    """Counts a step's attempts; from ``after`` on, a reply whose only fault is its name gets a taxonomy name.
+
+    The builder is called once per attempt by ``ask``: the first ``after`` attempts are the model's
+    alone (the retry names the clash and samples hotter); a later one that still repeats a name, or
+    gives a generic one, keeps its background and preference and takes a name from
+    ``taxonomy.FALLBACK_FACTOR_NAMES`` (``name_source: taxonomy``, the model's name kept as ``model_name``).
+    """
+
+    def __init__(self, after: int, key: str):
+        self.after, self.key, self.attempts = after, key, 0
+
+    def next_attempt(self) -> bool:
+        """Count an attempt; True once the model has had its ``after`` attempts."""
+        self.attempts += 1
+        return self.attempts > self.after
+
+    def __call__(self, factor: dict[str, Any], label: str, existing: Sequence[Mapping[str, Any]]
+                 ) -> dict[str, Any] | None:
+        return repair_name(factor, label, existing, self.key)
+
+
 def build_factor(existing: Sequence[Mapping[str, Any]], label: str, slot: Mapping[str, Any],
-                 ) -> Callable[[Any], dict[str, Any]]:
+                 repair: NameRepair | None = None) -> Callable[[Any], dict[str, Any]]:
     def build(data: Any) -> dict[str, Any]:
+        may_repair = repair is not None and repair.next_attempt()
         factor = _factor(data, slot)
         problems = _factor_problems(factor, label, existing)
         if problems:
-            raise Invalid(problems)
+            repaired = repair(factor, label, existing) if may_repair else None
+            if repaired is None:
+                raise Invalid(problems)
+            return repaired
         return factor
 
     return build
 
 
 def build_second(ordinary: Sequence[Mapping[str, Any]], first: Mapping[str, Any], slot: Mapping[str, Any],
-                 ) -> Callable[[Any], dict[str, Any]]:
+                 repair: NameRepair | None = None) -> Callable[[Any], dict[str, Any]]:
     """The pair's second member; code links the two (each names the other) and checks the whole set."""
+    def check(second: dict[str, Any]) -> list[str]:
+        return validate_factors([*ordinary, dict(first, related_factor=second["factor"]), second])
+
     def build(data: Any) -> dict[str, Any]:
+        may_repair = repair is not None and repair.next_attempt()
         second = dict(_factor(data, slot), related_factor=first["factor"])
-        problems = validate_factors([*ordinary, dict(first, related_factor=second["factor"]), second])
+        problems = check(second)
         if problems:
-            raise Invalid(problems)
+            repaired = repair(second, f"factor {len(ordinary) + 2}", [*ordinary, first]) if may_repair else None
+            if repaired is None or check(repaired):
+                raise Invalid(problems)
+            return repaired
         return second
 
     return build
@@ -112,13 +174,18 @@ async def write_factors(ctx: SynthContext, persona_description: str, plan: Seque
 
     ``plan`` (code, seeded) fixes each slot's factor type, preference type and task types; the
     model writes background, name and preference. The earlier names are not shown (a tiny model
-    copies them); a clash is rejected and the retry names it. One call per factor keeps each constrained
+    copies them); a clash is rejected and the retry names it; a name still taken (or generic) after
+    ``NAME_ATTEMPTS`` model attempts is swapped for a taxonomy one (``NameRepair``). One call per factor keeps each constrained
     generation short (a tiny model is slow and drifts on long outputs) and lets a rejected factor
     be regenerated alone. ``done`` resumes a partial list; ``on_factor`` is called after each
     accepted factor so the caller can save it.
     """
     template = ctx.prompts.get("synthesis/context_factors_generator")
     role = ctx.system_role("factor_writer")
+    model_attempts = min(NAME_ATTEMPTS, ctx.max_retries)
+
+    def repair(label: str) -> NameRepair:
+        return NameRepair(model_attempts, f"{label}/{persona_description}")
 
     def messages(what_to_write: str) -> list[dict[str, str]]:
         return template.messages(role, user_persona=persona_description, n_factors=N_FACTORS,
@@ -128,7 +195,8 @@ async def write_factors(ctx: SynthContext, persona_description: str, plan: Seque
     while len(factors) <= PAIR[0]:
         k = len(factors)
         factors.append(await ctx.ask_json("factor_writer", "factors", messages(_slot_text(plan[k])), FACTOR_SCHEMA,
-                                          build_factor(factors, f"factor {k + 1}", plan[k])))
+                                          build_factor(factors, f"factor {k + 1}", plan[k],
+                                                                    repair(f"factor {k + 1}"))))
         if on_factor:
             on_factor(factors)
     first, slot = factors[PAIR[0]], plan[PAIR[1]]
@@ -136,7 +204,8 @@ async def write_factors(ctx: SynthContext, persona_description: str, plan: Seque
                  f"(not named here; choose a clearly different one) whose preference is: \"{first['preference']}\". "
                  f"Its own preference must contradict that one.")
     second = await ctx.ask_json("factor_writer", "factors", messages(pair_text), FACTOR_SCHEMA,
-                                build_second(factors[:PAIR[0]], first, slot))
+                                build_second(factors[:PAIR[0]], first, slot,
+                                                         repair(f"factor {PAIR[1] + 1}")))
     factors = [*factors[:PAIR[0]], dict(first, related_factor=second["factor"]), second]
     problems = validate_factors(factors)
     if problems:  # only reachable when resuming a partial list written under other rules

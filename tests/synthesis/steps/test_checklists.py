@@ -38,6 +38,8 @@ def test_data_checks_on_top_of_the_parser() -> None:
     assert parse(dupes) == ITEMS[:2]  # duplicates go before the cut
     with pytest.raises(Invalid, match="placeholders"):
         parse(json.dumps({"checklist": ["<question 1>", "<question 2>"]}))
+    # a copied placeholder beside real questions is dropped, the real ones kept (seed 1 on SmolLM2-135M)
+    assert parse(json.dumps({"checklist": ["Is it brief?", "<question 2>"]})) == ["Is it brief?"]
     with pytest.raises(Invalid, match="yes/no question"):
         parse(json.dumps({"checklist": ["Short?"]}))
     for bad in ("no json", json.dumps({"checklist": []}), json.dumps({"checklist": [["nested"]]}),

@@ -9,6 +9,7 @@ import pytest
 
 from cupid_exp.llm.replies import Invalid
 from cupid_exp.llm.steps import StepFailed
+from cupid_exp.synthesis import taxonomy
 from cupid_exp.synthesis.journey import plan_factors
 from cupid_exp.synthesis.steps import factors as steps
 
@@ -66,6 +67,47 @@ def test_invalid_factor_is_regenerated_with_a_changed_prompt(tmp_path) -> None:
     assert server.requests[3]["seed"] == 1 and "seed" not in server.requests[2]  # the retry resamples
     assert counts(ctx, "factors") == {**counts(ctx, "factors"), "calls": 9, "invalid_attempt": 1}
     assert "gave_up" not in counts(ctx, "factors")
+
+
+def test_a_name_the_model_keeps_repeating_is_swapped_for_a_taxonomy_name(tmp_path) -> None:
+    """Factor 3 repeats factor 1's name on all three attempts: the model gets NAME_ATTEMPTS tries (each
+    retry hotter), then the third reply keeps its own background and preference under a taxonomy name."""
+    script = factor_script(GOOD)
+    repeated = [factor(GOOD[0], f"Answers about the third thing must follow rule {i}, always.") for i in range(3)]
+    script[2:3] = [reply(r) for r in repeated]
+    with ScriptedServer(script) as server:
+        ctx = context(server.url, tmp_path)
+        factors = asyncio.run(steps.write_factors(ctx, "A nurse.", PLAN))
+    third = factors[2]
+    assert third["name_source"] == "taxonomy" and third["model_name"] == GOOD[0]
+    assert third["factor"] in taxonomy.FALLBACK_FACTOR_NAMES[PLAN[2]["factor_type"]]
+    assert third["preference"] == repeated[2]["preference"] and third["background"] == repeated[2]["background"]
+    assert [f["factor"] for f in factors[:2] + factors[3:]] == GOOD[:2] + GOOD[3:]
+    assert steps.validate_factors(factors) == [] and "name_source" not in factors[0]
+    assert len(server.requests) == 10 and counts(ctx, "factors")["invalid_attempt"] == 2
+    assert [server.requests[i].get("temperature") for i in (2, 3, 4)] == [0.7, 1.0, 1.3]  # each retry hotter
+
+
+def test_no_taxonomy_name_while_the_model_has_attempts_left_or_for_other_faults(tmp_path) -> None:
+    taken = built(2)
+    early = steps.build_factor(taken, "f", PLAN[2], steps.NameRepair(2, "k"))
+    for _ in range(2):
+        with pytest.raises(Invalid, match="is taken"):
+            early(ordinary(GOOD[0], 2))
+    assert early(ordinary(GOOD[0], 2))["name_source"] == "taxonomy"
+    short = steps.build_factor(taken, "f", PLAN[2], steps.NameRepair(0, "k"))
+    with pytest.raises(Invalid, match="full-sentence preference"):  # a name swap cannot fix the preference
+        short(factor(GOOD[0], "Too short."))
+    same = steps.build_factor(taken, "f", PLAN[2], steps.NameRepair(0, "k"))
+    assert same(ordinary(GOOD[0], 2)) == same(ordinary(GOOD[0], 2))  # the pick is a pure function of the key
+
+
+def test_fallback_names_avoid_taken_ones_and_exist_for_every_factor_type() -> None:
+    for factor_type in taxonomy.FACTOR_TYPES:
+        names = taxonomy.FALLBACK_FACTOR_NAMES[factor_type]
+        assert len(set(names)) >= 4 and not any(steps._GENERIC_NAME.match(n) for n in names)
+        assert steps.fallback_name(factor_type, names[:-1], "k") == names[-1]
+        assert steps.fallback_name(factor_type, [n.upper() + "." for n in names], "k") is None
 
 
 def test_factors_resume_from_a_partial_list(tmp_path) -> None:

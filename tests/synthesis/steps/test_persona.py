@@ -42,4 +42,5 @@ def test_a_copied_placeholder_is_asked_again(tmp_path) -> None:
         persona = asyncio.run(steps.write_persona(ctx, "1. Seed: a nurse."))
     assert persona["occupation"] == "Paediatric nurse"
     assert "template placeholders" in server.requests[1]["messages"][-1]["content"]
+    assert "<" not in server.requests[1]["messages"][-1]["content"].split("Attempt 2")[1]  # the bait is not quoted
     assert counts(ctx, "persona")["invalid_attempt"] == 1

@@ -1,0 +1,41 @@
+"""Every model reply a persona got, kept beside its journey: ``journeys/persona_NNN.calls.jsonl``.
+
+The journey file keeps only what was accepted; a step that fails after its retries leaves just its
+last reason in the report. This file keeps each attempt's raw reply and why it was rejected, so a
+failing step on a weak model can be read back reply by reply instead of guessed at. Lines are
+appended as the persona goes (a resumed job adds to them); nothing reads them back.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from cupid_exp.llm.calls import CallLog, CallRecord
+
+
+def attempt_line(record: CallRecord) -> dict[str, Any]:
+    """One attempt, without the (long, repeated) prompt: the last message's tail says which attempt it was."""
+    last = record.messages[-1]["content"] if record.messages else ""
+    return {"step": record.step, "attempt": record.attempt, "model": record.model, "cached": record.cached,
+            "finish_reason": record.finish_reason,
+            "seconds": round((record.ended_ns - record.started_ns) / 1e9, 2), "completion_tokens": record.completion_tokens, "reply": record.reply, "rejected": record.error_kind,
+            "reason": record.error, "prompt_tail": last[-400:]}
+
+
+class AttemptLog:
+    """Appends the records of ``log`` not written yet to ``path``."""
+
+    def __init__(self, path: Path, log: CallLog | None):
+        self.path, self.log, self.written = path, log, 0
+
+    def flush(self) -> None:
+        if self.log is None or self.written >= len(self.log.calls):
+            return
+        new = self.log.calls[self.written:]
+        self.written += len(new)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as fh:
+            for record in new:
+                fh.write(json.dumps(attempt_line(record), ensure_ascii=False) + "\n")

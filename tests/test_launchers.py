@@ -83,8 +83,8 @@ def test_joblib_launcher_runs_jobs_in_parallel_workers(tmp_path: Path, cache_dir
     children, _ = check_sweep(tmp_path / "outputs")
     # the two jobs make the same calls (same identity, one journal): one runs them, served from the warm cache,
     # the other waits for the job's lock and replays the journal (tracking.job_lock)
-    assert all(c.data.metrics["calls/total/this_attempt"] == c.data.metrics["calls/cache_hits"] for c in children)
-    assert sorted(c.data.metrics["calls/total/this_attempt"] > 0 for c in children) == [False, True]
+    ran = [c for c in children if c.data.metrics["calls/total/this_attempt"] > 0]
+    assert len(ran) == 1 and ran[0].data.metrics["calls/cache_hits"] == ran[0].data.metrics["calls/total/this_attempt"]
 
 
 def test_submitit_local_launcher_runs_jobs_as_submitit_jobs(tmp_path: Path, cache_dir: Path, stub) -> None:

@@ -47,7 +47,9 @@ def test_no_key_appears_in_outputs_logs_hydra_files_or_mlflow(tmp_path: Path) ->
     overrides = ["model.api_key_env=STUB_CREDS", f"+evaluator.decomposer.params.api_key={OVERRIDE_KEY}",
                  "runtime.num_retries=0", "runtime.max_failed_fraction=1"]
     outputs = []
-    with StubServer(echo_key_steps=("infer", "decompose", "match"), echo_key_rate=0.35, seed=2) as stub:
+    # a 400 quoting the key: counted per instance, so the key flows into the journal, the records and MLflow
+    with StubServer(echo_key_steps=("infer", "decompose", "match"), echo_key_rate=0.35, seed=2,
+                    echo_key_status=400) as stub:
         cmd = cli_command(stub.url, root, *overrides, data=data)
         single = run_cli(cmd, env=env)
         outputs += [single.stdout, single.stderr]
@@ -58,12 +60,18 @@ def test_no_key_appears_in_outputs_logs_hydra_files_or_mlflow(tmp_path: Path) ->
     failing = run_cli([*cmd, "data.strict=true", f"data.path={tmp_path / 'missing.jsonl'}"], env=env, check=False)
     outputs += [failing.stdout, failing.stderr]
     assert failing.returncode != 0
+    # a 401 quoting the key stops the job (a fatal refusal): its one line quotes the key, masked
+    with StubServer(echo_key_steps=("infer",), seed=2) as stub:
+        fatal = run_cli([*cli_command(stub.url, root, *overrides, "runtime.cache=false", data=data),
+                         "paths.output_root=" + str(tmp_path / "fatal")], env=env, check=False)
+    outputs += [fatal.stdout, fatal.stderr]
+    assert fatal.returncode == 2 and "invalid_api_key" in fatal.stderr and "***" in fatal.stderr, fatal.stderr[-2000:]
 
-    # the keys did flow into what we write, masked: auth failures quote them
+    # the keys did flow into what we write, masked: the failures quote them
     (job, *_) = job_dirs(root / "runs")
     records = read_jsonl(job / "instances.jsonl")
-    auth = [e for r in records for e in r["errors"] if e["kind"] == "auth"]
-    assert auth and all("***" in e["message"] for e in auth)
+    quoted = [e for r in records for e in r["errors"] if "key" in e["message"]]
+    assert quoted and all("***" in e["message"] for e in quoted)
     assert (root / "multirun").exists() and list((root / "multirun").glob("*/*/multirun.yaml"))
     assert list(root.glob("journal/*.jsonl")) and (root / "mlflow.db").exists()
     assert list(root.glob("mlartifacts/**/instances.jsonl")) and list(root.glob("cache/*"))

@@ -97,6 +97,7 @@ class StubConfig:
     garbage_rate: float = 1.0  # ... for this share of their prompts (re-asks of a prompt included)
     echo_key_steps: tuple[str, ...] = ()  # these steps get a 401 that echoes the caller's full API key ...
     echo_key_rate: float = 1.0  # ... for this share of their prompts
+    echo_key_status: int = 401  # 401: a rejected key (fatal: the job stops); 400: a request error quoting it
     context_error: str | None = None  # one of CONTEXT_ERRORS
     context_error_steps: tuple[str, ...] = ()  # empty: every step
     judge_score: str = "7.5"
@@ -597,11 +598,12 @@ class StubServer:
 
     def _send_fault(self, handler: Any, fault: str, body: dict[str, Any], auth: str = "") -> None:
         cfg = self.config
-        if fault == "echo_key":  # some providers quote the key they rejected
+        if fault == "echo_key":  # some providers quote the key they rejected (or, in a 400, the request's fields)
             key = auth.removeprefix("Bearer ").strip()
-            handler._send(401, json.dumps({"error": {"message": f"Incorrect API key provided: {key}.",
-                                                     "type": "invalid_request_error", "code": "invalid_api_key"}}
-                                          ).encode())
+            rejected = cfg.echo_key_status == 401
+            handler._send(cfg.echo_key_status, json.dumps({"error": {
+                "message": f"Incorrect API key provided: {key}." if rejected else f"Invalid request from key {key}.",
+                "type": "invalid_request_error", "code": "invalid_api_key" if rejected else None}}).encode())
         elif fault == "429":
             handler._send(429, json.dumps({"error": {"message": "Rate limit reached; slow down.",
                                                      "type": "rate_limit_error", "code": "rate_limit_exceeded"}}

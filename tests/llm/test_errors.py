@@ -12,6 +12,7 @@ from helpers.fault_server import ScriptedServer, completion_body
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm import _litellm
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm, provider_error_kind
+from cupid_exp.llm.retry import FatalProviderError
 from cupid_exp.llm.usage import UsageMeter
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -70,18 +71,21 @@ def test_a_missing_module_on_the_cache_hit_path_stops_the_call(tmp_path, monkeyp
             asyncio.run(client.complete(MESSAGES, step="s"))
 
 
-@pytest.mark.parametrize("status,headers,kind", [
-    (500, {}, "provider"), (503, {}, "provider"), (429, {"retry-after": "0"}, "rate_limit"), (401, {}, "auth"),
-    (403, {}, "auth"), (400, {}, "provider"),
+@pytest.mark.parametrize("status,headers,kind,error", [
+    (500, {}, "provider", ProviderError), (503, {}, "provider", ProviderError),
+    (429, {"retry-after": "0"}, "rate_limit", ProviderError),  # after the (short) patience
+    (400, {}, "provider", ProviderError),
+    (401, {}, "auth", FatalProviderError), (403, {}, "auth", FatalProviderError),  # the job stops: cupid_exp.llm.retry
 ])
-def test_every_http_failure_is_a_counted_provider_error(tmp_path, status, headers, kind) -> None:
+def test_every_http_failure_is_a_counted_provider_error(tmp_path, status, headers, kind, error) -> None:
     with ScriptedServer([(status, {"error": {"message": "no"}}, headers)]) as server:
         meter = UsageMeter()
         client = LLMClient(ModelConfig(name=f"h{status}", litellm_model="openai/scripted", api_base=server.url),
-                           runtime(tmp_path, cache=False), meter)
-        with pytest.raises(ProviderError) as err:
+                           runtime(tmp_path, cache=False, rate_limit_patience_s=1.0), meter)
+        with pytest.raises(error) as err:
             asyncio.run(client.complete(MESSAGES, step="s"))
-    assert err.value.kind == kind
+    if error is ProviderError:
+        assert err.value.kind == kind
     assert meter.as_dict()["s"][f"failed_{kind}"] == 1
 
 

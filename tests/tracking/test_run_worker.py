@@ -248,10 +248,12 @@ def test_a_dead_worker_is_reported_once_and_never_waited_for(caplog) -> None:
     assert caplog.text.count("the MLflow worker exited (code -9)") == 1
 
 
-def test_a_store_that_refuses_the_run_stops_the_job_before_any_call(tmp_path: Path) -> None:
+def test_a_store_that_refuses_the_run_stops_the_job_before_any_call(tmp_path: Path, monkeypatch) -> None:
     """The run is opened while the job builds its clients; a store error is the job's error before the
     first model call (the worker's message, one line), and the worker is gone."""
     import pytest
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-fake-for-the-key-check")  # the plan checks keys before the run
 
     from conftest import compose_config as compose
 

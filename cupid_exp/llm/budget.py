@@ -311,7 +311,7 @@ async def reserve_call(client: Any, messages: list[dict], kwargs: Mapping[str, A
     try:
         return await client.budget.reserve(worst_case_usd(client.prices, messages, kwargs))
     except BudgetExceeded:
-        client.meter.counts[step]["not_sent_budget"] += 1
+        client.meter.refuse(step, "budget")
         raise
 
 

@@ -335,13 +335,11 @@ def _wants_batch(model: ModelConfig, runtime: RuntimeConfig) -> bool:
 def clients_for(roles: Mapping[str, ModelConfig], runtime: RuntimeConfig, meter: UsageMeter,
                 budget: Budget | None = None) -> dict[str, LLMClient]:
     """One client per distinct model config, so roles on the same model share its concurrency bound."""
-    from dataclasses import asdict
-
     by_identity: dict[str, LLMClient] = {}
     out = {}
     stop = JobStop()  # one fatal refusal stops every role's new calls
     for role, model in roles.items():
-        identity = json.dumps(asdict(model), sort_keys=True, default=str)
+        identity = _identity(model)
         if identity not in by_identity:
             by_identity[identity] = LLMClient(model, runtime, meter, budget)
             by_identity[identity].roles, by_identity[identity].stop = (), stop

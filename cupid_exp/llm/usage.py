@@ -97,9 +97,10 @@ class UsageMeter:
             added.update(rate_limited=rate_limited, limit_wait_s=wait_s)
         self._count(step, added)
 
-    def refuse(self, step: str) -> None:
-        """A call not sent: its prompt cannot fit the model's context window (no request, no cost)."""
-        self._count(step, {"not_sent_oversized": 1})
+    def refuse(self, step: str, reason: str = "oversized") -> None:
+        """A call not sent (no request, no cost): its prompt cannot fit the model's context window
+        (``oversized``), or its worst case would pass the budget (``budget``)."""
+        self._count(step, {f"not_sent_{reason}": 1})
 
     def reject(self, step: str, kind: str) -> None:
         """A reply that came back but could not be used (``unparseable``, ``invalid``, ``length``, ``content_filter``:

@@ -1,4 +1,4 @@
-"""Text heuristics the synthesis validators share: content words, overlap, name keys, placeholders."""
+"""Text heuristics the synthesis validators share: content words, overlap, name keys, placeholders, English."""
 
 from __future__ import annotations
 
@@ -12,6 +12,15 @@ _STOP = set("a an the and or but of to in on for with by at from as is are be th
             "more most less than so very into about only also using use uses used".split())
 
 _PLACEHOLDER = re.compile(r"<[A-Za-z][^<>\n]{1,40}>|^\.\.\.$")
+
+
+# A tiny model at a hot retry now and then drifts into French or Spanish; the decomposer then cannot write
+# English yes/no questions about the preference and the whole persona is lost (seed 1, 2026-11-25), so
+# such text is refused where it is written. Function words tell the languages apart without a model.
+_ENGLISH = set("a an the and or of to in on for with by at from is are be that this it i my you your "
+               "when what which who how should would wants want prefers prefer likes like not must".split())
+_FOREIGN = set("le les des du et est une je ne pas pour avec dans sur qui nous vous votre el los las y con "
+               "por para es una del der die das und ist nicht mit ein eine zu il di che per non sono".split())
 
 
 def content_words(text: str) -> set[str]:
@@ -48,3 +57,14 @@ def placeholders(data: Any) -> list[str]:
     if isinstance(data, list):
         return [p for v in data for p in placeholders(v)]
     return []
+
+
+def looks_english(text: str) -> bool:
+    """False for text with more foreign function words than English ones (two at least), or with more than
+    a few accented letters: the mark of a reply that drifted into another language."""
+    words = re.findall(r"[^\W\d_]+", text.lower())
+    accented = sum(1 for ch in text if ch.isalpha() and not ch.isascii())
+    if accented > max(3, len(text) // 20):
+        return False
+    foreign = sum(w in _FOREIGN for w in words)
+    return foreign < 2 or foreign <= sum(w in _ENGLISH for w in words)

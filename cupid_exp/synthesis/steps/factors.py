@@ -16,7 +16,7 @@ from cupid_exp.llm.steps import StepFailed
 from cupid_exp.synthesis import taxonomy
 from cupid_exp.synthesis.journey import N_FACTORS, PAIR
 from cupid_exp.synthesis.steps.base import SynthContext, as_object, string_schema, text
-from cupid_exp.synthesis.steps.checks import name_key, overlap, same_text
+from cupid_exp.synthesis.steps.checks import looks_english, name_key, overlap, same_text
 
 FACTOR_SCHEMA = {"type": "object", "properties": {"factor": string_schema(3, 50),
                                                   "background": string_schema(20, 200),
@@ -52,6 +52,8 @@ def _factor_problems(f: Mapping[str, Any], label: str, existing: Sequence[Mappin
     problems = _name_problems(f, label, existing)
     if len(f["preference"]) < 20:
         problems.append(f"{label} ({f['factor']}) needs a full-sentence preference")
+    elif not looks_english(f["preference"]):
+        problems.append(f"{label} ({f['factor']}): write the preference in English")
     if f["factor_type"] not in taxonomy.FACTOR_TYPES:
         problems.append(f"{label} has unknown factor type {f['factor_type']!r}")
     if f["preference_type"] not in taxonomy.PREFERENCE_TYPES:
@@ -231,6 +233,8 @@ def build_changed(original: str, others: Sequence[str]) -> Callable[[Any], dict[
             problems.append("the new preference must differ from the old one")
         if any(same_text(new, o) for o in others):
             problems.append("the new preference must differ from the other factors' preferences")
+        if not looks_english(out["preference"]) or not looks_english(out["reason"]):
+            problems.append("write the reason and the new preference in English")
         if re.match(r"^(no longer|not |do not|don't|never )", new):
             problems.append("state what is wanted now instead of negating the old preference")
         if problems:

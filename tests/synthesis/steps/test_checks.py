@@ -8,7 +8,8 @@ import pytest
 
 from cupid_exp.llm.replies import Invalid, ParseError
 from cupid_exp.synthesis.steps.base import as_object, reply_json, text
-from cupid_exp.synthesis.steps.checks import content_words, contains_text, name_key, overlap, placeholders, same_text
+from cupid_exp.synthesis.steps.checks import (content_words, contains_text, looks_english, name_key, overlap,
+                                              placeholders, same_text)
 
 from ..scripted import ScriptedServer, context, counts, reply
 
@@ -58,3 +59,14 @@ def test_a_bug_in_a_builder_propagates_and_is_not_counted(tmp_path) -> None:
     assert len(server.requests) == 1
     assert counts(ctx, "persona") == {**counts(ctx, "persona"), "calls": 1}
     assert not any(k.endswith("_attempt") or k == "gave_up" for k in counts(ctx, "persona"))
+
+
+@pytest.mark.parametrize("text, english", [
+    ("Prefers concise bullet summaries with the numbers up front.", True),
+    ("problem-solving, creative thinking", True),  # too short to judge: let it through
+    ("Quiere recetas cortas con los pasos numerados para la cocina", False),
+    ("Je veuille votre je ne pas demander à nous pourrions voir les décennons de la cuisine.", False),
+    ("Wants café menus priced in euros, with the résumé of each dish.", True),  # a few accents are English too
+])
+def test_looks_english_refuses_a_reply_in_another_language(text: str, english: bool) -> None:
+    assert looks_english(text) is english

@@ -174,7 +174,10 @@ def test_changed_preference_rules() -> None:
     new = {"reason": "She started a new job.", "preference": "Explanations must be one flowing paragraph."}
     assert build(new) == new
     for pref, rule in ((OLD, "differ from the old one"), ("Another factor's preference, written in full", "other"),
-                       ("No longer three bullet points, please.", "instead of negating"), ("Short.", "full sentence")):
+                       ("No longer three bullet points, please.", "instead of negating"), ("Short.", "full sentence"),
+                       # a hot retry of the 135M model drifted into French here once (seed 1): the decomposer
+                       # could not turn it into English questions and the persona was lost
+                       ("Je veux des explications en un seul paragraphe pour la cuisine.", "in English")):
         with pytest.raises(Invalid, match=rule):
             build({"reason": "She started a new job.", "preference": pref})
 

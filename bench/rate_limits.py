@@ -9,8 +9,9 @@ each admitted request's share of the binding limit, from the stub), requests and
 
 * cupid-exp with adaptation alone (no limits configured);
 * cupid-exp with ``rpm``/``tpm`` set on every model config to the key's limits;
-* ``--parallel N``: N cupid-exp jobs started together on the same key (as a joblib sweep runs them: one process
-  each, one ``runtime.cache_dir`` for their ledger), with the limits set;
+* ``--parallel N``: N cupid-exp jobs started together on the same key (one process each, one
+  ``runtime.cache_dir`` for their ledger), with the limits set and without; then the same N jobs as one
+  ``-m`` sweep under Hydra's joblib launcher (``hydra.launcher.n_jobs=N``), with the limits set;
 * the official runner (``--official DIR --official-python PY``; skipped when absent).
 
     python bench/rate_limits.py --instances 30 --rpm 300
@@ -52,17 +53,27 @@ def limit_overrides(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def ours(args: argparse.Namespace, url: str, data: Path, work: Path, extra: list[str], jobs: int = 1) -> dict[str, Any]:
+def job_files(root: Path, name: str) -> list[Path]:
+    """A job's ``name`` files under a single run's folder (runs/) or a sweep's (multirun/)."""
+    return [f for folder in ("runs", "multirun") for f in root.glob(f"{folder}/**/{name}")]
+
+
+def ours(args: argparse.Namespace, url: str, data: Path, work: Path, extra: list[str], jobs: int = 1,
+         joblib: bool = False) -> dict[str, Any]:
     """``jobs`` cupid-exp processes started together, one ``runtime.cache_dir`` (their pacing ledger), no response
-    cache (every job makes every call, as jobs on different models would)."""
-    roots = [work / f"ours-{time.monotonic_ns()}-{i}" for i in range(jobs)]
+    cache (every job makes every call, as jobs on different models would); ``joblib``: instead one ``-m`` sweep of
+    ``jobs`` jobs run side by side by Hydra's joblib launcher, as a user would start it."""
+    roots = [work / f"ours-{time.monotonic_ns()}-{i}" for i in range(1 if joblib else jobs)]
     cache = work / f"cache-{time.monotonic_ns()}"
     procs = []
     start = time.perf_counter()
     for i, root in enumerate(roots):
-        cmd = ours_command(url, root, data, args.concurrency) + [
-            "tracking=none", f"runtime.cache_dir={cache}", "runtime.cache=false", f"model.params.temperature={i / 10:g}",
-            *extra]
+        temperature = (f"model.params.temperature={','.join(f'{j / 10:g}' for j in range(jobs))}" if joblib
+                       else f"model.params.temperature={i / 10:g}")
+        cmd = ours_command(url, root, data, args.concurrency)
+        if joblib:  # Hydra's --multirun flag before the overrides
+            cmd[3:3] = ["-m", "hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs}"]
+        cmd += ["tracking=none", f"runtime.cache_dir={cache}", "runtime.cache=false", temperature, *extra]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env={**ENV, "OPENAI_API_KEY": "sk-bench"},
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outputs = [p.communicate(timeout=args.limit_s)[0] for p in procs]
@@ -70,12 +81,12 @@ def ours(args: argparse.Namespace, url: str, data: Path, work: Path, extra: list
     done = total = 0
     cpu = model_s = 0.0
     for root, out, proc in zip(roots, outputs, procs):
-        records = [json.loads(x) for f in root.glob("runs/**/instances.jsonl") for x in f.read_text().splitlines()]
+        records = [json.loads(x) for f in job_files(root, "instances.jsonl") for x in f.read_text().splitlines()]
         done += sum(1 for r in records if not r["errors"])
-        total += args.instances
+        total += args.instances * (jobs if joblib else 1)
         if proc.returncode not in (0, 3):
             print(out[-2000:])
-        metrics = [json.loads(f.read_text())["metrics"] for f in root.glob("runs/**/metrics.json")]
+        metrics = [json.loads(f.read_text())["metrics"] for f in job_files(root, "metrics.json")]
         cpu += sum(m.get("time/model_cpu_seconds", 0.0) for m in metrics)
         model_s = max([model_s, *(m.get("time/model_seconds", 0.0) for m in metrics)]) if metrics else model_s
     return {"wall": wall, "done": done, "total": total, "codes": [p.returncode for p in procs], "cpu": cpu,
@@ -132,6 +143,9 @@ def main() -> None:
                          lambda url: ours(args, url, data, work, limit_overrides(args), jobs=args.parallel)))
             runs.append((f"cupid-exp, {args.parallel} jobs in parallel, adaptation alone",
                          lambda url: ours(args, url, data, work, [], jobs=args.parallel)))
+            runs.append((f"cupid-exp, a joblib sweep of {args.parallel} jobs, rpm/tpm set",
+                         lambda url: ours(args, url, data, work, limit_overrides(args), jobs=args.parallel,
+                                          joblib=True)))
         if has_official:
             data_dir = official_instances(data, work / "official-data")
             runs.insert(0, ("official runner", lambda url: official(args, url, data_dir, work)))

@@ -73,6 +73,7 @@ EXPECTED: dict[str, Expect] = {
     "python -m cupid_exp -m +experiment=table1 runtime.dry_run=true": Expect(exit=2, stderr_has=HUB),
     "python -m cupid_exp -m +experiment=table1": Expect(exit=2, stderr_has=HUB),
     "python -m cupid_exp.report --reference paper": Expect(stdout_has="paper: GPT-4o"),
+    # docs/presets.md
     f"python -m cupid_exp -m +experiment=table1 runtime.dry_run=true data=local data.path={SAMPLE_FULL}": Expect(
         check="dry_run_totals"),
     # README: Reports, comparisons and config diffs
@@ -83,9 +84,8 @@ EXPECTED: dict[str, Expect] = {
     "python -m cupid_exp.diff JOB_DIR RUN_B": Expect(stdout_has="# verified"),
     "python -m cupid_exp.diff RUN_A RUN_B --shell": Expect(stdout_has="python -m cupid_exp"),
     # README: Synthesis
-    "python -m cupid_exp.synthesize synthesis.n_personas=2": Expect(
-        stub="synth", extra="synthesis.max_turns=2", stdout_has="personas: 2/2 completed",
-        capture=("SYNTH_DIR", r"^outputs: (\S+)"),
+    "python -m cupid_exp.synthesize synthesis=offline synthesis.n_personas=2": Expect(
+        stub="synth", stdout_has="personas: 2/2 completed", capture=("SYNTH_DIR", r"^outputs: (\S+)"),
         why="on the stub (seconds); the embedded model's run is the synthesis tests' (slow)"),
     "python -m cupid_exp data=local data.path=SYNTH_DIR/instances/instances.jsonl": Expect(
         stub="eval", extra=FAST, stdout_has="complete: 1 of 1 instances"),
@@ -207,9 +207,9 @@ def runs(workspace: Workspace) -> dict[str, str]:
     return {"RUN_A": ids[0], "RUN_B": ids[1], "JOB_DIR": dirs[0]}
 
 
-def _readme_table(title_row: str) -> dict[str, list[str]]:
-    """Rows of the README table whose header starts with ``title_row``, keyed by their first cell."""
-    text = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
+def _doc_table(doc: str, title_row: str) -> dict[str, list[str]]:
+    """Rows of the table in ``doc`` whose header starts with ``title_row``, keyed by their first cell."""
+    text = (PROJECT_ROOT / doc).read_text(encoding="utf-8")
     start = text.index(title_row)
     rows = {}
     for line in text[start:].split("\n")[2:]:
@@ -221,14 +221,14 @@ def _readme_table(title_row: str) -> dict[str, list[str]]:
 
 
 def check_dry_run_totals(proc: subprocess.CompletedProcess, ws: Workspace) -> None:
-    """The README's dry-run table quotes what this command prints (table1's row)."""
+    """docs/presets.md's dry-run table quotes what this command prints (table1's row)."""
     m = re.search(r"DRY RUN sweep total over \d+ jobs: (\d+) calls, (\d+) prompt tokens, ~(\d+) completion tokens, "
                   r"~\$([\d.]+)", proc.stdout)
     assert m, proc.stdout[-2000:]
     calls, prompt, completion, cost = m.groups()
-    row = _readme_table("| preset | calls | prompt tokens")["table1"]
-    redo = ("the README's dry-run table is stale: rerun its command for table1, table3, table9_10 and table11, "
-            f"and quote the new totals with the date; table1 now: {m.group(0)}, README: {row}")
+    row = _doc_table("docs/presets.md", "| preset | calls | prompt tokens")["table1"]
+    redo = ("docs/presets.md's dry-run table is stale: rerun its command for table1, table3, table9_10 and table11, "
+            f"and quote the new totals with the date; table1 now: {m.group(0)}, docs: {row}")
     assert [c.replace(",", "") for c in row[:3]] == [calls, prompt, completion], redo
     assert row[3] == f"${float(cost):.2f}", redo
 

@@ -14,7 +14,9 @@ process that calls the same endpoint shares its ``Endpoint``:
   ``x-ratelimit-limit-*`` headers once it refused a request): each request is sent no earlier than the
   requests and tokens before it allow, counted as OpenAI counts them (prompt estimate + ``max_tokens``); a 429
   while pacing slows the pace ×0.9 (once per cooldown, down to half), success brings it back slowly: the
-  provider's windows and our clock never align exactly.
+  provider's windows and our clock never align exactly. At the moment of sending, no second may hold more
+  than the paced share of requests: a caller that woke late (a busy CPU) waits instead of landing on top of
+  the next second's requests, where the provider's one-second window would refuse the excess.
   Its schedule is a small ledger file under ``runtime.cache_dir/rate_limits/`` (``filelock``), so worker
   processes and the jobs of a parallel sweep on the same key stay within the limits together;
 - whether it refused for good (a bad key, an unknown model, no connection ever): later calls are not sent.
@@ -37,6 +39,7 @@ from cupid_exp.llm.retry import FatalProviderError
 
 COOLDOWN_S = 3.0  #: at most one cut of the concurrency limit per this many seconds
 DECREASE, INCREASE = 0.8, 0.1  #: the cut on a 429, the share added after a round of successes
+WINDOW_S = 1.0  #: the provider's window for requests sent: OpenAI quantises per-minute limits into seconds
 PACE_MARGIN = 0.95  #: pace at this share of the stated limits (the provider's windows and ours never align exactly)
 SLOW_START = 4  #: the least a limit starts at (a quarter of max_concurrency otherwise)
 CHARS_PER_TOKEN = 4  #: the prompt estimate for tokens-per-minute (OpenAI's own rule of thumb)
@@ -122,7 +125,8 @@ class Pacer:
     def __init__(self, rpm: float | None, tpm: float | None, ledger: Path | None):
         self.rpm, self.tpm, self.ledger = rpm, tpm, ledger
         self.scale = 1.0  # of the stated limits: lowered by 429s met while pacing (kept in the ledger)
-        self._state = {"requests": 0.0, "tokens": 0.0}  # wall-clock times the next request / token is free
+        self._state: dict[str, Any] = {"requests": 0.0, "tokens": 0.0}  # wall-clock times the next request / token
+        # is free; "sent": when the requests of the last second went out
         self._lock: Any = None
         if ledger is not None:
             from filelock import FileLock
@@ -144,6 +148,29 @@ class Pacer:
             self.ledger.write_text(json.dumps(state))
         return wait
 
+    def admit(self) -> float:
+        """At the moment of sending: 0 and the send recorded, or the seconds to wait first because the last
+        second already holds the paced share of requests (wake-ups delayed by a busy CPU arrive together)."""
+        if not self.rpm:
+            return 0.0
+        if self._lock is None:
+            return self._admit(self._state)
+        with self._lock:
+            state = self._read()
+            wait = self._admit(state)
+            if wait == 0.0:
+                self.ledger.write_text(json.dumps(state))
+        return wait
+
+    def _admit(self, state: dict[str, Any]) -> float:
+        now = time.time()
+        cap = max(1, int(self.rpm * PACE_MARGIN * state.get("scale", 1.0) * WINDOW_S / 60.0))
+        sent = sorted(t for t in state.get("sent", ()) if t > now - WINDOW_S)
+        if len(sent) >= cap:
+            return max(0.001, sent[-cap] + WINDOW_S - now)
+        state["sent"] = [*sent, now]
+        return 0.0
+
     def rate_limited(self) -> None:
         """A 429 while pacing: ×0.9 at most once per cooldown, for every process of the ledger."""
         self._update(lambda state: state.update(scale=max(0.5, state.get("scale", 1.0) * 0.9), cut=time.time())
@@ -163,7 +190,7 @@ class Pacer:
             self.scale = state.get("scale", 1.0)
             self.ledger.write_text(json.dumps(state))
 
-    def _read(self) -> dict[str, float]:
+    def _read(self) -> dict[str, Any]:
         try:
             return json.loads(self.ledger.read_text())
         except (OSError, ValueError):
@@ -230,9 +257,10 @@ class Endpoint:
                 await asyncio.sleep(hold)
             if self.pacer.active:
                 delay = self.pacer.reserve(tokens)
-                if delay > 0:
+                while delay > 0 or (delay := self.pacer.admit()) > 0:
                     waited += delay
                     await asyncio.sleep(delay)
+                    delay = 0.0
             self.wait_s += waited
             yield Held(waited)
         finally:

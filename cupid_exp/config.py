@@ -19,6 +19,7 @@ from omegaconf import MISSING
 from cupid_exp.data.schema import INSTANCE_TYPES
 
 FAILURE_POLICIES = ("exclude", "zero", "upstream")
+AUTO_WORKERS = "auto"  #: runtime.workers chosen by the job's size (cupid_exp.job.worker_count)
 SYSTEM_ROLES = ("system", "developer", "user")
 
 
@@ -270,7 +271,7 @@ class RuntimeConfig(Checked):
     resume: bool = True  # skip instances a previous run of the same job already finished
     dry_run: bool = False  # render prompts and count calls/tokens/cost; call no model
     dry_run_completion_tokens: int = 300  # assumed reply length for the dry-run cost estimate
-    workers: int = 1  # processes sharing an evaluation job's model calls (cupid_exp.job.workers); 1: this one
+    workers: Any = "auto"  # processes sharing a job's model calls (cupid_exp.job.workers): auto (by job size) or N
     max_cost_usd: Optional[float] = None  # USD the job may spend over all its attempts; null: no budget (exit 4)
     sweep_max_cost_usd: Optional[float] = None  # USD all jobs of a -m sweep may spend together; null: no budget
     batch: bool = False  # send calls through the providers' Batch APIs (half price, hours): cupid_exp.llm.batch
@@ -282,13 +283,13 @@ class RuntimeConfig(Checked):
     def check(self, where: str) -> None:
         for key in ("max_cost_usd", "sweep_max_cost_usd"):
             require_positive(f"{where}.{key}", getattr(self, key), allow_none=True, allow_zero=True)
-        require(isinstance(self.workers, int) and self.workers >= 1, f"{where}.workers", self.workers,
-                "an integer >= 1")
+        require(self.workers == AUTO_WORKERS or isinstance(self.workers, int) and not isinstance(self.workers, bool)
+                and self.workers >= 1, f"{where}.workers", self.workers, f"{AUTO_WORKERS!r} or an integer >= 1")
         require(isinstance(self.batch_size, int) and 1 <= self.batch_size <= 50000, f"{where}.batch_size",
                 self.batch_size, "an integer from 1 to 50000 (OpenAI's limit per batch)")
         require_positive(f"{where}.batch_delay_s", self.batch_delay_s, allow_zero=True)
         require_positive(f"{where}.batch_poll_s", self.batch_poll_s)
-        require(not (self.batch and self.workers > 1), f"{where}.workers", self.workers,
+        require(not (self.batch and self.workers not in (AUTO_WORKERS, 1)), f"{where}.workers", self.workers,
                 "1 with runtime.batch=true (a batch job waits on the provider, not on the client's CPU)")
         require(isinstance(self.num_retries, int) and self.num_retries >= 0, f"{where}.num_retries",
                 self.num_retries, "an integer >= 0")

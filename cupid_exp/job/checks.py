@@ -17,7 +17,7 @@ from typing import Iterable
 
 import yaml
 
-from cupid_exp.config import ConfigError, ModelConfig, RunConfig
+from cupid_exp.config import AUTO_WORKERS, ConfigError, ModelConfig, RunConfig
 from cupid_exp.llm.server import check_server_command
 from cupid_exp.prompts import PromptSet
 from cupid_exp.settings.base import Setting
@@ -110,8 +110,8 @@ def prompt_set(directory: str | None) -> PromptSet:
 
 def check_workers(cfg: RunConfig) -> None:
     """Embedded models run inside the job's process: every worker would load (and compute with) its own copy."""
-    if cfg.runtime.workers <= 1 or cfg.runtime.dry_run:
-        return
+    if cfg.runtime.workers == AUTO_WORKERS or cfg.runtime.workers <= 1 or cfg.runtime.dry_run:
+        return  # auto: one process with an embedded model (job.worker_count)
     embedded = sorted({m.name for m in cfg.model_configs() if m.is_embedded})
     if embedded:
         raise ConfigError(f"runtime.workers={cfg.runtime.workers}: {', '.join(embedded)} run(s) inside the job's "

@@ -38,6 +38,7 @@ from cupid_exp.data.loading import LoadedData
 from cupid_exp.data.schema import Instance
 from cupid_exp.job.execute import job_finisher, job_progress, run_instances, stopped_by_budget
 from cupid_exp.job.plan import JobPlan, build_context
+from cupid_exp.job.worker_count import auto_processes, can_spawn, is_auto
 from cupid_exp.llm.client import drain_background_tasks
 from cupid_exp.llm.retry import FatalProviderError
 from cupid_exp.progress import InstanceObserver, wants_calls
@@ -53,15 +54,20 @@ class WorkerFailed(RuntimeError):
 
 
 def processes(cfg: RunConfig, todo: int) -> int:
-    """How many processes share the calls: ``runtime.workers``, at most one per instance left and per slot of
-    the least concurrent model (each process needs one), and 1 where this process cannot spawn."""
+    """How many processes share the calls: ``runtime.workers`` (``auto``: by the job's size, ``job.worker_count``),
+    at most one per instance left and per slot of the least concurrent model (each process needs one), and 1
+    where this process cannot spawn."""
+    if is_auto(cfg):
+        n, why = auto_processes(cfg, todo)
+        log.log(logging.INFO if n > 1 else logging.DEBUG, "runtime.workers=auto: %d process%s (%s)", n,
+                "es" if n > 1 else "", why)
+        return n
     wanted = min(cfg.runtime.workers, todo, *(m.max_concurrency for m in cfg.model_configs()))
     if wanted <= 1:
         return 1
-    method = multiprocessing.get_start_method(allow_none=True)
-    if method not in (None, "spawn", "fork", "forkserver"):  # joblib's loky workers: a spawned child would die
+    if not can_spawn():
         log.warning("runtime.workers=%d: this process (start method %r) cannot start workers; the job runs its "
-                    "calls alone", cfg.runtime.workers, method)
+                    "calls alone", cfg.runtime.workers, multiprocessing.get_start_method(allow_none=True))
         return 1
     if wanted < cfg.runtime.workers:
         log.info("runtime.workers=%d: %d processes (one per instance left and per slot of the least concurrent "

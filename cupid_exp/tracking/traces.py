@@ -5,9 +5,10 @@ The spans are built after the instance finishes, from the calls ``ask`` logged f
 call is in flight. MLflow's synchronous export writes span by span as they end, one store transaction
 each (~55 ms of CPU per instance on SQLite: the worker fell a second behind a 30-instance job, and
 ~50 s behind 756 instances); we switch on its async export queue and batch span processor instead
-(one store write per batch of spans, in a thread) and, for a SQLite store, a single export worker
-(several would only queue on the database lock). Those are defaults: ``MLFLOW_*`` variables set by the
-user win. When the model phase ends, every span has ended: the final export starts then (``executed``)
+(in a thread) and, for a SQLite store, a single export worker (several would only queue on the
+database lock). Those are defaults: ``MLFLOW_*`` variables set by the user win. To a SQL store the
+finished traces of each batch are then written in one transaction (``trace_batches``: ~13 ms of CPU
+per trace instead of ~31, one commit per batch instead of two per trace). When the model phase ends, every span has ended: the final export starts then (``executed``)
 and the run's end waits for it (``close``), so MLflow's idle wait for its queue (up to a second) passes
 while the job summarises. All this normally runs in the worker process that keeps the job's run
 (``cupid_exp.tracking.run_worker``).
@@ -37,11 +38,13 @@ _EXPORT_DEFAULTS = {"MLFLOW_ENABLE_ASYNC_TRACE_LOGGING": "true", "MLFLOW_USE_BAT
                     "MLFLOW_ASYNC_TRACE_LOGGING_MAX_INTERVAL_MILLIS": "100"}
 
 
-def setup(uri: str) -> None:
+def setup(uri: str) -> Any:
     """A fresh trace exporter for this job, pointed at ``uri``, with the export defaults above (the previous
-    job of a sweep run in this process shut its own down: ``start_flush(terminate=True)``)."""
+    job of a sweep run in this process shut its own down: ``start_flush(terminate=True)``), writing in batches
+    to a SQL store (``trace_batches``; returned, None where MLflow's exporter stays)."""
     import mlflow
 
+    from cupid_exp.tracking import trace_batches
     from cupid_exp.tracking.mlflow import env_uri_kept
 
     for key, value in _EXPORT_DEFAULTS.items():
@@ -51,6 +54,7 @@ def setup(uri: str) -> None:
     with env_uri_kept():
         mlflow.set_tracking_uri(uri)
     mlflow.tracing.reset()
+    return trace_batches.install()
 
 
 def start_flush(*, terminate: bool = False) -> threading.Event:

@@ -62,8 +62,10 @@ def test_a_fatal_refusal_stops_the_job_after_its_first_calls(tmp_path: Path, ref
     lines = [line for line in proc.stderr.splitlines() if line.startswith("cupid_exp: stopped:")]
     assert len(lines) == 1, proc.stderr[-3000:]
     assert f"decomposer, matcher, judge (model" in lines[0] and f"{kind}: {refuse}" in lines[0]
-    # the calls in flight when the first refusal came: a handful, not one (or four, retried) per instance
-    assert refused <= 8, refused
+    # the calls in flight when the first refusal came: at most the endpoint's starting concurrency (a quarter of
+    # the three roles' 3 x 16 slots: 12; how many of them go out before the refusal returns depends on the CPU),
+    # not one (or four, retried) per instance (24, 96)
+    assert refused <= 12, refused
     assert answered < 24, answered  # no call of any role sent after it (the subject's in flight finished)
     assert "Traceback" not in proc.stderr
     journals = list((root / "journal").glob("*.jsonl")) if (root / "journal").exists() else []

@@ -343,6 +343,10 @@ class RunConfig(JobConfig):
             unique.setdefault(id(model), model)
         return list(unique.values())
 
+    def embedded_model_names(self) -> list[str]:
+        """The names of the models that run inside the job's process (llama.cpp), sorted: one copy per process."""
+        return sorted({m.name for m in self.model_configs() if m.is_embedded})
+
 
 def register_configs() -> None:
     """Register the entry schema and every setting's schema (group ``setting``)."""

@@ -112,7 +112,7 @@ def check_workers(cfg: RunConfig) -> None:
     """Embedded models run inside the job's process: every worker would load (and compute with) its own copy."""
     if cfg.runtime.workers == AUTO_WORKERS or cfg.runtime.workers <= 1 or cfg.runtime.dry_run:
         return  # auto: one process with an embedded model (job.worker_count)
-    embedded = sorted({m.name for m in cfg.model_configs() if m.is_embedded})
+    embedded = cfg.embedded_model_names()
     if embedded:
         raise ConfigError(f"runtime.workers={cfg.runtime.workers}: {', '.join(embedded)} run(s) inside the job's "
                           "process, one copy per worker; use runtime.workers=1 with embedded models")

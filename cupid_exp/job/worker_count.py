@@ -43,7 +43,7 @@ def auto_processes(cfg: RunConfig, todo: int, cores: int | None = None) -> tuple
         return 1, "a dry run calls no model"
     if cfg.runtime.batch:
         return 1, "runtime.batch waits on the provider, not on this process"
-    embedded = sorted({m.name for m in cfg.model_configs() if m.is_embedded})
+    embedded = cfg.embedded_model_names()
     if embedded:
         return 1, f"{', '.join(embedded)} run(s) inside the job's process"
     if not can_spawn():

@@ -177,9 +177,9 @@ async def write_factors(ctx: SynthContext, persona_description: str, plan: Seque
     ``plan`` (code, seeded) fixes each slot's factor type, preference type and task types; the
     model writes background, name and preference. The earlier names are not shown (a tiny model
     copies them); a clash is rejected and the retry names it; a name still taken (or generic) after
-    ``NAME_ATTEMPTS`` model attempts is swapped for a taxonomy one (``NameRepair``). One call per factor keeps each constrained
-    generation short (a tiny model is slow and drifts on long outputs) and lets a rejected factor
-    be regenerated alone. ``done`` resumes a partial list; ``on_factor`` is called after each
+    ``NAME_ATTEMPTS`` model attempts is swapped for a taxonomy one (``NameRepair``). One call per factor
+    keeps each constrained generation short (a tiny model is slow and drifts on long outputs) and lets a
+    rejected factor be regenerated alone. ``done`` resumes a partial list; ``on_factor`` is called after each
     accepted factor so the caller can save it.
     """
     template = ctx.prompts.get("synthesis/context_factors_generator")
@@ -197,8 +197,7 @@ async def write_factors(ctx: SynthContext, persona_description: str, plan: Seque
     while len(factors) <= PAIR[0]:
         k = len(factors)
         factors.append(await ctx.ask_json("factor_writer", "factors", messages(_slot_text(plan[k])), FACTOR_SCHEMA,
-                                          build_factor(factors, f"factor {k + 1}", plan[k],
-                                                                    repair(f"factor {k + 1}"))))
+                                          build_factor(factors, f"factor {k + 1}", plan[k], repair(f"factor {k + 1}"))))
         if on_factor:
             on_factor(factors)
     first, slot = factors[PAIR[0]], plan[PAIR[1]]
@@ -206,8 +205,7 @@ async def write_factors(ctx: SynthContext, persona_description: str, plan: Seque
                  f"(not named here; choose a clearly different one) whose preference is: \"{first['preference']}\". "
                  f"Its own preference must contradict that one.")
     second = await ctx.ask_json("factor_writer", "factors", messages(pair_text), FACTOR_SCHEMA,
-                                build_second(factors[:PAIR[0]], first, slot,
-                                                         repair(f"factor {PAIR[1] + 1}")))
+                                build_second(factors[:PAIR[0]], first, slot, repair(f"factor {PAIR[1] + 1}")))
     factors = [*factors[:PAIR[0]], dict(first, related_factor=second["factor"]), second]
     problems = validate_factors(factors)
     if problems:  # only reachable when resuming a partial list written under other rules

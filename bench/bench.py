@@ -54,6 +54,10 @@ STUB = ROOT / "tests" / "helpers" / "stub_llm_server.py"
 PRICES = {"input_cost_per_token": 2.5e-06, "output_cost_per_token": 1e-05}
 PRICED = True
 ENV = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+# Python writes its bytecode caches by default, so a user's second run reads them; this machine's environment
+# turns that off (PYTHONDONTWRITEBYTECODE=1), which made every process of every run, ours and the official
+# runner's alike, compile its own modules again (~0.2 s of CPU per cupid-exp process).
+ENV.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 class Stub:

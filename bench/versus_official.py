@@ -56,29 +56,26 @@ class TreeMemory:
     def __init__(self, pid: int, every_s: float = 0.02):
         self.pid, self.every_s, self.peak_kb = pid, every_s, 0
         self.peak_by_pid: dict[int, int] = {}
+        self.page_kb = os.sysconf("SC_PAGE_SIZE") // 1024
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _tree_rss_kb(self) -> int:
-        children: dict[int, list[int]] = {}
-        rss: dict[int, int] = {}
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-                fields = stat[stat.rindex(")") + 2:].split()
-                children.setdefault(int(fields[1]), []).append(int(entry))
-                rss[int(entry)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE") // 1024
-            except (OSError, ValueError, IndexError):
-                continue
+        """The tree's summed RSS, walked from ``pid`` through each thread's ``children`` file: reading every
+        process's stat under /proc every 20 ms took ~12% of a core, which the job under test paid for."""
         total, todo = 0, [self.pid]
         while todo:
             pid = todo.pop()
-            total += rss.get(pid, 0)
-            self.peak_by_pid[pid] = max(self.peak_by_pid.get(pid, 0), rss.get(pid, 0))
-            todo += children.get(pid, [])
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                kb = int(stat[stat.rindex(")") + 2:].split()[21]) * self.page_kb
+                for task in os.listdir(f"/proc/{pid}/task"):
+                    todo += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+            except (OSError, ValueError, IndexError):
+                continue
+            total += kb
+            self.peak_by_pid[pid] = max(self.peak_by_pid.get(pid, 0), kb)
         return total
 
     def _run(self) -> None:

@@ -84,11 +84,13 @@ def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = 
     job = plan(cfg, output_dir, choices, parent_run, clients=False)  # holds the job from here (tracking.job_lock)
     try:
         with sigterm_raises():  # from the run's creation on, SIGTERM unwinds (and ends the run KILLED)
-            job.workers = start_workers(job)  # runtime.workers: their start overlaps this process's (they wait)
             try:
                 live = start_tracking(job)
                 with ends_on_error(live):
-                    connect(job)  # importing litellm while the MLflow worker opens the run
+                    # runtime.workers, then this process's clients: importing litellm while the MLflow worker
+                    # opens the run (the workers wait for the first call)
+                    job.workers = start_workers(job)
+                    connect(job)
                     if live is not None and job.todo:  # before the first call; a complete resume waits at publish
                         live.wait_opened()
                     imports = import_alongside() if job.todo and not job.dry_run else None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import importlib
 import logging
 import logging.handlers
 import multiprocessing
@@ -26,6 +27,7 @@ import os
 import pickle
 import queue
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -175,6 +177,7 @@ def _work(spec: WorkerSpec, shared: "Shared", inbox: Any, outbox: Any) -> None:
     (the run is open, the job calls models), then takes instances from the shared counter until none is left,
     each sent back as it finishes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the job decides, and stops us
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # forked: not the job's handler (``Workers.stop`` ends us)
     _exit_with_parent()
     _log_to(outbox)
     code = 0
@@ -209,12 +212,28 @@ def _work(spec: WorkerSpec, shared: "Shared", inbox: Any, outbox: Any) -> None:
 
 
 # -- in the job's process ---------------------------------------------------------------------------------------
-class Workers:
-    """The job's side: its worker processes, started with the job (their imports overlap its own start), and a
-    thread that moves their messages onto the event loop once the job calls models."""
+# What every calls process imports before its first call: imported once, by the job's process, before a forked
+# worker starts (``start_method``).
+CLIENT_MODULES = ("litellm", "cupid_exp.llm.client", "cupid_exp.llm.steps", "cupid_exp.evaluators",
+                  "cupid_exp.rendering", "cupid_exp.settings", "cupid_exp.job.checks")
 
-    def __init__(self, plan: JobPlan):
-        ctx = multiprocessing.get_context("spawn")
+
+def start_method() -> str:
+    """``fork`` on Linux, ``spawn`` elsewhere (macOS's system libraries are not fork-safe; Windows has no fork).
+
+    Why fork: a spawned worker imports litellm again (3-4 s of CPU, measured) while the job's process does the
+    same, on the cores the job's own start needs. Forked after those imports and before any client, cache or
+    event loop exists (``start_workers``), a worker starts with them done and builds its own clients as a
+    spawned one does."""
+    return "fork" if sys.platform.startswith("linux") else "spawn"
+
+
+class Workers:
+    """The job's side: its worker processes, started with the job, and a thread that moves their messages onto
+    the event loop once the job calls models."""
+
+    def __init__(self, plan: JobPlan, method: str = "spawn"):
+        ctx = multiprocessing.get_context(method)
         self.todo = plan.todo
         self.shared = Shared(counter=ctx.Value("q", 0), go=ctx.Event(), wants_calls=ctx.Value("b", 0),
                              ready=ctx.Value("i", 0))
@@ -346,8 +365,23 @@ async def _spread(plan: JobPlan, todo: list[Instance], observer: InstanceObserve
 
 
 def start_workers(plan: JobPlan) -> Workers | None:
-    """The job's worker processes, when it has some (``plan.processes``); stop them with ``Workers.stop``."""
-    return Workers(plan) if plan.processes > 1 else None
+    """The job's worker processes, when it has some (``plan.processes``); stop them with ``Workers.stop``.
+
+    Forked (``start_method``) only before the job's clients exist (``run_job`` starts them before ``connect``): a
+    forked worker must not inherit them (their response cache holds an SQLite connection, their endpoints the
+    job's share of each limit). A plan that has its clients already gets spawned workers."""
+    if plan.processes <= 1:
+        return None
+    method = start_method() if plan.ctx is None else "spawn"
+    if method == "fork":
+        for name in CLIENT_MODULES:
+            importlib.import_module(name)
+        from cupid_exp.llm._litellm import import_first_call_modules
+
+        import_first_call_modules()
+        for stream in (sys.stdout, sys.stderr):  # what is buffered is written once, by the job's process
+            stream.flush()
+    return Workers(plan, method)
 
 
 def run_spread(plan: JobPlan, todo: list[Instance], observer: InstanceObserver | None, workers: Workers

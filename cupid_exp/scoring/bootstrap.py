@@ -12,6 +12,7 @@ percentile intervals of ``n_boot`` resamples drawn from ``numpy.random.default_r
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import asdict, dataclass
@@ -161,8 +162,16 @@ def _percentiles(samples: np.ndarray, level: float) -> tuple[float, float]:
 def _resample_weights(n_clusters: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
     """n_boot x n_clusters counts: persona i drawn w[b, i] times in resample b (n_clusters draws)."""
     draws = rng.integers(0, n_clusters, size=(n_boot, n_clusters))
-    weights = np.zeros((n_boot, n_clusters))
-    np.add.at(weights, (np.repeat(np.arange(n_boot), n_clusters), draws.ravel()), 1.0)
+    cells = (np.arange(n_boot)[:, None] * n_clusters + draws).ravel()  # (resample, persona) as one index
+    return np.bincount(cells, minlength=n_boot * n_clusters).reshape(n_boot, n_clusters).astype(float)
+
+
+@functools.lru_cache(maxsize=8)
+def _seeded_weights(n_clusters: int, n_boot: int, seed: int) -> np.ndarray:
+    """``_resample_weights`` from a fresh generator at ``seed``, made once for every metric and plot that asks for
+    the same resamples (a job's table and plots ask for them a dozen times per group); read-only."""
+    weights = _resample_weights(n_clusters, n_boot, np.random.default_rng(seed))
+    weights.setflags(write=False)
     return weights
 
 
@@ -177,7 +186,7 @@ def bootstrap_distribution(records: Sequence[Mapping[str, Any]], metric: str, *,
     cl = _scored_clusters(_clusters(_rows(list(records), metric, failure_policy), fields_of(metric), cluster))
     if cl.n == 0:
         return np.full(n_boot, np.nan)
-    weights = _resample_weights(cl.n, n_boot, np.random.default_rng(seed))
+    weights = _seeded_weights(cl.n, n_boot, seed)
     return _statistic(metric, cl, weights)
 
 
@@ -200,7 +209,7 @@ def bootstrap_ci(records: Iterable[Mapping[str, Any]], metric: str, *, n_boot: i
     if n == 0:
         return Estimate(metric, math.nan, math.nan, math.nan, 0, 0, level, n_boot, seed)
     value = float(_statistic(metric, cl, np.ones((1, cl.n)))[0])
-    weights = _resample_weights(cl.n, n_boot, np.random.default_rng(seed))
+    weights = _seeded_weights(cl.n, n_boot, seed)
     low, high = _percentiles(_statistic(metric, cl, weights), level)
     return Estimate(metric, value, low, high, n, n_clusters, level, n_boot, seed)
 

@@ -1,11 +1,12 @@
 """A setting that behaves differently in a worker process (``runtime.workers``): it logs there, or with
-``bug=true`` raises there. The job's own process runs it as the standard setting; a worker imports this module
-when it unpickles the config that names it."""
+``bug=true`` raises there. The job's own process runs it as the standard setting; a spawned worker imports this module
+when it unpickles the config that names it, a forked one registers it as it starts."""
 
 from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 from dataclasses import dataclass
 
 from cupid_exp.settings import SETTINGS, register
@@ -35,4 +36,5 @@ def unregister() -> None:
     SETTINGS.pop(InWorkers.name, None)
 
 
-register(InWorkers)  # a worker needs it registered when it imports this module to unpickle its config
+register(InWorkers)  # a spawned worker needs it registered when it imports this module to unpickle its config
+os.register_at_fork(after_in_child=lambda: register(InWorkers))  # a forked one inherits the test's registry

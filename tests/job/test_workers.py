@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,7 +19,7 @@ from helpers.worker_bug import InWorkersConfig, unregister
 
 from cupid_exp.config import ConfigError
 from cupid_exp.job import execute, plan, summarize_job
-from cupid_exp.job.plan import typed_config
+from cupid_exp.job.plan import connect, typed_config
 from cupid_exp.job.workers import Workers, WorkerFailed, processes, share, start_workers
 from cupid_exp.llm.usage import requests_sent
 from cupid_exp.tracking.ledger import UsageLedger
@@ -75,15 +76,24 @@ def test_embedded_models_refuse_workers_before_any_call(tmp_path: Path) -> None:
         plan(stub_config("http://127.0.0.1:9/v1", tmp_path, "runtime.workers=0"), tmp_path / "job")
 
 
-def test_two_processes_run_every_instance_once_within_the_configured_bound(tmp_path: Path, caplog) -> None:
+@pytest.mark.parametrize("start", ["before the clients (run_job)", "after the clients"])
+def test_two_processes_run_every_instance_once_within_the_configured_bound(tmp_path: Path, caplog,
+                                                                          start: str) -> None:
     """One slot per model in each process: two requests at once means both processes called the stub, three
     would break the configured bound. The results, usage and journal are those of a one-process run, and the
-    worker's log lines reach the job's log."""
+    worker's log lines reach the job's log. Started before the job's clients (as ``run_job`` does), the worker is
+    forked on Linux and builds its own clients; started after them, it is spawned."""
     with StubServer(latency_ms=150) as stub:
-        job = stub_plan(stub.url, tmp_path / "two", *_nine(), *_concurrency(2), "runtime.workers=2")
+        config = stub_config(stub.url, tmp_path / "two", *_nine(), *_concurrency(2), "runtime.workers=2")
+        before = start.startswith("before")
+        job = plan(config, tmp_path / "two" / "job", clients=not before)
         assert job.processes == 2
         job.cfg.setting = InWorkersConfig()  # the standard setting, which logs when a worker runs it
         job.workers = start_workers(job)
+        forked = before and sys.platform.startswith("linux")
+        assert [p._popen.method for p in job.workers.processes] == ["fork" if forked else "spawn"]
+        if before:
+            connect(job)
         try:
             _ready(job.workers)
             execution = execute(job)

@@ -68,6 +68,23 @@ def test_seeded_and_reproducible() -> None:
     assert a.low < a.value < a.high
 
 
+def test_resample_weights_count_each_draw_of_the_generator() -> None:
+    """Row b counts how often each persona was drawn in resample b (the generator's draws, in order): the same
+    resamples as before they were counted with one bincount, so every interval is unchanged. The seeded weights a
+    job's table and plots share are those, read-only."""
+    from cupid_exp.scoring.bootstrap import _resample_weights, _seeded_weights
+
+    n_clusters, n_boot = 7, 50
+    draws = np.random.default_rng(5).integers(0, n_clusters, size=(n_boot, n_clusters))
+    expected = np.array([[Counter(row.tolist())[i] for i in range(n_clusters)] for row in draws], dtype=float)
+    weights = _resample_weights(n_clusters, n_boot, np.random.default_rng(5))
+    assert np.array_equal(weights, expected) and (weights.sum(axis=1) == n_clusters).all()
+    shared = _seeded_weights(n_clusters, n_boot, 5)
+    assert np.array_equal(shared, expected) and _seeded_weights(n_clusters, n_boot, 5) is shared
+    with pytest.raises(ValueError):
+        shared[0, 0] = 99.0
+
+
 def test_cluster_interval_is_wider_than_an_instance_interval_when_personas_are_correlated() -> None:
     rng = np.random.default_rng(0)
     records = []

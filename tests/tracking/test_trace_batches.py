@@ -89,6 +89,29 @@ def test_batches_store_what_mlflows_own_exporter_stores_in_fewer_transactions(tm
     assert some["token_usage"]["input_tokens"] == 10 + 11 + 12 + 13
 
 
+def test_a_batch_reads_its_experiment_once_not_once_per_trace(tmp_path: Path, monkeypatch) -> None:
+    """MLflow's ``start_trace`` reads the trace's experiment for every trace (a tenth of the export's CPU); in a
+    batch the store reads it once, and the traces are those of the test above (the same calls write them)."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    reads: list[str] = []
+    original = SqlAlchemyStore.get_experiment
+
+    def counted(self: Any, experiment_id: str) -> Any:
+        reads.append(experiment_id)
+        return original(self, experiment_id)
+
+    monkeypatch.setattr(SqlAlchemyStore, "get_experiment", counted)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    experiment, batches = _write(uri, N, batched=True, monkeypatch=monkeypatch, prepare=lambda _: reads.clear())
+    assert batches.fallbacks == 0 and 1 <= batches.batches < N
+    assert reads and set(reads) == {experiment} and len(reads) <= batches.batches
+    assert len(_stored(uri, experiment)) == N
+    reads.clear()
+    assert MlflowClient(uri).get_experiment(experiment).experiment_id == experiment  # outside a batch: read as ever
+    assert reads == [experiment]
+
+
 def test_a_batch_that_fails_is_rolled_back_and_written_trace_by_trace(tmp_path: Path, monkeypatch) -> None:
     """The first batch's spans are refused: its transaction is rolled back (its traces' rows with it, or writing
     them again would take MLflow's conflict path and add their assessments twice), then each trace is written

@@ -2,11 +2,13 @@
 
 Why: every call costs the client a few milliseconds of CPU (litellm's Router, the OpenAI SDK, our steps:
 5-15 ms depending on the machine). At high concurrency and latency one core then bounds the call rate
-below what the backend would take (``bench/scale.py``); more processes use more cores. Each one pays for
-its own start (Python, ``import litellm``: 2-4 s of CPU) and ~200 MB, so it pays off only for long runs.
+below what the backend would take (``bench/scale.py``); more processes use more cores. On Linux a worker is
+forked once the job's process has imported litellm (``start_method``), so it starts in a fraction of a second;
+spawned (macOS, Windows, or a plan built with its clients) it pays for its own start (Python, ``import litellm``:
+2-4 s of CPU). Each costs ~200 MB.
 
 The job's process stays the job: it runs its share of the instances itself, and it alone journals records,
-talks to the MLflow run and draws the progress bars. The others (spawned, with Ctrl-C left to the job)
+talks to the MLflow run and draws the progress bars. The others (with Ctrl-C left to the job)
 take the next instance from a counter they share with it, and send back each finished instance with its
 model calls and the usage counted since the last one; their log lines go through the same queue. Each
 model's ``max_concurrency`` is split among the processes, so the provider sees the same bound.

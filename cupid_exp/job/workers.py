@@ -257,7 +257,8 @@ class Workers:
         self.running = {p.pid for p in self.processes}
         self.cpu_seconds = 0.0
         self._stop = threading.Event()
-        log.info("model calls shared by %d processes (runtime.workers)", plan.processes)
+        log.info("model calls shared by %d processes (runtime.workers; %s)", plan.processes,
+                 "forked" if method == "fork" else "spawned")
 
     def go(self, with_calls: bool) -> None:
         self.shared.wants_calls.value = int(with_calls)
@@ -371,16 +372,19 @@ def start_workers(plan: JobPlan) -> Workers | None:
 
     Forked (``start_method``) only before the job's clients exist (``run_job`` starts them before ``connect``): a
     forked worker must not inherit them (their response cache holds an SQLite connection, their endpoints the
-    job's share of each limit). A plan that has its clients already gets spawned workers."""
+    job's share of each limit). Spawned where the plan has its clients already, and where this process has called
+    models before (a sweep's later jobs): litellm's native runtime does not survive a fork."""
     if plan.processes <= 1:
         return None
     method = start_method() if plan.ctx is None else "spawn"
     if method == "fork":
         for name in CLIENT_MODULES:
             importlib.import_module(name)
-        from cupid_exp.llm._litellm import import_first_call_modules
+        from cupid_exp.llm._litellm import import_first_call_modules, native_runtime_started
 
         import_first_call_modules()
+        if native_runtime_started():  # an earlier job of this process called models (a sweep's next job)
+            method = "spawn"
         for stream in (sys.stdout, sys.stderr):  # what is buffered is written once, by the job's process
             stream.flush()
     return Workers(plan, method)

@@ -63,7 +63,13 @@ def _first_call_modules() -> Any:
     return [importlib.import_module(name) for name in FIRST_CALL_MODULES]
 
 
-_TARGETS = {"pending_cache_writes": _pending_cache_writes, "logging_worker": _logging_worker,
+def _native_state_flag() -> Any:
+    from litellm.rust_bridge import _native
+
+    return _native.process_state_started
+
+
+_TARGETS = {"native_state_flag": _native_state_flag, "pending_cache_writes": _pending_cache_writes, "logging_worker": _logging_worker,
             "internal_call_flag": _internal_call_flag, "callback_manager": _callback_manager,
             "custom_llm_setup": _custom_llm_setup, "developer_role": _openai_chat_config,
             "first_call_modules": _first_call_modules}
@@ -93,6 +99,17 @@ def drop_legacy_cache_callbacks() -> None:
     for callbacks in (litellm.input_callback, litellm.success_callback, litellm._async_success_callback):
         while "cache" in callbacks:
             callbacks.remove("cache")
+
+
+def native_runtime_started() -> bool:
+    """Whether litellm's Rust extension has run in this process (a model call starts its runtime threads). A
+    process forked after that cannot call models: litellm raises ``ForkedAfterNativeRuntimeStarted`` there. True
+    where this litellm cannot say (fork is then not safe to assume)."""
+    try:
+        return bool(_native_state_flag()())
+    except (ImportError, AttributeError):
+        log.debug("could not read whether litellm's native runtime started", exc_info=True)
+        return True
 
 
 def import_first_call_modules() -> None:

@@ -21,6 +21,7 @@ from cupid_exp.config import ConfigError
 from cupid_exp.job import execute, plan, summarize_job
 from cupid_exp.job.plan import connect, typed_config
 from cupid_exp.job.workers import Workers, WorkerFailed, processes, share, start_workers
+from cupid_exp.llm._litellm import native_runtime_started
 from cupid_exp.llm.usage import requests_sent
 from cupid_exp.tracking.ledger import UsageLedger
 
@@ -89,8 +90,9 @@ def test_two_processes_run_every_instance_once_within_the_configured_bound(tmp_p
         job = plan(config, tmp_path / "two" / "job", clients=not before)
         assert job.processes == 2
         job.cfg.setting = InWorkersConfig()  # the standard setting, which logs when a worker runs it
+        # forked where nothing in this test process has called a model yet (litellm's runtime would not survive)
+        forked = before and sys.platform.startswith("linux") and not native_runtime_started()
         job.workers = start_workers(job)
-        forked = before and sys.platform.startswith("linux")
         assert [p._popen.method for p in job.workers.processes] == ["fork" if forked else "spawn"]
         if before:
             connect(job)
@@ -168,8 +170,8 @@ def test_a_job_killed_outright_leaves_no_worker_calling_models(tmp_path: Path) -
 
     data = write_dataset(tmp_path / "data.jsonl", 12)
     with StubServer(latency_ms=400) as stub:
-        cmd = cli_command(stub.url, tmp_path / "out", "tracking=none", "runtime.workers=2", *_concurrency(2),
-                          data=data)
+        cmd = cli_command(stub.url, tmp_path / "out", "tracking=none", "runtime.workers=2", "runtime.cache=false",
+                          *_concurrency(2), data=data)
         job = subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + 120
@@ -190,3 +192,26 @@ def test_a_job_killed_outright_leaves_no_worker_calling_models(tmp_path: Path) -
         finally:
             if job.poll() is None:
                 job.kill()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux only")
+def test_a_sweeps_later_job_spawns_its_worker_once_this_process_has_called_models(tmp_path: Path) -> None:
+    """Jobs of a ``-m`` sweep run one after the other in one process: the first forks its worker (no model called
+    yet), the second spawns it, since litellm's native runtime, started by the first job's calls, does not survive
+    a fork (a forked worker could not call a model). Both jobs complete."""
+    from helpers.cli_runner import cli_command, cli_env, run_cli
+    from helpers.cupid_data import write_dataset
+
+    data = write_dataset(tmp_path / "data.jsonl", 4)
+    with StubServer(latency_ms=50) as stub:
+        cmd = cli_command(stub.url, tmp_path / "out", "tracking=none", "runtime.workers=2", "runtime.cache=false",
+                          *_concurrency(2), data=data)
+        done = run_cli([*cmd[:3], "-m", *cmd[3:], "model.params.temperature=0,0.5"], env=cli_env(), timeout=300)
+        received = stub.stats()["total_received"]
+    log = done.stdout + done.stderr
+    methods = [line.rsplit("; ", 1)[1].rstrip(")") for line in log.splitlines()
+               if "model calls shared by 2 processes (runtime.workers; " in line]
+    assert methods == ["forked", "spawned"]
+    assert received == 2 * 4 * 4  # every instance of both jobs: infer, decompose, match x2
+    statuses = [json.loads(p.read_text()) for p in sorted((tmp_path / "out").rglob("job_status.json"))]
+    assert [s["outcome"] for s in statuses] == ["ok", "ok"], statuses

@@ -3,6 +3,8 @@ latency, cache hit and retries; the scores as feedback; failed steps as errors; 
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from helpers.cli_runner import job_dirs, read_jsonl, run_cli
 from helpers.cupid_data import write_dataset
@@ -124,3 +126,5 @@ def test_calls_shared_by_two_processes_are_traced_counted_and_logged(tmp_path) -
     (failed,) = [key for key, r in records.items() if r["errors"]]
     log = done.stdout + done.stderr
     assert "model calls shared by 2 processes" in log and f"instance {failed}:" in log
+    if sys.platform.startswith("linux"):  # a fresh process has called no model: its worker is forked
+        assert "model calls shared by 2 processes (runtime.workers; forked)" in log

@@ -69,10 +69,10 @@ def _native_state_flag() -> Any:
     return _native.process_state_started
 
 
-_TARGETS = {"native_state_flag": _native_state_flag, "pending_cache_writes": _pending_cache_writes, "logging_worker": _logging_worker,
-            "internal_call_flag": _internal_call_flag, "callback_manager": _callback_manager,
-            "custom_llm_setup": _custom_llm_setup, "developer_role": _openai_chat_config,
-            "first_call_modules": _first_call_modules}
+_TARGETS = {"native_state_flag": _native_state_flag, "pending_cache_writes": _pending_cache_writes,
+            "logging_worker": _logging_worker, "internal_call_flag": _internal_call_flag,
+            "callback_manager": _callback_manager, "custom_llm_setup": _custom_llm_setup,
+            "developer_role": _openai_chat_config, "first_call_modules": _first_call_modules}
 
 
 def probe() -> dict[str, bool]:

@@ -53,7 +53,7 @@ def serve(inbox: Any, outbox: Any, progress: Any) -> None:
     parent = multiprocessing.parent_process()
     meter = SnapshotMeter()
     live: LiveRun | None = None
-    reported = plots_imported = False
+    reported = False
     while True:
         try:
             message = inbox.get(timeout=1.0)
@@ -70,11 +70,9 @@ def serve(inbox: Any, outbox: Any, progress: Any) -> None:
                 live = open_run(request, Claim(request.run_key), meter)  # the job holds the claim's lock
                 outbox.send(("opened", live.run_id, live.attempt))
             elif kind == "instance" and live is not None:
-                if not plots_imported:
-                    # what the end will need (the table, the plots: ~1 s of CPU), imported once the job calls
-                    # models, not while its processes import theirs before the first call
-                    import cupid_exp.reporting.plots  # noqa: F401
-                    plots_imported = True
+                # what the end will need (the table, the plots: ~1 s of CPU), imported with the first instance, once
+                # the job calls models, not while its processes import theirs (later instances: a lookup)
+                import cupid_exp.reporting.plots  # noqa: F401
                 shown, result, calls, meter.latest = pickle.loads(message[1])
                 live.instance_finished(shown, result, result.to_record(), calls)
                 error = getattr(live.traces, "error", None)

@@ -8,10 +8,10 @@ each (~55 ms of CPU per instance on SQLite: the worker fell a second behind a 30
 (in a thread) and, for a SQLite store, a single export worker (several would only queue on the
 database lock). Those are defaults: ``MLFLOW_*`` variables set by the user win. To a SQL store the
 finished traces of each batch are then written in one transaction (``trace_batches``: ~13 ms of CPU
-per trace instead of ~31, one commit per batch instead of two per trace). When the model phase ends, every span has ended: the final export starts then (``executed``)
-and the run's end waits for it (``close``), so MLflow's idle wait for its queue (up to a second) passes
-while the job summarises. All this normally runs in the worker process that keeps the job's run
-(``cupid_exp.tracking.run_worker``).
+per trace instead of ~31, one commit per batch instead of two per trace). When the model phase ends,
+every span has ended: the final export starts then (``executed``) and the run's end waits for it
+(``close``), so MLflow's idle wait for its queue (up to a second) passes while the job summarises. All
+this normally runs in the worker process that keeps the job's run (``cupid_exp.tracking.run_worker``).
 
 Why explicit spans rather than ``mlflow.litellm.autolog``: autolog makes one trace per call (not
 per instance), knows neither the step nor re-asks, and would put litellm's logging callbacks, which

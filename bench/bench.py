@@ -79,6 +79,12 @@ class Stub:
         with urllib.request.urlopen(self.url.removesuffix("/v1") + "/stats", timeout=10) as r:
             return json.loads(r.read())
 
+    def reset(self) -> None:
+        """Counters back to zero (``peak_in_flight`` among them), so that each run reads its own."""
+        request = urllib.request.Request(self.url.removesuffix("/v1") + "/reset", data=b"", method="POST")
+        with urllib.request.urlopen(request, timeout=10):
+            pass
+
     def close(self) -> None:
         self.proc.terminate()
         try:
@@ -161,6 +167,7 @@ async def measure(fn):
     return 1000 * (time.process_time() - start) / n
 
 async def main():
+    import litellm
     from openai import AsyncOpenAI
     rt = RuntimeConfig(cache_dir=sys.argv[3], cache=True, num_retries=3, timeout=600)
     configure_litellm(rt)
@@ -169,9 +176,9 @@ async def main():
                                    params={"temperature": 0}, **prices), rt, UsageMeter())
     out = {"OpenAI SDK alone (no litellm)": await measure(
                lambda i: sdk.chat.completions.create(model="stub", messages=messages(i, "sdk"))),
-           "litellm Router + response cache on disk": await measure(
-               lambda i: client._router.acompletion(model="s", messages=messages(i, "router"), caching=True)),
-           "cupid-exp LLMClient.complete (Router, cache, accounting)": await measure(
+           "litellm.acompletion + response cache on disk": await measure(
+               lambda i: litellm.acompletion(messages=messages(i, "litellm"), caching=True, **client._send_params)),
+           "cupid-exp LLMClient.complete (litellm, cache, accounting)": await measure(
                lambda i: client.complete(messages(i, "client"), step="x"))}
     print(json.dumps(out))
 
@@ -260,10 +267,10 @@ def main() -> None:
         for label, per_call in floors:
             rows.append((f"layer floor, warm client, 300 calls at concurrency 16: {label}", f"{per_call:.2f} ms CPU",
                          "-", ""))
-        sdk, router, client = (v for _, v in floors)
+        sdk, bare, client = (v for _, v in floors)
         own = marginal_cpu - client
-        notes.append(f"Per model call, litellm's Router with the response cache on disk costs {router:.2f} ms of CPU on this machine "
-                     f"(the OpenAI SDK alone {sdk:.2f} ms; cupid-exp's client around the Router {client:.2f} ms). The "
+        notes.append(f"Per model call, litellm with the response cache on disk costs {bare:.2f} ms of CPU on this machine "
+                     f"(the OpenAI SDK alone {sdk:.2f} ms; cupid-exp's client around litellm {client:.2f} ms). The "
                      f"pipeline's marginal {marginal_cpu:.2f} ms of CPU per call includes that floor, so cupid-exp's own "
                      "orchestration (prompts, parsing, records, journal) adds "
                      + (f"about {own:.2f} ms per call." if own > 0.5 else

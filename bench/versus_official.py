@@ -140,11 +140,13 @@ def run_official(args: argparse.Namespace, stub: Stub, data_dir: Path, work: Pat
     results = work / "official-results"
     shutil.rmtree(results, ignore_errors=True)
     env = {**ENV, "OPENAI_API_KEY": "sk-bench", "OPENAI_BASE_URL": stub.url, "PYTHONPATH": str(args.official)}
+    stub.reset()
     before = stub.stats()["total_completed"]
     res = timed([args.official_python, "-m", "evaluation.run", "--results_dir", str(results), "--model", OFFICIAL_MODELS[0],
                  "--data_dir", str(data_dir), "--n_workers", str(args.concurrency), "--task", "inference",
                  "--log_file", str(work / "official.log")], cwd=args.official, env=env, limit_s=args.official_limit)
     res["requests"] = stub.stats()["total_completed"] - before
+    res["peak_in_flight"] = stub.stats()["peak_in_flight"]
     summary = json.loads((results / OFFICIAL_MODELS[0] / "results.json").read_text())["inference"]
     res["micro_f1"] = 100 * summary["f1"]
     return res
@@ -166,9 +168,11 @@ def run_ours(args: argparse.Namespace, stub: Stub, data: Path, work: Path, store
     if store is not None:  # an existing, migrated MLflow store, as from a user's earlier runs
         shutil.copyfile(store, root / "mlflow.db")
     env = {**ENV, "OPENAI_API_KEY": "sk-bench"}
+    stub.reset()
     before = stub.stats()["total_completed"]
     res = timed(ours_command(stub.url, root, data, args.concurrency) + list(extra), cwd=ROOT, env=env)
     res["requests"] = stub.stats()["total_completed"] - before
+    res["peak_in_flight"] = stub.stats()["peak_in_flight"]
     (metrics_file,) = root.glob("runs/**/metrics.json")
     metrics = json.loads(metrics_file.read_text())["metrics"]
     res["model_s"] = metrics["time/model_seconds"]
@@ -176,6 +180,16 @@ def run_ours(args: argparse.Namespace, stub: Stub, data: Path, work: Path, store
     res["ideal_s"] = res["requests"] * args.latency / args.concurrency
     shutil.rmtree(root, ignore_errors=True)
     return res
+
+
+def equal_in_flight(concurrency: int) -> list[str]:
+    """Overrides that bound cupid-exp's requests in flight, all roles together, by the official runner's
+    ``--n_workers``: ``max_concurrency`` bounds each model config (subject 64, evaluator 64: up to 192 at once
+    here), while the official runner's workers each send one request at a time. Split as the calls are: per
+    instance one subject call, one decomposition, two matches."""
+    quarter, half = max(1, concurrency // 4), max(1, concurrency // 2)
+    return [f"model.max_concurrency={quarter}", f"evaluator.decomposer.max_concurrency={quarter}",
+            f"evaluator.matcher.max_concurrency={half}", f"evaluator.judge.max_concurrency={half}"]
 
 
 def run_official_series(args: argparse.Namespace, stub: Stub, data_dir: Path, work: Path) -> dict[str, Any]:
@@ -232,10 +246,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--official-limit", type=float, default=60.0,
                         help="seconds after which an official run counts as hung: killed, left out, and counted")
-    parser.add_argument("--out", type=Path, default=BENCH / "versus_official.md")
+    parser.add_argument("--out", type=Path, default=BENCH / "versus_official.md",
+                        help="the report replaces this file's content")
     parser.add_argument("--sweep", type=int, default=0, metavar="N",
                         help="also N models one after the other: the official runner N times, cupid-exp as one "
                              "multirun of N jobs (in one process, as a researcher's `-m` sweep)")
+    parser.add_argument("--equal-in-flight", action="store_true",
+                        help="also run cupid-exp with at most --concurrency requests in flight over all roles, as the "
+                             "official runner's workers send them (equal_in_flight)")
     parser.add_argument("--tracking-costs", action="store_true",
                         help="also run cupid-exp with tracking.traces=false and with tracking=none: what tracing and "
                              "MLflow cost")
@@ -255,6 +273,7 @@ def main() -> None:
         ours: list[dict[str, Any]] = []
         hung: list[str] = []
         variants: dict[str, list[dict[str, Any]]] = {"tracking.traces=false": [], "tracking=none": []}
+        equal: list[dict[str, Any]] = []
         sweeps: dict[str, list[dict[str, Any]]] = {"official": [], "ours": []}
         with Stub(latency_ms=int(args.latency * 1000), model_ids=",".join(OFFICIAL_MODELS)) as stub:
             fresh = run_ours(args, stub, data, work, store=None)  # first run on this machine: store created
@@ -272,6 +291,10 @@ def main() -> None:
                 print(f"cupid-exp #{i + 1}: {ours[-1]['wall']:.1f} s (model phase {ours[-1]['model_s']:.2f} s), "
                       f"{ours[-1]['requests']} requests, {ours[-1]['rss_max_mb']:.0f} MB "
                       f"(tree {ours[-1]['rss_tree_mb']:.0f} MB)")
+                if args.equal_in_flight:
+                    equal.append(run_ours(args, stub, data, work, store, *equal_in_flight(args.concurrency)))
+                    print(f"cupid-exp, at most {args.concurrency} in flight #{i + 1}: {equal[-1]['wall']:.1f} s "
+                          f"(model phase {equal[-1]['model_s']:.2f} s, peak {equal[-1]['peak_in_flight']} in flight)")
                 if args.tracking_costs:
                     for override, runs in variants.items():
                         runs.append(run_ours(args, stub, data, work, store, override))
@@ -283,7 +306,7 @@ def main() -> None:
                     sweeps["ours"].append(run_ours_sweep(args, stub, data, work, store))
                     print(f"cupid-exp -m x{args.sweep} #{i + 1}: {sweeps['ours'][-1]['wall']:.1f} s "
                           f"(model phases {sweeps['ours'][-1]['model_s']:.2f} s)")
-        report = render(args, has_official, official, ours, fresh, variants if args.tracking_costs else {})
+        report = render(args, has_official, official, ours, fresh, variants if args.tracking_costs else {}, equal)
         if args.sweep:
             report += render_sweeps(args, has_official, sweeps, ours)
         if hung:
@@ -296,7 +319,7 @@ def main() -> None:
 
 
 def render(args: argparse.Namespace, has_official: bool, official: list[dict], ours: list[dict], fresh: dict,
-           variants: dict[str, list[dict]]) -> str:
+           variants: dict[str, list[dict]], equal: list[dict] | None = None) -> str:
     m = machine()
     load = os.getloadavg()
     lines = [
@@ -331,7 +354,18 @@ def render(args: argparse.Namespace, has_official: bool, official: list[dict], o
             f"| peak RSS, process tree summed, MB | {spread([r['rss_tree_mb'] for r in official], '{:.0f}')} | "
             f"{spread([r['rss_tree_mb'] for r in ours], '{:.0f}')} | | |",
             f"| CPU seconds | {spread([r['cpu'] for r in official])} | {spread([r['cpu'] for r in ours])} | | |",
+            f"| peak requests in flight (the stub's count) | "
+            f"{spread([r['peak_in_flight'] for r in official], '{:.0f}')} | "
+            f"{spread([r['peak_in_flight'] for r in ours], '{:.0f}')} | | |",
         ]
+        if equal:
+            w_eq = [r["wall"] for r in equal]
+            lines += [f"| whole-process wall, cupid-exp with at most {args.concurrency} in flight over all roles "
+                      f"(`{' '.join(equal_in_flight(args.concurrency))}`), s | {spread(w_off)} | {spread(w_eq)} | "
+                      f"{statistics.median(w_eq) / statistics.median(w_off):.2f} | |",
+                      f"| ... its model phase, s; peak in flight | | "
+                      f"{spread([r['model_s'] for r in equal], '{:.2f}')}; "
+                      f"{spread([r['peak_in_flight'] for r in equal], '{:.0f}')} | | |"]
     else:
         lines += [f"| whole-process wall, s | – | {spread(w_ours)} | | |",
                   f"| peak RSS, largest process, MB | – | {spread([r['rss_max_mb'] for r in ours], '{:.0f}')} | | |"]

@@ -101,9 +101,9 @@ def test_jobs_starting_together_on_a_fresh_store_all_log(tmp_path: Path) -> None
     assert sorted(r.info.run_name for r in runs) == ["job0", "job1", "job2", "job3"]
 
 
-def test_jobs_run_one_after_another_in_one_process_share_routers_across_event_loops(tmp_path: Path) -> None:
-    """Hydra's basic launcher runs a sweep's jobs in one process, each in its own event loop; the litellm Router
-    made for the first job is reused by the next, and must still work there."""
+def test_jobs_run_one_after_another_in_one_process_each_call_models_in_its_own_event_loop(tmp_path: Path) -> None:
+    """Hydra's basic launcher runs a sweep's jobs in one process, each in its own event loop; litellm's clients
+    (its cached HTTP clients among them) made in the first job's loop must still work in the next."""
     data = write_dataset(tmp_path / "data.jsonl", 3)
     root = tmp_path / "out"
     with StubServer() as stub:

@@ -1,6 +1,6 @@
 """``runtime.workers`` > 1: a job's model calls shared by several processes, each with its own event loop.
 
-Why: every call costs the client a few milliseconds of CPU (litellm's Router, the OpenAI SDK, our steps:
+Why: every call costs the client a few milliseconds of CPU (litellm, the OpenAI SDK, our steps:
 5-15 ms depending on the machine). At high concurrency and latency one core then bounds the call rate
 below what the backend would take (``bench/scale.py``); more processes use more cores. On Linux a worker is
 forked once the job's process has imported litellm (``start_method``), so it starts in a fraction of a second;
@@ -372,8 +372,9 @@ def start_workers(plan: JobPlan) -> Workers | None:
 
     Forked (``start_method``) only before the job's clients exist (``run_job`` starts them before ``connect``): a
     forked worker must not inherit them (their response cache holds an SQLite connection, their endpoints the
-    job's share of each limit). Spawned where the plan has its clients already, and where this process has called
-    models before (a sweep's later jobs): litellm's native runtime does not survive a fork."""
+    job's share of each limit). Spawned where the plan has its clients already, and where litellm's native runtime
+    has started in this process (a native route ran: litellm's Router, which the client no longer uses, among them):
+    it does not survive a fork. The client's own calls leave it unstarted, so a sweep's later jobs fork too."""
     if plan.processes <= 1:
         return None
     method = start_method() if plan.ctx is None else "spawn"
@@ -383,7 +384,7 @@ def start_workers(plan: JobPlan) -> Workers | None:
         from cupid_exp.llm._litellm import import_first_call_modules, native_runtime_started
 
         import_first_call_modules()
-        if native_runtime_started():  # an earlier job of this process called models (a sweep's next job)
+        if native_runtime_started():  # a native route of litellm ran in this process
             method = "spawn"
         for stream in (sys.stdout, sys.stderr):  # what is buffered is written once, by the job's process
             stream.flush()

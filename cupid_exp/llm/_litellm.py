@@ -34,12 +34,6 @@ def _internal_call_flag() -> Any:
     return is_internal_call
 
 
-def _callback_manager() -> Any:
-    import litellm
-
-    return litellm.logging_callback_manager.remove_callback_from_list_by_object
-
-
 def _custom_llm_setup() -> Any:
     from litellm.utils import custom_llm_setup
 
@@ -71,8 +65,8 @@ def _native_state_flag() -> Any:
 
 _TARGETS = {"native_state_flag": _native_state_flag, "pending_cache_writes": _pending_cache_writes,
             "logging_worker": _logging_worker, "internal_call_flag": _internal_call_flag,
-            "callback_manager": _callback_manager, "custom_llm_setup": _custom_llm_setup,
-            "developer_role": _openai_chat_config, "first_call_modules": _first_call_modules}
+            "custom_llm_setup": _custom_llm_setup, "developer_role": _openai_chat_config,
+            "first_call_modules": _first_call_modules}
 
 
 def probe() -> dict[str, bool]:
@@ -102,8 +96,9 @@ def drop_legacy_cache_callbacks() -> None:
 
 
 def native_runtime_started() -> bool:
-    """Whether litellm's Rust extension has run in this process (a model call starts its runtime threads). A
-    process forked after that cannot call models: litellm raises ``ForkedAfterNativeRuntimeStarted`` there. True
+    """Whether litellm's Rust extension has run in this process (a native route starts its runtime threads: a
+    Router call does, ``litellm.acompletion`` to an OpenAI-style API does not). A process forked after that cannot
+    call models: litellm raises ``ForkedAfterNativeRuntimeStarted`` there. True
     where this litellm cannot say (fork is then not safe to assume)."""
     try:
         return bool(_native_state_flag()())
@@ -140,33 +135,6 @@ def keep_developer_role() -> None:
 def _as_given(self: Any, messages: list, *args: Any, **kwargs: Any) -> list:
     # litellm 1.109 added keyword arguments (model, api_base, ...) that the answer does not depend on
     return messages
-
-
-def unhook_router_callbacks(router: Any) -> None:
-    """Remove a Router's own entries from litellm's global callback lists (what ``Router.discard`` does,
-    without also dropping the Router from litellm's price-map bookkeeping). Each Router left hooked
-    added ~0.7 ms of CPU to every call of every Router (measured)."""
-    import litellm
-
-    try:
-        remove = _callback_manager()
-        for callbacks in (litellm._async_success_callback, litellm.success_callback, litellm._async_failure_callback,
-                          litellm.failure_callback, litellm.input_callback, litellm.service_callback,
-                          litellm.callbacks):
-            remove(callbacks, router)
-    except (ImportError, AttributeError):  # another litellm layout: slower calls, same results
-        log.debug("could not unhook the Router's callbacks", exc_info=True)
-
-
-def drop_empty_price_entries(known_before: set[str], litellm_model: str) -> None:
-    """litellm's Router registers an empty price entry under "<provider>/<model>", which then shadows the
-    real price and makes every call cost $0; drop such entries added since ``known_before``."""
-    import litellm
-
-    bare = litellm_model.split("/", 1)[-1]
-    for name in set(litellm.model_cost) - known_before:
-        if name in (litellm_model, bare) and "input_cost_per_token" not in (litellm.model_cost[name] or {}):
-            del litellm.model_cost[name]
 
 
 def no_logging_flag() -> Any:

@@ -315,12 +315,12 @@ async def reserve_call(client: Any, messages: list[dict], kwargs: Mapping[str, A
         raise
 
 
-def settle_call(held: Reservation | None, response: Any) -> None:
-    """The hook after a reply: the reservation settled at litellm's cost of it (nothing for a cache hit)."""
+def settle_call(held: Reservation | None, response: Any, cost: float | None) -> None:
+    """The hook after a reply: the reservation settled at its cost (the client's, by litellm's calculator; None
+    when unpriced), nothing for a cache hit."""
     if held is None:
         return
     hidden = getattr(response, "_hidden_params", None) or {}
-    cost = hidden.get("response_cost")
     if hidden.get("cache_hit"):
         held.settle(0.0)
     elif getattr(response, "choices", None):

@@ -1,7 +1,8 @@
 """One client layer over litellm for every provider, the embedded model included.
 
-litellm's Router gives timeouts, litellm's cache the persistent response cache (its entries on disk:
-``response_cache``), litellm's price map the cost. This module adds only what litellm lacks: bounded
+Each request is one ``litellm.acompletion`` with the call's timeout and no retries of litellm's or the OpenAI
+SDK's; litellm's cache gives the persistent response cache (its entries on disk: ``response_cache``), litellm's
+price map and cost calculator the cost. This module adds only what litellm lacks: bounded
 concurrency per model, a cache namespace that covers api_base and every decoding parameter, per-step
 usage, and the line between a provider's failure (counted per instance, the run goes on) and a bug (the
 job stops with its traceback). Retries are ours (``cupid_exp.llm.retry``: rate limits waited out as the
@@ -59,34 +60,6 @@ def configure_litellm(runtime: RuntimeConfig) -> None:
     _litellm.keep_developer_role()
 
 
-_ROUTERS: dict[str, Any] = {}
-
-
-def _router(model: ModelConfig, params: dict[str, Any], runtime: RuntimeConfig,
-            model_info: dict[str, Any] | None = None) -> Any:
-    """The litellm Router for one deployment, made once per process, with no retries of its own (ours read
-    every rate-limit header and are not bounded by a count: ``cupid_exp.llm.retry``).
-
-    Every Router adds itself to litellm's global callback lists and price registrations, and every
-    call of every Router then pays for all of them (~0.7 ms of CPU per extra Router per call, measured),
-    so jobs with the same model config share one Router and its callbacks are unhooked.
-    """
-    import litellm
-
-    key = hashlib.sha256(json.dumps([model.name, params, model_info, runtime.timeout],
-                                    sort_keys=True, default=str).encode()).hexdigest()
-    if key not in _ROUTERS:
-        known = set(litellm.model_cost)
-        router = litellm.Router(
-            model_list=[{"model_name": model.name, "litellm_params": params,
-                         **({"model_info": dict(model_info)} if model_info else {})}],
-            num_retries=0, timeout=runtime.timeout, disable_cooldowns=True)
-        _litellm.drop_empty_price_entries(known, model.litellm_model)
-        _litellm.unhook_router_callbacks(router)
-        _ROUTERS[key] = router
-    return _ROUTERS[key]
-
-
 # A prompt this many characters per token of the model's window cannot fit (real text runs 3-5
 # characters per token): refused before it is sent, as a context_length failure that costs nothing.
 _CHARS_PER_TOKEN_CEILING = 6
@@ -128,11 +101,12 @@ class LLMClient:
             params["api_key"] = key
         elif model.api_base:
             params["api_key"] = "EMPTY"  # OpenAI-compatible servers without auth still need a value
-        # Configured prices go in the deployment's model_info, registered once; in litellm_params litellm
-        # re-registers them on every call (~2.5 ms of CPU per call, measured) for the same response_cost.
-        prices = {k: v for k, v in (("input_cost_per_token", model.input_cost_per_token),
-                                    ("output_cost_per_token", model.output_cost_per_token)) if v is not None}
-        self._router = _router(model, params, runtime, prices) if not runtime.dry_run else None
+        # No litellm Router: it cost ~1.4 ms of CPU per call on top of this (30% of the client's, measured) for
+        # nothing the runner uses: no retries (ours: cupid_exp.llm.retry), one deployment, no fallbacks.
+        self._send_params = {**params, "timeout": runtime.timeout, "num_retries": 0, "max_retries": 0}
+        # A config's own prices override litellm's map: applied to the response's tokens by litellm's cost
+        # calculator after the call, never registered in litellm's global map (two configs may price one id).
+        self._config_prices = _config_prices(model)
         self._api_key = params.get("api_key")
         self._batcher: Any = None
         self._batch = _wants_batch(model, runtime)
@@ -163,14 +137,19 @@ class LLMClient:
             raise ProviderError("context_length", f"{self.model.name}: not sent: a prompt of {chars:,} characters "
                                                   f"cannot fit the model's {self.window:,}-token context window")
 
-    def _price(self, response: Any) -> float | None:
-        """Cost from litellm's price map; None for an unpriced model (tried once per client, not per call)."""
+    def _cost(self, response: Any) -> float | None:
+        """What a reply cost: litellm prices each response by its map as it returns it; a config's own prices
+        are applied by litellm's calculator here. None for an unpriced model (tried once per client, not per call)."""
         import litellm
 
+        cost = None if self._config_prices else (getattr(response, "_hidden_params", None) or {}).get("response_cost")
+        if isinstance(cost, (int, float)):
+            return float(cost)
         if self._unpriced:
             return None
         try:
-            return float(litellm.completion_cost(completion_response=response))
+            return float(litellm.completion_cost(completion_response=response,
+                                                 custom_cost_per_token=self._config_prices))
         except (litellm.exceptions.ModelNotMappedError, litellm.exceptions.BadRequestError,
                 litellm.exceptions.NotFoundError):
             self._unpriced = True  # an unpriced model: counted, never guessed
@@ -273,7 +252,8 @@ class LLMClient:
         finally:
             if token is not None:
                 self._internal.reset(token)
-        settle_call(held, response)
+        cost = self._cost(response) if getattr(response, "choices", None) else None
+        settle_call(held, response, cost)
         if not getattr(response, "choices", None):
             # litellm returns None instead of raising when a server rejects a request with HTTP 422 twice
             self.meter.fail(step, "provider")
@@ -283,12 +263,11 @@ class LLMClient:
         choice = response.choices[0]
         usage = getattr(response, "usage", None)
         hidden = getattr(response, "_hidden_params", None) or {}
-        cost = hidden.get("response_cost")  # litellm prices every response (with the config's own prices)
         completion = Completion(
             text=choice.message.content or "",
             prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
             completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
-            cost_usd=cost if isinstance(cost, (int, float)) else self._price(response),
+            cost_usd=cost,
             cached=bool(hidden.get("cache_hit")),
             seconds=time.perf_counter() - start,
             retries=attempts.retries, rate_limited=attempts.rate_limited, limit_wait_s=attempts.wait_s,
@@ -301,7 +280,9 @@ class LLMClient:
     async def _send(self, messages: list[dict], kwargs: dict[str, Any]) -> Any:
         """The one place a request goes out (``messages`` with ``kwargs``' max_tokens): once per attempt,
         inside the endpoint's slot (``cupid_exp.llm.retry.with_retries``)."""
-        return await self._router.acompletion(model=self.model.name, messages=messages, **kwargs)
+        import litellm
+
+        return await litellm.acompletion(messages=messages, **{**kwargs, **self._send_params})  # ours win: no retries
 
     def _scrub(self, text: str) -> str:
         """A provider's message without the key (some quote the key they refused)."""
@@ -310,6 +291,17 @@ class LLMClient:
         from cupid_exp.secrets import scrub
 
         return scrub(text, [self._key])
+
+
+def _config_prices(model: ModelConfig) -> dict[str, float] | None:
+    """The prices per token a config gives (the map's for the one it leaves out), for litellm's cost calculator;
+    None when the config gives none (litellm's map prices the call) or the model has no price at all."""
+    if model.is_embedded or (model.input_cost_per_token is None and model.output_cost_per_token is None):
+        return None
+    from cupid_exp.llm.budget import model_prices
+
+    prices = model_prices(model)
+    return None if prices is None else {"input_cost_per_token": prices.input, "output_cost_per_token": prices.output}
 
 
 def _identity(model: ModelConfig) -> str:

@@ -15,7 +15,7 @@ process that calls the same endpoint shares its ``Endpoint``:
   requests and tokens before it allow, counted as OpenAI counts them (prompt estimate + ``max_tokens``); a 429
   while pacing slows the pace ×0.9 (once per cooldown, down to half), success brings it back slowly: the
   provider's windows and our clock never align exactly. At the moment of sending, no second may hold more
-  than the paced share of requests: a caller that woke late (a busy CPU) waits instead of landing on top of
+  than the paced share of requests (rounded up): a caller that woke late (a busy CPU) waits instead of landing on top of
   the next second's requests, where the provider's one-second window would refuse the excess.
   Its schedule is a small ledger file under ``runtime.cache_dir/rate_limits/`` (``filelock``), so worker
   processes and the jobs of a parallel sweep on the same key stay within the limits together;
@@ -40,7 +40,7 @@ from cupid_exp.llm.retry import FatalProviderError
 COOLDOWN_S = 3.0  #: at most one cut of the concurrency limit per this many seconds
 DECREASE, INCREASE = 0.8, 0.1  #: the cut on a 429, the share added after a round of successes
 WINDOW_S = 1.0  #: the provider's window for requests sent: OpenAI quantises per-minute limits into seconds
-PACE_MARGIN = 0.95  #: pace at this share of the stated limits (the provider's windows and ours never align exactly)
+PACE_MARGIN = 0.98  #: pace at this share of the stated limits (the provider's windows and ours never align exactly)
 SLOW_START = 4  #: the least a limit starts at (a quarter of max_concurrency otherwise)
 CHARS_PER_TOKEN = 4  #: the prompt estimate for tokens-per-minute (OpenAI's own rule of thumb)
 
@@ -164,7 +164,9 @@ class Pacer:
 
     def _admit(self, state: dict[str, Any]) -> float:
         now = time.time()
-        cap = max(1, int(self.rpm * PACE_MARGIN * state.get("scale", 1.0) * WINDOW_S / 60.0))
+        # the second's share rounded up: rounded down, 300 RPM (4.9 a second at the margin) sent 4, a fifth too few;
+        # the schedule (``reserve``) keeps the average, this only stops late wake-ups from bunching
+        cap = max(1, math.ceil(self.rpm * PACE_MARGIN * state.get("scale", 1.0) * WINDOW_S / 60.0 - 1e-9))
         sent = sorted(t for t in state.get("sent", ()) if t > now - WINDOW_S)
         if len(sent) >= cap:
             return max(0.001, sent[-cap] + WINDOW_S - now)

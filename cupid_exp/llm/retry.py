@@ -1,7 +1,7 @@
 """What to do with a failed request: wait and retry, retry a bounded number of times, give up, or stop the job.
 
 litellm's own retries read only ``retry-after`` and honour it only under 60 s, and they absorb 429s before
-anyone else sees them; the client turns them off (``num_retries=0`` on its Router) and decides here:
+anyone else sees them; the client turns them off (``num_retries=0``, ``max_retries=0`` on each call) and decides here:
 
 - a rate limit (429) is waited out for as long as the provider says, however long, and retried without a
   count limit, until ``runtime.rate_limit_patience_s`` has passed since the call began;

@@ -1,7 +1,7 @@
 """What every model call costs and how it ended, counted per step; the one place usage becomes metrics.
 
 A *call* is one completion a step asked for. It either succeeds (fresh or from the cache) or fails
-after the Router's retries. *Requests* are what reached a provider: every fresh success, every
+after our retries (``cupid_exp.llm.retry``). *Requests* are what reached a provider: every fresh success, every
 failed call, and every retry of either. Replies that came back but could not be used are counted
 apart (``<kind>_attempt``), since the call itself succeeded.
 """

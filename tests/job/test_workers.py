@@ -195,10 +195,10 @@ def test_a_job_killed_outright_leaves_no_worker_calling_models(tmp_path: Path) -
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux only")
-def test_a_sweeps_later_job_spawns_its_worker_once_this_process_has_called_models(tmp_path: Path) -> None:
-    """Jobs of a ``-m`` sweep run one after the other in one process: the first forks its worker (no model called
-    yet), the second spawns it, since litellm's native runtime, started by the first job's calls, does not survive
-    a fork (a forked worker could not call a model). Both jobs complete."""
+def test_a_sweeps_later_job_forks_its_worker_too_and_every_call_of_both_jobs_is_made(tmp_path: Path) -> None:
+    """Jobs of a ``-m`` sweep run one after the other in one process. The client's calls (``litellm.acompletion``)
+    do not start litellm's native runtime, so the later job forks its worker as the first did (through litellm's
+    Router they did, and every later job paid for a spawned worker's start), and that worker calls models."""
     from helpers.cli_runner import cli_command, cli_env, run_cli
     from helpers.cupid_data import write_dataset
 
@@ -211,7 +211,56 @@ def test_a_sweeps_later_job_spawns_its_worker_once_this_process_has_called_model
     log = done.stdout + done.stderr
     methods = [line.rsplit("; ", 1)[1].rstrip(")") for line in log.splitlines()
                if "model calls shared by 2 processes (runtime.workers; " in line]
-    assert methods == ["forked", "spawned"]
+    assert methods == ["forked", "forked"]
     assert received == 2 * 4 * 4  # every instance of both jobs: infer, decompose, match x2
     statuses = [json.loads(p.read_text()) for p in sorted((tmp_path / "out").rglob("job_status.json"))]
     assert [s["outcome"] for s in statuses] == ["ok", "ok"], statuses
+
+
+_NATIVE_THEN_WORKERS = """
+import asyncio, json, sys
+from pathlib import Path
+import litellm
+from helpers.jobs import stub_config
+from cupid_exp.job import execute, plan
+from cupid_exp.job.plan import connect
+from cupid_exp.job.workers import start_workers
+from cupid_exp.llm._litellm import native_runtime_started
+
+url, folder, overrides = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
+before = native_runtime_started()
+router = litellm.Router(model_list=[{"model_name": "r", "litellm_params": {
+    "model": "openai/stub", "api_base": url, "api_key": "k"}}])
+asyncio.run(router.acompletion(model="r", messages=[{"role": "user", "content": "hi"}]))  # a native route
+job = plan(stub_config(url, folder, *overrides), folder / "job", clients=False)
+job.workers = start_workers(job)
+connect(job)
+try:
+    results = execute(job).results
+finally:
+    job.workers.stop()
+print(json.dumps({"before": before, "after": native_runtime_started(), "results": len(results),
+                  "methods": [p._popen.method for p in job.workers.processes],
+                  "exits": [p.exitcode for p in job.workers.processes]}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux only")
+def test_once_litellms_native_runtime_has_started_the_workers_are_spawned_and_call_models(tmp_path: Path) -> None:
+    """litellm's native (Rust) runtime does not survive a fork: a worker forked after a native route ran could not
+    call a model (``ForkedAfterNativeRuntimeStarted``). A Router call starts that runtime here, in a fresh process;
+    the job's worker is then spawned, and it makes its calls."""
+    from helpers.cli_runner import cli_env
+
+    tests = Path(__file__).resolve().parents[1]
+    with StubServer(latency_ms=50) as stub:
+        env = {**cli_env(), "PYTHONPATH": os.pathsep.join([str(tests), cli_env().get("PYTHONPATH", "")])}
+        done = subprocess.run([sys.executable, "-c", _NATIVE_THEN_WORKERS, stub.url, str(tmp_path), *_nine(),
+                               *_concurrency(2), "runtime.workers=2"], env=env, capture_output=True, text=True,
+                              timeout=300)
+        received = stub.stats()["total_received"]
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["before"] is False and out["after"] is True
+    assert out["methods"] == ["spawn"] and out["exits"] == [0]
+    assert out["results"] == 9 and received == 1 + 9 * 6  # the Router's one call, then every call of the job

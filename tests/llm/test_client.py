@@ -101,19 +101,24 @@ def test_custom_priced_model_is_costed_at_its_configured_prices(tmp_path) -> Non
     assert meter.as_dict()["s"]["cost_usd"] == pytest.approx(out.cost_usd)
 
 
-def test_clients_of_one_config_share_a_router_that_adds_no_global_callbacks(tmp_path) -> None:
-    """Every litellm Router used to add callbacks that every later call ran: a sweep slowed down job by job."""
+def test_two_configs_of_one_model_id_are_each_costed_at_their_own_prices_and_touch_no_global_state(tmp_path) -> None:
+    """A config's prices override litellm's map for that config only: nothing is registered in litellm's global
+    price map or callback lists (a Router did both, and a sweep's later jobs paid for every earlier one)."""
     import litellm
 
     def lists():
         return [len(x) for x in (litellm.success_callback, litellm._async_success_callback,
                                  litellm.failure_callback, litellm._async_failure_callback, litellm.callbacks)]
 
+    body = {**completion_body("hello"), "model": "gpt-4o-2024-08-06"}
     rt = runtime(tmp_path, cache=False)
-    model = ModelConfig(name="shared", litellm_model="openai/shared-model", api_base="http://127.0.0.1:9/v1")
-    before = lists()
-    first, second = LLMClient(model, rt, UsageMeter()), LLMClient(model, rt, UsageMeter())
-    other = LLMClient(ModelConfig(name="shared", litellm_model="openai/shared-model",
-                                  api_base="http://127.0.0.1:10/v1"), rt, UsageMeter())
-    assert first._router is second._router and other._router is not first._router
+    before, prices_before = lists(), dict(litellm.model_cost)
+    with ScriptedServer([(200, body, {}), (200, body, {})]) as server:
+        own = LLMClient(ModelConfig(name="own", litellm_model="openai/gpt-4o-2024-08-06", api_base=server.url,
+                                    input_cost_per_token=1e-6, output_cost_per_token=2e-6), rt, UsageMeter())
+        listed = LLMClient(ModelConfig(name="listed", litellm_model="openai/gpt-4o-2024-08-06", api_base=server.url),
+                           rt, UsageMeter())
+        costs = [asyncio.run(c.complete([{"role": "user", "content": "hi"}], step="s")).cost_usd for c in (own, listed)]
+    assert costs == [pytest.approx(7 * 1e-6 + 3 * 2e-6), pytest.approx(7 * 2.5e-6 + 3 * 1e-5)]
     assert lists() == before
+    assert litellm.model_cost == prices_before

@@ -11,7 +11,8 @@ import pytest
 
 from cupid_exp.config import ConfigError, ModelConfig, RuntimeConfig
 from cupid_exp.llm.client import LLMClient, configure_litellm
-from cupid_exp.llm.limits import COOLDOWN_S, AdaptiveLimit, Pacer, estimated_tokens, forget_endpoints
+from cupid_exp.llm.limits import (COOLDOWN_S, PACE_MARGIN, AdaptiveLimit, Pacer, estimated_tokens,
+                                   forget_endpoints)
 from cupid_exp.llm.usage import UsageMeter, usage_line, usage_metrics
 from helpers.stub_llm_server import StubServer
 
@@ -56,21 +57,30 @@ def test_the_pacer_spaces_requests_and_tokens_across_processes(tmp_path: Path) -
     first, second = Pacer(600, None, ledger), Pacer(600, None, ledger)  # two processes on one key: 10/s together
     waits = [p.reserve(10) for p in (first, second, first, second)]
     assert waits[0] == pytest.approx(0, abs=0.02)
-    assert waits[1:] == pytest.approx([0.1 / 0.95, 0.2 / 0.95, 0.3 / 0.95], abs=0.02)
+    assert waits[1:] == pytest.approx([0.1 / PACE_MARGIN, 0.2 / PACE_MARGIN, 0.3 / PACE_MARGIN], abs=0.02)
     tokens = Pacer(None, 60_000, None)  # 1,000 tokens a second
     assert tokens.reserve(2_000) == pytest.approx(0, abs=0.02)
-    assert tokens.reserve(10) == pytest.approx(2.0 / 0.95, abs=0.02)
+    assert tokens.reserve(10) == pytest.approx(2.0 / PACE_MARGIN, abs=0.02)
 
 
 def test_no_second_holds_more_than_the_paced_share_of_sends(tmp_path: Path) -> None:
     """Callers whose wake-ups a busy CPU delayed come due together: the send-time check holds back all but
-    the second's share (600 RPM at the 0.95 margin: 9 a second), in one process and across the ledger."""
+    the second's share, rounded up (600 RPM at the PACE_MARGIN of 0.98: 9.8, so 10 a second), in one process
+    and across the ledger."""
     for first, second in ((Pacer(600, None, None),) * 2,
                           (Pacer(600, None, tmp_path / "l.json"), Pacer(600, None, tmp_path / "l.json"))):
-        waits = [p.admit() for p in (first, second) * 6]
-        assert waits[:9] == [0.0] * 9
-        assert all(0.9 < w <= 1.0 for w in waits[9:])
+        waits = [p.admit() for p in (first, second) * 7]
+        assert waits[:10] == [0.0] * 10
+        assert all(0.9 < w <= 1.0 for w in waits[10:])
     assert Pacer(None, 60_000, None).admit() == 0.0  # tokens alone: their own schedule, no count of sends
+
+
+@pytest.mark.parametrize("rpm,per_second", [(300, 5), (90, 2), (3000, 49), (30, 1)])
+def test_the_send_time_check_admits_the_seconds_share_rounded_up(rpm: int, per_second: int) -> None:
+    """Rounded down, 300 RPM admitted 4 sends a second (240 RPM): every paced job ran 20% under its limit."""
+    pacer = Pacer(rpm, None, None)
+    waits = [pacer.admit() for _ in range(per_second + 1)]
+    assert waits[:per_second] == [0.0] * per_second and waits[per_second] > 0
 
 
 def test_tokens_are_counted_as_openai_counts_them() -> None:
@@ -138,7 +148,7 @@ def test_a_429_while_pacing_slows_every_process_of_the_ledger(tmp_path: Path) ->
     first.rate_limited()  # within the cooldown: one cut
     second.reserve(1)
     assert second.scale == pytest.approx(0.9)
-    assert second.reserve(1) == pytest.approx(1 / (0.95 * 0.9), abs=0.2)
+    assert second.reserve(1) == pytest.approx(1 / (PACE_MARGIN * 0.9), abs=0.2)
     for _ in range(100):
         first.succeeded()
     assert first.reserve(1) > 0 and first.scale == 1.0

@@ -15,7 +15,7 @@ def test_every_private_target_is_found() -> None:
     assert not missing, (f"litellm {version} moved {missing}: revisit cupid_exp/llm/_litellm.py "
                          "(the workaround for each is documented there)")
     assert set(found) == {"native_state_flag", "pending_cache_writes", "logging_worker", "internal_call_flag",
-                          "callback_manager", "custom_llm_setup", "developer_role", "first_call_modules"}
+                          "custom_llm_setup", "developer_role", "first_call_modules"}
 
 
 def test_the_first_call_imports_almost_nothing_once_the_clients_are_built(tmp_path) -> None:

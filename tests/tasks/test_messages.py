@@ -142,7 +142,7 @@ def test_drop_in_prompts_send_the_official_messages(tmp_path: Path, monkeypatch)
     ("deepseek_r1", {"temperature": 0}),
     ("gemini_pro", {"temperature": 0}),
 ])
-def test_decoding_parameters_reach_litellm_unchanged(tmp_path: Path, model: str, expected: dict) -> None:
+def test_decoding_parameters_reach_litellm_unchanged(tmp_path: Path, model: str, expected: dict, monkeypatch) -> None:
     cfg = typed_config(compose_config([f"model={model}", f"paths.output_root={tmp_path}"]))
     configure_litellm(cfg.runtime)
     client = LLMClient(cfg.model, cfg.runtime, UsageMeter())
@@ -155,11 +155,15 @@ def test_decoding_parameters_reach_litellm_unchanged(tmp_path: Path, model: str,
         seen.update(kwargs)
         raise Stop
 
-    client._router.acompletion = capture
+    import litellm
+
+    monkeypatch.setattr(litellm, "acompletion", capture)
     with pytest.raises(Exception):
         asyncio.run(client.complete([{"role": "user", "content": "hi"}], step="s"))
     for key, value in expected.items():
         assert seen[key] == value
     if model == "o3_mini":
         assert "temperature" not in seen
-    assert seen["model"] == cfg.model.name
+    assert seen["model"] == cfg.model.litellm_model
+    assert seen["num_retries"] == seen["max_retries"] == 0  # retries are ours (cupid_exp.llm.retry), not litellm's
+    assert seen["timeout"] == cfg.runtime.timeout

@@ -7,6 +7,7 @@ import json
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,19 @@ def _journalled(root: Path) -> list[dict]:
     return [r for p in (root / "journal").glob("*.jsonl") for r in read_jsonl(p)]
 
 
+def _settled(stub: StubServer) -> int:
+    """Requests received once the held job sends no more: all it has in flight held, the count unchanged for half
+    a second (an instance is journalled while the job's other calls may still go out)."""
+    def quiet() -> int | None:
+        first = stub.stats()
+        time.sleep(0.5)
+        then = stub.stats()
+        same = first["total_received"] == then["total_received"] and then["in_flight"] == then["held"]
+        return then["total_received"] if same else None
+
+    return wait_for(quiet, 60, "the held job to stop sending")
+
+
 @pytest.mark.slow
 def test_a_second_process_on_a_running_job_stops_and_a_dead_ones_job_is_taken_over(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "data.jsonl", N)
@@ -35,7 +49,7 @@ def test_a_second_process_on_a_running_job_stops_and_a_dead_ones_job_is_taken_ov
         cmd = job_command(stub.url, root, data, "runtime.num_retries=0")
         with held_job(stub, cmd, tmp_path / "first.log", after=CALLS - 8) as first:
             wait_for(lambda: _journalled(root), 60, "a journalled instance")
-            received = stub.stats()["total_received"]
+            received = _settled(stub)
             second = run_cli(cmd, timeout=120, check=False)
             assert second.returncode == 2, (second.stdout[-2000:], second.stderr[-2000:])
             lines = second.stderr.strip().splitlines()

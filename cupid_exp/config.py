@@ -366,8 +366,10 @@ class RunConfig(JobConfig):
 
 
 def register_configs() -> None:
-    """Register the entry schema and every setting's schema (group ``setting``)."""
+    """Register the entry schema, every setting's schema (group ``setting``) and the folder-name resolver."""
+    from cupid_exp.outputs import register_resolvers
     from cupid_exp.settings import register_setting_schemas
 
+    register_resolvers()
     ConfigStore.instance().store(name="run_schema", node=RunConfig)
     register_setting_schemas()

@@ -166,8 +166,9 @@ class ModelConfig(Checked):
         require(self.context_window is None or (isinstance(self.context_window, int) and self.context_window >= 1),
                 f"{where}.context_window", self.context_window, "an integer >= 1, or null")
         require_no_credentials(f"{where}.api_base", self.api_base,
-                               f"give the key in a variable ({where}.api_key_env=VAR) or the credentials as a header "
-                               f"(+{where}.params.extra_headers={{Authorization:'Basic …'}}): neither is ever written")
+                               f"give the key in a variable ({where}.api_key_env=VAR) or the credentials as a "
+                               f"header (+{where}.params.extra_headers={{Authorization:'Basic …'}}): neither is ever "
+                               "written")
         from cupid_exp.llm.params import check_params
 
         check_params(self.params, where)  # types and ranges of temperature, top_p, max_tokens, seed, ...
@@ -269,9 +270,9 @@ class TrackingConfig(Checked):
                 "a non-empty experiment name")
         require_positive(f"{where}.progress_every_s", self.progress_every_s)
         if self.enabled:
-            require_no_credentials(f"{where}.uri", self.uri, "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD "
-                                   "(or MLFLOW_TRACKING_TOKEN) in the environment instead: MLflow sends them, and they "
-                                   "are never written")
+            require_no_credentials(f"{where}.uri", self.uri, "set MLFLOW_TRACKING_USERNAME and "
+                                   "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) in the environment instead: "
+                                   "MLflow sends them, and they are never written")
 
 
 @dataclass

@@ -187,8 +187,9 @@ def test_headers_and_url_credentials_reach_the_call_but_no_file_and_no_printed_l
 
 
 def test_redact_masks_every_header_and_the_credentials_of_urls() -> None:
+    headers = {**HEADERS, "Authorization": f"Bearer {BEARER}"}
     config = {"model": {"api_base": f"http://user:{URL_PASSWORD}@host/v1?api_key={QUERY_TOKEN}&stream=1",
-                        "params": {"temperature": 0, "extra_headers": {**HEADERS, "Authorization": f"Bearer {BEARER}"}}},
+                        "params": {"temperature": 0, "extra_headers": headers}},
               "tracking": {"uri": "sqlite:///outputs/mlflow.db"}}
     assert secrets_module.redact(config) == {
         "model": {"api_base": "http://***@host/v1?api_key=***&stream=1",

@@ -42,6 +42,16 @@ def require_positive(key: str, value: float | None, *, allow_none: bool = False,
     require(ok, key, value, f"a number {bound}" + (" or null" if allow_none else ""))
 
 
+def require_no_credentials(key: str, url: str | None, instead: str) -> None:
+    """A URL with credentials in it (``user:password@``, ``?api_key=…``) would be written wherever the setting is
+    (Hydra's files, MLflow params, error lines): refused in one line that shows it masked, with the way that works."""
+    from cupid_exp.secrets import mask_url_credentials, url_credentials
+
+    if url and url_credentials(url):
+        raise ConfigError(f"{key}={mask_url_credentials(url)!r} carries credentials in the URL (masked here), which "
+                          f"would be written in clear; {instead}")
+
+
 def _without_nulls(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _without_nulls(v) for k, v in value.items() if v is not None}
@@ -155,6 +165,10 @@ class ModelConfig(Checked):
             require_positive(f"{where}.{key}", getattr(self, key), allow_none=True)
         require(self.context_window is None or (isinstance(self.context_window, int) and self.context_window >= 1),
                 f"{where}.context_window", self.context_window, "an integer >= 1, or null")
+        require_no_credentials(f"{where}.api_base", self.api_base,
+                               f"give the key in a variable ({where}.api_key_env=VAR) or the credentials as a "
+                               f"header (+{where}.params.extra_headers={{Authorization:'Basic …'}}): neither is ever "
+                               "written")
         from cupid_exp.llm.params import check_params
 
         check_params(self.params, where)  # types and ranges of temperature, top_p, max_tokens, seed, ...
@@ -255,6 +269,10 @@ class TrackingConfig(Checked):
         require(not self.enabled or bool(self.experiment), f"{where}.experiment", self.experiment,
                 "a non-empty experiment name")
         require_positive(f"{where}.progress_every_s", self.progress_every_s)
+        if self.enabled:
+            require_no_credentials(f"{where}.uri", self.uri, "set MLFLOW_TRACKING_USERNAME and "
+                                   "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) in the environment instead: "
+                                   "MLflow sends them, and they are never written")
 
 
 @dataclass
@@ -349,8 +367,10 @@ class RunConfig(JobConfig):
 
 
 def register_configs() -> None:
-    """Register the entry schema and every setting's schema (group ``setting``)."""
+    """Register the entry schema, every setting's schema (group ``setting``) and the folder-name resolver."""
+    from cupid_exp.outputs import register_resolvers
     from cupid_exp.settings import register_setting_schemas
 
+    register_resolvers()
     ConfigStore.instance().store(name="run_schema", node=RunConfig)
     register_setting_schemas()

@@ -12,7 +12,9 @@ A job ends in one of these ways, each with its exit code (documented in the READ
 - 4: budget reached: ``runtime.max_cost_usd`` or ``runtime.sweep_max_cost_usd`` refused a call; the instances
   left are not run (the same command with a higher budget resumes them);
 - 5: the environment failed the job (a full disk, a read-only or forbidden folder, a folder that vanished):
-  one line naming the path and the error; the journal keeps what finished, the MLflow run ends FAILED.
+  one line naming the path and the error; the journal keeps what finished, the MLflow run ends FAILED;
+- 130: interrupted (Ctrl-C): one line saying how many instances the journal holds and how to resume, no
+  traceback; the MLflow run ends KILLED. A sweep stops at the job it was running.
 
 In a sweep, a job's bad setting or incomplete result does not stop the other jobs: each job
 writes ``job_status.json`` into its folder, and when the sweep ends the failed and incomplete
@@ -22,7 +24,9 @@ jobs are listed together and the process exits with the worst code.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -33,6 +37,7 @@ from omegaconf import DictConfig
 EXIT_OK, EXIT_BUG, EXIT_BAD_INPUT, EXIT_INCOMPLETE = 0, 1, 2, 3
 EXIT_BUDGET = 4
 EXIT_ENVIRONMENT = 5  #: a full disk, a read-only or forbidden path, a vanished folder (``outputs.environment_failure``)
+EXIT_INTERRUPTED = 130  #: Ctrl-C: 128 + SIGINT, what a shell reports for a process SIGINT ended
 # A sweep exits with its worst job's code, worst first: a bad setting, the environment, a budget reached, incomplete.
 _SWEEP_SEVERITY = (EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_BUDGET, EXIT_INCOMPLETE)
 
@@ -54,6 +59,34 @@ class Outcome:
 
 class InputError(Exception):
     """Bad settings or data: reported in one line, exit 2 (``ConfigError``, ``DataError`` are turned into it)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a job, with how far its journal got (``finished`` None: no journal), reported in one line
+    with exit 130 by ``hydra_entry``. Still a KeyboardInterrupt: whatever ends runs on one ends them KILLED."""
+
+    def __init__(self, finished: int | None = None, total: int | None = None, job: str | None = None):
+        super().__init__(finished, total)
+        self.finished, self.total, self.job = finished, total, job
+
+    def line(self) -> str:
+        where = f" in sweep job {self.job}" if self.job else ""
+        if self.total is None:
+            return f"interrupted{where}; run the same command to resume (the journal keeps what finished)"
+        if self.finished is None:
+            return (f"interrupted{where}: {self.total} instances, none journaled (runtime.resume=false); run the "
+                    "command again to start over")
+        return (f"interrupted{where}: {self.finished} of {self.total} instances finished and journaled; run the same "
+                "command to resume")
+
+
+def _masked(line: str, cfg: DictConfig, overrides: Any) -> str:
+    """An error line without any secret of the job's config or overrides (a URL's credentials, a header)."""
+    from omegaconf import OmegaConf
+
+    from cupid_exp.secrets import mask_url_credentials, scrub, secret_values
+
+    return mask_url_credentials(scrub(line, secret_values([*overrides, OmegaConf.to_container(cfg, resolve=False)])))
 
 
 _STARTED = False  # set once a job function runs: a composition error before it is Hydra's own
@@ -79,16 +112,25 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
         parent = SweepParent(str(Path(hc.sweep.dir).resolve())) if multirun else None
         outcome = job(cfg, output_dir, dict(hc.runtime.choices), parent)
     except (*input_errors, InputError) as exc:
-        print(f"{program}: {exc}", file=sys.stderr)
-        outcome = Outcome("error", str(exc))
+        line = _masked(str(exc), cfg, hc.overrides.task)
+        print(f"{program}: {line}", file=sys.stderr)
+        outcome = Outcome("error", line)
+    except KeyboardInterrupt as exc:
+        if not multirun:
+            raise
+        if not isinstance(exc, Interrupted):
+            raise Interrupted(job=output_dir.name) from exc
+        exc.job = output_dir.name
+        raise
     except Exception as exc:  # noqa: BLE001 - a bug goes on with its traceback; the environment's is one line
         from cupid_exp.outputs import environment_failure
 
         failure = environment_failure(exc)
         if failure is None:
             raise
-        print(f"{program}: {failure}", file=sys.stderr)
-        outcome = Outcome("environment", str(failure))
+        line = _masked(str(failure), cfg, hc.overrides.task)
+        print(f"{program}: {line}", file=sys.stderr)
+        outcome = Outcome("environment", line)
     if multirun:
         output_dir.mkdir(parents=True, exist_ok=True)
         status = {"job": output_dir.name, "overrides": list(hc.overrides.task), "outcome": outcome.outcome,
@@ -139,16 +181,27 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
     hydra_main = hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name=config_name)(task)
 
     def run() -> int:
+        # a Ctrl-C (or a timeout) cancels a call while litellm's executor thread makes its provider coroutine: asyncio
+        # drops it unstarted, which is no forgotten await of ours, and not what an interrupted job should print
+        warnings.filterwarnings("ignore", message=r"coroutine '.*\.acompletion' was never awaited",
+                                category=RuntimeWarning)
         try:
             hydra_main()
         except SystemExit as exc:
             if exc.code == EXIT_BUG and not _STARTED:
                 return EXIT_BAD_INPUT  # Hydra printed why composition failed; no job ran, no call was made
             return exit_code_of(exc)
+        except KeyboardInterrupt as exc:  # Ctrl-C: the journal and the runs are closed by now; no traceback
+            line = exc.line() if isinstance(exc, Interrupted) else Interrupted().line()
+            print(line, file=sys.stderr, flush=True)
+            return EXIT_INTERRUPTED
         return SweepReportCallback.exit_code
 
     def main() -> None:
-        exit_now(run())
+        try:
+            exit_now(run())
+        except KeyboardInterrupt:  # a second Ctrl-C while the process ends: it was ending anyway
+            os._exit(EXIT_INTERRUPTED)
 
     return main
 

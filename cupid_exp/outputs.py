@@ -12,10 +12,30 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator
+
+_NOT_IN_A_NAME = re.compile(r"[/\\\x00-\x1f]")  # a path separator (either OS's) or a control character
+
+
+def folder_name(*parts: object) -> str:
+    """One folder name from config values joined by '_': Hydra's run and sweep folders are named by it
+    (``${folder_name:${model.name},${task.name},...}``, ``conf/config.yaml``). A path separator or a control
+    character in a value becomes '_', so ``model.name=../../x`` names a folder inside ``paths.output_root``,
+    never one outside it."""
+    return "_".join(_NOT_IN_A_NAME.sub("_", str(part)) for part in parts)
+
+
+def register_resolvers() -> None:
+    """``folder_name`` for the entry configs' folders (Hydra carries resolvers to a launcher's processes)."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("folder_name"):
+        OmegaConf.register_new_resolver("folder_name", folder_name)
+
 
 #: What an OSError's errno must be for the environment to be blamed wherever it is raised.
 ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})

@@ -4,6 +4,9 @@ Each file holds ``system_prompt`` and ``user_prompt`` templates with ``{placehol
 fields. Pointing ``prompts.dir`` at the official directory reproduces its messages; the
 matcher's few-shot examples, which the official tool keeps in Python, are read from its
 source beside that directory (``cupid_exp.official_examples``), never taken from ours.
+A drop-in directory is taken whole: a file it lacks is never replaced by ours (its user wants
+every call exactly as that directory's prompts make it), and the plan refuses a job that needs
+one (``job.checks.check_prompts``).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import yaml
 
@@ -45,7 +48,8 @@ class PromptTemplate:
 
 
 class PromptSet:
-    """Loads templates on first use; falls back to the project's files for ones a drop-in lacks."""
+    """Loads templates on first use, each from this directory only: asking for a file it lacks raises
+    FileNotFoundError naming it (a drop-in never falls back to the project's files)."""
 
     def __init__(self, directory: str | Path | None = None):
         self.directory = Path(directory).expanduser().resolve() if directory else PROJECT_PROMPTS
@@ -54,13 +58,21 @@ class PromptSet:
         self._cache: dict[str, PromptTemplate] = {}
 
     def _path(self, relative: str) -> Path:
+        """The file for the digest: a drop-in's, or the project's of the same name (the digests of earlier jobs
+        covered both; a file a drop-in lacks is never sent, ``get``)."""
         path = self.directory / relative
         return path if path.is_file() else PROJECT_PROMPTS / relative
+
+    def missing(self, names: Iterable[str]) -> list[str]:
+        """The files among ``names`` (like 'evaluation/preference_inferrer') that this directory lacks."""
+        return [f"{name}.yaml" for name in names if not (self.directory / f"{name}.yaml").is_file()]
 
     def get(self, name: str) -> PromptTemplate:
         """``name`` like 'evaluation/preference_inferrer'."""
         if name not in self._cache:
-            path = self._path(f"{name}.yaml")
+            path = self.directory / f"{name}.yaml"
+            if not path.is_file():
+                raise FileNotFoundError(f"{self.directory} has no {name}.yaml")
             data = yaml.safe_load(path.read_text(encoding="utf-8"))
             if not isinstance(data, dict) or "user_prompt" not in data and "system_prompt" not in data:
                 raise ValueError(f"{path}: expected keys system_prompt and user_prompt")

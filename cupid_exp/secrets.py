@@ -1,22 +1,33 @@
 """Keep API keys out of everything we write: logs, outputs, Hydra's saved config, MLflow.
 
-Two nets: values under secret-looking config keys are replaced by '***' (``redact``),
-and any occurrence of a secret value — from such keys or from environment variables
-named like keys/tokens — is replaced in free text (``scrub``).
+Two nets: values under secret-looking config keys, every HTTP header under ``headers``/``extra_headers``
+and credentials written into URLs (``user:password@``, ``?api_key=…``) are replaced by '***' in config
+data (``redact``); and any occurrence of a secret value — from such keys, headers and URLs, from
+command-line overrides or from environment variables named like keys/tokens — is replaced in free
+text (``scrub``). The values themselves still reach the calls: only what is written is masked.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
+from urllib.parse import unquote, urlsplit
 
 MASK = "***"
 _SECRET_KEY = re.compile(r"(api[_-]?key|secret|password|token|authorization|credential)", re.IGNORECASE)
 _NOT_SECRET = re.compile(r"(_env|_tokens?|max_.*tokens?|budget_tokens|tokens?_.*)$", re.IGNORECASE)
 _SECRET_ENV = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)", re.IGNORECASE)
+# Every value under these keys is a header sent with each call: any of them may authenticate it.
+_HEADERS_KEY = re.compile(r"^(extra_)?headers$", re.IGNORECASE)
+# "Bearer <token>": the token alone is a secret too (a provider's error may quote it without its scheme).
+_AUTH_SCHEME = re.compile(r"^(?:bearer|basic|token|bot|apikey|api-key|digest)\s+(\S+)$", re.IGNORECASE)
+_URL = re.compile(r"[a-z][a-z0-9+.-]*://[^\s'\"<>,\]\[{}]+", re.IGNORECASE)
+# Query parameters that carry a credential besides the secret-looking names (Azure SAS "sig", Google "key").
+_SECRET_QUERY = {"key", "sig", "signature", "code", "auth", "apikey"}
 _MIN_SECRET_LEN = 8
 
 
@@ -24,12 +35,62 @@ def is_secret_key(name: str) -> bool:
     return bool(_SECRET_KEY.search(name)) and not _NOT_SECRET.search(name)
 
 
-def redact(value: Any) -> Any:
-    """Copy of a nested container with secret-looking keys' values replaced by '***'."""
+def is_headers_key(name: str) -> bool:
+    return bool(_HEADERS_KEY.match(name))
+
+
+def _secret_query_name(name: str) -> bool:
+    return is_secret_key(name) or name.lower() in _SECRET_QUERY
+
+
+def url_credentials(text: str) -> list[str]:
+    """The credentials written into URLs in ``text``: each ``user:password`` (and the password alone) before an
+    '@', each value of a secret-looking query parameter (``?api_key=…``, ``?token=…``, ``?sig=…``), as written
+    and decoded."""
+    found: list[str] = []
+    for match in _URL.finditer(text):
+        try:
+            parts = urlsplit(match.group())
+        except ValueError:
+            continue
+        userinfo, at, _ = parts.netloc.rpartition("@")
+        if at and userinfo:
+            found += [userinfo, userinfo.replace(":", "\\:")]  # and as a sweep's job overrides escape it
+            password = userinfo.partition(":")[2]
+            found += [password, unquote(password)] if password else []
+        for pair in parts.query.split("&"):
+            name, _, value = pair.partition("=")
+            if value and _secret_query_name(unquote(name)):
+                found += [value, unquote(value)]
+    return [s for s in dict.fromkeys(found) if s]
+
+
+def mask_url_credentials(text: str) -> str:
+    """``text`` with the credentials of its URLs replaced by '***' (``http://***@host/v1?api_key=***``)."""
+    if "://" not in text:
+        return text
+    for secret in sorted(url_credentials(text), key=len, reverse=True):
+        text = text.replace(secret, MASK)
+    return text
+
+
+def _masked(value: Any) -> Any:
+    """A header block keeps its names, never its values; any other secret is one mask."""
     if isinstance(value, Mapping):
-        return {k: MASK if is_secret_key(str(k)) and v not in (None, "") else redact(v) for k, v in value.items()}
+        return {k: _masked(v) for k, v in value.items()}
+    return MASK if value not in (None, "") else value
+
+
+def redact(value: Any) -> Any:
+    """Copy of a nested container with secret-looking keys' values, every header's value and the credentials in
+    URLs replaced by '***'."""
+    if isinstance(value, Mapping):
+        return {k: (MASK if is_secret_key(str(k)) and v not in (None, "") else
+                    _masked(v) if is_headers_key(str(k)) else redact(v)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [redact(v) for v in value]
+    if isinstance(value, str):
+        return mask_url_credentials(value)
     return value
 
 
@@ -38,11 +99,35 @@ def _names_secret_env(name: str) -> bool:
     return name.lower().endswith("_env") and is_secret_key(name[: -len("_env")])
 
 
+def _leaves(value: Any) -> Iterator[str]:
+    """Every string inside a nested container (a header block's values)."""
+    if isinstance(value, Mapping):
+        for v in value.values():
+            yield from _leaves(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _leaves(v)
+    elif isinstance(value, str):
+        yield value
+        if scheme := _AUTH_SCHEME.match(value.strip()):
+            yield scheme.group(1)
+
+
+def _texts(value: Any) -> Iterator[str]:
+    """Every string inside a nested container, and the values of those that are overrides as Hydra reads them
+    (a sweep's job overrides escape a URL's colons: ``http\\://user\\:pw@host``)."""
+    for text in _leaves(value):
+        yield text
+        override = _parsed_override(text) if "=" in text else None
+        if override is not None:
+            yield from _leaves(override)
+
+
 def _config_secrets(value: Any) -> Iterable[str]:
     if isinstance(value, Mapping):
         for k, v in value.items():
-            if is_secret_key(str(k)) and isinstance(v, str):
-                yield v
+            if is_secret_key(str(k)) or is_headers_key(str(k)):
+                yield from _leaves(v)
             elif _names_secret_env(str(k)) and isinstance(v, str) and (named := os.environ.get(v)):
                 yield named  # a key in an env var of any name, e.g. api_key_env: MY_CREDS
             else:
@@ -51,13 +136,42 @@ def _config_secrets(value: Any) -> Iterable[str]:
         for v in value:
             yield from _config_secrets(v)
     elif isinstance(value, str):
-        # overrides such as "+model.params.api_key=sk-..." saved verbatim by Hydra
-        name, sep, val = value.partition("=")
-        key = name.rsplit(".", 1)[-1].lstrip("+~")
-        if sep and is_secret_key(key):
-            yield val
-        elif sep and _names_secret_env(key) and (named := os.environ.get(val)):
-            yield named  # one read: the variable may be deleted by another thread between two
+        # overrides such as "+model.params.api_key=sk-..." or "+model.params.extra_headers={X-Key: ...}", saved
+        # verbatim by Hydra
+        override = _parsed_override(value)
+        if override is not None:
+            yield from _config_secrets(override)
+
+
+def _parsed_override(text: str) -> dict[str, Any] | None:
+    """A command-line override as ``{last key: value}`` (every value of a sweep in a list), parsed as Hydra
+    parses it; None for what is no override."""
+    name, sep, raw = text.partition("=")
+    if not sep or not _OVERRIDE_KEY.match(name):
+        return None
+    key = name.rsplit(".", 1)[-1].lstrip("+~")
+    try:
+        override = _override_parser().parse_override(text)
+        if override.is_sweep_override():
+            try:
+                value: Any = list(override.sweep_iterator())
+            except Exception:  # noqa: BLE001 - glob() and the like need Hydra's loader: their strings will do
+                value = list(override.sweep_string_iterator())
+        else:
+            value = override.value()
+    except Exception:  # noqa: BLE001 - not an override Hydra can read: the text after '=' is its value
+        value = raw
+    return {key: value}
+
+
+_OVERRIDE_KEY = re.compile(r"^[+~]{0,2}[\w.@/-]+$")
+
+
+@functools.lru_cache(maxsize=1)
+def _override_parser() -> Any:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
 
 
 def env_snapshot() -> dict[str, str]:
@@ -65,11 +179,21 @@ def env_snapshot() -> dict[str, str]:
     return {k: v for k in list(os.environ) if (v := os.environ.get(k)) is not None}
 
 
+def _worth_scrubbing(credential: str) -> bool:
+    """Long enough to be searched for in free text: a ``user:password`` pair is distinctive however short."""
+    return len(credential) >= _MIN_SECRET_LEN or (":" in credential and len(credential) >= 4)
+
+
 def secret_values(config: Any = None) -> list[str]:
-    """Secret strings known now: env vars named like keys/tokens, and values under secret config keys."""
-    found = {v for k, v in env_snapshot().items() if _SECRET_ENV.search(k) and len(v) >= _MIN_SECRET_LEN}
+    """Secret strings known now: env vars named like keys/tokens, values under secret config keys and header
+    blocks (in config data or in override strings), and credentials in any URL of the config or the environment."""
+    env = env_snapshot()
+    found = {v for k, v in env.items() if _SECRET_ENV.search(k) and len(v) >= _MIN_SECRET_LEN}
+    texts = list(env.values())
     if config is not None:
         found |= {v for v in _config_secrets(config) if len(v) >= _MIN_SECRET_LEN}
+        texts += list(_texts(config))
+    found |= {c for text in texts if "://" in text for c in url_credentials(text) if _worth_scrubbing(c)}
     return sorted(found, key=len, reverse=True)
 
 

@@ -6,12 +6,17 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import cli_command, job_dirs, read_jsonl, run_cli
-from helpers.cupid_data import stub_overrides
+from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env, job_dirs, read_jsonl, run_cli
+from helpers.cupid_data import stub_overrides, write_dataset
+from helpers.processes import alive, children, with_default_sigint
 from helpers.stub_llm_server import StubServer
 from mlflow.tracking import MlflowClient
 
@@ -140,3 +145,75 @@ def test_retrieval_sweep_beside_standard_and_oracle(tmp_path: Path, stub) -> Non
     assert all("retrieval/recall_at_k" not in r.data.metrics for r in others)
     replayed = [r for r in others if r.data.metrics.get("resume/instances_from_journal") == 2]
     assert len(replayed) == 2 and all(r.data.tags["cupid.attempt"] == "2" for r in replayed)
+
+
+def _interrupt_once_journaled(cmd: list[str], journal_dir: Path, at_least: int
+                              ) -> tuple[subprocess.CompletedProcess, list[int]]:
+    """Start the CLI in its own process group and press Ctrl-C (SIGINT to the group, as a terminal does) once the
+    journal holds ``at_least`` instances; returns how the process ended and the children it had."""
+    proc = subprocess.Popen(with_default_sigint(cmd), cwd=PROJECT_ROOT, env=cli_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and proc.poll() is None:
+        journals = list(journal_dir.glob("*.jsonl"))
+        if journals and len(journals[0].read_text().splitlines()) >= at_least:
+            break
+        time.sleep(0.1)
+    assert proc.poll() is None, "the job ended before it could be interrupted"
+    kids = children(proc.pid)
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), kids
+
+
+def _gone(pids: list[int], within_s: float = 10.0) -> bool:
+    """Whether every process in ``pids`` has ended within a few seconds (multiprocessing's resource tracker ends
+    once it reads its parent's end)."""
+    deadline = time.monotonic() + within_s
+    while any(alive(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _journaled(journal_dir: Path) -> int:
+    (journal,) = journal_dir.glob("*.jsonl")
+    return len({r["key"] for r in read_jsonl(journal)})
+
+
+@pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])
+def test_ctrl_c_prints_one_line_and_exits_130_and_the_same_command_resumes(tmp_path: Path, sweep: bool) -> None:
+    data = write_dataset(tmp_path / "data.jsonl", 8)
+    root = tmp_path / "out"
+    with StubServer(latency_ms=400) as stub:
+        cmd = cli_command(stub.url, root, "model.max_concurrency=2", data=data)
+        if sweep:  # two jobs; the first is interrupted, the second never starts
+            cmd = [*cmd[:3], "-m", *cmd[3:], "runtime.failure_policy=exclude,zero"]
+        proc, kids = _interrupt_once_journaled(cmd, root / "journal", at_least=2)
+        finished = _journaled(root / "journal")
+        assert proc.returncode == 130, proc.stderr[-3000:]
+        assert kids and _gone(kids)  # its workers (the MLflow run's) are gone with it
+        where = " in sweep job 0_openai_compatible_inference_standard_local" if sweep else ""
+        assert proc.stderr.strip().splitlines() == [
+            f"interrupted{where}: {finished} of 8 instances finished and journaled; run the same command to resume"
+        ], proc.stderr[-3000:]
+        assert 2 <= finished < 8
+        assert len(list((root / "multirun").glob("*/*/*/.hydra"))) == (1 if sweep else 0)  # the sweep stopped there
+        if not sweep:  # the same command resumes: what the line counted is not run again
+            stub.config.latency_ms = 0
+            resumed = run_cli(cmd)
+            assert f"resuming: {finished} of 8 instances already finished" in resumed.stdout + resumed.stderr
+
+
+def test_a_model_name_with_a_path_in_it_stays_inside_the_output_root(tmp_path: Path) -> None:
+    root = tmp_path / "deep" / "out"
+    escape = "../" * 5 + "escaped"  # from <root>/runs/<date>/<time>_<name>: out of <root>, into tmp_path
+    for sweep in ([], ["-m"]):
+        run_cli([sys.executable, "-m", "cupid_exp", *sweep, f"model.name={escape}", "runtime.dry_run=true",
+                 "tracking=none", f"paths.output_root={root}", "runtime.progress=false"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deep"] and os.listdir(root.parent) == ["out"]
+    configs = sorted(root.rglob(".hydra/config.yaml"))
+    assert len(configs) == 2  # the run's and the sweep job's, each in one folder named after the sanitised name
+    for config in configs:
+        assert "escaped" in config.parent.parent.name and ".._.._" in config.parent.parent.name

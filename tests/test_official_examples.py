@@ -14,6 +14,7 @@ import pytest
 
 from helpers.cli_runner import cli_command, run_cli
 from helpers.jobs import run_one, stub_plan
+from helpers.prompt_dirs import full_prompt_folder
 from helpers.stub_llm_server import StubServer
 
 from cupid_exp.config import ConfigError
@@ -57,8 +58,9 @@ user_prompt: |-
 
 
 def official_layout(root: Path, module_text: str | None = None) -> Path:
-    """<root>/prompts/evaluation/preference_matcher.yaml and <root>/evaluation/modules/preference_matcher.py."""
-    (root / "prompts" / "evaluation").mkdir(parents=True)
+    """<root>/prompts/evaluation/preference_matcher.yaml (the other prompt files: ours) and
+    <root>/evaluation/modules/preference_matcher.py."""
+    full_prompt_folder(root / "prompts")
     (root / "prompts" / "evaluation" / "preference_matcher.yaml").write_text(MATCHER_PROMPT)
     if module_text is not None:
         (root / "evaluation" / "modules").mkdir(parents=True)

@@ -118,17 +118,22 @@ def _write(path: Path, data: dict) -> None:
     path.write_text(yaml.safe_dump(data), encoding="utf-8")
 
 
-def test_drop_in_overrides_one_file_and_falls_back_for_others(tmp_path):
+def test_a_drop_in_is_taken_whole_and_never_falls_back_to_ours(tmp_path):
+    """A user who gives a prompt folder wants every call as its files make it: a file it lacks is an error
+    naming it, never the project's file of the same name."""
     _write(tmp_path / "evaluation" / "preference_inferrer.yaml",
            {"system_prompt": "DROP-IN SYSTEM", "user_prompt": "LOG={interaction_log} REQ={curr_request}"})
     drop = PromptSet(tmp_path)
     assert drop.directory == tmp_path.resolve()
     msgs = drop.get("evaluation/preference_inferrer").messages(interaction_log="L", curr_request="R")
     assert msgs == [{"role": "system", "content": "DROP-IN SYSTEM"}, {"role": "user", "content": "LOG=L REQ=R"}]
-    project = PromptSet()
     for name in ("evaluation/preference_matcher", "synthesis/preference_decomposer"):
-        assert drop.get(name) == project.get(name)
-    # ... but never the matcher's few-shot examples: a drop-in brings its own or the official module's
+        assert (PROJECT_PROMPTS / f"{name}.yaml").is_file()  # ours exists, and is not taken
+        with pytest.raises(FileNotFoundError, match=f"has no {name}.yaml"):
+            drop.get(name)
+    assert drop.missing(["evaluation/preference_inferrer", "evaluation/preference_matcher"]) == [
+        "evaluation/preference_matcher.yaml"]
+    # ... nor the matcher's few-shot examples: a drop-in brings its own or the official module's
     with pytest.raises(ConfigError, match="no matcher few-shot examples") as err:
         drop.matcher_examples()
     assert "\n" not in str(err.value)

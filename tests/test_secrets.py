@@ -115,3 +115,96 @@ def test_secret_named_by_api_key_env_is_read_once(monkeypatch: pytest.MonkeyPatc
     for config in ({"model": {"api_key_env": "STUB_CREDS"}}, ["model.api_key_env=STUB_CREDS"]):
         monkeypatch.setattr(secrets_module.os, "environ", _EnvDeletingOnRead(STUB_CREDS="stubcreds-fake-24680ace"))
         assert list(secrets_module._config_secrets(config)) == ["stubcreds-fake-24680ace"]
+
+
+# Secrets given in the config rather than the environment: every header's value, credentials in URLs.
+HEADERS = {"X-Tenant": "hdr-tenant-SENTINEL-4f3a", "X-Api-Key": "hdr-apikey-SENTINEL-77aa"}
+BEARER = "hdr-bearer-SENTINEL-9c1d"  # sent as "Authorization: Bearer …"; the stub quotes it back in a 400
+URL_PASSWORD = "urlpass-SENTINEL-11"
+TRACKING_PASSWORD = "trkpass-SENTINEL-22"
+QUERY_TOKEN = "qrytoken-SENTINEL-33"
+CONFIG_SECRETS = [*HEADERS.values(), BEARER, URL_PASSWORD, TRACKING_PASSWORD, QUERY_TOKEN]
+HEADER_OVERRIDE = ("+model.params.extra_headers={" + ",".join(f"{k}:{v}" for k, v in HEADERS.items())
+                   + f",Authorization:'Bearer {BEARER}'}}")
+
+
+def found_in(root: Path, outputs: list[str], secrets: list[str]) -> list[str]:
+    found = [f"{p.relative_to(root)}: {s}" for p in sorted(root.rglob("*")) if p.is_file()
+             for s in secrets if s.encode() in p.read_bytes()]
+    return found + [f"output {i}: {s}" for i, text in enumerate(outputs) for s in secrets if s in text]
+
+
+def test_headers_and_url_credentials_reach_the_call_but_no_file_and_no_printed_line(tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "data.jsonl", 6)
+    root = tmp_path / "out"
+    outputs: list[str] = []
+    sweep = lambda cmd: [*cmd[:3], "-m", *cmd[3:]]  # noqa: E731
+    # some inferences answered with a 400 quoting the bearer token: it flows into the records, the journal, MLflow
+    with StubServer(record_headers=("x-tenant", "x-api-key", "authorization"), echo_key_steps=("infer",),
+                    echo_key_rate=0.5, echo_key_status=400, seed=3) as stub:
+        base = cli_command(stub.url, root, HEADER_OVERRIDE, "runtime.num_retries=0", "runtime.max_failed_fraction=1",
+                           data=data)
+        for cmd in (base, sweep([*base, "data.limit=4"])):  # a sweep: multirun.yaml, the launcher's log, a parent run
+            proc = run_cli(cmd)
+            outputs += [proc.stdout, proc.stderr]
+        sent = {name: dict(values) for name, values in stub.header_values.items()}
+        echoed = stub.stats()["faults"]["infer"].get("echo_key", 0)
+        # credentials in a URL: refused before any call, in one line that shows them masked
+        refused = {
+            "evaluator.decomposer.api_base": f"evaluator.decomposer.api_base=http://user:{URL_PASSWORD}@127.0.0.1:"
+                                             f"{stub.port}/v1",
+            "model.api_base": f"model.api_base='http://127.0.0.1:{stub.port}/v1?api_key={QUERY_TOKEN}'",
+            "tracking.uri": f"tracking.uri=http://me:{TRACKING_PASSWORD}@127.0.0.1:9",
+        }
+        before = stub.stats()["total_received"]
+        for key, override in refused.items():
+            single = cli_command(stub.url, root, override, data=data)
+            # a sweep's parent run would be opened with the tracking URI before any job checks it
+            for cmd in [single, sweep(single)] if key == "tracking.uri" else [single]:
+                proc = run_cli(cmd, check=False)
+                outputs += [proc.stdout, proc.stderr]
+                lines = [line for line in proc.stderr.splitlines() if line.startswith("cupid_exp: ")]
+                assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+                assert len(lines) == 1 and f"{key}='" in lines[0] and "carries credentials" in lines[0], proc.stderr
+        assert stub.stats()["total_received"] == before  # nothing was sent with a refused URL
+
+    # the values did reach the provider, as headers
+    for name, value in HEADERS.items():
+        assert sent[name.lower()].get(value, 0) > 0, sent
+    assert sent["authorization"].get(f"Bearer {BEARER}", 0) > 0, sent
+    # ... and flowed into what we write, masked: the 400s quoted the token
+    assert echoed > 0
+    (job, *_) = job_dirs(root / "runs")
+    quoted = [e for r in read_jsonl(job / "instances.jsonl") for e in r["errors"] if "from key" in e["message"]]
+    assert quoted and all("***" in e["message"] for e in quoted)
+    # the whole tree was written: Hydra's files (ours and MLflow's copies), the sweep's, the store, the journal
+    assert list(root.glob("runs/*/*/.hydra/config.yaml")) and list(root.glob("runs/*/*/.hydra/hydra.yaml"))
+    assert list(root.glob("mlartifacts/*/artifacts/.hydra/overrides.yaml"))
+    assert list(root.glob("multirun/*/*/multirun.yaml")) and list(root.glob("multirun/*/*/*/job_status.json"))
+    assert (root / "mlflow.db").exists() and list(root.glob("journal/*.jsonl"))
+
+    assert found_in(root, outputs, CONFIG_SECRETS) == []
+
+
+def test_redact_masks_every_header_and_the_credentials_of_urls() -> None:
+    headers = {**HEADERS, "Authorization": f"Bearer {BEARER}"}
+    config = {"model": {"api_base": f"http://user:{URL_PASSWORD}@host/v1?api_key={QUERY_TOKEN}&stream=1",
+                        "params": {"temperature": 0, "extra_headers": headers}},
+              "tracking": {"uri": "sqlite:///outputs/mlflow.db"}}
+    assert secrets_module.redact(config) == {
+        "model": {"api_base": "http://***@host/v1?api_key=***&stream=1",
+                  "params": {"temperature": 0, "extra_headers": {"X-Tenant": "***", "X-Api-Key": "***",
+                                                                  "Authorization": "***"}}},
+        "tracking": {"uri": "sqlite:///outputs/mlflow.db"}}
+
+
+def test_secret_values_read_headers_and_urls_from_overrides_as_hydra_saves_them() -> None:
+    overrides = [HEADER_OVERRIDE, f"model.api_base=http://user:{URL_PASSWORD}@host/v1",
+                 # a sweep's job overrides, as Hydra writes them: a URL's colons escaped
+                 f"tracking.uri=http\\://me\\:{TRACKING_PASSWORD}@host\\:5000", "model=gpt4o,claude"]
+    found = secrets_module.secret_values(overrides)
+    assert {*HEADERS.values(), BEARER, f"Bearer {BEARER}", URL_PASSWORD, TRACKING_PASSWORD} <= set(found)
+    assert not {"gpt4o", "claude", "host"} & set(found)
+    scrubbed = [secrets_module.scrub(o, found) for o in overrides]
+    assert not [s for s in CONFIG_SECRETS if any(s in o for o in scrubbed)]
+    assert scrubbed[1] == "model.api_base=http://***@host/v1" and scrubbed[3] == "model=gpt4o,claude"

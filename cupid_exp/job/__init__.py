@@ -17,7 +17,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from cupid_exp.entry import Outcome
+from cupid_exp.entry import Interrupted, Outcome
 from cupid_exp.job.budgets import BudgetReport, report
 from cupid_exp.job.execute import Execution, execute, run_instance
 from cupid_exp.job.plan import JobPlan, build_context, connect, plan, typed_config
@@ -77,6 +77,17 @@ def import_alongside(modules: tuple[str, ...] = SUMMARY_MODULES) -> threading.Th
     return thread
 
 
+def interrupted(job: JobPlan) -> Interrupted:
+    """How far an interrupted job got: its instances that its journal holds as finished (what a resume skips)."""
+    total = len(job.data.instances)
+    if job.dry_run:
+        return Interrupted()
+    if job.journal is None:
+        return Interrupted(None, total)
+    finished = job.journal.load(retry_failed=job.cfg.runtime.retry_failed)
+    return Interrupted(sum(1 for i in job.data.instances if i.key in finished), total)
+
+
 def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = None,
             parent_run: str | SweepParent | None = None) -> Outcome:
     """Run one job end to end; the Outcome says whether it completed (and carries the headline metric)."""
@@ -107,6 +118,8 @@ def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = 
             finally:
                 if job.workers is not None:
                     job.workers.stop()
+    except KeyboardInterrupt as exc:  # Ctrl-C: one line saying what a resume will find (``entry.hydra_entry``)
+        raise interrupted(job) from exc
     finally:
         job.release()
     if spending is not None and spending.stopped:

@@ -63,8 +63,14 @@ def prompts_needed(cfg: RunConfig, setting: Setting, parts: Iterable[str]) -> di
 
 
 def check_prompts(prompts: PromptSet, needed: dict[str, set[str]]) -> None:
-    """Each prompt file exists, parses, and asks only for placeholders its step fills."""
+    """Each prompt file exists in the prompt directory (a drop-in never falls back to ours), parses, and asks
+    only for placeholders its step fills."""
     where = f"prompts.dir={str(prompts.directory)!r}"
+    missing = prompts.missing(needed)
+    if missing:
+        raise ConfigError(f"{where} lacks {', '.join(missing)}, which this job sends (its task, setting and "
+                          "evaluator); no prompt is taken from elsewhere: add the file to that folder (the project's "
+                          "own is under prompts/) or leave prompts.dir unset")
     for name, provided in needed.items():
         try:
             template = prompts.get(name)
@@ -165,6 +171,8 @@ def check_before_calls(cfg: RunConfig, setting: Setting, prompts: PromptSet, par
     if cfg.runtime.cache and not cfg.runtime.dry_run:
         check_writable("runtime.cache_dir", cfg.runtime.cache_dir)
     check_prompts(prompts, prompts_needed(cfg, setting, tuple(parts)))
+    if cfg.evaluator.matcher_few_shot:  # read with the clients (``plan.build_context``): a drop-in's own examples or
+        prompts.matcher_examples()  # the official module's, never ours; ConfigError in one line without either
     if not cfg.runtime.dry_run:  # a dry run starts no server
         check_server_command(cfg.evaluator.server)
     check_tracking(cfg)

@@ -97,6 +97,11 @@ def plan(cfg: DictConfig, output_dir: Path) -> SynthesisJob:
     secrets = secret_values(resolved)
     install_log_scrubber(secrets)
     prompts = PromptSet(job_cfg.prompts.dir)
+    missing = prompts.missing(f"synthesis/{name}" for name in SYNTHESIS_PROMPTS)
+    if missing:  # a drop-in is taken whole: nothing falls back to the project's prompts
+        raise ConfigError(f"prompts.dir={str(prompts.directory)!r} lacks {', '.join(missing)}, which synthesis sends; "
+                          "add the file to that folder (the project's own is under prompts/) or leave prompts.dir "
+                          "unset")
     templates = persona_templates(job_cfg.synthesis)
     digest = prompts_digest(prompts)
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -13,22 +13,29 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from cupid_exp.config import TrackingConfig
-from cupid_exp.secrets import install_log_scrubber, scrub, scrub_file, secret_values
+from cupid_exp.secrets import install_log_scrubber, scrub, scrub_file, secret_values, url_credentials
 from cupid_exp.tracking.mlflow import ensure_parent, parent_run_id
 
 log = logging.getLogger(__name__)
 
 
+def config_secrets(config: DictConfig, overrides: Any) -> list[str]:
+    """The secrets of a job's overrides and of its composed config (a header or a URL may come from a config file),
+    unresolved: an interpolation that cannot resolve must not stop the masking."""
+    return secret_values([*overrides, OmegaConf.to_container(config, resolve=False)])
+
+
 class RedactSecretsCallback(Callback):
     """Hydra saves the config and overrides before the job starts (and a sweep's overrides in
-    ``multirun.yaml``), and prints a failed job's overrides; mask any secret in them."""
+    ``multirun.yaml``), and prints a failed job's overrides; mask any secret in them: keys, header values,
+    credentials in URLs (``cupid_exp.secrets``). MLflow logs the masked files as the run's ``.hydra`` artifacts."""
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
         hc = HydraConfig.get()
-        secrets = secret_values(list(hc.overrides.task))
+        secrets = config_secrets(config, hc.overrides.task)
         if not secrets:
             return
         if hc.output_subdir is not None:
@@ -69,7 +76,7 @@ class MlflowSweepCallback(Callback):
         self._open: tuple[str, str] | None = None  # (tracking uri, sweep folder) while the sweep runs
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if not config.tracking.enabled or config.runtime.dry_run:
+        if not _tracked(config):
             return
         from cupid_exp.tracking import run_worker
         from cupid_exp.tracking.signals import install_sigterm_handler
@@ -108,7 +115,7 @@ class MlflowSweepCallback(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         if config.runtime.dry_run:
             print(sweep_dry_run_total(sweep_dir))
-        if not config.tracking.enabled:
+        if not config.tracking.enabled or url_credentials(config.tracking.uri):  # each job refused the URI
             return
         from cupid_exp.tracking import run_worker
         from cupid_exp.tracking.sweep import SweepEnd, finish_sweep
@@ -123,6 +130,12 @@ class MlflowSweepCallback(Callback):
         if problem:
             log.warning("sweep leaderboard not logged on the parent run: %s", problem)
         self._open = None
+
+
+def _tracked(config: DictConfig) -> bool:
+    """Whether a sweep has a parent run: tracking on, no dry run, and a tracking URI without credentials in it
+    (each job refuses that one in one line, ``config.require_no_credentials``)."""
+    return bool(config.tracking.enabled and not config.runtime.dry_run and not url_credentials(config.tracking.uri))
 
 
 def _tracking(config: DictConfig) -> TrackingConfig:

@@ -23,3 +23,14 @@ def alive(pid: int) -> bool:
         return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+# Ctrl-C at its default in a started CLI, as a terminal starts it, even when the suite runs in the background: a
+# non-interactive shell's `cmd &` ignores SIGINT for cmd and everything it starts (Python then keeps it ignored)
+_DEFAULT_SIGINT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                   "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+
+
+def with_default_sigint(cmd: list[str]) -> list[str]:
+    """``cmd`` (a ``sys.executable`` command) started with SIGINT at its default, so that Ctrl-C reaches it."""
+    return [cmd[0], "-c", _DEFAULT_SIGINT, *cmd[1:]]

@@ -105,6 +105,7 @@ class StubConfig:
     content_filter_steps: tuple[str, ...] = ()  # these steps get no content, finish_reason "content_filter"
     refusal_steps: tuple[str, ...] = ()  # ... or no content and a ``refusal`` (OpenAI structured outputs)
     record_bodies: bool = False  # keep every request body (``StubServer.bodies``): what went over the wire
+    record_headers: tuple[str, ...] = ()  # count the values these request headers arrived with (``header_values``)
     model_ids: tuple[str, ...] = ("stub",)  # what GET /v1/models lists (clients that check a model exists)
     rpm: float = 0.0  # a key's limits as OpenAI enforces them (helpers/rate_limits.py); 0: none
     tpm: float = 0.0
@@ -327,6 +328,11 @@ class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 512  # the default backlog of 5 drops connections under 32+ concurrent clients
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away (killed, interrupted) is what real servers shrug off; anything else is printed."""
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)
+
 
 @dataclass
 class _Counters:
@@ -355,6 +361,7 @@ class StubServer:
         self._seen: Counter = Counter()
         self.counters = _Counters()
         self.bodies: list[dict[str, Any]] = []  # request bodies, when ``record_bodies`` is on
+        self.header_values: dict[str, Counter] = defaultdict(Counter)  # header -> values, for ``record_headers``
         self.batches = BatchQueue(self._batch_row, batch)  # OpenAI's Files and Batch endpoints
         self.limits = KeyLimits(self.config.rpm, self.config.tpm, self.config.closed_s, self.config.refuse)
         self.httpd = _HTTPServer(("127.0.0.1", port), self._handler())
@@ -530,6 +537,10 @@ class StubServer:
                 except json.JSONDecodeError:
                     self._send(400, b'{"error": {"message": "invalid JSON body"}}')
                     return
+                with server._lock:
+                    for name in server.config.record_headers:
+                        if (value := self.headers.get(name)) is not None:
+                            server.header_values[name.lower()][value] += 1
                 server._serve(self, body, raw, self.headers.get("authorization", ""))
 
         return Handler
@@ -642,6 +653,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[int, StubConfig]:
             p.add_argument(flag, default="", help="comma-separated steps: " + ",".join(STEPS + SYNTHESIS_STEPS))
         elif f.name == "model_ids":
             p.add_argument(flag, default="stub", help="comma-separated model ids for GET /v1/models")
+        elif f.name == "record_headers":
+            p.add_argument(flag, default="", help="comma-separated request headers whose values are counted")
         elif isinstance(f.default, bool):
             p.add_argument(flag, action="store_true")
         elif f.name in ("context_error", "judge_score", "fail_first_kind", "giveup_match", "refuse"):
@@ -651,7 +664,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[int, StubConfig]:
     args = vars(p.parse_args(argv))
     port = args.pop("port")
     for name in list(args):
-        if name.endswith("_steps") or name == "model_ids":
+        if name.endswith("_steps") or name in ("model_ids", "record_headers"):
             args[name] = tuple(s for s in args[name].split(",") if s)
     return port, StubConfig(**args)
 

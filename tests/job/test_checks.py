@@ -12,18 +12,19 @@ import pytest
 from helpers.cli_runner import cli_command, job_dirs, read_jsonl, run_cli
 from helpers.cupid_data import make_rows, stub_overrides, write_jsonl
 from helpers.jobs import stub_config
+from helpers.prompt_dirs import full_prompt_folder
 from helpers.stub_llm_server import StubServer
 
 from cupid_exp.config import ConfigError
 from cupid_exp.data.schema import DataError
 from cupid_exp.job import plan
+from cupid_exp.prompts import PROJECT_PROMPTS
 
 UNREACHABLE = "http://127.0.0.1:9/v1"
 
 
 def bad_prompts(tmp_path: Path) -> Path:
-    folder = tmp_path / "prompts" / "evaluation"
-    folder.mkdir(parents=True)
+    folder = full_prompt_folder(tmp_path / "prompts") / "evaluation"
     (folder / "preference_inferrer.yaml").write_text("system_prompt: |-\n  Infer.\nuser_prompt: |-\n"
                                                      "  {interaction_log}\n  {user_name} asks: {curr_request}\n")
     return tmp_path / "prompts"
@@ -58,6 +59,10 @@ BAD_SETTINGS = [
     ("paths.output_root=/etc/hostname/outputs", "paths.output_root='/etc/hostname/outputs' is not a writable folder"),
     ("runtime.cache_dir=/etc/hostname/cache", "runtime.cache_dir='/etc/hostname/cache' is not a writable folder"),
     ("BAD_PROMPTS", "prompt evaluation/preference_inferrer asks for placeholder(s) ['user_name']"),
+    # credentials in a URL: shown masked (tests/test_secrets.py checks nothing else shows them)
+    ("evaluator.judge.api_base=http://u:pw-1@127.0.0.1:9/v1",
+     "evaluator.judge.api_base='http://***@127.0.0.1:9/v1' carries credentials in the URL"),
+    ("tracking.uri='https://127.0.0.1:9/?token=tok-123456'", "tracking.uri='https://127.0.0.1:9/?token=***' carries"),
 ]
 
 
@@ -107,3 +112,56 @@ def test_an_oversized_instance_is_refused_before_it_is_sent_and_the_rest_run(tmp
     metrics = json.loads((job / "metrics.json").read_text())["metrics"]
     assert metrics["calls/not_sent_oversized"] == 1 and metrics["calls/requests"] == metrics["calls/total"]
     assert "infer/context_length=1" in proc.stdout
+
+
+# (overrides, the file the job sends): each choice that adds a prompt file to the job, and the base ones
+NEEDED_PROMPTS = [
+    ("", "evaluation/preference_inferrer.yaml"),
+    ("", "evaluation/preference_matcher.yaml"),
+    ("", "synthesis/preference_decomposer.yaml"),
+    ("task=generation", "evaluation/response_generator.yaml"),
+    ("task=generation", "evaluation/response_judger.yaml"),
+    ("setting=summary", "evaluation/session_summarizer.yaml"),
+    ("task=generation setting=oracle_preference", "evaluation/response_generator_oracle_preference.yaml"),
+    ("evaluator=prefmatcher", "evaluation/preference_matcher_model.yaml"),
+]
+
+
+def official_folder_without(tmp_path: Path, missing: str) -> Path:
+    """A prompt folder in the official layout (with the matcher's examples file) that lacks one file."""
+    folder = full_prompt_folder(tmp_path / "official")
+    (folder / "evaluation" / "preference_matcher_examples.yaml").write_text(
+        (PROJECT_PROMPTS / "evaluation" / "preference_matcher_examples.yaml").read_text())
+    (folder / missing).unlink()
+    return folder
+
+
+@pytest.mark.parametrize("overrides,missing", NEEDED_PROMPTS, ids=[f"{o or 'base'}:{m}" for o, m in NEEDED_PROMPTS])
+def test_a_prompts_dir_lacking_a_file_the_job_sends_is_refused_naming_it(tmp_path: Path, overrides: str,
+                                                                           missing: str) -> None:
+    """Our file of the same name is never sent instead: the user asked for that folder's prompts."""
+    folder = official_folder_without(tmp_path, missing)
+    assert (PROJECT_PROMPTS / missing).is_file()  # a fallback was there to take
+    cfg = stub_config(UNREACHABLE, tmp_path, f"prompts.dir={folder}", *overrides.split())
+    with pytest.raises(ConfigError) as err:
+        plan(cfg, tmp_path / "job")
+    line = str(err.value)
+    assert f"lacks {missing}," in line and str(folder) in line and "\n" not in line
+
+
+def test_a_prompts_dir_lacking_a_file_the_job_does_not_send_is_fine(tmp_path: Path) -> None:
+    folder = official_folder_without(tmp_path, "evaluation/session_summarizer.yaml")
+    job = plan(stub_config(UNREACHABLE, tmp_path, f"prompts.dir={folder}", "runtime.dry_run=true"), tmp_path / "job")
+    assert job.prompts.directory == folder.resolve()
+
+
+def test_the_cli_refuses_a_prompts_dir_lacking_a_file_before_any_call(tmp_path: Path) -> None:
+    folder = official_folder_without(tmp_path, "evaluation/preference_matcher.yaml")
+    with StubServer() as stub:
+        proc = run_cli(cli_command(stub.url, tmp_path / "out", f"prompts.dir={folder}", "data.limit=1"), check=False)
+        received = stub.stats()["total_received"]
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert received == 0  # not one request: the shipped matcher prompt was not sent in its place
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cupid_exp: ") and "Traceback" not in proc.stderr
+    assert "lacks evaluation/preference_matcher.yaml" in lines[0]

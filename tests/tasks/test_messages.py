@@ -11,6 +11,7 @@ import pytest
 
 from conftest import compose_config
 from helpers.jobs import run_one, stub_plan
+from helpers.prompt_dirs import full_prompt_folder
 from helpers.stub_llm_server import StubServer
 
 from cupid_exp.config import DataConfig
@@ -23,7 +24,9 @@ INSTANCE = load_instances(DataConfig(name="sample", source="sample")).instances[
 
 
 def official_style_dir(root: Path) -> Path:
-    """Prompt files in the official layout (keys, placeholder names, |- blocks), with our own text."""
+    """Prompt files in the official layout (keys, placeholder names, |- blocks), with our own text (the files this
+    test does not write: the project's)."""
+    full_prompt_folder(root / "prompts")
     files = {
         "evaluation/preference_inferrer.yaml": """
             system_prompt: |-

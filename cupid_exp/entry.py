@@ -12,7 +12,10 @@ A job ends in one of these ways, each with its exit code (documented in the READ
 - 4: budget reached: ``runtime.max_cost_usd`` or ``runtime.sweep_max_cost_usd`` refused a call; the instances
   left are not run (the same command with a higher budget resumes them);
 - 5: the environment failed the job (a full disk, a read-only or forbidden folder, a folder that vanished):
-  one line naming the path and the error; the journal keeps what finished, the MLflow run ends FAILED.
+  one line naming the path and the error; the journal keeps what finished, the MLflow run ends FAILED;
+- 75 (sysexits' EX_TEMPFAIL): try again later: a provider's rate limit asks for a longer wait than is left of
+  ``runtime.rate_limit_patience_s`` (a daily limit; ``cupid_exp.llm.retry.RetryLater``): one line naming the limit
+  and the wait, no new instance started, the instances in flight not failed; the same command later resumes.
 
 In a sweep, a job's bad setting or incomplete result does not stop the other jobs: each job
 writes ``job_status.json`` into its folder, and when the sweep ends the failed and incomplete
@@ -33,14 +36,16 @@ from omegaconf import DictConfig
 EXIT_OK, EXIT_BUG, EXIT_BAD_INPUT, EXIT_INCOMPLETE = 0, 1, 2, 3
 EXIT_BUDGET = 4
 EXIT_ENVIRONMENT = 5  #: a full disk, a read-only or forbidden path, a vanished folder (``outputs.environment_failure``)
-# A sweep exits with its worst job's code, worst first: a bad setting, the environment, a budget reached, incomplete.
-_SWEEP_SEVERITY = (EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_BUDGET, EXIT_INCOMPLETE)
+EXIT_RETRY_LATER = 75  #: sysexits' EX_TEMPFAIL: a rate limit outlasts the patience (``cupid_exp.llm.retry.RetryLater``)
+# A sweep exits with its worst job's code, worst first: what needs a fix (a bad setting, the environment, a budget),
+# then what needs only time (a rate limit), then incomplete.
+_SWEEP_SEVERITY = (EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_BUDGET, EXIT_RETRY_LATER, EXIT_INCOMPLETE)
 
 
 @dataclass
 class Outcome:
-    """How a job ended: ``ok``, ``incomplete`` (too many failed instances), ``budget`` (its budget stopped it) or
-    ``error`` (bad input)."""
+    """How a job ended: ``ok``, ``incomplete`` (too many failed instances), ``budget`` (its budget stopped it),
+    ``environment``, ``retry_later`` (a rate limit outlasted the patience) or ``error`` (bad input)."""
 
     outcome: str
     reason: str = ""
@@ -48,8 +53,8 @@ class Outcome:
 
     @property
     def exit_code(self) -> int:
-        return {"ok": EXIT_OK, "incomplete": EXIT_INCOMPLETE, "budget": EXIT_BUDGET,
-                "environment": EXIT_ENVIRONMENT}.get(self.outcome, EXIT_BAD_INPUT)
+        return {"ok": EXIT_OK, "incomplete": EXIT_INCOMPLETE, "budget": EXIT_BUDGET, "environment": EXIT_ENVIRONMENT,
+                "retry_later": EXIT_RETRY_LATER}.get(self.outcome, EXIT_BAD_INPUT)
 
 
 class InputError(Exception):
@@ -80,7 +85,7 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
         outcome = job(cfg, output_dir, dict(hc.runtime.choices), parent)
     except (*input_errors, InputError) as exc:
         print(f"{program}: {exc}", file=sys.stderr)
-        outcome = Outcome("error", str(exc))
+        outcome = Outcome(getattr(exc, "outcome", "error"), str(exc))  # a provider's stop may say "retry_later"
     except Exception as exc:  # noqa: BLE001 - a bug goes on with its traceback; the environment's is one line
         from cupid_exp.outputs import environment_failure
 

@@ -124,8 +124,7 @@ class CallBill:
     sent: int = 0  #: requests sent (or looked up in the response cache)
     charged_usd: float = 0.0  #: attempts without a usable reply: a lost one's worst case, an empty one's cost
     charged: int = 0  #: how many attempts that is
-    first: Any = field(default=None, repr=False)  #: the first attempt's reservation, held before its slot
-    first_taken: bool = False
+    held: Any = field(default=None, repr=False)  #: the next attempt's reservation, held before its slot
 
     def charge(self, usd: float | None) -> None:
         if usd:
@@ -133,7 +132,7 @@ class CallBill:
             self.charged += 1
 
     def release_unused(self) -> None:
-        """A first reservation no attempt used (the call stopped before sending): returned in full."""
-        if not self.first_taken and self.first is not None:
-            self.first.settle(0.0)
-        self.first_taken = True
+        """A reservation no request used (the call stopped while it waited for its slot): returned in full."""
+        if self.held is not None:
+            self.held.settle(0.0)
+            self.held = None

@@ -217,15 +217,15 @@ class LLMClient:
         token = self._internal.set(True) if self._internal is not None else None
         try:
             async with self._semaphore:
-                # the first attempt's worst case is held before it waits for the endpoint's slot; each retry holds
-                # its own (``_attempt``): a request that got no reply may have been billed all the same
-                bill.first = await reserve_call(self, messages, kwargs, step)  # None without a budget
+                async def reserve() -> None:  # each attempt's worst case, before it waits for the endpoint's slot
+                    bill.held = await reserve_call(self, messages, kwargs, step)  # None without a budget
+
                 try:
                     reply, attempts = await with_retries(
-                        lambda: self._attempt(messages, kwargs, step, bill), self.endpoint, tokens=tokens,
+                        lambda: self._attempt(messages, kwargs, bill), self.endpoint, tokens=tokens,
                         num_retries=self.runtime.num_retries, patience_s=self.runtime.rate_limit_patience_s,
                         classify=provider_error_kind, model=self.model.name, roles=self.roles, scrub=self._scrub,
-                        stop=self.stop)
+                        stop=self.stop, before=reserve)
                 finally:
                     bill.release_unused()
         except CallFailed as failed:
@@ -261,14 +261,11 @@ class LLMClient:
         self.meter.add(step, completion)
         return completion
 
-    async def _attempt(self, messages: list[dict], kwargs: dict[str, Any], step: str, bill: CallBill) -> Reply:
-        """One request of a call, inside the endpoint's slot: its worst case held on the budget, then settled at
-        what the provider bills for it (``cupid_exp.llm.billing``); a reply without a completion raises
-        ``EmptyReply`` (retried like a 5xx) once its cost is counted."""
-        if bill.first_taken:
-            held = await reserve_call(self, messages, kwargs, step)  # a retry that cannot fit is not sent
-        else:
-            held, bill.first_taken = bill.first, True
+    async def _attempt(self, messages: list[dict], kwargs: dict[str, Any], bill: CallBill) -> Reply:
+        """One request of a call, inside the endpoint's slot: its reservation (``bill.held``: a retry that did not
+        fit the budget was not sent) settled at what the provider bills for it (``cupid_exp.llm.billing``); a reply
+        without a completion raises ``EmptyReply`` (retried like a 5xx) once its cost is counted."""
+        held, bill.held = bill.held, None
         bill.sent += 1
         try:
             response = await self._send(messages, kwargs)

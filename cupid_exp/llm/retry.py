@@ -284,10 +284,12 @@ class CallFailed(Exception):
 
 async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tokens: int, num_retries: int,
                        patience_s: float, classify: Callable[[BaseException], str | None], model: str,
-                       roles: tuple[str, ...], scrub: Callable[[str], str], stop: JobStop | None = None
-                       ) -> tuple[Any, Attempts]:
+                       roles: tuple[str, ...], scrub: Callable[[str], str], stop: JobStop | None = None,
+                       before: Callable[[], Awaitable[None]] | None = None) -> tuple[Any, Attempts]:
     """``send()`` once per attempt inside the endpoint's slot, until a reply, a final failure (``CallFailed``),
-    a fatal refusal (``FatalProviderError``) or a bug (raised unchanged)."""
+    a fatal refusal (``FatalProviderError``) or a bug (raised unchanged). ``before()`` runs ahead of each
+    attempt, outside the slot: the attempt's budget reservation, which may wait for others' to come back (a slot
+    held while waiting could be the one a reservation's own request needs)."""
     import asyncio
 
     attempts = Attempts()
@@ -297,6 +299,8 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tok
             raise stop.fatal  # the job stops: no new request, whichever endpoint
         if endpoint.fatal is not None:
             raise endpoint.fatal  # another call found the endpoint refusing: not sent
+        if before is not None:
+            await before()
         try:
             async with endpoint.slot(tokens) as held:
                 attempts.wait_s += held.seconds

@@ -296,6 +296,8 @@ class LLMClient:
                                                        reply_text(choices[0]) if choices else "")
         if not estimated:
             cost = self._cost(response)
+        elif self.model.is_embedded:
+            cost = 0.0
         elif self._unpriced:
             cost = None
         else:

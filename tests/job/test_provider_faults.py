@@ -131,8 +131,9 @@ def test_a_200_without_a_completion_is_retried_and_costs_no_instance(tmp_path: P
 
 def test_a_daily_limit_stops_the_job_for_later_and_a_resume_completes_it(tmp_path: Path) -> None:
     data, root = write_dataset(tmp_path / "data.jsonl", N), tmp_path / "out"
-    with StubServer() as good, StubServer(refuse="daily") as limited:
-        # the subject answers; the evaluator's key has used its requests for the day: instances are in flight
+    with StubServer(latency_ms=150) as good, StubServer(refuse="daily") as limited:
+        # the subject answers, two at a time; the evaluator's key has used its requests for the day: the instances
+        # whose inference is done are in flight when the first refusal comes
         cmd = cli_command(good.url, root, "tracking=none", "model.max_concurrency=2",
                           *(f"evaluator.{role}.api_base={limited.url}" for role in ("decomposer", "matcher", "judge")),
                           data=data, cache_dir=tmp_path / "cache")
@@ -140,8 +141,8 @@ def test_a_daily_limit_stops_the_job_for_later_and_a_resume_completes_it(tmp_pat
         refused = limited.stats()["faults"]
         assert proc.returncode == 75, (proc.stdout[-2000:], proc.stderr[-2000:])
         assert sum(f.get("daily", 0) for f in refused.values()) >= 1
-        # the calls in flight when the first refusal came at most, not one per instance, none retried
-        assert limited.stats()["total_received"] <= 4
+        # the calls in flight when the first refusal came at most: not one per instance, none retried
+        assert limited.stats()["total_received"] < N, limited.stats()["total_received"]
         line = one_line(proc.stderr, "cupid_exp: stopped:")
         assert "requests per day" in line and "wait 3600 s" in line and "run the same command later" in line
         assert not any(r["errors"] for r in journaled(root))  # the instances in flight are not failed

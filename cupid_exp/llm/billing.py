@@ -17,7 +17,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from cupid_exp.llm.errors import EmptyReply
+from cupid_exp.llm.errors import EmptyReply, _chain
 
 
 def lost_after_sending(exc: BaseException) -> bool:
@@ -25,12 +25,16 @@ def lost_after_sending(exc: BaseException) -> bool:
     or its connection dropped once it was sent. Not a connection that was never made, not an HTTP error status
     (the provider answered that it did not serve it), not a cancellation (the job is being stopped)."""
     import litellm
+    import openai
 
     from cupid_exp.llm.retry import is_connection_refused
 
     if isinstance(exc, (litellm.Timeout, asyncio.TimeoutError, TimeoutError)):
         return True
-    return isinstance(exc, litellm.APIConnectionError) and not is_connection_refused(exc)
+    if is_connection_refused(exc):
+        return False
+    # litellm reports a dropped connection as a 500 ("Connection error."): the transport's error is in the chain
+    return any(isinstance(e, openai.APIConnectionError) for e in _chain(exc))
 
 
 def empty_reason(response: Any) -> str | None:

@@ -90,6 +90,26 @@ def test_each_request_lost_after_sending_is_charged_its_worst_case_and_a_retry_t
     assert counts["cost_usd"] == pytest.approx(state["spent"])
 
 
+def test_a_connection_lost_after_sending_is_charged_and_one_never_made_is_not(tmp_path: Path) -> None:
+    import threading
+
+    worst = worst_case_usd(PRICES, HELLO, {"max_tokens": MAX_TOKENS})
+    with StubServer() as stub:
+        stub.hold_after(0)  # the request is received, then its connection closed without a reply
+        threading.Timer(0.5, stub.release).start()
+        c, meter = client(stub.url, tmp_path, cap=1.0, num_retries=0)
+        with pytest.raises(ProviderError):
+            asyncio.run(c.complete(HELLO, step="s"))
+        assert stub.stats()["total_received"] == 1 and stub.stats()["total_completed"] == 0
+    assert ledger(tmp_path)["spent"] == pytest.approx(worst)
+    assert meter.as_dict()["s"]["charged_requests"] == 1
+
+    c, meter = client("http://127.0.0.1:9/v1", tmp_path / "nowhere", cap=1.0, num_retries=5)
+    with pytest.raises(FatalProviderError):  # refused three times, never accepted: unreachable
+        asyncio.run(c.complete(HELLO, step="s"))
+    assert ledger(tmp_path / "nowhere")["spent"] == 0.0 and "charged_requests" not in meter.as_dict()["s"]
+
+
 @pytest.mark.parametrize("kind", ["empty_choices", "content_null"])
 def test_a_reply_without_a_completion_is_retried_like_a_5xx_then_fails_as_provider(tmp_path: Path, kind: str) -> None:
     with StubServer(fail_first=1, fail_first_kind=kind) as stub:

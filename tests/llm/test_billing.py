@@ -141,8 +141,8 @@ def ask_all(c: LLMClient, prompts: list[str]) -> list:
     return asyncio.run(run())
 
 
-def test_identical_requests_sharing_a_batch_row_are_costed_once(tmp_path: Path) -> None:
-    with StubServer(batch=BatchQueueConfig(complete_after_s=0.1)) as stub:
+def test_identical_requests_sharing_a_batch_row_are_costed_once_and_rows_without_usage_counted(tmp_path: Path) -> None:
+    with StubServer(omit_usage=True, batch=BatchQueueConfig(complete_after_s=0.1)) as stub:
         c, meter = client(stub.url, tmp_path, cap=1.0, **BATCH)
         out = ask_all(c, ["same question", "same question", "another question"])
         stats = stub.stats()
@@ -151,6 +151,7 @@ def test_identical_requests_sharing_a_batch_row_are_costed_once(tmp_path: Path) 
     assert sorted(o.cached for o in out) == [False, False, True]
     m = usage_metrics(meter)
     assert m["cost/usd"] == pytest.approx(billed_usd(stats)) == pytest.approx(ledger(tmp_path)["spent"])
+    assert m["cost/usd"] > 0 and m["tokens/estimated_calls"] == 2  # the rows carried no usage: counted here
     assert meter.batches.rows_shared == 1
 
 

@@ -13,6 +13,9 @@ A job ends in one of these ways, each with its exit code (documented in the READ
   left are not run (the same command with a higher budget resumes them);
 - 5: the environment failed the job (a full disk, a read-only or forbidden folder, a folder that vanished):
   one line naming the path and the error; the journal keeps what finished, the MLflow run ends FAILED;
+- 75 (sysexits' EX_TEMPFAIL): try again later: a provider's rate limit asks for a longer wait than is left of
+  ``runtime.rate_limit_patience_s`` (a daily limit; ``cupid_exp.llm.retry.RetryLater``): one line naming the limit
+  and the wait, no new instance started, the instances in flight not failed; the same command later resumes.
 - 130: interrupted (Ctrl-C): one line saying how many instances the journal holds and how to resume, no
   traceback; the MLflow run ends KILLED. A sweep stops at the job it was running.
 
@@ -37,15 +40,17 @@ from omegaconf import DictConfig
 EXIT_OK, EXIT_BUG, EXIT_BAD_INPUT, EXIT_INCOMPLETE = 0, 1, 2, 3
 EXIT_BUDGET = 4
 EXIT_ENVIRONMENT = 5  #: a full disk, a read-only or forbidden path, a vanished folder (``outputs.environment_failure``)
+EXIT_RETRY_LATER = 75  #: sysexits' EX_TEMPFAIL: a rate limit outlasts the patience (``cupid_exp.llm.retry.RetryLater``)
 EXIT_INTERRUPTED = 130  #: Ctrl-C: 128 + SIGINT, what a shell reports for a process SIGINT ended
-# A sweep exits with its worst job's code, worst first: a bad setting, the environment, a budget reached, incomplete.
-_SWEEP_SEVERITY = (EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_BUDGET, EXIT_INCOMPLETE)
+# A sweep exits with its worst job's code, worst first: what needs a fix (a bad setting, the environment, a budget),
+# then what needs only time (a rate limit), then incomplete.
+_SWEEP_SEVERITY = (EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_BUDGET, EXIT_RETRY_LATER, EXIT_INCOMPLETE)
 
 
 @dataclass
 class Outcome:
-    """How a job ended: ``ok``, ``incomplete`` (too many failed instances), ``budget`` (its budget stopped it) or
-    ``error`` (bad input)."""
+    """How a job ended: ``ok``, ``incomplete`` (too many failed instances), ``budget`` (its budget stopped it),
+    ``environment``, ``retry_later`` (a rate limit outlasted the patience) or ``error`` (bad input)."""
 
     outcome: str
     reason: str = ""
@@ -53,8 +58,8 @@ class Outcome:
 
     @property
     def exit_code(self) -> int:
-        return {"ok": EXIT_OK, "incomplete": EXIT_INCOMPLETE, "budget": EXIT_BUDGET,
-                "environment": EXIT_ENVIRONMENT}.get(self.outcome, EXIT_BAD_INPUT)
+        return {"ok": EXIT_OK, "incomplete": EXIT_INCOMPLETE, "budget": EXIT_BUDGET, "environment": EXIT_ENVIRONMENT,
+                "retry_later": EXIT_RETRY_LATER}.get(self.outcome, EXIT_BAD_INPUT)
 
 
 class InputError(Exception):
@@ -114,7 +119,7 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
     except (*input_errors, InputError) as exc:
         line = _masked(str(exc), cfg, hc.overrides.task)
         print(f"{program}: {line}", file=sys.stderr)
-        outcome = Outcome("error", line)
+        outcome = Outcome(getattr(exc, "outcome", "error"), line)  # a provider's stop may say "retry_later"
     except KeyboardInterrupt as exc:
         if not multirun:
             raise

@@ -107,9 +107,10 @@ async def run_instances(plan: JobPlan, take: Taker, finished: Finished, progress
     litellm's background work after (``drain_background_tasks`` waits for every other task: its own too).
 
     A call the budget refuses ends its instance unfinished and starts no other (``stopped_by_budget``). A
-    provider's fatal refusal (a bad key, an unknown model, no endpoint) stops the taking: the instances in
-    flight end (their calls to the refusing endpoint are not sent, the others' are not wasted), none of them is
-    journaled (a resume runs them), and the refusal is raised once every lane has stopped."""
+    provider's fatal refusal (a bad key, an unknown model, a billing state, no endpoint) or a rate limit beyond
+    the patience (``RetryLater``: exit 75) stops the taking: the instances in flight end (their calls to the
+    refusing endpoint are not sent, the others' are not wasted), none of them is journaled (a resume runs them),
+    and the refusal is raised once every lane has stopped."""
     stop = asyncio.Event()  # a call refused by the budget: no instance starts after it; those in flight go on
     fatal: list[FatalProviderError] = []
 

@@ -11,8 +11,12 @@ the requests it holds (by digest) are journaled before it is awaited, and every 
 A rerun, even days later or on another machine with the same outputs folder, serves kept rows at no cost
 and polls the batches still pending instead of resubmitting. A row that failed for a reason a retry can
 fix (429, 5xx, an expired batch) goes into a later batch, up to ``runtime.num_retries`` times; any other
-failure is the call's ``ProviderError``, counted by kind like a live call's. Files and batches go through
-litellm (``acreate_file``, ``acreate_batch``, ``aretrieve_batch``, ``afile_content``).
+failure is the call's ``ProviderError``, counted by kind like a live call's. Identical requests share one row,
+paid once. The upload and the batch's creation go through the live calls' retry policy (``Guard``): a fatal
+refusal (a bad key, ``insufficient_quota``) stops the job, a rate limit beyond the patience stops it for later,
+as they do a live call. A batch rejected for the enqueued-token limit fails no row: its rows are held and sent
+again as earlier batches finish, in batches sized under the limit (``cupid_exp.llm.batch_limits``). Files and
+batches go through litellm (``acreate_file``, ``acreate_batch``, ``aretrieve_batch``, ``afile_content``).
 """
 
 from __future__ import annotations
@@ -20,13 +24,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from cupid_exp.llm.batch_ledger import BatchLedger, request_digest
-from cupid_exp.llm.usage import BatchCounts, Completion
+from cupid_exp.llm.batch_limits import EnqueuedTokens, token_limit_rejection
+from cupid_exp.llm.limits import estimated_tokens
+from cupid_exp.llm.usage import BatchCounts
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +63,26 @@ class _Row:
     body: dict[str, Any]
     future: asyncio.Future
     resubmits: int = 0
+    tokens: int = 0  #: its prompt's estimated tokens (the enqueued-token limit)
+    paid: bool = False  #: its reply was handed to a caller, who pays for it (the others sharing it do not)
+
+
+async def _direct(send: Callable[[], Awaitable[Any]]) -> Any:
+    return await send()
+
+
+def _no_stop(kind: str, message: str) -> Exception:
+    return RowFailed(429, kind, message)
+
+
+@dataclass
+class Guard:
+    """How the batcher's own requests (upload, creation) meet refusals: the client's live retry policy (``run``:
+    ``cupid_exp.llm.retry.with_retries``) and its stop for later (``later``: sets the job's ``RetryLater``)."""
+
+    run: Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]] = _direct
+    later: Callable[[str, str], Exception] = _no_stop
+    patience_s: float = 1800.0
 
 
 class RowFailed(Exception):
@@ -87,9 +111,11 @@ class Batcher:
     """One endpoint's batches for one job (one event loop): gathers, submits, polls, resolves."""
 
     def __init__(self, endpoint: dict[str, Any], call_kwargs: dict[str, Any], ledger: BatchLedger,
-                 settings: BatchSettings, counts: BatchCounts):
+                 settings: BatchSettings, counts: BatchCounts, guard: Guard | None = None):
         self.endpoint, self.kwargs, self.ledger, self.settings, self.counts = (
             endpoint, call_kwargs, ledger, settings, counts)
+        self.guard = guard or Guard()
+        self.queue = EnqueuedTokens()
         self._waiting: dict[str, _Row] = {}
         self._intake: list[_Row] = []
         self._timer: asyncio.Task | None = None
@@ -100,7 +126,8 @@ class Batcher:
         self._open: dict[str, str] = {}  # request digest -> the open batch (an earlier run's) that holds it
 
     async def complete(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        """The reply body for ``body`` and whether it was kept from an earlier batch (no cost now)."""
+        """The reply body for ``body`` and whether it costs nothing now: kept from an earlier batch, or the row
+        another identical request of this job asked for (one row, billed once: its first caller pays)."""
         digest = request_digest(self.endpoint, body)
         kept = self.ledger.kept(digest)
         if kept is not None:
@@ -108,12 +135,16 @@ class Batcher:
             return kept, True
         row = self._waiting.get(digest)
         if row is None:
-            row = _Row(digest, body, asyncio.get_running_loop().create_future())
+            row = _Row(digest, body, asyncio.get_running_loop().create_future(),
+                       tokens=estimated_tokens(body.get("messages") or [], None))
             self._waiting[digest] = row
             if not self._adopt(digest):
                 self._intake.append(row)
                 self._schedule()
-        return await asyncio.shield(row.future), False
+        reply = await asyncio.shield(row.future)
+        paid_elsewhere, row.paid = row.paid, True
+        self.counts.rows_shared += paid_elsewhere
+        return reply, paid_elsewhere
 
     # ---- gathering and sending
 
@@ -131,20 +162,23 @@ class Batcher:
                 self._watch(batch_id, entry["rows"])
         return digest in self._open
 
-    def _schedule(self) -> None:
-        if len(self._intake) >= self.settings.size:
+    def _schedule(self, delay_s: float | None = None) -> None:
+        if delay_s is None and len(self._intake) >= self.settings.size and self.queue.limit is None:
             self._spawn(self._send(self._take()))
         elif self._timer is None or self._timer.done():
-            self._timer = self._spawn(self._send_after_delay())
+            self._timer = self._spawn(self._send_after_delay(self.settings.delay_s if delay_s is None else delay_s))
 
     def _take(self) -> list[_Row]:
-        rows, self._intake = self._intake[: self.settings.size], self._intake[self.settings.size:]
+        """The next batch: up to ``size`` rows, and under the enqueued-token limit once one is known (none when
+        the queue is full: a batch of ours that finishes schedules the rest)."""
+        n = self.queue.fitting([row.tokens for row in self._intake[: self.settings.size]])
+        rows, self._intake = self._intake[:n], self._intake[n:]
         return rows
 
-    async def _send_after_delay(self) -> None:
-        await asyncio.sleep(self.settings.delay_s)
-        while self._intake:
-            await self._send(self._take())
+    async def _send_after_delay(self, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        while rows := self._take():
+            await self._send(rows)
 
     def _spawn(self, coro: Any) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -158,15 +192,17 @@ class Batcher:
         lines = [{"custom_id": row.digest[:40], "method": "POST", "url": "/v1/chat/completions", "body": row.body}
                  for row in rows]
         data = "".join(json.dumps(line) + "\n" for line in lines).encode()
-        try:
-            uploaded = await litellm.acreate_file(file=("cupid-batch.jsonl", data), purpose="batch", **self.kwargs)
-            batch = await litellm.acreate_batch(completion_window="24h", endpoint="/v1/chat/completions",
-                                                input_file_id=uploaded.id, **self.kwargs)
+        try:  # a refusal here means what it means to a live call (``Guard``)
+            uploaded = await self.guard.run(lambda: litellm.acreate_file(file=("cupid-batch.jsonl", data),
+                                                                         purpose="batch", **self.kwargs))
+            batch = await self.guard.run(lambda: litellm.acreate_batch(
+                completion_window="24h", endpoint="/v1/chat/completions", input_file_id=uploaded.id, **self.kwargs))
         except Exception as exc:  # noqa: BLE001  # the rows' callers sort provider failures from bugs
             for row in rows:
                 self._fail(row, exc)
             return
         mapping = {line["custom_id"]: row.digest for line, row in zip(lines, rows)}
+        self.queue.sent(batch.id, sum(row.tokens for row in rows))
         self.ledger.submitted(batch.id, self.endpoint, uploaded.id, mapping)
         self.counts.submitted += 1
         self.counts.rows_submitted += len(rows)
@@ -229,7 +265,10 @@ class Batcher:
 
     async def _collect(self, batch: Any, rows: dict[str, str]) -> None:
         answered: set[str] = set()
-        if batch.status == "failed":
+        rejection = token_limit_rejection(batch) if batch.status == "failed" else None
+        if rejection is not None:
+            self._hold(batch.id, rows, *rejection)
+        elif batch.status == "failed":
             self.counts.failed += 1
             reason = _batch_errors(batch)
             for digest in rows.values():
@@ -256,8 +295,31 @@ class Batcher:
             self._open.pop(digest, None)
         self.counts.collected += 1
         self.ledger.closed(batch.id, batch.status)
+        if rejection is None:
+            self.queue.finished(batch.id, accepted=batch.status != "failed")
         if self._intake:
-            self._schedule()
+            # held after a rejection with none of ours queued: the queue is someone else's; look again later
+            self._schedule(self.settings.poll_s if rejection is not None and not self.queue.queued else None)
+
+    def _hold(self, batch_id: str, rows: dict[str, str], limit: int | None, message: str) -> None:
+        """A batch the enqueued-token limit refused: its rows wait for earlier batches, at the front of the queue,
+        unless the limit has refused this job for longer than the patience (the job stops, to be run later)."""
+        self.counts.held_token_limit += 1
+        self.queue.rejected(batch_id, limit, message)
+        held = [self._waiting[d] for d in rows.values() if d in self._waiting]
+        if self.queue.held_s() > self.guard.patience_s:
+            stop = self.guard.later(
+                "token_limit_exceeded", f"the provider's enqueued-token limit has refused this job's batches for "
+                f"{self.queue.held_s():.0f} s, more than runtime.rate_limit_patience_s={self.guard.patience_s:g}: "
+                f"{message}")
+            for row in held + self._intake:
+                self._fail(row, stop)
+            self._intake = []
+            return
+        log.info("batch %s held: the provider's enqueued-token limit (%s); %d requests wait for earlier batches",
+                 batch_id, limit, len(held))
+        self.counts.rows_resubmitted += len(held)
+        self._intake = held + self._intake
 
     def _settle(self, digest: str, entry: dict[str, Any]) -> None:
         response = entry.get("response") or {}
@@ -309,56 +371,3 @@ def _batch_errors(batch: Any) -> str:
         (errors or {}).get("data"))
     messages = [getattr(e, "message", None) or (e.get("message") if isinstance(e, dict) else None) for e in data or []]
     return "; ".join(m for m in messages if m) or "no reason given"
-
-
-# ---------------------------------------------------------------- the client's side
-
-
-def batch_settings(runtime: Any) -> BatchSettings:
-    return BatchSettings(size=runtime.batch_size, delay_s=runtime.batch_delay_s, poll_s=runtime.batch_poll_s,
-                         max_resubmits=runtime.num_retries)
-
-
-def batch_price(model: Any, prompt_tokens: int, completion_tokens: int) -> float | None:
-    """A reply's cost at the provider's batch prices (litellm's map), else the config's prices, else None."""
-    import litellm
-
-    if model.input_cost_per_token is not None and model.output_cost_per_token is not None:
-        return prompt_tokens * model.input_cost_per_token + completion_tokens * model.output_cost_per_token
-    try:
-        cost_in, cost_out = litellm.cost_per_token(model=model.litellm_model, prompt_tokens=prompt_tokens,
-                                                   completion_tokens=completion_tokens, call_type="aretrieve_batch")
-    except (litellm.exceptions.ModelNotMappedError, litellm.exceptions.BadRequestError,
-            litellm.exceptions.NotFoundError):
-        return None
-    return float(cost_in + cost_out)
-
-
-def new_batcher(model: Any, runtime: Any, api_key: str | None, counts: BatchCounts) -> Batcher:
-    provider = batch_provider(model.litellm_model)
-    if provider is None:
-        raise BatchUnsupported(model.litellm_model)
-    kwargs: dict[str, Any] = {"custom_llm_provider": provider}
-    if model.api_base:
-        kwargs["api_base"] = model.api_base
-    if api_key:
-        kwargs["api_key"] = api_key
-    endpoint = {"model": model.litellm_model, "api_base": model.api_base}
-    ledger = BatchLedger(Path(runtime.cache_dir).expanduser() / "batches")
-    return Batcher(endpoint, kwargs, ledger, batch_settings(runtime), counts)
-
-
-async def batched_completion(batcher: Batcher, model: Any, messages: list[dict], kwargs: dict[str, Any]
-                             ) -> Completion:
-    """One call answered through the Batch API; raises ``RowFailed`` (or litellm's error) when it failed."""
-    params = {k: v for k, v in kwargs.items() if k not in ("caching", "cache")}
-    body = {"model": model.litellm_model.split("/", 1)[1], "messages": messages, **params}
-    start = time.perf_counter()
-    reply, kept = await batcher.complete(body)
-    choice = (reply.get("choices") or [{}])[0]
-    usage = reply.get("usage") or {}
-    prompt_tokens, completion_tokens = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-    return Completion(text=(choice.get("message") or {}).get("content") or "", prompt_tokens=prompt_tokens,
-                      completion_tokens=completion_tokens, cached=kept,
-                      cost_usd=batch_price(model, prompt_tokens, completion_tokens),
-                      seconds=time.perf_counter() - start, finish_reason=choice.get("finish_reason"))

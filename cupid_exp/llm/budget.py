@@ -3,7 +3,9 @@
 Why: a budget checked after each call overshoots by every call in flight, and one kept in a process's memory
 knows nothing of the job's worker processes or of the sweep's other jobs. Here each paid call *reserves* its
 worst case before it is sent (an upper bound on its prompt tokens plus the reply's ``max_tokens``, at the
-model's prices) and *settles* its actual cost after (litellm's response cost; nothing for a cache hit). The
+model's prices) and *settles* what the provider bills for it after (``cupid_exp.llm.billing``: the reply's
+usage or a local count of its tokens, the worst case of a request lost after sending; nothing for a cache hit);
+each retry is a request of its own, with its own reservation. The
 accounts are small JSON ledgers guarded by a file lock, checked and written in one step, so two processes can
 never both pass the limit: a job's ledger beside its resume journal (``runtime.max_cost_usd``: what the job
 spends over all its attempts) and a sweep's in the sweep folder (``runtime.sweep_max_cost_usd``).
@@ -295,17 +297,20 @@ class Reservation:
             log.warning("a call cost $%.6f, more than the $%.6f reserved for it", usd, self.usd)
         self.budget.settle(self.rid, max(0.0, usd))
 
-    def failed(self, exc: BaseException) -> None:
-        """No reply: returned in full, except after a timeout (the provider may have answered and billed it)."""
-        import litellm
+    def failed(self, exc: BaseException) -> float:
+        """No reply: returned in full, except when the provider may have processed and billed the request all the
+        same (a timeout, a connection lost after sending: ``billing.lost_after_sending``): charged its worst case.
+        Returns what was charged."""
+        from cupid_exp.llm.billing import lost_after_sending
 
-        timed_out = isinstance(exc, (litellm.Timeout, asyncio.TimeoutError, TimeoutError))
-        self.budget.settle(self.rid, self.usd if timed_out else 0.0)
+        usd = self.usd if isinstance(exc, Exception) and lost_after_sending(exc) else 0.0
+        self.budget.settle(self.rid, usd)
+        return usd
 
 
 async def reserve_call(client: Any, messages: list[dict], kwargs: Mapping[str, Any], step: str) -> Reservation | None:
-    """The hook before a client sends a call: its worst case held on the budget (None without one); a refused
-    call is counted on the step (``not_sent_budget``: the job's worker processes report it through their meter)."""
+    """The hook before a client sends a request: its worst case held on the budget (None without one); a refused
+    request is counted on the step (``not_sent_budget``: the job's worker processes report it through their meter)."""
     if client.budget is None:
         return None
     try:
@@ -313,17 +318,3 @@ async def reserve_call(client: Any, messages: list[dict], kwargs: Mapping[str, A
     except BudgetExceeded:
         client.meter.refuse(step, "budget")
         raise
-
-
-def settle_call(held: Reservation | None, response: Any, cost: float | None) -> None:
-    """The hook after a reply: the reservation settled at its cost (the client's, by litellm's calculator; None
-    when unpriced), nothing for a cache hit."""
-    if held is None:
-        return
-    hidden = getattr(response, "_hidden_params", None) or {}
-    if hidden.get("cache_hit"):
-        held.settle(0.0)
-    elif getattr(response, "choices", None):
-        held.settle(float(cost) if isinstance(cost, (int, float)) else None)
-    else:  # no completion came back (litellm's None for a rejected request): nothing billed
-        held.settle(0.0)

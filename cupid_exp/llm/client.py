@@ -23,7 +23,9 @@ from typing import Any, Callable, Mapping
 
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm import _litellm
-from cupid_exp.llm.budget import Budget, priced, reserve_call, settle_call
+from cupid_exp.llm.billing import (CallBill, Reply, counted_tokens, empty_reply, lost_after_sending, reply_text,
+                                   token_cost)
+from cupid_exp.llm.budget import Budget, model_prices, priced, reserve_call, worst_case_usd
 from cupid_exp.llm.errors import ProviderError, _short, provider_error_kind  # noqa: F401  (re-exported)
 from cupid_exp.llm.limits import Endpoint, endpoint_for, estimated_tokens
 from cupid_exp.llm.retry import CallFailed, JobStop, with_retries
@@ -88,7 +90,8 @@ class LLMClient:
     def __init__(self, model: ModelConfig, runtime: RuntimeConfig, meter: UsageMeter, budget: Budget | None = None):
         self.model, self.runtime, self.meter = model, runtime, meter
         self.budget = budget  # every call reserves its worst case first (cupid_exp.llm.budget)
-        self.prices = priced(model, runtime) if budget is not None else None
+        # a lost request is charged its worst case at these prices (budget or not); a budget needs them (``priced``)
+        self.prices = priced(model, runtime) if budget is not None else model_prices(model)
         if model.local is not None:
             from cupid_exp.llm.local import register_local_model
 
@@ -174,7 +177,8 @@ class LLMClient:
 
     def _dry_run(self, messages: list[dict], step: str, kwargs: dict[str, Any], dry_reply: DryReply | None
                  ) -> Completion:
-        from cupid_exp.llm.batch import batch_price, batch_provider
+        from cupid_exp.llm.batch import batch_provider
+        from cupid_exp.llm.batch_calls import batch_price
         from cupid_exp.llm.dry_run import estimate
 
         max_tokens = kwargs.get("max_tokens") or kwargs.get("max_completion_tokens")
@@ -190,28 +194,10 @@ class LLMClient:
         return completion
 
     async def _complete_in_batch(self, messages: list[dict], step: str, kwargs: dict[str, Any]) -> Completion:
-        """The call through the provider's Batch API (``cupid_exp.llm.batch``), counted like a live one."""
-        from cupid_exp.llm import batch
+        """The call through the provider's Batch API (``cupid_exp.llm.batch_calls``), counted like a live one."""
+        from cupid_exp.llm.batch_calls import complete_in_batch
 
-        if self._batcher is None or self._batcher.loop is not asyncio.get_running_loop():
-            self._batcher = batch.new_batcher(self.model, self.runtime, self._api_key, self.meter.batches)
-        held = await reserve_call(self, messages, kwargs, step)  # the worst case at the live price: an upper bound
-        try:
-            completion = await batch.batched_completion(self._batcher, self.model, messages, kwargs)
-        except BaseException as exc:
-            if held is not None:
-                held.failed(exc)
-            if not isinstance(exc, Exception):
-                raise
-            kind = batch.row_failure_kind(exc) if isinstance(exc, batch.RowFailed) else provider_error_kind(exc)
-            if kind is None:
-                raise
-            self.meter.fail(step, kind)
-            raise ProviderError(kind, f"{self.model.name}: {type(exc).__name__}: {_short(exc)}") from exc
-        if held is not None:
-            held.settle(0.0 if completion.cached else completion.cost_usd)
-        self.meter.add(step, completion)
-        return completion
+        return await complete_in_batch(self, messages, step, kwargs)
 
     async def complete(self, messages: list[dict], *, step: str, json_schema: dict | None = None,
                        params: dict[str, Any] | None = None, dry_reply: DryReply | None = None) -> Completion:
@@ -227,48 +213,46 @@ class LLMClient:
             return await self._complete_in_batch(messages, step, kwargs)
         start = time.perf_counter()
         tokens = estimated_tokens(messages, kwargs.get("max_tokens") or kwargs.get("max_completion_tokens"))
+        bill = CallBill()
         token = self._internal.set(True) if self._internal is not None else None
         try:
             async with self._semaphore:
-                held = await reserve_call(self, messages, kwargs, step)  # None without a budget
+                async def reserve() -> None:  # each attempt's worst case, before it waits for the endpoint's slot
+                    bill.held = await reserve_call(self, messages, kwargs, step)  # None without a budget
+
                 try:
-                    response, attempts = await with_retries(
-                        lambda: self._send(messages, kwargs), self.endpoint, tokens=tokens,
+                    reply, attempts = await with_retries(
+                        lambda: self._attempt(messages, kwargs, bill), self.endpoint, tokens=tokens,
                         num_retries=self.runtime.num_retries, patience_s=self.runtime.rate_limit_patience_s,
                         classify=provider_error_kind, model=self.model.name, roles=self.roles, scrub=self._scrub,
-                        stop=self.stop)
-                except BaseException as exc:
-                    if held is not None:
-                        held.failed(exc.cause if isinstance(exc, CallFailed) else exc)
-                    raise
+                        stop=self.stop, before=reserve)
+                finally:
+                    bill.release_unused()
         except CallFailed as failed:
             a = failed.attempts
-            self.meter.fail(step, failed.kind, retries=a.retries, rate_limited=a.rate_limited, wait_s=a.wait_s)
+            self.meter.fail(step, failed.kind, retries=a.retries, rate_limited=a.rate_limited, wait_s=a.wait_s,
+                            charged_usd=bill.charged_usd, charged=bill.charged)
             if failed.fatal:
                 raise (self.stop.fatal or self.endpoint.fatal) from failed.cause
             exc = failed.cause
             raise ProviderError(failed.kind, f"{self.model.name}: " + (
                 failed.reason or f"{type(exc).__name__}: {self._scrub(_short(exc))}")) from exc
+        except BaseException:
+            if bill.sent:  # a budget that refused a retry, a job stopped by another call: what was sent is counted
+                self.meter.abandon(step, bill.sent, charged_usd=bill.charged_usd, charged=bill.charged)
+            raise
         finally:
             if token is not None:
                 self._internal.reset(token)
-        cost = self._cost(response) if getattr(response, "choices", None) else None
-        settle_call(held, response, cost)
-        if not getattr(response, "choices", None):
-            # litellm returns None instead of raising when a server rejects a request with HTTP 422 twice
-            self.meter.fail(step, "provider")
-            raise ProviderError("provider", f"{self.model.name}: the provider returned no completion "
-                                            f"(got {type(response).__name__}; e.g. an HTTP 422 rejection)")
         await _litellm.flush_cache_writes()
+        response = reply.response
         choice = response.choices[0]
-        usage = getattr(response, "usage", None)
-        hidden = getattr(response, "_hidden_params", None) or {}
         completion = Completion(
             text=choice.message.content or "",
-            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
-            cost_usd=cost,
-            cached=bool(hidden.get("cache_hit")),
+            prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens,
+            cost_usd=reply.cost_usd, usage_estimated=reply.estimated,
+            charged_usd=bill.charged_usd, charged_requests=bill.charged,
+            cached=reply.cached,
             seconds=time.perf_counter() - start,
             retries=attempts.retries, rate_limited=attempts.rate_limited, limit_wait_s=attempts.wait_s,
             finish_reason=getattr(choice, "finish_reason", None),
@@ -276,6 +260,54 @@ class LLMClient:
         )
         self.meter.add(step, completion)
         return completion
+
+    async def _attempt(self, messages: list[dict], kwargs: dict[str, Any], bill: CallBill) -> Reply:
+        """One request of a call, inside the endpoint's slot: its reservation (``bill.held``: a retry that did not
+        fit the budget was not sent) settled at what the provider bills for it (``cupid_exp.llm.billing``); a reply
+        without a completion raises ``EmptyReply`` (retried like a 5xx) once its cost is counted."""
+        held, bill.held = bill.held, None
+        bill.sent += 1
+        try:
+            response = await self._send(messages, kwargs)
+        except BaseException as exc:
+            lost = isinstance(exc, Exception) and lost_after_sending(exc)
+            usd = self._worst_case(messages, kwargs) if lost else 0.0
+            if held is not None:
+                held.settle(usd)
+            bill.charge(usd)
+            raise
+        reply = self._billed(messages, response)
+        if held is not None:
+            held.settle(0.0 if reply.cached else reply.cost_usd)  # None (unpriced): its worst case
+        empty = empty_reply(self.model.name, response)
+        if empty is not None:
+            bill.charge(0.0 if reply.cached else reply.cost_usd)
+            raise empty
+        return reply
+
+    def _billed(self, messages: list[dict], response: Any) -> Reply:
+        """The tokens and cost of a reply as billed: its usage, or a local count where it carries none."""
+        if response is None:  # litellm's None for a request rejected twice (HTTP 422): nothing billed
+            return Reply(None, 0, 0, 0.0, False)
+        choices = getattr(response, "choices", None)
+        hidden = getattr(response, "_hidden_params", None) or {}
+        prompt, completion, estimated = counted_tokens(self.model.litellm_model, messages,
+                                                       getattr(response, "usage", None),
+                                                       reply_text(choices[0]) if choices else "")
+        if not estimated:
+            cost = self._cost(response)
+        elif self.model.is_embedded:
+            cost = 0.0
+        elif self._unpriced:
+            cost = None
+        else:
+            cost = token_cost(self.model.litellm_model, prompt, completion, self._config_prices)
+            self._unpriced = cost is None
+        return Reply(response, prompt, completion, cost, estimated, cached=bool(hidden.get("cache_hit")))
+
+    def _worst_case(self, messages: list[dict], kwargs: dict[str, Any]) -> float:
+        """A lost request's charge: its worst case at the model's prices (0 for an unpriced model: not guessed)."""
+        return worst_case_usd(self.prices, messages, kwargs) if self.prices is not None else 0.0
 
     async def _send(self, messages: list[dict], kwargs: dict[str, Any]) -> Any:
         """The one place a request goes out (``messages`` with ``kwargs``' max_tokens): once per attempt,

@@ -18,6 +18,16 @@ class ProviderError(RuntimeError):
         super().__init__(message)
 
 
+class EmptyReply(Exception):
+    """A reply that carries no completion: HTTP 200 with no ``choices``, or a message whose ``content`` is null
+    with no refusal and no tool call. Retried like a 5xx (``cupid_exp.llm.retry``), then a ``provider`` failure.
+    ``status_code`` 422: litellm's None for a request a server rejected twice, which a retry cannot fix."""
+
+    def __init__(self, message: str, status_code: int | None = None):
+        self.status_code = status_code
+        super().__init__(message)
+
+
 _CONTEXT_PHRASES = ("context_length_exceeded", "context length", "maximum context", "too many tokens",
                     "prompt is too long", "input is too long", "exceeds n_ctx", "exceed_context_size")
 
@@ -62,6 +72,8 @@ def provider_error_kind(exc: BaseException) -> str | None:
     import litellm
     import openai
 
+    if isinstance(exc, EmptyReply):
+        return "provider"
     provider_types = (*litellm.LITELLM_EXCEPTION_TYPES, openai.APIError, asyncio.TimeoutError)
     if not isinstance(exc, provider_types) or any(_is_bug(inner) for inner in _chain(exc)):
         return None

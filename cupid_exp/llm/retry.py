@@ -7,8 +7,11 @@ anyone else sees them; the client turns them off (``num_retries=0``, ``max_retri
   count limit, until ``runtime.rate_limit_patience_s`` has passed since the call began;
 - a transient failure (5xx, timeout, a dropped connection, a malformed body) is retried
   ``runtime.num_retries`` times with exponential backoff and full jitter;
-- a refusal that retrying cannot fix (401/403 bad key, 404 unknown model, an endpoint that never accepted a
-  connection) raises ``FatalProviderError``: the job stops starting instances (``cupid_exp.job.execute``);
+- a refusal that retrying cannot fix (401/403 bad key, 404 unknown model, a billing state such as
+  ``insufficient_quota``, an endpoint that never accepted a connection) raises ``FatalProviderError``: the job
+  stops starting instances (``cupid_exp.job.execute``) and exits 2;
+- a rate limit whose wait outlasts what is left of the patience (a daily limit asks for hours) raises
+  ``RetryLater``: the job stops the same way, and exits 75 (try again later), its instances in flight unfailed;
 - anything else (a context window, a 400) fails the call at once.
 """
 
@@ -30,7 +33,10 @@ RATE_LIMIT_BASE_S = 1.0  # a 429 without any hint: 1, 2, 4 ... s (full jitter), 
 REFUSED_BEFORE_FATAL = 3  # connection refusals, with no success ever, that make an endpoint unreachable
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
-_TRY_AGAIN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECASE)
+_TRY_AGAIN = re.compile(r"try again in ((?:\d+(?:\.\d+)?(?:ms|h|m|s))+)(?![a-z])", re.IGNORECASE)
+# OpenAI's billing states (``error.code`` or ``error.type``, mostly sent as a 429): no wait brings the money back
+BILLING_CODES = ("insufficient_quota", "credit_balance_exhausted", "organization_usage_limit_exceeded")
+BILLING_SUFFIX = "_spend_limit_exceeded"  # organization_..., project_...
 
 
 class JobStop:
@@ -55,8 +61,30 @@ class FatalProviderError(Exception):
         return (f"stopped: {who} (model {self.model}): {self.kind}: {self.message}; no new instance was started, "
                 "finished ones are journaled: fix it and run the same command to resume")
 
+    outcome = "error"  #: how the job ends (``cupid_exp.entry.Outcome``): exit 2
+
     def __reduce__(self) -> tuple:  # crosses from a worker process to the job's
         return FatalProviderError, (self.model, self.kind, self.message, self.roles)
+
+
+class RetryLater(FatalProviderError):
+    """A rate limit that outlasts ``runtime.rate_limit_patience_s`` (a daily limit asks for hours; or the patience
+    is used up): the job stops as on a fatal refusal (no new instance, those in flight unjournaled, not failed) and
+    exits 75 (``cupid_exp.entry.EXIT_RETRY_LATER``): the same command, later, resumes it."""
+
+    outcome = "retry_later"
+
+    def __init__(self, model: str, kind: str, message: str, roles: tuple[str, ...] = (), wait_s: float = 0.0):
+        self.wait_s = wait_s
+        super().__init__(model, kind, message, roles)
+
+    def line(self) -> str:
+        who = ", ".join(self.roles) or "a role"
+        return (f"stopped: {who} (model {self.model}): {self.kind}: {self.message}; no new instance was started, "
+                "finished ones are journaled: run the same command later to resume")
+
+    def __reduce__(self) -> tuple:
+        return RetryLater, (self.model, self.kind, self.message, self.roles, self.wait_s)
 
 
 # ---------------------------------------------------------------- how long the provider asks us to wait
@@ -123,7 +151,7 @@ def retry_after_s(headers: Mapping[str, str] | None, body_message: str = "", now
         return max(resets)
     match = _TRY_AGAIN.search(body_message or "")
     if match:
-        return float(match.group(1)) * (0.001 if match.group(2).lower() == "ms" else 1.0)
+        return parse_duration(match.group(1))  # "1.2s", "350ms", a daily limit's "7m12s" or "1h0m0s"
     return None
 
 
@@ -159,8 +187,9 @@ def headers_of(exc: BaseException) -> dict[str, str]:
     return {}
 
 
-def provider_code(exc: BaseException) -> str | None:
-    """The ``error.code`` of an OpenAI-style error body (``invalid_api_key``, ``model_not_found`` ...)."""
+def provider_code(exc: BaseException, field: str = "code") -> str | None:
+    """The ``error.code`` (or another ``field``) of an OpenAI-style error body (``invalid_api_key``,
+    ``model_not_found`` ...)."""
     body = getattr(exc, "body", None)
     if not isinstance(body, dict):
         try:
@@ -168,8 +197,19 @@ def provider_code(exc: BaseException) -> str | None:
         except (TypeError, ValueError):
             return None
     error = body.get("error", body) if isinstance(body, dict) else None
-    code = error.get("code") if isinstance(error, dict) else None
+    code = error.get(field) if isinstance(error, dict) else None
     return str(code) if code is not None else None
+
+
+def billing_state(exc: BaseException) -> str | None:
+    """The billing state a refusal names (``insufficient_quota``, ``project_spend_limit_exceeded`` ...), if any:
+    OpenAI puts it in ``error.code`` or ``error.type``; litellm's message keeps it when the body is gone."""
+    names = [provider_code(exc), provider_code(exc, "type")]
+    text = str(exc)
+    for name in [*names, *re.findall(r"[a-z_]+", text)]:
+        if name and (name in BILLING_CODES or (name.endswith(BILLING_SUFFIX) and len(name) > len(BILLING_SUFFIX))):
+            return name
+    return None
 
 
 def backoff_s(attempt: int, base: float = BACKOFF_BASE_S, cap: float = BACKOFF_CAP_S) -> float:
@@ -206,9 +246,10 @@ def decide(exc: BaseException, kind: str) -> Decision:
 
     status = getattr(exc, "status_code", None)
     code = provider_code(exc)
+    billing = billing_state(exc) if isinstance(status, int) and status >= 400 else None
+    if billing is not None:  # out of credit, a spend limit: waiting does not bring it back
+        return Decision(FATAL, billing)
     if kind == "rate_limit" or status == 429:
-        if code == "insufficient_quota":  # out of credit: waiting does not bring it back
-            return Decision(FATAL, "insufficient_quota")
         return Decision(RATE_LIMIT, "rate_limit")
     if kind == "auth" or status in (401, 403):
         return Decision(FATAL, "auth")
@@ -243,10 +284,12 @@ class CallFailed(Exception):
 
 async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tokens: int, num_retries: int,
                        patience_s: float, classify: Callable[[BaseException], str | None], model: str,
-                       roles: tuple[str, ...], scrub: Callable[[str], str], stop: JobStop | None = None
-                       ) -> tuple[Any, Attempts]:
+                       roles: tuple[str, ...], scrub: Callable[[str], str], stop: JobStop | None = None,
+                       before: Callable[[], Awaitable[None]] | None = None) -> tuple[Any, Attempts]:
     """``send()`` once per attempt inside the endpoint's slot, until a reply, a final failure (``CallFailed``),
-    a fatal refusal (``FatalProviderError``) or a bug (raised unchanged)."""
+    a fatal refusal (``FatalProviderError``) or a bug (raised unchanged). ``before()`` runs ahead of each
+    attempt, outside the slot: the attempt's budget reservation, which may wait for others' to come back (a slot
+    held while waiting could be the one a reservation's own request needs)."""
     import asyncio
 
     attempts = Attempts()
@@ -256,6 +299,8 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tok
             raise stop.fatal  # the job stops: no new request, whichever endpoint
         if endpoint.fatal is not None:
             raise endpoint.fatal  # another call found the endpoint refusing: not sent
+        if before is not None:
+            await before()
         try:
             async with endpoint.slot(tokens) as held:
                 attempts.wait_s += held.seconds
@@ -282,10 +327,14 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tok
                 endpoint.concurrency.rate_limited(time.monotonic())
                 wait = hint if hint is not None else backoff_s(attempts.rate_limited, RATE_LIMIT_BASE_S)
                 spent = time.monotonic() - started
-                if spent + wait > patience_s:
-                    raise CallFailed("rate_limit", exc, attempts,
-                                     f"still rate-limited after {spent:.0f} s (runtime.rate_limit_patience_s="
-                                     f"{patience_s:g}): {scrub(_message(exc))}") from exc
+                if spent + wait > patience_s:  # the job stops: every instance would spend a request to learn it
+                    later = RetryLater(model, "rate_limit", scrub(_beyond_patience(exc, hint, wait, spent, patience_s)),
+                                       roles, wait)
+                    if endpoint.fatal is None:
+                        endpoint.fatal = later
+                    if stop is not None and stop.fatal is None:
+                        stop.fatal = later
+                    raise CallFailed("rate_limit", exc, attempts, fatal=True) from exc
                 if hint is not None:
                     endpoint.pause(wait)  # the window is closed for every caller, not only this one
                 attempts.rate_limited += 1
@@ -302,6 +351,14 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tok
         if endpoint.pacer.scale < 1.0:
             endpoint.pacer.succeeded()
         return response, attempts
+
+
+def _beyond_patience(exc: BaseException, hint: float | None, wait: float, spent: float, patience_s: float) -> str:
+    """The stop's words: the wait asked, what is left of the patience, and the provider's own message (which names
+    the limit: "requests per day", "tokens per min")."""
+    asked = f"the provider asks to wait {wait:.0f} s" if hint is not None else f"still refused, next try in {wait:.1f} s"
+    return (f"{asked}, more than the {max(0.0, patience_s - spent):.0f} s left of runtime.rate_limit_patience_s="
+            f"{patience_s:g} (rate-limited for {spent:.0f} s so far): {_message(exc)}")
 
 
 def _message(exc: BaseException, n: int = 300) -> str:

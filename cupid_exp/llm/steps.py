@@ -52,6 +52,7 @@ class Transcript:
         usage["cache_hits"] += int(completion.cached)
         if completion.cost_usd is not None and not completion.cached:
             usage["cost_usd"] += completion.cost_usd
+        usage["cost_usd"] += completion.charged_usd  # its earlier attempts billed without a usable reply
         self.raw.setdefault(step, []).append(completion.text)
 
     def fail(self, exc: StepFailed) -> None:

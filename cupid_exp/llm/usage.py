@@ -32,6 +32,9 @@ class Completion:
     finish_reason: str | None = None  #: "length" when the reply was cut at max_tokens, "content_filter": refused
     refusal: str | None = None  #: the provider's refusal message (OpenAI structured outputs), if any
     batch_cost_usd: float | None = None  #: a dry run's estimate at the Batch API's prices, where there are some
+    usage_estimated: bool = False  #: the reply carried no usage: its tokens were counted here (``llm.billing``)
+    charged_usd: float = 0.0  #: earlier attempts of the call without a usable reply, as billed (``llm.billing``)
+    charged_requests: int = 0  #: how many such attempts
 
     @property
     def refused(self) -> bool:
@@ -50,6 +53,8 @@ class BatchCounts:
     rows_submitted: int = 0
     rows_resubmitted: int = 0  #: rows sent again after a retryable failure or an expiry
     rows_reused: int = 0  #: replies served from the ledger (an earlier run's batch: no cost)
+    rows_shared: int = 0  #: calls answered by a row another identical call of the job asked for (one cost)
+    held_token_limit: int = 0  #: batches the provider rejected for its enqueued-token limit, held and sent again
     pending: int = 0  #: batches in flight now
     ids: list[str] = field(default_factory=list)
 
@@ -85,16 +90,29 @@ class UsageMeter:
             added["unpriced_calls"] = 1
         elif not completion.cached:
             added["cost_usd"] = completion.cost_usd
+        if completion.usage_estimated and not completion.cached:
+            added["estimated_usage_calls"] = 1
+        _charges(added, completion.charged_usd, completion.charged_requests)
         if completion.batch_cost_usd is not None:
             added["batch_cost_usd"] = completion.batch_cost_usd
         self._count(step, added)
 
-    def fail(self, step: str, kind: str, retries: int = 0, rate_limited: int = 0, wait_s: float = 0.0) -> None:
+    def fail(self, step: str, kind: str, retries: int = 0, rate_limited: int = 0, wait_s: float = 0.0,
+             charged_usd: float = 0.0, charged: int = 0) -> None:
         """A call that failed for good (``kind`` from the provider) after ``retries`` repeated requests (and
-        ``rate_limited`` repeated after a 429, ``wait_s`` seconds waited on limits)."""
+        ``rate_limited`` repeated after a 429, ``wait_s`` seconds waited on limits); ``charged_usd``: what its
+        ``charged`` attempts without a usable reply were billed (``cupid_exp.llm.billing``)."""
         added = {f"failed_{kind}": 1, "retries": retries}
         if rate_limited or wait_s:
             added.update(rate_limited=rate_limited, limit_wait_s=wait_s)
+        _charges(added, charged_usd, charged)
+        self._count(step, added)
+
+    def abandon(self, step: str, sent: int, charged_usd: float = 0.0, charged: int = 0) -> None:
+        """A call ended, neither answered nor failed, after ``sent`` requests: its retry did not fit the budget, or
+        the job stopped (a fatal refusal, a rate limit beyond patience). What they were billed is counted."""
+        added: dict[str, float] = {"abandoned_requests": sent}
+        _charges(added, charged_usd, charged)
         self._count(step, added)
 
     def refuse(self, step: str, reason: str = "oversized") -> None:
@@ -141,6 +159,12 @@ class UsageMeter:
         return {step: dict(c) for step, c in self.counts.items()}
 
 
+def _charges(added: dict[str, float], usd: float, requests: int) -> None:
+    if usd or requests:
+        added["cost_usd"] = added.get("cost_usd", 0.0) + usd
+        added["charged_requests"] = requests
+
+
 def failed_calls(counts: dict[str, float]) -> float:
     return sum(v for k, v in counts.items() if k.startswith("failed_"))
 
@@ -148,7 +172,7 @@ def failed_calls(counts: dict[str, float]) -> float:
 def requests_sent(counts: dict[str, float]) -> float:
     """Requests that reached a provider: fresh successes, failed calls, and every retry (after a 429 too)."""
     return (counts.get("calls", 0.0) - counts.get("cache_hits", 0.0) + failed_calls(counts) + counts.get("retries", 0.0)
-            + counts.get("rate_limited", 0.0))
+            + counts.get("rate_limited", 0.0) + counts.get("abandoned_requests", 0.0))
 
 
 def usage_metrics(meter: UsageMeter) -> dict[str, float]:
@@ -174,6 +198,8 @@ def usage_metrics(meter: UsageMeter) -> dict[str, float]:
     out["calls/unusable_replies"] = sum(v for k, v in totals.items() if k.endswith("_attempt"))
     out["calls/unpriced"] = totals.get("unpriced_calls", 0.0)
     out["calls/not_sent_oversized"] = totals.get("not_sent_oversized", 0.0)
+    out["tokens/estimated_calls"] = totals.get("estimated_usage_calls", 0.0)  # replies without usage: counted here
+    out["cost/charged_requests"] = totals.get("charged_requests", 0.0)  # billed without a usable reply
     out["tokens/prompt"] = totals.get("prompt_tokens", 0.0)
     out["tokens/completion"] = totals.get("completion_tokens", 0.0)
     out["cost/usd"] = totals.get("cost_usd", 0.0)
@@ -190,12 +216,25 @@ def usage_line(metrics: dict[str, float], seconds: float | None = None) -> str:
     line = (f"calls: {int(m('calls/total', 0))} ok ({int(m('calls/cache_hits', 0))} cached), "
             f"{int(m('calls/failed', 0))} failed; requests sent: {int(m('calls/requests', 0))} "
             f"({int(m('calls/retries', 0))} retries{_limits_part(metrics)}); tokens: {int(m('tokens/prompt', 0))} in / "
-            f"{int(m('tokens/completion', 0))} out; cost: ${m('cost/usd', 0.0):.4f}")
+            f"{int(m('tokens/completion', 0))} out{_estimated_part(metrics)}; cost: ${m('cost/usd', 0.0):.4f}"
+            f"{_charged_part(metrics)}")
     if m("batch/submitted", 0) or m("batch/rows_reused", 0):
         line += (f"; batches: {int(m('batch/submitted', 0))} submitted ({int(m('batch/rows_submitted', 0))} rows, "
                  f"{int(m('batch/rows_resubmitted', 0))} resent), {int(m('batch/expired', 0))} expired, "
                  f"{int(m('batch/rows_reused', 0))} rows reused")
     return line + (f"; time: {seconds:.1f}s" if seconds is not None else "")
+
+
+def _estimated_part(metrics: dict[str, float]) -> str:
+    """" (3 calls' usage estimated)" when replies carried no usage and their tokens were counted here."""
+    n = int(metrics.get("tokens/estimated_calls", 0.0))
+    return f" ({n} calls' usage estimated)" if n else ""
+
+
+def _charged_part(metrics: dict[str, float]) -> str:
+    """" (2 requests without a usable reply charged)": timed out or lost after sending (their worst case), empty."""
+    n = int(metrics.get("cost/charged_requests", 0.0))
+    return f" ({n} requests without a usable reply charged)" if n else ""
 
 
 def _limits_part(metrics: dict[str, float]) -> str:

@@ -7,6 +7,12 @@ that fail (``status_code`` 500 in the output file, by a seeded hash); a chosen b
 submission) that ``expired`` with its rows in the error file as ``batch_expired``; a malformed
 input line rejected as a whole batch (``failed``, with ``errors``). Submissions are counted, so a
 test can tell a resumed job that re-submitted from one that collected.
+
+And the refusals a key meets there: an upload refused (``refuse_upload``: 401 ``invalid_api_key``, 429
+``insufficient_quota``, a daily limit, as ``rate_limits.REFUSALS`` answers a live request), and OpenAI's
+enqueued-token limit (``enqueued_token_limit``): a batch whose prompt tokens (characters / 4, the stub's usage
+rule) would take the batches in progress past it is created, then ``failed`` with ``token_limit_exceeded`` and
+"Enqueued token limit reached for <model> in organization org-stub. Limit: 90,000 enqueued tokens. ...".
 """
 
 from __future__ import annotations
@@ -20,6 +26,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+try:
+    from helpers.rate_limits import refusal
+except ImportError:  # run as a script: python tests/helpers/stub_llm_server.py
+    from rate_limits import refusal  # type: ignore[no-redef]
+
 Answer = Callable[[dict[str, Any]], dict[str, Any]]  # a request body -> a chat.completion body
 
 
@@ -29,6 +40,8 @@ class BatchQueueConfig:
     row_fail_rate: float = 0.0  # share of rows answered 500 (seeded by the row's body; a retry passes)
     expire_batches: tuple[int, ...] = ()  # 1-based submission numbers that expire instead of completing
     seed: int = 0
+    refuse_upload: str = ""  # every upload refused: "401" | "insufficient_quota" | "daily" (rate_limits.REFUSALS)
+    enqueued_token_limit: int = 0  # OpenAI's cap on the prompt tokens of the batches in progress; 0: none
 
 
 @dataclass
@@ -42,6 +55,8 @@ class _Batch:
     error_file_id: str | None = None
     errors: dict[str, Any] | None = None
     counts: dict[str, int] = field(default_factory=lambda: {"total": 0, "completed": 0, "failed": 0})
+    tokens: int = 0  # its rows' prompt tokens, enqueued while it is in progress
+    rejection: dict[str, Any] | None = None  # the errors it fails with at its first look (the enqueued-token limit)
 
 
 def _multipart(content_type: str, raw: bytes) -> dict[str, tuple[str | None, bytes]]:
@@ -67,11 +82,19 @@ class BatchQueue:
         self.uploads = 0
         self.polls = 0
         self.rows_answered = 0
+        self.upload_refusals = 0
+        self.token_limit_rejections = 0
+        self.rows_accepted = 0  # rows of batches the queue took (not rejected for the token limit)
 
     # ---- HTTP routes: (status, JSON body or bytes)
 
-    def route(self, method: str, path: str, headers: Any, raw: bytes) -> tuple[int, Any] | None:
+    def route(self, method: str, path: str, headers: Any, raw: bytes) -> tuple[Any, ...] | None:
+        """(status, JSON body or bytes[, headers]), or None for a path that is not the Files or Batch API's."""
         path = path.split("?")[0].rstrip("/")
+        if method == "POST" and path == "/v1/files" and self.config.refuse_upload:
+            with self._lock:
+                self.upload_refusals += 1
+            return refusal(self.config.refuse_upload, "gpt-4o")
         if method == "POST" and path == "/v1/files":
             return self._upload(headers.get("content-type", ""), raw)
         if method == "GET" and path.startswith("/v1/files/") and path.endswith("/content"):
@@ -105,10 +128,22 @@ class BatchQueue:
         if body.get("endpoint") != "/v1/chat/completions" or body.get("completion_window") != "24h":
             return 400, {"error": {"message": "endpoint must be /v1/chat/completions and completion_window 24h",
                                    "type": "invalid_request_error", "param": None, "code": None}}
+        tokens, model = _prompt_tokens(self.files[file_id])
         with self._lock:
+            now = time.time()
+            queued = sum(b.tokens for b in self.batches.values() if b.status in ("validating", "in_progress")
+                         and b.rejection is None and now - b.created < self.config.complete_after_s)
             self.submissions += 1
             batch = _Batch(id=f"batch_{self.submissions:04d}_" + file_id[-8:], input_file_id=file_id,
-                           created=time.time(), number=self.submissions)
+                           created=now, number=self.submissions, tokens=tokens)
+            limit = self.config.enqueued_token_limit
+            if limit and queued + tokens > limit:
+                self.token_limit_rejections += 1
+                batch.rejection = {"object": "list", "data": [{
+                    "code": "token_limit_exceeded", "line": None, "param": None,
+                    "message": f"Enqueued token limit reached for {model} in organization org-stub. Limit: "
+                               f"{limit:,} enqueued tokens. Please try submitting an input file with fewer tokens, "
+                               "or wait for your existing batches to complete."}]}
             self.batches[batch.id] = batch
         return 200, self._object(batch)
 
@@ -118,7 +153,9 @@ class BatchQueue:
             return _not_found("batch")
         with self._lock:
             self.polls += 1
-            if batch.status in ("validating", "in_progress"):
+            if batch.rejection is not None and batch.status == "validating":
+                batch.status, batch.errors = "failed", batch.rejection
+            elif batch.status in ("validating", "in_progress"):
                 age = time.time() - batch.created
                 if age >= self.config.complete_after_s:
                     self._finish(batch)
@@ -139,6 +176,7 @@ class BatchQueue:
                                                         "message": "a line of the input file is not a request"}]}
             return
         batch.counts["total"] = len(rows)
+        self.rows_accepted += len(rows)
         expired = batch.number in self.config.expire_batches
         output, errors = [], []
         for row in rows:
@@ -174,6 +212,20 @@ class BatchQueue:
                 "input_file_id": batch.input_file_id, "completion_window": "24h", "status": batch.status,
                 "output_file_id": batch.output_file_id, "error_file_id": batch.error_file_id,
                 "created_at": int(batch.created), "request_counts": dict(batch.counts), "metadata": None}
+
+
+def _prompt_tokens(data: bytes) -> tuple[int, str]:
+    """The prompt tokens of an input file's rows (characters / 4 each, at least 1), and the model they name."""
+    tokens, model = 0, "gpt-4o"
+    for line in data.decode("utf-8", "replace").splitlines():
+        try:
+            body = json.loads(line).get("body") or {}
+        except (ValueError, AttributeError):
+            continue
+        chars = sum(len(m.get("content") or "") for m in body.get("messages") or [] if isinstance(m, dict))
+        tokens += max(1, chars // 4)
+        model = str(body.get("model") or model)
+    return tokens, model
 
 
 def _file_object(file_id: str, data: bytes) -> dict[str, Any]:

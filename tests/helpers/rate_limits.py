@@ -13,7 +13,9 @@
 - ``closed_s``: every request refused (429, type ``requests``, "try again in 1s" at most) for that long from
   the first request on (``inf``: for ever): a limit that lifts, or one that never does.
 - ``refuse``: every request answered as OpenAI answers a bad key (401 ``invalid_api_key``), a region or
-  permission refusal (403) or an unknown model (404 ``model_not_found``).
+  permission refusal (403), an unknown model (404 ``model_not_found``), an account out of credit (429
+  ``insufficient_quota``), or a key past its requests per day (``daily``: 429 with ``retry-after: 3600`` and
+  "... on requests per day (RPD) ...").
 
 ``ideal_s`` adds up each admitted request's share of the binding limit (max of 60/rpm and 60·tokens/tpm) per
 model, and takes the largest model's: the least wall time the admitted work could take.
@@ -36,7 +38,24 @@ REFUSALS: dict[str, tuple[int, dict[str, Any]]] = {
                             "type": "request_forbidden", "param": None, "code": "unsupported_country_region_territory"}}),
     "404": (404, {"error": {"message": "The model `{model}` does not exist or you do not have access to it.",
                             "type": "invalid_request_error", "param": None, "code": "model_not_found"}}),
+    "insufficient_quota": (429, {"error": {
+        "message": "You exceeded your current quota, please check your plan and billing details. For more "
+                   "information on this error, read the docs: https://platform.openai.com/docs/guides/error-codes.",
+        "type": "insufficient_quota", "param": None, "code": "insufficient_quota"}}),
+    "daily": (429, {"error": {
+        "message": "Rate limit reached for {model} in organization org-stub on requests per day (RPD): Limit 200, "
+                   "Used 200, Requested 1. Please try again in 1h0m0s. Visit "
+                   "https://platform.openai.com/account/rate-limits to learn more.",
+        "type": "requests", "param": None, "code": "rate_limit_exceeded"}}),
 }
+REFUSAL_HEADERS = {"daily": {"retry-after": "3600", "x-ratelimit-limit-requests": "10000",
+                             "x-ratelimit-reset-requests": "1h0m0s"}}
+
+
+def refusal(kind: str, model: str) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """(status, body, headers) of the refusal ``kind`` (one of ``REFUSALS``) for ``model``."""
+    status, payload = REFUSALS[kind]
+    return status, json.loads(json.dumps(payload).replace("{model}", model)), dict(REFUSAL_HEADERS.get(kind, {}))
 
 
 def openai_duration(seconds: float) -> str:
@@ -125,9 +144,8 @@ class KeyLimits:
         now = time.time() if now is None else now
         model = str(body.get("model") or "stub")
         if self.refuse:
-            status, payload = REFUSALS[self.refuse]
-            payload = json.loads(json.dumps(payload).replace("{model}", model))
-            return Verdict(status, payload, {}, self.refuse)
+            status, payload, headers = refusal(self.refuse, model)
+            return Verdict(status, payload, headers, self.refuse)
         cost = request_tokens(body)
         with self._lock:
             if self.opened_at is None:

@@ -8,7 +8,14 @@ that schema (``schema_value``), so synthesis roles pointed at the stub need
 ``structured_output=true``; the assistant simulator (free text) is recognised by its prompt. Around that it injects what real providers do: latency (fixed or jittered), HTTP 429
 with ``retry-after``, 500, 503, responses slower than the client's timeout, malformed bodies
 (truncated JSON, a wrong content-type, no ``choices``), context-length errors in the styles
-of several providers, and unparseable replies for chosen steps.
+of several providers, unparseable replies for chosen steps, 200s without a completion (``choices: []``, or
+``content: null``), replies without ``usage``, a key's refusals (``refuse``: 401/403/404, ``insufficient_quota``,
+a daily limit) and the Batch API's (``batch_api.py``).
+
+What it *bills* is counted apart (``stats()["billed"]``), as a provider bills: every request it processed into a
+reply, including a slow one whose client had given up and a reply without a completion; never a 429, a 5xx or a
+refusal. A reply's tokens are its ``usage``; where it sends none (``omit_usage``), they are counted with litellm's
+``token_counter`` (tiktoken), the rule a client must estimate them by.
 
 Fault decisions are deterministic too: they hash (seed, prompt, how many times this prompt
 was seen), so a run's faults do not depend on the order in which concurrent requests arrive.
@@ -110,7 +117,10 @@ class StubConfig:
     rpm: float = 0.0  # a key's limits as OpenAI enforces them (helpers/rate_limits.py); 0: none
     tpm: float = 0.0
     closed_s: float = 0.0  # every request 429 for this long from the first one (inf: for ever)
-    refuse: str = ""  # "401" | "403" | "404": every request refused as OpenAI refuses a bad key / unknown model
+    refuse: str = ""  # "401" | "403" | "404" | "insufficient_quota" | "daily": every request refused (rate_limits.py)
+    omit_usage: bool = False  # replies (live and batch rows) carry no ``usage``: billed by the stub's own count
+    rate_empty_choices: float = 0.0  # a 200 with ``choices: []`` (usage: the prompt, billed)
+    rate_content_null: float = 0.0  # a 200 whose message has ``content: null``, no refusal, no tool call
 
 
 def digest(text: str) -> str:
@@ -309,6 +319,20 @@ def garbage_text(body: dict[str, Any], cfg: StubConfig) -> str:
     return f"I'd rather talk about the weather today. <<unusable reply {digest(conversation)[:10]}>>"
 
 
+def billed_tokens(body: dict[str, Any], reply: dict[str, Any]) -> tuple[int, int]:
+    """(prompt, completion) tokens a reply is billed: its usage, or, where it carries none, litellm's token count
+    of the request's messages and the reply's text (tiktoken for OpenAI's models)."""
+    usage = reply.get("usage")
+    if usage:
+        return int(usage["prompt_tokens"]), int(usage["completion_tokens"])
+    import litellm
+
+    model = str(body.get("model") or "stub")
+    text = "".join(str((c.get("message") or {}).get("content") or "") for c in reply.get("choices") or [])
+    prompt = litellm.token_counter(model=model, messages=body.get("messages") or [])
+    return prompt, litellm.token_counter(model=model, text=text, count_response_tokens=True) if text else 0
+
+
 def completion_body(text: str | None, body: dict[str, Any], finish_reason: str = "stop",
                     refusal: str | None = None) -> dict[str, Any]:
     prompt_chars = sum(len(_content(m)) for m in body.get("messages") or [])
@@ -344,6 +368,7 @@ class _Counters:
     held: int = 0
     completed_prompts: Counter = field(default_factory=Counter)  # digest of the request -> completions
     tokens: Counter = field(default_factory=Counter)  # prompt/completion tokens of the completed responses
+    billed: Counter = field(default_factory=Counter)  # requests, prompt_tokens, completion_tokens: what was billed
 
 
 class StubServer:
@@ -419,6 +444,7 @@ class StubServer:
                     "in_flight": c.in_flight, "peak_in_flight": c.peak_in_flight, "held": c.held,
                     "repeated_completions": sum(n - 1 for n in c.completed_prompts.values() if n > 1),
                     "distinct_completed": len(c.completed_prompts), "tokens": dict(c.tokens),
+                    "billed": {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, **c.billed},
                     "rate_limited": sum(f.get("429", 0) for f in c.faults.values()),
                     "limits_ideal_s": self.limits.ideal_s}
 
@@ -438,7 +464,16 @@ class StubServer:
         step = classify(body)
         with self._lock:
             self.counters.completed[step] += 1
-        return completion_body(reply_text(step, body, self.config), body)
+        return self._billed(body, completion_body(reply_text(step, body, self.config), body))
+
+    def _billed(self, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+        """``reply`` as sent (without usage under ``omit_usage``), its tokens counted as billed."""
+        if self.config.omit_usage:
+            reply = {k: v for k, v in reply.items() if k != "usage"}
+        prompt, completion = billed_tokens(body, reply)
+        with self._lock:
+            self.counters.billed.update(requests=1, prompt_tokens=prompt, completion_tokens=completion)
+        return reply
 
     # ---- decisions
 
@@ -458,7 +493,8 @@ class StubServer:
             return "500"
         u = _unit(cfg.seed, "fault", prompt_digest, attempt)
         for kind, rate in (("429", cfg.rate_429), ("500", cfg.rate_500), ("503", cfg.rate_503),
-                           ("slow", cfg.rate_slow), ("malformed", cfg.rate_malformed)):
+                           ("slow", cfg.rate_slow), ("malformed", cfg.rate_malformed),
+                           ("empty_choices", cfg.rate_empty_choices), ("content_null", cfg.rate_content_null)):
             if u < rate:
                 return kind
             u -= rate
@@ -500,11 +536,11 @@ class StubServer:
                 routed = server.batches.route(method, self.path, self.headers, raw)
                 if routed is None:
                     return False
-                status, payload = routed
+                status, payload, *headers = routed
                 if isinstance(payload, bytes):
                     self._send(status, payload, "application/octet-stream")
                 else:
-                    self._send(status, json.dumps(payload).encode())
+                    self._send(status, json.dumps(payload).encode(), headers=headers[0] if headers else None)
                 return True
 
             def do_GET(self) -> None:  # noqa: N802
@@ -597,12 +633,13 @@ class StubServer:
                 text, finish = None, "content_filter"
             elif step in cfg.refusal_steps:
                 text, refusal = None, "I'm sorry, I can't help with that request."
-            reply = completion_body(text, body, finish, refusal)
+            full = completion_body(text, body, finish, refusal)
+            reply = self._billed(body, full)  # processed: billed even if the client has gone
             if handler._send(200, json.dumps(reply).encode()):  # type: ignore[attr-defined]
                 with self._lock:
                     self.counters.completed[step] += 1
                     self.counters.completed_prompts[request_digest] += 1
-                    self.counters.tokens.update({k: reply["usage"][k] for k in ("prompt_tokens", "completion_tokens")})
+                    self.counters.tokens.update({k: full["usage"][k] for k in ("prompt_tokens", "completion_tokens")})
         finally:
             with self._lock:
                 self.counters.in_flight -= 1
@@ -625,9 +662,16 @@ class StubServer:
         elif fault == "503":
             handler._send(503, b'{"error": {"message": "The engine is currently overloaded.", '
                                b'"type": "service_unavailable"}}')
-        elif fault == "slow":
+        elif fault == "slow":  # processed (and billed) after the client's timeout
             time.sleep(cfg.slow_s)
-            handler._send(200, json.dumps(completion_body("too late", body)).encode())
+            handler._send(200, json.dumps(self._billed(body, completion_body("too late", body))).encode())
+        elif fault == "empty_choices":  # a 200 without a completion: the prompt is billed all the same
+            empty = completion_body("", body)
+            empty["choices"], empty["usage"]["completion_tokens"] = [], 0
+            empty["usage"]["total_tokens"] = empty["usage"]["prompt_tokens"]
+            handler._send(200, json.dumps(self._billed(body, empty)).encode())
+        elif fault == "content_null":
+            handler._send(200, json.dumps(self._billed(body, completion_body(None, body))).encode())
         elif fault == "context_length":
             status, payload = CONTEXT_ERRORS[cfg.context_error or "openai"]
             handler._send(status, json.dumps(payload).encode())

@@ -12,7 +12,7 @@ from helpers.fault_server import ScriptedServer, completion_body
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm import _litellm
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm, provider_error_kind
-from cupid_exp.llm.retry import FatalProviderError
+from cupid_exp.llm.retry import FatalProviderError, RetryLater
 from cupid_exp.llm.usage import UsageMeter
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -73,7 +73,7 @@ def test_a_missing_module_on_the_cache_hit_path_stops_the_call(tmp_path, monkeyp
 
 @pytest.mark.parametrize("status,headers,kind,error", [
     (500, {}, "provider", ProviderError), (503, {}, "provider", ProviderError),
-    (429, {"retry-after": "0"}, "rate_limit", ProviderError),  # after the (short) patience
+    (429, {"retry-after": "0"}, "rate_limit", RetryLater),  # after the (short) patience: the job stops for later
     (400, {}, "provider", ProviderError),
     (401, {}, "auth", FatalProviderError), (403, {}, "auth", FatalProviderError),  # the job stops: cupid_exp.llm.retry
 ])

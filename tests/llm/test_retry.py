@@ -1,9 +1,11 @@
 """Rate limits waited out as the provider asks (every header style, any length), bounded by patience, not by
-``runtime.num_retries``; fatal refusals not retried. Against the OpenAI-like limits of the stub server."""
+``runtime.num_retries``, and a wait beyond the patience a stop of the job for later; fatal refusals (billing states
+included) not retried. Against the OpenAI-like limits of the stub server."""
 
 from __future__ import annotations
 
 import asyncio
+import pickle
 import time
 from email.utils import format_datetime
 from datetime import datetime, timedelta, timezone
@@ -13,8 +15,8 @@ import pytest
 
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
-from cupid_exp.llm.limits import forget_endpoints
-from cupid_exp.llm.retry import FatalProviderError, parse_duration, retry_after_s, told_limits
+from cupid_exp.llm.limits import Endpoint, forget_endpoints
+from cupid_exp.llm.retry import FatalProviderError, RetryLater, parse_duration, retry_after_s, told_limits
 from cupid_exp.llm.usage import UsageMeter
 from helpers.fault_server import ScriptedServer, completion_body
 from helpers.stub_llm_server import StubServer
@@ -34,6 +36,7 @@ NOW = 1_800_000_000.0
      42.0),
     ({}, "Rate limit reached for gpt-4o ... Please try again in 1.2s. Visit ...", 1.2),
     ({}, "Rate limit reached. Please try again in 350ms.", 0.35),
+    ({}, "... on requests per day (RPD): Limit 200, Used 200, Requested 1. Please try again in 7m12s. Visit", 432.0),
     ({}, "slow down", None),
 ])
 def test_each_header_style_gives_the_wait(headers, body, seconds) -> None:
@@ -92,6 +95,8 @@ def test_a_wait_longer_than_a_minute_is_honoured(tmp_path: Path, monkeypatch) ->
         return await real_sleep(seconds, *args, **kwargs)
 
     monkeypatch.setattr(asyncio, "sleep", sleep)
+    # the endpoint's pause would spin on the patched sleep for the real 90 s: the call's own wait is the one checked
+    monkeypatch.setattr(Endpoint, "pause", lambda self, seconds: None)
     script = [(429, {"error": {"message": "Rate limit reached", "type": "requests", "param": None,
                                "code": "rate_limit_exceeded"}}, {"retry-after": "90"}),
               (200, completion_body("hello"), {})]
@@ -103,28 +108,54 @@ def test_a_wait_longer_than_a_minute_is_honoured(tmp_path: Path, monkeypatch) ->
 
 
 @pytest.mark.slow
-def test_a_permanent_limit_fails_the_call_at_the_patience_deadline(tmp_path: Path) -> None:
+def test_a_permanent_limit_stops_the_job_for_later_at_the_patience_deadline(tmp_path: Path) -> None:
     with StubServer(closed_s=float("inf")) as stub:
         c, meter = client(stub.url, tmp_path, rate_limit_patience_s=2.5)
         start = time.perf_counter()
         (err,) = ask(c)
         elapsed = time.perf_counter() - start
         st = stub.stats()
-    assert isinstance(err, ProviderError) and err.kind == "rate_limit"
+        after = ask(c, n=3)  # the job has stopped: nothing more is sent
+        assert stub.stats()["total_received"] == st["total_received"]
+    assert isinstance(err, RetryLater) and err.outcome == "retry_later"  # the job's stop, not the call's failure
     assert "runtime.rate_limit_patience_s=2.5" in str(err) and "\n" not in str(err)
+    assert "run the same command later" in str(err) and "requests per min" in str(err)  # the provider's words
     assert 1.5 <= elapsed < 6
     counts = meter.as_dict()["s"]
     assert counts["failed_rate_limit"] == 1 and counts.get("calls", 0) == 0
     assert st["total_received"] == 1 + counts["rate_limited"] >= 3  # each 1 s retry-after honoured
+    assert all(isinstance(o, RetryLater) for o in after)
 
 
-def test_a_wait_beyond_patience_fails_at_once(tmp_path: Path) -> None:
-    script = [(429, {"error": {"message": "Rate limit reached", "type": "tokens", "param": None,
-                               "code": "rate_limit_exceeded"}}, {"retry-after": "3600"})]
-    with ScriptedServer(script) as server:
-        c, meter = client(server.url, tmp_path, rate_limit_patience_s=60)
+DAILY = {"error": {"message": "Rate limit reached for gpt-4o in organization org-x on requests per day (RPD): "
+                              "Limit 200, Used 200, Requested 1. Please try again in 1h0m0s.",
+                   "type": "requests", "param": None, "code": "rate_limit_exceeded"}}
+
+
+def test_a_wait_beyond_patience_stops_the_job_at_once_naming_the_limit_and_the_wait(tmp_path: Path) -> None:
+    with ScriptedServer([(429, DAILY, {"retry-after": "3600"})]) as server:
+        c, meter = client(server.url, tmp_path, rate_limit_patience_s=1800)
+        start = time.perf_counter()
+        out = ask(c, n=3)
+        elapsed = time.perf_counter() - start
+    assert all(isinstance(o, RetryLater) for o in out) and elapsed < 5  # not waited: the job stops
+    assert len(server.requests) <= 3  # the calls in flight at most, none retried
+    line = str(out[0])
+    assert "requests per day" in line and "wait 3600 s" in line and "rate_limit_patience_s=1800" in line
+    assert pickle.loads(pickle.dumps(out[0])).outcome == "retry_later"  # crosses from a worker process intact
+    assert retry_after_s({}, DAILY["error"]["message"]) == 3600.0  # without the header, the message says it
+
+
+@pytest.mark.parametrize("code", ["insufficient_quota", "credit_balance_exhausted", "project_spend_limit_exceeded",
+                                  "organization_spend_limit_exceeded", "organization_usage_limit_exceeded"])
+def test_a_billing_state_is_a_fatal_refusal_not_a_rate_limit(tmp_path: Path, code: str) -> None:
+    body = {"error": {"message": "You exceeded your current quota, please check your plan and billing details.",
+                      "type": code, "param": None, "code": code}}
+    with ScriptedServer([(429, body, {"retry-after": "1"})]) as server:
+        c, meter = client(server.url, tmp_path, num_retries=3)
         (err,) = ask(c)
-    assert isinstance(err, ProviderError) and err.kind == "rate_limit" and len(server.requests) == 1
+    assert isinstance(err, FatalProviderError) and not isinstance(err, RetryLater) and err.kind == code
+    assert len(server.requests) == 1 and err.outcome == "error"
 
 
 @pytest.mark.parametrize("refuse,kind", [("401", "auth"), ("403", "auth"), ("404", "model_not_found")])

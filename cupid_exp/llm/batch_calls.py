@@ -1,0 +1,147 @@
+"""The client's side of the Batch API (``runtime.batch``): a call as a batch row, priced at batch rates, and
+counted like a live call; a refusal means what it means live.
+
+The batcher's own requests (the file's upload, the batch's creation) go through the client's retry policy
+(``Guard``: ``cupid_exp.llm.retry.with_retries``), so a bad key or ``insufficient_quota`` there stops the job with
+one line (exit 2) and a rate limit beyond ``runtime.rate_limit_patience_s`` stops it for later (exit 75), instead of
+failing every row of the batch as a provider error. A row refused as a key or a model is refused stops it too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from cupid_exp.llm.batch import Batcher, BatchSettings, BatchUnsupported, Guard, RowFailed, batch_provider, \
+    row_failure_kind
+from cupid_exp.llm.batch_ledger import BatchLedger
+from cupid_exp.llm.billing import counted_tokens, reply_text
+from cupid_exp.llm.budget import reserve_call
+from cupid_exp.llm.errors import ProviderError, _short, provider_error_kind
+from cupid_exp.llm.retry import BILLING_CODES, BILLING_SUFFIX, CallFailed, FatalProviderError, RetryLater, \
+    with_retries
+from cupid_exp.llm.usage import BatchCounts, Completion
+
+
+def batch_settings(runtime: Any) -> BatchSettings:
+    return BatchSettings(size=runtime.batch_size, delay_s=runtime.batch_delay_s, poll_s=runtime.batch_poll_s,
+                         max_resubmits=runtime.num_retries)
+
+
+def batch_price(model: Any, prompt_tokens: int, completion_tokens: int) -> float | None:
+    """A reply's cost at the provider's batch prices (litellm's map), else the config's prices, else None."""
+    import litellm
+
+    if model.input_cost_per_token is not None and model.output_cost_per_token is not None:
+        return prompt_tokens * model.input_cost_per_token + completion_tokens * model.output_cost_per_token
+    try:
+        cost_in, cost_out = litellm.cost_per_token(model=model.litellm_model, prompt_tokens=prompt_tokens,
+                                                   completion_tokens=completion_tokens, call_type="aretrieve_batch")
+    except (litellm.exceptions.ModelNotMappedError, litellm.exceptions.BadRequestError,
+            litellm.exceptions.NotFoundError):
+        return None
+    return float(cost_in + cost_out)
+
+
+def new_batcher(model: Any, runtime: Any, api_key: str | None, counts: BatchCounts, guard: Guard | None = None
+                ) -> Batcher:
+    provider = batch_provider(model.litellm_model)
+    if provider is None:
+        raise BatchUnsupported(model.litellm_model)
+    # no retries of the OpenAI SDK's (it retried a 429 insufficient_quota twice): ours decide (``client_guard``)
+    kwargs: dict[str, Any] = {"custom_llm_provider": provider, "max_retries": 0}
+    if model.api_base:
+        kwargs["api_base"] = model.api_base
+    if api_key:
+        kwargs["api_key"] = api_key
+    endpoint = {"model": model.litellm_model, "api_base": model.api_base}
+    ledger = BatchLedger(Path(runtime.cache_dir).expanduser() / "batches")
+    return Batcher(endpoint, kwargs, ledger, batch_settings(runtime), counts, guard)
+
+
+async def batched_completion(batcher: Batcher, model: Any, messages: list[dict], kwargs: dict[str, Any]
+                             ) -> Completion:
+    """One call answered through the Batch API; raises ``RowFailed`` (or litellm's error) when it failed."""
+    params = {k: v for k, v in kwargs.items() if k not in ("caching", "cache")}
+    body = {"model": model.litellm_model.split("/", 1)[1], "messages": messages, **params}
+    start = time.perf_counter()
+    reply, free = await batcher.complete(body)
+    choice = (reply.get("choices") or [{}])[0]
+    prompt_tokens, completion_tokens, estimated = counted_tokens(model.litellm_model, messages, reply.get("usage"),
+                                                                 reply_text(choice))  # a row without usage: counted
+    return Completion(text=(choice.get("message") or {}).get("content") or "", prompt_tokens=prompt_tokens,
+                      completion_tokens=completion_tokens, cached=free, usage_estimated=estimated,
+                      cost_usd=batch_price(model, prompt_tokens, completion_tokens),
+                      seconds=time.perf_counter() - start, finish_reason=choice.get("finish_reason"))
+
+
+def client_guard(client: Any) -> Guard:
+    """The batcher's upload and creation under ``client``'s live retry policy, and its stop for later."""
+    async def run(send: Any) -> Any:
+        response, _ = await with_retries(
+            send, client.endpoint, tokens=0, num_retries=client.runtime.num_retries,
+            patience_s=client.runtime.rate_limit_patience_s, classify=provider_error_kind, model=client.model.name,
+            roles=client.roles, scrub=client._scrub, stop=client.stop)
+        return response
+
+    def later(kind: str, message: str) -> FatalProviderError:
+        return _stop(client, RetryLater(client.model.name, kind, client._scrub(message), client.roles))
+
+    return Guard(run, later, client.runtime.rate_limit_patience_s)
+
+
+def _stop(client: Any, fatal: FatalProviderError) -> FatalProviderError:
+    """The job's stop (the first one set wins): no client of the job sends another request."""
+    if client.endpoint.fatal is None:
+        client.endpoint.fatal = fatal
+    if client.stop.fatal is None:
+        client.stop.fatal = fatal
+    return client.stop.fatal
+
+
+def _row_refusal(exc: RowFailed) -> str | None:
+    """The fatal kind of a row refused as a live call would be for good (a key, a model, a billing state)."""
+    if exc.status in (401, 403):
+        return "auth"
+    if exc.status == 404 or exc.code == "model_not_found":
+        return "model_not_found"
+    if exc.code and (exc.code in BILLING_CODES or exc.code.endswith(BILLING_SUFFIX)):
+        return exc.code
+    return None
+
+
+async def complete_in_batch(client: Any, messages: list[dict], step: str, kwargs: dict[str, Any]) -> Completion:
+    """The call through the provider's Batch API: its worst case held on the budget at the live price (an upper
+    bound), settled at the batch price of the row (nothing for a row another call paid); failures counted by kind
+    as a live call's, fatal refusals and rate limits beyond patience stopping the job as they do live."""
+    if client._batcher is None or client._batcher.loop is not asyncio.get_running_loop():
+        client._batcher = new_batcher(client.model, client.runtime, client._api_key, client.meter.batches,
+                                      client_guard(client))
+    held = await reserve_call(client, messages, kwargs, step)
+    try:
+        completion = await batched_completion(client._batcher, client.model, messages, kwargs)
+    except BaseException as exc:
+        if held is not None:
+            held.failed(exc)
+        if not isinstance(exc, Exception) or isinstance(exc, FatalProviderError):
+            raise  # the job's stop (set by this batch's upload or another call) or an interruption
+        if isinstance(exc, CallFailed):  # the upload or the batch's creation failed for good
+            if exc.fatal:
+                raise (client.stop.fatal or client.endpoint.fatal) from exc.cause
+            client.meter.fail(step, exc.kind)
+            raise ProviderError(exc.kind, f"{client.model.name}: batch upload: " + (
+                exc.reason or f"{type(exc.cause).__name__}: {client._scrub(_short(exc.cause))}")) from exc.cause
+        if isinstance(exc, RowFailed) and (fatal := _row_refusal(exc)) is not None:
+            raise _stop(client, FatalProviderError(client.model.name, fatal, client._scrub(_short(exc)),
+                                                   client.roles)) from exc
+        kind = row_failure_kind(exc) if isinstance(exc, RowFailed) else provider_error_kind(exc)
+        if kind is None:
+            raise
+        client.meter.fail(step, kind)
+        raise ProviderError(kind, f"{client.model.name}: {type(exc).__name__}: {_short(exc)}") from exc
+    if held is not None:
+        held.settle(0.0 if completion.cached else completion.cost_usd)
+    client.meter.add(step, completion)
+    return completion

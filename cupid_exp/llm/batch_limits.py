@@ -1,0 +1,96 @@
+"""A provider's cap on the tokens waiting in its batch queue, learnt from its rejection, and batches sized under it.
+
+OpenAI rejects a batch whose input would take a model's enqueued tokens past the organisation's limit: the batch
+ends ``failed`` with the error code ``token_limit_exceeded`` and "Enqueued token limit reached for gpt-4o in
+organization org-…. Limit: 90,000 enqueued tokens. Please try submitting an input file with fewer tokens, or wait
+for your existing batches to complete." On a low tier the paper's 756 instances meet it at once. Such a batch
+failed nothing: its rows are held and sent again once earlier batches finish (``cupid_exp.llm.batch``), in
+batches sized under the limit it states. Our batches' tokens are estimated (prompt characters / 4, as for
+tokens-per-minute): a rejection while none of ours is in the queue halves the share we aim for, so an
+underestimate converges, down to a batch of one request.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+TOKEN_LIMIT_CODE = "token_limit_exceeded"
+MARGIN = 0.9  #: of the stated limit: our token estimate and the provider's count never agree exactly
+_LIMIT = re.compile(r"limit:\s*([\d,_]+)\s*enqueued tokens", re.IGNORECASE)
+
+
+def _errors(batch: Any) -> list[tuple[str | None, str]]:
+    """(code, message) of each error a failed batch carries (litellm's object or a plain dict)."""
+    errors = getattr(batch, "errors", None)
+    data = errors.get("data") if isinstance(errors, dict) else getattr(errors, "data", None)
+    out = []
+    for error in data or []:
+        get = error.get if isinstance(error, dict) else (lambda name, e=error: getattr(e, name, None))
+        out.append((get("code"), str(get("message") or "")))
+    return out
+
+
+def token_limit_rejection(batch: Any) -> tuple[int | None, str] | None:
+    """(the limit it states, the provider's message) when a failed batch was rejected for the enqueued-token limit;
+    None when it failed for another reason (its rows fail)."""
+    for code, message in _errors(batch):
+        if code == TOKEN_LIMIT_CODE or "enqueued token limit" in message.lower():
+            match = _LIMIT.search(message)
+            limit = int(match.group(1).replace(",", "").replace("_", "")) if match else None
+            return limit, " ".join(message.split())
+    return None
+
+
+@dataclass
+class EnqueuedTokens:
+    """What this job's batches hold in the provider's queue, and how many more tokens fit (once a limit is known)."""
+
+    limit: int | None = None  #: the provider's stated limit (None until a rejection names it)
+    share: float = MARGIN  #: of the limit that our batches aim to fill, halved by a rejection while none is queued
+    in_flight: dict[str, int] = field(default_factory=dict)  #: batch id -> its estimated tokens
+    held_since: float | None = None  #: monotonic time of the first rejection with no batch accepted since
+    rejections: int = 0
+    last_message: str = ""
+
+    def sent(self, batch_id: str, tokens: int) -> None:
+        self.in_flight[batch_id] = tokens
+
+    def finished(self, batch_id: str, accepted: bool) -> None:
+        self.in_flight.pop(batch_id, None)
+        if accepted:
+            self.held_since = None
+
+    def rejected(self, batch_id: str, limit: int | None, message: str) -> None:
+        """A batch refused for the limit: learn the limit; a rejection with nothing else of ours queued means our
+        estimate ran short (or another job fills the queue): aim lower."""
+        self.in_flight.pop(batch_id, None)
+        self.limit = limit or self.limit or 0
+        if not self.in_flight:
+            self.share = max(self.share / 2, 1e-6)
+        self.held_since = self.held_since if self.held_since is not None else time.monotonic()
+        self.rejections += 1
+        self.last_message = message
+
+    @property
+    def queued(self) -> bool:
+        return bool(self.in_flight)
+
+    def held_s(self) -> float:
+        return 0.0 if self.held_since is None else time.monotonic() - self.held_since
+
+    def fitting(self, tokens: list[int]) -> int:
+        """How many of the next rows (their estimated ``tokens``) the next batch takes: all of them without a known
+        limit; else as many as fit the room left, and at least one when none of ours is queued."""
+        if self.limit is None:
+            return len(tokens)
+        room = self.limit * self.share - sum(self.in_flight.values())
+        n, total = 0, 0
+        for count in tokens:
+            if total + count > room:
+                break
+            total += count
+            n += 1
+        return n if n or self.in_flight else min(1, len(tokens))

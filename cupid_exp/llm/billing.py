@@ -1,0 +1,142 @@
+"""What a provider bills for each request it was sent, whatever its reply carries (or whether one came).
+
+Why: a reply without ``usage`` (proxies, self-hosted servers, some providers omit it) was priced at its zero
+tokens, so a budget stopped nothing; a request that timed out after it was sent cost nothing here although the
+provider processed and billed it, and each of ``num_retries + 1`` such requests rode on one reservation. So:
+
+- a reply without usage is counted locally (litellm's ``token_counter``, tiktoken for OpenAI's models): its
+  prompt and its completion, marked as estimated wherever usage is shown;
+- each attempt holds its own reservation on the budget; one that got no reply after it was sent (a timeout, a
+  connection lost mid-request) is charged its worst case (``cupid_exp.llm.budget.worst_case_usd``);
+- a reply that carries no completion (``EmptyReply``) is charged what it cost, and the call is retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from cupid_exp.llm.errors import EmptyReply, _chain
+
+
+def lost_after_sending(exc: BaseException) -> bool:
+    """Whether a failed request may have been processed (and billed) without its reply reaching us: it timed out,
+    or its connection dropped once it was sent. Not a connection that was never made, not an HTTP error status
+    (the provider answered that it did not serve it), not a cancellation (the job is being stopped)."""
+    import litellm
+    import openai
+
+    from cupid_exp.llm.retry import is_connection_refused
+
+    if isinstance(exc, (litellm.Timeout, asyncio.TimeoutError, TimeoutError)):
+        return True
+    if is_connection_refused(exc):
+        return False
+    # litellm reports a dropped connection as a 500 ("Connection error."): the transport's error is in the chain
+    return any(isinstance(e, openai.APIConnectionError) for e in _chain(exc))
+
+
+def empty_reason(response: Any) -> str | None:
+    """Why ``response`` carries no completion (None when it carries one): no choices at all, or a message whose
+    content is null with no refusal and no tool call. A refusal (content filter) or a reply cut at max_tokens is a
+    reply: the step decides what it is worth."""
+    if response is None:
+        return f"got {type(response).__name__}; e.g. an HTTP 422 rejection"
+    choices = getattr(response, "choices", None)
+    if not choices:
+        return "no choices"
+    choice = choices[0]
+    message = getattr(choice, "message", None)
+    if getattr(choice, "finish_reason", None) in ("content_filter", "length"):
+        return None
+    if message is None or (getattr(message, "content", None) is None and not getattr(message, "refusal", None)
+                           and not getattr(message, "tool_calls", None)
+                           and not getattr(message, "function_call", None)):
+        return "content null, no refusal and no tool call"
+    return None
+
+
+def empty_reply(model: str, response: Any) -> EmptyReply | None:
+    """The failure to raise for a reply without a completion (None for a usable one)."""
+    reason = empty_reason(response)
+    if reason is None:
+        return None
+    return EmptyReply(f"{model}: the provider returned no completion ({reason})",
+                      status_code=422 if response is None else None)
+
+
+def reply_text(choice: Any) -> str:
+    """Every output token of a choice: content, refusal, tool calls' arguments (an object or a batch row's dict)."""
+    def get(obj: Any, name: str) -> Any:
+        return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+
+    message = get(choice, "message") or {}
+    parts = [get(message, "content"), get(message, "refusal")]
+    for call in get(message, "tool_calls") or []:
+        function = get(call, "function") or {}
+        parts += [get(function, "name"), get(function, "arguments")]
+    return "".join(p for p in parts if isinstance(p, str))
+
+
+def counted_tokens(litellm_model: str, messages: list[dict], usage: Any, text: str) -> tuple[int, int, bool]:
+    """(prompt, completion, estimated): the reply's usage when it has some, else counted locally. A billed prompt
+    is never 0 tokens, so a usage without prompt tokens is a usage left out."""
+    def get(name: str) -> int:
+        value = usage.get(name) if isinstance(usage, dict) else getattr(usage, name, None)
+        return int(value or 0)
+
+    prompt, completion = (get("prompt_tokens"), get("completion_tokens")) if usage is not None else (0, 0)
+    if prompt > 0:
+        return prompt, completion, False
+    import litellm
+
+    prompt = litellm.token_counter(model=litellm_model, messages=messages)
+    completion = litellm.token_counter(model=litellm_model, text=text, count_response_tokens=True) if text else 0
+    return int(prompt), int(completion), True
+
+
+def token_cost(litellm_model: str, prompt: int, completion: int, prices: dict[str, float] | None) -> float | None:
+    """The cost of these tokens at the config's prices (``prices``) or litellm's map; None for an unpriced model."""
+    import litellm
+
+    try:
+        cost_in, cost_out = litellm.cost_per_token(model=litellm_model, prompt_tokens=prompt,
+                                                   completion_tokens=completion, custom_cost_per_token=prices)
+    except (litellm.exceptions.ModelNotMappedError, litellm.exceptions.BadRequestError,
+            litellm.exceptions.NotFoundError, ValueError):
+        return None
+    return float(cost_in + cost_out)
+
+
+@dataclass
+class Reply:
+    """A usable reply's tokens and cost, as billed (``estimated``: counted here, the reply had no usage)."""
+
+    response: Any
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float | None
+    estimated: bool
+    cached: bool = False  #: served by the response cache: nothing billed
+
+
+@dataclass
+class CallBill:
+    """What one call's attempts sent and were charged beyond the reply it returns (or fails with)."""
+
+    sent: int = 0  #: requests sent (or looked up in the response cache)
+    charged_usd: float = 0.0  #: attempts without a usable reply: a lost one's worst case, an empty one's cost
+    charged: int = 0  #: how many attempts that is
+    held: Any = field(default=None, repr=False)  #: the next attempt's reservation, held before its slot
+
+    def charge(self, usd: float | None) -> None:
+        if usd:
+            self.charged_usd += usd
+            self.charged += 1
+
+    def release_unused(self) -> None:
+        """A reservation no request used (the call stopped while it waited for its slot): returned in full."""
+        if self.held is not None:
+            self.held.settle(0.0)
+            self.held = None

@@ -1,0 +1,192 @@
+"""Spend counted as the provider bills, whatever the reply carries, against the stub's own count of what it billed:
+a reply without usage, a request lost after it was sent (each attempt its own reservation), a 200 without a
+completion (retried like a 5xx), identical requests sharing one batch row; and the Batch API's refusals meaning
+what they mean live (a fatal refusal, a rate limit beyond patience, the enqueued-token limit)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import litellm
+import pytest
+from helpers.batch_api import BatchQueueConfig
+from helpers.stub_llm_server import StubServer
+
+from cupid_exp.config import ModelConfig, RuntimeConfig
+from cupid_exp.llm.budget import Account, Budget, BudgetExceeded, Prices, worst_case_usd
+from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
+from cupid_exp.llm.limits import forget_endpoints
+from cupid_exp.llm.retry import FatalProviderError, RetryLater
+from cupid_exp.llm.usage import UsageMeter, requests_sent, usage_line, usage_metrics
+
+IN, OUT, MAX_TOKENS = 1e-6, 4e-6, 100
+PRICES = Prices(IN, OUT)
+HELLO = [{"role": "user", "content": "Say hello to the billing department, please."}]
+
+
+def client(url: str, tmp_path: Path, cap: float | None = None, **runtime) -> tuple[LLMClient, UsageMeter]:
+    forget_endpoints()
+    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), **{"cache": False, "num_retries": 3, "timeout": 10,
+                                                              **runtime})
+    configure_litellm(rt)
+    model = ModelConfig(name="priced", litellm_model="openai/stub", api_base=url, params={"max_tokens": MAX_TOKENS},
+                        input_cost_per_token=IN, output_cost_per_token=OUT)
+    meter = UsageMeter()
+    budget = Budget([Account(str(tmp_path / "budget.json"), cap, "runtime.max_cost_usd")]) if cap else None
+    return LLMClient(model, rt, meter, budget), meter
+
+
+def ledger(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / "budget.json").read_text())
+
+
+def billed_usd(stats: dict) -> float:
+    billed = stats["billed"]
+    return billed["prompt_tokens"] * IN + billed["completion_tokens"] * OUT
+
+
+def settled(stub: StubServer, timeout: float = 10.0) -> dict:
+    """The stub's counters once it has finished every request (a slow one is billed after its client left)."""
+    deadline = time.monotonic() + timeout
+    while stub.stats()["in_flight"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return stub.stats()
+
+
+def test_a_reply_without_usage_is_costed_from_a_local_count_and_the_budget_counts_it(tmp_path: Path) -> None:
+    with StubServer(omit_usage=True) as stub:
+        c, meter = client(stub.url, tmp_path, cap=1.0)
+        done = asyncio.run(c.complete(HELLO, step="s"))
+        stats = stub.stats()
+    assert stats["billed"]["requests"] == 1 and stats["billed"]["prompt_tokens"] > 0  # the stub billed, said nothing
+    assert done.usage_estimated and done.prompt_tokens == litellm.token_counter(model="openai/stub", messages=HELLO)
+    assert (done.prompt_tokens, done.completion_tokens) == (stats["billed"]["prompt_tokens"],
+                                                            stats["billed"]["completion_tokens"])
+    assert done.cost_usd == pytest.approx(billed_usd(stats)) and done.cost_usd > 0
+    assert ledger(tmp_path)["spent"] == pytest.approx(done.cost_usd)
+    metrics = usage_metrics(meter)
+    assert metrics["tokens/estimated_calls"] == 1 and metrics["cost/usd"] == pytest.approx(done.cost_usd)
+    assert "out (1 calls' usage estimated); cost: $" in usage_line(metrics)
+
+
+def test_each_request_lost_after_sending_is_charged_its_worst_case_and_a_retry_that_cannot_fit_is_not_sent(
+        tmp_path: Path) -> None:
+    worst = worst_case_usd(PRICES, HELLO, {"max_tokens": MAX_TOKENS})
+    with StubServer(rate_slow=1.0, slow_s=1.2) as stub:  # every reply after the client's timeout: billed all the same
+        c, meter = client(stub.url, tmp_path, cap=2.5 * worst, timeout=0.4, num_retries=5)
+        with pytest.raises(BudgetExceeded):
+            asyncio.run(c.complete(HELLO, step="s"))
+        stats = settled(stub)
+    assert stats["total_received"] == 2 and stats["faults"]["unknown"]["slow"] == 2  # the third did not fit
+    assert stats["billed"]["requests"] == 2
+    state = ledger(tmp_path)
+    assert state["spent"] == pytest.approx(2 * worst) and state["reservations"] == {}
+    assert billed_usd(stats) <= state["spent"] <= 2.5 * worst
+    counts = meter.as_dict()["s"]
+    assert requests_sent(counts) == 2 and counts["charged_requests"] == 2 and counts["not_sent_budget"] == 1
+    assert counts["cost_usd"] == pytest.approx(state["spent"])
+
+
+def test_a_connection_lost_after_sending_is_charged_and_one_never_made_is_not(tmp_path: Path) -> None:
+    import threading
+
+    worst = worst_case_usd(PRICES, HELLO, {"max_tokens": MAX_TOKENS})
+    with StubServer() as stub:
+        stub.hold_after(0)  # the request is received, then its connection closed without a reply
+        threading.Timer(0.5, stub.release).start()
+        c, meter = client(stub.url, tmp_path, cap=1.0, num_retries=0)
+        with pytest.raises(ProviderError):
+            asyncio.run(c.complete(HELLO, step="s"))
+        assert stub.stats()["total_received"] == 1 and stub.stats()["total_completed"] == 0
+    assert ledger(tmp_path)["spent"] == pytest.approx(worst)
+    assert meter.as_dict()["s"]["charged_requests"] == 1
+
+    c, meter = client("http://127.0.0.1:9/v1", tmp_path / "nowhere", cap=1.0, num_retries=5)
+    with pytest.raises(FatalProviderError):  # refused three times, never accepted: unreachable
+        asyncio.run(c.complete(HELLO, step="s"))
+    assert ledger(tmp_path / "nowhere")["spent"] == 0.0 and "charged_requests" not in meter.as_dict()["s"]
+
+
+@pytest.mark.parametrize("kind", ["empty_choices", "content_null"])
+def test_a_reply_without_a_completion_is_retried_like_a_5xx_then_fails_as_provider(tmp_path: Path, kind: str) -> None:
+    with StubServer(fail_first=1, fail_first_kind=kind) as stub:
+        c, meter = client(stub.url, tmp_path, cap=1.0, cache=True)
+        done = asyncio.run(c.complete(HELLO, step="s"))
+        again = asyncio.run(c.complete(HELLO, step="s"))  # the empty reply was never cached: the good one was
+        stats = stub.stats()
+    assert stats["faults"]["unknown"][kind] == 1 and stats["total_received"] == 2
+    assert done.text.startswith("Stub reply") and done.retries == 1 and again.cached and again.text == done.text
+    assert ledger(tmp_path)["spent"] == pytest.approx(billed_usd(stats))  # the empty reply's prompt too
+    assert done.charged_requests == 1 and done.charged_usd > 0
+
+    with StubServer(**{f"rate_{kind}": 1.0}) as stub:
+        c, meter = client(stub.url, tmp_path / "again", num_retries=2)
+        with pytest.raises(ProviderError) as failed:
+            asyncio.run(c.complete(HELLO, step="s"))
+    assert failed.value.kind == "provider" and "no completion" in str(failed.value)
+    assert stub.stats()["total_received"] == 3
+    assert meter.as_dict()["s"]["failed_provider"] == 1 and meter.as_dict()["s"]["retries"] == 2
+
+
+BATCH = {"batch": True, "batch_delay_s": 0.1, "batch_poll_s": 0.1}
+
+
+def ask_all(c: LLMClient, prompts: list[str]) -> list:
+    async def run() -> list:
+        calls = [c.complete([{"role": "user", "content": p}], step="s") for p in prompts]
+        return await asyncio.gather(*calls, return_exceptions=True)
+    return asyncio.run(run())
+
+
+def test_identical_requests_sharing_a_batch_row_are_costed_once_and_rows_without_usage_counted(tmp_path: Path) -> None:
+    with StubServer(omit_usage=True, batch=BatchQueueConfig(complete_after_s=0.1)) as stub:
+        c, meter = client(stub.url, tmp_path, cap=1.0, **BATCH)
+        out = ask_all(c, ["same question", "same question", "another question"])
+        stats = stub.stats()
+    assert all(not isinstance(o, BaseException) for o in out), out
+    assert stub.batches.rows_accepted == 2 and stats["billed"]["requests"] == 2  # one row for the two
+    assert sorted(o.cached for o in out) == [False, False, True]
+    m = usage_metrics(meter)
+    assert m["cost/usd"] == pytest.approx(billed_usd(stats)) == pytest.approx(ledger(tmp_path)["spent"])
+    assert m["cost/usd"] > 0 and m["tokens/estimated_calls"] == 2  # the rows carried no usage: counted here
+    assert meter.batches.rows_shared == 1
+
+
+@pytest.mark.parametrize("refusal,stop", [("401", FatalProviderError), ("insufficient_quota", FatalProviderError),
+                                          ("daily", RetryLater)])
+def test_a_refused_batch_upload_stops_the_job_as_a_live_refusal_does(tmp_path: Path, refusal: str, stop: type) -> None:
+    with StubServer(batch=BatchQueueConfig(refuse_upload=refusal)) as stub:
+        c, meter = client(stub.url, tmp_path, **BATCH)
+        out = ask_all(c, ["one", "two", "three"])
+    assert stub.batches.upload_refusals == 1 and stub.batches.submissions == 0  # refused once, never retried
+    assert all(type(o) is stop for o in out), out
+    assert not isinstance(out[0], ProviderError)  # no instance failure: the job stops (exit 2, or 75 for later)
+    if refusal == "daily":
+        assert "requests per day" in str(out[0]) and "wait 3600 s" in str(out[0])
+    else:
+        assert refusal in str(out[0])
+
+
+def test_a_batch_over_the_enqueued_token_limit_is_held_and_sent_again_under_it(tmp_path: Path) -> None:
+    prompts = [f"question {i}: " + "tell me about the weather in some detail. " * 20 for i in range(6)]
+    row = len(prompts[0]) // 4  # the stub's tokens per row (characters / 4)
+    with StubServer(batch=BatchQueueConfig(complete_after_s=0.3, enqueued_token_limit=int(2.5 * row))) as stub:
+        c, meter = client(stub.url, tmp_path, **BATCH)
+        out = ask_all(c, prompts)
+    assert all(not isinstance(o, BaseException) for o in out), out  # no row failed
+    assert stub.batches.token_limit_rejections == 1  # the first batch (all six); then batches of two
+    assert stub.batches.rows_accepted == 6 and meter.batches.held_token_limit == 1
+    assert all(b.tokens <= 2.5 * row for b in stub.batches.batches.values() if b.rejection is None)
+    assert c._batcher.queue.limit == int(2.5 * row)  # parsed from "Limit: N enqueued tokens"
+
+
+def test_a_token_limit_that_never_admits_a_row_stops_the_job_for_later(tmp_path: Path) -> None:
+    with StubServer(batch=BatchQueueConfig(complete_after_s=0.1, enqueued_token_limit=1)) as stub:
+        c, meter = client(stub.url, tmp_path, rate_limit_patience_s=0.5, **BATCH)
+        out = ask_all(c, ["a question that never fits", "another"])
+    assert stub.batches.token_limit_rejections >= 2 and stub.batches.rows_accepted == 0
+    assert all(isinstance(o, RetryLater) for o in out), out
+    assert "Limit: 1 enqueued tokens" in str(out[0]) and "rate_limit_patience_s=0.5" in str(out[0])

@@ -11,9 +11,9 @@ def evaluate(cfg: DictConfig) -> float | None:
     from cupid_exp.config import ConfigError
     from cupid_exp.llm.retry import FatalProviderError
     from cupid_exp.data.schema import DataError
-    from cupid_exp.job import run_job
+    from cupid_exp.evaluation import run_evaluation
 
-    return run_job_entry(cfg, "cupid_exp", run_job, (ConfigError, DataError, FatalProviderError))
+    return run_job_entry(cfg, "cupid_exp", run_evaluation, (ConfigError, DataError, FatalProviderError))
 
 
 main = hydra_entry("config", evaluate)

@@ -341,6 +341,14 @@ class JobConfig:
     prompts: PromptsConfig = field(default_factory=PromptsConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
 
+    def model_configs(self) -> list[ModelConfig]:
+        """Every model config the job's roles use, each object once (roles may share one)."""
+        raise NotImplementedError
+
+    def embedded_model_names(self) -> list[str]:
+        """The names of the models that run inside the job's process (llama.cpp), sorted: one copy per process."""
+        return sorted({m.name for m in self.model_configs() if m.is_embedded})
+
 
 @dataclass
 class RunConfig(JobConfig):
@@ -360,10 +368,6 @@ class RunConfig(JobConfig):
         for model in (self.model, ev.decomposer, ev.matcher, ev.judge):
             unique.setdefault(id(model), model)
         return list(unique.values())
-
-    def embedded_model_names(self) -> list[str]:
-        """The names of the models that run inside the job's process (llama.cpp), sorted: one copy per process."""
-        return sorted({m.name for m in self.model_configs() if m.is_embedded})
 
 
 def register_configs() -> None:

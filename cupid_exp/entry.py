@@ -70,19 +70,20 @@ class Interrupted(KeyboardInterrupt):
     """Ctrl-C during a job, with how far its journal got (``finished`` None: no journal), reported in one line
     with exit 130 by ``hydra_entry``. Still a KeyboardInterrupt: whatever ends runs on one ends them KILLED."""
 
-    def __init__(self, finished: int | None = None, total: int | None = None, job: str | None = None):
+    def __init__(self, finished: int | None = None, total: int | None = None, job: str | None = None,
+                 noun: str = "instances"):
         super().__init__(finished, total)
-        self.finished, self.total, self.job = finished, total, job
+        self.finished, self.total, self.job, self.noun = finished, total, job, noun
 
     def line(self) -> str:
         where = f" in sweep job {self.job}" if self.job else ""
         if self.total is None:
             return f"interrupted{where}; run the same command to resume (the journal keeps what finished)"
         if self.finished is None:
-            return (f"interrupted{where}: {self.total} instances, none journaled (runtime.resume=false); run the "
+            return (f"interrupted{where}: {self.total} {self.noun}, none journaled (runtime.resume=false); run the "
                     "command again to start over")
-        return (f"interrupted{where}: {self.finished} of {self.total} instances finished and journaled; run the same "
-                "command to resume")
+        return (f"interrupted{where}: {self.finished} of {self.total} {self.noun} finished and journaled; run the "
+                "same command to resume")
 
 
 def _masked(line: str, cfg: DictConfig, overrides: Any) -> str:

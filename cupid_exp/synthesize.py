@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from omegaconf import DictConfig
 
-from cupid_exp.entry import hydra_entry, run_job_entry
+from cupid_exp.entry import Outcome, hydra_entry, run_job_entry
 from cupid_exp.synthesis.config import register_synthesis_configs
+
+
+def run_synthesis(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = None,
+                  parent_run: Any = None) -> Outcome:
+    """One synthesis job end to end, through the job lifecycle (``cupid_exp.job``) with personas as its units."""
+    from cupid_exp.job import run_job
+    from cupid_exp.synthesis.work import SynthesisWork
+
+    return run_job(cfg, output_dir, choices, parent_run, kind=SynthesisWork)
 
 
 def synthesize(cfg: DictConfig) -> float | None:
     from cupid_exp.config import ConfigError
     from cupid_exp.llm.retry import FatalProviderError
     from cupid_exp.synthesis.config import SynthesisError
-    from cupid_exp.synthesis.pipeline import run_synthesis
 
     return run_job_entry(cfg, "cupid_exp.synthesize", run_synthesis, (ConfigError, SynthesisError, FatalProviderError))
 

@@ -38,26 +38,27 @@ def job_budget(runtime: RuntimeConfig, *, job_ledger: Path, sweep_dir: str | Non
 
 @dataclass
 class BudgetReport:
-    """How a budgeted job ended: each account's spending, and the instances left unrun by a stop."""
+    """How a budgeted job ended: each account's spending, and the units left unrun by a stop."""
 
     accounts: list[tuple[Account, float]]
     not_run: int
     stopped: bool
     refused_calls: float = 0.0  #: calls not sent (every process of the job)
+    noun: str = "instance"  #: what a unit of the job is (``job.spec.Work.noun``)
 
     def binding(self) -> tuple[Account, float]:
         return min(self.accounts, key=lambda a: a[0].cap - a[1])
 
     def line(self) -> str:
         account, spent = self.binding()
-        return (f"BUDGET: ${spent:.4f} of ${account.cap:.4f} spent; {self.not_run} instances not run; "
+        return (f"BUDGET: ${spent:.4f} of ${account.cap:.4f} spent; {self.not_run} {self.noun}s not run; "
                 f"resume with a higher budget ({account.key})")
 
     def status_line(self) -> str:
-        return f"INCOMPLETE: {self.not_run} instances not run: the budget was reached: exit 4"
+        return f"INCOMPLETE: {self.not_run} {self.noun}s not run: the budget was reached: exit 4"
 
     def metrics(self) -> dict[str, float]:
-        out = {"budget/instances_not_run": float(self.not_run), "budget/stopped": float(self.stopped),
+        out = {f"budget/{self.noun}s_not_run": float(self.not_run), "budget/stopped": float(self.stopped),
                "calls/not_sent_budget": float(self.refused_calls)}
         for account, spent in self.accounts:
             out[f"budget/{account.scope}/max_usd"] = account.cap
@@ -66,10 +67,10 @@ class BudgetReport:
         return out
 
 
-def report(budget: Budget, not_run: int, refused_calls: float) -> BudgetReport:
+def report(budget: Budget, not_run: int, refused_calls: float, noun: str = "instance") -> BudgetReport:
     """The end of a budgeted job: stopped when some process of the job was refused a call."""
     return BudgetReport(budget.state(), not_run, stopped=bool(refused_calls or budget.refused) and not_run > 0,
-                        refused_calls=refused_calls)
+                        refused_calls=refused_calls, noun=noun)
 
 
 def _verdict(what: str, estimate_usd: float, cap: float, key: str) -> str:

@@ -1,6 +1,7 @@
-"""Checks that need the world, run before the first model call: folders writable, prompt files usable,
+"""Checks that need the world, run before the first model call of any job: folders writable, prompt files usable,
 the tracking server reachable, each role's credentials in the environment. Each problem is one ConfigError
-line naming the setting and the value.
+line naming the setting and the value. Which prompt files a job sends is its kind's to say
+(``cupid_exp.evaluation.checks``, ``cupid_exp.synthesis.work``).
 
 (Value ranges and choices are checked by the config schema itself, ``cupid_exp.config``.)
 """
@@ -13,27 +14,15 @@ import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Iterable
 
 import yaml
 
-from cupid_exp.config import AUTO_WORKERS, ConfigError, ModelConfig, RunConfig
-from cupid_exp.llm.server import check_server_command
+from cupid_exp.config import AUTO_WORKERS, ConfigError, JobConfig, ModelConfig
 from cupid_exp.prompts import PromptSet
-from cupid_exp.settings.base import Setting
 
 log = logging.getLogger(__name__)
 
 TRACKING_TIMEOUT_S = 3.0
-
-# The placeholders each step fills, by prompt file (a drop-in prompt may use fewer, never others).
-STEP_PROMPTS = {
-    "inference": {"evaluation/preference_inferrer": {"interaction_log", "curr_request"},
-                  "synthesis/preference_decomposer": {"preferences"}},
-    "generation": {"evaluation/response_judger": {"preference", "checklist", "user_request", "ai_response"}},
-}
-MATCHER_FIELDS = {"checklist", "preference", "examples"}
-GENERATOR_FIELDS = {"interaction_log", "curr_request"}
 
 
 def check_writable(key: str, folder: str | Path) -> None:
@@ -48,18 +37,6 @@ def check_writable(key: str, folder: str | Path) -> None:
 
 def _placeholders(text: str | None) -> set[str]:
     return {name.split(".")[0].split("[")[0] for _, name, _, _ in string.Formatter().parse(text or "") if name}
-
-
-def prompts_needed(cfg: RunConfig, setting: Setting, parts: Iterable[str]) -> dict[str, set[str]]:
-    """Every prompt file the job will send, with the placeholders the sending step fills."""
-    needed = dict(setting.own_prompts())
-    for part in parts:
-        needed.update(STEP_PROMPTS[part])
-    if "inference" in parts:
-        needed[cfg.evaluator.matcher_prompt] = MATCHER_FIELDS
-    if "generation" in parts:
-        needed[setting.generation_prompt] = GENERATOR_FIELDS | setting.generation_fields
-    return needed
 
 
 def check_prompts(prompts: PromptSet, needed: dict[str, set[str]]) -> None:
@@ -86,7 +63,7 @@ def check_prompts(prompts: PromptSet, needed: dict[str, set[str]]) -> None:
                               f"fill (it fills {sorted(provided)}; write a literal brace as '{{{{' or '}}}}')")
 
 
-def check_tracking(cfg: RunConfig) -> None:
+def check_tracking(cfg: JobConfig) -> None:
     """An MLflow server answers within a few seconds; a SQLite store's folder is writable."""
     tracking = cfg.tracking
     if not tracking.enabled or cfg.runtime.dry_run:
@@ -114,7 +91,7 @@ def prompt_set(directory: str | None) -> PromptSet:
     return PromptSet(directory)
 
 
-def check_workers(cfg: RunConfig) -> None:
+def check_workers(cfg: JobConfig) -> None:
     """Embedded models run inside the job's process: every worker would load (and compute with) its own copy."""
     if cfg.runtime.workers == AUTO_WORKERS or cfg.runtime.workers <= 1 or cfg.runtime.dry_run:
         return  # auto: one process with an embedded model (job.worker_count)
@@ -122,18 +99,6 @@ def check_workers(cfg: RunConfig) -> None:
     if embedded:
         raise ConfigError(f"runtime.workers={cfg.runtime.workers}: {', '.join(embedded)} run(s) inside the job's "
                           "process, one copy per worker; use runtime.workers=1 with embedded models")
-
-
-def roles_called(cfg: RunConfig, parts: Iterable[str]) -> dict[str, ModelConfig]:
-    """The model config of each role the job's parts call, by its config path (the override's prefix)."""
-    parts = tuple(parts)
-    ev = cfg.evaluator
-    roles = {"model": cfg.model}
-    if "inference" in parts:
-        roles.update({"evaluator.decomposer": ev.decomposer, "evaluator.matcher": ev.matcher})
-    if "generation" in parts:
-        roles["evaluator.judge"] = ev.judge
-    return roles
 
 
 def check_keys(roles: dict[str, ModelConfig], dry_run: bool) -> None:
@@ -165,14 +130,10 @@ def note_models(roles: dict[str, ModelConfig]) -> None:
             log.log(logging.WARNING if level == "warning" else logging.INFO, "%s", text)
 
 
-def check_before_calls(cfg: RunConfig, setting: Setting, prompts: PromptSet, parts: Iterable[str]) -> None:
+def check_before_calls(cfg: JobConfig) -> None:
+    """What every job checks before its first call, whatever its kind."""
     check_workers(cfg)
     check_writable("paths.output_root", cfg.paths.output_root)
     if cfg.runtime.cache and not cfg.runtime.dry_run:
         check_writable("runtime.cache_dir", cfg.runtime.cache_dir)
-    check_prompts(prompts, prompts_needed(cfg, setting, tuple(parts)))
-    if cfg.evaluator.matcher_few_shot:  # read with the clients (``plan.build_context``): a drop-in's own examples or
-        prompts.matcher_examples()  # the official module's, never ours; ConfigError in one line without either
-    if not cfg.runtime.dry_run:  # a dry run starts no server
-        check_server_command(cfg.evaluator.server)
     check_tracking(cfg)

@@ -1,164 +1,109 @@
-"""Phase 1 of a job: everything decided and checked before the first model call.
+"""Phase 1 of a job: everything decided and checked before the first model call, whatever the kind of work.
 
-The config becomes typed objects once and every value is checked; the setting object, the data
-(every row validated), the prompts and the resume journal are loaded; the clients are built only
-when some instance is left to run (importing litellm takes seconds). Before the journal is read the
-job takes its lock (``tracking.job_lock``): a second process on the same job stops here, exit 2.
+The config becomes typed objects once and every value is checked; what every job needs of the world is checked
+(folders, the tracking store, prices under a budget); the kind loads its units and checks what it sends
+(``Work.load``); the job's identity follows from its content (``job.identity``). That is the frozen ``JobSpec``.
+Then the attempt opens the job (``job.attempt``: lock, journal, ledger, budget) and, when some unit is left and
+``clients`` is asked for, the clients are built (importing litellm takes seconds: ``run_job`` builds them later,
+while the MLflow run opens and worker processes start).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
-from cupid_exp.config import RunConfig, check_known_keys, check_tree
-from cupid_exp.data.loading import LoadedData, load_instances
-from cupid_exp.data.schema import Instance
-from cupid_exp.job.budgets import job_budget
-from cupid_exp.job.checks import check_before_calls, check_keys, note_models, prompt_set, roles_called
+from cupid_exp.config import JobConfig, check_known_keys, check_tree
+from cupid_exp.job.attempt import Attempt, open_attempt
+from cupid_exp.job.checks import check_before_calls, note_models
+from cupid_exp.job.identity import job_identity
+from cupid_exp.job.spec import JobSpec, Work
+from cupid_exp.job.worker_count import share
 from cupid_exp.llm.budget import check_priced
-from cupid_exp.llm.usage import UsageMeter
-from cupid_exp.prompts import EVALUATION_PROMPTS, PromptSet
 from cupid_exp.secrets import install_log_scrubber, redact, secret_values
-from cupid_exp.settings import make_setting
-from cupid_exp.settings.base import Setting
-from cupid_exp.tasks.context import TaskContext
-from cupid_exp.tracking import job_lock
 from cupid_exp.tracking.attempts import run_key
-from cupid_exp.tracking.job_lock import JobLock
-from cupid_exp.tracking.journal import Journal, job_identity
-from cupid_exp.tracking.ledger import UsageLedger
 from cupid_exp.tracking.mlflow import SweepParent
 
 log = logging.getLogger(__name__)
 
 
+class Kind(Protocol):
+    """A kind of work: loads a job's units from its checked config (``EvaluationWork``, ``SynthesisWork``)."""
+
+    def load(self, cfg: Any, output_dir: Path) -> Work: ...
+
+
 @dataclass
-class JobPlan:
-    """A job ready to run: its typed config, data, setting, prompts and what resume already has."""
+class Job:
+    """A planned job: its frozen spec, the attempt that holds it, and its clients once connected."""
 
-    cfg: RunConfig
-    resolved: dict[str, Any]  #: the resolved config as plain data (identity, MLflow params, config.yaml)
-    output_dir: Path
-    choices: dict[str, str]  #: Hydra's group choices (model=..., setting=...)
-    parent_run: str | SweepParent | None  #: the sweep's MLflow parent run (by id, or by the sweep's folder)
-    data: LoadedData
-    prompts: PromptSet
-    setting: Setting
-    parts: tuple[str, ...]  #: the task parts to run, in order
-    secrets: list[str]
-    identity: str  #: hash of everything that decides the results (names the journal)
-    journal: Journal | None = None
-    done: dict[str, dict[str, Any]] = field(default_factory=dict)  #: key -> finished record from the journal
-    meter: UsageMeter = field(default_factory=UsageMeter)
-    ctx: TaskContext | None = None  #: clients and evaluator; None when nothing is left to run
-    processes: int = 1  #: processes sharing the model calls (``runtime.workers``, bounded: ``job.workers``)
-    workers: Any = None  #: the other processes' handle (``job.workers.Workers``), started by ``run_job``
-    ledger: Any = None  #: the job's usage ledger (``tracking.ledger``), with the journal; the meter writes into it
-    earlier: UsageMeter | None = None  #: what the job's earlier attempts counted (the ledger); None without a journal
-    budget: Any = None  #: the spending limits its calls draw on (``llm.budget.Budget``); None: no budget
-    lock: JobLock | None = None  #: this process's hold on the job (``tracking.job_lock``); None in a dry run
-
-    def release(self) -> None:
-        """Let another process take the job (its end; idempotent)."""
-        if self.lock is not None:
-            self.lock.release()
+    spec: JobSpec
+    attempt: Attempt
+    ctx: Any = None  #: the work's clients (``Work.connect``): None until ``connect``, and when nothing is left to run
 
     @property
-    def todo(self) -> list[Instance]:
-        return [i for i in self.data.instances if i.key not in self.done]
+    def cfg(self) -> Any:
+        return self.spec.cfg
+
+    @property
+    def work(self) -> Work:
+        return self.spec.work
+
+    @property
+    def identity(self) -> str:
+        return self.spec.identity
+
+    @property
+    def output_dir(self) -> Path:
+        return self.spec.output_dir
 
     @property
     def dry_run(self) -> bool:
-        return bool(self.cfg.runtime.dry_run)
+        return self.spec.dry_run
 
     @property
-    def prompts_digest(self) -> str:
-        return self.prompts.digest(EVALUATION_PROMPTS)
+    def todo(self) -> list[Any]:
+        """The units left to run, in the job's order."""
+        return [u for u in self.work.units if u.key not in self.attempt.done]
+
+    def release(self) -> None:
+        self.attempt.release()
 
 
-def typed_config(cfg: DictConfig) -> RunConfig:
+def typed_config(cfg: DictConfig) -> Any:
     """The composed config as objects, every value checked (ConfigError names the first bad one)."""
-    run_cfg = OmegaConf.to_object(cfg)
-    check_known_keys(cfg, run_cfg)
-    check_tree(run_cfg)
-    return run_cfg
+    job_cfg = OmegaConf.to_object(cfg)
+    check_known_keys(cfg, job_cfg)
+    check_tree(job_cfg)
+    return job_cfg
 
 
-def build_context(cfg: RunConfig, prompts: PromptSet, meter: UsageMeter, budget: Any = None) -> TaskContext:
-    """Clients for every role (one per distinct model config) and the evaluator around them."""
-    from cupid_exp.evaluators import Evaluator
-    from cupid_exp.llm.client import clients_for, configure_litellm
-    from cupid_exp.llm.steps import Reask
-    from cupid_exp.rendering import matcher_examples
-
-    configure_litellm(cfg.runtime)
-    if not cfg.runtime.dry_run:
-        from cupid_exp.llm._litellm import import_first_call_modules
-
-        import_first_call_modules()
-    ev = cfg.evaluator
-    clients = clients_for({"subject": cfg.model, "decomposer": ev.decomposer, "matcher": ev.matcher,
-                           "judge": ev.judge}, cfg.runtime, meter, budget)
-    retry = Reask(cfg.runtime.reask)
-    examples = matcher_examples(prompts.matcher_examples()) if ev.matcher_few_shot else None
-    evaluator = Evaluator(clients["decomposer"], clients["matcher"], clients["judge"], prompts,
-                          matcher_prompt=ev.matcher_prompt, matcher_examples=examples,
-                          max_checklist_items=ev.max_checklist_items, retry=retry)
-    return TaskContext(clients["subject"], evaluator, prompts, retry)
-
-
-def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = None,
-         parent_run: str | SweepParent | None = None, *, clients: bool = True) -> JobPlan:
-    """The checked, loaded job; with ``clients`` its model clients too (``connect``: later, see ``run_job``)."""
-    run_cfg = typed_config(cfg)
-    setting = make_setting(run_cfg.setting)
-    setting.check_parts(run_cfg.task.parts)
+def specify(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None, parent_run: str | SweepParent | None,
+            kind: Kind) -> JobSpec:
+    """The checked, loaded job, before anything is opened."""
+    job_cfg: JobConfig = typed_config(cfg)
     resolved = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "hydra"}
     secrets = secret_values(resolved)
     install_log_scrubber(secrets)
-    prompts = prompt_set(run_cfg.prompts.dir)
-    check_before_calls(run_cfg, setting, prompts, run_cfg.task.parts)
-    check_priced(run_cfg.model_configs(), run_cfg.runtime)  # a budget needs every model's price
-    data = load_instances(run_cfg.data)
-    identity = job_identity(resolved, dataset_digest=data.digest, prompts_digest=prompts.digest(EVALUATION_PROMPTS))
-    job = JobPlan(cfg=run_cfg, resolved=redact(resolved), output_dir=output_dir, choices=dict(choices or {}),
-                  parent_run=parent_run, data=data, prompts=prompts, setting=setting,
-                  parts=tuple(run_cfg.task.parts), secrets=secrets, identity=identity)
-    log.info("%d instances from %s (%d bad rows); model=%s evaluator=%s", len(data.instances), data.source,
-             len(data.errors), run_cfg.model.name, run_cfg.evaluator.name)
-    journal_dir = Path(run_cfg.paths.output_root) / "journal"
-    if not job.dry_run:  # a dry run writes no journal and no run
-        # raises JobRunning when another process runs the job (see tracking.job_lock for the same calls reported
-        # differently)
-        key = run_key(identity, run_cfg.runtime, run_cfg.paths.output_root)
-        job.lock = job_lock.acquire(journal_dir, identity, key)
-    try:
-        if run_cfg.runtime.resume and not job.dry_run:
-            job.journal = Journal(journal_dir / f"{identity}.jsonl", secrets)
-            finished = job.journal.load(retry_failed=run_cfg.runtime.retry_failed)
-            job.done = {i.key: finished[i.key] for i in data.instances if i.key in finished}
-            job.ledger = UsageLedger.beside(job.journal.path)  # every paid request, as it returns
-            job.earlier = job.ledger.load(carried=job.done.values())
-            job.meter.sink = job.ledger.append
-            if job.done:
-                log.info("resuming: %d of %d instances already finished (journal %s)", len(job.done),
-                         len(data.instances), job.journal.path)
-        if job.todo:  # a resume with nothing left calls nothing: it needs no key
-            check_keys(roles_called(run_cfg, job.parts), job.dry_run)
-        if not job.dry_run:
-            ledger = (job.journal.path.with_suffix(".budget.json") if job.journal is not None
-                      else output_dir / "budget.json")
-            job.budget = job_budget(run_cfg.runtime, job_ledger=ledger,
-                                    sweep_dir=parent_run.sweep_dir if isinstance(parent_run, SweepParent) else None)
-        if job.todo and not job.dry_run:
-            from cupid_exp.job.workers import processes
+    check_before_calls(job_cfg)
+    check_priced(job_cfg.model_configs(), job_cfg.runtime)  # a budget needs every model's price
+    work = kind.load(job_cfg, output_dir)
+    identity = job_identity(resolved, not_identity=work.not_identity, **work.digests())
+    return JobSpec(cfg=job_cfg, work=work, resolved=redact(resolved), output_dir=output_dir,
+                   choices=dict(choices or {}), parent_run=parent_run, secrets=tuple(secrets), identity=identity,
+                   run_key=run_key(identity, job_cfg.runtime, job_cfg.paths.output_root))
 
-            job.processes = processes(run_cfg, len(job.todo))
+
+def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = None,
+         parent_run: str | SweepParent | None = None, *, kind: Kind, clients: bool = True) -> Job:
+    """The planned job, holding its attempt (release it: ``Job.release``); with ``clients`` its clients too."""
+    spec = specify(cfg, output_dir, choices, parent_run, kind)
+    job = Job(spec, open_attempt(spec))
+    try:
         if clients:
             connect(job)
     except BaseException:
@@ -167,10 +112,8 @@ def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = Non
     return job
 
 
-def connect(job: JobPlan) -> None:
-    """The model clients, when some instance is left to run (this imports litellm: seconds)."""
+def connect(job: Job) -> None:
+    """The work's clients, when some unit is left to run (this imports litellm: seconds)."""
     if job.todo and job.ctx is None:
-        from cupid_exp.job.workers import share
-
-        job.ctx = build_context(share(job.cfg, 0, job.processes), job.prompts, job.meter, job.budget)
-        note_models(roles_called(job.cfg, job.parts))  # litellm is imported now: its map says what it knows
+        job.ctx = job.work.connect(share(job.cfg, 0, job.attempt.processes), job.attempt.meter, job.attempt.budget)
+        note_models(job.work.roles_called())  # litellm is imported now: its map says what it knows

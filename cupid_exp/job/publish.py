@@ -1,8 +1,8 @@
-"""Phase 4 of a job: write its files, finish its MLflow run, print its table (and, before phase 2,
-open that run: ``start_tracking``).
+"""Phase 4 of a job: write its files, print its report, finish its MLflow run (and, before phase 2, open that run:
+``start_tracking``), whatever the kind of work.
 
-instances.jsonl and metrics.json land in the Hydra job folder first (atomically), so a tracking
-failure can never cost the results; the run worker draws the plots while the table is computed and printed.
+The kind's files land in the Hydra job folder first (atomically: ``Work.publish``), so a tracking failure can
+never cost the results; the run worker draws any plots while the report is computed and printed.
 """
 
 from __future__ import annotations
@@ -12,31 +12,17 @@ from typing import Any
 
 from cupid_exp import console
 from cupid_exp.job.budgets import BudgetReport, fit_line
-from cupid_exp.job.plan import JobPlan
-from cupid_exp.outputs import write_json, write_jsonl
-from cupid_exp.scoring.summary import JobSummary
-from cupid_exp.secrets import scrub_obj
+from cupid_exp.job.plan import Job
+from cupid_exp.job.spec import Summary
 from cupid_exp.tracking.attempts import whole_job_metrics, whole_job_usage
-from cupid_exp.tracking.live import FinalLog, PlotRequest
+from cupid_exp.tracking.live import FinalLog
 from cupid_exp.tracking.mlflow import SweepParent, flatten
-from cupid_exp.tracking.provenance import git_state
 from cupid_exp.tracking.signals import shielded
 
 log = logging.getLogger(__name__)
 
 
-def title(plan: JobPlan) -> str:
-    cfg = plan.cfg
-    return console.header(cfg.task.name, {"model": cfg.model.name, "setting": plan.setting.label(),
-                                          "evaluator": cfg.evaluator.name, "data": cfg.data.name})
-
-
-def run_name(plan: JobPlan) -> str:
-    cfg = plan.cfg
-    return cfg.tracking.run_name or f"{cfg.model.name}-{cfg.task.name}-{cfg.setting.name}"
-
-
-def start_tracking(plan: JobPlan) -> Any:
+def start_tracking(job: Job) -> Any:
     """Have the job's MLflow run opened before any model is called: params, tags and the dataset input first,
     then progress while the job works. A resumed job reopens its earlier attempt's run (``tracking.attempts``).
 
@@ -44,36 +30,33 @@ def start_tracking(plan: JobPlan) -> Any:
     first call (``wait_opened``), so that opening it overlaps the job's own start; without a worker, here.
     """
     from cupid_exp.tracking import attempts, run_worker
-    from cupid_exp.tracking.dataset import dataset_input
     from cupid_exp.tracking.live import RunRequest, open_run
 
-    cfg = plan.cfg
-    if not cfg.tracking.enabled or plan.dry_run:
+    cfg, spec, attempt = job.cfg, job.spec, job.attempt
+    if not cfg.tracking.enabled or job.dry_run:
         return None
     # first: its own Python and `import mlflow` overlap everything after; a sweep's job (it has a parent run)
     # takes the worker the previous job left, and leaves it to the next
-    worker = run_worker.start(keep=plan.parent_run is not None)
+    worker = run_worker.start(keep=spec.parent_run is not None)
     claim = None
     try:
-        key = attempts.run_key(plan.identity, cfg.runtime, cfg.paths.output_root)
         # the job's lock (``tracking.job_lock``) makes this the only attempt: a resumed job reopens the earlier run
-        claim = attempts.Claim(key, plan.lock if cfg.runtime.resume else None)
-        params = flatten(plan.resolved)
-        params.update({f"choice.{k}": str(v) for k, v in plan.choices.items()})
-        tags = {"dataset_digest": plan.data.digest, "dataset_source": plan.data.source,
-                "prompts_digest": plan.prompts_digest, "output_dir": str(plan.output_dir.resolve()),
-                "job_identity": plan.identity}
+        claim = attempts.Claim(spec.run_key, attempt.lock if cfg.runtime.resume else None)
+        view = job.work.tracking(job)
+        params = flatten(dict(spec.resolved))
+        params.update({f"choice.{k}": str(v) for k, v in spec.choices.items()})
+        tags = {**view.tags, "output_dir": str(job.output_dir.resolve()), "job_identity": spec.identity}
         request = RunRequest(
-            tracking=cfg.tracking, secrets=list(plan.secrets), run_name=run_name(plan), params=params, tags=tags,
-            config=plan.resolved, parent=plan.parent_run, run_key=key, exclusive=claim.exclusive,
-            dataset=dataset_input(cfg.data, plan.data), total=len(plan.data.instances), parts=plan.parts,
-            policy=cfg.runtime.failure_policy, done=list(plan.done.values()),
-            earlier=attempts.earlier_spend(plan.earlier), traces=bool(cfg.tracking.traces and plan.todo),
-            trace_tags=_trace_tags(plan), judges=_judges(plan), plots=_plots(plan))
+            tracking=cfg.tracking, secrets=list(spec.secrets), run_name=view.run_name, params=params, tags=tags,
+            config=dict(spec.resolved), parent=spec.parent_run, run_key=spec.run_key, exclusive=claim.exclusive,
+            dataset=view.dataset, total=len(job.work.units), parts=view.parts, policy=view.policy,
+            done=list(attempt.done.values()), earlier=attempts.earlier_spend(attempt.earlier),
+            traces=bool(cfg.tracking.traces and job.todo), trace_tags=view.trace_tags, judges=view.judges,
+            plots=view.plots, unit=f"{job.work.noun}s")
         if worker is not None:
-            worker.open(request, claim, plan.meter)
+            worker.open(request, claim, attempt.meter)
             return worker
-        return open_run(request, claim, plan.meter)
+        return open_run(request, claim, attempt.meter)
     except BaseException:
         if worker is not None:
             worker.abandon()
@@ -82,59 +65,26 @@ def start_tracking(plan: JobPlan) -> Any:
         raise
 
 
-def _trace_tags(plan: JobPlan) -> dict[str, str]:
-    cfg = plan.cfg
-    return {"cupid.model": cfg.model.name, "cupid.setting": plan.setting.label(), "cupid.task": cfg.task.name,
-            "cupid.evaluator": cfg.evaluator.name, "cupid.data": cfg.data.name}
-
-
-def _judges(plan: JobPlan) -> dict[str, str]:
-    """Whose labels each part's scores come from (the feedback's source)."""
-    ev = plan.cfg.evaluator
-    return {"inference": ev.matcher.name, "generation": ev.judge.name}
-
-
-def write_outputs(plan: JobPlan, summary: JobSummary, complete: bool | None = None) -> None:
-    records = scrub_obj(summary.records, plan.secrets)
-    plan.output_dir.mkdir(parents=True, exist_ok=True)
-    write_jsonl(plan.output_dir / "instances.jsonl", records)
-    write_json(plan.output_dir / "metrics.json", {
-        "dry_run": plan.dry_run, "git": git_state(), "metrics": summary.metrics, "breakdown": summary.nested,
-        "errors": summary.errors, "usage": plan.meter.as_dict(),
-        "complete": summary.complete if complete is None else complete, "failed_instances": summary.failed_instances,
-        "failure_reasons": summary.failure_reasons(),
-        "data": {"source": plan.data.source, "digest": plan.data.digest, "instances": len(plan.data.instances),
-                 "bad_rows": [str(e) for e in plan.data.errors]},
-        "prompts_digest": plan.prompts_digest})
-
-
-def _plots(plan: JobPlan) -> PlotRequest:
-    """Score by type, score vs relevant-session position (paper Fig. 3), vs history length (Fig. 9)."""
-    cfg = plan.cfg
-    return PlotRequest(parts=tuple(plan.parts), folder=str(plan.output_dir / "plots"), seed=cfg.seed,
-                       failure_policy=cfg.runtime.failure_policy,
-                       title_prefix=f"{cfg.model.name} {plan.setting.label()}",
-                       order=tuple(i.key for i in plan.data.instances))
-
-
-def publish(plan: JobPlan, summary: JobSummary, tracker: Any, spending: BudgetReport | None = None) -> None:
-    """Files, then the console table, then MLflow (metrics, tags, artifacts, plots) and the run's end. A job its
-    budget stopped (``spending``) is not complete, whatever the instances it ran."""
+def publish(job: Job, summary: Summary, tracker: Any, spending: BudgetReport | None = None) -> None:
+    """Files, then the console report, then MLflow (metrics, tags, artifacts, table, plots) and the run's end. A
+    job its budget stopped (``spending``) is not complete, whatever the units it ran."""
     live = tracker
     stopped = spending is not None and spending.stopped
     complete = summary.complete and not stopped
-    write_outputs(plan, summary, complete)
-    if plan.dry_run:
-        estimate = plan.meter.totals().get("cost_usd", 0.0)
-        sweep = plan.parent_run.sweep_dir if isinstance(plan.parent_run, SweepParent) else None
-        print(console.dry_run_report(title(plan), plan.meter, fit_line(plan.cfg.runtime, estimate, sweep)))
+    published = job.work.publish(job, summary, complete)
+    meter = job.attempt.meter
+    if job.dry_run:
+        estimate = meter.totals().get("cost_usd", 0.0)
+        parent = job.spec.parent_run
+        sweep = parent.sweep_dir if isinstance(parent, SweepParent) else None
+        print(console.dry_run_report(job.work.title(job), meter, fit_line(job.cfg.runtime, estimate, sweep)))
         return
-    where = str(plan.output_dir)
+    where = str(job.output_dir)
     if live is not None:
         live.wait_opened()
-        where += f" | MLflow run {live.run_id} at {plan.cfg.tracking.uri}"
-    print(console.job_report(title(plan), summary.nested, summary.errors, summary.metrics, len(plan.data.errors),
-                             where, spending.status_line() if stopped else summary.status_line()), flush=True)
+        where += f" | MLflow run {live.run_id} at {job.cfg.tracking.uri}"
+    print(job.work.report(job, summary, where, spending.status_line() if stopped else summary.status_line()),
+          flush=True)
     if live is None:
         return
     # The results are on disk and printed: logging them is held together, an interrupt waits for it (a few
@@ -143,18 +93,12 @@ def publish(plan: JobPlan, summary: JobSummary, tracker: Any, spending: BudgetRe
     with shielded():
         m = summary.metrics
         # the run spans every attempt: usage for the whole job (the folder's metrics.json: this attempt's)
-        whole = {**m, **whole_job_usage(plan.earlier, plan.meter), **whole_job_metrics(m)}
+        whole = {**m, **whole_job_usage(job.attempt.earlier, meter), **whole_job_metrics(m)}
+        batch_ids = {"cupid.batch_ids": " ".join(meter.batches.ids)[:5000]} if meter.batches.ids else {}
         live.finish(FinalLog(
-            metrics=whole, step=summary.n_instances,
-            tags={"cupid.complete": str(complete).lower(), "cupid.failed_instances": summary.failed_instances,
-                  **({"cupid.batch_ids": " ".join(plan.meter.batches.ids)[:5000]} if plan.meter.batches.ids else {})},
-            artifacts=[([str(plan.output_dir / "instances.jsonl"), str(plan.output_dir / "metrics.json")], None),
-                       ([str(p) for p in sorted((plan.output_dir / ".hydra").glob("*.yaml"))], ".hydra")],
-            table=scrub_obj(summary.records, plan.secrets), plots=_plots(plan),
+            metrics=whole, step=summary.n_units,
+            tags={"cupid.complete": str(complete).lower(), **published.tags, **batch_ids},
+            artifacts=[([str(f) for f in published.files], None),
+                       ([str(p) for p in sorted((job.output_dir / ".hydra").glob("*.yaml"))], ".hydra")],
+            table=published.table, plots=published.plots,
             summary={"calls": int(m.get("calls/total", 0)), "cost_usd": round(m.get("cost/usd", 0.0), 6)}))
-
-
-def headline(summary: JobSummary) -> Any:
-    """What Hydra's sweepers optimise: the first part's headline metric."""
-    part = summary.parts[0]
-    return summary.metrics.get(f"{part}/f1" if part == "inference" else f"{part}/score")

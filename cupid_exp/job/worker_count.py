@@ -5,7 +5,8 @@ core, not by the backend (``job.workers``). A second process costs ~200 MB, and 
 (each finished instance crosses to the job's process), which a small job never earns back (160 instances at
 concurrency 32: +1 s of wall with two, measured when a worker was spawned and imported litellm again; on Linux it
 is now forked after that import).
-So ``auto`` adds a process only for API models, per ``INSTANCES_PER_PROCESS`` instances left and per
+So ``auto`` adds a process only for API models, per ``INSTANCES_PER_PROCESS`` instances left (a kind of work
+whose units make more calls says how many of its units make as many: ``per_process``) and per
 ``SLOTS_PER_PROCESS`` slots of the least concurrent model, up to the cores this process may use; and it stays
 at one where another process cannot help or cannot start: an embedded model (it would be loaded once per
 process), ``runtime.batch`` (the job waits on the provider), a dry run, or a process that cannot spawn (joblib's
@@ -14,11 +15,12 @@ loky workers). An explicit ``runtime.workers=N`` is taken as given (bounded as b
 
 from __future__ import annotations
 
+import copy
 import logging
 import multiprocessing
 import os
 
-from cupid_exp.config import AUTO_WORKERS, RunConfig
+from cupid_exp.config import AUTO_WORKERS, JobConfig
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +41,10 @@ def can_spawn() -> bool:
     return multiprocessing.get_start_method(allow_none=True) in SPAWNABLE
 
 
-def auto_processes(cfg: RunConfig, todo: int, cores: int | None = None) -> tuple[int, str]:
-    """``runtime.workers=auto``: the processes for ``todo`` instances left, and why, in words for the log."""
+def auto_processes(cfg: JobConfig, todo: int, cores: int | None = None, *, per_process: int = INSTANCES_PER_PROCESS,
+                   noun: str = "instance") -> tuple[int, str]:
+    """``runtime.workers=auto``: the processes for ``todo`` units left (a process per ``per_process``), and why, in
+    words for the log."""
     if cfg.runtime.dry_run:
         return 1, "a dry run calls no model"
     if cfg.runtime.batch:
@@ -52,10 +56,44 @@ def auto_processes(cfg: RunConfig, todo: int, cores: int | None = None) -> tuple
         return 1, f"this process (start method {multiprocessing.get_start_method(allow_none=True)!r}) cannot spawn"
     cores = available_cores() if cores is None else cores
     slots = min(m.max_concurrency for m in cfg.model_configs())
-    n = max(1, min(cores, todo // INSTANCES_PER_PROCESS, slots // SLOTS_PER_PROCESS))
-    return n, (f"{todo} instances left (a process per {INSTANCES_PER_PROCESS}), {slots} slots of the least concurrent "
+    n = max(1, min(cores, todo // per_process, slots // SLOTS_PER_PROCESS))
+    return n, (f"{todo} {noun}s left (a process per {per_process}), {slots} slots of the least concurrent "
                f"model (a process per {SLOTS_PER_PROCESS}), {cores} cores")
 
 
-def is_auto(cfg: RunConfig) -> bool:
+def is_auto(cfg: JobConfig) -> bool:
     return cfg.runtime.workers == AUTO_WORKERS
+
+
+def processes(cfg: JobConfig, todo: int, *, per_process: int = INSTANCES_PER_PROCESS, noun: str = "instance") -> int:
+    """How many processes share the calls: ``runtime.workers`` (``auto``: by the job's size, ``auto_processes``),
+    at most one per unit left and per slot of the least concurrent model (each process needs one), and 1 where
+    this process cannot spawn."""
+    if is_auto(cfg):
+        n, why = auto_processes(cfg, todo, per_process=per_process, noun=noun)
+        log.log(logging.INFO if n > 1 else logging.DEBUG, "runtime.workers=auto: %d process%s (%s)", n,
+                "es" if n > 1 else "", why)
+        return n
+    wanted = min(cfg.runtime.workers, todo, *(m.max_concurrency for m in cfg.model_configs()))
+    if wanted <= 1:
+        return 1
+    if not can_spawn():
+        log.warning("runtime.workers=%d: this process (start method %r) cannot start workers; the job runs its "
+                    "calls alone", cfg.runtime.workers, multiprocessing.get_start_method(allow_none=True))
+        return 1
+    if wanted < cfg.runtime.workers:
+        log.info("runtime.workers=%d: %d processes (one per %s left and per slot of the least concurrent "
+                 "model at most)", cfg.runtime.workers, wanted, noun)
+    return wanted
+
+
+def share(cfg: JobConfig, index: int, n: int) -> JobConfig:
+    """``cfg`` for process ``index`` of ``n``: each model's ``max_concurrency`` split so that the processes
+    together keep the configured bound."""
+    if n == 1:
+        return cfg
+    out = copy.deepcopy(cfg)
+    for model in out.model_configs():
+        whole = model.max_concurrency
+        model.max_concurrency = whole // n + (index < whole % n)
+    return out

@@ -4,13 +4,13 @@ Why: every call costs the client a few milliseconds of CPU (litellm, the OpenAI 
 5-15 ms depending on the machine). At high concurrency and latency one core then bounds the call rate
 below what the backend would take (``bench/scale.py``); more processes use more cores. On Linux a worker is
 forked once the job's process has imported litellm (``start_method``), so it starts in a fraction of a second;
-spawned (macOS, Windows, or a plan built with its clients) it pays for its own start (Python, ``import litellm``:
+spawned (macOS, Windows, or a job that built its clients first) it pays for its own start (Python, ``import litellm``:
 2-4 s of CPU). Each costs ~200 MB.
 
-The job's process stays the job: it runs its share of the instances itself, and it alone journals records,
-talks to the MLflow run and draws the progress bars. The others (with Ctrl-C left to the job)
-take the next instance from a counter they share with it, and send back each finished instance with its
-model calls and the usage counted since the last one; their log lines go through the same queue. Each
+The job's process stays the job: it runs its share of the units (instances, personas) itself, and it alone
+journals records, talks to the MLflow run and draws the progress bars. The others (``job.worker_process``, with
+Ctrl-C left to the job) take the next unit from a counter they share with it, and send back each finished unit
+with its model calls and the usage counted since the last one; their log lines go through the same queue. Each
 model's ``max_concurrency`` is split among the processes, so the provider sees the same bound.
 
 A bug in a worker (any exception that is not a counted step failure) stops the job with the worker's
@@ -20,33 +20,23 @@ traceback, as it would in one process; so does a worker that dies.
 from __future__ import annotations
 
 import asyncio
-import copy
 import importlib
 import logging
-import logging.handlers
 import multiprocessing
-import os
 import pickle
 import queue
-import signal
 import sys
 import threading
-import time
-import traceback
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from cupid_exp.config import RunConfig
-from cupid_exp.data.loading import LoadedData
-from cupid_exp.data.schema import Instance
-from cupid_exp.job.execute import job_finisher, job_progress, run_instances, stopped_by_budget
-from cupid_exp.job.plan import JobPlan, build_context
-from cupid_exp.job.worker_count import auto_processes, can_spawn, is_auto
+from cupid_exp.job.lanes import job_finisher, job_progress, run_units, stopped_by_budget
+from cupid_exp.job.plan import Job
+from cupid_exp.job.spec import Result
+from cupid_exp.job.worker_count import share
+from cupid_exp.job.worker_process import Shared, SharedCursor, WorkerSpec, serve_units
 from cupid_exp.llm.client import drain_background_tasks
 from cupid_exp.llm.retry import FatalProviderError
 from cupid_exp.progress import InstanceObserver, wants_calls
-from cupid_exp.results import InstanceResult
 
 log = logging.getLogger(__name__)
 
@@ -57,167 +47,9 @@ class WorkerFailed(RuntimeError):
     """A worker process stopped on a bug or died: the job stops, as it would with the bug in its own process."""
 
 
-def processes(cfg: RunConfig, todo: int) -> int:
-    """How many processes share the calls: ``runtime.workers`` (``auto``: by the job's size, ``job.worker_count``),
-    at most one per instance left and per slot of the least concurrent model (each process needs one), and 1
-    where this process cannot spawn."""
-    if is_auto(cfg):
-        n, why = auto_processes(cfg, todo)
-        log.log(logging.INFO if n > 1 else logging.DEBUG, "runtime.workers=auto: %d process%s (%s)", n,
-                "es" if n > 1 else "", why)
-        return n
-    wanted = min(cfg.runtime.workers, todo, *(m.max_concurrency for m in cfg.model_configs()))
-    if wanted <= 1:
-        return 1
-    if not can_spawn():
-        log.warning("runtime.workers=%d: this process (start method %r) cannot start workers; the job runs its "
-                    "calls alone", cfg.runtime.workers, multiprocessing.get_start_method(allow_none=True))
-        return 1
-    if wanted < cfg.runtime.workers:
-        log.info("runtime.workers=%d: %d processes (one per instance left and per slot of the least concurrent "
-                 "model at most)", cfg.runtime.workers, wanted)
-    return wanted
-
-
-def share(cfg: RunConfig, index: int, n: int) -> RunConfig:
-    """``cfg`` for process ``index`` of ``n``: each model's ``max_concurrency`` split so that the processes
-    together keep the configured bound."""
-    if n == 1:
-        return cfg
-    out = copy.deepcopy(cfg)
-    for model in out.model_configs():
-        whole = model.max_concurrency
-        model.max_concurrency = whole // n + (index < whole % n)
-    return out
-
-
-@dataclass
-class WorkerSpec:
-    """What a worker needs to run instances as the job would (everything checked by the job already)."""
-
-    cfg: RunConfig  #: with this worker's share of each model's concurrency
-    parts: tuple[str, ...]
-    secrets: list[str]
-    ledger: str | None = None  #: the job's usage ledger: this process writes its own counts into it
-    budget: Any = None  #: the job's spending limits (``llm.budget.Budget``: ledger files shared by every process)
-
-
-@dataclass
-class Shared:
-    """What the job's process and its workers share: the next instance's index, the go, and whether to send
-    each instance's model calls (the MLflow run traces them; known once the run is open)."""
-
-    counter: Any
-    go: Any
-    wants_calls: Any
-    ready: Any  #: workers whose clients are built (they wait for the go)
-
-
-class SharedCursor:
-    """Hands out the next instance left to run, across processes (a shared counter under its lock)."""
-
-    def __init__(self, counter: Any, instances: list[Instance]):
-        self.counter, self.instances = counter, instances
-
-    def __call__(self) -> Instance | None:
-        with self.counter.get_lock():
-            index = self.counter.value
-            if index >= len(self.instances):
-                return None
-            self.counter.value = index + 1
-        return self.instances[index]
-
-    def stop(self) -> None:
-        """No process takes another instance (a fatal provider refusal)."""
-        with self.counter.get_lock():
-            self.counter.value = len(self.instances)
-
-
-# -- in a worker ------------------------------------------------------------------------------------------------
-def _exit_with_parent() -> None:
-    """A worker whose job died (SIGKILL) would otherwise run its calls for nobody and hang on a full queue."""
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def watch() -> None:
-        parent.join()
-        os._exit(1)
-
-    threading.Thread(target=watch, name="cupid-parent-watch", daemon=True).start()
-
-
-def _log_to(outbox: Any) -> None:
-    """This process's log lines go to the job's process, which writes them with its own handlers."""
-    root = logging.getLogger()
-    root.handlers = [logging.handlers.QueueHandler(outbox)]
-    root.setLevel(logging.WARNING)
-    logging.getLogger("cupid_exp").setLevel(logging.INFO)
-
-
-def _worker_plan(spec: WorkerSpec) -> JobPlan:
-    from cupid_exp.job.checks import prompt_set
-    from cupid_exp.secrets import install_log_scrubber
-    from cupid_exp.settings import make_setting
-
-    install_log_scrubber(spec.secrets)
-    cfg = spec.cfg
-    prompts = prompt_set(cfg.prompts.dir)
-    plan = JobPlan(cfg=cfg, resolved={}, output_dir=Path(cfg.paths.output_root), choices={}, parent_run=None,
-                   data=LoadedData(instances=[]), prompts=prompts, setting=make_setting(cfg.setting),
-                   parts=spec.parts, secrets=spec.secrets, identity="")
-    if spec.ledger:
-        from cupid_exp.tracking.ledger import UsageLedger
-
-        plan.meter.sink = UsageLedger(Path(spec.ledger)).append
-    plan.ctx = build_context(cfg, prompts, plan.meter, spec.budget)
-    return plan
-
-
-def _work(spec: WorkerSpec, shared: "Shared", inbox: Any, outbox: Any) -> None:
-    """A worker process: its clients built and the instances left to run received, it waits for the job's go
-    (the run is open, the job calls models), then takes instances from the shared counter until none is left,
-    each sent back as it finishes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the job decides, and stops us
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # forked: not the job's handler (``Workers.stop`` ends us)
-    _exit_with_parent()
-    _log_to(outbox)
-    code = 0
-    try:
-        plan = _worker_plan(spec)
-        instances = pickle.loads(inbox.get())  # every instance left; the shared counter says which is next
-        with shared.ready.get_lock():
-            shared.ready.value += 1
-        shared.go.wait()
-        sent: dict[str, dict[str, float]] = {}
-
-        def finished(instance: Instance, result: InstanceResult, calls: Any) -> None:
-            # pickled here, so that an object that cannot cross shows up as this worker's bug, not as a loss
-            outbox.put(pickle.dumps(("instance", instance.key, result, calls, plan.meter.since(sent))))
-
-        async def run() -> None:
-            await run_instances(plan, SharedCursor(shared.counter, instances), finished, None,
-                                bool(shared.wants_calls.value))
-            await drain_background_tasks()
-
-        try:
-            asyncio.run(run())
-        except FatalProviderError as exc:  # the job stops taking instances and reports it
-            outbox.put(pickle.dumps(("fatal", exc)))
-        outbox.put(pickle.dumps(("done", os.getpid(), plan.meter.since(sent), time.process_time())))
-    except BaseException:  # noqa: BLE001 - every failure here is the job's to raise
-        outbox.put(pickle.dumps(("bug", os.getpid(), traceback.format_exc())))
-        code = 1
-    outbox.close()
-    outbox.join_thread()  # everything sent is in the pipe
-    os._exit(code)  # no interpreter teardown (litellm's objects: a second or more)
-
-
-# -- in the job's process ---------------------------------------------------------------------------------------
 # What every calls process imports before its first call: imported once, by the job's process, before a forked
-# worker starts (``start_method``).
-CLIENT_MODULES = ("litellm", "cupid_exp.llm.client", "cupid_exp.llm.steps", "cupid_exp.evaluators",
-                  "cupid_exp.rendering", "cupid_exp.settings", "cupid_exp.job.checks")
+# worker starts (``start_method``), with the work's own modules (``Work.client_modules``).
+CLIENT_MODULES = ("litellm", "cupid_exp.llm.client", "cupid_exp.llm.steps", "cupid_exp.job.checks")
 
 
 def start_method() -> str:
@@ -234,30 +66,32 @@ class Workers:
     """The job's side: its worker processes, started with the job, and a thread that moves their messages onto
     the event loop once the job calls models."""
 
-    def __init__(self, plan: JobPlan, method: str = "spawn"):
+    def __init__(self, job: Job, method: str = "spawn"):
         ctx = multiprocessing.get_context(method)
-        self.todo = plan.todo
+        self.todo = job.todo
+        attempt = job.attempt
         self.shared = Shared(counter=ctx.Value("q", 0), go=ctx.Event(), wants_calls=ctx.Value("b", 0),
                              ready=ctx.Value("i", 0))
-        # the instances go through a queue, not the process's arguments: those are written to the child before
+        # the units go through a queue, not the process's arguments: those are written to the child before
         # start() returns (blocking the job while the child imports), and forever if the child dies first
         self.inbox, self.outbox = ctx.Queue(), ctx.Queue()
         self.processes = []
-        for index in range(1, plan.processes):
-            spec = WorkerSpec(cfg=share(plan.cfg, index, plan.processes), parts=plan.parts, secrets=list(plan.secrets),
-                              ledger=str(plan.ledger.path) if plan.ledger is not None else None,
-                              budget=plan.budget)
-            process = ctx.Process(target=_work, args=(spec, self.shared, self.inbox, self.outbox),
+        for index in range(1, attempt.processes):
+            cfg = share(job.cfg, index, attempt.processes)
+            spec = WorkerSpec(work=job.work.portable(), cfg=cfg, secrets=list(job.spec.secrets),
+                              ledger=str(attempt.ledger.path) if attempt.ledger is not None else None,
+                              budget=attempt.budget)
+            process = ctx.Process(target=serve_units, args=(spec, self.shared, self.inbox, self.outbox),
                                   name=f"cupid-calls-{index}", daemon=True)
             process.start()
             self.processes.append(process)
-        instances = pickle.dumps(self.todo, protocol=pickle.HIGHEST_PROTOCOL)
+        units = pickle.dumps(self.todo, protocol=pickle.HIGHEST_PROTOCOL)
         for _ in self.processes:
-            self.inbox.put(instances)  # its feeder thread writes; never waits here
+            self.inbox.put(units)  # its feeder thread writes; never waits here
         self.running = {p.pid for p in self.processes}
         self.cpu_seconds = 0.0
         self._stop = threading.Event()
-        log.info("model calls shared by %d processes (runtime.workers; %s)", plan.processes,
+        log.info("model calls shared by %d processes (runtime.workers; %s)", attempt.processes,
                  "forked" if method == "fork" else "spawned")
 
     def go(self, with_calls: bool) -> None:
@@ -309,13 +143,14 @@ class Workers:
             channel.close()
 
 
-async def _spread(plan: JobPlan, todo: list[Instance], observer: InstanceObserver | None, workers: Workers,
-                  calls: bool) -> list[InstanceResult]:
+async def _spread(job: Job, todo: list[Any], observer: InstanceObserver | None, workers: Workers,
+                  calls: bool) -> list[Result]:
     loop = asyncio.get_running_loop()
-    results: list[InstanceResult] = []
-    finished = job_finisher(plan, observer, results)
-    progress = job_progress(plan, len(todo))
-    by_key = {instance.key: instance for instance in todo}
+    results: list[Result] = []
+    meter = job.attempt.meter
+    finished = job_finisher(job, observer, results)
+    progress = job_progress(job, len(todo))
+    by_key = {unit.key: unit for unit in todo}
     all_done: asyncio.Future[None] = loop.create_future()
     fatal: list[FatalProviderError] = []
     cursor = SharedCursor(workers.shared.counter, todo)
@@ -329,12 +164,12 @@ async def _spread(plan: JobPlan, todo: list[Instance], observer: InstanceObserve
         kind = message[0]
         if kind == "instance":
             _, key, result, calls, counts = message
-            plan.meter.merge(counts)
+            meter.merge(counts)
             finished(by_key[key], result, calls)
             progress.instance_done()
         elif kind == "done":
             _, pid, counts, cpu_seconds = message
-            plan.meter.merge(counts)
+            meter.merge(counts)
             workers.cpu_seconds += cpu_seconds
             workers.running.discard(pid)
             if not workers.running:
@@ -346,11 +181,11 @@ async def _spread(plan: JobPlan, todo: list[Instance], observer: InstanceObserve
             all_done.set_exception(WorkerFailed(f"a worker process stopped on a bug:\n{message[2]}"))
         elif kind == "died":
             all_done.set_exception(WorkerFailed(f"worker process {message[1]} died (exit code {message[2]}) "
-                                                "before it finished its instances"))
+                                                f"before it finished its {job.work.noun}s"))
 
     async def own_share() -> None:
         try:
-            await run_instances(plan, cursor, finished, progress, calls)
+            await run_units(job.work, job.ctx, cursor, finished, progress, calls)
         except FatalProviderError as exc:  # the workers finish what they have in flight first
             fatal.append(exc)
 
@@ -362,24 +197,25 @@ async def _spread(plan: JobPlan, todo: list[Instance], observer: InstanceObserve
     await drain_background_tasks()
     if fatal:
         raise fatal[0]
-    if len(results) != len(todo) and not stopped_by_budget(plan.meter):  # taken and sent back, or the job failed
-        raise WorkerFailed(f"{len(todo) - len(results)} of {len(todo)} instances were taken and never reported")
+    if len(results) != len(todo) and not stopped_by_budget(meter):  # taken and sent back, or the job failed
+        raise WorkerFailed(f"{len(todo) - len(results)} of {len(todo)} {job.work.noun}s were taken and never "
+                           "reported")
     return results
 
 
-def start_workers(plan: JobPlan) -> Workers | None:
-    """The job's worker processes, when it has some (``plan.processes``); stop them with ``Workers.stop``.
+def start_workers(job: Job) -> Workers | None:
+    """The job's worker processes, when it has some (``job.attempt.processes``); stop them with ``Workers.stop``.
 
     Forked (``start_method``) only before the job's clients exist (``run_job`` starts them before ``connect``): a
     forked worker must not inherit them (their response cache holds an SQLite connection, their endpoints the
-    job's share of each limit). Spawned where the plan has its clients already, and where litellm's native runtime
+    job's share of each limit). Spawned where the job has its clients already, and where litellm's native runtime
     has started in this process (a native route ran: litellm's Router, which the client no longer uses, among them):
     it does not survive a fork. The client's own calls leave it unstarted, so a sweep's later jobs fork too."""
-    if plan.processes <= 1:
+    if job.attempt.processes <= 1:
         return None
-    method = start_method() if plan.ctx is None else "spawn"
+    method = start_method() if job.ctx is None else "spawn"
     if method == "fork":
-        for name in CLIENT_MODULES:
+        for name in (*CLIENT_MODULES, *job.work.client_modules):
             importlib.import_module(name)
         from cupid_exp.llm._litellm import import_first_call_modules, native_runtime_started
 
@@ -388,14 +224,14 @@ def start_workers(plan: JobPlan) -> Workers | None:
             method = "spawn"
         for stream in (sys.stdout, sys.stderr):  # what is buffered is written once, by the job's process
             stream.flush()
-    return Workers(plan, method)
+    return Workers(job, method)
 
 
-def run_spread(plan: JobPlan, todo: list[Instance], observer: InstanceObserver | None, workers: Workers
-               ) -> tuple[list[InstanceResult], float]:
+def run_spread(job: Job, todo: list[Any], observer: InstanceObserver | None, workers: Workers
+               ) -> tuple[list[Result], float]:
     """Run ``todo`` over the job's process and its ``workers``; the results and the workers' CPU time."""
     if [i.key for i in todo] != [i.key for i in workers.todo]:
-        raise RuntimeError("the workers were started for other instances than the job runs")
+        raise RuntimeError(f"the workers were started for other {job.work.noun}s than the job runs")
     calls = wants_calls(observer)
     workers.go(calls)
-    return asyncio.run(_spread(plan, todo, observer, workers, calls)), workers.cpu_seconds
+    return asyncio.run(_spread(job, todo, observer, workers, calls)), workers.cpu_seconds

@@ -159,9 +159,14 @@ class LLMClient:
             return None
 
     def cache_namespace(self, json_schema: dict | None, params: dict | None = None) -> str:
-        """Everything besides messages that changes an answer; litellm's own key misses api_base."""
-        identity = {"model": self.model.litellm_model, "api_base": self.model.api_base,
-                    "params": {**self.model.params, **(params or {})},
+        """Everything besides messages that changes an answer; litellm's own key misses api_base. An endpoint
+        enters in one spelling (``llm.endpoints``) and secrets by name only (a header's or key's value masked):
+        another endpoint or model is another namespace, a rotated key is not."""
+        from cupid_exp.llm.endpoints import canonical_api_base
+        from cupid_exp.secrets import redact
+
+        identity = {"model": self.model.litellm_model, "api_base": canonical_api_base(self.model.api_base),
+                    "params": redact({**self.model.params, **(params or {})}),
                     "schema": json_schema if self.model.structured_output else None}
         return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:24]
 

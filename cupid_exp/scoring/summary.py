@@ -26,6 +26,11 @@ class JobSummary:
         return len(self.records)
 
     @property
+    def n_units(self) -> int:
+        """The job lifecycle's name for it (``cupid_exp.job.spec.Summary``)."""
+        return self.n_instances
+
+    @property
     def failed_instances(self) -> int:
         """Instances with at least one failed step (whatever the failure policy made of them)."""
         return sum(1 for r in self.records if r.get("errors"))

@@ -65,7 +65,6 @@ class SynthesisConfig(Checked):
     with_resources: bool = False  # sessions may carry a [resource] (document, code, data) in the request
     max_checklist_items: int = 4
     validate: bool = True  # the LLM validation pass (paper App. E)
-    persona_concurrency: int = 4  # personas synthesised at once (the local model serialises anyway)
     # llama.cpp sampler settings added to every call of a role on an embedded model (API roles never get
     # them): a 135M model loops ("X and X and X ...") without a repetition penalty
     embedded_sampling: Dict[str, float] = field(default_factory=dict)
@@ -81,7 +80,6 @@ class SynthesisConfig(Checked):
         at_least("max_retries", 0)
         at_least("max_turns", 1)
         at_least("max_checklist_items", 1)
-        at_least("persona_concurrency", 1)
         require(self.persona_source in PERSONA_SOURCES, f"{where}.persona_source", self.persona_source,
                 f"one of {list(PERSONA_SOURCES)}")
         for key, value in self.embedded_sampling.items():
@@ -98,6 +96,14 @@ class SynthesizeConfig(JobConfig):
 
     synthesis: SynthesisConfig = MISSING
 
+    def model_configs(self) -> list[ModelConfig]:
+        """Every role's model config, each object once (roles may share one)."""
+        unique: dict[int, ModelConfig] = {}
+        for role in ROLES:
+            model = getattr(self.synthesis.roles, role)
+            unique.setdefault(id(model), model)
+        return list(unique.values())
+
 
 def register_synthesis_configs() -> None:
     cs = ConfigStore.instance()
@@ -105,17 +111,21 @@ def register_synthesis_configs() -> None:
     register_resolvers()
 
 
-_NOT_STRUCTURAL = ("n_personas", "persona_concurrency")
+#: What does not shape a persona's artefacts: a rerun with more personas tops up the same job (its folder, its
+#: journal, its MLflow run).
+NOT_IDENTITY = ("synthesis.n_personas",)
 
 
 def fingerprint(synthesis: Any, prompts_dir: Any = None) -> str:
-    """Short hash of everything that shapes a persona's artefacts (not n_personas: a rerun with more
-    personas tops up the same job dir). Used in the job dir name, so one command always resumes in
-    its own dir and a changed recipe never mixes with old artefacts."""
+    """Short hash of everything that shapes a persona's artefacts, by content (``job.identity.content``: not
+    n_personas, not a role's throughput, pacing, prices or key, not how its endpoint is spelt). Used in the job
+    dir name, so one command always resumes in its own dir, a changed recipe never mixes with old artefacts, and a
+    faster setting of the same recipe resumes the same dir."""
+    from cupid_exp.job.identity import content
+
     data = OmegaConf.to_container(synthesis, resolve=True) if OmegaConf.is_config(synthesis) else dict(synthesis)
-    for key in _NOT_STRUCTURAL:
-        data.pop(key, None)
-    return config_digest({"synthesis": data, "prompts_dir": prompts_dir}, length=8)
+    return config_digest({"synthesis": content({"synthesis": data}, NOT_IDENTITY)["synthesis"],
+                          "prompts_dir": prompts_dir}, length=8)
 
 
 def register_resolvers() -> None:

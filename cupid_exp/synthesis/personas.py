@@ -21,6 +21,11 @@ class PersonaTemplate:
     personal_values: tuple[str, str]
     decision_making_style: str
 
+    @property
+    def key(self) -> str:
+        """The persona's key in the job's journal (and its journey file's name)."""
+        return f"persona_{self.index:03d}"
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["personality_traits"] = list(self.personality_traits)

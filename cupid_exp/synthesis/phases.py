@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class PersonaOutcome:
+    """A persona's run (the unit of a synthesis job): its journey file's content and what it yielded."""
+
     index: int
     journey: dict[str, Any]
     failed_phase: str | None = None
@@ -36,13 +39,45 @@ class PersonaOutcome:
     instances: list[dict[str, Any]] = field(default_factory=list)
     dropped: list[dict[str, str]] = field(default_factory=list)
     validation: list[dict[str, Any]] = field(default_factory=list)
+    failed_kind: str | None = None  #: the failed step's kind (provider, unparseable, ...)
 
     @classmethod
     def from_store(cls, index: int, store: JourneyStore) -> "PersonaOutcome":
-        """A persona a previous run finished."""
+        """A persona as its journey file holds it (finished by an earlier run, or failed there)."""
         j = store.data
-        return cls(index=index, journey=j, instances=j["instances"], dropped=j.get("dropped_instances", []),
-                   validation=j.get("validation") or [])
+        return cls(index=index, journey=j, failed_phase=j.get("failed_phase"), error=j.get("error"),
+                   instances=j.get("instances") or [], dropped=j.get("dropped_instances", []),
+                   validation=j.get("validation") or [], failed_kind=j.get("failed_kind"))
+
+    @property
+    def key(self) -> str:
+        return f"persona_{self.index:03d}"
+
+    def to_record(self) -> dict[str, Any]:
+        """The persona's line in the job's journal: whether it stands on resume; the artefacts are its journey
+        file's (``journeys/persona_NNN.json``)."""
+        errors = ([{"step": self.failed_phase, "kind": self.failed_kind or "failed", "message": self.error or ""}]
+                  if self.failed_phase else [])
+        persona = self.journey.get("persona") or {}
+        return {"key": self.key, "index": self.index, "persona_id": persona.get("persona_id"),
+                "status": "failed" if self.failed_phase else "done", "errors": errors,
+                "instances": len(self.instances), "dropped": len(self.dropped)}
+
+    def trace_root(self) -> Any:
+        """The persona's trace: its template in, what it made out, a failed phase as the trace's error."""
+        from cupid_exp.tracking.traces import TraceRoot
+
+        persona = self.journey.get("persona") or {}
+        record = self.to_record()
+        return TraceRoot(
+            name=self.key, inputs=dict(self.journey.get("template") or {}),
+            outputs={"persona_id": persona.get("persona_id"), "description": persona.get("description"),
+                     "status": record["status"], "instances": len(self.instances),
+                     "instance_types": [r["instance_type"] for r in self.instances], "dropped": self.dropped,
+                     "failed_phase": self.failed_phase, "error": self.error},
+            attributes={"cupid.persona_index": self.index, "cupid.persona_id": persona.get("persona_id")},
+            tags={"cupid.status": record["status"]},
+            errors=[(e["kind"], e["message"], e["step"]) for e in record["errors"]])
 
 
 def filter_unsatisfied(rows: list[dict[str, Any]], journey: JourneyTemplate, dialogues: list[dict[str, Any]],
@@ -194,7 +229,9 @@ class PersonaRun:
         return self.j["changed"]["preference"]
 
     async def run(self) -> PersonaOutcome:
-        with calls.recording() as log:
+        # the job's log of this persona's calls when it keeps one (its trace), else one of its own
+        current = calls.current()
+        with (nullcontext(current) if current is not None else calls.recording()) as log:
             self.attempts.log = log
             try:
                 return await self._run()
@@ -216,10 +253,11 @@ class PersonaRun:
             if self.scfg.validate:
                 await self.validation(outcome)
         except StepFailed as exc:
-            outcome.failed_phase, outcome.error = phase, str(exc)
+            outcome.failed_phase, outcome.error, outcome.failed_kind = phase, str(exc), exc.kind
             log.warning("persona %d failed at %s: %s", self.template.index, phase, exc)
         self.j["status"] = "failed" if outcome.failed_phase else "done"
         self.j["failed_phase"], self.j["error"] = outcome.failed_phase, outcome.error
+        self.j["failed_kind"] = outcome.failed_kind
         self.persist()
         return outcome
 

@@ -28,7 +28,7 @@ class JourneyStore:
     def open(cls, directory: Path, template: PersonaTemplate, journey: JourneyTemplate, seed: int) -> "JourneyStore":
         """The persona's file as a previous run left it, or a fresh one when it was written for another
         template (compared as JSON, so tuples and lists agree)."""
-        path = directory / f"persona_{template.index:03d}.json"
+        path = directory / f"{template.key}.json"
         fresh = json.loads(json.dumps({"persona_index": template.index, "template": template.to_dict(),
                                        "journey": journey.to_dict(),
                                        "factor_plan": plan_factors(seed, template.index)}))
@@ -40,6 +40,15 @@ class JourneyStore:
         store = cls(path, fresh)
         store.save()
         return store
+
+    @classmethod
+    def read(cls, directory: Path, template: PersonaTemplate) -> "JourneyStore | None":
+        """The persona's file as it stands, or None where there is none (or it cannot be read)."""
+        path = directory / f"{template.key}.json"
+        try:
+            return cls(path, json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            return None
 
     def save(self) -> None:
         atomic_write_text(self.path, json.dumps(self.data, indent=2, ensure_ascii=False) + "\n")

@@ -1,10 +1,14 @@
 """The job's numbers: persona, dialogue, instance and validation counts, the per-instance validation
-table, and whether too many personas failed; call counts and cost come from ``usage_metrics``."""
+table, and whether too many personas failed; call counts and cost come from ``usage_metrics``.
+
+``SynthesisSummary`` is what the job lifecycle reads (``cupid_exp.job.spec.Summary``): its metrics, whether
+the job is complete, its last line."""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 
@@ -120,3 +124,32 @@ class Completeness:
         verdict = (f"above runtime.max_failed_fraction={self.max_failed_fraction:g}: exit 3" if self.over_threshold
                    else f"within runtime.max_failed_fraction={self.max_failed_fraction:g}")
         return f"INCOMPLETE: {self.failed} of {self.requested} personas failed (at {reasons}); {verdict}"
+
+
+@dataclass
+class SynthesisSummary:
+    """A synthesis job's results: every persona's outcome in index order, the metrics, the completeness."""
+
+    outcomes: list[PersonaOutcome]
+    metrics: dict[str, float]
+    completeness: Completeness
+    instances_path: Path
+
+    @property
+    def n_units(self) -> int:
+        return len(self.outcomes)
+
+    @property
+    def complete(self) -> bool:
+        return not self.completeness.failed
+
+    @property
+    def over_threshold(self) -> bool:
+        return self.completeness.over_threshold
+
+    def status_line(self) -> str:
+        return self.completeness.status_line()
+
+    @property
+    def instances(self) -> list[dict]:
+        return [r for o in self.outcomes for r in o.instances]

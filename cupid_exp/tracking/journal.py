@@ -15,10 +15,8 @@ import logging
 import os
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
-
-from cupid_exp.config import config_digest
 from cupid_exp.outputs import EnvironmentFailure, writing
 from cupid_exp.results import HistoryView, Truth
 from cupid_exp.secrets import scrub_obj
@@ -28,29 +26,6 @@ log = logging.getLogger(__name__)
 # A record failed only for these reasons is re-run on resume; other failures (unparseable replies,
 # context too long) are deterministic and stay as they are unless ``runtime.retry_failed=true``.
 TRANSIENT_KINDS = {"provider", "timeout", "rate_limit", "auth"}
-# What never changes an instance's result: where it is written or logged, how progress shows, how
-# failures enter the means (aggregation reads the journal, so another policy replays it for free).
-_NOT_IDENTITY = {"paths", "tracking", "hydra"}
-_RUNTIME_NOT_IDENTITY = {"progress", "cache_dir", "resume", "failure_policy", "max_failed_fraction", "retry_failed",
-                         "workers", "max_cost_usd", "sweep_max_cost_usd"}
-
-
-def job_identity(resolved: Mapping[str, Any], *, dataset_digest: str, prompts_digest: str) -> str:
-    """Hash of everything that decides a job's results, from the resolved config as plain data.
-
-    The data enter by their digest (the valid rows, in order), not by how a file's path is spelt: a relative and
-    an absolute ``data.path`` of the same file are one job (its journal, its MLflow run). Configs without a path
-    (``data=cupid``, ``data=sample``) keep the identity they always had; a local file's job got a new identity
-    once, when the path left it."""
-    config = {k: v for k, v in resolved.items() if k not in _NOT_IDENTITY}
-    config["runtime"] = {k: v for k, v in dict(config.get("runtime") or {}).items() if k not in _RUNTIME_NOT_IDENTITY}
-    data = dict(config.get("data") or {})
-    if data.get("path") is not None:
-        del data["path"]
-        config["data"] = data
-    return config_digest({"config": config, "data": dataset_digest, "prompts": prompts_digest})
-
-
 #: What every record ``InstanceResult.to_record`` writes carries, with its type (the truth and history fields too:
 #: scoring and the table read them for failed instances as well).
 RECORD_FIELDS: dict[str, type | tuple[type, ...]] = {
@@ -84,8 +59,14 @@ def is_final(record: Mapping[str, Any], retry_failed: bool = False) -> bool:
 
 
 class Journal:
-    def __init__(self, path: Path, secrets: list[str] | None = None):
+    """A job's finished units, one record a line. ``whole`` and ``final`` are the kind's (an evaluated instance's by
+    default; a synthesised persona's: ``cupid_exp.synthesis.work``): what a whole record is, and which stand."""
+
+    def __init__(self, path: Path, secrets: list[str] | None = None, *,
+                 whole: Callable[[Any], str | None] = whole_record,
+                 final: Callable[[Mapping[str, Any], bool], bool] = is_final):
         self.path, self.secrets = path, list(secrets or [])
+        self.whole, self.final = whole, final
         self._tail_checked = False
         self._failed: Exception | None = None  #: the environment failure of an append: later ones fail alike
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -105,12 +86,12 @@ class Journal:
                 except (json.JSONDecodeError, UnicodeDecodeError):
                     log.warning("journal %s: skipping a torn line", self.path.name)
                     continue
-                why = whole_record(record)
+                why = self.whole(record)
                 if why is not None:
                     log.warning("journal %s: skipping a line that is not a whole record (%s)", self.path.name, why)
                     continue
                 done[record["key"]] = record
-        return {k: r for k, r in done.items() if is_final(r, retry_failed)}
+        return {k: r for k, r in done.items() if self.final(r, retry_failed)}
 
     def _cut_torn_tail(self) -> None:
         """Drop a last line without its newline (a kill mid-write), so the next append starts a fresh line

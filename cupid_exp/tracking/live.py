@@ -1,8 +1,8 @@
 """The job's MLflow run while the job works: progress points, a trace per instance, and a clean end.
 
-Progress goes to the run as ``progress/...`` metrics whose step is the number of instances done
-(those resumed from the journal included), so the curves of a resumed job continue where the
-earlier attempt stopped. A background thread logs a point at most every ``tracking.progress_every_s``
+Progress goes to the run as ``progress/...`` metrics whose step is the number of units done (instances, or a
+synthesis job's personas; those resumed from the journal included), so the curves of a resumed job continue
+where the earlier attempt stopped. A background thread logs a point at most every ``tracking.progress_every_s``
 seconds, sooner when another 5% of the instances are done, never more than once a second, and only
 when something changed: a few points a minute, never one per call. The event loop only hands over
 each finished instance (and its trace); nothing it does waits on MLflow.
@@ -66,8 +66,10 @@ class LiveRun:
 
     def __init__(self, tracker: RunTracker, claim: Claim, *, total: int, parts: Sequence[str], policy: str,
                  done: Sequence[Mapping[str, Any]], earlier: Mapping[str, float], meter: UsageMeter,
-                 every_s: float, traces: Any, attempt: str, plots: "PlotRequest | None" = None):
+                 every_s: float, traces: Any, attempt: str, plots: "PlotRequest | None" = None,
+                 unit: str = "instances"):
         self.tracker, self.claim, self.traces, self.attempt = tracker, claim, traces, attempt
+        self.unit = unit  #: what the job's units are called in its metric names and notes
         self.plots, self.drawn = plots, None  # drawn: the plot files, once ``draw_plots`` made them
         self.total, self.parts, self.policy, self.meter, self.every_s = total, tuple(parts), policy, meter, every_s
         self.earlier = dict(earlier)
@@ -133,7 +135,7 @@ class LiveRun:
             return
         so_far = {k: self.earlier.get(k, 0.0) + usage.get(k, 0.0)  # the whole job's, earlier attempts included
                   for k in ("calls", "prompt_tokens", "completion_tokens", "cost_usd")}
-        metrics = {"progress/instances_done": float(done), "progress/instances_failed": float(failed),
+        metrics = {f"progress/{self.unit}_done": float(done), f"progress/{self.unit}_failed": float(failed),
                    "progress/fraction_done": done / self.total if self.total else 1.0,
                    "progress/calls": so_far["calls"], "progress/cost_usd": so_far["cost_usd"],
                    "progress/tokens": so_far["prompt_tokens"] + so_far["completion_tokens"],
@@ -183,7 +185,7 @@ class LiveRun:
             self.stop()
             if status == "FINISHED":
                 self._close_traces(None)
-            note = f"{status} with {len(self._records)} of {self.total} instances done"
+            note = f"{status} with {len(self._records)} of {self.total} {self.unit} done"
             if summary:
                 note += "; " + ", ".join(f"{k} {v}" for k, v in summary.items())
             self.tracker.set_tags({f"cupid.attempt.{self.attempt}": note})
@@ -231,7 +233,7 @@ class RunRequest:
     parent: str | SweepParent | None  #: a sweep's parent run, by id or by its folder (opened on first use)
     run_key: str
     exclusive: bool  #: this attempt holds the run key's lock: it may reopen an earlier attempt's run
-    dataset: DatasetInput
+    dataset: DatasetInput | None  #: the run's input (an evaluation's data; None: synthesis makes its own)
     total: int
     parts: tuple[str, ...]
     policy: str
@@ -241,6 +243,7 @@ class RunRequest:
     trace_tags: dict[str, str] = field(default_factory=dict)
     judges: dict[str, str] = field(default_factory=dict)
     plots: "PlotRequest | None" = None  #: drawn by the run worker when the model phase ends
+    unit: str = "instances"  #: what the job's units are called (``progress/<unit>_done``)
 
 
 @dataclass
@@ -296,7 +299,8 @@ def open_run(request: RunRequest, claim: Claim, meter: Any) -> LiveRun:
     try:
         tracker.start(run_name=request.run_name, params=request.params, parent=parent, config=request.config,
                       tags=tags, resume=previous.info.run_id if previous is not None else None)
-        tracker.log_input(request.dataset.entity())
+        if request.dataset is not None:
+            tracker.log_input(request.dataset.entity())
         traces = None
         if request.traces:
             tracing.setup(request.tracking.uri)
@@ -305,7 +309,7 @@ def open_run(request: RunRequest, claim: Claim, meter: Any) -> LiveRun:
         live = LiveRun(tracker, claim, total=request.total, parts=request.parts, policy=request.policy,
                        done=request.done, earlier=request.earlier, meter=meter,
                        every_s=request.tracking.progress_every_s, traces=traces, attempt=tags["cupid.attempt"],
-                       plots=request.plots)
+                       plots=request.plots, unit=request.unit)
         live.start()
     except BaseException as exc:  # an interrupt or a store error while opening: never leave it RUNNING
         from cupid_exp.tracking.signals import Terminated

@@ -105,8 +105,10 @@ class RunWorker:
         is not sent: it is ``result.to_record()``, which the worker makes again."""
         if not self._healthy():
             return
+        # an instance's trace shows its request (the rest of it stays here); another unit's is in its result
         shown = SimpleNamespace(current_request=instance.current_request,
-                                current_context_factor=instance.current_context_factor)
+                                current_context_factor=instance.current_context_factor) \
+            if isinstance(result, InstanceResult) else None
         self.inbox.put(("instance", pickle.dumps((shown, result, calls, self.meter.totals()),
                                                  protocol=pickle.HIGHEST_PROTOCOL)))
 
@@ -200,7 +202,8 @@ class RunWorker:
         tracker.run_id = self.run_id
         return LiveRun(tracker, Claim(request.run_key), total=request.total, parts=request.parts,
                        policy=request.policy, done=[], earlier=request.earlier, meter=SnapshotMeter(totals),
-                       every_s=request.tracking.progress_every_s, traces=None, attempt=self.attempt)
+                       every_s=request.tracking.progress_every_s, traces=None, attempt=self.attempt,
+                       unit=request.unit)
 
     def _wait(self, wanted: tuple[str, ...], timeout: float | None, *, stall: bool) -> tuple | None:
         """The worker's next note among ``wanted`` (or 'failed'); None if it died, or gave no sign of progress

@@ -1,4 +1,5 @@
-"""One MLflow trace per instance: a root span for the instance, a span per model call, scores as feedback.
+"""One MLflow trace per unit of work: a root span for the instance (scores as feedback) or the synthesised persona
+(``TraceRoot``), a span per model call.
 
 The spans are built after the instance finishes, from the calls ``ask`` logged for it
 (``cupid_exp.llm.calls``), with the times the calls really had; nothing touches MLflow while a
@@ -23,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from cupid_exp.llm.calls import CallLog, CallRecord
@@ -75,6 +77,19 @@ def start_flush(*, terminate: bool = False) -> threading.Event:
     return done
 
 
+@dataclass
+class TraceRoot:
+    """A unit's root span as plain data (``Result.trace_root``), for a kind of work whose unit is not an evaluated
+    instance: a synthesised persona's inputs (its template), outputs and failed steps."""
+
+    name: str
+    inputs: dict[str, Any]
+    outputs: dict[str, Any]
+    attributes: dict[str, Any] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    errors: list[tuple[str, str, str]] = field(default_factory=list)  #: (kind, message, step)
+
+
 def _chat_reply(call: CallRecord) -> dict[str, Any]:
     """The reply in OpenAI's response shape, so MLflow's trace view shows the exchange as a chat."""
     return {"choices": [{"index": 0, "finish_reason": call.finish_reason,
@@ -111,7 +126,10 @@ class TraceWriter:
             self.error = f"{type(exc).__name__}: {exc}"
             log.warning("MLflow tracing stopped for this job: %s", self.error)
 
-    def _write(self, instance: Any, result: InstanceResult, calls: CallLog) -> None:
+    def _write(self, instance: Any, result: Any, calls: CallLog) -> None:
+        if not isinstance(result, InstanceResult):
+            self._write_root(result.trace_root(), calls)
+            return
         import mlflow
         from mlflow.entities import SpanType
 
@@ -133,6 +151,24 @@ class TraceWriter:
             for error in result.errors:
                 root.add_event(_error_event(error.kind, clean(error.message), error.step))
         root.end(outputs=clean(_outputs(result)), end_time_ns=ended)
+
+    def _write_root(self, spec: TraceRoot, calls: CallLog) -> None:
+        """Another unit's trace: its root span as the unit described it, a span per call."""
+        import mlflow
+        from mlflow.entities import SpanType
+
+        ended = max([c.ended_ns for c in calls.calls] + [calls.started_ns + 1])
+        root = mlflow.start_span_no_context(
+            spec.name, span_type=SpanType.CHAIN, experiment_id=self.experiment_id, start_time_ns=calls.started_ns,
+            inputs=self._clean(spec.inputs), attributes=spec.attributes,
+            tags={**self.tags, **spec.tags, "cupid.key": spec.name}, metadata={"mlflow.sourceRun": self.run_id})
+        for call in sorted(calls.calls, key=lambda c: c.started_ns):
+            self._call_span(root, call)
+        if spec.errors:
+            root.set_status("ERROR")
+            for kind, message, step in spec.errors:
+                root.add_event(_error_event(kind, self._clean(message), step))
+        root.end(outputs=self._clean(spec.outputs), end_time_ns=ended)
 
     def _clean(self, value: Any) -> Any:
         return scrub_obj(value, self.secrets)

@@ -8,7 +8,8 @@ from pathlib import Path
 from conftest import compose_config
 from helpers.cupid_data import stub_overrides
 
-from cupid_exp.job import JobPlan, plan, run_instance
+from cupid_exp.evaluation import plan, run_instance
+from cupid_exp.job import Job
 from cupid_exp.results import InstanceResult
 
 
@@ -17,9 +18,9 @@ def stub_config(url: str, root: Path, *overrides: str):
                            "runtime.progress=false", *overrides])
 
 
-def stub_plan(url: str, root: Path, *overrides: str) -> JobPlan:
+def stub_plan(url: str, root: Path, *overrides: str) -> Job:
     return plan(stub_config(url, root, *overrides), root / "job")
 
 
-def run_one(job: JobPlan, index: int = 0) -> InstanceResult:
-    return asyncio.run(run_instance(job, job.data.instances[index]))
+def run_one(job: Job, index: int = 0) -> InstanceResult:
+    return asyncio.run(run_instance(job, job.work.data.instances[index]))

@@ -17,7 +17,7 @@ from helpers.stub_llm_server import StubServer
 
 from cupid_exp.config import ConfigError
 from cupid_exp.data.schema import DataError
-from cupid_exp.job import plan
+from cupid_exp.evaluation import plan
 from cupid_exp.prompts import PROJECT_PROMPTS
 
 UNREACHABLE = "http://127.0.0.1:9/v1"
@@ -152,7 +152,7 @@ def test_a_prompts_dir_lacking_a_file_the_job_sends_is_refused_naming_it(tmp_pat
 def test_a_prompts_dir_lacking_a_file_the_job_does_not_send_is_fine(tmp_path: Path) -> None:
     folder = official_folder_without(tmp_path, "evaluation/session_summarizer.yaml")
     job = plan(stub_config(UNREACHABLE, tmp_path, f"prompts.dir={folder}", "runtime.dry_run=true"), tmp_path / "job")
-    assert job.prompts.directory == folder.resolve()
+    assert job.work.prompts.directory == folder.resolve()
 
 
 def test_the_cli_refuses_a_prompts_dir_lacking_a_file_before_any_call(tmp_path: Path) -> None:

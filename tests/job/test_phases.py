@@ -11,7 +11,8 @@ from helpers.stub_llm_server import StubServer
 
 from cupid_exp.config import ConfigError
 from cupid_exp.data.loading import SAMPLE_FULL_PATH
-from cupid_exp.job import connect, execute, plan, publish, summarize_job
+from cupid_exp.evaluation import plan
+from cupid_exp.job import connect, execute, publish, summarize_job
 
 PARTS = ("inference", "generation")
 NINE = ("data=local", f"data.path={SAMPLE_FULL_PATH}")  # the 9-row sample: three personas x three types
@@ -21,7 +22,7 @@ def test_plan_checks_everything_before_any_call(tmp_path: Path) -> None:
     with StubServer() as stub:
         job = stub_plan(stub.url, tmp_path, *NINE, "task=both", "setting=oracle")
         assert stub.stats()["total_received"] == 0
-    assert job.parts == PARTS and job.setting.name == "oracle"
+    assert job.work.parts == PARTS and job.work.setting.name == "oracle"
     assert len(job.todo) == 9 and job.ctx is not None and job.identity
     with pytest.raises(ConfigError, match="setting=oracle_preference is defined for generation only"):
         plan(stub_config("http://127.0.0.1:9/v1", tmp_path, "task=both", "setting=oracle_preference"), tmp_path)
@@ -39,7 +40,7 @@ def test_execute_summarize_publish(tmp_path: Path, capsys) -> None:
     summary = summarize_job(job, execution, started=0.0)
     assert summary.complete and summary.metrics["instances/failed"] == 0
     assert summary.metrics["calls/total"] == 9 * 6  # infer, decompose, 2 matches, generate, judge
-    assert [r["key"] for r in summary.records] == [i.key for i in job.data.instances]  # dataset order
+    assert [r["key"] for r in summary.records] == [i.key for i in job.work.data.instances]  # dataset order
     publish(job, summary, tracker=None)
     out = capsys.readouterr().out
     assert out.rstrip().splitlines()[-1] == "complete: 9 of 9 instances ran without a failed step"
@@ -55,7 +56,7 @@ def test_a_rerun_replays_the_journal_and_calls_nothing(tmp_path: Path) -> None:
         execute(first)
         received = stub.stats()["total_received"]
         again = stub_plan(stub.url, tmp_path, *NINE)
-        assert again.todo == [] and again.ctx is None and len(again.done) == 9
+        assert again.todo == [] and again.ctx is None and len(again.attempt.done) == 9
         assert execute(again).results == []
         summary = summarize_job(again, execute(again), started=0.0)
         assert stub.stats()["total_received"] == received
@@ -83,7 +84,8 @@ def test_the_job_starts_without_pandas_numpy_or_matplotlib() -> None:
     import subprocess
     import sys
 
-    script = ("import sys, cupid_exp.cli, cupid_exp.job, cupid_exp.scoring, cupid_exp.settings, cupid_exp.tasks\n"
+    script = ("import sys, cupid_exp.cli, cupid_exp.job, cupid_exp.evaluation, cupid_exp.synthesize, "
+              "cupid_exp.scoring, cupid_exp.settings, cupid_exp.tasks, cupid_exp.synthesis.work\n"
               "print([m for m in ('pandas', 'numpy', 'matplotlib', 'litellm', 'mlflow') if m in sys.modules])")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -109,12 +111,11 @@ def test_import_alongside_loads_its_modules_and_leaves_failures_to_the_caller(mo
 def test_instances_beyond_twice_the_model_slots_wait_unstarted(tmp_path: Path, monkeypatch) -> None:
     """With one slot per model config, at most two instances per slot run at once; the others wait unstarted
     (they hold no prompt). All nine still run, in full."""
-    import importlib
-
-    phase = importlib.import_module("cupid_exp.job.execute")  # the module (the package exports its function)
+    from cupid_exp.evaluation import instances as phase
+    from cupid_exp.evaluation import work
 
     running, peak = 0, 0
-    real = phase.run_instance
+    real = work.evaluate_instance
 
     async def counted(*args, **kwargs):
         nonlocal running, peak
@@ -125,7 +126,7 @@ def test_instances_beyond_twice_the_model_slots_wait_unstarted(tmp_path: Path, m
         finally:
             running -= 1
 
-    monkeypatch.setattr(phase, "run_instance", counted)
+    monkeypatch.setattr(work, "evaluate_instance", counted)
     one_slot = [f"{r}.max_concurrency=1" for r in ("model", "evaluator.decomposer", "evaluator.matcher",
                                                     "evaluator.judge")]
     with StubServer(latency_ms=20) as stub:

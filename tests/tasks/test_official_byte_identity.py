@@ -22,7 +22,7 @@ from conftest import compose_config
 from helpers.jobs import run_one
 from helpers.stub_llm_server import StubServer, classify
 
-from cupid_exp.job import plan
+from cupid_exp.evaluation import plan
 
 OFFICIAL = os.environ.get("CUPID_OFFICIAL_DIR")
 pytestmark = pytest.mark.skipif(not OFFICIAL, reason="set CUPID_OFFICIAL_DIR to an official CUPID checkout")
@@ -57,7 +57,7 @@ def official(tmp_path: Path, given: dict) -> dict:
 
 
 def given_values(job, result) -> dict:
-    instance = job.data.instances[0]
+    instance = job.work.data.instances[0]
     inf = result.inference
     return {"current_request": instance.current_request,
             "prior_interactions": [{"context_factor": s.context_factor, "contextual_preference": s.contextual_preference,

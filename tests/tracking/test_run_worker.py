@@ -17,7 +17,8 @@ from helpers.stub_llm_server import StubServer
 from tracking_runs import held_job, job_command, only_run, store_uri, traces_of, wait_for
 
 from cupid_exp.data.loading import SAMPLE_FULL_PATH
-from cupid_exp.job import connect, execute, plan, publish, start_tracking, summarize_job
+from cupid_exp.evaluation import plan
+from cupid_exp.job import connect, execute, publish, start_tracking, summarize_job
 from cupid_exp.tracking import run_worker
 from cupid_exp.tracking.live import LiveRun
 

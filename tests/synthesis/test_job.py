@@ -1,4 +1,5 @@
-"""The job around the steps: composition, value checks, failure accounting, outcome, outputs and MLflow."""
+"""Synthesis as a job: its recipes' composition, its identity by content, value checks, failure accounting,
+outcome, outputs and MLflow (the lifecycle itself: ``test_lifecycle.py``)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from cupid_exp.config import ConfigError, register_configs
-from cupid_exp.synthesis import pipeline
+from cupid_exp.job import plan
 from cupid_exp.synthesis.config import ROLES, SynthesizeConfig, register_synthesis_configs
 from cupid_exp.synthesis.steps import persona as persona_step
+from cupid_exp.synthesis.work import SynthesisWork
+from cupid_exp.synthesize import run_synthesis
 from helpers.cli_runner import cli_env
 from helpers.stub_llm_server import StubServer
 
@@ -37,30 +40,40 @@ def mlflow_runs(root: Path) -> list:
     return client.search_runs([client.get_experiment_by_name("cupid-synthesis").experiment_id])
 
 
-def test_defaults_compose_with_paper_temperatures_per_role() -> None:
+TEMPERATURES = {"persona_writer": 0.7, "factor_writer": 0.7, "session_writer": 0.7, "user_simulator": 0.3,
+                "assistant_simulator": 0.7, "decomposer": 0, "validator": 0}
+
+
+def test_the_bare_command_is_the_embedded_recipe_and_the_api_recipe_has_api_roles() -> None:
+    """``python -m cupid_exp.synthesize`` runs where it is run: every role on the embedded model, sized for a CPU
+    (synthesis=offline); ``synthesis=api`` puts every role on an API model, at the API sizes. Both keep the
+    paper's temperatures."""
     cfg = compose_synthesis()
     typed = OmegaConf.to_object(cfg)
     assert isinstance(typed, SynthesizeConfig) and typed.runtime.max_failed_fraction == 0.1  # a JobConfig
-    temps = {r: cfg.synthesis.roles[r].params.temperature for r in ROLES}
-    assert temps == {"persona_writer": 0.7, "factor_writer": 0.7, "session_writer": 0.7, "user_simulator": 0.3,
-                     "assistant_simulator": 0.7, "decomposer": 0, "validator": 0}
-    assert all(cfg.synthesis.roles[r].name == "local" for r in ROLES)
+    assert cfg.synthesis.name == "offline" and cfg.synthesis.max_turns == 1
+    assert all(cfg.synthesis.roles[r].name == "local" and cfg.synthesis.roles[r].local for r in ROLES)
+    api = compose_synthesis(["synthesis=api"])
+    assert api.synthesis.max_turns == 4 and api.synthesis.max_checklist_items == 4
+    assert all(api.synthesis.roles[r].name == "gpt4o_eval" and not api.synthesis.roles[r].local for r in ROLES)
+    for recipe in (cfg, api):
+        assert {r: recipe.synthesis.roles[r].params.temperature for r in ROLES} == TEMPERATURES
     assert cfg.tracking.experiment == "cupid-synthesis" and cfg.tracking.uri.startswith("sqlite:///")
 
 
-def test_offline_recipe_is_the_default_with_smaller_dialogues_only() -> None:
-    """synthesis=offline (the README's offline command) changes the sizes that cost CPU time, nothing else."""
-    default, offline = (OmegaConf.to_container(compose_synthesis([f"synthesis={name}"]).synthesis)
-                        for name in ("default", "offline"))
-    assert (offline["max_turns"], offline["max_checklist_items"]) == (1, 2) != (default["max_turns"],
-                                                                            default["max_checklist_items"])
+def test_the_offline_recipe_is_the_api_recipe_on_the_embedded_model_with_smaller_dialogues() -> None:
+    """synthesis=offline changes the models and the sizes that cost CPU time, nothing else."""
+    api, offline = (OmegaConf.to_container(compose_synthesis([f"synthesis={name}"]).synthesis)
+                    for name in ("api", "offline"))
+    assert (offline["max_turns"], offline["max_checklist_items"]) == (1, 2) != (api["max_turns"],
+                                                                            api["max_checklist_items"])
     assert offline["roles"]["assistant_simulator"]["params"]["max_tokens"] == 96
-    assert offline["roles"]["assistant_simulator"]["params"]["temperature"] == 0.7
     for key in ("name", "max_turns", "max_checklist_items"):
-        offline.pop(key), default.pop(key)
-    offline["roles"]["assistant_simulator"]["params"].pop("max_tokens")
-    default["roles"]["assistant_simulator"]["params"].pop("max_tokens")
-    assert offline == default
+        offline.pop(key), api.pop(key)
+    for recipe in (api, offline):
+        recipe["roles"] = {role: {"temperature": model["params"]["temperature"]}
+                           for role, model in recipe["roles"].items()}
+    assert offline == api
 
 
 def test_one_role_can_be_swapped_and_keeps_its_role_temperature() -> None:
@@ -79,15 +92,51 @@ def test_job_dir_is_stable_for_a_command_and_differs_by_recipe() -> None:
     # (moved from ..._21e1ff6a when conf/llm/local.yaml set n_threads 1 and n_threads_batch 2: a config value
     # that changed, not a null; with n_threads=2 and n_threads_batch=null on every role the old hash comes back)
     # (moved from ..._952b87cc when the recipe gained embedded_sampling, the repetition samplers of the local model)
-    assert run_dir([]) == "outputs/synthesis/default_local_seed0_bf8ecab3"
+    # (moved from default_local_seed0_bf8ecab3 when the folder became a hash of the recipe's content: no role's
+    # throughput, threads, prices or key variable; and the bare command's recipe became synthesis=offline)
+    assert run_dir([]) == "outputs/synthesis/offline_local_seed0_99a207f1"
     assert run_dir([]) != run_dir(["synthesis.max_turns=2"])
     assert run_dir([]) != run_dir(["synthesis.seed=1"])
+    assert run_dir([]) != run_dir(["synthesis.roles.decomposer.params.temperature=0.5"])
+
+
+# Each: how a role's endpoint is reached, not what it answers; none moves the job (its folder, its identity).
+NOT_CONTENT = [["synthesis.roles.user_simulator.max_concurrency=64"],
+               ["synthesis.roles.user_simulator.rpm=300", "synthesis.roles.user_simulator.tpm=40000"],
+               ["synthesis.roles.user_simulator.api_base=http://localhost:8000/v1/"],
+               ["+synthesis.roles.user_simulator.params.extra_headers={Authorization: 'Bearer sk-rotated-1234'}"],
+               ["runtime.timeout=30", "runtime.num_retries=7", "runtime.workers=2", "runtime.cache=false"],
+               ["synthesis.roles.user_simulator.input_cost_per_token=1e-06"],
+               ["synthesis.roles.user_simulator.api_key_env=MY_KEY"]]
+HEADER = "+synthesis.roles.user_simulator.params.extra_headers={Authorization: 'Bearer sk-first-5678'}"
+
+
+@pytest.mark.parametrize("changed", NOT_CONTENT, ids=[c[0].split("=")[0] for c in NOT_CONTENT])
+def test_how_an_endpoint_is_reached_changes_neither_the_folder_nor_the_identity(tmp_path: Path, changed) -> None:
+    base = ["synthesis=api", *role_overrides("http://127.0.0.1:8000/v1"), "tracking=none",
+            f"paths.output_root={tmp_path}"]
+    if changed[0].startswith("+synthesis.roles.user_simulator.params.extra_headers"):
+        base.append(HEADER)  # a header whose value (a token) is rotated
+        changed = [changed[0].removeprefix("+")]
+
+    def job(overrides: list[str]) -> tuple[str, str]:
+        folder = compose_synthesis([*base, *overrides], hydra=True).hydra.run.dir
+        cfg = compose_synthesis([*base, *overrides])
+        planned = plan(cfg, tmp_path / "job", kind=SynthesisWork, clients=False)
+        planned.release()
+        return folder, planned.identity
+
+    folder, identity = job([])
+    assert job(changed) == (folder, identity)
+    hotter = job(["synthesis.roles.user_simulator.params.temperature=0.9"])  # what changes a reply: a new job
+    assert hotter[0] != folder and hotter[1] != identity
 
 
 @pytest.mark.parametrize("override,key", [("synthesis.on_unsatisfied=maybe", "synthesis.on_unsatisfied"),
                                           ("synthesis.n_personas=0", "synthesis.n_personas"),
                                           ("synthesis.max_retries=-1", "synthesis.max_retries"),
-                                          ("synthesis.persona_concurrency=0", "synthesis.persona_concurrency"),
+                                          ("runtime.batch=true", "runtime.batch"),
+                                          ("synthesis.roles.validator.batch=true", "synthesis.roles.validator.batch"),
                                           ("synthesis.persona_source=web", "synthesis.persona_source"),
                                           ("synthesis.roles.validator.max_concurrency=0",
                                            "synthesis.roles.validator.max_concurrency"),
@@ -99,7 +148,7 @@ def test_job_dir_is_stable_for_a_command_and_differs_by_recipe() -> None:
                                           ("+synthesis.max_turn=2", "synthesis.max_turn")])
 def test_bad_values_fail_before_any_call_with_one_line(tmp_path, override: str, key: str) -> None:
     with pytest.raises(ConfigError) as err:
-        pipeline.plan(compose_synthesis([override, f"paths.output_root={tmp_path}"]), tmp_path / "job")
+        plan(compose_synthesis([override, f"paths.output_root={tmp_path}"]), tmp_path / "job", kind=SynthesisWork)
     assert str(err.value).startswith(key) and "\n" not in str(err.value)
     assert not (tmp_path / "job").exists()
 
@@ -113,7 +162,8 @@ def test_bad_model_output_fails_personas_and_the_job_ends_incomplete(tmp_path: P
     """Every reply is garbage: each persona fails at its first phase, counted; outputs and MLflow still land,
     and the job exits 3 (more than runtime.max_failed_fraction of the personas failed)."""
     with ScriptedServer([reply("I cannot write JSON.")]) as server:
-        cmd = [sys.executable, "-m", "cupid_exp.synthesize", "synthesis.n_personas=2", "synthesis.max_retries=1",
+        cmd = [sys.executable, "-m", "cupid_exp.synthesize", "synthesis=api", "synthesis.n_personas=2",
+               "synthesis.max_retries=1",
                f"paths.output_root={tmp_path / 'out'}", "runtime.num_retries=0", "runtime.progress=false",
                *role_overrides(server.url, structured=False)]
         proc = subprocess.run(cmd, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300)
@@ -147,10 +197,10 @@ def test_a_bug_in_a_builder_stops_the_job_and_fails_its_run(tmp_path: Path, monk
 
     monkeypatch.setattr(persona_step, "build_persona", buggy)
     with StubServer() as stub:
-        cfg = compose_synthesis([*role_overrides(stub.url), "synthesis.n_personas=1", f"paths.output_root={tmp_path}",
-                                 "runtime.progress=false"])
+        cfg = compose_synthesis(["synthesis=api", *role_overrides(stub.url), "synthesis.n_personas=1",
+                                 f"paths.output_root={tmp_path}", "runtime.progress=false"])
         with pytest.raises(TypeError, match="a bug in the persona builder"):
-            pipeline.run_synthesis(cfg, tmp_path / "job", {}, None)
+            run_synthesis(cfg, tmp_path / "job", {}, None)
         assert stub.stats()["total_completed"] == 1  # asked once: a bug is not re-asked
     runs = mlflow_runs(tmp_path)
     assert len(runs) == 1 and runs[0].info.status == "FAILED"

@@ -1,0 +1,39 @@
+"""Evaluation: a job whose unit of work is a CUPID instance, run through the job lifecycle (``cupid_exp.job``).
+
+``work`` is the kind (what the lifecycle asks of it), ``instances`` how one instance runs (the setting's view,
+then the task parts), ``checks`` what an evaluation job checks of its own before the first call.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from cupid_exp.entry import Outcome
+from cupid_exp.evaluation.work import EvaluationWork
+from cupid_exp.job import Job, plan as plan_job, run_job
+from cupid_exp.progress import Progress
+from cupid_exp.results import InstanceResult
+from cupid_exp.tracking.mlflow import SweepParent
+
+
+def run_evaluation(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = None,
+                   parent_run: str | SweepParent | None = None) -> Outcome:
+    """One evaluation job end to end (``python -m cupid_exp``)."""
+    return run_job(cfg, output_dir, choices, parent_run, kind=EvaluationWork)
+
+
+def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = None,
+         parent_run: str | SweepParent | None = None, *, clients: bool = True) -> Job:
+    """A planned evaluation job (``job.plan``), holding its attempt."""
+    return plan_job(cfg, output_dir, choices, parent_run, kind=EvaluationWork, clients=clients)
+
+
+async def run_instance(job: Job, instance: Any, progress: Progress | None = None) -> InstanceResult:
+    """One instance of a connected evaluation job, in-process (tests, notebooks)."""
+    return await job.work.run(job.ctx, instance, progress)
+
+
+__all__ = ["EvaluationWork", "plan", "run_evaluation", "run_instance"]

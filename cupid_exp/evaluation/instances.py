@@ -1,0 +1,78 @@
+"""One evaluated instance: the setting's view once, then the task parts concurrently on it.
+
+A step's failure is recorded on its instance and the others go on; a bug (any exception that is not a
+counted step failure) propagates and stops the job with its traceback, the journal keeping what finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Sequence
+
+from cupid_exp.data.schema import Instance, relevant_positions
+from cupid_exp.llm.steps import StepFailed, Transcript
+from cupid_exp.progress import Progress
+from cupid_exp.results import HistoryView, InstanceResult, SettingOutput, Truth
+from cupid_exp.settings.base import Setting, View
+from cupid_exp.tasks import TASKS
+from cupid_exp.tasks.context import TaskContext
+
+log = logging.getLogger(__name__)
+
+
+def _truth(instance: Instance) -> Truth:
+    return Truth(gt_preference=instance.current_contextual_preference, gt_checklist=list(instance.current_checklist),
+                 gt_checklist_len=len(instance.current_checklist), context_factor=instance.current_context_factor)
+
+
+def _history(instance: Instance, n_shown: int) -> HistoryView:
+    words = sum(len(m.content.split()) for s in instance.prior_interactions for m in s.dialogue)
+    return HistoryView(n_context_sessions=n_shown, relevant_positions=relevant_positions(instance),
+                       n_prior_sessions=len(instance.prior_interactions), history_words=words)
+
+
+async def evaluate_instance(setting: Setting, parts: Sequence[str], ctx: TaskContext, instance: Instance,
+                            progress: Progress | None = None) -> InstanceResult:
+    """The setting's view, then every task part on it; failed steps are recorded, never raised."""
+    transcript = Transcript()
+    try:
+        view: View | None = await setting.view(instance, ctx, transcript)
+    except StepFailed as exc:
+        transcript.fail(exc)
+        log.warning("instance %s: %s", instance.key, exc)
+        view = None
+    for stage in setting.stages:
+        if progress is not None:
+            progress.done(stage)
+    outcomes: dict[str, object] = {}
+    if view is not None:
+        async def part(name: str) -> None:
+            outcomes[name] = await TASKS[name].run(ctx, instance, view, transcript)
+            if progress is not None:
+                progress.done(name)
+
+        await asyncio.gather(*(part(name) for name in parts))
+    elif progress is not None:
+        for name in parts:
+            progress.done(name)
+    for error in transcript.errors:
+        log.warning("instance %s: %s", instance.key, error.message)
+    n_shown = len(view.positions) if view is not None else len(setting.positions(instance))
+    return InstanceResult(
+        key=instance.key, persona_id=instance.persona_id, instance_type=instance.instance_type,
+        truth=_truth(instance), history=_history(instance, n_shown),
+        setting=view.output if view is not None else SettingOutput(),
+        inference=outcomes.get("inference"), generation=outcomes.get("generation"),
+        errors=transcript.errors, raw=transcript.raw, usage=transcript.usage)
+
+
+def instances_in_flight(ctx: TaskContext) -> int:
+    """How many instances run at once: twice the calls the job's models can have in flight together (each
+    distinct model config's ``max_concurrency``, or its batch size with the Batch API), so that every free slot
+    finds a call waiting. The rest wait unstarted: started all at once, each held its first prompt and state while
+    it queued for a slot (the job's memory grew with the data set: +46 MB at 1,134 instances, concurrency 64;
+    ``bench/scale.py``)."""
+    clients = (ctx.subject, ctx.evaluator.decomposer, ctx.evaluator.matcher, ctx.evaluator.judge)
+    slots = {id(c): c.slots for c in clients}  # a Batch API client takes a whole batch
+    return 2 * sum(slots.values())

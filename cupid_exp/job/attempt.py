@@ -1,0 +1,82 @@
+"""What one attempt of a job opens and holds, all opened here in one place: the job's lock, its resume journal and
+what it already holds, its usage ledger, its budget's accounts, and how many processes share its calls.
+
+The lock is taken first (``tracking.job_lock``): a second process on the same job stops here with one line
+(exit 2) before it reads the journal or calls anything. A dry run opens nothing (it writes no journal and no run).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from cupid_exp.job.budgets import job_budget
+from cupid_exp.job.checks import check_keys
+from cupid_exp.job.spec import JobSpec
+from cupid_exp.job.worker_count import processes
+from cupid_exp.llm.budget import Budget
+from cupid_exp.llm.usage import UsageMeter
+from cupid_exp.tracking import job_lock
+from cupid_exp.tracking.job_lock import JobLock
+from cupid_exp.tracking.journal import Journal
+from cupid_exp.tracking.ledger import UsageLedger
+from cupid_exp.tracking.mlflow import SweepParent
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Attempt:
+    """The resources one attempt of a job holds until it ends (``release``)."""
+
+    lock: JobLock | None  #: this process's hold on the job; None in a dry run
+    journal: Journal | None  #: finished units, one a line; None in a dry run or with ``runtime.resume=false``
+    ledger: UsageLedger | None  #: every paid request as it returns, beside the journal (the meter writes into it)
+    earlier: UsageMeter | None  #: what the job's earlier attempts counted (the ledger); None without a journal
+    done: dict[str, dict[str, Any]]  #: key -> finished record from the journal
+    budget: Budget | None  #: the spending limits its calls draw on; None: no budget
+    processes: int = 1  #: processes sharing the model calls (``runtime.workers``: ``job.worker_count``)
+    meter: UsageMeter = field(default_factory=UsageMeter)  #: this attempt's usage, every process's merged
+
+    def release(self) -> None:
+        """Let another process take the job (its end; idempotent)."""
+        if self.lock is not None:
+            self.lock.release()
+
+
+def open_attempt(spec: JobSpec) -> Attempt:
+    """Take the job, read what its journal holds, and open its ledger and budget (see the module docstring)."""
+    cfg, work = spec.cfg, spec.work
+    # raises JobRunning when another process runs the job (``tracking.job_lock`` for the same calls reported
+    # differently)
+    lock = None if spec.dry_run else job_lock.acquire(spec.journal_dir, spec.identity, spec.run_key)
+    try:
+        journal, ledger, earlier, done, meter = None, None, None, {}, UsageMeter()
+        if cfg.runtime.resume and not spec.dry_run:
+            journal = Journal(spec.journal_dir / f"{spec.identity}.jsonl", list(spec.secrets), whole=work.whole_record,
+                              final=work.is_final)
+            finished = journal.load(retry_failed=cfg.runtime.retry_failed)
+            done = {u.key: finished[u.key] for u in work.units if u.key in finished}
+            ledger = UsageLedger.beside(journal.path)  # every paid request, as it returns
+            earlier = ledger.load(carried=done.values())
+            meter.sink = ledger.append
+            if done:
+                log.info("resuming: %d of %d %ss already finished (journal %s)", len(done), len(work.units),
+                         work.noun, journal.path)
+        left = sum(1 for u in work.units if u.key not in done)
+        if left:  # a resume with nothing left calls nothing: it needs no key
+            check_keys(work.roles_called(), spec.dry_run)
+        budget = None
+        if not spec.dry_run:
+            accounts = (journal.path.with_suffix(".budget.json") if journal is not None
+                        else spec.output_dir / "budget.json")
+            sweep = spec.parent_run.sweep_dir if isinstance(spec.parent_run, SweepParent) else None
+            budget = job_budget(cfg.runtime, job_ledger=accounts, sweep_dir=sweep)
+        n = processes(cfg, left, per_process=work.units_per_process, noun=work.noun) if left and not spec.dry_run \
+            else 1
+        return Attempt(lock, journal, ledger, earlier, done, budget, n, meter)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise

@@ -1,0 +1,83 @@
+"""The lanes a process runs units in: each takes the next unit left, runs it, hands it on, takes another.
+
+``Work.in_flight`` lanes run at once (evaluation: twice the calls its models take at once; synthesis: the personas
+its endpoints keep busy), so that a unit starts only when a lane is free. What is done with a finished unit
+(journal it, tell the MLflow run) is the job's process's (``job_finisher``): a worker process sends it there.
+
+A call the budget refuses ends its unit unfinished and starts no other. A provider's fatal refusal (a bad key,
+an unknown model, a billing state, no endpoint) or a rate limit beyond the patience (``RetryLater``: exit 75)
+stops the taking: the units in flight end (their calls to the refusing endpoint are not sent, the others' are
+not wasted), none of them is journaled (a resume runs them), and the refusal is raised once every lane has
+stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, Callable
+
+from cupid_exp.job.spec import Result, Work
+from cupid_exp.llm.budget import BudgetExceeded, started_instance
+from cupid_exp.llm.calls import CallLog, recording
+from cupid_exp.llm.retry import FatalProviderError
+from cupid_exp.llm.usage import UsageMeter
+from cupid_exp.progress import InstanceObserver, Progress
+
+if TYPE_CHECKING:
+    from cupid_exp.job.plan import Job
+
+Taker = Callable[[], Any]  #: the next unit left to run, or None
+Finished = Callable[[Any, Result, "CallLog | None"], None]
+
+
+async def run_units(work: Work, ctx: Any, take: Taker, finished: Finished, progress: Progress | None,
+                    with_calls: bool) -> None:
+    """Run units as ``take`` hands them out, ``work.in_flight(ctx)`` at a time, and tell ``finished`` of each
+    (with its model calls when ``with_calls``). The caller drains litellm's background work after
+    (``drain_background_tasks`` waits for every other task: its own too)."""
+    stop = asyncio.Event()  # a call refused by the budget: no unit starts after it; those in flight go on
+    fatal: list[FatalProviderError] = []
+
+    async def lane() -> None:
+        while not stop.is_set() and not fatal and (unit := take()) is not None:
+            with recording(with_calls) as calls:  # its calls, for its trace
+                started_instance()  # the budget serves older units' calls first
+                try:
+                    result = await work.run(ctx, unit, progress)
+                except BudgetExceeded:  # left unjournaled: a resume with a higher budget runs it
+                    stop.set()
+                    return
+                except FatalProviderError as exc:
+                    fatal.append(exc)
+                    getattr(take, "stop", lambda: None)()  # other processes take no more either
+                    return
+            finished(unit, result, calls)
+
+    await asyncio.gather(*(lane() for _ in range(max(1, work.in_flight(ctx)))))
+    if fatal:
+        raise fatal[0]
+
+
+def stopped_by_budget(meter: UsageMeter) -> bool:
+    """Whether some process of the job was refused a call by its budget (its meter counts it, workers' merged)."""
+    return meter.totals().get("not_sent_budget", 0.0) > 0
+
+
+def job_finisher(job: "Job", observer: InstanceObserver | None, results: list[Result]) -> Finished:
+    """What the job's process does with each finished unit, whichever process ran it: journal its record, tell
+    the observer (the MLflow run), keep its result."""
+    journal = job.attempt.journal
+
+    def finished(unit: Any, result: Result, calls: CallLog | None) -> None:
+        record = result.to_record()
+        if journal is not None:
+            journal.append(record)
+        if observer is not None:
+            observer.instance_finished(unit, result, record, calls)
+        results.append(result)
+
+    return finished
+
+
+def job_progress(job: "Job", total: int) -> Progress:
+    return Progress(job.work.stages(), total, job.attempt.meter, enabled=bool(job.cfg.runtime.progress))

@@ -1,0 +1,165 @@
+"""What a job is, decided by planning before anything is opened: the kind of work, its units, its identity.
+
+Every job runs units of one kind of work through the same lifecycle (``cupid_exp.job``): plan → lock →
+journal → execute → summarise → publish. Evaluation's unit is an instance (``cupid_exp.evaluation``),
+synthesis's a persona (``cupid_exp.synthesis.work``). ``Work`` is what the lifecycle asks of a kind: its units,
+the model roles it calls, how one unit runs, what its journal records look like, and what its summary, files
+and report are. ``JobSpec`` is planning's frozen result; what one attempt of the job opens (its lock, journal,
+ledger, budget) is ``job.attempt.Attempt``, and the clients and worker processes come after.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
+
+from cupid_exp.config import JobConfig, ModelConfig
+
+if TYPE_CHECKING:
+    from cupid_exp.job import Job
+    from cupid_exp.job.execute import Execution
+    from cupid_exp.llm.budget import Budget
+    from cupid_exp.llm.usage import UsageMeter
+    from cupid_exp.progress import Progress
+    from cupid_exp.tracking.mlflow import SweepParent
+
+
+class Unit(Protocol):
+    """One unit of work (an instance, a persona template)."""
+
+    key: str
+
+
+class Result(Protocol):
+    """A finished unit: its journal record (``to_record``: a dict with its ``key`` and ``errors``)."""
+
+    key: str
+
+    def to_record(self) -> dict[str, Any]: ...
+
+
+class Summary(Protocol):
+    """A job's results as the lifecycle reads them (the kind's summary has more)."""
+
+    metrics: dict[str, float]  #: flat, as logged to MLflow (the lifecycle adds usage across attempts and time)
+
+    @property
+    def n_units(self) -> int: ...
+
+    @property
+    def complete(self) -> bool: ...
+
+    @property
+    def over_threshold(self) -> bool: ...
+
+    def status_line(self) -> str: ...
+
+
+@dataclass
+class TrackingView:
+    """What a kind adds to the job's MLflow run (``job.publish.start_tracking``)."""
+
+    run_name: str
+    tags: dict[str, str]
+    dataset: Any = None  #: an MLflow dataset input (``tracking.dataset.DatasetInput``), or None
+    parts: tuple[str, ...] = ()  #: evaluation's task parts: running scores in the progress points
+    policy: str = "exclude"
+    trace_tags: dict[str, str] = field(default_factory=dict)
+    judges: dict[str, str] = field(default_factory=dict)
+    plots: Any = None  #: ``tracking.live.PlotRequest``, drawn by the run worker
+
+
+@dataclass
+class Published:
+    """A finished job's own files and run contents (``Work.publish``): the lifecycle adds usage and the end."""
+
+    files: list[Path]  #: written in the job's folder, logged as the run's artifacts
+    tags: dict[str, str]
+    table: list[dict[str, Any]] | None = None  #: the run's table (scrubbed records)
+    plots: Any = None  #: ``tracking.live.PlotRequest``
+
+
+class Work(Protocol):
+    """One kind of job, loaded by planning (``load``): what the lifecycle asks of it."""
+
+    noun: str  #: what a unit is called in lines and metric names: "instance", "persona" (plural: +s)
+    units: Sequence[Unit]  #: every unit of the job, in the job's order
+    not_identity: tuple[str, ...]  #: dotted config keys that do not change its results (``job.identity``)
+    units_per_process: int  #: ``runtime.workers=auto`` adds a process per this many units left
+    client_modules: tuple[str, ...]  #: what its clients import: imported before a worker process is forked
+    summary_modules: tuple[str, ...]  #: what its summary imports: imported while the models answer
+
+    def roles_called(self) -> dict[str, ModelConfig]:
+        """The roles a run of the units calls (for the key check)."""
+
+    def digests(self) -> dict[str, str | None]:
+        """What enters the identity besides the config: ``dataset_digest``, ``prompts_digest``."""
+
+    def whole_record(self, record: Any) -> str | None:
+        """Why a journal line is not a whole record of this kind (None when it is)."""
+
+    def is_final(self, record: Mapping[str, Any], retry_failed: bool) -> bool:
+        """Whether a journalled unit stands on resume."""
+
+    def portable(self) -> "Work":
+        """This work as it is sent to a worker process: without its units (they go through the worker's queue)."""
+
+    def for_process(self, cfg: JobConfig) -> "Work":
+        """In a worker process: this work on the process's config (its share of each model's concurrency)."""
+
+    def connect(self, cfg: JobConfig, meter: "UsageMeter", budget: "Budget | None") -> Any:
+        """The clients (and whatever a unit's run needs with them) on ``cfg``'s model configs."""
+
+    def in_flight(self, ctx: Any) -> int:
+        """How many units run at once with these clients."""
+
+    def stages(self) -> list[str]:
+        """The progress bars' stages."""
+
+    def model_server(self) -> Any:
+        """A model server the job starts around its calls (``llm.server``), or None."""
+
+    async def run(self, ctx: Any, unit: Any, progress: "Progress | None") -> Result:
+        """One unit, start to end; a failed step is recorded on its result, never raised."""
+
+    def summarise(self, job: "Job", execution: "Execution") -> Summary:
+        """The job's results: the journal's finished units and this attempt's fresh ones."""
+
+    def title(self, job: "Job") -> str:
+        """The report's first line."""
+
+    def tracking(self, job: "Job") -> TrackingView:
+        """What the job's MLflow run gets besides the config and the identity."""
+
+    def publish(self, job: "Job", summary: Any, complete: bool) -> Published:
+        """Write the job's files (and the dry run's); what the run gets of them."""
+
+    def report(self, job: "Job", summary: Any, where: str, status: str) -> str:
+        """The console report of a finished job, ending with ``status``."""
+
+    def headline(self, summary: Any) -> Any:
+        """What Hydra's sweepers optimise."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A planned job: everything decided before the first file is opened, fixed from then on."""
+
+    cfg: JobConfig  #: the typed, checked config
+    work: Work  #: its kind, with its units loaded
+    resolved: Mapping[str, Any]  #: the resolved config as plain data, secrets redacted (MLflow params, config.yaml)
+    output_dir: Path
+    choices: Mapping[str, str]  #: Hydra's group choices (model=..., synthesis=...)
+    parent_run: "str | SweepParent | None"  #: the sweep's MLflow parent run (by id, or by the sweep's folder)
+    secrets: tuple[str, ...]
+    identity: str  #: hash of what decides the results (``job.identity``): names the journal and the lock
+    run_key: str  #: the identity plus what changes the report (``tracking.attempts.run_key``): names the run
+
+    @property
+    def dry_run(self) -> bool:
+        return bool(self.cfg.runtime.dry_run)
+
+    @property
+    def journal_dir(self) -> Path:
+        return Path(self.cfg.paths.output_root) / "journal"

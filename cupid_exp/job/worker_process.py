@@ -1,0 +1,146 @@
+"""A worker process of a job (``runtime.workers`` > 1; ``job.workers`` is the job's side): its own clients and event
+loop, units taken from a counter it shares with the job, each finished unit sent back with its calls and usage.
+
+Ctrl-C is left to the job (it reaches the whole process group: the job decides, and stops its workers); a worker
+whose job died (SIGKILL) exits rather than call models for nobody.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import logging.handlers
+import multiprocessing
+import os
+import pickle
+import signal
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cupid_exp.config import JobConfig
+from cupid_exp.job.lanes import run_units
+from cupid_exp.job.spec import Result, Work
+from cupid_exp.llm.budget import Budget
+from cupid_exp.llm.client import drain_background_tasks
+from cupid_exp.llm.retry import FatalProviderError
+from cupid_exp.llm.usage import UsageMeter
+
+
+@dataclass
+class WorkerSpec:
+    """What a worker needs to run units as the job would (everything checked by the job already)."""
+
+    work: Work  #: the job's work without its units (``Work.portable``)
+    cfg: JobConfig  #: with this worker's share of each model's concurrency
+    secrets: list[str]
+    ledger: str | None = None  #: the job's usage ledger: this process writes its own counts into it
+    budget: Budget | None = None  #: the job's spending limits (ledger files shared by every process)
+
+
+@dataclass
+class Shared:
+    """What the job's process and its workers share: the next unit's index, the go, and whether to send each
+    unit's model calls (the MLflow run traces them; known once the run is open)."""
+
+    counter: Any
+    go: Any
+    wants_calls: Any
+    ready: Any  #: workers whose clients are built (they wait for the go)
+
+
+class SharedCursor:
+    """Hands out the next unit left to run, across processes (a shared counter under its lock)."""
+
+    def __init__(self, counter: Any, units: list[Any]):
+        self.counter, self.units = counter, units
+
+    def __call__(self) -> Any:
+        with self.counter.get_lock():
+            index = self.counter.value
+            if index >= len(self.units):
+                return None
+            self.counter.value = index + 1
+        return self.units[index]
+
+    def stop(self) -> None:
+        """No process takes another unit (a fatal provider refusal)."""
+        with self.counter.get_lock():
+            self.counter.value = len(self.units)
+
+
+def _exit_with_parent() -> None:
+    """A worker whose job died (SIGKILL) would otherwise run its calls for nobody and hang on a full queue."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()
+        os._exit(1)
+
+    threading.Thread(target=watch, name="cupid-parent-watch", daemon=True).start()
+
+
+def _log_to(outbox: Any) -> None:
+    """This process's log lines go to the job's process, which writes them with its own handlers."""
+    root = logging.getLogger()
+    root.handlers = [logging.handlers.QueueHandler(outbox)]
+    root.setLevel(logging.WARNING)
+    logging.getLogger("cupid_exp").setLevel(logging.INFO)
+
+
+def _connect(spec: WorkerSpec) -> tuple[Work, Any, UsageMeter]:
+    """This process's work, its clients and its meter (writing into the job's usage ledger)."""
+    from cupid_exp.secrets import install_log_scrubber
+
+    install_log_scrubber(spec.secrets)
+    meter = UsageMeter()
+    if spec.ledger:
+        from cupid_exp.tracking.ledger import UsageLedger
+
+        meter.sink = UsageLedger(Path(spec.ledger)).append
+    work = spec.work.for_process(spec.cfg)
+    return work, work.connect(spec.cfg, meter, spec.budget), meter
+
+
+def serve_units(spec: WorkerSpec, shared: Shared, inbox: Any, outbox: Any) -> None:
+    """A worker process: its clients built and the units left to run received, it waits for the job's go (the run
+    is open, the job calls models), then takes units from the shared counter until none is left, each sent back
+    as it finishes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the job decides, and stops us
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # forked: not the job's handler (``Workers.stop`` ends us)
+    _exit_with_parent()
+    _log_to(outbox)
+    code = 0
+    try:
+        work, ctx, meter = _connect(spec)
+        units = pickle.loads(inbox.get())  # every unit left; the shared counter says which is next
+        with shared.ready.get_lock():
+            shared.ready.value += 1
+        shared.go.wait()
+        sent: dict[str, dict[str, float]] = {}
+
+        def finished(unit: Any, result: Result, calls: Any) -> None:
+            # pickled here, so that an object that cannot cross shows up as this worker's bug, not as a loss
+            outbox.put(pickle.dumps(("instance", unit.key, result, calls, meter.since(sent))))
+
+        async def run() -> None:
+            await run_units(work, ctx, SharedCursor(shared.counter, units), finished, None,
+                            bool(shared.wants_calls.value))
+            await drain_background_tasks()
+
+        try:
+            asyncio.run(run())
+        except FatalProviderError as exc:  # the job stops taking units and reports it
+            outbox.put(pickle.dumps(("fatal", exc)))
+        outbox.put(pickle.dumps(("done", os.getpid(), meter.since(sent), time.process_time())))
+    except BaseException:  # noqa: BLE001 - every failure here is the job's to raise
+        outbox.put(pickle.dumps(("bug", os.getpid(), traceback.format_exc())))
+        code = 1
+    outbox.close()
+    outbox.join_thread()  # everything sent is in the pipe
+    os._exit(code)  # no interpreter teardown (litellm's objects: a second or more)

@@ -1,0 +1,38 @@
+"""How an endpoint is spelt never makes it another endpoint: ``localhost`` is ``127.0.0.1``, a trailing slash is none.
+
+Used where an endpoint enters a key that must survive a respelling: the response cache's namespace
+(``cupid_exp.llm.client``) and a job's identity (``cupid_exp.job.identity``). Credentials written into a URL are
+not part of an endpoint (they are masked before this sees them).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+_LOOPBACK = {"localhost": "127.0.0.1", "::1": "127.0.0.1", "[::1]": "127.0.0.1"}
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def canonical_api_base(api_base: str | None) -> str | None:
+    """``api_base`` in one spelling: lower-case scheme and host, the loopback as ``127.0.0.1``, no default port, no
+    trailing slash. What cannot be parsed as a URL is returned without its trailing slashes."""
+    if not api_base:
+        return api_base
+    text = api_base.strip()
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError:
+        return text.rstrip("/")
+    if not parts.scheme or not parts.hostname:
+        return text.rstrip("/")
+    scheme = parts.scheme.lower()
+    host = parts.hostname.lower()
+    host = _LOOPBACK.get(host, host)
+    if ":" in host:  # an IPv6 address keeps its brackets
+        host = f"[{host}]"
+    userinfo = parts.netloc.rpartition("@")[0]
+    netloc = (f"{userinfo}@" if userinfo else "") + host
+    if port is not None and port != _DEFAULT_PORTS.get(scheme):
+        netloc += f":{port}"
+    return urlunsplit((scheme, netloc, parts.path.rstrip("/"), parts.query, ""))

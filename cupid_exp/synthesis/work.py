@@ -1,0 +1,278 @@
+"""Synthesis as a kind of work for the job lifecycle (``cupid_exp.job``): the unit is a persona.
+
+Planning, the lock, the journal, the usage ledger, the budget, the clients, worker processes, the MLflow run (its
+progress, one trace per persona, its end) are the lifecycle's, as for evaluation. What is synthesis's own: the
+persona templates the recipe draws (``personas``), how one persona runs through its phases over its journey file
+(``phases``: a killed job resumes mid-persona from that file, the response cache answering every call that
+finished), how many personas run at once (``in_flight``: as many as the roles' endpoints take calls at once, so an
+embedded model's one slot keeps one persona going at a time), and the job's files and report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from cupid_exp.config import ConfigError, ModelConfig, require
+from cupid_exp.job.spec import Published, TrackingView
+from cupid_exp.outputs import atomic_write_text, write_json, write_jsonl
+from cupid_exp.progress import Progress
+from cupid_exp.prompts import PromptSet
+from cupid_exp.synthesis.config import NOT_IDENTITY, ROLES, SynthesizeConfig
+from cupid_exp.synthesis.personas import PersonaTemplate, builtin_seeds, personahub_seeds, sample_templates
+
+if TYPE_CHECKING:
+    from cupid_exp.job import Job
+    from cupid_exp.job.execute import Execution
+    from cupid_exp.llm.budget import Budget
+    from cupid_exp.llm.usage import UsageMeter
+    from cupid_exp.synthesis.phases import PersonaOutcome
+    from cupid_exp.synthesis.steps import SynthContext
+    from cupid_exp.synthesis.summary import SynthesisSummary
+
+log = logging.getLogger(__name__)
+
+SYNTHESIS_PROMPTS = ("persona_generator", "context_factors_generator", "preference_changer", "sessions_generator",
+                     "preference_decomposer", "user_simulator", "assistant_simulator", "expression_validator")
+STAGE = "personas"
+
+
+def prompts_digest(prompts: PromptSet) -> str:
+    h = hashlib.sha256()
+    for name in SYNTHESIS_PROMPTS:
+        h.update(name.encode() + b"\0" + prompts._path(f"synthesis/{name}.yaml").read_bytes())
+    return h.hexdigest()[:16]
+
+
+def persona_templates(cfg: SynthesizeConfig) -> list[PersonaTemplate]:
+    scfg = cfg.synthesis
+    if scfg.persona_source == "personahub":
+        p = scfg.personahub
+        seeds = personahub_seeds(scfg.n_personas, scfg.seed, p.name, p.subset, p.split, p.text_field)
+    else:
+        seeds = builtin_seeds(scfg.n_personas, scfg.seed)
+    return sample_templates(scfg.n_personas, scfg.seed, seeds)
+
+
+def check_synthesis(cfg: SynthesizeConfig) -> None:
+    """What a synthesis job refuses before any call: a dry run (each step needs the real output of the one before)
+    and the Batch API (a persona is a chain of ~35 dependent calls: each would wait for a batch of its own)."""
+    require(not cfg.runtime.dry_run, "runtime.dry_run", cfg.runtime.dry_run,
+            "false: synthesis needs each step's real output to write the next")
+    require(not cfg.runtime.batch, "runtime.batch", cfg.runtime.batch,
+            "false: each persona is a chain of dependent calls, each of which would wait for a batch of its own")
+    for role in ROLES:
+        model = getattr(cfg.synthesis.roles, role)
+        require(not model.batch, f"synthesis.roles.{role}.batch", model.batch,
+                "false or null: synthesis sends its calls one by one (a persona's calls depend on each other)")
+
+
+@dataclass
+class SynthesisWork:
+    """One synthesis job's personas, with the prompts they are written with and the folder they land in."""
+
+    cfg: SynthesizeConfig
+    templates: list[PersonaTemplate]
+    prompts: PromptSet
+    output_dir: Path
+    digest: str  #: of the synthesis prompts in effect
+
+    noun = "persona"
+    not_identity = NOT_IDENTITY  #: a larger n_personas tops the same job up
+    units_per_process = 5  #: ~120 calls a persona: 5 make about as many calls as 150 evaluated instances
+    client_modules = ("cupid_exp.synthesis.steps", "cupid_exp.synthesis.phases")
+    summary_modules = ("pandas",)
+
+    @classmethod
+    def load(cls, cfg: SynthesizeConfig, output_dir: Path) -> "SynthesisWork":
+        """The prompts synthesis sends (a drop-in folder is taken whole), then the persona templates (the seed
+        source may be the Hugging Face Hub: ``SynthesisError``)."""
+        from cupid_exp.job.checks import prompt_set
+
+        check_synthesis(cfg)
+        prompts = prompt_set(cfg.prompts.dir)
+        missing = prompts.missing(f"synthesis/{name}" for name in SYNTHESIS_PROMPTS)
+        if missing:  # a drop-in is taken whole: nothing falls back to the project's prompts
+            raise ConfigError(f"prompts.dir={str(prompts.directory)!r} lacks {', '.join(missing)}, which synthesis "
+                              "sends; add the file to that folder (the project's own is under prompts/) or leave "
+                              "prompts.dir unset")
+        templates = persona_templates(cfg)
+        digest = prompts_digest(prompts)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        state = output_dir / "state.json"
+        if state.exists() and json.loads(state.read_text()).get("prompts_digest") != digest:
+            log.warning("the synthesis prompts changed since %s was started; finished artefacts are kept", output_dir)
+        write_json(state, {"prompts_digest": digest})
+        log.info("synthesising %d personas into %s", len(templates), output_dir)
+        return cls(cfg, templates, prompts, output_dir, digest)
+
+    @property
+    def units(self) -> list[PersonaTemplate]:
+        return self.templates
+
+    @property
+    def journeys(self) -> Path:
+        return self.output_dir / "journeys"
+
+    @property
+    def instances_path(self) -> Path:
+        return self.output_dir / "instances" / "instances.jsonl"
+
+    # -- planning --------------------------------------------------------------------------------------------------
+    def roles_called(self) -> dict[str, ModelConfig]:
+        return {f"synthesis.roles.{role}": getattr(self.cfg.synthesis.roles, role) for role in ROLES}
+
+    def digests(self) -> dict[str, str | None]:
+        return {"prompts_digest": self.digest}
+
+    def whole_record(self, record: Any) -> str | None:
+        if not isinstance(record, dict):
+            return f"a JSON {type(record).__name__}, not a record"
+        wrong = [name for name, kind in (("key", str), ("index", int), ("status", str), ("errors", list))
+                 if not isinstance(record.get(name), kind)]
+        return "missing or wrong " + ", ".join(wrong) if wrong else None
+
+    def is_final(self, record: Mapping[str, Any], retry_failed: bool) -> bool:
+        """A persona that finished stands while its journey file says so; a failed one is tried again (from where
+        its journey file got, the response cache answering what was asked already)."""
+        if record.get("status") != "done":
+            return False
+        path = self.journeys / f"{record['key']}.json"
+        try:
+            journey = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+        return journey.get("status") == "done"
+
+    # -- running ---------------------------------------------------------------------------------------------------
+    def portable(self) -> "SynthesisWork":
+        return dataclasses.replace(self, templates=[])
+
+    def for_process(self, cfg: SynthesizeConfig) -> "SynthesisWork":
+        return dataclasses.replace(self, cfg=cfg)
+
+    def connect(self, cfg: SynthesizeConfig, meter: "UsageMeter", budget: "Budget | None") -> "SynthContext":
+        """The role clients (roles on one model config share one) and the recipe's knobs every step reads."""
+        from cupid_exp.llm.client import clients_for, configure_litellm
+        from cupid_exp.synthesis.steps import SynthContext
+
+        scfg = cfg.synthesis
+        configure_litellm(cfg.runtime)
+        from cupid_exp.llm._litellm import import_first_call_modules
+
+        import_first_call_modules()
+        clients = clients_for({r: getattr(scfg.roles, r) for r in ROLES}, cfg.runtime, meter, budget)
+        return SynthContext(clients=clients, prompts=self.prompts, max_retries=scfg.max_retries,
+                            max_turns=scfg.max_turns, max_checklist_items=scfg.max_checklist_items,
+                            with_resources=scfg.with_resources, embedded_sampling=dict(scfg.embedded_sampling))
+
+    def in_flight(self, ctx: "SynthContext") -> int:
+        """As many personas as the roles' endpoints take calls at once: each endpoint counted once, at the most any
+        of its clients takes (an embedded model's one slot: one persona at a time). A persona is mostly a chain of
+        calls, so that many keep every slot busy; more would only start personas that wait (measured with a
+        model of the pipeline: wall within 1.2x of the calls' ideal at 40 and 252 personas, 64 slots)."""
+        slots: dict[int, int] = {}
+        for client in {id(c): c for c in ctx.clients.values()}.values():
+            endpoint = id(getattr(client, "endpoint", client))
+            slots[endpoint] = max(slots.get(endpoint, 0), client.slots)
+        return max(1, sum(slots.values()))
+
+    def stages(self) -> list[str]:
+        return [STAGE]
+
+    def model_server(self) -> Any:
+        return None
+
+    async def run(self, ctx: "SynthContext", unit: PersonaTemplate, progress: Progress | None) -> "PersonaOutcome":
+        """One persona, resumed from its journey file (a finished one is returned as it is)."""
+        from cupid_exp.synthesis.journey import make_template
+        from cupid_exp.synthesis.phases import synthesize_persona
+        from cupid_exp.synthesis.store import JourneyStore
+
+        scfg = self.cfg.synthesis
+        store = JourneyStore.open(self.journeys, unit, make_template(scfg.seed, unit.index), scfg.seed)
+        outcome = await synthesize_persona(ctx, scfg, unit, store)
+        if progress is not None:
+            progress.done(STAGE)
+        return outcome
+
+    # -- the end ---------------------------------------------------------------------------------------------------
+    def summarise(self, job: "Job", execution: "Execution") -> "SynthesisSummary":
+        """Every persona that ran, in index order: this attempt's, and those the journal holds as finished (read
+        from their journey files). A persona a budget stop left unrun has no outcome (it runs on resume)."""
+        from cupid_exp.synthesis.phases import PersonaOutcome
+        from cupid_exp.synthesis.store import JourneyStore
+        from cupid_exp.synthesis.summary import Completeness, SynthesisSummary, summary_metrics
+
+        fresh = {o.key: o for o in execution.results}
+        outcomes = []
+        for template in self.templates:
+            outcome = fresh.get(template.key)
+            if outcome is None and template.key in job.attempt.done:
+                store = JourneyStore.read(self.journeys, template)
+                outcome = PersonaOutcome.from_store(template.index, store) if store is not None else None
+            if outcome is not None:
+                outcomes.append(outcome)
+        max_failed = self.cfg.runtime.max_failed_fraction
+        metrics = summary_metrics(outcomes, job.attempt.meter, max_failed)
+        metrics.update({"resume/personas_from_journal": float(len(job.attempt.done)),
+                        "time/model_seconds": execution.seconds, "time/model_cpu_seconds": execution.cpu_seconds})
+        return SynthesisSummary(outcomes, metrics, Completeness.of(outcomes, max_failed), self.instances_path)
+
+    def title(self, job: "Job") -> str:
+        scfg = self.cfg.synthesis
+        return (f"CUPID synthesis | recipe={scfg.name} seed={scfg.seed} "
+                f"session_writer={scfg.roles.session_writer.name}")
+
+    def tracking(self, job: "Job") -> TrackingView:
+        scfg = self.cfg.synthesis
+        return TrackingView(
+            run_name=self.cfg.tracking.run_name or f"synthesis-{scfg.name}-{scfg.roles.session_writer.name}",
+            tags={"cupid.task": "synthesis", "prompts_digest": self.digest,
+                  "instances_path": str(self.instances_path.resolve())},
+            trace_tags={"cupid.task": "synthesis", "cupid.recipe": scfg.name, "cupid.seed": str(scfg.seed),
+                        "cupid.session_writer": scfg.roles.session_writer.name})
+
+    def publish(self, job: "Job", summary: "SynthesisSummary", complete: bool) -> Published:
+        """personas.json, instances.jsonl, validation.json/.csv and metrics.json."""
+        from cupid_exp.synthesis.summary import validation_table
+
+        out, outcomes, metrics = self.output_dir, summary.outcomes, summary.metrics
+        by_index = {t.index: t for t in self.templates}
+        personas = []
+        for o in outcomes:
+            p = o.journey.get("persona") or {}
+            personas.append({"persona_id": p.get("persona_id"), **by_index[o.index].to_dict(),
+                             "description": p.get("description"), "occupation": p.get("occupation"),
+                             "status": o.journey.get("status"), "failed_phase": o.failed_phase, "error": o.error})
+        write_json(out / "personas.json", personas)
+        write_jsonl(self.instances_path, summary.instances)
+        write_json(out / "validation.json", {
+            "summary": {k: v for k, v in metrics.items() if k.startswith("validation/")},
+            "instances": [v for o in outcomes for v in o.validation]})
+        table = validation_table(outcomes)
+        atomic_write_text(out / "validation.csv", table.to_csv(index=False))
+        write_json(out / "metrics.json", {
+            "metrics": metrics, "usage": job.attempt.meter.as_dict(), "complete": complete,
+            "personas": [{"index": o.index, "status": o.journey.get("status"), "failed_phase": o.failed_phase,
+                          "error": o.error, "dropped_instances": o.dropped} for o in outcomes],
+            "prompts_digest": self.digest})
+        files = [out / "personas.json", self.instances_path, out / "validation.json", out / "validation.csv",
+                 out / "metrics.json"]
+        return Published(files=files, tags={"cupid.failed_personas": str(summary.completeness.failed)},
+                         table=table.to_dict(orient="records"))
+
+    def report(self, job: "Job", summary: "SynthesisSummary", where: str, status: str) -> str:
+        from cupid_exp.synthesis.report import render_report
+
+        return render_report(self.cfg.synthesis, summary.metrics, summary.outcomes, self.instances_path, where,
+                             status)
+
+    def headline(self, summary: "SynthesisSummary") -> float:
+        """The instances written (what a sweep over recipes would compare)."""
+        return float(len(summary.instances))

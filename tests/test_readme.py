@@ -84,11 +84,13 @@ EXPECTED: dict[str, Expect] = {
     "python -m cupid_exp.diff JOB_DIR RUN_B": Expect(stdout_has="# verified"),
     "python -m cupid_exp.diff RUN_A RUN_B --shell": Expect(stdout_has="python -m cupid_exp"),
     # README: Synthesis
-    "python -m cupid_exp.synthesize synthesis=offline synthesis.n_personas=2": Expect(
+    "python -m cupid_exp.synthesize synthesis.n_personas=2": Expect(
         stub="synth", stdout_has="personas: 2/2 completed", capture=("SYNTH_DIR", r"^outputs: (\S+)"),
         why="on the stub (seconds); the embedded model's run is the synthesis tests' (slow)"),
     "python -m cupid_exp data=local data.path=SYNTH_DIR/instances/instances.jsonl": Expect(
         stub="eval", extra=FAST, stdout_has="complete: 1 of 1 instances"),
+    "python -m cupid_exp.synthesize synthesis=api synthesis.n_personas=10": Expect(
+        stub="synth", extra="synthesis.n_personas=1", stdout_has="personas: 1/1 completed"),
     "python -m cupid_exp.synthesize llm@synthesis.roles.user_simulator=gpt4o_eval synthesis.max_turns=8": Expect(
         stub="synth", extra="synthesis.n_personas=1", stdout_has="personas: 1/1 completed"),
     # README: Extending

@@ -1,0 +1,156 @@
+"""Synthesis runs on the job lifecycle evaluation has (``cupid_exp.job``), through the real CLI on the stub: the job
+lock, the usage ledger across attempts, one MLflow run per job with progress while it runs, budgets, and an
+identity that a faster or differently spelt endpoint does not change."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+from helpers.cli_runner import cli_env, run_cli, seed_store
+from helpers.stub_llm_server import StubServer
+from mlflow.tracking import MlflowClient
+
+from cupid_exp.synthesis.config import ROLES
+
+from .scripted import role_overrides
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tracking"))
+from tracking_runs import held_job, wait_for  # noqa: E402
+
+SMALL = ["synthesis=api", "synthesis.max_turns=1", "synthesis.max_checklist_items=2"]
+ONE_AT_A_TIME = [f"synthesis.roles.{role}.max_concurrency=1" for role in ROLES]  # a provider taking one call at once
+PRICED = [f"synthesis.roles.{role}.{kind}_cost_per_token={price}" for role in ROLES
+          for kind, price in (("input", "2.5e-06"), ("output", "1e-05"))]
+
+
+def command(url: str, root: Path, *extra: str) -> list[str]:
+    seed_store(root)
+    return [sys.executable, "-m", "cupid_exp.synthesize", *SMALL, *role_overrides(url), f"paths.output_root={root}",
+            f"runtime.cache_dir={root / 'cache'}", "runtime.progress=false", "tracking.progress_every_s=0.5", *extra]
+
+
+def runs(root: Path) -> list:
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("cupid-synthesis")
+    return client.search_runs([experiment.experiment_id]) if experiment is not None else []
+
+
+def journalled(root: Path) -> list[dict]:
+    return [json.loads(line) for p in (root / "journal").glob("*.jsonl") for line in p.read_text().splitlines()]
+
+
+def settled(stub: StubServer) -> int:
+    """Requests received once the held job sends no more: all it has in flight held, the count unchanged for half a
+    second (its other personas' calls may still go out after the first is held)."""
+    def quiet() -> int | None:
+        first = stub.stats()
+        time.sleep(0.5)
+        then = stub.stats()
+        same = first["total_received"] == then["total_received"] and then["in_flight"] == then["held"]
+        return then["total_received"] if same else None
+
+    return wait_for(quiet, 60, "the held job to stop sending")
+
+
+def job_folder(root: Path) -> Path:
+    (folder,) = (root / "synthesis").iterdir()
+    return folder
+
+
+def test_a_running_synthesis_shows_progress_and_a_killed_one_resumes_in_its_run_with_every_attempts_usage(
+        tmp_path: Path) -> None:
+    """One call at a time (every role's max_concurrency=1), so one persona at a time: held after the first persona,
+    the job is RUNNING in MLflow with progress points (a persona done, calls, spend). SIGKILLed there, the same
+    command takes the job over in the same run and folder, sends only what was not answered (no reply is asked for
+    twice), and ends FINISHED with the whole job's usage: the stub's count. Again, faster and spelt differently
+    (concurrency, pacing, localhost), it is the same job: nothing left, no request."""
+    root = tmp_path / "out"
+    with StubServer() as stub:
+        cmd = command(stub.url, root, "synthesis.n_personas=3", *ONE_AT_A_TIME, *PRICED)
+        with held_job(stub, cmd, tmp_path / "first.log", after=90) as first:
+            assert [r["key"] for r in journalled(root)] == ["persona_001"]  # the first persona, whole
+            uri = f"sqlite:///{root / 'mlflow.db'}"
+            client = MlflowClient(uri)
+
+            def progress() -> dict | None:
+                (run,) = runs(root)
+                done = client.get_metric_history(run.info.run_id, "progress/personas_done")
+                return run if run.info.status == "RUNNING" and any(m.value == 1 for m in done) else None
+
+            run = wait_for(progress, 60, "a progress point with one persona done while the run is RUNNING")
+            assert run.data.metrics["progress/calls"] >= 60 and run.data.metrics["progress/cost_usd"] > 0
+            journeys = job_folder(root) / "journeys"  # one persona at a time: the third has not started
+            assert (journeys / "persona_002.json").exists() and not (journeys / "persona_003.json").exists()
+            settled(stub)
+            held = stub.stats()["held"]
+            first.send_signal(signal.SIGKILL)
+            assert first.wait(timeout=30) == -signal.SIGKILL
+        folder = job_folder(root)
+        again = run_cli(cmd, timeout=300)
+        stats = stub.stats()
+        assert stats["repeated_completions"] == 0  # every reply the killed attempt got was kept (journey, cache)
+        (run,) = runs(root)
+        assert run.info.status == "FINISHED" and run.data.tags["cupid.attempt"] == "2"
+        m = run.data.metrics
+        assert m["calls/total"] - m["calls/cache_hits"] == stats["total_completed"]  # every attempt's calls
+        assert m["calls/requests"] == stats["total_received"] - held  # what was held unanswered died with it
+        assert 0 < m["calls/total/this_attempt"] < m["calls/total"]
+        assert "taking over this job" in again.stdout + again.stderr and job_folder(root) == folder
+        written = (folder / "instances" / "instances.jsonl").read_bytes()
+        assert len(written.splitlines()) == 9
+
+        faster = [f"synthesis.roles.{role}.{key}={value}" for role in ROLES
+                  for key, value in (("max_concurrency", 32), ("rpm", 6000))]
+        spelt = stub.url.replace("127.0.0.1", "localhost") + "/"
+        replay = run_cli(command(spelt, root, "synthesis.n_personas=3", *PRICED, *faster), timeout=300)
+        assert stub.stats()["total_received"] == stats["total_received"]  # nothing sent
+    assert "resuming: 3 of 3 personas already finished" in replay.stdout + replay.stderr
+    assert job_folder(root) == folder and (folder / "instances" / "instances.jsonl").read_bytes() == written
+    (run,) = runs(root)
+    assert run.data.tags["cupid.attempt"] == "3" and run.info.status == "FINISHED"
+
+
+def test_twin_launches_send_each_call_once(tmp_path: Path) -> None:
+    """A second launch of a running synthesis stops at once (one line naming the first, exit 2) and sends
+    nothing; the first completes, no reply asked for twice."""
+    root = tmp_path / "out"
+    with StubServer() as stub:
+        cmd = command(stub.url, root, "synthesis.n_personas=2")
+        with held_job(stub, cmd, tmp_path / "first.log", after=20) as first:
+            received = settled(stub)
+            second = run_cli(cmd, check=False, timeout=120)
+            assert second.returncode == 2, (second.stdout[-2000:], second.stderr[-2000:])
+            assert second.stderr.strip().splitlines()[-1].startswith(
+                f"cupid_exp.synthesize: another process is running this job: pid {first.pid} on ")
+            assert stub.stats()["total_received"] == received  # the twin sent nothing
+            stub.release()
+            assert first.wait(timeout=300) == 0, (tmp_path / "first.log").read_text()[-3000:]
+        stats = stub.stats()
+    assert stats["repeated_completions"] == 0 and stats["total_completed"] > 100
+    (run,) = runs(root)
+    assert run.info.status == "FINISHED" and run.data.tags["cupid.attempt"] == "1"
+
+
+def test_a_budget_stops_synthesis_with_exit_4_and_a_resume_completes_it_with_the_same_instances(
+        tmp_path: Path) -> None:
+    """runtime.max_cost_usd holds synthesis too: the job stops at it (exit 4, one BUDGET line naming the personas
+    not run), the same command with a higher budget resumes it in its run, and the instances are those of a job
+    that was never stopped, byte for byte."""
+    with StubServer() as stub:
+        cmd = command(stub.url, tmp_path / "out", "synthesis.n_personas=2", *PRICED)
+        stopped = run_cli([*cmd, "runtime.max_cost_usd=0.05"], check=False, timeout=300)
+        assert stopped.returncode == 4, (stopped.stdout[-2000:], stopped.stderr[-2000:])
+        line = stopped.stderr.strip().splitlines()[-1]
+        assert line.startswith("BUDGET: $") and "personas not run; resume with a higher budget" in line
+        resumed = run_cli([*cmd, "runtime.max_cost_usd=100"], timeout=300)
+        run_cli(command(stub.url, tmp_path / "whole", "synthesis.n_personas=2", *PRICED), timeout=300)
+    assert resumed.stdout.rstrip().endswith("complete: 2 of 2 personas synthesised")
+    instances = [job_folder(tmp_path / r) / "instances" / "instances.jsonl" for r in ("out", "whole")]
+    assert instances[0].read_bytes() == instances[1].read_bytes() and len(instances[0].read_bytes().splitlines()) == 6
+    (run,) = runs(tmp_path / "out")
+    assert run.info.status == "FINISHED" and run.data.tags["cupid.attempt"] == "2"
+    assert run.data.metrics["cost/usd"] > run.data.metrics["cost/usd/this_attempt"] > 0

@@ -1,0 +1,55 @@
+"""Synthesis as the job lifecycle's kind of work: how many personas run at once, what its journal records are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cupid_exp.config import ModelConfig, RuntimeConfig
+from cupid_exp.llm.client import clients_for
+from cupid_exp.llm.limits import forget_endpoints
+from cupid_exp.llm.usage import UsageMeter
+from cupid_exp.synthesis.config import ROLES
+from cupid_exp.synthesis.phases import PersonaOutcome
+from cupid_exp.synthesis.steps import SynthContext
+from cupid_exp.synthesis.work import SynthesisWork
+
+
+def _context(tmp_path: Path, endpoint_of: dict[str, tuple[str, int]]) -> SynthContext:
+    """Each role on (api_base, max_concurrency), with its own decoding (so a config, a client, of its own)."""
+    forget_endpoints()
+    runtime = RuntimeConfig(cache_dir=str(tmp_path / "cache"))
+    roles = {role: ModelConfig(name=role, litellm_model="openai/stub", api_base=base, max_concurrency=slots,
+                               params={"temperature": 0.1 * i})
+             for i, (role, (base, slots)) in enumerate(endpoint_of.items())}
+    return SynthContext(clients=clients_for(roles, runtime, UsageMeter()), prompts=None)
+
+
+@pytest.mark.parametrize("layout,personas", [
+    ({role: ("http://127.0.0.1:1/v1", 64) for role in ROLES}, 64),  # one endpoint taking 64 calls: 64 personas
+    ({role: ("http://127.0.0.1:1/v1", 1) for role in ROLES}, 1),  # one call at a time: one persona at a time
+    ({**{role: ("http://127.0.0.1:1/v1", 16) for role in ROLES}, "user_simulator": ("http://127.0.0.1:2/v1", 8)}, 24),
+    ({**{role: ("http://127.0.0.1:1/v1", 4) for role in ROLES}, "validator": ("http://127.0.0.1:1/v1", 32)}, 32),
+], ids=["one endpoint at 64", "one endpoint at 1", "two endpoints", "one endpoint, its roles at 4 and 32"])
+def test_personas_in_flight_follow_what_the_roles_endpoints_take(tmp_path: Path, layout, personas: int) -> None:
+    ctx = _context(tmp_path, layout)
+    assert SynthesisWork.in_flight(None, ctx) == personas  # type: ignore[arg-type]
+
+
+def test_a_personas_journal_record_says_whether_it_stands(tmp_path: Path) -> None:
+    work = SynthesisWork(cfg=None, templates=[], prompts=None, output_dir=tmp_path,  # type: ignore[arg-type]
+                         digest="d")
+    done = PersonaOutcome(index=3, journey={"persona": {"persona_id": "3+nurse"}}, instances=[{}, {}, {}])
+    failed = PersonaOutcome(index=4, journey={}, failed_phase="factors", error="factors: unparseable: x",
+                            failed_kind="unparseable")
+    assert done.to_record() == {"key": "persona_003", "index": 3, "persona_id": "3+nurse", "status": "done",
+                                "errors": [], "instances": 3, "dropped": 0}
+    assert failed.to_record()["errors"] == [{"step": "factors", "kind": "unparseable",
+                                             "message": "factors: unparseable: x"}]
+    assert work.whole_record(done.to_record()) is None and work.whole_record({"key": "persona_003"})
+    assert not work.is_final(failed.to_record(), False)  # a failed persona is tried again
+    assert not work.is_final(done.to_record(), False)  # its journey file is gone: it runs again
+    (tmp_path / "journeys").mkdir()
+    (tmp_path / "journeys" / "persona_003.json").write_text('{"status": "done"}')
+    assert work.is_final(done.to_record(), False)

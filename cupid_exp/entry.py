@@ -22,6 +22,7 @@ jobs are listed together and the process exits with the worst code.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,7 +80,7 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
         parent = SweepParent(str(Path(hc.sweep.dir).resolve())) if multirun else None
         outcome = job(cfg, output_dir, dict(hc.runtime.choices), parent)
     except (*input_errors, InputError) as exc:
-        print(f"{program}: {exc}", file=sys.stderr)
+        _refused(f"{program}: {exc}", str(exc), Path(hc.sweep.dir) if multirun else None)
         outcome = Outcome("error", str(exc))
     except Exception as exc:  # noqa: BLE001 - a bug goes on with its traceback; the environment's is one line
         from cupid_exp.outputs import environment_failure
@@ -102,8 +103,42 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
     return outcome.value
 
 
+def _refused(line: str, reason: str, sweep_dir: Path | None) -> None:
+    """Say why a job was refused, in its log file always, and on the console unless an earlier job of the same
+    sweep was refused for the same reason (the sweep's end groups them: ``SweepReportCallback``)."""
+    from cupid_exp.console import in_job_log
+    from cupid_exp.tracking.callbacks import reason_reported
+
+    in_job_log(line, logging.ERROR)
+    if sweep_dir is None or not reason_reported(sweep_dir, reason):
+        print(line, file=sys.stderr)
+
+
+#: how the sweep's summary says each way a job ended
+_ENDED = {"error": "refused", "incomplete": "incomplete", "budget": "stopped by a budget",
+          "environment": "failed by the environment"}
+_NAMED = 3  # jobs a group names before "and N more"
+
+
+def grouped_outcomes(bad: list[dict[str, Any]]) -> list[str]:
+    """One line per (outcome, reason): '20 jobs refused (0_a, 1_b, 2_c and 17 more): data=cupid: …'."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for status in bad:
+        groups.setdefault((str(status.get("outcome")), str(status.get("reason"))), []).append(str(status.get("job")))
+    lines = []
+    for (outcome, reason), jobs in groups.items():
+        ended = _ENDED.get(outcome, outcome)
+        if len(jobs) == 1:
+            lines.append(f"  {jobs[0]}: {ended}: {reason}")
+            continue
+        more = f" and {len(jobs) - _NAMED} more" if len(jobs) > _NAMED else ""
+        lines.append(f"  {len(jobs)} jobs {ended} ({', '.join(jobs[:_NAMED])}{more}): {reason}")
+    return lines
+
+
 class SweepReportCallback(Callback):
-    """At the end of a sweep: list the jobs that failed or ended incomplete, and set the exit code."""
+    """At the end of a sweep: list the jobs that failed or ended incomplete, jobs that ended alike for one reason
+    on one line, and set the exit code."""
 
     exit_code = EXIT_OK
 
@@ -114,8 +149,7 @@ class SweepReportCallback(Callback):
         bad = [s for s in statuses if s.get("outcome") != "ok"]
         if not bad:
             return
-        lines = [f"sweep: {len(bad)} of {len(statuses)} jobs did not complete:"]
-        lines += [f"  {s.get('job')}: {s.get('outcome')}: {s.get('reason')}" for s in bad]
+        lines = [f"sweep: {len(bad)} of {len(statuses)} jobs did not complete:", *grouped_outcomes(bad)]
         print("\n".join(lines), file=sys.stderr)
         codes = [Outcome(s.get("outcome", "error")).exit_code for s in bad]
         SweepReportCallback.exit_code = next((c for c in _SWEEP_SEVERITY if c in codes), max(codes))

@@ -45,6 +45,11 @@ def test_a_run_scores_instances_logs_one_mlflow_run_and_reruns_for_free(tmp_path
         assert len(r["recall_labels"]) == len(r["gt_checklist"])
     metrics = json.loads((job / "metrics.json").read_text())["metrics"]
     assert metrics["inference/count/failed"] == 0 and metrics["inference/count/instances"] == 2
+    # the printed table is kept beside metrics.json, and in the job's log
+    printed = (job / "results.txt").read_text().strip()
+    assert printed.startswith("CUPID inference |") and printed.endswith("complete: 2 of 2 instances ran without "
+                                                                        "a failed step")
+    assert printed in proc.stdout and printed.splitlines()[2] in (job / "cli.log").read_text()
 
     client, found = runs(root)
     (run,) = found
@@ -53,7 +58,7 @@ def test_a_run_scores_instances_logs_one_mlflow_run_and_reruns_for_free(tmp_path
     assert {"git_commit", "git_dirty", "dataset_digest", "prompts_digest", "cupid.complete"} <= set(run.data.tags)
     assert run.info.status == "FINISHED" and run.data.tags["cupid.complete"] == "true"
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"config.yaml", "instances.jsonl", "metrics.json", "instances_table.json", "plots"} <= artifacts
+    assert {"config.yaml", "instances.jsonl", "metrics.json", "results.txt", "instances_table.json", "plots"} <= artifacts
 
     # an identical rerun finds every instance in the resume journal and calls nothing
     resumed = run_cli(cli_command(stub.url, root, "data.limit=2", cache_dir=cache))
@@ -93,6 +98,21 @@ def test_impossible_combination_stops_before_any_call(tmp_path: Path) -> None:
     lines = [line for line in proc.stderr.splitlines() if line.startswith("cupid_exp:")]
     assert len(lines) == 1 and "setting=oracle_preference is defined for generation only" in lines[0]
     assert not (tmp_path / "outputs" / "mlflow.db").exists()
+    (log,) = (tmp_path / "outputs" / "runs").glob("*/*/cli.log")  # the folder the refusal left says why
+    assert lines[0] in log.read_text()
+
+
+def test_a_dry_run_keeps_its_estimate_and_writes_no_placeholder_scores(tmp_path: Path, stub) -> None:
+    root = tmp_path / "outputs"
+    proc = run_cli(cli_command(stub.url, root, "data.limit=2", "task=both", "runtime.dry_run=true"))
+    (job,) = [p.parent for p in root.glob("runs/*/*/metrics.json")]
+    saved = json.loads((job / "metrics.json").read_text())
+    assert saved["dry_run"] and saved["metrics"]["calls/total"] == 12 and saved["metrics"]["tokens/prompt"] > 0
+    scores = [k for k in saved["metrics"] if k.startswith(("inference/", "generation/"))]
+    assert not scores and saved["breakdown"] == {} and not (job / "instances.jsonl").exists()
+    estimate = (job / "results.txt").read_text().strip()
+    assert estimate.startswith("DRY RUN (no model was called)") and estimate in proc.stdout
+    assert "total: 12 calls" in (job / "cli.log").read_text()
 
 
 def test_prefmatcher_evaluator_serves_and_scores(tmp_path: Path, stub) -> None:
@@ -131,6 +151,8 @@ def test_retrieval_sweep_beside_standard_and_oracle(tmp_path: Path, stub) -> Non
     assert len(jobs) == 4  # the replay continued the standard and oracle jobs' runs (one run per job)
     retrieval = {r.data.params["setting.retriever"]: r for r in jobs if r.data.params["setting.name"] == "retrieval"}
     assert sorted(retrieval) == ["bm25", "recency"]
+    assert sorted(r.info.run_name for r in retrieval.values()) == [  # a name per variant
+        "openai_compatible-inference-retrieval[bm25,k=2]", "openai_compatible-inference-retrieval[recency,k=2]"]
     for run in retrieval.values():
         assert 0.0 <= run.data.metrics["retrieval/recall_at_k"] <= 1.0
         assert "retrieval/consistent/recall_at_k" in run.data.metrics

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -162,3 +163,16 @@ def test_retrieval_sweep_beside_standard_and_oracle(tmp_path: Path, stub) -> Non
     assert all("retrieval/recall_at_k" not in r.data.metrics for r in others)
     replayed = [r for r in others if r.data.metrics.get("resume/instances_from_journal") == 2]
     assert len(replayed) == 2 and all(r.data.tags["cupid.attempt"] == "2" for r in replayed)
+
+
+def test_a_job_whose_output_is_no_terminal_prints_progress_lines(tmp_path: Path) -> None:
+    """nohup, SLURM, CI: no bars, but a line every runtime.progress_every_s seconds (the test suite sets 0)."""
+    with StubServer(latency_ms=400) as slow:
+        cmd = [a for a in cli_command(slow.url, tmp_path / "outputs", "data.limit=2", "tracking=none")
+               if a != "runtime.progress=false"]
+        proc = run_cli([*cmd, "runtime.progress_every_s=0.3"])
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("progress: ")]
+    assert len(lines) >= 2, proc.stderr[-2000:]
+    assert all(re.match(r"progress: \d/2 instances \(\d+%\); calls \d+ \(\d+ cached, 0 failed\); \$0\.0000; "
+                        r"\d+\.\d instances/min; 0m0\ds elapsed", line) for line in lines), lines
+    assert lines[-1].startswith("progress: 2/2 instances (100%); calls 8 (0 cached, 0 failed)")

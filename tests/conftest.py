@@ -8,7 +8,6 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-os.environ.setdefault("CUPID_PROGRESS_EVERY_S", "0")  # no progress lines in tests' logs unless a test asks
 
 from pathlib import Path  # noqa: E402
 

@@ -166,7 +166,7 @@ def test_retrieval_sweep_beside_standard_and_oracle(tmp_path: Path, stub) -> Non
 
 
 def test_a_job_whose_output_is_no_terminal_prints_progress_lines(tmp_path: Path) -> None:
-    """nohup, SLURM, CI: no bars, but a line every runtime.progress_every_s seconds (the test suite sets 0)."""
+    """nohup, SLURM, CI: no bars, but a line every runtime.progress_every_s seconds (tests run with progress off)."""
     with StubServer(latency_ms=400) as slow:
         cmd = [a for a in cli_command(slow.url, tmp_path / "outputs", "data.limit=2", "tracking=none")
                if a != "runtime.progress=false"]

@@ -58,6 +58,15 @@ class InputError(Exception):
 
 
 _STARTED = False  # set once a job function runs: a composition error before it is Hydra's own
+_HELD = None  # stderr held until a job starts (``hydra_errors.HeldStderr``): Hydra's composition errors in one line
+
+
+def _release_stderr() -> None:
+    """The real stderr back, with what was held (a job has started: what follows is the job's own)."""
+    global _HELD
+    if _HELD is not None:
+        _HELD.release()
+        _HELD = None
 
 
 def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path, dict, Any], Outcome],
@@ -71,6 +80,7 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
     from cupid_exp.tracking.mlflow import SweepParent
 
     _STARTED = True
+    _release_stderr()
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     output_dir = Path(hc.runtime.output_dir)
@@ -142,6 +152,9 @@ class SweepReportCallback(Callback):
 
     exit_code = EXIT_OK
 
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _release_stderr()  # the sweep composed: what it says from here on is said as it happens (joblib jobs too)
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from cupid_exp.tracking.callbacks import job_statuses
 
@@ -155,6 +168,9 @@ class SweepReportCallback(Callback):
         SweepReportCallback.exit_code = next((c for c in _SWEEP_SEVERITY if c in codes), max(codes))
 
 
+_PROGRAMS = {"config": "cupid_exp", "synthesize": "cupid_exp.synthesize"}  # how a one-line error names the command
+
+
 def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
                 register: Callable[[], None] | None = None) -> Callable[[], None]:
     """A console-script ``main()`` running ``task`` under Hydra with cupid-exp's config folder.
@@ -163,6 +179,8 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
     checks; a sweep exits with its worst job's code once every job has run.
     """
     import hydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     from cupid_exp.config import register_configs
     from cupid_exp.resources import conf_dir
@@ -173,12 +191,32 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
     hydra_main = hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name=config_name)(task)
 
     def run() -> int:
+        global _HELD
+        import os
+
+        from cupid_exp.hydra_errors import HeldStderr, one_line
+
+        if os.environ.get("HYDRA_FULL_ERROR") != "1":
+            _HELD = sys.stderr = HeldStderr(sys.stderr)
         try:
             hydra_main()
         except SystemExit as exc:
-            if exc.code == EXIT_BUG and not _STARTED:
-                return EXIT_BAD_INPUT  # Hydra printed why composition failed; no job ran, no call was made
+            if exc.code == EXIT_BUG and not _STARTED:  # no job ran, no call was made
+                said = one_line(_HELD.text) if _HELD is not None else None
+                if said is not None:
+                    _HELD.release(replay=False)
+                    print(f"{_PROGRAMS.get(config_name, config_name)}: {said}", file=sys.stderr)
+                return EXIT_BAD_INPUT
             return exit_code_of(exc)
+        except (HydraException, OmegaConfBaseException):  # HYDRA_FULL_ERROR=1: Hydra raised it, with its trace
+            if _STARTED:
+                raise
+            import traceback
+
+            traceback.print_exc()
+            return EXIT_BAD_INPUT
+        finally:
+            _release_stderr()
         return SweepReportCallback.exit_code
 
     def main() -> None:

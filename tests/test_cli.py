@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import cli_command, job_dirs, read_jsonl, run_cli
+from helpers.cli_runner import cli_command, cli_env, job_dirs, read_jsonl, run_cli
 from helpers.cupid_data import stub_overrides
 from helpers.stub_llm_server import StubServer
 from mlflow.tracking import MlflowClient
@@ -176,3 +176,18 @@ def test_a_job_whose_output_is_no_terminal_prints_progress_lines(tmp_path: Path)
     assert all(re.match(r"progress: \d/2 instances \(\d+%\); calls \d+ \(\d+ cached, 0 failed\); \$0\.0000; "
                         r"\d+\.\d instances/min; 0m0\ds elapsed", line) for line in lines), lines
     assert lines[-1].startswith("progress: 2/2 instances (100%); calls 8 (0 cached, 0 failed)")
+
+
+def test_a_misspelt_key_is_one_line_of_ours_and_help_lists_only_choices(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "cupid_exp", f"paths.output_root={tmp_path}"]
+    proc = run_cli([*cmd, "data.limt=1"], check=False)
+    assert proc.returncode == 2 and not (tmp_path / "runs").exists()
+    assert proc.stderr.splitlines() == [  # Hydra's own text was 8 lines
+        "cupid_exp: Could not override 'data.limt': Key 'limt' not in 'DataConfig' (a new key: +data.limt=1); "
+        "HYDRA_FULL_ERROR=1 shows Hydra's full message"]
+    (line,) = run_cli([*cmd, "model=gpt5"], check=False).stderr.splitlines()
+    assert "Could not find 'model/gpt5' (choose one of: claude, " in line
+    full = run_cli([*cmd, "data.limt=1"], env=cli_env(HYDRA_FULL_ERROR="1"), check=False)
+    assert full.returncode == 2 and "Traceback" in full.stderr and "Could not override 'data.limt'" in full.stderr
+    shown = run_cli([*cmd, "--help"]).stdout
+    assert "setting: oracle, oracle_preference, retrieval, standard, summary\n" in shown and "_schema" not in shown

@@ -154,7 +154,9 @@ def job_finisher(plan: JobPlan, observer: InstanceObserver | None, results: list
 
 
 def job_progress(plan: JobPlan, total: int) -> Progress:
-    return Progress([*plan.setting.stages, *plan.parts], total, plan.meter, enabled=bool(plan.cfg.runtime.progress))
+    runtime = plan.cfg.runtime
+    return Progress([*plan.setting.stages, *plan.parts], total, plan.meter, enabled=bool(runtime.progress),
+                    every_s=runtime.progress_every_s)
 
 
 async def _run_all(plan: JobPlan, instances: list[Instance], observer: InstanceObserver | None = None

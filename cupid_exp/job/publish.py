@@ -33,7 +33,7 @@ def title(plan: JobPlan) -> str:
 
 def run_name(plan: JobPlan) -> str:
     cfg = plan.cfg
-    return cfg.tracking.run_name or f"{cfg.model.name}-{cfg.task.name}-{cfg.setting.name}"
+    return cfg.tracking.run_name or f"{cfg.model.name}-{cfg.task.name}-{plan.setting.label()}"
 
 
 def start_tracking(plan: JobPlan) -> Any:
@@ -95,11 +95,14 @@ def _judges(plan: JobPlan) -> dict[str, str]:
 
 
 def write_outputs(plan: JobPlan, summary: JobSummary, complete: bool | None = None) -> None:
-    records = scrub_obj(summary.records, plan.secrets)
+    """instances.jsonl and metrics.json; a dry run's replies are placeholders: it writes no record and no score."""
     plan.output_dir.mkdir(parents=True, exist_ok=True)
-    write_jsonl(plan.output_dir / "instances.jsonl", records)
+    if not plan.dry_run:
+        write_jsonl(plan.output_dir / "instances.jsonl", scrub_obj(summary.records, plan.secrets))
+    metrics = console.dry_run_metrics(summary.metrics) if plan.dry_run else summary.metrics
     write_json(plan.output_dir / "metrics.json", {
-        "dry_run": plan.dry_run, "git": git_state(), "metrics": summary.metrics, "breakdown": summary.nested,
+        "dry_run": plan.dry_run, "git": git_state(), "metrics": metrics,
+        "breakdown": {} if plan.dry_run else summary.nested,
         "errors": summary.errors, "usage": plan.meter.as_dict(),
         "complete": summary.complete if complete is None else complete, "failed_instances": summary.failed_instances,
         "failure_reasons": summary.failure_reasons(),
@@ -127,14 +130,16 @@ def publish(plan: JobPlan, summary: JobSummary, tracker: Any, spending: BudgetRe
     if plan.dry_run:
         estimate = plan.meter.totals().get("cost_usd", 0.0)
         sweep = plan.parent_run.sweep_dir if isinstance(plan.parent_run, SweepParent) else None
-        print(console.dry_run_report(title(plan), plan.meter, fit_line(plan.cfg.runtime, estimate, sweep)))
+        console.show(console.dry_run_report(title(plan), plan.meter, fit_line(plan.cfg.runtime, estimate, sweep)),
+                     plan.output_dir)
         return
     where = str(plan.output_dir)
     if live is not None:
         live.wait_opened()
         where += f" | MLflow run {live.run_id} at {plan.cfg.tracking.uri}"
-    print(console.job_report(title(plan), summary.nested, summary.errors, summary.metrics, len(plan.data.errors),
-                             where, spending.status_line() if stopped else summary.status_line()), flush=True)
+    console.show(console.job_report(title(plan), summary.nested, summary.errors, summary.metrics,
+                                    len(plan.data.errors), where,
+                                    spending.status_line() if stopped else summary.status_line()), plan.output_dir)
     if live is None:
         return
     # The results are on disk and printed: logging them is held together, an interrupt waits for it (a few
@@ -148,7 +153,8 @@ def publish(plan: JobPlan, summary: JobSummary, tracker: Any, spending: BudgetRe
             metrics=whole, step=summary.n_instances,
             tags={"cupid.complete": str(complete).lower(), "cupid.failed_instances": summary.failed_instances,
                   **({"cupid.batch_ids": " ".join(plan.meter.batches.ids)[:5000]} if plan.meter.batches.ids else {})},
-            artifacts=[([str(plan.output_dir / "instances.jsonl"), str(plan.output_dir / "metrics.json")], None),
+            artifacts=[([str(plan.output_dir / name) for name in ("instances.jsonl", "metrics.json",
+                                                                  console.RESULTS_FILE)], None),
                        ([str(p) for p in sorted((plan.output_dir / ".hydra").glob("*.yaml"))], ".hydra")],
             table=scrub_obj(summary.records, plan.secrets), plots=_plots(plan),
             summary={"calls": int(m.get("calls/total", 0)), "cost_usd": round(m.get("cost/usd", 0.0), 6)}))

@@ -41,13 +41,15 @@ def publish_sweep(client: Any, uri: str, experiment: str, parent_id: str, *, see
     notes = list(selection.notes) + [f"{len(children)} job runs in this sweep, {len(selection.runs)} in the tables",
                                      f"95% intervals: cluster bootstrap over personas, {n_boot} resamples, seed {seed}"]
     client.log_text(parent_id, render(tables, notes, "markdown"), "leaderboard.md")
-    client.log_text(parent_id, render(tables, notes, "html"), "leaderboard.html")
     for i, table in enumerate(tables, start=1):
         client.log_table(parent_id, data=table.frame.astype(str),
                          artifact_file=f"leaderboard/{i:02d}_{_slug(table.title)}.json")
     with tempfile.TemporaryDirectory() as tmp:
-        for path in save_report_plots(selection, Path(tmp), n_boot=n_boot, seed=seed) if selection.runs else []:
+        plots = save_report_plots(selection, Path(tmp), n_boot=n_boot, seed=seed) if selection.runs else []
+        for path in plots:
             client.log_artifact(parent_id, str(path), artifact_path="plots")
+        images = [(path.stem, path.read_bytes()) for path in plots]  # the page carries its plots
+        client.log_text(parent_id, render(tables, notes, "html", images), "leaderboard.html")
     metrics = {"sweep/jobs": float(len(children)), "sweep/jobs_in_tables": float(len(selection.runs)),
                "sweep/jobs_finished": float(sum(r.status == "FINISHED" for r in children))}
     now = int(time.time() * 1000)

@@ -59,17 +59,32 @@ def flatten(value: Any, prefix: str = "") -> dict[str, str]:
 
 
 def prepare_store(uri: str) -> None:
-    """Create a SQLite store's folder and schema once, under a file lock: parallel jobs on a fresh store
-    would each run MLflow's schema migrations at once and fail ('table ... already exists')."""
+    """Make sure a SQLite store exists whole, once per process, under a file lock (parallel jobs on a fresh store
+    would each run MLflow's schema migrations at once and fail: 'table ... already exists').
+
+    MLflow's migrations on SQLite are not transactional: a process killed while they run leaves a half-made store
+    that every later command fails on. So a new store is made aside and moved into place whole
+    (``sqlite_store.create_aside``), and a store that MLflow cannot open and that holds no run (one half made
+    before this existed) is moved away and made again (``sqlite_store.repair``)."""
     if not uri.startswith("sqlite:///") or uri in _READY_STORES:
         return
     from filelock import FileLock
     from mlflow.tracking import MlflowClient
 
+    from cupid_exp.tracking import sqlite_store
+
     db = Path(uri.removeprefix("sqlite:///")).expanduser()
     db.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(db.with_name(db.name + ".lock"))):
-        MlflowClient(uri).search_experiments(max_results=1)  # creates or migrates the schema
+        sqlite_store.clear_leftovers(db)
+        if not db.exists():
+            sqlite_store.create_aside(db)
+        try:
+            MlflowClient(uri).search_experiments(max_results=1)  # opens it (migrates one made by an older MLflow)
+        except Exception as exc:  # noqa: BLE001 - repaired if it holds nothing, else raised as it is
+            if not sqlite_store.repair(db, exc):
+                raise
+            MlflowClient(uri).search_experiments(max_results=1)
     _READY_STORES.add(uri)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,7 +18,6 @@ import pytest
 from helpers.cli_runner import cli_env, read_jsonl, run_cli
 from helpers.cupid_data import write_dataset
 from helpers.stub_llm_server import StubServer
-from test_mlflow_server import _free_port
 from tracking_runs import job_command, only_run, start, traces_of, wait_for
 
 from cupid_exp.entry import EXIT_ENVIRONMENT
@@ -27,6 +27,12 @@ pytestmark = pytest.mark.slow  # two server starts (10-20 s each here)
 N = 8
 FLUSH_S = 10  #: tracking.flush_timeout_s for these jobs
 SLACK_S = 20  #: what a loaded 2-core machine adds to it (the job's own exit, the worker's kill)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _serve(folder: Path, port: int) -> subprocess.Popen:

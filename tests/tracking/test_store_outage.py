@@ -93,6 +93,7 @@ def test_a_server_gone_for_good_ends_the_job_in_bounded_time_and_the_next_comman
             printed = time.monotonic()
             returncode = job.wait(timeout=FLUSH_S + SLACK_S)
             waited = time.monotonic() - printed
+            print(f"the job ended {waited:.1f} s after its table (tracking.flush_timeout_s={FLUSH_S})")
             text = log.read_text()
             assert returncode == EXIT_ENVIRONMENT, text[-3000:]
             assert waited < FLUSH_S + SLACK_S

@@ -263,12 +263,14 @@ class TrackingConfig(Checked):
     run_name: Optional[str] = None
     traces: bool = True  # one MLflow trace per instance (a span per model call, scores as feedback)
     progress_every_s: float = 15.0  # longest gap between two progress points while a job runs
+    flush_timeout_s: float = 60.0  # how long a job that printed its results waits for the store to take them
 
     def check(self, where: str) -> None:
         require(not self.enabled or bool(self.uri), f"{where}.uri", self.uri, "a tracking URI when tracking is on")
         require(not self.enabled or bool(self.experiment), f"{where}.experiment", self.experiment,
                 "a non-empty experiment name")
         require_positive(f"{where}.progress_every_s", self.progress_every_s)
+        require_positive(f"{where}.flush_timeout_s", self.flush_timeout_s)
         if self.enabled:
             require_no_credentials(f"{where}.uri", self.uri, "set MLFLOW_TRACKING_USERNAME and "
                                    "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) in the environment instead: "

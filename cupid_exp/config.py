@@ -263,12 +263,14 @@ class TrackingConfig(Checked):
     run_name: Optional[str] = None
     traces: bool = True  # one MLflow trace per instance (a span per model call, scores as feedback)
     progress_every_s: float = 15.0  # longest gap between two progress points while a job runs
+    flush_timeout_s: float = 60.0  # how long a job that printed its results waits for the store to take them
 
     def check(self, where: str) -> None:
         require(not self.enabled or bool(self.uri), f"{where}.uri", self.uri, "a tracking URI when tracking is on")
         require(not self.enabled or bool(self.experiment), f"{where}.experiment", self.experiment,
                 "a non-empty experiment name")
         require_positive(f"{where}.progress_every_s", self.progress_every_s)
+        require_positive(f"{where}.flush_timeout_s", self.flush_timeout_s)
         if self.enabled:
             require_no_credentials(f"{where}.uri", self.uri, "set MLFLOW_TRACKING_USERNAME and "
                                    "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) in the environment instead: "
@@ -285,7 +287,8 @@ class RuntimeConfig(Checked):
     failure_policy: str = "exclude"  # exclude | zero | upstream: how a failed instance enters the means
     max_failed_fraction: float = 0.1  # above this share of failed instances a run exits 3 (incomplete)
     retry_failed: bool = False  # on resume, also re-run instances whose replies were unusable
-    progress: bool = True
+    progress: bool = True  # bars on a terminal; elsewhere a progress line every progress_every_s seconds
+    progress_every_s: float = 30.0  # seconds between two progress lines when stderr is not a terminal; 0: none
     resume: bool = True  # skip instances a previous run of the same job already finished
     dry_run: bool = False  # render prompts and count calls/tokens/cost; call no model
     dry_run_completion_tokens: int = 300  # assumed reply length for the dry-run cost estimate
@@ -313,6 +316,7 @@ class RuntimeConfig(Checked):
                 self.num_retries, "an integer >= 0")
         require_positive(f"{where}.timeout", self.timeout)
         require_positive(f"{where}.rate_limit_patience_s", self.rate_limit_patience_s)
+        require_positive(f"{where}.progress_every_s", self.progress_every_s, allow_zero=True)
         require(isinstance(self.reask, int) and self.reask >= 0, f"{where}.reask", self.reask, "an integer >= 0")
         require(self.failure_policy in FAILURE_POLICIES, f"{where}.failure_policy", self.failure_policy,
                 f"one of {list(FAILURE_POLICIES)}")

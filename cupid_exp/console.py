@@ -1,14 +1,46 @@
 """What a job prints: the results table per task part, failures, usage, where the outputs went, and a
-last line that says whether the run is complete (scripts read it). Dry runs print their estimate."""
+last line that says whether the run is complete (scripts read it). Dry runs print their estimate.
+
+What a job prints at its end is kept in its folder too (``results.txt``) and in its log file (Hydra's
+``<job>.log``), so that a folder read later says what the console said.
+"""
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from cupid_exp.llm.usage import UsageMeter, usage_line
 
 if TYPE_CHECKING:  # imported by the tables when they are drawn, after the job's calls
     import pandas as pd
+
+RESULTS_FILE = "results.txt"  # the printed results table (or a dry run's estimate), beside metrics.json
+DRY_RUN_METRICS = ("calls/", "tokens/", "cost/", "time/", "data/", "resume/", "instances/total")  # what it measures
+
+
+def in_job_log(message: str, level: int = logging.INFO) -> None:
+    """Write ``message`` to the job's log file only (Hydra's file handler): the console has said it already."""
+    record = logging.LogRecord("cupid_exp", level, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
+def show(text: str, output_dir: Path) -> None:
+    """Print the job's closing text, then keep it in its folder (``results.txt``) and its log file."""
+    from cupid_exp.outputs import atomic_write_text
+
+    print(text, flush=True)
+    atomic_write_text(Path(output_dir) / RESULTS_FILE, text.strip("\n") + "\n")
+    in_job_log(text.strip("\n"))
+
+
+def dry_run_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    """What a dry run measured (calls, tokens, cost, time, data): not the scores of its placeholder replies."""
+    return {k: v for k, v in metrics.items() if k.startswith(DRY_RUN_METRICS)}
+
 
 PERCENT_COLUMNS = ("precision", "recall", "f1", "micro/precision", "micro/recall", "micro/f1")
 HEADERS = {"inference": "inference P/R/F1 in %: macro (paper: mean per-instance P and R, F1 = their harmonic "

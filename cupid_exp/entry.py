@@ -27,6 +27,7 @@ jobs are listed together and the process exits with the worst code.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import warnings
@@ -96,6 +97,15 @@ def _masked(line: str, cfg: DictConfig, overrides: Any) -> str:
 
 
 _STARTED = False  # set once a job function runs: a composition error before it is Hydra's own
+_HELD = None  # stderr held until a job starts (``hydra_errors.HeldStderr``): Hydra's composition errors in one line
+
+
+def _release_stderr() -> None:
+    """The real stderr back, with what was held (a job has started: what follows is the job's own)."""
+    global _HELD
+    if _HELD is not None:
+        _HELD.release()
+        _HELD = None
 
 
 def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path, dict, Any], Outcome],
@@ -109,6 +119,7 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
     from cupid_exp.tracking.mlflow import SweepParent
 
     _STARTED = True
+    _release_stderr()
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     output_dir = Path(hc.runtime.output_dir)
@@ -119,7 +130,7 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
         outcome = job(cfg, output_dir, dict(hc.runtime.choices), parent)
     except (*input_errors, InputError) as exc:
         line = _masked(str(exc), cfg, hc.overrides.task)
-        print(f"{program}: {line}", file=sys.stderr)
+        _refused(f"{program}: {line}", line, Path(hc.sweep.dir) if multirun else None)
         outcome = Outcome(getattr(exc, "outcome", "error"), line)  # a provider's stop may say "retry_later"
     except KeyboardInterrupt as exc:
         if not multirun:
@@ -150,10 +161,47 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
     return outcome.value
 
 
+def _refused(line: str, reason: str, sweep_dir: Path | None) -> None:
+    """Say why a job was refused, in its log file always, and on the console unless an earlier job of the same
+    sweep was refused for the same reason (the sweep's end groups them: ``SweepReportCallback``)."""
+    from cupid_exp.console import in_job_log
+    from cupid_exp.tracking.callbacks import reason_reported
+
+    in_job_log(line, logging.ERROR)
+    if sweep_dir is None or not reason_reported(sweep_dir, reason):
+        print(line, file=sys.stderr)
+
+
+#: how the sweep's summary says each way a job ended
+_ENDED = {"error": "refused", "incomplete": "incomplete", "budget": "stopped by a budget",
+          "environment": "failed by the environment"}
+_NAMED = 3  # jobs a group names before "and N more"
+
+
+def grouped_outcomes(bad: list[dict[str, Any]]) -> list[str]:
+    """One line per (outcome, reason): '20 jobs refused (0_a, 1_b, 2_c and 17 more): data=cupid: …'."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for status in bad:
+        groups.setdefault((str(status.get("outcome")), str(status.get("reason"))), []).append(str(status.get("job")))
+    lines = []
+    for (outcome, reason), jobs in groups.items():
+        ended = _ENDED.get(outcome, outcome)
+        if len(jobs) == 1:
+            lines.append(f"  {jobs[0]}: {ended}: {reason}")
+            continue
+        more = f" and {len(jobs) - _NAMED} more" if len(jobs) > _NAMED else ""
+        lines.append(f"  {len(jobs)} jobs {ended} ({', '.join(jobs[:_NAMED])}{more}): {reason}")
+    return lines
+
+
 class SweepReportCallback(Callback):
-    """At the end of a sweep: list the jobs that failed or ended incomplete, and set the exit code."""
+    """At the end of a sweep: list the jobs that failed or ended incomplete, jobs that ended alike for one reason
+    on one line, and set the exit code."""
 
     exit_code = EXIT_OK
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _release_stderr()  # the sweep composed: what it says from here on is said as it happens (joblib jobs too)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from cupid_exp.tracking.callbacks import job_statuses
@@ -162,11 +210,13 @@ class SweepReportCallback(Callback):
         bad = [s for s in statuses if s.get("outcome") != "ok"]
         if not bad:
             return
-        lines = [f"sweep: {len(bad)} of {len(statuses)} jobs did not complete:"]
-        lines += [f"  {s.get('job')}: {s.get('outcome')}: {s.get('reason')}" for s in bad]
+        lines = [f"sweep: {len(bad)} of {len(statuses)} jobs did not complete:", *grouped_outcomes(bad)]
         print("\n".join(lines), file=sys.stderr)
         codes = [Outcome(s.get("outcome", "error")).exit_code for s in bad]
         SweepReportCallback.exit_code = next((c for c in _SWEEP_SEVERITY if c in codes), max(codes))
+
+
+_PROGRAMS = {"config": "cupid_exp", "synthesize": "cupid_exp.synthesize"}  # how a one-line error names the command
 
 
 def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
@@ -177,6 +227,8 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
     checks; a sweep exits with its worst job's code once every job has run.
     """
     import hydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     from cupid_exp.config import register_configs
     from cupid_exp.resources import conf_dir
@@ -187,20 +239,38 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
     hydra_main = hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name=config_name)(task)
 
     def run() -> int:
+        global _HELD
+        from cupid_exp.hydra_errors import HeldStderr, one_line
+
         # a Ctrl-C (or a timeout) cancels a call while litellm's executor thread makes its provider coroutine: asyncio
         # drops it unstarted, which is no forgotten await of ours, and not what an interrupted job should print
         warnings.filterwarnings("ignore", message=r"coroutine '.*\.acompletion' was never awaited",
                                 category=RuntimeWarning)
+        if os.environ.get("HYDRA_FULL_ERROR") != "1":
+            _HELD = sys.stderr = HeldStderr(sys.stderr)
         try:
             hydra_main()
         except SystemExit as exc:
-            if exc.code == EXIT_BUG and not _STARTED:
-                return EXIT_BAD_INPUT  # Hydra printed why composition failed; no job ran, no call was made
+            if exc.code == EXIT_BUG and not _STARTED:  # no job ran, no call was made
+                said = one_line(_HELD.text) if _HELD is not None else None
+                if said is not None:
+                    _HELD.release(replay=False)
+                    print(f"{_PROGRAMS.get(config_name, config_name)}: {said}", file=sys.stderr)
+                return EXIT_BAD_INPUT
             return exit_code_of(exc)
         except KeyboardInterrupt as exc:  # Ctrl-C: the journal and the runs are closed by now; no traceback
             line = exc.line() if isinstance(exc, Interrupted) else Interrupted().line()
             print(line, file=sys.stderr, flush=True)
             return EXIT_INTERRUPTED
+        except (HydraException, OmegaConfBaseException):  # HYDRA_FULL_ERROR=1: Hydra raised it, with its trace
+            if _STARTED:
+                raise
+            import traceback
+
+            traceback.print_exc()
+            return EXIT_BAD_INPUT
+        finally:
+            _release_stderr()
         return SweepReportCallback.exit_code
 
     def main() -> None:

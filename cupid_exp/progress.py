@@ -1,15 +1,18 @@
-"""Progress: one bar per stage (summaries, inference, generation) with ETA, plus calls,
-cache hits, tokens and cost so far. Silent when stderr is not a terminal or when
-``runtime.progress=false``. Other watchers of a job (its live MLflow run) hear of each finished
-instance through ``InstanceObserver``."""
+"""Progress: on a terminal, one bar per stage (summaries, inference, generation) with ETA, plus calls,
+cache hits, tokens and cost so far; elsewhere (nohup, SLURM, CI: stderr is a file or a pipe), one line every
+``runtime.progress_every_s`` seconds with the instances done, calls, failures, spend, rate and time left, so
+that a log is never silent for the length of a job. ``runtime.progress=false`` silences both. Other watchers of
+a job (its live MLflow run) hear of each finished instance through ``InstanceObserver``."""
 
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from typing import Any, Iterable, Mapping, Protocol
 
 from cupid_exp.llm.calls import CallLog
-from cupid_exp.llm.usage import UsageMeter
+from cupid_exp.llm.usage import UsageMeter, failed_calls
 
 
 class InstanceObserver(Protocol):
@@ -28,11 +31,73 @@ def wants_calls(observer: InstanceObserver | None) -> bool:
     return observer is not None and observer.wants_calls
 
 
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{secs:02d}s"
+
+
+class ProgressLines:
+    """One progress line to stderr every ``every_s`` seconds, from a thread of its own: a job whose instances each
+    take minutes (or whose event loop waits on an embedded model) still says where it is."""
+
+    def __init__(self, progress: Progress, every_s: float):
+        self.progress, self.every_s = progress, every_s
+        self.started = time.monotonic()
+        self.printed = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cupid-progress", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.emit()
+
+    def line(self) -> str:
+        done, total = self.progress.instances_done, self.progress.total
+        for _ in range(3):  # the event loop may add a step's counters while they are read
+            try:
+                totals = self.progress.meter.totals()
+                break
+            except RuntimeError:
+                continue
+        else:
+            totals = {}
+        elapsed = time.monotonic() - self.started
+        rate = done / elapsed * 60 if elapsed > 0 else 0.0
+        left = f", ~{_duration((total - done) / rate * 60)} left" if 0 < done < total and rate > 0 else ""
+        noun = self.progress.noun
+        return (f"progress: {done}/{total} {noun} ({100 * done / total:.0f}%); "
+                f"calls {int(totals.get('calls', 0))} ({int(totals.get('cache_hits', 0))} cached, "
+                f"{int(failed_calls(totals))} failed); ${totals.get('cost_usd', 0.0):.4f}; "
+                f"{rate:.1f} {noun}/min; {_duration(elapsed)} elapsed{left}")
+
+    def emit(self) -> None:
+        print(self.line(), file=sys.stderr, flush=True)
+        self.printed += 1
+
+    def close(self) -> None:
+        """Stop; a job that said where it was says where it ended."""
+        self._stop.set()
+        self._thread.join()
+        if self.printed:
+            self.emit()
+
+
 class Progress:
-    def __init__(self, stages: Iterable[str], total: int, meter: UsageMeter, enabled: bool = True):
-        self.meter, self.stages = meter, list(stages)
+    """What a job shows of its progress: bars on a terminal, else a line every ``every_s`` seconds (0: none)."""
+
+    def __init__(self, stages: Iterable[str], total: int, meter: UsageMeter, enabled: bool = True,
+                 every_s: float = 0.0, noun: str = "instances"):
+        self.meter, self.stages, self.total = meter, list(stages), total
+        self.noun = noun  #: what the job's units are (a synthesis job's: personas)
+        self.counts = {stage: 0 for stage in self.stages}
         self.bars: dict[str, Any] = {}
-        if not (enabled and sys.stderr.isatty() and total > 0):
+        self.lines: ProgressLines | None = None
+        if not (enabled and total > 0):
+            return
+        if not sys.stderr.isatty():
+            if every_s > 0:
+                self.lines = ProgressLines(self, every_s)
             return  # no bars, and no tqdm import (a tenth of a second or two, in the model phase)
         from tqdm import tqdm
 
@@ -40,12 +105,18 @@ class Progress:
                                  dynamic_ncols=True)
                      for i, stage in enumerate(self.stages)}
 
+    @property
+    def instances_done(self) -> int:
+        """Instances through every stage."""
+        return min(self.counts.values(), default=0)
+
     def instance_done(self) -> None:
         """Every stage of one instance (one that another process ran: runtime.workers)."""
         for stage in self.stages:
             self.done(stage)
 
     def done(self, stage: str) -> None:
+        self.counts[stage] = self.counts.get(stage, 0) + 1
         bar = self.bars.get(stage)
         if bar is None:
             return
@@ -60,3 +131,6 @@ class Progress:
     def close(self) -> None:
         for bar in self.bars.values():
             bar.close()
+        if self.lines is not None:
+            self.lines.close()
+            self.lines = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -50,6 +51,11 @@ def test_a_run_scores_instances_logs_one_mlflow_run_and_reruns_for_free(tmp_path
         assert len(r["recall_labels"]) == len(r["gt_checklist"])
     metrics = json.loads((job / "metrics.json").read_text())["metrics"]
     assert metrics["inference/count/failed"] == 0 and metrics["inference/count/instances"] == 2
+    # the printed table is kept beside metrics.json, and in the job's log
+    printed = (job / "results.txt").read_text().strip()
+    assert printed.startswith("CUPID inference |") and printed.endswith("complete: 2 of 2 instances ran without "
+                                                                        "a failed step")
+    assert printed in proc.stdout and printed.splitlines()[2] in (job / "cli.log").read_text()
 
     client, found = runs(root)
     (run,) = found
@@ -58,7 +64,7 @@ def test_a_run_scores_instances_logs_one_mlflow_run_and_reruns_for_free(tmp_path
     assert {"git_commit", "git_dirty", "dataset_digest", "prompts_digest", "cupid.complete"} <= set(run.data.tags)
     assert run.info.status == "FINISHED" and run.data.tags["cupid.complete"] == "true"
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"config.yaml", "instances.jsonl", "metrics.json", "instances_table.json", "plots"} <= artifacts
+    assert {"config.yaml", "instances.jsonl", "metrics.json", "results.txt", "instances_table.json", "plots"} <= artifacts
 
     # an identical rerun finds every instance in the resume journal and calls nothing
     resumed = run_cli(cli_command(stub.url, root, "data.limit=2", cache_dir=cache))
@@ -98,6 +104,21 @@ def test_impossible_combination_stops_before_any_call(tmp_path: Path) -> None:
     lines = [line for line in proc.stderr.splitlines() if line.startswith("cupid_exp:")]
     assert len(lines) == 1 and "setting=oracle_preference is defined for generation only" in lines[0]
     assert not (tmp_path / "outputs" / "mlflow.db").exists()
+    (log,) = (tmp_path / "outputs" / "runs").glob("*/*/cli.log")  # the folder the refusal left says why
+    assert lines[0] in log.read_text()
+
+
+def test_a_dry_run_keeps_its_estimate_and_writes_no_placeholder_scores(tmp_path: Path, stub) -> None:
+    root = tmp_path / "outputs"
+    proc = run_cli(cli_command(stub.url, root, "data.limit=2", "task=both", "runtime.dry_run=true"))
+    (job,) = [p.parent for p in root.glob("runs/*/*/metrics.json")]
+    saved = json.loads((job / "metrics.json").read_text())
+    assert saved["dry_run"] and saved["metrics"]["calls/total"] == 12 and saved["metrics"]["tokens/prompt"] > 0
+    scores = [k for k in saved["metrics"] if k.startswith(("inference/", "generation/"))]
+    assert not scores and saved["breakdown"] == {} and not (job / "instances.jsonl").exists()
+    estimate = (job / "results.txt").read_text().strip()
+    assert estimate.startswith("DRY RUN (no model was called)") and estimate in proc.stdout
+    assert "total: 12 calls" in (job / "cli.log").read_text()
 
 
 def test_prefmatcher_evaluator_serves_and_scores(tmp_path: Path, stub) -> None:
@@ -133,9 +154,11 @@ def test_retrieval_sweep_beside_standard_and_oracle(tmp_path: Path, stub) -> Non
     run_cli([*base, "setting=standard,oracle", "tracking.run_name=again"])  # same identity: replayed
     _, found = runs(root)
     jobs = [r for r in found if r.data.tags.get("cupid.kind") == "job"]
-    assert len(jobs) == 4  # the replay continued the standard and oracle jobs' runs (one run per job)
+    assert len(jobs) == 4  # the replay found the standard and oracle jobs done (one run per job)
     retrieval = {r.data.params["setting.retriever"]: r for r in jobs if r.data.params["setting.name"] == "retrieval"}
     assert sorted(retrieval) == ["bm25", "recency"]
+    assert sorted(r.info.run_name for r in retrieval.values()) == [  # a name per variant
+        "openai_compatible-inference-retrieval[bm25,k=2]", "openai_compatible-inference-retrieval[recency,k=2]"]
     for run in retrieval.values():
         assert 0.0 <= run.data.metrics["retrieval/recall_at_k"] <= 1.0
         assert "retrieval/consistent/recall_at_k" in run.data.metrics
@@ -143,8 +166,10 @@ def test_retrieval_sweep_beside_standard_and_oracle(tmp_path: Path, stub) -> Non
     assert retrieval["recency"].data.metrics["retrieval/recall_at_k"] == 0.0
     others = [r for r in jobs if r.data.params["setting.name"] != "retrieval"]
     assert all("retrieval/recall_at_k" not in r.data.metrics for r in others)
-    replayed = [r for r in others if r.data.metrics.get("resume/instances_from_journal") == 2]
-    assert len(replayed) == 2 and all(r.data.tags["cupid.attempt"] == "2" for r in replayed)
+    # their runs, which hold their results, are left as they were: the replay's sweep links to them
+    links = [r for r in found if r.data.tags.get("cupid.kind") == "link"]
+    assert sorted(r.data.tags["cupid.links_to"] for r in links) == sorted(r.info.run_id for r in others)
+    assert all(r.data.tags["cupid.attempt"] == "1" for r in others)
 
 
 def _interrupt_once_journaled(cmd: list[str], journal_dir: Path, at_least: int
@@ -217,3 +242,31 @@ def test_a_model_name_with_a_path_in_it_stays_inside_the_output_root(tmp_path: P
     assert len(configs) == 2  # the run's and the sweep job's, each in one folder named after the sanitised name
     for config in configs:
         assert "escaped" in config.parent.parent.name and ".._.._" in config.parent.parent.name
+
+
+def test_a_job_whose_output_is_no_terminal_prints_progress_lines(tmp_path: Path) -> None:
+    """nohup, SLURM, CI: no bars, but a line every runtime.progress_every_s seconds (tests run with progress off)."""
+    with StubServer(latency_ms=400) as slow:
+        cmd = [a for a in cli_command(slow.url, tmp_path / "outputs", "data.limit=2", "tracking=none")
+               if a != "runtime.progress=false"]
+        proc = run_cli([*cmd, "runtime.progress_every_s=0.3"])
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("progress: ")]
+    assert len(lines) >= 2, proc.stderr[-2000:]
+    assert all(re.match(r"progress: \d/2 instances \(\d+%\); calls \d+ \(\d+ cached, 0 failed\); \$0\.0000; "
+                        r"\d+\.\d instances/min; 0m0\ds elapsed", line) for line in lines), lines
+    assert lines[-1].startswith("progress: 2/2 instances (100%); calls 8 (0 cached, 0 failed)")
+
+
+def test_a_misspelt_key_is_one_line_of_ours_and_help_lists_only_choices(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "cupid_exp", f"paths.output_root={tmp_path}"]
+    proc = run_cli([*cmd, "data.limt=1"], check=False)
+    assert proc.returncode == 2 and not (tmp_path / "runs").exists()
+    assert proc.stderr.splitlines() == [  # Hydra's own text was 8 lines
+        "cupid_exp: Could not override 'data.limt': Key 'limt' not in 'DataConfig' (a new key: +data.limt=1); "
+        "HYDRA_FULL_ERROR=1 shows Hydra's full message"]
+    (line,) = run_cli([*cmd, "model=gpt5"], check=False).stderr.splitlines()
+    assert "Could not find 'model/gpt5' (choose one of: claude, " in line
+    full = run_cli([*cmd, "data.limt=1"], env=cli_env(HYDRA_FULL_ERROR="1"), check=False)
+    assert full.returncode == 2 and "Traceback" in full.stderr and "Could not override 'data.limt'" in full.stderr
+    shown = run_cli([*cmd, "--help"]).stdout
+    assert "setting: oracle, oracle_preference, retrieval, standard, summary\n" in shown and "_schema" not in shown

@@ -163,14 +163,16 @@ class EvaluationWork:
 
         cfg, ev = self.cfg, self.cfg.evaluator
         return TrackingView(
-            run_name=cfg.tracking.run_name or f"{cfg.model.name}-{cfg.task.name}-{cfg.setting.name}",
+            run_name=cfg.tracking.run_name or f"{cfg.model.name}-{cfg.task.name}-{self.setting.label()}",
             tags={"dataset_digest": self.data.digest, "dataset_source": self.data.source,
                   "prompts_digest": self.prompts_digest},
             dataset=dataset_input(cfg.data, self.data), parts=self.parts, policy=cfg.runtime.failure_policy,
             trace_tags={"cupid.model": cfg.model.name, "cupid.setting": self.setting.label(),
                         "cupid.task": cfg.task.name, "cupid.evaluator": ev.name, "cupid.data": cfg.data.name},
             judges={"inference": ev.matcher.name, "generation": ev.judge.name},  # whose labels the scores are
-            plots=self._plots(job))
+            plots=self._plots(job),
+            shown={i.key: (i.current_request, i.current_context_factor) for i in self.data.instances
+                   if i.key in job.attempt.done})
 
     def _plots(self, job: "Job") -> Any:
         """Score by type, score vs relevant-session position (paper Fig. 3), vs history length (Fig. 9)."""
@@ -183,13 +185,17 @@ class EvaluationWork:
                            order=tuple(i.key for i in self.data.instances))
 
     def publish(self, job: "Job", summary: JobSummary, complete: bool) -> Published:
-        """instances.jsonl and metrics.json (atomically: a tracking failure can never cost the results)."""
+        """instances.jsonl and metrics.json (atomically: a tracking failure can never cost the results); a dry
+        run's replies are placeholders: it writes no record and no score."""
         out = job.output_dir
         records = scrub_obj(summary.records, list(job.spec.secrets))
         out.mkdir(parents=True, exist_ok=True)
-        write_jsonl(out / "instances.jsonl", records)
+        if not job.dry_run:
+            write_jsonl(out / "instances.jsonl", records)
+        metrics = console.dry_run_metrics(summary.metrics) if job.dry_run else summary.metrics
         write_json(out / "metrics.json", {
-            "dry_run": job.dry_run, "git": git_state(), "metrics": summary.metrics, "breakdown": summary.nested,
+            "dry_run": job.dry_run, "git": git_state(), "metrics": metrics,
+            "breakdown": {} if job.dry_run else summary.nested,
             "errors": summary.errors, "usage": job.attempt.meter.as_dict(), "complete": complete,
             "failed_instances": summary.failed_instances, "failure_reasons": summary.failure_reasons(),
             "data": {"source": self.data.source, "digest": self.data.digest, "instances": len(self.data.instances),

@@ -22,7 +22,7 @@ from cupid_exp.entry import Interrupted, Outcome
 from cupid_exp.job.budgets import BudgetReport, report
 from cupid_exp.job.execute import Execution, execute
 from cupid_exp.job.plan import Job, Kind, connect, plan, specify, typed_config
-from cupid_exp.job.publish import publish, start_tracking
+from cupid_exp.job.publish import job_outcome, publish, start_tracking
 from cupid_exp.job.spec import JobSpec, Summary, Work
 from cupid_exp.job.workers import start_workers
 from cupid_exp.tracking.attempts import earlier_attempt_metrics, earlier_spend
@@ -82,6 +82,7 @@ def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = 
             parent_run: str | SweepParent | None = None, *, kind: Kind) -> Outcome:
     """Run one job of ``kind`` end to end; the Outcome says whether it completed (and carries its headline)."""
     started = time.perf_counter()
+    had_hydra = (output_dir / ".hydra").is_dir()  # Hydra saved the config there: a folder deleted later is said
     job = plan(cfg, output_dir, choices, parent_run, kind=kind, clients=False)  # holds the job from here
     workers = None
     try:
@@ -106,7 +107,7 @@ def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = 
                     spending = budget_report(job, execution)
                     if spending is not None:
                         summary.metrics.update(spending.metrics())
-                    publish(job, summary, live, spending)
+                    publish(job, summary, live, spending, had_hydra=had_hydra)
             finally:
                 if workers is not None:
                     workers.stop()
@@ -114,15 +115,12 @@ def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = 
         raise interrupted(job) from exc
     finally:
         job.release()
-    headline = job.work.headline(summary)
-    if spending is not None and spending.stopped:
-        print(spending.line(), file=sys.stderr, flush=True)
-        return Outcome("budget", spending.line(), headline)
-    if summary.over_threshold and not job.dry_run:
-        return Outcome("incomplete", summary.status_line(), headline)
-    return Outcome("ok", "", headline)
+    outcome = job_outcome(job, summary, spending)
+    if outcome.outcome == "budget":
+        print(outcome.reason, file=sys.stderr, flush=True)
+    return outcome
 
 
 __all__ = ["Execution", "Job", "JobSpec", "Kind", "Summary", "Work", "budget_report", "connect", "execute",
-           "import_alongside", "interrupted", "plan", "publish", "run_job", "specify", "start_tracking",
-           "summarize_job", "typed_config"]
+           "import_alongside", "interrupted", "job_outcome", "plan", "publish", "run_job", "specify",
+           "start_tracking", "summarize_job", "typed_config"]

@@ -80,4 +80,6 @@ def job_finisher(job: "Job", observer: InstanceObserver | None, results: list[Re
 
 
 def job_progress(job: "Job", total: int) -> Progress:
-    return Progress(job.work.stages(), total, job.attempt.meter, enabled=bool(job.cfg.runtime.progress))
+    runtime = job.cfg.runtime
+    return Progress(job.work.stages(), total, job.attempt.meter, enabled=bool(runtime.progress),
+                    every_s=runtime.progress_every_s, noun=f"{job.work.noun}s")

@@ -2,21 +2,25 @@
 ``start_tracking``), whatever the kind of work.
 
 The kind's files land in the Hydra job folder first (atomically: ``Work.publish``), so a tracking failure can
-never cost the results; the run worker draws any plots while the report is computed and printed.
+never cost the results; the run worker draws any plots while the report is computed and printed. The run ends
+FINISHED only for a job that exits 0, else FAILED with its outcome (``tracking.outcomes``).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from cupid_exp import console
+from cupid_exp.entry import Outcome
 from cupid_exp.job.budgets import BudgetReport, fit_line
 from cupid_exp.job.plan import Job
 from cupid_exp.job.spec import Summary
 from cupid_exp.tracking.attempts import whole_job_metrics, whole_job_usage
 from cupid_exp.tracking.live import FinalLog
 from cupid_exp.tracking.mlflow import SweepParent, flatten
+from cupid_exp.tracking.outcomes import outcome_tags, status_of
 from cupid_exp.tracking.signals import shielded
 
 log = logging.getLogger(__name__)
@@ -51,8 +55,11 @@ def start_tracking(job: Job) -> Any:
             config=dict(spec.resolved), parent=spec.parent_run, run_key=spec.run_key, exclusive=claim.exclusive,
             dataset=view.dataset, total=len(job.work.units), parts=view.parts, policy=view.policy,
             done=list(attempt.done.values()), earlier=attempts.earlier_spend(attempt.earlier),
-            traces=bool(cfg.tracking.traces and job.todo), trace_tags=view.trace_tags, judges=view.judges,
-            plots=view.plots, unit=f"{job.work.noun}s")
+            traces=bool(cfg.tracking.traces and job.work.units),
+            # the journalled units' inputs: a trace the run lacks is rebuilt from its record (``tracking.reopen``)
+            shown=view.shown, nothing_left=not job.todo,
+            ledger_found=attempt.ledger is None or attempt.ledger.path.exists(),
+            trace_tags=view.trace_tags, judges=view.judges, plots=view.plots, unit=f"{job.work.noun}s")
         if worker is not None:
             worker.open(request, claim, attempt.meter)
             return worker
@@ -65,26 +72,61 @@ def start_tracking(job: Job) -> Any:
         raise
 
 
-def publish(job: Job, summary: Summary, tracker: Any, spending: BudgetReport | None = None) -> None:
-    """Files, then the console report, then MLflow (metrics, tags, artifacts, table, plots) and the run's end. A
-    job its budget stopped (``spending``) is not complete, whatever the units it ran."""
+def job_outcome(job: Job, summary: Summary, spending: BudgetReport | None = None) -> Outcome:
+    """How a job that got through ends (its exit code, its one line): stopped by its budget, incomplete (more
+    failed units than ``runtime.max_failed_fraction``), or ok; with the kind's headline."""
+    headline = job.work.headline(summary)
+    if spending is not None and spending.stopped:
+        return Outcome("budget", spending.line(), headline)
+    if summary.over_threshold and not job.dry_run:
+        return Outcome("incomplete", summary.status_line(), headline)
+    return Outcome("ok", "", headline)
+
+
+def restore_folder(job: Job, had_hydra: bool) -> None:
+    """A job folder deleted while the job ran (Hydra's ``.hydra/`` was there when it started) is made again, with
+    the resolved config (secrets redacted) as ``.hydra/config.yaml``, and said in one line."""
+    hydra = job.output_dir / ".hydra"
+    if not had_hydra or hydra.is_dir():
+        return
+    from omegaconf import OmegaConf
+
+    from cupid_exp.outputs import atomic_write_text
+
+    atomic_write_text(hydra / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(dict(job.spec.resolved))))
+    print(f"job folder {job.output_dir} was deleted while the job ran: made again with its results and "
+          ".hydra/config.yaml (the resolved config; Hydra's overrides.yaml and hydra.yaml are lost)",
+          file=sys.stderr, flush=True)
+
+
+def publish(job: Job, summary: Summary, tracker: Any, spending: BudgetReport | None = None, *,
+            had_hydra: bool = False) -> None:
+    """Files, then the console report, then MLflow (metrics, tags, artifacts, table, plots) and the run's end:
+    FINISHED for a job that exits 0, else FAILED with its outcome (``tracking.outcomes``). A job its budget
+    stopped (``spending``) is not complete, whatever the units it ran. ``had_hydra``: the job folder had Hydra's
+    ``.hydra/`` when the job started (a folder deleted since is made again: ``restore_folder``)."""
     live = tracker
     stopped = spending is not None and spending.stopped
     complete = summary.complete and not stopped
+    outcome = job_outcome(job, summary, spending)
+    restore_folder(job, had_hydra)
     published = job.work.publish(job, summary, complete)
     meter = job.attempt.meter
     if job.dry_run:
         estimate = meter.totals().get("cost_usd", 0.0)
         parent = job.spec.parent_run
         sweep = parent.sweep_dir if isinstance(parent, SweepParent) else None
-        print(console.dry_run_report(job.work.title(job), meter, fit_line(job.cfg.runtime, estimate, sweep)))
+        console.show(console.dry_run_report(job.work.title(job), meter, fit_line(job.cfg.runtime, estimate, sweep)),
+                     job.output_dir)
         return
     where = str(job.output_dir)
     if live is not None:
         live.wait_opened()
         where += f" | MLflow run {live.run_id} at {job.cfg.tracking.uri}"
-    print(job.work.report(job, summary, where, spending.status_line() if stopped else summary.status_line()),
-          flush=True)
+        if live.notice:
+            log.warning("MLflow: %s", live.notice)
+    console.show(job.work.report(job, summary, where, spending.status_line() if stopped else summary.status_line()),
+                 job.output_dir)
     if live is None:
         return
     # The results are on disk and printed: logging them is held together, an interrupt waits for it (a few
@@ -96,9 +138,10 @@ def publish(job: Job, summary: Summary, tracker: Any, spending: BudgetReport | N
         whole = {**m, **whole_job_usage(job.attempt.earlier, meter), **whole_job_metrics(m)}
         batch_ids = {"cupid.batch_ids": " ".join(meter.batches.ids)[:5000]} if meter.batches.ids else {}
         live.finish(FinalLog(
-            metrics=whole, step=summary.n_units,
-            tags={"cupid.complete": str(complete).lower(), **published.tags, **batch_ids},
-            artifacts=[([str(f) for f in published.files], None),
+            metrics=whole, step=summary.n_units, status=status_of(outcome.outcome),
+            tags={"cupid.complete": str(complete).lower(), **published.tags,
+                  **outcome_tags(outcome.outcome, outcome.reason), **batch_ids},
+            artifacts=[([*(str(f) for f in published.files), str(job.output_dir / console.RESULTS_FILE)], None),
                        ([str(p) for p in sorted((job.output_dir / ".hydra").glob("*.yaml"))], ".hydra")],
             table=published.table, plots=published.plots,
             summary={"calls": int(m.get("calls/total", 0)), "cost_usd": round(m.get("cost/usd", 0.0), 6)}))

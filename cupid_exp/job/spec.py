@@ -68,6 +68,8 @@ class TrackingView:
     trace_tags: dict[str, str] = field(default_factory=dict)
     judges: dict[str, str] = field(default_factory=dict)
     plots: Any = None  #: ``tracking.live.PlotRequest``, drawn by the run worker
+    shown: dict[str, tuple[str, str]] = field(default_factory=dict)  #: an evaluated instance's request and factor,
+    #: by key, for the journalled ones: their traces are rebuilt where the run lacks them (``tracking.reopen``)
 
 
 @dataclass

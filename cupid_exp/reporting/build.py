@@ -21,7 +21,7 @@ def build_report(selection: Selection, *, reference: Mapping[str, Any] | None = 
     tidy = tidy_frame(selection, reference, n_boot=n_boot, seed=seed)
     tables: list[Table] = []
     shown: set[tuple[str, bool, str]] = set()
-    for data, evaluator in sorted({(r.data, r.evaluator) for r in selection.runs}):
+    for data, evaluator in sorted({(r.data_label, r.evaluator) for r in selection.runs}):
         for task in TASK_METRICS:
             for by_type in (False, True):
                 table = leaderboard(tidy, selection.runs, task, data=data, evaluator=evaluator,

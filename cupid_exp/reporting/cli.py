@@ -1,7 +1,9 @@
 """Paper-layout leaderboards from the MLflow store, with bootstrap intervals and paired comparisons.
 
 ``python -m cupid_exp.report`` reads the finished job runs (tag ``cupid.kind=job``) of an
-experiment and prints, per data set × evaluator:
+experiment and prints, per data set × evaluator (a data set is its rows' content: two files are two data
+sets; a subset, ``data.limit`` or ``data.instance_types``, is shown apart, and only where no run covers the
+whole data set or with ``--subsets``):
 
 - inference P / R / F1 by model × {all, consistent, contrastive, changing, oracle, summary}
   (all and the types from ``setting=standard`` runs, the oracle and summary columns from runs
@@ -20,6 +22,7 @@ prints a paired comparison of two runs on their shared instances.
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -27,7 +30,7 @@ from typing import Sequence
 from cupid_exp.reporting.build import build_report
 from cupid_exp.reporting.compare import compare_runs
 from cupid_exp.reporting.reference import load_reference
-from cupid_exp.reporting.render import FORMATS, render
+from cupid_exp.reporting.render import FORMATS, Image, render
 from cupid_exp.reporting.runs import (DEFAULT_CACHE, DEFAULT_TRACKING_URI, RunIdError, get_job_run, load_records,
                                       search_job_runs, tracking_uri)
 from cupid_exp.reporting.selection import select_runs
@@ -47,7 +50,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), default=None,
                    help="paired comparison of two runs (B − A) on their shared instances; a run id or its first "
                         "digits when unique (the 8 the report prints)")
-    p.add_argument("--plots", type=Path, default=None, help="also write cross-model PNG plots into this folder")
+    p.add_argument("--plots", type=Path, default=None, help="also write cross-model PNG plots into this folder "
+                                                            "(--format html puts them inside the page in any case)")
+    p.add_argument("--subsets", action="store_true",
+                   help="also show runs on a subset (data.limit, data.instance_types) where a run on the whole data "
+                        "set exists, each as its own row marked with its subset")
     p.add_argument("--n-boot", type=int, default=DEFAULT_N_BOOT)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where downloaded instances.jsonl are kept")
@@ -56,7 +63,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _comparison(args: argparse.Namespace, load) -> tuple[list[Table], list[str]] | None:
+def _comparison(args: argparse.Namespace, load) -> tuple[list[Table], list[str], list[Image]] | None:
     """The --compare table; None (after saying why) when a run has no records to pair."""
     try:
         a, b = (get_job_run(args.tracking_uri, r) for r in args.compare)
@@ -71,11 +78,35 @@ def _comparison(args: argparse.Namespace, load) -> tuple[list[Table], list[str]]
             return None
         if run.status != "FINISHED":
             notes.append(f"run {run.short} has status {run.status}: its instances may be incomplete")
-    return [compare_runs(a, recs[a.run_id], b, recs[b.run_id], n_boot=args.n_boot, seed=args.seed)], notes
+    return [compare_runs(a, recs[a.run_id], b, recs[b.run_id], n_boot=args.n_boot, seed=args.seed)], notes, []
 
 
-def _leaderboards(args: argparse.Namespace, load) -> tuple[list[Table], list[str]] | None:
-    """The report's tables and notes; None (after saying why) when the experiment does not exist."""
+def _plots(args: argparse.Namespace, selection) -> tuple[list[Image], list[str]]:
+    """The cross-model plots: PNG files in ``--plots``, and inside an HTML page; with a note of where they are."""
+    if not args.plots and args.format != "html":
+        return [], []
+    from cupid_exp.reporting.plots import report_figures
+
+    images, written = [], 0
+    if args.plots:
+        args.plots.mkdir(parents=True, exist_ok=True)
+    for stem, caption, fig in report_figures(selection, seed=args.seed):
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png")
+        png = buffer.getvalue()
+        if args.plots:
+            (args.plots / f"{stem}.png").write_bytes(png)
+            written += 1
+        if args.format == "html":
+            images.append((caption, png))
+    notes = [f"plots: {written} PNG files in {args.plots}"] if args.plots else []
+    if args.format == "html":
+        notes.append(f"plots: {len(images)}, in this page")
+    return images, notes
+
+
+def _leaderboards(args: argparse.Namespace, load) -> tuple[list[Table], list[str], list[Image]] | None:
+    """The report's tables, notes and plots; None (after saying why) when there is nothing to report."""
     try:
         runs = search_job_runs(args.tracking_uri, args.experiment, args.filter)
     except LookupError as exc:
@@ -86,7 +117,7 @@ def _leaderboards(args: argparse.Namespace, load) -> tuple[list[Table], list[str
     if not runs:
         print(f"no job run {where}: nothing to report, nothing written", file=sys.stderr)
         return None
-    selection = select_runs(runs, load)
+    selection = select_runs(runs, load, show_subsets=args.subsets)
     if not selection.runs:
         print(f"none of the {len(runs)} job runs {where} is finished and complete ({selection.notes[0]}; "
               f"{len(selection.notes)} skipped): nothing to report, nothing written", file=sys.stderr)
@@ -95,12 +126,8 @@ def _leaderboards(args: argparse.Namespace, load) -> tuple[list[Table], list[str
     reference = load_reference() if args.reference == "paper" else None
     tables = build_report(selection, reference=reference, n_boot=args.n_boot, seed=args.seed)
     notes.append(f"95% intervals: cluster bootstrap over personas, {args.n_boot} resamples, seed {args.seed}")
-    if args.plots:
-        from cupid_exp.reporting.plots import save_report_plots
-
-        paths = save_report_plots(selection, args.plots, seed=args.seed)
-        notes.append(f"plots: {len(paths)} PNG files in {args.plots}")
-    return tables, notes
+    images, where = _plots(args, selection)
+    return tables, notes + where, images
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -112,8 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = (_comparison if args.compare else _leaderboards)(args, load)
     if result is None:
         return 2
-    tables, notes = result
-    text = render(tables, notes, args.format)
+    tables, notes, images = result
+    text = render(tables, notes, args.format, images)
     if args.format == "csv" and notes:
         print("\n".join(notes), file=sys.stderr)
     if args.output:

@@ -26,10 +26,12 @@ def _tasks(run_a: JobRun, records_a: Records, run_b: JobRun, records_b: Records)
 def _differs(run_a: JobRun, run_b: JobRun) -> str:
     """'differs: model.name gpt4o → claude37, ...' over what names a configuration in the report."""
     setting_keys = [k for run in (run_a, run_b) for k in setting_fields(run.setting)]
-    keys = dict.fromkeys(("model.name", "setting.name", *setting_keys, "evaluator.name", "data.name"))
-    differs = [k for k in keys if run_a.params.get(k) != run_b.params.get(k)]
-    return "differs: " + (", ".join(f"{k} {run_a.params.get(k)} → {run_b.params.get(k)}" for k in differs)
-                          or "none of model/setting/evaluator/data")
+    keys = dict.fromkeys(("model.name", "setting.name", *setting_keys, "evaluator.name"))
+    differs = [f"{k} {run_a.params.get(k)} → {run_b.params.get(k)}" for k in keys
+               if run_a.params.get(k) != run_b.params.get(k)]
+    if run_a.data_id != run_b.data_id:  # its content and subset, not only its name
+        differs.append(f"data {run_a.data_label} → {run_b.data_label}")
+    return "differs: " + (", ".join(differs) or "none of model/setting/evaluator/data")
 
 
 def compare_runs(run_a: JobRun, records_a: Records, run_b: JobRun, records_b: Records, *,

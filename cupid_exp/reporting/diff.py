@@ -47,7 +47,11 @@ class ConfigDiff:
     superseded: list[str] = field(default_factory=list)
 
     def command(self) -> str:
-        base = [o for o in self.base_overrides if o not in self.superseded]
+        """One pasteable line: A's overrides, less those a later override sets again (``model=local`` before
+        ``model=local_gemma`` said nothing), then the diff."""
+        later = {_override_key(o) for o in (*self.overrides, *self.drift)}
+        base = [o for o in self.base_overrides if o not in self.superseded
+                and (o.startswith(("+", "~")) or _override_key(o) not in later)]
         return shlex.join(["python", "-m", "cupid_exp", *base, *self.overrides, *self.drift])
 
 

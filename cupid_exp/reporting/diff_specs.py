@@ -81,10 +81,13 @@ def spec_from_job_dir(path: str | Path) -> RunSpec:
     metrics = path / "metrics.json"
     if metrics.exists():
         summary = json.loads(metrics.read_text())
+        git = summary.get("git") or {}  # provenance.git_state(): git_commit, git_dirty
         digests = {"prompts_digest": summary.get("prompts_digest"),
                    "dataset_digest": (summary.get("data") or {}).get("digest"),
-                   "git_commit": summary.get("git_commit") or (summary.get("git") or {}).get("commit")}
+                   "git_commit": summary.get("git_commit") or git.get("git_commit") or git.get("commit")}
         digests = {k: str(v) for k, v in digests.items() if v}
+        if git.get("git_dirty") == "true" and "git_commit" in digests:  # as an MLflow run's tags say it
+            digests["git_commit"] += " (dirty)"
     return RunSpec(f"job dir {path}", config, choices, _read_overrides(hydra_dir / "overrides.yaml"), digests)
 
 

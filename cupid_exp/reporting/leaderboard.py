@@ -92,9 +92,11 @@ def leaderboard(tidy: pd.DataFrame, runs: Sequence[JobRun], task: str, *, data: 
         frame["runs"] = [_runs_cell(by_model.get(row), source["setting"]) for row in order]
     numbers = ordered(numbers, {"row": order, "column": columns, "metric": metrics})
     notes = notes_of(numbers)
-    if not paper.empty and by_model and data != "cupid":
-        notes.append(f"data={data} is not the CUPID benchmark: the paper rows are not comparable with these runs")
-    return Table(title, frame.reset_index(drop=True), long_rows(numbers, title), notes)
+    shown = [run for settings in by_model.values() for run in settings.values()]
+    if not paper.empty and shown and any(run.data != "cupid" or run.subset for run in shown):
+        notes.append(f"data={data} is not the whole CUPID benchmark: the paper rows are not comparable with these "
+                     f"runs")
+    return Table(title, frame.reset_index(drop=True), long_rows(numbers, title, task), notes)
 
 
 def _runs_cell(settings: dict[str, JobRun] | None, shown: Sequence[str]) -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -354,17 +354,19 @@ def _save(figures: Mapping[str, Figure], out: Path, stem: str) -> list[Path]:
     return paths
 
 
-def save_report_plots(selection: "Selection", out_dir: Path, *, n_boot: int = 1000, seed: int = 0) -> list[Path]:
-    """Cross-model plots (one series per model, setting=standard) per data set × evaluator × task.
+def report_figures(selection: "Selection", *, n_boot: int = 1000, seed: int = 0
+                   ) -> Iterator[tuple[str, str, Figure]]:
+    """Cross-model figures (one series per model, setting=standard) per data set × evaluator × task, as
+    (file stem, caption, figure): the stem names the data by its content digest and subset
+    (``DataIdentity.slug``), the caption by its label.
 
     Under the runs' shared failure policy (``exclude`` when they differ)."""
     from cupid_exp.reporting.runs import common_policy
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for data, evaluator in sorted({(r.data, r.evaluator) for r in selection.runs}):
+    pairs = {(r.data_id, r.evaluator) for r in selection.runs}
+    for data, evaluator in sorted(pairs, key=lambda pair: (pair[0].label, pair[1])):
         for task in TASK_METRICS:
-            runs = [r for r in selection.runs if r.data == data and r.evaluator == evaluator
+            runs = [r for r in selection.runs if r.data_id == data and r.evaluator == evaluator
                     and r.setting == "standard" and task in r.tasks and selection.records.get(r.run_id)]
             if not runs:
                 continue
@@ -374,5 +376,15 @@ def save_report_plots(selection: "Selection", out_dir: Path, *, n_boot: int = 10
             figures = {"by_type": plot_by_type(series, task, **kw),
                        "by_position": plot_by_relevant_position(series, metric, **kw),
                        "by_history_length": plot_by_history_length(series, metric, **kw)}
-            written += _save(figures, out_dir, f"{data}_{evaluator}_{task}_")
+            for name, fig in figures.items():
+                yield (f"{data.slug}_{evaluator}_{task}_{name}",
+                       f"{task} {name.replace('_', ' ')}: data={data.label}, evaluator={evaluator}", fig)
+
+
+def save_report_plots(selection: "Selection", out_dir: Path, *, n_boot: int = 1000, seed: int = 0) -> list[Path]:
+    """``report_figures`` as PNG files in ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for stem, _, fig in report_figures(selection, n_boot=n_boot, seed=seed):
+        written += _save({stem: fig}, out_dir, "")
     return written

@@ -1,7 +1,12 @@
-"""The report as Markdown, HTML or CSV, written by pandas (``to_markdown`` needs ``tabulate``)."""
+"""The report as Markdown, HTML or CSV, written by pandas (``to_markdown`` needs ``tabulate``).
+
+The HTML is one self-contained page: its plots are inside it (base64 PNG), and a table wider than the window
+scrolls in its own box instead of pushing the page sideways.
+"""
 
 from __future__ import annotations
 
+import base64
 import html
 from typing import Sequence
 
@@ -10,9 +15,12 @@ import pandas as pd
 from cupid_exp.reporting.tables import Table
 
 FORMATS = ("markdown", "csv", "html")
-STYLE = ("body{font-family:sans-serif;font-size:14px} table{border-collapse:collapse;margin-bottom:8px}"
+STYLE = ("body{font-family:sans-serif;font-size:14px;max-width:100%} table{border-collapse:collapse}"
+         ".scroll{overflow-x:auto;max-width:100%;margin-bottom:8px}"
          "td,th{border:1px solid #ccc;padding:3px 6px;white-space:nowrap} tr.paper{color:#666;"
-         "font-style:italic;background:#f6f6f6}")
+         "font-style:italic;background:#f6f6f6} figure{display:inline-block;margin:0 12px 12px 0;max-width:100%}"
+         "figure img{max-width:100%;height:auto} figcaption{font-size:12px;color:#444}")
+Image = tuple[str, bytes]  # (caption, PNG bytes)
 
 
 def _markdown_table(frame: pd.DataFrame) -> str:
@@ -41,13 +49,22 @@ def _html_table(frame: pd.DataFrame) -> str:
         ('<tr class="paper">' if is_paper else "<tr>") + chunk for is_paper, chunk in zip(paper, chunks[1:]))
 
 
-def render_html(tables: Sequence[Table], notes: Sequence[str] = ()) -> str:
+def _figure(caption: str, png: bytes) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    return (f"<figure><img src='data:image/png;base64,{data}' alt='{html.escape(caption, quote=True)}'>"
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+
+
+def render_html(tables: Sequence[Table], notes: Sequence[str] = (), images: Sequence[Image] = ()) -> str:
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>CUPID report</title><style>{STYLE}</style>"
              "</head><body>"]
     for t in tables:
         parts.append(f"<h3>{html.escape(t.title)}</h3>")
-        parts.append(_html_table(t.frame))
+        parts.append(f"<div class='scroll'>{_html_table(t.frame)}</div>")
         parts.extend(f"<p>{html.escape(n)}</p>" for n in t.notes)
+    if images:
+        parts.append("<h3>Plots</h3>")
+        parts.extend(_figure(caption, png) for caption, png in images)
     if notes:
         parts.append("<h4>Notes</h4><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
     parts.append("</body></html>")
@@ -60,11 +77,12 @@ def render_csv(tables: Sequence[Table]) -> str:
     return pd.concat(frames, ignore_index=True).to_csv(index=False) if frames else ""
 
 
-def render(tables: Sequence[Table], notes: Sequence[str], fmt: str) -> str:
+def render(tables: Sequence[Table], notes: Sequence[str], fmt: str, images: Sequence[Image] = ()) -> str:
+    """The report in ``fmt``; ``images`` (caption, PNG) go inside an HTML page (the other formats name files)."""
     if fmt == "markdown":
         return render_markdown(tables, notes)
     if fmt == "csv":
         return render_csv(tables)
     if fmt == "html":
-        return render_html(tables, notes)
+        return render_html(tables, notes, images)
     raise ValueError(f"format {fmt!r}; expected one of {', '.join(FORMATS)}")

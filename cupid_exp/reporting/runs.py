@@ -21,6 +21,7 @@ from typing import Any, Mapping
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
+from cupid_exp.reporting.data_identity import DataIdentity, data_identity
 from cupid_exp.scoring.names import metric_key
 from cupid_exp.scoring.statistics import HEADLINE, TASK_METRICS
 
@@ -118,10 +119,24 @@ class JobRun:
     def started(self) -> str:
         return datetime.fromtimestamp(self.start_time / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
+    @functools.cached_property
+    def data_id(self) -> DataIdentity:
+        """The data the run ran on: its content and the subset taken (``reporting.data_identity``)."""
+        return data_identity(self.params, self.tags)
+
     @property
-    def subset(self) -> str | None:
-        limit = self.params.get("data.limit")
-        return None if limit in (None, "", "None", "null") else limit
+    def data_label(self) -> str:
+        return self.data_id.label
+
+    @property
+    def subset(self) -> str:
+        """'data.limit=1' when the run took a part of its data; empty when it ran on all of it."""
+        return self.data_id.subset
+
+    @property
+    def complete(self) -> bool:
+        """Whether the job said it completed (tag ``cupid.complete``; a run from before the tag counts as complete)."""
+        return self.tags.get("cupid.complete", "true").lower() != "false"
 
     def describe(self) -> str:
         return f"{self.short} ({self.model}, {self.setting_label}, {', '.join(self.tasks) or self.param('task.name')})"

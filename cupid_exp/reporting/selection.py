@@ -1,10 +1,12 @@
-"""Which runs a report uses: finished and complete ones, the latest of each model × setting variant × task."""
+"""Which runs a report uses: finished, complete ones; one per experiment (model × setting variant × task ×
+evaluator × data), the whole data set's before a subset's."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from cupid_exp.reporting.data_identity import one_name_per_content
 from cupid_exp.reporting.runs import JobRun
 from cupid_exp.scoring.names import metric_key
 from cupid_exp.scoring.statistics import HEADLINE
@@ -35,10 +37,58 @@ def partial_reason(run: JobRun, records: Records | None) -> str | None:
     return None
 
 
-def select_runs(runs: Sequence[JobRun], load: Callable[[str], Records | None]) -> Selection:
-    """Keep finished, complete runs; for each (data, evaluator, model, setting label, task) the latest one.
+def _preference(run: JobRun) -> tuple[bool, int]:
+    """Complete before incomplete, then the latest: what stands for an experiment."""
+    return run.complete, run.start_time
 
-    ``load(run_id)`` returns a run's records or None.
+
+def _why_not(run: JobRun, chosen: JobRun) -> str:
+    """Why ``run`` does not stand for the experiment ``chosen`` stands for."""
+    if run.subset and not chosen.subset:
+        return f"a subset, {run.subset}; --subsets shows it as its own row"
+    if not run.complete and chosen.complete:
+        return "incomplete (tag cupid.complete=false)"
+    return "older"
+
+
+def _pick(group: list[JobRun], show_subsets: bool) -> tuple[list[JobRun], str | None]:
+    """The runs one experiment (model × setting × task × evaluator × data) shows, and a note when it had several.
+
+    The whole data set's best run; a subset's best run as its own row when ``show_subsets`` or when no run
+    covers the whole data set."""
+    full = sorted((r for r in group if not r.subset), key=_preference, reverse=True)
+    by_subset: dict[str, list[JobRun]] = {}
+    for run in sorted((r for r in group if r.subset), key=_preference, reverse=True):
+        by_subset.setdefault(run.subset, []).append(run)
+    chosen = full[:1] + ([runs[0] for runs in by_subset.values()] if show_subsets or not full else [])
+    if len(group) == 1:
+        return chosen, None
+    lead = chosen[0]
+    latest = max(group, key=lambda r: r.start_time)
+    using = (f"using the latest, {lead.short} ({lead.started})" if lead is latest else
+             f"using {lead.short} ({lead.started}), the latest complete run on the "
+             f"{'same subset' if lead.subset else 'whole data set'}")
+    also = [f"{r.short} ({r.subset})" for r in chosen[1:]]
+
+    def shown_instead(run: JobRun) -> JobRun:
+        best = by_subset.get(run.subset, [lead])[0]
+        return best if best in chosen else lead
+
+    unused = [f"{r.short} ({r.started}; {_why_not(r, shown_instead(r))})"
+              for r in sorted(group, key=lambda r: r.start_time, reverse=True) if r not in chosen]
+    note = (f"{len(group)} runs; {using}" + (f"; also shown as their own rows: {', '.join(also)}" if also else "")
+            + (f"; not used: {', '.join(unused)}" if unused else ""))
+    return chosen, note
+
+
+def select_runs(runs: Sequence[JobRun], load: Callable[[str], Records | None], *,
+                show_subsets: bool = False) -> Selection:
+    """Keep finished, complete runs; one run per experiment: model × setting label × task × evaluator × data.
+
+    The data is the rows' content (two files are two data sets) and the part of it taken: a run on the whole
+    data set is preferred to a newer one on a subset (``data.limit``, ``data.instance_types``) or an incomplete
+    one. A subset run is shown, as its own row marked with its subset, when ``show_subsets`` or when no run
+    covers the whole data set. ``load(run_id)`` returns a run's records or None.
     """
     notes: list[str] = []
     records: dict[str, Records | None] = {}
@@ -57,19 +107,26 @@ def select_runs(runs: Sequence[JobRun], load: Callable[[str], Records | None]) -
                          f"its numbers have no confidence interval")
         records[run.run_id] = recs
         usable.append(run)
-    latest: dict[tuple[str, ...], list[JobRun]] = {}
+    named = one_name_per_content([run.data_id for run in usable])
+    for run in usable:
+        run.data_id = named[run.data_id]  # one label for one content, whatever path reached it
+    experiments: dict[tuple[str, ...], list[JobRun]] = {}
     for run in sorted(usable, key=lambda r: r.start_time, reverse=True):
         for task in run.tasks:
-            latest.setdefault((run.data, run.evaluator, run.model, run.setting_label, task), []).append(run)
+            key = (run.data_id.full.label, run.evaluator, run.model, run.setting_label, task)
+            experiments.setdefault(key, []).append(run)
     chosen: dict[str, JobRun] = {}
-    for (data, evaluator, model, setting, task), group in sorted(latest.items()):
-        chosen[group[0].run_id] = group[0]
-        if len(group) > 1:
-            older = ", ".join(f"{r.short} ({r.started})" for r in group[1:])
-            notes.append(f"{model} × {setting} ({task}, data={data}, evaluator={evaluator}): {len(group)} runs; "
-                         f"using the latest, {group[0].short} ({group[0].started}); not used: {older}")
+    for (data, evaluator, model, setting, task), group in sorted(experiments.items()):
+        picked, note = _pick(group, show_subsets)
+        chosen.update((r.run_id, r) for r in picked)
+        if note:
+            notes.append(f"{model} × {setting} ({task}, data={data}, evaluator={evaluator}): {note}")
     for run in chosen.values():
         if run.subset:
-            notes.append(f"run {run.short} ({run.model}, {run.setting_label}) covers a subset: data.limit={run.subset}")
+            notes.append(f"run {run.short} ({run.model}, {run.setting_label}) covers a subset, {run.subset}: "
+                         f"its own row, under data={run.data_label}")
+        if not run.complete:
+            notes.append(f"run {run.short} ({run.model}, {run.setting_label}) is incomplete (tag cupid.complete="
+                         f"false): its failed instances are left out or scored by its policy, {run.failure_policy}")
     kept = [r for r in usable if r.run_id in chosen]
     return Selection(kept, {r.run_id: records[r.run_id] for r in kept}, notes)

@@ -59,18 +59,15 @@ def setting_table(tidy: pd.DataFrame, runs: Sequence[JobRun], task: str, *, data
     frame["n (all)"] = [n_cell(0 if pd.isna(n) else int(n), run_of[key].instances(task))
                         for key, n in wide["n"]["all"].items()]
     frame["run"] = [run_of[key].short for key in index]
-    derived = shares.stack().dropna().rename("value").reset_index().assign(source="derived",
-                                                                           metric="oracle_gain_recovered")
+    derived = shares.stack().dropna().rename("value").reset_index().assign(
+        source="derived", metric="oracle_gain_recovered", data=data)
     derived["run_id"] = [run_of[key].run_id for key in zip(derived["model"], derived["setting"])]
     long = ordered(pd.concat([derived, numbers], ignore_index=True),
                    {"model": sorted(by_model), "setting": sorted(set(index.get_level_values("setting")),
                                                                  key=setting_order)})
     notes = notes_of(numbers)
-    for model, settings in sorted(by_model.items()):
-        if "standard" in settings and "oracle" in settings and len({run.subset for run in settings.values()}) > 1:
-            notes.append(f"{model}: its runs cover different subsets (data.limit); "
-                         f"the {RECOVERED} shares compare different instances")
     notes.append(f"{RECOVERED} = (setting − standard) / (oracle − standard) of the {metric} point values, same model "
-                 f"and instance type; blank without both a standard and an oracle run or when their gap is 0; "
+                 f"and instance type, on this table's data only; blank without both a standard and an oracle run or when "
+                 f"their gap is 0; "
                  f"no interval")
-    return Table(title, frame.reset_index(), long_rows(long.rename(columns={"group": "column"}), title), notes)
+    return Table(title, frame.reset_index(), long_rows(long.rename(columns={"group": "column"}), title, task), notes)

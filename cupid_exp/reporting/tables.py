@@ -18,9 +18,11 @@ PAPER_SETTINGS = ("standard", "oracle", "oracle_preference", "summary")
 PAPER_COLUMNS = {"inference": [*GROUPS, "oracle", "summary"],
                  "generation": [*GROUPS, "oracle", "oracle_preference", "summary"]}
 SCALE = {"inference": (100.0, 1), "generation": (1.0, 2)}  # (factor, digits) of a cell
-# what a table's CSV rows carry, one per number
-LONG_COLUMNS = ["table", "model", "source", "reference", "column", "setting", "metric", "value", "ci_low", "ci_high",
-                "n", "run_id"]
+UNIT = {"inference": "%", "generation": "judge score 1-10"}  # what a cell's number is, as its table's title says
+DERIVED_UNIT = "% of the oracle gain"  # a share the report derives (oracle gain recovered), printed as a percentage
+# what a table's CSV rows carry, one per number, in the unit the table's title names
+LONG_COLUMNS = ["table", "data", "model", "source", "reference", "column", "setting", "metric", "value", "ci_low",
+                "ci_high", "unit", "n", "run_id"]
 
 
 @dataclass
@@ -49,7 +51,7 @@ def with_text(frame: pd.DataFrame, task: str) -> pd.DataFrame:
 
 
 def run_numbers(tidy: pd.DataFrame, task: str, data: str | None, evaluator: str) -> pd.DataFrame:
-    """The tidy frame's run rows of one task × data set × evaluator."""
+    """The tidy frame's run rows of one task × data set (its label, ``JobRun.data_label``) × evaluator."""
     return tidy[(tidy["source"] == "run") & (tidy["task"] == task) & (tidy["data"] == data)
                 & (tidy["evaluator"] == evaluator)]
 
@@ -65,9 +67,15 @@ def ordered(frame: pd.DataFrame, orders: Mapping[str, Sequence[Any]]) -> pd.Data
     return frame.sort_values(list(orders), key=lambda col: col.map(ranks[col.name]), kind="stable")
 
 
-def long_rows(frame: pd.DataFrame, title: str) -> pd.DataFrame:
-    """A table's numbers as CSV rows (the columns of ``LONG_COLUMNS``)."""
-    return frame.assign(table=title).reindex(columns=LONG_COLUMNS)
+def long_rows(frame: pd.DataFrame, title: str, task: str) -> pd.DataFrame:
+    """A table's numbers as CSV rows (the columns of ``LONG_COLUMNS``), scaled as its cells are (inference in %,
+    derived shares in %), so that a CSV row reads like the table it comes from."""
+    derived = frame["source"].eq("derived")
+    factor = derived.map({True: 100.0, False: SCALE[task][0]})
+    scaled = {col: pd.to_numeric(frame[col], errors="coerce") * factor for col in ("value", "ci_low", "ci_high")
+              if col in frame}
+    unit = derived.map({True: DERIVED_UNIT, False: UNIT[task]})
+    return frame.assign(table=title, unit=unit, **scaled).reindex(columns=LONG_COLUMNS)
 
 
 def n_cell(scored: int, total: float | None) -> str:
@@ -93,9 +101,9 @@ def setting_order(label: str) -> tuple[int, list[Any]]:
 
 
 def runs_by_model(task: str, runs: Sequence[JobRun], data: str | None, evaluator: str) -> dict[str, dict[str, JobRun]]:
-    """{model: {setting label: run}} for the runs of one task × data × evaluator."""
+    """{model: {setting label: run}} for the runs of one task × data set (its label) × evaluator."""
     by_model: dict[str, dict[str, JobRun]] = {}
     for run in runs:
-        if task in run.tasks and run.data == data and run.evaluator == evaluator:
+        if task in run.tasks and run.data_label == data and run.evaluator == evaluator:
             by_model.setdefault(run.model, {})[run.setting_label] = run
     return by_model

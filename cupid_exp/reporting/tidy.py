@@ -54,7 +54,7 @@ def run_rows(selection: Selection, *, n_boot: int = DEFAULT_N_BOOT, seed: int = 
                 for metric in TASK_METRICS[task]:
                     est, note = estimate(run, records, task, group, metric, n_boot=n_boot, seed=seed)
                     if est is not None:
-                        rows.append({"source": "run", "run_id": run.run_id, "data": run.data,
+                        rows.append({"source": "run", "run_id": run.run_id, "data": run.data_label,
                                      "evaluator": run.evaluator, "model": run.model, "setting": run.setting_label,
                                      "task": task, "group": group, "metric": metric, "value": est.value,
                                      "ci_low": est.low, "ci_high": est.high, "n": est.n, "note": note})

@@ -2,7 +2,7 @@
 
 Each module in this package defines one setting and its config dataclass and registers both with
 ``@register``; the module is found and imported on its own, so adding a setting touches its module
-and its YAML (``conf/setting/<name>.yaml``, whose defaults name ``<name>_schema``) only.
+and its YAML (``conf/setting/<name>.yaml``, whose defaults name ``/<name>_setting_schema@_here_``) only.
 """
 
 from __future__ import annotations
@@ -32,13 +32,14 @@ def _load_all() -> None:
 
 
 def register_setting_schemas() -> None:
-    """Store every setting's schema in Hydra's ConfigStore, group ``setting``, as ``<name>_schema``."""
+    """Store every setting's schema in Hydra's ConfigStore as ``<name>_setting_schema``, at the root: in the group
+    ``setting`` it was listed by ``--help`` as a choice of its own."""
     from hydra.core.config_store import ConfigStore
 
     _load_all()
     store = ConfigStore.instance()
     for name, cls in SETTINGS.items():
-        store.store(group="setting", name=f"{name}_schema", node=cls.Config)
+        store.store(name=f"{name}_setting_schema", node=cls.Config)
 
 
 def make_setting(config: "SettingConfig") -> "Setting":

@@ -148,9 +148,13 @@ STATUS_FILE = "job_status.json"
 
 
 def job_statuses(sweep_dir: Path) -> list[dict[str, Any]]:
-    """What each job of a sweep wrote about how it ended (see ``job.entry``)."""
+    """What each job of a sweep wrote about how it ended (see ``job.entry``), in the jobs' order (#2 before #10)."""
+    def job_number(path: Path) -> tuple[int, str]:
+        head = path.parent.name.split("_", 1)[0]
+        return (int(head) if head.isdigit() else -1, path.parent.name)
+
     out = []
-    for path in sorted(sweep_dir.glob(f"*/{STATUS_FILE}")):
+    for path in sorted(sweep_dir.glob(f"*/{STATUS_FILE}"), key=job_number):
         try:
             out.append(json.loads(path.read_text(encoding="utf-8")))
         except (OSError, json.JSONDecodeError):
@@ -158,19 +162,28 @@ def job_statuses(sweep_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
+def reason_reported(sweep_dir: Path, reason: str) -> bool:
+    """Whether an earlier job of the sweep was refused for ``reason`` (and said so): a sweep says a reason once."""
+    return any(s.get("outcome") == "error" and s.get("reason") == reason for s in job_statuses(sweep_dir))
+
+
 def sweep_dry_run_total(sweep_dir: Path) -> str:
-    """Sum the dry-run estimates of every job of a sweep."""
-    calls = tokens = completion = cost = batch = 0.0
-    jobs = 0
-    for path in sorted(sweep_dir.glob("*/metrics.json")):
-        metrics = json.loads(path.read_text()).get("metrics", {})
-        jobs += 1
-        calls += metrics.get("calls/total", 0.0)
-        tokens += metrics.get("tokens/prompt", 0.0)
-        completion += metrics.get("tokens/completion", 0.0)
-        cost += metrics.get("cost/usd", 0.0)
-        batch += metrics.get("cost/usd_at_batch_prices", 0.0)
-    return (f"DRY RUN sweep total over {jobs} jobs: {int(calls)} calls, {int(tokens)} prompt tokens, "
-            f"~{int(completion)} completion tokens, ~${cost:.4f}"
+    """Sum the dry-run estimates of every job of a sweep; without any, say that no job was estimated (a total
+    over zero jobs would read like an estimate of $0)."""
+    statuses = job_statuses(sweep_dir)
+    refused = sum(s.get("outcome") == "error" for s in statuses)
+    estimates = [json.loads(p.read_text()).get("metrics", {}) for p in sorted(sweep_dir.glob("*/metrics.json"))]
+    if not estimates:
+        return (f"DRY RUN: no job of the sweep was estimated ({refused} of {len(statuses)} refused before planning "
+                f"its calls: see why above); no sweep total")
+
+    def total(key: str) -> float:
+        return sum(m.get(key, 0.0) for m in estimates)
+
+    cost, batch = total("cost/usd"), total("cost/usd_at_batch_prices")
+    return (f"DRY RUN sweep total over {len(estimates)} jobs"
+            + (f" ({refused} refused, not counted)" if refused else "")
+            + f": {int(total('calls/total'))} calls, {int(total('tokens/prompt'))} prompt tokens, "
+            f"~{int(total('tokens/completion'))} completion tokens, ~${cost:.4f}"
             + (f"; with runtime.batch=true ~${batch:.4f} (Batch API prices where the provider has them)"
                if 0 < batch < cost else ""))

@@ -75,15 +75,25 @@ def test_an_unreachable_hub_is_one_line_exit_2_after_one_bounded_try(tmp_path: P
     assert seconds < 60
 
 
-def test_a_sweep_lists_the_job_that_could_not_load_the_hub(tmp_path: Path) -> None:
-    proc, _ = run(tmp_path, hub_env(tmp_path, offline=True), "data.limit=1,2", sweep=True)
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_sweep_says_once_that_its_jobs_could_not_load_the_hub(tmp_path: Path, dry_run: bool) -> None:
+    """Three jobs refused for one reason: said when the first is refused, then once in the sweep's closing list
+    (it was said for every job, twice: 41 lines for table1's 20 jobs); each job's cli.log holds it; a dry run
+    prints no total over zero jobs."""
+    proc, _ = run(tmp_path, hub_env(tmp_path, offline=True), "data.limit=1,2,3", f"runtime.dry_run={dry_run}",
+                  sweep=True)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
-    assert "sweep: 2 of 2 jobs did not complete:" in proc.stderr
-    listed = proc.stderr.split("sweep: 2 of 2 jobs did not complete:")[1].splitlines()[1:3]
-    assert all(": error: data=cupid: kixlab/CUPID is not in the Hugging Face cache" in x for x in listed), listed
+    reason = "data=cupid: kixlab/CUPID is not in the Hugging Face cache"
     statuses = [json.loads(p.read_text()) for p in (tmp_path / "outputs").glob("multirun/**/job_status.json")]
-    assert sorted(s["outcome"] for s in statuses) == ["error", "error"]
+    assert [s["outcome"] for s in statuses] == ["error"] * 3 and all(reason in s["reason"] for s in statuses)
+    assert proc.stderr.count(reason) == 2, proc.stderr
+    listed = proc.stderr.split("sweep: 3 of 3 jobs did not complete:")[1].strip().splitlines()
+    assert len(listed) == 1 and listed[0].startswith("3 jobs refused (0_") and f"): {reason}" in listed[0]
+    logs = list((tmp_path / "outputs").glob("multirun/**/cli.log"))
+    assert len(logs) == 3 and all(reason in log.read_text() for log in logs)
+    assert "sweep total over 0 jobs" not in proc.stdout
+    assert ("DRY RUN: no job of the sweep was estimated (3 of 3 refused" in proc.stdout) == dry_run
 
 
 def _cache_like_a_download(cache: Path) -> None:

@@ -147,6 +147,19 @@ def test_cli_on_job_dirs_prints_pasteable_overrides(tmp_path: Path, capsys) -> N
     command = shlex.split(capsys.readouterr().out)
     assert command[:3] == ["python", "-m", "cupid_exp"]
     assert resolved(command[3:]) == resolved(b_ov)
+    keys = [token.split("=", 1)[0] for token in command[3:]]
+    assert len(keys) == len(set(keys)), command  # not 'model=local ... model=gpt4o'
+
+
+def test_a_job_dirs_git_commit_is_read_from_its_metrics_json(tmp_path: Path) -> None:
+    a = write_job_dir(tmp_path / "a", ["data.limit=2"])
+    saved = json.loads((a / "metrics.json").read_text())
+    saved["git"] = {"git_commit": "c0ffee", "git_dirty": "true", "cupid_exp_version": "0"}  # as write_outputs does
+    (a / "metrics.json").write_text(json.dumps(saved))
+    b = write_job_dir(tmp_path / "b", ["data.limit=3"])
+    assert spec_from_job_dir(a).digests["git_commit"] == "c0ffee (dirty)"
+    diff = diff_runs(spec_from_job_dir(a), spec_from_job_dir(b))
+    assert "not recorded, so not compared: git_commit (B)" in diff.notes
 
 
 def test_job_dir_whose_conf_changed_since_is_noted(tmp_path: Path) -> None:
@@ -168,7 +181,7 @@ def test_conf_drift_since_both_runs_is_kept_apart_from_their_differences(tmp_pat
         (job / ".hydra" / "config.yaml").write_text(yaml.safe_dump(recorded))
     diff = diff_runs(spec_from_job_dir(a), spec_from_job_dir(b))
     assert diff.overrides == ["data.limit=3"] and diff.drift == ["runtime.reask=7"] and diff.verified
-    assert shlex.split(diff.command())[3:] == ["data.limit=2", "data.limit=3", "runtime.reask=7"]
+    assert shlex.split(diff.command())[3:] == ["data.limit=3", "runtime.reask=7"]  # A's data.limit=2 is set again
     assert main([str(a), str(b)]) == 0
     out = capsys.readouterr().out
     assert "data.limit=3\n# conf/ has changed since these runs" in out and "\nruntime.reask=7\n" in out

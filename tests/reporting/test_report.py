@@ -8,7 +8,6 @@ import io
 import json
 import os
 import re
-import time
 from pathlib import Path
 
 import mlflow
@@ -20,34 +19,13 @@ from omegaconf import OmegaConf
 from conftest import CONF_DIR, compose_config
 from cupid_exp.report import main
 from cupid_exp.reporting import JobRun, Selection, build_report, load_reference, render
-from cupid_exp.scoring import bootstrap_ci, flat_metrics, paired_compare, task_metrics
+from cupid_exp.scoring import bootstrap_ci, paired_compare
 from cupid_exp.tracking.callbacks import MlflowSweepCallback
-from helpers.mlflow_runs import log_job_run
 from helpers.records import make_records
+from helpers.report_runs import log, sample_label
 
-
-def log(root: Path, overrides: list[str], records: list[dict], *, drop_records: int = 0, name: str = "run",
-        metric_edit: dict | None = None) -> str:
-    """Log a job as ``job.publish`` does: params from the composed config, metrics of its task parts from records.
-
-    The fabricated runs were scored by the local evaluator unless their overrides name one (an API model
-    would otherwise imply gpt4o)."""
-    if not any(o.startswith("evaluator=") for o in overrides):
-        overrides = [*overrides, "evaluator=local"]
-    cfg = compose_config([f"paths.output_root={root}", *overrides], return_hydra_config=True)
-    policy = cfg.runtime.failure_policy
-    metrics = {}
-    for part in cfg.task.parts:
-        metrics.update(flat_metrics(part, task_metrics(records, part, policy)))
-    metrics.update(metric_edit or {})
-    job_dir = root / "jobs" / name
-    job_dir.mkdir(parents=True)
-    kept = records[:len(records) - drop_records]
-    (job_dir / "instances.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
-    run_id = log_job_run(cfg, run_name=name, tags={"dataset_digest": "d"}, metrics=metrics,
-                         artifacts=[job_dir / "instances.jsonl"])
-    time.sleep(0.01)  # distinct start times
-    return run_id
+SAMPLE = sample_label()  # the shipped sample, as the report names it
+CUPID = f"cupid [kixlab/CUPID:test #{'d' * 8}]"
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +91,7 @@ def table_rows(markdown: str, title_start: str) -> dict[str, list[str]]:
 
 def test_leaderboard_uses_latest_finished_runs_with_intervals(store, capsys) -> None:
     out = report(store, capsys)
-    rows = table_rows(out, "Inference by model — data=sample, evaluator=local")
+    rows = table_rows(out, f"Inference by model — data={SAMPLE}, evaluator=local")
     assert set(rows) == {"gpt4o", "claude37"}  # mistral7b (partial), qwen/llama (failed/running) are out
     gpt4o = rows["gpt4o"]
     metrics = MlflowClient(store["uri"]).get_run(store["ids"]["gpt4o"]).data.metrics
@@ -149,8 +127,8 @@ def test_skipped_runs_are_noted_and_sweep_parents_ignored(store, capsys) -> None
 
 def test_sections_by_data_and_generation_table(store, capsys) -> None:
     out = report(store, capsys)
-    assert "### Inference by model — data=cupid, evaluator=gpt4o" in out
-    rows = table_rows(out, "Generation by model — data=sample, evaluator=local")
+    assert f"### Inference by model — data={CUPID}, evaluator=gpt4o" in out
+    rows = table_rows(out, f"Generation by model — data={SAMPLE}, evaluator=local")
     score = bootstrap_ci(records_of(store, "gpt4o_gen"), "score", n_boot=300)
     assert rows["gpt4o"]["all"] == score.fmt(1, 2) and rows["gpt4o"]["oracle_preference"] == "–"
     summary_rows = table_rows(out, "Inference with summaries, by instance type — data=sample")
@@ -166,7 +144,7 @@ def test_no_generation_runs_no_generation_table(store, capsys) -> None:
 
 def test_reference_paper_rows_are_marked_and_placed_beside_the_model(store, capsys) -> None:
     out = report(store, capsys, "--reference", "paper", "--filter", "params.`data.name` = 'cupid'")
-    section = out.split("### Inference by model — data=cupid, evaluator=gpt4o")[1].split("###")[0]
+    section = out.split(f"### Inference by model — data={CUPID}, evaluator=gpt4o")[1].split("###")[0]
     lines = [line for line in section.splitlines() if line.startswith("| ")]
     models = [line.split("|")[1].strip() for line in lines[1:]]
     assert models[:2] == ["gpt4o", "paper: GPT-4o"]  # beside the user's row
@@ -202,7 +180,7 @@ def test_csv_and_html_formats(store, capsys, tmp_path: Path) -> None:
     assert {r["metric"] for r in runs} == {"precision", "recall", "f1", "score"}
     paper = [r for r in rows if r["source"] == "paper" and r["model"] == "GPT-4o" and r["column"] == "all"
              and r["reference"].startswith("Table 1") and r["metric"] == "f1"]
-    assert paper and float(paper[0]["value"]) == pytest.approx(0.43)
+    assert paper and float(paper[0]["value"]) == pytest.approx(43.0) and paper[0]["unit"] == "%"
     target = tmp_path / "r.html"
     assert main(["--tracking-uri", store["uri"], "--cache-dir", str(store["cache"]), "--n-boot", "100",
                  "--format", "html", "--reference", "paper", "--output", str(target)]) == 0
@@ -246,7 +224,8 @@ def test_missing_experiment_is_an_error(store, capsys) -> None:
 def test_report_plots(store, capsys, tmp_path: Path) -> None:
     report(store, capsys, "--plots", str(tmp_path / "plots"))
     names = sorted(p.name for p in (tmp_path / "plots").glob("*.png"))
-    assert "sample_local_inference_by_type.png" in names and "sample_local_generation_by_position.png" in names
+    stem = f"sample-{SAMPLE.split('#')[1][:8]}_local"
+    assert f"{stem}_inference_by_type.png" in names and f"{stem}_generation_by_position.png" in names
     assert all((tmp_path / "plots" / n).stat().st_size > 10_000 for n in names)
 
 
@@ -279,10 +258,10 @@ def test_retrieval_variants_are_selected_and_get_their_own_columns(store, capsys
     out = report(store, capsys)
     ids = store["ids"]
     # both variants kept; only the superseded bm25 run is left out
-    assert f"gpt4o × {BM25} (inference, data=sample, evaluator=local): 2 runs; using the latest, {ids['bm25'][:8]}" in out
+    assert f"gpt4o × {BM25} (inference, data={SAMPLE}, evaluator=local): 2 runs; using the latest, {ids['bm25'][:8]}" in out
     assert f"not used: {ids['bm25_old'][:8]}" in out
     assert f"not used: {ids['embedding'][:8]}" not in out and f"gpt4o × {EMB}" not in out
-    rows = table_rows(out, "Inference by model — data=sample, evaluator=local")
+    rows = table_rows(out, f"Inference by model — data={SAMPLE}, evaluator=local")
     header = list(rows["gpt4o"])
     assert header[header.index("summary") + 1:header.index("n (all)")] == [BM25, EMB]
     for name, column in (("bm25", BM25), ("embedding", EMB)):
@@ -305,7 +284,7 @@ def test_retrieval_variants_are_selected_and_get_their_own_columns(store, capsys
 
 def test_by_setting_table_with_oracle_gain_recovered(store, capsys) -> None:
     out = report(store, capsys)
-    rows = setting_rows(out, "Inference by setting and instance type — data=sample, evaluator=local")
+    rows = setting_rows(out, f"Inference by setting and instance type — data={SAMPLE}, evaluator=local")
     assert list(rows) == [("claude37", "standard"), ("gpt4o", "standard"), ("gpt4o", BM25), ("gpt4o", EMB),
                           ("gpt4o", "oracle"), ("gpt4o", "summary")]
     metrics = {name: MlflowClient(store["uri"]).get_run(store["ids"][name]).data.metrics

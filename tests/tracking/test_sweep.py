@@ -65,3 +65,6 @@ def test_the_parent_run_has_the_sweeps_leaderboard_and_plots(tmp_path: Path) -> 
     assert any(entry["type"] == "table" for entry in logged)
     plots = [a.path for a in client.list_artifacts(parent.info.run_id, "plots")]
     assert len(plots) == 3 and all(p.endswith(".png") for p in plots)  # by type, by position, by history length
+    page = Path(mlflow.artifacts.download_artifacts(run_id=parent.info.run_id, artifact_path="leaderboard.html",
+                                                    dst_path=str(tmp_path / "dl"), tracking_uri=uri)).read_text()
+    assert page.count("<img src='data:image/png;base64,") == 3  # the page carries its plots

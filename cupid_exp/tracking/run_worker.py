@@ -39,6 +39,7 @@ from cupid_exp.tracking.attempts import Claim
 from cupid_exp.tracking.live import FinalLog, LiveRun, RunRequest
 from cupid_exp.tracking.run_worker_process import SnapshotMeter, serve
 from cupid_exp.tracking.store_errors import TrackingError, TrackingUnavailable, store_unreachable  # noqa: F401
+from cupid_exp.tracking.traces import trace_input
 
 log = logging.getLogger(__name__)
 
@@ -114,10 +115,7 @@ class RunWorker:
         is not sent: it is ``result.to_record()``, which the worker makes again."""
         if not self._healthy():
             return
-        # an instance's trace shows its request (the rest of it stays here); another unit's is in its result
-        shown = SimpleNamespace(current_request=instance.current_request,
-                                current_context_factor=instance.current_context_factor) \
-            if isinstance(result, InstanceResult) else None
+        shown = trace_input(instance, result)  # what its trace shows of it (the rest of the instance stays here)
         self.inbox.put(("instance", pickle.dumps((shown, result, calls, self.meter.totals()),
                                                  protocol=pickle.HIGHEST_PROTOCOL)))
 
@@ -268,8 +266,7 @@ class RunWorker:
         tracker.run_id = self.run_id
         return LiveRun(tracker, Claim(request.run_key), total=request.total, parts=request.parts,
                        policy=request.policy, done=[], earlier=request.earlier, meter=SnapshotMeter(totals),
-                       every_s=request.tracking.progress_every_s, traces=None, attempt=self.attempt,
-                       unit=request.unit)
+                       every_s=request.tracking.progress_every_s, traces=None, attempt=self.attempt, unit=request.unit)
 
     def _wait(self, wanted: tuple[str, ...], timeout: float | None, *, stall: bool,
               stall_s: float = STALL_S) -> tuple | None:

@@ -90,6 +90,17 @@ class TraceRoot:
     errors: list[tuple[str, str, str]] = field(default_factory=list)  #: (kind, message, step)
 
 
+def trace_input(unit: Any, result: Any) -> Any:
+    """What a unit's trace shows of the unit itself, sent with its result to where the run is kept: an evaluated
+    instance's request and context factor (its history stays behind); another unit's trace is its result's own
+    (``TraceRoot``)."""
+    if not isinstance(result, InstanceResult):
+        return None
+    from types import SimpleNamespace
+
+    return SimpleNamespace(current_request=unit.current_request, current_context_factor=unit.current_context_factor)
+
+
 def _chat_reply(call: CallRecord) -> dict[str, Any]:
     """The reply in OpenAI's response shape, so MLflow's trace view shows the exchange as a chat."""
     return {"choices": [{"index": 0, "finish_reason": call.finish_reason,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cupid_exp.llm.calls import CallLog, CallRecord
+from cupid_exp.synthesis.files import FileWrites
 
 
 def attempt_line(record: CallRecord) -> dict[str, Any]:
@@ -25,17 +26,15 @@ def attempt_line(record: CallRecord) -> dict[str, Any]:
 
 
 class AttemptLog:
-    """Appends the records of ``log`` not written yet to ``path``."""
+    """Appends the records of ``log`` not written yet to ``path`` (through ``writes``: off the event loop)."""
 
-    def __init__(self, path: Path, log: CallLog | None):
+    def __init__(self, path: Path, log: CallLog | None, writes: FileWrites | None = None):
         self.path, self.log, self.written = path, log, 0
+        self.writes = writes or FileWrites()
 
     def flush(self) -> None:
         if self.log is None or self.written >= len(self.log.calls):
             return
         new = self.log.calls[self.written:]
         self.written += len(new)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as fh:
-            for record in new:
-                fh.write(json.dumps(attempt_line(record), ensure_ascii=False) + "\n")
+        self.writes.append(self.path, [json.dumps(attempt_line(r), ensure_ascii=False) + "\n" for r in new])

@@ -112,7 +112,7 @@ class PersonaRun:
         self.ctx, self.scfg, self.template, self.store = ctx, scfg, template, store
         self.j = store.data
         self.journey = JourneyTemplate.from_dict(self.j["journey"])
-        self.attempts = AttemptLog(store.path.with_suffix(".calls.jsonl"), None)
+        self.attempts = AttemptLog(store.path.with_suffix(".calls.jsonl"), None, store.writes)
 
     def save(self, key: str, value: Any) -> Any:
         self.j[key] = value
@@ -237,6 +237,7 @@ class PersonaRun:
                 return await self._run()
             finally:
                 self.attempts.flush()
+                await self.store.writes.flushed()  # its files hold all it did before it counts as finished
 
     async def _run(self) -> PersonaOutcome:
         outcome = PersonaOutcome(index=self.template.index, journey=self.j)

@@ -1,7 +1,7 @@
 """One persona's journey file, ``journeys/persona_NNN.json``: what resume reads and every step extends.
 
-It is rewritten atomically after every step, so a killed job re-run with the same command skips the
-personas, phases and sessions that finished.
+It is rewritten atomically after every step (off the event loop: ``files.FileWrites``), so a killed job re-run
+with the same command skips the personas, phases and sessions that finished.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from cupid_exp.outputs import atomic_write_text
+from cupid_exp.synthesis.files import FileWrites
 from cupid_exp.synthesis.journey import JourneyTemplate, plan_factors
 from cupid_exp.synthesis.personas import PersonaTemplate
 
@@ -23,6 +23,7 @@ class JourneyStore:
 
     def __init__(self, path: Path, data: dict[str, Any]):
         self.path, self.data = path, data
+        self.writes = FileWrites()  #: this persona's files, written off the event loop
 
     @classmethod
     def open(cls, directory: Path, template: PersonaTemplate, journey: JourneyTemplate, seed: int) -> "JourneyStore":
@@ -51,7 +52,8 @@ class JourneyStore:
             return None
 
     def save(self) -> None:
-        atomic_write_text(self.path, json.dumps(self.data, indent=2, ensure_ascii=False) + "\n")
+        """The file as the data is now (the text is taken here; written at once outside an event loop)."""
+        self.writes.replace(self.path, json.dumps(self.data, indent=2, ensure_ascii=False) + "\n")
 
     def finished(self, validate: bool) -> bool:
         """Done in a previous run (with its validation, when the recipe asks for one)."""

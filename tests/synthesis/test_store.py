@@ -30,3 +30,41 @@ def test_finished_needs_validation_only_when_the_recipe_asks_for_it(tmp_path) ->
     assert store.finished(validate=False) and not store.finished(validate=True)
     store.data["validation"] = []
     assert store.finished(validate=True)
+
+
+def test_a_slow_disk_never_holds_the_event_loop_and_the_last_save_lands(tmp_path, monkeypatch) -> None:
+    """Every save of a journey file is fsynced; on the event loop each one stopped every other persona's calls while
+    the disk flushed. Saved from a running loop, the text is taken at once and written by a thread; saves made
+    meanwhile coalesce, and once flushed the file holds the last one."""
+    import asyncio
+    import os
+    import time
+
+    fsync, synced = os.fsync, []
+
+    def slow_fsync(fd: int) -> None:
+        time.sleep(0.3)
+        synced.append(fd)
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    t = TEMPLATES[0]
+
+    async def steps() -> tuple[float, int]:
+        store = JourneyStore.open(tmp_path, t, make_template(0, t.index), 0)  # a fresh file, saved
+        began = time.perf_counter()
+        for n in range(5):
+            store.data["step"] = n
+            store.save()
+        held = time.perf_counter() - began
+        ticks = 0
+        for _ in range(10):  # the loop goes on while the disk flushes
+            await asyncio.sleep(0.01)
+            ticks += 1
+        await store.writes.flushed()
+        return held, ticks
+
+    held, ticks = asyncio.run(steps())
+    assert held < 0.2 and ticks == 10  # five saves took no disk time on the loop
+    assert json.loads((tmp_path / "persona_001.json").read_text())["step"] == 4
+    assert 1 <= len(synced) <= 3  # coalesced: not one fsync per save

@@ -140,7 +140,7 @@ def test_a_budget_stops_synthesis_with_exit_4_and_a_resume_completes_it_with_the
         tmp_path: Path) -> None:
     """runtime.max_cost_usd holds synthesis too: the job stops at it (exit 4, one BUDGET line naming the personas
     not run), the same command with a higher budget resumes it in its run, and the instances are those of a job
-    that was never stopped, byte for byte."""
+    that was never stopped, byte for byte (that one run by two processes, a persona each)."""
     with StubServer() as stub:
         cmd = command(stub.url, tmp_path / "out", "synthesis.n_personas=2", *PRICED)
         stopped = run_cli([*cmd, "runtime.max_cost_usd=0.05"], check=False, timeout=300)
@@ -148,7 +148,9 @@ def test_a_budget_stops_synthesis_with_exit_4_and_a_resume_completes_it_with_the
         line = stopped.stderr.strip().splitlines()[-1]
         assert line.startswith("BUDGET: $") and "personas not run; resume with a higher budget" in line
         resumed = run_cli([*cmd, "runtime.max_cost_usd=100"], timeout=300)
-        run_cli(command(stub.url, tmp_path / "whole", "synthesis.n_personas=2", *PRICED), timeout=300)
+        whole = run_cli(command(stub.url, tmp_path / "whole", "synthesis.n_personas=2", "runtime.workers=2", *PRICED),
+                        timeout=300)
+    assert "model calls shared by 2 processes" in whole.stdout + whole.stderr
     assert resumed.stdout.rstrip().endswith("complete: 2 of 2 personas synthesised")
     instances = [job_folder(tmp_path / r) / "instances" / "instances.jsonl" for r in ("out", "whole")]
     assert instances[0].read_bytes() == instances[1].read_bytes() and len(instances[0].read_bytes().splitlines()) == 6

@@ -157,3 +157,23 @@ def test_a_budget_stops_synthesis_with_exit_4_and_a_resume_completes_it_with_the
     (run,) = runs(tmp_path / "out")
     assert run.info.status == "FINISHED" and run.data.tags["cupid.attempt"] == "2"
     assert run.data.metrics["cost/usd"] > run.data.metrics["cost/usd/this_attempt"] > 0
+
+
+def test_a_top_up_continues_the_job_its_run_counting_every_attempts_requests(tmp_path: Path) -> None:
+    """A larger n_personas is the same job (folder, journal, ledger, MLflow run): the smaller run's instances are a
+    byte-identical prefix of the larger one's, and the run's usage is the whole job's, the stub's count."""
+    root = tmp_path / "out"
+    with StubServer() as stub:
+        run_cli(command(stub.url, root, "synthesis.n_personas=1"), timeout=300)
+        first = (job_folder(root) / "instances" / "instances.jsonl").read_bytes()
+        topped = run_cli(command(stub.url, root, "synthesis.n_personas=2"), timeout=300)
+        stats = stub.stats()
+    assert "resuming: 1 of 2 personas already finished" in topped.stdout + topped.stderr
+    both = (job_folder(root) / "instances" / "instances.jsonl").read_bytes()
+    assert both.startswith(first) and len(both.splitlines()) == 2 * len(first.splitlines()) == 6
+    (run,) = runs(root)
+    m = run.data.metrics
+    assert run.info.status == "FINISHED" and run.data.tags["cupid.attempt"] == "2"
+    assert m["calls/total"] == stats["total_completed"] > m["calls/total/this_attempt"] > 0
+    metrics = json.loads((job_folder(root) / "metrics.json").read_text())["metrics"]
+    assert metrics["calls/total"] + metrics["calls/total/earlier_attempts"] == stats["total_completed"]

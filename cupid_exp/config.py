@@ -138,6 +138,9 @@ class ModelConfig(Checked):
     api_base: Optional[str] = None
     api_key_env: Optional[str] = None  # name of the env var holding the key; never the key
     params: Dict[str, Any] = field(default_factory=dict)  # decoding params, passed unchanged
+    # decoding overrides for one step of this model, by step name (summarize, decompose, judge, ...): a small
+    # embedded model needs room for a long JSON reply where a short cap keeps its free text from rambling
+    step_params: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     max_concurrency: int = 8
     system_role: str = "system"  # the official tool sends "developer" to OpenAI evaluator models
     structured_output: bool = False  # ask for JSON-schema constrained output on JSON steps
@@ -172,6 +175,9 @@ class ModelConfig(Checked):
         from cupid_exp.llm.params import check_params
 
         check_params(self.params, where)  # types and ranges of temperature, top_p, max_tokens, seed, ...
+        for step, overrides in self.step_params.items():
+            require(isinstance(overrides, dict), f"{where}.step_params.{step}", overrides, "a mapping of params")
+            check_params(overrides, where, f"step_params.{step}")
 
 
 @dataclass

@@ -177,3 +177,16 @@ def test_a_top_up_continues_the_job_its_run_counting_every_attempts_requests(tmp
     assert m["calls/total"] == stats["total_completed"] > m["calls/total/this_attempt"] > 0
     metrics = json.loads((job_folder(root) / "metrics.json").read_text())["metrics"]
     assert metrics["calls/total"] + metrics["calls/total/earlier_attempts"] == stats["total_completed"]
+
+
+def test_ctrl_c_ends_a_synthesis_in_one_line_and_its_run_killed(tmp_path: Path) -> None:
+    root = tmp_path / "out"
+    with StubServer() as stub:
+        with held_job(stub, command(stub.url, root, "synthesis.n_personas=2"), tmp_path / "job.log", after=30) as job:
+            wait_for(lambda: runs(root), 60, "the job's run")
+            job.send_signal(signal.SIGINT)
+            assert job.wait(timeout=60) == 130
+    last = (tmp_path / "job.log").read_text().strip().splitlines()[-1]
+    assert last == "interrupted: 0 of 2 personas finished and journaled; run the same command to resume"
+    (run,) = runs(root)
+    assert run.info.status == "KILLED" and run.data.tags["cupid.outcome"] == "interrupted"

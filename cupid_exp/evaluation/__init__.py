@@ -16,17 +16,16 @@ from cupid_exp.evaluation.work import EvaluationWork
 from cupid_exp.job import Job, plan as plan_job, run_job
 from cupid_exp.progress import Progress
 from cupid_exp.results import InstanceResult
-from cupid_exp.tracking.mlflow import SweepParent
 
 
 def run_evaluation(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = None,
-                   parent_run: str | SweepParent | None = None) -> Outcome:
-    """One evaluation job end to end (``python -m cupid_exp``)."""
+                   parent_run: Any = None) -> Outcome:
+    """One evaluation job end to end (``python -m cupid_exp``); ``parent_run``: a sweep's (``job.plan``)."""
     return run_job(cfg, output_dir, choices, parent_run, kind=EvaluationWork)
 
 
-def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = None,
-         parent_run: str | SweepParent | None = None, *, clients: bool = True) -> Job:
+def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = None, parent_run: Any = None, *,
+         clients: bool = True) -> Job:
     """A planned evaluation job (``job.plan``), holding its attempt."""
     return plan_job(cfg, output_dir, choices, parent_run, kind=EvaluationWork, clients=clients)
 

@@ -36,7 +36,7 @@ from cupid_exp.tracking.provenance import git_state
 
 if TYPE_CHECKING:
     from cupid_exp.job import Job
-    from cupid_exp.job.execute import Execution
+    from cupid_exp.job.spec import Execution
     from cupid_exp.llm.budget import Budget
     from cupid_exp.llm.usage import UsageMeter
 

@@ -20,10 +20,10 @@ from omegaconf import DictConfig
 
 from cupid_exp.entry import Interrupted, Outcome
 from cupid_exp.job.budgets import BudgetReport, report
-from cupid_exp.job.execute import Execution, execute
+from cupid_exp.job.execute import execute
 from cupid_exp.job.plan import Job, Kind, connect, plan, specify, typed_config
 from cupid_exp.job.publish import job_outcome, publish, start_tracking
-from cupid_exp.job.spec import JobSpec, Summary, Work
+from cupid_exp.job.spec import Execution, JobSpec, Summary, Work
 from cupid_exp.job.workers import start_workers
 from cupid_exp.tracking.attempts import earlier_attempt_metrics, earlier_spend
 from cupid_exp.tracking.mlflow import SweepParent, ends_on_error

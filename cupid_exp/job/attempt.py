@@ -8,41 +8,18 @@ The lock is taken first (``tracking.job_lock``): a second process on the same jo
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Any
 
 from cupid_exp.job.budgets import job_budget
 from cupid_exp.job.checks import check_keys
-from cupid_exp.job.spec import JobSpec
+from cupid_exp.job.spec import Attempt, JobSpec
 from cupid_exp.job.worker_count import processes
-from cupid_exp.llm.budget import Budget
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.tracking import job_lock
-from cupid_exp.tracking.job_lock import JobLock
 from cupid_exp.tracking.journal import Journal
 from cupid_exp.tracking.ledger import UsageLedger
 from cupid_exp.tracking.mlflow import SweepParent
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Attempt:
-    """The resources one attempt of a job holds until it ends (``release``)."""
-
-    lock: JobLock | None  #: this process's hold on the job; None in a dry run
-    journal: Journal | None  #: finished units, one a line; None in a dry run or with ``runtime.resume=false``
-    ledger: UsageLedger | None  #: every paid request as it returns, beside the journal (the meter writes into it)
-    earlier: UsageMeter | None  #: what the job's earlier attempts counted (the ledger); None without a journal
-    done: dict[str, dict[str, Any]]  #: key -> finished record from the journal
-    budget: Budget | None  #: the spending limits its calls draw on; None: no budget
-    processes: int = 1  #: processes sharing the model calls (``runtime.workers``: ``job.worker_count``)
-    meter: UsageMeter = field(default_factory=UsageMeter)  #: this attempt's usage, every process's merged
-
-    def release(self) -> None:
-        """Let another process take the job (its end; idempotent)."""
-        if self.lock is not None:
-            self.lock.release()
 
 
 def open_attempt(spec: JobSpec) -> Attempt:

@@ -9,27 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cupid_exp.job.lanes import job_finisher, job_progress, run_units
 from cupid_exp.job.plan import Job, connect
-from cupid_exp.job.spec import Result
+from cupid_exp.job.workers import Workers, run_spread, start_workers
+from cupid_exp.job.spec import Execution, Result
 from cupid_exp.llm.client import drain_background_tasks
 from cupid_exp.llm.server import managed_server
 from cupid_exp.progress import InstanceObserver, wants_calls
-
-if TYPE_CHECKING:
-    from cupid_exp.job.workers import Workers
-
-
-@dataclass
-class Execution:
-    """What the model phase produced, and what it cost in time."""
-
-    results: list[Any]  #: fresh results (``Result``), in completion order
-    seconds: float = 0.0  #: wall time calling models and scoring (without start-up or logging)
-    cpu_seconds: float = 0.0  #: CPU time in that phase (the orchestration cost), worker processes' included
 
 
 async def _run_all(job: Job, units: list[Any], observer: InstanceObserver | None = None) -> list[Result]:
@@ -45,7 +33,7 @@ async def _run_all(job: Job, units: list[Any], observer: InstanceObserver | None
     return results
 
 
-def execute(job: Job, observer: InstanceObserver | None = None, workers: "Workers | None" = None) -> Execution:
+def execute(job: Job, observer: InstanceObserver | None = None, workers: Workers | None = None) -> Execution:
     """Run what is left to run (nothing on a complete resume), inside the work's model server if any;
     ``observer`` (the MLflow run's live view) hears of each finished unit. With ``runtime.workers`` the job's
     ``workers`` (started with the job by ``run_job``, or here) share the units."""
@@ -57,8 +45,6 @@ def execute(job: Job, observer: InstanceObserver | None = None, workers: "Worker
     with managed_server(server):
         start, cpu = time.perf_counter(), time.process_time()  # without a model server's start-up
         if job.attempt.processes > 1:
-            from cupid_exp.job.workers import run_spread, start_workers
-
             running = workers or start_workers(job)
             try:
                 results, workers_cpu = run_spread(job, todo, observer, running)

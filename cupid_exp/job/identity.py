@@ -73,6 +73,12 @@ def content(resolved: Mapping[str, Any], not_identity: Iterable[str] = ()) -> di
     return config
 
 
+def content_digest(config: Mapping[str, Any], not_identity: Iterable[str] = (), *, length: int = 20,
+                   **beside: Any) -> str:
+    """A short hash of ``config``'s content (``content``) and of what goes ``beside`` it (a prompts folder)."""
+    return config_digest({**beside, "config": content(config, not_identity)}, length=length)
+
+
 def job_identity(resolved: Mapping[str, Any], *, dataset_digest: str | None = None, prompts_digest: str,
                  not_identity: Iterable[str] = ("data.path",)) -> str:
     """Hash of everything that decides a job's results, from the resolved config as plain data.

@@ -11,17 +11,16 @@ while the MLflow run opens and worker processes start).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
 from cupid_exp.config import JobConfig, check_known_keys, check_tree
-from cupid_exp.job.attempt import Attempt, open_attempt
+from cupid_exp.job.attempt import open_attempt
 from cupid_exp.job.checks import check_before_calls, note_models
 from cupid_exp.job.identity import job_identity
-from cupid_exp.job.spec import JobSpec, Work
+from cupid_exp.job.spec import Job, JobSpec, Work
 from cupid_exp.job.worker_count import share
 from cupid_exp.llm.budget import check_priced
 from cupid_exp.secrets import install_log_scrubber, redact, secret_values
@@ -35,43 +34,6 @@ class Kind(Protocol):
     """A kind of work: loads a job's units from its checked config (``EvaluationWork``, ``SynthesisWork``)."""
 
     def load(self, cfg: Any, output_dir: Path) -> Work: ...
-
-
-@dataclass
-class Job:
-    """A planned job: its frozen spec, the attempt that holds it, and its clients once connected."""
-
-    spec: JobSpec
-    attempt: Attempt
-    ctx: Any = None  #: the work's clients (``Work.connect``): None until ``connect``, and when nothing is left to run
-
-    @property
-    def cfg(self) -> Any:
-        return self.spec.cfg
-
-    @property
-    def work(self) -> Work:
-        return self.spec.work
-
-    @property
-    def identity(self) -> str:
-        return self.spec.identity
-
-    @property
-    def output_dir(self) -> Path:
-        return self.spec.output_dir
-
-    @property
-    def dry_run(self) -> bool:
-        return self.spec.dry_run
-
-    @property
-    def todo(self) -> list[Any]:
-        """The units left to run, in the job's order."""
-        return [u for u in self.work.units if u.key not in self.attempt.done]
-
-    def release(self) -> None:
-        self.attempt.release()
 
 
 def typed_config(cfg: DictConfig) -> Any:

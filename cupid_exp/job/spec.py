@@ -1,11 +1,12 @@
-"""What a job is, decided by planning before anything is opened: the kind of work, its units, its identity.
+"""What a job is and what a run of it holds: its kind of work, its units, its identity, its attempt.
 
 Every job runs units of one kind of work through the same lifecycle (``cupid_exp.job``): plan → lock →
 journal → execute → summarise → publish. Evaluation's unit is an instance (``cupid_exp.evaluation``),
 synthesis's a persona (``cupid_exp.synthesis.work``). ``Work`` is what the lifecycle asks of a kind: its units,
 the model roles it calls, how one unit runs, what its journal records look like, and what its summary, files
 and report are. ``JobSpec`` is planning's frozen result; what one attempt of the job opens (its lock, journal,
-ledger, budget) is ``job.attempt.Attempt``, and the clients and worker processes come after.
+ledger, budget: ``Attempt``, opened by ``job.attempt``); a planned ``Job`` is the two, with its clients once
+connected; worker processes are a value of their own (``job.workers``).
 """
 
 from __future__ import annotations
@@ -16,13 +17,24 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
 from cupid_exp.config import JobConfig, ModelConfig
 
+from cupid_exp.llm.usage import UsageMeter
+
 if TYPE_CHECKING:
-    from cupid_exp.job import Job
-    from cupid_exp.job.execute import Execution
     from cupid_exp.llm.budget import Budget
-    from cupid_exp.llm.usage import UsageMeter
     from cupid_exp.progress import Progress
+    from cupid_exp.tracking.job_lock import JobLock
+    from cupid_exp.tracking.journal import Journal
+    from cupid_exp.tracking.ledger import UsageLedger
     from cupid_exp.tracking.mlflow import SweepParent
+
+
+@dataclass
+class Execution:
+    """What a job's model phase produced (``job.execute``), and what it cost in time."""
+
+    results: list[Any]  #: fresh results (``Result``), in completion order
+    seconds: float = 0.0  #: wall time calling models and scoring (without start-up or logging)
+    cpu_seconds: float = 0.0  #: CPU time in that phase (the orchestration cost), worker processes' included
 
 
 class Unit(Protocol):
@@ -165,3 +177,59 @@ class JobSpec:
     @property
     def journal_dir(self) -> Path:
         return Path(self.cfg.paths.output_root) / "journal"
+
+
+@dataclass
+class Attempt:
+    """The resources one attempt of a job holds until it ends (``release``)."""
+
+    lock: JobLock | None  #: this process's hold on the job; None in a dry run
+    journal: Journal | None  #: finished units, one a line; None in a dry run or with ``runtime.resume=false``
+    ledger: UsageLedger | None  #: every paid request as it returns, beside the journal (the meter writes into it)
+    earlier: UsageMeter | None  #: what the job's earlier attempts counted (the ledger); None without a journal
+    done: dict[str, dict[str, Any]]  #: key -> finished record from the journal
+    budget: Budget | None  #: the spending limits its calls draw on; None: no budget
+    processes: int = 1  #: processes sharing the model calls (``runtime.workers``: ``job.worker_count``)
+    meter: UsageMeter = field(default_factory=UsageMeter)  #: this attempt's usage, every process's merged
+
+    def release(self) -> None:
+        """Let another process take the job (its end; idempotent)."""
+        if self.lock is not None:
+            self.lock.release()
+
+
+@dataclass
+class Job:
+    """A planned job: its frozen spec, the attempt that holds it, and its clients once connected."""
+
+    spec: JobSpec
+    attempt: Attempt
+    ctx: Any = None  #: the work's clients (``Work.connect``): None until ``connect``, and when nothing is left to run
+
+    @property
+    def cfg(self) -> Any:  # the kind's config (``RunConfig``, ``SynthesizeConfig``): typed as the kind reads it
+        return self.spec.cfg
+
+    @property
+    def work(self) -> Work:
+        return self.spec.work
+
+    @property
+    def identity(self) -> str:
+        return self.spec.identity
+
+    @property
+    def output_dir(self) -> Path:
+        return self.spec.output_dir
+
+    @property
+    def dry_run(self) -> bool:
+        return self.spec.dry_run
+
+    @property
+    def todo(self) -> list[Any]:
+        """The units left to run, in the job's order."""
+        return [u for u in self.work.units if u.key not in self.attempt.done]
+
+    def release(self) -> None:
+        self.attempt.release()

@@ -14,7 +14,7 @@ from typing import Any, Dict
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from cupid_exp.config import Checked, JobConfig, ModelConfig, config_digest, require
+from cupid_exp.config import Checked, JobConfig, ModelConfig, require
 
 ROLES = ("persona_writer", "factor_writer", "session_writer", "user_simulator", "assistant_simulator",
          "decomposer", "validator")
@@ -121,11 +121,10 @@ def fingerprint(synthesis: Any, prompts_dir: Any = None) -> str:
     n_personas, not a role's throughput, pacing, prices or key, not how its endpoint is spelt). Used in the job
     dir name, so one command always resumes in its own dir, a changed recipe never mixes with old artefacts, and a
     faster setting of the same recipe resumes the same dir."""
-    from cupid_exp.job.identity import content
+    from cupid_exp.job.identity import content_digest
 
     data = OmegaConf.to_container(synthesis, resolve=True) if OmegaConf.is_config(synthesis) else dict(synthesis)
-    return config_digest({"synthesis": content({"synthesis": data}, NOT_IDENTITY)["synthesis"],
-                          "prompts_dir": prompts_dir}, length=8)
+    return content_digest({"synthesis": data}, NOT_IDENTITY, length=8, prompts_dir=prompts_dir)
 
 
 def register_resolvers() -> None:

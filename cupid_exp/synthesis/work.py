@@ -28,7 +28,7 @@ from cupid_exp.synthesis.personas import PersonaTemplate, builtin_seeds, persona
 
 if TYPE_CHECKING:
     from cupid_exp.job import Job
-    from cupid_exp.job.execute import Execution
+    from cupid_exp.job.spec import Execution
     from cupid_exp.llm.budget import Budget
     from cupid_exp.llm.usage import UsageMeter
     from cupid_exp.synthesis.phases import PersonaOutcome

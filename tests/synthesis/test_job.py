@@ -93,9 +93,9 @@ def test_job_dir_is_stable_for_a_command_and_differs_by_recipe() -> None:
     # that changed, not a null; with n_threads=2 and n_threads_batch=null on every role the old hash comes back)
     # (moved from ..._952b87cc when the recipe gained embedded_sampling, the repetition samplers of the local model)
     # (moved from default_local_seed0_bf8ecab3 when the folder became a hash of the recipe's content: no role's
-    # throughput, threads, prices or key variable; and the bare command's recipe became synthesis=offline)
-    # (moved from offline_local_seed0_99a207f1 when conf/llm/local.yaml gained step_params and dry_multiplier)
-    assert run_dir([]) == "outputs/synthesis/offline_local_seed0_a751dbd3"
+    # throughput, threads, prices or key variable; and the bare command's recipe became synthesis=offline; and
+    # conf/llm/local.yaml gained step_params and the DRY sampler)
+    assert run_dir([]) == "outputs/synthesis/offline_local_seed0_9f8b2357"
     assert run_dir([]) != run_dir(["synthesis.max_turns=2"])
     assert run_dir([]) != run_dir(["synthesis.seed=1"])
     assert run_dir([]) != run_dir(["synthesis.roles.decomposer.params.temperature=0.5"])

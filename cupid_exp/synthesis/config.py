@@ -83,7 +83,8 @@ class SynthesisConfig(Checked):
         require(self.persona_source in PERSONA_SOURCES, f"{where}.persona_source", self.persona_source,
                 f"one of {list(PERSONA_SOURCES)}")
         for key, value in self.embedded_sampling.items():
-            require(key in EMBEDDED_SAMPLERS, f"{where}.embedded_sampling.{key}", key, f"one of {list(EMBEDDED_SAMPLERS)}")
+            require(key in EMBEDDED_SAMPLERS, f"{where}.embedded_sampling.{key}", key,
+                    f"one of {list(EMBEDDED_SAMPLERS)}")
             require(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0,
                     f"{where}.embedded_sampling.{key}", value, "a number >= 0")
         require(self.on_unsatisfied in UNSATISFIED_POLICIES, f"{where}.on_unsatisfied", self.on_unsatisfied,

@@ -278,16 +278,13 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tok
             headers = headers_of(exc)
             hint = retry_after_s(headers, str(exc))
             if decision.what == RATE_LIMIT:
-                endpoint.learn(told_limits(headers))
-                endpoint.concurrency.rate_limited(time.monotonic())
                 wait = hint if hint is not None else backoff_s(attempts.rate_limited, RATE_LIMIT_BASE_S)
+                endpoint.rate_limited(told_limits(headers), hint, wait)  # learns the pace, pauses the pool
                 spent = time.monotonic() - started
                 if spent + wait > patience_s:
                     raise CallFailed("rate_limit", exc, attempts,
                                      f"still rate-limited after {spent:.0f} s (runtime.rate_limit_patience_s="
                                      f"{patience_s:g}): {scrub(_message(exc))}") from exc
-                if hint is not None:
-                    endpoint.pause(wait)  # the window is closed for every caller, not only this one
                 attempts.rate_limited += 1
             elif decision.what == TRANSIENT and attempts.retries < num_retries:
                 wait = hint if hint is not None else backoff_s(attempts.retries)
@@ -297,10 +294,7 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tok
             attempts.wait_s += wait if decision.what == RATE_LIMIT else 0.0
             await asyncio.sleep(wait)
             continue
-        endpoint.successes += 1
-        endpoint.concurrency.succeeded(time.monotonic())
-        if endpoint.pacer.scale < 1.0:
-            endpoint.pacer.succeeded()
+        endpoint.succeeded(response)
         return response, attempts
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
-from cupid_exp.llm.limits import forget_endpoints
+from cupid_exp.llm.pools import forget_pools
 from cupid_exp.llm.retry import FatalProviderError, parse_duration, retry_after_s, told_limits
 from cupid_exp.llm.usage import UsageMeter
 from helpers.fault_server import ScriptedServer, completion_body
@@ -49,7 +49,7 @@ def test_durations_and_stated_limits() -> None:
 
 
 def client(url: str, tmp_path: Path, model: ModelConfig | None = None, **runtime) -> tuple[LLMClient, UsageMeter]:
-    forget_endpoints()
+    forget_pools()
     rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, **{"num_retries": 1, "timeout": 10, **runtime})
     configure_litellm(rt)
     meter = UsageMeter()

@@ -134,7 +134,11 @@ class Pool:
     def join(self, config_id: str, max_concurrency: int, rpm: float | None, tpm: float | None,
              given: PoolLimits, meter: Any) -> None:
         """A client of a model config on this pool: its bound and limits count, ``given`` (the job's
-        ``runtime.pools.<name>``) wins over the configs'."""
+        ``runtime.pools.<name>``) wins over the configs'. A new job (a sweep's next, in this process: another
+        meter) starts from its own configs; what the pool learned (its limit, pace, pauses) carries over."""
+        if meter is not None and meter is not self.meter:
+            self.bounds.clear()
+            self.config_limits.clear()
         self.bounds[config_id] = max(1, max_concurrency)
         self.config_limits[config_id] = (rpm, tpm)
         self.given = given

@@ -190,3 +190,15 @@ def test_each_pools_figures_reach_the_metrics_and_the_calls_line() -> None:
     assert "calls/pool/openai-gpt-4o" not in metrics and metrics["calls/total"] == 0  # a pool is not a step
     assert ("pool openai-gpt-4o: 64 in flight at most, limit 62, paced at 300 RPM, 3 answered 429, 1.5 s waited"
             in usage_line(metrics))
+
+
+def test_a_sweeps_next_job_on_the_pool_starts_from_its_own_configs(tmp_path: Path) -> None:
+    """Jobs of a sweep run one after the other in one process: the second's configs set the bound and the pace,
+    not the first's (what the pool learned from the provider carries over)."""
+    pool = Pool("p", "p", None)
+    pool.join("first job", 64, 500.0, None, PoolLimits(), UsageMeter())
+    pool.told = (300.0, None)
+    pool.join("second job", 16, None, None, PoolLimits(), UsageMeter())
+    assert pool.bound == 16 and pool.configured == (None, None)
+    pool._repace()
+    assert pool.pacer.rpm == 300  # the stated limit, learned in the first job

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import re
 import time
 from contextlib import asynccontextmanager
@@ -307,6 +308,9 @@ def _least(values: Any) -> float | None:
 
 
 _POOLS: dict[str, Pool] = {}
+# A forked worker (runtime.workers, a sweep's later job) builds its own clients: it must not take the parent's
+# pools, whose file locks refuse a process they were not made in, and whose state is the parent's share.
+os.register_at_fork(after_in_child=_POOLS.clear)
 
 
 def pool_for(litellm_model: str, api_base: str | None, api_key: str | None, *, named: str | None, config_id: str,

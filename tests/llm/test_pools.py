@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -202,3 +203,31 @@ def test_a_sweeps_next_job_on_the_pool_starts_from_its_own_configs(tmp_path: Pat
     assert pool.bound == 16 and pool.configured == (None, None)
     pool._repace()
     assert pool.pacer.rpm == 300  # the stated limit, learned in the first job
+
+
+def _sync_in_child(ledger: str, out: Any) -> None:
+    from cupid_exp.llm.pools import _POOLS, pool_for
+
+    inherited = len(_POOLS)
+    pool = pool_for("openai/stub", "http://127.0.0.1:1/v1", None, named=None, config_id="c", max_concurrency=4,
+                    rpm=None, tpm=None, pools=None, ledger_dir=Path(ledger))
+    pool.sync()  # the parent's pool here: its file lock refused this process
+    out.put(inherited)
+
+
+def test_a_forked_worker_builds_its_own_pools(tmp_path: Path) -> None:
+    """A sweep's later job forks its calls worker after the first job made the pools: the worker must not take
+    them (their file locks refuse a process they were not made in: the worker died on its first call)."""
+    import multiprocessing
+
+    from cupid_exp.llm.pools import pool_for
+
+    forget_pools()
+    pool_for("openai/stub", "http://127.0.0.1:1/v1", None, named=None, config_id="c", max_concurrency=4, rpm=None,
+             tpm=None, pools=None, ledger_dir=tmp_path).sync()
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_sync_in_child, args=(str(tmp_path), out))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0 and out.get(timeout=5) == 0

@@ -57,7 +57,7 @@ def require_no_credentials(key: str, url: str | None, instead: str) -> None:
 
 # Settings whose default is an empty mapping (an override cannot fill a null one): left out of a digest while
 # empty, as a null is, so that adding them did not change every earlier job's identity.
-_EMPTY_AS_NULL = ("pools",)
+_EMPTY_AS_NULL = ("pools", "step_params")
 
 
 def _without_nulls(value: Any) -> Any:

@@ -4,8 +4,8 @@ Planning, the lock, the journal, the usage ledger, the budget, the clients, work
 progress, one trace per persona, its end) are the lifecycle's, as for evaluation. What is synthesis's own: the
 persona templates the recipe draws (``personas``), how one persona runs through its phases over its journey file
 (``phases``: a killed job resumes mid-persona from that file, the response cache answering every call that
-finished), how many personas run at once (``in_flight``: as many as the roles' endpoints take calls at once, so an
-embedded model's one slot keeps one persona going at a time), and the job's files and report.
+finished), how many personas run at once (``in_flight``: as many as the roles' provider pools take calls at once, so
+an embedded model's one slot keeps one persona going at a time), and the job's files and report.
 """
 
 from __future__ import annotations
@@ -172,14 +172,15 @@ class SynthesisWork:
                             with_resources=scfg.with_resources, embedded_sampling=dict(scfg.embedded_sampling))
 
     def in_flight(self, ctx: "SynthContext") -> int:
-        """As many personas as the roles' endpoints take calls at once: each endpoint counted once, at the most any
-        of its clients takes (an embedded model's one slot: one persona at a time). A persona is mostly a chain of
-        calls, so that many keep every slot busy; more would only start personas that wait (measured with a
-        model of the pipeline: wall within 1.2x of the calls' ideal at 40 and 252 personas, 64 slots)."""
+        """As many personas as the roles' provider pools take calls at once: each pool counted once, at its bound
+        (the most any of its roles' clients takes: an embedded model's one slot, one persona at a time). A persona
+        is mostly a chain of calls, so that many keep every slot busy; more would only start personas that wait
+        (measured with a model of the pipeline: wall within 1.2x of the calls' ideal at 40 and 252 personas, 64
+        slots)."""
         slots: dict[int, int] = {}
         for client in {id(c): c for c in ctx.clients.values()}.values():
-            endpoint = id(getattr(client, "endpoint", client))
-            slots[endpoint] = max(slots.get(endpoint, 0), client.slots)
+            pool = id(client.pool)
+            slots[pool] = max(slots.get(pool, 0), client.slots)
         return max(1, sum(slots.values()))
 
     def stages(self) -> list[str]:

@@ -8,7 +8,7 @@ import pytest
 
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm.client import clients_for
-from cupid_exp.llm.limits import forget_endpoints
+from cupid_exp.llm.pools import forget_pools
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.synthesis.config import ROLES
 from cupid_exp.synthesis.phases import PersonaOutcome
@@ -18,7 +18,7 @@ from cupid_exp.synthesis.work import SynthesisWork
 
 def _context(tmp_path: Path, endpoint_of: dict[str, tuple[str, int]]) -> SynthContext:
     """Each role on (api_base, max_concurrency), with its own decoding (so a config, a client, of its own)."""
-    forget_endpoints()
+    forget_pools()
     runtime = RuntimeConfig(cache_dir=str(tmp_path / "cache"))
     roles = {role: ModelConfig(name=role, litellm_model="openai/stub", api_base=base, max_concurrency=slots,
                                params={"temperature": 0.1 * i})
@@ -27,12 +27,12 @@ def _context(tmp_path: Path, endpoint_of: dict[str, tuple[str, int]]) -> SynthCo
 
 
 @pytest.mark.parametrize("layout,personas", [
-    ({role: ("http://127.0.0.1:1/v1", 64) for role in ROLES}, 64),  # one endpoint taking 64 calls: 64 personas
+    ({role: ("http://127.0.0.1:1/v1", 64) for role in ROLES}, 64),  # one pool taking 64 calls: 64 personas
     ({role: ("http://127.0.0.1:1/v1", 1) for role in ROLES}, 1),  # one call at a time: one persona at a time
     ({**{role: ("http://127.0.0.1:1/v1", 16) for role in ROLES}, "user_simulator": ("http://127.0.0.1:2/v1", 8)}, 24),
     ({**{role: ("http://127.0.0.1:1/v1", 4) for role in ROLES}, "validator": ("http://127.0.0.1:1/v1", 32)}, 32),
-], ids=["one endpoint at 64", "one endpoint at 1", "two endpoints", "one endpoint, its roles at 4 and 32"])
-def test_personas_in_flight_follow_what_the_roles_endpoints_take(tmp_path: Path, layout, personas: int) -> None:
+], ids=["one pool at 64", "one pool at 1", "two pools", "one pool, its roles at 4 and 32"])
+def test_personas_in_flight_follow_what_the_roles_pools_take(tmp_path: Path, layout, personas: int) -> None:
     ctx = _context(tmp_path, layout)
     assert SynthesisWork.in_flight(None, ctx) == personas  # type: ignore[arg-type]
 

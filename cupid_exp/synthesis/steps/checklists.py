@@ -1,8 +1,8 @@
 """Step 4 (paper B.4): each preference as a yes/no checklist, by the evaluator's own decomposition step.
 
 Synthesis and evaluation share the prompt, the schema and the parser (``evaluators.checklist``);
-synthesis adds the checks a dataset row needs on top: no copied placeholders (dropped beside real
-questions, refused alone), no duplicates, every entry a real question, at most
+synthesis adds the checks a dataset row needs on top: no copied placeholders and no fragment too short to be
+a question (each dropped beside real questions, refused alone), no duplicates, at most
 ``synthesis.max_checklist_items`` of them.
 """
 
@@ -18,8 +18,11 @@ from cupid_exp.synthesis.steps.base import PLACEHOLDER_REASON, SynthContext
 from cupid_exp.synthesis.steps.checks import placeholders
 
 
+MIN_QUESTION = 8  #: characters: shorter is a fragment ("Depth", "prefers"), not a yes/no question
+
+
 def checklist_parser(max_items: int) -> Callable[[str], list[str]]:
-    """``parse_checklist`` plus the data checks; duplicates go before the cut to ``max_items``."""
+    """``parse_checklist`` plus the data checks; duplicates and fragments go before the cut to ``max_items``."""
     def parse(reply: str) -> list[str]:
         items = parse_checklist(reply)
         # a placeholder copied from the prompt's example beside real questions is dropped (a tiny model
@@ -27,10 +30,12 @@ def checklist_parser(max_items: int) -> Callable[[str], list[str]]:
         real = [x for x in items if not placeholders(x)]
         if not real:
             raise Invalid(PLACEHOLDER_REASON)
-        cleaned = list(dict.fromkeys(" ".join(x.split()) for x in real))[:max_items]
-        if any(len(x) < 8 for x in cleaned):
+        # so is a fragment beside real questions (SmolLM2-135M's ["Tailwind", "NuBoom"]: seed 0's first persona
+        # failed there, each of its four attempts refused for one fragment)
+        cleaned = [x for x in dict.fromkeys(" ".join(x.split()) for x in real) if len(x) >= MIN_QUESTION]
+        if not cleaned:
             raise Invalid("every checklist entry must be a yes/no question")
-        return cleaned
+        return cleaned[:max_items]
 
     return parse
 

@@ -41,7 +41,10 @@ def test_data_checks_on_top_of_the_parser() -> None:
     # a copied placeholder beside real questions is dropped, the real ones kept (seed 1 on SmolLM2-135M)
     assert parse(json.dumps({"checklist": ["Is it brief?", "<question 2>"]})) == ["Is it brief?"]
     with pytest.raises(Invalid, match="yes/no question"):
-        parse(json.dumps({"checklist": ["Short?"]}))
+        parse(json.dumps({"checklist": ["Short?", "Depth"]}))
+    # a fragment beside a real question is dropped too, before the cut (seed 0 on SmolLM2-135M: "Tailwind", "NuBoom")
+    assert parse(json.dumps({"checklist": ["Depth", "Is it brief?", "Tailwind", "Is it formal?"]})) == [
+        "Is it brief?", "Tailwind"]
     for bad in ("no json", json.dumps({"checklist": []}), json.dumps({"checklist": [["nested"]]}),
                 json.dumps({"checklist": "one string"}), json.dumps([{"q": 1}])):
         with pytest.raises(ParseError):

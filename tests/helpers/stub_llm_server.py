@@ -6,7 +6,7 @@ for that step, derived from a hash of the prompt, so the same request always get
 answer. Synthesis steps are recognised by their schema alone and answered with JSON built from
 that schema (``schema_value``), so synthesis roles pointed at the stub need
 ``structured_output=true``; the assistant simulator (free text) is recognised by its prompt. Around that it injects what real providers do: latency (fixed or jittered), HTTP 429
-with ``retry-after``, 500, 503, responses slower than the client's timeout, malformed bodies
+with ``retry-after`` (or in each way providers say the wait: ``rate_limit_style``), 500, 503, responses slower than the client's timeout, malformed bodies
 (truncated JSON, a wrong content-type, no ``choices``), context-length errors in the styles
 of several providers, unparseable replies for chosen steps, 200s without a completion (``choices: []``, or
 ``content: null``), replies without ``usage``, a key's refusals (``refuse``: 401/403/404, ``insufficient_quota``,
@@ -50,17 +50,17 @@ from typing import Any
 
 try:
     from helpers.batch_api import BatchQueue, BatchQueueConfig
-    from helpers.rate_limits import KeyLimits
+    from helpers.rate_limits import RATE_LIMIT_STYLES, KeyLimits, rate_limit_reply
 except ImportError:  # run as a script: python tests/helpers/stub_llm_server.py
     from batch_api import BatchQueue, BatchQueueConfig  # type: ignore[no-redef]
-    from rate_limits import KeyLimits  # type: ignore[no-redef]
+    from rate_limits import RATE_LIMIT_STYLES, KeyLimits, rate_limit_reply  # type: ignore[no-redef]
 
 STEPS = ("infer", "decompose", "match", "generate", "judge", "summarize", "unknown")
 # Synthesis's own steps (its decomposition is evaluation's "decompose").
 SYNTHESIS_STEPS = ("persona", "factors", "changed_preference", "session", "user_simulator", "validate",
                    "assistant_simulator")
 LABELS = ("Fully Covered", "Partially Covered", "Not Covered")
-MALFORMED_KINDS = ("truncated", "content_type", "no_choices")
+MALFORMED_KINDS = ("truncated", "content_type", "no_choices")  # "malformed" picks one by hash; each can be named
 
 # Context-length errors as providers send them (status, body).
 CONTEXT_ERRORS: dict[str, tuple[int, dict[str, Any]]] = {
@@ -94,12 +94,13 @@ class StubConfig:
     rate_slow: float = 0.0  # answered after ``slow_s`` seconds (set it above the client's timeout)
     rate_malformed: float = 0.0  # a 200 whose body is broken (kind chosen by hash from MALFORMED_KINDS)
     retry_after: float = 1.0  # seconds, sent with every 429
+    rate_limit_style: str = ""  # how a 429 says the wait (rate_limits.RATE_LIMIT_STYLES), "rotate": each in turn
     slow_s: float = 5.0
     giveup_rate: float = 0.0  # prompts that fail with 500 on every attempt (a share chosen by hash)
     giveup_match: str = ""  # ... and prompts whose first user message contains this text
     fault_steps: tuple[str, ...] = ()  # faults only for these steps (empty: all)
     fail_first: int = 0  # the first N attempts of every prompt get ``fail_first_kind`` (deterministic retries)
-    fail_first_kind: str = "429"
+    fail_first_kind: str = "429"  # or kinds in turn, comma-separated: "500,503", "truncated,content_type,no_choices"
     garbage_steps: tuple[str, ...] = ()  # these steps get a well-formed reply with unusable text ...
     garbage_rate: float = 1.0  # ... for this share of their prompts (re-asks of a prompt included)
     echo_key_steps: tuple[str, ...] = ()  # these steps get a 401 that echoes the caller's full API key ...
@@ -369,6 +370,8 @@ class _Counters:
     completed_prompts: Counter = field(default_factory=Counter)  # digest of the request -> completions
     tokens: Counter = field(default_factory=Counter)  # prompt/completion tokens of the completed responses
     billed: Counter = field(default_factory=Counter)  # requests, prompt_tokens, completion_tokens: what was billed
+    rate_limit_styles: Counter = field(default_factory=Counter)  # 429s sent, by how they said the wait
+    early_retries: int = 0  # requests sent again before the wait their 429 asked for was over
 
 
 class StubServer:
@@ -384,10 +387,11 @@ class StubServer:
         self._hold_after: int | None = None
         self._releases = 0
         self._seen: Counter = Counter()
+        self._not_before: dict[str, float] = {}  # prompt digest -> when the wait its last 429 asked for is over
         self.counters = _Counters()
         self.bodies: list[dict[str, Any]] = []  # request bodies, when ``record_bodies`` is on
         self.header_values: dict[str, Counter] = defaultdict(Counter)  # header -> values, for ``record_headers``
-        self.batches = BatchQueue(self._batch_row, batch)  # OpenAI's Files and Batch endpoints
+        self.batches = BatchQueue(self._batch_row, batch, self.fault_reply)  # OpenAI's Files and Batch endpoints
         self.limits = KeyLimits(self.config.rpm, self.config.tpm, self.config.closed_s, self.config.refuse)
         self.httpd = _HTTPServer(("127.0.0.1", port), self._handler())
         self._thread: threading.Thread | None = None
@@ -406,6 +410,7 @@ class StubServer:
         with self._lock:
             self.counters = _Counters()
             self._seen = Counter()
+            self._not_before = {}
             self.limits = KeyLimits(self.config.rpm, self.config.tpm, self.config.closed_s, self.config.refuse)
 
     def hold_after(self, n_completed: int | None) -> None:
@@ -446,6 +451,7 @@ class StubServer:
                     "distinct_completed": len(c.completed_prompts), "tokens": dict(c.tokens),
                     "billed": {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, **c.billed},
                     "rate_limited": sum(f.get("429", 0) for f in c.faults.values()),
+                    "rate_limit_styles": dict(c.rate_limit_styles), "early_retries": c.early_retries,
                     "limits_ideal_s": self.limits.ideal_s}
 
     def __enter__(self) -> "StubServer":
@@ -486,7 +492,8 @@ class StubServer:
         if cfg.fault_steps and step not in cfg.fault_steps:
             return None
         if attempt < cfg.fail_first:
-            return cfg.fail_first_kind
+            kinds = cfg.fail_first_kind.split(",")
+            return kinds[min(attempt, len(kinds) - 1)]
         if cfg.giveup_rate and _unit(cfg.seed, "giveup", prompt_digest) < cfg.giveup_rate:
             return "500"
         if cfg.giveup_match and cfg.giveup_match in prompt_of(body.get("messages") or [])[1]:
@@ -594,6 +601,8 @@ class StubServer:
             self.counters.peak_in_flight = max(self.counters.peak_in_flight, self.counters.in_flight)
             attempt = self._seen[prompt_digest]
             self._seen[prompt_digest] += 1
+            if time.time() < self._not_before.get(prompt_digest, 0.0) - 0.05:  # 50 ms for clocks and transit
+                self.counters.early_retries += 1
         try:
             if self.limits.active and (verdict := self.limits.check(body)) is not None:  # answered at once
                 with self._lock:
@@ -606,7 +615,7 @@ class StubServer:
             if delay > 0:
                 time.sleep(delay)
             fault = self._fault(step, prompt_digest, attempt, body)
-            if fault is None or fault == "malformed":
+            if fault is None or fault == "malformed" or fault in MALFORMED_KINDS:
                 # a reply about to complete waits at a closed gate
                 with self._gate:
                     if self._hold_after is not None and sum(self.counters.completed.values()) >= self._hold_after:
@@ -622,7 +631,7 @@ class StubServer:
             if fault is not None:
                 with self._lock:
                     self.counters.faults[step][fault] += 1
-                self._send_fault(handler, fault, body, auth)
+                self._send_fault(handler, fault, body, auth, prompt_digest)
                 return
             text = garbage_text(body, cfg) if self._garbage(step, body) else reply_text(step, body, cfg)
             finish = "stop"
@@ -644,7 +653,32 @@ class StubServer:
             with self._lock:
                 self.counters.in_flight -= 1
 
-    def _send_fault(self, handler: Any, fault: str, body: dict[str, Any], auth: str = "") -> None:
+    def fault_reply(self, kind: str, prompt_digest: str = "") -> tuple[int, dict[str, Any], dict[str, str]]:
+        """(status, body, headers) of a 429 (in ``rate_limit_style``), a 500 or a 503, as OpenAI sends them; a 429
+        remembers when the wait it asked for ends (a request for the same prompt before then is an early retry)."""
+        cfg = self.config
+        if kind == "429" and not cfg.rate_limit_style:
+            return 429, {"error": {"message": "Rate limit reached; slow down.", "type": "rate_limit_error",
+                                   "code": "rate_limit_exceeded"}}, {"retry-after": f"{cfg.retry_after:g}"}
+        if kind == "429":
+            with self._lock:
+                style = cfg.rate_limit_style
+                if style == "rotate":
+                    style = RATE_LIMIT_STYLES[sum(self.counters.rate_limit_styles.values()) % len(RATE_LIMIT_STYLES)]
+                self.counters.rate_limit_styles[style] += 1
+                payload, headers, asked = rate_limit_reply(style, cfg.retry_after)
+                if prompt_digest:
+                    self._not_before[prompt_digest] = time.time() + asked
+            return 429, payload, headers
+        if kind == "500":
+            return 500, {"error": {"message": "The server had an error processing your request.",
+                                   "type": "server_error"}}, {}
+        if kind == "503":
+            return 503, {"error": {"message": "The engine is currently overloaded.", "type": "service_unavailable"}}, {}
+        raise ValueError(f"no reply for fault {kind!r}")
+
+    def _send_fault(self, handler: Any, fault: str, body: dict[str, Any], auth: str = "", prompt_digest: str = ""
+                    ) -> None:
         cfg = self.config
         if fault == "echo_key":  # some providers quote the key they rejected (or, in a 400, the request's fields)
             key = auth.removeprefix("Bearer ").strip()
@@ -652,16 +686,9 @@ class StubServer:
             handler._send(cfg.echo_key_status, json.dumps({"error": {
                 "message": f"Incorrect API key provided: {key}." if rejected else f"Invalid request from key {key}.",
                 "type": "invalid_request_error", "code": "invalid_api_key" if rejected else None}}).encode())
-        elif fault == "429":
-            handler._send(429, json.dumps({"error": {"message": "Rate limit reached; slow down.",
-                                                     "type": "rate_limit_error", "code": "rate_limit_exceeded"}}
-                                          ).encode(), headers={"retry-after": f"{cfg.retry_after:g}"})
-        elif fault == "500":
-            handler._send(500, b'{"error": {"message": "The server had an error processing your request.", '
-                               b'"type": "server_error"}}')
-        elif fault == "503":
-            handler._send(503, b'{"error": {"message": "The engine is currently overloaded.", '
-                               b'"type": "service_unavailable"}}')
+        elif fault in ("429", "500", "503"):
+            status, payload, headers = self.fault_reply(fault, prompt_digest)
+            handler._send(status, json.dumps(payload).encode(), headers=headers)
         elif fault == "slow":  # processed (and billed) after the client's timeout
             time.sleep(cfg.slow_s)
             handler._send(200, json.dumps(self._billed(body, completion_body("too late", body))).encode())
@@ -675,10 +702,11 @@ class StubServer:
         elif fault == "context_length":
             status, payload = CONTEXT_ERRORS[cfg.context_error or "openai"]
             handler._send(status, json.dumps(payload).encode())
-        elif fault == "malformed":
+        elif fault == "malformed" or fault in MALFORMED_KINDS:
             text = reply_text(classify(body), body, cfg)
             full = json.dumps(completion_body(text, body)).encode()
-            kind = MALFORMED_KINDS[int(digest(full.decode())[:2], 16) % len(MALFORMED_KINDS)]
+            kind = fault if fault in MALFORMED_KINDS else MALFORMED_KINDS[int(digest(full.decode())[:2], 16)
+                                                                          % len(MALFORMED_KINDS)]
             if kind == "truncated":
                 handler._send(200, full[: len(full) // 2])
             elif kind == "content_type":
@@ -701,7 +729,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[int, StubConfig]:
             p.add_argument(flag, default="", help="comma-separated request headers whose values are counted")
         elif isinstance(f.default, bool):
             p.add_argument(flag, action="store_true")
-        elif f.name in ("context_error", "judge_score", "fail_first_kind", "giveup_match", "refuse"):
+        elif f.name in ("context_error", "judge_score", "fail_first_kind", "giveup_match", "refuse", "rate_limit_style"):
             p.add_argument(flag, default=f.default)
         else:
             p.add_argument(flag, type=type(f.default), default=f.default)

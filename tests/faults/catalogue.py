@@ -1,0 +1,274 @@
+"""The faults of the matrix: what each switches on in a mode (the stub's config, the Batch API queue's, CLI
+overrides), the exit code the README documents for it, what its one line says, and how a cell checks that the
+fault really happened (the stub's counters, the job's own counts) before it trusts a pass.
+
+A fault is removed for the resume by putting the stub back as it was and leaving out the ``on`` overrides; ``both``
+stay (they are the job, not the fault), ``resume`` is what the README says a resume needs (a higher budget,
+``runtime.retry_failed=true``)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from helpers.rate_limits import RATE_LIMIT_STYLES
+from helpers.spend import journaled
+
+from faults.invariants import job_metrics
+from faults.modes import Cell, roles
+
+from cupid_exp.prompts import PROJECT_PROMPTS
+
+URL_SECRET = "urlpass-faultmatrix-SENTINEL-3b"
+LANDS_WITH_DURABILITY = "lands with durability (a tracking store that dies for good: exit 5; kill -9 at store creation)"
+GARBLED_ROW_FAILS = ("product bug: a batch output line that cannot be read (the row answered and billed) fails its "
+                     "instance as missing_row (502) instead of going into a later batch (llm/batch.py _collect): exit 3")
+FULL_DISK_AT_START = ("product bug: a full disk when the response cache is opened (diskcache's SQLite: 'database or "
+                      "disk is full', llm/response_cache.py) is a traceback, exit 1, not the environment's exit 5")
+_LINES = ("litellm's own log lines ('LiteLLM Cache: exception in add_cache: database or disk is full') reach stderr "
+          "before the one line, which names no path ('environment failure: No space left on device [ENOSPC]')")
+DISK_FILLS_UP = {"sync": f"product bug: {_LINES}", "synthesis": f"product bug: {_LINES}",
+                 "batch": "product bug: the job hangs (still running 60 s after the disk filled up)",
+                 "sweep": "product bug: the sweep hangs (still running 60 s after the disk filled up)",
+                 "workers": "product bug: a worker's ENOSPC is a traceback (WorkerFailed), exit 1"}
+LANDS_WITH_SYNTHENGINE = "lands with synthengine (synthesis on the job engine: budget, usage ledger across attempts)"
+
+
+@dataclass(frozen=True)
+class Arrangement:
+    stub: Mapping[str, Any] = field(default_factory=dict)  # StubConfig fields while the fault is on
+    queue: Mapping[str, Any] = field(default_factory=dict)  # BatchQueueConfig fields while it is on
+    on: tuple[str, ...] = ()  # CLI overrides of the faulted run only
+    both: tuple[str, ...] = ()  # CLI overrides of both runs
+    resume: tuple[str, ...] = ()  # CLI overrides of the resume only
+    budget: float | None = None  # runtime.max_cost_usd of the faulted run (its override added to ``on``)
+    repair: Callable[[], None] | None = None  # removes a fault that is not the stub's (a prompt file put back)
+    secrets: tuple[str, ...] = ()  # sentinels of its own, besides the cell's
+
+
+@dataclass
+class Evidence:
+    """What a cell saw of its faulted run: the stub's counters (settled), its batch queue, the run, the cell."""
+
+    stats: dict[str, Any]
+    queue: Any
+    proc: Any
+    cell: Cell
+
+    def faults(self, kind: str) -> int:
+        return sum(kinds.get(kind, 0) for kinds in self.stats["faults"].values())
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    exit: int  #: the documented exit code (-9: killed by the test)
+    says: str | Mapping[str, str]  #: what the failure's one line contains (by mode, where it differs)
+    arrange: Callable[[str, Cell, int], Arrangement]  #: (mode, cell, stub port) -> what to switch on
+    happened: Callable[[Evidence], None]
+    na: Mapping[str, str] = field(default_factory=dict)  #: mode -> why the cell makes no sense
+    pending: Mapping[str, str] = field(default_factory=dict)  #: mode -> why it fails today (xfail, strict)
+    driver: str = "stub"  #: how it is driven (``faults.drivers.DRIVERS``)
+    slow: bool = False
+
+    def line(self, mode: str) -> str:
+        return self.says if isinstance(self.says, str) else self.says[mode]
+
+
+def _steps(mode: str, evaluation: tuple[str, ...], synthesis: tuple[str, ...]) -> tuple[str, ...]:
+    """The steps a retried fault hits: synthesis is a chain of ~60 calls, so only a few of its steps."""
+    return synthesis if mode == "synthesis" else evaluation
+
+
+def _retried_in_every_job(ev: Evidence, kind: str) -> None:
+    assert ev.faults(kind) >= ev.cell.jobs, ev.stats["faults"]
+    assert all(m["calls/retries"] + m.get("calls/rate_limited", 0) >= 1 for m in job_metrics(ev.cell))
+
+
+def _refused(kind: str) -> Callable[[Evidence], None]:
+    def happened(ev: Evidence) -> None:
+        refusals = ev.queue.upload_refusals if ev.cell.mode == "batch" else ev.faults(kind)
+        assert refusals >= 1 and ev.stats["total_completed"] == 0, ev.stats
+    return happened
+
+
+def _refusal(kind: str) -> Callable[[str, Cell, int], Arrangement]:
+    return lambda mode, cell, port: (Arrangement(queue={"refuse_upload": kind}) if mode == "batch"
+                                     else Arrangement(stub={"refuse": kind}))
+
+
+def _nothing_sent(ev: Evidence) -> None:
+    assert ev.stats["total_received"] == 0 and ev.queue.uploads == 0, ev.stats
+
+
+def _dead_port() -> int:
+    """A port nothing listens on (bound, then closed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+LOST_PROMPT = {"synthesis": "synthesis/persona_generator.yaml"}  # else evaluation/preference_inferrer.yaml
+
+
+def _missing_prompt(mode: str, cell: Cell, port: int) -> Arrangement:
+    """A copy of the project's prompts lacking one file the job sends; the resume has it back."""
+    folder = cell.tmp / "prompts"
+    shutil.copytree(PROJECT_PROMPTS, folder)
+    lost = folder / LOST_PROMPT.get(mode, "evaluation/preference_inferrer.yaml")
+    kept = lost.read_bytes()
+    lost.unlink()
+    return Arrangement(both=(f"prompts.dir={folder}",), repair=lambda: lost.write_bytes(kept))
+
+
+def _styles_honoured(ev: Evidence) -> None:
+    assert set(ev.stats["rate_limit_styles"]) == set(RATE_LIMIT_STYLES), ev.stats["rate_limit_styles"]
+    assert ev.stats["early_retries"] == 0  # every wait asked for was waited out
+
+
+def _server_errors(ev: Evidence) -> None:
+    if ev.cell.mode == "batch":
+        assert ev.queue.upload_faults == 2 and ev.queue.rows_failed >= 1
+    else:
+        assert ev.faults("500") >= 1 and ev.faults("503") >= 1, ev.stats["faults"]
+
+
+def _malformed(ev: Evidence) -> None:
+    if ev.cell.mode == "batch":
+        assert ev.queue.rows_garbled >= 1
+    else:
+        assert all(ev.faults(kind) >= 1 for kind in ("truncated", "content_type", "no_choices")), ev.stats["faults"]
+
+
+def _filtered(ev: Evidence) -> None:
+    kinds = {e["kind"] for r in journaled(ev.cell.root) for e in r["errors"]}
+    assert "content_filter" in kinds or ev.cell.mode == "synthesis", kinds  # synthesis journals no failed persona
+    assert ev.stats["total_completed"] >= 1
+
+
+def _echoed(ev: Evidence) -> None:
+    assert ev.faults("echo_key") >= 1, ev.stats["faults"]
+
+
+def _estimated(ev: Evidence) -> None:
+    """Replies went without usage, and every job said it estimated some."""
+    assert ev.stats["billed"]["requests"] >= 1, ev.stats
+    assert all(m["tokens/estimated_calls"] >= 1 for m in job_metrics(ev.cell))
+
+
+def _held_for_the_token_limit(ev: Evidence) -> None:
+    assert ev.queue.token_limit_rejections >= 1, [b.tokens for b in ev.queue.batches.values()]
+
+
+def _timed_out(ev: Evidence) -> None:
+    """Requests the client gave up on were processed and billed all the same."""
+    assert ev.faults("slow") >= 1 and ev.stats["billed"]["requests"] > ev.stats["total_completed"], ev.stats
+
+
+NO_BATCH_ROW_FAULT = ("the Batch API's rows are answered by its queue, not the live endpoint: a live reply's fault has "
+                      "no batch form here (a row's failure is its status in the output file: the 5xx row)")
+
+FAULTS = [
+    Fault("no_usage", 0, "", lambda mode, cell, port: Arrangement(stub={"omit_usage": True}), _estimated),
+    Fault("timeout_under_budget", 4, "BUDGET:",
+          lambda mode, cell, port: Arrangement(
+              stub={"rate_slow": 1.0, "slow_s": 1.0, "fault_steps": _steps(mode, (), ("persona",))},
+              both=("runtime.timeout=0.4", "runtime.num_retries=3"), budget=0.006, resume=("runtime.max_cost_usd=1",)),
+          lambda ev: _timed_out(ev),
+          na={"batch": "a batch has no request that times out: its rows are polled for (hours of latency)"},
+          pending={"synthesis": LANDS_WITH_SYNTHENGINE}),
+    Fault("refused_401", 2, "invalid_api_key", _refusal("401"), _refused("401")),
+    Fault("refused_insufficient_quota", 2, "insufficient_quota", _refusal("insufficient_quota"),
+          _refused("insufficient_quota")),
+    Fault("batch_token_limit", 0, "", lambda mode, cell, port: Arrangement(queue={"enqueued_token_limit": 2500}),
+          _held_for_the_token_limit,
+          na={mode: "the enqueued-token limit is the Batch API's; live, a key's token limit is a TPM 429 (rate_limited)"
+              for mode in ("sync", "workers", "sweep", "synthesis")}),
+    Fault("tracking_server_dies", 5, "tracking", lambda mode, cell, port: Arrangement(),
+          lambda ev: None, driver="tracking", slow=True,
+          pending={mode: LANDS_WITH_DURABILITY for mode in ("sync", "batch", "workers", "sweep", "synthesis")}),
+    Fault("credentials_in_url", 2, "carries credentials",
+          lambda mode, cell, port: Arrangement(
+              on=(f"{roles(mode)[1]}.api_base=http://fm:{URL_SECRET}@127.0.0.1:{port}/v1",), secrets=(URL_SECRET,)),
+          _nothing_sent),
+    Fault("key_quoted_in_an_error", 3, "INCOMPLETE:",
+          lambda mode, cell, port: Arrangement(stub={"echo_key_steps": _steps(mode, ("infer",), ("persona",)),
+                                                     "echo_key_status": 400}),
+          _echoed, na={"batch": NO_BATCH_ROW_FAULT}),
+    Fault("empty_choices", 0, "",
+          lambda mode, cell, port: Arrangement(stub={"fail_first": 1, "fail_first_kind": "empty_choices",
+                                                     "fault_steps": _steps(mode, (), ("persona", "changed_preference"))}),
+          lambda ev: _retried_in_every_job(ev, "empty_choices"), na={"batch": NO_BATCH_ROW_FAULT}),
+    Fault("content_null", 0, "",
+          lambda mode, cell, port: Arrangement(stub={"fail_first": 1, "fail_first_kind": "content_null",
+                                                     "fault_steps": _steps(mode, (), ("persona", "changed_preference"))}),
+          lambda ev: _retried_in_every_job(ev, "content_null"), na={"batch": NO_BATCH_ROW_FAULT}),
+    Fault("daily_limit", 75, "requests per day", _refusal("daily"), _refused("daily")),
+    Fault("prompt_file_missing", 2, {"synthesis": "persona_generator.yaml", **{
+        mode: "preference_inferrer.yaml" for mode in ("sync", "batch", "workers", "sweep")}}, _missing_prompt,
+          _nothing_sent),
+    Fault("rate_limited", 0, "",
+          lambda mode, cell, port: Arrangement(
+              stub={"rate_limit_style": "rotate", "retry_after": 0.3,
+                    **({} if mode == "batch" else {"fail_first": 1, "fail_first_kind": "429",
+                                                   "fault_steps": _steps(mode, (), ("persona", "factors"))})},
+              queue={"fail_first_uploads": len(RATE_LIMIT_STYLES), "upload_fault_kinds": ("429",)}),
+          _styles_honoured),
+    Fault("server_errors", 0, "",
+          lambda mode, cell, port: Arrangement(
+              stub={"fail_first": 2, "fail_first_kind": "500,503",
+                    "fault_steps": _steps(mode, (), ("persona", "changed_preference"))},
+              queue={"fail_first_uploads": 2, "upload_fault_kinds": ("500", "503"), "fail_first_rows": 1}),
+          _server_errors),
+    Fault("malformed_bodies", 0, "",
+          lambda mode, cell, port: Arrangement(
+              stub={"fail_first": 3, "fail_first_kind": "truncated,content_type,no_choices",
+                    "fault_steps": _steps(mode, (), ("persona", "changed_preference"))},
+              queue={"garble_rows": 0.5}),
+          _malformed, pending={"batch": GARBLED_ROW_FAILS}),
+    Fault("content_filter", 3, "INCOMPLETE:",
+          lambda mode, cell, port: Arrangement(stub={"content_filter_steps": _steps(mode, ("infer",), ("persona",))},
+                                               resume=("runtime.retry_failed=true",)),
+          _filtered, na={"batch": "a content filter through the Batch API is a row's body, read as a live reply's"},
+          pending={"synthesis": LANDS_WITH_SYNTHENGINE}),
+    Fault("timeouts", 0, "",
+          lambda mode, cell, port: Arrangement(
+              stub={"fail_first": 1, "fail_first_kind": "slow", "slow_s": 1.0,
+                    "fault_steps": _steps(mode, (), ("persona", "changed_preference"))}, both=("runtime.timeout=0.4",)),
+          _timed_out, na={"batch": "a batch has no request that times out: its rows are polled for (hours of latency)"}),
+    Fault("dead_endpoint", 2, "unreachable",
+          lambda mode, cell, port: Arrangement(on=tuple(f"{role}.api_base=http://127.0.0.1:{_dead_port()}/v1"
+                                                        for role in roles(mode))),
+          _nothing_sent),
+    Fault("disk_fills_up", 5, "environment failure: /", lambda mode, cell, port: Arrangement(stub={"latency_ms": 200}),
+          lambda ev: None, driver="disk_fills", slow=True, pending=DISK_FILLS_UP),
+    Fault("disk_full_at_start", 5, "environment failure: /", lambda mode, cell, port: Arrangement(), lambda ev: None,
+          driver="disk_full", slow=True, pending={mode: FULL_DISK_AT_START for mode in
+                                                  ("sync", "batch", "workers", "sweep", "synthesis")}),
+    Fault("kill_9", -9, "", lambda mode, cell, port: Arrangement(stub={"latency_ms": 300}, budget=1.0,
+                                                                 resume=("runtime.max_cost_usd=1",)),
+          lambda ev: None, driver="kill", slow=True,
+          pending={"synthesis": LANDS_WITH_SYNTHENGINE,
+                   "sweep": "product bug: kill -9 of a joblib sweep leaves its loky workers (and the jobs in them) "
+                            "running more than 20 s after it"}),
+    Fault("kill_9_at_store_creation", -9, "", lambda mode, cell, port: Arrangement(), lambda ev: None,
+          driver="store", slow=True,
+          pending={mode: LANDS_WITH_DURABILITY for mode in ("sync", "batch", "workers", "sweep", "synthesis")}),
+]
+
+
+def table() -> str:
+    """The matrix as the test module's docstring shows it: each cell's exit code, N/A, or xfail."""
+    from faults.modes import MODES
+
+    def cell(fault: Fault, mode: str) -> str:
+        if mode in fault.na:
+            return "N/A"
+        code = "killed" if fault.exit < 0 else str(fault.exit)
+        return f"{code} xfail" if mode in fault.pending else code
+
+    rows = ["| fault | " + " | ".join(MODES) + " |", "|---" * (len(MODES) + 1) + "|"]
+    rows += [f"| {f.name} | " + " | ".join(cell(f, m) for m in MODES) + " |" for f in FAULTS]
+    return "\n".join(rows)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from helpers.cli_runner import cli_command, cli_env
-from helpers.cupid_data import write_dataset
+from helpers.cupid_data import make_rows, write_jsonl
 
 from cupid_exp.synthesis.config import ROLES as SYNTHESIS_ROLES
 
@@ -64,8 +64,9 @@ class Cell:
 
 def new_cell(mode: str, tmp: Path) -> Cell:
     cell = Cell(mode, tmp)
-    if mode != "synthesis":
-        cell.data = [write_dataset(tmp / f"data{j}.jsonl", N, start=100 * (j + 1)) for j in range(cell.jobs)]
+    if mode != "synthesis":  # a sweep's two jobs on different instances: no request of one is the other's
+        rows = make_rows(N * cell.jobs)
+        cell.data = [write_jsonl(tmp / f"data{j}.jsonl", rows[N * j:N * (j + 1)]) for j in range(cell.jobs)]
     return cell
 
 

@@ -10,6 +10,7 @@ Settings carry their own schemas beside their code (``cupid_exp/settings/``).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Dict, List, Optional
 
@@ -21,6 +22,8 @@ from cupid_exp.data.schema import INSTANCE_TYPES
 FAILURE_POLICIES = ("exclude", "zero", "upstream")
 AUTO_WORKERS = "auto"  #: runtime.workers chosen by the job's size (cupid_exp.job.worker_count)
 SYSTEM_ROLES = ("system", "developer", "user")
+POOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")  #: what a Hydra override key takes
+POOL_LIMITS = ("rpm", "tpm", "max_concurrency")  #: what ``runtime.pools.<name>`` may give
 
 
 class ConfigError(ValueError):
@@ -52,9 +55,15 @@ def require_no_credentials(key: str, url: str | None, instead: str) -> None:
                           f"would be written in clear; {instead}")
 
 
+# Settings whose default is an empty mapping (an override cannot fill a null one): left out of a digest while
+# empty, as a null is, so that adding them did not change every earlier job's identity.
+_EMPTY_AS_NULL = ("pools",)
+
+
 def _without_nulls(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+        return {k: _without_nulls(v) for k, v in value.items()
+                if v is not None and not (k in _EMPTY_AS_NULL and v == {})}
     if isinstance(value, (list, tuple)):
         return [_without_nulls(v) for v in value]
     return value
@@ -138,6 +147,9 @@ class ModelConfig(Checked):
     api_base: Optional[str] = None
     api_key_env: Optional[str] = None  # name of the env var holding the key; never the key
     params: Dict[str, Any] = field(default_factory=dict)  # decoding params, passed unchanged
+    # decoding overrides for one step of this model, by step name (summarize, decompose, judge, ...): a small
+    # embedded model needs room for a long JSON reply where a short cap keeps its free text from rambling
+    step_params: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     max_concurrency: int = 8
     system_role: str = "system"  # the official tool sends "developer" to OpenAI evaluator models
     structured_output: bool = False  # ask for JSON-schema constrained output on JSON steps
@@ -146,8 +158,9 @@ class ModelConfig(Checked):
     context_window: Optional[int] = None  # input tokens the model takes; null: litellm's map (or local n_ctx)
     batch: Optional[bool] = None  # through the provider's Batch API; null: runtime.batch decides
     local: Optional[LocalModelConfig] = None
-    rpm: Optional[float] = None  # the key's requests per minute: calls are paced under it (null: not paced)
-    tpm: Optional[float] = None  # the key's tokens per minute (prompt estimate + max_tokens per request)
+    rpm: Optional[float] = None  # the pool's requests per minute: calls are paced under it (null: not paced)
+    tpm: Optional[float] = None  # the pool's tokens per minute (prompt estimate + max_tokens per request)
+    pool: Optional[str] = None  # the provider pool its limits count in; null: the provider's rule (llm/pools.py)
 
     @property
     def is_embedded(self) -> bool:
@@ -163,6 +176,9 @@ class ModelConfig(Checked):
             require_positive(f"{where}.{key}", getattr(self, key), allow_none=True, allow_zero=True)
         for key in ("rpm", "tpm"):
             require_positive(f"{where}.{key}", getattr(self, key), allow_none=True)
+        require(self.pool is None or bool(POOL_NAME.fullmatch(str(self.pool))), f"{where}.pool", self.pool,
+                "a name of letters, digits, '_' and '-' that starts with a letter, or null for the provider's "
+                "grouping")
         require(self.context_window is None or (isinstance(self.context_window, int) and self.context_window >= 1),
                 f"{where}.context_window", self.context_window, "an integer >= 1, or null")
         require_no_credentials(f"{where}.api_base", self.api_base,
@@ -172,6 +188,9 @@ class ModelConfig(Checked):
         from cupid_exp.llm.params import check_params
 
         check_params(self.params, where)  # types and ranges of temperature, top_p, max_tokens, seed, ...
+        for step, overrides in self.step_params.items():
+            require(isinstance(overrides, dict), f"{where}.step_params.{step}", overrides, "a mapping of params")
+            check_params(overrides, where, f"step_params.{step}")
 
 
 @dataclass
@@ -263,12 +282,14 @@ class TrackingConfig(Checked):
     run_name: Optional[str] = None
     traces: bool = True  # one MLflow trace per instance (a span per model call, scores as feedback)
     progress_every_s: float = 15.0  # longest gap between two progress points while a job runs
+    flush_timeout_s: float = 60.0  # how long a job that printed its results waits for the store to take them
 
     def check(self, where: str) -> None:
         require(not self.enabled or bool(self.uri), f"{where}.uri", self.uri, "a tracking URI when tracking is on")
         require(not self.enabled or bool(self.experiment), f"{where}.experiment", self.experiment,
                 "a non-empty experiment name")
         require_positive(f"{where}.progress_every_s", self.progress_every_s)
+        require_positive(f"{where}.flush_timeout_s", self.flush_timeout_s)
         if self.enabled:
             require_no_credentials(f"{where}.uri", self.uri, "set MLFLOW_TRACKING_USERNAME and "
                                    "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) in the environment instead: "
@@ -298,6 +319,9 @@ class RuntimeConfig(Checked):
     batch_delay_s: float = 5.0  # the first waiting request waits this long for others before its batch is sent
     batch_poll_s: float = 30.0  # seconds between two status checks of a pending batch
     rate_limit_patience_s: float = 1800.0  # how long one call may wait for a provider's rate limit to reopen
+    # a provider pool's limits, given once for every role on it: {<pool>: {rpm, tpm, max_concurrency}}
+    # (cupid_exp/llm/pools.py names the pools); e.g. +runtime.pools.openai-gpt-4o.rpm=500
+    pools: Dict[str, Any] = field(default_factory=dict)
 
     def check(self, where: str) -> None:
         for key in ("max_cost_usd", "sweep_max_cost_usd"):
@@ -315,6 +339,8 @@ class RuntimeConfig(Checked):
         require_positive(f"{where}.timeout", self.timeout)
         require_positive(f"{where}.rate_limit_patience_s", self.rate_limit_patience_s)
         require_positive(f"{where}.progress_every_s", self.progress_every_s, allow_zero=True)
+        for name, limits in self.pools.items():
+            check_pool_limits(f"{where}.pools.{name}", name, limits)
         require(isinstance(self.reask, int) and self.reask >= 0, f"{where}.reask", self.reask, "an integer >= 0")
         require(self.failure_policy in FAILURE_POLICIES, f"{where}.failure_policy", self.failure_policy,
                 f"one of {list(FAILURE_POLICIES)}")
@@ -322,6 +348,19 @@ class RuntimeConfig(Checked):
                 f"{where}.max_failed_fraction", self.max_failed_fraction, "a number in [0, 1]")
         require(isinstance(self.dry_run_completion_tokens, int) and self.dry_run_completion_tokens >= 1,
                 f"{where}.dry_run_completion_tokens", self.dry_run_completion_tokens, "an integer >= 1")
+
+
+def check_pool_limits(where: str, name: str, limits: Any) -> None:
+    """``runtime.pools.<name>``: a pool name and a mapping of its rpm, tpm and max_concurrency."""
+    require(bool(POOL_NAME.fullmatch(str(name))), where, name,
+            "a pool name of letters, digits, '_' and '-' that starts with a letter")
+    require(hasattr(limits, "items") and set(limits) <= set(POOL_LIMITS), where, limits,
+            f"a mapping of {', '.join(POOL_LIMITS)}")
+    for key in ("rpm", "tpm"):
+        require_positive(f"{where}.{key}", limits.get(key), allow_none=True)
+    value = limits.get("max_concurrency")
+    require(value is None or isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+            f"{where}.max_concurrency", value, "an integer >= 1, or null")
 
 
 @dataclass

@@ -21,7 +21,7 @@ from cupid_exp.entry import Interrupted, Outcome
 from cupid_exp.job.budgets import BudgetReport, report
 from cupid_exp.job.execute import Execution, execute, run_instance
 from cupid_exp.job.plan import JobPlan, build_context, connect, plan, typed_config
-from cupid_exp.job.publish import headline, publish, start_tracking
+from cupid_exp.job.publish import job_outcome, publish, start_tracking
 from cupid_exp.job.workers import start_workers
 from cupid_exp.results import InstanceResult
 from cupid_exp.scoring.summary import JobSummary, summarize
@@ -92,6 +92,7 @@ def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = 
             parent_run: str | SweepParent | None = None) -> Outcome:
     """Run one job end to end; the Outcome says whether it completed (and carries the headline metric)."""
     started = time.perf_counter()
+    had_hydra = (output_dir / ".hydra").is_dir()  # Hydra saved the config there: a folder deleted later is said
     job = plan(cfg, output_dir, choices, parent_run, clients=False)  # holds the job from here (tracking.job_lock)
     try:
         with sigterm_raises():  # from the run's creation on, SIGTERM unwinds (and ends the run KILLED)
@@ -114,7 +115,7 @@ def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = 
                     spending = budget_report(job, execution)
                     if spending is not None:
                         summary.metrics.update(spending.metrics())
-                    publish(job, summary, live, spending)
+                    publish(job, summary, live, spending, had_hydra=had_hydra)
             finally:
                 if job.workers is not None:
                     job.workers.stop()
@@ -122,12 +123,10 @@ def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = 
         raise interrupted(job) from exc
     finally:
         job.release()
-    if spending is not None and spending.stopped:
-        print(spending.line(), file=sys.stderr, flush=True)
-        return Outcome("budget", spending.line(), headline(summary))
-    if summary.over_threshold and not job.dry_run:
-        return Outcome("incomplete", summary.status_line(), headline(summary))
-    return Outcome("ok", "", headline(summary))
+    outcome = job_outcome(job, summary, spending)
+    if outcome.outcome == "budget":
+        print(outcome.reason, file=sys.stderr, flush=True)
+    return outcome
 
 
 __all__ = ["Execution", "InstanceResult", "JobPlan", "JobSummary", "build_context", "connect", "execute", "plan",

@@ -8,9 +8,11 @@ failure can never cost the results; the run worker draws the plots while the tab
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from cupid_exp import console
+from cupid_exp.entry import Outcome
 from cupid_exp.job.budgets import BudgetReport, fit_line
 from cupid_exp.job.plan import JobPlan
 from cupid_exp.outputs import write_json, write_jsonl
@@ -19,6 +21,7 @@ from cupid_exp.secrets import scrub_obj
 from cupid_exp.tracking.attempts import whole_job_metrics, whole_job_usage
 from cupid_exp.tracking.live import FinalLog, PlotRequest
 from cupid_exp.tracking.mlflow import SweepParent, flatten
+from cupid_exp.tracking.outcomes import outcome_tags, status_of
 from cupid_exp.tracking.provenance import git_state
 from cupid_exp.tracking.signals import shielded
 
@@ -68,7 +71,11 @@ def start_tracking(plan: JobPlan) -> Any:
             config=plan.resolved, parent=plan.parent_run, run_key=key, exclusive=claim.exclusive,
             dataset=dataset_input(cfg.data, plan.data), total=len(plan.data.instances), parts=plan.parts,
             policy=cfg.runtime.failure_policy, done=list(plan.done.values()),
-            earlier=attempts.earlier_spend(plan.earlier), traces=bool(cfg.tracking.traces and plan.todo),
+            earlier=attempts.earlier_spend(plan.earlier), traces=bool(cfg.tracking.traces and plan.data.instances),
+            # the journalled instances' inputs: a trace the run lacks is rebuilt from its record (``reopen``)
+            shown={i.key: (i.current_request, i.current_context_factor) for i in plan.data.instances
+                   if i.key in plan.done},
+            nothing_left=not plan.todo, ledger_found=plan.ledger is None or plan.ledger.path.exists(),
             trace_tags=_trace_tags(plan), judges=_judges(plan), plots=_plots(plan))
         if worker is not None:
             worker.open(request, claim, plan.meter)
@@ -120,12 +127,43 @@ def _plots(plan: JobPlan) -> PlotRequest:
                        order=tuple(i.key for i in plan.data.instances))
 
 
-def publish(plan: JobPlan, summary: JobSummary, tracker: Any, spending: BudgetReport | None = None) -> None:
-    """Files, then the console table, then MLflow (metrics, tags, artifacts, plots) and the run's end. A job its
-    budget stopped (``spending``) is not complete, whatever the instances it ran."""
+def job_outcome(plan: JobPlan, summary: JobSummary, spending: BudgetReport | None = None) -> Outcome:
+    """How a job that got through ends (its exit code, its one line): stopped by its budget, incomplete (more
+    failed instances than ``runtime.max_failed_fraction``), or ok."""
+    if spending is not None and spending.stopped:
+        return Outcome("budget", spending.line(), headline(summary))
+    if summary.over_threshold and not plan.dry_run:
+        return Outcome("incomplete", summary.status_line(), headline(summary))
+    return Outcome("ok", "", headline(summary))
+
+
+def restore_folder(plan: JobPlan, had_hydra: bool) -> None:
+    """A job folder deleted while the job ran (Hydra's ``.hydra/`` was there when it started) is made again, with
+    the resolved config (secrets redacted) as ``.hydra/config.yaml``, and said in one line."""
+    hydra = plan.output_dir / ".hydra"
+    if not had_hydra or hydra.is_dir():
+        return
+    from omegaconf import OmegaConf
+
+    from cupid_exp.outputs import atomic_write_text
+
+    atomic_write_text(hydra / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(plan.resolved)))
+    print(f"job folder {plan.output_dir} was deleted while the job ran: made again with its results and "
+          ".hydra/config.yaml (the resolved config; Hydra's overrides.yaml and hydra.yaml are lost)",
+          file=sys.stderr, flush=True)
+
+
+def publish(plan: JobPlan, summary: JobSummary, tracker: Any, spending: BudgetReport | None = None, *,
+            had_hydra: bool = False) -> None:
+    """Files, then the console table, then MLflow (metrics, tags, artifacts, plots) and the run's end: FINISHED
+    for a job that exits 0, else FAILED with its outcome (``tracking.outcomes``). A job its budget stopped
+    (``spending``) is not complete, whatever the instances it ran. ``had_hydra``: the job folder had Hydra's
+    ``.hydra/`` when the job started (a folder deleted since is made again: ``restore_folder``)."""
     live = tracker
     stopped = spending is not None and spending.stopped
     complete = summary.complete and not stopped
+    outcome = job_outcome(plan, summary, spending)
+    restore_folder(plan, had_hydra)
     write_outputs(plan, summary, complete)
     if plan.dry_run:
         estimate = plan.meter.totals().get("cost_usd", 0.0)
@@ -137,6 +175,8 @@ def publish(plan: JobPlan, summary: JobSummary, tracker: Any, spending: BudgetRe
     if live is not None:
         live.wait_opened()
         where += f" | MLflow run {live.run_id} at {plan.cfg.tracking.uri}"
+        if live.notice:
+            log.warning("MLflow: %s", live.notice)
     console.show(console.job_report(title(plan), summary.nested, summary.errors, summary.metrics,
                                     len(plan.data.errors), where,
                                     spending.status_line() if stopped else summary.status_line()), plan.output_dir)
@@ -150,8 +190,9 @@ def publish(plan: JobPlan, summary: JobSummary, tracker: Any, spending: BudgetRe
         # the run spans every attempt: usage for the whole job (the folder's metrics.json: this attempt's)
         whole = {**m, **whole_job_usage(plan.earlier, plan.meter), **whole_job_metrics(m)}
         live.finish(FinalLog(
-            metrics=whole, step=summary.n_instances,
+            metrics=whole, step=summary.n_instances, status=status_of(outcome.outcome),
             tags={"cupid.complete": str(complete).lower(), "cupid.failed_instances": summary.failed_instances,
+                  **outcome_tags(outcome.outcome, outcome.reason),
                   **({"cupid.batch_ids": " ".join(plan.meter.batches.ids)[:5000]} if plan.meter.batches.ids else {})},
             artifacts=[([str(plan.output_dir / name) for name in ("instances.jsonl", "metrics.json",
                                                                   console.RESULTS_FILE)], None),

@@ -98,10 +98,10 @@ def param_problem(key: str, value: Any, params: Mapping[str, Any]) -> str | None
     return None if accepts(value) else allowed
 
 
-def check_params(params: Mapping[str, Any], where: str) -> None:
-    """Raise ConfigError for the first bad decoding parameter, naming ``<where>.params.<key>``."""
+def check_params(params: Mapping[str, Any], where: str, field: str = "params") -> None:
+    """Raise ConfigError for the first bad decoding parameter, naming ``<where>.<field>.<key>``."""
     from cupid_exp.config import require
 
     for key, value in params.items():
         problem = param_problem(str(key), value, params)
-        require(problem is None, f"{where}.params.{key}", value, problem or "")
+        require(problem is None, f"{where}.{field}.{key}", value, problem or "")

@@ -10,6 +10,7 @@ runs again unless a good record stands.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -83,10 +84,25 @@ def is_final(record: Mapping[str, Any], retry_failed: bool = False) -> bool:
     return not any(err.get("kind") in TRANSIENT_KINDS for err in errors)
 
 
+class JournalGone(EnvironmentFailure):
+    """The journal (or its folder) was deleted while the job ran: what it held is gone, and the line says so
+    instead of the usual "the journal keeps what finished"."""
+
+    def __init__(self, path: Path, held: int):
+        error = OSError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+        lost = (f"the {held} finished instances it held are no longer journalled" if held
+                else "it held no finished instance yet")
+        Exception.__init__(self, f"environment failure: {path}: the journal was deleted while the job ran [ENOENT]; "
+                                 f"{lost}: the same command runs them again (the calls the response cache kept are "
+                                 "answered from it, at no cost)")
+        self.path, self.error = path, error
+
+
 class Journal:
     def __init__(self, path: Path, secrets: list[str] | None = None):
         self.path, self.secrets = path, list(secrets or [])
         self._tail_checked = False
+        self.held = 0  #: the records the file held (loaded, then appended): what a deleted journal lost
         self._failed: Exception | None = None  #: the environment failure of an append: later ones fail alike
         path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -110,6 +126,7 @@ class Journal:
                     log.warning("journal %s: skipping a line that is not a whole record (%s)", self.path.name, why)
                     continue
                 done[record["key"]] = record
+        self.held = len(done)
         return {k: r for k, r in done.items() if is_final(r, retry_failed)}
 
     def _cut_torn_tail(self) -> None:
@@ -143,7 +160,15 @@ class Journal:
         if self._failed is not None:
             raise self._failed
         try:
-            self._append(record)
+            if self.held and not self.path.exists():  # deleted: appending would start a new, nearly empty one
+                raise JournalGone(self.path, self.held)
+            try:
+                self._append(record)
+            except EnvironmentFailure as exc:
+                if isinstance(exc.error, OSError) and exc.error.errno == errno.ENOENT:  # its folder went
+                    raise JournalGone(self.path, self.held) from exc
+                raise
+            self.held += 1
         except EnvironmentFailure as exc:
             self._failed = exc
             raise

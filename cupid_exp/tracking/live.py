@@ -7,9 +7,10 @@ seconds, sooner when another 5% of the instances are done, never more than once 
 when something changed: a few points a minute, never one per call. The event loop only hands over
 each finished instance (and its trace); nothing it does waits on MLflow.
 
-``end`` is the one way the run ends, whatever happened: the last progress point, then for a
-finished job the trace export (so a FINISHED run has all its traces), the status and a line on
-this attempt; for a failed or interrupted job the status first and a bounded trace export after.
+``end`` is the one way the run ends, whatever happened: the last progress point, then for a job
+whose results were published (``finish``) the trace export (so such a run has all its traces), the
+status, the outcome tags (``tracking.outcomes``) and a line on this attempt; for a job stopped by
+an exception the status first and a bounded trace export after.
 """
 
 from __future__ import annotations
@@ -80,6 +81,12 @@ class LiveRun:
         self._started = time.perf_counter()
         self._thread: threading.Thread | None = None
         self.points = 0
+        self._point_failing = False  # a failed point was reported: the next ones are not, until one gets through
+        self.notice: str | None = None  #: what opening the run found, for the job to say (``reopen``)
+        self.carried: dict[str, float] | None = None  #: earlier attempts' usage from the run itself (``reopen``)
+        self._backfill: RunRequest | None = None  #: whose journalled instances' traces to rebuild (``executed``)
+        self.rebuilt = 0  #: traces rebuilt from the journal
+        self.seconds_before = 0.0  #: the earlier attempts' ``progress/seconds``: a resumed curve goes on from there
 
     @property
     def wants_calls(self) -> bool:
@@ -137,7 +144,7 @@ class LiveRun:
                    "progress/fraction_done": done / self.total if self.total else 1.0,
                    "progress/calls": so_far["calls"], "progress/cost_usd": so_far["cost_usd"],
                    "progress/tokens": so_far["prompt_tokens"] + so_far["completion_tokens"],
-                   "progress/seconds": time.perf_counter() - self._started,
+                   "progress/seconds": self.seconds_before + time.perf_counter() - self._started,
                    # rate limits: 429s met and time spent waiting on them, and each endpoint's concurrency limit
                    "progress/rate_limited": usage.get("rate_limited", 0.0),
                    "progress/limit_wait_s": usage.get("limit_wait_s", 0.0), **limit_metrics(), **batch_points}
@@ -146,12 +153,26 @@ class LiveRun:
             self.tracker.log_metrics(metrics, step=done)
             self._logged = state
             self.points += 1
+            self._point_failing = False
         except Exception as exc:  # noqa: BLE001  # a progress point is never worth the job
             first = (str(exc).strip().splitlines() or [""])[0][:200]  # a store error carries its SQL and values
-            log.warning("MLflow progress point not logged: %s: %s", type(exc).__name__, first)
+            (log.debug if self._point_failing else log.warning)(
+                "MLflow progress point not logged: %s: %s", type(exc).__name__, first)
+            self._point_failing = True
+
+    def backfill_traces(self, request: "RunRequest") -> None:
+        """Have the journalled instances' traces the run lacks rebuilt when the model phase ends (``executed``):
+        by then a worker its killed predecessor left behind has exported what it had (``ORPHAN_FLUSH_S``)."""
+        self._backfill = request if request.done else None
 
     def executed(self) -> None:
-        """The model phase is over: export its traces while the job computes its numbers."""
+        """The model phase is over: rebuild the traces the run lacks, and export them and the phase's while the
+        job computes its numbers."""
+        if self._backfill is not None and self.traces is not None:
+            from cupid_exp.tracking.reopen import backfill
+
+            self.rebuilt = backfill(self, self._backfill)
+            self._backfill = None
         if self.traces is not None:
             self.traces.executed()
         self._wake.set()
@@ -175,28 +196,41 @@ class LiveRun:
         self._thread = None
         self._log_point()
 
-    def end(self, status: str, summary: Mapping[str, Any] | None = None) -> None:
-        """End the run (once): see the module docstring for the order."""
+    def end(self, status: str, summary: Mapping[str, Any] | None = None, tags: Mapping[str, str] | None = None,
+            *, published: bool = False) -> None:
+        """End the run (once) with ``status`` and the outcome ``tags`` (``tracking.outcomes``): see the module
+        docstring for the order; ``published``: the job's results are in, so every trace is waited for."""
         if self.tracker.status is not None:
             return
         try:
             self.stop()
-            if status == "FINISHED":
+            if published:
                 self._close_traces(None)
+                if self.rebuilt:  # a late export of a killed attempt's worker wins over a rebuilt trace
+                    from cupid_exp.tracking.reopen import drop_rebuilt_duplicates
+
+                    drop_rebuilt_duplicates(self.tracker.client, self.tracker.experiment_id, self.run_id)
             note = f"{status} with {len(self._records)} of {self.total} instances done"
             if summary:
                 note += "; " + ", ".join(f"{k} {v}" for k, v in summary.items())
-            self.tracker.set_tags({f"cupid.attempt.{self.attempt}": note})
+            self.tracker.set_tags({**(tags or {}), f"cupid.attempt.{self.attempt}": note})
         finally:
             self.tracker.end(status)
             self.claim.release()
-            self._close_traces(INTERRUPTED_FLUSH_S)  # (a finished job's are closed already)
+            self._close_traces(INTERRUPTED_FLUSH_S)  # (a published job's are closed already)
 
     def finish(self, final: "FinalLog") -> None:
-        """The job's results into the run, then the run's end, FINISHED."""
+        """The job's results into the run, then the run's end: FINISHED for a job that exits 0, else FAILED (its
+        outcome tags are among ``final.tags``)."""
         run = self.tracker
-        run.log_metrics(final.metrics, step=final.step)
-        run.set_tags(final.tags)
+        metrics, tags = final.metrics, final.tags
+        if self.carried is not None:  # the usage ledger was gone: the earlier attempts' usage as the run had it
+            from cupid_exp.tracking.reopen import CARRIED_TAG, carry_into
+
+            metrics = carry_into(dict(metrics), self.carried)
+            tags = {**tags, CARRIED_TAG: "the run's last progress point before this attempt (the ledger was gone)"}
+        run.log_metrics(metrics, step=final.step)
+        run.set_tags(tags)
         artifacts = list(final.artifacts)
         if self.drawn is not None:
             artifacts.append((self.drawn, "plots"))
@@ -208,7 +242,7 @@ class LiveRun:
             from cupid_exp.tracking.mlflow import records_table
 
             run.log_table(records_table(final.table), "instances_table.json")
-        self.end("FINISHED", final.summary)
+        self.end(final.status, final.summary, published=True)
 
     def _close_traces(self, timeout: float | None) -> None:
         """Wait for the trace backlog (``timeout`` None: a finished job's, as long as it progresses) and stop
@@ -238,6 +272,9 @@ class RunRequest:
     done: list[dict[str, Any]]  #: the journal's finished records
     earlier: dict[str, float]
     traces: bool
+    shown: dict[str, tuple[str, str]] = field(default_factory=dict)  #: key -> request, factor (``done``'s traces)
+    nothing_left: bool = False  #: every instance is journalled: a run that holds the results stays as it is
+    ledger_found: bool = True  #: the job's usage ledger was there (else the run's own metrics say what was spent)
     trace_tags: dict[str, str] = field(default_factory=dict)
     judges: dict[str, str] = field(default_factory=dict)
     plots: "PlotRequest | None" = None  #: drawn by the run worker when the model phase ends
@@ -253,6 +290,7 @@ class FinalLog:
     artifacts: list[tuple[list[str], str | None]]  #: (files, artifact folder)
     table: list[dict[str, Any]] | None  #: the per-instance records (scrubbed), as the run's table
     summary: dict[str, Any]  #: the attempt's one-line note
+    status: str = "FINISHED"  #: how the run ends (``tracking.outcomes.status_of`` the job's outcome)
     totals: dict[str, float] = field(default_factory=dict)  #: the meter's last totals (a worker's final point)
     plots: PlotRequest | None = None  #: drawn where the run is kept, then logged under plots/
 
@@ -282,17 +320,21 @@ class PlotRequest:
                                                failure_policy=self.failure_policy, title_prefix=self.title_prefix)]
 
 
-def open_run(request: RunRequest, claim: Claim, meter: Any) -> LiveRun:
+def open_run(request: RunRequest, claim: Claim, meter: Any) -> Any:
     """Open the run (a resumed job's earlier run when ``request.exclusive``), with its params, tags, config and
-    dataset input, and start its progress thread; the traces (``request.traces``) are written in this process."""
-    from cupid_exp.tracking import attempts
+    dataset input, and start its progress thread; the traces (``request.traces``) are written in this process.
+    A done job whose earlier run holds its results gets that run, untouched (``reopen.FinishedEarlier``)."""
+    from cupid_exp.tracking import attempts, reopen
     from cupid_exp.tracking import traces as tracing
 
     tracker = RunTracker(request.tracking, request.secrets)
     previous = attempts.earlier_run(tracker.client, tracker.experiment_id, request.run_key) if request.exclusive \
         else None
-    tags = {**request.tags, **attempts.attempt_tags(previous, request.run_key)}
     parent = parent_of(request.tracking, request.parent)
+    if request.nothing_left and reopen.holds_results(previous):
+        return reopen.leave_finished(tracker, request, previous, parent, claim)
+    tags = {**request.tags, **attempts.attempt_tags(previous, request.run_key)}
+    carried, notice = reopen.carried_usage(previous, request.ledger_found)
     try:
         tracker.start(run_name=request.run_name, params=request.params, parent=parent, config=request.config,
                       tags=tags, resume=previous.info.run_id if previous is not None else None)
@@ -303,9 +345,13 @@ def open_run(request: RunRequest, claim: Claim, meter: Any) -> LiveRun:
             traces = tracing.InProcessTraces(tracing.TraceWriter(
                 tracker.experiment_id, tracker.run_id, request.trace_tags, request.judges, request.secrets))
         live = LiveRun(tracker, claim, total=request.total, parts=request.parts, policy=request.policy,
-                       done=request.done, earlier=request.earlier, meter=meter,
+                       done=request.done, earlier={**request.earlier, **(carried or {})}, meter=meter,
                        every_s=request.tracking.progress_every_s, traces=traces, attempt=tags["cupid.attempt"],
                        plots=request.plots)
+        live.notice, live.carried = notice, carried
+        if previous is not None:
+            live.seconds_before = previous.data.metrics.get("progress/seconds", 0.0)
+        live.backfill_traces(request)
         live.start()
     except BaseException as exc:  # an interrupt or a store error while opening: never leave it RUNNING
         from cupid_exp.tracking.signals import Terminated

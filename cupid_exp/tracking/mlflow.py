@@ -22,6 +22,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from cupid_exp.config import TrackingConfig
 from cupid_exp.secrets import scrub, scrub_obj
+from cupid_exp.tracking.outcomes import stale_tags
 from cupid_exp.tracking.provenance import git_state
 
 log = logging.getLogger(__name__)
@@ -59,17 +60,32 @@ def flatten(value: Any, prefix: str = "") -> dict[str, str]:
 
 
 def prepare_store(uri: str) -> None:
-    """Create a SQLite store's folder and schema once, under a file lock: parallel jobs on a fresh store
-    would each run MLflow's schema migrations at once and fail ('table ... already exists')."""
+    """Make sure a SQLite store exists whole, once per process, under a file lock (parallel jobs on a fresh store
+    would each run MLflow's schema migrations at once and fail: 'table ... already exists').
+
+    MLflow's migrations on SQLite are not transactional: a process killed while they run leaves a half-made store
+    that every later command fails on. So a new store is made aside and moved into place whole
+    (``sqlite_store.create_aside``), and a store that MLflow cannot open and that holds no run (one half made
+    before this existed) is moved away and made again (``sqlite_store.repair``)."""
     if not uri.startswith("sqlite:///") or uri in _READY_STORES:
         return
     from filelock import FileLock
     from mlflow.tracking import MlflowClient
 
+    from cupid_exp.tracking import sqlite_store
+
     db = Path(uri.removeprefix("sqlite:///")).expanduser()
     db.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(db.with_name(db.name + ".lock"))):
-        MlflowClient(uri).search_experiments(max_results=1)  # creates or migrates the schema
+        sqlite_store.clear_leftovers(db)
+        if not db.exists():
+            sqlite_store.create_aside(db)
+        try:
+            MlflowClient(uri).search_experiments(max_results=1)  # opens it (migrates one made by an older MLflow)
+        except Exception as exc:  # noqa: BLE001 - repaired if it holds nothing, else raised as it is
+            if not sqlite_store.repair(db, exc):
+                raise
+            MlflowClient(uri).search_experiments(max_results=1)
     _READY_STORES.add(uri)
 
 
@@ -189,9 +205,12 @@ class RunTracker:
             self.run_id = run.info.run_id
         else:
             self.run_id = resume
+            before = self.client.get_run(resume).data
             self.client.update_run(resume, status="RUNNING")
+            for stale in stale_tags(before.tags):  # how the attempt before ended: this one decides anew
+                self.client.delete_tag(resume, stale)
             self.set_tags(all_tags)
-            known = self.client.get_run(resume).data.params
+            known = before.params
             params = {k: v for k, v in params.items() if _clean_key(k) not in known}
         self.log_params(params)
         self.client.log_dict(self.run_id, scrub_obj(config, self.secrets), "config.yaml")
@@ -244,34 +263,36 @@ class RunTracker:
         if table is not None and len(table):
             self.client.log_table(self.run_id, data=table, artifact_file=name)
 
-    def end(self, status: str = "FINISHED") -> None:
-        """End the run once; later calls (an interrupt after the run finished) change nothing."""
+    def end(self, status: str = "FINISHED", summary: Any = None, tags: Mapping[str, str] | None = None) -> None:
+        """End the run once (with ``tags``: how it ended, ``tracking.outcomes``); later calls (an interrupt after
+        the run finished) change nothing. ``summary`` is for the job's own runs' note (``live.LiveRun``)."""
         if self.run_id is not None and self.status is None:
+            if tags:
+                self.set_tags(tags)
             self.client.set_terminated(self.run_id, status=status)
             self.status = status
 
 
 @contextmanager
 def ends_on_error(run: Any) -> Iterator[None]:
-    """Around a job's work: its run (anything with ``end(status)``) ends KILLED on Ctrl-C or SIGTERM and FAILED
-    on any other exception (the exception goes on); a job that gets through ends its run itself, with its
-    results. SIGTERM raises ``Terminated`` inside the block, and ending the run is shielded from interrupts."""
-    from cupid_exp.tracking.signals import Terminated, shielded, sigterm_raises
+    """Around a job's work: its run (anything with ``end(status, summary, tags)``) ends KILLED on Ctrl-C or SIGTERM
+    and FAILED on any other exception (the exception goes on), with the outcome and reason as tags
+    (``tracking.outcomes``); a job that gets through ends its run itself, with its results. SIGTERM raises
+    ``Terminated`` inside the block, and ending the run is shielded from interrupts."""
+    from cupid_exp.tracking.outcomes import outcome_of, outcome_tags, status_of
+    from cupid_exp.tracking.signals import shielded, sigterm_raises
 
     with sigterm_raises():
         try:
             yield
-        except (KeyboardInterrupt, Terminated):
+        except BaseException as exc:
             if run is not None:
-                with shielded():
-                    run.end("KILLED")
-            raise
-        except BaseException:
-            if run is not None:
+                outcome, reason = outcome_of(exc)
                 with shielded():
                     try:
-                        run.end("FAILED")
+                        run.end(status_of(outcome), None, outcome_tags(outcome, reason))
                     except Exception as why:  # noqa: BLE001 - the job's own error is the one to report
-                        log.warning("the MLflow run could not be ended FAILED (%s: %s); the next run of this "
-                                    "command repairs it", type(why).__name__, str(why).splitlines()[0][:200])
+                        log.warning("the MLflow run could not be ended %s (%s: %s); the next run of this command "
+                                    "repairs it", status_of(outcome), type(why).__name__,
+                                    str(why).splitlines()[0][:200])
             raise

@@ -10,9 +10,12 @@ store's error. Then one message per finished instance (its ``InstanceResult``, r
 ``CallLog``, pickled on the event loop so that a failure shows up there), and ``finish`` or
 ``end`` once, which wait until the run has ended.
 
-Tracking never costs the job its results: if the worker dies or stalls, the job's process
-finishes the run itself (metrics, artifacts and status; the traces not yet exported are lost),
-and a worker that cannot be started at all leaves the job keeping its run in its own process.
+Tracking never costs the job its results, nor holds them hostage: if the worker dies, the job's process
+finishes the run itself (metrics, artifacts and status; the traces not yet exported are lost), and a worker
+that cannot be started at all leaves the job keeping its run in its own process. A store that cannot be reached,
+or that gives the worker no sign of progress for ``tracking.flush_timeout_s`` once the job has printed its
+results, ends the job with one line and exit 5 (``TrackingUnavailable``): the results are in its folder and its
+journal, and the same command publishes them, traces included, once the store answers.
 
 In a sweep (a job with a parent run) the worker outlives the job that finished: the next job of the
 sweep run by this process takes it, with MLflow and matplotlib already imported, instead of waiting
@@ -25,6 +28,7 @@ import atexit
 import logging
 import multiprocessing
 import pickle
+import threading
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -34,16 +38,13 @@ from cupid_exp.results import InstanceResult
 from cupid_exp.tracking.attempts import Claim
 from cupid_exp.tracking.live import FinalLog, LiveRun, RunRequest
 from cupid_exp.tracking.run_worker_process import SnapshotMeter, serve
+from cupid_exp.tracking.store_errors import TrackingError, TrackingUnavailable, store_unreachable  # noqa: F401
 
 log = logging.getLogger(__name__)
 
 STALL_S = 60.0  #: the job gives up on a worker that handled nothing for this long while it waits
 OPEN_S = 120.0  #: how long the job waits for its run to open (the store answered the checks already)
 INTERRUPTED_WAIT_S = 30.0  #: how long a failed or interrupted job waits for its run to end
-
-
-class TrackingError(RuntimeError):
-    """The MLflow run could not be opened or logged (the store's error, as the worker saw it)."""
 
 
 class RunWorker:
@@ -76,6 +77,8 @@ class RunWorker:
         self.meter: Any = None
         self.run_id: str | None = None
         self.attempt = "1"
+        self.notice: str | None = None  #: what the worker found when it opened the run, for the job to say
+        self.reused = False  #: the job was done and its run, which finished earlier, is left as it was
         self.stopped = False  #: nothing more goes to the worker (it failed, died, or the run ended)
         self.ended = False
 
@@ -90,10 +93,16 @@ class RunWorker:
             return
         note = self._wait(("opened",), OPEN_S, stall=False)
         if note is None or note[0] != "opened":
-            why = note[1] if note is not None and note[0] == "failed" else self._gone()
+            failed = note is not None and note[0] == "failed"
+            alive = not failed and self.process.exitcode is None
+            why = note[1] if failed else f"no answer within {OPEN_S:g} s" if alive else self._gone()
             self.stopped = True
-            raise TrackingError(f"the MLflow run could not be opened at {self.request.tracking.uri}: {why}")
-        self.run_id, self.attempt = note[1], note[2]
+            uri = self.request.tracking.uri
+            if note[2] if failed else alive:  # the store, or no answer from it
+                raise TrackingUnavailable(f"the MLflow store at {uri} could not open the job's run ({why}); no "
+                                          "model was called for it: run the same command again once it answers")
+            raise TrackingError(f"the MLflow run could not be opened at {uri}: {why}")
+        self._opened(note)
 
     # -- while the job works ---------------------------------------------------------------------------------
     @property
@@ -116,32 +125,37 @@ class RunWorker:
 
     # -- the end -----------------------------------------------------------------------------------------------
     def finish(self, final: FinalLog) -> None:
-        """Log the results and end the run FINISHED; waits while the worker works (its trace backlog first)."""
+        """Log the results and end the run; waits while the worker works (its trace backlog first), at most
+        ``tracking.flush_timeout_s`` without a sign of progress. A store that cannot be reached, or does not answer
+        in that time, is ``TrackingUnavailable`` (exit 5): its results wait in the journal for the next command."""
         if self.ended:
             return
         final.totals = self.meter.totals()
         note = None
         if self._healthy():
             self.inbox.put(("finish", final, self.keep))
-            note = self._wait(("finished",), None, stall=True)
+            note = self._wait(("finished",), None, stall=True, stall_s=self._flush_s)
         self.ended = True
         try:
-            if note is not None and note[0] == "failed":  # the store refused: as if it had failed here
-                try:
-                    self._here(final.totals).end("FAILED")
-                except Exception:  # noqa: BLE001  # the store's first error is the one to report
-                    log.debug("the run could not be ended FAILED either", exc_info=True)
+            if note is not None and note[0] == "failed":
+                if note[2]:  # the store: not asked again from here
+                    raise self._unavailable(note[1])
+                self._bounded(lambda: self._here(final.totals).end("FAILED"), "end the run FAILED", quiet=True)
                 raise TrackingError(f"MLflow logging failed: {note[1]}")
             if note is None:
-                self._here(final.totals).finish(final)
+                if self.process.exitcode is None:  # alive, but no answer: the store it waits on
+                    raise self._unavailable(f"no answer within {self._flush_s:g} s")
+                self._bounded(lambda: self._here(final.totals).finish(final), "finish the run")  # the worker died
         finally:
             if self.keep and note is not None and note[0] == "finished":
                 self._park()
             else:
                 self._release()
 
-    def end(self, status: str, summary: dict[str, Any] | None = None) -> None:
-        """End the run with ``status`` (a failed or interrupted job), waiting a bounded time."""
+    def end(self, status: str, summary: dict[str, Any] | None = None, tags: dict[str, str] | None = None) -> None:
+        """End the run with ``status`` and the outcome ``tags`` (a failed or interrupted job), waiting a bounded
+        time; a worker that died leaves it to this process (bounded too), one that does not answer to the next
+        attempt (``tracking.attempts``)."""
         if self.ended:
             return
         self.ended = True
@@ -153,10 +167,15 @@ class RunWorker:
                 except TrackingError:
                     return
             if self._healthy():
-                self.inbox.put(("end", status, summary, self.meter.totals()))
+                self.inbox.put(("end", status, summary, self.meter.totals(), tags))
                 note = self._wait(("finished",), INTERRUPTED_WAIT_S, stall=False)
-            if (note is None or note[0] != "finished") and self.run_id is not None:
-                self._here(self.meter.totals()).end(status, summary)
+            if note is not None and note[0] == "finished" or self.run_id is None:
+                return
+            if note is not None and note[2]:  # the store failed the worker
+                raise self._unavailable(note[1], "the run's end")
+            if note is None and self.process.exitcode is None:
+                raise self._unavailable(f"no answer within {INTERRUPTED_WAIT_S:g} s", "the run's end")
+            self._bounded(lambda: self._here(self.meter.totals()).end(status, summary, tags), f"end the run {status}")
         finally:
             self._release()
 
@@ -184,6 +203,7 @@ class RunWorker:
         self.ended = True
         self._release()
         if note is None:
+            log.warning("the MLflow worker did not end the sweep's parent run: ending it here")
             return False, None
         if note[0] == "failed":
             log.warning("the MLflow worker could not end the sweep's parent run (%s): ending it here", note[1])
@@ -191,20 +211,67 @@ class RunWorker:
         return True, note[1]
 
     # -- internals ---------------------------------------------------------------------------------------------
-    def _here(self, totals: dict[str, float]) -> LiveRun:
+    @property
+    def _flush_s(self) -> float:
+        return float(getattr(self.request.tracking, "flush_timeout_s", 60.0))
+
+    def _opened(self, note: tuple) -> None:
+        self.run_id, self.attempt, self.notice, self.reused = note[1], note[2], note[3], note[4]
+
+    def _unavailable(self, why: str, what: str = "this job's results") -> TrackingUnavailable:
+        request = self.request
+        where = request.tags.get("output_dir", "the job's folder")
+        return TrackingUnavailable(
+            f"the MLflow store at {request.tracking.uri} did not take {what} ({why}); the results are in {where} "
+            f"and the journal: run the same command again once the store answers, and it publishes them (metrics "
+            f"and traces) into MLflow run {self.run_id}")
+
+    def _bounded(self, work: Any, what: str, *, quiet: bool = False) -> None:
+        """``work`` (MLflow calls from this process, the worker gone) for at most ``tracking.flush_timeout_s``: a
+        store that does not answer in that time, or cannot be reached, is ``TrackingUnavailable``; ``quiet``: any
+        failure is only logged (an error is reported already)."""
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                work()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                failure.append(exc)
+
+        thread = threading.Thread(target=run, name="cupid-mlflow-end", daemon=True)
+        thread.start()
+        thread.join(self._flush_s)
+        problem: TrackingError | None = None
+        if thread.is_alive():
+            problem = self._unavailable(f"no answer within {self._flush_s:g} s while trying to {what} here")
+        elif failure and store_unreachable(failure[0]):
+            problem = self._unavailable(f"{type(failure[0]).__name__}: {str(failure[0]).splitlines()[0][:200]}")
+        if quiet:
+            if problem is not None or failure:
+                log.debug("could not %s: %s", what, problem or failure[0])
+            return
+        if problem is not None:
+            raise problem
+        if failure:
+            raise failure[0]
+
+    def _here(self, totals: dict[str, float]) -> Any:
         """The run, reattached in this process after the worker failed: no progress thread, no traces."""
         from cupid_exp.tracking.mlflow import RunTracker
 
         request = self.request
+        if self.reused:  # a run that finished earlier is never written to
+            return SimpleNamespace(finish=lambda final: None, end=lambda *args: None)
         tracker = RunTracker(request.tracking, request.secrets)
         tracker.run_id = self.run_id
         return LiveRun(tracker, Claim(request.run_key), total=request.total, parts=request.parts,
                        policy=request.policy, done=[], earlier=request.earlier, meter=SnapshotMeter(totals),
                        every_s=request.tracking.progress_every_s, traces=None, attempt=self.attempt)
 
-    def _wait(self, wanted: tuple[str, ...], timeout: float | None, *, stall: bool) -> tuple | None:
+    def _wait(self, wanted: tuple[str, ...], timeout: float | None, *, stall: bool,
+              stall_s: float = STALL_S) -> tuple | None:
         """The worker's next note among ``wanted`` (or 'failed'); None if it died, or gave no sign of progress
-        for ``STALL_S`` (``stall``) or ``timeout`` seconds."""
+        for ``stall_s`` (``stall``) or ``timeout`` seconds."""
         from multiprocessing.connection import wait
 
         began = moved = time.monotonic()
@@ -228,15 +295,15 @@ class RunWorker:
             now = time.monotonic()
             if self.progress.value != seen:
                 seen, moved = self.progress.value, now
-            if timeout is not None and now - began >= timeout or stall and now - moved >= STALL_S:
-                self._give_up(f"no answer within {now - began:.0f} s")
+            if timeout is not None and now - began >= timeout or stall and now - moved >= stall_s:
+                self.stopped = True  # (the caller says what it means)
                 return None
 
     def _note(self, note: tuple) -> None:
         if note[0] == "traces_stopped":
             log.warning("MLflow tracing stopped for this job: %s", note[1])
         elif note[0] == "opened":
-            self.run_id, self.attempt = note[1], note[2]
+            self._opened(note)
         elif note[0] == "failed":
             self._give_up(note[1])
 

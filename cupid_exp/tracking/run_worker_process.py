@@ -18,6 +18,7 @@ from typing import Any
 
 from cupid_exp.tracking.attempts import Claim
 from cupid_exp.tracking.live import FinalLog, LiveRun, RunRequest
+from cupid_exp.tracking.store_errors import store_unreachable
 
 ORPHAN_FLUSH_S = 30.0  #: a worker whose job process died exports what it built for at most this long
 
@@ -68,7 +69,7 @@ def serve(inbox: Any, outbox: Any, progress: Any) -> None:
             if kind == "open":
                 request: RunRequest = message[1]
                 live = open_run(request, Claim(request.run_key), meter)  # the job holds the claim's lock
-                outbox.send(("opened", live.run_id, live.attempt))
+                outbox.send(("opened", live.run_id, live.attempt, live.notice, getattr(live, "reused", False)))
             elif kind == "instance" and live is not None:
                 # what the end will need (the table, the plots: ~1 s of CPU), imported with the first instance, once
                 # the job calls models, not while its processes import theirs (later instances: a lookup)
@@ -105,11 +106,12 @@ def serve(inbox: Any, outbox: Any, progress: Any) -> None:
             elif kind == "end":
                 if live is not None:
                     meter.latest = message[3]
-                    live.end(message[1], message[2])
+                    live.end(message[1], message[2], message[4])
                 outbox.send(("finished",))
                 os._exit(0)
-        except Exception as exc:  # noqa: BLE001  # the job hears why and finishes the run itself
-            outbox.send(("failed", f"{type(exc).__name__}: {exc}"))
+        except Exception as exc:  # noqa: BLE001  # the job hears why (and whether the store is to blame)
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            outbox.send(("failed", f"{type(exc).__name__}: {first}", store_unreachable(exc)))
             if live is not None and live.traces is not None:
                 live.traces.close(ORPHAN_FLUSH_S)
             os._exit(1)

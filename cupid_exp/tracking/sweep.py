@@ -1,7 +1,8 @@
 """A sweep's parent run as the sweep's front page: its leaderboard and comparison plots.
 
 When a sweep ends, the report (``cupid_exp.reporting``) is built from the parent's finished child
-runs — the same selection rules, tables and bootstrap intervals as ``python -m cupid_exp.report``
+runs, and the runs its link children stand for (a job that had finished before the sweep keeps its own run:
+``tracking.reopen``) — the same selection rules, tables and bootstrap intervals as ``python -m cupid_exp.report``
 — and logged on the parent: ``leaderboard.md`` and ``leaderboard.html``, each table as an MLflow
 table artifact under ``leaderboard/``, the cross-model plots under ``plots/``, and a few counts as
 metrics. A sweep that ended before its parent existed (or with no finished child) logs notes only.
@@ -36,6 +37,10 @@ def publish_sweep(client: Any, uri: str, experiment: str, parent_id: str, *, see
     from cupid_exp.reporting.selection import select_runs
 
     children = search_job_runs(uri, experiment, f"tags.`mlflow.parentRunId` = '{parent_id}'")
+    linked = linked_runs(client, parent_id)  # jobs of this sweep that had finished earlier, in runs of their own
+    if linked:
+        ids = ", ".join(f"'{run_id}'" for run_id in linked)
+        children += search_job_runs(uri, experiment, f"attributes.run_id IN ({ids})")
     selection = select_runs(children, lambda run_id: load_records(uri, run_id, cache_dir=None))
     tables = build_report(selection, n_boot=n_boot, seed=seed) if selection.runs else []
     notes = list(selection.notes) + [f"{len(children)} job runs in this sweep, {len(selection.runs)} in the tables",
@@ -55,6 +60,16 @@ def publish_sweep(client: Any, uri: str, experiment: str, parent_id: str, *, see
     now = int(time.time() * 1000)
     client.log_batch(parent_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
     return metrics
+
+
+def linked_runs(client: Any, parent_id: str) -> list[str]:
+    """The runs this sweep's link runs stand for (``tracking.reopen``: a job done before the sweep keeps its run)."""
+    from cupid_exp.tracking.reopen import LINK_KIND, LINKS_TO
+
+    parent = client.get_run(parent_id)
+    links = client.search_runs([parent.info.experiment_id], max_results=1000, filter_string=(
+        f"tags.`mlflow.parentRunId` = '{parent_id}' and tags.`cupid.kind` = '{LINK_KIND}'"))
+    return sorted({r.data.tags[LINKS_TO] for r in links if r.data.tags.get(LINKS_TO)})
 
 
 @dataclass

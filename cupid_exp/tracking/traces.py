@@ -134,6 +134,48 @@ class TraceWriter:
                 root.add_event(_error_event(error.kind, clean(error.message), error.step))
         root.end(outputs=clean(_outputs(result)), end_time_ns=ended)
 
+    def write_record(self, instance: Any, record: Mapping[str, Any], parts: tuple[str, ...]) -> None:
+        """An instance's trace rebuilt from its journal record, for an earlier attempt's instance whose trace never
+        reached the store: the scores, errors and assessments as a live trace has them, and one span per step with
+        its replies and usage; not the messages sent, nor when the calls were made (the record keeps neither).
+        Never raises, as ``write``."""
+        if self.failed:
+            return
+        try:
+            self._write_record(instance, InstanceResult.from_record(record, parts))
+            self.written += 1
+        except Exception as exc:  # noqa: BLE001  # tracing must never stop the job
+            self.error = f"{type(exc).__name__}: {exc}"
+            log.warning("MLflow tracing stopped for this job: %s", self.error)
+
+    def _write_record(self, instance: Any, result: InstanceResult) -> None:
+        import mlflow
+        from mlflow.entities import SpanType
+
+        clean = self._clean
+        root = mlflow.start_span_no_context(
+            result.key, span_type=SpanType.CHAIN, experiment_id=self.experiment_id,
+            inputs=clean({"current_request": instance.current_request,
+                          "context_factor": instance.current_context_factor, "key": result.key,
+                          "instance_type": result.instance_type}),
+            attributes={"cupid.persona_id": result.persona_id, "cupid.instance_type": result.instance_type,
+                        "cupid.rebuilt": "from the journal"},
+            tags={**self.tags, "cupid.key": result.key, "cupid.instance_type": result.instance_type,
+                  "cupid.rebuilt": "from the journal"},
+            metadata={"mlflow.sourceRun": self.run_id})
+        for step in dict.fromkeys([*result.usage, *result.raw]):
+            usage = result.usage.get(step, {})
+            span = mlflow.start_span_no_context(
+                step, span_type=SpanType.CHAT_MODEL, parent_span=root,
+                attributes={"cupid.step": step, **{f"cupid.{k}": v for k, v in usage.items()}})
+            span.end(outputs=clean({"replies": result.raw.get(step, [])}))
+        self._assess(root.trace_id, result)
+        if result.errors:
+            root.set_status("ERROR")
+            for error in result.errors:
+                root.add_event(_error_event(error.kind, clean(error.message), error.step))
+        root.end(outputs=clean(_outputs(result)))
+
     def _clean(self, value: Any) -> Any:
         return scrub_obj(value, self.secrets)
 
@@ -220,6 +262,9 @@ class InProcessTraces:
 
     def write(self, instance: Any, result: InstanceResult, calls: Any) -> None:
         self.writer.write(instance, result, calls)
+
+    def write_record(self, instance: Any, record: Mapping[str, Any], parts: tuple[str, ...]) -> None:
+        self.writer.write_record(instance, record, parts)
 
     @property
     def error(self) -> str | None:

@@ -30,6 +30,8 @@ CLI (for bench/ and manual use)::
     python tests/helpers/stub_llm_server.py --port 8011 --latency-ms 200 --jitter-ms 20 \
         --rate-429 0.1 --rate-500 0.1 --rate-503 0.1 --retry-after 1 --seed 0
     python tests/helpers/stub_llm_server.py --rpm 300 --tpm 400000   # a key's limits (helpers/rate_limits.py)
+    python tests/helpers/stub_llm_server.py --rpm 300 --limits-pool key   # one pool for every model
+    python tests/helpers/stub_llm_server.py --rpm 480 --limit-headers retry-after   # 429s state only retry-after
 """
 
 from __future__ import annotations
@@ -117,6 +119,8 @@ class StubConfig:
     model_ids: tuple[str, ...] = ("stub",)  # what GET /v1/models lists (clients that check a model exists)
     rpm: float = 0.0  # a key's limits as OpenAI enforces them (helpers/rate_limits.py); 0: none
     tpm: float = 0.0
+    limits_pool: str = "model"  # "key": one pool of rpm/tpm for every model (helpers/rate_limits.py), not one per model
+    limit_headers: str = "openai"  # "retry-after": a 429 states only retry-after, in whole seconds
     closed_s: float = 0.0  # every request 429 for this long from the first one (inf: for ever)
     refuse: str = ""  # "401" | "403" | "404" | "insufficient_quota" | "daily": every request refused (rate_limits.py)
     omit_usage: bool = False  # replies (live and batch rows) carry no ``usage``: billed by the stub's own count
@@ -392,9 +396,13 @@ class StubServer:
         self.bodies: list[dict[str, Any]] = []  # request bodies, when ``record_bodies`` is on
         self.header_values: dict[str, Counter] = defaultdict(Counter)  # header -> values, for ``record_headers``
         self.batches = BatchQueue(self._batch_row, batch, self.fault_reply)  # OpenAI's Files and Batch endpoints
-        self.limits = KeyLimits(self.config.rpm, self.config.tpm, self.config.closed_s, self.config.refuse)
+        self.limits = self._key_limits()
         self.httpd = _HTTPServer(("127.0.0.1", port), self._handler())
         self._thread: threading.Thread | None = None
+
+    def _key_limits(self) -> KeyLimits:
+        c = self.config
+        return KeyLimits(c.rpm, c.tpm, c.closed_s, c.refuse, pool=c.limits_pool, headers=c.limit_headers)
 
     # ---- control
 
@@ -411,7 +419,7 @@ class StubServer:
             self.counters = _Counters()
             self._seen = Counter()
             self._not_before = {}
-            self.limits = KeyLimits(self.config.rpm, self.config.tpm, self.config.closed_s, self.config.refuse)
+            self.limits = self._key_limits()
 
     def hold_after(self, n_completed: int | None) -> None:
         """Once ``n_completed`` responses have completed in total, hold every later request unanswered."""
@@ -644,7 +652,8 @@ class StubServer:
                 text, refusal = None, "I'm sorry, I can't help with that request."
             full = completion_body(text, body, finish, refusal)
             reply = self._billed(body, full)  # processed: billed even if the client has gone
-            if handler._send(200, json.dumps(reply).encode()):  # type: ignore[attr-defined]
+            stated = self.limits.stated(body) if self.limits.active else None
+            if handler._send(200, json.dumps(reply).encode(), headers=stated):  # type: ignore[attr-defined]
                 with self._lock:
                     self.counters.completed[step] += 1
                     self.counters.completed_prompts[request_digest] += 1

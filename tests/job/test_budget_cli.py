@@ -75,7 +75,8 @@ def test_a_budget_hit_mid_job_stops_it_and_a_higher_budget_resumes_to_the_result
         assert len(read_jsonl(journal)) == N - not_run  # the rest is left to a resume
         client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
         (run,) = client.search_runs([client.get_experiment_by_name("cupid").experiment_id])
-        assert run.data.tags["cupid.complete"] == "false" and run.info.status == "FINISHED"
+        assert run.data.tags["cupid.complete"] == "false" and run.info.status == "FAILED"
+        assert run.data.tags["cupid.outcome"] == "budget" and run.data.tags["cupid.reason"].startswith("BUDGET: $")
         assert run.data.metrics["budget/job/spent_usd"] == pytest.approx(state["spent"])
 
         stub.reset()
@@ -90,7 +91,10 @@ def test_a_budget_hit_mid_job_stops_it_and_a_higher_budget_resumes_to_the_result
     (state,) = ledgers(root)
     assert state["spent"] == pytest.approx(metrics_json(whole_job)["metrics"]["cost/usd"])
     (run,) = client.search_runs([client.get_experiment_by_name("cupid").experiment_id])
-    assert run.data.tags["cupid.complete"] == "true"
+    assert run.data.tags["cupid.complete"] == "true" and run.info.status == "FINISHED"
+    # the resume decided anew: no reason or description is left from the budget stop
+    assert run.data.tags["cupid.outcome"] == "ok" and "cupid.reason" not in run.data.tags
+    assert "mlflow.note.content" not in run.data.tags
     assert run.data.metrics["budget/job/spent_usd"] == pytest.approx(state["spent"])
 
 

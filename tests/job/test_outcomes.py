@@ -63,8 +63,11 @@ def test_an_incomplete_run_exits_3_and_says_so_everywhere(tmp_path: Path) -> Non
         saved = json.loads((job / "metrics.json").read_text())
         assert saved["complete"] is False and saved["failed_instances"] == 1
         assert saved["failure_reasons"] == {"infer/provider": 1}
-        (run,) = runs(root)
-        assert run.data.tags["cupid.complete"] == "false" and run.info.status == "FINISHED"
+        (run,) = runs(root)  # not a green check: FAILED, with the job's own line as its reason and description
+        line = proc.stdout.rstrip().splitlines()[-1]
+        assert run.data.tags["cupid.complete"] == "false" and run.info.status == "FAILED"
+        assert run.data.tags["cupid.outcome"] == "incomplete" and run.data.tags["cupid.reason"] == line
+        assert run.data.tags["mlflow.note.content"] == f"incomplete: {line}"
         assert run.data.metrics["instances/failed"] == 1
         tolerant = run_cli(cli_command(stub.url, tmp_path / "tolerant", "tracking=none",
                                        "runtime.num_retries=0", "runtime.max_failed_fraction=0.2",

@@ -131,8 +131,9 @@ def test_earlier_usage_comes_from_the_journalled_records() -> None:
 
 
 def test_the_same_data_spelt_two_ways_is_one_job(tmp_path: Path) -> None:
-    """``data.path`` relative or absolute: one identity, so the second command resumes the first's journal and
-    MLflow run, whose cost is the whole job's (the first attempt's), not the second's $0."""
+    """``data.path`` relative or absolute: one identity, so the second command resumes the first's journal and finds
+    the job done: its MLflow run, which holds the results, is the job's and is left as it was (its cost the first
+    attempt's, not a second attempt's $0)."""
     data = write_dataset(tmp_path / "data.jsonl", 3)
     root = tmp_path / "out"
     with StubServer(latency_ms=1) as stub:
@@ -144,9 +145,10 @@ def test_the_same_data_spelt_two_ways_is_one_job(tmp_path: Path) -> None:
         before = stub.stats()["total_received"]
         again = run_cli(job_command(stub.url, root, Path(relative), cache_dir=tmp_path / "cold"), timeout=240)
         assert stub.stats()["total_received"] == before and "resuming: 3 of 3" in again.stdout + again.stderr
-    run = only_run(store_uri(root))  # the same run, its second attempt
-    assert run.data.tags["cupid.attempt"] == "2" and run.data.params["data.path"] == str(data)
-    assert run.data.metrics["cost/usd"] == pytest.approx(spent) and run.data.metrics["cost/usd/this_attempt"] == 0
+    run = only_run(store_uri(root))  # the same run, untouched (tests/tracking/test_finished_runs.py)
+    assert f"MLflow run {run.info.run_id} (FINISHED): left as it was" in again.stdout + again.stderr
+    assert run.data.tags["cupid.attempt"] == "1" and run.data.params["data.path"] == str(data)
+    assert run.data.metrics["cost/usd"] == pytest.approx(spent)
     assert len(list((root / "journal").glob("*.jsonl"))) == 1
 
 

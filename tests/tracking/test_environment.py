@@ -50,7 +50,8 @@ def test_other_errors_stay_bugs() -> None:
 def test_a_folder_that_vanished_under_our_writes_is_the_environments(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "journal" / "j.jsonl")
     shutil.rmtree(tmp_path / "journal")
-    with pytest.raises(EnvironmentFailure, match=r"j\.jsonl: No such file or directory \[ENOENT\]"):
+    gone = r"j\.jsonl: the journal was deleted while the job ran \[ENOENT\]; it held no finished instance yet"
+    with pytest.raises(EnvironmentFailure, match=gone):
         journal.append(_record("a"))
     with pytest.raises(EnvironmentFailure, match=r"metrics\.json: No such file or directory \[ENOENT\]"):
         _vanishing_write(tmp_path)

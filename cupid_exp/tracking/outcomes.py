@@ -1,0 +1,75 @@
+"""How a job ended, as its MLflow run says it: the status, and the outcome and its reason as tags.
+
+A run ends FINISHED only when the job exited 0. Any other end is FAILED (KILLED for Ctrl-C and SIGTERM), with
+``cupid.outcome`` (what kind of end: ``incomplete``, ``budget``, ``environment``, ``refused``, ``retry_later``,
+``error``, ``interrupted``) and ``cupid.reason`` (the job's own one line), the reason also as the run's
+description, so that the runs table does not show a green check for a job that scored nothing. The mapping is
+documented in docs/mlflow.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+OUTCOME_TAG = "cupid.outcome"
+REASON_TAG = "cupid.reason"
+DESCRIPTION_TAG = "mlflow.note.content"  #: MLflow's run description
+
+#: An exception's outcome by its class name (this module imports none of them: it runs where MLflow is kept too).
+_BY_CLASS = {"FatalProviderError": "refused", "InputError": "bad_input", "ConfigError": "bad_input",
+             "DataError": "bad_input", "JobRunning": "bad_input", "BudgetExceeded": "budget"}
+
+
+def status_of(outcome: str) -> str:
+    """The MLflow status of an outcome: only ``ok`` is FINISHED."""
+    if outcome == "ok":
+        return "FINISHED"
+    return "KILLED" if outcome == "interrupted" else "FAILED"
+
+
+def description(outcome: str, reason: str) -> str:
+    return f"{outcome}: {reason}" if reason else outcome
+
+
+def outcome_tags(outcome: str, reason: str = "") -> dict[str, str]:
+    """The tags a run ends with; an ``ok`` run gets no reason and no description."""
+    tags = {OUTCOME_TAG: outcome}
+    if outcome != "ok":
+        tags.update({REASON_TAG: reason[:1000], DESCRIPTION_TAG: description(outcome, reason[:1000])})
+    return tags
+
+
+def stale_tags(tags: Mapping[str, str]) -> list[str]:
+    """The outcome tags an earlier attempt left on a reopened run (the description only if it is ours)."""
+    stale = [t for t in (OUTCOME_TAG, REASON_TAG) if t in tags]
+    ours = description(tags.get(OUTCOME_TAG, ""), tags.get(REASON_TAG, ""))
+    if tags.get(DESCRIPTION_TAG) and tags.get(DESCRIPTION_TAG) == ours:
+        stale.append(DESCRIPTION_TAG)
+    return stale
+
+
+def outcome_of(exc: BaseException) -> tuple[str, str]:
+    """(outcome, reason) of the exception that ended a job: the outcome an exception names itself (an
+    ``outcome`` attribute), else its class's, else ``error`` (a bug); the reason is its first line."""
+    from cupid_exp.outputs import environment_failure
+    from cupid_exp.tracking.signals import Terminated
+
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted", "Ctrl-C"
+    if isinstance(exc, Terminated):
+        return "interrupted", "SIGTERM"
+    first = (str(exc).strip().splitlines() or [""])[0][:1000]
+    named = getattr(exc, "outcome", None)
+    if isinstance(named, str) and named:
+        return named, first
+    if environment_failure(exc) is not None:
+        return "environment", str(environment_failure(exc))
+    kind = next((_BY_CLASS[c.__name__] for c in type(exc).__mro__ if c.__name__ in _BY_CLASS), None)
+    if kind is not None:
+        return kind, first
+    return "error", f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def ended_with(tags: Mapping[str, Any], status: str) -> str:
+    """A run's outcome from its tags, for runs ended before the outcome tag existed: their status."""
+    return tags.get(OUTCOME_TAG) or ("ok" if status == "FINISHED" else status.lower())

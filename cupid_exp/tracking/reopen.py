@@ -1,0 +1,170 @@
+"""What a job's MLflow run takes over from the job's earlier attempts, and what it leaves alone.
+
+- A job found done (nothing left to run) whose run already holds its results (ended FINISHED, or FAILED as
+  incomplete: ``holds_results``) keeps that run as it is: its parent, duration and curves stay those of the
+  attempt that published them. A sweep that contains the job gets a small child run that links to it
+  (``cupid.kind=link``, ``cupid.links_to``), which the sweep's leaderboard follows (``tracking.sweep``).
+- A reopened run gets a trace for each journalled instance that has none in it (an attempt whose store went away,
+  a worker killed before it exported), rebuilt from the instance's record (``traces.TraceWriter.write_record``)
+  when the model phase ends; one that a killed attempt's worker exported late after all wins over it.
+- A reopened run whose usage ledger is gone (its journal folder was deleted) carries the earlier attempts' calls and
+  cost from its own progress metrics, or says that they are lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+from typing import Any, Mapping, Sequence
+
+from cupid_exp.tracking.outcomes import DESCRIPTION_TAG, OUTCOME_TAG
+
+log = logging.getLogger(__name__)
+
+LINK_KIND = "link"  #: ``cupid.kind`` of a sweep's child run that stands for a job finished earlier
+LINKS_TO = "cupid.links_to"  #: the run id such a link stands for
+CARRIED_TAG = "cupid.earlier_usage"  #: where a run's earlier attempts' usage came from, when not the ledger
+
+
+def holds_results(run: Any | None) -> bool:
+    """Whether an earlier attempt's run was ended with the job's results: FINISHED (a job that exited 0, or one
+    from before outcome tags existed), or FAILED because too many instances failed (their failures are final)."""
+    if run is None:
+        return False
+    outcome = run.data.tags.get(OUTCOME_TAG)
+    if run.info.status == "FINISHED":
+        return outcome in (None, "ok")
+    return run.info.status == "FAILED" and outcome == "incomplete"
+
+
+class FinishedEarlier:
+    """The job's handle on a run that finished earlier: nothing is written to it. The plots are drawn into the
+    job's folder as for any job; a sweep's link run, if any, was made when it was found."""
+
+    traces = None
+    wants_calls = False
+    reused = True
+
+    def __init__(self, run: Any, claim: Any, notice: str, plots: Any, records: Sequence[Mapping[str, Any]]):
+        self.run_id, self.attempt = run.info.run_id, run.data.tags.get("cupid.attempt", "1")
+        self.claim, self.notice, self.plots, self.drawn = claim, notice, plots, None
+        self._records = list(records)
+
+    def wait_opened(self) -> None:
+        """Found already."""
+
+    def instance_finished(self, *args: Any) -> None:
+        """(Nothing is left to run.)"""
+
+    def executed(self) -> None:
+        """(Nothing to export.)"""
+
+    def draw_plots(self) -> None:
+        if self.plots is not None and self.drawn is None:
+            self.drawn = self.plots.draw(self._records)
+
+    def finish(self, final: Any) -> None:
+        self.draw_plots()
+        self.end()
+
+    def end(self, *args: Any, **kwargs: Any) -> None:
+        self.claim.release()
+
+
+def leave_finished(tracker: Any, request: Any, previous: Any, parent: str | None, claim: Any) -> FinishedEarlier:
+    """The job is done and ``previous`` holds its results: leave it; in a sweep, link to it from a child run."""
+    run_id = previous.info.run_id
+    notice = f"this job finished earlier, in MLflow run {run_id} ({previous.info.status}): left as it was"
+    if parent and previous.data.tags.get("mlflow.parentRunId") != parent:
+        client = tracker.client
+        link = client.create_run(tracker.experiment_id, run_name=request.run_name, tags={
+            "cupid.kind": LINK_KIND, LINKS_TO: run_id, "mlflow.parentRunId": parent,
+            "job_identity": request.tags.get("job_identity", ""),
+            DESCRIPTION_TAG: f"This job finished earlier, in run {run_id}: its results, traces and curves are there."})
+        client.set_terminated(link.info.run_id, status="FINISHED")
+        notice += f"; this sweep links to it (run {link.info.run_id})"
+    return FinishedEarlier(previous, claim, notice, request.plots, request.done)
+
+
+def carried_usage(previous: Any | None, ledger_found: bool) -> tuple[dict[str, float] | None, str | None]:
+    """The earlier attempts' usage when their ledger is gone: the reopened run's last progress point (the whole
+    job's calls, tokens and cost so far), with a line saying so; (None, a line) when the run has none."""
+    if previous is None or ledger_found:
+        return None, None
+    metrics, run_id = previous.data.metrics, previous.info.run_id
+    if "progress/calls" not in metrics:
+        return None, (f"the job's usage ledger is gone and MLflow run {run_id} has no usage to carry: what its earlier "
+                      "attempts spent is lost")
+    calls, cost = metrics.get("progress/calls", 0.0), metrics.get("progress/cost_usd", 0.0)
+    if not calls and not cost:  # they spent nothing
+        return None, None
+    carried = {"calls": calls, "cost_usd": cost, "prompt_tokens": metrics.get("progress/tokens", 0.0),
+               "completion_tokens": 0.0}
+    return carried, (f"the job's usage ledger is gone: its earlier attempts' {calls:g} calls and ${cost:.4f} are "
+                     f"carried from MLflow run {run_id}'s progress metrics (their tokens per step are not known)")
+
+
+def carry_into(metrics: dict[str, float], carried: Mapping[str, float]) -> dict[str, float]:
+    """A run's final metrics with the carried calls and cost as the earlier attempts' (the ledger's are none)."""
+    for name, field in (("calls/total", "calls"), ("cost/usd", "cost_usd")):
+        earlier = float(carried.get(field, 0.0))
+        this = float(metrics.get(f"{name}/this_attempt", metrics.get(name, 0.0)))
+        metrics.update({name: this + earlier, f"{name}/earlier_attempts": earlier, f"{name}/this_attempt": this})
+    return metrics
+
+
+def run_traces(client: Any, experiment_id: str, run_id: str) -> list[Any]:
+    """The run's traces' infos (no spans)."""
+    infos: list[Any] = []
+    token = None
+    while True:
+        page = client.search_traces(locations=[experiment_id], run_id=run_id, include_spans=False, max_results=500,
+                                    page_token=token)
+        infos += [t.info for t in page]
+        token = page.token
+        if not token:
+            return infos
+
+
+def trace_keys(client: Any, experiment_id: str, run_id: str) -> set[str]:
+    """The instance keys the run has a trace for."""
+    return {info.tags["cupid.key"] for info in run_traces(client, experiment_id, run_id) if "cupid.key" in info.tags}
+
+
+def drop_rebuilt_duplicates(client: Any, experiment_id: str, run_id: str) -> None:
+    """Delete a rebuilt trace whose instance also has a live one (exported late by a killed attempt's worker); a
+    store that fails here leaves both (one warning)."""
+    try:
+        infos = run_traces(client, experiment_id, run_id)
+        live = {i.tags.get("cupid.key") for i in infos if not i.tags.get("cupid.rebuilt")}
+        extra = [i.trace_id for i in infos if i.tags.get("cupid.rebuilt") and i.tags.get("cupid.key") in live]
+        if extra:
+            client.delete_traces(experiment_id, trace_ids=extra)
+    except Exception as exc:  # noqa: BLE001 - a duplicate trace is never worth the run's end
+        log.warning("MLflow: rebuilt traces not checked for duplicates (%s: %s)", type(exc).__name__,
+                    (str(exc).splitlines() or [""])[0][:200])
+
+
+def backfill(live: Any, request: Any) -> int:
+    """Rebuild the trace of every journalled instance the run has none for; returns how many. A store that fails
+    here costs the rebuilt traces only (one warning)."""
+    if live.traces is None or not request.done:
+        return 0
+    try:
+        have = trace_keys(live.tracker.client, live.tracker.experiment_id, live.run_id)
+    except Exception as exc:  # noqa: BLE001 - traces are never worth the job
+        log.warning("MLflow: the run's traces could not be listed, none rebuilt (%s: %s)", type(exc).__name__,
+                    str(exc).splitlines()[0][:200] if str(exc) else "")
+        return 0
+    written = 0
+    for record in request.done:
+        key = record.get("key")
+        if key in have or key not in request.shown:
+            continue
+        current_request, factor = request.shown[key]
+        live.traces.write_record(SimpleNamespace(current_request=current_request, current_context_factor=factor),
+                                 record, tuple(request.parts))
+        written += 1
+    if written:
+        log.info("MLflow: %d traces rebuilt from the journal for run %s", written, live.run_id)
+    return written

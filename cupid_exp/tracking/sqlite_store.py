@@ -1,0 +1,87 @@
+"""A SQLite tracking store made whole or not at all.
+
+MLflow creates a SQLite store by running its schema migrations on the file in place, and on SQLite those are not
+transactional: a first command killed while they run (a newcomer's Ctrl-C lands there) left a store on which every
+later command failed ('table _alembic_tmp_experiments already exists'). Here a new store is made in a file beside
+the real one and renamed into place once MLflow has finished with it (a rename is atomic), so the real path holds
+either nothing or a whole store; a kill leaves only the aside file, which the next command removes. A store half
+made before this existed is recognised (MLflow cannot open it and it holds no run) and made again.
+Callers hold the store's file lock (``tracking.mlflow.prepare_store``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import time
+import uuid
+from contextlib import closing
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ASIDE_SUFFIX = ".creating"  #: a store being made: ``.<name>.<pid>-<random>.creating`` beside it
+
+
+def aside_files(db: Path) -> list[Path]:
+    return sorted(db.parent.glob(f".{db.name}.*{ASIDE_SUFFIX}*"))  # its -journal too
+
+
+def clear_leftovers(db: Path) -> None:
+    """Remove stores a killed process was making (the lock is held: nobody else is making one now)."""
+    for path in aside_files(db):
+        path.unlink(missing_ok=True)
+
+
+def create_aside(db: Path) -> None:
+    """Make a new store (MLflow's own schema, its Default experiment) beside ``db``, then move it into place."""
+    from mlflow.tracking import MlflowClient
+
+    aside = db.with_name(f".{db.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}{ASIDE_SUFFIX}")
+    try:
+        MlflowClient(f"sqlite:///{aside}").search_experiments(max_results=1)  # creates and migrates the schema
+        forget_connections(f"sqlite:///{aside}")
+        os.replace(aside, db)
+    finally:
+        for path in aside_files(db):
+            path.unlink(missing_ok=True)
+
+
+def forget_connections(uri: str) -> None:
+    """Close MLflow's pooled connections to ``uri``'s file: they would outlive a rename of it (its engines are kept
+    per URI for the process's life)."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    engine = getattr(SqlAlchemyStore, "_engine_map", {}).pop(uri, None)
+    if engine is not None:
+        engine.dispose()
+
+
+def holds_nothing(db: Path) -> bool:
+    """No run and no experiment of anyone's in it (an empty file, or MLflow's tables with the Default experiment at
+    most): nothing would be lost by making it again."""
+    try:
+        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as con:
+            tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "runs" in tables and con.execute("SELECT 1 FROM runs LIMIT 1").fetchone():
+                return False
+            return not ("experiments" in tables and con.execute(
+                "SELECT 1 FROM experiments WHERE experiment_id != 0 LIMIT 1").fetchone())
+    except sqlite3.Error:
+        return False  # not a database we can read: not ours to replace
+
+
+def repair(db: Path, error: BaseException) -> bool:
+    """A store MLflow could not open (``error``): when it holds nothing, move it away and make a new one (returns
+    True); otherwise leave it as it is (False)."""
+    if not db.exists() or not holds_nothing(db):
+        return False
+    broken = db.with_name(f"{db.name}.half-made-{time.strftime('%Y%m%d-%H%M%S')}")
+    forget_connections(f"sqlite:///{db}")  # the failed open's: they would read the moved file on
+    os.replace(db, broken)
+    first = (str(error).strip().splitlines() or [""])[0][:200]
+    log.warning("MLflow store %s was half made (%s: %s) and held no run: moved to %s and made again", db,
+                type(error).__name__, first, broken.name)
+    create_aside(db)
+    return True

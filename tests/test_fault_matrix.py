@@ -36,7 +36,7 @@ makes no sense (why: below), ``xfail`` where the behaviour has not landed (the r
 | disk_fills_up | 5 xfail | 5 xfail | 5 xfail | 5 xfail | 5 xfail |
 | disk_full_at_start | 5 xfail | 5 xfail | 5 xfail | 5 xfail | 5 xfail |
 | kill_9 | killed | killed | killed | killed xfail | killed xfail |
-| kill_9_at_store_creation | killed xfail | killed xfail | killed xfail | killed xfail | killed xfail |
+| kill_9_at_store_creation | killed | killed | killed | killed | killed |
 
 N/A:
 - batch × timeout_under_budget, timeouts: a batch has no request that times out: its rows are polled for.

@@ -159,14 +159,16 @@ def _free_port() -> int:
 
 class TrackingDriver(_Started):
     """A real ``mlflow server`` that dies for good (SIGKILL, its process group) once the job has had two replies;
-    the job must end within ``BOUND_S`` with exit 5. The resume has the server back (same port, same store)."""
+    the job must end within ``BOUND_S`` (its flush bound, and the rest of its work) with exit 5. The resume has the
+    server back (same port, same store)."""
 
-    tracking, BOUND_S = True, 60
+    tracking, FLUSH_S = True, 10  # tracking.flush_timeout_s: the job's bound on the store, once its work is done
+    BOUND_S = FLUSH_S + 50
 
     def __enter__(self) -> "TrackingDriver":
         self.port, self.server = _free_port(), None
         self.url = f"http://127.0.0.1:{self.port}"
-        self.both = (f"tracking.uri={self.url}",)
+        self.both = (f"tracking.uri={self.url}", f"tracking.flush_timeout_s={self.FLUSH_S}")
         self._serve()
         return self
 

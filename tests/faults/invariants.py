@@ -26,7 +26,7 @@ from faults.modes import Cell
 
 def ending(proc: subprocess.CompletedProcess, cell: Cell, code: int, says: str = "") -> None:
     """The documented exit ``code``; a failure says so in one line (containing ``says``) and no traceback."""
-    output = (proc.stdout[-3000:], proc.stderr[-3000:])
+    output = (proc.stdout[-2000:], [line[:300] for line in proc.stderr.splitlines()][-12:])
     assert proc.returncode == code, output
     if code < 0:  # killed: it said nothing
         return

@@ -17,30 +17,13 @@ from helpers.rate_limits import RATE_LIMIT_STYLES
 from helpers.spend import journaled
 
 from faults.invariants import job_metrics
+from faults.known import (DISK_FILLS_UP, FULL_DISK_AT_START, GARBLED_ROW_FAILS, KILLED_SWEEP, LANDS_WITH_SYNTHENGINE,
+                          STORE_DIES)
 from faults.modes import Cell, roles
 
 from cupid_exp.prompts import PROJECT_PROMPTS
 
 URL_SECRET = "urlpass-faultmatrix-SENTINEL-3b"
-GARBLED_ROW_FAILS = ("product bug: a batch output line that cannot be read (the row answered and billed) fails its "
-                     "instance as missing_row (502) instead of going into a later batch (llm/batch.py _collect): exit 3")
-FULL_DISK_AT_START = ("product bug: a full disk when the response cache is opened (diskcache's SQLite: 'database or "
-                      "disk is full', llm/response_cache.py) is a traceback, exit 1, not the environment's exit 5")
-_LINES = ("litellm's own log lines ('LiteLLM Cache: exception in add_cache: database or disk is full') reach stderr "
-          "before the one line, which names no path ('environment failure: No space left on device [ENOSPC]')")
-DISK_FILLS_UP = {"sync": f"product bug: {_LINES}", "synthesis": f"product bug: {_LINES}",
-                 "batch": "product bug: the job hangs (still running 60 s after the disk filled up)",
-                 "sweep": "product bug: the sweep hangs (still running 60 s after the disk filled up)",
-                 "workers": "product bug: a worker's ENOSPC is a traceback (WorkerFailed), exit 1"}
-_WARNINGS = ("product bug: warnings print before the exit-5 line ('MLflow progress point not logged: ...' and MLflow's "
-             "own 'mlflow.tracing.export.mlflow_v3: Failed to send trace to MLflow backend'): three lines, not one")
-STORE_DIES = {"sync": _WARNINGS, "batch": _WARNINGS, "workers": _WARNINGS,
-              "sweep": "product bug: the sweep ends in a traceback (MlflowException from the parent run's callback: "
-                       "basic_sweeper's return_value, then _killed_at_exit), exit 1",
-              "synthesis": "lands with synthengine (synthesis publishes without the job engine's bounded flush: "
-                           "MlflowException traceback, exit 1)"}
-LANDS_WITH_SYNTHENGINE = "lands with synthengine (synthesis on the job engine: budget, usage ledger across attempts)"
-
 
 @dataclass(frozen=True)
 class Arrangement:
@@ -86,6 +69,16 @@ class Fault:
 def _steps(mode: str, evaluation: tuple[str, ...], synthesis: tuple[str, ...]) -> tuple[str, ...]:
     """The steps a retried fault hits: synthesis is a chain of ~60 calls, so only a few of its steps."""
     return synthesis if mode == "synthesis" else evaluation
+
+
+def _first_attempts(kinds: str, n: int = 1, *, queue: Mapping[str, Any] | None = None, both: tuple[str, ...] = (),
+                    **stub: Any) -> Callable[[str, Cell, int], Arrangement]:
+    """The first ``n`` attempts of every prompt answered with ``kinds`` in turn (synthesis: of two of its steps)."""
+    def arrange(mode: str, cell: Cell, port: int) -> Arrangement:
+        steps = _steps(mode, (), ("persona", "changed_preference"))
+        return Arrangement(stub={"fail_first": n, "fail_first_kind": kinds, "fault_steps": steps, **stub},
+                           queue=queue or {}, both=both)
+    return arrange
 
 
 def _retried_in_every_job(ev: Evidence, kind: str) -> None:
@@ -173,6 +166,7 @@ def _timed_out(ev: Evidence) -> None:
     assert ev.faults("slow") >= 1 and ev.stats["billed"]["requests"] > ev.stats["total_completed"], ev.stats
 
 
+NO_TIMEOUT_IN_A_BATCH = "a batch has no request that times out: its rows are polled for (hours of latency)"
 NO_BATCH_ROW_FAULT = ("the Batch API's rows are answered by its queue, not the live endpoint: a live reply's fault has "
                       "no batch form here (a row's failure is its status in the output file: the 5xx row)")
 
@@ -183,8 +177,7 @@ FAULTS = [
               stub={"rate_slow": 1.0, "slow_s": 1.0, "fault_steps": _steps(mode, (), ("persona",))},
               both=("runtime.timeout=0.4", "runtime.num_retries=3"), budget=0.006, resume=("runtime.max_cost_usd=1",)),
           lambda ev: _timed_out(ev),
-          na={"batch": "a batch has no request that times out: its rows are polled for (hours of latency)"},
-          pending={"synthesis": LANDS_WITH_SYNTHENGINE}),
+          na={"batch": NO_TIMEOUT_IN_A_BATCH}, pending={"synthesis": LANDS_WITH_SYNTHENGINE}),
     Fault("refused_401", 2, "invalid_api_key", _refusal("401"), _refused("401")),
     Fault("refused_insufficient_quota", 2, "insufficient_quota", _refusal("insufficient_quota"),
           _refused("insufficient_quota")),
@@ -203,13 +196,9 @@ FAULTS = [
           lambda mode, cell, port: Arrangement(stub={"echo_key_steps": _steps(mode, ("infer",), ("persona",)),
                                                      "echo_key_status": 400}),
           _echoed, na={"batch": NO_BATCH_ROW_FAULT}),
-    Fault("empty_choices", 0, "",
-          lambda mode, cell, port: Arrangement(stub={"fail_first": 1, "fail_first_kind": "empty_choices",
-                                                     "fault_steps": _steps(mode, (), ("persona", "changed_preference"))}),
+    Fault("empty_choices", 0, "", _first_attempts("empty_choices"),
           lambda ev: _retried_in_every_job(ev, "empty_choices"), na={"batch": NO_BATCH_ROW_FAULT}),
-    Fault("content_null", 0, "",
-          lambda mode, cell, port: Arrangement(stub={"fail_first": 1, "fail_first_kind": "content_null",
-                                                     "fault_steps": _steps(mode, (), ("persona", "changed_preference"))}),
+    Fault("content_null", 0, "", _first_attempts("content_null"),
           lambda ev: _retried_in_every_job(ev, "content_null"), na={"batch": NO_BATCH_ROW_FAULT}),
     Fault("daily_limit", 75, "requests per day", _refusal("daily"), _refused("daily")),
     Fault("prompt_file_missing", 2, {"synthesis": "persona_generator.yaml", **{
@@ -223,27 +212,19 @@ FAULTS = [
               queue={"fail_first_uploads": len(RATE_LIMIT_STYLES), "upload_fault_kinds": ("429",)}),
           _styles_honoured),
     Fault("server_errors", 0, "",
-          lambda mode, cell, port: Arrangement(
-              stub={"fail_first": 2, "fail_first_kind": "500,503",
-                    "fault_steps": _steps(mode, (), ("persona", "changed_preference"))},
-              queue={"fail_first_uploads": 2, "upload_fault_kinds": ("500", "503"), "fail_first_rows": 1}),
+          _first_attempts("500,503", 2, queue={"fail_first_uploads": 2, "upload_fault_kinds": ("500", "503"),
+                                               "fail_first_rows": 1}),
           _server_errors),
     Fault("malformed_bodies", 0, "",
-          lambda mode, cell, port: Arrangement(
-              stub={"fail_first": 3, "fail_first_kind": "truncated,content_type,no_choices",
-                    "fault_steps": _steps(mode, (), ("persona", "changed_preference"))},
-              queue={"garble_rows": 0.5}),
+          _first_attempts("truncated,content_type,no_choices", 3, queue={"garble_rows": 0.5}),
           _malformed, pending={"batch": GARBLED_ROW_FAILS}),
     Fault("content_filter", 3, "INCOMPLETE:",
           lambda mode, cell, port: Arrangement(stub={"content_filter_steps": _steps(mode, ("infer",), ("persona",))},
                                                resume=("runtime.retry_failed=true",)),
           _filtered, na={"batch": "a content filter through the Batch API is a row's body, read as a live reply's"},
           pending={"synthesis": LANDS_WITH_SYNTHENGINE}),
-    Fault("timeouts", 0, "",
-          lambda mode, cell, port: Arrangement(
-              stub={"fail_first": 1, "fail_first_kind": "slow", "slow_s": 1.0,
-                    "fault_steps": _steps(mode, (), ("persona", "changed_preference"))}, both=("runtime.timeout=0.4",)),
-          _timed_out, na={"batch": "a batch has no request that times out: its rows are polled for (hours of latency)"}),
+    Fault("timeouts", 0, "", _first_attempts("slow", both=("runtime.timeout=0.4",), slow_s=1.0), _timed_out,
+          na={"batch": NO_TIMEOUT_IN_A_BATCH}),
     Fault("dead_endpoint", 2, "unreachable",
           lambda mode, cell, port: Arrangement(on=tuple(f"{role}.api_base=http://127.0.0.1:{_dead_port()}/v1"
                                                         for role in roles(mode))),
@@ -257,8 +238,7 @@ FAULTS = [
                                                                  resume=("runtime.max_cost_usd=1",)),
           lambda ev: None, driver="kill", slow=True,
           pending={"synthesis": LANDS_WITH_SYNTHENGINE,
-                   "sweep": "product bug: kill -9 of a joblib sweep leaves its loky workers (and the jobs in them) "
-                            "running more than 20 s after it"}),
+                   "sweep": KILLED_SWEEP}),
     Fault("kill_9_at_store_creation", -9, "", lambda mode, cell, port: Arrangement(), lambda ev: None,
           driver="store", slow=True),
 ]

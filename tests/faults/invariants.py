@@ -34,7 +34,7 @@ def ending(proc: subprocess.CompletedProcess, cell: Cell, code: int, says: str =
     errors = [line for line in proc.stderr.splitlines() if line.strip()]
     if code == 0:
         return
-    if code == 3:  # incomplete: the last line of the output (the README's example), nothing on stderr but a sweep's list
+    if code == 3:  # incomplete: the output's last line (the README's example), nothing on stderr but a sweep's list
         endings = [line for line in proc.stdout.splitlines() if line.startswith("INCOMPLETE:")]
         assert len(endings) == cell.jobs and says in endings[-1], output
         assert [line for line in errors if not _sweep_list(line)] == [], output

@@ -5,10 +5,11 @@ prompt text, or from the JSON schema in ``response_format``) and returns a well-
 for that step, derived from a hash of the prompt, so the same request always gets the same
 answer. Synthesis steps are recognised by their schema alone and answered with JSON built from
 that schema (``schema_value``), so synthesis roles pointed at the stub need
-``structured_output=true``; the assistant simulator (free text) is recognised by its prompt. Around that it injects what real providers do: latency (fixed or jittered), HTTP 429
-with ``retry-after`` (or in each way providers say the wait: ``rate_limit_style``), 500, 503, responses slower than the client's timeout, malformed bodies
-(truncated JSON, a wrong content-type, no ``choices``), context-length errors in the styles
-of several providers, unparseable replies for chosen steps, 200s without a completion (``choices: []``, or
+``structured_output=true``; the assistant simulator (free text) is recognised by its prompt. Around that it
+injects what real providers do: latency (fixed or jittered), HTTP 429 with ``retry-after`` (or in each way providers
+say the wait: ``rate_limit_style``; a retry before that wait is over is counted), 500, 503, responses slower than
+the client's timeout, malformed bodies (truncated JSON, a wrong content-type, no ``choices``), context-length
+errors in the styles of several providers, unparseable replies for chosen steps, 200s without a completion (``choices: []``, or
 ``content: null``), replies without ``usage``, a key's refusals (``refuse``: 401/403/404, ``insufficient_quota``,
 a daily limit) and the Batch API's (``batch_api.py``).
 

@@ -56,13 +56,14 @@ marked ``slow`` (sweeps, the tracking server, the disk, kills) run in CI too.
 
 from __future__ import annotations
 
+import json
 from functools import partial
 from pathlib import Path
 
 import pytest
 from helpers.batch_api import BatchQueueConfig
 from helpers.cli_runner import run_cli
-from helpers.rate_limits import KeyLimits
+from helpers.rate_limits import RATE_LIMIT_STYLES, KeyLimits, rate_limit_reply
 from helpers.spend import billed_usd, settled
 from helpers.stub_llm_server import StubConfig, StubServer
 
@@ -70,6 +71,8 @@ from faults import invariants
 from faults.catalogue import FAULTS, Arrangement, Evidence, Fault, table
 from faults.drivers import DRIVERS
 from faults.modes import HEADER_SECRET, IN, KEY_SECRET, MODES, OUT, SECRETS, command, env, new_cell
+
+from cupid_exp.llm.retry import retry_after_s
 
 QUEUE = {"complete_after_s": 0.3}
 RECORDED = ("x-api-key", "authorization")
@@ -144,3 +147,34 @@ def test_the_fault_keeps_every_invariant(fault: Fault, mode: str, tmp_path: Path
 
 def test_the_docstring_table_is_the_catalogue() -> None:
     assert table() in __doc__
+
+
+@pytest.mark.parametrize("style", RATE_LIMIT_STYLES)
+def test_each_way_of_saying_the_wait_is_read_as_the_wait_it_asks(style: str) -> None:
+    """The stub's 429s mean what they say: the client's parser reads from each the wait the stub counts as asked."""
+    now = 1_800_000_000.25
+    body, headers, asked = rate_limit_reply(style, 0.3, now=now)
+    told = retry_after_s(headers, body["error"]["message"], now=now)
+    if style == "none":
+        assert told is None and asked == 0
+    else:
+        assert told == pytest.approx(asked, abs=1e-3) and asked >= 0.3 - 1e-3
+
+
+def test_a_retry_before_the_wait_asked_is_counted_early() -> None:
+    import urllib.error
+    import urllib.request
+
+    def ask(url: str) -> int:
+        request = urllib.request.Request(f"{url}/chat/completions", data=json.dumps(
+            {"model": "stub", "messages": [{"role": "user", "content": "hello"}]}).encode(),
+            headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as reply:
+                return reply.status
+        except urllib.error.HTTPError as refused:
+            return refused.code
+
+    with StubServer(fail_first=1, fail_first_kind="429", rate_limit_style="retry-after-ms", retry_after=2.0) as stub:
+        assert (ask(stub.url), ask(stub.url)) == (429, 200)  # sent again at once: 2 s too early
+        assert stub.stats()["early_retries"] == 1 and stub.stats()["rate_limit_styles"] == {"retry-after-ms": 1}

@@ -18,7 +18,7 @@ from helpers.spend import journaled
 
 from faults.invariants import job_metrics
 from faults.known import (DISK_FILLS_UP, FULL_DISK_AT_START, GARBLED_ROW_FAILS, KILLED_SWEEP, LANDS_WITH_SYNTHENGINE,
-                          STORE_DIES)
+                          STORE_DIES, SWEEP_EXIT_HANGS)
 from faults.modes import Cell, roles
 
 from cupid_exp.prompts import PROJECT_PROMPTS
@@ -59,6 +59,7 @@ class Fault:
     happened: Callable[[Evidence], None]
     na: Mapping[str, str] = field(default_factory=dict)  #: mode -> why the cell makes no sense
     pending: Mapping[str, str] = field(default_factory=dict)  #: mode -> why it fails today (xfail, strict)
+    flaky: Mapping[str, str] = field(default_factory=dict)  #: mode -> why it fails some of the time (xfail, not strict)
     driver: str = "stub"  #: how it is driven (``faults.drivers.DRIVERS``)
     slow: bool = False
 
@@ -178,9 +179,9 @@ FAULTS = [
               both=("runtime.timeout=0.4", "runtime.num_retries=3"), budget=0.006, resume=("runtime.max_cost_usd=1",)),
           lambda ev: _timed_out(ev),
           na={"batch": NO_TIMEOUT_IN_A_BATCH}, pending={"synthesis": LANDS_WITH_SYNTHENGINE}),
-    Fault("refused_401", 2, "invalid_api_key", _refusal("401"), _refused("401")),
+    Fault("refused_401", 2, "invalid_api_key", _refusal("401"), _refused("401"), flaky=SWEEP_EXIT_HANGS),
     Fault("refused_insufficient_quota", 2, "insufficient_quota", _refusal("insufficient_quota"),
-          _refused("insufficient_quota")),
+          _refused("insufficient_quota"), flaky=SWEEP_EXIT_HANGS),
     Fault("batch_token_limit", 0, "", lambda mode, cell, port: Arrangement(queue={"enqueued_token_limit": 2500}),
           _held_for_the_token_limit,
           na={mode: "the enqueued-token limit is the Batch API's; live, a key's token limit is a TPM 429 (rate_limited)"
@@ -200,7 +201,7 @@ FAULTS = [
           lambda ev: _retried_in_every_job(ev, "empty_choices"), na={"batch": NO_BATCH_ROW_FAULT}),
     Fault("content_null", 0, "", _first_attempts("content_null"),
           lambda ev: _retried_in_every_job(ev, "content_null"), na={"batch": NO_BATCH_ROW_FAULT}),
-    Fault("daily_limit", 75, "requests per day", _refusal("daily"), _refused("daily")),
+    Fault("daily_limit", 75, "requests per day", _refusal("daily"), _refused("daily"), flaky=SWEEP_EXIT_HANGS),
     Fault("prompt_file_missing", 2, {"synthesis": "persona_generator.yaml", **{
         mode: "preference_inferrer.yaml" for mode in ("sync", "batch", "workers", "sweep")}}, _missing_prompt,
           _nothing_sent),
@@ -228,7 +229,7 @@ FAULTS = [
     Fault("dead_endpoint", 2, "unreachable",
           lambda mode, cell, port: Arrangement(on=tuple(f"{role}.api_base=http://127.0.0.1:{_dead_port()}/v1"
                                                         for role in roles(mode))),
-          _nothing_sent),
+          _nothing_sent, flaky=SWEEP_EXIT_HANGS),
     Fault("disk_fills_up", 5, "environment failure: /", lambda mode, cell, port: Arrangement(stub={"latency_ms": 200}),
           lambda ev: None, driver="disk_fills", slow=True, pending=DISK_FILLS_UP),
     Fault("disk_full_at_start", 5, "environment failure: /", lambda mode, cell, port: Arrangement(), lambda ev: None,
@@ -252,7 +253,7 @@ def table() -> str:
         if mode in fault.na:
             return "N/A"
         code = "killed" if fault.exit < 0 else str(fault.exit)
-        return f"{code} xfail" if mode in fault.pending else code
+        return f"{code} xfail" if mode in fault.pending else f"{code} flaky" if mode in fault.flaky else code
 
     rows = ["| fault | " + " | ".join(MODES) + " |", "|---" * (len(MODES) + 1) + "|"]
     rows += [f"| {f.name} | " + " | ".join(cell(f, m) for m in MODES) + " |" for f in FAULTS]

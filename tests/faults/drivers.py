@@ -39,7 +39,7 @@ class StubDriver:
         pass
 
     def run(self, cmd: list[str]) -> subprocess.CompletedProcess:
-        return run_cli(cmd, env=env(), check=False, timeout=300)
+        return run_cli(cmd, env=env(), check=False, timeout=150)
 
     def repair(self) -> None:
         pass
@@ -272,7 +272,7 @@ class FullDiskDriver(DiskDriver):
 
     def run(self, cmd: list[str]) -> subprocess.CompletedProcess:
         self.fill(leave=64 * 1024)
-        return run_cli(cmd, env=env(), check=False, timeout=300)
+        return run_cli(cmd, env=env(), check=False, timeout=150)
 
 
 DRIVERS = {"stub": StubDriver, "kill": KillDriver, "store": StoreDriver, "tracking": TrackingDriver,

@@ -5,6 +5,10 @@ or a wrong type in any YAML choice or command-line override fails at composition
 model call. Ranges and choices are checked once the config becomes objects (``checked``):
 every bad value gives one ``ConfigError`` line naming the key, the value and what is allowed.
 Settings carry their own schemas beside their code (``cupid_exp/settings/``).
+
+This module sits below the model layer, the settings and the tasks, and imports none of them: the schemas are
+registered in Hydra's ConfigStore where an entry starts (``config_store``), and ``task.parts`` is checked against
+the task registry when a job is planned (``tasks.check_task_parts``).
 """
 
 from __future__ import annotations
@@ -13,18 +17,15 @@ import math
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Dict, List, Optional
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from cupid_exp.data.schema import INSTANCE_TYPES
+from cupid_exp.decoding_params import param_problem
+from cupid_exp.errors import ConfigError
 
 FAILURE_POLICIES = ("exclude", "zero", "upstream")
 AUTO_WORKERS = "auto"  #: runtime.workers chosen by the job's size (cupid_exp.job.worker_count)
 SYSTEM_ROLES = ("system", "developer", "user")
-
-
-class ConfigError(ValueError):
-    """A value or combination of choices that cannot run; raised before any model call."""
 
 
 def require(ok: bool, key: str, value: Any, allowed: str) -> None:
@@ -169,9 +170,9 @@ class ModelConfig(Checked):
                                f"give the key in a variable ({where}.api_key_env=VAR) or the credentials as a "
                                f"header (+{where}.params.extra_headers={{Authorization:'Basic …'}}): neither is ever "
                                "written")
-        from cupid_exp.llm.params import check_params
-
-        check_params(self.params, where)  # types and ranges of temperature, top_p, max_tokens, seed, ...
+        for key, value in self.params.items():  # types and ranges of temperature, top_p, max_tokens, seed, ...
+            problem = param_problem(str(key), value, self.params)
+            require(problem is None, f"{where}.params.{key}", value, problem or "")
 
 
 @dataclass
@@ -209,17 +210,12 @@ class EvaluatorConfig(Checked):
 
 
 @dataclass
-class TaskConfig(Checked):
-    """What the job asks of the model: the parts it runs, in order (``both`` = inference + generation)."""
+class TaskConfig:
+    """What the job asks of the model: the parts it runs, in order (``both`` = inference + generation). The parts
+    are checked against the task registry when the job is planned (``tasks.check_task_parts``)."""
 
     name: str = MISSING
     parts: List[str] = field(default_factory=list)
-
-    def check(self, where: str) -> None:
-        from cupid_exp.tasks import TASKS
-
-        require(bool(self.parts) and set(self.parts) <= set(TASKS) and len(set(self.parts)) == len(self.parts),
-                f"{where}.parts", self.parts, f"a non-empty list of distinct parts from {sorted(TASKS)}")
 
 
 @dataclass
@@ -368,13 +364,3 @@ class RunConfig(JobConfig):
     def embedded_model_names(self) -> list[str]:
         """The names of the models that run inside the job's process (llama.cpp), sorted: one copy per process."""
         return sorted({m.name for m in self.model_configs() if m.is_embedded})
-
-
-def register_configs() -> None:
-    """Register the entry schema, every setting's schema (group ``setting``) and the folder-name resolver."""
-    from cupid_exp.outputs import register_resolvers
-    from cupid_exp.settings import register_setting_schemas
-
-    register_resolvers()
-    ConfigStore.instance().store(name="run_schema", node=RunConfig)
-    register_setting_schemas()

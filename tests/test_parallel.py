@@ -67,7 +67,7 @@ def test_joblib_sweep_of_four_jobs_shares_one_store_and_one_cache(tmp_path: Path
 def _log_one(root: Path, i: int, start_at: float) -> str:
     from hydra import compose, initialize_config_dir
 
-    from cupid_exp.config import register_configs
+    from cupid_exp.config_store import register_configs
     from cupid_exp.job import typed_config
     from cupid_exp.tracking.mlflow import RunTracker
 

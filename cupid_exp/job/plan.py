@@ -26,6 +26,7 @@ from cupid_exp.prompts import EVALUATION_PROMPTS, PromptSet
 from cupid_exp.secrets import install_log_scrubber, redact, secret_values
 from cupid_exp.settings import make_setting
 from cupid_exp.settings.base import Setting
+from cupid_exp.tasks import check_task_parts
 from cupid_exp.tasks.context import TaskContext
 from cupid_exp.tracking import job_lock
 from cupid_exp.tracking.attempts import run_key
@@ -86,6 +87,7 @@ def typed_config(cfg: DictConfig) -> RunConfig:
     run_cfg = OmegaConf.to_object(cfg)
     check_known_keys(cfg, run_cfg)
     check_tree(run_cfg)
+    check_task_parts(run_cfg.task.parts)
     return run_cfg
 
 

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from cupid_exp.entry import InputError
+from cupid_exp.errors import InputError
 from cupid_exp.outputs import atomic_write_text
 
 log = logging.getLogger(__name__)

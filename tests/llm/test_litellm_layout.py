@@ -38,7 +38,7 @@ def test_the_first_call_imports_almost_nothing_once_the_clients_are_built(tmp_pa
         script = textwrap.dedent(f"""
             import sys
             from hydra import compose, initialize_config_dir
-            from cupid_exp.config import register_configs
+            from cupid_exp.config_store import register_configs
             from cupid_exp.job import execute, plan
             from cupid_exp.resources import conf_dir
             register_configs()

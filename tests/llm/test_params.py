@@ -13,7 +13,7 @@ from helpers.stub_llm_server import StubServer
 
 from cupid_exp.config import ConfigError
 from cupid_exp.job import typed_config
-from cupid_exp.llm.params import param_problem
+from cupid_exp.decoding_params import param_problem
 
 UNREACHABLE = "http://127.0.0.1:9/v1"
 

@@ -12,7 +12,8 @@ from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from cupid_exp.config import ConfigError, register_configs
+from cupid_exp.config import ConfigError
+from cupid_exp.config_store import register_configs
 from cupid_exp.synthesis import pipeline
 from cupid_exp.synthesis.config import ROLES, SynthesizeConfig, register_synthesis_configs
 from cupid_exp.synthesis.steps import persona as persona_step

@@ -1,0 +1,132 @@
+"""The package's layers, read from its imports: the config schema is a leaf, the model layer (``llm/``) stands on
+it and on nothing higher, and no two packages import each other, however roundabout.
+
+The import graph is read with ``ast`` from every module under ``cupid_exp/``, imports inside functions included
+(they run too, only later); imports under ``if TYPE_CHECKING:`` are left out (they never run: they name a type for
+the reader and the type checker).
+"""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+import json
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "cupid_exp"
+
+#: what the config schema and the model layer may stand on (modules, and packages with their modules): the
+#: foundations, which import nothing of cupid_exp but each other
+BELOW_CONFIG = ("cupid_exp.errors", "cupid_exp.decoding_params", "cupid_exp.secrets", "cupid_exp.outputs",
+                "cupid_exp.data", "cupid_exp.results", "cupid_exp.resources")
+
+
+def within(module: str, roots: tuple[str, ...]) -> bool:
+    return module == "cupid_exp" or any(module == r or module.startswith(r + ".") for r in roots)
+
+
+def _module_names() -> dict[str, Path]:
+    names = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        names[".".join(parts)] = path
+    return names
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """The ids of the nodes under ``if TYPE_CHECKING:``."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(inner) for child in node.body for inner in ast.walk(child))
+    return skipped
+
+
+@lru_cache(maxsize=1)
+def import_graph() -> dict[str, frozenset[str]]:
+    """Module -> the cupid_exp modules it imports (a name imported from a package counts as its submodule when
+    there is one), with the packages above each (importing ``a.b.c`` runs ``a/b/__init__.py`` first)."""
+    modules = _module_names()
+
+    def known(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        skipped = _type_checking_only(tree)
+        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        targets: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
+            if isinstance(node, ast.Import):
+                targets.update(known(alias.name) for alias in node.names if alias.name.startswith("cupid_exp"))
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(here[:len(here) - node.level + 1] + ([node.module] if node.module else []))
+                if base.startswith("cupid_exp"):
+                    targets.update(known(f"{base}.{alias.name}") if f"{base}.{alias.name}" in modules
+                                   else known(base) for alias in node.names)
+        parents = {t.rsplit(".", i)[0] for t in targets if t for i in range(1, t.count(".") + 1)} & set(modules)
+        graph[name] = frozenset(t for t in targets | parents if t and t != name)
+    return graph
+
+
+def reached(start: str) -> set[str]:
+    """Every module that importing ``start`` (and calling into it) can import."""
+    graph, seen, todo = import_graph(), set(), [start]
+    while todo:
+        for target in graph[todo.pop()]:
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def test_the_graph_sees_lazy_imports() -> None:
+    """A sanity check of the reader: ``entry`` imports ``config_store`` inside a function only."""
+    assert "cupid_exp.config_store" in import_graph()["cupid_exp.entry"]
+
+
+def test_config_is_a_leaf_of_foundations() -> None:
+    above = [m for m in reached("cupid_exp.config") if not within(m, BELOW_CONFIG)]
+    assert not above, sorted(above)
+
+
+def test_llm_imports_nothing_above_config() -> None:
+    llm = [m for m in import_graph() if within(m, ("cupid_exp.llm",)) and m != "cupid_exp"]
+    above = {m for start in llm for m in reached(start)
+             if not within(m, ("cupid_exp.llm", "cupid_exp.config", *BELOW_CONFIG))}
+    assert not above, sorted(above)
+
+
+def test_importing_and_checking_the_config_loads_no_task_setting_or_model_module() -> None:
+    """In a fresh interpreter: the schema imported and every check a value runs (the decoding parameters', the
+    task's) loads nothing of the tasks, the settings or the model layer."""
+    script = """
+import json, sys
+from cupid_exp.config import (DataConfig, EvaluatorConfig, ModelConfig, RuntimeConfig, TaskConfig, TrackingConfig,
+                              check_tree)
+model = ModelConfig(name="m", litellm_model="openai/m", params={"temperature": 0, "max_tokens": 8})
+check_tree(model, "model")
+check_tree(EvaluatorConfig(name="e", decomposer=model, matcher=model, judge=model), "evaluator")
+check_tree(TaskConfig(name="inference", parts=["inference"]), "task")
+check_tree(RuntimeConfig(cache_dir="c"), "runtime")
+check_tree(DataConfig(name="sample", source="sample"), "data")
+check_tree(TrackingConfig(uri="sqlite:///x.db"), "tracking")
+print(json.dumps(sorted(m for m in sys.modules if m.startswith("cupid_exp"))))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         cwd=PACKAGE.parent).stdout
+    loaded = json.loads(out.strip().splitlines()[-1])
+    upper = [m for m in loaded if m.startswith(("cupid_exp.tasks", "cupid_exp.settings", "cupid_exp.llm"))]
+    assert "cupid_exp.config" in loaded and not upper, upper

@@ -130,3 +130,21 @@ print(json.dumps(sorted(m for m in sys.modules if m.startswith("cupid_exp"))))
     loaded = json.loads(out.strip().splitlines()[-1])
     upper = [m for m in loaded if m.startswith(("cupid_exp.tasks", "cupid_exp.settings", "cupid_exp.llm"))]
     assert "cupid_exp.config" in loaded and not upper, upper
+
+
+def package_of(module: str) -> str:
+    """``cupid_exp.tracking.mlflow`` -> ``cupid_exp.tracking``; a top-level module is its own package."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 or (PACKAGE / parts[-1]).is_dir() else module
+
+
+def test_no_circle_among_the_packages() -> None:
+    """Packages and top-level modules in one order: none imports, even lazily, one that imports it back."""
+    arrows: dict[str, set[str]] = {}
+    for module, targets in import_graph().items():
+        arrows.setdefault(package_of(module), set()).update(
+            package_of(t) for t in targets if t != "cupid_exp" and package_of(t) != package_of(module))
+    try:
+        tuple(graphlib.TopologicalSorter(arrows).static_order())
+    except graphlib.CycleError as exc:
+        raise AssertionError(f"packages importing each other: {' -> '.join(exc.args[1])}") from None

@@ -5,7 +5,7 @@ A job ends in one of these ways, each with its exit code (documented in the READ
 - 0: complete (or below ``runtime.max_failed_fraction`` failed instances);
 - 1: a bug: the traceback is printed, the journal keeps what finished;
 - 2: a bad setting or bad data, found before the first model call, the same job running in another
-  process (``tracking.job_lock``), or a provider's fatal refusal (a bad key, an unknown model, an endpoint that
+  process (``durability.job_lock``), or a provider's fatal refusal (a bad key, an unknown model, an endpoint that
   never answers: ``cupid_exp.llm.retry.FatalProviderError``, the job stops starting instances at once): one
   line, no traceback;
 - 3: incomplete: more than ``runtime.max_failed_fraction`` of the instances failed;

@@ -82,7 +82,7 @@ def test_joblib_launcher_runs_jobs_in_parallel_workers(tmp_path: Path, cache_dir
     assert "Joblib.Parallel(n_jobs=2" in proc.stdout + proc.stderr
     children, _ = check_sweep(tmp_path / "outputs")
     # the two jobs make the same calls (same identity, one journal): one runs them, served from the warm cache,
-    # the other waits for the job's lock and replays the journal (tracking.job_lock)
+    # the other waits for the job's lock and replays the journal (durability.job_lock)
     ran = [c for c in children if c.data.metrics["calls/total/this_attempt"] > 0]
     assert len(ran) == 1 and ran[0].data.metrics["calls/cache_hits"] == ran[0].data.metrics["calls/total/this_attempt"]
 

@@ -19,13 +19,14 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "cupid_exp"
 
 #: what the config schema and the model layer may stand on (modules, and packages with their modules): the
-#: foundations, which import nothing of cupid_exp but each other
-BELOW_CONFIG = ("cupid_exp.errors", "cupid_exp.decoding_params", "cupid_exp.secrets", "cupid_exp.outputs",
+#: foundations, which import nothing of cupid_exp but each other (and the package's own ``__init__``)
+BELOW_CONFIG = ("cupid_exp", "cupid_exp.errors", "cupid_exp.decoding_params", "cupid_exp.secrets", "cupid_exp.outputs",
                 "cupid_exp.data", "cupid_exp.results", "cupid_exp.resources")
 
 
 def within(module: str, roots: tuple[str, ...]) -> bool:
-    return module == "cupid_exp" or any(module == r or module.startswith(r + ".") for r in roots)
+    """Whether ``module`` is one of ``roots`` or inside one of them (``cupid_exp`` itself holds only itself)."""
+    return any(module == r or (r != "cupid_exp" and module.startswith(r + ".")) for r in roots)
 
 
 def _module_names() -> dict[str, Path]:
@@ -103,7 +104,7 @@ def test_config_is_a_leaf_of_foundations() -> None:
 
 
 def test_llm_imports_nothing_above_config() -> None:
-    llm = [m for m in import_graph() if within(m, ("cupid_exp.llm",)) and m != "cupid_exp"]
+    llm = [m for m in import_graph() if within(m, ("cupid_exp.llm",))]
     above = {m for start in llm for m in reached(start)
              if not within(m, ("cupid_exp.llm", "cupid_exp.config", *BELOW_CONFIG))}
     assert not above, sorted(above)
@@ -148,3 +149,22 @@ def test_no_circle_among_the_packages() -> None:
         tuple(graphlib.TopologicalSorter(arrows).static_order())
     except graphlib.CycleError as exc:
         raise AssertionError(f"packages importing each other: {' -> '.join(exc.args[1])}") from None
+
+
+def _imports_mlflow(module: str) -> bool:
+    tree = ast.parse(_module_names()[module].read_text(encoding="utf-8"))
+    skipped = _type_checking_only(tree)
+    return any(id(node) not in skipped and (
+        isinstance(node, ast.Import) and any(a.name.split(".")[0] == "mlflow" for a in node.names)
+        or isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "mlflow")
+        for node in ast.walk(tree))
+
+
+def test_durability_stands_apart_from_mlflow_publishing() -> None:
+    """The journal, ledger, lock and signals reach neither ``tracking`` nor MLflow: a job resumes without them."""
+    durability = [m for m in import_graph() if within(m, ("cupid_exp.durability",))]
+    assert len(durability) >= 5
+    reach = set(durability).union(*(reached(m) for m in durability))
+    assert not [m for m in reach if within(m, ("cupid_exp.tracking", "cupid_exp.reporting", "cupid_exp.job"))]
+    assert not [m for m in reach if _imports_mlflow(m)]
+    assert _imports_mlflow("cupid_exp.tracking.mlflow")  # the check can see one

@@ -265,7 +265,7 @@ def ends_on_error(run: Any) -> Iterator[None]:
     (``tracking.outcomes``); a job that gets through ends its run itself, with its results. SIGTERM raises
     ``Terminated`` inside the block, and ending the run is shielded from interrupts."""
     from cupid_exp.tracking.outcomes import outcome_of, outcome_tags, status_of
-    from cupid_exp.tracking.signals import shielded, sigterm_raises
+    from cupid_exp.durability.signals import shielded, sigterm_raises
 
     with sigterm_raises():
         try:

@@ -23,7 +23,7 @@ from cupid_exp.job.plan import connect, typed_config
 from cupid_exp.job.workers import Workers, WorkerFailed, processes, share, start_workers
 from cupid_exp.llm._litellm import native_runtime_started
 from cupid_exp.llm.usage import requests_sent
-from cupid_exp.tracking.ledger import UsageLedger
+from cupid_exp.durability.ledger import UsageLedger
 
 unregister()  # only the workers that unpickle its config need it registered
 

@@ -12,7 +12,7 @@ from helpers.cupid_data import write_dataset
 from helpers.stub_llm_server import StubServer
 from tracking_runs import job_command, only_run, store_uri
 
-from cupid_exp.tracking.journal import Journal, whole_record
+from cupid_exp.durability.journal import Journal, whole_record
 
 N = 4
 CALLS_PER_INSTANCE = 4

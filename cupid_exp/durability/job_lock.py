@@ -8,7 +8,7 @@ the lock (pid, host, since when) is written beside it, for that message and the 
 
 The parallel jobs of a sweep are different jobs (their identities differ) and hold different locks. Jobs that
 make the same calls but report them differently (a sweep over ``runtime.failure_policy``: same identity, one
-journal, different run keys, ``tracking.attempts``) are different jobs too: the second waits for the first to let
+journal, different run keys, ``durability.attempts``) are different jobs too: the second waits for the first to let
 go of the journal, then replays it (no call is made twice) into its own run.
 """
 

@@ -15,8 +15,9 @@ import pandas as pd
 import pytest
 
 from helpers.cli_runner import PROJECT_ROOT, cli_command, job_dirs, metrics_of, read_jsonl, run_cli
-from helpers.cupid_data import write_dataset
-from helpers.stub_llm_server import StubServer
+
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 from helpers.cli_runner import read_jsonl, run_cli
-from helpers.cupid_data import write_dataset
-from helpers.stub_llm_server import StubServer
+
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tracking"))
 from tracking_runs import held_job, job_command, only_run, store_uri, wait_for  # noqa: E402

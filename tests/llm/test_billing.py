@@ -12,8 +12,6 @@ from pathlib import Path
 
 import litellm
 import pytest
-from helpers.batch_api import BatchQueueConfig
-from helpers.stub_llm_server import StubServer
 
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm.budget import Account, Budget, BudgetExceeded, Prices, worst_case_usd
@@ -21,6 +19,8 @@ from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
 from cupid_exp.llm.limits import forget_endpoints
 from cupid_exp.llm.retry import FatalProviderError, RetryLater
 from cupid_exp.llm.usage import UsageMeter, requests_sent, usage_line, usage_metrics
+from cupid_exp.testing.batch_api import BatchQueueConfig
+from cupid_exp.testing.stub_llm_server import StubServer
 
 IN, OUT, MAX_TOKENS = 1e-6, 4e-6, 100
 PRICES = Prices(IN, OUT)

@@ -16,7 +16,7 @@ from cupid_exp.config import ConfigError, LocalModelConfig, ModelConfig, Runtime
 from cupid_exp.llm.budget import Account, Budget, BudgetExceeded, check_priced, model_prices, worst_case_usd
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
 from cupid_exp.llm.usage import UsageMeter
-from helpers.fault_server import ScriptedServer, completion_body
+from cupid_exp.testing.fault_server import ScriptedServer, completion_body
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 

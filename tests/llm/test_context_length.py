@@ -14,9 +14,9 @@ import pytest
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
 from cupid_exp.llm.usage import UsageMeter
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import CONTEXT_ERRORS, StubServer
 from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_cli
-from helpers.cupid_data import write_dataset
-from helpers.stub_llm_server import CONTEXT_ERRORS, StubServer
 
 
 @pytest.mark.parametrize("style", ["openai", "anthropic", "vllm", "llamacpp"])

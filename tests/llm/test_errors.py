@@ -7,13 +7,13 @@ import asyncio
 
 import litellm
 import pytest
-from helpers.fault_server import ScriptedServer, completion_body
 
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm import _litellm
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm, provider_error_kind
 from cupid_exp.llm.retry import FatalProviderError, RetryLater
 from cupid_exp.llm.usage import UsageMeter
+from cupid_exp.testing.fault_server import ScriptedServer, completion_body
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

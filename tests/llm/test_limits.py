@@ -14,7 +14,7 @@ from cupid_exp.llm.client import LLMClient, configure_litellm
 from cupid_exp.llm.limits import (COOLDOWN_S, PACE_MARGIN, AdaptiveLimit, Pacer, estimated_tokens,
                                    forget_endpoints)
 from cupid_exp.llm.usage import UsageMeter, usage_line, usage_metrics
-from helpers.stub_llm_server import StubServer
+from cupid_exp.testing.stub_llm_server import StubServer
 
 
 def test_aimd_lowers_the_calls_in_flight_on_429s_and_recovers() -> None:

@@ -26,8 +26,8 @@ def test_the_first_call_imports_almost_nothing_once_the_clients_are_built(tmp_pa
     import textwrap
 
     from helpers.cli_runner import cli_env
-    from helpers.cupid_data import stub_overrides
-    from helpers.stub_llm_server import StubServer
+    from cupid_exp.testing.cupid_data import stub_overrides
+    from cupid_exp.testing.stub_llm_server import StubServer
 
     from cupid_exp.data.loading import SAMPLE_FULL_PATH
 
@@ -69,7 +69,7 @@ def test_a_developer_message_reaches_the_api_as_developer(tmp_path) -> None:
     import asyncio
 
     from conftest import compose_config
-    from helpers.stub_llm_server import StubServer
+    from cupid_exp.testing.stub_llm_server import StubServer
 
     from cupid_exp.job import typed_config
     from cupid_exp.llm.client import LLMClient, configure_litellm

@@ -14,7 +14,7 @@ from cupid_exp.llm import client as client_module
 from cupid_exp.llm.client import LLMClient, configure_litellm
 from cupid_exp.llm.response_cache import STORE_FOLDER
 from cupid_exp.llm.usage import UsageMeter
-from helpers.fault_server import ScriptedServer, completion_body
+from cupid_exp.testing.fault_server import ScriptedServer, completion_body
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "one"},
             {"role": "assistant", "content": "two"}, {"role": "user", "content": "three"},

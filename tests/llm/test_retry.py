@@ -18,8 +18,8 @@ from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
 from cupid_exp.llm.limits import Endpoint, forget_endpoints
 from cupid_exp.llm.retry import FatalProviderError, RetryLater, parse_duration, retry_after_s, told_limits
 from cupid_exp.llm.usage import UsageMeter
-from helpers.fault_server import ScriptedServer, completion_body
-from helpers.stub_llm_server import StubServer
+from cupid_exp.testing.fault_server import ScriptedServer, completion_body
+from cupid_exp.testing.stub_llm_server import StubServer
 
 NOW = 1_800_000_000.0
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from helpers.fault_server import ScriptedServer, completion_body
 
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm.client import LLMClient, configure_litellm
 from cupid_exp.llm.replies import Invalid, ParseError
 from cupid_exp.llm.steps import Reask, Resample, StepFailed, Transcript, ask
 from cupid_exp.llm.usage import UsageMeter
+from cupid_exp.testing.fault_server import ScriptedServer, completion_body
 
 ASK = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from helpers.fault_server import ScriptedServer
 
 from cupid_exp.config import DataConfig
+from cupid_exp.config import RuntimeConfig
 from cupid_exp.data.loading import load_instances
 from cupid_exp.llm.client import configure_litellm
 from cupid_exp.llm.steps import StepFailed, Transcript
-from cupid_exp.config import RuntimeConfig
 from cupid_exp.settings import make_setting
 from cupid_exp.settings.retrieval import RetrievalConfig
+from cupid_exp.testing.fault_server import ScriptedServer
 
 INSTANCE = load_instances(DataConfig(name="sample", source="sample")).instances[0]
 

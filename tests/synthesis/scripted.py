@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -16,9 +15,7 @@ from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.prompts import PromptSet
 from cupid_exp.synthesis.config import ROLES
 from cupid_exp.synthesis.steps import SynthContext
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "llm"))  # the scripted fault server
-from helpers.fault_server import ScriptedServer, completion_body  # noqa: E402
+from cupid_exp.testing.fault_server import ScriptedServer, completion_body
 
 __all__ = ["ScriptedServer", "WRONG_SHAPES", "assert_rejected", "completion_body", "context", "counts", "reply",
            "role_overrides"]

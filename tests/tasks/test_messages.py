@@ -12,13 +12,13 @@ import pytest
 from conftest import compose_config
 from helpers.jobs import run_one, stub_plan
 from helpers.prompt_dirs import full_prompt_folder
-from helpers.stub_llm_server import StubServer
 
 from cupid_exp.config import DataConfig
 from cupid_exp.data.loading import load_instances
 from cupid_exp.job import typed_config
 from cupid_exp.llm.client import LLMClient, configure_litellm
 from cupid_exp.llm.usage import UsageMeter
+from cupid_exp.testing.stub_llm_server import StubServer
 
 INSTANCE = load_instances(DataConfig(name="sample", source="sample")).instances[0]
 

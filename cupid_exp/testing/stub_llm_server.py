@@ -27,9 +27,9 @@ the gate opens — the moment to SIGKILL a client with a known set of requests i
 
 CLI (for bench/ and manual use)::
 
-    python tests/helpers/stub_llm_server.py --port 8011 --latency-ms 200 --jitter-ms 20 \
+    python -m cupid_exp.testing.stub_llm_server --port 8011 --latency-ms 200 --jitter-ms 20 \
         --rate-429 0.1 --rate-500 0.1 --rate-503 0.1 --retry-after 1 --seed 0
-    python tests/helpers/stub_llm_server.py --rpm 300 --tpm 400000   # a key's limits (helpers/rate_limits.py)
+    python -m cupid_exp.testing.stub_llm_server --rpm 300 --tpm 400000   # a key's limits (rate_limits.py)
 """
 
 from __future__ import annotations
@@ -48,12 +48,8 @@ from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-try:
-    from helpers.batch_api import BatchQueue, BatchQueueConfig
-    from helpers.rate_limits import KeyLimits
-except ImportError:  # run as a script: python tests/helpers/stub_llm_server.py
-    from batch_api import BatchQueue, BatchQueueConfig  # type: ignore[no-redef]
-    from rate_limits import KeyLimits  # type: ignore[no-redef]
+from cupid_exp.testing.batch_api import BatchQueue, BatchQueueConfig
+from cupid_exp.testing.rate_limits import KeyLimits
 
 STEPS = ("infer", "decompose", "match", "generate", "judge", "summarize", "unknown")
 # Synthesis's own steps (its decomposition is evaluation's "decompose").
@@ -114,7 +110,7 @@ class StubConfig:
     record_bodies: bool = False  # keep every request body (``StubServer.bodies``): what went over the wire
     record_headers: tuple[str, ...] = ()  # count the values these request headers arrived with (``header_values``)
     model_ids: tuple[str, ...] = ("stub",)  # what GET /v1/models lists (clients that check a model exists)
-    rpm: float = 0.0  # a key's limits as OpenAI enforces them (helpers/rate_limits.py); 0: none
+    rpm: float = 0.0  # a key's limits as OpenAI enforces them (rate_limits.py); 0: none
     tpm: float = 0.0
     closed_s: float = 0.0  # every request 429 for this long from the first one (inf: for ever)
     refuse: str = ""  # "401" | "403" | "404" | "insufficient_quota" | "daily": every request refused (rate_limits.py)

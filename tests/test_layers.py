@@ -151,12 +151,13 @@ def test_no_circle_among_the_packages() -> None:
         raise AssertionError(f"packages importing each other: {' -> '.join(exc.args[1])}") from None
 
 
-def _imports_mlflow(module: str) -> bool:
+def imports_package(module: str, top: str) -> bool:
+    """Whether ``module`` imports the third-party package ``top`` (``mlflow``, ``pytest``) at all, lazily included."""
     tree = ast.parse(_module_names()[module].read_text(encoding="utf-8"))
     skipped = _type_checking_only(tree)
     return any(id(node) not in skipped and (
-        isinstance(node, ast.Import) and any(a.name.split(".")[0] == "mlflow" for a in node.names)
-        or isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "mlflow")
+        isinstance(node, ast.Import) and any(a.name.split(".")[0] == top for a in node.names)
+        or isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == top)
         for node in ast.walk(tree))
 
 
@@ -166,5 +167,16 @@ def test_durability_stands_apart_from_mlflow_publishing() -> None:
     assert len(durability) >= 5
     reach = set(durability).union(*(reached(m) for m in durability))
     assert not [m for m in reach if within(m, ("cupid_exp.tracking", "cupid_exp.reporting", "cupid_exp.job"))]
-    assert not [m for m in reach if _imports_mlflow(m)]
-    assert _imports_mlflow("cupid_exp.tracking.mlflow")  # the check can see one
+    assert not [m for m in reach if imports_package(m, "mlflow")]
+    assert imports_package("cupid_exp.tracking.mlflow", "mlflow")  # the check can see one
+
+
+def test_the_shipped_test_tools_need_no_pytest_and_the_runner_never_imports_them() -> None:
+    """``cupid_exp.testing`` (the stub and fault servers) works in a plain install; no job depends on it."""
+    testing = [m for m in import_graph() if within(m, ("cupid_exp.testing",))]
+    assert {"cupid_exp.testing.stub_llm_server", "cupid_exp.testing.fault_server"} <= set(testing)
+    reach = set(testing).union(*(reached(m) for m in testing))
+    assert not [m for m in reach if imports_package(m, "pytest")]
+    users = [m for m, targets in import_graph().items()
+             if not within(m, ("cupid_exp.testing",)) and any(within(t, ("cupid_exp.testing",)) for t in targets)]
+    assert not users, users

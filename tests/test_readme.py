@@ -60,6 +60,7 @@ EXPECTED: dict[str, Expect] = {
     "python -m cupid_exp model=claude llm@evaluator.decomposer=claude35": Expect(stub="eval", extra=FAST),
     "python -m cupid_exp model=openai_compatible model.litellm_model=openai/my-model "
     "model.api_base=http://127.0.0.1:8000/v1": Expect(stub="eval", extra=FAST),
+    "python -m cupid_exp.testing.stub_llm_server --port 8000": Expect(server=True),
     f"python -m cupid_exp data=local data.path={SAMPLE_FULL} data.instance_types=[changing]": Expect(
         stub="eval", extra=FAST, stdout_has="changing"),
     "python -m cupid_exp prompts.dir=/path/to/CUPID/prompts": Expect(exit=2, stub="eval", one_line="prompts.dir"),

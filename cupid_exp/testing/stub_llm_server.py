@@ -5,12 +5,14 @@ prompt text, or from the JSON schema in ``response_format``) and returns a well-
 for that step, derived from a hash of the prompt, so the same request always gets the same
 answer. Synthesis steps are recognised by their schema alone and answered with JSON built from
 that schema (``schema_value``), so synthesis roles pointed at the stub need
-``structured_output=true``; the assistant simulator (free text) is recognised by its prompt. Around that it injects what real providers do: latency (fixed or jittered), HTTP 429
-with ``retry-after``, 500, 503, responses slower than the client's timeout, malformed bodies
+``structured_output=true``; the assistant simulator (free text) is recognised by its prompt.
+Around that it injects what real providers do: latency (fixed or jittered), HTTP 429 with
+``retry-after``, 500, 503, responses slower than the client's timeout, malformed bodies
 (truncated JSON, a wrong content-type, no ``choices``), context-length errors in the styles
 of several providers, unparseable replies for chosen steps, 200s without a completion (``choices: []``, or
 ``content: null``), replies without ``usage``, a key's refusals (``refuse``: 401/403/404, ``insufficient_quota``,
-a daily limit) and the Batch API's (``batch_api.py``).
+a daily limit) and the Batch API's (``batch_api.py``). The replies are ``stub_replies``', the faults
+``stub_faults``', the knobs ``stub_config.StubConfig``; this module is the server and its command line.
 
 What it *bills* is counted apart (``stats()["billed"]``), as a provider bills: every request it processed into a
 reply, including a slow one whose client had given up and a reply without a completion; never a 429, a 5xx or a
@@ -35,10 +37,8 @@ CLI (for bench/ and manual use)::
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import random
-import re
 import signal
 import sys
 import threading
@@ -50,298 +50,11 @@ from typing import Any
 
 from cupid_exp.testing.batch_api import BatchQueue, BatchQueueConfig
 from cupid_exp.testing.rate_limits import KeyLimits
+from cupid_exp.testing.stub_config import STEPS, SYNTHESIS_STEPS, StubConfig
+from cupid_exp.testing.stub_faults import choose_fault, garbage_text, is_garbage, send_fault
+from cupid_exp.testing.stub_replies import billed_tokens, classify, completion_body, digest, reply_text
 
-STEPS = ("infer", "decompose", "match", "generate", "judge", "summarize", "unknown")
-# Synthesis's own steps (its decomposition is evaluation's "decompose").
-SYNTHESIS_STEPS = ("persona", "factors", "changed_preference", "session", "user_simulator", "validate",
-                   "assistant_simulator")
-LABELS = ("Fully Covered", "Partially Covered", "Not Covered")
-MALFORMED_KINDS = ("truncated", "content_type", "no_choices")
-
-# Context-length errors as providers send them (status, body).
-CONTEXT_ERRORS: dict[str, tuple[int, dict[str, Any]]] = {
-    "openai": (400, {"error": {
-        "message": "This model's maximum context length is 8192 tokens. However, your messages resulted in "
-                   "9120 tokens. Please reduce the length of the messages.",
-        "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}),
-    "anthropic": (400, {"type": "error", "error": {
-        "type": "invalid_request_error", "message": "prompt is too long: 215837 tokens > 200000 maximum"}}),
-    "vllm": (400, {"object": "error", "type": "BadRequestError", "param": None, "code": 400,
-                   "message": "This model's maximum context length is 4096 tokens. However, you requested 5310 "
-                              "tokens (1214 in the messages, 4096 in the completion). Please reduce the length "
-                              "of the messages or completion."}),
-    "llamacpp": (400, {"error": {"code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": 9001,
-                                 "n_ctx": 8192,
-                                 "message": "the request exceeds the available context size, try increasing it"}}),
-    "tgi": (422, {"error_type": "validation",
-                  "error": "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. "
-                           "Given: 5000 `inputs` tokens and 100 `max_new_tokens`"}),
-}
-
-
-@dataclass
-class StubConfig:
-    latency_ms: float = 0.0
-    jitter_ms: float = 0.0  # uniform extra latency in [0, jitter_ms], seeded per request
-    seed: int = 0
-    rate_429: float = 0.0
-    rate_500: float = 0.0
-    rate_503: float = 0.0
-    rate_slow: float = 0.0  # answered after ``slow_s`` seconds (set it above the client's timeout)
-    rate_malformed: float = 0.0  # a 200 whose body is broken (kind chosen by hash from MALFORMED_KINDS)
-    retry_after: float = 1.0  # seconds, sent with every 429
-    slow_s: float = 5.0
-    giveup_rate: float = 0.0  # prompts that fail with 500 on every attempt (a share chosen by hash)
-    giveup_match: str = ""  # ... and prompts whose first user message contains this text
-    fault_steps: tuple[str, ...] = ()  # faults only for these steps (empty: all)
-    fail_first: int = 0  # the first N attempts of every prompt get ``fail_first_kind`` (deterministic retries)
-    fail_first_kind: str = "429"
-    garbage_steps: tuple[str, ...] = ()  # these steps get a well-formed reply with unusable text ...
-    garbage_rate: float = 1.0  # ... for this share of their prompts (re-asks of a prompt included)
-    echo_key_steps: tuple[str, ...] = ()  # these steps get a 401 that echoes the caller's full API key ...
-    echo_key_rate: float = 1.0  # ... for this share of their prompts
-    echo_key_status: int = 401  # 401: a rejected key (fatal: the job stops); 400: a request error quoting it
-    context_error: str | None = None  # one of CONTEXT_ERRORS
-    context_error_steps: tuple[str, ...] = ()  # empty: every step
-    judge_score: str = "7.5"
-    length_steps: tuple[str, ...] = ()  # these steps get their reply cut in half, finish_reason "length"
-    content_filter_steps: tuple[str, ...] = ()  # these steps get no content, finish_reason "content_filter"
-    refusal_steps: tuple[str, ...] = ()  # ... or no content and a ``refusal`` (OpenAI structured outputs)
-    record_bodies: bool = False  # keep every request body (``StubServer.bodies``): what went over the wire
-    record_headers: tuple[str, ...] = ()  # count the values these request headers arrived with (``header_values``)
-    model_ids: tuple[str, ...] = ("stub",)  # what GET /v1/models lists (clients that check a model exists)
-    rpm: float = 0.0  # a key's limits as OpenAI enforces them (rate_limits.py); 0: none
-    tpm: float = 0.0
-    closed_s: float = 0.0  # every request 429 for this long from the first one (inf: for ever)
-    refuse: str = ""  # "401" | "403" | "404" | "insufficient_quota" | "daily": every request refused (rate_limits.py)
-    omit_usage: bool = False  # replies (live and batch rows) carry no ``usage``: billed by the stub's own count
-    rate_empty_choices: float = 0.0  # a 200 with ``choices: []`` (usage: the prompt, billed)
-    rate_content_null: float = 0.0  # a 200 whose message has ``content: null``, no refusal, no tool call
-
-
-def digest(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def _unit(*parts: Any) -> float:
-    """A deterministic number in [0, 1) from the parts."""
-    return int(digest("\x1f".join(map(str, parts)))[:13], 16) / 16 ** 13
-
-
-# ---------------------------------------------------------------- recognising the step
-
-
-def _content(message: dict[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, list):  # content parts
-        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    return content or ""
-
-
-def prompt_of(messages: list[dict[str, Any]]) -> tuple[str, str]:
-    """(system text, first user text): what the step's template produced, re-asks excluded."""
-    system = "".join(_content(m) for m in messages if m.get("role") in ("system", "developer"))
-    user = next((_content(m) for m in messages if m.get("role") == "user"), "")
-    return system, user
-
-
-def request_schema(body: dict[str, Any]) -> dict[str, Any]:
-    return ((body.get("response_format") or {}).get("json_schema") or {}).get("schema") or {}
-
-
-# A key no evaluation schema has -> the synthesis step whose schema has it.
-_SYNTHESIS_KEYS = (("personas", "persona"), ("factor", "factors"), ("reason", "changed_preference"),
-                   ("story", "session"), ("selected_items", "user_simulator"))
-
-
-def synthesis_step(schema: dict[str, Any]) -> str | None:
-    props = schema.get("properties") or {}
-    for key, step in _SYNTHESIS_KEYS:
-        if key in props:
-            return step
-    results = ((props.get("results") or {}).get("items") or {}).get("properties") or {}
-    return "validate" if "expressed" in results else None
-
-
-def classify(body: dict[str, Any]) -> str:
-    schema = request_schema(body)
-    props = set((schema.get("properties") or {}).keys())
-    synthesis = synthesis_step(schema)
-    if synthesis:
-        return synthesis
-    if props:
-        for key, step in (("summaries", "summarize"), ("results", "match"), ("checklist", "decompose"),
-                          ("score", "judge"), ("preference", "infer")):
-            if key in props:
-                return step
-    system, user = prompt_of(body.get("messages") or [])
-    text = system + "\n" + user
-    if "Summarise every session" in user or '"summaries"' in text:
-        return "summarize"
-    if "Evaluation Score" in system or "critical evaluator" in system:
-        return "judge"
-    if "#### Checklist" in user:
-        return "match"
-    if "**Preferences**" in user or "evaluation checklist" in system:
-        return "decompose"
-    if "Most Likely Preference" in text:
-        return "infer"
-    if "User's Request" in user or "Respond to the user's request" in system:
-        return "generate"
-    if "helpful conversational assistant" in system:
-        return "assistant_simulator"
-    return "unknown"
-
-
-# ---------------------------------------------------------------- well-formed replies
-
-_WANTS = ("concise", "step-by-step", "formal", "friendly", "detailed", "bullet-pointed", "sourced", "practical")
-_THINGS = ("worked examples", "a summary table", "one closing question", "plain language", "cited sources",
-           "a short checklist", "concrete numbers", "a clear recommendation")
-
-
-def _words(h: str, offset: int, options: tuple[str, ...]) -> str:
-    return options[int(h[offset:offset + 2], 16) % len(options)]
-
-
-def numbered_lines(text: str, after: str) -> list[str]:
-    """The '1. …' lines following the header ``after`` (the matcher's checklist)."""
-    tail = text.split(after, 1)[-1]
-    return [m.group(1).strip() for m in re.finditer(r"^\s*\d+\.\s+(.*)$", tail, re.MULTILINE)]
-
-
-_VOCAB = ("amber", "anchor", "atlas", "basil", "beacon", "birch", "bramble", "cedar", "cinder", "clover", "cobalt",
-          "comet", "coral", "cricket", "delta", "ember", "falcon", "fennel", "fjord", "garnet", "glacier", "granite",
-          "harbor", "hazel", "heron", "indigo", "island", "jasper", "juniper", "kestrel", "lagoon", "lantern",
-          "lilac", "maple", "marble", "meadow", "meteor", "nectar", "nutmeg", "oasis", "onyx", "orchid", "otter",
-          "pebble", "pepper", "pine", "quartz", "quill", "raven", "reef", "saffron", "sable", "sierra", "spruce",
-          "summit", "thistle", "timber", "topaz", "tundra", "velvet", "willow", "walnut", "yarrow", "zephyr")
-
-
-def stub_sentence(key: str, min_len: int = 0, max_len: int = 200) -> str:
-    """Words drawn by ``key`` plus a token unique to it: no two fields share much, none is a placeholder."""
-    target = max(min_len, min(max_len, 24))
-    words = [f"k{key[:6]}"]
-    i = 0
-    while len(" ".join(words)) + 1 < target:
-        words.append(_VOCAB[int(digest(f"{key}\x1f{i}")[:4], 16) % len(_VOCAB)])
-        i += 1
-    text = " ".join(words[1:] + words[:1]).capitalize()
-    return (text[: max(1, max_len - 1)].rstrip() + ".")[:max_len]
-
-
-def schema_value(schema: dict[str, Any], key: str, position: int | None = None) -> Any:
-    """A value valid under ``schema`` (the subset synthesis uses), drawn deterministically by ``key``.
-
-    An enum inside an array takes its item's position (checklist indices 1, 2, ...), elsewhere a
-    draw; an array gets its minItems, or one item.
-    """
-    draw = int(digest(key)[:8], 16)
-    if "enum" in schema:
-        options = schema["enum"]
-        return options[position % len(options)] if position is not None else options[draw % len(options)]
-    kind = schema.get("type")
-    if kind == "object":
-        return {name: schema_value(sub, f"{key}/{name}", position)
-                for name, sub in (schema.get("properties") or {}).items()}
-    if kind == "array":
-        n = schema.get("minItems", min(1, schema.get("maxItems", 1)))
-        return [schema_value(schema.get("items") or {}, f"{key}[{i}]", i) for i in range(n)]
-    if kind == "boolean":
-        return bool(draw % 2)
-    if kind in ("integer", "number"):
-        low, high = int(schema.get("minimum", 1)), int(schema.get("maximum", 10))
-        return low + draw % (high - low + 1)
-    return stub_sentence(digest(key), int(schema.get("minLength", 0)), int(schema.get("maxLength", 200)))
-
-
-def synthesis_reply(step: str, body: dict[str, Any], cfg: StubConfig) -> str:
-    """JSON from the request's schema, keyed by the whole conversation (a re-ask or a later turn differs)."""
-    key = digest(f"{cfg.seed}\x1f{json.dumps(body.get('messages'), sort_keys=True)}")
-    if step == "assistant_simulator":
-        return f"Here is my answer. {stub_sentence(key, 60, 300)}"
-    return json.dumps(schema_value(request_schema(body), key))
-
-
-def reply_text(step: str, body: dict[str, Any], cfg: StubConfig) -> str:
-    if step in SYNTHESIS_STEPS:
-        return synthesis_reply(step, body, cfg)
-    system, user = prompt_of(body.get("messages") or [])
-    h = digest(f"{cfg.seed}\x1f{system}\x1f{user}")
-    structured = bool(body.get("response_format"))
-    if step == "infer":
-        sentence = (f"The user wants {_words(h, 0, _WANTS)} answers with {_words(h, 2, _THINGS)} "
-                    f"and {_words(h, 4, _THINGS)} for requests like this (ref {h[:8]}).")
-        if structured:
-            return json.dumps({"preference": sentence})
-        return (f"### Analysis\n\nSessions {int(h[6], 16) % 8 + 1} and {int(h[7], 16) % 8 + 1} match the "
-                f"current request.\n\n### Most Likely Preference\n\n{sentence}")
-    if step == "decompose":
-        n = int(h[0], 16) % 4 + 1
-        items = [f"Does the response use {_words(h, 2 + 2 * i, _THINGS)} (item {i + 1}, {h[10:16]})?"
-                 for i in range(n)]
-        payload = {"analysis": f"The preference states {n} requirement(s).", "checklist": items}
-        return json.dumps(payload) if structured else (
-            f"**Analysis**\n\n{payload['analysis']}\n\n**Checklist**\n\n```json\n"
-            f"{json.dumps({'checklist': items}, indent=2)}\n```")
-    if step == "match":
-        items = numbered_lines(user, "#### Checklist")
-        results = [{"index": i, "entry": item, "reasoning": "Compared with the preference.",
-                    "label": LABELS[int(digest(f'{h}{i}')[:2], 16) % 3]}
-                   for i, item in enumerate(items, start=1)]
-        payload = {"results": results}
-        return json.dumps(payload) if structured else f"```json\n{json.dumps(payload, indent=2)}\n```"
-    if step == "summarize":
-        n = len(re.findall(r"^### Session \d+", user, re.MULTILINE))
-        summaries = [{"session_id": i, "analysis": f"Session {i} ({h[:6]}).",
-                      "context": [f"context of session {i}"],
-                      "preferences": [f"wants {_words(h, 2 * (i % 8), _THINGS)}"]} for i in range(1, n + 1)]
-        payload = {"summaries": summaries}
-        return json.dumps(payload) if structured else f"```json\n{json.dumps(payload, indent=2)}\n```"
-    if step == "judge":
-        if structured:
-            return json.dumps({"evaluation": "Checked every item.", "score": float(cfg.judge_score)})
-        return f"### Evaluation of AI Assistant's Response\n\nChecked every item.\n\n### Evaluation Score\n\n" \
-               f"{cfg.judge_score}"
-    if step == "generate":
-        return (f"Here is a {_words(h, 0, _WANTS)} answer with {_words(h, 2, _THINGS)}.\n\n"
-                f"1. First point ({h[:6]}).\n2. Second point.\n")
-    return f"Stub reply {h[:12]}."
-
-
-def garbage_text(body: dict[str, Any], cfg: StubConfig) -> str:
-    """Unusable text; it differs between a prompt and its re-asks, as a real model's would."""
-    conversation = json.dumps(body.get("messages"), sort_keys=True)
-    return f"I'd rather talk about the weather today. <<unusable reply {digest(conversation)[:10]}>>"
-
-
-def billed_tokens(body: dict[str, Any], reply: dict[str, Any]) -> tuple[int, int]:
-    """(prompt, completion) tokens a reply is billed: its usage, or, where it carries none, litellm's token count
-    of the request's messages and the reply's text (tiktoken for OpenAI's models)."""
-    usage = reply.get("usage")
-    if usage:
-        return int(usage["prompt_tokens"]), int(usage["completion_tokens"])
-    import litellm
-
-    model = str(body.get("model") or "stub")
-    text = "".join(str((c.get("message") or {}).get("content") or "") for c in reply.get("choices") or [])
-    prompt = litellm.token_counter(model=model, messages=body.get("messages") or [])
-    return prompt, litellm.token_counter(model=model, text=text, count_response_tokens=True) if text else 0
-
-
-def completion_body(text: str | None, body: dict[str, Any], finish_reason: str = "stop",
-                    refusal: str | None = None) -> dict[str, Any]:
-    prompt_chars = sum(len(_content(m)) for m in body.get("messages") or [])
-    prompt_tokens, completion_tokens = max(1, prompt_chars // 4), max(1, len(text or refusal or "") // 4)
-    message = {"role": "assistant", "content": text, **({"refusal": refusal} if refusal else {})}
-    return {"id": "chatcmpl-stub-" + digest(text or "")[:12], "object": "chat.completion", "created": 0,
-            "model": body.get("model", "stub"),
-            "choices": [{"index": 0, "finish_reason": finish_reason, "message": message}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens}}
-
-
-# ---------------------------------------------------------------- the server
+__all__ = ["StubConfig", "StubServer", "main", "parse_args"]
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -471,37 +184,6 @@ class StubServer:
             self.counters.billed.update(requests=1, prompt_tokens=prompt, completion_tokens=completion)
         return reply
 
-    # ---- decisions
-
-    def _fault(self, step: str, prompt_digest: str, attempt: int, body: dict[str, Any]) -> str | None:
-        cfg = self.config
-        if cfg.context_error and (not cfg.context_error_steps or step in cfg.context_error_steps):
-            return "context_length"
-        if step in cfg.echo_key_steps and _unit(cfg.seed, "echo", prompt_digest) < cfg.echo_key_rate:
-            return "echo_key"
-        if cfg.fault_steps and step not in cfg.fault_steps:
-            return None
-        if attempt < cfg.fail_first:
-            return cfg.fail_first_kind
-        if cfg.giveup_rate and _unit(cfg.seed, "giveup", prompt_digest) < cfg.giveup_rate:
-            return "500"
-        if cfg.giveup_match and cfg.giveup_match in prompt_of(body.get("messages") or [])[1]:
-            return "500"
-        u = _unit(cfg.seed, "fault", prompt_digest, attempt)
-        for kind, rate in (("429", cfg.rate_429), ("500", cfg.rate_500), ("503", cfg.rate_503),
-                           ("slow", cfg.rate_slow), ("malformed", cfg.rate_malformed),
-                           ("empty_choices", cfg.rate_empty_choices), ("content_null", cfg.rate_content_null)):
-            if u < rate:
-                return kind
-            u -= rate
-        return None
-
-    def _garbage(self, step: str, body: dict[str, Any]) -> bool:
-        if step not in self.config.garbage_steps:
-            return False
-        system, user = prompt_of(body.get("messages") or [])  # the template's prompt: re-asks share it
-        return _unit(self.config.seed, "garbage", system, user) < self.config.garbage_rate
-
     def _handler(self):
         server = self
 
@@ -601,7 +283,7 @@ class StubServer:
                 delay += random.Random(f"{cfg.seed}:{prompt_digest}:{attempt}").uniform(0, cfg.jitter_ms) / 1000
             if delay > 0:
                 time.sleep(delay)
-            fault = self._fault(step, prompt_digest, attempt, body)
+            fault = choose_fault(cfg, step, prompt_digest, attempt, body)
             if fault is None or fault == "malformed":
                 # a reply about to complete waits at a closed gate
                 with self._gate:
@@ -618,9 +300,9 @@ class StubServer:
             if fault is not None:
                 with self._lock:
                     self.counters.faults[step][fault] += 1
-                self._send_fault(handler, fault, body, auth)
+                send_fault(handler, fault, body, cfg, self._billed, auth)
                 return
-            text = garbage_text(body, cfg) if self._garbage(step, body) else reply_text(step, body, cfg)
+            text = garbage_text(body, cfg) if is_garbage(cfg, step, body) else reply_text(step, body, cfg)
             finish = "stop"
             if step in cfg.length_steps:  # a reply that ran into max_tokens
                 text, finish = text[: len(text) // 2], "length"
@@ -639,49 +321,6 @@ class StubServer:
         finally:
             with self._lock:
                 self.counters.in_flight -= 1
-
-    def _send_fault(self, handler: Any, fault: str, body: dict[str, Any], auth: str = "") -> None:
-        cfg = self.config
-        if fault == "echo_key":  # some providers quote the key they rejected (or, in a 400, the request's fields)
-            key = auth.removeprefix("Bearer ").strip()
-            rejected = cfg.echo_key_status == 401
-            handler._send(cfg.echo_key_status, json.dumps({"error": {
-                "message": f"Incorrect API key provided: {key}." if rejected else f"Invalid request from key {key}.",
-                "type": "invalid_request_error", "code": "invalid_api_key" if rejected else None}}).encode())
-        elif fault == "429":
-            handler._send(429, json.dumps({"error": {"message": "Rate limit reached; slow down.",
-                                                     "type": "rate_limit_error", "code": "rate_limit_exceeded"}}
-                                          ).encode(), headers={"retry-after": f"{cfg.retry_after:g}"})
-        elif fault == "500":
-            handler._send(500, b'{"error": {"message": "The server had an error processing your request.", '
-                               b'"type": "server_error"}}')
-        elif fault == "503":
-            handler._send(503, b'{"error": {"message": "The engine is currently overloaded.", '
-                               b'"type": "service_unavailable"}}')
-        elif fault == "slow":  # processed (and billed) after the client's timeout
-            time.sleep(cfg.slow_s)
-            handler._send(200, json.dumps(self._billed(body, completion_body("too late", body))).encode())
-        elif fault == "empty_choices":  # a 200 without a completion: the prompt is billed all the same
-            empty = completion_body("", body)
-            empty["choices"], empty["usage"]["completion_tokens"] = [], 0
-            empty["usage"]["total_tokens"] = empty["usage"]["prompt_tokens"]
-            handler._send(200, json.dumps(self._billed(body, empty)).encode())
-        elif fault == "content_null":
-            handler._send(200, json.dumps(self._billed(body, completion_body(None, body))).encode())
-        elif fault == "context_length":
-            status, payload = CONTEXT_ERRORS[cfg.context_error or "openai"]
-            handler._send(status, json.dumps(payload).encode())
-        elif fault == "malformed":
-            text = reply_text(classify(body), body, cfg)
-            full = json.dumps(completion_body(text, body)).encode()
-            kind = MALFORMED_KINDS[int(digest(full.decode())[:2], 16) % len(MALFORMED_KINDS)]
-            if kind == "truncated":
-                handler._send(200, full[: len(full) // 2])
-            elif kind == "content_type":
-                handler._send(200, b"<html><body><h1>502 Bad Gateway</h1></body></html>", "text/html")
-            else:
-                handler._send(200, json.dumps({"id": "chatcmpl-stub", "object": "chat.completion",
-                                               "created": 0, "model": "stub"}).encode())
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[int, StubConfig]:

@@ -53,6 +53,13 @@ def require_no_credentials(key: str, url: str | None, instead: str) -> None:
                           f"would be written in clear; {instead}")
 
 
+def check_params(params: Any, where: str) -> None:
+    """Raise ConfigError for the first bad decoding parameter (``decoding_params``), naming ``<where>.<key>``."""
+    for key, value in params.items():
+        problem = param_problem(str(key), value, params)
+        require(problem is None, f"{where}.{key}", value, problem or "")
+
+
 def _without_nulls(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _without_nulls(v) for k, v in value.items() if v is not None}
@@ -139,6 +146,9 @@ class ModelConfig(Checked):
     api_base: Optional[str] = None
     api_key_env: Optional[str] = None  # name of the env var holding the key; never the key
     params: Dict[str, Any] = field(default_factory=dict)  # decoding params, passed unchanged
+    # decoding overrides for one step of this model, by step name (summarize, decompose, judge, ...): a small
+    # embedded model needs room for a long JSON reply where a short cap keeps its free text from rambling
+    step_params: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     max_concurrency: int = 8
     system_role: str = "system"  # the official tool sends "developer" to OpenAI evaluator models
     structured_output: bool = False  # ask for JSON-schema constrained output on JSON steps
@@ -170,9 +180,10 @@ class ModelConfig(Checked):
                                f"give the key in a variable ({where}.api_key_env=VAR) or the credentials as a "
                                f"header (+{where}.params.extra_headers={{Authorization:'Basic …'}}): neither is ever "
                                "written")
-        for key, value in self.params.items():  # types and ranges of temperature, top_p, max_tokens, seed, ...
-            problem = param_problem(str(key), value, self.params)
-            require(problem is None, f"{where}.params.{key}", value, problem or "")
+        check_params(self.params, f"{where}.params")  # types and ranges of temperature, top_p, max_tokens, seed, ...
+        for step, overrides in self.step_params.items():
+            require(isinstance(overrides, dict), f"{where}.step_params.{step}", overrides, "a mapping of params")
+            check_params(overrides, f"{where}.step_params.{step}")
 
 
 @dataclass

@@ -205,6 +205,8 @@ class LLMClient:
 
         Raises ProviderError for a provider's failure; anything else (a bug) propagates unchanged.
         """
+        if step in self.model.step_params:  # the model's own overrides for this step; the caller's win
+            params = {**self.model.step_params[step], **(params or {})}
         kwargs = self.request_params(json_schema, params)
         if self.runtime.dry_run:
             return self._dry_run(messages, step, kwargs, dry_reply)

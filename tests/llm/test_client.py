@@ -122,3 +122,17 @@ def test_two_configs_of_one_model_id_are_each_costed_at_their_own_prices_and_tou
     assert costs == [pytest.approx(7 * 1e-6 + 3 * 2e-6), pytest.approx(7 * 2.5e-6 + 3 * 1e-5)]
     assert lists() == before
     assert litellm.model_cost == prices_before
+
+
+def test_step_params_apply_to_their_step_only_and_the_callers_params_win(tmp_path) -> None:
+    with ScriptedServer([(200, completion_body("ok"), {})]) as server:
+        model = ModelConfig(name="m", litellm_model="openai/scripted", api_base=server.url,
+                            params={"max_tokens": 100, "temperature": 0},
+                            step_params={"summarize": {"max_tokens": 900}})
+        client = LLMClient(model, runtime(tmp_path, cache=False), UsageMeter())
+        say = [{"role": "user", "content": "hi"}]
+        asyncio.run(client.complete(say, step="summarize"))
+        asyncio.run(client.complete(say, step="infer"))
+        asyncio.run(client.complete(say, step="summarize", params={"max_tokens": 50}))
+    assert [r["max_tokens"] for r in server.requests] == [900, 100, 50]
+    assert all(r["temperature"] == 0 for r in server.requests)

@@ -44,6 +44,9 @@ BAD = [  # (overrides, the one-line message's fragment)
     ("+model.params.temprature=0.5", "model.params.temprature=0.5 is not allowed: not a decoding parameter; "
                                      "did you mean temperature?"),
     ("evaluator.judge.params.temperature=-1", "evaluator.judge.params.temperature=-1 is not allowed"),
+    ("+model.step_params.summarize.max_tokens=0", "model.step_params.summarize.max_tokens=0 is not allowed"),
+    ("+model.step_params.judge.temprature=0", "model.step_params.judge.temprature=0 is not allowed: not a decoding "
+                                              "parameter; did you mean temperature?"),
 ]
 
 

@@ -1,0 +1,56 @@
+"""The README's offline commands on the bundled model, verbatim: each does what the README says beside it.
+
+tests/test_readme.py runs every documented command against the stub server, which answers every step well;
+only the embedded SmolLM2-135M shows whether a command's steps fit the model (a summary cut at ``max_tokens``,
+a judge that loops until it). These run the commands as a user would, on the CPU, in one workspace whose
+response cache they share (a command's calls that an earlier command made are served from it), and each must
+end with every instance complete. Slow: minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+from helpers.cli_runner import PROJECT_ROOT, cli_env, seed_store
+from helpers.doc_commands import LINKED, SAMPLE_FULL, key_of
+
+pytestmark = pytest.mark.slow
+
+# The README's commands that run offline on the bundled model, each with the jobs it runs. Ordered so that the
+# sweep's jobs fill the response cache the single jobs after it read.
+OFFLINE = {
+    "python -m cupid_exp -m task=inference,generation setting=standard,oracle,summary": 6,
+    "python -m cupid_exp task=both setting=summary": 1,
+    "python -m cupid_exp": 1,
+    "python -m cupid_exp data.limit=1": 1,
+    "python -m cupid_exp task=generation setting=oracle_preference": 1,
+    "python -m cupid_exp -m setting=retrieval setting.retriever=bm25,embedding,recency": 3,
+    f"python -m cupid_exp data=local data.path={SAMPLE_FULL} data.instance_types=[changing]": 1,
+}
+
+
+def test_the_offline_commands_are_the_readmes() -> None:
+    text = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
+    commands = {key_of(re.sub(r"\s+#.*$", "", line)) for line in text.splitlines() if line.startswith("python -m")}
+    assert set(OFFLINE) <= commands, sorted(set(OFFLINE) - commands)
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("readme-bundled")
+    for name in LINKED:
+        (root / name).symlink_to(PROJECT_ROOT / name)
+    seed_store(root / "outputs")
+    return root
+
+
+@pytest.mark.parametrize("command", list(OFFLINE))
+def test_offline_command_completes_on_the_bundled_model(command: str, workspace) -> None:
+    proc = subprocess.run(["bash", "-c", command], cwd=workspace, env=cli_env(), capture_output=True, text=True,
+                          timeout=1800)
+    said = f"\n$ {command}\nexit {proc.returncode}\nstdout: {proc.stdout[-3000:]}\nstderr: {proc.stderr[-3000:]}"
+    assert proc.returncode == 0, said
+    done = re.findall(r"^complete: (\d+) of (\d+) instances ran without a failed step$", proc.stdout, re.M)
+    assert len(done) == OFFLINE[command] and all(a == b and int(a) > 0 for a, b in done), said

@@ -167,7 +167,7 @@ async def measure(fn):
 async def main():
     import litellm
     from openai import AsyncOpenAI
-    rt = RuntimeConfig(cache_dir=sys.argv[3], cache=True, num_retries=3, timeout=600)
+    rt = RuntimeConfig(cache_dir=sys.argv[3], cache=True, num_retries=3, timeout=600).call_settings()
     configure_litellm(rt)
     sdk = AsyncOpenAI(base_url=url, api_key="x", max_retries=0)
     client = LLMClient(ModelConfig(name="s", litellm_model="openai/stub", api_base=url, max_concurrency=16,

@@ -286,6 +286,9 @@ class TrackingConfig(Checked):
 
 @dataclass
 class RuntimeConfig(Checked):
+    """How a job runs: what each model call needs (``call_settings``: cache, retries, timeout, patience, batch,
+    dry run, spending caps) and what only the job reads (failure policy, resume, workers, progress)."""
+
     cache: bool = True
     cache_dir: str = MISSING
     num_retries: int = 3
@@ -331,6 +334,31 @@ class RuntimeConfig(Checked):
                 f"{where}.max_failed_fraction", self.max_failed_fraction, "a number in [0, 1]")
         require(isinstance(self.dry_run_completion_tokens, int) and self.dry_run_completion_tokens >= 1,
                 f"{where}.dry_run_completion_tokens", self.dry_run_completion_tokens, "an integer >= 1")
+
+    def call_settings(self) -> CallSettings:
+        """The slice of these settings a model call reads (``LLMClient`` and the ``llm/`` helpers take it)."""
+        return CallSettings(**{f.name: getattr(self, f.name) for f in fields(CallSettings)})
+
+
+@dataclass(frozen=True)
+class CallSettings:
+    """What one model call needs of ``runtime``, and nothing a job decides: derived by ``RuntimeConfig.call_settings``
+    (the YAML keys stay ``runtime.*``), so that the model layer never sees the job's failure policy, resume,
+    workers or progress. Frozen: every client of a job (and every worker process) calls under the same settings."""
+
+    cache: bool  #: the response cache on disk (``runtime.cache``), under ``cache_dir``
+    cache_dir: str  #: also where the rate-limit schedules and the batch ledger live
+    num_retries: int  #: repeats of a transient failure (a 429 is waited out instead, up to the patience)
+    timeout: float  #: seconds one request may take
+    rate_limit_patience_s: float  #: how long one call may wait for a provider's rate limit to reopen
+    dry_run: bool  #: count calls, tokens and cost; send nothing
+    dry_run_completion_tokens: int  #: the reply length a dry run assumes
+    batch: bool  #: through the providers' Batch APIs (a model's own ``batch`` wins)
+    batch_size: int
+    batch_delay_s: float
+    batch_poll_s: float
+    max_cost_usd: Optional[float]  #: the caps a budgeted call is priced for (``llm.budget.check_priced``)
+    sweep_max_cost_usd: Optional[float]
 
 
 @dataclass

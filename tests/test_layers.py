@@ -180,3 +180,16 @@ def test_the_shipped_test_tools_need_no_pytest_and_the_runner_never_imports_them
     users = [m for m, targets in import_graph().items()
              if not within(m, ("cupid_exp.testing",)) and any(within(t, ("cupid_exp.testing",)) for t in targets)]
     assert not users, users
+
+
+def test_the_model_layer_takes_the_call_settings_not_the_runtime_config() -> None:
+    """``LLMClient`` and the ``llm/`` helpers are handed ``CallSettings``; none of them names ``RuntimeConfig``."""
+    naming = []
+    for module, path in _module_names().items():
+        if within(module, ("cupid_exp.llm",)):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            if any(isinstance(node, ast.Name) and node.id == "RuntimeConfig"
+                   or isinstance(node, ast.alias) and node.name == "RuntimeConfig" for node in ast.walk(tree)):
+                naming.append(module)
+    assert not naming, naming
+    assert "CallSettings" in _module_names()["cupid_exp.llm.client"].read_text(encoding="utf-8")

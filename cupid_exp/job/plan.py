@@ -98,14 +98,15 @@ def build_context(cfg: RunConfig, prompts: PromptSet, meter: UsageMeter, budget:
     from cupid_exp.llm.steps import Reask
     from cupid_exp.rendering import matcher_examples
 
-    configure_litellm(cfg.runtime)
+    calls = cfg.runtime.call_settings()  # what the clients read of runtime
+    configure_litellm(calls)
     if not cfg.runtime.dry_run:
         from cupid_exp.llm._litellm import import_first_call_modules
 
         import_first_call_modules()
     ev = cfg.evaluator
     clients = clients_for({"subject": cfg.model, "decomposer": ev.decomposer, "matcher": ev.matcher,
-                           "judge": ev.judge}, cfg.runtime, meter, budget)
+                           "judge": ev.judge}, calls, meter, budget)
     retry = Reask(cfg.runtime.reask)
     examples = matcher_examples(prompts.matcher_examples()) if ev.matcher_few_shot else None
     evaluator = Evaluator(clients["decomposer"], clients["matcher"], clients["judge"], prompts,
@@ -125,7 +126,7 @@ def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = Non
     install_log_scrubber(secrets)
     prompts = prompt_set(run_cfg.prompts.dir)
     check_before_calls(run_cfg, setting, prompts, run_cfg.task.parts)
-    check_priced(run_cfg.model_configs(), run_cfg.runtime)  # a budget needs every model's price
+    check_priced(run_cfg.model_configs(), run_cfg.runtime.call_settings())  # a budget needs every model's price
     data = load_instances(run_cfg.data)
     identity = job_identity(resolved, dataset_digest=data.digest, prompts_digest=prompts.digest(EVALUATION_PROMPTS))
     job = JobPlan(cfg=run_cfg, resolved=redact(resolved), output_dir=output_dir, choices=dict(choices or {}),

@@ -30,7 +30,7 @@ HELLO = [{"role": "user", "content": "Say hello to the billing department, pleas
 def client(url: str, tmp_path: Path, cap: float | None = None, **runtime) -> tuple[LLMClient, UsageMeter]:
     forget_endpoints()
     rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), **{"cache": False, "num_retries": 3, "timeout": 10,
-                                                              **runtime})
+                                                              **runtime}).call_settings()
     configure_litellm(rt)
     model = ModelConfig(name="priced", litellm_model="openai/stub", api_base=url, params={"max_tokens": MAX_TOKENS},
                         input_cost_per_token=IN, output_cost_per_token=OUT)

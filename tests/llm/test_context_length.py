@@ -22,7 +22,7 @@ from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, ru
 
 @pytest.mark.parametrize("style", ["openai", "anthropic", "vllm", "llamacpp"])
 def test_context_length_errors_of_every_style_are_classified(tmp_path: Path, style: str) -> None:
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=3, timeout=10)
+    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=3, timeout=10).call_settings()
     configure_litellm(rt)
     meter = UsageMeter()
     with StubServer(context_error=style) as stub:

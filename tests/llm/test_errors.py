@@ -19,7 +19,7 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 
 
 def runtime(tmp_path, **kw) -> RuntimeConfig:
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), num_retries=0, timeout=10, **kw)
+    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), num_retries=0, timeout=10, **kw).call_settings()
     configure_litellm(rt)
     return rt
 

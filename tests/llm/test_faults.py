@@ -24,7 +24,8 @@ KINDS = {"rate_limit", "provider", "timeout", "context_length", "auth", "unparse
 
 
 def client(url: str, tmp_path: Path, **runtime) -> tuple[LLMClient, UsageMeter]:
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, **{"num_retries": 3, "timeout": 10, **runtime})
+    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False,
+                       **{"num_retries": 3, "timeout": 10, **runtime}).call_settings()
     configure_litellm(rt)
     meter = UsageMeter()
     return LLMClient(ModelConfig(name="stub", litellm_model="openai/stub", api_base=url), rt, meter), meter

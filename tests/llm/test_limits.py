@@ -96,7 +96,7 @@ def test_rpm_and_tpm_are_checked() -> None:
 
 def _run(url: str, tmp_path: Path, n: int, **model) -> tuple[UsageMeter, float]:
     forget_endpoints()
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=0, timeout=10)
+    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=0, timeout=10).call_settings()
     configure_litellm(rt)
     meter = UsageMeter()
     c = LLMClient(ModelConfig(name="stub", litellm_model="openai/stub", api_base=url,

@@ -78,10 +78,10 @@ def test_a_developer_message_reaches_the_api_as_developer(tmp_path) -> None:
     with StubServer(record_bodies=True) as stub:
         cfg = typed_config(compose_config(["evaluator=gpt4o", f"evaluator.judge.api_base={stub.url}",
                                            f"paths.output_root={tmp_path}", "runtime.cache=false"]))
-        configure_litellm(cfg.runtime)
+        configure_litellm(cfg.runtime.call_settings())
         import os
         os.environ.setdefault("OPENAI_API_KEY", "sk-test-not-a-key")
-        client = LLMClient(cfg.evaluator.judge, cfg.runtime, UsageMeter())
+        client = LLMClient(cfg.evaluator.judge, cfg.runtime.call_settings(), UsageMeter())
         messages = [{"role": cfg.evaluator.judge.system_role, "content": "S"}, {"role": "user", "content": "U"}]
         asyncio.run(client.complete(messages, step="judge"))
         assert cfg.evaluator.judge.litellm_model == "openai/gpt-4o-2024-11-20"

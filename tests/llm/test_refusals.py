@@ -25,7 +25,7 @@ ASK = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
 
 
 def _client(url: str, tmp_path: Path, meter: UsageMeter) -> LLMClient:
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0, timeout=10)
+    rt = RuntimeConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0, timeout=10).call_settings()
     configure_litellm(rt)
     return LLMClient(ModelConfig(name="s", litellm_model="openai/scripted", api_base=url), rt, meter)
 

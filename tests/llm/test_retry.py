@@ -53,7 +53,8 @@ def test_durations_and_stated_limits() -> None:
 
 def client(url: str, tmp_path: Path, model: ModelConfig | None = None, **runtime) -> tuple[LLMClient, UsageMeter]:
     forget_endpoints()
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, **{"num_retries": 1, "timeout": 10, **runtime})
+    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False,
+                       **{"num_retries": 1, "timeout": 10, **runtime}).call_settings()
     configure_litellm(rt)
     meter = UsageMeter()
     model = model or ModelConfig(name="stub", litellm_model="openai/stub", api_base=url, max_concurrency=8)

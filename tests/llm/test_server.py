@@ -39,7 +39,7 @@ def test_starts_waits_serves_reuses_and_stops(tmp_path) -> None:
         with managed_server(cfg):  # already up: reused, and left running afterwards
             pass
         assert is_healthy(url)
-        rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=0, timeout=60)
+        rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=0, timeout=60).call_settings()
         configure_litellm(rt)
         model = ModelConfig(name="pm", litellm_model="hosted_vllm/kixlab/prefmatcher-7b", api_base=f"{url}/v1",
                             params={"temperature": 0, "max_tokens": 8})

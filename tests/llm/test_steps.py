@@ -17,7 +17,7 @@ ASK = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
 
 
 def client(url: str, tmp_path, meter: UsageMeter, **params) -> LLMClient:
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0, timeout=10)
+    rt = RuntimeConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0, timeout=10).call_settings()
     configure_litellm(rt)
     return LLMClient(ModelConfig(name="s", litellm_model="openai/scripted", api_base=url, params=params), rt, meter)
 

@@ -30,7 +30,7 @@ def embedding_body(n: int) -> dict:
     (429, {"error": {"message": "slow down"}}, "rate_limit"),
 ])
 def test_an_embedding_provider_failure_is_a_step_failure(tmp_path, status, body, kind) -> None:
-    configure_litellm(RuntimeConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0))
+    configure_litellm(RuntimeConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0).call_settings())
     with ScriptedServer([(status, body, {"retry-after": "0"})]) as server:
         setting = make_setting(RetrievalConfig(retriever="embedding", embedding_model="openai/embedder",
                                                embedding_api_base=server.url))
@@ -40,7 +40,7 @@ def test_an_embedding_provider_failure_is_a_step_failure(tmp_path, status, body,
 
 
 def test_an_embedding_provider_that_answers_is_used(tmp_path) -> None:
-    configure_litellm(RuntimeConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0))
+    configure_litellm(RuntimeConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0).call_settings())
     with ScriptedServer([(200, embedding_body(9), {})]) as server:
         setting = make_setting(RetrievalConfig(retriever="embedding", embedding_model="openai/embedder",
                                                embedding_api_base=server.url, top_k=2))

@@ -32,7 +32,7 @@ def reply(payload: Any) -> tuple:
 def context(url: str, tmp_path: Path, max_retries: int = 2, structured: bool = False, **knobs: Any) -> SynthContext:
     """Every role on one model at ``url`` (``structured``: JSON schemas sent, as the stub server needs);
     the shared meter is ``ctx.clients['persona_writer'].meter``."""
-    runtime = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=True, num_retries=0, timeout=10)
+    runtime = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=True, num_retries=0, timeout=10).call_settings()
     configure_litellm(runtime)
     model = ModelConfig(name="scripted", litellm_model="openai/scripted", api_base=url, params={"temperature": 0.7},
                         structured_output=structured)

@@ -147,8 +147,8 @@ def test_drop_in_prompts_send_the_official_messages(tmp_path: Path, monkeypatch)
 ])
 def test_decoding_parameters_reach_litellm_unchanged(tmp_path: Path, model: str, expected: dict, monkeypatch) -> None:
     cfg = typed_config(compose_config([f"model={model}", f"paths.output_root={tmp_path}"]))
-    configure_litellm(cfg.runtime)
-    client = LLMClient(cfg.model, cfg.runtime, UsageMeter())
+    configure_litellm(cfg.runtime.call_settings())
+    client = LLMClient(cfg.model, cfg.runtime.call_settings(), UsageMeter())
     seen = {}
 
     class Stop(Exception):

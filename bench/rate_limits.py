@@ -4,18 +4,28 @@
 The stub server (``cupid_exp/testing/stub_llm_server.py --rpm/--tpm``, limits in ``cupid_exp/testing/rate_limits.py``)
 enforces requests per minute or tokens per minute in one-second windows, answers 429 with OpenAI's headers
 and body, and counts prompt + ``max_tokens`` toward TPM. A fresh stub per run, so every run meets a closed
-window at the start. Reported per run: instances completed, wall time against the limit's ideal (the sum of
-each admitted request's share of the binding limit, from the stub), requests and the share answered 429:
+window at the start. Reported per row (median and range over ``--repeats`` rounds; each round runs every row
+once, in turn, so that the machine's load meets them alike): instances completed, wall time against the limit's
+ideal (the sum of each admitted request's share of the binding limit, from the stub), requests and the share
+answered 429. The provider's pools (``--limits-pool``):
 
-* cupid-exp with adaptation alone (no limits configured);
-* cupid-exp with ``rpm``/``tpm`` set on every model config to the key's limits;
-* ``--parallel N``: N cupid-exp jobs started together on the same key (one process each, one
-  ``runtime.cache_dir`` for their ledger), with the limits set and without; then the same N jobs as one
-  ``-m`` sweep under Hydra's joblib launcher (``hydra.launcher.n_jobs=N``), with the limits set;
-* the official runner (``--official DIR --official-python PY``; skipped when absent).
+* ``model`` (the default): each model its own limit; cupid-exp's roles then name a pool per model
+  (``model.pool=subject``, the evaluator roles ``pool=evaluator``): issue 36's "separate pools";
+* ``key``: one pool for both snapshots (OpenAI's gpt-4o family, a proxy); cupid-exp's default grouping (one pool
+  per ``api_base``) matches it, and "limits set" gives the pool's ``rpm``/``tpm`` once (``runtime.pools``).
 
-    python bench/rate_limits.py --instances 30 --rpm 300
-    python bench/rate_limits.py --instances 30 --tpm 400000
+``--limit-headers retry-after``: the stub's 429s state nothing but ``retry-after`` in whole seconds.
+``--task synthesis``: ``python -m cupid_exp.synthesize`` (``--personas``) instead of an inference job.
+``--compare DIR``: the same rows (adaptation alone, limits set on every role) from another checkout of
+cupid-exp (the code before a change), interleaved with these.
+
+Rows: cupid-exp with adaptation alone; with the limits set; ``--parallel N``: N jobs started together on the
+same key (one process each, one ``runtime.cache_dir`` for their ledger), with the limits set and without, and
+the same N jobs as one ``-m`` sweep under Hydra's joblib launcher; the official runner (``--official DIR
+--official-python PY``; inference only).
+
+    python bench/rate_limits.py --instances 30 --rpm 300 --limits-pool key --repeats 3 --parallel 0
+    python bench/rate_limits.py --task synthesis --rpm 480 --limit-headers retry-after --repeats 3
 """
 
 from __future__ import annotations
@@ -24,73 +34,111 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
-
-from cupid_exp.testing.cupid_data import write_dataset
+from typing import Any, Callable
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(ROOT))
 
 from bench import ENV, Stub, machine  # noqa: E402
 from versus_official import OFFICIAL_MODELS, official_instances, ours_command  # noqa: E402
 
+from cupid_exp.llm.pools import pool_name  # noqa: E402
+from cupid_exp.testing.cupid_data import write_dataset  # noqa: E402
+
 ROLES = ("model", "evaluator.decomposer", "evaluator.matcher", "evaluator.judge")
+SYNTHESIS_ROLES = ("persona_writer", "factor_writer", "session_writer", "user_simulator", "assistant_simulator",
+                   "decomposer", "validator")
 
 
-def limit_overrides(args: argparse.Namespace) -> list[str]:
-    out = []
-    for role in ROLES:
-        if args.rpm:
-            out.append(f"{role}.rpm={args.rpm}")
-        if args.tpm:
-            out.append(f"{role}.tpm={args.tpm}")
-    return out
+def limits(args: argparse.Namespace) -> dict[str, float]:
+    return {k: v for k, v in (("rpm", args.rpm), ("tpm", args.tpm)) if v}
+
+
+def role_names(args: argparse.Namespace) -> tuple[str, ...]:
+    return tuple(f"synthesis.roles.{r}" for r in SYNTHESIS_ROLES) if args.task == "synthesis" else ROLES
+
+
+def limit_overrides(args: argparse.Namespace, url: str, before: bool) -> list[str]:
+    """The key's limits: once for the pool where the provider has one pool (and the code knows pools), else on
+    every role."""
+    if args.limits_pool == "key" and not before:
+        pool = pool_name("openai/stub", url)
+        return [f"+runtime.pools.{pool}.{k}={v:g}" for k, v in limits(args).items()]
+    return [f"{role}.{k}={v:g}" for role in role_names(args) for k, v in limits(args).items()]
+
+
+def pool_overrides(args: argparse.Namespace, before: bool) -> list[str]:
+    """Separate pools where the provider has them: the subject's and the evaluator's (the code before knew no
+    pools: it kept every config apart)."""
+    if args.limits_pool != "model" or before or args.task == "synthesis":
+        return []
+    return ["model.pool=subject", *(f"{role}.pool=evaluator" for role in ROLES[1:])]
 
 
 def job_files(root: Path, name: str) -> list[Path]:
-    """A job's ``name`` files under a single run's folder (runs/) or a sweep's (multirun/)."""
-    return [f for folder in ("runs", "multirun") for f in root.glob(f"{folder}/**/{name}")]
+    """A job's ``name`` files under a single run's folder (runs/, synthesis/) or a sweep's (multirun/)."""
+    return [f for folder in ("runs", "multirun", "synthesis") for f in root.glob(f"{folder}/**/{name}")]
+
+
+def synthesis_command(args: argparse.Namespace, url: str, root: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "cupid_exp.synthesize", f"paths.output_root={root}", "runtime.progress=false",
+           f"synthesis.n_personas={args.personas}", "synthesis.max_turns=2"]
+    for role in SYNTHESIS_ROLES:
+        cmd += [f"llm@synthesis.roles.{role}=openai_compatible", f"synthesis.roles.{role}.litellm_model=openai/stub",
+                f"synthesis.roles.{role}.api_base={url}", f"synthesis.roles.{role}.structured_output=true",
+                f"synthesis.roles.{role}.max_concurrency={args.concurrency}"]
+    return cmd
 
 
 def ours(args: argparse.Namespace, url: str, data: Path, work: Path, extra: list[str], jobs: int = 1,
-         joblib: bool = False) -> dict[str, Any]:
-    """``jobs`` cupid-exp processes started together, one ``runtime.cache_dir`` (their pacing ledger), no response
-    cache (every job makes every call, as jobs on different models would); ``joblib``: instead one ``-m`` sweep of
-    ``jobs`` jobs run side by side by Hydra's joblib launcher, as a user would start it."""
+         joblib: bool = False, tree: Path = ROOT) -> dict[str, Any]:
+    """``jobs`` cupid-exp processes (of the checkout ``tree``) started together, one ``runtime.cache_dir`` (their
+    pacing ledger), no response cache (every job makes every call, as jobs on different models would);
+    ``joblib``: instead one ``-m`` sweep of ``jobs`` jobs run side by side by Hydra's joblib launcher."""
     roots = [work / f"ours-{time.monotonic_ns()}-{i}" for i in range(1 if joblib else jobs)]
     cache = work / f"cache-{time.monotonic_ns()}"
     procs = []
     start = time.perf_counter()
     for i, root in enumerate(roots):
-        temperature = (f"model.params.temperature={','.join(f'{j / 10:g}' for j in range(jobs))}" if joblib
-                       else f"model.params.temperature={i / 10:g}")
-        cmd = ours_command(url, root, data, args.concurrency)
-        if joblib:  # Hydra's --multirun flag before the overrides
-            cmd[3:3] = ["-m", "hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs}"]
-        cmd += ["tracking=none", f"runtime.cache_dir={cache}", "runtime.cache=false", temperature, *extra]
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, env={**ENV, "OPENAI_API_KEY": "sk-bench"},
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        if args.task == "synthesis":
+            cmd = synthesis_command(args, url, root) + [f"synthesis.seed={i}"]
+        else:
+            temperature = (f"model.params.temperature={','.join(f'{j / 10:g}' for j in range(jobs))}" if joblib
+                           else f"model.params.temperature={i / 10:g}")
+            cmd = ours_command(url, root, data, args.concurrency) + [temperature]
+            if joblib:  # Hydra's --multirun flag before the overrides
+                cmd[3:3] = ["-m", "hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs}"]
+        cmd += ["tracking=none", f"runtime.cache_dir={cache}", "runtime.cache=false", *extra]
+        env = {**ENV, "OPENAI_API_KEY": "sk-bench", "PYTHONPATH": str(tree)}
+        procs.append(subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
     outputs = [p.communicate(timeout=args.limit_s)[0] for p in procs]
     wall = time.perf_counter() - start
     done = total = 0
-    cpu = model_s = 0.0
+    model_s = 0.0
     for root, out, proc in zip(roots, outputs, procs):
-        records = [json.loads(x) for f in job_files(root, "instances.jsonl") for x in f.read_text().splitlines()]
-        done += sum(1 for r in records if not r["errors"])
-        total += args.instances * (jobs if joblib else 1)
         if proc.returncode not in (0, 3):
             print(out[-2000:])
         metrics = [json.loads(f.read_text())["metrics"] for f in job_files(root, "metrics.json")]
-        cpu += sum(m.get("time/model_cpu_seconds", 0.0) for m in metrics)
-        model_s = max([model_s, *(m.get("time/model_seconds", 0.0) for m in metrics)]) if metrics else model_s
-    return {"wall": wall, "done": done, "total": total, "codes": [p.returncode for p in procs], "cpu": cpu,
-            "model_s": model_s}
+        if args.task == "synthesis":
+            done += sum(int(m.get("personas/completed", 0)) for m in metrics)
+            total += args.personas
+            phases = [m.get("time/seconds", 0.0) for m in metrics]
+        else:
+            records = [json.loads(x) for f in job_files(root, "instances.jsonl") for x in f.read_text().splitlines()]
+            done += sum(1 for r in records if not r["errors"])
+            total += args.instances * (jobs if joblib else 1)
+            phases = [m.get("time/model_seconds", 0.0) for m in metrics]
+        model_s = max([model_s, *phases])
+    return {"wall": wall, "done": done, "total": total, "codes": [p.returncode for p in procs], "model_s": model_s}
 
 
 def official(args: argparse.Namespace, url: str, data_dir: Path, work: Path) -> dict[str, Any]:
@@ -104,8 +152,7 @@ def official(args: argparse.Namespace, url: str, data_dir: Path, work: Path) -> 
     wall = time.perf_counter() - start
     folder = results / OFFICIAL_MODELS[0]
     done = sum(1 for f in folder.rglob("*.json") if f.name != "results.json" and "inference" in f.read_text())
-    return {"wall": wall, "done": done, "total": args.instances, "codes": [proc.returncode], "cpu": 0.0,
-            "model_s": None}
+    return {"wall": wall, "done": done, "total": args.instances, "codes": [proc.returncode], "model_s": None}
 
 
 def measured(run: dict[str, Any], stub: Stub) -> dict[str, Any]:
@@ -114,14 +161,64 @@ def measured(run: dict[str, Any], stub: Stub) -> dict[str, Any]:
     return run
 
 
+def rows(args: argparse.Namespace, data: Path, work: Path, has_official: bool
+         ) -> list[tuple[str, Callable[[str], dict[str, Any]]]]:
+    """The runs of one round: (name, run at the stub's url)."""
+    def run(before: bool, limited: bool, **kw: Any) -> Callable[[str], dict[str, Any]]:
+        tree = args.compare if before else ROOT
+        return lambda url: ours(args, url, data, work, pool_overrides(args, before) + (
+            limit_overrides(args, url, before) if limited else []), tree=tree, **kw)
+
+    set_how = "the pool's limits given once" if args.limits_pool == "key" else "rpm/tpm set"
+    out = [("cupid-exp, adaptation alone", run(False, False)), (f"cupid-exp, {set_how}", run(False, True))]
+    if args.compare is not None:
+        out += [("before, adaptation alone", run(True, False)), ("before, rpm/tpm set on every role", run(True, True))]
+    if args.parallel and args.task == "inference":
+        n = args.parallel
+        out += [(f"cupid-exp, {n} jobs in parallel, {set_how}", run(False, True, jobs=n)),
+                (f"cupid-exp, {n} jobs in parallel, adaptation alone", run(False, False, jobs=n)),
+                (f"cupid-exp, a joblib sweep of {n} jobs, {set_how}", run(False, True, jobs=n, joblib=True))]
+    if has_official and args.task == "inference":
+        data_dir = official_instances(data, work / "official-data")
+        out.insert(0, ("official runner", lambda url: official(args, url, data_dir, work)))
+    return out
+
+
+def spread(values: list[float], fmt: str = "{:.1f}") -> str:
+    values = sorted(values)
+    mid = fmt.format(statistics.median(values))
+    return mid if len(values) == 1 else f"{mid} ({fmt.format(values[0])}–{fmt.format(values[-1])})"
+
+
+def table(name: str, runs: list[dict[str, Any]]) -> str:
+    done, total = sum(r["done"] for r in runs), sum(r["total"] for r in runs)
+    requests, limited = sum(r["requests"] for r in runs), sum(r["limited"] for r in runs)
+    ideal = statistics.median(r["ideal"] for r in runs)
+    phases = [r["model_s"] for r in runs if r["model_s"]]
+    phase = spread(phases) if phases else "–"
+    ratio = (f"{statistics.median(p / r['ideal'] for p, r in zip(phases, runs)):.2f} " if phases and ideal else "")
+    ratio += f"({statistics.median(r['wall'] / r['ideal'] for r in runs):.2f})" if ideal else "–"
+    return (f"| {name} | {done}/{total} ({100 * done / max(1, total):.0f}%) | {spread([r['wall'] for r in runs])} | "
+            f"{phase} | {ideal:.1f} | {ratio} | {requests / len(runs):.0f} | {limited / len(runs):.0f} "
+            f"({100 * limited / max(1, requests):.1f}%) |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--instances", type=int, default=30)
+    p.add_argument("--task", choices=("inference", "synthesis"), default="inference")
+    p.add_argument("--personas", type=int, default=4, help="--task synthesis: personas per job")
     p.add_argument("--latency", type=float, default=0.2)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--rpm", type=float, default=0.0)
     p.add_argument("--tpm", type=float, default=0.0)
+    p.add_argument("--limits-pool", choices=("model", "key"), default="model",
+                   help="the stub's pools: one per model, or one for the key (both snapshots together)")
+    p.add_argument("--limit-headers", choices=("openai", "retry-after"), default="openai",
+                   help="what the stub's 429s state: OpenAI's headers and body, or only retry-after in seconds")
     p.add_argument("--parallel", type=int, default=4, help="N jobs side by side on one key (0: skip)")
+    p.add_argument("--repeats", type=int, default=1, help="rounds of every row, interleaved")
+    p.add_argument("--compare", type=Path, default=None, help="another checkout of cupid-exp: its rows beside these")
     p.add_argument("--official", type=Path, default=os.environ.get("CUPID_OFFICIAL_DIR"))
     p.add_argument("--official-python", default=sys.executable)
     p.add_argument("--limit-s", type=float, default=900.0)
@@ -131,54 +228,39 @@ def main() -> None:
         p.error("give --rpm and/or --tpm")
     has_official = args.official is not None and (Path(args.official) / "evaluation" / "run.py").is_file()
     work = Path(tempfile.mkdtemp(prefix="cupid-limits-"))
-    rows: list[tuple[str, dict[str, Any]]] = []
+    results: dict[str, list[dict[str, Any]]] = {}
     stub_opts = dict(latency_ms=int(args.latency * 1000), model_ids=",".join(OFFICIAL_MODELS), rpm=args.rpm,
-                     tpm=args.tpm)
+                     tpm=args.tpm, limits_pool=args.limits_pool, limit_headers=args.limit_headers)
+    started = time.strftime("%Y-%m-%d %H:%M")
     try:
         data = write_dataset(work / "data.jsonl", args.instances)
-        runs = [("cupid-exp, adaptation alone", lambda url: ours(args, url, data, work, [])),
-                ("cupid-exp, rpm/tpm set", lambda url: ours(args, url, data, work, limit_overrides(args)))]
-        if args.parallel:
-            runs.append((f"cupid-exp, {args.parallel} jobs in parallel, rpm/tpm set",
-                         lambda url: ours(args, url, data, work, limit_overrides(args), jobs=args.parallel)))
-            runs.append((f"cupid-exp, {args.parallel} jobs in parallel, adaptation alone",
-                         lambda url: ours(args, url, data, work, [], jobs=args.parallel)))
-            runs.append((f"cupid-exp, a joblib sweep of {args.parallel} jobs, rpm/tpm set",
-                         lambda url: ours(args, url, data, work, limit_overrides(args), jobs=args.parallel,
-                                          joblib=True)))
-        if has_official:
-            data_dir = official_instances(data, work / "official-data")
-            runs.insert(0, ("official runner", lambda url: official(args, url, data_dir, work)))
-        for name, run in runs:
-            with Stub(**stub_opts) as stub:
-                rows.append((name, measured(run(stub.url), stub)))
-            r = rows[-1][1]
-            print(f"{name}: {r['done']}/{r['total']} done, {r['wall']:.1f} s, model phase {r['model_s']} s "
-                  f"(ideal {r['ideal']:.1f} s), "
-                  f"{r['limited']}/{r['requests']} answered 429, exit {r['codes']}", flush=True)
+        for round_ in range(args.repeats):
+            for name, run in rows(args, data, work, has_official):
+                with Stub(**stub_opts) as stub:
+                    r = measured(run(stub.url), stub)
+                results.setdefault(name, []).append(r)
+                print(f"#{round_ + 1} {name}: {r['done']}/{r['total']} done, {r['wall']:.1f} s, model phase "
+                      f"{r['model_s']} s (ideal {r['ideal']:.1f} s), {r['limited']}/{r['requests']} answered 429, "
+                      f"exit {r['codes']}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     m, load = machine(), os.getloadavg()
-    limit = " and ".join(x for x in (f"{args.rpm:g} RPM" if args.rpm else "", f"{args.tpm:g} TPM" if args.tpm else "")
-                         if x)
-    lines = ["", f"## {args.instances} instances at {limit}", "",
-             f"`python bench/rate_limits.py --instances {args.instances}"
-             + (f" --rpm {args.rpm:g}" if args.rpm else "") + (f" --tpm {args.tpm:g}" if args.tpm else "")
-             + f"` on {time.strftime('%Y-%m-%d %H:%M')}: task=inference, model=gpt4o evaluator=gpt4o, stub latency "
-             f"{args.latency * 1000:.0f} ms, concurrency {args.concurrency}; {m['nproc']} cores, load average at the "
-             f"end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}. Ideal: the sum of each admitted request's share of "
-             "the binding limit (the stub's count).", "",
-             "| run | instances completed | wall, s | model phase, s | ideal, s | model phase (wall) / ideal | requests "
+    limit = " and ".join(f"{v:g} {k.upper()}" for k, v in limits(args).items())
+    flags = " ".join(sys.argv[1:])
+    what = (f"synthesis, {args.personas} personas a job" if args.task == "synthesis" else
+            f"{args.instances} instances, task=inference, model=gpt4o evaluator=gpt4o")
+    lines = ["", f"## {what} at {limit} ({'one pool for the key' if args.limits_pool == 'key' else 'a pool per model'}"
+             f"{', 429s with retry-after only' if args.limit_headers == 'retry-after' else ''})", "",
+             f"`python bench/rate_limits.py {flags}` from {started} to {time.strftime('%H:%M')}: stub latency "
+             f"{args.latency * 1000:.0f} ms, concurrency {args.concurrency}, {args.repeats} interleaved round(s), "
+             f"median (min–max); {m['nproc']} cores, {m['cpu']}, Python {m['python']}, litellm {m['litellm']}; load "
+             f"average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}. Ideal: the sum of each admitted "
+             "request's share of the binding limit (the stub's count); model phase: `time/model_seconds` "
+             "(synthesis: `time/seconds`), the largest of a row's jobs.", "",
+             "| run | completed | wall, s | model phase, s | ideal, s | model phase (wall) / ideal | requests "
              "| answered 429 |",
              "|---|---|---|---|---|---|---|---|"]
-    for name, r in rows:
-        phase = f"{r['model_s']:.1f}" if r["model_s"] else "–"
-        ratio = (f"{r['model_s'] / r['ideal']:.2f} ({r['wall'] / r['ideal']:.2f})" if r["model_s"] and r["ideal"]
-                 else f"({r['wall'] / r['ideal']:.2f})" if r["ideal"] else "–")
-        lines.append(f"| {name} | {r['done']}/{r['total']} ({100 * r['done'] / r['total']:.0f}%) | {r['wall']:.1f} | "
-                     f"{phase} | {r['ideal']:.1f} | {ratio} | {r['requests']} | {r['limited']} "
-                     f"({100 * r['limited'] / max(1, r['requests']):.1f}%) |" if r["ideal"] else
-                     f"| {name} | {r['done']}/{r['total']} | {r['wall']:.1f} | – | – | {r['requests']} | {r['limited']} |")
+    lines += [table(name, runs) for name, runs in results.items()]
     report = "\n".join(lines) + "\n"
     print(report)
     if args.out is not None:

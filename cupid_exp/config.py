@@ -13,6 +13,7 @@ the task registry when a job is planned (``tasks.check_task_parts``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional
 
@@ -26,11 +27,19 @@ from cupid_exp.errors import ConfigError  # noqa: F401 - re-exported: where call
 FAILURE_POLICIES = ("exclude", "zero", "upstream")
 AUTO_WORKERS = "auto"  #: runtime.workers chosen by the job's size (cupid_exp.job.worker_count)
 SYSTEM_ROLES = ("system", "developer", "user")
+POOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")  #: what a Hydra override key takes
+POOL_LIMITS = ("rpm", "tpm", "max_concurrency")  #: what ``runtime.pools.<name>`` may give
+
+
+# Settings whose default is an empty mapping (an override cannot fill a null one): left out of a digest while
+# empty, as a null is, so that adding them did not change every earlier job's identity.
+_EMPTY_AS_NULL = ("pools",)
 
 
 def _without_nulls(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+        return {k: _without_nulls(v) for k, v in value.items()
+                if v is not None and not (k in _EMPTY_AS_NULL and v == {})}
     if isinstance(value, (list, tuple)):
         return [_without_nulls(v) for v in value]
     return value
@@ -87,8 +96,9 @@ class ModelConfig(Checked):
     context_window: Optional[int] = None  # input tokens the model takes; null: litellm's map (or local n_ctx)
     batch: Optional[bool] = None  # through the provider's Batch API; null: runtime.batch decides
     local: Optional[LocalModelConfig] = None
-    rpm: Optional[float] = None  # the key's requests per minute: calls are paced under it (null: not paced)
-    tpm: Optional[float] = None  # the key's tokens per minute (prompt estimate + max_tokens per request)
+    rpm: Optional[float] = None  # the pool's requests per minute: calls are paced under it (null: not paced)
+    tpm: Optional[float] = None  # the pool's tokens per minute (prompt estimate + max_tokens per request)
+    pool: Optional[str] = None  # the provider pool its limits count in; null: the provider's rule (llm/pools.py)
 
     @property
     def is_embedded(self) -> bool:
@@ -104,6 +114,9 @@ class ModelConfig(Checked):
             require_positive(f"{where}.{key}", getattr(self, key), allow_none=True, allow_zero=True)
         for key in ("rpm", "tpm"):
             require_positive(f"{where}.{key}", getattr(self, key), allow_none=True)
+        require(self.pool is None or bool(POOL_NAME.fullmatch(str(self.pool))), f"{where}.pool", self.pool,
+                "a name of letters, digits, '_' and '-' that starts with a letter, or null for the provider's "
+                "grouping")
         require(self.context_window is None or (isinstance(self.context_window, int) and self.context_window >= 1),
                 f"{where}.context_window", self.context_window, "an integer >= 1, or null")
         require_no_credentials(f"{where}.api_base", self.api_base,
@@ -217,7 +230,7 @@ class TrackingConfig(Checked):
 @dataclass
 class RuntimeConfig(Checked):
     """How a job runs: what each model call needs (``call_settings``: cache, retries, timeout, patience, batch,
-    dry run, spending caps) and what only the job reads (failure policy, resume, workers, progress)."""
+    dry run, spending caps, pool limits) and what only the job reads (failure policy, resume, workers, progress)."""
 
     cache: bool = True
     cache_dir: str = MISSING
@@ -240,6 +253,9 @@ class RuntimeConfig(Checked):
     batch_delay_s: float = 5.0  # the first waiting request waits this long for others before its batch is sent
     batch_poll_s: float = 30.0  # seconds between two status checks of a pending batch
     rate_limit_patience_s: float = 1800.0  # how long one call may wait for a provider's rate limit to reopen
+    # a provider pool's limits, given once for every role on it: {<pool>: {rpm, tpm, max_concurrency}}
+    # (cupid_exp/llm/pools.py names the pools); e.g. +runtime.pools.openai-gpt-4o.rpm=500
+    pools: Dict[str, Any] = field(default_factory=dict)
 
     def check(self, where: str) -> None:
         for key in ("max_cost_usd", "sweep_max_cost_usd"):
@@ -257,6 +273,8 @@ class RuntimeConfig(Checked):
         require_positive(f"{where}.timeout", self.timeout)
         require_positive(f"{where}.rate_limit_patience_s", self.rate_limit_patience_s)
         require_positive(f"{where}.progress_every_s", self.progress_every_s, allow_zero=True)
+        for name, limits in self.pools.items():
+            check_pool_limits(f"{where}.pools.{name}", name, limits)
         require(isinstance(self.reask, int) and self.reask >= 0, f"{where}.reask", self.reask, "an integer >= 0")
         require(self.failure_policy in FAILURE_POLICIES, f"{where}.failure_policy", self.failure_policy,
                 f"one of {list(FAILURE_POLICIES)}")
@@ -289,6 +307,20 @@ class CallSettings:
     batch_poll_s: float
     max_cost_usd: Optional[float]  #: the caps a budgeted call is priced for (``llm.budget.check_priced``)
     sweep_max_cost_usd: Optional[float]
+    pools: Dict[str, Any]  #: limits given once per provider pool (``runtime.pools.<name>``: ``llm.pools``)
+
+
+def check_pool_limits(where: str, name: str, limits: Any) -> None:
+    """``runtime.pools.<name>``: a pool name and a mapping of its rpm, tpm and max_concurrency."""
+    require(bool(POOL_NAME.fullmatch(str(name))), where, name,
+            "a pool name of letters, digits, '_' and '-' that starts with a letter")
+    require(hasattr(limits, "items") and set(limits) <= set(POOL_LIMITS), where, limits,
+            f"a mapping of {', '.join(POOL_LIMITS)}")
+    for key in ("rpm", "tpm"):
+        require_positive(f"{where}.{key}", limits.get(key), allow_none=True)
+    value = limits.get("max_concurrency")
+    require(value is None or isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+            f"{where}.max_concurrency", value, "an integer >= 1, or null")
 
 
 @dataclass

@@ -82,7 +82,7 @@ def client_guard(client: Any) -> Guard:
     """The batcher's upload and creation under ``client``'s live retry policy, and its stop for later."""
     async def run(send: Any) -> Any:
         response, _ = await with_retries(
-            send, client.endpoint, tokens=0, num_retries=client.settings.num_retries,
+            send, client.pool, tokens=0, num_retries=client.settings.num_retries,
             patience_s=client.settings.rate_limit_patience_s, classify=provider_error_kind, model=client.model.name,
             roles=client.roles, scrub=client._scrub, stop=client.stop)
         return response
@@ -95,8 +95,8 @@ def client_guard(client: Any) -> Guard:
 
 def _stop(client: Any, fatal: FatalProviderError) -> FatalProviderError:
     """The job's stop (the first one set wins): no client of the job sends another request."""
-    if client.endpoint.fatal is None:
-        client.endpoint.fatal = fatal
+    if client.pool.fatal is None:
+        client.pool.fatal = fatal
     if client.stop.fatal is None:
         client.stop.fatal = fatal
     return client.stop.fatal
@@ -130,7 +130,7 @@ async def complete_in_batch(client: Any, messages: list[dict], step: str, kwargs
             raise  # the job's stop (set by this batch's upload or another call) or an interruption
         if isinstance(exc, CallFailed):  # the upload or the batch's creation failed for good
             if exc.fatal:
-                raise (client.stop.fatal or client.endpoint.fatal) from exc.cause
+                raise (client.stop.fatal or client.pool.fatal) from exc.cause
             client.meter.fail(step, exc.kind)
             raise ProviderError(exc.kind, f"{client.model.name}: batch upload: " + (
                 exc.reason or f"{type(exc.cause).__name__}: {client._scrub(_short(exc.cause))}")) from exc.cause

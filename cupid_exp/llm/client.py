@@ -6,8 +6,8 @@ price map and cost calculator the cost. This module adds only what litellm lacks
 concurrency per model, a cache namespace that covers api_base and every decoding parameter, per-step
 usage, and the line between a provider's failure (counted per instance, the run goes on) and a bug (the
 job stops with its traceback). Retries are ours (``cupid_exp.llm.retry``: rate limits waited out as the
-provider asks, a fatal refusal stops the job), and so are each endpoint's limits (``cupid_exp.llm.limits``:
-adaptive concurrency, pacing at ``rpm``/``tpm``).
+provider asks, a fatal refusal stops the job), and so are each provider pool's limits (``cupid_exp.llm.pools``:
+one concurrency bound, adaptive limit, pace and pause for every role and snapshot on the pool).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from cupid_exp.llm.billing import (CallBill, Reply, counted_tokens, empty_reply,
                                    token_cost)
 from cupid_exp.llm.budget import Budget, model_prices, priced, reserve_call, worst_case_usd
 from cupid_exp.llm.errors import ProviderError, _short, provider_error_kind  # noqa: F401  (re-exported)
-from cupid_exp.llm.limits import Endpoint, endpoint_for, estimated_tokens
+from cupid_exp.llm.limits import estimated_tokens
+from cupid_exp.llm.pools import Pool, flush_pools, pool_for
 from cupid_exp.llm.retry import CallFailed, JobStop, with_retries
 from cupid_exp.llm.usage import Completion, UsageMeter
 
@@ -113,14 +114,17 @@ class LLMClient:
         self._api_key = params.get("api_key")
         self._batcher: Any = None
         self._batch = _wants_batch(model, settings)
-        self._semaphore = asyncio.Semaphore(max(1, model.max_concurrency))
         self.roles: tuple[str, ...] = (model.name,)  # the roles it serves (``clients_for``), for a fatal refusal
         self.stop = JobStop()  # shared with the job's other clients (``clients_for``)
         self._key = key
-        self.endpoint: Endpoint = endpoint_for(
-            model.litellm_model, model.api_base, key, label=model.name, config_id=_identity(model),
-            max_concurrency=model.max_concurrency, rpm=model.rpm, tpm=model.tpm,
-            ledger_dir=Path(settings.cache_dir).expanduser() / "rate_limits" if settings.cache_dir else None)
+        self.pool: Pool = pool_for(
+            model.litellm_model, model.api_base, key, named=model.pool, config_id=_identity(model),
+            max_concurrency=model.max_concurrency, rpm=model.rpm, tpm=model.tpm, pools=settings.pools,
+            ledger_dir=Path(settings.cache_dir).expanduser() / "rate_limits" if settings.cache_dir else None,
+            meter=meter)
+        # a bound given once for the pool replaces the role's own (the pool holds every role to it together)
+        self._bound = max(1, int(self.pool.given.max_concurrency or model.max_concurrency))
+        self._semaphore = asyncio.Semaphore(self._bound)
         self._unpriced = False
         self._internal = _litellm.no_logging_flag()
         self.window = context_window(model)
@@ -128,7 +132,7 @@ class LLMClient:
     @property
     def slots(self) -> int:
         """Calls this client takes at once: ``max_concurrency``, or a whole batch with the Batch API."""
-        return self.settings.batch_size if self._batch else max(1, int(self.model.max_concurrency))
+        return self.settings.batch_size if self._batch else self._bound
 
     def _refuse_oversized(self, messages: list[dict], step: str) -> None:
         """Never pay for a prompt that cannot fit: raise context_length before sending it."""
@@ -219,12 +223,12 @@ class LLMClient:
         token = self._internal.set(True) if self._internal is not None else None
         try:
             async with self._semaphore:
-                async def reserve() -> None:  # each attempt's worst case, before it waits for the endpoint's slot
+                async def reserve() -> None:  # each attempt's worst case, before it waits for the pool's slot
                     bill.held = await reserve_call(self, messages, kwargs, step)  # None without a budget
 
                 try:
                     reply, attempts = await with_retries(
-                        lambda: self._attempt(messages, kwargs, bill), self.endpoint, tokens=tokens,
+                        lambda: self._attempt(messages, kwargs, bill), self.pool, tokens=tokens,
                         num_retries=self.settings.num_retries, patience_s=self.settings.rate_limit_patience_s,
                         classify=provider_error_kind, model=self.model.name, roles=self.roles, scrub=self._scrub,
                         stop=self.stop, before=reserve)
@@ -235,7 +239,7 @@ class LLMClient:
             self.meter.fail(step, failed.kind, retries=a.retries, rate_limited=a.rate_limited, wait_s=a.wait_s,
                             charged_usd=bill.charged_usd, charged=bill.charged)
             if failed.fatal:
-                raise (self.stop.fatal or self.endpoint.fatal) from failed.cause
+                raise (self.stop.fatal or self.pool.fatal) from failed.cause
             exc = failed.cause
             raise ProviderError(failed.kind, f"{self.model.name}: " + (
                 failed.reason or f"{type(exc).__name__}: {self._scrub(_short(exc))}")) from exc
@@ -264,7 +268,7 @@ class LLMClient:
         return completion
 
     async def _attempt(self, messages: list[dict], kwargs: dict[str, Any], bill: CallBill) -> Reply:
-        """One request of a call, inside the endpoint's slot: its reservation (``bill.held``: a retry that did not
+        """One request of a call, inside the pool's slot: its reservation (``bill.held``: a retry that did not
         fit the budget was not sent) settled at what the provider bills for it (``cupid_exp.llm.billing``); a reply
         without a completion raises ``EmptyReply`` (retried like a 5xx) once its cost is counted."""
         held, bill.held = bill.held, None
@@ -313,7 +317,7 @@ class LLMClient:
 
     async def _send(self, messages: list[dict], kwargs: dict[str, Any]) -> Any:
         """The one place a request goes out (``messages`` with ``kwargs``' max_tokens): once per attempt,
-        inside the endpoint's slot (``cupid_exp.llm.retry.with_retries``)."""
+        inside the pool's slot (``cupid_exp.llm.retry.with_retries``)."""
         import litellm
 
         return await litellm.acompletion(messages=messages, **{**kwargs, **self._send_params})  # ours win: no retries
@@ -375,7 +379,9 @@ def clients_for(roles: Mapping[str, ModelConfig], settings: CallSettings, meter:
 
 
 async def drain_background_tasks(timeout: float = 10.0) -> None:
-    """Let litellm finish its cache writes and logging before the event loop closes."""
+    """Let litellm finish its cache writes and logging before the event loop closes; the pools' last counts go
+    into the job's meter."""
+    flush_pools()
     await _litellm.flush_cache_writes()
     await _litellm.stop_logging_worker(timeout)
     current = asyncio.current_task()

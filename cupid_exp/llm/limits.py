@@ -1,47 +1,39 @@
-"""A provider endpoint's limits as this process sees them, shared by every client that calls it.
+"""The pieces of a provider pool's limits (``cupid_exp.llm.pools`` holds them together, one set per pool):
 
-An endpoint is a model at an API base with one key (the key enters only a hash). Every client of the
-process that calls the same endpoint shares its ``Endpoint``:
-
-- an adaptive concurrency limit (AIMD): it starts at a quarter of the clients' ``max_concurrency`` (summed
-  over distinct model configs on the endpoint; at least 4) and grows by one per success up to it (slow start,
-  so that a key's first window does not meet the whole burst), falls ×0.8 on a 429 (at most once per
-  ``COOLDOWN_S``, which ends the slow start), and climbs back by 10% after a round of successes (as many as
-  the limit) with no 429, never under 1 nor over ``max_concurrency``;
-- a pause: a 429 that says how long to wait holds every caller of the endpoint until then, not only the
-  one that got it (the others would meet the same closed window);
-- a pacer (``rpm``/``tpm`` on the model config, else the limits the provider states in its
-  ``x-ratelimit-limit-*`` headers once it refused a request): each request is sent no earlier than the
-  requests and tokens before it allow, counted as OpenAI counts them (prompt estimate + ``max_tokens``); a 429
-  while pacing slows the pace ×0.9 (once per cooldown, down to half), success brings it back slowly: the
-  provider's windows and our clock never align exactly. At the moment of sending, no second may hold more
-  than the paced share of requests (rounded up): a caller that woke late (a busy CPU) waits instead of landing on top of
-  the next second's requests, where the provider's one-second window would refuse the excess.
-  Its schedule is a small ledger file under ``runtime.cache_dir/rate_limits/`` (``filelock``), so worker
-  processes and the jobs of a parallel sweep on the same key stay within the limits together;
-- whether it refused for good (a bad key, an unknown model, no connection ever): later calls are not sent.
+- ``AdaptiveLimit``: how many requests may be in flight (AIMD): it starts at a quarter of the pool's bound (at
+  least 4) and grows by one per success up to it (slow start, so that a key's first window does not meet the
+  whole burst), falls ×0.8 on a 429 (at most once per ``COOLDOWN_S``, which ends the slow start), and climbs
+  back by 10% after a round of successes (as many as the limit) with no 429, never under 1 nor over the bound;
+- ``Pacer``: each request is sent no earlier than the requests and tokens per minute allow, counted as OpenAI
+  counts them (prompt estimate + ``max_tokens``); a 429 while pacing slows the pace ×0.9 (once per cooldown,
+  down to half), success brings it back slowly: the provider's windows and our clock never align exactly. At
+  the moment of sending, no second may hold more than the paced share of requests (rounded up): a caller that
+  woke late (a busy CPU) waits instead of landing on top of the next second's requests, where the provider's
+  one-second window would refuse the excess, and none goes out within half the pace's spacing of the last
+  (a pair sent together straddles a provider's window boundary). Its schedule is a small ledger file under
+  ``runtime.cache_dir/rate_limits/`` (``filelock``), so worker processes and the jobs of a parallel sweep on
+  the same pool stay within the limits together;
+- ``RefusalPace``: the pace a provider admits, learned from its refusals when it states no limit (only
+  ``retry-after``): what it admitted over the seconds before it refused; then probed upward while the pace
+  binds, to just under the pace a refusal came at, and cut on a refusal.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import math
 import time
 from collections import deque
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
-from cupid_exp.llm.retry import FatalProviderError
-
-COOLDOWN_S = 3.0  #: at most one cut of the concurrency limit per this many seconds
+COOLDOWN_S = 3.0  #: at most one cut of the concurrency limit (or of a pace) per this many seconds
 DECREASE, INCREASE = 0.8, 0.1  #: the cut on a 429, the share added after a round of successes
 WINDOW_S = 1.0  #: the provider's window for requests sent: OpenAI quantises per-minute limits into seconds
 PACE_MARGIN = 0.98  #: pace at this share of the stated limits (the provider's windows and ours never align exactly)
 SLOW_START = 4  #: the least a limit starts at (a quarter of max_concurrency otherwise)
+MIN_GAP = 0.5  #: at the moment of sending, at least this share of the pace's spacing after the last send
 CHARS_PER_TOKEN = 4  #: the prompt estimate for tokens-per-minute (OpenAI's own rule of thumb)
 
 
@@ -65,11 +57,15 @@ class AdaptiveLimit:
         self._ok = 0
         self.cuts = 0
 
-    def raise_ceiling(self, ceiling: int) -> None:
-        grow = max(1, ceiling) - self.ceiling
-        if grow > 0:
-            self.ceiling += grow
-            self.limit = min(float(self.ceiling), self.limit + grow)
+    def set_ceiling(self, ceiling: int) -> None:
+        """A new bound (a config joined the pool, or the processes sharing it changed): the limit keeps its
+        headroom when the bound grows, and never stays over it when it shrinks."""
+        ceiling = max(1, ceiling)
+        grow = ceiling - self.ceiling
+        if grow:
+            self.ceiling = ceiling
+            self.limit = max(1.0, min(float(ceiling), self.limit + max(0, grow)))
+            self.slow_start = self.slow_start and self.limit < ceiling
             self._wake()
 
     async def acquire(self) -> None:
@@ -148,30 +144,44 @@ class Pacer:
             self.ledger.write_text(json.dumps(state))
         return wait
 
-    def admit(self) -> float:
-        """At the moment of sending: 0 and the send recorded, or the seconds to wait first because the last
-        second already holds the paced share of requests (wake-ups delayed by a busy CPU arrive together)."""
+    def admit(self, now: float | None = None) -> float:
+        """At the moment of sending (``now``, wall clock): 0 and the send recorded, or the seconds to wait first
+        because the last second already holds the paced share of requests, or the last send was just now
+        (wake-ups delayed by a busy CPU arrive together)."""
         if not self.rpm:
             return 0.0
+        now = time.time() if now is None else now
         if self._lock is None:
-            return self._admit(self._state)
+            return self._admit(self._state, now)
         with self._lock:
             state = self._read()
-            wait = self._admit(state)
+            wait = self._admit(state, now)
             if wait == 0.0:
                 self.ledger.write_text(json.dumps(state))
         return wait
 
-    def _admit(self, state: dict[str, Any]) -> float:
-        now = time.time()
+    def _admit(self, state: dict[str, Any], now: float) -> float:
         # the second's share rounded up: rounded down, 300 RPM (4.9 a second at the margin) sent 4, a fifth too few;
         # the schedule (``reserve``) keeps the average, this only stops late wake-ups from bunching
-        cap = max(1, math.ceil(self.rpm * PACE_MARGIN * state.get("scale", 1.0) * WINDOW_S / 60.0 - 1e-9))
+        per_second = self.rpm * PACE_MARGIN * state.get("scale", 1.0) / 60.0
+        cap = max(1, math.ceil(per_second * WINDOW_S - 1e-9))
         sent = sorted(t for t in state.get("sent", ()) if t > now - WINDOW_S)
         if len(sent) >= cap:
             return max(0.001, sent[-cap] + WINDOW_S - now)
+        # nor closer to the last send than half the pace's spacing: two wake-ups that came due together, sent
+        # together, reached a provider whose window had turned between them (its clock is not ours)
+        if sent and now - sent[-1] < MIN_GAP / per_second - 1e-6:
+            return max(0.001, sent[-1] + MIN_GAP / per_second - now)
         state["sent"] = [*sent, now]
         return 0.0
+
+    def seed(self, sent: Any) -> None:
+        """Sends made before pacing began (wall-clock times): the send-time check counts the last second's, so that
+        the first paced requests do not land in a window the unpaced ones filled."""
+        def add(state: dict[str, Any]) -> None:
+            now = time.time()
+            state["sent"] = sorted({*state.get("sent", ()), *(t for t in sent if t > now - WINDOW_S)})
+        self._update(add)
 
     def rate_limited(self) -> None:
         """A 429 while pacing: ×0.9 at most once per cooldown, for every process of the ledger."""
@@ -210,94 +220,94 @@ class Pacer:
         return start - now
 
 
-@dataclass
-class Held:
-    seconds: float  #: how long the request waited for the pause and the pacer
 
 
-class Endpoint:
-    """One model at one API base with one key: its concurrency limit, pause, pacer and fatal refusal."""
+PROBE_S = 1.0  #: a learned pace grows at most once per this many seconds (and only while it binds)
+PROBE_STEPS = (1.15, 1.05)  #: ... by this factor before any refusal while paced, and after one
+PROBE_CEILING = 0.97  #: ... up to this share of the lowest pace a refusal came at
+FORGET_REFUSED_S = 60.0  #: after this long with no refusal, the pace may probe past the one refused before
+MEASURE_S = 3.0  #: a refusal measures what was admitted over the last this many seconds
+HORIZON_S = 10.0  #: the sends and refusals kept
+MIN_ADMITTED = 3  #: fewer admitted requests than this tell nothing about the pace (a window closed from the start)
 
-    def __init__(self, ident: str, label: str, ceiling: int, rpm: float | None, tpm: float | None,
-                 ledger_dir: Path | None):
-        self.ident, self.label = ident, label
-        self.concurrency = AdaptiveLimit(ceiling)
-        self.configured = (rpm, tpm)
-        self.ledger_dir = ledger_dir
-        self.pacer = Pacer(rpm, tpm, self._ledger(rpm, tpm))
-        self.paused_until = 0.0  # monotonic
-        self.fatal: FatalProviderError | None = None
-        self.successes = 0
-        self.refused = 0
-        self.wait_s = 0.0  #: time callers spent held by the pause or the pacer
 
-    def _ledger(self, rpm: float | None, tpm: float | None) -> Path | None:
-        if self.ledger_dir is None or not (rpm or tpm):
+class RefusalPace:
+    """Requests per minute a provider admits, where it states no limit (no ``x-ratelimit-*``): headers alone
+    left such a pool unpaced, and 29% of its requests were refused (the AIMD limit and the pauses bound what is
+    in flight, not how fast it goes out)."""
+
+    def __init__(self) -> None:
+        self.sends: deque[float] = deque()  #: wall-clock times of the requests sent, the last ``HORIZON_S``
+        self.refusals: deque[float] = deque()
+        self.rpm: float | None = None  #: None until a refusal taught a pace
+        self.refused_rpm = math.inf  #: the lowest pace a refusal came at (the pace probes stay under)
+        self.changed_at = self.cut_at = -math.inf  #: the pace's last change (a probe or a cut), its last cut
+        self.last_refusal = -math.inf
+
+    def sent(self, now: float) -> None:
+        self.sends.append(now)
+        if len(self.sends) > 4096:
+            self._prune(now)
+
+    def _prune(self, now: float) -> None:
+        for times in (self.sends, self.refusals):
+            while times and times[0] < now - HORIZON_S:
+                times.popleft()
+
+    def admitted_rpm(self, now: float) -> float | None:
+        """Requests per minute the provider admitted lately (sent and not refused, over the last ``MEASURE_S``):
+        what it allows, since a refusal says the pool was asking for more. None: too few to tell."""
+        since = max(now - MEASURE_S, self.sends[0] if self.sends else now)
+        sent = sum(1 for t in self.sends if t >= since)
+        refused = sum(1 for t in self.refusals if t >= since)
+        if sent - refused < MIN_ADMITTED:
             return None
-        return self.ledger_dir / f"{self.ident}.json"
+        return 60.0 * (sent - refused) / max(WINDOW_S, now - since)
 
-    def learn(self, told: tuple[float | None, float | None]) -> None:
-        """Pace at the limits the provider stated, where the config named none."""
-        rpm = self.configured[0] or told[0]
-        tpm = self.configured[1] or told[1]
-        if (rpm, tpm) != (self.pacer.rpm, self.pacer.tpm):
-            self.pacer = Pacer(rpm, tpm, self._ledger(rpm, tpm))
-        elif self.pacer.active:
-            self.pacer.rate_limited()
+    def refused(self, now: float, hint: float | None) -> bool:
+        """A 429: the first teaches the pace (what was admitted lately); later ones cap the probes under the pace
+        they came at and cut it (×0.9, or to what was admitted if that is less; once per cooldown, during which a
+        refusal may still answer the earlier pace). True when the pace changed."""
+        self.refusals.append(now)
+        self._prune(now)
+        self.last_refusal = now
+        measured = self.admitted_rpm(now)
+        if self.rpm is None or now - self.cut_at < PROBE_S < COOLDOWN_S and self.refused_rpm == math.inf:
+            if measured is None:
+                return False
+            first = self.rpm is None
+            self.rpm = measured if first else min(self.rpm, measured)  # the burst's other refusals correct it
+            if first:
+                self.cut_at = self.changed_at = now
+            return True
+        if now - self.cut_at < COOLDOWN_S:
+            return False  # a refusal just after a cut may answer a request the earlier pace sent
+        self.refused_rpm = min(self.refused_rpm, self.rpm)
+        self.rpm = 0.9 * self.rpm if measured is None else min(0.9 * self.rpm, max(measured, 0.5 * self.rpm))
+        self.cut_at = self.changed_at = now
+        return True
 
-    def pause(self, seconds: float) -> None:
-        self.paused_until = max(self.paused_until, time.monotonic() + seconds)
+    def binding(self, now: float) -> bool:
+        """The pace held a request back: probe faster, unless it is just under a refused pace. True when the pace
+        changed."""
+        if self.rpm is None or now - self.changed_at < PROBE_S:
+            return False
+        if now - self.last_refusal > FORGET_REFUSED_S:
+            self.refused_rpm = math.inf
+        target = self.refused_rpm * PROBE_CEILING
+        if self.rpm >= target:
+            return False
+        self.rpm = min(target, self.rpm * PROBE_STEPS[self.refused_rpm < math.inf])
+        self.changed_at = now
+        return True
 
-    @asynccontextmanager
-    async def slot(self, tokens: int) -> AsyncIterator[Held]:
-        """Held while one request is in flight: after the pause, within the concurrency limit, at the pace."""
-        waited = 0.0
-        await self.concurrency.acquire()
-        try:
-            while (hold := self.paused_until - time.monotonic()) > 0:
-                waited += hold
-                await asyncio.sleep(hold)
-            if self.pacer.active:
-                delay = self.pacer.reserve(tokens)
-                while delay > 0 or (delay := self.pacer.admit()) > 0:
-                    waited += delay
-                    await asyncio.sleep(delay)
-                    delay = 0.0
-            self.wait_s += waited
-            yield Held(waited)
-        finally:
-            self.concurrency.release()
-
-
-_ENDPOINTS: dict[str, Endpoint] = {}
-_CEILINGS: dict[str, dict[str, int]] = {}
-
-
-def endpoint_for(litellm_model: str, api_base: str | None, api_key: str | None, *, label: str, config_id: str,
-                 max_concurrency: int, rpm: float | None, tpm: float | None, ledger_dir: Path | None) -> Endpoint:
-    """The process's Endpoint for this model, base and key (made on first use). Its concurrency ceiling is the
-    sum of the distinct model configs' ``max_concurrency`` on it, so that each keeps the bound it had alone."""
-    ident = hashlib.sha256(json.dumps([litellm_model, api_base or "", api_key or ""]).encode()).hexdigest()[:16]
-    ceilings = _CEILINGS.setdefault(ident, {})
-    ceilings[config_id] = max(1, max_concurrency)
-    if ident not in _ENDPOINTS:
-        _ENDPOINTS[ident] = Endpoint(ident, label, sum(ceilings.values()), rpm, tpm, ledger_dir)
-    else:
-        _ENDPOINTS[ident].concurrency.raise_ceiling(sum(ceilings.values()))
-    return _ENDPOINTS[ident]
+    def adopt(self, rpm: float, refused_rpm: float, now: float) -> None:
+        """Another process's lesson (``cupid_exp.llm.pools``): one pace for the whole pool."""
+        self.rpm, self.refused_rpm, self.changed_at = rpm, refused_rpm, now
 
 
 def limit_metrics() -> dict[str, float]:
-    """Progress metrics: each endpoint's current concurrency limit and its pacer's requests per minute."""
-    out: dict[str, float] = {}
-    for ep in list(_ENDPOINTS.values()):
-        out[f"progress/limits/{ep.label}/concurrency"] = float(int(ep.concurrency.limit))
-        if ep.pacer.rpm:
-            out[f"progress/limits/{ep.label}/rpm"] = float(ep.pacer.rpm)
-    return out
+    """Progress metrics of every pool this process calls (``cupid_exp.llm.pools.pool_metrics``)."""
+    from cupid_exp.llm.pools import pool_metrics
 
-
-def forget_endpoints() -> None:
-    """Tests: start the next client from a fresh state."""
-    _ENDPOINTS.clear()
-    _CEILINGS.clear()
+    return pool_metrics()

@@ -323,11 +323,10 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tok
             headers = headers_of(exc)
             hint = retry_after_s(headers, str(exc))
             if decision.what == RATE_LIMIT:
-                endpoint.learn(told_limits(headers))
-                endpoint.concurrency.rate_limited(time.monotonic())
                 wait = hint if hint is not None else backoff_s(attempts.rate_limited, RATE_LIMIT_BASE_S)
                 spent = time.monotonic() - started
                 if spent + wait > patience_s:  # the job stops: every instance would spend a request to learn it
+                    endpoint.rate_limited(told_limits(headers), None, wait)  # counted, never a pause
                     later = RetryLater(model, "rate_limit", scrub(_beyond_patience(exc, hint, wait, spent, patience_s)),
                                        roles, wait)
                     if endpoint.fatal is None:
@@ -335,8 +334,9 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tok
                     if stop is not None and stop.fatal is None:
                         stop.fatal = later
                     raise CallFailed("rate_limit", exc, attempts, fatal=True) from exc
-                if hint is not None:
-                    endpoint.pause(wait)  # the window is closed for every caller, not only this one
+                # the pace learned, every caller of the pool paused as the provider asks (not when the job stops
+                # on it: callers held by an hour's pause would not see the stop)
+                endpoint.rate_limited(told_limits(headers), hint, wait)
                 attempts.rate_limited += 1
             elif decision.what == TRANSIENT and attempts.retries < num_retries:
                 wait = hint if hint is not None else backoff_s(attempts.retries)
@@ -346,10 +346,7 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tok
             attempts.wait_s += wait if decision.what == RATE_LIMIT else 0.0
             await asyncio.sleep(wait)
             continue
-        endpoint.successes += 1
-        endpoint.concurrency.succeeded(time.monotonic())
-        if endpoint.pacer.scale < 1.0:
-            endpoint.pacer.succeeded()
+        endpoint.succeeded(response)
         return response, attempts
 
 

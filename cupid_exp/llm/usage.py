@@ -4,16 +4,23 @@ A *call* is one completion a step asked for. It either succeeds (fresh or from t
 after our retries (``cupid_exp.llm.retry``). *Requests* are what reached a provider: every fresh success, every
 failed call, and every retry of either. Replies that came back but could not be used are counted
 apart (``<kind>_attempt``), since the call itself succeeded.
+
+Each provider pool the job called (``cupid_exp.llm.pools``) has its own entry, ``pool/<name>``, beside the steps:
+requests answered 429 and seconds waited (counted like a step's), and where the pool stands in each process
+(the most requests it had in flight, its concurrency limit, its pace; per process id, since each process has
+its own share of the pool: ``usage_metrics`` adds them up).
 """
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
 
 # Failure kinds that come from the provider (the call failed), as opposed to unusable replies.
 PROVIDER_KINDS = ("provider", "timeout", "rate_limit", "auth", "context_length")
+POOL = "pool/"  #: the prefix of a pool's entry among the steps
 
 
 @dataclass
@@ -129,6 +136,17 @@ class UsageMeter:
         """A step that ran out of attempts on unusable replies."""
         self._count(step, {"gave_up": 1})
 
+    def pool_count(self, pool: str, **added: float) -> None:
+        """A pool's 429s and seconds waited (``cupid_exp.llm.pools.Pool.flush``)."""
+        self._count(POOL + pool, added)
+
+    def pool_state(self, pool: str, **values: float) -> None:
+        """Where a pool stands in this process: kept per process id (a worker's reach the job by ``since``), not
+        told to the sink (an earlier attempt's state is not this one's)."""
+        counts, pid = self.counts[POOL + pool], os.getpid()
+        for key, value in values.items():
+            counts[f"{key}@{pid}"] = value
+
     def merge(self, counts: dict[str, dict[str, float]]) -> None:
         """Add counts another meter made (a worker process's, ``since``; the ledger's), step by step. Not told to
         the sink: the meter that made them did."""
@@ -179,6 +197,9 @@ def usage_metrics(meter: UsageMeter) -> dict[str, float]:
     """Flat MLflow metrics: ``calls/<step>``, ``calls/total``, ``calls/requests``, ``cost/usd``, ..."""
     out: dict[str, float] = {}
     for step, counts in meter.as_dict().items():
+        if step.startswith(POOL):
+            out.update(_pool_metrics(step[len(POOL):], counts))
+            continue
         out[f"calls/{step}"] = counts.get("calls", 0.0)
         out[f"calls/{step}/cache_hits"] = counts.get("cache_hits", 0.0)
         out[f"calls/{step}/failed"] = failed_calls(counts)
@@ -210,12 +231,26 @@ def usage_metrics(meter: UsageMeter) -> dict[str, float]:
     return out
 
 
+def _pool_metrics(pool: str, counts: dict[str, float]) -> dict[str, float]:
+    """``pools/<name>/…``: the processes' peaks and concurrency limits summed (each had its share), the pace
+    they shared."""
+    def each(key: str) -> list[float]:
+        return [v for k, v in counts.items() if k.startswith(key + "@")]
+
+    return {f"pools/{pool}/peak_in_flight": sum(each("peak_in_flight")),
+            f"pools/{pool}/concurrency": sum(each("concurrency")),
+            f"pools/{pool}/rpm": max(each("rpm"), default=0.0),
+            f"pools/{pool}/answered_429": counts.get("answered_429", 0.0),
+            f"pools/{pool}/wait_s": counts.get("wait_s", 0.0)}
+
+
 def usage_line(metrics: dict[str, float], seconds: float | None = None) -> str:
     """The console's one-line account of calls, requests, tokens and cost."""
     m = metrics.get
     line = (f"calls: {int(m('calls/total', 0))} ok ({int(m('calls/cache_hits', 0))} cached), "
             f"{int(m('calls/failed', 0))} failed; requests sent: {int(m('calls/requests', 0))} "
-            f"({int(m('calls/retries', 0))} retries{_limits_part(metrics)}); tokens: {int(m('tokens/prompt', 0))} in / "
+            f"({int(m('calls/retries', 0))} retries{_limits_part(metrics)}){_pools_part(metrics)}; "
+            f"tokens: {int(m('tokens/prompt', 0))} in / "
             f"{int(m('tokens/completion', 0))} out{_estimated_part(metrics)}; cost: ${m('cost/usd', 0.0):.4f}"
             f"{_charged_part(metrics)}")
     if m("batch/submitted", 0) or m("batch/rows_reused", 0):
@@ -243,3 +278,17 @@ def _limits_part(metrics: dict[str, float]) -> str:
     if not repeated and waited < 0.05:
         return ""
     return f", {int(repeated)} after a 429, {waited:.1f} s waiting on rate limits"
+
+
+def _pools_part(metrics: dict[str, float]) -> str:
+    """"; pool openai-gpt-4o: 64 in flight at most, limit 64, paced at 300 RPM, 5 answered 429, 3.1 s waited"
+    for each pool the job sent requests to."""
+    pools = sorted(k[len("pools/"):-len("/peak_in_flight")] for k in metrics
+                   if k.startswith("pools/") and k.endswith("/peak_in_flight"))
+    parts = []
+    for pool in pools:
+        m = {k.rsplit("/", 1)[1]: v for k, v in metrics.items() if k.startswith(f"pools/{pool}/")}
+        paced = f", paced at {m['rpm']:.0f} RPM" if m.get("rpm") else ""
+        parts.append(f"pool {pool}: {int(m['peak_in_flight'])} in flight at most, limit {int(m['concurrency'])}"
+                     f"{paced}, {int(m['answered_429'])} answered 429, {m['wait_s']:.1f} s waited")
+    return "".join("; " + p for p in parts)

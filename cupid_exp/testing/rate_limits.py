@@ -6,10 +6,18 @@
   (what it spends beyond that is owed by the next windows). The
   tokens a request counts are its prompt (characters / 4, as the stub's ``usage`` reports them) plus its
   ``max_tokens``; a refused request counts nothing.
+- An admitted request's reply carries ``x-ratelimit-limit-*``, ``x-ratelimit-remaining-*`` and
+  ``x-ratelimit-reset-*`` too, as OpenAI's do (``stated``).
 - A refused request gets a 429 with ``retry-after`` (whole seconds), ``retry-after-ms``,
   ``x-ratelimit-limit-*``, ``x-ratelimit-remaining-*``, ``x-ratelimit-reset-*`` (``1.2s``, ``6m0s``, ``20ms``)
   and OpenAI's body: ``{"error": {"message": "Rate limit reached for ... Please try again in 1.2s. ...",
   "type": "requests" | "tokens", "param": null, "code": "rate_limit_exceeded"}}``.
+- ``pool="key"``: one pool for every model the key calls (a proxy, a self-hosted server, or OpenAI's shared
+  limit of a model family: gpt-4o-2024-08-06 and gpt-4o-2024-11-20 both count toward gpt-4o's), where the
+  default ``"model"`` gives each model its own limits.
+- ``headers="retry-after"``: a provider that states nothing but ``retry-after`` in whole seconds (no
+  ``retry-after-ms``, no ``x-ratelimit-*``, no "try again in" in its message), as many proxies and smaller
+  hosts do.
 - ``closed_s``: every request refused (429, type ``requests``, "try again in 1s" at most) for that long from
   the first request on (``inf``: for ever): a limit that lifts, or one that never does.
 - ``refuse``: every request answered as OpenAI answers a bad key (401 ``invalid_api_key``), a region or
@@ -18,7 +26,7 @@
   "... on requests per day (RPD) ...").
 
 ``ideal_s`` adds up each admitted request's share of the binding limit (max of 60/rpm and 60·tokens/tpm) per
-model, and takes the largest model's: the least wall time the admitted work could take.
+model (per pool), and takes the largest: the least wall time the admitted work could take.
 """
 
 from __future__ import annotations
@@ -120,10 +128,13 @@ class Verdict:
 class KeyLimits:
     """Admits or refuses each request as a key with these limits would (thread-safe)."""
 
-    def __init__(self, rpm: float = 0.0, tpm: float = 0.0, closed_s: float = 0.0, refuse: str = ""):
+    def __init__(self, rpm: float = 0.0, tpm: float = 0.0, closed_s: float = 0.0, refuse: str = "",
+                 pool: str = "model", headers: str = "openai"):
         if refuse and refuse not in REFUSALS:
             raise ValueError(f"refuse={refuse!r}: one of {sorted(REFUSALS)}")
-        self.rpm, self.tpm = rpm, tpm
+        if pool not in ("model", "key") or headers not in ("openai", "retry-after"):
+            raise ValueError(f"pool={pool!r}, headers={headers!r}: pool is model or key, headers openai or retry-after")
+        self.rpm, self.tpm, self.pool, self.headers = rpm, tpm, pool, headers
         self.windows: dict[str, tuple[_Window | None, _Window | None]] = {}
         self.ideal_by_model: dict[str, float] = {}
         self.closed_s, self.refuse = closed_s, refuse
@@ -153,10 +164,11 @@ class KeyLimits:
             if self.closed_s and now - self.opened_at < self.closed_s:
                 wait = min(self.closed_s - (now - self.opened_at), 1.0)  # "try again in 1s", as long as it lasts
                 return self._limited("requests", model, wait, 0, 0, cost, (None, None))
-            windows = self.windows.get(model)
+            pool = model if self.pool == "model" else "key"
+            windows = self.windows.get(pool)
             if windows is None:
-                windows = self.windows[model] = (_Window(self.rpm) if self.rpm else None,
-                                                 _Window(self.tpm) if self.tpm else None)
+                windows = self.windows[pool] = (_Window(self.rpm) if self.rpm else None,
+                                                _Window(self.tpm) if self.tpm else None)
             for kind, window, amount in (("requests", windows[0], 1), ("tokens", windows[1], cost)):
                 if window is not None and not window.fits(amount, now):
                     return self._limited(kind, model, window.reset_s(amount, now), window.per_minute,
@@ -165,12 +177,32 @@ class KeyLimits:
                 if window is not None:
                     window.spend(amount)
             self.admitted += 1
-            self.ideal_by_model[model] = self.ideal_by_model.get(model, 0.0) + max(
+            self.ideal_by_model[pool] = self.ideal_by_model.get(pool, 0.0) + max(
                 60.0 / self.rpm if self.rpm else 0.0, 60.0 * cost / self.tpm if self.tpm else 0.0)
         return None
 
+    def stated(self, body: dict[str, Any]) -> dict[str, str]:
+        """The limit headers of an admitted request's reply (OpenAI sends them with every response; a provider
+        that states only ``retry-after`` sends none)."""
+        if self.headers != "openai" or not (self.rpm or self.tpm):
+            return {}
+        model = str(body.get("model") or "stub")
+        with self._lock:
+            windows = self.windows.get(model if self.pool == "model" else "key") or (None, None)
+            out = {}
+            for name, window in zip(("requests", "tokens"), windows):
+                if window is not None:
+                    out[f"x-ratelimit-limit-{name}"] = f"{window.per_minute:g}"
+                    out[f"x-ratelimit-remaining-{name}"] = str(window.remaining())
+                    out[f"x-ratelimit-reset-{name}"] = openai_duration(max(0.001, window.window + 1 - time.time()))
+        return out
+
     def _limited(self, kind: str, model: str, wait: float, limit: float, used: float, requested: int,
                  windows: tuple[_Window | None, _Window | None]) -> Verdict:
+        if self.headers == "retry-after":  # the wait in whole seconds, and nothing else
+            body = {"error": {"message": "Too many requests. Please slow down.", "type": "rate_limit_error",
+                              "param": None, "code": "rate_limit_exceeded"}}
+            return Verdict(429, body, {"retry-after": str(max(1, math.ceil(wait)))}, "429")
         unit = "requests per min (RPM)" if kind == "requests" else "tokens per min (TPM)"
         message = (f"Rate limit reached for {model} in organization org-stub on {unit}: Limit {limit:g}, Used "
                    f"{used:g}, Requested {requested if kind == 'tokens' else 1}. Please try again in "

@@ -44,6 +44,8 @@ class StubConfig:
     model_ids: tuple[str, ...] = ("stub",)  # what GET /v1/models lists (clients that check a model exists)
     rpm: float = 0.0  # a key's limits as OpenAI enforces them (rate_limits.py); 0: none
     tpm: float = 0.0
+    limits_pool: str = "model"  # "key": one pool of rpm/tpm for every model (rate_limits.py), not one per model
+    limit_headers: str = "openai"  # "retry-after": a 429 states only retry-after, in whole seconds
     closed_s: float = 0.0  # every request 429 for this long from the first one (inf: for ever)
     refuse: str = ""  # "401" | "403" | "404" | "insufficient_quota" | "daily": every request refused (rate_limits.py)
     omit_usage: bool = False  # replies (live and batch rows) carry no ``usage``: billed by the stub's own count

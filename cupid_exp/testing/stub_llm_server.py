@@ -32,6 +32,8 @@ CLI (for bench/ and manual use)::
     python -m cupid_exp.testing.stub_llm_server --port 8011 --latency-ms 200 --jitter-ms 20 \
         --rate-429 0.1 --rate-500 0.1 --rate-503 0.1 --retry-after 1 --seed 0
     python -m cupid_exp.testing.stub_llm_server --rpm 300 --tpm 400000   # a key's limits (rate_limits.py)
+    python -m cupid_exp.testing.stub_llm_server --rpm 300 --limits-pool key   # one pool for every model
+    python -m cupid_exp.testing.stub_llm_server --rpm 480 --limit-headers retry-after   # 429s state only retry-after
 """
 
 from __future__ import annotations
@@ -97,9 +99,13 @@ class StubServer:
         self.bodies: list[dict[str, Any]] = []  # request bodies, when ``record_bodies`` is on
         self.header_values: dict[str, Counter] = defaultdict(Counter)  # header -> values, for ``record_headers``
         self.batches = BatchQueue(self._batch_row, batch)  # OpenAI's Files and Batch endpoints
-        self.limits = KeyLimits(self.config.rpm, self.config.tpm, self.config.closed_s, self.config.refuse)
+        self.limits = self._key_limits()
         self.httpd = _HTTPServer(("127.0.0.1", port), self._handler())
         self._thread: threading.Thread | None = None
+
+    def _key_limits(self) -> KeyLimits:
+        c = self.config
+        return KeyLimits(c.rpm, c.tpm, c.closed_s, c.refuse, pool=c.limits_pool, headers=c.limit_headers)
 
     # ---- control
 
@@ -115,7 +121,7 @@ class StubServer:
         with self._lock:
             self.counters = _Counters()
             self._seen = Counter()
-            self.limits = KeyLimits(self.config.rpm, self.config.tpm, self.config.closed_s, self.config.refuse)
+            self.limits = self._key_limits()
 
     def hold_after(self, n_completed: int | None) -> None:
         """Once ``n_completed`` responses have completed in total, hold every later request unanswered."""
@@ -313,7 +319,8 @@ class StubServer:
                 text, refusal = None, "I'm sorry, I can't help with that request."
             full = completion_body(text, body, finish, refusal)
             reply = self._billed(body, full)  # processed: billed even if the client has gone
-            if handler._send(200, json.dumps(reply).encode()):  # type: ignore[attr-defined]
+            stated = self.limits.stated(body) if self.limits.active else None
+            if handler._send(200, json.dumps(reply).encode(), headers=stated):  # type: ignore[attr-defined]
                 with self._lock:
                     self.counters.completed[step] += 1
                     self.counters.completed_prompts[request_digest] += 1

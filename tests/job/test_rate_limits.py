@@ -64,11 +64,32 @@ def test_a_fatal_refusal_stops_the_job_after_its_first_calls(tmp_path: Path, ref
     lines = [line for line in proc.stderr.splitlines() if line.startswith("cupid_exp: stopped:")]
     assert len(lines) == 1, proc.stderr[-3000:]
     assert f"decomposer, matcher, judge (model" in lines[0] and f"{kind}: " in lines[0] and refuse in lines[0]
-    # the calls in flight when the first refusal came: at most the endpoint's starting concurrency (a quarter of
-    # the three roles' 3 x 16 slots: 12; how many of them go out before the refusal returns depends on the CPU),
+    # the calls in flight when the first refusal came: at most the pool's starting concurrency (a quarter of the
+    # bound its three roles share, 16: 4; how many of them go out before the refusal returns depends on the CPU),
     # not one (or four, retried) per instance (24, 96)
-    assert refused <= 12, refused
+    assert refused <= 4, refused
     assert answered < 24, answered  # no call of any role sent after it (the subject's in flight finished)
     assert "Traceback" not in proc.stderr
     journals = list((root / "journal").glob("*.jsonl")) if (root / "journal").exists() else []
     assert all(not r["errors"] for j in journals for r in read_jsonl(j))  # nothing journaled as a failure
+
+
+@pytest.mark.slow
+def test_a_pools_limit_given_once_paces_every_role_and_shows_in_the_calls_line(tmp_path: Path) -> None:
+    """A server that holds every model in one 300 RPM pool: the limit given once for the pool (not per role) paces
+    the subject and the evaluator roles together; the calls: line and the metrics show the pool."""
+    from cupid_exp.llm.pools import pool_name
+
+    data = write_dataset(tmp_path / "data.jsonl", N)
+    with StubServer(rpm=300, limits_pool="key", latency_ms=20) as stub:
+        pool = pool_name("openai/stub", stub.url)
+        proc = run_cli(cli_command(stub.url, tmp_path / "out", "tracking=none", f"+runtime.pools.{pool}.rpm=300",
+                                   data=data, cache_dir=tmp_path / "cache"), timeout=240)
+        st = stub.stats()
+    assert st["total_completed"] >= 4 * N and st["rate_limited"] <= 1, st
+    (job,) = job_dirs(tmp_path / "out")
+    metrics = metrics_of(job)
+    assert metrics[f"pools/{pool}/rpm"] == 300 and metrics[f"pools/{pool}/answered_429"] == st["rate_limited"]
+    assert metrics[f"pools/{pool}/peak_in_flight"] >= 1
+    calls_line = next(line for line in proc.stdout.splitlines() if line.startswith("calls:"))
+    assert f"pool {pool}: " in calls_line and "paced at 300 RPM" in calls_line

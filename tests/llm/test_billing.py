@@ -16,7 +16,7 @@ import pytest
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm.budget import Account, Budget, BudgetExceeded, Prices, worst_case_usd
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
-from cupid_exp.llm.limits import forget_endpoints
+from cupid_exp.llm.pools import forget_pools
 from cupid_exp.llm.retry import FatalProviderError, RetryLater
 from cupid_exp.llm.usage import UsageMeter, requests_sent, usage_line, usage_metrics
 from cupid_exp.testing.batch_api import BatchQueueConfig
@@ -28,7 +28,7 @@ HELLO = [{"role": "user", "content": "Say hello to the billing department, pleas
 
 
 def client(url: str, tmp_path: Path, cap: float | None = None, **runtime) -> tuple[LLMClient, UsageMeter]:
-    forget_endpoints()
+    forget_pools()
     rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), **{"cache": False, "num_retries": 3, "timeout": 10,
                                                               **runtime}).call_settings()
     configure_litellm(rt)

@@ -15,7 +15,7 @@ import pytest
 
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
-from cupid_exp.llm.limits import Endpoint, forget_endpoints
+from cupid_exp.llm.pools import Pool, forget_pools
 from cupid_exp.llm.retry import FatalProviderError, RetryLater, parse_duration, retry_after_s, told_limits
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.testing.fault_server import ScriptedServer, completion_body
@@ -52,7 +52,7 @@ def test_durations_and_stated_limits() -> None:
 
 
 def client(url: str, tmp_path: Path, model: ModelConfig | None = None, **runtime) -> tuple[LLMClient, UsageMeter]:
-    forget_endpoints()
+    forget_pools()
     rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False,
                        **{"num_retries": 1, "timeout": 10, **runtime}).call_settings()
     configure_litellm(rt)
@@ -96,8 +96,8 @@ def test_a_wait_longer_than_a_minute_is_honoured(tmp_path: Path, monkeypatch) ->
         return await real_sleep(seconds, *args, **kwargs)
 
     monkeypatch.setattr(asyncio, "sleep", sleep)
-    # the endpoint's pause would spin on the patched sleep for the real 90 s: the call's own wait is the one checked
-    monkeypatch.setattr(Endpoint, "pause", lambda self, seconds: None)
+    # the pool's pause would spin on the patched sleep for the real 90 s: the call's own wait is the one checked
+    monkeypatch.setattr(Pool, "pause", lambda self, seconds: None)
     script = [(429, {"error": {"message": "Rate limit reached", "type": "requests", "param": None,
                                "code": "rate_limit_exceeded"}}, {"retry-after": "90"}),
               (200, completion_body("hello"), {})]

@@ -1,0 +1,109 @@
+"""What the processes calling one pool tell each other (a job's workers, a sweep's parallel jobs on one key):
+a pause, a cut of the concurrency limit, the limits a provider stated, a pace learned from refusals, and who
+is calling (they split a bound given once). The pacer's schedule has its own ledger (``limits.Pacer``).
+
+One small JSON file per pool under ``runtime.cache_dir/rate_limits/``, read and written under a ``filelock``
+at most every ``pools.SYNC_S`` per process and at each 429: a process that met a 429 publishes at once, the
+others follow within half a second. News older than ``FRESH_S`` is not followed (a run days later starts from
+what its own requests tell it, not from a limit that may since have changed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FRESH_S = 120.0  #: stated or learned limits older than this are not adopted
+CALLING_S = 3.0  #: a process that has not exchanged for this long no longer takes a share of a given bound
+
+
+@dataclass
+class Seen:
+    """What the other processes published since this one last looked."""
+
+    cut: bool = False  #: one of them cut its concurrency limit on a 429: cut ours too (the cooldown applies)
+    told: tuple[float | None, float | None] | None = None
+    learned: tuple[float, float] | None = None  #: (rpm, the lowest refused rpm)
+    processes: int = 0  #: processes calling the pool now (only counted where a bound is given)
+
+
+class SharedPoolState:
+    def __init__(self, path: Path, me: str | None = None):
+        from filelock import FileLock
+
+        self.path, self._lock = path, FileLock(str(path) + ".lock")  # the folder made at the first exchange
+        self.me = me or str(os.getpid())  #: who publishes (a process id; tests give two pools two names)
+        self._looked = time.time()  # cuts before this process started are not its to follow
+        self._cut = False
+        self._told: tuple[float | None, float | None] | None = None
+        self._learned: tuple[float, float] | None = None
+        self._adopted = 0.0  # when the learned pace this process last adopted was published
+
+    def cut(self) -> None:
+        """This process cut its concurrency limit: the others will too."""
+        self._cut = True
+
+    def told(self, limits: tuple[float | None, float | None]) -> None:
+        """The provider stated these limits to this process."""
+        self._told = limits
+
+    def learned(self, rpm: float | None, refused_rpm: float) -> None:
+        """This process's refusals taught (or changed) the pace."""
+        if rpm:
+            self._learned = (rpm, refused_rpm)
+
+    def exchange(self, pool: Any, news: bool = False) -> Seen:
+        """Publish this process's news (``pool``'s pause, stated limits, learned pace, cut), read the others'."""
+        seen = Seen()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            state = self._read()
+            now, changed = time.time(), news
+            if pool.paused_until > state.get("paused_until", 0.0):
+                state["paused_until"] = pool.paused_until
+                changed = True
+            pool.paused_until = max(pool.paused_until, state.get("paused_until", 0.0))
+            if self._cut:
+                state["cut"] = {"at": now, "by": self.me}
+                self._cut, changed = False, True
+            elif (cut := state.get("cut")) and cut["by"] != self.me and cut["at"] > self._looked:
+                seen.cut = True
+            told = state.get("told")
+            if self._told is not None:
+                state["told"] = {"limits": list(self._told), "at": now}
+                self._told, changed = None, True
+            elif told and now - told["at"] < FRESH_S:
+                seen.told = (told["limits"][0], told["limits"][1])
+            learned = state.get("learned")
+            if self._learned is not None:
+                state["learned"] = {"rpm": self._learned[0], "refused": _finite(self._learned[1]), "at": now,
+                                    "by": self.me}
+                self._learned, changed = None, True
+            elif (learned and learned["by"] != self.me and now - learned["at"] < FRESH_S
+                  and learned["at"] > self._adopted):
+                refused = learned["refused"] if learned["refused"] is not None else float("inf")
+                seen.learned = (learned["rpm"], refused)
+                self._adopted = learned["at"]
+            if pool.given.max_concurrency:
+                calling = {pid: t for pid, t in state.get("calling", {}).items() if now - t < CALLING_S}
+                calling[self.me] = now
+                state["calling"], changed = calling, True
+                seen.processes = len(calling)
+            self._looked = now
+            if changed:
+                self.path.write_text(json.dumps(state))
+        return seen
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+
+def _finite(value: float) -> float | None:
+    return value if value != float("inf") else None

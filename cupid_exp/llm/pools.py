@@ -1,0 +1,361 @@
+"""A provider's pool: what its limits apply to, shared by every role, snapshot, process and job that calls it.
+
+Providers do not limit a model config: OpenAI limits an organization's project per model family (every
+snapshot of gpt-4o counts toward one RPM/TPM), Anthropic per rate-limit group, and a proxy or a self-hosted
+server has one capacity for whatever stands behind it. Limits kept per config let the paper's subject
+(gpt-4o-2024-08-06) and evaluator (gpt-4o-2024-11-20) each pace itself to the limit the headers state, and
+both were cut. Which pool a model config calls (``pool_name``): its ``pool`` key, else
+
+- OpenAI (``openai/`` at OpenAI's own API): the model family, its snapshot date dropped
+  (``gpt-4o-2024-08-06`` and ``gpt-4o-2024-11-20``: ``openai-gpt-4o``);
+- Anthropic (``anthropic/`` at Anthropic's API): its rate-limit group, the model without its date
+  (``anthropic-claude-3-7-sonnet``); the 4.x models of a family share one (``claude-sonnet-4-5-…``:
+  ``anthropic-claude-sonnet-4``), as Anthropic's rate-limit page lists them;
+- any other ``api_base`` (a proxy, vLLM, an OpenAI-compatible host): one pool per base
+  (``http://127.0.0.1:8000/v1``: ``api-127_0_0_1-8000-v1``);
+- a hosted provider reached without an ``api_base`` (``together_ai/``, ``vertex_ai/``, ``bedrock/``): one pool
+  per model,
+
+and always one per key (the key enters only as a hash). A pool holds (``cupid_exp.llm.limits``):
+
+- a concurrency bound, ``runtime.pools.<name>.max_concurrency`` when given (then the roles' own
+  ``max_concurrency`` is not used, and the processes calling the pool split it), else the largest
+  ``max_concurrency`` of its configs (split among a job's worker processes like each config's), and under it
+  the adaptive limit (AIMD);
+- a pace: ``runtime.pools.<name>.rpm``/``tpm``, else the smallest ``rpm``/``tpm`` its configs give, else the
+  limits the provider states (``x-ratelimit-limit-*``, ``anthropic-ratelimit-*-limit``: in a reply's headers,
+  as OpenAI sends them with every response, or a 429's), else the pace learned from its refusals;
+- a pause: a 429 that says how long to wait holds every caller until then (not while a learned pace is in
+  force and the wait is a window or less: a provider that sends only whole-second ``retry-after`` would idle
+  the pool a second per refusal);
+- whether it refused for good (a bad key, an unknown model, no connection ever): later calls are not sent.
+
+Processes on one pool (a job's workers, a sweep's parallel jobs) share the pace through the pacer's ledger and
+the rest through ``runtime.cache_dir/rate_limits/<pool>.pool.json`` (``cupid_exp.llm.pool_state``), read and
+written at most every ``SYNC_S`` and at each 429.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import re
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Mapping
+from urllib.parse import urlsplit
+
+from cupid_exp.llm.limits import WINDOW_S, AdaptiveLimit, Pacer, RefusalPace
+from cupid_exp.llm.pool_state import SharedPoolState
+from cupid_exp.llm.retry import FatalProviderError, told_limits
+
+SYNC_S = 0.5  #: how often a pool exchanges its news with the other processes' (and counts into the job's meter)
+HEAR_FIRST = 50  #: the replies whose headers may state the limits (a provider that sent none by then sends none)
+
+_SNAPSHOT = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{4})$")  # OpenAI's dated snapshots: -2024-08-06, -0613
+_DATED = re.compile(r"-(\d{8}|latest)$")  # Anthropic's: -20250219, -latest
+_CLAUDE_4 = re.compile(r"^(claude-(?:opus|sonnet|haiku)-4)-\d+$")  # claude-sonnet-4-5: the Sonnet 4.x group
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+def _safe(text: str) -> str:
+    """A name that MLflow metric keys and Hydra override keys take (``+runtime.pools.<name>.rpm=…``; the
+    callers' prefixes make it start with a letter, as Hydra's keys must)."""
+    return _UNSAFE.sub("_", text.replace(":", "-").replace("/", "-")).strip("_-") or "pool"
+
+
+def _at(api_base: str | None, host: str) -> bool:
+    return not api_base or urlsplit(api_base).hostname == host
+
+
+def pool_name(litellm_model: str, api_base: str | None, named: str | None = None) -> str:
+    """The pool a model config calls: ``named`` (its ``pool`` key), else the provider's grouping (module doc)."""
+    if named:
+        return named
+    provider, _, model = litellm_model.partition("/")
+    if provider == "openai" and _at(api_base, "api.openai.com"):
+        return "openai-" + _safe(_SNAPSHOT.sub("", model))
+    if provider == "anthropic" and _at(api_base, "api.anthropic.com"):
+        model = _DATED.sub("", model)
+        return "anthropic-" + _safe(_CLAUDE_4.sub(r"\1", model))
+    if api_base:
+        parts = urlsplit(api_base)
+        return "api-" + _safe(f"{parts.netloc}{parts.path}" if parts.netloc else api_base)
+    return _safe(f"{provider}-{model}")
+
+
+@dataclass(frozen=True)
+class PoolLimits:
+    """What ``runtime.pools.<name>`` gives, once for every config on the pool."""
+
+    rpm: float | None = None
+    tpm: float | None = None
+    max_concurrency: int | None = None
+
+    @classmethod
+    def of(cls, given: Mapping[str, Any] | None) -> "PoolLimits":
+        return cls(**dict(given)) if given else cls()
+
+
+@dataclass
+class Held:
+    seconds: float  #: how long the request waited for the pause and the pacer
+
+
+class Pool:
+    """One provider pool, for every client of the process that calls it (``pool_for``)."""
+
+    def __init__(self, ident: str, label: str, ledger_dir: Path | None):
+        self.ident, self.label, self.ledger_dir = ident, label, ledger_dir
+        self.given = PoolLimits()
+        self.bounds: dict[str, int] = {}  #: each config's max_concurrency in this process
+        self.config_limits: dict[str, tuple[float | None, float | None]] = {}  #: each config's rpm, tpm
+        self.concurrency: AdaptiveLimit | None = None
+        self.configured: tuple[float | None, float | None] = (None, None)
+        self.told: tuple[float | None, float | None] = (None, None)  #: stated in x-ratelimit-limit-* headers
+        self.learner = RefusalPace()
+        self.pacer = Pacer(None, None, None)
+        self.paused_until = 0.0  #: wall clock: other processes hold to it too
+        self.fatal: FatalProviderError | None = None
+        self.successes = self.refused = self.answered_429 = 0
+        self.wait_s = 0.0  #: time callers spent held by the pause or the pacer
+        self.shared = SharedPoolState(ledger_dir / f"{ident}.pool.json") if ledger_dir is not None else None
+        self.share = 1.0  #: this process's part of a given bound (the live processes split it)
+        self.meter: Any = None  #: the job's usage meter (its latest client's): per-pool counts go there
+        self.sent = self.peak = 0  #: requests sent and the most in flight at once, since the meter was set
+        self._answered_429, self._waited = 0, 0.0  #: counted since the last flush into the meter
+        self._sync_due = 0.0
+
+    # ------------------------------------------------------------ membership
+
+    def join(self, config_id: str, max_concurrency: int, rpm: float | None, tpm: float | None,
+             given: PoolLimits, meter: Any) -> None:
+        """A client of a model config on this pool: its bound and limits count, ``given`` (the job's
+        ``runtime.pools.<name>``) wins over the configs'. A new job (a sweep's next, in this process: another
+        meter) starts from its own configs; what the pool learned (its limit, pace, pauses) carries over."""
+        if meter is not None and meter is not self.meter:
+            self.bounds.clear()
+            self.config_limits.clear()
+        self.bounds[config_id] = max(1, max_concurrency)
+        self.config_limits[config_id] = (rpm, tpm)
+        self.given = given
+        self.configured = (given.rpm or _least(r for r, _ in self.config_limits.values()),
+                           given.tpm or _least(t for _, t in self.config_limits.values()))
+        self._repace()
+        if self.concurrency is None:
+            self.concurrency = AdaptiveLimit(self.bound)
+        else:
+            self.concurrency.set_ceiling(self.bound)
+        if meter is not None and meter is not self.meter:
+            self.flush()
+            self.meter, self.sent, self.peak = meter, 0, 0
+
+    @property
+    def bound(self) -> int:
+        """Requests in flight this process may have: its share of a given bound, else its configs' largest."""
+        if self.given.max_concurrency:
+            return max(1, int(self.given.max_concurrency * self.share))
+        return max(self.bounds.values(), default=1)
+
+    @property
+    def learning(self) -> bool:
+        """No limit is configured or stated: only refusals can teach the pace."""
+        return not any(self.configured) and not any(self.told)
+
+    def _repace(self) -> None:
+        """The pacer at the configured limits, else the stated ones, else the learned pace (one ledger file)."""
+        rpm = self.configured[0] or self.told[0] or (self.learner.rpm if self.learning else None)
+        tpm = self.configured[1] or self.told[1]
+        if (rpm, tpm) == (self.pacer.rpm, self.pacer.tpm):
+            return
+        if self.pacer.active and bool(rpm) == bool(self.pacer.rpm) and bool(tpm) == bool(self.pacer.tpm):
+            self.pacer.rpm, self.pacer.tpm = rpm, tpm  # the same ledger: keep its lock and schedule
+            return
+        ledger = self.ledger_dir / f"{self.ident}.json" if self.ledger_dir is not None and (rpm or tpm) else None
+        was_active, self.pacer = self.pacer.active, Pacer(rpm, tpm, ledger)
+        if not was_active and self.pacer.rpm:
+            self.pacer.seed(self.learner.sends)
+
+    # ------------------------------------------------------------ one request
+
+    @asynccontextmanager
+    async def slot(self, tokens: int) -> AsyncIterator[Held]:
+        """Held while one request is in flight: after the pause, within the concurrency limit, at the pace."""
+        if time.monotonic() >= self._sync_due:
+            self.sync()
+        waited = 0.0
+        limit = self.concurrency
+        await limit.acquire()
+        try:
+            if self.fatal is not None:
+                raise self.fatal  # found refusing while this call waited for its slot: not sent
+            if limit.in_flight > self.peak:
+                self.peak = limit.in_flight
+            while (hold := self.paused_until - time.time()) > 0:
+                waited += hold
+                await asyncio.sleep(hold)
+            if self.pacer.active:
+                delay = self.pacer.reserve(tokens)
+                if delay > 0 and self.learning and self.learner.binding(time.time()):
+                    self._learned()
+                while delay > 0 or (delay := self.pacer.admit()) > 0:
+                    waited += delay
+                    await asyncio.sleep(delay)
+                    delay = 0.0
+            if self.learning:
+                self.learner.sent(time.time())
+            self.sent += 1
+            if waited:
+                self.wait_s += waited
+                self._waited += waited
+            yield Held(waited)
+        finally:
+            limit.release()
+
+    def rate_limited(self, told: tuple[float | None, float | None], hint: float | None, wait: float) -> None:
+        """A 429 (``wait``: how long its call now waits): the concurrency cut, the pace learned (the stated
+        limits, else from the refusals) or slowed, every caller paused where the provider said how long."""
+        self._answered_429 += 1
+        self.answered_429 += 1
+        self._waited += wait
+        cuts = self.concurrency.cuts
+        self.concurrency.rate_limited(time.monotonic())
+        if self.shared is not None and self.concurrency.cuts > cuts:
+            self.shared.cut()
+        learned_pace = self.learning and self.learner.rpm is not None
+        if any(told) and told != self.told and not all(self.configured):
+            self.told = (told[0] or self.told[0], told[1] or self.told[1])
+            self._repace()
+            if self.shared is not None:
+                self.shared.told(self.told)
+        elif self.learning:
+            if self.learner.refused(time.time(), hint):
+                self._learned()
+        elif self.pacer.active:
+            self.pacer.rate_limited()
+        if hint is not None and not (learned_pace and hint <= WINDOW_S):
+            self.pause(hint)
+        self.sync(news=True)
+
+    def succeeded(self, response: Any = None) -> None:
+        """A reply: the concurrency limit grows; the limits the reply's headers state (OpenAI sends them with every
+        response) pace the pool before any 429, where no limit is known yet."""
+        self.successes += 1
+        self.concurrency.succeeded(time.monotonic())
+        if self.pacer.scale < 1.0:
+            self.pacer.succeeded()
+        if response is not None and self.successes <= HEAR_FIRST and not any(self.told) and not all(self.configured):
+            told = told_limits(stated_headers(response))
+            if any(told):
+                self.told = told
+                self._repace()
+                if self.shared is not None:
+                    self.shared.told(self.told)
+
+    def pause(self, seconds: float) -> None:
+        self.paused_until = max(self.paused_until, time.time() + seconds)
+
+    def _learned(self) -> None:
+        self._repace()
+        if self.shared is not None:
+            self.shared.learned(self.learner.rpm, self.learner.refused_rpm)
+
+    # ------------------------------------------------------------ the other processes, the job's meter
+
+    def sync(self, news: bool = False) -> None:
+        """Exchange news with the other processes on the pool (a pause, a cut, stated or learned limits, who
+        is calling), then count into the job's meter. At most every ``SYNC_S``, and at each 429 (``news``)."""
+        self._sync_due = time.monotonic() + SYNC_S
+        if self.shared is not None:
+            seen = self.shared.exchange(self, news=news)
+            if seen.cut:
+                self.concurrency.rate_limited(time.monotonic())
+            if seen.told and not all(self.configured) and seen.told != self.told:
+                self.told = seen.told
+                self._repace()
+            if seen.learned is not None and self.learning:
+                self.learner.adopt(*seen.learned, now=time.time())
+                self._repace()
+            if self.given.max_concurrency and seen.processes and abs(1.0 / seen.processes - self.share) > 1e-9:
+                self.share = 1.0 / seen.processes
+                self.concurrency.set_ceiling(self.bound)
+        self.flush()
+
+    def flush(self) -> None:
+        """The pool's counts since the last flush into the job's meter, and where it stands (``pool/<label>``)."""
+        if self.meter is None or not self.sent:
+            return
+        if self._answered_429 or self._waited:
+            self.meter.pool_count(self.label, answered_429=self._answered_429, wait_s=self._waited)
+            self._answered_429, self._waited = 0, 0.0
+        self.meter.pool_state(self.label, peak_in_flight=self.peak, concurrency=int(self.concurrency.limit),
+                              rpm=float(self.pacer.rpm or 0.0))
+
+
+def stated_headers(response: Any) -> dict[str, str]:
+    """The rate-limit headers of a reply, as litellm keeps them (OpenAI's by name, other providers' prefixed); a
+    billed ``Reply`` (``cupid_exp.llm.billing``) is read through to its response."""
+    from cupid_exp.llm.billing import Reply
+
+    if isinstance(response, Reply):
+        response = response.response
+    headers = (getattr(response, "_hidden_params", None) or {}).get("additional_headers") or {}
+    return {k.removeprefix("llm_provider-"): v for k, v in headers.items() if "ratelimit" in k}
+
+
+def _least(values: Any) -> float | None:
+    present = [v for v in values if v]
+    return min(present) if present else None
+
+
+_POOLS: dict[str, Pool] = {}
+# A forked worker (runtime.workers, a sweep's later job) builds its own clients: it must not take the parent's
+# pools, whose file locks refuse a process they were not made in, and whose state is the parent's share.
+os.register_at_fork(after_in_child=_POOLS.clear)
+
+
+def pool_for(litellm_model: str, api_base: str | None, api_key: str | None, *, named: str | None, config_id: str,
+             max_concurrency: int, rpm: float | None, tpm: float | None, pools: Mapping[str, Any] | None,
+             ledger_dir: Path | None, meter: Any = None) -> Pool:
+    """The process's Pool for this model config (made on first use), which the config joins."""
+    name = pool_name(litellm_model, api_base, named)
+    ident = hashlib.sha256(json.dumps([name, api_key or ""]).encode()).hexdigest()[:16]
+    pool = _POOLS.get(ident)
+    if pool is None:
+        taken = {p.label for p in _POOLS.values()}
+        label = name if name not in taken else f"{name}-key{ident[:6]}"  # the same pool name with another key
+        pool = _POOLS[ident] = Pool(ident, label, ledger_dir)
+    pool.join(config_id, max_concurrency, rpm, tpm, PoolLimits.of((pools or {}).get(name)), meter)
+    return pool
+
+
+def pool_metrics() -> dict[str, float]:
+    """Progress metrics of each pool: requests in flight, the concurrency limit, the pace, 429s, seconds waited."""
+    out: dict[str, float] = {}
+    for pool in list(_POOLS.values()):
+        if pool.concurrency is None or not pool.sent:
+            continue
+        key = f"progress/pools/{pool.label}"
+        out[f"{key}/in_flight"] = float(pool.concurrency.in_flight)
+        out[f"{key}/concurrency"] = float(int(pool.concurrency.limit))
+        out[f"{key}/wait_s"] = pool.wait_s
+        out[f"{key}/answered_429"] = float(pool.answered_429)
+        if pool.pacer.rpm:
+            out[f"{key}/rpm"] = float(pool.pacer.rpm)
+    return out
+
+
+def flush_pools() -> None:
+    """Every pool's counts into its job's meter (the end of a job's calls)."""
+    for pool in list(_POOLS.values()):
+        pool.flush()
+
+
+def forget_pools() -> None:
+    """Tests: start the next client from a fresh state."""
+    _POOLS.clear()
+

@@ -1,0 +1,236 @@
+"""A provider's pool is the unit of limits (issue 36): roles and snapshots on one pool share its concurrency
+bound, its pace and its pauses, in one process and across processes; a provider that states nothing but
+``retry-after`` teaches the pool its pace by its refusals; each pool's figures reach the metrics and the
+``calls:`` line."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cupid_exp.config import ConfigError, ModelConfig, RuntimeConfig, config_digest
+from cupid_exp.llm.client import LLMClient, configure_litellm
+from cupid_exp.llm.limits import RefusalPace
+from cupid_exp.llm.pools import Pool, PoolLimits, forget_pools, pool_name
+from cupid_exp.llm.pool_state import SharedPoolState
+from cupid_exp.llm.usage import UsageMeter, usage_line, usage_metrics
+from cupid_exp.testing.stub_llm_server import StubServer
+
+SUBJECT, EVALUATOR = "openai/gpt-4o-2024-08-06", "openai/gpt-4o-2024-11-20"  # the paper's two gpt-4o snapshots
+
+
+@pytest.mark.parametrize("model,base,named,pool", [
+    (SUBJECT, None, None, "openai-gpt-4o"),
+    (EVALUATOR, "https://api.openai.com/v1", None, "openai-gpt-4o"),  # one family, one pool
+    ("openai/gpt-4o-mini-2024-07-18", None, None, "openai-gpt-4o-mini"),
+    ("openai/o3-mini-2025-01-31", None, None, "openai-o3-mini"),
+    ("openai/gpt-4.1-nano-2025-04-14", None, None, "openai-gpt-4_1-nano"),  # a name Hydra overrides can address
+    ("anthropic/claude-3-7-sonnet-20250219", None, None, "anthropic-claude-3-7-sonnet"),
+    ("anthropic/claude-sonnet-4-5-20250929", None, None, "anthropic-claude-sonnet-4"),  # the Sonnet 4.x group
+    ("anthropic/claude-sonnet-4-20250514", None, None, "anthropic-claude-sonnet-4"),
+    (SUBJECT, "http://127.0.0.1:8011/v1", None, "api-127_0_0_1-8011-v1"),  # a proxy: one pool per base
+    ("hosted_vllm/kixlab/prefmatcher-7b", "http://127.0.0.1:8011/v1", None, "api-127_0_0_1-8011-v1"),
+    ("together_ai/Qwen/Qwen2.5-72B-Instruct-Turbo", None, None, "together_ai-Qwen-Qwen2_5-72B-Instruct-Turbo"),
+    (SUBJECT, None, "org-a", "org-a"),  # the config names it
+])
+def test_each_provider_groups_its_models_into_pools(model: str, base: str | None, named: str | None,
+                                                    pool: str) -> None:
+    assert pool_name(model, base, named) == pool
+
+
+def test_pool_settings_are_checked_and_leave_job_identities_alone() -> None:
+    with pytest.raises(ConfigError, match=r"model.pool='a/b'"):
+        ModelConfig(name="m", litellm_model="openai/m", pool="a/b").check("model")
+    with pytest.raises(ConfigError, match=r"runtime.pools.p.max_concurrency=0"):
+        RuntimeConfig(cache_dir="c", pools={"p": {"max_concurrency": 0}}).check("runtime")
+    with pytest.raises(ConfigError, match=r"runtime.pools.p=.*a mapping of rpm, tpm, max_concurrency"):
+        RuntimeConfig(cache_dir="c", pools={"p": {"rpn": 3}}).check("runtime")
+    RuntimeConfig(cache_dir="c", pools={"openai-gpt-4o": {"rpm": 500, "tpm": 30000, "max_concurrency": 64}}
+                  ).check("runtime")
+    runtime = {"reask": 1}
+    assert config_digest({"runtime": {**runtime, "pools": {}}}) == config_digest({"runtime": runtime})
+
+
+def _clients(url: str, tmp_path: Path, *models: dict, pools: dict | None = None) -> tuple[list[LLMClient], UsageMeter]:
+    forget_pools()
+    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=0, timeout=20,
+                       pools=pools or {}).call_settings()
+    configure_litellm(rt)
+    meter = UsageMeter()
+    return [LLMClient(ModelConfig(api_base=url, **m), rt, meter) for m in models], meter
+
+
+def _ask(clients: list[LLMClient], n: int) -> float:
+    async def go() -> None:
+        await asyncio.gather(*(c.complete([{"role": "user", "content": f"{c.model.name} question {i}"}], step="s")
+                               for c in clients for i in range(n)))
+
+    start = time.perf_counter()
+    asyncio.run(go())
+    return time.perf_counter() - start
+
+
+@pytest.mark.parametrize("pools,role_bound,bound", [(None, 4, 4), ({"shared": {"max_concurrency": 3}}, 8, 3)])
+def test_two_configs_in_one_pool_never_hold_more_than_its_bound_in_flight_together(
+        tmp_path: Path, pools: dict | None, role_bound: int, bound: int) -> None:
+    """Each config alone keeps its bound; together, on one pool, they keep the pool's (the largest of theirs, or the
+    one given once in runtime.pools), not the sum: per-config bounds put 3 x 64 in flight where 64 were meant."""
+    with StubServer(latency_ms=150) as stub:
+        clients, _ = _clients(stub.url, tmp_path, *(
+            {"name": name, "litellm_model": model, "max_concurrency": role_bound, "pool": "shared" if pools else None}
+            for name, model in (("subject", SUBJECT), ("evaluator", EVALUATOR))), pools=pools)
+        assert clients[0].pool is clients[1].pool
+        for _ in range(2):
+            clients[0].pool.concurrency.succeeded(time.monotonic())  # past the slow start: the bound itself binds
+        _ask(clients, 12)
+        st = stub.stats()
+    assert st["total_completed"] == 24
+    assert st["peak_in_flight"] == bound, st["peak_in_flight"]
+
+
+@pytest.mark.parametrize("given_once", [False, True])
+def test_a_pool_paced_at_n_rpm_across_two_configs_sends_at_most_n_a_minute(tmp_path: Path, given_once: bool) -> None:
+    """Both snapshots on a server that holds them in one 600 RPM pool (ten a second): paced per config, each
+    sent its own ten a second and half were refused; paced per pool, none is."""
+    n = 20  # per config: 40 requests, 3.9 s at 600 RPM
+    with StubServer(rpm=600, limits_pool="key", latency_ms=20) as stub:
+        per_config = {} if given_once else {"rpm": 600}
+        clients, meter = _clients(stub.url, tmp_path, *(
+            {"name": name, "litellm_model": model, "max_concurrency": 8, **per_config}
+            for name, model in (("subject", SUBJECT), ("evaluator", EVALUATOR))),
+            pools={pool_name(SUBJECT, stub.url): {"rpm": 600}} if given_once else None)
+        elapsed = _ask(clients, n)
+        st = stub.stats()
+    assert st["total_completed"] == 2 * n
+    assert st["rate_limited"] <= 1, st["rate_limited"]  # the stub refuses whatever passes 10 in one second
+    assert elapsed >= (2 * n - 10) / 10  # the first second's ten at once, then ten a second
+    metrics = usage_metrics(meter)
+    pool = pool_name(SUBJECT, stub.url)
+    assert metrics[f"pools/{pool}/rpm"] == 600 and metrics[f"pools/{pool}/answered_429"] == st["rate_limited"]
+    assert metrics[f"pools/{pool}/wait_s"] > 1.0  # the pace held calls back
+
+
+@pytest.mark.slow
+def test_a_provider_that_states_only_retry_after_teaches_the_pool_its_pace(tmp_path: Path) -> None:
+    """480 RPM in one-second windows, 429s with nothing but ``retry-after: 1``: before, the pool stayed unpaced
+    (AIMD and pauses bound what is in flight, not how fast it goes out) and 29% of requests were refused."""
+    n = 96  # 12 s at eight a second
+    with StubServer(rpm=480, limit_headers="retry-after", latency_ms=50) as stub:
+        clients, meter = _clients(stub.url, tmp_path, {"name": "stub", "litellm_model": "openai/stub",
+                                                        "max_concurrency": 8})
+        elapsed = _ask(clients, n)
+        st = stub.stats()
+    pool = clients[0].pool
+    assert st["total_completed"] == n
+    assert 0.75 * 480 <= pool.pacer.rpm <= 1.15 * 480, pool.pacer.rpm  # it converged to what was admitted
+    # before: 26-29% refused; the bench's target is 10% over a longer run, this short one on a loaded CPU (a late
+    # wake-up lands a request in the next window) has measured 4-11%
+    assert st["rate_limited"] <= 0.15 * st["total_received"], st
+    assert elapsed <= 1.4 * st["limits_ideal_s"], (elapsed, st["limits_ideal_s"])
+    assert usage_metrics(meter)[f"pools/{pool.label}/answered_429"] == st["rate_limited"]
+
+
+def test_the_first_refusal_teaches_what_was_admitted_and_probes_stay_under_the_refused_pace() -> None:
+    learner = RefusalPace()
+    for i in range(9):  # eight admitted in the first 0.4 s, the ninth refused: the window allows eight
+        learner.sent(100.0 + i * 0.05)
+    assert learner.refused(100.4, hint=1.0)
+    assert learner.rpm == pytest.approx(60 * 8)  # eight in the second the refusal measured
+    for i in range(27):  # then paced a little too fast: nine a second, two of them refused
+        learner.sent(101.0 + i / 9)
+    learner.refused(103.0, hint=1.0)
+    assert learner.refused(104.0, hint=1.0)  # a cut: to what was admitted, or x0.9 where that is more
+    assert learner.rpm == pytest.approx(480 * 0.9)
+    assert not learner.refused(105.0, hint=1.0)  # within the cooldown: one cut at most
+    for t in range(106, 120):
+        learner.binding(float(t))
+    assert learner.rpm == pytest.approx(480 * 0.97)  # probed back, to just under the pace that was refused
+    learner.binding(200.0)  # a minute without a refusal: probing may pass it again
+    assert learner.rpm > 480
+
+
+def test_a_window_closed_from_the_start_teaches_no_pace() -> None:
+    learner = RefusalPace()
+    for i in range(10):
+        learner.sent(100.0 + i * 0.01)
+        assert not learner.refused(100.0 + i * 0.01, hint=1.0)  # nothing admitted yet: nothing to learn
+    assert learner.rpm is None
+
+
+def test_processes_on_one_pool_share_its_pause_stated_limits_cut_and_given_bound(tmp_path: Path) -> None:
+    """Two processes on one key (a job's workers, or two parallel jobs): the second follows the first's 429 within a
+    sync, and a bound given once is split between them."""
+    first, second = (Pool("p", "p", tmp_path) for _ in range(2))
+    second.shared = SharedPoolState(tmp_path / "p.pool.json", me="another process")
+    for pool in (first, second):
+        pool.join("cfg", 16, None, None, PoolLimits(max_concurrency=8), None)
+        pool.sync()
+    assert (first.bound, second.bound) == (8, 4)  # the first synced alone, the second after it
+    first.sync()
+    assert first.bound == 4
+    limit_before = second.concurrency.limit
+    first.rate_limited((300.0, None), hint=2.0, wait=2.0)  # a 429 stating the key's limit, "wait 2 s"
+    second.sync()
+    assert second.paused_until >= time.time() + 1.5
+    assert second.pacer.rpm == 300 and second.concurrency.limit < limit_before
+
+
+def test_each_pools_figures_reach_the_metrics_and_the_calls_line() -> None:
+    """The job's process and a worker each had half the pool: their peaks and limits add up, the pace is the one
+    they shared."""
+    job, worker, sent = UsageMeter(), UsageMeter(), {}
+    job.pool_count("openai-gpt-4o", answered_429=2, wait_s=1.0)
+    job.pool_state("openai-gpt-4o", peak_in_flight=32, concurrency=30, rpm=300.0)
+    worker.pool_count("openai-gpt-4o", answered_429=1, wait_s=0.5)
+    worker.counts["pool/openai-gpt-4o"].update({"peak_in_flight@1": 32, "concurrency@1": 32, "rpm@1": 300.0})
+    job.merge(worker.since(sent))
+    metrics = usage_metrics(job)
+    assert metrics["pools/openai-gpt-4o/peak_in_flight"] == 64 and metrics["pools/openai-gpt-4o/concurrency"] == 62
+    assert metrics["pools/openai-gpt-4o/rpm"] == 300 and metrics["pools/openai-gpt-4o/answered_429"] == 3
+    assert "calls/pool/openai-gpt-4o" not in metrics and metrics["calls/total"] == 0  # a pool is not a step
+    assert ("pool openai-gpt-4o: 64 in flight at most, limit 62, paced at 300 RPM, 3 answered 429, 1.5 s waited"
+            in usage_line(metrics))
+
+
+def test_a_sweeps_next_job_on_the_pool_starts_from_its_own_configs(tmp_path: Path) -> None:
+    """Jobs of a sweep run one after the other in one process: the second's configs set the bound and the pace,
+    not the first's (what the pool learned from the provider carries over)."""
+    pool = Pool("p", "p", None)
+    pool.join("first job", 64, 500.0, None, PoolLimits(), UsageMeter())
+    pool.told = (300.0, None)
+    pool.join("second job", 16, None, None, PoolLimits(), UsageMeter())
+    assert pool.bound == 16 and pool.configured == (None, None)
+    pool._repace()
+    assert pool.pacer.rpm == 300  # the stated limit, learned in the first job
+
+
+def _sync_in_child(ledger: str, out: Any) -> None:
+    from cupid_exp.llm.pools import _POOLS, pool_for
+
+    inherited = len(_POOLS)
+    pool = pool_for("openai/stub", "http://127.0.0.1:1/v1", None, named=None, config_id="c", max_concurrency=4,
+                    rpm=None, tpm=None, pools=None, ledger_dir=Path(ledger))
+    pool.sync()  # the parent's pool here: its file lock refused this process
+    out.put(inherited)
+
+
+def test_a_forked_worker_builds_its_own_pools(tmp_path: Path) -> None:
+    """A sweep's later job forks its calls worker after the first job made the pools: the worker must not take
+    them (their file locks refuse a process they were not made in: the worker died on its first call)."""
+    import multiprocessing
+
+    from cupid_exp.llm.pools import pool_for
+
+    forget_pools()
+    pool_for("openai/stub", "http://127.0.0.1:1/v1", None, named=None, config_id="c", max_concurrency=4, rpm=None,
+             tpm=None, pools=None, ledger_dir=tmp_path).sync()
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_sync_in_child, args=(str(tmp_path), out))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0 and out.get(timeout=5) == 0

@@ -33,7 +33,7 @@ POOL_LIMITS = ("rpm", "tpm", "max_concurrency")  #: what ``runtime.pools.<name>`
 
 # Settings whose default is an empty mapping (an override cannot fill a null one): left out of a digest while
 # empty, as a null is, so that adding them did not change every earlier job's identity.
-_EMPTY_AS_NULL = ("pools",)
+_EMPTY_AS_NULL = ("pools", "step_params")
 
 
 def _without_nulls(value: Any) -> Any:

@@ -80,7 +80,8 @@ def test_job_dir_is_stable_for_a_command_and_differs_by_recipe() -> None:
     # (moved from ..._21e1ff6a when conf/llm/local.yaml set n_threads 1 and n_threads_batch 2: a config value
     # that changed, not a null; with n_threads=2 and n_threads_batch=null on every role the old hash comes back)
     # (moved from ..._952b87cc when the recipe gained embedded_sampling, the repetition samplers of the local model)
-    assert run_dir([]) == "outputs/synthesis/default_local_seed0_bf8ecab3"
+    # (moved from ..._bf8ecab3 when conf/llm/local.yaml gained the DRY sampler and step_params: config values)
+    assert run_dir([]) == "outputs/synthesis/default_local_seed0_64ab4f54"
     assert run_dir([]) != run_dir(["synthesis.max_turns=2"])
     assert run_dir([]) != run_dir(["synthesis.seed=1"])
 

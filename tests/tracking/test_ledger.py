@@ -102,4 +102,6 @@ def test_what_an_interrupted_attempt_paid_is_in_the_resumed_runs_cost(tmp_path: 
     m = only_run(store_uri(root)).data.metrics
     assert m["cost/usd/earlier_attempts"] == pytest.approx(_price(interrupted["tokens"]), rel=1e-9)
     assert m["cost/usd"] == pytest.approx(_price(paid["tokens"]), rel=1e-9)
-    assert m["calls/requests"] == paid["total_completed"]
+    # every answered request is counted; those the interrupt cut in flight are counted where the process that sent
+    # them lived to write it down (the stub received them; a cancelled request costs nothing: the client gave it up)
+    assert paid["total_completed"] <= m["calls/requests"] <= paid["total_received"]

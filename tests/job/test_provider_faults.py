@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.batch_api import BatchQueueConfig
 from helpers.cli_runner import cli_command, cli_env, job_dirs, metrics_of, read_jsonl, run_cli
-from helpers.cupid_data import write_dataset
-from helpers.stub_llm_server import StubServer
 
 from cupid_exp.llm.budget import Prices, worst_case_usd
+from cupid_exp.testing.batch_api import BatchQueueConfig
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 N = 6
 IN, OUT, MAX_TOKENS = 1e-7, 2e-6, 600

@@ -85,7 +85,8 @@ def redact(value: Any) -> Any:
     """Copy of a nested container with secret-looking keys' values, every header's value and the credentials in
     URLs replaced by '***'."""
     if isinstance(value, Mapping):
-        return {k: (MASK if is_secret_key(str(k)) and v not in (None, "") else
+        return {k: (MASK if is_secret_key(str(k)) and v not in (None, "") and not isinstance(v, (Mapping, list, tuple))
+                    else
                     _masked(v) if is_headers_key(str(k)) else redact(v)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [redact(v) for v in value]
@@ -126,7 +127,8 @@ def _texts(value: Any) -> Iterator[str]:
 def _config_secrets(value: Any) -> Iterable[str]:
     if isinstance(value, Mapping):
         for k, v in value.items():
-            if is_secret_key(str(k)) or is_headers_key(str(k)):
+            # a key's name marks its own value, not a whole section (hydra.callbacks.redact_secrets holds a class path)
+            if (is_secret_key(str(k)) and not isinstance(v, (Mapping, list, tuple))) or is_headers_key(str(k)):
                 yield from _leaves(v)
             elif _names_secret_env(str(k)) and isinstance(v, str) and (named := os.environ.get(v)):
                 yield named  # a key in an env var of any name, e.g. api_key_env: MY_CREDS
@@ -204,11 +206,22 @@ def scrub(text: str, secrets: Iterable[str]) -> str:
     return text
 
 
+# A YAML value that now starts with the mask would read as an alias (``*``): such values are quoted whole.
+_YAML_MASKED_VALUE = re.compile(r"^([ \t]*(?:-[ \t]+|[^\s#'\"][^:#\n]*:[ \t]+)+)(\*\*\*.*?)[ \t]*$", re.MULTILINE)
+
+
+def _yaml_safe(text: str) -> str:
+    return _YAML_MASKED_VALUE.sub(lambda m: m.group(1) + "'" + m.group(2).replace("'", "''") + "'", text)
+
+
 def scrub_file(path: Path, secrets: Iterable[str]) -> None:
-    """Mask secrets in a file in place, atomically (parallel jobs may scrub the sweep's multirun.yaml at once)."""
+    """Mask secrets in a file in place, atomically (parallel jobs may scrub the sweep's multirun.yaml at once); a
+    YAML file stays YAML."""
     if path.is_file():
         text = path.read_text(encoding="utf-8", errors="replace")
         cleaned = scrub(text, secrets)
+        if cleaned != text and path.suffix in (".yaml", ".yml"):
+            cleaned = _yaml_safe(cleaned)
         if cleaned != text:
             from cupid_exp.outputs import atomic_write_text
 

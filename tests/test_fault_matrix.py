@@ -8,7 +8,7 @@ crossed with every mode, each cell held to the same invariants (``faults.invaria
   the cell's folder (output root, journal, cache, MLflow store) or in anything printed;
 - and first, that the fault really happened (the stub's counters, the job's own counts, the process gone).
 
-Each cell is the real CLI on the stub (tests/helpers/stub_llm_server.py, its Batch API queue) with 2 instances a job
+Each cell is the real CLI on the stub (cupid_exp/testing/stub_llm_server.py, its Batch API queue), 2 instances a job
 (synthesis: one persona), the stub answering at once, ``tracking=none`` except where the store is the fault. The
 table is ``catalogue.table()`` (a test keeps it so): the exit code each cell must end with, ``N/A`` where the cell
 makes no sense (why: below), ``xfail`` where the behaviour has not landed or the product is wrong, ``flaky`` where
@@ -62,11 +62,8 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from helpers.batch_api import BatchQueueConfig
 from helpers.cli_runner import run_cli
-from helpers.rate_limits import RATE_LIMIT_STYLES, KeyLimits, rate_limit_reply
 from helpers.spend import billed_usd, settled
-from helpers.stub_llm_server import StubConfig, StubServer
 
 from faults import invariants
 from faults.catalogue import FAULTS, Arrangement, Evidence, Fault, table
@@ -74,6 +71,9 @@ from faults.drivers import DRIVERS
 from faults.modes import HEADER_SECRET, IN, KEY_SECRET, MODES, OUT, SECRETS, command, env, new_cell
 
 from cupid_exp.llm.retry import retry_after_s
+from cupid_exp.testing.batch_api import BatchQueueConfig
+from cupid_exp.testing.rate_limits import RATE_LIMIT_STYLES, rate_limit_reply
+from cupid_exp.testing.stub_llm_server import StubConfig, StubServer
 
 QUEUE = {"complete_after_s": 0.3}
 RECORDED = ("x-api-key", "authorization")
@@ -95,23 +95,15 @@ def _cells():
 
 
 def switch_on(stub: StubServer, arrangement: Arrangement) -> None:
-    for name, value in arrangement.stub.items():
-        setattr(stub.config, name, value)
+    stub.reconfigure(**arrangement.stub)
     for name, value in arrangement.queue.items():
         setattr(stub.batches.config, name, value)
-    _new_limits(stub)
 
 
 def switch_off(stub: StubServer) -> None:
     """The stub as it was, its counters (what it billed) kept."""
-    stub.config = StubConfig(record_headers=RECORDED)
+    stub.reconfigure(StubConfig(record_headers=RECORDED))
     stub.batches.config = BatchQueueConfig(**QUEUE)
-    _new_limits(stub)
-
-
-def _new_limits(stub: StubServer) -> None:
-    c = stub.config
-    stub.limits = KeyLimits(c.rpm, c.tpm, c.closed_s, c.refuse)
 
 
 @pytest.mark.parametrize("fault,mode", list(_cells()))

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from helpers.cli_runner import cli_command, cli_env, job_dirs, read_jsonl, run_cli
-from helpers.cupid_data import write_dataset
-from helpers.stub_llm_server import StubServer
 
 from cupid_exp import secrets as secrets_module
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 KEYS = {
     "OPENAI_API_KEY": "sk-envOPENAI-fake-0a1b2c3d4e5f",
@@ -208,3 +208,26 @@ def test_secret_values_read_headers_and_urls_from_overrides_as_hydra_saves_them(
     scrubbed = [secrets_module.scrub(o, found) for o in overrides]
     assert not [s for s in CONFIG_SECRETS if any(s in o for o in scrubbed)]
     assert scrubbed[1] == "model.api_base=http://***@host/v1" and scrubbed[3] == "model=gpt4o,claude"
+
+
+def test_a_section_named_like_a_secret_is_not_one_and_a_scrubbed_yaml_file_stays_yaml(tmp_path) -> None:
+    """Hydra's own hydra.yaml has ``callbacks.redact_secrets._target_``: a key's name marks its own value, not the
+    section under it; and a value that now starts with the mask would read as a YAML alias (``*``)."""
+    import yaml
+
+    from cupid_exp.secrets import redact, scrub_file, secret_values
+
+    text = ("hydra:\n  callbacks:\n    redact_secrets:\n      _target_: cupid_exp.tracking.callbacks.RedactSecrets\n"
+            "model:\n  params:\n    api_key: sk-sentinel-12345\n    extra_headers:\n"
+            "      Authorization: Bearer sk-sentinel-12345\n  notes:\n  - sk-sentinel-12345 it's\n")
+    config = yaml.safe_load(text)
+    secrets = secret_values(config)
+    assert "cupid_exp.tracking.callbacks.RedactSecrets" not in secrets and "sk-sentinel-12345" in secrets
+    assert redact(config)["hydra"] == config["hydra"]
+    path = tmp_path / "hydra.yaml"
+    path.write_text(text)
+    scrub_file(path, secrets)
+    assert "sk-sentinel" not in path.read_text()
+    assert yaml.safe_load(path.read_text()) == {
+        "hydra": config["hydra"],
+        "model": {"params": {"api_key": "***", "extra_headers": {"Authorization": "***"}}, "notes": ["*** it's"]}}

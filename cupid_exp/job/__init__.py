@@ -25,9 +25,9 @@ from cupid_exp.job.publish import job_outcome, publish, start_tracking
 from cupid_exp.job.workers import start_workers
 from cupid_exp.results import InstanceResult
 from cupid_exp.scoring.summary import JobSummary, summarize
-from cupid_exp.tracking.attempts import earlier_attempt_metrics, earlier_spend
+from cupid_exp.durability.attempts import earlier_attempt_metrics, earlier_spend
 from cupid_exp.tracking.mlflow import SweepParent, ends_on_error
-from cupid_exp.tracking.signals import sigterm_raises
+from cupid_exp.durability.signals import sigterm_raises
 
 
 def budget_report(job: JobPlan, execution: Execution) -> BudgetReport | None:
@@ -93,7 +93,7 @@ def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = 
     """Run one job end to end; the Outcome says whether it completed (and carries the headline metric)."""
     started = time.perf_counter()
     had_hydra = (output_dir / ".hydra").is_dir()  # Hydra saved the config there: a folder deleted later is said
-    job = plan(cfg, output_dir, choices, parent_run, clients=False)  # holds the job from here (tracking.job_lock)
+    job = plan(cfg, output_dir, choices, parent_run, clients=False)  # holds the job from here (durability.job_lock)
     try:
         with sigterm_raises():  # from the run's creation on, SIGTERM unwinds (and ends the run KILLED)
             try:

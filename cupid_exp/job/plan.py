@@ -3,7 +3,7 @@
 The config becomes typed objects once and every value is checked; the setting object, the data
 (every row validated), the prompts and the resume journal are loaded; the clients are built only
 when some instance is left to run (importing litellm takes seconds). Before the journal is read the
-job takes its lock (``tracking.job_lock``): a second process on the same job stops here, exit 2.
+job takes its lock (``durability.job_lock``): a second process on the same job stops here, exit 2.
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ from cupid_exp.prompts import EVALUATION_PROMPTS, PromptSet
 from cupid_exp.secrets import install_log_scrubber, redact, secret_values
 from cupid_exp.settings import make_setting
 from cupid_exp.settings.base import Setting
+from cupid_exp.tasks import check_task_parts
 from cupid_exp.tasks.context import TaskContext
-from cupid_exp.tracking import job_lock
-from cupid_exp.tracking.attempts import run_key
-from cupid_exp.tracking.job_lock import JobLock
-from cupid_exp.tracking.journal import Journal, job_identity
-from cupid_exp.tracking.ledger import UsageLedger
+from cupid_exp.durability import job_lock
+from cupid_exp.durability.attempts import run_key
+from cupid_exp.durability.job_lock import JobLock
+from cupid_exp.durability.journal import Journal, job_identity
+from cupid_exp.durability.ledger import UsageLedger
 from cupid_exp.tracking.mlflow import SweepParent
 
 log = logging.getLogger(__name__)
@@ -58,10 +59,10 @@ class JobPlan:
     ctx: TaskContext | None = None  #: clients and evaluator; None when nothing is left to run
     processes: int = 1  #: processes sharing the model calls (``runtime.workers``, bounded: ``job.workers``)
     workers: Any = None  #: the other processes' handle (``job.workers.Workers``), started by ``run_job``
-    ledger: Any = None  #: the job's usage ledger (``tracking.ledger``), with the journal; the meter writes into it
+    ledger: Any = None  #: the job's usage ledger (``durability.ledger``), with the journal; the meter writes into it
     earlier: UsageMeter | None = None  #: what the job's earlier attempts counted (the ledger); None without a journal
     budget: Any = None  #: the spending limits its calls draw on (``llm.budget.Budget``); None: no budget
-    lock: JobLock | None = None  #: this process's hold on the job (``tracking.job_lock``); None in a dry run
+    lock: JobLock | None = None  #: this process's hold on the job (``durability.job_lock``); None in a dry run
 
     def release(self) -> None:
         """Let another process take the job (its end; idempotent)."""
@@ -86,6 +87,7 @@ def typed_config(cfg: DictConfig) -> RunConfig:
     run_cfg = OmegaConf.to_object(cfg)
     check_known_keys(cfg, run_cfg)
     check_tree(run_cfg)
+    check_task_parts(run_cfg.task.parts)
     return run_cfg
 
 
@@ -96,14 +98,15 @@ def build_context(cfg: RunConfig, prompts: PromptSet, meter: UsageMeter, budget:
     from cupid_exp.llm.steps import Reask
     from cupid_exp.rendering import matcher_examples
 
-    configure_litellm(cfg.runtime)
+    calls = cfg.runtime.call_settings()  # what the clients read of runtime
+    configure_litellm(calls)
     if not cfg.runtime.dry_run:
         from cupid_exp.llm._litellm import import_first_call_modules
 
         import_first_call_modules()
     ev = cfg.evaluator
     clients = clients_for({"subject": cfg.model, "decomposer": ev.decomposer, "matcher": ev.matcher,
-                           "judge": ev.judge}, cfg.runtime, meter, budget)
+                           "judge": ev.judge}, calls, meter, budget)
     retry = Reask(cfg.runtime.reask)
     examples = matcher_examples(prompts.matcher_examples()) if ev.matcher_few_shot else None
     evaluator = Evaluator(clients["decomposer"], clients["matcher"], clients["judge"], prompts,
@@ -123,7 +126,7 @@ def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = Non
     install_log_scrubber(secrets)
     prompts = prompt_set(run_cfg.prompts.dir)
     check_before_calls(run_cfg, setting, prompts, run_cfg.task.parts)
-    check_priced(run_cfg.model_configs(), run_cfg.runtime)  # a budget needs every model's price
+    check_priced(run_cfg.model_configs(), run_cfg.runtime.call_settings())  # a budget needs every model's price
     data = load_instances(run_cfg.data)
     identity = job_identity(resolved, dataset_digest=data.digest, prompts_digest=prompts.digest(EVALUATION_PROMPTS))
     job = JobPlan(cfg=run_cfg, resolved=redact(resolved), output_dir=output_dir, choices=dict(choices or {}),
@@ -133,7 +136,7 @@ def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = Non
              len(data.errors), run_cfg.model.name, run_cfg.evaluator.name)
     journal_dir = Path(run_cfg.paths.output_root) / "journal"
     if not job.dry_run:  # a dry run writes no journal and no run
-        # raises JobRunning when another process runs the job (see tracking.job_lock for the same calls reported
+        # raises JobRunning when another process runs the job (see durability.job_lock for the same calls reported
         # differently)
         key = run_key(identity, run_cfg.runtime, run_cfg.paths.output_root)
         job.lock = job_lock.acquire(journal_dir, identity, key)

@@ -18,12 +18,12 @@ from cupid_exp.job.plan import JobPlan
 from cupid_exp.outputs import write_json, write_jsonl
 from cupid_exp.scoring.summary import JobSummary
 from cupid_exp.secrets import scrub_obj
-from cupid_exp.tracking.attempts import whole_job_metrics, whole_job_usage
+from cupid_exp.durability.attempts import whole_job_metrics, whole_job_usage
 from cupid_exp.tracking.live import FinalLog, PlotRequest
 from cupid_exp.tracking.mlflow import SweepParent, flatten
 from cupid_exp.tracking.outcomes import outcome_tags, status_of
 from cupid_exp.tracking.provenance import git_state
-from cupid_exp.tracking.signals import shielded
+from cupid_exp.durability.signals import shielded
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +41,13 @@ def run_name(plan: JobPlan) -> str:
 
 def start_tracking(plan: JobPlan) -> Any:
     """Have the job's MLflow run opened before any model is called: params, tags and the dataset input first,
-    then progress while the job works. A resumed job reopens its earlier attempt's run (``tracking.attempts``).
+    then progress while the job works. A resumed job reopens its earlier attempt's run (``tracking.attempt_runs``).
 
     The run is kept by a worker process (``tracking.run_worker``), asked here and waited for only before the
     first call (``wait_opened``), so that opening it overlaps the job's own start; without a worker, here.
     """
-    from cupid_exp.tracking import attempts, run_worker
+    from cupid_exp.durability import attempts
+    from cupid_exp.tracking import run_worker
     from cupid_exp.tracking.dataset import dataset_input
     from cupid_exp.tracking.live import RunRequest, open_run
 
@@ -59,7 +60,7 @@ def start_tracking(plan: JobPlan) -> Any:
     claim = None
     try:
         key = attempts.run_key(plan.identity, cfg.runtime, cfg.paths.output_root)
-        # the job's lock (``tracking.job_lock``) makes this the only attempt: a resumed job reopens the earlier run
+        # the job's lock (``durability.job_lock``) makes this the only attempt: a resumed job reopens the earlier run
         claim = attempts.Claim(key, plan.lock if cfg.runtime.resume else None)
         params = flatten(plan.resolved)
         params.update({f"choice.{k}": str(v) for k, v in plan.choices.items()})

@@ -167,7 +167,7 @@ def _worker_plan(spec: WorkerSpec) -> JobPlan:
                    data=LoadedData(instances=[]), prompts=prompts, setting=make_setting(cfg.setting),
                    parts=spec.parts, secrets=spec.secrets, identity="")
     if spec.ledger:
-        from cupid_exp.tracking.ledger import UsageLedger
+        from cupid_exp.durability.ledger import UsageLedger
 
         plan.meter.sink = UsageLedger(Path(spec.ledger)).append
     plan.ctx = build_context(cfg, prompts, plan.meter, spec.budget)

@@ -131,8 +131,9 @@ def start_tracking(job: SynthesisJob, choices: Mapping[str, str],
 def synth_context(job: SynthesisJob, meter: UsageMeter) -> steps.SynthContext:
     """The role clients and recipe knobs every step reads (litellm configured for the job's runtime)."""
     scfg = job.scfg
-    configure_litellm(job.cfg.runtime)
-    return steps.SynthContext(clients=clients_for({r: getattr(scfg.roles, r) for r in ROLES}, job.cfg.runtime, meter),
+    calls = job.cfg.runtime.call_settings()
+    configure_litellm(calls)
+    return steps.SynthContext(clients=clients_for({r: getattr(scfg.roles, r) for r in ROLES}, calls, meter),
                               prompts=job.prompts, max_retries=scfg.max_retries, max_turns=scfg.max_turns,
                               max_checklist_items=scfg.max_checklist_items, with_resources=scfg.with_resources,
                               embedded_sampling=dict(scfg.embedded_sampling))

@@ -52,7 +52,7 @@ def outcome_of(exc: BaseException) -> tuple[str, str]:
     """(outcome, reason) of the exception that ended a job: the outcome an exception names itself (an
     ``outcome`` attribute), else its class's, else ``error`` (a bug); the reason is its first line."""
     from cupid_exp.outputs import environment_failure
-    from cupid_exp.tracking.signals import Terminated
+    from cupid_exp.durability.signals import Terminated
 
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted", "Ctrl-C"
@@ -61,7 +61,9 @@ def outcome_of(exc: BaseException) -> tuple[str, str]:
     first = (str(exc).strip().splitlines() or [""])[0][:1000]
     named = getattr(exc, "outcome", None)
     if isinstance(named, str) and named:
-        return named, first
+        # the job's exit 2 (``cupid_exp.entry.Outcome("error")``: a fatal refusal names it) is a refusal here;
+        # "error" on a run means a bug
+        return ("refused" if named == "error" else named), first
     if environment_failure(exc) is not None:
         return "environment", str(environment_failure(exc))
     kind = next((_BY_CLASS[c.__name__] for c in type(exc).__mro__ if c.__name__ in _BY_CLASS), None)

@@ -13,7 +13,6 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from helpers.rate_limits import RATE_LIMIT_STYLES
 from helpers.spend import journaled
 
 from faults.invariants import job_metrics
@@ -22,6 +21,7 @@ from faults.known import (DISK_FILLS_UP, FULL_DISK_AT_START, GARBLED_ROW_FAILS, 
 from faults.modes import Cell, roles
 
 from cupid_exp.prompts import PROJECT_PROMPTS
+from cupid_exp.testing.rate_limits import RATE_LIMIT_STYLES
 
 URL_SECRET = "urlpass-faultmatrix-SENTINEL-3b"
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from helpers.cli_runner import cli_command, cli_env
-from helpers.cupid_data import make_rows, write_jsonl
 
 from cupid_exp.synthesis.config import ROLES as SYNTHESIS_ROLES
+from cupid_exp.testing.cupid_data import make_rows, write_jsonl
 
 MODES = ("sync", "batch", "workers", "sweep", "synthesis")
 N = 2  # instances a job

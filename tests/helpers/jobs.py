@@ -6,10 +6,10 @@ import asyncio
 from pathlib import Path
 
 from conftest import compose_config
-from helpers.cupid_data import stub_overrides
 
 from cupid_exp.job import JobPlan, plan, run_instance
 from cupid_exp.results import InstanceResult
+from cupid_exp.testing.cupid_data import stub_overrides
 
 
 def stub_config(url: str, root: Path, *overrides: str):

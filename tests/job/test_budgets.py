@@ -52,7 +52,7 @@ def test_a_sweep_with_a_budget_stop_exits_4_unless_a_job_had_a_bad_setting(tmp_p
 
     assert sweep_code(["ok", "incomplete", "budget"]) == EXIT_BUDGET
     assert sweep_code(["budget", "error", "incomplete"]) == EXIT_BAD_INPUT
-    assert "  2: budget: " in capsys.readouterr().err
+    assert "  2: stopped by a budget: " in capsys.readouterr().err
     # a rate limit beyond the patience needs only time: after what needs a fix, before incomplete
     assert Outcome("retry_later").exit_code == 75
     assert sweep_code(["retry_later", "incomplete", "ok"]) == 75

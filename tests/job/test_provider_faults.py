@@ -13,14 +13,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.batch_api import BatchQueueConfig
 from helpers import spend
 from helpers.cli_runner import cli_command, cli_env, job_dirs, metrics_of, run_cli
-from helpers.cupid_data import write_dataset
 from helpers.spend import journaled, one_line, settled, spent
-from helpers.stub_llm_server import StubServer
 
 from cupid_exp.llm.budget import Prices, worst_case_usd
+from cupid_exp.testing.batch_api import BatchQueueConfig
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 N = 6
 IN, OUT, MAX_TOKENS = 1e-7, 2e-6, 600

@@ -12,12 +12,13 @@ from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from cupid_exp.config import ConfigError, register_configs
+from cupid_exp.config import ConfigError
+from cupid_exp.config_store import register_configs
 from cupid_exp.synthesis import pipeline
 from cupid_exp.synthesis.config import ROLES, SynthesizeConfig, register_synthesis_configs
 from cupid_exp.synthesis.steps import persona as persona_step
+from cupid_exp.testing.stub_llm_server import StubServer
 from helpers.cli_runner import cli_env
-from helpers.stub_llm_server import StubServer
 
 from .scripted import ScriptedServer, reply, role_overrides
 
@@ -79,7 +80,8 @@ def test_job_dir_is_stable_for_a_command_and_differs_by_recipe() -> None:
     # (moved from ..._21e1ff6a when conf/llm/local.yaml set n_threads 1 and n_threads_batch 2: a config value
     # that changed, not a null; with n_threads=2 and n_threads_batch=null on every role the old hash comes back)
     # (moved from ..._952b87cc when the recipe gained embedded_sampling, the repetition samplers of the local model)
-    assert run_dir([]) == "outputs/synthesis/default_local_seed0_bf8ecab3"
+    # (moved from ..._bf8ecab3 when conf/llm/local.yaml gained the DRY sampler and step_params: config values)
+    assert run_dir([]) == "outputs/synthesis/default_local_seed0_64ab4f54"
     assert run_dir([]) != run_dir(["synthesis.max_turns=2"])
     assert run_dir([]) != run_dir(["synthesis.seed=1"])
 

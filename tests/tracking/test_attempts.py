@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 from helpers.cli_runner import PROJECT_ROOT, job_dirs, metrics_of, read_jsonl, run_cli
-from helpers.cupid_data import write_dataset
-from helpers.stub_llm_server import StubServer
 from mlflow.tracking import MlflowClient
 from tracking_runs import held_job, history, job_command, job_runs, only_run, start, store_uri, traces_of, wait_for
 
-from cupid_exp.tracking.attempts import earlier_attempt_metrics, earlier_usage, run_key, whole_job_metrics
+from cupid_exp.durability.attempts import earlier_attempt_metrics, earlier_usage, run_key, whole_job_metrics
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 N = 10
 CALLS = 4 * N
@@ -154,7 +154,7 @@ def test_the_same_data_spelt_two_ways_is_one_job(tmp_path: Path) -> None:
 
 def test_the_identity_keeps_its_value_where_no_path_was_part_of_it() -> None:
     from cupid_exp.config import config_digest
-    from cupid_exp.tracking.journal import job_identity
+    from cupid_exp.durability.journal import job_identity
 
     resolved = {"model": {"name": "m"}, "data": {"name": "cupid", "source": "hf", "path": None}, "runtime": {"seed": 1},
                 "paths": {"output_root": "x"}}

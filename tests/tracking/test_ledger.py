@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 from helpers.cli_runner import run_cli
-from helpers.cupid_data import write_dataset
 from helpers.processes import children
-from helpers.stub_llm_server import StubServer
 from tracking_runs import held_job, job_command, only_run, store_uri
 
+from cupid_exp.durability.attempts import whole_job_usage
+from cupid_exp.durability.ledger import UsageLedger
 from cupid_exp.llm.usage import Completion, UsageMeter, usage_metrics
-from cupid_exp.tracking.attempts import whole_job_usage
-from cupid_exp.tracking.ledger import UsageLedger
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 
 def _meter_into(ledger: UsageLedger) -> UsageMeter:
@@ -102,4 +102,6 @@ def test_what_an_interrupted_attempt_paid_is_in_the_resumed_runs_cost(tmp_path: 
     m = only_run(store_uri(root)).data.metrics
     assert m["cost/usd/earlier_attempts"] == pytest.approx(_price(interrupted["tokens"]), rel=1e-9)
     assert m["cost/usd"] == pytest.approx(_price(paid["tokens"]), rel=1e-9)
-    assert m["calls/requests"] == paid["total_completed"]
+    # every answered request is counted; those the interrupt cut in flight are counted where the process that sent
+    # them lived to write it down (the stub received them; a cancelled request costs nothing: the client gave it up)
+    assert paid["total_completed"] <= m["calls/requests"] <= paid["total_received"]

@@ -29,10 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-try:
-    from helpers.rate_limits import refusal
-except ImportError:  # run as a script: python tests/helpers/stub_llm_server.py
-    from rate_limits import refusal  # type: ignore[no-redef]
+from cupid_exp.testing.rate_limits import refusal
 
 Answer = Callable[[dict[str, Any]], dict[str, Any]]  # a request body -> a chat.completion body
 FaultReply = Callable[[str], tuple[int, dict[str, Any], dict[str, str]]]  # "429" | "500" | "503" -> a live reply

@@ -22,12 +22,13 @@ class StubConfig:
     rate_slow: float = 0.0  # answered after ``slow_s`` seconds (set it above the client's timeout)
     rate_malformed: float = 0.0  # a 200 whose body is broken (kind chosen by hash from MALFORMED_KINDS)
     retry_after: float = 1.0  # seconds, sent with every 429
+    rate_limit_style: str = ""  # how a 429 says the wait (rate_limits.RATE_LIMIT_STYLES), "rotate": each in turn
     slow_s: float = 5.0
     giveup_rate: float = 0.0  # prompts that fail with 500 on every attempt (a share chosen by hash)
     giveup_match: str = ""  # ... and prompts whose first user message contains this text
     fault_steps: tuple[str, ...] = ()  # faults only for these steps (empty: all)
     fail_first: int = 0  # the first N attempts of every prompt get ``fail_first_kind`` (deterministic retries)
-    fail_first_kind: str = "429"
+    fail_first_kind: str = "429"  # or kinds in turn, comma-separated: "500,503", "truncated,content_type,no_choices"
     garbage_steps: tuple[str, ...] = ()  # these steps get a well-formed reply with unusable text ...
     garbage_rate: float = 1.0  # ... for this share of their prompts (re-asks of a prompt included)
     echo_key_steps: tuple[str, ...] = ()  # these steps get a 401 that echoes the caller's full API key ...

@@ -14,8 +14,10 @@ from cupid_exp.testing.stub_config import StubConfig
 from cupid_exp.testing.stub_replies import classify, completion_body, digest, prompt_of, reply_text, unit
 
 Billed = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]  #: (request, reply) -> the reply as sent, counted
+#: "429" | "500" | "503" -> (status, body, headers): the server's (a 429 in its ``rate_limit_style``, its wait kept)
+ErrorReply = Callable[[str], tuple[int, dict[str, Any], dict[str, str]]]
 
-MALFORMED_KINDS = ("truncated", "content_type", "no_choices")
+MALFORMED_KINDS = ("truncated", "content_type", "no_choices")  # "malformed" picks one by hash; each can be named
 
 # Context-length errors as providers send them (status, body).
 CONTEXT_ERRORS: dict[str, tuple[int, dict[str, Any]]] = {
@@ -48,7 +50,8 @@ def choose_fault(cfg: StubConfig, step: str, prompt_digest: str, attempt: int, b
     if cfg.fault_steps and step not in cfg.fault_steps:
         return None
     if attempt < cfg.fail_first:
-        return cfg.fail_first_kind
+        kinds = cfg.fail_first_kind.split(",")
+        return kinds[min(attempt, len(kinds) - 1)]
     if cfg.giveup_rate and unit(cfg.seed, "giveup", prompt_digest) < cfg.giveup_rate:
         return "500"
     if cfg.giveup_match and cfg.giveup_match in prompt_of(body.get("messages") or [])[1]:
@@ -77,24 +80,38 @@ def garbage_text(body: dict[str, Any], cfg: StubConfig) -> str:
     return f"I'd rather talk about the weather today. <<unusable reply {digest(conversation)[:10]}>>"
 
 
-def send_fault(handler: Any, fault: str, body: dict[str, Any], cfg: StubConfig, billed: Billed, auth: str = "") -> None:
-    """Answer with ``fault`` as a provider would; what is processed is billed (``billed``: the server's count)."""
+def error_reply(kind: str, cfg: StubConfig, style: str = "") -> tuple[int, dict[str, Any], dict[str, str], float]:
+    """(status, body, headers, the wait asked) of a 429 (in ``style``: ``rate_limits.RATE_LIMIT_STYLES``; none: the
+    stub's own, ``retry-after: <retry_after>``), a 500 or a 503, as OpenAI sends them."""
+    from cupid_exp.testing.rate_limits import rate_limit_reply
+
+    if kind == "429" and not style:
+        body = {"error": {"message": "Rate limit reached; slow down.", "type": "rate_limit_error",
+                          "code": "rate_limit_exceeded"}}
+        return 429, body, {"retry-after": f"{cfg.retry_after:g}"}, cfg.retry_after
+    if kind == "429":
+        return (429, *rate_limit_reply(style, cfg.retry_after))
+    if kind == "500":
+        return 500, {"error": {"message": "The server had an error processing your request.",
+                               "type": "server_error"}}, {}, 0.0
+    if kind == "503":
+        return 503, {"error": {"message": "The engine is currently overloaded.", "type": "service_unavailable"}}, {}, 0.0
+    raise ValueError(f"no error reply for fault {kind!r}")
+
+
+def send_fault(handler: Any, fault: str, body: dict[str, Any], cfg: StubConfig, billed: Billed, auth: str = "",
+               reply: ErrorReply | None = None) -> None:
+    """Answer with ``fault`` as a provider would; what is processed is billed (``billed``: the server's count); a
+    429 or a 5xx is ``reply``'s (the server's: it counts how each 429 said its wait)."""
     if fault == "echo_key":  # some providers quote the key they rejected (or, in a 400, the request's fields)
         key = auth.removeprefix("Bearer ").strip()
         rejected = cfg.echo_key_status == 401
         handler._send(cfg.echo_key_status, json.dumps({"error": {
             "message": f"Incorrect API key provided: {key}." if rejected else f"Invalid request from key {key}.",
             "type": "invalid_request_error", "code": "invalid_api_key" if rejected else None}}).encode())
-    elif fault == "429":
-        handler._send(429, json.dumps({"error": {"message": "Rate limit reached; slow down.",
-                                                 "type": "rate_limit_error", "code": "rate_limit_exceeded"}}
-                                      ).encode(), headers={"retry-after": f"{cfg.retry_after:g}"})
-    elif fault == "500":
-        handler._send(500, b'{"error": {"message": "The server had an error processing your request.", '
-                           b'"type": "server_error"}}')
-    elif fault == "503":
-        handler._send(503, b'{"error": {"message": "The engine is currently overloaded.", '
-                           b'"type": "service_unavailable"}}')
+    elif fault in ("429", "500", "503"):
+        status, payload, headers = reply(fault) if reply is not None else error_reply(fault, cfg)[:3]
+        handler._send(status, json.dumps(payload).encode(), headers=headers)
     elif fault == "slow":  # processed (and billed) after the client's timeout
         time.sleep(cfg.slow_s)
         handler._send(200, json.dumps(billed(body, completion_body("too late", body))).encode())
@@ -108,10 +125,11 @@ def send_fault(handler: Any, fault: str, body: dict[str, Any], cfg: StubConfig, 
     elif fault == "context_length":
         status, payload = CONTEXT_ERRORS[cfg.context_error or "openai"]
         handler._send(status, json.dumps(payload).encode())
-    elif fault == "malformed":
+    elif fault == "malformed" or fault in MALFORMED_KINDS:
         text = reply_text(classify(body), body, cfg)
         full = json.dumps(completion_body(text, body)).encode()
-        kind = MALFORMED_KINDS[int(digest(full.decode())[:2], 16) % len(MALFORMED_KINDS)]
+        kind = fault if fault in MALFORMED_KINDS else MALFORMED_KINDS[int(digest(full.decode())[:2], 16)
+                                                                      % len(MALFORMED_KINDS)]
         if kind == "truncated":
             handler._send(200, full[: len(full) // 2])
         elif kind == "content_type":

@@ -7,7 +7,8 @@ answer. Synthesis steps are recognised by their schema alone and answered with J
 that schema (``schema_value``), so synthesis roles pointed at the stub need
 ``structured_output=true``; the assistant simulator (free text) is recognised by its prompt.
 Around that it injects what real providers do: latency (fixed or jittered), HTTP 429 with
-``retry-after``, 500, 503, responses slower than the client's timeout, malformed bodies
+``retry-after`` (or in each way providers say the wait: ``rate_limit_style``; a retry before that wait is over is
+counted), 500, 503, responses slower than the client's timeout, malformed bodies
 (truncated JSON, a wrong content-type, no ``choices``), context-length errors in the styles
 of several providers, unparseable replies for chosen steps, 200s without a completion (``choices: []``, or
 ``content: null``), replies without ``usage``, a key's refusals (``refuse``: 401/403/404, ``insufficient_quota``,
@@ -51,9 +52,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from cupid_exp.testing.batch_api import BatchQueue, BatchQueueConfig
-from cupid_exp.testing.rate_limits import KeyLimits
+from cupid_exp.testing.rate_limits import RATE_LIMIT_STYLES, KeyLimits
 from cupid_exp.testing.stub_config import STEPS, SYNTHESIS_STEPS, StubConfig
-from cupid_exp.testing.stub_faults import choose_fault, garbage_text, is_garbage, send_fault
+from cupid_exp.testing.stub_faults import (MALFORMED_KINDS, choose_fault, error_reply, garbage_text, is_garbage,
+                                           send_fault)
 from cupid_exp.testing.stub_replies import billed_tokens, classify, completion_body, digest, reply_text
 
 __all__ = ["StubConfig", "StubServer", "main", "parse_args"]
@@ -80,6 +82,8 @@ class _Counters:
     completed_prompts: Counter = field(default_factory=Counter)  # digest of the request -> completions
     tokens: Counter = field(default_factory=Counter)  # prompt/completion tokens of the completed responses
     billed: Counter = field(default_factory=Counter)  # requests, prompt_tokens, completion_tokens: what was billed
+    rate_limit_styles: Counter = field(default_factory=Counter)  # 429s sent, by how they said the wait
+    early_retries: int = 0  # requests sent again before the wait their 429 asked for was over
 
 
 class StubServer:
@@ -95,10 +99,11 @@ class StubServer:
         self._hold_after: int | None = None
         self._releases = 0
         self._seen: Counter = Counter()
+        self._not_before: dict[str, float] = {}  # prompt digest -> when the wait its last 429 asked for is over
         self.counters = _Counters()
         self.bodies: list[dict[str, Any]] = []  # request bodies, when ``record_bodies`` is on
         self.header_values: dict[str, Counter] = defaultdict(Counter)  # header -> values, for ``record_headers``
-        self.batches = BatchQueue(self._batch_row, batch)  # OpenAI's Files and Batch endpoints
+        self.batches = BatchQueue(self._batch_row, batch, self.fault_reply)  # OpenAI's Files and Batch endpoints
         self.limits = self._key_limits()
         self.httpd = _HTTPServer(("127.0.0.1", port), self._handler())
         self._thread: threading.Thread | None = None
@@ -106,6 +111,22 @@ class StubServer:
     def _key_limits(self) -> KeyLimits:
         c = self.config
         return KeyLimits(c.rpm, c.tpm, c.closed_s, c.refuse, pool=c.limits_pool, headers=c.limit_headers)
+
+    def fault_reply(self, kind: str, prompt_digest: str = "") -> tuple[int, dict[str, Any], dict[str, str]]:
+        """(status, body, headers) of a 429, a 500 or a 503 (``stub_faults.error_reply``); a 429 is said in the
+        ``rate_limit_style`` (``rotate``: each in turn), counted by style, and remembers when the wait it asked for
+        ends (a request for the same prompt before then is an early retry). The Batch API's upload faults too."""
+        style = self.config.rate_limit_style
+        if kind == "429" and style:
+            with self._lock:
+                if style == "rotate":
+                    style = RATE_LIMIT_STYLES[sum(self.counters.rate_limit_styles.values()) % len(RATE_LIMIT_STYLES)]
+                self.counters.rate_limit_styles[style] += 1
+        status, payload, headers, asked = error_reply(kind, self.config, style)
+        if kind == "429" and style and prompt_digest:
+            with self._lock:
+                self._not_before[prompt_digest] = time.time() + asked
+        return status, payload, headers
 
     # ---- control
 
@@ -121,6 +142,16 @@ class StubServer:
         with self._lock:
             self.counters = _Counters()
             self._seen = Counter()
+            self._not_before = {}
+            self.limits = self._key_limits()
+
+    def reconfigure(self, config: StubConfig | None = None, **changes: Any) -> None:
+        """Switch faults on or off between two runs: ``config`` instead (or these fields changed), the key's limits
+        made again; the counters (what was billed included) are kept."""
+        with self._lock:
+            self.config = config or self.config
+            for name, value in changes.items():
+                setattr(self.config, name, value)
             self.limits = self._key_limits()
 
     def hold_after(self, n_completed: int | None) -> None:
@@ -161,6 +192,7 @@ class StubServer:
                     "distinct_completed": len(c.completed_prompts), "tokens": dict(c.tokens),
                     "billed": {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, **c.billed},
                     "rate_limited": sum(f.get("429", 0) for f in c.faults.values()),
+                    "rate_limit_styles": dict(c.rate_limit_styles), "early_retries": c.early_retries,
                     "limits_ideal_s": self.limits.ideal_s}
 
     def __enter__(self) -> "StubServer":
@@ -278,6 +310,8 @@ class StubServer:
             self.counters.peak_in_flight = max(self.counters.peak_in_flight, self.counters.in_flight)
             attempt = self._seen[prompt_digest]
             self._seen[prompt_digest] += 1
+            if time.time() < self._not_before.get(prompt_digest, 0.0) - 0.05:  # 50 ms for clocks and transit
+                self.counters.early_retries += 1
         try:
             if self.limits.active and (verdict := self.limits.check(body)) is not None:  # answered at once
                 with self._lock:
@@ -290,7 +324,7 @@ class StubServer:
             if delay > 0:
                 time.sleep(delay)
             fault = choose_fault(cfg, step, prompt_digest, attempt, body)
-            if fault is None or fault == "malformed":
+            if fault is None or fault == "malformed" or fault in MALFORMED_KINDS:
                 # a reply about to complete waits at a closed gate
                 with self._gate:
                     if self._hold_after is not None and sum(self.counters.completed.values()) >= self._hold_after:
@@ -306,7 +340,8 @@ class StubServer:
             if fault is not None:
                 with self._lock:
                     self.counters.faults[step][fault] += 1
-                send_fault(handler, fault, body, cfg, self._billed, auth)
+                send_fault(handler, fault, body, cfg, self._billed, auth,
+                           lambda kind: self.fault_reply(kind, prompt_digest))
                 return
             text = garbage_text(body, cfg) if is_garbage(cfg, step, body) else reply_text(step, body, cfg)
             finish = "stop"
@@ -343,7 +378,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[int, StubConfig]:
             p.add_argument(flag, default="", help="comma-separated request headers whose values are counted")
         elif isinstance(f.default, bool):
             p.add_argument(flag, action="store_true")
-        elif f.name in ("context_error", "judge_score", "fail_first_kind", "giveup_match", "refuse"):
+        elif f.name in ("context_error", "judge_score", "fail_first_kind", "giveup_match", "refuse",
+                        "rate_limit_style"):
             p.add_argument(flag, default=f.default)
         else:
             p.add_argument(flag, type=type(f.default), default=f.default)

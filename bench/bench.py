@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Performance benchmark of cupid-exp's runtime against the stub OpenAI-compatible server.
 
-A script, not a test: it starts ``tests/helpers/stub_llm_server.py`` as a process (a deterministic
+A script, not a test: it starts ``cupid_exp/testing/stub_llm_server.py`` as a process (a deterministic
 stand-in model with configurable latency), runs the real CLI on synthetic CUPID-schema data (the
 sample rows, copied under new persona ids) with ``runtime.progress=false`` and MLflow tracking as
 in a normal run, prints a table and writes ``bench/results.md``.
@@ -44,12 +44,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from cupid_exp.testing.cupid_data import stub_overrides, write_dataset
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from helpers.cupid_data import stub_overrides, write_dataset  # noqa: E402
-
-STUB = ROOT / "tests" / "helpers" / "stub_llm_server.py"
+STUB = "cupid_exp.testing.stub_llm_server"  # run with python -m
 # gpt-4o's list prices per token, given to the stub through the model configs (see --unpriced)
 PRICES = {"input_cost_per_token": 2.5e-06, "output_cost_per_token": 1e-05}
 PRICED = True
@@ -64,7 +62,7 @@ class Stub:
     """The stub server as a separate process (so its CPU time is not the client's)."""
 
     def __init__(self, **options: Any):
-        args = [sys.executable, str(STUB), "--port", "0"]
+        args = [sys.executable, "-m", STUB, "--port", "0"]
         for k, v in options.items():
             args += ["--" + k.replace("_", "-"), str(v)]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV)
@@ -169,7 +167,7 @@ async def measure(fn):
 async def main():
     import litellm
     from openai import AsyncOpenAI
-    rt = RuntimeConfig(cache_dir=sys.argv[3], cache=True, num_retries=3, timeout=600)
+    rt = RuntimeConfig(cache_dir=sys.argv[3], cache=True, num_retries=3, timeout=600).call_settings()
     configure_litellm(rt)
     sdk = AsyncOpenAI(base_url=url, api_key="x", max_retries=0)
     client = LLMClient(ModelConfig(name="s", litellm_model="openai/stub", api_base=url, max_concurrency=16,
@@ -395,7 +393,7 @@ def _report(info: dict[str, str], table: str, load_before: tuple, load_after: tu
         f"Machine: {info['nproc']} CPU cores ({info['cpu']}), {info['os']}, Python {info['python']}, "
         f"litellm {info['litellm']}, mlflow {info['mlflow']}. Load: {loads}; other work shared the machine.",
         "",
-        "Backend: `tests/helpers/stub_llm_server.py` in its own process (a deterministic OpenAI-compatible "
+        "Backend: `cupid_exp/testing/stub_llm_server.py` in its own process (a deterministic OpenAI-compatible "
         "stand-in model), " + ("priced like gpt-4o through the model configs (litellm's priced path, as for any "
         "API model in its price map)" if PRICED else "unpriced (`--unpriced`: litellm's slower unpriced-model path)")
         + ". Every job is the real CLI with `runtime.progress=false`, a fresh response cache and "

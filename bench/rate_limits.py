@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """cupid-exp (and the official runner, when a checkout is given) against a key with OpenAI's limits (a script).
 
-The stub server (``tests/helpers/stub_llm_server.py --rpm/--tpm``, limits in ``tests/helpers/rate_limits.py``)
+The stub server (``cupid_exp/testing/stub_llm_server.py --rpm/--tpm``, limits in ``cupid_exp/testing/rate_limits.py``)
 enforces requests per minute or tokens per minute in one-second windows, answers 429 with OpenAI's headers
 and body, and counts prompt + ``max_tokens`` toward TPM. A fresh stub per run, so every run meets a closed
 window at the start. Reported per row (median and range over ``--repeats`` rounds; each round runs every row
@@ -45,14 +45,13 @@ from typing import Any, Callable
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
-sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
 from bench import ENV, Stub, machine  # noqa: E402
-from helpers.cupid_data import write_dataset  # noqa: E402
 from versus_official import OFFICIAL_MODELS, official_instances, ours_command  # noqa: E402
 
 from cupid_exp.llm.pools import pool_name  # noqa: E402
+from cupid_exp.testing.cupid_data import write_dataset  # noqa: E402
 
 ROLES = ("model", "evaluator.decomposer", "evaluator.matcher", "evaluator.judge")
 SYNTHESIS_ROLES = ("persona_writer", "factor_writer", "session_writer", "user_simulator", "assistant_simulator",

@@ -23,12 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from cupid_exp.testing.cupid_data import stub_overrides, write_dataset
+
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
-sys.path.insert(0, str(BENCH.parent / "tests"))
 
 from bench import ENV, ROOT, Stub, machine, price_overrides  # noqa: E402
-from helpers.cupid_data import stub_overrides, write_dataset  # noqa: E402
 from versus_official import migrated_store, timed  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """cupid-exp and the official runner (kixlab/CUPID) side by side on the same work (a script, not a test).
 
-Both answer to the same stub OpenAI-compatible server on 127.0.0.1 (``tests/helpers/stub_llm_server.py``,
+Both answer to the same stub OpenAI-compatible server on 127.0.0.1 (``cupid_exp/testing/stub_llm_server.py``,
 a fixed latency per request), on the same synthetic instances in the real CUPID schema, on the same
 machine, interleaved run by run so that the machine's load hits both alike:
 
@@ -40,13 +40,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cupid_exp.testing.cupid_data import write_dataset
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
-sys.path.insert(0, str(ROOT / "tests"))
 
 from bench import ENV, Stub, machine  # noqa: E402
-from helpers.cupid_data import write_dataset  # noqa: E402
 
 
 # the official runner checks that its models are listed by the server

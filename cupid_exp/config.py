@@ -2,57 +2,33 @@
 
 Each group folder under ``conf/`` is merged into one of these dataclasses, so a misspelt key
 or a wrong type in any YAML choice or command-line override fails at composition, before a
-model call. Ranges and choices are checked once the config becomes objects (``checked``):
-every bad value gives one ``ConfigError`` line naming the key, the value and what is allowed.
+model call. Ranges and choices are checked once the config becomes objects (``check_tree``, with the helpers of
+``config_checks``): every bad value gives one ``ConfigError`` line naming the key, the value and what is allowed.
 Settings carry their own schemas beside their code (``cupid_exp/settings/``).
+
+This module sits below the model layer, the settings and the tasks, and imports none of them: the schemas are
+registered in Hydra's ConfigStore where an entry starts (``config_store``), and ``task.parts`` is checked against
+the task registry when a job is planned (``tasks.check_task_parts``).
 """
 
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from cupid_exp.config_checks import (  # noqa: F401 - re-exported: the settings' and synthesis' schemas use them
+    Checked, check_known_keys, check_params, check_tree, require, require_no_credentials, require_positive)
 from cupid_exp.data.schema import INSTANCE_TYPES
+from cupid_exp.errors import ConfigError  # noqa: F401 - re-exported: where callers have always found it
 
 FAILURE_POLICIES = ("exclude", "zero", "upstream")
 AUTO_WORKERS = "auto"  #: runtime.workers chosen by the job's size (cupid_exp.job.worker_count)
 SYSTEM_ROLES = ("system", "developer", "user")
 POOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")  #: what a Hydra override key takes
 POOL_LIMITS = ("rpm", "tpm", "max_concurrency")  #: what ``runtime.pools.<name>`` may give
-
-
-class ConfigError(ValueError):
-    """A value or combination of choices that cannot run; raised before any model call."""
-
-
-def require(ok: bool, key: str, value: Any, allowed: str) -> None:
-    """Raise the one-line error every bad setting gets: which key, which value, what is allowed."""
-    if not ok:
-        raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
-
-
-def require_positive(key: str, value: float | None, *, allow_none: bool = False, allow_zero: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and (
-        value >= 0 if allow_zero else value > 0)
-    bound = ">= 0" if allow_zero else "> 0"
-    require(ok, key, value, f"a number {bound}" + (" or null" if allow_none else ""))
-
-
-def require_no_credentials(key: str, url: str | None, instead: str) -> None:
-    """A URL with credentials in it (``user:password@``, ``?api_key=…``) would be written wherever the setting is
-    (Hydra's files, MLflow params, error lines): refused in one line that shows it masked, with the way that works."""
-    from cupid_exp.secrets import mask_url_credentials, url_credentials
-
-    if url and url_credentials(url):
-        raise ConfigError(f"{key}={mask_url_credentials(url)!r} carries credentials in the URL (masked here), which "
-                          f"would be written in clear; {instead}")
 
 
 # Settings whose default is an empty mapping (an override cannot fill a null one): left out of a digest while
@@ -77,44 +53,6 @@ def config_digest(data: Any, length: int = 20) -> str:
 
     payload = json.dumps(_without_nulls(data), sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:length]
-
-
-class Checked:
-    """A config node with value checks; ``check`` raises ConfigError naming ``where.<key>``."""
-
-    def check(self, where: str) -> None:  # pragma: no cover - overridden
-        pass
-
-
-def check_known_keys(composed: Any, node: Any, where: str = "") -> None:
-    """Reject keys a schema does not have. Hydra's ``+key=value`` adds a key even to a typed node, and
-    turning the config into objects drops it silently: ``+runtime.num_retry=3`` would be ignored."""
-    import difflib
-
-    if not is_dataclass(node) or not hasattr(composed, "keys"):
-        return
-    names = [f.name for f in fields(node)]
-    for key in composed.keys():
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"; did you mean {where + '.' if where else ''}{close[0]}?" if close else ""
-            raise ConfigError(f"{where + '.' if where else ''}{key} is not a setting of "
-                              f"{where or 'the config'}{hint} (known: {', '.join(names)})")
-    for name in names:
-        check_known_keys(composed.get(name), getattr(node, name), f"{where}.{name}" if where else name)
-
-
-def check_tree(node: Any, where: str = "") -> None:
-    """Run ``check`` on every Checked dataclass in a config object tree (parents first)."""
-    if isinstance(node, Checked):
-        node.check(where)
-    if is_dataclass(node):
-        for f in fields(node):
-            check_tree(getattr(node, f.name), f"{where}.{f.name}" if where else f.name)
-    elif isinstance(node, dict):
-        for key, value in node.items():
-            if is_dataclass(value):
-                check_tree(value, f"{where}.{key}")
 
 
 @dataclass
@@ -185,12 +123,10 @@ class ModelConfig(Checked):
                                f"give the key in a variable ({where}.api_key_env=VAR) or the credentials as a "
                                f"header (+{where}.params.extra_headers={{Authorization:'Basic …'}}): neither is ever "
                                "written")
-        from cupid_exp.llm.params import check_params
-
-        check_params(self.params, where)  # types and ranges of temperature, top_p, max_tokens, seed, ...
+        check_params(self.params, f"{where}.params")  # types and ranges of temperature, top_p, max_tokens, seed, ...
         for step, overrides in self.step_params.items():
             require(isinstance(overrides, dict), f"{where}.step_params.{step}", overrides, "a mapping of params")
-            check_params(overrides, where, f"step_params.{step}")
+            check_params(overrides, f"{where}.step_params.{step}")
 
 
 @dataclass
@@ -228,17 +164,12 @@ class EvaluatorConfig(Checked):
 
 
 @dataclass
-class TaskConfig(Checked):
-    """What the job asks of the model: the parts it runs, in order (``both`` = inference + generation)."""
+class TaskConfig:
+    """What the job asks of the model: the parts it runs, in order (``both`` = inference + generation). The parts
+    are checked against the task registry when the job is planned (``tasks.check_task_parts``)."""
 
     name: str = MISSING
     parts: List[str] = field(default_factory=list)
-
-    def check(self, where: str) -> None:
-        from cupid_exp.tasks import TASKS
-
-        require(bool(self.parts) and set(self.parts) <= set(TASKS) and len(set(self.parts)) == len(self.parts),
-                f"{where}.parts", self.parts, f"a non-empty list of distinct parts from {sorted(TASKS)}")
 
 
 @dataclass
@@ -298,6 +229,9 @@ class TrackingConfig(Checked):
 
 @dataclass
 class RuntimeConfig(Checked):
+    """How a job runs: what each model call needs (``call_settings``: cache, retries, timeout, patience, batch,
+    dry run, spending caps, pool limits) and what only the job reads (failure policy, resume, workers, progress)."""
+
     cache: bool = True
     cache_dir: str = MISSING
     num_retries: int = 3
@@ -348,6 +282,32 @@ class RuntimeConfig(Checked):
                 f"{where}.max_failed_fraction", self.max_failed_fraction, "a number in [0, 1]")
         require(isinstance(self.dry_run_completion_tokens, int) and self.dry_run_completion_tokens >= 1,
                 f"{where}.dry_run_completion_tokens", self.dry_run_completion_tokens, "an integer >= 1")
+
+    def call_settings(self) -> CallSettings:
+        """The slice of these settings a model call reads (``LLMClient`` and the ``llm/`` helpers take it)."""
+        return CallSettings(**{f.name: getattr(self, f.name) for f in fields(CallSettings)})
+
+
+@dataclass(frozen=True)
+class CallSettings:
+    """What one model call needs of ``runtime``, and nothing a job decides: derived by ``RuntimeConfig.call_settings``
+    (the YAML keys stay ``runtime.*``), so that the model layer never sees the job's failure policy, resume,
+    workers or progress. Frozen: every client of a job (and every worker process) calls under the same settings."""
+
+    cache: bool  #: the response cache on disk (``runtime.cache``), under ``cache_dir``
+    cache_dir: str  #: also where the rate-limit schedules and the batch ledger live
+    num_retries: int  #: repeats of a transient failure (a 429 is waited out instead, up to the patience)
+    timeout: float  #: seconds one request may take
+    rate_limit_patience_s: float  #: how long one call may wait for a provider's rate limit to reopen
+    dry_run: bool  #: count calls, tokens and cost; send nothing
+    dry_run_completion_tokens: int  #: the reply length a dry run assumes
+    batch: bool  #: through the providers' Batch APIs (a model's own ``batch`` wins)
+    batch_size: int
+    batch_delay_s: float
+    batch_poll_s: float
+    max_cost_usd: Optional[float]  #: the caps a budgeted call is priced for (``llm.budget.check_priced``)
+    sweep_max_cost_usd: Optional[float]
+    pools: Dict[str, Any]  #: limits given once per provider pool (``runtime.pools.<name>``: ``llm.pools``)
 
 
 def check_pool_limits(where: str, name: str, limits: Any) -> None:
@@ -410,12 +370,3 @@ class RunConfig(JobConfig):
             unique.setdefault(id(model), model)
         return list(unique.values())
 
-
-def register_configs() -> None:
-    """Register the entry schema, every setting's schema (group ``setting``) and the folder-name resolver."""
-    from cupid_exp.outputs import register_resolvers
-    from cupid_exp.settings import register_setting_schemas
-
-    register_resolvers()
-    ConfigStore.instance().store(name="run_schema", node=RunConfig)
-    register_setting_schemas()

@@ -5,7 +5,7 @@ A job ends in one of these ways, each with its exit code (documented in the READ
 - 0: complete (or below ``runtime.max_failed_fraction`` failed instances);
 - 1: a bug: the traceback is printed, the journal keeps what finished;
 - 2: a bad setting or bad data, found before the first model call, the same job running in another
-  process (``tracking.job_lock``), or a provider's fatal refusal (a bad key, an unknown model, an endpoint that
+  process (``durability.job_lock``), or a provider's fatal refusal (a bad key, an unknown model, an endpoint that
   never answers: ``cupid_exp.llm.retry.FatalProviderError``, the job stops starting instances at once): one
   line, no traceback;
 - 3: incomplete: more than ``runtime.max_failed_fraction`` of the instances failed;
@@ -31,60 +31,19 @@ import logging
 import os
 import sys
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-EXIT_OK, EXIT_BUG, EXIT_BAD_INPUT, EXIT_INCOMPLETE = 0, 1, 2, 3
-EXIT_BUDGET = 4
-EXIT_ENVIRONMENT = 5  #: a full disk, a read-only or forbidden path, a vanished folder (``outputs.environment_failure``)
-EXIT_RETRY_LATER = 75  #: sysexits' EX_TEMPFAIL: a rate limit outlasts the patience (``cupid_exp.llm.retry.RetryLater``)
-EXIT_INTERRUPTED = 130  #: Ctrl-C: 128 + SIGINT, what a shell reports for a process SIGINT ended
+from cupid_exp.errors import (  # noqa: F401 - re-exported: the entry is where callers have found them
+    EXIT_BAD_INPUT, EXIT_BUDGET, EXIT_BUG, EXIT_ENVIRONMENT, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK,
+    EXIT_RETRY_LATER, ConfigError, InputError, Interrupted, Outcome)
+
 # A sweep exits with its worst job's code, worst first: what needs a fix (a bad setting, the environment, a budget),
 # then what needs only time (a rate limit), then incomplete.
 _SWEEP_SEVERITY = (EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_BUDGET, EXIT_RETRY_LATER, EXIT_INCOMPLETE)
-
-
-@dataclass
-class Outcome:
-    """How a job ended: ``ok``, ``incomplete`` (too many failed instances), ``budget`` (its budget stopped it),
-    ``environment``, ``retry_later`` (a rate limit outlasted the patience) or ``error`` (bad input)."""
-
-    outcome: str
-    reason: str = ""
-    value: float | None = None  # what Hydra's sweepers optimise (the headline metric)
-
-    @property
-    def exit_code(self) -> int:
-        return {"ok": EXIT_OK, "incomplete": EXIT_INCOMPLETE, "budget": EXIT_BUDGET, "environment": EXIT_ENVIRONMENT,
-                "retry_later": EXIT_RETRY_LATER}.get(self.outcome, EXIT_BAD_INPUT)
-
-
-class InputError(Exception):
-    """Bad settings or data: reported in one line, exit 2 (``ConfigError``, ``DataError`` are turned into it)."""
-
-
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C during a job, with how far its journal got (``finished`` None: no journal), reported in one line
-    with exit 130 by ``hydra_entry``. Still a KeyboardInterrupt: whatever ends runs on one ends them KILLED."""
-
-    def __init__(self, finished: int | None = None, total: int | None = None, job: str | None = None,
-                 noun: str = "instances"):
-        super().__init__(finished, total)
-        self.finished, self.total, self.job, self.noun = finished, total, job, noun
-
-    def line(self) -> str:
-        where = f" in sweep job {self.job}" if self.job else ""
-        if self.total is None:
-            return f"interrupted{where}; run the same command to resume (the journal keeps what finished)"
-        if self.finished is None:
-            return (f"interrupted{where}: {self.total} {self.noun}, none journaled (runtime.resume=false); run the "
-                    "command again to start over")
-        return (f"interrupted{where}: {self.finished} of {self.total} {self.noun} finished and journaled; run the "
-                "same command to resume")
 
 
 def _masked(line: str, cfg: DictConfig, overrides: Any) -> str:
@@ -230,7 +189,7 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from cupid_exp.config import register_configs
+    from cupid_exp.config_store import register_configs
     from cupid_exp.resources import conf_dir
 
     register_configs()

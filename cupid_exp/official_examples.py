@@ -12,7 +12,7 @@ import ast
 from pathlib import Path
 from typing import Any
 
-from cupid_exp.config import ConfigError
+from cupid_exp.errors import ConfigError
 
 OFFICIAL_MATCHER_MODULE = "evaluation/modules/preference_matcher.py"  # relative to the prompts folder's parent
 EXAMPLES_NAME = "EXAMPLES"

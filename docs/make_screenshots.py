@@ -1,7 +1,7 @@
 """Regenerate the README's MLflow screenshots from a real run (a script, not a test).
 
 A two-job sweep (task=both, settings standard and oracle) runs through the real CLI against the stub
-model server (tests/helpers/stub_llm_server.py: 300 ms latency with jitter, priced like gpt-4o, one
+model server (cupid_exp/testing/stub_llm_server.py: 300 ms latency with jitter, priced like gpt-4o, one
 persona's requests failing, some unusable decompositions), then `mlflow server` serves its store on
 127.0.0.1 and headless Chromium (Debian's `chromium` package) photographs the pages a user looks at.
 Chromium is driven over its DevTools protocol (with aiohttp, which litellm already installs) rather
@@ -30,11 +30,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+from cupid_exp.testing.cupid_data import stub_overrides, write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
-from helpers.cupid_data import stub_overrides, write_dataset  # noqa: E402
-from helpers.stub_llm_server import StubServer  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 DOCS = ROOT / "docs"
 ENV = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",

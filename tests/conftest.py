@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from cupid_exp.config import register_configs  # noqa: E402
+from cupid_exp.config_store import register_configs  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = PROJECT_ROOT / "conf"

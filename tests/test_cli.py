@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env, job_dirs, read_jsonl, run_cli
-from helpers.cupid_data import stub_overrides, write_dataset
 from helpers.processes import alive, children, with_default_sigint
-from helpers.stub_llm_server import StubServer
 from mlflow.tracking import MlflowClient
+
+from cupid_exp.testing.cupid_data import stub_overrides, write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 
 @pytest.fixture(scope="module")
@@ -129,12 +130,11 @@ def test_prefmatcher_evaluator_serves_and_scores(tmp_path: Path, stub) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = Path(__file__).parent / "helpers" / "stub_llm_server.py"
     # subject, decomposer, judge at the stub; its evaluator=local would win over evaluator=prefmatcher
     overrides = [o for o in stub_overrides(stub.url) if "matcher" not in o and not o.startswith("evaluator=")]
     proc = run_cli([sys.executable, "-m", "cupid_exp", "evaluator=prefmatcher", *overrides,
                     "evaluator.server.serve=true", f"evaluator.server.base_url=http://127.0.0.1:{port}",
-                    f"evaluator.server.command=[{sys.executable},{server},--port,{port}]",
+                    f"evaluator.server.command=[{sys.executable},-m,cupid_exp.testing.stub_llm_server,--port,{port}]",
                     f"evaluator.matcher.api_base=http://127.0.0.1:{port}/v1", "data.limit=1",
                     f"paths.output_root={tmp_path / 'outputs'}", "runtime.progress=false"])
     assert "evaluator=prefmatcher" in proc.stdout

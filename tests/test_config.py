@@ -84,3 +84,23 @@ def test_unknown_key_and_wrong_type_fail_against_the_schema() -> None:
         OmegaConf.merge(OmegaConf.structured(ModelConfig), {"name": "x", "litellm_model": "a/b", "temprature": 0})
     with pytest.raises((ConfigCompositionException, ValidationError)):
         compose_config(["model.max_concurrency=many"])
+
+
+def test_the_call_settings_are_the_runtime_slice_a_model_call_reads() -> None:
+    """``runtime.*`` keys stay as users write them; the model layer gets a frozen slice without the job's knobs."""
+    import dataclasses
+
+    from cupid_exp.config import CallSettings, RuntimeConfig
+
+    runtime = OmegaConf.to_object(compose_config(["runtime.num_retries=7", "runtime.timeout=12",
+                                                  "runtime.batch=true", "runtime.max_cost_usd=3"]).runtime)
+    calls = runtime.call_settings()
+    assert isinstance(calls, CallSettings)
+    assert (calls.num_retries, calls.timeout, calls.batch, calls.max_cost_usd) == (7, 12, True, 3)
+    assert all(getattr(calls, f.name) == getattr(runtime, f.name) for f in dataclasses.fields(CallSettings))
+    job_only = {"failure_policy", "max_failed_fraction", "retry_failed", "resume", "workers", "progress",
+                "progress_every_s", "reask"}
+    assert job_only <= {f.name for f in dataclasses.fields(RuntimeConfig)}
+    assert not job_only & {f.name for f in dataclasses.fields(CallSettings)}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        calls.timeout = 1  # type: ignore[misc]

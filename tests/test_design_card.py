@@ -13,8 +13,9 @@ import mlflow
 import pytest
 
 from helpers.cli_runner import PROJECT_ROOT, cli_env, job_dirs, run_cli
-from helpers.cupid_data import sample_rows, write_jsonl
-from helpers.stub_llm_server import StubServer
+
+from cupid_exp.testing.cupid_data import sample_rows, write_jsonl
+from cupid_exp.testing.stub_llm_server import StubServer
 
 KEYS = {"OPENAI_API_KEY": "sk-test-openai", "ANTHROPIC_API_KEY": "sk-test-anthropic"}
 

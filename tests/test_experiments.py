@@ -13,11 +13,11 @@ import pytest
 
 from conftest import CONF_DIR, compose_config
 from helpers.cli_runner import cli_env, run_cli
-from helpers.cupid_data import sample_rows, write_jsonl
 
 from cupid_exp.job import typed_config
 from cupid_exp.reporting.reference import GROUPS, load_reference
 from cupid_exp.settings import make_setting
+from cupid_exp.testing.cupid_data import sample_rows, write_jsonl
 
 PRESETS = {"table1": ["table1"], "table3": ["table3"], "table9_10": ["table9", "table10"], "table11": ["table11"]}
 REFERENCE = load_reference()

@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.cupid_data import stub_overrides
-from helpers.stub_llm_server import StubServer
 from mlflow.tracking import MlflowClient
 
 from cupid_exp.diff import diff_runs, spec_from_job_dir, spec_from_mlflow
+from cupid_exp.testing.cupid_data import stub_overrides
+from cupid_exp.testing.stub_llm_server import StubServer
 from cupid_exp.tracking import PARENT_RUN_FILE
 
 pytestmark = pytest.mark.slow
@@ -82,7 +82,7 @@ def test_joblib_launcher_runs_jobs_in_parallel_workers(tmp_path: Path, cache_dir
     assert "Joblib.Parallel(n_jobs=2" in proc.stdout + proc.stderr
     children, _ = check_sweep(tmp_path / "outputs")
     # the two jobs make the same calls (same identity, one journal): one runs them, served from the warm cache,
-    # the other waits for the job's lock and replays the journal (tracking.job_lock)
+    # the other waits for the job's lock and replays the journal (durability.job_lock)
     ran = [c for c in children if c.data.metrics["calls/total/this_attempt"] > 0]
     assert len(ran) == 1 and ran[0].data.metrics["calls/cache_hits"] == ran[0].data.metrics["calls/total/this_attempt"]
 

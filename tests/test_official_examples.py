@@ -15,12 +15,12 @@ import pytest
 from helpers.cli_runner import cli_command, run_cli
 from helpers.jobs import run_one, stub_plan
 from helpers.prompt_dirs import full_prompt_folder
-from helpers.stub_llm_server import StubServer
 
 from cupid_exp.config import ConfigError
 from cupid_exp.llm.client import LLMClient
 from cupid_exp.prompts import MATCHER_EXAMPLES, PROJECT_PROMPTS, PromptSet
 from cupid_exp.rendering import matcher_examples
+from cupid_exp.testing.stub_llm_server import StubServer
 
 INVENTED = [
     {"preference": "Garden plans must list plants by watering need.",

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 from helpers.cli_runner import PROJECT_ROOT, cli_env, read_jsonl
-from helpers.cupid_data import stub_overrides
-from helpers.stub_llm_server import StubServer
+
+from cupid_exp.testing.cupid_data import stub_overrides
+from cupid_exp.testing.stub_llm_server import StubServer
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,9 @@ import pandas as pd
 import pytest
 
 from helpers.cli_runner import PROJECT_ROOT, cli_command, job_dirs, metrics_of, read_jsonl, run_cli
-from helpers.cupid_data import write_dataset
-from helpers.stub_llm_server import StubServer
+
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +68,7 @@ def test_joblib_sweep_of_four_jobs_shares_one_store_and_one_cache(tmp_path: Path
 def _log_one(root: Path, i: int, start_at: float) -> str:
     from hydra import compose, initialize_config_dir
 
-    from cupid_exp.config import register_configs
+    from cupid_exp.config_store import register_configs
     from cupid_exp.job import typed_config
     from cupid_exp.tracking.mlflow import RunTracker
 

@@ -7,7 +7,7 @@ its text (fields: ``Expect`` in tests/helpers/doc_commands.py): an undeclared co
 commands run in order, for real, in a subprocess whose working folder is a scratch copy of the checkout
 (links to its folders; ``outputs/`` of its own), with:
 
-- API roles (``stub="eval"``) sent to the stub server (tests/helpers/stub_llm_server.py) by appended overrides,
+- API roles (``stub="eval"``) sent to the stub server (cupid_exp/testing/stub_llm_server.py) by appended overrides,
   as tests/test_design_card.py does; every provider's key variable set to a fake value;
 - placeholders (``RUN_A``, ``RUN_B``, ``JOB_DIR``, ``SYNTH_DIR``) filled from real runs made here;
 - the Hub and GPU paths expected to stop with their one-line errors (exit 2, one stderr line);
@@ -26,7 +26,8 @@ import pytest
 from helpers.cli_runner import PROJECT_ROOT, cli_env, seed_store
 from helpers.doc_commands import (DOCS, FAST, KEYS, LINKED, SAMPLE_FULL, Expect, Workspace, at_stub, blocks, key_of,
                                   run_command, split_commands)
-from helpers.stub_llm_server import StubServer
+
+from cupid_exp.testing.stub_llm_server import StubServer
 
 HUB = "data=local"  # what the Hub's one-line error must offer instead
 EXPECTED: dict[str, Expect] = {
@@ -59,6 +60,7 @@ EXPECTED: dict[str, Expect] = {
     "python -m cupid_exp model=claude llm@evaluator.decomposer=claude35": Expect(stub="eval", extra=FAST),
     "python -m cupid_exp model=openai_compatible model.litellm_model=openai/my-model "
     "model.api_base=http://127.0.0.1:8000/v1": Expect(stub="eval", extra=FAST),
+    "python -m cupid_exp.testing.stub_llm_server --port 8000": Expect(server=True),
     f"python -m cupid_exp data=local data.path={SAMPLE_FULL} data.instance_types=[changing]": Expect(
         stub="eval", extra=FAST, stdout_has="changing"),
     "python -m cupid_exp prompts.dir=/path/to/CUPID/prompts": Expect(exit=2, stub="eval", one_line="prompts.dir"),

@@ -20,10 +20,10 @@ import diskcache
 import pytest
 
 from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env, job_dirs, read_jsonl, run_cli, scoring
-from helpers.cupid_data import write_dataset
-from helpers.stub_llm_server import StubServer
 
 from cupid_exp.llm.response_cache import STORE_FOLDER
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 pytestmark = pytest.mark.slow
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from helpers.cli_runner import cli_command, cli_env, job_dirs, read_jsonl, run_cli
-from helpers.cupid_data import write_dataset
-from helpers.stub_llm_server import StubServer
 
 from cupid_exp import secrets as secrets_module
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 KEYS = {
     "OPENAI_API_KEY": "sk-envOPENAI-fake-0a1b2c3d4e5f",

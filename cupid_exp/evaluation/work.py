@@ -18,6 +18,7 @@ from cupid_exp import console
 from cupid_exp.config import ModelConfig, RunConfig
 from cupid_exp.data.loading import LoadedData, load_instances
 from cupid_exp.data.schema import Instance
+from cupid_exp.durability import journal
 from cupid_exp.evaluation.checks import check_evaluation, roles_called
 from cupid_exp.evaluation.instances import evaluate_instance, instances_in_flight
 from cupid_exp.job.spec import Published, TrackingView
@@ -30,8 +31,8 @@ from cupid_exp.scoring.summary import JobSummary, summarize
 from cupid_exp.secrets import scrub_obj
 from cupid_exp.settings import make_setting
 from cupid_exp.settings.base import Setting
+from cupid_exp.tasks import check_task_parts
 from cupid_exp.tasks.context import TaskContext
-from cupid_exp.tracking import journal
 from cupid_exp.tracking.provenance import git_state
 
 if TYPE_CHECKING:
@@ -61,9 +62,11 @@ class EvaluationWork:
 
     @classmethod
     def load(cls, cfg: RunConfig, output_dir: Path) -> "EvaluationWork":
-        """The setting (its task parts checked), the prompts the job sends, then the data (every row validated)."""
+        """The task parts (against the registry) and the setting's, the prompts the job sends, then the data (every
+        row validated)."""
         from cupid_exp.job.checks import prompt_set
 
+        check_task_parts(cfg.task.parts)
         setting = make_setting(cfg.setting)
         setting.check_parts(cfg.task.parts)
         prompts = prompt_set(cfg.prompts.dir)
@@ -109,14 +112,15 @@ class EvaluationWork:
         from cupid_exp.llm.steps import Reask
         from cupid_exp.rendering import matcher_examples
 
-        configure_litellm(cfg.runtime)
+        calls = cfg.runtime.call_settings()  # what the clients read of runtime
+        configure_litellm(calls)
         if not cfg.runtime.dry_run:
             from cupid_exp.llm._litellm import import_first_call_modules
 
             import_first_call_modules()
         ev = cfg.evaluator
         clients = clients_for({"subject": cfg.model, "decomposer": ev.decomposer, "matcher": ev.matcher,
-                               "judge": ev.judge}, cfg.runtime, meter, budget)
+                               "judge": ev.judge}, calls, meter, budget)
         retry = Reask(cfg.runtime.reask)
         examples = matcher_examples(self.prompts.matcher_examples()) if ev.matcher_few_shot else None
         evaluator = Evaluator(clients["decomposer"], clients["matcher"], clients["judge"], self.prompts,

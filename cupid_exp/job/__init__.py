@@ -18,6 +18,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from cupid_exp.durability.attempts import earlier_attempt_metrics, earlier_spend
+from cupid_exp.durability.signals import sigterm_raises
 from cupid_exp.entry import Interrupted, Outcome
 from cupid_exp.job.budgets import BudgetReport, report
 from cupid_exp.job.execute import execute
@@ -25,9 +27,7 @@ from cupid_exp.job.plan import Job, Kind, connect, plan, specify, typed_config
 from cupid_exp.job.publish import job_outcome, publish, start_tracking
 from cupid_exp.job.spec import Execution, JobSpec, Summary, Work
 from cupid_exp.job.workers import start_workers
-from cupid_exp.tracking.attempts import earlier_attempt_metrics, earlier_spend
 from cupid_exp.tracking.mlflow import SweepParent, ends_on_error
-from cupid_exp.tracking.signals import sigterm_raises
 
 
 def budget_report(job: Job, execution: Execution) -> BudgetReport | None:
@@ -83,7 +83,7 @@ def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = 
     """Run one job of ``kind`` end to end; the Outcome says whether it completed (and carries its headline)."""
     started = time.perf_counter()
     had_hydra = (output_dir / ".hydra").is_dir()  # Hydra saved the config there: a folder deleted later is said
-    job = plan(cfg, output_dir, choices, parent_run, kind=kind, clients=False)  # holds the job from here
+    job = plan(cfg, output_dir, choices, parent_run, kind=kind, clients=False)  # holds the job (durability.job_lock)
     workers = None
     try:
         with sigterm_raises():  # from the run's creation on, SIGTERM unwinds (and ends the run KILLED)

@@ -1,7 +1,7 @@
 """What one attempt of a job opens and holds, all opened here in one place: the job's lock, its resume journal and
 what it already holds, its usage ledger, its budget's accounts, and how many processes share its calls.
 
-The lock is taken first (``tracking.job_lock``): a second process on the same job stops here with one line
+The lock is taken first (``durability.job_lock``): a second process on the same job stops here with one line
 (exit 2) before it reads the journal or calls anything. A dry run opens nothing (it writes no journal and no run).
 """
 
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import logging
 
+from cupid_exp.durability import job_lock
+from cupid_exp.durability.journal import Journal
+from cupid_exp.durability.ledger import UsageLedger
 from cupid_exp.job.budgets import job_budget
 from cupid_exp.job.checks import check_keys
 from cupid_exp.job.spec import Attempt, JobSpec
 from cupid_exp.job.worker_count import processes
 from cupid_exp.llm.usage import UsageMeter
-from cupid_exp.tracking import job_lock
-from cupid_exp.tracking.journal import Journal
-from cupid_exp.tracking.ledger import UsageLedger
 from cupid_exp.tracking.mlflow import SweepParent
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 def open_attempt(spec: JobSpec) -> Attempt:
     """Take the job, read what its journal holds, and open its ledger and budget (see the module docstring)."""
     cfg, work = spec.cfg, spec.work
-    # raises JobRunning when another process runs the job (``tracking.job_lock`` for the same calls reported
+    # raises JobRunning when another process runs the job (``durability.job_lock`` for the same calls reported
     # differently)
     lock = None if spec.dry_run else job_lock.acquire(spec.journal_dir, spec.identity, spec.run_key)
     try:

@@ -2,7 +2,7 @@
 or with which key it gets them.
 
 The identity names the job's journal, its lock, its usage and budget ledgers, and (with the reporting settings)
-its MLflow run (``tracking.attempts.run_key``); synthesis's folder name is a short hash of the same content
+its MLflow run (``durability.attempts.run_key``); synthesis's folder name is a short hash of the same content
 (``cupid_exp.synthesis.config.fingerprint``). So a changed ``max_concurrency``, ``rpm``/``tpm``, timeout, retry
 count, worker count, price, Batch API switch or cache setting resumes the same job, and so does ``localhost`` for
 ``127.0.0.1`` or a trailing slash (``llm.endpoints``); a rotated key or header value too (secrets enter masked, by

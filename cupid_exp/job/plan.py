@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from omegaconf import DictConfig, OmegaConf
 
 from cupid_exp.config import JobConfig, check_known_keys, check_tree
+from cupid_exp.durability.attempts import run_key
 from cupid_exp.job.attempt import open_attempt
 from cupid_exp.job.checks import check_before_calls, note_models
 from cupid_exp.job.identity import job_identity
@@ -24,7 +25,6 @@ from cupid_exp.job.spec import Job, JobSpec, Work
 from cupid_exp.job.worker_count import share
 from cupid_exp.llm.budget import check_priced
 from cupid_exp.secrets import install_log_scrubber, redact, secret_values
-from cupid_exp.tracking.attempts import run_key
 from cupid_exp.tracking.mlflow import SweepParent
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def specify(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None, p
     secrets = secret_values(resolved)
     install_log_scrubber(secrets)
     check_before_calls(job_cfg)
-    check_priced(job_cfg.model_configs(), job_cfg.runtime)  # a budget needs every model's price
+    check_priced(job_cfg.model_configs(), job_cfg.runtime.call_settings())  # a budget needs every model's price
     work = kind.load(job_cfg, output_dir)
     identity = job_identity(resolved, not_identity=work.not_identity, **work.digests())
     return JobSpec(cfg=job_cfg, work=work, resolved=redact(resolved), output_dir=output_dir,

@@ -17,23 +17,24 @@ from cupid_exp.entry import Outcome
 from cupid_exp.job.budgets import BudgetReport, fit_line
 from cupid_exp.job.plan import Job
 from cupid_exp.job.spec import Summary
-from cupid_exp.tracking.attempts import whole_job_metrics, whole_job_usage
+from cupid_exp.durability.attempts import whole_job_metrics, whole_job_usage
+from cupid_exp.durability.signals import shielded
 from cupid_exp.tracking.live import FinalLog
 from cupid_exp.tracking.mlflow import SweepParent, flatten
 from cupid_exp.tracking.outcomes import outcome_tags, status_of
-from cupid_exp.tracking.signals import shielded
 
 log = logging.getLogger(__name__)
 
 
 def start_tracking(job: Job) -> Any:
     """Have the job's MLflow run opened before any model is called: params, tags and the dataset input first,
-    then progress while the job works. A resumed job reopens its earlier attempt's run (``tracking.attempts``).
+    then progress while the job works. A resumed job reopens its earlier attempt's run (``tracking.attempt_runs``).
 
     The run is kept by a worker process (``tracking.run_worker``), asked here and waited for only before the
     first call (``wait_opened``), so that opening it overlaps the job's own start; without a worker, here.
     """
-    from cupid_exp.tracking import attempts, run_worker
+    from cupid_exp.durability import attempts
+    from cupid_exp.tracking import run_worker
     from cupid_exp.tracking.live import RunRequest, open_run
 
     cfg, spec, attempt = job.cfg, job.spec, job.attempt
@@ -44,7 +45,7 @@ def start_tracking(job: Job) -> Any:
     worker = run_worker.start(keep=spec.parent_run is not None)
     claim = None
     try:
-        # the job's lock (``tracking.job_lock``) makes this the only attempt: a resumed job reopens the earlier run
+        # the job's lock (``durability.job_lock``) makes this the only attempt: a resumed job reopens the earlier run
         claim = attempts.Claim(spec.run_key, attempt.lock if cfg.runtime.resume else None)
         view = job.work.tracking(job)
         params = flatten(dict(spec.resolved))

@@ -20,11 +20,11 @@ from cupid_exp.config import JobConfig, ModelConfig
 from cupid_exp.llm.usage import UsageMeter
 
 if TYPE_CHECKING:
+    from cupid_exp.durability.job_lock import JobLock
+    from cupid_exp.durability.journal import Journal
+    from cupid_exp.durability.ledger import UsageLedger
     from cupid_exp.llm.budget import Budget
     from cupid_exp.progress import Progress
-    from cupid_exp.tracking.job_lock import JobLock
-    from cupid_exp.tracking.journal import Journal
-    from cupid_exp.tracking.ledger import UsageLedger
     from cupid_exp.tracking.mlflow import SweepParent
 
 
@@ -168,7 +168,7 @@ class JobSpec:
     parent_run: "str | SweepParent | None"  #: the sweep's MLflow parent run (by id, or by the sweep's folder)
     secrets: tuple[str, ...]
     identity: str  #: hash of what decides the results (``job.identity``): names the journal and the lock
-    run_key: str  #: the identity plus what changes the report (``tracking.attempts.run_key``): names the run
+    run_key: str  #: the identity plus what changes the report (``durability.attempts.run_key``): names the run
 
     @property
     def dry_run(self) -> bool:

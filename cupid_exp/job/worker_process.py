@@ -100,7 +100,7 @@ def _connect(spec: WorkerSpec) -> tuple[Work, Any, UsageMeter]:
     install_log_scrubber(spec.secrets)
     meter = UsageMeter()
     if spec.ledger:
-        from cupid_exp.tracking.ledger import UsageLedger
+        from cupid_exp.durability.ledger import UsageLedger
 
         meter.sink = UsageLedger(Path(spec.ledger)).append
     work = spec.work.for_process(spec.cfg)

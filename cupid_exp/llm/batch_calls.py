@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cupid_exp.config import CallSettings
 from cupid_exp.llm.batch import Batcher, BatchSettings, BatchUnsupported, Guard, RowFailed, batch_provider, \
     row_failure_kind
 from cupid_exp.llm.batch_ledger import BatchLedger
@@ -25,9 +26,9 @@ from cupid_exp.llm.retry import BILLING_CODES, BILLING_SUFFIX, CallFailed, Fatal
 from cupid_exp.llm.usage import BatchCounts, Completion
 
 
-def batch_settings(runtime: Any) -> BatchSettings:
-    return BatchSettings(size=runtime.batch_size, delay_s=runtime.batch_delay_s, poll_s=runtime.batch_poll_s,
-                         max_resubmits=runtime.num_retries)
+def batch_settings(settings: CallSettings) -> BatchSettings:
+    return BatchSettings(size=settings.batch_size, delay_s=settings.batch_delay_s, poll_s=settings.batch_poll_s,
+                         max_resubmits=settings.num_retries)
 
 
 def batch_price(model: Any, prompt_tokens: int, completion_tokens: int) -> float | None:
@@ -45,7 +46,7 @@ def batch_price(model: Any, prompt_tokens: int, completion_tokens: int) -> float
     return float(cost_in + cost_out)
 
 
-def new_batcher(model: Any, runtime: Any, api_key: str | None, counts: BatchCounts, guard: Guard | None = None
+def new_batcher(model: Any, settings: CallSettings, api_key: str | None, counts: BatchCounts, guard: Guard | None = None
                 ) -> Batcher:
     provider = batch_provider(model.litellm_model)
     if provider is None:
@@ -57,8 +58,8 @@ def new_batcher(model: Any, runtime: Any, api_key: str | None, counts: BatchCoun
     if api_key:
         kwargs["api_key"] = api_key
     endpoint = {"model": model.litellm_model, "api_base": model.api_base}
-    ledger = BatchLedger(Path(runtime.cache_dir).expanduser() / "batches")
-    return Batcher(endpoint, kwargs, ledger, batch_settings(runtime), counts, guard)
+    ledger = BatchLedger(Path(settings.cache_dir).expanduser() / "batches")
+    return Batcher(endpoint, kwargs, ledger, batch_settings(settings), counts, guard)
 
 
 async def batched_completion(batcher: Batcher, model: Any, messages: list[dict], kwargs: dict[str, Any]
@@ -81,15 +82,15 @@ def client_guard(client: Any) -> Guard:
     """The batcher's upload and creation under ``client``'s live retry policy, and its stop for later."""
     async def run(send: Any) -> Any:
         response, _ = await with_retries(
-            send, client.pool, tokens=0, num_retries=client.runtime.num_retries,
-            patience_s=client.runtime.rate_limit_patience_s, classify=provider_error_kind, model=client.model.name,
+            send, client.pool, tokens=0, num_retries=client.settings.num_retries,
+            patience_s=client.settings.rate_limit_patience_s, classify=provider_error_kind, model=client.model.name,
             roles=client.roles, scrub=client._scrub, stop=client.stop)
         return response
 
     def later(kind: str, message: str) -> FatalProviderError:
         return _stop(client, RetryLater(client.model.name, kind, client._scrub(message), client.roles))
 
-    return Guard(run, later, client.runtime.rate_limit_patience_s)
+    return Guard(run, later, client.settings.rate_limit_patience_s)
 
 
 def _stop(client: Any, fatal: FatalProviderError) -> FatalProviderError:
@@ -117,7 +118,7 @@ async def complete_in_batch(client: Any, messages: list[dict], step: str, kwargs
     bound), settled at the batch price of the row (nothing for a row another call paid); failures counted by kind
     as a live call's, fatal refusals and rate limits beyond patience stopping the job as they do live."""
     if client._batcher is None or client._batcher.loop is not asyncio.get_running_loop():
-        client._batcher = new_batcher(client.model, client.runtime, client._api_key, client.meter.batches,
+        client._batcher = new_batcher(client.model, client.settings, client._api_key, client.meter.batches,
                                       client_guard(client))
     held = await reserve_call(client, messages, kwargs, step)
     try:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from cupid_exp.config import ConfigError, ModelConfig, RuntimeConfig
+from cupid_exp.config import CallSettings, ConfigError, ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -92,16 +92,16 @@ def model_prices(model: ModelConfig) -> Prices | None:
     return Prices(float(cost_in), float(cost_out), info.get("max_output_tokens") or info.get("max_tokens"))
 
 
-def wanted(runtime: RuntimeConfig) -> bool:
-    return runtime.max_cost_usd is not None or runtime.sweep_max_cost_usd is not None
+def wanted(settings: CallSettings) -> bool:
+    return settings.max_cost_usd is not None or settings.sweep_max_cost_usd is not None
 
 
-def check_priced(models: Iterable[ModelConfig], runtime: RuntimeConfig) -> None:
+def check_priced(models: Iterable[ModelConfig], settings: CallSettings) -> None:
     """Before the first call: a budget needs every model's price and a bound on its replies (one-line ConfigError)."""
-    if not wanted(runtime):
+    if not wanted(settings):
         return
-    key = "runtime.max_cost_usd" if runtime.max_cost_usd is not None else "runtime.sweep_max_cost_usd"
-    cap = runtime.max_cost_usd if runtime.max_cost_usd is not None else runtime.sweep_max_cost_usd
+    key = "runtime.max_cost_usd" if settings.max_cost_usd is not None else "runtime.sweep_max_cost_usd"
+    cap = settings.max_cost_usd if settings.max_cost_usd is not None else settings.sweep_max_cost_usd
     for model in models:
         prices = model_prices(model)
         if prices is None:
@@ -114,9 +114,9 @@ def check_priced(models: Iterable[ModelConfig], runtime: RuntimeConfig) -> None:
                               f"({model.litellm_model}): set its params.max_tokens")
 
 
-def priced(model: ModelConfig, runtime: RuntimeConfig) -> Prices:
+def priced(model: ModelConfig, settings: CallSettings) -> Prices:
     """The prices of a model a budgeted client calls (checked by the job before, ``check_priced``)."""
-    check_priced([model], runtime)
+    check_priced([model], settings)
     return model_prices(model)  # type: ignore[return-value]
 
 

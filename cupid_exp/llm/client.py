@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from cupid_exp.config import ModelConfig, RuntimeConfig
+from cupid_exp.config import CallSettings, ModelConfig
 from cupid_exp.llm import _litellm
 from cupid_exp.llm.billing import (CallBill, Reply, counted_tokens, empty_reply, lost_after_sending, reply_text,
                                    token_cost)
@@ -40,7 +40,7 @@ DryReply = Callable[[list[dict]], str]
 _CACHE_DIR: str | None = None
 
 
-def configure_litellm(runtime: RuntimeConfig) -> None:
+def configure_litellm(settings: CallSettings) -> None:
     """Process-wide litellm settings: quiet, offline price map, the response cache on disk."""
     global _CACHE_DIR
     import litellm
@@ -49,8 +49,8 @@ def configure_litellm(runtime: RuntimeConfig) -> None:
     litellm.drop_params = True  # a provider that rejects a param (e.g. seed) gets it dropped, not an error
     for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "litellm"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    if runtime.cache:
-        cache_dir = str(Path(runtime.cache_dir).expanduser().resolve())
+    if settings.cache:
+        cache_dir = str(Path(settings.cache_dir).expanduser().resolve())
         if cache_dir != _CACHE_DIR:
             from cupid_exp.llm.response_cache import response_cache
 
@@ -88,11 +88,11 @@ def context_window(model: ModelConfig) -> int | None:
 class LLMClient:
     """Completions for one configured model, shared by every step and role that uses it."""
 
-    def __init__(self, model: ModelConfig, runtime: RuntimeConfig, meter: UsageMeter, budget: Budget | None = None):
-        self.model, self.runtime, self.meter = model, runtime, meter
+    def __init__(self, model: ModelConfig, settings: CallSettings, meter: UsageMeter, budget: Budget | None = None):
+        self.model, self.settings, self.meter = model, settings, meter
         self.budget = budget  # every call reserves its worst case first (cupid_exp.llm.budget)
         # a lost request is charged its worst case at these prices (budget or not); a budget needs them (``priced``)
-        self.prices = priced(model, runtime) if budget is not None else model_prices(model)
+        self.prices = priced(model, settings) if budget is not None else model_prices(model)
         if model.local is not None:
             from cupid_exp.llm.local import register_local_model
 
@@ -107,20 +107,20 @@ class LLMClient:
             params["api_key"] = "EMPTY"  # OpenAI-compatible servers without auth still need a value
         # No litellm Router: it cost ~1.4 ms of CPU per call on top of this (30% of the client's, measured) for
         # nothing the runner uses: no retries (ours: cupid_exp.llm.retry), one deployment, no fallbacks.
-        self._send_params = {**params, "timeout": runtime.timeout, "num_retries": 0, "max_retries": 0}
+        self._send_params = {**params, "timeout": settings.timeout, "num_retries": 0, "max_retries": 0}
         # A config's own prices override litellm's map: applied to the response's tokens by litellm's cost
         # calculator after the call, never registered in litellm's global map (two configs may price one id).
         self._config_prices = _config_prices(model)
         self._api_key = params.get("api_key")
         self._batcher: Any = None
-        self._batch = _wants_batch(model, runtime)
+        self._batch = _wants_batch(model, settings)
         self.roles: tuple[str, ...] = (model.name,)  # the roles it serves (``clients_for``), for a fatal refusal
         self.stop = JobStop()  # shared with the job's other clients (``clients_for``)
         self._key = key
         self.pool: Pool = pool_for(
             model.litellm_model, model.api_base, key, named=model.pool, config_id=_identity(model),
-            max_concurrency=model.max_concurrency, rpm=model.rpm, tpm=model.tpm, pools=runtime.pools,
-            ledger_dir=Path(runtime.cache_dir).expanduser() / "rate_limits" if runtime.cache_dir else None,
+            max_concurrency=model.max_concurrency, rpm=model.rpm, tpm=model.tpm, pools=settings.pools,
+            ledger_dir=Path(settings.cache_dir).expanduser() / "rate_limits" if settings.cache_dir else None,
             meter=meter)
         # a bound given once for the pool replaces the role's own (the pool holds every role to it together)
         self._bound = max(1, int(self.pool.given.max_concurrency or model.max_concurrency))
@@ -132,7 +132,7 @@ class LLMClient:
     @property
     def slots(self) -> int:
         """Calls this client takes at once: ``max_concurrency``, or a whole batch with the Batch API."""
-        return self.runtime.batch_size if self._batch else self._bound
+        return self.settings.batch_size if self._batch else self._bound
 
     def _refuse_oversized(self, messages: list[dict], step: str) -> None:
         """Never pay for a prompt that cannot fit: raise context_length before sending it."""
@@ -179,7 +179,7 @@ class LLMClient:
         if json_schema is not None and self.model.structured_output:
             kwargs["response_format"] = {"type": "json_schema",
                                          "json_schema": {"name": "reply", "schema": json_schema, "strict": True}}
-        if self.runtime.cache:
+        if self.settings.cache:
             kwargs["caching"] = True
             kwargs["cache"] = {"namespace": self.cache_namespace(json_schema, dict(params or {}))}
         return kwargs
@@ -192,7 +192,7 @@ class LLMClient:
 
         max_tokens = kwargs.get("max_tokens") or kwargs.get("max_completion_tokens")
         prompt_tokens, completion_tokens, cost = estimate(
-            self.model.litellm_model, messages, max_tokens, self.runtime.dry_run_completion_tokens,
+            self.model.litellm_model, messages, max_tokens, self.settings.dry_run_completion_tokens,
             self.model.input_cost_per_token, self.model.output_cost_per_token)
         text = dry_reply(messages) if dry_reply is not None else "(dry run)"
         at_batch = batch_price(self.model, prompt_tokens, completion_tokens) if batch_provider(
@@ -217,7 +217,7 @@ class LLMClient:
         if step in self.model.step_params:  # the model's own overrides for this step; the caller's win
             params = {**self.model.step_params[step], **(params or {})}
         kwargs = self.request_params(json_schema, params)
-        if self.runtime.dry_run:
+        if self.settings.dry_run:
             return self._dry_run(messages, step, kwargs, dry_reply)
         self._refuse_oversized(messages, step)
         if self._batch:
@@ -234,7 +234,7 @@ class LLMClient:
                 try:
                     reply, attempts = await with_retries(
                         lambda: self._attempt(messages, kwargs, bill), self.pool, tokens=tokens,
-                        num_retries=self.runtime.num_retries, patience_s=self.runtime.rate_limit_patience_s,
+                        num_retries=self.settings.num_retries, patience_s=self.settings.rate_limit_patience_s,
                         classify=provider_error_kind, model=self.model.name, roles=self.roles, scrub=self._scrub,
                         stop=self.stop, before=reserve)
                 finally:
@@ -353,10 +353,10 @@ def _identity(model: ModelConfig) -> str:
     return json.dumps(asdict(model), sort_keys=True, default=str)
 
 
-def _wants_batch(model: ModelConfig, runtime: RuntimeConfig) -> bool:
+def _wants_batch(model: ModelConfig, settings: CallSettings) -> bool:
     """Whether this model's calls go through a Batch API (``model.batch``, else ``runtime.batch``)."""
-    wanted = model.batch if model.batch is not None else runtime.batch
-    if not wanted or runtime.dry_run:
+    wanted = model.batch if model.batch is not None else settings.batch
+    if not wanted or settings.dry_run:
         return False
     from cupid_exp.llm.batch import batch_provider
 
@@ -367,7 +367,7 @@ def _wants_batch(model: ModelConfig, runtime: RuntimeConfig) -> bool:
     return True
 
 
-def clients_for(roles: Mapping[str, ModelConfig], runtime: RuntimeConfig, meter: UsageMeter,
+def clients_for(roles: Mapping[str, ModelConfig], settings: CallSettings, meter: UsageMeter,
                 budget: Budget | None = None) -> dict[str, LLMClient]:
     """One client per distinct model config, so roles on the same model share its concurrency bound."""
     by_identity: dict[str, LLMClient] = {}
@@ -376,7 +376,7 @@ def clients_for(roles: Mapping[str, ModelConfig], runtime: RuntimeConfig, meter:
     for role, model in roles.items():
         identity = _identity(model)
         if identity not in by_identity:
-            by_identity[identity] = LLMClient(model, runtime, meter, budget)
+            by_identity[identity] = LLMClient(model, settings, meter, budget)
             by_identity[identity].roles, by_identity[identity].stop = (), stop
         out[role] = by_identity[identity]
         out[role].roles += (role,)

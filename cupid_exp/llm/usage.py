@@ -74,7 +74,7 @@ class UsageMeter:
     """Per-step counters shared by every client of a job (evaluation and synthesis alike).
 
     ``sink``, when set, is told of every count as it is made (step, the counters it added): the job's usage
-    ledger (``tracking.ledger``), so that what an interrupted attempt paid is not lost with it."""
+    ledger (``durability.ledger``), so that what an interrupted attempt paid is not lost with it."""
 
     counts: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
     sink: Callable[[str, dict[str, float]], None] | None = None

@@ -42,7 +42,7 @@ def compose(overrides: Sequence[str], conf_dir: str | Path | None = None) -> Com
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from cupid_exp.config import register_configs
+    from cupid_exp.config_store import register_configs
 
     if conf_dir is None:
         from cupid_exp.resources import conf_dir as shipped_conf

@@ -153,7 +153,7 @@ def search_job_runs(uri: str, experiment: str, filter_string: str | None = None)
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from cupid_exp.tracking.mlflow import env_uri_kept
+    from cupid_exp.mlflow_env import env_uri_kept
 
     with env_uri_kept():  # the report runs in-process in tests and notebooks: no exported URI for later jobs
         mlflow.set_tracking_uri(uri)

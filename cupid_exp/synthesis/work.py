@@ -162,11 +162,12 @@ class SynthesisWork:
         from cupid_exp.synthesis.steps import SynthContext
 
         scfg = cfg.synthesis
-        configure_litellm(cfg.runtime)
+        calls = cfg.runtime.call_settings()  # what the clients read of runtime
+        configure_litellm(calls)
         from cupid_exp.llm._litellm import import_first_call_modules
 
         import_first_call_modules()
-        clients = clients_for({r: getattr(scfg.roles, r) for r in ROLES}, cfg.runtime, meter, budget)
+        clients = clients_for({r: getattr(scfg.roles, r) for r in ROLES}, calls, meter, budget)
         return SynthContext(clients=clients, prompts=self.prompts, max_retries=scfg.max_retries,
                             max_turns=scfg.max_turns, max_checklist_items=scfg.max_checklist_items,
                             with_resources=scfg.with_resources, embedded_sampling=dict(scfg.embedded_sampling))

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
+from cupid_exp.config import require
 from cupid_exp.tasks.context import TaskContext
 from cupid_exp.tasks.generation import run_generation
 from cupid_exp.tasks.inference import run_inference
@@ -20,4 +21,13 @@ class Task:
 TASKS: dict[str, Task] = {"inference": Task("inference", run_inference, "f1"),
                           "generation": Task("generation", run_generation, "score")}
 
-__all__ = ["TASKS", "Task", "TaskContext", "run_generation", "run_inference"]
+
+
+def check_task_parts(parts: Sequence[str], where: str = "task.parts") -> None:
+    """A job's ``task.parts``: a non-empty list of distinct registered parts (ConfigError otherwise); checked while
+    the job is planned, where the registry is at hand, so that the config schema need not import it."""
+    require(bool(parts) and set(parts) <= set(TASKS) and len(set(parts)) == len(parts), where, parts,
+            f"a non-empty list of distinct parts from {sorted(TASKS)}")
+
+
+__all__ = ["TASKS", "Task", "TaskContext", "check_task_parts", "run_generation", "run_inference"]

@@ -79,7 +79,7 @@ class MlflowSweepCallback(Callback):
         if not _tracked(config):
             return
         from cupid_exp.tracking import run_worker
-        from cupid_exp.tracking.signals import install_sigterm_handler
+        from cupid_exp.durability.signals import install_sigterm_handler
 
         sweep_dir = Path(config.hydra.sweep.dir).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -98,7 +98,7 @@ class MlflowSweepCallback(Callback):
         if self._open is not None:
             import sys
 
-            from cupid_exp.tracking.signals import Terminated
+            from cupid_exp.durability.signals import Terminated
 
             uri, sweep_dir = self._open
             self._open = None

@@ -28,7 +28,7 @@ from cupid_exp.llm.limits import limit_metrics
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.results import InstanceResult
 from cupid_exp.scoring.statistics import TASK_METRICS, point_value, task_frame
-from cupid_exp.tracking.attempts import Claim
+from cupid_exp.durability.attempts import Claim
 from cupid_exp.tracking.dataset import DatasetInput
 from cupid_exp.tracking.mlflow import RunTracker, SweepParent, parent_of
 
@@ -327,16 +327,16 @@ def open_run(request: RunRequest, claim: Claim, meter: Any) -> Any:
     """Open the run (a resumed job's earlier run when ``request.exclusive``), with its params, tags, config and
     dataset input, and start its progress thread; the traces (``request.traces``) are written in this process.
     A done job whose earlier run holds its results gets that run, untouched (``reopen.FinishedEarlier``)."""
-    from cupid_exp.tracking import attempts, reopen
+    from cupid_exp.tracking import attempt_runs, reopen
     from cupid_exp.tracking import traces as tracing
 
     tracker = RunTracker(request.tracking, request.secrets)
-    previous = attempts.earlier_run(tracker.client, tracker.experiment_id, request.run_key) if request.exclusive \
+    previous = attempt_runs.earlier_run(tracker.client, tracker.experiment_id, request.run_key) if request.exclusive \
         else None
     parent = parent_of(request.tracking, request.parent)
     if request.nothing_left and reopen.holds_results(previous):
         return reopen.leave_finished(tracker, request, previous, parent, claim)
-    tags = {**request.tags, **attempts.attempt_tags(previous, request.run_key)}
+    tags = {**request.tags, **attempt_runs.attempt_tags(previous, request.run_key)}
     carried, notice = reopen.carried_usage(previous, request.ledger_found)
     try:
         tracker.start(run_name=request.run_name, params=request.params, parent=parent, config=request.config,
@@ -358,7 +358,7 @@ def open_run(request: RunRequest, claim: Claim, meter: Any) -> Any:
         live.backfill_traces(request)
         live.start()
     except BaseException as exc:  # an interrupt or a store error while opening: never leave it RUNNING
-        from cupid_exp.tracking.signals import Terminated
+        from cupid_exp.durability.signals import Terminated
 
         tracker.end("KILLED" if isinstance(exc, (KeyboardInterrupt, Terminated)) else "FAILED")
         raise

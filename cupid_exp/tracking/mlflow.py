@@ -12,7 +12,6 @@ Artifacts go where the store says: a server's own artifact store (``mlflow-artif
 from __future__ import annotations
 
 import logging
-import os
 import re
 import time
 from contextlib import contextmanager
@@ -29,20 +28,6 @@ log = logging.getLogger(__name__)
 
 PARENT_RUN_FILE = "mlflow_parent_run_id"
 _READY_STORES: set[str] = set()
-
-
-@contextmanager
-def env_uri_kept() -> Iterator[None]:
-    """``mlflow.set_tracking_uri`` also exports ``MLFLOW_TRACKING_URI``, which the job config reads: keep our own
-    calls of it from leaking into the next job of a sweep (``paths.output_root=a,b``) or into child processes."""
-    before = os.environ.get("MLFLOW_TRACKING_URI")
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = before
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, str]:
@@ -280,7 +265,7 @@ def ends_on_error(run: Any) -> Iterator[None]:
     (``tracking.outcomes``); a job that gets through ends its run itself, with its results. SIGTERM raises
     ``Terminated`` inside the block, and ending the run is shielded from interrupts."""
     from cupid_exp.tracking.outcomes import outcome_of, outcome_tags, status_of
-    from cupid_exp.tracking.signals import shielded, sigterm_raises
+    from cupid_exp.durability.signals import shielded, sigterm_raises
 
     with sigterm_raises():
         try:

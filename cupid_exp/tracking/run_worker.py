@@ -35,7 +35,7 @@ from typing import Any
 
 from cupid_exp.llm.calls import CallLog
 from cupid_exp.results import InstanceResult
-from cupid_exp.tracking.attempts import Claim
+from cupid_exp.durability.attempts import Claim
 from cupid_exp.tracking.live import FinalLog, LiveRun, RunRequest
 from cupid_exp.tracking.run_worker_process import SnapshotMeter, serve
 from cupid_exp.tracking.store_errors import TrackingError, TrackingUnavailable, store_unreachable  # noqa: F401
@@ -155,7 +155,7 @@ class RunWorker:
     def end(self, status: str, summary: dict[str, Any] | None = None, tags: dict[str, str] | None = None) -> None:
         """End the run with ``status`` and the outcome ``tags`` (a failed or interrupted job), waiting a bounded
         time; a worker that died leaves it to this process (bounded too), one that does not answer to the next
-        attempt (``tracking.attempts``)."""
+        attempt (``tracking.attempt_runs``)."""
         if self.ended:
             return
         self.ended = True

@@ -16,7 +16,7 @@ import queue
 import signal
 from typing import Any
 
-from cupid_exp.tracking.attempts import Claim
+from cupid_exp.durability.attempts import Claim
 from cupid_exp.tracking.live import FinalLog, LiveRun, RunRequest
 from cupid_exp.tracking.store_errors import store_unreachable
 
@@ -120,7 +120,7 @@ def serve(inbox: Any, outbox: Any, progress: Any) -> None:
 
 def _orphaned(live: LiveRun | None) -> None:
     """The job died: export what was built (for a bounded time) and exit; its run stays RUNNING, as a SIGKILLed
-    job's does (``tracking.attempts``)."""
+    job's does (``tracking.attempt_runs``)."""
     if live is not None and live.traces is not None:
         live.traces.close(ORPHAN_FLUSH_S)
     os._exit(0)

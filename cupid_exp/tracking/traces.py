@@ -47,7 +47,7 @@ def setup(uri: str) -> Any:
     import mlflow
 
     from cupid_exp.tracking import trace_batches
-    from cupid_exp.tracking.mlflow import env_uri_kept
+    from cupid_exp.mlflow_env import env_uri_kept
 
     for key, value in _EXPORT_DEFAULTS.items():
         os.environ.setdefault(key, value)

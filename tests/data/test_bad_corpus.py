@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_cli
-from helpers.cupid_data import delete_at, make_rows, set_at
-from helpers.stub_llm_server import StubServer
 from test_loading import BAD_KEY, ROW_CASES, _bad_row, make_row
+
+from cupid_exp.testing.cupid_data import delete_at, make_rows, set_at
+from cupid_exp.testing.stub_llm_server import StubServer
 
 pytestmark = pytest.mark.slow
 

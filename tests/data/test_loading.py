@@ -15,10 +15,10 @@ from typing import Callable
 import pandas as pd
 import pytest
 
-from helpers.cupid_data import delete_at, set_at
 from cupid_exp.config import ConfigError, DataConfig
 from cupid_exp.data.loading import SAMPLE_FULL_PATH, SAMPLE_PATH, load_instances
 from cupid_exp.data.schema import INSTANCE_TYPES, DataError
+from cupid_exp.testing.cupid_data import delete_at, set_at
 
 SAMPLE_PERSONAS = {"1+high_school_chemistry_teacher", "2+freelance_landscape_architect", "3+community_pharmacist"}
 

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from helpers.cupid_data import stub_overrides
+from cupid_exp.testing.cupid_data import stub_overrides
+
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 

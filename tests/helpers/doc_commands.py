@@ -17,7 +17,8 @@ from typing import Callable
 import pytest
 
 from helpers.cli_runner import PROJECT_ROOT
-from helpers.stub_llm_server import StubServer
+
+from cupid_exp.testing.stub_llm_server import StubServer
 
 DOCS = [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
 LINKED = ("cupid_exp", "conf", "prompts", "bench", "docs", "scripts", "tests", "pyproject.toml")
@@ -76,7 +77,6 @@ class Expect:
     short_ids: bool = False  # RUN_A, RUN_B as the report prints them (8 characters) instead of whole ids
 
 
-
 def _strip_comment(line: str) -> str:
     """``line`` without a trailing shell comment (a ``#`` after a blank, outside quotes)."""
     quote, prev = "", " "
@@ -131,7 +131,6 @@ class Workspace:
     root: Path
     stub: StubServer
     env: dict[str, str]
-
 
 
 def _free_port() -> int:

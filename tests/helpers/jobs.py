@@ -6,11 +6,11 @@ import asyncio
 from pathlib import Path
 
 from conftest import compose_config
-from helpers.cupid_data import stub_overrides
 
 from cupid_exp.evaluation import plan, run_instance
 from cupid_exp.job import Job
 from cupid_exp.results import InstanceResult
+from cupid_exp.testing.cupid_data import stub_overrides
 
 
 def stub_config(url: str, root: Path, *overrides: str):

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 from helpers.cli_runner import cli_command, job_dirs, read_jsonl, run_cli, scoring
-from helpers.cupid_data import write_dataset
-from helpers.stub_llm_server import StubServer
 from mlflow.tracking import MlflowClient
+
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 N = 6
 # $0.1 / $2 per million tokens and replies of at most 600 tokens: the stub's instances cost ~$0.0014 each, a call's
@@ -142,8 +143,6 @@ def test_the_dry_run_says_whether_the_estimate_fits_the_budget(tmp_path: Path, b
         assert stub.stats()["total_received"] == 0
     (line,) = [line for line in proc.stdout.splitlines() if line.startswith("budget:")]
     assert f" {verdict} runtime.max_cost_usd=${budget:.4f}" in line
-
-
 
 
 def test_a_jobs_worker_processes_draw_on_one_budget(tmp_path: Path) -> None:

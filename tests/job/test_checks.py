@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 from helpers.cli_runner import cli_command, job_dirs, read_jsonl, run_cli
-from helpers.cupid_data import make_rows, stub_overrides, write_jsonl
 from helpers.jobs import stub_config
 from helpers.prompt_dirs import full_prompt_folder
-from helpers.stub_llm_server import StubServer
 
 from cupid_exp.config import ConfigError
 from cupid_exp.data.schema import DataError
 from cupid_exp.evaluation import plan
 from cupid_exp.prompts import PROJECT_PROMPTS
+from cupid_exp.testing.cupid_data import make_rows, stub_overrides, write_jsonl
+from cupid_exp.testing.stub_llm_server import StubServer
 
 UNREACHABLE = "http://127.0.0.1:9/v1"
 

@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 from helpers.cli_runner import cli_env, run_cli
-from helpers.cupid_data import stub_overrides
-from helpers.stub_llm_server import StubServer
+
+from cupid_exp.testing.cupid_data import stub_overrides
+from cupid_exp.testing.stub_llm_server import StubServer
 
 KEY_VARS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
 LINE = ("model (claude37, anthropic/claude-3-7-sonnet-20250219) needs ANTHROPIC_API_KEY, which is not set; "

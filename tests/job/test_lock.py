@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 from helpers.cli_runner import read_jsonl, run_cli
-from helpers.cupid_data import write_dataset
-from helpers.stub_llm_server import StubServer
+
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tracking"))
 from tracking_runs import held_job, job_command, only_run, store_uri, wait_for  # noqa: E402
 
-from cupid_exp.tracking import job_lock  # noqa: E402
+from cupid_exp.durability import job_lock  # noqa: E402
 
 N = 6
 CALLS = 4 * N
@@ -79,7 +80,7 @@ def test_the_lock_names_its_holder_and_is_free_once_released(tmp_path: Path) -> 
     assert job_lock.acquire(tmp_path, "abc", "key1") is held  # this process planning the same job again
     holder = json.loads(held.holder_file(held.path).read_text())
     assert holder["host"] == socket.gethostname() and holder["pid"] > 0
-    probe = ("import sys; from pathlib import Path; from cupid_exp.tracking import job_lock\n"
+    probe = ("import sys; from pathlib import Path; from cupid_exp.durability import job_lock\n"
              "try:\n    job_lock.acquire(Path(sys.argv[1]), 'abc', sys.argv[2])\nexcept job_lock.JobRunning as exc:\n"
              "    print(exc); sys.exit(2)\nprint('acquired')\n")
     # the same job in another process: stopped at once

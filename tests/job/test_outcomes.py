@@ -11,9 +11,10 @@ import sys
 from pathlib import Path
 
 from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env, job_dirs, metrics_of, read_jsonl, run_cli
-from helpers.cupid_data import stub_overrides, write_dataset
-from helpers.stub_llm_server import StubServer
 from mlflow.tracking import MlflowClient
+
+from cupid_exp.testing.cupid_data import stub_overrides, write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 N = 9
 

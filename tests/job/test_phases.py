@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 from helpers.jobs import stub_config, stub_plan
-from helpers.stub_llm_server import StubServer
 
 from cupid_exp.config import ConfigError
 from cupid_exp.data.loading import SAMPLE_FULL_PATH
 from cupid_exp.evaluation import plan
 from cupid_exp.job import connect, execute, publish, summarize_job
+from cupid_exp.testing.stub_llm_server import StubServer
 
 PARTS = ("inference", "generation")
 NINE = ("data=local", f"data.path={SAMPLE_FULL_PATH}")  # the 9-row sample: three personas x three types

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 from conftest import compose_config
-from helpers.cupid_data import stub_overrides
 
 from cupid_exp.evaluation import plan
+from cupid_exp.testing.cupid_data import stub_overrides
 
 UNREACHABLE = "http://127.0.0.1:9/v1"
 

@@ -9,18 +9,18 @@ code, and one line on stderr without a traceback.
 
 from __future__ import annotations
 
-import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from helpers.batch_api import BatchQueueConfig
-from helpers.cli_runner import cli_command, cli_env, job_dirs, metrics_of, read_jsonl, run_cli
-from helpers.cupid_data import write_dataset
-from helpers.stub_llm_server import StubServer
+from helpers import spend
+from helpers.cli_runner import cli_command, cli_env, job_dirs, metrics_of, run_cli
+from helpers.spend import journaled, one_line, settled, spent
 
 from cupid_exp.llm.budget import Prices, worst_case_usd
+from cupid_exp.testing.batch_api import BatchQueueConfig
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 N = 6
 IN, OUT, MAX_TOKENS = 1e-7, 2e-6, 600
@@ -32,34 +32,7 @@ BATCH = ["runtime.batch=true", "runtime.batch_delay_s=0.2", "runtime.batch_poll_
 
 
 def billed_usd(stats: dict) -> float:
-    """What the stub billed at the configured prices (less a rounding's worth: sums of floats in another order)."""
-    return (stats["billed"]["prompt_tokens"] * IN + stats["billed"]["completion_tokens"] * OUT) * (1 - 1e-9)
-
-
-def settled(stub: StubServer, timeout: float = 15.0) -> dict:
-    """The stub's counters once every request it received is finished (a slow one is billed after its client left)."""
-    deadline = time.monotonic() + timeout
-    while stub.stats()["in_flight"] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return stub.stats()
-
-
-def spent(root: Path) -> float:
-    (ledger,) = [json.loads(p.read_text()) for p in root.rglob("*budget.json")]
-    assert ledger["reservations"] == {}
-    return ledger["spent"]
-
-
-def journaled(root: Path) -> list[dict]:
-    return [r for j in (root / "journal").glob("*.jsonl") for r in read_jsonl(j)] if (root / "journal").exists() else []
-
-
-def one_line(stderr: str, prefix: str) -> str:
-    """The job's one line on stderr starting with ``prefix``; no traceback."""
-    assert "Traceback" not in stderr, stderr[-3000:]
-    lines = [line for line in stderr.splitlines() if line.startswith(prefix)]
-    assert len(lines) == 1, stderr[-3000:]
-    return lines[0]
+    return spend.billed_usd(stats, IN, OUT)
 
 
 def resume_completes(cmd: list[str], root: Path) -> None:

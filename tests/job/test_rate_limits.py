@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_cli
-from helpers.cupid_data import write_dataset
-from helpers.stub_llm_server import StubServer
+
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 N = 6
 

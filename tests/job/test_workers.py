@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from helpers.jobs import stub_config, stub_plan
 from helpers.processes import alive, children
-from helpers.stub_llm_server import StubServer
 from helpers.worker_bug import InWorkersConfig, unregister
 
 from cupid_exp.config import ConfigError
+from cupid_exp.durability.ledger import UsageLedger
 from cupid_exp.evaluation import plan
 from cupid_exp.job import execute, summarize_job
 from cupid_exp.job.plan import connect, typed_config
@@ -25,7 +25,7 @@ from cupid_exp.job.worker_count import processes, share
 from cupid_exp.job.workers import Workers, WorkerFailed, start_workers
 from cupid_exp.llm._litellm import native_runtime_started
 from cupid_exp.llm.usage import requests_sent
-from cupid_exp.tracking.ledger import UsageLedger
+from cupid_exp.testing.stub_llm_server import StubServer
 
 unregister()  # only the workers that unpickle its config need it registered
 
@@ -168,7 +168,7 @@ def test_a_job_killed_outright_leaves_no_worker_calling_models(tmp_path: Path) -
     """SIGKILL gives the job no chance to stop its workers: each notices its parent is gone and exits, instead of
     making calls for nobody (and then hanging on a queue no one reads)."""
     from helpers.cli_runner import cli_command, cli_env
-    from helpers.cupid_data import write_dataset
+    from cupid_exp.testing.cupid_data import write_dataset
 
     data = write_dataset(tmp_path / "data.jsonl", 12)
     with StubServer(latency_ms=400) as stub:
@@ -202,7 +202,7 @@ def test_a_sweeps_later_job_forks_its_worker_too_and_every_call_of_both_jobs_is_
     do not start litellm's native runtime, so the later job forks its worker as the first did (through litellm's
     Router they did, and every later job paid for a spawned worker's start), and that worker calls models."""
     from helpers.cli_runner import cli_command, cli_env, run_cli
-    from helpers.cupid_data import write_dataset
+    from cupid_exp.testing.cupid_data import write_dataset
 
     data = write_dataset(tmp_path / "data.jsonl", 4)
     with StubServer(latency_ms=50) as stub:

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers.batch_api import BatchQueueConfig
 from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env, job_dirs, metrics_of, read_jsonl, run_cli, scoring
-from helpers.cupid_data import write_dataset
-from helpers.stub_llm_server import StubServer
+
+from cupid_exp.testing.batch_api import BatchQueueConfig
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 FAST = ("runtime.batch=true", "runtime.batch_delay_s=0.2", "runtime.batch_poll_s=0.2", "tracking=none")
 N = 6

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import litellm
 import pytest
-from helpers.batch_api import BatchQueueConfig
-from helpers.stub_llm_server import StubServer
 
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm.budget import Account, Budget, BudgetExceeded, Prices, worst_case_usd
@@ -21,6 +19,8 @@ from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
 from cupid_exp.llm.pools import forget_pools
 from cupid_exp.llm.retry import FatalProviderError, RetryLater
 from cupid_exp.llm.usage import UsageMeter, requests_sent, usage_line, usage_metrics
+from cupid_exp.testing.batch_api import BatchQueueConfig
+from cupid_exp.testing.stub_llm_server import StubServer
 
 IN, OUT, MAX_TOKENS = 1e-6, 4e-6, 100
 PRICES = Prices(IN, OUT)
@@ -30,7 +30,7 @@ HELLO = [{"role": "user", "content": "Say hello to the billing department, pleas
 def client(url: str, tmp_path: Path, cap: float | None = None, **runtime) -> tuple[LLMClient, UsageMeter]:
     forget_pools()
     rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), **{"cache": False, "num_retries": 3, "timeout": 10,
-                                                              **runtime})
+                                                              **runtime}).call_settings()
     configure_litellm(rt)
     model = ModelConfig(name="priced", litellm_model="openai/stub", api_base=url, params={"max_tokens": MAX_TOKENS},
                         input_cost_per_token=IN, output_cost_per_token=OUT)

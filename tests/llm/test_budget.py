@@ -16,7 +16,7 @@ from cupid_exp.config import ConfigError, LocalModelConfig, ModelConfig, Runtime
 from cupid_exp.llm.budget import Account, Budget, BudgetExceeded, check_priced, model_prices, worst_case_usd
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
 from cupid_exp.llm.usage import UsageMeter
-from helpers.fault_server import ScriptedServer, completion_body
+from cupid_exp.testing.fault_server import ScriptedServer, completion_body
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -152,15 +152,16 @@ def test_prices_come_from_the_config_the_price_map_or_are_zero_for_an_embedded_m
     assert model_prices(embedded).output == 0.0
     unpriced = ModelConfig(name="mystery", litellm_model="openai/stub", params={"max_tokens": 10})
     assert model_prices(unpriced) is None
-    check_priced([unpriced], RuntimeConfig(cache_dir="c"))  # no budget: nothing to check
+    check_priced([unpriced], RuntimeConfig(cache_dir="c").call_settings())  # no budget: nothing to check
     with pytest.raises(ConfigError) as refused:
-        check_priced([configured, unpriced], RuntimeConfig(cache_dir="c", max_cost_usd=5))
+        check_priced([configured, unpriced], RuntimeConfig(cache_dir="c", max_cost_usd=5).call_settings())
     message = str(refused.value)
     assert "\n" not in message and "'mystery' (openai/stub)" in message and "runtime.max_cost_usd=5" in message
 
 
 def test_a_client_settles_the_actual_cost_releases_a_failure_and_refuses_past_the_budget(tmp_path: Path) -> None:
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=0, timeout=30, max_cost_usd=1.0)
+    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=0, timeout=30,
+                       max_cost_usd=1.0).call_settings()
     configure_litellm(rt)
     script = [(200, completion_body("hello"), {}), (500, {"error": {"message": "internal"}}, {})]
     budget = one_account(tmp_path, 0.005)

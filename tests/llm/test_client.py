@@ -6,13 +6,14 @@ import asyncio
 
 import pytest
 
-from cupid_exp.config import ModelConfig, RuntimeConfig
+from cupid_exp.config import CallSettings, ModelConfig, RuntimeConfig
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm, drain_background_tasks
 from cupid_exp.llm.usage import UsageMeter
-from helpers.fault_server import ScriptedServer, completion_body
+from cupid_exp.testing.fault_server import ScriptedServer, completion_body
 
-def runtime(tmp_path, **kw) -> RuntimeConfig:
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), num_retries=kw.pop("num_retries", 2), timeout=30, **kw)
+def runtime(tmp_path, **kw) -> CallSettings:
+    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), num_retries=kw.pop("num_retries", 2), timeout=30,
+                       **kw).call_settings()
     configure_litellm(rt)
     return rt
 

@@ -14,14 +14,15 @@ import pytest
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
 from cupid_exp.llm.usage import UsageMeter
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_faults import CONTEXT_ERRORS
+from cupid_exp.testing.stub_llm_server import StubServer
 from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_cli
-from helpers.cupid_data import write_dataset
-from helpers.stub_llm_server import CONTEXT_ERRORS, StubServer
 
 
 @pytest.mark.parametrize("style", ["openai", "anthropic", "vllm", "llamacpp"])
 def test_context_length_errors_of_every_style_are_classified(tmp_path: Path, style: str) -> None:
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=3, timeout=10)
+    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=3, timeout=10).call_settings()
     configure_litellm(rt)
     meter = UsageMeter()
     with StubServer(context_error=style) as stub:

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from helpers.cli_runner import cli_command, run_cli
-from helpers.cupid_data import write_dataset
-from helpers.stub_llm_server import StubServer
+
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 pytestmark = pytest.mark.slow
 

@@ -7,19 +7,19 @@ import asyncio
 
 import litellm
 import pytest
-from helpers.fault_server import ScriptedServer, completion_body
 
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm import _litellm
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm, provider_error_kind
 from cupid_exp.llm.retry import FatalProviderError, RetryLater
 from cupid_exp.llm.usage import UsageMeter
+from cupid_exp.testing.fault_server import ScriptedServer, completion_body
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
 def runtime(tmp_path, **kw) -> RuntimeConfig:
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), num_retries=0, timeout=10, **kw)
+    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), num_retries=0, timeout=10, **kw).call_settings()
     configure_litellm(rt)
     return rt
 

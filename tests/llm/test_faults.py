@@ -16,15 +16,16 @@ import pytest
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
 from cupid_exp.llm.usage import UsageMeter
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_cli
-from helpers.cupid_data import write_dataset
-from helpers.stub_llm_server import StubServer
 
 KINDS = {"rate_limit", "provider", "timeout", "context_length", "auth", "unparseable"}
 
 
 def client(url: str, tmp_path: Path, **runtime) -> tuple[LLMClient, UsageMeter]:
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, **{"num_retries": 3, "timeout": 10, **runtime})
+    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False,
+                       **{"num_retries": 3, "timeout": 10, **runtime}).call_settings()
     configure_litellm(rt)
     meter = UsageMeter()
     return LLMClient(ModelConfig(name="stub", litellm_model="openai/stub", api_base=url), rt, meter), meter

@@ -14,7 +14,7 @@ from cupid_exp.llm.client import LLMClient, configure_litellm
 from cupid_exp.llm.limits import COOLDOWN_S, MIN_GAP, PACE_MARGIN, AdaptiveLimit, Pacer, estimated_tokens
 from cupid_exp.llm.pools import forget_pools
 from cupid_exp.llm.usage import UsageMeter, usage_line, usage_metrics
-from helpers.stub_llm_server import StubServer
+from cupid_exp.testing.stub_llm_server import StubServer
 
 
 def test_aimd_lowers_the_calls_in_flight_on_429s_and_recovers() -> None:
@@ -101,7 +101,7 @@ def test_rpm_and_tpm_are_checked() -> None:
 
 def _run(url: str, tmp_path: Path, n: int, **model) -> tuple[UsageMeter, float]:
     forget_pools()
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=0, timeout=10)
+    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=0, timeout=10).call_settings()
     configure_litellm(rt)
     meter = UsageMeter()
     c = LLMClient(ModelConfig(name="stub", litellm_model="openai/stub", api_base=url,

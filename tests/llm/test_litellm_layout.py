@@ -26,8 +26,8 @@ def test_the_first_call_imports_almost_nothing_once_the_clients_are_built(tmp_pa
     import textwrap
 
     from helpers.cli_runner import cli_env
-    from helpers.cupid_data import stub_overrides
-    from helpers.stub_llm_server import StubServer
+    from cupid_exp.testing.cupid_data import stub_overrides
+    from cupid_exp.testing.stub_llm_server import StubServer
 
     from cupid_exp.data.loading import SAMPLE_FULL_PATH
 
@@ -38,7 +38,7 @@ def test_the_first_call_imports_almost_nothing_once_the_clients_are_built(tmp_pa
         script = textwrap.dedent(f"""
             import sys
             from hydra import compose, initialize_config_dir
-            from cupid_exp.config import register_configs
+            from cupid_exp.config_store import register_configs
             from cupid_exp.evaluation import plan
             from cupid_exp.job import execute
             from cupid_exp.resources import conf_dir
@@ -70,7 +70,7 @@ def test_a_developer_message_reaches_the_api_as_developer(tmp_path) -> None:
     import asyncio
 
     from conftest import compose_config
-    from helpers.stub_llm_server import StubServer
+    from cupid_exp.testing.stub_llm_server import StubServer
 
     from cupid_exp.job import typed_config
     from cupid_exp.llm.client import LLMClient, configure_litellm
@@ -79,10 +79,10 @@ def test_a_developer_message_reaches_the_api_as_developer(tmp_path) -> None:
     with StubServer(record_bodies=True) as stub:
         cfg = typed_config(compose_config(["evaluator=gpt4o", f"evaluator.judge.api_base={stub.url}",
                                            f"paths.output_root={tmp_path}", "runtime.cache=false"]))
-        configure_litellm(cfg.runtime)
+        configure_litellm(cfg.runtime.call_settings())
         import os
         os.environ.setdefault("OPENAI_API_KEY", "sk-test-not-a-key")
-        client = LLMClient(cfg.evaluator.judge, cfg.runtime, UsageMeter())
+        client = LLMClient(cfg.evaluator.judge, cfg.runtime.call_settings(), UsageMeter())
         messages = [{"role": cfg.evaluator.judge.system_role, "content": "S"}, {"role": "user", "content": "U"}]
         asyncio.run(client.complete(messages, step="judge"))
         assert cfg.evaluator.judge.litellm_model == "openai/gpt-4o-2024-11-20"

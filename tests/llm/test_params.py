@@ -9,11 +9,11 @@ import pytest
 from conftest import CONF_DIR, compose_config
 from helpers.cli_runner import cli_command, run_cli
 from helpers.jobs import stub_config
-from helpers.stub_llm_server import StubServer
 
 from cupid_exp.config import ConfigError
+from cupid_exp.decoding_params import param_problem
 from cupid_exp.job import typed_config
-from cupid_exp.llm.params import param_problem
+from cupid_exp.testing.stub_llm_server import StubServer
 
 UNREACHABLE = "http://127.0.0.1:9/v1"
 

@@ -18,7 +18,7 @@ from cupid_exp.llm.limits import RefusalPace
 from cupid_exp.llm.pools import Pool, PoolLimits, forget_pools, pool_name
 from cupid_exp.llm.pool_state import SharedPoolState
 from cupid_exp.llm.usage import UsageMeter, usage_line, usage_metrics
-from helpers.stub_llm_server import StubServer
+from cupid_exp.testing.stub_llm_server import StubServer
 
 SUBJECT, EVALUATOR = "openai/gpt-4o-2024-08-06", "openai/gpt-4o-2024-11-20"  # the paper's two gpt-4o snapshots
 
@@ -57,7 +57,8 @@ def test_pool_settings_are_checked_and_leave_job_identities_alone() -> None:
 
 def _clients(url: str, tmp_path: Path, *models: dict, pools: dict | None = None) -> tuple[list[LLMClient], UsageMeter]:
     forget_pools()
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=0, timeout=20, pools=pools or {})
+    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=0, timeout=20,
+                       pools=pools or {}).call_settings()
     configure_litellm(rt)
     meter = UsageMeter()
     return [LLMClient(ModelConfig(api_base=url, **m), rt, meter) for m in models], meter

@@ -10,9 +10,6 @@ from pathlib import Path
 
 import pytest
 from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_cli
-from helpers.cupid_data import write_dataset
-from helpers.fault_server import ScriptedServer
-from helpers.stub_llm_server import StubServer
 from mlflow.tracking import MlflowClient
 
 from cupid_exp.config import ModelConfig, RuntimeConfig
@@ -20,12 +17,15 @@ from cupid_exp.llm.client import LLMClient, configure_litellm
 from cupid_exp.llm.replies import ParseError
 from cupid_exp.llm.steps import Reask, StepFailed, Transcript, ask
 from cupid_exp.llm.usage import UsageMeter
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.fault_server import ScriptedServer
+from cupid_exp.testing.stub_llm_server import StubServer
 
 ASK = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
 
 
 def _client(url: str, tmp_path: Path, meter: UsageMeter) -> LLMClient:
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0, timeout=10)
+    rt = RuntimeConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0, timeout=10).call_settings()
     configure_litellm(rt)
     return LLMClient(ModelConfig(name="s", litellm_model="openai/scripted", api_base=url), rt, meter)
 

@@ -14,7 +14,7 @@ from cupid_exp.llm import client as client_module
 from cupid_exp.llm.client import LLMClient, configure_litellm
 from cupid_exp.llm.response_cache import STORE_FOLDER
 from cupid_exp.llm.usage import UsageMeter
-from helpers.fault_server import ScriptedServer, completion_body
+from cupid_exp.testing.fault_server import ScriptedServer, completion_body
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "one"},
             {"role": "assistant", "content": "two"}, {"role": "user", "content": "three"},
@@ -24,7 +24,7 @@ MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content
 def fresh_client(tmp_path: Path, url: str) -> LLMClient:
     """A client on a newly built cache object (as in a new process): only the disk carries entries over."""
     client_module._CACHE_DIR = None
-    runtime = RuntimeConfig(cache_dir=str(tmp_path / "cache"), num_retries=0, timeout=30)
+    runtime = RuntimeConfig(cache_dir=str(tmp_path / "cache"), num_retries=0, timeout=30).call_settings()
     configure_litellm(runtime)
     return LLMClient(ModelConfig(name="m", litellm_model="openai/scripted", api_base=url), runtime, UsageMeter())
 

@@ -18,8 +18,8 @@ from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
 from cupid_exp.llm.pools import Pool, forget_pools
 from cupid_exp.llm.retry import FatalProviderError, RetryLater, parse_duration, retry_after_s, told_limits
 from cupid_exp.llm.usage import UsageMeter
-from helpers.fault_server import ScriptedServer, completion_body
-from helpers.stub_llm_server import StubServer
+from cupid_exp.testing.fault_server import ScriptedServer, completion_body
+from cupid_exp.testing.stub_llm_server import StubServer
 
 NOW = 1_800_000_000.0
 
@@ -53,7 +53,8 @@ def test_durations_and_stated_limits() -> None:
 
 def client(url: str, tmp_path: Path, model: ModelConfig | None = None, **runtime) -> tuple[LLMClient, UsageMeter]:
     forget_pools()
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, **{"num_retries": 1, "timeout": 10, **runtime})
+    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False,
+                       **{"num_retries": 1, "timeout": 10, **runtime}).call_settings()
     configure_litellm(rt)
     meter = UsageMeter()
     model = model or ModelConfig(name="stub", litellm_model="openai/stub", api_base=url, max_concurrency=8)

@@ -24,12 +24,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-STUB = Path(__file__).resolve().parents[1] / "helpers" / "stub_llm_server.py"
 
 
 def model_server(port: int) -> ServerConfig:
     return ServerConfig(serve=True, base_url=f"http://127.0.0.1:{port}", startup_timeout=60,
-                        command=[sys.executable, str(STUB), "--port", str(port)])
+                        command=[sys.executable, "-m", "cupid_exp.testing.stub_llm_server", "--port", str(port)])
 
 
 def test_starts_waits_serves_reuses_and_stops(tmp_path) -> None:
@@ -40,7 +39,7 @@ def test_starts_waits_serves_reuses_and_stops(tmp_path) -> None:
         with managed_server(cfg):  # already up: reused, and left running afterwards
             pass
         assert is_healthy(url)
-        rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=0, timeout=60)
+        rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=0, timeout=60).call_settings()
         configure_litellm(rt)
         model = ModelConfig(name="pm", litellm_model="hosted_vllm/kixlab/prefmatcher-7b", api_base=f"{url}/v1",
                             params={"temperature": 0, "max_tokens": 8})
@@ -79,7 +78,7 @@ def test_serving_off_is_a_no_op() -> None:
 
 
 def test_a_missing_server_program_is_one_config_error_unless_a_server_already_answers() -> None:
-    from helpers.stub_llm_server import StubServer
+    from cupid_exp.testing.stub_llm_server import StubServer
 
     missing = ServerConfig(serve=True, base_url=f"http://127.0.0.1:{free_port()}",
                            command=["cupid-no-such-server", "serve", "m"])
@@ -98,8 +97,8 @@ def test_serve_true_without_vllm_stops_before_any_call_in_one_line(tmp_path: Pat
     """The README's ``evaluator=prefmatcher evaluator.server.serve=true`` where vLLM is not installed (PATH holds
     no program at all here): one line naming the program and how to install it, exit 2, no request sent."""
     from helpers.cli_runner import PROJECT_ROOT, cli_env
-    from helpers.cupid_data import stub_overrides
-    from helpers.stub_llm_server import StubServer
+    from cupid_exp.testing.cupid_data import stub_overrides
+    from cupid_exp.testing.stub_llm_server import StubServer
 
     empty_bin = tmp_path / "bin"
     empty_bin.mkdir()

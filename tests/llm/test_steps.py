@@ -5,19 +5,19 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from helpers.fault_server import ScriptedServer, completion_body
 
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm.client import LLMClient, configure_litellm
 from cupid_exp.llm.replies import Invalid, ParseError
 from cupid_exp.llm.steps import Reask, Resample, StepFailed, Transcript, ask
 from cupid_exp.llm.usage import UsageMeter
+from cupid_exp.testing.fault_server import ScriptedServer, completion_body
 
 ASK = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
 
 
 def client(url: str, tmp_path, meter: UsageMeter, **params) -> LLMClient:
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0, timeout=10)
+    rt = RuntimeConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0, timeout=10).call_settings()
     configure_litellm(rt)
     return LLMClient(ModelConfig(name="s", litellm_model="openai/scripted", api_base=url, params=params), rt, meter)
 

@@ -144,7 +144,7 @@ def test_an_embedding_retrieval_job_prints_no_progress_bars_or_model_loading(tmp
     (it printed ~75 lines of progress bars and a loading line per copy of the model)."""
     pytest.importorskip("sentence_transformers")
     from helpers.cli_runner import cli_command, run_cli
-    from helpers.stub_llm_server import StubServer
+    from cupid_exp.testing.stub_llm_server import StubServer
 
     with StubServer() as stub:
         proc = run_cli(cli_command(stub.url, tmp_path / "outputs", "setting=retrieval", "setting.retriever=embedding",

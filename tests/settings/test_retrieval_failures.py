@@ -5,15 +5,15 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from helpers.fault_server import ScriptedServer
 
 from cupid_exp.config import DataConfig
+from cupid_exp.config import RuntimeConfig
 from cupid_exp.data.loading import load_instances
 from cupid_exp.llm.client import configure_litellm
 from cupid_exp.llm.steps import StepFailed, Transcript
-from cupid_exp.config import RuntimeConfig
 from cupid_exp.settings import make_setting
 from cupid_exp.settings.retrieval import RetrievalConfig
+from cupid_exp.testing.fault_server import ScriptedServer
 
 INSTANCE = load_instances(DataConfig(name="sample", source="sample")).instances[0]
 
@@ -30,7 +30,7 @@ def embedding_body(n: int) -> dict:
     (429, {"error": {"message": "slow down"}}, "rate_limit"),
 ])
 def test_an_embedding_provider_failure_is_a_step_failure(tmp_path, status, body, kind) -> None:
-    configure_litellm(RuntimeConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0))
+    configure_litellm(RuntimeConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0).call_settings())
     with ScriptedServer([(status, body, {"retry-after": "0"})]) as server:
         setting = make_setting(RetrievalConfig(retriever="embedding", embedding_model="openai/embedder",
                                                embedding_api_base=server.url))
@@ -40,7 +40,7 @@ def test_an_embedding_provider_failure_is_a_step_failure(tmp_path, status, body,
 
 
 def test_an_embedding_provider_that_answers_is_used(tmp_path) -> None:
-    configure_litellm(RuntimeConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0))
+    configure_litellm(RuntimeConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0).call_settings())
     with ScriptedServer([(200, embedding_body(9), {})]) as server:
         setting = make_setting(RetrievalConfig(retriever="embedding", embedding_model="openai/embedder",
                                                embedding_api_base=server.url, top_k=2))

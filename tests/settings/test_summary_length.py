@@ -8,9 +8,10 @@ from pathlib import Path
 
 from conftest import compose_config
 from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_cli
-from helpers.stub_llm_server import StubServer, classify
 
 from cupid_exp.job import typed_config
+from cupid_exp.testing.stub_llm_server import StubServer
+from cupid_exp.testing.stub_replies import classify
 
 
 def test_no_setting_caps_the_models_max_tokens() -> None:

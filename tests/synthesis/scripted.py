@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -16,9 +15,7 @@ from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.prompts import PromptSet
 from cupid_exp.synthesis.config import ROLES
 from cupid_exp.synthesis.steps import SynthContext
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "llm"))  # the scripted fault server
-from helpers.fault_server import ScriptedServer, completion_body  # noqa: E402
+from cupid_exp.testing.fault_server import ScriptedServer, completion_body
 
 __all__ = ["ScriptedServer", "WRONG_SHAPES", "assert_rejected", "completion_body", "context", "counts", "reply",
            "role_overrides"]
@@ -35,7 +32,7 @@ def reply(payload: Any) -> tuple:
 def context(url: str, tmp_path: Path, max_retries: int = 2, structured: bool = False, **knobs: Any) -> SynthContext:
     """Every role on one model at ``url`` (``structured``: JSON schemas sent, as the stub server needs);
     the shared meter is ``ctx.clients['persona_writer'].meter``."""
-    runtime = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=True, num_retries=0, timeout=10)
+    runtime = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=True, num_retries=0, timeout=10).call_settings()
     configure_litellm(runtime)
     model = ModelConfig(name="scripted", litellm_model="openai/scripted", api_base=url, params={"temperature": 0.7},
                         structured_output=structured)

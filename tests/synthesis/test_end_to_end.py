@@ -1,6 +1,6 @@
 """End to end: the real synthesis CLI on the stub model, then its instances through data=local; resume.
 
-The stub (tests/helpers/stub_llm_server.py) answers each synthesis step with JSON built from the
+The stub (cupid_exp/testing/stub_llm_server.py) answers each synthesis step with JSON built from the
 request's schema, so the whole pipeline runs in seconds. One smoke run on the embedded local model
 is kept for machines that have it (slow).
 """
@@ -20,8 +20,8 @@ from mlflow.tracking import MlflowClient
 
 from cupid_exp.config import DataConfig
 from cupid_exp.data.loading import load_instances
+from cupid_exp.testing.stub_llm_server import StubServer
 from helpers.cli_runner import cli_env
-from helpers.stub_llm_server import StubServer
 
 from .scripted import role_overrides
 

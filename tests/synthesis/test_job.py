@@ -13,14 +13,15 @@ from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from cupid_exp.config import ConfigError, register_configs
+from cupid_exp.config import ConfigError
+from cupid_exp.config_store import register_configs
 from cupid_exp.job import plan
 from cupid_exp.synthesis.config import ROLES, SynthesizeConfig, register_synthesis_configs
 from cupid_exp.synthesis.steps import persona as persona_step
 from cupid_exp.synthesis.work import SynthesisWork
 from cupid_exp.synthesize import run_synthesis
+from cupid_exp.testing.stub_llm_server import StubServer
 from helpers.cli_runner import cli_env
-from helpers.stub_llm_server import StubServer
 
 from .scripted import ScriptedServer, reply, role_overrides
 

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 from helpers.cli_runner import cli_env, run_cli, seed_store
-from helpers.stub_llm_server import StubServer
 from mlflow.tracking import MlflowClient
 
 from cupid_exp.synthesis.config import ROLES
+from cupid_exp.testing.stub_llm_server import StubServer
 
 from .scripted import role_overrides
 

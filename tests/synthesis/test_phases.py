@@ -12,7 +12,7 @@ from cupid_exp.synthesis.journey import make_template
 from cupid_exp.synthesis.personas import builtin_seeds, sample_templates
 from cupid_exp.synthesis.phases import filter_unsatisfied, synthesize_persona
 from cupid_exp.synthesis.store import JourneyStore
-from helpers.stub_llm_server import StubServer
+from cupid_exp.testing.stub_llm_server import StubServer
 
 from .scripted import ScriptedServer, context, counts, reply
 from .test_journey import build, hand_built

@@ -12,13 +12,13 @@ import pytest
 from conftest import compose_config
 from helpers.jobs import run_one, stub_plan
 from helpers.prompt_dirs import full_prompt_folder
-from helpers.stub_llm_server import StubServer
 
 from cupid_exp.config import DataConfig
 from cupid_exp.data.loading import load_instances
 from cupid_exp.job import typed_config
 from cupid_exp.llm.client import LLMClient, configure_litellm
 from cupid_exp.llm.usage import UsageMeter
+from cupid_exp.testing.stub_llm_server import StubServer
 
 INSTANCE = load_instances(DataConfig(name="sample", source="sample")).instances[0]
 
@@ -147,8 +147,8 @@ def test_drop_in_prompts_send_the_official_messages(tmp_path: Path, monkeypatch)
 ])
 def test_decoding_parameters_reach_litellm_unchanged(tmp_path: Path, model: str, expected: dict, monkeypatch) -> None:
     cfg = typed_config(compose_config([f"model={model}", f"paths.output_root={tmp_path}"]))
-    configure_litellm(cfg.runtime)
-    client = LLMClient(cfg.model, cfg.runtime, UsageMeter())
+    configure_litellm(cfg.runtime.call_settings())
+    client = LLMClient(cfg.model, cfg.runtime.call_settings(), UsageMeter())
     seen = {}
 
     class Stop(Exception):

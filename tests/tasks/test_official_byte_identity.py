@@ -20,9 +20,10 @@ import pytest
 
 from conftest import compose_config
 from helpers.jobs import run_one
-from helpers.stub_llm_server import StubServer, classify
 
 from cupid_exp.evaluation import plan
+from cupid_exp.testing.stub_llm_server import StubServer
+from cupid_exp.testing.stub_replies import classify
 
 OFFICIAL = os.environ.get("CUPID_OFFICIAL_DIR")
 pytestmark = pytest.mark.skipif(not OFFICIAL, reason="set CUPID_OFFICIAL_DIR to an official CUPID checkout")

@@ -9,7 +9,7 @@ import os
 import sys
 from types import SimpleNamespace
 
-import cupid_exp.tracking.journal as journal
+import cupid_exp.durability.journal as journal
 
 _AT = int(os.environ.get("CUPID_TEST_FAIL_AT", "1"))
 _ERRNO = getattr(errno, os.environ.get("CUPID_TEST_ERRNO", "ENOSPC"))

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 from helpers.cli_runner import job_dirs, read_jsonl, run_cli
-from helpers.cupid_data import write_dataset
-from helpers.stub_llm_server import StubServer
 from mlflow.tracking import MlflowClient
 from tracking_runs import held_job, history, job_command, only_run, store_uri, wait_for
 
 from cupid_exp.entry import EXIT_ENVIRONMENT
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 N = 6
 

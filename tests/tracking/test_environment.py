@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 from helpers.cli_runner import PROJECT_ROOT, cli_env, read_jsonl, run_cli
-from helpers.cupid_data import write_dataset
-from helpers.stub_llm_server import StubServer
 from tracking_runs import job_command, only_run, store_uri
 
+from cupid_exp.durability.journal import Journal
 from cupid_exp.entry import EXIT_ENVIRONMENT
 from cupid_exp.outputs import EnvironmentFailure, atomic_write_text, environment_failure
-from cupid_exp.tracking.journal import Journal
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 N = 6
 
@@ -75,7 +75,7 @@ def _vanishing_write(tmp_path: Path) -> None:
 
 
 def test_a_full_disk_mid_line_leaves_whole_lines_and_stops_every_later_append(tmp_path: Path, monkeypatch) -> None:
-    import cupid_exp.tracking.journal as module
+    import cupid_exp.durability.journal as module
 
     path = tmp_path / "j.jsonl"
     journal = Journal(path)

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 from helpers.cli_runner import run_cli
-from helpers.cupid_data import write_dataset
 from helpers.processes import children
-from helpers.stub_llm_server import StubServer
 from tracking_runs import held_job, job_command, only_run, store_uri
 
+from cupid_exp.durability.attempts import whole_job_usage
+from cupid_exp.durability.ledger import UsageLedger
 from cupid_exp.llm.usage import Completion, UsageMeter, usage_metrics
-from cupid_exp.tracking.attempts import whole_job_usage
-from cupid_exp.tracking.ledger import UsageLedger
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 
 def _meter_into(ledger: UsageLedger) -> UsageMeter:

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from helpers.cli_runner import job_dirs, read_jsonl
-from helpers.cupid_data import write_dataset
-from helpers.stub_llm_server import StubServer
 from mlflow.tracking import MlflowClient
 from tracking_runs import history, job_command, job_runs, only_run, start, store_uri, wait_for
+
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 N = 20
 CALLS_PER_INSTANCE = 4  # infer, decompose, match precision, match recall

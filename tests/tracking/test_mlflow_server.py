@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 from helpers.cli_runner import cli_env, run_cli
-from helpers.cupid_data import write_dataset
-from helpers.stub_llm_server import StubServer
 from mlflow.tracking import MlflowClient
 from tracking_runs import job_command, only_run, traces_of, wait_for
+
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 pytestmark = pytest.mark.slow  # the server alone takes 10-20 s to start here
 

@@ -11,7 +11,7 @@ from cupid_exp.llm.retry import FatalProviderError
 from cupid_exp.outputs import EnvironmentFailure
 from cupid_exp.tracking.mlflow import ends_on_error
 from cupid_exp.tracking.outcomes import outcome_tags, stale_tags, status_of
-from cupid_exp.tracking.signals import Terminated
+from cupid_exp.durability.signals import Terminated
 
 
 class _Run:

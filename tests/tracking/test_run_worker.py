@@ -12,13 +12,13 @@ from pathlib import Path
 from conftest import compose_config
 from mlflow.tracking import MlflowClient
 from helpers.cli_runner import job_dirs, read_jsonl
-from helpers.cupid_data import stub_overrides, write_dataset
-from helpers.stub_llm_server import StubServer
 from tracking_runs import held_job, job_command, only_run, store_uri, traces_of, wait_for
 
 from cupid_exp.data.loading import SAMPLE_FULL_PATH
 from cupid_exp.evaluation import plan
 from cupid_exp.job import connect, execute, publish, start_tracking, summarize_job
+from cupid_exp.testing.cupid_data import stub_overrides, write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 from cupid_exp.tracking import run_worker
 from cupid_exp.tracking.live import LiveRun
 

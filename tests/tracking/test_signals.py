@@ -7,11 +7,12 @@ import signal
 from pathlib import Path
 
 import pytest
-from helpers.cupid_data import write_dataset
 from helpers.processes import alive, children
-from helpers.stub_llm_server import StubServer
 from mlflow.tracking import MlflowClient
 from tracking_runs import held_job, history, job_command, only_run, start, store_uri, traces_of, wait_for
+
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 N = 8
 
@@ -77,7 +78,7 @@ def test_an_interrupt_while_the_run_logs_its_results_never_leaves_it_running(tmp
 def test_sigterm_to_a_sweep_ends_its_running_job_and_its_parent_killed(tmp_path: Path) -> None:
     import sys
 
-    from helpers.cupid_data import stub_overrides
+    from cupid_exp.testing.cupid_data import stub_overrides
     from tracking_runs import PRICES
 
     data = write_dataset(tmp_path / "data.jsonl", N)

@@ -12,9 +12,10 @@ from contextlib import closing
 from pathlib import Path
 
 from helpers.cli_runner import run_cli
-from helpers.cupid_data import write_dataset
-from helpers.stub_llm_server import StubServer
 from tracking_runs import job_command, only_run, start, store_uri
+
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 KILL_AFTER_S = (0.0, 0.5, 1.2)  #: after a store file first appears (MLflow's migrations take seconds here)
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 from helpers.cli_runner import cli_env, read_jsonl, run_cli
-from helpers.cupid_data import write_dataset
-from helpers.stub_llm_server import StubServer
 from tracking_runs import job_command, only_run, start, traces_of, wait_for
 
 from cupid_exp.entry import EXIT_ENVIRONMENT
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 pytestmark = pytest.mark.slow  # two server starts (10-20 s each here)
 

@@ -7,9 +7,10 @@ import sys
 
 import pytest
 from helpers.cli_runner import job_dirs, read_jsonl, run_cli
-from helpers.cupid_data import write_dataset
-from helpers.stub_llm_server import StubServer
 from tracking_runs import job_command, job_runs, only_run, store_uri, traces_of
+
+from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.stub_llm_server import StubServer
 
 N = 5
 

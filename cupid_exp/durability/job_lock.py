@@ -8,7 +8,7 @@ the lock (pid, host, since when) is written beside it, for that message and the 
 
 The parallel jobs of a sweep are different jobs (their identities differ) and hold different locks. Jobs that
 make the same calls but report them differently (a sweep over ``runtime.failure_policy``: same identity, one
-journal, different run keys, ``tracking.attempts``) are different jobs too: the second waits for the first to let
+journal, different run keys, ``durability.attempts``) are different jobs too: the second waits for the first to let
 go of the journal, then replays it (no call is made twice) into its own run.
 """
 
@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from cupid_exp.entry import InputError
+from cupid_exp.errors import InputError
 from cupid_exp.outputs import atomic_write_text
 
 log = logging.getLogger(__name__)

@@ -66,6 +66,46 @@ def refusal(kind: str, model: str) -> tuple[int, dict[str, Any], dict[str, str]]
     return status, json.loads(json.dumps(payload).replace("{model}", model)), dict(REFUSAL_HEADERS.get(kind, {}))
 
 
+# How providers say how long to wait after a 429 (``rate_limit_reply``); the client must honour each.
+RATE_LIMIT_STYLES = ("retry-after", "retry-after-ms", "http-date", "x-ratelimit-reset", "anthropic-reset", "body",
+                     "none")
+
+
+def rate_limit_reply(style: str, wait_s: float, now: float | None = None
+                     ) -> tuple[dict[str, Any], dict[str, str], float]:
+    """(body, headers, the wait they ask) of a 429 that says ``wait_s`` in ``style`` (one of ``RATE_LIMIT_STYLES``):
+    ``retry-after`` in whole seconds, ``retry-after-ms``, ``retry-after`` as an HTTP date (whole seconds, so the wait
+    asked is what is left to that second), OpenAI's ``x-ratelimit-reset-*`` (``1.2s``), Anthropic's RFC 3339
+    ``anthropic-ratelimit-requests-reset``, only the message's "Please try again in 1.2s", or nothing (0: the
+    client's own backoff)."""
+    import email.utils
+    from datetime import datetime, timezone
+
+    now = time.time() if now is None else now
+    said = f" Please try again in {openai_duration(wait_s)}." if style != "none" else ""
+    body = {"error": {"message": f"Rate limit reached for requests.{said}", "type": "requests", "param": None,
+                      "code": "rate_limit_exceeded"}}
+    asked, headers = wait_s, {}
+    if style == "retry-after":
+        asked = float(math.ceil(wait_s))
+        headers = {"retry-after": str(int(asked))}
+    elif style == "retry-after-ms":
+        headers = {"retry-after-ms": str(max(1, round(wait_s * 1000)))}
+    elif style == "http-date":
+        when = math.ceil(now + wait_s)
+        asked, headers = when - now, {"retry-after": email.utils.formatdate(when, usegmt=True)}
+    elif style == "x-ratelimit-reset":
+        headers = {"x-ratelimit-reset-requests": openai_duration(wait_s), "x-ratelimit-reset-tokens": "1ms"}
+    elif style == "anthropic-reset":
+        headers = {"anthropic-ratelimit-requests-reset":
+                   datetime.fromtimestamp(now + wait_s, timezone.utc).isoformat().replace("+00:00", "Z")}
+    elif style == "none":
+        asked = 0.0
+    elif style != "body":
+        raise ValueError(f"rate-limit style {style!r}: one of {RATE_LIMIT_STYLES}")
+    return body, headers, asked
+
+
 def openai_duration(seconds: float) -> str:
     """OpenAI's reset format: ``20ms``, ``1.2s``, ``6m0s``."""
     if seconds < 1:

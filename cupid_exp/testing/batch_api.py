@@ -13,6 +13,9 @@ And the refusals a key meets there: an upload refused (``refuse_upload``: 401 ``
 enqueued-token limit (``enqueued_token_limit``): a batch whose prompt tokens (characters / 4, the stub's usage
 rule) would take the batches in progress past it is created, then ``failed`` with ``token_limit_exceeded`` and
 "Enqueued token limit reached for <model> in organization org-stub. Limit: 90,000 enqueued tokens. ...".
+And what passes: the first uploads answered as a live request's 429 / 5xx (``fail_first_uploads``: the stub's
+``fault_reply``, so a 429 says its wait in the stub's ``rate_limit_style``); output lines cut in half
+(``garble_rows``), rows the provider answered and billed that the client cannot read.
 """
 
 from __future__ import annotations
@@ -26,22 +29,24 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-try:
-    from helpers.rate_limits import refusal
-except ImportError:  # run as a script: python tests/helpers/stub_llm_server.py
-    from rate_limits import refusal  # type: ignore[no-redef]
+from cupid_exp.testing.rate_limits import refusal
 
 Answer = Callable[[dict[str, Any]], dict[str, Any]]  # a request body -> a chat.completion body
+FaultReply = Callable[[str], tuple[int, dict[str, Any], dict[str, str]]]  # "429" | "500" | "503" -> a live reply
 
 
 @dataclass
 class BatchQueueConfig:
     complete_after_s: float = 0.5  # how long a batch stays in progress
     row_fail_rate: float = 0.0  # share of rows answered 500 (seeded by the row's body; a retry passes)
+    fail_first_rows: int = 0  # every row answered 500 its first N times (by its body): retries, deterministically
     expire_batches: tuple[int, ...] = ()  # 1-based submission numbers that expire instead of completing
     seed: int = 0
     refuse_upload: str = ""  # every upload refused: "401" | "insufficient_quota" | "daily" (rate_limits.REFUSALS)
     enqueued_token_limit: int = 0  # OpenAI's cap on the prompt tokens of the batches in progress; 0: none
+    fail_first_uploads: int = 0  # the first N uploads answered as a live request's fault: ...
+    upload_fault_kinds: tuple[str, ...] = ("429",)  # ... these kinds in turn ("429", "500", "503")
+    garble_rows: float = 0.0  # share of output lines cut in half (seeded by the row and the batch: a resend passes)
 
 
 @dataclass
@@ -73,8 +78,8 @@ def _multipart(content_type: str, raw: bytes) -> dict[str, tuple[str | None, byt
 class BatchQueue:
     """Files and batches of one stub server; ``answer`` gives a row's reply as a live call would."""
 
-    def __init__(self, answer: Answer, config: BatchQueueConfig | None = None):
-        self.answer, self.config = answer, config or BatchQueueConfig()
+    def __init__(self, answer: Answer, config: BatchQueueConfig | None = None, fault_reply: FaultReply | None = None):
+        self.answer, self.config, self.fault_reply = answer, config or BatchQueueConfig(), fault_reply
         self._lock = threading.Lock()
         self.files: dict[str, bytes] = {}
         self.batches: dict[str, _Batch] = {}
@@ -83,6 +88,10 @@ class BatchQueue:
         self.polls = 0
         self.rows_answered = 0
         self.upload_refusals = 0
+        self.upload_faults = 0  # uploads answered with a transient fault (``fail_first_uploads``)
+        self.rows_garbled = 0
+        self.rows_failed = 0  # rows answered 500
+        self._row_seen: dict[str, int] = {}  # a row's body -> times the queue ran it
         self.token_limit_rejections = 0
         self.rows_accepted = 0  # rows of batches the queue took (not rejected for the token limit)
 
@@ -95,6 +104,13 @@ class BatchQueue:
             with self._lock:
                 self.upload_refusals += 1
             return refusal(self.config.refuse_upload, "gpt-4o")
+        if method == "POST" and path == "/v1/files" and self.upload_faults < self.config.fail_first_uploads:
+            with self._lock:
+                kinds = self.config.upload_fault_kinds
+                kind = kinds[self.upload_faults % len(kinds)]
+                self.upload_faults += 1
+            assert self.fault_reply is not None, "fail_first_uploads needs the stub's fault replies"
+            return self.fault_reply(kind)
         if method == "POST" and path == "/v1/files":
             return self._upload(headers.get("content-type", ""), raw)
         if method == "GET" and path.startswith("/v1/files/") and path.endswith("/content"):
@@ -189,7 +205,10 @@ class BatchQueue:
             body = row["body"]
             u = int(hashlib.sha256(f"{self.config.seed}:{batch.number}:{json.dumps(body, sort_keys=True)}"
                                    .encode()).hexdigest()[:8], 16) / 16 ** 8
-            if u < self.config.row_fail_rate:
+            key = json.dumps(body, sort_keys=True)
+            seen = self._row_seen[key] = self._row_seen.get(key, 0) + 1
+            if u < self.config.row_fail_rate or seen <= self.config.fail_first_rows:
+                self.rows_failed += 1
                 response = {"status_code": 500, "request_id": "req_" + row["custom_id"],
                             "body": {"error": {"message": "The server had an error processing your request.",
                                                "type": "server_error", "param": None, "code": None}}}
@@ -200,11 +219,15 @@ class BatchQueue:
                 batch.counts["completed"] += 1
             output.append({"id": "batch_req_" + row["custom_id"], "custom_id": row["custom_id"],
                            "response": response, "error": None})
+            if u >= 1 - self.config.garble_rows:  # the line is cut: the row was answered (and billed), unreadably
+                self.rows_garbled += 1
+                output[-1] = json.dumps(output[-1])[:60]
         batch.status = "expired" if expired else "completed"
         for kind, items in (("output", output), ("error", errors)):
             if items:
                 file_id = f"file-{kind}-{batch.id}"
-                self.files[file_id] = "".join(json.dumps(i) + "\n" for i in items).encode()
+                self.files[file_id] = "".join((i if isinstance(i, str) else json.dumps(i)) + "\n"
+                                              for i in items).encode()
                 setattr(batch, f"{kind}_file_id", file_id)
 
     def _object(self, batch: _Batch) -> dict[str, Any]:

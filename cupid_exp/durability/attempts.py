@@ -1,15 +1,15 @@
-"""A job's attempts share one MLflow run: a resumed job reopens the run its earlier attempt left.
+"""A job's attempts: what makes two processes the same job, and what its earlier attempts spent.
 
 A job is found again by its *run key*: the job identity (everything that decides its instances'
 results, which also names the resume journal), the output root the journal lives under, and the
 runtime settings that change what is reported from the same results (failure policy, incomplete
-threshold, retry of unusable replies). Two jobs with the same key continue one another; any other
-difference gets its own run. While an attempt runs it holds the job's lock beside the journal
-(``tracking.job_lock``), so a second live process of the same job (a duplicate launch) stops before
-it opens any run; the lock dies with its process, so a SIGKILLed attempt's run (left RUNNING) is
-taken over by the next attempt.
+threshold, retry of unusable replies). Two jobs with the same key continue one another, in one MLflow run
+(``tracking.attempt_runs``); any other difference gets its own run. While an attempt runs it holds the job's
+lock beside the journal (``durability.job_lock``), so a second live process of the same job (a duplicate
+launch) stops before it opens any run; the lock dies with its process, so a SIGKILLed attempt's run (left
+RUNNING) is taken over by the next attempt.
 
-What earlier attempts spent is read back from the job's usage ledger (``tracking.ledger``: one line per
+What earlier attempts spent is read back from the job's usage ledger (``durability.ledger``: one line per
 request as it returned, the interrupted attempts' unfinished instances included), so a resumed run reports
 the whole job's usage (every ``calls/``, ``tokens/`` and ``cost/`` metric, per step too) beside this attempt's.
 """
@@ -41,7 +41,7 @@ def run_key(identity: str, runtime: Any, output_root: str | Path) -> str:
 
 @dataclass
 class Claim:
-    """The right to reopen the run key's earlier run: the job's lock (``tracking.job_lock``), held while an
+    """The right to reopen the run key's earlier run: the job's lock (``durability.job_lock``), held while an
     attempt runs, or None (``runtime.resume=false``: each attempt gets a run of its own)."""
 
     key: str
@@ -55,26 +55,6 @@ class Claim:
         if self.lock is not None:
             self.lock.release()
             self.lock = None
-
-
-def earlier_run(client: Any, experiment_id: str, key: str) -> Any | None:
-    """The latest run of ``key`` in the experiment, any status (None when there is none)."""
-    runs = client.search_runs([experiment_id], filter_string=f"tags.`cupid.run_key` = '{key}'",
-                              order_by=["attributes.start_time DESC"], max_results=1)
-    return runs[0] if runs else None
-
-
-def attempt_tags(previous: Any | None, key: str) -> dict[str, str]:
-    """``cupid.run_key`` and the attempt number; a previous attempt left RUNNING died without ending its run."""
-    tags = {"cupid.run_key": key}
-    if previous is None:
-        tags["cupid.attempt"] = "1"
-        return tags
-    before = int(previous.data.tags.get("cupid.attempt", "1"))
-    tags["cupid.attempt"] = str(before + 1)
-    if previous.info.status == "RUNNING" and f"cupid.attempt.{before}" not in previous.data.tags:
-        tags[f"cupid.attempt.{before}"] = "the process died without ending the run (e.g. SIGKILL)"
-    return tags
 
 
 def earlier_usage(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:

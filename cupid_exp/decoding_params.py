@@ -8,6 +8,9 @@ sampling knobs of open-weight servers (vLLM, llama.cpp). A key the table does no
 through unchanged (providers differ, and litellm forwards or drops what it cannot map), unless it is
 one letter or two away from a known key (``temprature``): a typo there would silently leave the
 provider's default in force, so it fails too, with the name it probably meant.
+
+The schema's check (``config.ModelConfig.check``) asks ``param_problem`` of each key: this table imports nothing,
+so the config stays below the model layer.
 """
 
 from __future__ import annotations
@@ -96,12 +99,3 @@ def param_problem(key: str, value: Any, params: Mapping[str, Any]) -> str | None
         return f"not a decoding parameter; did you mean {close[0]}?" if close else None
     accepts, allowed = check
     return None if accepts(value) else allowed
-
-
-def check_params(params: Mapping[str, Any], where: str, field: str = "params") -> None:
-    """Raise ConfigError for the first bad decoding parameter, naming ``<where>.<field>.<key>``."""
-    from cupid_exp.config import require
-
-    for key, value in params.items():
-        problem = param_problem(str(key), value, params)
-        require(problem is None, f"{where}.{field}.{key}", value, problem or "")

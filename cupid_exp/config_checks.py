@@ -1,0 +1,85 @@
+"""How a config is checked: the one-line ``ConfigError`` every bad value gets (key, value, what is allowed), the
+range helpers the schemas use, unknown keys refused with a suggestion, and the walk that runs every node's check.
+
+The schemas themselves are ``cupid_exp.config`` (which re-exports these names, where the settings and synthesis
+configs have always imported them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import fields, is_dataclass
+from typing import Any
+
+from cupid_exp.decoding_params import param_problem
+from cupid_exp.errors import ConfigError
+
+
+def require(ok: bool, key: str, value: Any, allowed: str) -> None:
+    """Raise the one-line error every bad setting gets: which key, which value, what is allowed."""
+    if not ok:
+        raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
+
+
+def require_positive(key: str, value: float | None, *, allow_none: bool = False, allow_zero: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and (
+        value >= 0 if allow_zero else value > 0)
+    bound = ">= 0" if allow_zero else "> 0"
+    require(ok, key, value, f"a number {bound}" + (" or null" if allow_none else ""))
+
+
+def require_no_credentials(key: str, url: str | None, instead: str) -> None:
+    """A URL with credentials in it (``user:password@``, ``?api_key=…``) would be written wherever the setting is
+    (Hydra's files, MLflow params, error lines): refused in one line that shows it masked, with the way that works."""
+    from cupid_exp.secrets import mask_url_credentials, url_credentials
+
+    if url and url_credentials(url):
+        raise ConfigError(f"{key}={mask_url_credentials(url)!r} carries credentials in the URL (masked here), which "
+                          f"would be written in clear; {instead}")
+
+
+def check_params(params: Any, where: str) -> None:
+    """Raise ConfigError for the first bad decoding parameter (``decoding_params``), naming ``<where>.<key>``."""
+    for key, value in params.items():
+        problem = param_problem(str(key), value, params)
+        require(problem is None, f"{where}.{key}", value, problem or "")
+
+
+class Checked:
+    """A config node with value checks; ``check`` raises ConfigError naming ``where.<key>``."""
+
+    def check(self, where: str) -> None:  # pragma: no cover - overridden
+        pass
+
+
+def check_known_keys(composed: Any, node: Any, where: str = "") -> None:
+    """Reject keys a schema does not have. Hydra's ``+key=value`` adds a key even to a typed node, and
+    turning the config into objects drops it silently: ``+runtime.num_retry=3`` would be ignored."""
+    import difflib
+
+    if not is_dataclass(node) or not hasattr(composed, "keys"):
+        return
+    names = [f.name for f in fields(node)]
+    for key in composed.keys():
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean {where + '.' if where else ''}{close[0]}?" if close else ""
+            raise ConfigError(f"{where + '.' if where else ''}{key} is not a setting of "
+                              f"{where or 'the config'}{hint} (known: {', '.join(names)})")
+    for name in names:
+        check_known_keys(composed.get(name), getattr(node, name), f"{where}.{name}" if where else name)
+
+
+def check_tree(node: Any, where: str = "") -> None:
+    """Run ``check`` on every Checked dataclass in a config object tree (parents first)."""
+    if isinstance(node, Checked):
+        node.check(where)
+    if is_dataclass(node):
+        for f in fields(node):
+            check_tree(getattr(node, f.name), f"{where}.{f.name}" if where else f.name)
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            if is_dataclass(value):
+                check_tree(value, f"{where}.{key}")

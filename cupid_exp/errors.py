@@ -1,0 +1,58 @@
+"""What every layer may raise or return about how a job ends: the exit codes, the ``Outcome``, and the errors
+that end a job in one line. A leaf: it imports nothing of cupid_exp, so the config schema, the model layer and
+the durability code can name them without importing the entry (``cupid_exp.entry`` documents each code and
+re-exports these names).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EXIT_OK, EXIT_BUG, EXIT_BAD_INPUT, EXIT_INCOMPLETE = 0, 1, 2, 3
+EXIT_BUDGET = 4
+EXIT_ENVIRONMENT = 5  #: a full disk, a read-only or forbidden path, a vanished folder (``outputs.environment_failure``)
+EXIT_RETRY_LATER = 75  #: sysexits' EX_TEMPFAIL: a rate limit outlasts the patience (``cupid_exp.llm.retry.RetryLater``)
+EXIT_INTERRUPTED = 130  #: Ctrl-C: 128 + SIGINT, what a shell reports for a process SIGINT ended
+
+
+@dataclass
+class Outcome:
+    """How a job ended: ``ok``, ``incomplete`` (too many failed instances), ``budget`` (its budget stopped it),
+    ``environment``, ``retry_later`` (a rate limit outlasted the patience) or ``error`` (bad input)."""
+
+    outcome: str
+    reason: str = ""
+    value: float | None = None  # what Hydra's sweepers optimise (the headline metric)
+
+    @property
+    def exit_code(self) -> int:
+        return {"ok": EXIT_OK, "incomplete": EXIT_INCOMPLETE, "budget": EXIT_BUDGET, "environment": EXIT_ENVIRONMENT,
+                "retry_later": EXIT_RETRY_LATER}.get(self.outcome, EXIT_BAD_INPUT)
+
+
+class ConfigError(ValueError):
+    """A value or combination of choices that cannot run; raised before any model call."""
+
+
+class InputError(Exception):
+    """Bad settings or data: reported in one line, exit 2 (``ConfigError``, ``DataError`` are turned into it)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a job, with how far its journal got (``finished`` None: no journal), reported in one line
+    with exit 130 by ``hydra_entry``. Still a KeyboardInterrupt: whatever ends runs on one ends them KILLED."""
+
+    def __init__(self, finished: int | None = None, total: int | None = None, job: str | None = None,
+                 noun: str = "instances"):
+        super().__init__(finished, total)
+        self.finished, self.total, self.job, self.noun = finished, total, job, noun
+
+    def line(self) -> str:
+        where = f" in sweep job {self.job}" if self.job else ""
+        if self.total is None:
+            return f"interrupted{where}; run the same command to resume (the journal keeps what finished)"
+        if self.finished is None:
+            return (f"interrupted{where}: {self.total} {self.noun}, none journaled (runtime.resume=false); run the "
+                    "command again to start over")
+        return (f"interrupted{where}: {self.finished} of {self.total} {self.noun} finished and journaled; run the "
+                "same command to resume")

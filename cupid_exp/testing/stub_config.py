@@ -1,0 +1,54 @@
+"""What the stub can be told: the pipeline steps it recognises, and every knob of its replies and faults
+(``StubServer(**knobs)``, or ``--knob`` on its command line)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+STEPS = ("infer", "decompose", "match", "generate", "judge", "summarize", "unknown")
+# Synthesis's own steps (its decomposition is evaluation's "decompose").
+SYNTHESIS_STEPS = ("persona", "factors", "changed_preference", "session", "user_simulator", "validate",
+                   "assistant_simulator")
+
+
+@dataclass
+class StubConfig:
+    latency_ms: float = 0.0
+    jitter_ms: float = 0.0  # uniform extra latency in [0, jitter_ms], seeded per request
+    seed: int = 0
+    rate_429: float = 0.0
+    rate_500: float = 0.0
+    rate_503: float = 0.0
+    rate_slow: float = 0.0  # answered after ``slow_s`` seconds (set it above the client's timeout)
+    rate_malformed: float = 0.0  # a 200 whose body is broken (kind chosen by hash from MALFORMED_KINDS)
+    retry_after: float = 1.0  # seconds, sent with every 429
+    rate_limit_style: str = ""  # how a 429 says the wait (rate_limits.RATE_LIMIT_STYLES), "rotate": each in turn
+    slow_s: float = 5.0
+    giveup_rate: float = 0.0  # prompts that fail with 500 on every attempt (a share chosen by hash)
+    giveup_match: str = ""  # ... and prompts whose first user message contains this text
+    fault_steps: tuple[str, ...] = ()  # faults only for these steps (empty: all)
+    fail_first: int = 0  # the first N attempts of every prompt get ``fail_first_kind`` (deterministic retries)
+    fail_first_kind: str = "429"  # or kinds in turn, comma-separated: "500,503", "truncated,content_type,no_choices"
+    garbage_steps: tuple[str, ...] = ()  # these steps get a well-formed reply with unusable text ...
+    garbage_rate: float = 1.0  # ... for this share of their prompts (re-asks of a prompt included)
+    echo_key_steps: tuple[str, ...] = ()  # these steps get a 401 that echoes the caller's full API key ...
+    echo_key_rate: float = 1.0  # ... for this share of their prompts
+    echo_key_status: int = 401  # 401: a rejected key (fatal: the job stops); 400: a request error quoting it
+    context_error: str | None = None  # one of CONTEXT_ERRORS
+    context_error_steps: tuple[str, ...] = ()  # empty: every step
+    judge_score: str = "7.5"
+    length_steps: tuple[str, ...] = ()  # these steps get their reply cut in half, finish_reason "length"
+    content_filter_steps: tuple[str, ...] = ()  # these steps get no content, finish_reason "content_filter"
+    refusal_steps: tuple[str, ...] = ()  # ... or no content and a ``refusal`` (OpenAI structured outputs)
+    record_bodies: bool = False  # keep every request body (``StubServer.bodies``): what went over the wire
+    record_headers: tuple[str, ...] = ()  # count the values these request headers arrived with (``header_values``)
+    model_ids: tuple[str, ...] = ("stub",)  # what GET /v1/models lists (clients that check a model exists)
+    rpm: float = 0.0  # a key's limits as OpenAI enforces them (rate_limits.py); 0: none
+    tpm: float = 0.0
+    limits_pool: str = "model"  # "key": one pool of rpm/tpm for every model (rate_limits.py), not one per model
+    limit_headers: str = "openai"  # "retry-after": a 429 states only retry-after, in whole seconds
+    closed_s: float = 0.0  # every request 429 for this long from the first one (inf: for ever)
+    refuse: str = ""  # "401" | "403" | "404" | "insufficient_quota" | "daily": every request refused (rate_limits.py)
+    omit_usage: bool = False  # replies (live and batch rows) carry no ``usage``: billed by the stub's own count
+    rate_empty_choices: float = 0.0  # a 200 with ``choices: []`` (usage: the prompt, billed)
+    rate_content_null: float = 0.0  # a 200 whose message has ``content: null``, no refusal, no tool call

@@ -1,0 +1,139 @@
+"""The faults the stub injects, each as a real provider sends it: which request gets one (decided by hashes of the
+seed, the prompt and how many times it was seen, so a run's faults do not depend on the order in which concurrent
+requests arrive), and the reply that carries it (OpenAI's status codes, headers and error bodies; context-length
+errors in several providers' styles; malformed 200s; unusable text for chosen steps).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Callable
+
+from cupid_exp.testing.stub_config import StubConfig
+from cupid_exp.testing.stub_replies import classify, completion_body, digest, prompt_of, reply_text, unit
+
+Billed = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]  #: (request, reply) -> the reply as sent, counted
+#: "429" | "500" | "503" -> (status, body, headers): the server's (a 429 in its ``rate_limit_style``, its wait kept)
+ErrorReply = Callable[[str], tuple[int, dict[str, Any], dict[str, str]]]
+
+MALFORMED_KINDS = ("truncated", "content_type", "no_choices")  # "malformed" picks one by hash; each can be named
+
+# Context-length errors as providers send them (status, body).
+CONTEXT_ERRORS: dict[str, tuple[int, dict[str, Any]]] = {
+    "openai": (400, {"error": {
+        "message": "This model's maximum context length is 8192 tokens. However, your messages resulted in "
+                   "9120 tokens. Please reduce the length of the messages.",
+        "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}),
+    "anthropic": (400, {"type": "error", "error": {
+        "type": "invalid_request_error", "message": "prompt is too long: 215837 tokens > 200000 maximum"}}),
+    "vllm": (400, {"object": "error", "type": "BadRequestError", "param": None, "code": 400,
+                   "message": "This model's maximum context length is 4096 tokens. However, you requested 5310 "
+                              "tokens (1214 in the messages, 4096 in the completion). Please reduce the length "
+                              "of the messages or completion."}),
+    "llamacpp": (400, {"error": {"code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": 9001,
+                                 "n_ctx": 8192,
+                                 "message": "the request exceeds the available context size, try increasing it"}}),
+    "tgi": (422, {"error_type": "validation",
+                  "error": "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. "
+                           "Given: 5000 `inputs` tokens and 100 `max_new_tokens`"}),
+}
+
+
+def choose_fault(cfg: StubConfig, step: str, prompt_digest: str, attempt: int, body: dict[str, Any]) -> str | None:
+    """The fault this attempt of this prompt gets, if any: decided by hashes, so the same run gets the same faults
+    whatever order concurrent requests arrive in."""
+    if cfg.context_error and (not cfg.context_error_steps or step in cfg.context_error_steps):
+        return "context_length"
+    if step in cfg.echo_key_steps and unit(cfg.seed, "echo", prompt_digest) < cfg.echo_key_rate:
+        return "echo_key"
+    if cfg.fault_steps and step not in cfg.fault_steps:
+        return None
+    if attempt < cfg.fail_first:
+        kinds = cfg.fail_first_kind.split(",")
+        return kinds[min(attempt, len(kinds) - 1)]
+    if cfg.giveup_rate and unit(cfg.seed, "giveup", prompt_digest) < cfg.giveup_rate:
+        return "500"
+    if cfg.giveup_match and cfg.giveup_match in prompt_of(body.get("messages") or [])[1]:
+        return "500"
+    u = unit(cfg.seed, "fault", prompt_digest, attempt)
+    for kind, rate in (("429", cfg.rate_429), ("500", cfg.rate_500), ("503", cfg.rate_503),
+                       ("slow", cfg.rate_slow), ("malformed", cfg.rate_malformed),
+                       ("empty_choices", cfg.rate_empty_choices), ("content_null", cfg.rate_content_null)):
+        if u < rate:
+            return kind
+        u -= rate
+    return None
+
+
+def is_garbage(cfg: StubConfig, step: str, body: dict[str, Any]) -> bool:
+    """Whether this prompt of a ``garbage_steps`` step gets unusable text (its re-asks too)."""
+    if step not in cfg.garbage_steps:
+        return False
+    system, user = prompt_of(body.get("messages") or [])  # the template's prompt: re-asks share it
+    return unit(cfg.seed, "garbage", system, user) < cfg.garbage_rate
+
+
+def garbage_text(body: dict[str, Any], cfg: StubConfig) -> str:
+    """Unusable text; it differs between a prompt and its re-asks, as a real model's would."""
+    conversation = json.dumps(body.get("messages"), sort_keys=True)
+    return f"I'd rather talk about the weather today. <<unusable reply {digest(conversation)[:10]}>>"
+
+
+def error_reply(kind: str, cfg: StubConfig, style: str = "") -> tuple[int, dict[str, Any], dict[str, str], float]:
+    """(status, body, headers, the wait asked) of a 429 (in ``style``: ``rate_limits.RATE_LIMIT_STYLES``; none: the
+    stub's own, ``retry-after: <retry_after>``), a 500 or a 503, as OpenAI sends them."""
+    from cupid_exp.testing.rate_limits import rate_limit_reply
+
+    if kind == "429" and not style:
+        body = {"error": {"message": "Rate limit reached; slow down.", "type": "rate_limit_error",
+                          "code": "rate_limit_exceeded"}}
+        return 429, body, {"retry-after": f"{cfg.retry_after:g}"}, cfg.retry_after
+    if kind == "429":
+        return (429, *rate_limit_reply(style, cfg.retry_after))
+    if kind == "500":
+        return 500, {"error": {"message": "The server had an error processing your request.",
+                               "type": "server_error"}}, {}, 0.0
+    if kind == "503":
+        return 503, {"error": {"message": "The engine is currently overloaded.", "type": "service_unavailable"}}, {}, 0.0
+    raise ValueError(f"no error reply for fault {kind!r}")
+
+
+def send_fault(handler: Any, fault: str, body: dict[str, Any], cfg: StubConfig, billed: Billed, auth: str = "",
+               reply: ErrorReply | None = None) -> None:
+    """Answer with ``fault`` as a provider would; what is processed is billed (``billed``: the server's count); a
+    429 or a 5xx is ``reply``'s (the server's: it counts how each 429 said its wait)."""
+    if fault == "echo_key":  # some providers quote the key they rejected (or, in a 400, the request's fields)
+        key = auth.removeprefix("Bearer ").strip()
+        rejected = cfg.echo_key_status == 401
+        handler._send(cfg.echo_key_status, json.dumps({"error": {
+            "message": f"Incorrect API key provided: {key}." if rejected else f"Invalid request from key {key}.",
+            "type": "invalid_request_error", "code": "invalid_api_key" if rejected else None}}).encode())
+    elif fault in ("429", "500", "503"):
+        status, payload, headers = reply(fault) if reply is not None else error_reply(fault, cfg)[:3]
+        handler._send(status, json.dumps(payload).encode(), headers=headers)
+    elif fault == "slow":  # processed (and billed) after the client's timeout
+        time.sleep(cfg.slow_s)
+        handler._send(200, json.dumps(billed(body, completion_body("too late", body))).encode())
+    elif fault == "empty_choices":  # a 200 without a completion: the prompt is billed all the same
+        empty = completion_body("", body)
+        empty["choices"], empty["usage"]["completion_tokens"] = [], 0
+        empty["usage"]["total_tokens"] = empty["usage"]["prompt_tokens"]
+        handler._send(200, json.dumps(billed(body, empty)).encode())
+    elif fault == "content_null":
+        handler._send(200, json.dumps(billed(body, completion_body(None, body))).encode())
+    elif fault == "context_length":
+        status, payload = CONTEXT_ERRORS[cfg.context_error or "openai"]
+        handler._send(status, json.dumps(payload).encode())
+    elif fault == "malformed" or fault in MALFORMED_KINDS:
+        text = reply_text(classify(body), body, cfg)
+        full = json.dumps(completion_body(text, body)).encode()
+        kind = fault if fault in MALFORMED_KINDS else MALFORMED_KINDS[int(digest(full.decode())[:2], 16)
+                                                                      % len(MALFORMED_KINDS)]
+        if kind == "truncated":
+            handler._send(200, full[: len(full) // 2])
+        elif kind == "content_type":
+            handler._send(200, b"<html><body><h1>502 Bad Gateway</h1></body></html>", "text/html")
+        else:
+            handler._send(200, json.dumps({"id": "chatcmpl-stub", "object": "chat.completion",
+                                           "created": 0, "model": "stub"}).encode())

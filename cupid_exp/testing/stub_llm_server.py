@@ -1,0 +1,412 @@
+"""A deterministic OpenAI-compatible stand-in model on 127.0.0.1, for fault injection and benchmarks.
+
+It is not a model: it recognises which CUPID pipeline step a request belongs to (from the
+prompt text, or from the JSON schema in ``response_format``) and returns a well-formed reply
+for that step, derived from a hash of the prompt, so the same request always gets the same
+answer. Synthesis steps are recognised by their schema alone and answered with JSON built from
+that schema (``schema_value``), so synthesis roles pointed at the stub need
+``structured_output=true``; the assistant simulator (free text) is recognised by its prompt.
+Around that it injects what real providers do: latency (fixed or jittered), HTTP 429 with
+``retry-after`` (or in each way providers say the wait: ``rate_limit_style``; a retry before that wait is over is
+counted), 500, 503, responses slower than the client's timeout, malformed bodies
+(truncated JSON, a wrong content-type, no ``choices``), context-length errors in the styles
+of several providers, unparseable replies for chosen steps, 200s without a completion (``choices: []``, or
+``content: null``), replies without ``usage``, a key's refusals (``refuse``: 401/403/404, ``insufficient_quota``,
+a daily limit) and the Batch API's (``batch_api.py``). The replies are ``stub_replies``', the faults
+``stub_faults``', the knobs ``stub_config.StubConfig``; this module is the server and its command line.
+
+What it *bills* is counted apart (``stats()["billed"]``), as a provider bills: every request it processed into a
+reply, including a slow one whose client had given up and a reply without a completion; never a 429, a 5xx or a
+refusal. A reply's tokens are its ``usage``; where it sends none (``omit_usage``), they are counted with litellm's
+``token_counter`` (tiktoken), the rule a client must estimate them by.
+
+Fault decisions are deterministic too: they hash (seed, prompt, how many times this prompt
+was seen), so a run's faults do not depend on the order in which concurrent requests arrive.
+
+Counters per step (requests received, responses completed, faults by kind) are available
+in-process (``StubServer.stats()``) and over HTTP (``GET /stats``). A test can also close a
+*gate* after N completed responses: further requests are received but held unanswered until
+the gate opens — the moment to SIGKILL a client with a known set of requests in flight.
+
+CLI (for bench/ and manual use)::
+
+    python -m cupid_exp.testing.stub_llm_server --port 8011 --latency-ms 200 --jitter-ms 20 \
+        --rate-429 0.1 --rate-500 0.1 --rate-503 0.1 --retry-after 1 --seed 0
+    python -m cupid_exp.testing.stub_llm_server --rpm 300 --tpm 400000   # a key's limits (rate_limits.py)
+    python -m cupid_exp.testing.stub_llm_server --rpm 300 --limits-pool key   # one pool for every model
+    python -m cupid_exp.testing.stub_llm_server --rpm 480 --limit-headers retry-after   # 429s state only retry-after
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from cupid_exp.testing.batch_api import BatchQueue, BatchQueueConfig
+from cupid_exp.testing.rate_limits import RATE_LIMIT_STYLES, KeyLimits
+from cupid_exp.testing.stub_config import STEPS, SYNTHESIS_STEPS, StubConfig
+from cupid_exp.testing.stub_faults import (MALFORMED_KINDS, choose_fault, error_reply, garbage_text, is_garbage,
+                                           send_fault)
+from cupid_exp.testing.stub_replies import billed_tokens, classify, completion_body, digest, reply_text
+
+__all__ = ["StubConfig", "StubServer", "main", "parse_args"]
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 512  # the default backlog of 5 drops connections under 32+ concurrent clients
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away (killed, interrupted) is what real servers shrug off; anything else is printed."""
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)
+
+
+@dataclass
+class _Counters:
+    received: Counter = field(default_factory=Counter)
+    completed: Counter = field(default_factory=Counter)
+    faults: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    in_flight: int = 0
+    peak_in_flight: int = 0  # the most requests it was answering at once
+    held: int = 0
+    completed_prompts: Counter = field(default_factory=Counter)  # digest of the request -> completions
+    tokens: Counter = field(default_factory=Counter)  # prompt/completion tokens of the completed responses
+    billed: Counter = field(default_factory=Counter)  # requests, prompt_tokens, completion_tokens: what was billed
+    rate_limit_styles: Counter = field(default_factory=Counter)  # 429s sent, by how they said the wait
+    early_retries: int = 0  # requests sent again before the wait their 429 asked for was over
+
+
+class StubServer:
+    """The stand-in model. Use as a context manager (a background thread) or via ``serve_forever``."""
+
+    def __init__(self, config: StubConfig | None = None, *, port: int = 0, batch: BatchQueueConfig | None = None,
+                 **overrides: Any):
+        self.config = config or StubConfig()
+        for k, v in overrides.items():
+            setattr(self.config, k, v)
+        self._lock = threading.Lock()
+        self._gate = threading.Condition(self._lock)
+        self._hold_after: int | None = None
+        self._releases = 0
+        self._seen: Counter = Counter()
+        self._not_before: dict[str, float] = {}  # prompt digest -> when the wait its last 429 asked for is over
+        self.counters = _Counters()
+        self.bodies: list[dict[str, Any]] = []  # request bodies, when ``record_bodies`` is on
+        self.header_values: dict[str, Counter] = defaultdict(Counter)  # header -> values, for ``record_headers``
+        self.batches = BatchQueue(self._batch_row, batch, self.fault_reply)  # OpenAI's Files and Batch endpoints
+        self.limits = self._key_limits()
+        self.httpd = _HTTPServer(("127.0.0.1", port), self._handler())
+        self._thread: threading.Thread | None = None
+
+    def _key_limits(self) -> KeyLimits:
+        c = self.config
+        return KeyLimits(c.rpm, c.tpm, c.closed_s, c.refuse, pool=c.limits_pool, headers=c.limit_headers)
+
+    def fault_reply(self, kind: str, prompt_digest: str = "") -> tuple[int, dict[str, Any], dict[str, str]]:
+        """(status, body, headers) of a 429, a 500 or a 503 (``stub_faults.error_reply``); a 429 is said in the
+        ``rate_limit_style`` (``rotate``: each in turn), counted by style, and remembers when the wait it asked for
+        ends (a request for the same prompt before then is an early retry). The Batch API's upload faults too."""
+        style = self.config.rate_limit_style
+        if kind == "429" and style:
+            with self._lock:
+                if style == "rotate":
+                    style = RATE_LIMIT_STYLES[sum(self.counters.rate_limit_styles.values()) % len(RATE_LIMIT_STYLES)]
+                self.counters.rate_limit_styles[style] += 1
+        status, payload, headers, asked = error_reply(kind, self.config, style)
+        if kind == "429" and style and prompt_digest:
+            with self._lock:
+                self._not_before[prompt_digest] = time.time() + asked
+        return status, payload, headers
+
+    # ---- control
+
+    @property
+    def port(self) -> int:
+        return self.httpd.server_address[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def reset(self) -> None:
+        with self._lock:
+            self.counters = _Counters()
+            self._seen = Counter()
+            self._not_before = {}
+            self.limits = self._key_limits()
+
+    def reconfigure(self, config: StubConfig | None = None, **changes: Any) -> None:
+        """Switch faults on or off between two runs: ``config`` instead (or these fields changed), the key's limits
+        made again; the counters (what was billed included) are kept."""
+        with self._lock:
+            self.config = config or self.config
+            for name, value in changes.items():
+                setattr(self.config, name, value)
+            self.limits = self._key_limits()
+
+    def hold_after(self, n_completed: int | None) -> None:
+        """Once ``n_completed`` responses have completed in total, hold every later request unanswered."""
+        with self._gate:
+            self._hold_after = n_completed
+            if n_completed is None:
+                self._releases += 1  # wakes exactly the requests held so far, even if the gate closes again
+            self._gate.notify_all()
+
+    def release(self, timeout: float = 10.0) -> None:
+        """Open the gate and wait until every held request has left it (so the next gate starts clean)."""
+        self.hold_after(None)
+        deadline = time.monotonic() + timeout
+        with self._gate:
+            while self.counters.held and deadline - time.monotonic() > 0:
+                self._gate.wait(deadline - time.monotonic())
+
+    def wait_held(self, timeout: float) -> bool:
+        """True once the gate is closed and at least one request waits at it."""
+        deadline = time.monotonic() + timeout
+        with self._gate:
+            while self.counters.held == 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._gate.wait(left)
+            return True
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            c = self.counters
+            return {"received": dict(c.received), "completed": dict(c.completed),
+                    "faults": {k: dict(v) for k, v in c.faults.items()},
+                    "total_received": sum(c.received.values()), "total_completed": sum(c.completed.values()),
+                    "in_flight": c.in_flight, "peak_in_flight": c.peak_in_flight, "held": c.held,
+                    "repeated_completions": sum(n - 1 for n in c.completed_prompts.values() if n > 1),
+                    "distinct_completed": len(c.completed_prompts), "tokens": dict(c.tokens),
+                    "billed": {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, **c.billed},
+                    "rate_limited": sum(f.get("429", 0) for f in c.faults.values()),
+                    "rate_limit_styles": dict(c.rate_limit_styles), "early_retries": c.early_retries,
+                    "limits_ideal_s": self.limits.ideal_s}
+
+    def __enter__(self) -> "StubServer":
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def _batch_row(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A batch row's reply: what a live call with the same body gets (without live faults)."""
+        step = classify(body)
+        with self._lock:
+            self.counters.completed[step] += 1
+        return self._billed(body, completion_body(reply_text(step, body, self.config), body))
+
+    def _billed(self, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+        """``reply`` as sent (without usage under ``omit_usage``), its tokens counted as billed."""
+        if self.config.omit_usage:
+            reply = {k: v for k, v in reply.items() if k != "usage"}
+        prompt, completion = billed_tokens(body, reply)
+        with self._lock:
+            self.counters.billed.update(requests=1, prompt_tokens=prompt, completion_tokens=completion)
+        return reply
+
+    def _handler(self):
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # else headers and body in two writes stall ~40 ms on delayed ACKs
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, status: int, payload: bytes, content_type: str = "application/json",
+                      headers: dict[str, str] | None = None) -> bool:
+                try:
+                    self.send_response(status)
+                    self.send_header("content-type", content_type)
+                    for k, v in (headers or {}).items():
+                        self.send_header(k, v)
+                    self.send_header("content-length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    self.wfile.flush()
+                    return True
+                except OSError:  # the client gave up (timeout) or was killed
+                    self.close_connection = True
+                    return False
+
+            def _batch_api(self, method: str, raw: bytes) -> bool:
+                routed = server.batches.route(method, self.path, self.headers, raw)
+                if routed is None:
+                    return False
+                status, payload, *headers = routed
+                if isinstance(payload, bytes):
+                    self._send(status, payload, "application/octet-stream")
+                else:
+                    self._send(status, json.dumps(payload).encode(), headers=headers[0] if headers else None)
+                return True
+
+            def do_GET(self) -> None:  # noqa: N802
+                if self._batch_api("GET", b""):
+                    return
+                if self.path.rstrip("/") in ("/v1/models", "/models"):
+                    # and the connection closed: a client that lists models and then forks workers (the official
+                    # runner does) would leave one keep-alive socket shared by all of them, and the responses
+                    # read by the wrong process (requests that hang until the client's 600 s timeout)
+                    self.close_connection = True
+                    self._send(200, json.dumps({"object": "list", "data": [
+                        {"id": m, "object": "model", "owned_by": "stub"} for m in server.config.model_ids]}).encode(),
+                        headers={"connection": "close"})
+                elif self.path.rstrip("/") in ("/stats", "/health"):
+                    self._send(200, json.dumps(server.stats()).encode())
+                else:
+                    self._send(404, b'{"error": {"message": "not found"}}')
+
+            def do_POST(self) -> None:  # noqa: N802
+                length = int(self.headers.get("content-length") or 0)
+                raw = self.rfile.read(length)
+                if self.path.rstrip("/") == "/reset":
+                    server.reset()
+                    self._send(200, b"{}")
+                    return
+                if self._batch_api("POST", raw):
+                    return
+                try:
+                    body = json.loads(raw or b"{}")
+                except json.JSONDecodeError:
+                    self._send(400, b'{"error": {"message": "invalid JSON body"}}')
+                    return
+                with server._lock:
+                    for name in server.config.record_headers:
+                        if (value := self.headers.get(name)) is not None:
+                            server.header_values[name.lower()][value] += 1
+                server._serve(self, body, raw, self.headers.get("authorization", ""))
+
+        return Handler
+
+    def _serve(self, handler: BaseHTTPRequestHandler, body: dict[str, Any], raw: bytes, auth: str = "") -> None:
+        cfg = self.config
+        step = classify(body)
+        prompt_digest = digest(json.dumps(body.get("messages"), sort_keys=True))
+        request_digest = digest(raw.decode("utf-8", "replace"))
+        with self._gate:
+            if cfg.record_bodies:
+                self.bodies.append(body)
+            self.counters.received[step] += 1
+            self.counters.in_flight += 1
+            self.counters.peak_in_flight = max(self.counters.peak_in_flight, self.counters.in_flight)
+            attempt = self._seen[prompt_digest]
+            self._seen[prompt_digest] += 1
+            if time.time() < self._not_before.get(prompt_digest, 0.0) - 0.05:  # 50 ms for clocks and transit
+                self.counters.early_retries += 1
+        try:
+            if self.limits.active and (verdict := self.limits.check(body)) is not None:  # answered at once
+                with self._lock:
+                    self.counters.faults[step][verdict.kind] += 1
+                handler._send(verdict.status, json.dumps(verdict.body).encode(), headers=verdict.headers)
+                return
+            delay = cfg.latency_ms / 1000
+            if cfg.jitter_ms:
+                delay += random.Random(f"{cfg.seed}:{prompt_digest}:{attempt}").uniform(0, cfg.jitter_ms) / 1000
+            if delay > 0:
+                time.sleep(delay)
+            fault = choose_fault(cfg, step, prompt_digest, attempt, body)
+            if fault is None or fault == "malformed" or fault in MALFORMED_KINDS:
+                # a reply about to complete waits at a closed gate
+                with self._gate:
+                    if self._hold_after is not None and sum(self.counters.completed.values()) >= self._hold_after:
+                        self.counters.held += 1
+                        self._gate.notify_all()
+                        released = self._releases
+                        while self._releases == released:
+                            self._gate.wait()
+                        self.counters.held -= 1
+                        self._gate.notify_all()
+                        handler.close_connection = True
+                        return  # released: the client is gone; answer nothing
+            if fault is not None:
+                with self._lock:
+                    self.counters.faults[step][fault] += 1
+                send_fault(handler, fault, body, cfg, self._billed, auth,
+                           lambda kind: self.fault_reply(kind, prompt_digest))
+                return
+            text = garbage_text(body, cfg) if is_garbage(cfg, step, body) else reply_text(step, body, cfg)
+            finish = "stop"
+            if step in cfg.length_steps:  # a reply that ran into max_tokens
+                text, finish = text[: len(text) // 2], "length"
+            refusal = None
+            if step in cfg.content_filter_steps:
+                text, finish = None, "content_filter"
+            elif step in cfg.refusal_steps:
+                text, refusal = None, "I'm sorry, I can't help with that request."
+            full = completion_body(text, body, finish, refusal)
+            reply = self._billed(body, full)  # processed: billed even if the client has gone
+            stated = self.limits.stated(body) if self.limits.active else None
+            if handler._send(200, json.dumps(reply).encode(), headers=stated):  # type: ignore[attr-defined]
+                with self._lock:
+                    self.counters.completed[step] += 1
+                    self.counters.completed_prompts[request_digest] += 1
+                    self.counters.tokens.update({k: full["usage"][k] for k in ("prompt_tokens", "completion_tokens")})
+        finally:
+            with self._lock:
+                self.counters.in_flight -= 1
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[int, StubConfig]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--port", type=int, default=0, help="0: any free port (printed)")
+    for f in StubConfig.__dataclass_fields__.values():
+        flag = "--" + f.name.replace("_", "-")
+        if f.name.endswith("_steps"):
+            p.add_argument(flag, default="", help="comma-separated steps: " + ",".join(STEPS + SYNTHESIS_STEPS))
+        elif f.name == "model_ids":
+            p.add_argument(flag, default="stub", help="comma-separated model ids for GET /v1/models")
+        elif f.name == "record_headers":
+            p.add_argument(flag, default="", help="comma-separated request headers whose values are counted")
+        elif isinstance(f.default, bool):
+            p.add_argument(flag, action="store_true")
+        elif f.name in ("context_error", "judge_score", "fail_first_kind", "giveup_match", "refuse",
+                        "rate_limit_style"):
+            p.add_argument(flag, default=f.default)
+        else:
+            p.add_argument(flag, type=type(f.default), default=f.default)
+    args = vars(p.parse_args(argv))
+    port = args.pop("port")
+    for name in list(args):
+        if name.endswith("_steps") or name in ("model_ids", "record_headers"):
+            args[name] = tuple(s for s in args[name].split(",") if s)
+    return port, StubConfig(**args)
+
+
+def main(argv: list[str] | None = None) -> None:
+    port, cfg = parse_args(argv)
+    server = StubServer(cfg, port=port)
+    print(f"stub LLM server listening on {server.url} ({json.dumps(asdict(cfg))})", flush=True)
+    def stop(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        server.httpd.serve_forever(poll_interval=0.05)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        print("stub stats " + json.dumps(server.stats()), file=sys.stderr, flush=True)
+        server.httpd.server_close()
+
+
+if __name__ == "__main__":
+    main()

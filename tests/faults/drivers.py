@@ -1,0 +1,279 @@
+"""How a cell drives its fault when the stub alone cannot: each driver runs the faulted command, checks the fault
+happened (the process killed and gone, the server dead, the disk full), and removes the fault for the resume
+(``repair``). ``stub``: the stub's config is the fault; the others are context managers around the cell."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import closing
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from helpers.cli_runner import PROJECT_ROOT, run_cli, seed_store
+from helpers.processes import alive, children
+
+from faults.modes import Cell, env
+
+
+class StubDriver:
+    """The fault is the stub's (or the command's): run the command, and that is all."""
+
+    tracking, seed_store, both = False, True, ()
+
+    def __init__(self, cell: Cell, stub: Any):
+        self.cell, self.stub = cell, stub
+
+    def __enter__(self) -> "StubDriver":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def run(self, cmd: list[str]) -> subprocess.CompletedProcess:
+        return run_cli(cmd, env=env(), check=False, timeout=150)
+
+    def repair(self) -> None:
+        pass
+
+
+def _wait(what: Callable[[], Any], timeout: float, message: str, poll: float = 0.01) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := what():
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout} s waiting for {message}")
+
+
+def _first_request(stub: Any, proc: subprocess.Popen) -> Any:
+    """The stub has a request (a live one, or a Batch API upload), or the run is over."""
+    return stub.stats()["total_received"] or stub.batches.uploads or stub.batches.upload_refusals or \
+        proc.poll() is not None
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        kids = children(todo.pop())
+        found += kids
+        todo += kids
+    return found
+
+
+def _killed(proc: subprocess.Popen, out: Path, err: Path, group: bool = False) -> subprocess.CompletedProcess:
+    """SIGKILL ``proc`` (still running: the instant was inside the run), or its whole process group (``group``: a
+    terminal's kill); it and every process it started are gone."""
+    assert proc.poll() is None, f"the run ended before its kill: {err.read_text()[-2000:]}"
+    started = _descendants(proc.pid)
+    if group:
+        os.killpg(proc.pid, signal.SIGKILL)
+    else:
+        proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    try:
+        _wait(lambda: not [p for p in started if alive(p)], 20, "the killed job's processes to end", poll=0.1)
+    except AssertionError:
+        for pid in started:  # leave nothing running; the cell fails all the same
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        raise AssertionError(f"processes the killed job started outlived it: {[p for p in started if alive(p)]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out.read_text(), err.read_text())
+
+
+class _Started(StubDriver):
+    group = False  # in a process group of its own (killed whole)
+
+    def _start(self, cmd: list[str]) -> tuple[subprocess.Popen, Path, Path]:
+        out, err = self.cell.tmp / "killed.out", self.cell.tmp / "killed.err"
+        with out.open("w") as o, err.open("w") as e:
+            proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env(), stdout=o, stderr=e, start_new_session=self.group)
+        return proc, out, err
+
+
+class KillDriver(_Started):
+    """kill -9 at a seeded random instant of the model phase: up to 1.5 s after the stub saw the job's first
+    request (the stub answers in 300 ms, so requests are in flight, processed and billed after the kill)."""
+
+    def run(self, cmd: list[str]) -> subprocess.CompletedProcess:
+        proc, out, err = self._start(cmd)
+        try:
+            _wait(lambda: _first_request(self.stub, proc), 120, "a first request")
+            time.sleep(random.Random(f"kill-{self.cell.mode}").uniform(0.0, 1.5))
+            return _killed(proc, out, err)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
+def _schema_version(db: Path) -> str | None:
+    """The MLflow schema version a SQLite store is migrated to (None: no version yet, or not a store)."""
+    try:
+        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+            rows = con.execute("SELECT version_num FROM alembic_version").fetchall()
+    except sqlite3.Error:
+        return None
+    return rows[0][0] if rows else None
+
+
+class StoreDriver(_Started):
+    """kill -9 while the first command makes its MLflow store (its schema migrations take seconds): at a seeded
+    instant within 1 s after the store's file (or one made aside) appears. The fault happened if the store was not
+    whole at the kill (a file made aside, or a schema short of the version a made store has)."""
+
+    tracking, seed_store, group = True, False, True  # the store may be made by the job's MLflow worker
+
+    def run(self, cmd: list[str]) -> subprocess.CompletedProcess:
+        seed_store(self.cell.tmp / "whole")  # a store as MLflow makes it: the version a whole one has
+        whole = _schema_version(self.cell.tmp / "whole" / "mlflow.db")
+        db = self.cell.root / "mlflow.db"
+        proc, out, err = self._start(cmd)
+        try:
+            _wait(lambda: db.exists() or list(self.cell.root.glob(".mlflow.db.*")) or proc.poll() is not None, 120,
+                  "the store")
+            time.sleep(random.Random(f"store-{self.cell.mode}").uniform(0.0, 1.0))
+            aside = list(self.cell.root.glob(".mlflow.db.*"))
+            killed = _killed(proc, out, err, group=True)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert aside or _schema_version(db) != whole, "the kill came after the store was made"
+        return killed
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TrackingDriver(_Started):
+    """A real ``mlflow server`` that dies for good (SIGKILL, its process group) once the job has had two replies;
+    the job must end within ``BOUND_S`` (its flush bound, and the rest of its work) with exit 5. The resume has the
+    server back (same port, same store)."""
+
+    tracking, FLUSH_S = True, 10  # tracking.flush_timeout_s: the job's bound on the store, once its work is done
+    BOUND_S = FLUSH_S + 50
+
+    def __enter__(self) -> "TrackingDriver":
+        self.port, self.server = _free_port(), None
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.both = (f"tracking.uri={self.url}", f"tracking.flush_timeout_s={self.FLUSH_S}")
+        self._serve()
+        return self
+
+    def _serve(self) -> None:
+        folder = self.cell.tmp / "server"
+        folder.mkdir(exist_ok=True)
+        log = (folder / "server.log").open("a")
+        self.server = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
+             "--backend-store-uri", f"sqlite:///{folder / 'server.db'}", "--artifacts-destination",
+             str(folder / "artifacts"), "--workers", "1"], cwd=folder, env=env(), stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True)
+
+        def healthy() -> bool:
+            assert self.server.poll() is None, (folder / "server.log").read_text()[-2000:]
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as reply:
+                    return reply.status == 200
+            except OSError:
+                return False
+        _wait(healthy, 120, "mlflow server", poll=0.3)
+
+    def _stop(self) -> None:
+        if self.server is not None and self.server.poll() is None:
+            os.killpg(self.server.pid, signal.SIGKILL)
+            self.server.wait(timeout=30)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop()
+
+    def run(self, cmd: list[str]) -> subprocess.CompletedProcess:
+        proc, out, err = self._start(cmd)
+        try:
+            _wait(lambda: self.stub.stats()["total_completed"] >= 2 or proc.poll() is not None, 120, "two replies")
+            self._stop()
+            assert self.server.returncode is not None
+            proc.wait(timeout=self.BOUND_S)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the job was still running {self.BOUND_S} s after its tracking server died")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out.read_text(), err.read_text())
+
+    def repair(self) -> None:
+        self._serve()
+
+
+class DiskDriver(_Started):
+    """The output root on a 4 MB tmpfs (needs the right to mount: root in this project's sandbox; skipped elsewhere)
+    that fills up while the job runs: the moment the stub sees its first request, a file takes all the space left.
+    The resume has it freed."""
+
+    BOUND_S = 60  # a job ends within seconds of its disk filling up
+
+    def __enter__(self) -> "DiskDriver":
+        self.cell.root.mkdir(parents=True, exist_ok=True)
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(self.cell.root)],
+                                 capture_output=True, text=True)
+        if mounted.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+        self.filler = self.cell.root / "filler"
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        subprocess.run(["umount", "-l", str(self.cell.root)], capture_output=True)
+
+    def fill(self, leave: int = 0) -> None:
+        """Take all the space but ``leave`` bytes."""
+        stat = os.statvfs(self.cell.root)
+        with self.filler.open("ab") as out:
+            try:
+                out.write(b"\0" * max(0, stat.f_bavail * stat.f_frsize - leave))
+                out.flush()
+            except OSError:
+                pass  # full
+        stat = os.statvfs(self.cell.root)
+        assert stat.f_bavail * stat.f_frsize <= leave + stat.f_frsize
+
+    def run(self, cmd: list[str]) -> subprocess.CompletedProcess:
+        proc, out, err = self._start(cmd)
+        try:
+            _wait(lambda: _first_request(self.stub, proc), 120, "a first request")
+            self.fill()
+            proc.wait(timeout=self.BOUND_S)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the job was still running {self.BOUND_S} s after the disk filled up")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out.read_text(), err.read_text())
+
+    def repair(self) -> None:
+        self.filler.unlink()
+        subprocess.run(["mount", "-o", "remount,size=64m", str(self.cell.root)], check=True)
+
+
+class FullDiskDriver(DiskDriver):
+    """The disk is full before the job starts (64 KB left: its folder and Hydra's files fit, little more)."""
+
+    def run(self, cmd: list[str]) -> subprocess.CompletedProcess:
+        self.fill(leave=64 * 1024)
+        return run_cli(cmd, env=env(), check=False, timeout=150)
+
+
+DRIVERS = {"stub": StubDriver, "kill": KillDriver, "store": StoreDriver, "tracking": TrackingDriver,
+           "disk_fills": DiskDriver, "disk_full": FullDiskDriver}

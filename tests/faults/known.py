@@ -1,0 +1,27 @@
+"""Why a cell of the fault matrix fails today (its ``xfail``, strict: a fix makes it pass, and the marker must go):
+behaviour another branch lands, or a defect of the product found by the matrix (what happens, where)."""
+
+GARBLED_ROW_FAILS = ("product bug: a batch output line that cannot be read (the row answered and billed) fails "
+                     "its instance as missing_row (502) instead of going into a later batch (llm/batch.py _collect): "
+                     "exit 3")
+FULL_DISK_AT_START = ("product bug: a full disk when the response cache is opened (diskcache's SQLite: 'database or "
+                      "disk is full', llm/response_cache.py) is a traceback, exit 1, not the environment's exit 5")
+_LINES = ("litellm's own log lines ('LiteLLM Cache: exception in add_cache: database or disk is full') reach stderr "
+          "before the one line, which names no path ('environment failure: No space left on device [ENOSPC]')")
+DISK_FILLS_UP = {"sync": f"product bug: {_LINES}", "synthesis": f"product bug: {_LINES}",
+                 "batch": "product bug: the job hangs (still running 60 s after the disk filled up)",
+                 "sweep": "product bug: the sweep hangs (still running 60 s after the disk filled up)",
+                 "workers": "product bug: a worker's ENOSPC is a traceback (WorkerFailed), exit 1"}
+_WARNINGS = ("product bug: warnings print before the exit-5 line ('MLflow progress point not logged: ...' and "
+             "MLflow's own 'mlflow.tracing.export.mlflow_v3: Failed to send trace to MLflow backend'): three lines, "
+             "not one")
+STORE_DIES = {"sync": _WARNINGS, "batch": _WARNINGS, "workers": _WARNINGS,
+              "sweep": "product bug: the sweep ends in a traceback (MlflowException from the parent run's callback: "
+                       "basic_sweeper's return_value, then _killed_at_exit), exit 1",
+              "synthesis": _WARNINGS}
+KILLED_SWEEP = ("product bug: kill -9 of a joblib sweep's process leaves its loky workers (and the jobs in them) "
+                "running more than 20 s after it")
+SWEEP_EXIT_HANGS = {"sweep": (
+    "product bug, intermittent (about 1 run in 3 here): a joblib sweep whose jobs stopped on a refusal prints all it "
+    "should, then never exits: entry.exit_now -> loky's _python_exit joins a worker stuck on the import lock in "
+    "litellm's AsyncHTTPHandler.__del__ (_dispose_wrapped_aiohttp_session); the cell ends at its 150 s timeout")}

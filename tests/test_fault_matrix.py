@@ -1,0 +1,175 @@
+"""The fault matrix (issue 33): every fault a provider, the tracking store, the disk or the operator inflicts,
+crossed with every mode, each cell held to the same invariants (``faults.invariants``):
+
+- the documented exit code; on a failure one line saying what happened, no traceback;
+- no instance lost: the same command, the fault removed, completes every instance (journal count = data count);
+- the spend counted is at least what the stub billed, and within the budget when one is set;
+- no sentinel secret (a header on every role, the key in the environment, a password in a URL) in any file under
+  the cell's folder (output root, journal, cache, MLflow store) or in anything printed;
+- and first, that the fault really happened (the stub's counters, the job's own counts, the process gone).
+
+Each cell is the real CLI on the stub (cupid_exp/testing/stub_llm_server.py, its Batch API queue), 2 instances a job
+(synthesis: one persona), the stub answering at once, ``tracking=none`` except where the store is the fault. The
+table is ``catalogue.table()`` (a test keeps it so): the exit code each cell must end with, ``N/A`` where the cell
+makes no sense (why: below), ``xfail`` where the behaviour has not landed or the product is wrong, ``flaky`` where
+it is wrong some of the time (the reasons are the markers', from ``faults.known``).
+
+| fault | sync | batch | workers | sweep | synthesis |
+|---|---|---|---|---|---|
+| no_usage | 0 | 0 | 0 | 0 | 0 |
+| timeout_under_budget | 4 | N/A | 4 | 4 | 4 |
+| refused_401 | 2 | 2 | 2 | 2 flaky | 2 |
+| refused_insufficient_quota | 2 | 2 | 2 | 2 flaky | 2 |
+| batch_token_limit | N/A | 0 | N/A | N/A | N/A |
+| tracking_server_dies | 5 xfail | 5 xfail | 5 xfail | 5 xfail | 5 xfail |
+| credentials_in_url | 2 | 2 | 2 | 2 | 2 |
+| key_quoted_in_an_error | 3 | N/A | 3 | 3 | 3 |
+| empty_choices | 0 | N/A | 0 | 0 | 0 |
+| content_null | 0 | N/A | 0 | 0 | 0 |
+| daily_limit | 75 | 75 | 75 | 75 flaky | 75 |
+| prompt_file_missing | 2 | 2 | 2 | 2 | 2 |
+| rate_limited | 0 | 0 | 0 | 0 | 0 |
+| server_errors | 0 | 0 | 0 | 0 | 0 |
+| malformed_bodies | 0 | 0 xfail | 0 | 0 | 0 |
+| content_filter | 3 | N/A | 3 | 3 | 3 |
+| timeouts | 0 | N/A | 0 | 0 | 0 |
+| dead_endpoint | 2 | 2 | 2 | 2 flaky | 2 |
+| disk_fills_up | 5 xfail | 5 xfail | 5 xfail | 5 xfail | 5 xfail |
+| disk_full_at_start | 5 xfail | 5 xfail | 5 xfail | 5 xfail | 5 xfail |
+| kill_9 | killed | killed | killed | killed xfail | killed |
+| kill_9_at_store_creation | killed | killed | killed | killed | killed |
+
+N/A:
+- batch × timeout_under_budget, timeouts: a batch has no request that times out: its rows are polled for.
+- batch × key_quoted_in_an_error, empty_choices, content_null: the Batch API's rows are answered by its queue, not
+  the live endpoint: a live reply's fault has no batch form here (a row's failure is its status: server_errors).
+- batch × content_filter: a content filter through the Batch API is a row's body, read as a live reply's.
+- batch_token_limit outside batch: the enqueued-token limit is the Batch API's; live, a key's token limit is a
+  TPM 429 (rate_limited).
+
+How each fault is made: the batch mode meets a refusal (401, ``insufficient_quota``, the daily limit) at its
+upload, a 429 or a 5xx at its first uploads (and 5xx rows), a malformed body as a garbled output line; 429s come in
+every way providers say the wait (``rate_limit_style="rotate"``: retry-after seconds, -ms, an HTTP date, OpenAI's
+x-ratelimit-reset, Anthropic's reset time, only the message, nothing), each waited out (the stub counts early
+retries); kill -9 lands at a seeded instant of the model phase, with requests in flight that the stub bills. Cells
+marked ``slow`` (sweeps, the tracking server, the disk, kills) run in CI too.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+
+import pytest
+from helpers.cli_runner import run_cli
+from helpers.spend import billed_usd, settled
+
+from faults import invariants
+from faults.catalogue import FAULTS, Arrangement, Evidence, Fault, table
+from faults.drivers import DRIVERS
+from faults.modes import HEADER_SECRET, IN, KEY_SECRET, MODES, OUT, SECRETS, command, env, new_cell
+
+from cupid_exp.llm.retry import retry_after_s
+from cupid_exp.testing.batch_api import BatchQueueConfig
+from cupid_exp.testing.rate_limits import RATE_LIMIT_STYLES, rate_limit_reply
+from cupid_exp.testing.stub_llm_server import StubConfig, StubServer
+
+QUEUE = {"complete_after_s": 0.3}
+RECORDED = ("x-api-key", "authorization")
+
+
+def _cells():
+    for fault in FAULTS:
+        for mode in MODES:
+            marks = []
+            if mode in fault.na:
+                marks.append(pytest.mark.skip(reason=f"N/A: {fault.na[mode]}"))
+            if mode in fault.pending:
+                marks.append(pytest.mark.xfail(strict=True, reason=fault.pending[mode]))
+            if mode in fault.flaky:
+                marks.append(pytest.mark.xfail(strict=False, reason=fault.flaky[mode]))
+            if fault.slow or mode == "sweep":
+                marks.append(pytest.mark.slow)
+            yield pytest.param(fault, mode, id=f"{fault.name}-{mode}", marks=marks)
+
+
+def switch_on(stub: StubServer, arrangement: Arrangement) -> None:
+    stub.reconfigure(**arrangement.stub)
+    for name, value in arrangement.queue.items():
+        setattr(stub.batches.config, name, value)
+
+
+def switch_off(stub: StubServer) -> None:
+    """The stub as it was, its counters (what it billed) kept."""
+    stub.reconfigure(StubConfig(record_headers=RECORDED))
+    stub.batches.config = BatchQueueConfig(**QUEUE)
+
+
+@pytest.mark.parametrize("fault,mode", list(_cells()))
+def test_the_fault_keeps_every_invariant(fault: Fault, mode: str, tmp_path: Path) -> None:
+    cell = new_cell(mode, tmp_path)
+    with StubServer(StubConfig(record_headers=RECORDED), batch=BatchQueueConfig(**QUEUE)) as stub:
+        arrangement = fault.arrange(mode, cell, stub.port)
+        with DRIVERS[fault.driver](cell, stub) as driver:
+            run = partial(command, cell, stub.url, *driver.both, *arrangement.both, tracking=driver.tracking,
+                          seed_store=driver.seed_store)
+            budget = [f"runtime.max_cost_usd={arrangement.budget}"] if arrangement.budget is not None else []
+            switch_on(stub, arrangement)
+            first = driver.run(run(*arrangement.on, *budget))
+            stats = settled(stub)
+            fault.happened(Evidence(stats, stub.batches, first, cell))
+            invariants.ending(first, cell, fault.exit, fault.line(mode))
+            if arrangement.budget is not None:
+                invariants.within_budget(cell, arrangement.budget, billed_usd(stats, IN, OUT))
+            outputs = [first.stdout, first.stderr]
+            switch_off(stub)
+            for repair in (arrangement.repair, driver.repair):
+                if repair is not None:
+                    repair()
+            if fault.exit != 0:
+                again = run_cli(run(*arrangement.resume), env=env(), check=False, timeout=300)
+                invariants.ending(again, cell, 0)
+                outputs += [again.stdout, again.stderr]
+            stats = settled(stub)
+    invariants.finished(cell)
+    invariants.spend_covers(cell, billed_usd(stats, IN, OUT), ledger=fault.driver == "kill")
+    if stats["total_received"]:  # the secrets were in play: sent as the config says
+        assert stub.header_values["x-api-key"][HEADER_SECRET] and stub.header_values["authorization"][
+            f"Bearer {KEY_SECRET}"], dict(stub.header_values)
+    invariants.no_secret(cell.tmp, outputs, [*SECRETS, *arrangement.secrets])
+
+
+def test_the_docstring_table_is_the_catalogue() -> None:
+    assert table() in __doc__
+
+
+@pytest.mark.parametrize("style", RATE_LIMIT_STYLES)
+def test_each_way_of_saying_the_wait_is_read_as_the_wait_it_asks(style: str) -> None:
+    """The stub's 429s mean what they say: the client's parser reads from each the wait the stub counts as asked."""
+    now = 1_800_000_000.25
+    body, headers, asked = rate_limit_reply(style, 0.3, now=now)
+    told = retry_after_s(headers, body["error"]["message"], now=now)
+    if style == "none":
+        assert told is None and asked == 0
+    else:
+        assert told == pytest.approx(asked, abs=1e-3) and asked >= 0.3 - 1e-3
+
+
+def test_a_retry_before_the_wait_asked_is_counted_early() -> None:
+    import urllib.error
+    import urllib.request
+
+    def ask(url: str) -> int:
+        request = urllib.request.Request(f"{url}/chat/completions", data=json.dumps(
+            {"model": "stub", "messages": [{"role": "user", "content": "hello"}]}).encode(),
+            headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as reply:
+                return reply.status
+        except urllib.error.HTTPError as refused:
+            return refused.code
+
+    with StubServer(fail_first=1, fail_first_kind="429", rate_limit_style="retry-after-ms", retry_after=2.0) as stub:
+        assert (ask(stub.url), ask(stub.url)) == (429, 200)  # sent again at once: 2 s too early
+        assert stub.stats()["early_retries"] == 1 and stub.stats()["rate_limit_styles"] == {"retry-after-ms": 1}

@@ -36,7 +36,7 @@ it is wrong some of the time (the reasons are the markers', from ``faults.known`
 | dead_endpoint | 2 | 2 | 2 | 2 | 2 |
 | disk_fills_up | 5 xfail | 5 xfail | 5 xfail | 5 xfail | 5 xfail |
 | disk_full_at_start | 5 xfail | 5 xfail | 5 xfail | 5 xfail | 5 xfail |
-| kill_9 | killed | killed | killed | killed xfail | killed xfail |
+| kill_9 | killed | killed | killed | killed | killed xfail |
 | kill_9_at_store_creation | killed | killed | killed | killed | killed |
 
 N/A:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 from helpers.spend import journaled
 
 from faults.invariants import job_metrics
-from faults.known import (DISK_FILLS_UP, FULL_DISK_AT_START, GARBLED_ROW_FAILS, KILLED_SWEEP, LANDS_WITH_SYNTHENGINE,
+from faults.known import (DISK_FILLS_UP, FULL_DISK_AT_START, GARBLED_ROW_FAILS, LANDS_WITH_SYNTHENGINE,
                           STORE_DIES)
 from faults.modes import Cell, roles
 
@@ -238,8 +238,7 @@ FAULTS = [
     Fault("kill_9", -9, "", lambda mode, cell, port: Arrangement(stub={"latency_ms": 300}, budget=1.0,
                                                                  resume=("runtime.max_cost_usd=1",)),
           lambda ev: None, driver="kill", slow=True,
-          pending={"synthesis": LANDS_WITH_SYNTHENGINE,
-                   "sweep": KILLED_SWEEP}),
+          pending={"synthesis": LANDS_WITH_SYNTHENGINE}),
     Fault("kill_9_at_store_creation", -9, "", lambda mode, cell, port: Arrangement(), lambda ev: None,
           driver="store", slow=True),
 ]

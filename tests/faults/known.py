@@ -21,5 +21,3 @@ STORE_DIES = {"sync": _WARNINGS, "batch": _WARNINGS, "workers": _WARNINGS,
               "synthesis": "lands with synthengine (synthesis publishes without the job engine's bounded flush: "
                            "MlflowException traceback, exit 1)"}
 LANDS_WITH_SYNTHENGINE = "lands with synthengine (synthesis on the job engine: budget, usage ledger across attempts)"
-KILLED_SWEEP = ("product bug: kill -9 of a joblib sweep's process leaves its loky workers (and the jobs in them) "
-                "running more than 20 s after it")

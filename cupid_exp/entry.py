@@ -261,6 +261,7 @@ def exit_now(code: int) -> None:
     import os
     import threading
 
+    _release_sweep_workers()
     # what the interpreter does first: threading's own exit hooks (they stop e.g. joblib's executor threads, which
     # a plain join would wait on forever), then joining the non-daemon threads
     shutdown = getattr(threading, "_shutdown", None)
@@ -273,3 +274,17 @@ def exit_now(code: int) -> None:
         except (OSError, ValueError):
             pass
     os._exit(code)
+
+
+def _release_sweep_workers() -> None:
+    """Stop a joblib sweep's idle loky workers by force instead of waiting for them to exit.
+
+    Every job has returned by now (its journal, ledger and MLflow run flushed in the worker). Left to
+    themselves, loky's exit hook asks each worker to end and joins it; a worker whose own interpreter
+    shutdown deadlocks (litellm's HTTP handler finalizer importing during teardown, seen about one sweep
+    in three that stopped on a refusal) then held the whole command forever after its last line.
+    """
+    reusable = sys.modules.get("joblib.externals.loky.reusable_executor")
+    executor = getattr(reusable, "_executor", None)
+    if executor is not None:
+        executor.shutdown(wait=True, kill_workers=True)

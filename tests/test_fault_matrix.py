@@ -18,25 +18,25 @@ it is wrong some of the time (the reasons are the markers', from ``faults.known`
 |---|---|---|---|---|---|
 | no_usage | 0 | 0 | 0 | 0 | 0 |
 | timeout_under_budget | 4 | N/A | 4 | 4 | 4 |
-| refused_401 | 2 | 2 | 2 | 2 flaky | 2 |
-| refused_insufficient_quota | 2 | 2 | 2 | 2 flaky | 2 |
+| refused_401 | 2 | 2 | 2 | 2 | 2 |
+| refused_insufficient_quota | 2 | 2 | 2 | 2 | 2 |
 | batch_token_limit | N/A | 0 | N/A | N/A | N/A |
 | tracking_server_dies | 5 xfail | 5 xfail | 5 xfail | 5 xfail | 5 xfail |
 | credentials_in_url | 2 | 2 | 2 | 2 | 2 |
 | key_quoted_in_an_error | 3 | N/A | 3 | 3 | 3 |
 | empty_choices | 0 | N/A | 0 | 0 | 0 |
 | content_null | 0 | N/A | 0 | 0 | 0 |
-| daily_limit | 75 | 75 | 75 | 75 flaky | 75 |
+| daily_limit | 75 | 75 | 75 | 75 | 75 |
 | prompt_file_missing | 2 | 2 | 2 | 2 | 2 |
 | rate_limited | 0 | 0 | 0 | 0 | 0 |
 | server_errors | 0 | 0 | 0 | 0 | 0 |
 | malformed_bodies | 0 | 0 xfail | 0 | 0 | 0 |
 | content_filter | 3 | N/A | 3 | 3 | 3 |
 | timeouts | 0 | N/A | 0 | 0 | 0 |
-| dead_endpoint | 2 | 2 | 2 | 2 flaky | 2 |
+| dead_endpoint | 2 | 2 | 2 | 2 | 2 |
 | disk_fills_up | 5 xfail | 5 xfail | 5 xfail | 5 xfail | 5 xfail |
 | disk_full_at_start | 5 xfail | 5 xfail | 5 xfail | 5 xfail | 5 xfail |
-| kill_9 | killed | killed | killed | killed xfail | killed |
+| kill_9 | killed | killed | killed | killed | killed |
 | kill_9_at_store_creation | killed | killed | killed | killed | killed |
 
 N/A:

@@ -9,8 +9,11 @@ SIGINT/SIGTERM are held back and delivered afterwards.
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
+import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -38,6 +41,7 @@ def sigterm_raises() -> Iterator[None]:
     if not _main_thread():
         yield
         return
+    end_with_launcher()
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         yield
@@ -70,3 +74,37 @@ def shielded() -> Iterator[None]:
             signal.signal(s, handler)
         if pending:
             signal.raise_signal(pending[0])
+
+
+_WATCHING_LAUNCHER = False
+LAUNCHER_GONE_GRACE_S = 10.0  #: a job told to stop gets this long to end its run before its process exits
+
+
+def _in_sweep_worker() -> bool:
+    """A joblib sweep's worker process: loky marks its workers with a call depth above zero."""
+    loky = sys.modules.get("joblib.externals.loky.process_executor")
+    return getattr(loky, "_CURRENT_DEPTH", 0) > 0
+
+
+def end_with_launcher(poll_s: float = 0.5) -> None:
+    """In a joblib sweep's worker, stop when the sweep's own process dies (kill -9, the OOM killer).
+
+    loky's workers outlive a killed launcher: an idle one waits minutes for work, a busy one runs its job to the
+    end, sending paid requests nobody will read. Once the launcher is gone the worker gets SIGTERM (a job in it
+    stops as on ``kill``: journal kept, run ended KILLED) and exits after ``LAUNCHER_GONE_GRACE_S`` regardless.
+    Started once per process; elsewhere (a plain command, a sequential sweep) it does nothing.
+    """
+    global _WATCHING_LAUNCHER
+    if _WATCHING_LAUNCHER or not _in_sweep_worker():
+        return
+    _WATCHING_LAUNCHER = True
+    launcher = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == launcher:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(LAUNCHER_GONE_GRACE_S)
+        os._exit(SIGTERM_EXIT)
+
+    threading.Thread(target=watch, name="cupid-launcher-watch", daemon=True).start()

@@ -22,14 +22,16 @@ from cupid_exp.llm.errors import EmptyReply, _chain
 
 def lost_after_sending(exc: BaseException) -> bool:
     """Whether a failed request may have been processed (and billed) without its reply reaching us: it timed out,
-    or its connection dropped once it was sent. Not a connection that was never made, not an HTTP error status
-    (the provider answered that it did not serve it), not a cancellation (the job is being stopped)."""
+    or its connection dropped once it was sent, or it was cancelled in flight (the job is being stopped: SIGTERM,
+    a dead sweep launcher, a fatal refusal elsewhere; the provider goes on with a request we stop waiting for).
+    Not a connection that was never made, not an HTTP error status (the provider answered that it did not serve
+    it), not an interrupt outside the request (KeyboardInterrupt, SystemExit: nothing was in flight here)."""
     import litellm
     import openai
 
     from cupid_exp.llm.retry import is_connection_refused
 
-    if isinstance(exc, (litellm.Timeout, asyncio.TimeoutError, TimeoutError)):
+    if isinstance(exc, (litellm.Timeout, asyncio.TimeoutError, TimeoutError, asyncio.CancelledError)):
         return True
     if is_connection_refused(exc):
         return False

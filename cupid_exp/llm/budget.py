@@ -299,11 +299,12 @@ class Reservation:
 
     def failed(self, exc: BaseException) -> float:
         """No reply: returned in full, except when the provider may have processed and billed the request all the
-        same (a timeout, a connection lost after sending: ``billing.lost_after_sending``): charged its worst case.
+        same (a timeout, a connection lost after sending, a cancellation in flight: ``billing.lost_after_sending``):
+        charged its worst case.
         Returns what was charged."""
         from cupid_exp.llm.billing import lost_after_sending
 
-        usd = self.usd if isinstance(exc, Exception) and lost_after_sending(exc) else 0.0
+        usd = self.usd if lost_after_sending(exc) else 0.0
         self.budget.settle(self.rid, usd)
         return usd
 

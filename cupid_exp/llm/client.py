@@ -281,7 +281,7 @@ class LLMClient:
         try:
             response = await self._send(messages, kwargs)
         except BaseException as exc:
-            lost = isinstance(exc, Exception) and lost_after_sending(exc)
+            lost = lost_after_sending(exc)
             usd = self._worst_case(messages, kwargs) if lost else 0.0
             if held is not None:
                 held.settle(usd)

@@ -16,8 +16,7 @@ from typing import Any, Callable, Mapping
 from helpers.spend import journaled
 
 from faults.invariants import job_metrics
-from faults.known import (DISK_FILLS_UP, FULL_DISK_AT_START, GARBLED_ROW_FAILS, KILLED_SWEEP, STORE_DIES,
-                          SWEEP_EXIT_HANGS)
+from faults.known import DISK_FILLS_UP, FULL_DISK_AT_START, GARBLED_ROW_FAILS, STORE_DIES
 from faults.modes import Cell, roles
 
 from cupid_exp.prompts import PROJECT_PROMPTS
@@ -184,9 +183,9 @@ FAULTS = [
               resume=("runtime.max_cost_usd=1",)),
           lambda ev: _timed_out(ev),
           na={"batch": NO_TIMEOUT_IN_A_BATCH}),
-    Fault("refused_401", 2, "invalid_api_key", _refusal("401"), _refused("401"), flaky=SWEEP_EXIT_HANGS),
+    Fault("refused_401", 2, "invalid_api_key", _refusal("401"), _refused("401")),
     Fault("refused_insufficient_quota", 2, "insufficient_quota", _refusal("insufficient_quota"),
-          _refused("insufficient_quota"), flaky=SWEEP_EXIT_HANGS),
+          _refused("insufficient_quota")),
     Fault("batch_token_limit", 0, "", lambda mode, cell, port: Arrangement(queue={"enqueued_token_limit": 2500}),
           _held_for_the_token_limit,
           na={mode: "the enqueued-token limit is the Batch API's; live, a key's token limit is a TPM 429 (rate_limited)"
@@ -206,7 +205,7 @@ FAULTS = [
           lambda ev: _retried_in_every_job(ev, "empty_choices"), na={"batch": NO_BATCH_ROW_FAULT}),
     Fault("content_null", 0, "", _first_attempts("content_null"),
           lambda ev: _retried_in_every_job(ev, "content_null"), na={"batch": NO_BATCH_ROW_FAULT}),
-    Fault("daily_limit", 75, "requests per day", _refusal("daily"), _refused("daily"), flaky=SWEEP_EXIT_HANGS),
+    Fault("daily_limit", 75, "requests per day", _refusal("daily"), _refused("daily")),
     Fault("prompt_file_missing", 2, {"synthesis": "persona_generator.yaml", **{
         mode: "preference_inferrer.yaml" for mode in ("sync", "batch", "workers", "sweep")}}, _missing_prompt,
           _nothing_sent),
@@ -233,7 +232,7 @@ FAULTS = [
     Fault("dead_endpoint", 2, "unreachable",
           lambda mode, cell, port: Arrangement(on=tuple(f"{role}.api_base=http://127.0.0.1:{_dead_port()}/v1"
                                                         for role in roles(mode))),
-          _nothing_sent, flaky=SWEEP_EXIT_HANGS),
+          _nothing_sent),
     Fault("disk_fills_up", 5, "environment failure: /", lambda mode, cell, port: Arrangement(stub={"latency_ms": 200}),
           lambda ev: None, driver="disk_fills", slow=True, pending=DISK_FILLS_UP),
     Fault("disk_full_at_start", 5, "environment failure: /", lambda mode, cell, port: Arrangement(), lambda ev: None,
@@ -241,8 +240,7 @@ FAULTS = [
                                                   ("sync", "batch", "workers", "sweep", "synthesis")}),
     Fault("kill_9", -9, "", lambda mode, cell, port: Arrangement(stub={"latency_ms": 300}, budget=1.0,
                                                                  resume=("runtime.max_cost_usd=1",)),
-          lambda ev: None, driver="kill", slow=True,
-          pending={"sweep": KILLED_SWEEP}),
+          lambda ev: None, driver="kill", slow=True),
     Fault("kill_9_at_store_creation", -9, "", lambda mode, cell, port: Arrangement(), lambda ev: None,
           driver="store", slow=True),
 ]

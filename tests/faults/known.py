@@ -19,9 +19,3 @@ STORE_DIES = {"sync": _WARNINGS, "batch": _WARNINGS, "workers": _WARNINGS,
               "sweep": "product bug: the sweep ends in a traceback (MlflowException from the parent run's callback: "
                        "basic_sweeper's return_value, then _killed_at_exit), exit 1",
               "synthesis": _WARNINGS}
-KILLED_SWEEP = ("product bug: kill -9 of a joblib sweep's process leaves its loky workers (and the jobs in them) "
-                "running more than 20 s after it")
-SWEEP_EXIT_HANGS = {"sweep": (
-    "product bug, intermittent (about 1 run in 3 here): a joblib sweep whose jobs stopped on a refusal prints all it "
-    "should, then never exits: entry.exit_now -> loky's _python_exit joins a worker stuck on the import lock in "
-    "litellm's AsyncHTTPHandler.__del__ (_dispose_wrapped_aiohttp_session); the cell ends at its 150 s timeout")}

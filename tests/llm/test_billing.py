@@ -110,6 +110,30 @@ def test_a_connection_lost_after_sending_is_charged_and_one_never_made_is_not(tm
     assert ledger(tmp_path / "nowhere")["spent"] == 0.0 and "charged_requests" not in meter.as_dict()["s"]
 
 
+
+def test_a_request_cancelled_in_flight_is_charged_its_worst_case(tmp_path: Path) -> None:
+    """A job stopped while a request is on its way (SIGTERM, a dead sweep launcher) cancels the call; the provider
+    answers and bills it all the same, so the budget keeps its worst case."""
+    worst = worst_case_usd(PRICES, HELLO, {"max_tokens": MAX_TOKENS})
+
+    async def stopped_while_in_flight(c: LLMClient, stub: StubServer) -> None:
+        call = asyncio.ensure_future(c.complete(HELLO, step="s"))
+        while not stub.stats()["total_received"]:
+            await asyncio.sleep(0.02)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+
+    with StubServer(rate_slow=1.0, slow_s=0.6) as stub:
+        c, meter = client(stub.url, tmp_path, cap=1.0)
+        asyncio.run(stopped_while_in_flight(c, stub))
+        stats = settled(stub)
+    assert stats["total_received"] == 1 and stats["billed"]["requests"] == 1  # the provider billed the cancelled one
+    state = ledger(tmp_path)
+    assert state["reservations"] == {} and state["spent"] == pytest.approx(worst)
+    assert billed_usd(stats) <= state["spent"]
+    assert meter.as_dict()["s"]["charged_requests"] == 1
+
 @pytest.mark.parametrize("kind", ["empty_choices", "content_null"])
 def test_a_reply_without_a_completion_is_retried_like_a_5xx_then_fails_as_provider(tmp_path: Path, kind: str) -> None:
     with StubServer(fail_first=1, fail_first_kind=kind) as stub:

@@ -28,14 +28,28 @@ def _store_files(root: Path) -> list[Path]:
 
 def _state(db: Path) -> str:
     """'whole' (MLflow's latest schema, no migration left half-way), else 'half' (an empty file, tables without
-    the schema's head revision, or alembic's temporary tables)."""
+    the schema's head revision, or alembic's temporary tables). Read from a copy, with its rollback journal: a
+    transaction the kill cut leaves a hot journal, which SQLite rolls back (a write) before anyone reads the file,
+    so the copy shows what the next command would see, and the original stays untouched."""
+    import shutil
+    import tempfile
+
     from mlflow.store.db.utils import _get_latest_schema_revision
 
-    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as con:
+    with tempfile.TemporaryDirectory() as scratch:
+        copy = Path(scratch) / db.name
+        shutil.copyfile(db, copy)
+        if Path(f"{db}-journal").exists():
+            shutil.copyfile(f"{db}-journal", f"{copy}-journal")
+        return _schema_state(copy, _get_latest_schema_revision())
+
+
+def _schema_state(db: Path, head: str) -> str:
+    with closing(sqlite3.connect(db, timeout=10)) as con:
         tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         version = con.execute("SELECT version_num FROM alembic_version").fetchall() if "alembic_version" in tables \
             else []
-    whole = version == [(_get_latest_schema_revision(),)] and not any(t.startswith("_alembic_tmp") for t in tables)
+    whole = version == [(head,)] and not any(t.startswith("_alembic_tmp") for t in tables)
     return "whole" if whole else "half"
 
 

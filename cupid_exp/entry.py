@@ -101,7 +101,7 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
     except Exception as exc:  # noqa: BLE001 - a bug goes on with its traceback; the environment's is one line
         from cupid_exp.outputs import environment_failure
 
-        failure = environment_failure(exc)
+        failure = environment_failure(exc) or _store_failure(exc, cfg)
         if failure is None:
             raise
         line = _masked(str(failure), cfg, hc.overrides.task)
@@ -118,6 +118,20 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
     if outcome.exit_code:
         sys.exit(outcome.exit_code)
     return outcome.value
+
+
+def _store_failure(exc: Exception, cfg: DictConfig) -> Exception | None:
+    """A tracking store that could not be reached, wherever MLflow raised it from: the environment's failure (the
+    results are in the journal; the same command publishes them once the store answers)."""
+    from cupid_exp.tracking.store_errors import TrackingUnavailable, store_unreachable
+
+    if not store_unreachable(exc):
+        return None
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    uri = cfg.get("tracking", {}).get("uri", "?")
+    return TrackingUnavailable(f"the MLflow store at {uri} did not take this job's results ({type(exc).__name__}: "
+                               f"{first}); the results are in the job's folder and its journal: run the same command "
+                               "again once the store answers, and it publishes them")
 
 
 def _refused(line: str, reason: str, sweep_dir: Path | None) -> None:

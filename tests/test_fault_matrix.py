@@ -21,7 +21,7 @@ it is wrong some of the time (the reasons are the markers', from ``faults.known`
 | refused_401 | 2 | 2 | 2 | 2 | 2 |
 | refused_insufficient_quota | 2 | 2 | 2 | 2 | 2 |
 | batch_token_limit | N/A | 0 | N/A | N/A | N/A |
-| tracking_server_dies | 5 xfail | 5 xfail | 5 xfail | 5 xfail | 5 xfail |
+| tracking_server_dies | 5 | 5 | 5 | 5 | 5 |
 | credentials_in_url | 2 | 2 | 2 | 2 | 2 |
 | key_quoted_in_an_error | 3 | N/A | 3 | 3 | 3 |
 | empty_choices | 0 | N/A | 0 | 0 | 0 |

@@ -109,7 +109,15 @@ class MlflowSweepCallback(Callback):
 
             crash = getattr(sys, "last_value", None)
             interrupted = crash is None or isinstance(crash, (KeyboardInterrupt, Terminated))
-            MlflowClient(uri).set_terminated(parent, status="KILLED" if interrupted else "FAILED")
+            try:
+                MlflowClient(uri).set_terminated(parent, status="KILLED" if interrupted else "FAILED")
+            except Exception as exc:  # noqa: BLE001  # a dead store: its jobs said so; the parent stays RUNNING
+                from cupid_exp.tracking.store_errors import store_unreachable
+                from cupid_exp.tracking.store_logs import STORE_NOTE
+
+                if not store_unreachable(exc):
+                    raise
+                log.warning("the sweep's parent run could not be ended: %s", type(exc).__name__, extra=STORE_NOTE)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
@@ -123,10 +131,20 @@ class MlflowSweepCallback(Callback):
         end = SweepEnd(uri=config.tracking.uri, experiment=config.tracking.experiment,
                        sweep_dir=str(sweep_dir.resolve()), seed=int(config.get("seed", 0) or 0),
                        failed=any(s.get("outcome") == "error" for s in job_statuses(sweep_dir)))
+        from cupid_exp.tracking.store_errors import store_unreachable
+        from cupid_exp.tracking.store_logs import STORE_NOTE
+
         worker = run_worker.take_idle()
-        done, problem = worker.close_sweep(end) if worker is not None else (False, None)
-        if not done:
-            problem = finish_sweep(end)
+        try:
+            done, problem = worker.close_sweep(end) if worker is not None else (False, None)
+            if not done:
+                problem = finish_sweep(end)
+        except Exception as exc:  # noqa: BLE001  # a dead store: each job said so in its line (exit 5)
+            if not store_unreachable(exc):
+                raise
+            log.warning("the sweep's parent run could not be ended: %s", type(exc).__name__, extra=STORE_NOTE)
+            self._open = None
+            return
         if problem:
             log.warning("sweep leaderboard not logged on the parent run: %s", problem)
         self._open = None

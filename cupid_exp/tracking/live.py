@@ -31,6 +31,7 @@ from cupid_exp.scoring.statistics import TASK_METRICS, point_value, task_frame
 from cupid_exp.durability.attempts import Claim
 from cupid_exp.tracking.dataset import DatasetInput
 from cupid_exp.tracking.mlflow import RunTracker, SweepParent, parent_of
+from cupid_exp.tracking.store_logs import STORE_NOTE
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ class LiveRun:
         except Exception as exc:  # noqa: BLE001  # a progress point is never worth the job
             first = (str(exc).strip().splitlines() or [""])[0][:200]  # a store error carries its SQL and values
             (log.debug if self._point_failing else log.warning)(
-                "MLflow progress point not logged: %s: %s", type(exc).__name__, first)
+                "MLflow progress point not logged: %s: %s", type(exc).__name__, first, extra=STORE_NOTE)
             self._point_failing = True
 
     def backfill_traces(self, request: "RunRequest") -> None:

@@ -42,6 +42,14 @@ def serve(inbox: Any, outbox: Any, progress: Any) -> None:
     from cupid_exp.tracking import traces
 
     logging.getLogger(traces.__name__).addHandler(logging.NullHandler())  # the job reports failures, once
+    # warnings to stderr as Python's last resort would print them, but a failing store's notes kept off it (this
+    # process has no log file; the job reports the store's failure in its one line)
+    console = logging.StreamHandler()
+    console.setLevel(logging.WARNING)
+    logging.getLogger().addHandler(console)
+    from cupid_exp.tracking import store_logs
+
+    store_logs.install()
     import mlflow.store.tracking.sqlalchemy_store  # noqa: F401  # now, while the job is still starting
     import mlflow.tracing.export.mlflow_v3  # noqa: F401
     import mlflow.tracing.provider  # noqa: F401

@@ -1,9 +1,11 @@
-"""MLflow's own error logs, one line each.
+"""MLflow's own error logs, one line each, in the job's log file rather than on the console.
 
 When its store fails (a full disk under a SQLite store, a server that went away) MLflow logs each error with its
 SQL, parameters and traceback, then raises it, or drops a trace and logs again for the next one: thousands of
-lines for one cause. The error that stops the job is reported by the job itself; what MLflow logs is kept to
-the first line of each message, each distinct line once.
+lines for one cause. The error that stops the job is reported by the job itself, in one line; what MLflow logs
+(and the job's own notes on a failing store, marked ``STORE_NOTE``) is kept to the first line of each message,
+each distinct line once, and written to the job's log file (Hydra's ``<job>.log``) only: a store that recovers
+leaves its notes there, one that does not ends the job with its one line.
 """
 
 from __future__ import annotations
@@ -11,6 +13,14 @@ from __future__ import annotations
 import logging
 
 MAX_CHARS = 300
+
+
+STORE_NOTE = {"cupid_store": True}  #: ``extra=`` of the job's own warnings about a failing store
+
+
+def _about_the_store(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING and (
+        record.name == "mlflow" or record.name.startswith("mlflow.") or getattr(record, "cupid_store", False))
 
 
 class OneLineOnce(logging.Filter):
@@ -21,7 +31,7 @@ class OneLineOnce(logging.Filter):
         self.seen: set[str] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING or not (record.name == "mlflow" or record.name.startswith("mlflow.")):
+        if not _about_the_store(record):
             return True  # (on the root's handlers too: every other logger's records pass as they are)
         decided = getattr(record, "cupid_shown", None)  # one record reaches several handlers: decided once
         if decided is not None:
@@ -47,13 +57,43 @@ def _first_line(text: str) -> str:
     return lines[0].strip() if lines else ""
 
 
-_FILTER = OneLineOnce()
+class OffTheConsole(logging.Filter):
+    """On a handler that writes to the console: a note about the store goes to the root's log files instead.
+
+    MLflow's logger does not propagate (it has its own stderr handler), so its notes are handed to those files
+    here; the job's own notes reach them by propagation. A process without a log file (the run worker) drops
+    them: its job reports the store's failure."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not _about_the_store(record):
+            return True
+        if not getattr(record, "cupid_filed", False) and not _propagates_to_root(record.name):
+            record.cupid_filed = True
+            for handler in logging.getLogger().handlers:
+                if isinstance(handler, logging.FileHandler) and record.levelno >= handler.level:
+                    handler.handle(record)
+        return False
+
+
+def _propagates_to_root(name: str) -> bool:
+    logger: logging.Logger | None = logging.getLogger(name)
+    while logger is not None and logger.parent is not None:
+        if not logger.propagate:
+            return False
+        logger = logger.parent
+    return True
+
+
+_FILTER, _CONSOLE = OneLineOnce(), OffTheConsole()
 
 
 def install() -> None:
-    """On the handlers MLflow's messages reach (its own logger's, and the root's); idempotent."""
+    """On the handlers MLflow's messages and the job's notes reach (MLflow's logger's, and the root's); idempotent.
+    Call it again once logging is configured (Hydra sets the root's handlers when the job starts)."""
     logger = logging.getLogger("mlflow")
-    handlers = list(logger.handlers) + (list(logging.getLogger().handlers) if logger.propagate else [])
-    for handler in handlers:
+    for handler in list(logger.handlers) + list(logging.getLogger().handlers):
         if _FILTER not in handler.filters:
             handler.addFilter(_FILTER)
+        console = isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
+        if console and _CONSOLE not in handler.filters:
+            handler.addFilter(_CONSOLE)

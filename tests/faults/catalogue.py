@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 from helpers.spend import journaled
 
 from faults.invariants import job_metrics
-from faults.known import DISK_FILLS_UP, FULL_DISK_AT_START, GARBLED_ROW_FAILS, STORE_DIES
+from faults.known import DISK_FILLS_UP, FULL_DISK_AT_START, GARBLED_ROW_FAILS
 from faults.modes import Cell, roles
 
 from cupid_exp.prompts import PROJECT_PROMPTS
@@ -191,8 +191,8 @@ FAULTS = [
           na={mode: "the enqueued-token limit is the Batch API's; live, a key's token limit is a TPM 429 (rate_limited)"
               for mode in ("sync", "workers", "sweep", "synthesis")}),
     Fault("tracking_server_dies", 5, "did not take this job's results",
-          lambda mode, cell, port: Arrangement(stub={"latency_ms": 200}), lambda ev: None, driver="tracking", slow=True,
-          pending=STORE_DIES),
+          lambda mode, cell, port: Arrangement(stub={"latency_ms": 200}), lambda ev: None, driver="tracking",
+          slow=True),
     Fault("credentials_in_url", 2, "carries credentials",
           lambda mode, cell, port: Arrangement(
               on=(f"{roles(mode)[1]}.api_base=http://fm:{URL_SECRET}@127.0.0.1:{port}/v1",), secrets=(URL_SECRET,)),

@@ -12,10 +12,3 @@ DISK_FILLS_UP = {"sync": f"product bug: {_LINES}", "synthesis": f"product bug: {
                  "batch": "product bug: the job hangs (still running 60 s after the disk filled up)",
                  "sweep": "product bug: the sweep hangs (still running 60 s after the disk filled up)",
                  "workers": "product bug: a worker's ENOSPC is a traceback (WorkerFailed), exit 1"}
-_WARNINGS = ("product bug: warnings print before the exit-5 line ('MLflow progress point not logged: ...' and "
-             "MLflow's own 'mlflow.tracing.export.mlflow_v3: Failed to send trace to MLflow backend'): three lines, "
-             "not one")
-STORE_DIES = {"sync": _WARNINGS, "batch": _WARNINGS, "workers": _WARNINGS,
-              "sweep": "product bug: the sweep ends in a traceback (MlflowException from the parent run's callback: "
-                       "basic_sweeper's return_value, then _killed_at_exit), exit 1",
-              "synthesis": _WARNINGS}

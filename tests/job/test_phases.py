@@ -136,3 +136,24 @@ def test_instances_beyond_twice_the_model_slots_wait_unstarted(tmp_path: Path, m
         execution = execute(job)
     assert limit < 9 and peak == limit
     assert len(execution.results) == 9 and all(r.inference.f1 is not None for r in execution.results)
+
+
+def test_roles_on_one_provider_pool_share_its_bound_in_the_instances_started(tmp_path: Path) -> None:
+    """Instances in flight follow the pools, not the model configs: four roles on one pool of 3 start 2 x 3; the
+    judge moved to a pool of its own (its bound 5) adds 2 x 5."""
+    from cupid_exp.evaluation import instances as phase
+
+    roles = ("model", "evaluator.decomposer", "evaluator.matcher", "evaluator.judge")
+    with StubServer() as stub:
+        # four distinct configs (each its own temperature: four clients), one endpoint: one pool
+        distinct = [f"++{r}.params.temperature={i / 10}" for i, r in enumerate(roles)]
+        shared = stub_plan(stub.url, tmp_path / "a", *NINE, *[f"{r}.max_concurrency=3" for r in roles], *distinct)
+        connect(shared)
+        clients = (shared.ctx.subject, shared.ctx.evaluator.decomposer, shared.ctx.evaluator.matcher,
+                   shared.ctx.evaluator.judge)
+        assert len({id(c) for c in clients}) == 4 and len({id(c.pool) for c in clients}) == 1
+        assert phase.instances_in_flight(shared.ctx) == 2 * 3
+        apart = stub_plan(stub.url, tmp_path / "b", *NINE, *[f"{r}.max_concurrency=3" for r in roles[:3]],
+                          "evaluator.judge.max_concurrency=5", "evaluator.judge.pool=judge_pool", *distinct)
+        connect(apart)
+        assert phase.instances_in_flight(apart.ctx) == 2 * 3 + 2 * 5

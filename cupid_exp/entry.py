@@ -219,6 +219,9 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
         # drops it unstarted, which is no forgotten await of ours, and not what an interrupted job should print
         warnings.filterwarnings("ignore", message=r"coroutine '.*\.acompletion' was never awaited",
                                 category=RuntimeWarning)
+        # a log line that cannot be written (the job's log file on a full disk) is dropped, not printed as a
+        # "--- Logging error ---" traceback: the write that fails in our own files is reported, in one line
+        logging.raiseExceptions = False
         if os.environ.get("HYDRA_FULL_ERROR") != "1":
             _HELD = sys.stderr = HeldStderr(sys.stderr)
         try:

@@ -1,10 +1,10 @@
 """Job-directory outputs, written atomically so a half-written file never survives; and what the environment
 did to a job's files, told apart from our bugs.
 
-A full disk (``ENOSPC``, ``EDQUOT``), a read-only file system (``EROFS``) or a forbidden path (``EACCES``,
-``EPERM``) is the machine's, not the code's: the job ends with one line naming the path and the error (exit 5,
-``entry.EXIT_ENVIRONMENT``), not a traceback. A folder that vanished (``ENOENT``) is the environment's only where
-our own writes find it gone (``writing``): elsewhere a missing file can be our bug.
+A full disk (``ENOSPC``, ``EDQUOT``; SQLite's "database or disk is full"), a read-only file system (``EROFS``) or a
+forbidden path (``EACCES``, ``EPERM``) is the machine's, not the code's: the job ends with one line naming the path
+and the error (exit 5, ``entry.EXIT_ENVIRONMENT``), not a traceback. A folder that vanished (``ENOENT``) is the
+environment's only where our own writes find it gone (``writing``): elsewhere a missing file can be our bug.
 """
 
 from __future__ import annotations
@@ -53,28 +53,43 @@ class EnvironmentFailure(Exception):
 
 
 def environment_failure(exc: BaseException) -> EnvironmentFailure | None:
-    """The environment failure behind ``exc`` (itself, its cause or its context), or None when it is not one."""
+    """The environment failure behind ``exc`` (itself, its cause or its context), or None when it is not one. An OSError
+    without a file name (a write to an open file) is the answer only when nothing further down names the path: on a
+    full disk, a later write's error often has ours, which named it, as its context."""
     seen: set[int] = set()
     current: BaseException | None = exc
+    unnamed: EnvironmentFailure | None = None
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         if isinstance(current, EnvironmentFailure):
             return current
         if isinstance(current, OSError) and current.errno in ENVIRONMENT_ERRNOS:
-            return EnvironmentFailure(current.filename, current)
+            if current.filename:
+                return EnvironmentFailure(current.filename, current)
+            unnamed = unnamed or EnvironmentFailure(None, current)
         current = current.__cause__ or current.__context__
-    return None
+    return unnamed
+
+
+#: SQLite's own message for SQLITE_FULL (the same under every Python; ``sqlite_errorcode`` is 3.11's)
+_SQLITE_FULL = "database or disk is full"
 
 
 @contextmanager
 def writing(path: Path) -> Iterator[None]:
-    """Around a write of ours under ``path``: the environment's errors, and a folder that vanished under it,
-    become ``EnvironmentFailure`` naming ``path``."""
+    """Around a write of ours under ``path`` (files, or a SQLite database there): the environment's errors, and a
+    folder that vanished under it, become ``EnvironmentFailure`` naming ``path``."""
+    import sqlite3
+
     try:
         yield
     except OSError as exc:
         if exc.errno in ENVIRONMENT_ERRNOS or exc.errno == errno.ENOENT:
             raise EnvironmentFailure(path, exc) from exc
+        raise
+    except sqlite3.OperationalError as exc:
+        if _SQLITE_FULL in str(exc):
+            raise EnvironmentFailure(path, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))) from exc
         raise
 
 

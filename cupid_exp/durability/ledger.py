@@ -8,7 +8,9 @@ a failed call; an unusable or refused reply), written by one unbuffered ``write`
 by whichever process made it (``runtime.workers``: each its own). A kill, SIGKILL included, then loses
 only the requests still in flight, whose usage nobody has been told. Lines are not fsynced one by one
 (the page cache outlives the process; a machine crash may lose the last ones), so a call costs one small
-system call here.
+system call here. A disk that fills up would lose the lines of the calls answered then (paid, never counted): the
+job keeps room for them beside the ledger from its start (``keep_room``), freed when a line finds the disk full;
+the job then stops (exit 5) with those lines written.
 
 A resumed job replays the ledger into a ``UsageMeter``: its earlier attempts' usage, step by step,
 which its MLflow run adds to this attempt's. A journal written before the ledger existed has its
@@ -25,9 +27,11 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from cupid_exp.llm.usage import UsageMeter
+from cupid_exp.outputs import EnvironmentFailure, writing
 
 log = logging.getLogger(__name__)
 
+ROOM_BYTES = 64 * 1024  #: kept for a full disk: ~400 lines, more than the calls a job has in flight
 _CARRIED = ("calls", "prompt_tokens", "completion_tokens", "cost_usd", "cache_hits")  # what a journal record keeps
 
 
@@ -36,25 +40,62 @@ class UsageLedger:
 
     def __init__(self, path: Path):
         self.path = Path(path)
+        self.room = self.path.parent / f".{self.path.name}.room"  #: ``ROOM_BYTES`` kept for a full disk
         self._fd: int | None = None
+        self._failed: EnvironmentFailure | None = None  #: the disk filled up: the job is stopping
 
     @classmethod
     def beside(cls, journal: Path) -> "UsageLedger":
         """The ledger of the job whose resume journal is ``journal``."""
         return cls(journal.parent / "usage" / journal.name)
 
+    def keep_room(self) -> None:
+        """At the job's start: ``ROOM_BYTES`` taken beside the ledger for the lines of the calls in flight when the
+        disk fills up. A disk too full for them stops the job there (exit 5), the part it took given back."""
+        try:
+            with writing(self.path.parent):
+                self.room.parent.mkdir(parents=True, exist_ok=True)
+                if self.room.exists() and self.room.stat().st_size >= ROOM_BYTES:
+                    return
+                fd = os.open(self.room, os.O_WRONLY | os.O_CREAT, 0o644)
+                try:  # allocated, not a sparse file: the blocks are the job's until it frees them
+                    if hasattr(os, "posix_fallocate"):
+                        os.posix_fallocate(fd, 0, ROOM_BYTES)
+                    else:
+                        os.write(fd, bytes(ROOM_BYTES))
+                finally:
+                    os.close(fd)
+        except EnvironmentFailure:
+            self.room.unlink(missing_ok=True)
+            raise
+
     def append(self, step: str, added: Mapping[str, float]) -> None:
-        """One line for one count (``UsageMeter.sink``); opened on the first, kept open."""
-        if self._fd is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            weakref.finalize(self, os.close, self._fd)
-        os.write(self._fd, (json.dumps({"step": step, **added}, separators=(",", ":")) + "\n").encode())
+        """One line for one count (``UsageMeter.sink``); opened on the first, kept open. A full disk frees the room
+        kept (``keep_room``) for this line and the others of calls in flight, then raises ``EnvironmentFailure``
+        naming the ledger (exit 5), once: the job is stopping."""
+        line = (json.dumps({"step": step, **added}, separators=(",", ":")) + "\n").encode()
+        try:
+            self._write(line)
+        except EnvironmentFailure as exc:
+            if self._failed is not None or not _free(self.room):
+                raise
+            self._failed = exc
+            self._write(line)
+            raise
+
+    def _write(self, line: bytes) -> None:
+        with writing(self.path):
+            if self._fd is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                weakref.finalize(self, os.close, self._fd)
+            os.write(self._fd, line)
 
     def load(self, carried: Iterable[Mapping[str, Any]] = ()) -> UsageMeter:
         """Every count the job's earlier attempts made, as a meter; a torn last line is cut, a line that is not a
         count is skipped (with a warning). No ledger yet: ``carried`` journal records' usage becomes its first
-        lines."""
+        lines. The job takes its ledger here, at its start: the room for a full disk is kept (``keep_room``)."""
+        self.keep_room()
         meter = UsageMeter()
         if not self.path.exists():
             self._carry(carried)
@@ -91,6 +132,15 @@ class UsageLedger:
             self.append(step, added)
         if steps:
             log.info("usage ledger %s: started from the journal's finished instances", self.path.name)
+
+
+def _free(room: Path) -> bool:
+    """Delete the room kept beside a ledger: whether there was some (another process may have taken it)."""
+    try:
+        room.unlink()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _count(raw: bytes) -> tuple[str, dict[str, float]] | None:

@@ -10,13 +10,15 @@ Nothing is paid twice (``BatchLedger``, under ``<runtime.cache_dir>/batches``): 
 the requests it holds (by digest) are journaled before it is awaited, and every row that came back is kept.
 A rerun, even days later or on another machine with the same outputs folder, serves kept rows at no cost
 and polls the batches still pending instead of resubmitting. A row that failed for a reason a retry can
-fix (429, 5xx, an expired batch) goes into a later batch, up to ``runtime.num_retries`` times; any other
-failure is the call's ``ProviderError``, counted by kind like a live call's. Identical requests share one row,
-paid once. The upload and the batch's creation go through the live calls' retry policy (``Guard``): a fatal
-refusal (a bad key, ``insufficient_quota``) stops the job, a rate limit beyond the patience stops it for later,
-as they do a live call. A batch rejected for the enqueued-token limit fails no row: its rows are held and sent
-again as earlier batches finish, in batches sized under the limit (``cupid_exp.llm.batch_limits``). Files and
-batches go through litellm (``acreate_file``, ``acreate_batch``, ``aretrieve_batch``, ``afile_content``).
+fix (429, 5xx, an expired batch, no readable line for it in the output) goes into a later batch, up to
+``runtime.num_retries`` times; any other failure is the call's ``ProviderError``, counted by kind like a live call's.
+An output line that cannot be read was answered and billed all the same: its row's caller is told (``RowBill``).
+Identical requests share one row, paid once. The upload and the batch's creation go through the live calls' retry
+policy (``Guard``): a fatal refusal (a bad key, ``insufficient_quota``) stops the job, a rate limit beyond the
+patience stops it for later, as they do a live call. A batch rejected for the enqueued-token limit fails no row: its
+rows are held and sent again as earlier batches finish, in batches sized under the limit
+(``cupid_exp.llm.batch_limits``). Files and batches go through litellm (``acreate_file``, ``acreate_batch``,
+``aretrieve_batch``, ``afile_content``).
 """
 
 from __future__ import annotations
@@ -65,6 +67,17 @@ class _Row:
     resubmits: int = 0
     tokens: int = 0  #: its prompt's estimated tokens (the enqueued-token limit)
     paid: bool = False  #: its reply was handed to a caller, who pays for it (the others sharing it do not)
+    unread: int = 0  #: times it was answered (billed) in an output line that could not be read
+
+
+@dataclass
+class RowBill:
+    """What a call pays for its row, filled in by ``Batcher.complete`` (also when the row fails): nothing when it
+    was kept from an earlier batch or another identical call of the job pays it (``free``); else its reply, and the
+    attempts answered (billed) whose output line could not be read (``unread``)."""
+
+    free: bool = False
+    unread: int = 0
 
 
 async def _direct(send: Callable[[], Awaitable[Any]]) -> Any:
@@ -93,20 +106,6 @@ class RowFailed(Exception):
         super().__init__(message)
 
 
-def row_failure_kind(exc: RowFailed) -> str:
-    """The failure kind a live call with the same HTTP status would have been counted as."""
-    text = str(exc).lower()
-    if exc.code == "context_length_exceeded" or "context length" in text or "maximum context" in text:
-        return "context_length"
-    if exc.status == 429:
-        return "rate_limit"
-    if exc.status in (401, 403):
-        return "auth"
-    if exc.status == 408:
-        return "timeout"
-    return "provider"
-
-
 class Batcher:
     """One endpoint's batches for one job (one event loop): gathers, submits, polls, resolves."""
 
@@ -125,14 +124,16 @@ class Batcher:
         self.loop = asyncio.get_running_loop()
         self._open: dict[str, str] = {}  # request digest -> the open batch (an earlier run's) that holds it
 
-    async def complete(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        """The reply body for ``body`` and whether it costs nothing now: kept from an earlier batch, or the row
-        another identical request of this job asked for (one row, billed once: its first caller pays)."""
+    async def complete(self, body: dict[str, Any], bill: RowBill) -> dict[str, Any]:
+        """The reply body for ``body``; ``bill`` says what it costs this caller: nothing when kept from an earlier
+        batch, or when it is the row another identical request of this job asked for (one row, billed once: its
+        first caller pays, unreadable attempts included)."""
         digest = request_digest(self.endpoint, body)
         kept = self.ledger.kept(digest)
         if kept is not None:
             self.counts.rows_reused += 1
-            return kept, True
+            bill.free = True
+            return kept
         row = self._waiting.get(digest)
         if row is None:
             row = _Row(digest, body, asyncio.get_running_loop().create_future(),
@@ -141,10 +142,14 @@ class Batcher:
             if not self._adopt(digest):
                 self._intake.append(row)
                 self._schedule()
-        reply = await asyncio.shield(row.future)
-        paid_elsewhere, row.paid = row.paid, True
-        self.counts.rows_shared += paid_elsewhere
-        return reply, paid_elsewhere
+        try:
+            reply = await asyncio.shield(row.future)
+        except Exception:
+            _pay(row, bill)
+            raise
+        _pay(row, bill)
+        self.counts.rows_shared += bill.free
+        return reply
 
     # ---- gathering and sending
 
@@ -242,14 +247,15 @@ class Batcher:
         finally:
             self.counts.pending -= 1
 
-    async def _read(self, file_id: str | None) -> list[dict[str, Any]]:
+    async def _read(self, file_id: str | None) -> tuple[list[dict[str, Any]], int]:
+        """A result file's entries, and how many of its lines could not be read."""
         import litellm
 
         if not file_id:
-            return []
+            return [], 0
         content = await litellm.afile_content(file_id=file_id, **self.kwargs)
-        out = []
-        for number, line in enumerate(content.content.decode("utf-8", "replace").splitlines(), 1):
+        out, unread = [], 0
+        for line in content.content.decode("utf-8", "replace").splitlines():
             if not line.strip():
                 continue
             try:
@@ -257,11 +263,10 @@ class Batcher:
                 if not isinstance(entry, dict) or "custom_id" not in entry:
                     raise ValueError("no custom_id")
             except ValueError:
-                log.warning("batch file %s: line %d is not a batch result; its row counts as missing", file_id,
-                            number)
+                unread += 1
                 continue
             out.append(entry)
-        return out
+        return out, unread
 
     async def _collect(self, batch: Any, rows: dict[str, str]) -> None:
         answered: set[str] = set()
@@ -277,20 +282,16 @@ class Batcher:
                                                                 f"batch {batch.id} was rejected: {reason}"))
         else:
             self.counts.expired += batch.status == "expired"
-            for entry in [*await self._read(batch.output_file_id), *await self._read(batch.error_file_id)]:
+            (output, unread), (errors, unread_errors) = (await self._read(batch.output_file_id),
+                                                         await self._read(batch.error_file_id))
+            for entry in output + errors:
                 digest = rows.get(entry["custom_id"])
                 if digest is None:
                     continue
                 answered.add(digest)
                 self._settle(digest, entry)
-            for digest in set(rows.values()) - answered:  # a row neither file mentions
-                if digest in self._waiting:
-                    if batch.status in ("expired", "cancelled"):
-                        self._retry_or_fail(self._waiting[digest], RowFailed(
-                            None, "batch_expired", f"batch {batch.id} {batch.status} before this request ran"))
-                    else:
-                        self._fail(self._waiting[digest], RowFailed(
-                            502, "missing_row", f"batch {batch.id}: no result for this request in its output"))
+            missing = [self._waiting[d] for d in set(rows.values()) - answered if d in self._waiting]
+            self._resend_missing(batch, missing, unread + unread_errors)
         for digest in rows.values():
             self._open.pop(digest, None)
         self.counts.collected += 1
@@ -343,6 +344,23 @@ class Batcher:
         else:
             self._fail(row, failure)
 
+    def _resend_missing(self, batch: Any, missing: list[_Row], unread: int) -> None:
+        """Rows neither file answers readably go into a later batch, bounded like any retryable row. Each of the
+        ``unread`` lines was answered and billed: as many of these rows carry an unread attempt (which of them
+        cannot be told: the largest prompts, an upper bound), paid by their caller (``RowBill``)."""
+        if unread:
+            self.counts.rows_unreadable += unread
+            log.warning("batch %s: %d result lines could not be read (answered and billed): their rows go into a "
+                        "later batch", batch.id, unread)
+        for row in sorted(missing, key=lambda r: -r.tokens)[:unread]:
+            row.unread += 1
+        if batch.status in ("expired", "cancelled"):
+            failure = RowFailed(None, "batch_expired", f"batch {batch.id} {batch.status} before this request ran")
+        else:
+            failure = RowFailed(502, "missing_row", f"batch {batch.id}: no readable result for this request")
+        for row in missing:
+            self._retry_or_fail(row, failure)
+
     def _retry_or_fail(self, row: _Row, failure: RowFailed) -> None:
         if row.resubmits >= self.settings.max_resubmits:
             self._fail(row, failure)
@@ -363,6 +381,12 @@ class Batcher:
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _pay(row: _Row, bill: RowBill) -> None:
+    """The first caller to get the row's outcome pays for it; the others sharing it are told it was free."""
+    bill.free, row.paid = row.paid, True
+    bill.unread = 0 if bill.free else row.unread
 
 
 def _batch_errors(batch: Any) -> str:

@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from cupid_exp.config import CallSettings
-from cupid_exp.llm.batch import Batcher, BatchSettings, BatchUnsupported, Guard, RowFailed, batch_provider, \
-    row_failure_kind
+from cupid_exp.llm.batch import Batcher, BatchSettings, BatchUnsupported, Guard, RowBill, RowFailed, batch_provider
 from cupid_exp.llm.batch_ledger import BatchLedger
 from cupid_exp.llm.billing import counted_tokens, reply_text
-from cupid_exp.llm.budget import reserve_call
+from cupid_exp.llm.budget import reserve_call, worst_case_tokens, worst_case_usd
 from cupid_exp.llm.errors import ProviderError, _short, provider_error_kind
 from cupid_exp.llm.retry import BILLING_CODES, BILLING_SUFFIX, CallFailed, FatalProviderError, RetryLater, \
     with_retries
@@ -62,20 +61,31 @@ def new_batcher(model: Any, settings: CallSettings, api_key: str | None, counts:
     return Batcher(endpoint, kwargs, ledger, batch_settings(settings), counts, guard)
 
 
-async def batched_completion(batcher: Batcher, model: Any, messages: list[dict], kwargs: dict[str, Any]
-                             ) -> Completion:
-    """One call answered through the Batch API; raises ``RowFailed`` (or litellm's error) when it failed."""
+async def batched_completion(batcher: Batcher, model: Any, messages: list[dict], kwargs: dict[str, Any],
+                             bill: RowBill) -> Completion:
+    """One call answered through the Batch API; raises ``RowFailed`` (or litellm's error) when it failed. ``bill``:
+    what the row costs this call beyond its reply (``Batcher.complete``), also when it fails."""
     params = {k: v for k, v in kwargs.items() if k not in ("caching", "cache")}
     body = {"model": model.litellm_model.split("/", 1)[1], "messages": messages, **params}
     start = time.perf_counter()
-    reply, free = await batcher.complete(body)
+    reply = await batcher.complete(body, bill)
     choice = (reply.get("choices") or [{}])[0]
     prompt_tokens, completion_tokens, estimated = counted_tokens(model.litellm_model, messages, reply.get("usage"),
                                                                  reply_text(choice))  # a row without usage: counted
     return Completion(text=(choice.get("message") or {}).get("content") or "", prompt_tokens=prompt_tokens,
-                      completion_tokens=completion_tokens, cached=free, usage_estimated=estimated,
+                      completion_tokens=completion_tokens, cached=bill.free, usage_estimated=estimated,
                       cost_usd=batch_price(model, prompt_tokens, completion_tokens),
                       seconds=time.perf_counter() - start, finish_reason=choice.get("finish_reason"))
+
+
+def unread_usd(client: Any, messages: list[dict], kwargs: dict[str, Any], unread: int) -> float:
+    """What ``unread`` attempts of a row cost that were answered (billed) in output lines that could not be read: the
+    call's worst case each, at batch prices (an unpriced model: nothing, not guessed)."""
+    if not unread or client.prices is None:
+        return 0.0
+    prompt, reply = worst_case_tokens(messages, kwargs, client.prices.max_output_tokens)
+    usd = batch_price(client.model, prompt, reply)
+    return unread * (usd if usd is not None else worst_case_usd(client.prices, messages, kwargs))
 
 
 def client_guard(client: Any) -> Guard:
@@ -102,6 +112,20 @@ def _stop(client: Any, fatal: FatalProviderError) -> FatalProviderError:
     return client.stop.fatal
 
 
+def row_failure_kind(exc: RowFailed) -> str:
+    """The failure kind a live call with the same HTTP status would have been counted as."""
+    text = str(exc).lower()
+    if exc.code == "context_length_exceeded" or "context length" in text or "maximum context" in text:
+        return "context_length"
+    if exc.status == 429:
+        return "rate_limit"
+    if exc.status in (401, 403):
+        return "auth"
+    if exc.status == 408:
+        return "timeout"
+    return "provider"
+
+
 def _row_refusal(exc: RowFailed) -> str | None:
     """The fatal kind of a row refused as a live call would be for good (a key, a model, a billing state)."""
     if exc.status in (401, 403):
@@ -120,12 +144,14 @@ async def complete_in_batch(client: Any, messages: list[dict], step: str, kwargs
     if client._batcher is None or client._batcher.loop is not asyncio.get_running_loop():
         client._batcher = new_batcher(client.model, client.settings, client._api_key, client.meter.batches,
                                       client_guard(client))
-    held = await reserve_call(client, messages, kwargs, step)
+    held, bill = await reserve_call(client, messages, kwargs, step), RowBill()
     try:
-        completion = await batched_completion(client._batcher, client.model, messages, kwargs)
+        completion = await batched_completion(client._batcher, client.model, messages, kwargs, bill)
     except BaseException as exc:
+        unread = unread_usd(client, messages, kwargs, bill.unread)
         if held is not None:
-            held.failed(exc)
+            held.failed(exc, beyond=unread)
+        client.meter.charge(step, unread, bill.unread)  # however the call is counted below
         if not isinstance(exc, Exception) or isinstance(exc, FatalProviderError):
             raise  # the job's stop (set by this batch's upload or another call) or an interruption
         if isinstance(exc, CallFailed):  # the upload or the batch's creation failed for good
@@ -142,7 +168,9 @@ async def complete_in_batch(client: Any, messages: list[dict], step: str, kwargs
             raise
         client.meter.fail(step, kind)
         raise ProviderError(kind, f"{client.model.name}: {type(exc).__name__}: {_short(exc)}") from exc
+    completion.charged_usd = unread_usd(client, messages, kwargs, bill.unread)
+    completion.charged_requests = bill.unread
     if held is not None:
-        held.settle(0.0 if completion.cached else completion.cost_usd)
+        held.settle(0.0 if completion.cached else completion.cost_usd, beyond=completion.charged_usd)
     client.meter.add(step, completion)
     return completion

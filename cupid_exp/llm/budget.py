@@ -127,11 +127,17 @@ def worst_case_usd(prices: Prices, messages: list[dict], kwargs: Mapping[str, An
     microseconds and only makes the last call of a budget stop a little early."""
     if not prices.input and not prices.output:
         return 0.0
+    prompt, reply = worst_case_tokens(messages, kwargs, prices.max_output_tokens)
+    return prompt * prices.input + reply * prices.output
+
+
+def worst_case_tokens(messages: list[dict], kwargs: Mapping[str, Any], max_output: int | None) -> tuple[int, int]:
+    """(prompt, reply): upper bounds on a call's tokens (``worst_case_usd``), for a price other than the live one."""
     prompt = sum(len(str(m.get("content") or "").encode()) + _TOKENS_PER_MESSAGE for m in messages)
     if kwargs.get("response_format") is not None:
         prompt += len(json.dumps(kwargs["response_format"]).encode())
-    reply = kwargs.get("max_tokens") or kwargs.get("max_completion_tokens") or prices.max_output_tokens or 0
-    return prompt * prices.input + int(reply) * prices.output
+    reply = kwargs.get("max_tokens") or kwargs.get("max_completion_tokens") or max_output or 0
+    return prompt, int(reply)
 
 
 # ----------------------------------------------------------------------------------------------- ledgers
@@ -290,22 +296,23 @@ class Reservation:
     rid: str
     usd: float
 
-    def settle(self, usd: float | None) -> None:
+    def settle(self, usd: float | None, beyond: float = 0.0) -> None:
+        """``usd`` the request's cost; ``beyond``: what earlier requests of the call that held no reservation of
+        their own were billed (a batch row answered in a line that could not be read, then sent again)."""
         if usd is None or not math.isfinite(usd):
             usd = self.usd  # a reply litellm could not price: charged its worst case
         elif usd > self.usd * (1 + 1e-9):
             log.warning("a call cost $%.6f, more than the $%.6f reserved for it", usd, self.usd)
-        self.budget.settle(self.rid, max(0.0, usd))
+        self.budget.settle(self.rid, max(0.0, usd) + beyond)
 
-    def failed(self, exc: BaseException) -> float:
+    def failed(self, exc: BaseException, beyond: float = 0.0) -> float:
         """No reply: returned in full, except when the provider may have processed and billed the request all the
         same (a timeout, a connection lost after sending, a cancellation in flight: ``billing.lost_after_sending``):
-        charged its worst case.
-        Returns what was charged."""
+        charged its worst case. ``beyond`` as in ``settle``. Returns what was charged."""
         from cupid_exp.llm.billing import lost_after_sending
 
         usd = self.usd if lost_after_sending(exc) else 0.0
-        self.budget.settle(self.rid, usd)
+        self.budget.settle(self.rid, usd + beyond)
         return usd
 
 

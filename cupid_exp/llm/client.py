@@ -255,7 +255,6 @@ class LLMClient:
         finally:
             if token is not None:
                 self._internal.reset(token)
-        await _litellm.flush_cache_writes()
         response = reply.response
         choice = response.choices[0]
         completion = Completion(
@@ -269,7 +268,11 @@ class LLMClient:
             finish_reason=getattr(choice, "finish_reason", None),
             refusal=getattr(choice.message, "refusal", None) or None,  # OpenAI structured outputs' refusal
         )
-        self.meter.add(step, completion)
+        self.meter.add(step, completion)  # counted before anything is awaited: a job stopped now has paid for it
+        await _litellm.flush_cache_writes()
+        from cupid_exp.llm.response_cache import raise_failed_write
+
+        raise_failed_write()  # a cache that could not keep the reply stops the job (a full disk)
         return completion
 
     async def _attempt(self, messages: list[dict], kwargs: dict[str, Any], bill: CallBill) -> Reply:

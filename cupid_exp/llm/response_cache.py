@@ -6,6 +6,10 @@ hit reports. What it asks of a backend is a handful of get/set methods (``BaseCa
 diskcache's SQLite store, which processes of a sweep may share, holding JSON text, never pickles (a
 pickle read back from a shared folder can run code). The same class serves every litellm version the
 project accepts, so a cache written under one is read under another.
+
+litellm writes to the cache in the background and swallows what a write raises (it logs its own line and goes on),
+so a write that fails (a full disk) is kept here and raised in the call's path by ``raise_failed_write``: the job
+ends with our one line naming the folder (exit 5), as it does when the store cannot even be opened.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from litellm.caching.base_cache import BaseCache
+
+from cupid_exp.outputs import writing
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +39,17 @@ class DiskResponseStore(BaseCache):
         import diskcache
 
         self.directory = Path(directory)
-        self.store = diskcache.Cache(str(self.directory), disk=diskcache.JSONDisk, disk_compress_level=1)
+        self.failed: Exception | None = None  #: the first write that failed (``raise_failed_write``)
+        with writing(self.directory):  # opening creates the SQLite store: a full disk is one line, exit 5
+            self.store = diskcache.Cache(str(self.directory), disk=diskcache.JSONDisk, disk_compress_level=1)
 
     def set_cache(self, key: str, value: Any, **kwargs: Any) -> None:
         ttl = kwargs.get("ttl")
-        self.store.set(key, value, expire=float(ttl) if ttl else None)
+        try:
+            with writing(self.directory):
+                self.store.set(key, value, expire=float(ttl) if ttl else None)
+        except Exception as exc:  # noqa: BLE001  # litellm would log it and go on: raised in the call's path instead
+            self.failed = self.failed or exc
 
     async def async_set_cache(self, key: str, value: Any, **kwargs: Any) -> None:
         # on a thread: compressing and SQLite's write release the GIL (the event loop goes on meanwhile)
@@ -71,6 +83,16 @@ class DiskResponseStore(BaseCache):
 
     async def disconnect(self) -> None:
         self.store.close()
+
+
+def raise_failed_write() -> None:
+    """After a call's cache writes (``_litellm.flush_cache_writes``): the first write to litellm's cache that
+    failed, raised (a full disk is an ``EnvironmentFailure`` naming the folder; anything else, a bug of ours)."""
+    import litellm
+
+    store = getattr(litellm.cache, "cache", None)
+    if isinstance(store, DiskResponseStore) and store.failed is not None:
+        raise store.failed
 
 
 def response_cache(cache_dir: str | Path) -> Any:

@@ -61,6 +61,7 @@ class BatchCounts:
     rows_resubmitted: int = 0  #: rows sent again after a retryable failure or an expiry
     rows_reused: int = 0  #: replies served from the ledger (an earlier run's batch: no cost)
     rows_shared: int = 0  #: calls answered by a row another identical call of the job asked for (one cost)
+    rows_unreadable: int = 0  #: result lines that could not be read (answered and billed): their rows sent again
     held_token_limit: int = 0  #: batches the provider rejected for its enqueued-token limit, held and sent again
     pending: int = 0  #: batches in flight now
     ids: list[str] = field(default_factory=list)
@@ -121,6 +122,14 @@ class UsageMeter:
         added: dict[str, float] = {"abandoned_requests": sent}
         _charges(added, charged_usd, charged)
         self._count(step, added)
+
+    def charge(self, step: str, usd: float, requests: int) -> None:
+        """``requests`` billed without a usable reply whose call is counted apart (``fail``): a batch row's
+        unreadable attempts."""
+        added: dict[str, float] = {}
+        _charges(added, usd, requests)
+        if added:
+            self._count(step, added)
 
     def refuse(self, step: str, reason: str = "oversized") -> None:
         """A call not sent (no request, no cost): its prompt cannot fit the model's context window
@@ -255,7 +264,8 @@ def usage_line(metrics: dict[str, float], seconds: float | None = None) -> str:
             f"{_charged_part(metrics)}")
     if m("batch/submitted", 0) or m("batch/rows_reused", 0):
         line += (f"; batches: {int(m('batch/submitted', 0))} submitted ({int(m('batch/rows_submitted', 0))} rows, "
-                 f"{int(m('batch/rows_resubmitted', 0))} resent), {int(m('batch/expired', 0))} expired, "
+                 f"{int(m('batch/rows_resubmitted', 0))} resent{_unreadable_part(metrics)}), "
+                 f"{int(m('batch/expired', 0))} expired, "
                  f"{int(m('batch/rows_reused', 0))} rows reused")
     return line + (f"; time: {seconds:.1f}s" if seconds is not None else "")
 
@@ -264,6 +274,12 @@ def _estimated_part(metrics: dict[str, float]) -> str:
     """" (3 calls' usage estimated)" when replies carried no usage and their tokens were counted here."""
     n = int(metrics.get("tokens/estimated_calls", 0.0))
     return f" ({n} calls' usage estimated)" if n else ""
+
+
+def _unreadable_part(metrics: dict[str, float]) -> str:
+    """", 2 unreadable": result lines the client could not read (answered and billed), their rows resent."""
+    n = int(metrics.get("batch/rows_unreadable", 0.0))
+    return f", {n} unreadable" if n else ""
 
 
 def _charged_part(metrics: dict[str, float]) -> str:

@@ -15,7 +15,8 @@ rule) would take the batches in progress past it is created, then ``failed`` wit
 "Enqueued token limit reached for <model> in organization org-stub. Limit: 90,000 enqueued tokens. ...".
 And what passes: the first uploads answered as a live request's 429 / 5xx (``fail_first_uploads``: the stub's
 ``fault_reply``, so a 429 says its wait in the stub's ``rate_limit_style``); output lines cut in half
-(``garble_rows``), rows the provider answered and billed that the client cannot read.
+(``garble_rows``, at a row's first runs: ``garble_runs``), rows the provider answered and billed that the client
+cannot read.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ class BatchQueueConfig:
     enqueued_token_limit: int = 0  # OpenAI's cap on the prompt tokens of the batches in progress; 0: none
     fail_first_uploads: int = 0  # the first N uploads answered as a live request's fault: ...
     upload_fault_kinds: tuple[str, ...] = ("429",)  # ... these kinds in turn ("429", "500", "503")
-    garble_rows: float = 0.0  # share of output lines cut in half (seeded by the row and the batch: a resend passes)
+    garble_rows: float = 0.0  # share of output lines cut in half (seeded by the row and the batch) ...
+    garble_runs: int = 1  # ... among a row's first N runs (1: a resend passes)
 
 
 @dataclass
@@ -219,7 +221,7 @@ class BatchQueue:
                 batch.counts["completed"] += 1
             output.append({"id": "batch_req_" + row["custom_id"], "custom_id": row["custom_id"],
                            "response": response, "error": None})
-            if u >= 1 - self.config.garble_rows:  # the line is cut: the row was answered (and billed), unreadably
+            if u >= 1 - self.config.garble_rows and seen <= self.config.garble_runs:  # answered, billed, unreadable
                 self.rows_garbled += 1
                 output[-1] = json.dumps(output[-1])[:60]
         batch.status = "expired" if expired else "completed"

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 from helpers.spend import journaled
 
 from faults.invariants import job_metrics
-from faults.known import DISK_FILLS_UP, FULL_DISK_AT_START, GARBLED_ROW_FAILS
+from faults.known import DISK_FILLS_UP, DISK_FILLS_UP_SOMETIMES
 from faults.modes import Cell, roles
 
 from cupid_exp.prompts import PROJECT_PROMPTS
@@ -222,7 +222,7 @@ FAULTS = [
           _server_errors),
     Fault("malformed_bodies", 0, "",
           _first_attempts("truncated,content_type,no_choices", 3, queue={"garble_rows": 0.5}),
-          _malformed, pending={"batch": GARBLED_ROW_FAILS}),
+          _malformed),
     Fault("content_filter", 3, "INCOMPLETE:",
           lambda mode, cell, port: Arrangement(stub={"content_filter_steps": _steps(mode, ("infer",), ("persona",))},
                                                resume=("runtime.retry_failed=true",)),
@@ -234,10 +234,10 @@ FAULTS = [
                                                         for role in roles(mode))),
           _nothing_sent),
     Fault("disk_fills_up", 5, "environment failure: /", lambda mode, cell, port: Arrangement(stub={"latency_ms": 200}),
-          lambda ev: None, driver="disk_fills", slow=True, pending=DISK_FILLS_UP),
+          lambda ev: None, driver="disk_fills", slow=True, pending=DISK_FILLS_UP,
+          flaky=DISK_FILLS_UP_SOMETIMES),
     Fault("disk_full_at_start", 5, "environment failure: /", lambda mode, cell, port: Arrangement(), lambda ev: None,
-          driver="disk_full", slow=True, pending={mode: FULL_DISK_AT_START for mode in
-                                                  ("sync", "batch", "workers", "sweep", "synthesis")}),
+          driver="disk_full", slow=True),
     Fault("kill_9", -9, "", lambda mode, cell, port: Arrangement(stub={"latency_ms": 300}, budget=1.0,
                                                                  resume=("runtime.max_cost_usd=1",)),
           lambda ev: None, driver="kill", slow=True),

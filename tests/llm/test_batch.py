@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env, job_dirs, metrics_of, read_jsonl, run_cli, scoring
+from helpers.spend import billed_usd, settled, spent
 
 from cupid_exp.testing.batch_api import BatchQueueConfig
 from cupid_exp.testing.cupid_data import write_dataset
@@ -96,6 +97,41 @@ def test_a_killed_job_collects_its_pending_batch_instead_of_resubmitting(tmp_pat
         assert stub.batches.submissions == uninterrupted  # a complete resume sends nothing
     assert len(_records(tmp_path / "b")) == N
     assert scoring(_records(tmp_path / "b")) == scoring(_records(tmp_path / "once"))
+
+
+ROLES = ("model", "evaluator.decomposer", "evaluator.matcher", "evaluator.judge")
+PRICED = (*[f"{role}.{kind}_cost_per_token={price}" for role in ROLES for kind, price in (("input", 2e-6),
+                                                                                         ("output", 1e-5))],
+          *[f"{role}.params.max_tokens=600" for role in ROLES])
+
+
+def test_an_unreadable_result_line_sends_its_row_again_and_is_charged(tmp_path: Path, data: Path) -> None:
+    """Every row's first result line is cut (answered and billed, unreadable): each row goes into a later batch and
+    the job completes; the unreadable attempts are counted, and charged (their worst case) in the metrics and on the
+    budget, so the spend covers what the provider billed."""
+    with StubServer(batch=BatchQueueConfig(complete_after_s=0.1, garble_rows=1.0)) as stub:
+        proc = run_cli(cli_command(stub.url, tmp_path, *FAST, *PRICED, "runtime.max_cost_usd=5", data=data))
+        billed, garbled = billed_usd(settled(stub), 2e-6, 1e-5), stub.batches.rows_garbled
+    metrics = metrics_of(job_dirs(tmp_path)[0])
+    assert garbled == metrics["batch/rows_unreadable"] == metrics["batch/rows_resubmitted"] > 0
+    assert metrics["cost/charged_requests"] == garbled and metrics["calls/failed"] == 0
+    assert metrics["cost/usd"] >= billed and spent(tmp_path) >= billed > 0
+    assert f"{garbled} unreadable" in proc.stdout
+    assert len(_records(tmp_path)) == N and not [r for r in _records(tmp_path) if r["errors"]]
+
+
+def test_a_row_whose_result_line_is_never_readable_fails_after_its_retries(tmp_path: Path, data: Path) -> None:
+    config = BatchQueueConfig(complete_after_s=0.1, garble_rows=1.0, garble_runs=99)
+    with StubServer(batch=config) as stub:
+        proc = run_cli(cli_command(stub.url, tmp_path, *FAST, *PRICED, "runtime.num_retries=1", data=data),
+                       check=False)
+        billed = billed_usd(settled(stub), 2e-6, 1e-5)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert stub.batches.submissions == 2  # the first batch, then its rows once more
+    assert all(("infer", "provider") in [(e["step"], e["kind"]) for e in r["errors"]] for r in _records(tmp_path))
+    metrics = metrics_of(job_dirs(tmp_path)[0])
+    assert metrics["cost/charged_requests"] == stub.batches.rows_garbled == metrics["batch/rows_submitted"] > 0
+    assert metrics["cost/usd"] >= billed > 0
 
 
 def test_a_batch_rejected_as_a_whole_fails_only_its_rows(tmp_path: Path, data: Path) -> None:

@@ -179,6 +179,23 @@ def test_identical_requests_sharing_a_batch_row_are_costed_once_and_rows_without
     assert meter.batches.rows_shared == 1
 
 
+def test_a_batch_row_answered_in_an_unreadable_line_is_charged_its_worst_case_once(tmp_path: Path) -> None:
+    """Each row's first result line is cut (billed, unreadable): sent again, and its caller (one for the two
+    identical requests) charged its worst case at batch prices, in the metrics and on the budget."""
+    with StubServer(batch=BatchQueueConfig(complete_after_s=0.1, garble_rows=1.0)) as stub:
+        c, meter = client(stub.url, tmp_path, cap=1.0, **BATCH)
+        out = ask_all(c, ["same question", "same question", "another question"])
+        stats = stub.stats()
+    assert all(not isinstance(o, BaseException) for o in out), out
+    assert stub.batches.rows_garbled == 2 and stats["billed"]["requests"] == 4  # each row billed twice
+    worst = sum(worst_case_usd(Prices(IN, OUT), [{"role": "user", "content": p}], {"max_tokens": MAX_TOKENS})
+                for p in ("same question", "another question"))
+    m = usage_metrics(meter)
+    assert m["cost/charged_requests"] == 2 and meter.batches.rows_unreadable == 2
+    assert m["cost/usd"] == pytest.approx(billed_usd(stats) / 2 + worst) == pytest.approx(ledger(tmp_path)["spent"])
+    assert m["cost/usd"] >= billed_usd(stats)
+
+
 @pytest.mark.parametrize("refusal,stop", [("401", FatalProviderError), ("insufficient_quota", FatalProviderError),
                                           ("daily", RetryLater)])
 def test_a_refused_batch_upload_stops_the_job_as_a_live_refusal_does(tmp_path: Path, refusal: str, stop: type) -> None:

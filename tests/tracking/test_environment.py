@@ -5,6 +5,8 @@ MLflow run ends FAILED (or, when its store is on the full disk, the next command
 from __future__ import annotations
 
 import errno
+import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,8 +16,9 @@ from helpers.cli_runner import PROJECT_ROOT, cli_env, read_jsonl, run_cli
 from tracking_runs import job_command, only_run, store_uri
 
 from cupid_exp.durability.journal import Journal
+from cupid_exp.durability.ledger import ROOM_BYTES, UsageLedger
 from cupid_exp.entry import EXIT_ENVIRONMENT
-from cupid_exp.outputs import EnvironmentFailure, atomic_write_text, environment_failure
+from cupid_exp.outputs import EnvironmentFailure, atomic_write_text, environment_failure, writing
 from cupid_exp.testing.cupid_data import write_dataset
 from cupid_exp.testing.stub_llm_server import StubServer
 
@@ -158,6 +161,102 @@ def test_a_really_full_disk_exits_5_and_the_rerun_on_a_freed_disk_completes(tmp_
     assert len(keys) == len(set(keys)) == n and set(keys) >= {r["key"] for r in before}
     run = only_run(store_uri(tiny_disk))
     assert run.info.status == "FINISHED" and run.data.metrics["instances/total"] == n
+
+
+def test_sqlites_full_database_is_a_full_disk_naming_the_path(tmp_path: Path) -> None:
+    import sqlite3
+    from contextlib import closing
+
+    with closing(sqlite3.connect(tmp_path / "store.db")) as con:
+        con.execute("CREATE TABLE t (x BLOB)")
+        con.execute("PRAGMA max_page_count = 3")  # SQLite's own SQLITE_FULL, as on a full disk
+        with pytest.raises(EnvironmentFailure, match=rf"^environment failure: {tmp_path}: No space left on device "
+                                                     r"\[ENOSPC\]"):
+            with writing(tmp_path):
+                con.execute("INSERT INTO t VALUES (?)", (bytes(100_000),))
+        with pytest.raises(sqlite3.OperationalError):  # any other SQLite error stays what it is
+            with writing(tmp_path):
+                con.execute("INSERT INTO nowhere VALUES (1)")
+
+
+def test_a_failure_that_names_its_path_wins_over_a_later_one_that_does_not() -> None:
+    try:
+        try:
+            raise EnvironmentFailure("/the/ledger.jsonl", OSError(errno.ENOSPC, "No space left on device"))
+        except EnvironmentFailure:
+            raise OSError(errno.ENOSPC, "No space left on device")  # a later write's, no file name
+    except OSError as last:
+        failure = environment_failure(last)
+    assert failure is not None and str(failure).startswith("environment failure: /the/ledger.jsonl: No space left")
+
+
+def _fill(disk: Path, leave: int = 0) -> None:
+    """Take all of ``disk``'s space but ``leave`` bytes."""
+    stat = os.statvfs(disk)
+    with (disk / "filler").open("ab") as out:
+        try:
+            out.write(bytes(max(0, stat.f_bavail * stat.f_frsize - leave)))
+            out.flush()
+        except OSError:
+            pass
+
+
+def _free(disk: Path) -> int:
+    stat = os.statvfs(disk)
+    return stat.f_bavail * stat.f_frsize
+
+
+def test_the_usage_ledger_writes_what_was_paid_into_the_room_it_kept_when_the_disk_fills_up(tiny_disk: Path) -> None:
+    ledger = UsageLedger.beside(tiny_disk / "journal" / "j.jsonl")
+    ledger.load()  # the job's start: the room is kept
+    assert ledger.room.stat().st_size == ROOM_BYTES
+    _fill(tiny_disk)
+    with pytest.raises(EnvironmentFailure, match=rf"^environment failure: {ledger.path}: No space left on device"):
+        ledger.append("infer", {"calls": 1, "cost_usd": 0.5})  # a reply that came back as the disk filled up
+    ledger.append("infer", {"abandoned_requests": 1, "cost_usd": 0.25})  # one in flight at the stop
+    assert not ledger.room.exists()
+    assert [json.loads(line)["cost_usd"] for line in ledger.path.read_text().splitlines()] == [0.5, 0.25]
+
+
+def test_a_disk_too_full_for_the_ledgers_room_stops_the_job_at_its_start_and_gets_the_space_back(
+        tiny_disk: Path) -> None:
+    ledger = UsageLedger.beside(tiny_disk / "journal" / "j.jsonl")
+    (tiny_disk / "journal" / "usage").mkdir(parents=True)
+    _fill(tiny_disk, leave=ROOM_BYTES // 2)
+    before = _free(tiny_disk)
+    with pytest.raises(EnvironmentFailure, match=rf"^environment failure: {ledger.path.parent}: No space left"):
+        ledger.load()
+    assert not ledger.room.exists() and _free(tiny_disk) == before
+
+
+def test_the_response_cache_on_a_full_disk_is_one_environment_failure_naming_its_folder(tiny_disk: Path,
+                                                                                        capfd) -> None:
+    """At the start (the store cannot be made) and at a call (litellm swallows and logs a failed cache write: the
+    call raises ours instead, once it has counted the reply it paid for); litellm prints nothing of its own."""
+    import asyncio
+
+    from cupid_exp.config import ModelConfig, RuntimeConfig
+    from cupid_exp.llm import client as client_module
+    from cupid_exp.llm.client import LLMClient, configure_litellm
+    from cupid_exp.llm.response_cache import STORE_FOLDER, DiskResponseStore
+    from cupid_exp.llm.usage import UsageMeter
+    from cupid_exp.testing.fault_server import ScriptedServer, completion_body
+
+    folder = tiny_disk / "cache" / STORE_FOLDER
+    client_module._CACHE_DIR = None
+    runtime = RuntimeConfig(cache_dir=str(tiny_disk / "cache"), num_retries=0, timeout=30).call_settings()
+    configure_litellm(runtime)
+    with ScriptedServer([(200, completion_body("six"), {})]) as server:
+        client = LLMClient(ModelConfig(name="m", litellm_model="openai/scripted", api_base=server.url), runtime,
+                           UsageMeter())
+        _fill(tiny_disk)
+        with pytest.raises(EnvironmentFailure, match=rf"^environment failure: {folder}: No space left on device"):
+            asyncio.run(client.complete([{"role": "user", "content": "five?"}], step="s"))
+        assert len(server.requests) == 1 and client.meter.counts["s"]["calls"] == 1
+    with pytest.raises(EnvironmentFailure, match=rf"^environment failure: {tiny_disk / 'other'}: No space left"):
+        DiskResponseStore(tiny_disk / "other")
+    client_module._CACHE_DIR = None
+    assert "LiteLLM" not in capfd.readouterr().err
 
 
 def test_mlflows_store_errors_are_one_line_once_and_other_loggers_untouched() -> None:

@@ -2,10 +2,7 @@
 ``flaky``, not strict: it fails some of the time): behaviour another branch lands, or a defect of the product found by
 the matrix (what happens, where)."""
 
-DISK_FILLS_UP = {"synthesis": "lands with synthengine (what the attempt stopped by the full disk paid is not "
-                               "carried into the resume: synthesis keeps no usage ledger across attempts): spend "
-                               "counted < billed",
-                 "batch": "product bug: the job hangs (still running 60 s after the disk filled up)"}
+DISK_FILLS_UP = {"batch": "product bug: the job hangs (still running 60 s after the disk filled up)"}
 DISK_FILLS_UP_SOMETIMES = {
     "workers": "product bug: a worker's ENOSPC (its usage ledger's line, named) is a traceback (WorkerFailed, "
                "job/workers.py), exit 1, when a worker's write meets the full disk first (seen in 6 runs of 7)",

@@ -7,7 +7,6 @@ import json
 import signal
 import socket
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from cupid_exp.testing.cupid_data import write_dataset
 from cupid_exp.testing.stub_llm_server import StubServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tracking"))
-from tracking_runs import held_job, job_command, only_run, store_uri, wait_for  # noqa: E402
+from tracking_runs import held_job, held_job_settled, job_command, only_run, store_uri, wait_for  # noqa: E402
 
 from cupid_exp.durability import job_lock  # noqa: E402
 
@@ -29,19 +28,6 @@ def _journalled(root: Path) -> list[dict]:
     return [r for p in (root / "journal").glob("*.jsonl") for r in read_jsonl(p)]
 
 
-def _settled(stub: StubServer) -> int:
-    """Requests received once the held job sends no more: all it has in flight held, the count unchanged for half
-    a second (an instance is journalled while the job's other calls may still go out)."""
-    def quiet() -> int | None:
-        first = stub.stats()
-        time.sleep(0.5)
-        then = stub.stats()
-        same = first["total_received"] == then["total_received"] and then["in_flight"] == then["held"]
-        return then["total_received"] if same else None
-
-    return wait_for(quiet, 60, "the held job to stop sending")
-
-
 @pytest.mark.slow
 def test_a_second_process_on_a_running_job_stops_and_a_dead_ones_job_is_taken_over(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "data.jsonl", N)
@@ -50,7 +36,7 @@ def test_a_second_process_on_a_running_job_stops_and_a_dead_ones_job_is_taken_ov
         cmd = job_command(stub.url, root, data, "runtime.num_retries=0")
         with held_job(stub, cmd, tmp_path / "first.log", after=CALLS - 8) as first:
             wait_for(lambda: _journalled(root), 60, "a journalled instance")
-            received = _settled(stub)
+            received = held_job_settled(stub)
             second = run_cli(cmd, timeout=120, check=False)
             assert second.returncode == 2, (second.stdout[-2000:], second.stderr[-2000:])
             lines = second.stderr.strip().splitlines()

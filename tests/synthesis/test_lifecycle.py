@@ -7,10 +7,9 @@ from __future__ import annotations
 import json
 import signal
 import sys
-import time
 from pathlib import Path
 
-from helpers.cli_runner import cli_env, run_cli, seed_store
+from helpers.cli_runner import run_cli, seed_store
 from mlflow.tracking import MlflowClient
 
 from cupid_exp.synthesis.config import ROLES
@@ -19,7 +18,7 @@ from cupid_exp.testing.stub_llm_server import StubServer
 from .scripted import role_overrides
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tracking"))
-from tracking_runs import held_job, wait_for  # noqa: E402
+from tracking_runs import held_job, held_job_settled, wait_for  # noqa: E402
 
 SMALL = ["synthesis=api", "synthesis.max_turns=1", "synthesis.max_checklist_items=2"]
 ONE_AT_A_TIME = [f"synthesis.roles.{role}.max_concurrency=1" for role in ROLES]  # a provider taking one call at once
@@ -41,19 +40,6 @@ def runs(root: Path) -> list:
 
 def journalled(root: Path) -> list[dict]:
     return [json.loads(line) for p in (root / "journal").glob("*.jsonl") for line in p.read_text().splitlines()]
-
-
-def settled(stub: StubServer) -> int:
-    """Requests received once the held job sends no more: all it has in flight held, the count unchanged for half a
-    second (its other personas' calls may still go out after the first is held)."""
-    def quiet() -> int | None:
-        first = stub.stats()
-        time.sleep(0.5)
-        then = stub.stats()
-        same = first["total_received"] == then["total_received"] and then["in_flight"] == then["held"]
-        return then["total_received"] if same else None
-
-    return wait_for(quiet, 60, "the held job to stop sending")
 
 
 def job_folder(root: Path) -> Path:
@@ -85,7 +71,7 @@ def test_a_running_synthesis_shows_progress_and_a_killed_one_resumes_in_its_run_
             assert run.data.metrics["progress/calls"] >= 60 and run.data.metrics["progress/cost_usd"] > 0
             journeys = job_folder(root) / "journeys"  # one persona at a time: the third has not started
             assert (journeys / "persona_002.json").exists() and not (journeys / "persona_003.json").exists()
-            settled(stub)
+            held_job_settled(stub)
             held = stub.stats()["held"]
             first.send_signal(signal.SIGKILL)
             assert first.wait(timeout=30) == -signal.SIGKILL
@@ -122,7 +108,7 @@ def test_twin_launches_send_each_call_once(tmp_path: Path) -> None:
     with StubServer() as stub:
         cmd = command(stub.url, root, "synthesis.n_personas=2")
         with held_job(stub, cmd, tmp_path / "first.log", after=20) as first:
-            received = settled(stub)
+            received = held_job_settled(stub)
             second = run_cli(cmd, check=False, timeout=120)
             assert second.returncode == 2, (second.stdout[-2000:], second.stderr[-2000:])
             assert second.stderr.strip().splitlines()[-1].startswith(

@@ -103,3 +103,16 @@ def wait_for(what: Callable[[], Any], timeout: float, message: str = "") -> Any:
             return value
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout} s waiting for {message or what}")
+
+
+def held_job_settled(stub: Any) -> int:
+    """Requests received once a held job sends no more: all it has in flight held, the count unchanged for half a
+    second (its other units' calls may still go out after the first is held)."""
+    def quiet() -> int | None:
+        first = stub.stats()
+        time.sleep(0.5)
+        then = stub.stats()
+        same = first["total_received"] == then["total_received"] and then["in_flight"] == then["held"]
+        return then["total_received"] if same else None
+
+    return wait_for(quiet, 60, "the held job to stop sending")

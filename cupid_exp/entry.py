@@ -82,42 +82,83 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     output_dir = Path(hc.runtime.output_dir)
-    try:
-        # a sweep's job names its parent run by the sweep's folder: the run worker opens it while the first job
-        # starts (``tracking.callbacks.MlflowSweepCallback``)
-        parent = SweepParent(str(Path(hc.sweep.dir).resolve())) if multirun else None
-        outcome = job(cfg, output_dir, dict(hc.runtime.choices), parent)
-    except (*input_errors, InputError) as exc:
-        line = _masked(str(exc), cfg, hc.overrides.task)
-        _refused(f"{program}: {line}", line, Path(hc.sweep.dir) if multirun else None)
-        outcome = Outcome(getattr(exc, "outcome", "error"), line)  # a provider's stop may say "retry_later"
-    except KeyboardInterrupt as exc:
-        if not multirun:
+    room = _keep_room(output_dir) if multirun else None
+    try:  # a job that ends on a bug or Ctrl-C leaves no room behind
+        try:
+            # a sweep's job names its parent run by the sweep's folder: the run worker opens it while the first job
+            # starts (``tracking.callbacks.MlflowSweepCallback``)
+            parent = SweepParent(str(Path(hc.sweep.dir).resolve())) if multirun else None
+            outcome = job(cfg, output_dir, dict(hc.runtime.choices), parent)
+        except (*input_errors, InputError) as exc:
+            line = _masked(str(exc), cfg, hc.overrides.task)
+            _refused(f"{program}: {line}", line, Path(hc.sweep.dir) if multirun else None)
+            outcome = Outcome(getattr(exc, "outcome", "error"), line)  # a provider's stop may say "retry_later"
+        except KeyboardInterrupt as exc:
+            if not multirun:
+                raise
+            if not isinstance(exc, Interrupted):
+                raise Interrupted(job=output_dir.name) from exc
+            exc.job = output_dir.name
             raise
-        if not isinstance(exc, Interrupted):
-            raise Interrupted(job=output_dir.name) from exc
-        exc.job = output_dir.name
-        raise
-    except Exception as exc:  # noqa: BLE001 - a bug goes on with its traceback; the environment's is one line
-        from cupid_exp.outputs import environment_failure
+        except Exception as exc:  # noqa: BLE001 - a bug goes on with its traceback; the environment's is one line
+            from cupid_exp.outputs import environment_failure
 
-        failure = environment_failure(exc) or _store_failure(exc, cfg)
-        if failure is None:
-            raise
-        line = _masked(str(failure), cfg, hc.overrides.task)
-        print(f"{program}: {line}", file=sys.stderr)
-        outcome = Outcome("environment", line)
+            failure = environment_failure(exc) or _store_failure(exc, cfg)
+            if failure is None:
+                raise
+            line = _masked(str(failure), cfg, hc.overrides.task)
+            print(f"{program}: {line}", file=sys.stderr)
+            outcome = Outcome("environment", line)
+    except BaseException:
+        if room is not None:
+            room.unlink(missing_ok=True)
+        raise
     if multirun:
-        output_dir.mkdir(parents=True, exist_ok=True)
         status = {"job": output_dir.name, "overrides": list(hc.overrides.task), "outcome": outcome.outcome,
                   "reason": outcome.reason}
         from cupid_exp.secrets import scrub_obj, secret_values
 
-        (output_dir / STATUS_FILE).write_text(json.dumps(scrub_obj(status, secret_values(status["overrides"]))))
+        _write_status(output_dir / STATUS_FILE, json.dumps(scrub_obj(status, secret_values(status["overrides"]))),
+                      room)
         return outcome.value
     if outcome.exit_code:
         sys.exit(outcome.exit_code)
     return outcome.value
+
+
+_ROOM_BYTES = 64 * 1024  #: kept for a sweep job's status file: its overrides and its reason, many times over
+
+
+def _keep_room(output_dir: Path) -> Path | None:
+    """A sweep's job takes room for its status file at its start: the sweep's end reads how the job ended there,
+    and a disk that fills up during the job (exit 5) would leave none (an OSError through Hydra's sweeper: a
+    traceback). None when the disk is already too full for it (the status is then written as it can be)."""
+    room = output_dir / ".job_status.room"
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        with room.open("wb") as fh:
+            fh.write(bytes(_ROOM_BYTES))
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError:
+        room.unlink(missing_ok=True)
+        return None
+    return room
+
+
+def _write_status(path: Path, text: str, room: Path | None) -> None:
+    """The job's status, in the room kept for it (``_keep_room``) when the disk is full."""
+    from cupid_exp.outputs import writing
+
+    try:
+        with writing(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if room is not None:
+                room.unlink(missing_ok=True)  # freed first: its blocks are what the status needs on a full disk
+            path.write_text(text)
+    finally:
+        if room is not None:
+            room.unlink(missing_ok=True)
 
 
 def _store_failure(exc: Exception, cfg: DictConfig) -> Exception | None:

@@ -52,3 +52,44 @@ def test_exit_now_with_a_live_process_pool_does_not_hang() -> None:
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path):
+    """A 256 KB tmpfs (needs the right to mount: root in this project's sandbox; skipped elsewhere)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def _fill(disk: Path) -> None:
+    try:
+        with (disk / "filler").open("ab", buffering=0) as out:
+            while True:
+                out.write(bytes(4096))
+    except OSError:
+        pass  # full
+
+
+def test_a_sweep_jobs_status_is_written_on_the_disk_that_filled_up_during_the_job(tiny_disk: Path) -> None:
+    """The room a sweep's job takes at its start is what its status needs once the disk is full; without it the
+    write fails (the sweep's end would not know how the job ended: an OSError through Hydra's sweeper)."""
+    from cupid_exp.entry import _keep_room, _write_status
+    from cupid_exp.outputs import EnvironmentFailure
+
+    job = tiny_disk / "0_job"
+    room = _keep_room(job)
+    assert room is not None and room.exists()
+    _fill(tiny_disk)
+    status = '{"job": "0_job", "outcome": "environment", "reason": "environment failure: ..."}' + " " * 2000
+    with pytest.raises(EnvironmentFailure, match=r"other/job_status\.json: No space left on device \[ENOSPC\]"):
+        _write_status(tiny_disk / "other" / "job_status.json", status, None)
+    _write_status(job / "job_status.json", status, room)
+    assert (job / "job_status.json").read_text() == status and not room.exists()

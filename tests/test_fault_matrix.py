@@ -34,7 +34,7 @@ it is wrong some of the time (the reasons are the markers', from ``faults.known`
 | content_filter | 3 | N/A | 3 | 3 | 3 |
 | timeouts | 0 | N/A | 0 | 0 | 0 |
 | dead_endpoint | 2 | 2 | 2 | 2 | 2 |
-| disk_fills_up | 5 | 5 xfail | 5 flaky | 5 flaky | 5 |
+| disk_fills_up | 5 | 5 | 5 | 5 | 5 |
 | disk_full_at_start | 5 | 5 | 5 | 5 | 5 |
 | kill_9 | killed | killed | killed | killed | killed |
 | kill_9_at_store_creation | killed | killed | killed | killed | killed |

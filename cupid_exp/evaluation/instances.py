@@ -6,7 +6,6 @@ counted step failure) propagates and stops the job with its traceback, the journ
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Sequence
 
@@ -15,6 +14,7 @@ from cupid_exp.llm.steps import StepFailed, Transcript
 from cupid_exp.progress import Progress
 from cupid_exp.results import HistoryView, InstanceResult, SettingOutput, Truth
 from cupid_exp.settings.base import Setting, View
+from cupid_exp.siblings import together
 from cupid_exp.tasks import TASKS
 from cupid_exp.tasks.context import TaskContext
 
@@ -52,7 +52,7 @@ async def evaluate_instance(setting: Setting, parts: Sequence[str], ctx: TaskCon
             if progress is not None:
                 progress.done(name)
 
-        await asyncio.gather(*(part(name) for name in parts))
+        await together(*(part(name) for name in parts))  # a bug in one part stops the others
     elif progress is not None:
         for name in parts:
             progress.done(name)

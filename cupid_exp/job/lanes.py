@@ -8,7 +8,8 @@ A call the budget refuses ends its unit unfinished and starts no other. A provid
 an unknown model, a billing state, no endpoint) or a rate limit beyond the patience (``RetryLater``: exit 75)
 stops the taking: the units in flight end (their calls to the refusing endpoint are not sent, the others' are
 not wasted), none of them is journaled (a resume runs them), and the refusal is raised once every lane has
-stopped.
+stopped. Any other exception (a bug, a full disk) cancels the other lanes at once and is raised once they have
+ended (``siblings.together``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from cupid_exp.llm.calls import CallLog, recording
 from cupid_exp.llm.retry import FatalProviderError
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.progress import InstanceObserver, Progress
+from cupid_exp.siblings import together
 
 if TYPE_CHECKING:
     from cupid_exp.job.plan import Job
@@ -53,7 +55,7 @@ async def run_units(work: Work, ctx: Any, take: Taker, finished: Finished, progr
                     return
             finished(unit, result, calls)
 
-    await asyncio.gather(*(lane() for _ in range(max(1, work.in_flight(ctx)))))
+    await together(*(lane() for _ in range(max(1, work.in_flight(ctx)))))  # a bug or a full disk: all stop
     if fatal:
         raise fatal[0]
 

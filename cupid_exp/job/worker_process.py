@@ -2,7 +2,8 @@
 loop, units taken from a counter it shares with the job, each finished unit sent back with its calls and usage.
 
 Ctrl-C is left to the job (it reaches the whole process group: the job decides, and stops its workers); a worker
-whose job died (SIGKILL) exits rather than call models for nobody.
+whose job died (SIGKILL) exits rather than call models for nobody. A worker that meets the environment's failure (a
+full disk) sends it as such: the job ends with its one line (exit 5), as it would have in one process.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from cupid_exp.llm.budget import Budget
 from cupid_exp.llm.client import drain_background_tasks
 from cupid_exp.llm.retry import FatalProviderError
 from cupid_exp.llm.usage import UsageMeter
+from cupid_exp.outputs import EnvironmentFailure, environment_failure
 
 
 @dataclass
@@ -70,6 +72,23 @@ class SharedCursor:
         """No process takes another unit (a fatal provider refusal)."""
         with self.counter.get_lock():
             self.counter.value = len(self.units)
+
+
+class WorkerEnvironmentFailure(EnvironmentFailure):
+    """The environment failure a worker met (a full disk under the usage ledger or the cache), as its one line: the
+    job raises it as its own (exit 5), not as a worker's bug. Pickled whole (``EnvironmentFailure`` is not)."""
+
+    def __init__(self, line: str, path: Any, error: OSError):
+        Exception.__init__(self, line)
+        self.path, self.error = path, error
+
+    @classmethod
+    def of(cls, failure: EnvironmentFailure) -> "WorkerEnvironmentFailure":
+        return cls(str(failure), str(failure.path) if failure.path else None,
+                   OSError(failure.error.errno, failure.error.strerror, failure.error.filename))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (str(self), self.path, self.error)
 
 
 def _exit_with_parent() -> None:
@@ -138,8 +157,12 @@ def serve_units(spec: WorkerSpec, shared: Shared, inbox: Any, outbox: Any) -> No
         except FatalProviderError as exc:  # the job stops taking units and reports it
             outbox.put(pickle.dumps(("fatal", exc)))
         outbox.put(pickle.dumps(("done", os.getpid(), meter.since(sent), time.process_time())))
-    except BaseException:  # noqa: BLE001 - every failure here is the job's to raise
-        outbox.put(pickle.dumps(("bug", os.getpid(), traceback.format_exc())))
+    except BaseException as exc:  # noqa: BLE001 - every failure here is the job's to raise
+        failure = environment_failure(exc) if isinstance(exc, Exception) else None
+        if failure is not None:  # the machine's, not a bug: the job's one line (exit 5)
+            outbox.put(pickle.dumps(("environment", os.getpid(), WorkerEnvironmentFailure.of(failure))))
+        else:
+            outbox.put(pickle.dumps(("bug", os.getpid(), traceback.format_exc())))
         code = 1
     outbox.close()
     outbox.join_thread()  # everything sent is in the pipe

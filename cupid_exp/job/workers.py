@@ -14,7 +14,8 @@ with its model calls and the usage counted since the last one; their log lines g
 model's ``max_concurrency`` is split among the processes, so the provider sees the same bound.
 
 A bug in a worker (any exception that is not a counted step failure) stops the job with the worker's
-traceback, as it would in one process; so does a worker that dies.
+traceback, as it would in one process; so does a worker that dies. The environment's failure in a worker (a full
+disk) is the job's one line, exit 5 (``worker_process.WorkerEnvironmentFailure``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from cupid_exp.job.worker_process import Shared, SharedCursor, WorkerSpec, serve
 from cupid_exp.llm.client import drain_background_tasks
 from cupid_exp.llm.retry import FatalProviderError
 from cupid_exp.progress import InstanceObserver, wants_calls
+from cupid_exp.siblings import together
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +119,7 @@ class Workers:
                 else:
                     if not isinstance(message, logging.LogRecord):
                         message = pickle.loads(message)
-                        if message[0] in ("done", "bug"):
+                        if message[0] in ("done", "bug", "environment"):
                             reported.add(message[1])
                 try:
                     loop.call_soon_threadsafe(handle, message)
@@ -177,6 +179,8 @@ async def _spread(job: Job, todo: list[Any], observer: InstanceObserver | None, 
         elif kind == "fatal":
             fatal.append(message[1])
             cursor.stop()
+        elif kind == "environment":  # a full disk in a worker: the job's one line, exit 5
+            all_done.set_exception(message[2])
         elif kind == "bug":
             all_done.set_exception(WorkerFailed(f"a worker process stopped on a bug:\n{message[2]}"))
         elif kind == "died":
@@ -191,7 +195,7 @@ async def _spread(job: Job, todo: list[Any], observer: InstanceObserver | None, 
 
     workers.listen(loop, handle)
     try:
-        await asyncio.gather(own_share(), all_done)
+        await together(own_share(), all_done)  # a worker's failure stops this process's lanes too
     finally:
         progress.close()
     await drain_background_tasks()

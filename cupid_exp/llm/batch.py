@@ -189,7 +189,17 @@ class Batcher:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._failed)
         return task
+
+    def _failed(self, task: asyncio.Task) -> None:
+        """A sending or polling task that raised (the ledger on a full disk, a bug): every call still waiting gets
+        its exception, rather than waiting forever on a row nobody will resolve."""
+        if task.cancelled() or task.exception() is None:
+            return
+        for row in [*self._waiting.values(), *self._intake]:
+            self._fail(row, task.exception())  # type: ignore[arg-type]
+        self._intake = []
 
     async def _send(self, rows: list[_Row]) -> None:
         import litellm

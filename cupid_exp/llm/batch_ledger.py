@@ -16,6 +16,8 @@ from typing import Any
 
 from filelock import FileLock
 
+from cupid_exp.outputs import writing
+
 log = logging.getLogger(__name__)
 
 
@@ -36,7 +38,7 @@ class BatchLedger:
         self._lock = FileLock(str(self.root / ".lock"))
 
     def _append(self, entry: dict[str, Any]) -> None:
-        with self._lock, self._journal.open("a", encoding="utf-8") as fh:
+        with writing(self._journal), self._lock, self._journal.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(entry, sort_keys=True) + "\n")
             fh.flush()
 
@@ -73,8 +75,13 @@ class BatchLedger:
         """A row's reply, written atomically: a later run gets it without paying again."""
         path = self._row_path(digest)
         tmp = path.with_suffix(f".{id(body)}.tmp")
-        tmp.write_text(json.dumps(body), encoding="utf-8")
-        tmp.replace(path)
+        with writing(path):  # a full disk: one line naming the row's file (exit 5)
+            try:
+                tmp.write_text(json.dumps(body), encoding="utf-8")
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+            tmp.replace(path)
 
     def kept(self, digest: str) -> dict[str, Any] | None:
         path = self._row_path(digest)

@@ -16,7 +16,6 @@ from typing import Any, Callable, Mapping
 from helpers.spend import journaled
 
 from faults.invariants import job_metrics
-from faults.known import DISK_FILLS_UP, DISK_FILLS_UP_SOMETIMES
 from faults.modes import Cell, roles
 
 from cupid_exp.prompts import PROJECT_PROMPTS
@@ -234,8 +233,7 @@ FAULTS = [
                                                         for role in roles(mode))),
           _nothing_sent),
     Fault("disk_fills_up", 5, "environment failure: /", lambda mode, cell, port: Arrangement(stub={"latency_ms": 200}),
-          lambda ev: None, driver="disk_fills", slow=True, pending=DISK_FILLS_UP,
-          flaky=DISK_FILLS_UP_SOMETIMES),
+          lambda ev: None, driver="disk_fills", slow=True),
     Fault("disk_full_at_start", 5, "environment failure: /", lambda mode, cell, port: Arrangement(), lambda ev: None,
           driver="disk_full", slow=True),
     Fault("kill_9", -9, "", lambda mode, cell, port: Arrangement(stub={"latency_ms": 300}, budget=1.0,

@@ -1,9 +1,10 @@
 """A setting that behaves differently in a worker process (``runtime.workers``): it logs there, or with
-``bug=true`` raises there. The job's own process runs it as the standard setting; a spawned worker imports this module
+``bug=true`` raises there (``disk_full=true``: the ENOSPC of a full disk). The job's own process runs it as the standard setting; a spawned worker imports this module
 when it unpickles the config that names it, a forked one registers it as it starts."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import multiprocessing
 import os
@@ -17,6 +18,7 @@ from cupid_exp.settings.standard import Standard, StandardConfig
 class InWorkersConfig(StandardConfig):
     name: str = "in_workers"
     bug: bool = False  #: raise a TypeError in a worker, instead of logging that it ran there
+    disk_full: bool = False  #: raise ENOSPC on a file in a worker (a usage ledger on a full disk)
 
 
 class InWorkers(Standard):
@@ -27,6 +29,8 @@ class InWorkers(Standard):
         if multiprocessing.parent_process() is not None:
             if self.config.bug:
                 raise TypeError("a bug only workers have")
+            if self.config.disk_full:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/full/usage/ledger.jsonl")
             logging.getLogger("cupid_exp.tests").warning("instance %s ran in a worker", instance.key)
         return await super().view(instance, ctx, transcript)
 

@@ -25,6 +25,7 @@ from cupid_exp.job.worker_count import processes, share
 from cupid_exp.job.workers import Workers, WorkerFailed, start_workers
 from cupid_exp.llm._litellm import native_runtime_started
 from cupid_exp.llm.usage import requests_sent
+from cupid_exp.outputs import EnvironmentFailure, environment_failure
 from cupid_exp.testing.stub_llm_server import StubServer
 
 unregister()  # only the workers that unpickle its config need it registered
@@ -134,6 +135,24 @@ def test_a_bug_in_a_worker_stops_the_job_with_its_traceback(tmp_path: Path) -> N
                 execute(job, workers=workers)
         finally:
             workers.stop()
+    assert all(p.exitcode is not None for p in workers.processes)
+
+
+def test_a_full_disk_in_a_worker_is_the_environments_failure_not_a_bug(tmp_path: Path) -> None:
+    """The job ends as it would in one process: the one line naming the file (exit 5), no worker's traceback."""
+    with StubServer(latency_ms=100) as stub:
+        job = stub_plan(stub.url, tmp_path, *_nine(), *_concurrency(2), "runtime.workers=2")
+        job.cfg.setting = InWorkersConfig(disk_full=True)  # ENOSPC in the worker only
+        workers = start_workers(job)
+        try:
+            _ready(workers)
+            with pytest.raises(EnvironmentFailure) as raised:
+                execute(job, workers=workers)
+        finally:
+            workers.stop()
+    line = str(raised.value)
+    assert line.startswith("environment failure: /full/usage/ledger.jsonl: No space left on device [ENOSPC]"), line
+    assert "\n" not in line and environment_failure(raised.value) is raised.value
     assert all(p.exitcode is not None for p in workers.processes)
 
 

@@ -9,6 +9,7 @@ from typing import Any, Callable, Mapping, Sequence
 from cupid_exp.llm.replies import Invalid
 from cupid_exp.llm.steps import StepFailed
 from cupid_exp.rendering import numbered
+from cupid_exp.siblings import together
 from cupid_exp.synthesis.journey import JourneyTemplate, relevant_checks
 from cupid_exp.synthesis.steps.base import SynthContext
 
@@ -85,4 +86,4 @@ async def validate_persona(ctx: SynthContext, journey: JourneyTemplate, factors:
         out["leaked"] = leaked
         return out
 
-    return list(await asyncio.gather(*(one(r) for r in instances)))
+    return await together(*(one(r) for r in instances))

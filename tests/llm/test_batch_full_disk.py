@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from cupid_exp.llm.batch import Batcher, BatchSettings, Guard
+from cupid_exp.llm.batch import Batcher, BatchSettings, Guard, RowBill
 from cupid_exp.llm.batch_ledger import BatchLedger
 from cupid_exp.llm.usage import BatchCounts
 from cupid_exp.outputs import EnvironmentFailure
@@ -40,7 +40,7 @@ def test_the_calls_waiting_on_a_batch_the_full_disk_stopped_get_its_failure(tmp_
     async def run() -> list[BaseException | tuple]:
         batcher = Batcher({"model": "openai/stub", "api_base": "http://127.0.0.1:9/v1"}, {}, _full_ledger(tmp_path),
                           BatchSettings(delay_s=0.01, poll_s=0.01), BatchCounts(), Guard(run=uploaded))
-        calls = [batcher.complete({"messages": [{"role": "user", "content": str(i)}]}) for i in range(3)]
+        calls = [batcher.complete({"messages": [{"role": "user", "content": str(i)}]}, RowBill()) for i in range(3)]
         try:
             return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)
         finally:

@@ -102,8 +102,11 @@ EXPECTED: dict[str, Expect] = {
     "python -m cupid_exp model=gpt4o runtime.batch=true": Expect(
         stub="base", extra=f"{FAST} runtime.batch_delay_s=0.1 runtime.batch_poll_s=0.2", stdout_has="batches: "),
     "python -m cupid_exp -m +experiment=table1 runtime.batch=true": Expect(exit=2, stderr_has=HUB),
+    # how calls are sent is not the job's identity: after the command above this one would resume its journal
+    # and send nothing; run afresh, it shows the judge kept live while the other roles batch
     "python -m cupid_exp model=gpt4o evaluator.judge.batch=false runtime.batch=true": Expect(
-        stub="base", extra=f"{FAST} runtime.batch_delay_s=0.1 runtime.batch_poll_s=0.2", stdout_has="batches: "),
+        stub="base", extra=f"{FAST} runtime.batch_delay_s=0.1 runtime.batch_poll_s=0.2 runtime.resume=false",
+        stdout_has="batches: "),
     # docs/performance.md
     "python bench/bench.py --quick": Expect(instead="python bench/bench.py --help",
                                             why="minutes of benchmark; its figures are dated measurements"),

@@ -37,18 +37,8 @@ from cupid_exp.llm.usage import BatchCounts
 log = logging.getLogger(__name__)
 
 # litellm's batch calls per provider; "openai" covers every OpenAI-compatible endpoint (api_base).
-BATCH_PROVIDERS = {"openai": "openai", "azure": "azure", "hosted_vllm": "hosted_vllm"}
 FINAL_STATES = ("completed", "failed", "expired", "cancelled")
 RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
-
-
-class BatchUnsupported(ValueError):
-    """The model's provider has no Batch API litellm can drive; the client calls it live instead."""
-
-
-def batch_provider(litellm_model: str) -> str | None:
-    """litellm's provider name for the Batch API of ``<provider>/<model>``, or None without one."""
-    return BATCH_PROVIDERS.get(litellm_model.split("/", 1)[0])
 
 
 @dataclass(frozen=True)

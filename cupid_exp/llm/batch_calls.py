@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from cupid_exp.config import CallSettings
-from cupid_exp.llm.batch import Batcher, BatchSettings, BatchUnsupported, Guard, RowBill, RowFailed, batch_provider
+from cupid_exp.llm.batch import Batcher, BatchSettings, Guard, RowBill, RowFailed
+from cupid_exp.llm.batch_providers import BatchUnsupported, batch_provider
 from cupid_exp.llm.batch_ledger import BatchLedger
 from cupid_exp.llm.billing import counted_tokens, reply_text
 from cupid_exp.llm.budget import reserve_call, worst_case_tokens, worst_case_usd

@@ -186,7 +186,7 @@ class LLMClient:
 
     def _dry_run(self, messages: list[dict], step: str, kwargs: dict[str, Any], dry_reply: DryReply | None
                  ) -> Completion:
-        from cupid_exp.llm.batch import batch_provider
+        from cupid_exp.llm.batch_providers import batch_provider
         from cupid_exp.llm.batch_calls import batch_price
         from cupid_exp.llm.dry_run import estimate
 
@@ -361,7 +361,7 @@ def _wants_batch(model: ModelConfig, settings: CallSettings) -> bool:
     wanted = model.batch if model.batch is not None else settings.batch
     if not wanted or settings.dry_run:
         return False
-    from cupid_exp.llm.batch import batch_provider
+    from cupid_exp.llm.batch_providers import batch_provider
 
     if batch_provider(model.litellm_model) is None:
         log.warning("%s: %s has no Batch API litellm can drive here; its calls are sent one by one", model.name,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 STEPS = ("infer", "decompose", "match", "generate", "judge", "summarize", "unknown")
@@ -52,3 +53,30 @@ class StubConfig:
     omit_usage: bool = False  # replies (live and batch rows) carry no ``usage``: billed by the stub's own count
     rate_empty_choices: float = 0.0  # a 200 with ``choices: []`` (usage: the prompt, billed)
     rate_content_null: float = 0.0  # a 200 whose message has ``content: null``, no refusal, no tool call
+
+
+def stub_arguments(argv: list[str] | None, description: str) -> tuple[int, StubConfig]:
+    """The stub's command line: ``--port`` and one flag per ``StubConfig`` field."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--port", type=int, default=0, help="0: any free port (printed)")
+    for f in StubConfig.__dataclass_fields__.values():
+        flag = "--" + f.name.replace("_", "-")
+        if f.name.endswith("_steps"):
+            p.add_argument(flag, default="", help="comma-separated steps: " + ",".join(STEPS + SYNTHESIS_STEPS))
+        elif f.name == "model_ids":
+            p.add_argument(flag, default="stub", help="comma-separated model ids for GET /v1/models")
+        elif f.name == "record_headers":
+            p.add_argument(flag, default="", help="comma-separated request headers whose values are counted")
+        elif isinstance(f.default, bool):
+            p.add_argument(flag, action="store_true")
+        elif f.name in ("context_error", "judge_score", "fail_first_kind", "giveup_match", "refuse",
+                        "rate_limit_style"):
+            p.add_argument(flag, default=f.default)
+        else:
+            p.add_argument(flag, type=type(f.default), default=f.default)
+    args = vars(p.parse_args(argv))
+    port = args.pop("port")
+    for name in list(args):
+        if name.endswith("_steps") or name in ("model_ids", "record_headers"):
+            args[name] = tuple(s for s in args[name].split(",") if s)
+    return port, StubConfig(**args)

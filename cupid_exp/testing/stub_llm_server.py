@@ -39,7 +39,6 @@ CLI (for bench/ and manual use)::
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import signal
@@ -53,7 +52,7 @@ from typing import Any
 
 from cupid_exp.testing.batch_api import BatchQueue, BatchQueueConfig
 from cupid_exp.testing.rate_limits import RATE_LIMIT_STYLES, KeyLimits
-from cupid_exp.testing.stub_config import STEPS, SYNTHESIS_STEPS, StubConfig
+from cupid_exp.testing.stub_config import StubConfig, stub_arguments
 from cupid_exp.testing.stub_faults import (MALFORMED_KINDS, choose_fault, error_reply, garbage_text, is_garbage,
                                            send_fault)
 from cupid_exp.testing.stub_replies import billed_tokens, classify, completion_body, digest, reply_text
@@ -365,34 +364,8 @@ class StubServer:
                 self.counters.in_flight -= 1
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[int, StubConfig]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--port", type=int, default=0, help="0: any free port (printed)")
-    for f in StubConfig.__dataclass_fields__.values():
-        flag = "--" + f.name.replace("_", "-")
-        if f.name.endswith("_steps"):
-            p.add_argument(flag, default="", help="comma-separated steps: " + ",".join(STEPS + SYNTHESIS_STEPS))
-        elif f.name == "model_ids":
-            p.add_argument(flag, default="stub", help="comma-separated model ids for GET /v1/models")
-        elif f.name == "record_headers":
-            p.add_argument(flag, default="", help="comma-separated request headers whose values are counted")
-        elif isinstance(f.default, bool):
-            p.add_argument(flag, action="store_true")
-        elif f.name in ("context_error", "judge_score", "fail_first_kind", "giveup_match", "refuse",
-                        "rate_limit_style"):
-            p.add_argument(flag, default=f.default)
-        else:
-            p.add_argument(flag, type=type(f.default), default=f.default)
-    args = vars(p.parse_args(argv))
-    port = args.pop("port")
-    for name in list(args):
-        if name.endswith("_steps") or name in ("model_ids", "record_headers"):
-            args[name] = tuple(s for s in args[name].split(",") if s)
-    return port, StubConfig(**args)
-
-
 def main(argv: list[str] | None = None) -> None:
-    port, cfg = parse_args(argv)
+    port, cfg = stub_arguments(argv, __doc__.split("\n\n")[0])
     server = StubServer(cfg, port=port)
     print(f"stub LLM server listening on {server.url} ({json.dumps(asdict(cfg))})", flush=True)
     def stop(*_: Any) -> None:

@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers.tmpfs import mount_tmpfs, unmount
 
 from cupid_exp.entry import exit_code_of
 
@@ -58,15 +59,11 @@ def test_exit_now_with_a_live_process_pool_does_not_hang() -> None:
 def tiny_disk(tmp_path: Path):
     """A 256 KB tmpfs (needs the right to mount: root in this project's sandbox; skipped elsewhere)."""
     disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True,
-                             text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    mount_tmpfs(disk, "256k")
     try:
         yield disk
     finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+        unmount(disk)
 
 
 def _fill(disk: Path) -> None:

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import pytest
 from helpers.cli_runner import PROJECT_ROOT, run_cli, seed_store
 from helpers.processes import alive, children
+from helpers.tmpfs import mount_tmpfs, unmount
 
 from faults.modes import Cell, env
 
@@ -226,16 +227,12 @@ class DiskDriver(_Started):
     BOUND_S = 60  # a job ends within seconds of its disk filling up
 
     def __enter__(self) -> "DiskDriver":
-        self.cell.root.mkdir(parents=True, exist_ok=True)
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(self.cell.root)],
-                                 capture_output=True, text=True)
-        if mounted.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+        mount_tmpfs(self.cell.root, "4m")
         self.filler = self.cell.root / "filler"
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        subprocess.run(["umount", "-l", str(self.cell.root)], capture_output=True)
+        unmount(self.cell.root)
 
     def fill(self, leave: int = 0) -> None:
         """Take all the space but ``leave`` bytes."""

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from helpers.cli_runner import PROJECT_ROOT, cli_env, read_jsonl, run_cli
+from helpers.tmpfs import mount_tmpfs, unmount
 from tracking_runs import job_command, only_run, store_uri
 
 from cupid_exp.durability.journal import Journal
@@ -120,7 +121,6 @@ def test_the_cli_on_a_failing_disk_exits_5_with_one_line_and_ends_its_run_failed
         # the disk is fine again: the same command resumes and completes
         again = run_cli(job_command(stub.url, root, data), timeout=240)
     assert f"resuming: 2 of {N}" in again.stdout + again.stderr
-    (journal,) = (tiny_disk / "journal").glob("*.jsonl")
     keys = [r["key"] for r in read_jsonl(journal)]
     assert len(keys) == len(set(keys)) == N and only_run(store_uri(root)).info.status == "FINISHED"
 
@@ -129,14 +129,11 @@ def test_the_cli_on_a_failing_disk_exits_5_with_one_line_and_ends_its_run_failed
 def tiny_disk(tmp_path: Path):
     """A 3 MB tmpfs (needs the right to mount: root in this project's sandbox; skipped elsewhere)."""
     where = tmp_path / "disk"
-    where.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(where)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    mount_tmpfs(where, "3m")
     try:
         yield where
     finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+        unmount(where)
 
 
 @pytest.mark.slow

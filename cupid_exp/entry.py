@@ -260,6 +260,10 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
         # drops it unstarted, which is no forgotten await of ours, and not what an interrupted job should print
         warnings.filterwarnings("ignore", message=r"coroutine '.*\.acompletion' was never awaited",
                                 category=RuntimeWarning)
+        # loky's resource tracker (a process of its own, writing to our stderr) warns of the semaphores that a
+        # sweep's workers, stopped by force once every job has returned (``_release_sweep_workers``), left for it
+        # to clean up: it cleans them, and its warning came after the sweep's last line
+        _quiet_in_children("ignore::UserWarning:joblib.externals.loky.backend.resource_tracker")
         # a log line that cannot be written (the job's log file on a full disk) is dropped, not printed as a
         # "--- Logging error ---" traceback: the write that fails in our own files is reported, in one line
         logging.raiseExceptions = False
@@ -297,6 +301,14 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
             os._exit(EXIT_INTERRUPTED)
 
     return main
+
+
+def _quiet_in_children(rule: str) -> None:
+    """A warnings filter for the processes this one starts (``PYTHONWARNINGS``, which they read at start-up), after
+    any the user set."""
+    rules = [r for r in os.environ.get("PYTHONWARNINGS", "").split(",") if r]
+    if rule not in rules:
+        os.environ["PYTHONWARNINGS"] = ",".join([*rules, rule])
 
 
 def exit_code_of(exc: SystemExit) -> int:

@@ -225,6 +225,8 @@ class Pacer:
 PROBE_S = 1.0  #: a learned pace grows at most once per this many seconds (and only while it binds)
 PROBE_STEPS = (1.15, 1.05)  #: ... by this factor before any refusal while paced, and after one
 PROBE_CEILING = 0.97  #: ... up to this share of the lowest pace a refusal came at
+FIRST_HEADROOM = 1.05  #: the first lesson's probes stay under this much more than was admitted (a window
+#: admits about its limit, so probing far past it only buys refusals)
 FORGET_REFUSED_S = 60.0  #: after this long with no refusal, the pace may probe past the one refused before
 MEASURE_S = 3.0  #: a refusal measures what was admitted over the last this many seconds
 HORIZON_S = 10.0  #: the sends and refusals kept
@@ -242,6 +244,7 @@ class RefusalPace:
         self.rpm: float | None = None  #: None until a refusal taught a pace
         self.refused_rpm = math.inf  #: the lowest pace a refusal came at (the pace probes stay under)
         self.changed_at = self.cut_at = -math.inf  #: the pace's last change (a probe or a cut), its last cut
+        self.learned_at = -math.inf  #: when the first refusal taught the pace
         self.last_refusal = -math.inf
 
     def sent(self, now: float) -> None:
@@ -265,23 +268,25 @@ class RefusalPace:
         return 60.0 * (sent - refused) / max(WINDOW_S, now - since)
 
     def refused(self, now: float, hint: float | None) -> bool:
-        """A 429: the first teaches the pace (what was admitted lately); later ones cap the probes under the pace
-        they came at and cut it (×0.9, or to what was admitted if that is less; once per cooldown, during which a
-        refusal may still answer the earlier pace). True when the pace changed."""
+        """A 429: the first teaches the pace (what was admitted lately) and caps the probes a little above it; the
+        rest of that burst correct it. Later ones cap the probes under the pace they came at and cut it (×0.9, or
+        to what was admitted if that is less): once per cooldown, unless a probe raised the pace since the cut
+        (a refusal just after a cut may answer a request the earlier pace sent; one after a probe answers the
+        probe). True when the pace changed."""
         self.refusals.append(now)
         self._prune(now)
         self.last_refusal = now
         measured = self.admitted_rpm(now)
-        if self.rpm is None or now - self.cut_at < PROBE_S < COOLDOWN_S and self.refused_rpm == math.inf:
+        if self.rpm is None or now - self.learned_at < PROBE_S:
             if measured is None:
                 return False
-            first = self.rpm is None
-            self.rpm = measured if first else min(self.rpm, measured)  # the burst's other refusals correct it
-            if first:
-                self.cut_at = self.changed_at = now
+            if self.rpm is None:
+                self.learned_at = self.cut_at = self.changed_at = now
+            self.rpm = measured if self.rpm is None else min(self.rpm, measured)
+            self.refused_rpm = FIRST_HEADROOM * self.rpm
             return True
-        if now - self.cut_at < COOLDOWN_S:
-            return False  # a refusal just after a cut may answer a request the earlier pace sent
+        if now - self.cut_at < COOLDOWN_S and self.changed_at <= self.cut_at:
+            return False
         self.refused_rpm = min(self.refused_rpm, self.rpm)
         self.rpm = 0.9 * self.rpm if measured is None else min(0.9 * self.rpm, max(measured, 0.5 * self.rpm))
         self.cut_at = self.changed_at = now

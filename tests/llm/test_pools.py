@@ -153,6 +153,30 @@ def test_the_first_refusal_teaches_what_was_admitted_and_probes_stay_under_the_r
     assert learner.rpm > 480
 
 
+def test_probes_after_the_first_lesson_stay_near_it_and_a_refused_probe_is_answered_at_once() -> None:
+    """Before, the first lesson left the probes uncapped (+15% a second until a refusal), and a refusal within
+    the cooldown of the lesson was ignored even when a probe had raised the pace since: the pace went on up."""
+    from cupid_exp.llm.limits import FIRST_HEADROOM, PROBE_CEILING
+
+    learner = RefusalPace()
+    for i in range(9):
+        learner.sent(100.0 + i * 0.05)
+    assert learner.refused(100.4, hint=1.0) and learner.rpm == pytest.approx(480)
+    for t in range(101, 110):
+        learner.binding(float(t))
+    assert learner.rpm == pytest.approx(480 * FIRST_HEADROOM * PROBE_CEILING)  # not 480 x 1.15^9
+    probed = learner.rpm
+    learner = RefusalPace()
+    for i in range(9):
+        learner.sent(100.0 + i * 0.05)
+    learner.refused(100.4, hint=1.0)
+    assert learner.binding(101.5)  # a probe, then its refusal 1 s later: inside the lesson's cooldown
+    for i in range(10):
+        learner.sent(101.5 + i * 0.1)
+    assert learner.refused(102.5, hint=1.0) and learner.rpm < 480  # cut at once
+    assert learner.refused_rpm == pytest.approx(probed) and probed < 480 * FIRST_HEADROOM  # probes stay under it
+
+
 def test_a_window_closed_from_the_start_teaches_no_pace() -> None:
     learner = RefusalPace()
     for i in range(10):

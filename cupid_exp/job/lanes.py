@@ -32,11 +32,20 @@ Taker = Callable[[], Any]  #: the next unit left to run, or None
 Finished = Callable[[Any, Result, "CallLog | None"], None]
 
 
+def fair_share(units: int, processes: int) -> int | None:
+    """The most units one of ``processes`` sharing ``units`` should run at once (None: one process, no cap).
+    Each process has its part of the models' slots; a process that took more units at once than its part can
+    serve (32 slots, 32 personas of several calls each) left another's slots idle with the rest (8 personas):
+    40 personas on 2 processes kept 32 calls in flight of 64."""
+    return None if processes <= 1 else max(1, -(-units // processes))
+
+
 async def run_units(work: Work, ctx: Any, take: Taker, finished: Finished, progress: Progress | None,
-                    with_calls: bool) -> None:
-    """Run units as ``take`` hands them out, ``work.in_flight(ctx)`` at a time, and tell ``finished`` of each
-    (with its model calls when ``with_calls``). The caller drains litellm's background work after
-    (``drain_background_tasks`` waits for every other task: its own too)."""
+                    with_calls: bool, at_most: int | None = None) -> None:
+    """Run units as ``take`` hands them out, ``work.in_flight(ctx)`` at a time (and ``at_most``: this process's
+    fair share, ``fair_share``), and tell ``finished`` of each (with its model calls when ``with_calls``). The
+    caller drains litellm's background work after (``drain_background_tasks`` waits for every other task: its
+    own too)."""
     stop = asyncio.Event()  # a call refused by the budget: no unit starts after it; those in flight go on
     fatal: list[FatalProviderError] = []
 
@@ -55,7 +64,8 @@ async def run_units(work: Work, ctx: Any, take: Taker, finished: Finished, progr
                     return
             finished(unit, result, calls)
 
-    await together(*(lane() for _ in range(max(1, work.in_flight(ctx)))))  # a bug or a full disk: all stop
+    lanes = max(1, min(work.in_flight(ctx), at_most or work.in_flight(ctx)))
+    await together(*(lane() for _ in range(lanes)))  # a bug or a full disk: all stop
     if fatal:
         raise fatal[0]
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cupid_exp.config import JobConfig
-from cupid_exp.job.lanes import run_units
+from cupid_exp.job.lanes import fair_share, run_units
 from cupid_exp.job.spec import Result, Work
 from cupid_exp.llm.budget import Budget
 from cupid_exp.llm.client import drain_background_tasks
@@ -41,6 +41,7 @@ class WorkerSpec:
     secrets: list[str]
     ledger: str | None = None  #: the job's usage ledger: this process writes its own counts into it
     budget: Budget | None = None  #: the job's spending limits (ledger files shared by every process)
+    processes: int = 1  #: how many processes share the units (this one's lanes: at most its fair share)
 
 
 @dataclass
@@ -149,7 +150,7 @@ def serve_units(spec: WorkerSpec, shared: Shared, inbox: Any, outbox: Any) -> No
 
         async def run() -> None:
             await run_units(work, ctx, SharedCursor(shared.counter, units), finished, None,
-                            bool(shared.wants_calls.value))
+                            bool(shared.wants_calls.value), fair_share(len(units), spec.processes))
             await drain_background_tasks()
 
         try:

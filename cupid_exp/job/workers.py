@@ -30,7 +30,7 @@ import sys
 import threading
 from typing import Any
 
-from cupid_exp.job.lanes import job_finisher, job_progress, run_units, stopped_by_budget
+from cupid_exp.job.lanes import fair_share, job_finisher, job_progress, run_units, stopped_by_budget
 from cupid_exp.job.plan import Job
 from cupid_exp.job.spec import Result
 from cupid_exp.job.worker_count import share
@@ -82,7 +82,7 @@ class Workers:
             cfg = share(job.cfg, index, attempt.processes)
             spec = WorkerSpec(work=job.work.portable(), cfg=cfg, secrets=list(job.spec.secrets),
                               ledger=str(attempt.ledger.path) if attempt.ledger is not None else None,
-                              budget=attempt.budget)
+                              budget=attempt.budget, processes=attempt.processes)
             process = ctx.Process(target=serve_units, args=(spec, self.shared, self.inbox, self.outbox),
                                   name=f"cupid-calls-{index}", daemon=True)
             process.start()
@@ -189,7 +189,8 @@ async def _spread(job: Job, todo: list[Any], observer: InstanceObserver | None, 
 
     async def own_share() -> None:
         try:
-            await run_units(job.work, job.ctx, cursor, finished, progress, calls)
+            await run_units(job.work, job.ctx, cursor, finished, progress, calls,
+                            fair_share(len(todo), job.attempt.processes))
         except FatalProviderError as exc:  # the workers finish what they have in flight first
             fatal.append(exc)
 

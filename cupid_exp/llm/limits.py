@@ -21,12 +21,16 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import json
 import math
 import time
 from collections import deque
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 COOLDOWN_S = 3.0  #: at most one cut of the concurrency limit (or of a pace) per this many seconds
 DECREASE, INCREASE = 0.8, 0.1  #: the cut on a 429, the share added after a round of successes
@@ -37,6 +41,22 @@ MIN_GAP = 0.5  #: at the moment of sending, at least this share of the pace's sp
 CHARS_PER_TOKEN = 4  #: the prompt estimate for tokens-per-minute (OpenAI's own rule of thumb)
 
 
+#: the order in which calls waiting for a slot get one: lower first, then first come (``first_in_line``)
+_PRIORITY: ContextVar[int] = ContextVar("cupid_call_priority", default=1)
+
+
+@contextmanager
+def first_in_line() -> Iterator[None]:
+    """Calls made in this context (and in the tasks it starts) take a free slot before the others waiting: a
+    unit's critical path (a persona's sessions, one after another) is not queued behind the work that can wait
+    (its dialogues, which fill the slots meanwhile)."""
+    token = _PRIORITY.set(0)
+    try:
+        yield
+    finally:
+        _PRIORITY.reset(token)
+
+
 def estimated_tokens(messages: list[dict], max_tokens: int | None) -> int:
     """What a request counts toward tokens-per-minute: prompt characters / 4 plus the reply's reserve."""
     chars = sum(len(m.get("content") or "") if isinstance(m.get("content"), str) else len(str(m.get("content")))
@@ -45,14 +65,16 @@ def estimated_tokens(messages: list[dict], max_tokens: int | None) -> int:
 
 
 class AdaptiveLimit:
-    """How many requests may be in flight (AIMD), for any event loop of the process (sweeps run several)."""
+    """How many requests may be in flight (AIMD), for any event loop of the process (sweeps run several). Calls
+    waiting for a slot get one in the order of their priority (``first_in_line``), then of their arrival."""
 
     def __init__(self, ceiling: int):
         self.ceiling = max(1, ceiling)
         self.limit = float(min(self.ceiling, max(SLOW_START, self.ceiling // 4)))
         self.slow_start = self.limit < self.ceiling
         self.in_flight = 0
-        self._waiters: deque[asyncio.Future] = deque()
+        self._waiters: list[tuple[int, int, asyncio.Future]] = []  #: a heap: (priority, arrival, waiter)
+        self._arrivals = itertools.count()
         self._last_cut = -math.inf
         self._ok = 0
         self.cuts = 0
@@ -73,7 +95,7 @@ class AdaptiveLimit:
             self.in_flight += 1
             return
         waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        heapq.heappush(self._waiters, (_PRIORITY.get(), next(self._arrivals), waiter))
         try:
             await waiter
         except asyncio.CancelledError:
@@ -87,7 +109,7 @@ class AdaptiveLimit:
 
     def _wake(self) -> None:
         while self._waiters and self.in_flight < int(self.limit):
-            waiter = self._waiters.popleft()
+            waiter = heapq.heappop(self._waiters)[2]
             if waiter.done() or waiter.get_loop().is_closed():
                 continue
             self.in_flight += 1

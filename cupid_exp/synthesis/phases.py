@@ -1,5 +1,6 @@
-"""One persona through every phase: persona → factors → changed preference → sessions → checklists →
-dialogues → instances → validation, each saved to its journey file as soon as it is done.
+"""One persona through every phase: persona → factors → changed preference → sessions (with the checklists
+beside them, and each dialogue as soon as its session and checklist exist) → instances → validation, each
+saved to its journey file as soon as it is done.
 
 A step that fails (``StepFailed``: a provider's failure or replies that never validated) fails the
 persona at that phase and the other personas go on; any other exception is a bug and stops the job,
@@ -16,6 +17,7 @@ from typing import Any
 
 from cupid_exp.data.schema import DataError, validate_row
 from cupid_exp.llm import calls
+from cupid_exp.llm.limits import first_in_line
 from cupid_exp.llm.steps import StepFailed
 from cupid_exp.synthesis import steps
 from cupid_exp.synthesis.attempts import AttemptLog
@@ -96,12 +98,26 @@ def filter_unsatisfied(rows: list[dict[str, Any]], journey: JourneyTemplate, dia
     return kept, dropped
 
 
-async def gather_all(coros: list) -> None:
-    """Run all; after every one has finished, re-raise the first failure (so finished work is saved)."""
-    results = await asyncio.gather(*coros, return_exceptions=True)
-    for r in results:
-        if isinstance(r, BaseException):
+class PhaseFailed(Exception):
+    """A step of a phase run beside others failed (``in_phases``): the phase, and the step's ``StepFailed``."""
+
+    def __init__(self, phase: str, failure: StepFailed):
+        super().__init__(str(failure))
+        self.phase, self.failure = phase, failure
+
+
+async def in_phases(work: list[tuple[str, Any]]) -> None:
+    """Run all, each named by its phase; after every one has finished (so finished work is saved), raise what
+    failed: a bug first (it must stop the job, never hide behind a step's failure), else the first step that
+    failed in the list's order, as ``PhaseFailed``."""
+    results = await asyncio.gather(*(coro for _, coro in work), return_exceptions=True)
+    failures = [(phase, r) for (phase, _), r in zip(work, results) if isinstance(r, BaseException)]
+    for _, r in failures:
+        if not isinstance(r, StepFailed):
             raise r
+    if failures:
+        phase, first = failures[0]
+        raise PhaseFailed(phase, first) from first
 
 
 class PersonaRun:
@@ -144,57 +160,80 @@ class PersonaRun:
             self.save("changed", await steps.write_changed_preference(
                 self.ctx, self.description, factors[self.journey.current_factor], others))
 
-    async def sessions(self) -> None:
-        factors, changed = self.j["factors"], self.changed
+    async def sessions_checklists_dialogues(self) -> None:
+        """The sessions one after another (each reads the earlier ones); meanwhile the checklists, and each dialogue
+        as soon as its session and its preference's checklist exist. A persona used to keep one call in flight
+        while it wrote its 13 sessions and start its dialogues only after the last: with fewer personas than the
+        pool's slots, the slots stood idle (40 personas on 64 slots: 45 in flight on average). A step that fails
+        lets the others finish (what they made is saved) and fails the persona at its phase, the earliest of
+        sessions, checklists, dialogues."""
         sessions = self.j.setdefault("sessions", [None] * N_SESSIONS)
-        first_changed = min(self.journey.positions(CHANGED))
-        for slot in self.journey.slots:
-            if sessions[slot.index] is not None:
-                continue
-            factor = factors[slot.factor]
-            preference = slot_preference(slot, factors, changed)
-            session = await steps.write_session(
-                self.ctx, persona_description=self.description, factor=factor, preference=preference,
-                session_number=slot.index + 1, n_sessions=N_SESSIONS, earlier=sessions[: slot.index],
-                task_type=session_task_type(self.scfg.seed, self.template.index, slot.index, factor["task_types"]),
-                shift_reason=self.j["changed"]["reason"] if slot.index == first_changed else None)
-            sessions[slot.index] = {**session, "context_factor": factor["factor"], "preference": preference,
-                                    "kind": slot.kind}
-            self.persist()
-
-    async def checklists(self) -> None:
         checklists = self.j.setdefault("checklists", {})
+        self.j.setdefault("dialogues", [None] * (N_SESSIONS - 1))
         needed = list(dict.fromkeys([f["preference"] for f in self.j["factors"]] + [self.changed]))
+        written = [asyncio.Event() for _ in range(N_SESSIONS)]  # set once the session exists, or never will
+        listed = {preference: asyncio.Event() for preference in needed}
+
+        async def write_sessions() -> None:
+            try:
+                with first_in_line():  # the persona's critical path: its calls go before the dialogues waiting
+                    await self.sessions(written)
+            finally:
+                for event in written:
+                    event.set()
 
         async def checklist(preference: str) -> None:
-            if preference not in checklists:
-                checklists[preference] = await steps.decompose(self.ctx, preference)
-                self.persist()
+            try:
+                if preference not in checklists:
+                    checklists[preference] = await steps.decompose(self.ctx, preference)
+                    self.persist()
+            finally:
+                listed[preference].set()
 
-        await gather_all([checklist(p) for p in needed])
+        async def dialogue(slot_index: int) -> None:
+            preference = slot_preference(self.journey.slots[slot_index], self.j["factors"], self.changed)
+            await written[slot_index].wait()
+            await listed[preference].wait()
+            if sessions[slot_index] is not None and preference in checklists:  # else what it needs failed
+                await self.dialogue(slot_index, preference)
+
+        await in_phases([("sessions", write_sessions())] + [("checklists", checklist(p)) for p in needed]
+                        + [("dialogues", dialogue(i)) for i in range(N_SESSIONS - 1)])
+
+    async def sessions(self, written: list[asyncio.Event]) -> None:
+        factors, changed = self.j["factors"], self.changed
+        sessions = self.j["sessions"]
+        first_changed = min(self.journey.positions(CHANGED))
+        for slot in self.journey.slots:
+            if sessions[slot.index] is None:
+                factor = factors[slot.factor]
+                preference = slot_preference(slot, factors, changed)
+                session = await steps.write_session(
+                    self.ctx, persona_description=self.description, factor=factor, preference=preference,
+                    session_number=slot.index + 1, n_sessions=N_SESSIONS, earlier=sessions[: slot.index],
+                    task_type=session_task_type(self.scfg.seed, self.template.index, slot.index, factor["task_types"]),
+                    shift_reason=self.j["changed"]["reason"] if slot.index == first_changed else None)
+                sessions[slot.index] = {**session, "context_factor": factor["factor"], "preference": preference,
+                                        "kind": slot.kind}
+                self.persist()
+            written[slot.index].set()
 
     def _regenerate(self, record: dict[str, Any]) -> bool:
         return (self.scfg.on_unsatisfied == "regenerate" and not record["is_satisfied"]
                 and record["attempt"] < self.scfg.max_retries)
 
-    async def dialogues(self) -> None:
-        factors, sessions = self.j["factors"], self.j["sessions"]
-        dialogues = self.j.setdefault("dialogues", [None] * (N_SESSIONS - 1))
-
-        async def dialogue(slot_index: int) -> None:
-            slot = self.journey.slots[slot_index]
-            preference = slot_preference(slot, factors, self.changed)
-            record = dialogues[slot_index]
-            while record is None or self._regenerate(record):
-                record = await steps.simulate_dialogue(
-                    self.ctx, persona_description=self.description, factor=factors[slot.factor]["factor"],
-                    preference=preference, checklist=self.j["checklists"][preference],
-                    request=steps.first_message(sessions[slot_index]),
-                    attempt=0 if record is None else record["attempt"] + 1)
-                dialogues[slot_index] = record
-                self.persist()
-
-        await gather_all([dialogue(i) for i in range(N_SESSIONS - 1)])
+    async def dialogue(self, slot_index: int, preference: str) -> None:
+        factors, sessions, dialogues = self.j["factors"], self.j["sessions"], self.j["dialogues"]
+        slot = self.journey.slots[slot_index]
+        record = dialogues[slot_index]
+        while record is None or self._regenerate(record):
+            record = await steps.simulate_dialogue(
+                self.ctx, persona_description=self.description, factor=factors[slot.factor]["factor"],
+                preference=preference, checklist=self.j["checklists"][preference],
+                request=steps.first_message(sessions[slot_index]),
+                attempt=0 if record is None else record["attempt"] + 1)
+            dialogues[slot_index] = record
+            self.persist()
 
     def instances(self, outcome: PersonaOutcome) -> None:
         """The three rows (paper B.5), minus those the unsatisfied policy or the data schema rejects."""
@@ -242,18 +281,21 @@ class PersonaRun:
     async def _run(self) -> PersonaOutcome:
         outcome = PersonaOutcome(index=self.template.index, journey=self.j)
         phases = [("persona", self.persona), ("factors", self.factors),
-                  ("changed_preference", self.changed_preference), ("sessions", self.sessions),
-                  ("checklists", self.checklists), ("dialogues", self.dialogues)]
+                  ("changed_preference", self.changed_preference),
+                  ("sessions", self.sessions_checklists_dialogues)]
         phase = "persona"
         try:
             for phase, step in phases:
-                await step()
+                with first_in_line() if phase != "sessions" else nullcontext():  # one call at a time: go first
+                    await step()
             phase = "instances"
             self.instances(outcome)
             phase = "validation"
             if self.scfg.validate:
                 await self.validation(outcome)
-        except StepFailed as exc:
+        except (StepFailed, PhaseFailed) as caught:
+            exc = caught.failure if isinstance(caught, PhaseFailed) else caught
+            phase = caught.phase if isinstance(caught, PhaseFailed) else phase
             outcome.failed_phase, outcome.error, outcome.failed_kind = phase, str(exc), exc.kind
             log.warning("persona %d failed at %s: %s", self.template.index, phase, exc)
         self.j["status"] = "failed" if outcome.failed_phase else "done"

@@ -286,3 +286,34 @@ def test_once_litellms_native_runtime_has_started_the_workers_are_spawned_and_ca
     assert out["before"] is False and out["after"] is True
     assert out["methods"] == ["spawn"] and out["exits"] == [0]
     assert out["results"] == 9 and received == 1 + 9 * 6  # the Router's one call, then every call of the job
+
+
+def test_a_process_runs_at_most_its_fair_share_of_the_units_at_once() -> None:
+    """40 personas on 2 processes of 32 slots each: the first process took 32 at once and the other 8, and from
+    then on 32 calls were in flight of 64."""
+    import asyncio
+
+    from cupid_exp.job.lanes import fair_share, run_units
+
+    assert fair_share(40, 2) == 20 and fair_share(41, 2) == 21 and fair_share(1, 4) == 1
+    assert fair_share(40, 1) is None  # one process: its lanes as its work says
+
+    class Work:
+        noun = "unit"
+        running = peak = 0
+
+        def in_flight(self, ctx) -> int:
+            return 32
+
+        async def run(self, ctx, unit, progress):
+            Work.running += 1
+            Work.peak = max(Work.peak, Work.running)
+            await asyncio.sleep(0.01)
+            Work.running -= 1
+            return unit
+
+    units = iter(range(40))
+    done: list[int] = []
+    asyncio.run(run_units(Work(), None, lambda: next(units, None), lambda unit, result, calls: done.append(unit),
+                          None, False, fair_share(40, 2)))
+    assert sorted(done) == list(range(40)) and Work.peak == 20

@@ -159,3 +159,35 @@ def test_a_429_while_pacing_slows_every_process_of_the_ledger(tmp_path: Path) ->
     for _ in range(100):
         first.succeeded()
     assert first.reserve(1) > 0 and first.scale == 1.0
+
+
+def test_a_call_first_in_line_takes_the_next_free_slot_before_those_that_waited_longer() -> None:
+    """A persona's sessions (its critical path) are not queued behind the dialogues that fill the slots meanwhile."""
+    from cupid_exp.llm.limits import first_in_line
+
+    order: list[str] = []
+
+    async def run() -> None:
+        limit = AdaptiveLimit(1)
+        limit.slow_start, limit.limit = False, 1.0
+        await limit.acquire()  # the one slot is taken
+
+        async def call(name: str) -> None:
+            await limit.acquire()
+            order.append(name)
+            await asyncio.sleep(0)
+            limit.release()
+
+        async def urgent() -> None:
+            with first_in_line():
+                await call("session")
+
+        waiting = [asyncio.ensure_future(call("dialogue 1")), asyncio.ensure_future(call("dialogue 2"))]
+        await asyncio.sleep(0)
+        waiting.append(asyncio.ensure_future(urgent()))
+        await asyncio.sleep(0)
+        limit.release()
+        await asyncio.gather(*waiting)
+
+    asyncio.run(run())
+    assert order == ["session", "dialogue 1", "dialogue 2"]

@@ -73,3 +73,38 @@ def test_unsatisfied_dialogues_drop_only_the_instances_that_use_them(policy: str
     out, dropped = filter_unsatisfied(rows, t, dialogues, policy)
     assert [r["instance_type"] for r in out] == kept
     assert all("sessions [3]" in d["reason"] for d in dropped)
+
+
+def test_dialogues_start_while_the_later_sessions_are_still_being_written(tmp_path) -> None:
+    """A dialogue needs its own session and its preference's checklist, not all 13 sessions: before, every dialogue
+    waited for the last session, and a persona kept one call in flight for its whole session phase."""
+    from cupid_exp.testing.stub_config import StubConfig
+    from cupid_exp.testing.stub_replies import classify
+
+    with StubServer(StubConfig(record_bodies=True, latency_ms=20)) as stub:
+        ctx = context(stub.url, tmp_path, structured=True, max_turns=1)
+        outcome, _ = run_persona(ctx, tmp_path, validate=False)
+        steps = [classify(body) for body in stub.bodies]
+    assert outcome.failed_phase is None and len(outcome.instances) == 3
+    last_session = max(i for i, s in enumerate(steps) if s == "session")
+    first_dialogue = min(i for i, s in enumerate(steps) if s == "user_simulator")
+    assert first_dialogue < last_session, steps
+
+
+def test_phases_run_beside_each_other_report_a_bug_first_else_the_earliest_phase() -> None:
+    from cupid_exp.llm.steps import StepFailed
+    from cupid_exp.synthesis.phases import PhaseFailed, in_phases
+
+    async def fails(kind: str, delay: float):
+        await asyncio.sleep(delay)
+        raise StepFailed("step", kind, "failed") if kind != "bug" else TypeError("a bug of ours")
+
+    async def ok():
+        await asyncio.sleep(0.01)
+
+    with pytest.raises(PhaseFailed) as failed:  # the dialogue failed first in time; the checklist is the earlier phase
+        asyncio.run(in_phases([("sessions", ok()), ("checklists", fails("unparseable", 0.02)),
+                               ("dialogues", fails("provider", 0.0))]))
+    assert failed.value.phase == "checklists" and failed.value.failure.kind == "unparseable"
+    with pytest.raises(TypeError, match="a bug of ours"):  # never hidden behind a step's failure
+        asyncio.run(in_phases([("sessions", fails("provider", 0.0)), ("dialogues", fails("bug", 0.01))]))

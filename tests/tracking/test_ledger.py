@@ -83,7 +83,8 @@ def _price(tokens: dict) -> float:
 @pytest.mark.slow
 def test_what_an_interrupted_attempt_paid_is_in_the_resumed_runs_cost(tmp_path: Path) -> None:
     """Ctrl-C half-way through a job with two processes, then the same command: the run's cost is every answer
-    the stub sent, and its earlier attempts' share exactly what the interrupted attempt was sent."""
+    the stub sent, its earlier attempts' share what the interrupted attempt was sent (and the worst case of each
+    request it cut in flight)."""
     n = 8
     data = write_dataset(tmp_path / "data.jsonl", n)
     root = tmp_path / "out"
@@ -100,8 +101,12 @@ def test_what_an_interrupted_attempt_paid_is_in_the_resumed_runs_cost(tmp_path: 
         paid = stub.stats()
     assert 0 < interrupted["total_completed"] < paid["total_completed"]
     m = only_run(store_uri(root)).data.metrics
-    assert m["cost/usd/earlier_attempts"] == pytest.approx(_price(interrupted["tokens"]), rel=1e-9)
-    assert m["cost/usd"] == pytest.approx(_price(paid["tokens"]), rel=1e-9)
-    # every answered request is counted; those the interrupt cut in flight are counted where the process that sent
-    # them lived to write it down (the stub received them; a cancelled request costs nothing: the client gave it up)
+    answered = _price(interrupted["tokens"])
+    earlier = m["cost/usd/earlier_attempts"]
+    # every answer is counted; a request the interrupt cut in flight is charged its worst case where the process
+    # that sent it lived to write it down (the provider may have processed and billed it: llm/billing.py)
+    assert earlier == pytest.approx(answered, rel=1e-9) or (
+        earlier > answered and interrupted["total_received"] > interrupted["total_completed"]), (earlier, answered)
+    # the resumed attempt was not interrupted: exactly what it was answered
+    assert m["cost/usd"] - earlier == pytest.approx(_price(paid["tokens"]) - answered, rel=1e-6)
     assert paid["total_completed"] <= m["calls/requests"] <= paid["total_received"]

@@ -64,7 +64,10 @@ def _stored(uri: str, experiment: str) -> dict[str, dict]:
         out[info.tags["cupid.key"]] = {
             "state": info.state, "request_preview": info.request_preview, "response_preview": info.response_preview,
             "tags": {k: v for k, v in info.tags.items() if k != "mlflow.artifactLocation"},
-            "metadata": {k: v for k, v in info.trace_metadata.items() if k not in ("mlflow.sourceRun",)},
+            # the size MLflow measures of a trace varied by a few bytes between two writes of the same one (CI, under
+            # load: 8928 against 8896); what we write is compared, not MLflow's measure of it
+            "metadata": {k: v for k, v in info.trace_metadata.items()
+                         if k not in ("mlflow.sourceRun", "mlflow.trace.sizeBytes", "mlflow.trace.sizeStats")},
             "token_usage": info.token_usage,
             "assessments": sorted((a.name, str(a.value)) for a in info.assessments),
             "spans": [(s.name, s.span_type, s.inputs, s.outputs, s.start_time_ns, s.end_time_ns,
@@ -72,6 +75,25 @@ def _stored(uri: str, experiment: str) -> dict[str, dict]:
                       for s in trace.data.spans],
         }
     return out
+
+
+def _difference(ours: dict[str, dict], theirs: dict[str, dict]) -> str:
+    """The first way two stores' traces differ, in a line (a whole trace's repr hid it in CI), or ''."""
+    if ours.keys() != theirs.keys():
+        return (f"keys only ours: {sorted(ours.keys() - theirs.keys())}, "
+                f"only theirs: {sorted(theirs.keys() - ours.keys())}")
+    for key in sorted(ours):
+        for field in ours[key]:
+            a, b = ours[key][field], theirs[key].get(field)
+            if a != b:
+                if field == "spans" and len(a) == len(b):
+                    at = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+                    a, b = a[at], b[at]
+                    parts = [j for j, (x, y) in enumerate(zip(a, b)) if x != y]
+                    a, b = [a[j] for j in parts], [b[j] for j in parts]
+                    return f"{key} span {at} parts {parts}: ours {a!r:.600} theirs {b!r:.600}"
+                return f"{key} {field}: ours {a!r:.600} theirs {b!r:.600}"
+    return ""
 
 
 def test_batches_store_what_mlflows_own_exporter_stores_in_fewer_transactions(tmp_path: Path, monkeypatch) -> None:
@@ -82,7 +104,7 @@ def test_batches_store_what_mlflows_own_exporter_stores_in_fewer_transactions(tm
     theirs, plain = _write(uri, N, batched=False, monkeypatch=monkeypatch)
     assert plain is None
     stored = _stored(uri, ours)
-    assert len(stored) == N and stored == _stored(uri, theirs)
+    assert len(stored) == N and not (diff := _difference(stored, _stored(uri, theirs))), diff
     some = stored[f"{100 + 3}+teacher/consistent"]
     assert [s[0] for s in some["spans"]] == ["103+teacher/consistent", "infer", "decompose", "match_precision",
                                              "match_recall"]
@@ -134,7 +156,7 @@ def test_a_batch_that_fails_is_rolled_back_and_written_trace_by_trace(tmp_path: 
     assert batches.fallbacks == 1
     plain, _ = _write(uri, 5, batched=False, monkeypatch=monkeypatch)
     stored = _stored(uri, experiment)
-    assert len(stored) == 5 and stored == _stored(uri, plain)
+    assert len(stored) == 5 and not (diff := _difference(stored, _stored(uri, plain))), diff
 
 
 def test_a_store_that_is_not_sql_keeps_mlflows_exporter(tmp_path: Path, monkeypatch) -> None:

@@ -64,7 +64,10 @@ async def run_units(work: Work, ctx: Any, take: Taker, finished: Finished, progr
                     return
             finished(unit, result, calls)
 
-    lanes = max(1, min(work.in_flight(ctx), at_most or work.in_flight(ctx)))
+    lanes = work.in_flight(ctx)
+    if at_most is not None:
+        lanes = min(lanes, at_most)
+    lanes = max(1, lanes)
     await together(*(lane() for _ in range(lanes)))  # a bug or a full disk: all stop
     if fatal:
         raise fatal[0]

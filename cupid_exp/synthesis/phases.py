@@ -280,24 +280,24 @@ class PersonaRun:
 
     async def _run(self) -> PersonaOutcome:
         outcome = PersonaOutcome(index=self.template.index, journey=self.j)
-        phases = [("persona", self.persona), ("factors", self.factors),
-                  ("changed_preference", self.changed_preference),
-                  ("sessions", self.sessions_checklists_dialogues)]
+        chain = [("persona", self.persona), ("factors", self.factors), ("changed_preference", self.changed_preference)]
         phase = "persona"
         try:
-            for phase, step in phases:
-                with first_in_line() if phase != "sessions" else nullcontext():  # one call at a time: go first
+            with first_in_line():  # one call at a time, each the persona's next: it goes before calls that can wait
+                for phase, step in chain:
                     await step()
+            phase = "sessions"
+            await self.sessions_checklists_dialogues()
             phase = "instances"
             self.instances(outcome)
             phase = "validation"
             if self.scfg.validate:
                 await self.validation(outcome)
         except (StepFailed, PhaseFailed) as caught:
-            exc = caught.failure if isinstance(caught, PhaseFailed) else caught
-            phase = caught.phase if isinstance(caught, PhaseFailed) else phase
-            outcome.failed_phase, outcome.error, outcome.failed_kind = phase, str(exc), exc.kind
-            log.warning("persona %d failed at %s: %s", self.template.index, phase, exc)
+            if isinstance(caught, PhaseFailed):  # which of the phases run side by side
+                phase, caught = caught.phase, caught.failure
+            outcome.failed_phase, outcome.error, outcome.failed_kind = phase, str(caught), caught.kind
+            log.warning("persona %d failed at %s: %s", self.template.index, phase, caught)
         self.j["status"] = "failed" if outcome.failed_phase else "done"
         self.j["failed_phase"], self.j["error"] = outcome.failed_phase, outcome.error
         self.j["failed_kind"] = outcome.failed_kind

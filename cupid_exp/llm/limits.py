@@ -42,7 +42,8 @@ CHARS_PER_TOKEN = 4  #: the prompt estimate for tokens-per-minute (OpenAI's own 
 
 
 #: the order in which calls waiting for a slot get one: lower first, then first come (``first_in_line``)
-_PRIORITY: ContextVar[int] = ContextVar("cupid_call_priority", default=1)
+_FIRST, _IN_TURN = 0, 1
+_PRIORITY: ContextVar[int] = ContextVar("cupid_call_priority", default=_IN_TURN)
 
 
 @contextmanager
@@ -50,7 +51,18 @@ def first_in_line() -> Iterator[None]:
     """Calls made in this context (and in the tasks it starts) take a free slot before the others waiting: a
     unit's critical path (a persona's sessions, one after another) is not queued behind the work that can wait
     (its dialogues, which fill the slots meanwhile)."""
-    token = _PRIORITY.set(0)
+    token = _PRIORITY.set(_FIRST)
+    try:
+        yield
+    finally:
+        _PRIORITY.reset(token)
+
+
+@contextmanager
+def in_turn() -> Iterator[None]:
+    """Calls made in this context wait their turn, even inside ``first_in_line``: for work a critical path starts
+    but does not wait for (a persona's checklists, started as each factor is written)."""
+    token = _PRIORITY.set(_IN_TURN)
     try:
         yield
     finally:

@@ -1,6 +1,6 @@
-"""One persona through every phase: persona → factors → changed preference → sessions (with the checklists
-beside them, and each dialogue as soon as its session and checklist exist) → instances → validation, each
-saved to its journey file as soon as it is done.
+"""One persona through every phase: persona → factors → changed preference → sessions → instances → validation,
+each saved to its journey file as soon as it is done. Beside that chain: each preference's checklist, started as
+soon as its factor is written, and each dialogue, as soon as its session and checklist exist.
 
 A step that fails (``StepFailed``: a provider's failure or replies that never validated) fails the
 persona at that phase and the other personas go on; any other exception is a bug and stops the job,
@@ -17,7 +17,7 @@ from typing import Any
 
 from cupid_exp.data.schema import DataError, validate_row
 from cupid_exp.llm import calls
-from cupid_exp.llm.limits import first_in_line
+from cupid_exp.llm.limits import first_in_line, in_turn
 from cupid_exp.llm.steps import StepFailed
 from cupid_exp.synthesis import steps
 from cupid_exp.synthesis.attempts import AttemptLog
@@ -129,6 +129,7 @@ class PersonaRun:
         self.j = store.data
         self.journey = JourneyTemplate.from_dict(self.j["journey"])
         self.attempts = AttemptLog(store.path.with_suffix(".calls.jsonl"), None, store.writes)
+        self._checklists: dict[str, asyncio.Task] = {}  #: each preference's checklist, started once
 
     def save(self, key: str, value: Any) -> Any:
         self.j[key] = value
@@ -147,9 +148,14 @@ class PersonaRun:
 
     async def factors(self) -> None:
         if "factors" not in self.j:
+            def written(partial: list[dict[str, Any]]) -> None:
+                self.save("factors_partial", partial)
+                self.start_checklists(f["preference"] for f in partial)
+
+            self.start_checklists(f["preference"] for f in self.j.get("factors_partial") or [])
             factors = await steps.write_factors(self.ctx, self.description, self.j["factor_plan"],
-                                                done=self.j.get("factors_partial"),
-                                                on_factor=lambda partial: self.save("factors_partial", partial))
+                                                done=self.j.get("factors_partial"), on_factor=written)
+            self.start_checklists(f["preference"] for f in factors)  # the pair's second is not reported as partial
             self.j.pop("factors_partial", None)
             self.save("factors", factors)
 
@@ -159,6 +165,34 @@ class PersonaRun:
             others = [f["preference"] for f in factors]
             self.save("changed", await steps.write_changed_preference(
                 self.ctx, self.description, factors[self.journey.current_factor], others))
+
+    def start_checklists(self, preferences: Any) -> None:
+        """Each preference's checklist, started once, beside the persona's chain. A persona used to write its
+        checklists after its 8 factors and its changed preference, one call at a time: with fewer personas than
+        the pool's slots, those first ten calls kept the slots idle (40 personas on 64: 40 in flight). They wait
+        their turn behind the calls of every persona's chain."""
+        for preference in preferences:
+            if preference not in self._checklists:
+                with in_turn():
+                    self._checklists[preference] = asyncio.create_task(self.checklist(preference))
+
+    async def checklist(self, preference: str) -> None:
+        checklists = self.j.setdefault("checklists", {})
+        if preference not in checklists:
+            checklists[preference] = await steps.decompose(self.ctx, preference)
+            self.persist()
+
+    async def settle_checklists(self, cancel: bool) -> None:
+        """When the chain beside them stops: let the checklists finish and be saved (or cancel them, when the
+        persona itself is stopped or a bug stops the job); a bug among them raises, a step's failure does not
+        (the persona already fails at its chain's phase)."""
+        for task in self._checklists.values():
+            if cancel:
+                task.cancel()
+        results = await asyncio.gather(*self._checklists.values(), return_exceptions=True)
+        for result in results:
+            if not cancel and isinstance(result, BaseException) and not isinstance(result, StepFailed):
+                raise result
 
     async def sessions_checklists_dialogues(self) -> None:
         """The sessions one after another (each reads the earlier ones); meanwhile the checklists, and each dialogue
@@ -182,11 +216,11 @@ class PersonaRun:
                 for event in written:
                     event.set()
 
+        self.start_checklists(needed)
+
         async def checklist(preference: str) -> None:
             try:
-                if preference not in checklists:
-                    checklists[preference] = await steps.decompose(self.ctx, preference)
-                    self.persist()
+                await self._checklists[preference]
             finally:
                 listed[preference].set()
 
@@ -283,9 +317,13 @@ class PersonaRun:
         chain = [("persona", self.persona), ("factors", self.factors), ("changed_preference", self.changed_preference)]
         phase = "persona"
         try:
-            with first_in_line():  # one call at a time, each the persona's next: it goes before calls that can wait
-                for phase, step in chain:
-                    await step()
+            try:
+                with first_in_line():  # one call at a time, each the persona's next: it goes before calls that can wait
+                    for phase, step in chain:
+                        await step()
+            except BaseException as stopped:
+                await self.settle_checklists(cancel=not isinstance(stopped, StepFailed))
+                raise
             phase = "sessions"
             await self.sessions_checklists_dialogues()
             phase = "instances"

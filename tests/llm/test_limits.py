@@ -191,3 +191,34 @@ def test_a_call_first_in_line_takes_the_next_free_slot_before_those_that_waited_
 
     asyncio.run(run())
     assert order == ["session", "dialogue 1", "dialogue 2"]
+
+
+def test_work_a_critical_path_starts_but_does_not_wait_for_waits_its_turn() -> None:
+    """A persona's checklists, started from its chain (first in line), queue behind the calls already waiting."""
+    from cupid_exp.llm.limits import first_in_line, in_turn
+
+    order: list[str] = []
+
+    async def run() -> None:
+        limit = AdaptiveLimit(1)
+        limit.slow_start, limit.limit = False, 1.0
+        await limit.acquire()
+
+        async def call(name: str) -> None:
+            await limit.acquire()
+            order.append(name)
+            await asyncio.sleep(0)
+            limit.release()
+
+        waiting = [asyncio.ensure_future(call("dialogue"))]
+        await asyncio.sleep(0)
+        with first_in_line():
+            with in_turn():
+                waiting.append(asyncio.ensure_future(call("checklist")))
+            waiting.append(asyncio.ensure_future(call("factor")))
+        await asyncio.sleep(0)
+        limit.release()
+        await asyncio.gather(*waiting)
+
+    asyncio.run(run())
+    assert order == ["factor", "dialogue", "checklist"]

@@ -91,6 +91,41 @@ def test_dialogues_start_while_the_later_sessions_are_still_being_written(tmp_pa
     assert first_dialogue < last_session, steps
 
 
+def test_checklists_start_while_the_later_factors_are_still_being_written(tmp_path) -> None:
+    """A preference's checklist needs only its factor: before, the checklists waited for all 8 factors and the
+    changed preference, and a persona kept one call in flight for those ten calls."""
+    from cupid_exp.testing.stub_config import StubConfig
+    from cupid_exp.testing.stub_replies import classify
+
+    with StubServer(StubConfig(record_bodies=True, latency_ms=20)) as stub:
+        ctx = context(stub.url, tmp_path, structured=True, max_turns=1)
+        outcome, _ = run_persona(ctx, tmp_path, validate=False)
+        steps = [classify(body) for body in stub.bodies]
+    assert outcome.failed_phase is None and len(outcome.instances) == 3
+    last_factor = max(i for i, s in enumerate(steps) if s == "factors")
+    first_checklist = min(i for i, s in enumerate(steps) if s == "decompose")
+    assert first_checklist < last_factor, steps
+
+
+def test_checklists_started_beside_a_chain_that_fails_finish_and_are_saved(tmp_path, recwarn) -> None:
+    """The persona fails at its chain's phase; what the checklists beside it made is kept for the resume."""
+    import gc
+
+    from cupid_exp.testing.stub_config import StubConfig
+
+    with StubServer(StubConfig(garbage_steps=("changed_preference",), latency_ms=5)) as stub:
+        ctx = context(stub.url, tmp_path, structured=True, max_retries=1)
+        outcome, store = run_persona(ctx, tmp_path, validate=False)
+        refused = stub.stats()["total_completed"]
+    gc.collect()
+    assert outcome.failed_phase == "changed_preference" and outcome.failed_kind == "unparseable"
+    saved = json.loads(store.path.read_text())
+    preferences = {f["preference"] for f in saved["factors"]}
+    assert set(saved["checklists"]) == preferences and len(preferences) == 8
+    assert refused == 1 + 8 + 2 + 8  # persona, factors, the changed preference twice, the checklists
+    assert not [w for w in recwarn if "never retrieved" in str(w.message)]
+
+
 def test_phases_run_beside_each_other_report_a_bug_first_else_the_earliest_phase() -> None:
     from cupid_exp.llm.steps import StepFailed
     from cupid_exp.synthesis.phases import PhaseFailed, in_phases

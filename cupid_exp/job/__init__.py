@@ -23,6 +23,7 @@ from cupid_exp.durability.signals import sigterm_raises
 from cupid_exp.entry import Interrupted, Outcome
 from cupid_exp.job.budgets import BudgetReport, report
 from cupid_exp.job.execute import execute
+from cupid_exp.job.heap import start_up
 from cupid_exp.job.plan import Job, Kind, connect, plan, specify, typed_config
 from cupid_exp.job.publish import job_outcome, publish, start_tracking
 from cupid_exp.job.spec import Execution, JobSpec, Summary, Work
@@ -81,6 +82,12 @@ def interrupted(job: Job) -> Interrupted:
 def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = None,
             parent_run: str | SweepParent | None = None, *, kind: Kind) -> Outcome:
     """Run one job of ``kind`` end to end; the Outcome says whether it completed (and carries its headline)."""
+    with start_up():  # no garbage collections while it loads and plans (``job.heap``)
+        return _run_job(cfg, output_dir, choices, parent_run, kind=kind)
+
+
+def _run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None,
+             parent_run: str | SweepParent | None, *, kind: Kind) -> Outcome:
     started = time.perf_counter()
     had_hydra = (output_dir / ".hydra").is_dir()  # Hydra saved the config there: a folder deleted later is said
     job = plan(cfg, output_dir, choices, parent_run, kind=kind, clients=False)  # holds the job (durability.job_lock)

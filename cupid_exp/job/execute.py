@@ -11,6 +11,7 @@ import asyncio
 import time
 from typing import Any
 
+from cupid_exp.job.heap import long_lived_frozen
 from cupid_exp.job.lanes import job_finisher, job_progress, run_units
 from cupid_exp.job.plan import Job, connect
 from cupid_exp.job.workers import Workers, run_spread, start_workers
@@ -42,7 +43,7 @@ def execute(job: Job, observer: InstanceObserver | None = None, workers: Workers
         return Execution([])
     connect(job)
     server = job.work.model_server() if not job.dry_run else None
-    with managed_server(server):
+    with managed_server(server), long_lived_frozen():
         start, cpu = time.perf_counter(), time.process_time()  # without a model server's start-up
         if job.attempt.processes > 1:
             running = workers or start_workers(job)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cupid_exp.config import JobConfig
+from cupid_exp.job.heap import long_lived_frozen
 from cupid_exp.job.lanes import fair_share, run_units
 from cupid_exp.job.spec import Result, Work
 from cupid_exp.llm.budget import Budget
@@ -154,7 +155,8 @@ def serve_units(spec: WorkerSpec, shared: Shared, inbox: Any, outbox: Any) -> No
             await drain_background_tasks()
 
         try:
-            asyncio.run(run())
+            with long_lived_frozen():  # its clients and units, and what it inherited or imported (``job.heap``)
+                asyncio.run(run())
         except FatalProviderError as exc:  # the job stops taking units and reports it
             outbox.put(pickle.dumps(("fatal", exc)))
         outbox.put(pickle.dumps(("done", os.getpid(), meter.since(sent), time.process_time())))

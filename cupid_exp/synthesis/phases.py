@@ -186,8 +186,8 @@ class PersonaRun:
         """When the chain beside them stops: let the checklists finish and be saved (or cancel them, when the
         persona itself is stopped or a bug stops the job); a bug among them raises, a step's failure does not
         (the persona already fails at its chain's phase)."""
-        for task in self._checklists.values():
-            if cancel:
+        if cancel:
+            for task in self._checklists.values():
                 task.cancel()
         results = await asyncio.gather(*self._checklists.values(), return_exceptions=True)
         for result in results:

@@ -143,3 +143,24 @@ def test_phases_run_beside_each_other_report_a_bug_first_else_the_earliest_phase
     assert failed.value.phase == "checklists" and failed.value.failure.kind == "unparseable"
     with pytest.raises(TypeError, match="a bug of ours"):  # never hidden behind a step's failure
         asyncio.run(in_phases([("sessions", fails("provider", 0.0)), ("dialogues", fails("bug", 0.01))]))
+
+
+def test_a_persona_stopped_while_its_checklists_run_leaves_no_call_behind(tmp_path) -> None:
+    """Cancelled (Ctrl-C, the job stopping) in its factors: the checklists it started are cancelled with it."""
+    from cupid_exp.testing.stub_config import StubConfig
+
+    async def stop_after_two_factors(ctx, store_dir) -> list[asyncio.Task]:
+        scfg = SynthesisConfig(name="test", validate=False)
+        store = JourneyStore.open(store_dir, TEMPLATE, make_template(scfg.seed, TEMPLATE.index), scfg.seed)
+        persona = asyncio.ensure_future(synthesize_persona(ctx, scfg, TEMPLATE, store))
+        while len(store.data.get("factors_partial") or []) < 2:
+            await asyncio.sleep(0.01)
+        persona.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await persona
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+
+    with StubServer(StubConfig(latency_ms=100)) as stub:
+        ctx = context(stub.url, tmp_path, structured=True)
+        left = asyncio.run(stop_after_two_factors(ctx, tmp_path / "journeys"))
+    assert [t.get_coro().__qualname__ for t in left if "checklist" in t.get_coro().__qualname__] == []

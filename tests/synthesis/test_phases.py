@@ -75,9 +75,8 @@ def test_unsatisfied_dialogues_drop_only_the_instances_that_use_them(policy: str
     assert all("sessions [3]" in d["reason"] for d in dropped)
 
 
-def test_dialogues_start_while_the_later_sessions_are_still_being_written(tmp_path) -> None:
-    """A dialogue needs its own session and its preference's checklist, not all 13 sessions: before, every dialogue
-    waited for the last session, and a persona kept one call in flight for its whole session phase."""
+def steps_in_order_sent(tmp_path) -> list[str]:
+    """One persona on the stub (20 ms a call): each request's step, in the order the stub received them."""
     from cupid_exp.testing.stub_config import StubConfig
     from cupid_exp.testing.stub_replies import classify
 
@@ -86,6 +85,13 @@ def test_dialogues_start_while_the_later_sessions_are_still_being_written(tmp_pa
         outcome, _ = run_persona(ctx, tmp_path, validate=False)
         steps = [classify(body) for body in stub.bodies]
     assert outcome.failed_phase is None and len(outcome.instances) == 3
+    return steps
+
+
+def test_dialogues_start_while_the_later_sessions_are_still_being_written(tmp_path) -> None:
+    """A dialogue needs its own session and its preference's checklist, not all 13 sessions: before, every dialogue
+    waited for the last session, and a persona kept one call in flight for its whole session phase."""
+    steps = steps_in_order_sent(tmp_path)
     last_session = max(i for i, s in enumerate(steps) if s == "session")
     first_dialogue = min(i for i, s in enumerate(steps) if s == "user_simulator")
     assert first_dialogue < last_session, steps
@@ -94,14 +100,7 @@ def test_dialogues_start_while_the_later_sessions_are_still_being_written(tmp_pa
 def test_checklists_start_while_the_later_factors_are_still_being_written(tmp_path) -> None:
     """A preference's checklist needs only its factor: before, the checklists waited for all 8 factors and the
     changed preference, and a persona kept one call in flight for those ten calls."""
-    from cupid_exp.testing.stub_config import StubConfig
-    from cupid_exp.testing.stub_replies import classify
-
-    with StubServer(StubConfig(record_bodies=True, latency_ms=20)) as stub:
-        ctx = context(stub.url, tmp_path, structured=True, max_turns=1)
-        outcome, _ = run_persona(ctx, tmp_path, validate=False)
-        steps = [classify(body) for body in stub.bodies]
-    assert outcome.failed_phase is None and len(outcome.instances) == 3
+    steps = steps_in_order_sent(tmp_path)
     last_factor = max(i for i, s in enumerate(steps) if s == "factors")
     first_checklist = min(i for i, s in enumerate(steps) if s == "decompose")
     assert first_checklist < last_factor, steps

@@ -2,8 +2,9 @@
 
 Progress goes to the run as ``progress/...`` metrics whose step is the number of units done (instances, or a
 synthesis job's personas; those resumed from the journal included), so the curves of a resumed job continue
-where the earlier attempt stopped. A background thread logs a point at most every ``tracking.progress_every_s``
-seconds, sooner when another 5% of the instances are done, never more than once a second, and only
+where the earlier attempt stopped. A background thread logs a point every ``tracking.progress_every_s``
+seconds while calls go out (a run worker hears the job's usage between units too: a synthesis persona takes
+minutes), sooner when another 5% of the instances are done, never more than once a second, and only
 when something changed: a few points a minute, never one per call. The event loop only hands over
 each finished instance (and its trace); nothing it does waits on MLflow.
 
@@ -52,7 +53,7 @@ def running_scores(records: Sequence[Mapping[str, Any]], parts: Sequence[str], p
     return out
 
 
-def _totals(meter: UsageMeter) -> dict[str, float]:
+def read_totals(meter: UsageMeter) -> dict[str, float]:
     """The meter's totals, read from another thread than the event loop that writes them: a read that
     meets a counter being added (dict changed size) is simply tried again."""
     for _ in range(20):
@@ -89,6 +90,7 @@ class LiveRun:
         self.carried: dict[str, float] | None = None  #: earlier attempts' usage from the run itself (``reopen``)
         self._backfill: RunRequest | None = None  #: whose journalled instances' traces to rebuild (``executed``)
         self.rebuilt = 0  #: traces rebuilt from the journal
+        self.resumed = False  #: the run is an earlier attempt's, reopened: it may hold a unit's earlier trace
         self.seconds_before = 0.0  #: the earlier attempts' ``progress/seconds``: a resumed curve goes on from there
 
     @property
@@ -122,7 +124,7 @@ class LiveRun:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(self.every_s)
+            self._wake.wait(max(0.0, self.every_s - MIN_GAP_S))  # a point every every_s (the gap below included)
             self._wake.clear()
             if self._stop.is_set():
                 break
@@ -133,7 +135,7 @@ class LiveRun:
         """One progress point if anything changed; a failure is logged and the job goes on."""
         with self._lock:
             records, failed = list(self._records), self._failed
-        usage = _totals(self.meter)
+        usage = read_totals(self.meter)
         done = len(records)
         batches = getattr(self.meter, "batches", None)  # runtime.batch: the provider's queue, while nothing finishes
         batch_points = ({f"progress/{k}": v for k, v in batches.metrics().items() if k != "batch/rows_reused"}
@@ -209,10 +211,10 @@ class LiveRun:
             self.stop()
             if published:
                 self._close_traces(None)
-                if self.rebuilt:  # a late export of a killed attempt's worker wins over a rebuilt trace
-                    from cupid_exp.tracking.reopen import drop_rebuilt_duplicates
+                if self.resumed or self.rebuilt:  # units run again, or traces rebuilt: one trace per unit
+                    from cupid_exp.tracking.reopen import one_trace_per_unit
 
-                    drop_rebuilt_duplicates(self.tracker.client, self.tracker.experiment_id, self.run_id)
+                    one_trace_per_unit(self.tracker.client, self.tracker.experiment_id, self.run_id)
             note = f"{status} with {len(self._records)} of {self.total} {self.unit} done"
             if summary:
                 note += "; " + ", ".join(f"{k} {v}" for k, v in summary.items())
@@ -347,8 +349,9 @@ def open_run(request: RunRequest, claim: Claim, meter: Any) -> Any:
         traces = None
         if request.traces:
             tracing.setup(request.tracking.uri)
+            trace_tags = {**request.trace_tags, reopen.ATTEMPT_TAG: tags["cupid.attempt"]}
             traces = tracing.InProcessTraces(tracing.TraceWriter(
-                tracker.experiment_id, tracker.run_id, request.trace_tags, request.judges, request.secrets))
+                tracker.experiment_id, tracker.run_id, trace_tags, request.judges, request.secrets))
         live = LiveRun(tracker, claim, total=request.total, parts=request.parts, policy=request.policy,
                        done=request.done, earlier={**request.earlier, **(carried or {})}, meter=meter,
                        every_s=request.tracking.progress_every_s, traces=traces, attempt=tags["cupid.attempt"],
@@ -356,6 +359,8 @@ def open_run(request: RunRequest, claim: Claim, meter: Any) -> Any:
         live.notice, live.carried = notice, carried
         if previous is not None:
             live.seconds_before = previous.data.metrics.get("progress/seconds", 0.0)
+            live.resumed = True
+            reopen.leave_no_empty_parent(tracker.client, tracker.experiment_id, previous, parent)
         live.backfill_traces(request)
         live.start()
     except BaseException as exc:  # an interrupt or a store error while opening: never leave it RUNNING

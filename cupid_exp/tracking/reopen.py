@@ -7,6 +7,10 @@
 - A reopened run gets a trace for each journalled instance that has none in it (an attempt whose store went away,
   a worker killed before it exported), rebuilt from the instance's record (``traces.TraceWriter.write_record``)
   when the model phase ends; one that a killed attempt's worker exported late after all wins over it.
+- A reopened run keeps one trace per instance: an instance run again (a failure retried, a journal line cut by a
+  kill) replaces its earlier trace when the run ends with the job's results (``one_trace_per_unit``).
+- A reopened run that a sweep run again takes under its new parent leaves no empty parent behind
+  (``leave_no_empty_parent``).
 - A reopened run whose usage ledger is gone (its journal folder was deleted) carries the earlier attempts' calls and
   cost from its own progress metrics, or says that they are lost.
 """
@@ -24,6 +28,7 @@ log = logging.getLogger(__name__)
 LINK_KIND = "link"  #: ``cupid.kind`` of a sweep's child run that stands for a job finished earlier
 LINKS_TO = "cupid.links_to"  #: the run id such a link stands for
 CARRIED_TAG = "cupid.earlier_usage"  #: where a run's earlier attempts' usage came from, when not the ledger
+ATTEMPT_TAG = "cupid.attempt"  #: on a trace: the attempt of the run that wrote it
 
 
 def holds_results(run: Any | None) -> bool:
@@ -131,18 +136,58 @@ def trace_keys(client: Any, experiment_id: str, run_id: str) -> set[str]:
     return {info.tags["cupid.key"] for info in run_traces(client, experiment_id, run_id) if "cupid.key" in info.tags}
 
 
-def drop_rebuilt_duplicates(client: Any, experiment_id: str, run_id: str) -> None:
-    """Delete a rebuilt trace whose instance also has a live one (exported late by a killed attempt's worker); a
-    store that fails here leaves both (one warning)."""
+def one_trace_per_unit(client: Any, experiment_id: str, run_id: str) -> int:
+    """Leave the run one trace per unit: where a unit has several (a resumed attempt ran it again after a failure
+    or a journal line cut by a kill; a killed attempt's worker exported it late beside a rebuilt one), the one its
+    journalled record came from stays: a live trace over a rebuilt one, then the latest attempt's, then the latest
+    started. The others are deleted (``MlflowClient.delete_traces``). Returns how many; a store that fails here
+    leaves them all (one warning)."""
     try:
-        infos = run_traces(client, experiment_id, run_id)
-        live = {i.tags.get("cupid.key") for i in infos if not i.tags.get("cupid.rebuilt")}
-        extra = [i.trace_id for i in infos if i.tags.get("cupid.rebuilt") and i.tags.get("cupid.key") in live]
-        if extra:
-            client.delete_traces(experiment_id, trace_ids=extra)
+        best: dict[str, Any] = {}
+        extra: list[str] = []
+        for info in run_traces(client, experiment_id, run_id):
+            key = info.tags.get("cupid.key")
+            if key is None:
+                continue
+            kept = best.get(key)
+            if kept is None:
+                best[key] = info
+                continue
+            best[key], lost = (info, kept) if _rank(info) > _rank(kept) else (kept, info)
+            extra.append(lost.trace_id)
+        for i in range(0, len(extra), 100):
+            client.delete_traces(experiment_id, trace_ids=extra[i:i + 100])
+        return len(extra)
     except Exception as exc:  # noqa: BLE001 - a duplicate trace is never worth the run's end
-        log.warning("MLflow: rebuilt traces not checked for duplicates (%s: %s)", type(exc).__name__,
+        log.warning("MLflow: the run's traces were not checked for duplicates (%s: %s)", type(exc).__name__,
                     (str(exc).splitlines() or [""])[0][:200])
+        return 0
+
+
+def _rank(info: Any) -> tuple[bool, int, int]:
+    attempt = str(info.tags.get(ATTEMPT_TAG, "0"))
+    return (not info.tags.get("cupid.rebuilt"), int(attempt) if attempt.isdigit() else 0, info.request_time or 0)
+
+
+def leave_no_empty_parent(client: Any, experiment_id: str, previous: Any | None, parent: str | None) -> None:
+    """A reopened run that moved to another sweep's parent (the sweep was run again, in a new folder) leaves its
+    earlier parent; one left with no child run and already ended is deleted (MLflow keeps deleted runs, restorable,
+    out of the default view). One still RUNNING may be a sweep that goes on: left. Never fails the job."""
+    before = previous.data.tags.get("mlflow.parentRunId") if previous is not None else None
+    if not before or not parent or before == parent:
+        return
+    try:
+        old = client.get_run(before)
+        if old.data.tags.get("cupid.kind") != "sweep" or old.info.status == "RUNNING" \
+                or old.info.lifecycle_stage != "active":
+            return
+        if not client.search_runs([experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{before}'",
+                                  max_results=1):
+            client.delete_run(before)
+            log.info("MLflow: sweep run %s has no job left (they moved to sweep run %s): deleted", before, parent)
+    except Exception as exc:  # noqa: BLE001 - an empty parent is never worth the job
+        log.warning("MLflow: the earlier sweep run %s was not checked for jobs left (%s: %s)", before,
+                    type(exc).__name__, (str(exc).splitlines() or [""])[0][:200])
 
 
 def backfill(live: Any, request: Any) -> int:

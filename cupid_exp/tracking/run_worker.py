@@ -7,8 +7,9 @@ process never imports MLflow. The worker is spawned, not forked (the job holds t
 job starts; ``open`` sends it the run's request and the job goes on building its clients;
 ``wait_opened`` (before the first model call) returns once the run exists, or raises with the
 store's error. Then one message per finished instance (its ``InstanceResult``, record and
-``CallLog``, pickled on the event loop so that a failure shows up there), and ``finish`` or
-``end`` once, which wait until the run has ended.
+``CallLog``, pickled on the event loop so that a failure shows up there), the job's usage totals from a
+thread between them (``pulse``: a synthesis persona takes minutes of calls, and its run's progress points
+move with them), and ``finish`` or ``end`` once, which wait until the run has ended.
 
 Tracking never costs the job its results, nor holds them hostage: if the worker dies, the job's process
 finishes the run itself (metrics, artifacts and status; the traces not yet exported are lost), and a worker
@@ -36,7 +37,7 @@ from typing import Any
 from cupid_exp.llm.calls import CallLog
 from cupid_exp.results import InstanceResult
 from cupid_exp.durability.attempts import Claim
-from cupid_exp.tracking.live import FinalLog, LiveRun, RunRequest
+from cupid_exp.tracking.live import FinalLog, LiveRun, RunRequest, read_totals
 from cupid_exp.tracking.run_worker_process import SnapshotMeter, serve
 from cupid_exp.tracking.store_errors import TrackingError, TrackingUnavailable, store_unreachable  # noqa: F401
 from cupid_exp.tracking.traces import trace_input
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 STALL_S = 60.0  #: the job gives up on a worker that handled nothing for this long while it waits
 OPEN_S = 120.0  #: how long the job waits for its run to open (the store answered the checks already)
 INTERRUPTED_WAIT_S = 30.0  #: how long a failed or interrupted job waits for its run to end
+PULSE_MIN_S = 0.25  #: the job's usage totals go to the worker at most this often
 
 
 class RunWorker:
@@ -82,12 +84,15 @@ class RunWorker:
         self.reused = False  #: the job was done and its run, which finished earlier, is left as it was
         self.stopped = False  #: nothing more goes to the worker (it failed, died, or the run ended)
         self.ended = False
+        self._sending = threading.Lock()  #: usage totals reach the worker in the order they were read
+        self._pulse_stop = threading.Event()
 
     # -- opening ---------------------------------------------------------------------------------------------
     def open(self, request: RunRequest, claim: Claim, meter: Any) -> None:
         """Ask for the run to be opened; returns at once (``wait_opened`` waits)."""
         self.request, self.claim, self.meter = request, claim, meter
         self.inbox.put(("open", request))
+        self._pulse(max(PULSE_MIN_S, request.tracking.progress_every_s / 2))
 
     def wait_opened(self) -> None:
         if self.run_id is not None:
@@ -116,12 +121,37 @@ class RunWorker:
         if not self._healthy():
             return
         shown = trace_input(instance, result)  # what its trace shows of it (the rest of the instance stays here)
-        self.inbox.put(("instance", pickle.dumps((shown, result, calls, self.meter.totals()),
-                                                 protocol=pickle.HIGHEST_PROTOCOL)))
+        with self._sending:
+            self.inbox.put(("instance", pickle.dumps((shown, result, calls, self.meter.totals()),
+                                                     protocol=pickle.HIGHEST_PROTOCOL)))
+
+    def _pulse(self, every_s: float) -> None:
+        """Send the job's usage totals every ``every_s`` seconds while they change, from a thread, until the run
+        ends (``_quiet``): the worker's progress points move while calls go out, not only when a unit finishes."""
+        stop = self._pulse_stop = threading.Event()
+
+        def run() -> None:
+            sent = None
+            while not stop.wait(every_s):
+                with self._sending:
+                    if stop.is_set() or self.stopped:
+                        return
+                    totals = read_totals(self.meter)  # (read while the event loop adds to it: retried)
+                    if totals and totals != sent:
+                        self.inbox.put(("totals", totals))
+                        sent = totals
+
+        threading.Thread(target=run, name="cupid-mlflow-pulse", daemon=True).start()
+
+    def _quiet(self) -> None:
+        """No more totals from the pulse (the run's end, or no worker): none is sent after this returns."""
+        with self._sending:
+            self._pulse_stop.set()
 
     def executed(self) -> None:
         if self._healthy():
-            self.inbox.put(("executed", self.meter.totals()))
+            with self._sending:
+                self.inbox.put(("executed", self.meter.totals()))
 
     # -- the end -----------------------------------------------------------------------------------------------
     def finish(self, final: FinalLog) -> None:
@@ -130,6 +160,7 @@ class RunWorker:
         in that time, is ``TrackingUnavailable`` (exit 5): its results wait in the journal for the next command."""
         if self.ended:
             return
+        self._quiet()
         final.totals = self.meter.totals()
         note = None
         if self._healthy():
@@ -159,6 +190,7 @@ class RunWorker:
         if self.ended:
             return
         self.ended = True
+        self._quiet()
         try:
             note = None
             if self.run_id is None and not self.stopped:  # opening may still be under way: let it finish
@@ -182,6 +214,7 @@ class RunWorker:
     def abandon(self) -> None:
         """Stop the worker now (the run could not be requested)."""
         self.ended = self.stopped = True
+        self._quiet()
         self.process.kill()
         self._release()
 
@@ -331,6 +364,7 @@ class RunWorker:
     def _park(self) -> None:
         """The run has ended and the worker waits for this process's next job (``start``)."""
         global _IDLE, _QUIT_AT_EXIT
+        self._quiet()
         self.stopped = True
         if self.claim is not None:
             self.claim.release()
@@ -349,6 +383,7 @@ class RunWorker:
         self._release()
 
     def _release(self) -> None:
+        self._quiet()
         self.stopped = True
         if self.claim is not None:
             self.claim.release()

@@ -88,6 +88,8 @@ def serve(inbox: Any, outbox: Any, progress: Any) -> None:
                 if error and not reported:
                     reported = True
                     outbox.send(("traces_stopped", error))
+            elif kind == "totals":  # the job's usage between units: the next progress point shows it
+                meter.latest = message[1]
             elif kind == "executed" and live is not None:
                 meter.latest = message[1]
                 live.executed()

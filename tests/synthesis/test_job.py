@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -15,13 +17,13 @@ from omegaconf import OmegaConf
 
 from cupid_exp.config import ConfigError
 from cupid_exp.config_store import register_configs
-from cupid_exp.job import plan
+from cupid_exp.job import connect, execute, plan, start_tracking
 from cupid_exp.synthesis.config import ROLES, SynthesizeConfig, register_synthesis_configs
 from cupid_exp.synthesis.steps import persona as persona_step
 from cupid_exp.synthesis.work import SynthesisWork
 from cupid_exp.synthesize import run_synthesis
 from cupid_exp.testing.stub_llm_server import StubServer
-from helpers.cli_runner import cli_env
+from helpers.cli_runner import cli_env, seed_store
 
 from .scripted import ScriptedServer, reply, role_overrides
 
@@ -211,3 +213,41 @@ def test_a_bug_in_a_builder_stops_the_job_and_fails_its_run(tmp_path: Path, monk
     journey = json.loads((tmp_path / "job" / "journeys" / "persona_001.json").read_text())
     assert "status" not in journey and "persona" not in journey
     assert not (tmp_path / "job" / "metrics.json").exists()
+
+
+def test_the_run_shows_progress_while_calls_go_out_before_any_persona_is_done(tmp_path: Path) -> None:
+    """A persona takes dozens of calls: the job's run, kept by its worker process, gets progress points with the
+    calls made while the first persona is still being written (step 0: no persona done), at the pace of
+    tracking.progress_every_s, not only when a persona is done."""
+    root = tmp_path / "out"
+    seed_store(root)
+    with StubServer() as stub:
+        cfg = compose_synthesis(["synthesis=api", "synthesis.max_turns=1", "synthesis.max_checklist_items=2",
+                                 "synthesis.n_personas=1", *role_overrides(stub.url), f"paths.output_root={root}",
+                                 f"runtime.cache_dir={root / 'cache'}", "runtime.progress=false",
+                                 "tracking.progress_every_s=0.5"])
+        job = plan(cfg, root / "job", kind=SynthesisWork, clients=False)
+        live = start_tracking(job)
+        connect(job)
+        live.wait_opened()
+        stub.hold_after(12)  # the first persona needs far more: none can be done while these are held
+        worker = threading.Thread(target=execute, args=(job, live), daemon=True)
+        worker.start()
+        try:
+            client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+
+            def calls_before_a_persona() -> float:
+                points = client.get_metric_history(live.run_id, "progress/calls")
+                return max((m.value for m in points if m.step == 0), default=0.0)
+
+            assert stub.wait_held(timeout=60)
+            deadline = time.monotonic() + 30
+            while calls_before_a_persona() < 12 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert calls_before_a_persona() >= 12, "no progress point with the calls made before a persona was done"
+            assert stub.stats()["held"] >= 1 and not (root / "job" / "instances").exists()  # still none done
+        finally:
+            stub.release()
+            worker.join(120)
+            live.end("KILLED")
+            job.release()

@@ -3,7 +3,7 @@
 A run's setting label comes from the setting's own ``label()``, fed the run's recorded ``setting.*``
 params through the setting's schema, so the report and the job name a variant the same way. A run's identity
 (``JobRun.identity``) is what its scores depend on, read back from its params by the job's own rule
-(``job.identity.content``): two runs the report may put in one row, or let one replace the other, have the same.
+(``cupid_exp.identity.content``): two runs the report may put in one row, or let one replace the other, have the same.
 """
 
 from __future__ import annotations
@@ -87,12 +87,21 @@ def _plain(text: str) -> str | None:
     return str(int(number)) if number.is_integer() else repr(number)
 
 
+def _dotted(value: Any, prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}: the params' keys again (``tracking.mlflow.flatten`` made them)."""
+    if not isinstance(value, Mapping):
+        return {prefix[:-1]: value}
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        out.update(_dotted(item, f"{prefix}{key}."))
+    return out
+
+
 def scored_identity(params: Mapping[str, str], tags: Mapping[str, str]) -> dict[str, str]:
     """Dotted key -> value of everything that decides a run's scores but its data: its params nested back into
-    the config they were flattened from, kept by the job identity's rule (``job.identity.content``: no paths,
+    the config they were flattened from, kept by the job identity's rule (``cupid_exp.identity.content``: no paths,
     tracking, call pacing, prices or keys), without ``REPORT_NOT_IDENTITY``; and the prompts' digest."""
-    from cupid_exp.job.identity import content
-    from cupid_exp.tracking.mlflow import flatten
+    from cupid_exp.identity import content
 
     nested: dict[str, Any] = {}
     for key, text in params.items():
@@ -104,7 +113,7 @@ def scored_identity(params: Mapping[str, str], tags: Mapping[str, str]) -> dict[
             node = node.setdefault(part, {}) if isinstance(node, dict) else None
         if isinstance(node, dict):
             node[last] = _plain(text)
-    kept = {k: v for k, v in flatten(content(nested)).items() if v != "None"}
+    kept = {k: v for k, v in _dotted(content(nested)).items() if v is not None}
     if tags.get("prompts_digest"):
         kept[PROMPTS_KEY] = tags["prompts_digest"]
     return dict(sorted(kept.items()))

@@ -125,7 +125,8 @@ def unread_override(overrides: Sequence[str], config_name: str) -> str | None:
             group = key.split(".", 1)[0]
             if _has(composed(group, None), key):
                 continue  # the chosen option has the key: the failure is another one
-            readers = [p.stem for p in sorted((conf_dir() / group).glob("*.yaml")) if _has(composed(group, p.stem), key)]
+            options = sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+            readers = [option for option in options if _has(composed(group, option), key)]
             if readers:
                 return str(not_read(key, group, readers))
     except Exception:  # noqa: BLE001 - the choices themselves do not compose: Hydra's message says why

@@ -109,7 +109,8 @@ def test_the_call_settings_are_the_runtime_slice_a_model_call_reads() -> None:
 @pytest.mark.parametrize("overrides, line", [
     (["data.path=/x.jsonl"], "data.path is read only by data=local; add data=local"),
     (["data.split=train"], "data.split is read only by data=cupid; add data=cupid"),
-    (["data=local", "data.path=/x.jsonl", "data.hf_name=a/b"], "data.hf_name is read only by data=cupid; add data=cupid"),
+    (["data=local", "data.path=/x.jsonl", "data.hf_name=a/b"],
+     "data.hf_name is read only by data=cupid; add data=cupid"),
 ])
 def test_a_data_field_its_source_does_not_read_is_refused(overrides, line) -> None:
     from cupid_exp.errors import ConfigError

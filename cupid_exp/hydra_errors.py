@@ -99,7 +99,7 @@ def unread_override(overrides: Sequence[str], config_name: str) -> str | None:
     (``setting.top_k`` beside ``setting=standard``, ``model.local.n_threads`` beside an API model); None when no
     override is such (Hydra's own message then says what failed).
 
-    Each option is composed once, with the command's group choices: this runs only on the way out of a failure."""
+    Each option is composed once, with the command's choices: this runs only on the way out of a failure."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
@@ -108,12 +108,19 @@ def unread_override(overrides: Sequence[str], config_name: str) -> str | None:
     from cupid_exp.resources import conf_dir
 
     groups = {p.name for p in conf_dir().iterdir() if p.is_dir() and p.name != "hydra"}
-    plain = [o for o in overrides if "=" in o and not o.startswith(("-", "+", "~"))]
-    choices = {o.split("=", 1)[0]: o.split("=", 1)[1].split(",")[0] for o in plain if o.split("=", 1)[0] in groups}
-    dotted = [o.split("=", 1)[0] for o in plain if o.split(".", 1)[0] in groups and "." in o.split("=", 1)[0]]
+    context: dict[str, str] = {}  # the command's choices (a sweep's first value), presets included
+    dotted = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if override.startswith(("-", "~")) or not value or key.startswith(("hydra", "+hydra")):
+            continue
+        if "." not in key:
+            context[key] = value.split(",")[0]
+        elif key.split(".", 1)[0] in groups:
+            dotted.append(key)
 
     def composed(group: str, option: str | None) -> Any:
-        picked = {**choices, **({group: option} if option else {})}
+        picked = {**context, **({group: option} if option else {})}
         if GlobalHydra.instance().is_initialized():
             GlobalHydra.instance().clear()
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):

@@ -82,8 +82,8 @@ def _plain(text: str) -> str | None:
         number = float(text)
     except ValueError:
         return text
-    if not math.isfinite(number) or text.lower() in ("nan", "inf", "-inf", "infinity"):
-        return text
+    if not math.isfinite(number) or not text.lstrip("+-").replace(".", "", 1).isdigit():
+        return text  # inf, 1e-3, 1_000, ...: as written
     return str(int(number)) if number.is_integer() else repr(number)
 
 

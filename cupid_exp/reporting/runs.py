@@ -3,7 +3,7 @@
 A run's setting label comes from the setting's own ``label()``, fed the run's recorded ``setting.*``
 params through the setting's schema, so the report and the job name a variant the same way. A run's identity
 (``JobRun.identity``) is what its scores depend on, read back from its params by the job's own rule
-(``cupid_exp.identity.content``): two runs the report may put in one row, or let one replace the other, have the same.
+(``cupid_exp.identity.content``): only runs with the same one share a row, or replace one another.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def setting_label(params: Mapping[str, str]) -> str:
     return cls(OmegaConf.to_object(node)).label()
 
 
-#: What a run's params hold that is no part of what its scores measure, beside what ``job.identity`` leaves out:
+#: What a run's params hold that is no part of what its scores measure, beside what ``cupid_exp.identity`` leaves out:
 #: the data (``JobRun.data_id`` stands for it: its content and the subset taken), the task (each task part is a
 #: table of its own), the seed (it seeds the bootstrap), the prompts folder's path (its content digest stands
 #: for it) and the group choices (their content is in the other params).

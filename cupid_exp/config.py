@@ -20,7 +20,8 @@ from typing import Any, Dict, List, Optional
 from omegaconf import MISSING
 
 from cupid_exp.config_checks import (  # noqa: F401 - re-exported: the settings' and synthesis' schemas use them
-    Checked, check_known_keys, check_params, check_tree, require, require_no_credentials, require_positive)
+    Checked, check_known_keys, check_params, check_tree, read_only_by, require, require_no_credentials,
+    require_positive)
 from cupid_exp.data.schema import INSTANCE_TYPES
 from cupid_exp.errors import ConfigError  # noqa: F401 - re-exported: where callers have always found it
 
@@ -179,14 +180,20 @@ class SettingConfig(Checked):
     name: str = MISSING
 
 
+_HUB = read_only_by("cupid", source="hf")
+
+
 @dataclass
 class DataConfig(Checked):
+    """Where the instances come from and which of them run. One schema for every ``data`` choice: a field only one
+    source reads says so (``read_only_by``), and is refused beside another (``check_read``)."""
+
     name: str = MISSING
     source: str = MISSING  # hf | local | sample
-    hf_name: Optional[str] = None
-    split: str = "test"
-    revision: Optional[str] = None
-    path: Optional[str] = None
+    hf_name: Optional[str] = field(default=None, metadata=_HUB)
+    split: str = field(default="test", metadata=_HUB)
+    revision: Optional[str] = field(default=None, metadata=_HUB)
+    path: Optional[str] = field(default=None, metadata=read_only_by("local", source="local"))
     limit: Optional[int] = None  # the first N instances (after the type filter); null = all
     instance_types: List[str] = field(default_factory=list)  # empty = all three
     strict: bool = False  # true: any bad row stops the run before the first call

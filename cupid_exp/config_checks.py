@@ -8,8 +8,8 @@ configs have always imported them).
 from __future__ import annotations
 
 import math
-from dataclasses import fields, is_dataclass
-from typing import Any
+from dataclasses import MISSING, fields, is_dataclass
+from typing import Any, Sequence
 
 from cupid_exp.decoding_params import param_problem
 from cupid_exp.errors import ConfigError
@@ -72,8 +72,35 @@ def check_known_keys(composed: Any, node: Any, where: str = "") -> None:
         check_known_keys(composed.get(name), getattr(node, name), f"{where}.{name}" if where else name)
 
 
+def not_read(key: str, group: str, options: Sequence[str]) -> ConfigError:
+    """The one line for a setting the chosen option of its group does not read: nothing would use it, and the
+    job would run (and say it ran) on what the option reads instead."""
+    readers = ", ".join(f"{group}={o}" for o in options)
+    return ConfigError(f"{key} is read only by {readers}; add {group}={options[0]}")
+
+
+def read_only_by(option: str, **when: Any) -> dict[str, Any]:
+    """A schema field's metadata: the field is read only when its node's fields ``when`` hold those values (a data
+    file's path only by ``source: local``); ``option`` is the choice of the node's group that sets them."""
+    return {"read_only_by": (option, when)}
+
+
+def check_read(node: Any, where: str) -> None:
+    """Refuse a field of ``node`` set (unlike its default) where its ``read_only_by`` says it is not read."""
+    for f in fields(node):
+        option, when = f.metadata.get("read_only_by", (None, {}))
+        if option is None or all(getattr(node, k) == v for k, v in when.items()):
+            continue
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        if getattr(node, f.name) != default:
+            raise not_read(f"{where}.{f.name}", where.rsplit(".", 1)[-1], [option])
+
+
 def check_tree(node: Any, where: str = "") -> None:
-    """Run ``check`` on every Checked dataclass in a config object tree (parents first)."""
+    """Run ``check`` on every Checked dataclass in a config object tree (parents first), after refusing what a
+    node's own choice does not read (``check_read``)."""
+    if is_dataclass(node):
+        check_read(node, where)
     if isinstance(node, Checked):
         node.check(where)
     if is_dataclass(node):

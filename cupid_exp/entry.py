@@ -254,7 +254,7 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
 
     def run() -> int:
         global _HELD
-        from cupid_exp.hydra_errors import HeldStderr, one_line
+        from cupid_exp.hydra_errors import HeldStderr, one_line, unread_override
 
         # a Ctrl-C (or a timeout) cancels a call while litellm's executor thread makes its provider coroutine: asyncio
         # drops it unstarted, which is no forgotten await of ours, and not what an interrupted job should print
@@ -273,9 +273,11 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
             hydra_main()
         except SystemExit as exc:
             if exc.code == EXIT_BUG and not _STARTED:  # no job ran, no call was made
-                said = one_line(_HELD.text) if _HELD is not None else None
+                said = unread_override(sys.argv[1:], config_name) or (
+                    one_line(_HELD.text) if _HELD is not None else None)
                 if said is not None:
-                    _HELD.release(replay=False)
+                    if _HELD is not None:  # a sweep's composition: Hydra said it already, as it happened
+                        _HELD.release(replay=False)
                     print(f"{_PROGRAMS.get(config_name, config_name)}: {said}", file=sys.stderr)
                 return EXIT_BAD_INPUT
             return exit_code_of(exc)

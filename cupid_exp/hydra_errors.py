@@ -4,7 +4,8 @@ Hydra prints them itself, in 7-25 lines (the key's schema class, its reference t
 the config search path, a hint about HYDRA_FULL_ERROR), and exits. Until a job starts, what is written to stderr
 is held (``HeldStderr``); if composition fails, ``one_line`` keeps what names the problem. A traceback (a bug
 before the job, in a callback) is passed on whole, and ``HYDRA_FULL_ERROR=1`` turns the holding off: Hydra's
-full text and its stack trace.
+full text and its stack trace. An override of a key that the group's chosen option does not have, where another
+option has it, is said as such (``unread_override``: ``setting.top_k is read only by setting=retrieval``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import io
 import re
 import sys
-from typing import TextIO
+from typing import Any, Sequence, TextIO
 
 _NOISE = (re.compile(r"^\s*(full_key|reference_type|object_type|key|parent_node)[:=]"),
           re.compile(r"^Set the environment variable HYDRA_FULL_ERROR=1"))
@@ -81,3 +82,60 @@ def one_line(text: str) -> str | None:
     if hint:
         said += f" (a new key: {hint})"
     return said + "; HYDRA_FULL_ERROR=1 shows Hydra's full message"
+
+
+def _has(node: Any, key: str) -> bool:
+    """Whether the plain config ``node`` has the dotted ``key`` (a null parent has none of its keys)."""
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def unread_override(overrides: Sequence[str], config_name: str) -> str | None:
+    """After a composition failed: the one line (``config_checks.not_read``) for the first ``group.key=value``
+    override whose key the group's chosen option does not have but other options of the group do
+    (``setting.top_k`` beside ``setting=standard``, ``model.local.n_threads`` beside an API model); None when no
+    override is such (Hydra's own message then says what failed).
+
+    Each option is composed once, with the command's choices: this runs only on the way out of a failure."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from cupid_exp.config_checks import not_read
+    from cupid_exp.resources import conf_dir
+
+    groups = {p.name for p in conf_dir().iterdir() if p.is_dir() and p.name != "hydra"}
+    context: dict[str, str] = {}  # the command's choices (a sweep's first value), presets included
+    dotted = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if override.startswith(("-", "~")) or not value or key.startswith(("hydra", "+hydra")):
+            continue
+        if "." not in key:
+            context[key] = value.split(",")[0]
+        elif key.split(".", 1)[0] in groups:
+            dotted.append(key)
+
+    def composed(group: str, option: str | None) -> Any:
+        picked = {**context, **({group: option} if option else {})}
+        if GlobalHydra.instance().is_initialized():
+            GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            cfg = compose(config_name, overrides=[f"{g}={o}" for g, o in picked.items()])
+        return OmegaConf.to_container(cfg, resolve=False)
+
+    try:
+        for key in dotted:
+            group = key.split(".", 1)[0]
+            if _has(composed(group, None), key):
+                continue  # the chosen option has the key: the failure is another one
+            options = sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+            readers = [option for option in options if _has(composed(group, option), key)]
+            if readers:
+                return str(not_read(key, group, readers))
+    except Exception:  # noqa: BLE001 - the choices themselves do not compose: Hydra's message says why
+        return None
+    return None

@@ -257,6 +257,22 @@ def test_a_job_whose_output_is_no_terminal_prints_progress_lines(tmp_path: Path)
     assert lines[-1].startswith("progress: 2/2 instances (100%); calls 8 (0 cached, 0 failed)")
 
 
+def test_a_setting_the_chosen_option_does_not_read_is_refused_in_one_line(tmp_path: Path) -> None:
+    """data.path beside data=sample ran the sample and logged the path it never read; model.local.* beside an API
+    model was a traceback: each is one line naming the option that reads it, exit 2, nothing run."""
+    cmd = [sys.executable, "-m", "cupid_exp", f"paths.output_root={tmp_path}"]
+    proc = run_cli([*cmd, "data.path=/nonexistent/x.jsonl"], check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == ["cupid_exp: data.path is read only by data=local; add data=local"]
+    assert not (tmp_path / "mlflow.db").exists()
+    (folder,) = (tmp_path / "runs").glob("*/*")
+    assert sorted(p.name for p in folder.iterdir()) == [".hydra", "cli.log"]  # no journal, no instances
+    assert "/nonexistent" not in (folder / "cli.log").read_text().replace("data.path is read only", "")
+    proc = run_cli([*cmd, "model=gpt4o", "model.local.n_threads=4"], check=False)
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        "cupid_exp: model.local.n_threads is read only by model=local, model=local_gemma; add model=local"]
+
+
 def test_a_misspelt_key_is_one_line_of_ours_and_help_lists_only_choices(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "cupid_exp", f"paths.output_root={tmp_path}"]
     proc = run_cli([*cmd, "data.limt=1"], check=False)

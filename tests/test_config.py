@@ -104,3 +104,36 @@ def test_the_call_settings_are_the_runtime_slice_a_model_call_reads() -> None:
     assert not job_only & {f.name for f in dataclasses.fields(CallSettings)}
     with pytest.raises(dataclasses.FrozenInstanceError):
         calls.timeout = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (["data.path=/x.jsonl"], "data.path is read only by data=local; add data=local"),
+    (["data.split=train"], "data.split is read only by data=cupid; add data=cupid"),
+    (["data=local", "data.path=/x.jsonl", "data.hf_name=a/b"],
+     "data.hf_name is read only by data=cupid; add data=cupid"),
+])
+def test_a_data_field_its_source_does_not_read_is_refused(overrides, line) -> None:
+    from cupid_exp.errors import ConfigError
+    from cupid_exp.job.plan import typed_config
+
+    with pytest.raises(ConfigError) as refused:
+        typed_config(compose_config(overrides))
+    assert str(refused.value) == line
+    typed_config(compose_config(["data=local", "data.path=/x.jsonl", "data.limit=2"]))  # its own fields pass
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (["setting.top_k=3"], "setting.top_k is read only by setting=retrieval; add setting=retrieval"),
+    (["setting=summary", "setting.retriever=bm25"], "setting.retriever is read only by setting=retrieval; add "
+                                                    "setting=retrieval"),
+    (["evaluator.server.serve=true"], "evaluator.server.serve is read only by evaluator=prefmatcher; add "
+                                      "evaluator=prefmatcher"),
+])
+def test_an_override_the_chosen_option_lacks_names_the_options_that_have_it(overrides, line) -> None:
+    """What ``python -m cupid_exp`` says when composing fails on such an override (its exit code: tests/test_cli)."""
+    from cupid_exp.hydra_errors import unread_override
+
+    with pytest.raises((ConfigCompositionException, AssertionError)):
+        compose_config(overrides)
+    assert unread_override(["-m", *overrides, "paths.output_root=/tmp/x"], "config") == line
+    assert unread_override(["model.nope=1"], "config") is None  # no option has it: Hydra's message stands

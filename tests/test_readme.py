@@ -84,6 +84,9 @@ EXPECTED: dict[str, Expect] = {
     "python -m cupid_exp.report --format html --output report.html --plots report_plots/": Expect(check="html_and_plots"),
     "python -m cupid_exp.report --compare RUN_A RUN_B": Expect(short_ids=True, stdout_has="f1"),
     "python -m cupid_exp.diff JOB_DIR RUN_B": Expect(stdout_has="# verified"),
+    # README: Comparing models
+    "python -m cupid_exp -m model=gpt4o model.params.temperature=0,0.4 data.limit=1": Expect(stub="eval"),
+    "python -m cupid_exp.report --subsets": Expect(stdout_has="| gpt4o · temperature=0.4 "),
     "python -m cupid_exp.diff RUN_A RUN_B --shell": Expect(stdout_has="python -m cupid_exp"),
     # README: Synthesis
     "python -m cupid_exp.synthesize synthesis.n_personas=2": Expect(

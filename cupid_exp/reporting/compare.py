@@ -7,9 +7,10 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from cupid_exp.reporting.reference import GROUPS
-from cupid_exp.reporting.runs import JobRun, common_policy, setting_fields
+from cupid_exp.reporting.runs import JobRun, common_policy, identity_diff
 from cupid_exp.reporting.tables import SCALE, Table
 from cupid_exp.scoring.bootstrap import DEFAULT_N_BOOT, DEFAULT_N_PERM, MAX_EXACT_PERSONAS, paired_compare
+from cupid_exp.scoring.names import metric_key
 from cupid_exp.scoring.statistics import HEADLINE, TASK_METRICS, task_frame
 
 Records = Sequence[Mapping[str, Any]]
@@ -23,15 +24,15 @@ def _tasks(run_a: JobRun, records_a: Records, run_b: JobRun, records_b: Records)
                      if not task_frame(records_a, t).empty and not task_frame(records_b, t).empty]
 
 
-def _differs(run_a: JobRun, run_b: JobRun) -> str:
-    """'differs: model.name gpt4o → claude37, ...' over what names a configuration in the report."""
-    setting_keys = [k for run in (run_a, run_b) for k in setting_fields(run.setting)]
-    keys = dict.fromkeys(("model.name", "setting.name", *setting_keys, "evaluator.name"))
-    differs = [f"{k} {run_a.params.get(k)} → {run_b.params.get(k)}" for k in keys
-               if run_a.params.get(k) != run_b.params.get(k)]
+def differs(run_a: JobRun, run_b: JobRun) -> str:
+    """'differs: model.params.temperature: 0 → 0.4; ...': every part of the two runs' identities that differs
+    (``JobRun.identity``: model, decoding, setting, evaluator, prompts), their task parts and their data."""
+    said = identity_diff(run_a.identity, run_b.identity)
+    if run_a.tasks != run_b.tasks:
+        said.append(f"task: {', '.join(run_a.tasks)} → {', '.join(run_b.tasks)}")
     if run_a.data_id != run_b.data_id:  # its content and subset, not only its name
-        differs.append(f"data {run_a.data_label} → {run_b.data_label}")
-    return "differs: " + (", ".join(differs) or "none of model/setting/evaluator/data")
+        said.append(f"data: {run_a.data_label} → {run_b.data_label}")
+    return "differs: " + ("; ".join(said) or "nothing that decides a score (the same experiment, run twice)")
 
 
 def compare_runs(run_a: JobRun, records_a: Records, run_b: JobRun, records_b: Records, *,
@@ -68,5 +69,21 @@ def compare_runs(run_a: JobRun, records_a: Records, run_b: JobRun, records_b: Re
                      f"{MAX_EXACT_PERSONAS} personas)")
     if run_a.failure_policy != run_b.failure_policy:
         notes.append("the runs used different failure policies; compared with failures excluded")
-    notes.append(f"{_differs(run_a, run_b)}; full config diff: python -m cupid_exp.diff {run_a.run_id} {run_b.run_id}")
+    notes.append(f"{differs(run_a, run_b)}; full config diff: python -m cupid_exp.diff {run_a.run_id} {run_b.run_id}")
     return Table(title, frame, pd.DataFrame(long), notes)
+
+
+def best_two(runs: Sequence[JobRun]) -> tuple[JobRun, JobRun] | None:
+    """The runs of a leaderboard's two best rows (second, best), for a paired comparison: the first task, data set
+    and evaluator (in the report's order) where two runs have the headline in the standard setting (in any setting
+    when fewer did), ranked by it; None when no table has two."""
+    for task in TASK_METRICS:
+        key = metric_key(task, "all", HEADLINE[task])
+        for data, evaluator in sorted({(r.data_label, r.evaluator) for r in runs}):
+            here = [r for r in runs if task in r.tasks and r.data_label == data and r.evaluator == evaluator
+                    and key in r.metrics]
+            standard = [r for r in here if r.setting_label == "standard"]
+            ranked = sorted(standard if len(standard) >= 2 else here, key=lambda r: r.metrics[key], reverse=True)
+            if len(ranked) >= 2:
+                return ranked[1], ranked[0]
+    return None

@@ -13,8 +13,8 @@ import pandas as pd
 
 from cupid_exp.reporting.reference import GROUPS, matcher_of
 from cupid_exp.reporting.runs import JobRun
-from cupid_exp.reporting.tables import (PAPER_COLUMNS, Table, extra_settings, long_rows, n_cell, notes_of, ordered,
-                                        run_numbers, runs_by_model, with_text)
+from cupid_exp.reporting.tables import (PAPER_COLUMNS, Table, extra_settings, long_rows, model_of, n_cell, natural,
+                                        notes_of, ordered, row_of, run_numbers, runs_by_model, with_text)
 from cupid_exp.scoring.statistics import TASK_METRICS
 
 UNITS = {"inference": "P / R / F1 in %", "generation": "mean judge score 1–10"}
@@ -36,12 +36,14 @@ def _reference_title(paper: pd.DataFrame, summary_by_type: bool) -> str:
 
 
 def _row_order(models: Sequence[str], paper: pd.DataFrame) -> list[str]:
-    """Each model, followed by its paper row when the paper has one; then the paper's other rows."""
+    """Each model's rows, followed by its paper row when the paper has one; then the paper's other rows."""
     paper_label = dict(zip(paper["conf_model"], paper["model"]))
     order: list[str] = []
-    for model in models:
-        order.append(model)
-        if model in paper_label:
+    for i, row in enumerate(models):
+        order.append(row)
+        model = model_of(row)
+        last_of_model = i + 1 == len(models) or model_of(models[i + 1]) != model
+        if model in paper_label and last_of_model:
             order.append(f"paper: {paper_label[model]}")
     order += [f"paper: {label}" for label in dict.fromkeys(paper["model"]) if f"paper: {label}" not in order]
     return order
@@ -70,8 +72,10 @@ def leaderboard(tidy: pd.DataFrame, runs: Sequence[JobRun], task: str, *, data: 
     source = pd.DataFrame([(c, base, c) if c in GROUPS else (c, c, "all") for c in columns],
                           columns=["column", "setting", "group"])
     by_model = {m: s for m, s in by_model.items() if set(source["setting"]) & set(s)}
+    rows = row_of(by_model)
     runs_part = run_numbers(tidy, task, data, evaluator)
-    runs_part = runs_part[runs_part["model"].isin(list(by_model))]
+    runs_part = runs_part[runs_part["run_id"].isin(list(rows))]
+    runs_part = runs_part.assign(model=runs_part["run_id"].map(rows))  # the row label: a model, and how it ran
     paper = _paper_numbers(tidy, task, evaluator).merge(source, on=["setting", "group"])
     if not by_model and paper.empty:
         return None
@@ -80,7 +84,7 @@ def leaderboard(tidy: pd.DataFrame, runs: Sequence[JobRun], task: str, *, data: 
                          paper.assign(row="paper: " + paper["model"], reference=ref_title)], ignore_index=True)
     numbers = with_text(numbers, task)
     metrics = TASK_METRICS[task]
-    order = _row_order(sorted(by_model), paper)
+    order = _row_order(sorted(by_model, key=natural), paper)
     what = "with summaries, by instance type" if summary_by_type else "by model"
     title = (f"Paper reference ({ref_title}): {task} {what} ({UNITS[task]})" if data is None else
              f"{task.capitalize()} {what} — data={data}, evaluator={evaluator} ({UNITS[task]}; [95% CI])")

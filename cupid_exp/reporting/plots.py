@@ -361,7 +361,7 @@ def report_figures(selection: "Selection", *, n_boot: int = 1000, seed: int = 0
     (``DataIdentity.slug``), the caption by its label.
 
     Under the runs' shared failure policy (``exclude`` when they differ)."""
-    from cupid_exp.reporting.runs import common_policy
+    from cupid_exp.reporting.runs import common_policy, row_labels
 
     pairs = {(r.data_id, r.evaluator) for r in selection.runs}
     for data, evaluator in sorted(pairs, key=lambda pair: (pair[0].label, pair[1])):
@@ -370,7 +370,8 @@ def report_figures(selection: "Selection", *, n_boot: int = 1000, seed: int = 0
                     and r.setting == "standard" and task in r.tasks and selection.records.get(r.run_id)]
             if not runs:
                 continue
-            series = {r.model: selection.records[r.run_id] for r in runs}
+            labels = row_labels(runs)  # a model that ran in several ways: a series for each
+            series = {labels[r.run_id]: selection.records[r.run_id] for r in runs}
             kw = dict(n_boot=n_boot, seed=seed, failure_policy=common_policy(runs))
             metric = HEADLINE[task]
             figures = {"by_type": plot_by_type(series, task, **kw),

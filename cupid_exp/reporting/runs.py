@@ -1,7 +1,9 @@
 """Finished job runs as the report reads them: MLflow queries, and each run's records (downloaded once, cached).
 
 A run's setting label comes from the setting's own ``label()``, fed the run's recorded ``setting.*``
-params through the setting's schema, so the report and the job name a variant the same way.
+params through the setting's schema, so the report and the job name a variant the same way. A run's identity
+(``JobRun.identity``) is what its scores depend on, read back from its params by the job's own rule
+(``cupid_exp.identity.content``): only runs with the same one share a row, or replace one another.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 import re
 import shutil
@@ -16,12 +19,12 @@ import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
-from cupid_exp.reporting.data_identity import DataIdentity, data_identity
+from cupid_exp.reporting.data_identity import DIGEST_SHOWN, DataIdentity, data_identity
 from cupid_exp.scoring.names import metric_key
 from cupid_exp.scoring.statistics import HEADLINE, TASK_METRICS
 
@@ -43,12 +46,6 @@ def _setting_class(name: str) -> Any:
     return SETTINGS.get(name)
 
 
-def setting_fields(name: str) -> list[str]:
-    """The params of a setting's schema (``setting.retriever``, ...), without its name."""
-    cls = _setting_class(name)
-    return [] if cls is None else [f"setting.{f.name}" for f in dataclasses.fields(cls.Config) if f.name != "name"]
-
-
 def setting_label(params: Mapping[str, str]) -> str:
     """What the setting's ``label()`` says for the run's params; a param the run did not record (or that does
     not fit the schema) takes the schema's default, as composing would have given it."""
@@ -65,6 +62,106 @@ def setting_label(params: Mapping[str, str]) -> str:
             except ValidationError:
                 pass
     return cls(OmegaConf.to_object(node)).label()
+
+
+#: What a run's params hold that is no part of what its scores measure, beside what ``cupid_exp.identity`` leaves out:
+#: the data (``JobRun.data_id`` stands for it: its content and the subset taken), the task (each task part is a
+#: table of its own), the seed (it seeds the bootstrap), the prompts folder's path (its content digest stands
+#: for it) and the group choices (their content is in the other params).
+#: (``runtime.progress_every_s`` and ``runtime.dry_run`` say how a job showed its progress and that it called
+#: models: no published run differs in them.)
+REPORT_NOT_IDENTITY = ("data", "task", "seed", "prompts.dir", "runtime.progress_every_s", "runtime.dry_run")
+PROMPTS_KEY = "prompts"  #: the prompts folder's content digest (tag ``prompts_digest``), as an identity key
+
+
+def _plain(text: str) -> str | None:
+    """A param's text as one spelling per value: None for null, '0' for 0.0, so that 0 and 0.0 are one value."""
+    if text in ("None", "null", ""):
+        return None
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    if not math.isfinite(number) or not text.lstrip("+-").replace(".", "", 1).isdigit():
+        return text  # inf, 1e-3, 1_000, ...: as written
+    return str(int(number)) if number.is_integer() else repr(number)
+
+
+def _dotted(value: Any, prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}: the params' keys again (``tracking.mlflow.flatten`` made them)."""
+    if not isinstance(value, Mapping):
+        return {prefix[:-1]: value}
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        out.update(_dotted(item, f"{prefix}{key}."))
+    return out
+
+
+def scored_identity(params: Mapping[str, str], tags: Mapping[str, str]) -> dict[str, str]:
+    """Dotted key -> value of everything that decides a run's scores but its data: its params nested back into
+    the config they were flattened from, kept by the job identity's rule (``cupid_exp.identity.content``: no paths,
+    tracking, call pacing, prices or keys), without ``REPORT_NOT_IDENTITY``; and the prompts' digest."""
+    from cupid_exp.identity import content
+
+    nested: dict[str, Any] = {}
+    for key, text in params.items():
+        if key.startswith("choice.") or key.split(".")[0] in REPORT_NOT_IDENTITY or key in REPORT_NOT_IDENTITY:
+            continue
+        *parents, last = key.split(".")
+        node: Any = nested
+        for part in parents:
+            node = node.setdefault(part, {}) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node[last] = _plain(text)
+    kept = {k: v for k, v in _dotted(content(nested)).items() if v is not None}
+    if tags.get("prompts_digest"):
+        kept[PROMPTS_KEY] = tags["prompts_digest"]
+    return dict(sorted(kept.items()))
+
+
+def identity_key(run: "JobRun") -> str:
+    """The run's identity as one string (runs with the same one measured the same thing)."""
+    return json.dumps(run.identity, sort_keys=True)
+
+
+def short_key(key: str) -> str:
+    """How a row label names an identity key: the evaluated model's own keys without ``model.`` (``temperature``
+    for ``model.params.temperature``), every other key whole."""
+    return key.removeprefix("model.params.").removeprefix("model.")
+
+
+def _shown(key: str, value: str | None) -> str:
+    if value is None:
+        return f"{short_key(key)}=unset"
+    return f"{short_key(key)}={value[:DIGEST_SHOWN] if key == PROMPTS_KEY else value[:40]}"
+
+
+def row_labels(runs: Sequence["JobRun"]) -> dict[str, str]:
+    """run id -> the label of its row: the model's name, followed by what sets it apart from the model's other
+    runs here (``gpt4o · temperature=0.4``). A model's settings are columns of one row, so its ``setting.*`` keys
+    label a row only where two runs of one setting label differ in them."""
+    by_model: dict[str, list[JobRun]] = {}
+    for run in runs:
+        by_model.setdefault(run.model, []).append(run)
+    labels = {}
+    for model, group in by_model.items():
+        keys = sorted({k for run in group for k in run.identity})
+
+        def differ(key: str, among: Sequence[JobRun]) -> bool:
+            return len({run.identity.get(key) for run in among}) > 1
+
+        shared = [k for k in keys if not k.startswith("setting.") and differ(k, group)]
+        for run in group:
+            same_setting = [r for r in group if r.setting_label == run.setting_label]
+            own = [k for k in keys if k.startswith("setting.") and differ(k, same_setting)]
+            parts = [_shown(k, run.identity.get(k)) for k in shared + own]
+            labels[run.run_id] = " · ".join([model, ", ".join(parts)]) if parts else model
+    return labels
+
+
+def identity_diff(a: Mapping[str, str], b: Mapping[str, str]) -> list[str]:
+    """'model.params.temperature: 0 → 0.4' for each key whose value differs between two identities."""
+    return [f"{k}: {a.get(k, 'unset')} → {b.get(k, 'unset')}" for k in sorted({*a, *b}) if a.get(k) != b.get(k)]
 
 
 def _param(key: str, default: str = "?") -> property:
@@ -101,6 +198,11 @@ class JobRun:
     def setting_label(self) -> str:
         """``standard``, ``oracle``, ``retrieval[bm25,k=2]``, ``retrieval[embedding=<model>,k=2]``, ..."""
         return setting_label(self.params)
+
+    @functools.cached_property
+    def identity(self) -> dict[str, str]:
+        """What decides this run's scores besides its data (``scored_identity``)."""
+        return scored_identity(self.params, self.tags)
 
     @property
     def tasks(self) -> list[str]:

@@ -1,5 +1,5 @@
-"""Which runs a report uses: finished, complete ones; one per experiment (model × setting variant × task ×
-evaluator × data), the whole data set's before a subset's."""
+"""Which runs a report uses: finished, complete ones; one per experiment (everything that decides its scores,
+``JobRun.identity``, × task × data), the whole data set's before a subset's."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from cupid_exp.reporting.data_identity import one_name_per_content
-from cupid_exp.reporting.runs import JobRun
+from cupid_exp.reporting.runs import JobRun, identity_key
 from cupid_exp.scoring.names import metric_key
 from cupid_exp.scoring.statistics import HEADLINE
 
@@ -83,7 +83,9 @@ def _pick(group: list[JobRun], show_subsets: bool) -> tuple[list[JobRun], str | 
 
 def select_runs(runs: Sequence[JobRun], load: Callable[[str], Records | None], *,
                 show_subsets: bool = False) -> Selection:
-    """Keep finished, complete runs; one run per experiment: model × setting label × task × evaluator × data.
+    """Keep finished, complete runs; one run per experiment: identity (model, its decoding parameters, setting,
+    evaluator, prompts, ...: ``JobRun.identity``) × task × data. A newer run replaces an older one only when
+    both have the same identity; runs that differ in it are rows of their own (``runs.row_labels``).
 
     The data is the rows' content (two files are two data sets) and the part of it taken: a run on the whole
     data set is preferred to a newer one on a subset (``data.limit``, ``data.instance_types``) or an incomplete
@@ -113,10 +115,10 @@ def select_runs(runs: Sequence[JobRun], load: Callable[[str], Records | None], *
     experiments: dict[tuple[str, ...], list[JobRun]] = {}
     for run in sorted(usable, key=lambda r: r.start_time, reverse=True):
         for task in run.tasks:
-            key = (run.data_id.full.label, run.evaluator, run.model, run.setting_label, task)
+            key = (run.data_id.full.label, run.evaluator, run.model, run.setting_label, task, identity_key(run))
             experiments.setdefault(key, []).append(run)
     chosen: dict[str, JobRun] = {}
-    for (data, evaluator, model, setting, task), group in sorted(experiments.items()):
+    for (data, evaluator, model, setting, task, _), group in sorted(experiments.items()):
         picked, note = _pick(group, show_subsets)
         chosen.update((r.run_id, r) for r in picked)
         if note:

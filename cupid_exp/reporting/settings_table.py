@@ -9,8 +9,8 @@ import pandas as pd
 
 from cupid_exp.reporting.reference import GROUPS
 from cupid_exp.reporting.runs import JobRun
-from cupid_exp.reporting.tables import (Table, long_rows, n_cell, notes_of, ordered, run_numbers, runs_by_model,
-                                        setting_order, with_text)
+from cupid_exp.reporting.tables import (Table, long_rows, n_cell, natural, notes_of, ordered, row_of, run_numbers,
+                                        runs_by_model, setting_order, with_text)
 from cupid_exp.scoring.statistics import HEADLINE
 
 RECOVERED = "oracle gain recovered"
@@ -45,11 +45,14 @@ def setting_table(tidy: pd.DataFrame, runs: Sequence[JobRun], task: str, *, data
     metric = HEADLINE[task]
     title = (f"{task.capitalize()} by setting and instance type — data={data}, evaluator={evaluator} "
              f"({UNITS[task]}; [95% CI])")
-    index = pd.MultiIndex.from_tuples([(m, label) for m in sorted(by_model)
+    models = sorted(by_model, key=natural)
+    index = pd.MultiIndex.from_tuples([(m, label) for m in models
                                        for label in sorted(by_model[m], key=setting_order)], names=["model", "setting"])
     run_of = {key: by_model[key[0]][key[1]] for key in index}
+    rows = row_of(by_model)
     numbers = with_text(run_numbers(tidy, task, data, evaluator), task)
-    numbers = numbers[numbers["metric"] == metric]
+    numbers = numbers[(numbers["metric"] == metric) & numbers["run_id"].isin(list(rows))]
+    numbers = numbers.assign(model=numbers["run_id"].map(rows))  # the row label: a model, and how it ran
     fields = ["text", "value", "n"]
     wide = numbers.pivot(index=["model", "setting"], columns="group", values=fields).reindex(
         index=index, columns=pd.MultiIndex.from_product([fields, GROUPS], names=[None, "group"]))
@@ -63,7 +66,7 @@ def setting_table(tidy: pd.DataFrame, runs: Sequence[JobRun], task: str, *, data
         source="derived", metric="oracle_gain_recovered", data=data)
     derived["run_id"] = [run_of[key].run_id for key in zip(derived["model"], derived["setting"])]
     long = ordered(pd.concat([derived, numbers], ignore_index=True),
-                   {"model": sorted(by_model), "setting": sorted(set(index.get_level_values("setting")),
+                   {"model": models, "setting": sorted(set(index.get_level_values("setting")),
                                                                  key=setting_order)})
     notes = notes_of(numbers)
     notes.append(f"{RECOVERED} = (setting − standard) / (oracle − standard) of the {metric} point values, same model "

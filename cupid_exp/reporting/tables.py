@@ -10,7 +10,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import pandas as pd
 
 from cupid_exp.reporting.reference import GROUPS
-from cupid_exp.reporting.runs import JobRun
+from cupid_exp.reporting.runs import JobRun, row_labels
 from cupid_exp.scoring.bootstrap import Estimate
 
 PAPER_SETTINGS = ("standard", "oracle", "oracle_preference", "summary")
@@ -101,9 +101,21 @@ def setting_order(label: str) -> tuple[int, list[Any]]:
 
 
 def runs_by_model(task: str, runs: Sequence[JobRun], data: str | None, evaluator: str) -> dict[str, dict[str, JobRun]]:
-    """{model: {setting label: run}} for the runs of one task × data set (its label) × evaluator."""
+    """{row: {setting label: run}} for the runs of one task × data set (its label) × evaluator; a row is a model,
+    labelled by what sets it apart where the model ran in several ways (``runs.row_labels``)."""
+    here = [run for run in runs if task in run.tasks and run.data_label == data and run.evaluator == evaluator]
+    labels = row_labels(here)
     by_model: dict[str, dict[str, JobRun]] = {}
-    for run in runs:
-        if task in run.tasks and run.data_label == data and run.evaluator == evaluator:
-            by_model.setdefault(run.model, {})[run.setting_label] = run
+    for run in here:
+        by_model.setdefault(labels[run.run_id], {})[run.setting_label] = run
     return by_model
+
+
+def row_of(by_model: Mapping[str, Mapping[str, JobRun]]) -> dict[str, str]:
+    """run id -> its row in ``runs_by_model``'s answer."""
+    return {run.run_id: row for row, settings in by_model.items() for run in settings.values()}
+
+
+def model_of(row: str) -> str:
+    """The model a row label names ('gpt4o' of 'gpt4o · temperature=0.4')."""
+    return row.split(" · ")[0]

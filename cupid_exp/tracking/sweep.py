@@ -4,7 +4,8 @@ When a sweep ends, the report (``cupid_exp.reporting``) is built from the parent
 runs, and the runs its link children stand for (a job that had finished before the sweep keeps its own run:
 ``tracking.reopen``) — the same selection rules, tables and bootstrap intervals as ``python -m cupid_exp.report``
 — and logged on the parent: ``leaderboard.md`` and ``leaderboard.html``, each table as an MLflow
-table artifact under ``leaderboard/``, the cross-model plots under ``plots/``, and a few counts as
+table artifact under ``leaderboard/``, the paired comparison of its two best rows (``reporting.compare.best_two``)
+as the last table, the cross-model plots under ``plots/``, and a few counts as
 metrics. A sweep that ended before its parent existed (or with no finished child) logs notes only.
 """
 
@@ -31,6 +32,7 @@ def publish_sweep(client: Any, uri: str, experiment: str, parent_id: str, *, see
     from mlflow.entities import Metric
 
     from cupid_exp.reporting.build import build_report
+    from cupid_exp.reporting.compare import best_two, compare_runs
     from cupid_exp.reporting.plots import save_report_plots
     from cupid_exp.reporting.render import render
     from cupid_exp.reporting.runs import load_records, search_job_runs
@@ -45,6 +47,13 @@ def publish_sweep(client: Any, uri: str, experiment: str, parent_id: str, *, see
     tables = build_report(selection, n_boot=n_boot, seed=seed) if selection.runs else []
     notes = list(selection.notes) + [f"{len(children)} job runs in this sweep, {len(selection.runs)} in the tables",
                                      f"95% intervals: cluster bootstrap over personas, {n_boot} resamples, seed {seed}"]
+    pair = best_two(selection.runs)
+    if pair is not None and all(selection.records.get(r.run_id) for r in pair):  # its two best rows, paired
+        a, b = pair
+        tables.append(compare_runs(a, selection.records[a.run_id], b, selection.records[b.run_id], n_boot=n_boot,
+                                   seed=seed))
+        notes.append(f"the last table pairs the two best rows: python -m cupid_exp.report --compare {a.short} "
+                     f"{b.short}")
     client.log_text(parent_id, render(tables, notes, "markdown"), "leaderboard.md")
     for i, table in enumerate(tables, start=1):
         client.log_table(parent_id, data=table.frame.astype(str),

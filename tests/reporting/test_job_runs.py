@@ -55,3 +55,23 @@ def test_task_parts_name_the_runs_tasks() -> None:
     # an older run without task.parts: its task name, or what it logged
     assert JobRun("r" * 32, "", "FINISHED", 0, {"task.name": "generation"}, both, {}).tasks == ["generation"]
     assert JobRun("r" * 32, "", "FINISHED", 0, {"task.name": "both"}, both, {}).tasks == ["inference", "generation"]
+
+
+def test_a_runs_identity_is_what_decides_its_scores() -> None:
+    """Decoding, step params, evaluator params and prompts are in a run's identity; pacing, prices, paths, the
+    bootstrap's seed and the data's path are not (the data enters by its content, apart)."""
+    def identity(*overrides: str, prompts: str = "p1") -> dict[str, str]:
+        resolved, _ = split_hydra(compose_config(["model=gpt4o", *overrides], return_hydra_config=True))
+        return JobRun("r" * 32, "", "FINISHED", 0, flatten(resolved), {}, {"prompts_digest": prompts}).identity
+
+    base = identity()
+    for same in (["model.rpm=500", "model.max_concurrency=3", "model.input_cost_per_token=0.1"],
+                 ["seed=7", "paths.output_root=/elsewhere", "runtime.timeout=5", "runtime.workers=2"],
+                 ["model.params.temperature=0.0"]):  # 0 and 0.0 are one value
+        assert identity(*same) == base, same
+    for key, override in (("model.params.temperature", "model.params.temperature=0.4"),
+                          ("model.step_params.judge.max_tokens", "+model.step_params.judge.max_tokens=9"),
+                          ("evaluator.judge.params.temperature", "evaluator.judge.params.temperature=0.5")):
+        changed = identity(override)
+        assert [k for k in {*base, *changed} if base.get(k) != changed.get(k)] == [key]
+    assert identity(prompts="p2")["prompts"] == "p2" != base["prompts"]

@@ -213,7 +213,7 @@ def test_compare_is_a_paired_test_on_shared_instances(store, capsys) -> None:
     assert cells[8] == f"{expected.n_shared} ({expected.n_clusters})"
     assert expected.diff > 0 and expected.low > 0 and float(cells[7].rstrip("*")) < 0.01
     assert any(x.startswith("| inference | changing ") for x in out.splitlines())
-    assert f"python -m cupid_exp.diff {a} {b}" in out and "model.name gpt4o → claude37" in out
+    assert f"python -m cupid_exp.diff {a} {b}" in out and "model.name: gpt4o → claude37" in out
 
 
 def test_missing_experiment_is_an_error(store, capsys) -> None:
@@ -279,7 +279,7 @@ def test_retrieval_variants_are_selected_and_get_their_own_columns(store, capsys
     assert "Generation by setting" not in out
     compared = report(store, capsys, "--compare", ids["bm25"], ids["embedding"])
     assert f"A = {ids['bm25'][:8]} (gpt4o, {BM25}, inference)" in compared
-    assert "differs: setting.retriever bm25 → embedding;" in compared
+    assert "differs: setting.retriever: bm25 → embedding; full" in compared
 
 
 def test_by_setting_table_with_oracle_gain_recovered(store, capsys) -> None:

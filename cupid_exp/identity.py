@@ -1,0 +1,67 @@
+"""What decides a result, by content: the rule a job's identity (``job.identity``) and the report's rows
+(``reporting.runs.JobRun.identity``) share, so that the two never disagree on what makes two runs the same.
+
+Never how fast, through which spelling of an endpoint or with which key results are got: see ``job.identity``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+from cupid_exp.llm.endpoints import canonical_api_base
+from cupid_exp.secrets import redact
+
+#: Where a job is written or logged, how progress shows, how failures enter the means (aggregation reads the
+#: journal, so another policy replays it for free).
+NOT_IDENTITY = {"paths", "tracking", "hydra"}
+#: How calls are made, paced (``pools``: a provider pool's limits), retried, shared among processes, cached and
+#: budgeted: none decides a reply.
+RUNTIME_NOT_IDENTITY = {"progress", "cache", "cache_dir", "resume", "failure_policy", "max_failed_fraction",
+                        "retry_failed", "workers", "max_cost_usd", "sweep_max_cost_usd", "timeout", "num_retries",
+                        "rate_limit_patience_s", "batch", "batch_size", "batch_delay_s", "batch_poll_s",
+                        "dry_run_completion_tokens", "pools"}
+#: A model config's throughput, pacing, prices and key variable (``config.ModelConfig``; ``pool``: its provider
+#: pool, where there is one).
+MODEL_NOT_IDENTITY = {"max_concurrency", "rpm", "tpm", "pool", "api_key_env", "input_cost_per_token",
+                      "output_cost_per_token", "batch"}
+#: An embedded model's threads and caches (``config.LocalModelConfig``).
+LOCAL_NOT_IDENTITY = {"n_threads", "n_threads_batch", "n_batch", "prompt_cache_mb"}
+
+
+def by_content(value: Any) -> Any:
+    """``value`` (plain config data) with every model config reduced to what decides its replies: see the module
+    docstring. A model config is any mapping with a ``litellm_model``."""
+    if isinstance(value, Mapping):
+        if "litellm_model" in value:
+            return _model(value)
+        return {k: by_content(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [by_content(v) for v in value]
+    return value
+
+
+def _model(model: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: by_content(v) for k, v in model.items() if k not in MODEL_NOT_IDENTITY}
+    if out.get("api_base"):
+        out["api_base"] = canonical_api_base(out["api_base"])
+    if isinstance(out.get("local"), Mapping):
+        out["local"] = {k: v for k, v in out["local"].items() if k not in LOCAL_NOT_IDENTITY}
+    return out
+
+
+def content(resolved: Mapping[str, Any], not_identity: Iterable[str] = ()) -> dict[str, Any]:
+    """The resolved config as it decides results: secrets masked (``secrets.redact``: a header's or key's value
+    never counts, its name does), paths, tracking and the runtime's how-to left out, models by content, and the
+    dotted keys ``not_identity`` dropped (a kind's own: ``data.path``, ``synthesis.n_personas``)."""
+    config = redact({k: v for k, v in resolved.items() if k not in NOT_IDENTITY})
+    if "runtime" in config:
+        config["runtime"] = {k: v for k, v in dict(config["runtime"] or {}).items() if k not in RUNTIME_NOT_IDENTITY}
+    config = by_content(config)
+    for dotted in not_identity:
+        *parents, last = dotted.split(".")
+        node = config
+        for key in parents:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return config

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -25,11 +26,16 @@ def aside_name(path: Path) -> Path:
     return target
 
 
-def set_aside(path: Path, what: str, why: BaseException | str, then: str, *, companions: tuple[str, ...] = ()) -> Path:
+def set_aside(path: Path, what: str, why: BaseException | str, then: str, *, companions: tuple[str, ...] = (),
+              copy: bool = False) -> Path:
     """Rename ``path`` aside (and its ``companions``: suffixes of files that belong to it, e.g. SQLite's ``-wal``)
-    and say so in one warning: ``what`` it is, ``why`` it is unreadable, and what the job does ``then``."""
+    and say so in one warning: ``what`` it is, ``why`` it is unreadable, and what the job does ``then``. ``copy``:
+    copy its bytes aside instead, for a file other processes hold open and the caller rewrites in place."""
     target = aside_name(path)
-    os.replace(path, target)
+    if copy:
+        shutil.copyfile(path, target)
+    else:
+        os.replace(path, target)
     for suffix in companions:
         extra = path.with_name(path.name + suffix)
         if extra.exists():

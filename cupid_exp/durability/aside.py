@@ -43,3 +43,13 @@ def set_aside(path: Path, what: str, why: BaseException | str, then: str, *, com
     reason = why if isinstance(why, str) else f"{type(why).__name__}: {(str(why).splitlines() or [''])[0][:200]}"
     log.warning("%s %s is unreadable (%s): set aside as %s; %s", what, path, reason, target.name, then)
     return target
+
+
+def torn(raw: bytes) -> bool:
+    """Whether an unterminated last line of a JSON-lines file looks like a write cut short (the start of a JSON
+    object, text) rather than garbage: the first is cut off as before, the second makes the file unreadable."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return raw.lstrip().startswith(b"{") and not raw.endswith(b"\n")

@@ -40,7 +40,7 @@ it is wrong some of the time (the reasons are the markers', from ``faults.known`
 | kill_9_at_store_creation | killed | killed | killed | killed | killed |
 | corrupt_cache | 0 | 0 | 0 | 0 | 0 |
 | corrupt_journal | 0 | 0 | 0 | 0 | 0 |
-| corrupt_usage_ledger | 0 | 0 | 0 | 0 | 0 |
+| corrupt_usage_ledger | 0 | 0 | 0 | 0 | 0 xfail |
 | corrupt_budget_ledger | 0 | 0 | 0 | 0 | 0 |
 | corrupt_lock | 0 | 0 | 0 | 0 | 0 |
 | corrupt_batch_ledger | N/A | 0 | N/A | N/A | N/A |

@@ -98,12 +98,15 @@ class UsageLedger:
         count is skipped (with a warning). No ledger yet: ``carried`` journal records' usage becomes its first
         lines. The job takes its ledger here, at its start: the room for a full disk is kept (``keep_room``)."""
         self.keep_room()
-        meter = UsageMeter()
+        meter, carried = UsageMeter(), list(carried)
         if self.path.exists():
             lines = [raw for raw in self.path.read_bytes().splitlines(keepends=True) if raw.strip() and not torn(raw)]
             if lines and not any(_count(raw) is not None for raw in lines):
+                known = any(record.get("usage") for record in carried)
                 set_aside(self.path, "usage ledger", f"{len(lines)} line(s), not one a usage count",
-                          "it starts again from the usage of the journal's finished instances (what is known of them)")
+                          "it starts again from the usage of the journal's finished instances (what is known of them)"
+                          if known else "what the job's earlier attempts spent is not known here (a reopened MLflow "
+                          "run carries it from its progress metrics)")
         if not self.path.exists():
             self._carry(carried)
             if not self.path.exists():

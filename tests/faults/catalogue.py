@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 
 from helpers.spend import journaled
 
+from faults import known
 from faults.invariants import job_metrics
 from faults.modes import Cell, roles
 
@@ -276,7 +277,7 @@ FAULTS = [
     Fault("corrupt_journal", 0, "", lambda mode, cell, port: Arrangement(), lambda ev: _set_aside(ev),
           driver="corrupt_journal"),
     Fault("corrupt_usage_ledger", 0, "", lambda mode, cell, port: Arrangement(), lambda ev: _set_aside(ev),
-          driver="corrupt_usage_ledger"),
+          driver="corrupt_usage_ledger", pending={"synthesis": known.SYNTHESIS_RECORDS_NO_USAGE}),
     Fault("corrupt_budget_ledger", 0, "", lambda mode, cell, port: Arrangement(budget=1.0),
           lambda ev: _set_aside(ev), driver="corrupt_budget_ledger"),
     Fault("corrupt_lock", 0, "", lambda mode, cell, port: Arrangement(), _lock_taken, driver="corrupt_lock"),

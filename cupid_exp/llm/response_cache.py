@@ -136,9 +136,10 @@ class DiskResponseStore(BaseCache):
 
 
 def corrupt(exc: sqlite3.DatabaseError) -> bool:
-    """SQLite cannot read the file (not a database, a malformed page), as against a busy or unwritable one
-    (``OperationalError``: locked, a disk I/O error, a full disk), which is not the file's fault."""
-    return not isinstance(exc, sqlite3.OperationalError)
+    """SQLite cannot read the file (not a database, a malformed page: ``DatabaseError`` itself), as against a busy or
+    unwritable one (``OperationalError``: locked, a disk I/O error, a full disk) or a refused statement (its other
+    subclasses), which are not the file's fault."""
+    return type(exc) is sqlite3.DatabaseError
 
 
 def raise_failed_write() -> None:

@@ -95,3 +95,23 @@ def test_a_store_sqlite_cannot_read_is_set_aside_and_the_call_made_again(tmp_pat
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith(f"response cache {store} is unreadable (DatabaseError: file is not a database): set "
                            f"aside as {aside.name}; a new, empty one is used"), line
+
+
+def test_a_store_found_malformed_after_it_opened_is_a_miss_said_once_and_no_longer_written(tmp_path, caplog) -> None:
+    from cupid_exp.llm.response_cache import DiskResponseStore
+
+    store = DiskResponseStore(tmp_path / "responses")
+    store.set_cache("k", {"v": 1})
+    calls = []
+
+    def malformed(*args, **kwargs):
+        calls.append(args)
+        raise sqlite3.DatabaseError("database disk image is malformed")
+
+    store.store.get = store.store.set = malformed
+    with caplog.at_level(logging.WARNING, logger="cupid_exp.llm.response_cache"):
+        assert store.get_cache("k") is None and store.get_cache("k") is None
+        store.set_cache("k2", {"v": 2})
+    assert len(calls) == 1 and store.failed is None  # one read failed; nothing after it touched the store
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "became unreadable (DatabaseError: database disk image is malformed)" in line

@@ -19,7 +19,8 @@ from cupid_exp.llm.budget import LEDGER_FILE, Account, Budget
 ESTIMATE_FILE = "budget_estimate.json"  #: a dry-run sweep's jobs add their estimates up here
 
 
-def job_budget(runtime: RuntimeConfig, *, job_ledger: Path, sweep_dir: str | None, spent: float = 0.0) -> Budget | None:
+def job_budget(runtime: RuntimeConfig, *, job_ledger: Path, sweep_dir: str | None,
+               spent: float = 0.0) -> Budget | None:
     """The accounts of one job: its own ledger (``runtime.max_cost_usd``) and, in a sweep, the sweep's
     (``runtime.sweep_max_cost_usd``). Outside a sweep the sweep's limit is simply a second cap on the job. ``spent``:
     what the job's usage ledger counted of its earlier attempts, where an unreadable ledger counts again from (the

@@ -5,8 +5,9 @@ transactional: a first command killed while they run (a newcomer's Ctrl-C lands 
 later command failed ('table _alembic_tmp_experiments already exists'). Here a new store is made in a file beside
 the real one and renamed into place once MLflow has finished with it (a rename is atomic), so the real path holds
 either nothing or a whole store; a kill leaves only the aside file, which the next command removes. A store half
-made before this existed is recognised (MLflow cannot open it and it holds no run) and made again. A store SQLite cannot read at all (``file is not a database``: a torn copy, a disk error) is set aside
-whole (``durability.aside``) and made again: the job's run starts anew, the runs it held stay in the file set aside.
+made before this existed is recognised (MLflow cannot open it and it holds no run) and made again. A store SQLite
+cannot read at all (``file is not a database``: a torn copy, a disk error) is set aside whole (``durability.aside``)
+and made again: the job's run starts anew, the runs it held stay in the file set aside.
 Callers hold the store's file lock (``tracking.mlflow.prepare_store``).
 """
 

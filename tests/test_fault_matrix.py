@@ -38,6 +38,14 @@ it is wrong some of the time (the reasons are the markers', from ``faults.known`
 | disk_full_at_start | 5 | 5 | 5 | 5 | 5 |
 | kill_9 | killed | killed | killed | killed | killed |
 | kill_9_at_store_creation | killed | killed | killed | killed | killed |
+| corrupt_cache | 0 | 0 | 0 | 0 | 0 |
+| corrupt_journal | 0 | 0 | 0 | 0 | 0 |
+| corrupt_usage_ledger | 0 | 0 | 0 | 0 | 0 xfail |
+| corrupt_budget_ledger | 0 | 0 | 0 | 0 | 0 |
+| corrupt_lock | 0 | 0 | 0 | 0 | 0 |
+| corrupt_batch_ledger | N/A | 0 | N/A | N/A | N/A |
+| corrupt_mlflow_store | 0 | 0 | 0 | 0 | 0 |
+| corrupt_persona_files | N/A | N/A | N/A | N/A | 0 |
 
 N/A:
 - batch × timeout_under_budget, timeouts: a batch has no request that times out: its rows are polled for.
@@ -46,12 +54,18 @@ N/A:
 - batch × content_filter: a content filter through the Batch API is a row's body, read as a live reply's.
 - batch_token_limit outside batch: the enqueued-token limit is the Batch API's; live, a key's token limit is a
   TPM 429 (rate_limited).
+- corrupt_batch_ledger outside batch: only the Batch API keeps a list of batches; corrupt_persona_files outside
+  synthesis: only synthesis keeps a state file and persona files.
 
 How each fault is made: the batch mode meets a refusal (401, ``insufficient_quota``, the daily limit) at its
 upload, a 429 or a 5xx at its first uploads (and 5xx rows), a malformed body as a garbled output line; 429s come in
 every way providers say the wait (``rate_limit_style="rotate"``: retry-after seconds, -ms, an HTTP date, OpenAI's
 x-ratelimit-reset, Anthropic's reset time, only the message, nothing), each waited out (the stub counts early
-retries); kill -9 lands at a seeded instant of the model phase, with requests in flight that the stub bills. Cells
+retries); kill -9 lands at a seeded instant of the model phase, with requests in flight that the stub bills. A
+``corrupt_*`` fault is a state file turned to garbage when a job starts (``faults.drivers.CorruptDriver``): the response
+cache and the list of batches before the only run (shared folders a new job may find broken), the others once a first
+run made them; the job must run (exit 0), the file set aside with its bytes and one line naming it (the lock: only
+taken and let go, its bytes are nobody's). Cells
 marked ``slow`` (sweeps, the tracking server, the disk, kills) run in CI too.
 """
 

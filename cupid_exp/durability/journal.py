@@ -5,7 +5,8 @@ instance already finished, and re-runs only the rest; together with the response
 no completed model call is repeated. Each line is flushed and fsynced; a torn last line
 from a kill is ignored on load, and so is any line that is not a whole record (valid JSON that lacks a
 record's fields, e.g. ``{"key": ...}`` alone): it never replaces a good record of its key, and its instance
-runs again unless a good record stands.
+runs again unless a good record stands. A journal with not one whole record in it (garbage, another file written
+over it) is set aside whole (``durability.aside``): its instances run again, and its bytes stay for a look.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from cupid_exp.durability.aside import set_aside, torn
 from cupid_exp.outputs import EnvironmentFailure, writing
 from cupid_exp.results import HistoryView, Truth
 from cupid_exp.secrets import scrub_obj
@@ -93,6 +95,11 @@ class Journal:
         done: dict[str, dict[str, Any]] = {}
         if not self.path.exists():
             return done
+        unread = self._unreadable()
+        if unread:
+            set_aside(self.path, "journal", f"{unread} line(s), not one a whole record",
+                      "its instances run again (the calls the response cache kept are answered from it)")
+            return done
         self._cut_torn_tail()
         self._tail_checked = True
         with self.path.open("rb") as fh:
@@ -109,6 +116,22 @@ class Journal:
                 done[record["key"]] = record
         self.held = len(done)
         return {k: r for k, r in done.items() if self.final(r, retry_failed)}
+
+    def _unreadable(self) -> int:
+        """The lines of a journal that holds bytes but not one whole record (0 when it holds one, or nothing but a
+        torn last line: a kill's, cut by ``_cut_torn_tail``)."""
+        lines = 0
+        with self.path.open("rb") as fh:
+            for raw in fh:
+                if not raw.strip() or torn(raw):
+                    continue
+                lines += 1
+                try:
+                    if self.whole(json.loads(raw)) is None:
+                        return 0
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    pass
+        return lines
 
     def _cut_torn_tail(self) -> None:
         """Drop a last line without its newline (a kill mid-write), so the next append starts a fresh line

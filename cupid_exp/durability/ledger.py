@@ -14,7 +14,8 @@ the job then stops (exit 5) with those lines written.
 
 A resumed job replays the ledger into a ``UsageMeter``: its earlier attempts' usage, step by step,
 which its MLflow run adds to this attempt's. A journal written before the ledger existed has its
-finished instances' usage carried into a new ledger once (all that was known of them).
+finished instances' usage carried into a new ledger once (all that was known of them); so has a ledger with
+not one usage count in it (garbage), after it is set aside whole (``durability.aside``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from cupid_exp.durability.aside import set_aside, torn
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.outputs import EnvironmentFailure, writing
 
@@ -96,7 +98,15 @@ class UsageLedger:
         count is skipped (with a warning). No ledger yet: ``carried`` journal records' usage becomes its first
         lines. The job takes its ledger here, at its start: the room for a full disk is kept (``keep_room``)."""
         self.keep_room()
-        meter = UsageMeter()
+        meter, carried = UsageMeter(), list(carried)
+        if self.path.exists():
+            lines = [raw for raw in self.path.read_bytes().splitlines(keepends=True) if raw.strip() and not torn(raw)]
+            if lines and not any(_count(raw) is not None for raw in lines):
+                known = any(record.get("usage") for record in carried)
+                set_aside(self.path, "usage ledger", f"{len(lines)} line(s), not one a usage count",
+                          "it starts again from the usage of the journal's finished instances (what is known of them)"
+                          if known else "what the job's earlier attempts spent is not known here (a reopened MLflow "
+                          "run carries it from its progress metrics)")
         if not self.path.exists():
             self._carry(carried)
             if not self.path.exists():

@@ -49,7 +49,8 @@ def open_attempt(spec: JobSpec) -> Attempt:
             accounts = (journal.path.with_suffix(".budget.json") if journal is not None
                         else spec.output_dir / "budget.json")
             sweep = spec.parent_run.sweep_dir if isinstance(spec.parent_run, SweepParent) else None
-            budget = job_budget(cfg.runtime, job_ledger=accounts, sweep_dir=sweep)
+            spent = earlier.totals().get("cost_usd", 0.0) if earlier is not None else 0.0
+            budget = job_budget(cfg.runtime, job_ledger=accounts, sweep_dir=sweep, spent=spent)
         n = processes(cfg, left, per_process=work.units_per_process, noun=work.noun) if left and not spec.dry_run \
             else 1
         return Attempt(lock, journal, ledger, earlier, done, budget, n, meter)

@@ -19,9 +19,12 @@ from cupid_exp.llm.budget import LEDGER_FILE, Account, Budget
 ESTIMATE_FILE = "budget_estimate.json"  #: a dry-run sweep's jobs add their estimates up here
 
 
-def job_budget(runtime: RuntimeConfig, *, job_ledger: Path, sweep_dir: str | None) -> Budget | None:
+def job_budget(runtime: RuntimeConfig, *, job_ledger: Path, sweep_dir: str | None,
+               spent: float = 0.0) -> Budget | None:
     """The accounts of one job: its own ledger (``runtime.max_cost_usd``) and, in a sweep, the sweep's
-    (``runtime.sweep_max_cost_usd``). Outside a sweep the sweep's limit is simply a second cap on the job."""
+    (``runtime.sweep_max_cost_usd``). Outside a sweep the sweep's limit is simply a second cap on the job. ``spent``:
+    what the job's usage ledger counted of its earlier attempts, where an unreadable ledger counts again from (the
+    sweep's too: no less than this job's)."""
     accounts: list[Account] = []
     job_caps = [(runtime.max_cost_usd, "runtime.max_cost_usd")]
     if sweep_dir is None:
@@ -29,10 +32,10 @@ def job_budget(runtime: RuntimeConfig, *, job_ledger: Path, sweep_dir: str | Non
     job_caps = [c for c in job_caps if c[0] is not None]
     if job_caps:
         cap, key = min(job_caps)
-        accounts.append(Account(str(job_ledger), float(cap), key))
+        accounts.append(Account(str(job_ledger), float(cap), key, spent))
     if sweep_dir is not None and runtime.sweep_max_cost_usd is not None:
         accounts.append(Account(str(Path(sweep_dir) / LEDGER_FILE), float(runtime.sweep_max_cost_usd),
-                                "runtime.sweep_max_cost_usd"))
+                                "runtime.sweep_max_cost_usd", spent))
     return Budget(accounts) if accounts else None
 
 

@@ -2,7 +2,8 @@
 
 Shared by every process that uses the same cache folder (``<runtime.cache_dir>/batches``), so a job killed while
 its batches were pending, rerun later (another day, another machine with the same outputs folder), collects
-them instead of paying again (``cupid_exp.llm.batch``).
+them instead of paying again (``cupid_exp.llm.batch``). A list of batches with not one readable entry (garbage) is
+set aside whole (``durability.aside``): the batches it named are not collected, their requests are sent again.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from filelock import FileLock
 
+from cupid_exp.durability.aside import set_aside, torn
 from cupid_exp.outputs import writing
 
 log = logging.getLogger(__name__)
@@ -55,17 +57,25 @@ class BatchLedger:
         out: dict[str, dict[str, Any]] = {}
         if not self._journal.exists():
             return out
-        for line in self._journal.read_text(encoding="utf-8").splitlines():
+        data = self._journal.read_bytes()
+        lines, read = data.splitlines(keepends=True), 0
+        for line in lines:
             try:
                 entry = json.loads(line)
-            except json.JSONDecodeError:  # a torn last line from a killed writer
+            except ValueError:  # a torn last line from a killed writer (or bytes that are not text)
                 continue
             if not isinstance(entry, dict) or "batch" not in entry:
                 continue
+            read += 1
             if "closed" in entry:
                 out.pop(entry["batch"], None)
             elif isinstance(entry.get("rows"), dict):
                 out[entry["batch"]] = entry
+        if not read and [line for line in lines if line.strip() and not torn(line)]:
+            with self._lock:  # once: another process may have set it aside and begun a new one meanwhile
+                if self._journal.exists() and self._journal.read_bytes() == data:
+                    set_aside(self._journal, "batch ledger", "not one readable entry",
+                              "the batches it named are not collected: their requests are sent again")
         return out
 
     def _row_path(self, digest: str) -> Path:

@@ -148,6 +148,7 @@ class Account:
     path: str
     cap: float
     key: str
+    floor: float = 0.0  #: where an unreadable ledger counts again from (``_restart``)
 
     @property
     def scope(self) -> str:
@@ -168,12 +169,29 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _load(fd: int) -> dict[str, Any]:
+def _load(fd: int, account: Account) -> dict[str, Any]:
     raw = os.pread(fd, os.fstat(fd).st_size, 0)
-    data = json.loads(raw) if raw.strip() else {}
+    try:
+        data = json.loads(raw) if raw.strip() else {}
+        if not isinstance(data, dict) or not isinstance(data.get("spent", 0.0), (int, float)) or \
+                not isinstance(data.get("reservations", {}), dict):
+            raise ValueError("not a budget ledger")
+    except ValueError as exc:  # JSON's errors and undecodable bytes are ValueErrors
+        return _restart(account, exc)
     data.setdefault("spent", 0.0)
     data.setdefault("reservations", {})
     return data
+
+
+def _restart(account: Account, error: Exception) -> dict[str, Any]:
+    """An unreadable ledger (the lock is held): its bytes are copied aside, and it counts again from the account's
+    ``floor`` (what the job's usage ledger counted), never from nothing; the caller writes it over the old one."""
+    from cupid_exp.durability.aside import set_aside
+
+    set_aside(Path(account.path), "budget ledger", error,
+              f"it counts again from ${account.floor:.4f}, what the job's usage ledger counted of its earlier attempts "
+              "(a request a killed attempt left in flight is not in it)", copy=True)
+    return {"spent": account.floor, "reservations": {}, "restarted_from": account.floor}
 
 
 def _save(fd: int, data: Mapping[str, Any]) -> None:
@@ -228,7 +246,7 @@ class Budget:
         for lock in locks:
             lock.acquire()
         try:
-            ledgers = [(a, _load(self._file(a))) for a in accounts]
+            ledgers = [(a, _load(self._file(a), a)) for a in accounts]
             for _, data in ledgers:
                 _purge_dead(data)
             result = change(ledgers)

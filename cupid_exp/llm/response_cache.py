@@ -10,18 +10,24 @@ project accepts, so a cache written under one is read under another.
 litellm writes to the cache in the background and swallows what a write raises (it logs its own line and goes on),
 so a write that fails (a full disk) is kept here and raised in the call's path by ``raise_failed_write``: the job
 ends with our one line naming the folder (exit 5), as it does when the store cannot even be opened.
+
+A store SQLite cannot read (``file is not a database``, ``database disk image is malformed``: a torn copy, a disk
+error) is set aside whole (``durability.aside``) and the job goes on with a new, empty one: its calls are made
+again. One that turns out unreadable later, past its opening, is a miss on read and no longer written to.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import zlib
 from pathlib import Path
 from typing import Any
 
 from litellm.caching.base_cache import BaseCache
 
+from cupid_exp.durability.aside import set_aside
 from cupid_exp.outputs import writing
 
 log = logging.getLogger(__name__)
@@ -36,18 +42,55 @@ class DiskResponseStore(BaseCache):
 
     def __init__(self, directory: str | Path):
         super().__init__(default_ttl=0)
-        import diskcache
-
         self.directory = Path(directory)
         self.failed: Exception | None = None  #: the first write that failed (``raise_failed_write``)
+        self.broken = False  #: found unreadable after it opened: a miss on read, never written to again
+        try:
+            self.store = self._open()
+        except sqlite3.DatabaseError as exc:
+            if not corrupt(exc):
+                raise
+            self.store = self._set_aside(exc)
+
+    def _open(self) -> Any:
+        import diskcache
+
         with writing(self.directory):  # opening creates the SQLite store: a full disk is one line, exit 5
-            self.store = diskcache.Cache(str(self.directory), disk=diskcache.JSONDisk, disk_compress_level=1)
+            return diskcache.Cache(str(self.directory), disk=diskcache.JSONDisk, disk_compress_level=1)
+
+    def _set_aside(self, error: Exception) -> Any:
+        """Move the unreadable store's folder aside and open a new one, under a lock beside it: the jobs of a sweep
+        that found it broken at once set it aside once (the later ones open the new one)."""
+        from filelock import FileLock
+
+        with FileLock(str(self.directory.with_name(f".{self.directory.name}.aside.lock"))):
+            try:
+                return self._open()
+            except sqlite3.DatabaseError as again:
+                if not corrupt(again):
+                    raise
+            set_aside(self.directory, "response cache", error,
+                      "a new, empty one is used: the calls it answered are made again")
+            return self._open()
+
+    def _broke(self, exc: Exception) -> None:
+        if not self.broken:
+            self.broken = True
+            log.warning("response cache %s became unreadable (%s: %s): not used for the rest of this job",
+                        self.directory, type(exc).__name__, str(exc)[:200])
 
     def set_cache(self, key: str, value: Any, **kwargs: Any) -> None:
         ttl = kwargs.get("ttl")
+        if self.broken:
+            return
         try:
             with writing(self.directory):
                 self.store.set(key, value, expire=float(ttl) if ttl else None)
+        except sqlite3.DatabaseError as exc:
+            if corrupt(exc):
+                self._broke(exc)
+            else:
+                self.failed = self.failed or exc
         except Exception as exc:  # noqa: BLE001  # litellm would log it and go on: raised in the call's path instead
             self.failed = self.failed or exc
 
@@ -59,8 +102,15 @@ class DiskResponseStore(BaseCache):
         await asyncio.to_thread(lambda: [self.set_cache(key, value, **kwargs) for key, value in cache_list])
 
     def get_cache(self, key: str, **kwargs: Any) -> Any:
+        if self.broken:
+            return None
         try:
             return self.store.get(key)
+        except sqlite3.DatabaseError as exc:
+            if not corrupt(exc):
+                raise
+            self._broke(exc)
+            return None
         except (ValueError, zlib.error) as exc:  # not JSON, not deflated: an entry this store never wrote
             log.warning("response cache: entry %s in %s unreadable (%s); treated as a miss", key[:16],
                         self.directory, type(exc).__name__)
@@ -83,6 +133,13 @@ class DiskResponseStore(BaseCache):
 
     async def disconnect(self) -> None:
         self.store.close()
+
+
+def corrupt(exc: sqlite3.DatabaseError) -> bool:
+    """SQLite cannot read the file (not a database, a malformed page: ``DatabaseError`` itself), as against a busy or
+    unwritable one (``OperationalError``: locked, a disk I/O error, a full disk) or a refused statement (its other
+    subclasses), which are not the file's fault."""
+    return type(exc) is sqlite3.DatabaseError
 
 
 def raise_failed_write() -> None:

@@ -33,14 +33,32 @@ class JourneyStore:
         fresh = json.loads(json.dumps({"persona_index": template.index, "template": template.to_dict(),
                                        "journey": journey.to_dict(),
                                        "factor_plan": plan_factors(seed, template.index)}))
-        if path.exists():
-            data = json.loads(path.read_text(encoding="utf-8"))
+        data = cls._readable(path)
+        if data is not None:
             if all(data.get(k) == fresh[k] for k in ("template", "journey", "factor_plan")):
                 return cls(path, data)
             log.warning("%s was written for another template; starting that persona again", path)
         store = cls(path, fresh)
         store.save()
         return store
+
+    @staticmethod
+    def _readable(path: Path) -> dict[str, Any] | None:
+        """The persona's file as data; one that cannot be read (garbage, not text) is set aside and the persona starts
+        again (the response cache answers what it asked already)."""
+        if not path.exists():
+            return None
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(data, dict):
+                raise ValueError(f"a JSON {type(data).__name__}")
+        except ValueError as exc:
+            from cupid_exp.durability.aside import set_aside
+
+            set_aside(path, "persona file", exc, "that persona starts again (the response cache answers what it "
+                      "asked already)")
+            return None
+        return data
 
     @classmethod
     def read(cls, directory: Path, template: PersonaTemplate) -> "JourneyStore | None":

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from cupid_exp.config import ConfigError, ModelConfig, require
+from cupid_exp.durability.aside import set_aside
 from cupid_exp.job.spec import Published, TrackingView
 from cupid_exp.outputs import atomic_write_text, write_json, write_jsonl
 from cupid_exp.progress import Progress
@@ -105,8 +106,18 @@ class SynthesisWork:
         digest = prompts_digest(prompts)
         output_dir.mkdir(parents=True, exist_ok=True)
         state = output_dir / "state.json"
-        if state.exists() and json.loads(state.read_text()).get("prompts_digest") != digest:
-            log.warning("the synthesis prompts changed since %s was started; finished artefacts are kept", output_dir)
+        if state.exists():
+            try:
+                before = json.loads(state.read_text(encoding="utf-8"))
+                if not isinstance(before, dict):
+                    raise ValueError(f"a JSON {type(before).__name__}")
+            except ValueError as exc:  # not JSON, not text
+                set_aside(state, "synthesis state", exc, "the prompts it was started with are not known: finished "
+                          "artefacts are kept")
+            else:
+                if before.get("prompts_digest") != digest:
+                    log.warning("the synthesis prompts changed since %s was started; finished artefacts are kept",
+                                output_dir)
         write_json(state, {"prompts_digest": digest})
         log.info("synthesising %d personas into %s", len(templates), output_dir)
         return cls(cfg, templates, prompts, output_dir, digest)

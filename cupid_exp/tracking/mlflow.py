@@ -27,6 +27,7 @@ from cupid_exp.tracking.provenance import git_state
 log = logging.getLogger(__name__)
 
 PARENT_RUN_FILE = "mlflow_parent_run_id"
+_RUN_ID = re.compile(r"[0-9a-f]{32}")  #: an MLflow run id, as the marker holds it
 _READY_STORES: set[str] = set()
 
 
@@ -103,10 +104,15 @@ def experiment_id(tracking: TrackingConfig) -> str:
 
 
 def parent_run_id(sweep_dir: str | Path | None) -> str | None:
+    """The run id the sweep folder's marker names; None without one, or when it holds no run id (garbage: the
+    next ``ensure_parent`` sets it aside)."""
     if not sweep_dir:
         return None
-    marker = Path(sweep_dir) / PARENT_RUN_FILE
-    return marker.read_text().strip() if marker.exists() else None
+    try:
+        found = (Path(sweep_dir) / PARENT_RUN_FILE).read_bytes().strip().decode("ascii")
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+    return found if _RUN_ID.fullmatch(found) else None
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,11 @@ def ensure_parent(tracking: TrackingConfig, sweep_dir: str | Path) -> str:
         found = parent_run_id(folder)
         if found:
             return found
+        marker = folder / PARENT_RUN_FILE
+        if marker.exists():  # not a run id: a marker written over
+            from cupid_exp.durability.aside import set_aside
+
+            set_aside(marker, "sweep parent marker", "not a run id", "a new parent run is made for this sweep")
         from mlflow.tracking import MlflowClient
 
         from cupid_exp.outputs import atomic_write_text

@@ -5,7 +5,9 @@ transactional: a first command killed while they run (a newcomer's Ctrl-C lands 
 later command failed ('table _alembic_tmp_experiments already exists'). Here a new store is made in a file beside
 the real one and renamed into place once MLflow has finished with it (a rename is atomic), so the real path holds
 either nothing or a whole store; a kill leaves only the aside file, which the next command removes. A store half
-made before this existed is recognised (MLflow cannot open it and it holds no run) and made again.
+made before this existed is recognised (MLflow cannot open it and it holds no run) and made again. A store SQLite
+cannot read at all (``file is not a database``: a torn copy, a disk error) is set aside whole (``durability.aside``)
+and made again: the job's run starts anew, the runs it held stay in the file set aside.
 Callers hold the store's file lock (``tracking.mlflow.prepare_store``).
 """
 
@@ -72,10 +74,34 @@ def holds_nothing(db: Path) -> bool:
         return False  # not a database we can read: not ours to replace
 
 
+def unreadable(db: Path) -> sqlite3.DatabaseError | None:
+    """SQLite's error when it cannot read ``db`` as a database at all (None when it can, or cannot for another reason:
+    locked, a folder, no right to read: not the file's fault)."""
+    try:
+        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as con:
+            con.execute("SELECT name FROM sqlite_master").fetchall()
+    except sqlite3.OperationalError:
+        return None
+    except sqlite3.DatabaseError as exc:
+        return exc
+    return None
+
+
 def repair(db: Path, error: BaseException) -> bool:
-    """A store MLflow could not open (``error``): when it holds nothing, move it away and make a new one (returns
-    True); otherwise leave it as it is (False)."""
-    if not db.exists() or not holds_nothing(db):
+    """A store MLflow could not open (``error``): when SQLite cannot read it, or it holds nothing, move it away and
+    make a new one (returns True); otherwise leave it as it is (False)."""
+    if not db.exists():
+        return False
+    corrupt = unreadable(db)
+    if corrupt is not None:
+        from cupid_exp.durability.aside import set_aside
+
+        forget_connections(f"sqlite:///{db}")
+        set_aside(db, "MLflow store", corrupt, "a new store is made and this job's run starts in it (the runs the "
+                  "old one held stay in the file set aside)", companions=("-wal", "-shm", "-journal"))
+        create_aside(db)
+        return True
+    if not holds_nothing(db):
         return False
     broken = db.with_name(f"{db.name}.half-made-{time.strftime('%Y%m%d-%H%M%S')}")
     forget_connections(f"sqlite:///{db}")  # the failed open's: they would read the moved file on

@@ -8,13 +8,16 @@ stay (they are the job, not the fault), ``resume`` is what the README says a res
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from helpers.spend import journaled
 
+from faults import known
 from faults.invariants import job_metrics
 from faults.modes import Cell, roles
 
@@ -165,6 +168,33 @@ def _timed_out(ev: Evidence) -> None:
     assert ev.faults("slow") >= 1 and ev.stats["billed"]["requests"] > ev.stats["total_completed"], ev.stats
 
 
+def _corrupted(ev: Evidence) -> list[Path]:
+    """The state files ``faults.drivers.CorruptDriver`` turned to garbage before the run."""
+    return [Path(p) for p in json.loads((ev.cell.tmp / "corrupted.json").read_text())]
+
+
+def _set_aside(ev: Evidence) -> None:
+    """Each garbage file was set aside whole, its bytes kept (alone, or in its folder: the response cache's), and one
+    warning line named it."""
+    from faults.drivers import GARBAGE
+
+    printed = (ev.proc.stdout + ev.proc.stderr).splitlines()
+    for path in _corrupted(ev):
+        kept = [*path.parent.glob(f"{path.name}.corrupt-*"), *(
+            folder / path.name for folder in path.parent.parent.glob(f"{path.parent.name}.corrupt-*"))]
+        assert [p.read_bytes() for p in kept] == [GARBAGE], (path, kept)
+        named = path if kept[0].name != path.name else path.parent
+        said = [line for line in printed if f"{named} is unreadable" in line]
+        assert said and f"set aside as {(kept[0] if named == path else kept[0].parent).name}" in said[0], printed[-20:]
+
+
+def _lock_taken(ev: Evidence) -> None:
+    """The lock's bytes are the operating system's business and its holder note only names a process: garbage in
+    both stops nothing; the job took the lock and let it go (its note, written anew, removed with it)."""
+    for path in _corrupted(ev):
+        assert path.exists() and not path.with_name(path.name + ".holder.json").exists(), path
+
+
 #: synthesis's one persona is one chain: its first call's 4 requests (num_retries=3), each charged its worst case
 #: (~$0.00135), come to ~$0.0054, under $0.006, and the persona fails on its timeouts (exit 3) before a budget of
 #: $0.006 binds; at ~2.5 requests' worth the budget refuses the third request
@@ -241,6 +271,24 @@ FAULTS = [
           lambda ev: None, driver="kill", slow=True),
     Fault("kill_9_at_store_creation", -9, "", lambda mode, cell, port: Arrangement(), lambda ev: None,
           driver="store", slow=True),
+    # -- issue 40 item 3: whatever the cache or state holds, a rerun runs (each state file garbage when a job starts)
+    Fault("corrupt_cache", 0, "", lambda mode, cell, port: Arrangement(), lambda ev: _set_aside(ev),
+          driver="corrupt_cache"),
+    Fault("corrupt_journal", 0, "", lambda mode, cell, port: Arrangement(), lambda ev: _set_aside(ev),
+          driver="corrupt_journal"),
+    Fault("corrupt_usage_ledger", 0, "", lambda mode, cell, port: Arrangement(), lambda ev: _set_aside(ev),
+          driver="corrupt_usage_ledger", pending={"synthesis": known.SYNTHESIS_RECORDS_NO_USAGE}),
+    Fault("corrupt_budget_ledger", 0, "", lambda mode, cell, port: Arrangement(budget=1.0),
+          lambda ev: _set_aside(ev), driver="corrupt_budget_ledger"),
+    Fault("corrupt_lock", 0, "", lambda mode, cell, port: Arrangement(), _lock_taken, driver="corrupt_lock"),
+    Fault("corrupt_batch_ledger", 0, "", lambda mode, cell, port: Arrangement(), lambda ev: _set_aside(ev),
+          driver="corrupt_batch_ledger", na={mode: "only the Batch API keeps a list of batches"
+                                             for mode in ("sync", "workers", "sweep", "synthesis")}),
+    Fault("corrupt_mlflow_store", 0, "", lambda mode, cell, port: Arrangement(), lambda ev: _set_aside(ev),
+          driver="corrupt_mlflow_store", slow=True),
+    Fault("corrupt_persona_files", 0, "", lambda mode, cell, port: Arrangement(), lambda ev: _set_aside(ev),
+          driver="corrupt_persona_files", na={mode: "only synthesis keeps a state file and persona files"
+                                              for mode in ("sync", "batch", "workers", "sweep")}),
 ]
 
 

@@ -4,6 +4,7 @@ happened (the process killed and gone, the server dead, the disk full), and remo
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -14,6 +15,7 @@ import sys
 import time
 import urllib.request
 from contextlib import closing
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -272,5 +274,85 @@ class FullDiskDriver(DiskDriver):
         return run_cli(cmd, env=env(), check=False, timeout=150)
 
 
+# -- issue 40 item 3: whatever the cache or state holds, a rerun runs
+GARBAGE = b"\x00\x17garbage where state was\xff\n" * 24  #: neither JSON, nor text, nor a SQLite database
+
+
+def _unreadable(path: Path) -> bool:
+    """Whether ``path`` is what its reader cannot read: not a SQLite database (``.db``), else not JSON lines."""
+    if path.suffix == ".db":
+        try:
+            with closing(sqlite3.connect(path)) as con:
+                con.execute("SELECT 1 FROM sqlite_master").fetchall()
+        except sqlite3.DatabaseError as exc:
+            return "not a database" in str(exc)
+        return False
+    try:
+        [json.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    except ValueError:
+        return True
+    return False
+
+
+#: each state file the matrix corrupts: where it is under the output root, and whether the job's first run must make
+#: it (else it is planted before any run: a cache or a list of batches is shared, a new job may meet a broken one)
+STATE_FILES = {
+    "cache": ("cache/responses/cache.db", False),
+    "batch_ledger": ("cache/batches/batches.jsonl", False),
+    "journal": ("journal/*.jsonl", True),
+    "usage_ledger": ("journal/usage/*.jsonl", True),
+    "budget_ledger": ("journal/*.budget.json", True),
+    "lock": ("journal/*.lock", True),
+    "mlflow_store": ("mlflow.db", True),
+    "persona_files": ("synthesis/*/state.json", True),
+}
+
+
+class CorruptDriver(StubDriver):
+    """A state file the job reads back is garbage when it starts: planted before the only run, or written over once a
+    first run (exit 0) made it. The fault happened when every such file is unreadable to its reader (checked before
+    the run); the catalogue's check then finds the warning naming it and its bytes kept aside."""
+
+    def __init__(self, cell: Cell, stub: Any, kind: str):
+        super().__init__(cell, stub)
+        self.kind = kind
+        self.tracking = kind == "mlflow_store"
+        self.corrupted: list[Path] = []
+
+    def _files(self) -> list[Path]:
+        pattern, _ = STATE_FILES[self.kind]
+        found = [p for p in self.cell.root.glob(pattern) if p.is_file()]
+        if self.kind == "persona_files":  # the run's state and its persona's file
+            found += [p for p in self.cell.root.glob("synthesis/*/journeys/*.json") if p.is_file()]
+        return found
+
+    def run(self, cmd: list[str]) -> subprocess.CompletedProcess:
+        pattern, made_by_a_run = STATE_FILES[self.kind]
+        if made_by_a_run:
+            first = run_cli(cmd, env=env(), check=False, timeout=150)
+            assert first.returncode == 0, first.stderr[-2000:]
+            files = self._files()
+            if self.kind == "mlflow_store":
+                for extra in self.cell.root.glob("mlflow.db-*"):
+                    extra.unlink()
+        else:
+            files = [self.cell.root / pattern]
+            files[0].parent.mkdir(parents=True, exist_ok=True)
+        assert files, f"no {pattern} under {self.cell.root}"
+        for path in files:
+            path.write_bytes(GARBAGE)
+            if self.kind != "lock":  # the lock's bytes are nobody's: only its holder note is read
+                assert _unreadable(path), path
+        if self.kind == "lock":
+            for path in files:
+                note = path.with_name(path.name + ".holder.json")
+                note.write_bytes(GARBAGE)
+                assert _unreadable(note)
+        self.corrupted = files
+        (self.cell.tmp / "corrupted.json").write_text(json.dumps([str(p) for p in files]))
+        return run_cli(cmd, env=env(), check=False, timeout=150)
+
+
 DRIVERS = {"stub": StubDriver, "kill": KillDriver, "store": StoreDriver, "tracking": TrackingDriver,
-           "disk_fills": DiskDriver, "disk_full": FullDiskDriver}
+           "disk_fills": DiskDriver, "disk_full": FullDiskDriver,
+           **{f"corrupt_{kind}": partial(CorruptDriver, kind=kind) for kind in STATE_FILES}}

@@ -85,3 +85,19 @@ def test_the_lock_names_its_holder_and_is_free_once_released(tmp_path: Path) -> 
         if waiting.poll() is None:
             waiting.kill()
     assert waiting.returncode == 0 and "acquired" in out and "waiting for pid" in out, out
+
+
+def test_a_lock_and_holder_note_of_garbage_stop_nothing(tmp_path: Path) -> None:
+    """The lock is the operating system's, not the file's bytes, and the holder note only names a process: garbage
+    in either (a torn copy) is taken as no holder, and the note is written anew."""
+    path = job_lock.lock_path(tmp_path, "abc")
+    garbage = b"\x00\x17not json\xff" * 30
+    path.write_bytes(garbage)
+    job_lock.JobLock.holder_file(path).write_bytes(garbage)
+    with pytest.raises(ValueError):  # the fault: the note cannot be read
+        json.loads(job_lock.JobLock.holder_file(path).read_bytes())
+    held = job_lock.acquire(tmp_path, "abc", "key1")
+    try:
+        assert json.loads(held.holder_file(path).read_text())["run_key"] == "key1"
+    finally:
+        held.release()

@@ -185,3 +185,29 @@ def test_a_parallel_sweep_in_batch_mode_completes(tmp_path: Path, data: Path) ->
     for job in jobs:
         assert len(read_jsonl(job / "instances.jsonl")) == N
         assert metrics_of(job)["calls/failed"] == 0
+
+
+def test_a_batch_ledger_of_garbage_is_set_aside_and_a_torn_line_is_not(tmp_path: Path, caplog) -> None:
+    """Bytes that are not text (a torn copy) no longer stop the job: the list is renamed aside with one warning and
+    no batch is open; a list whose only fault is a killed writer's torn line keeps its place and its entries."""
+    import logging
+
+    from cupid_exp.llm.batch_ledger import BatchLedger
+
+    ledger = BatchLedger(tmp_path / "batches")
+    path = tmp_path / "batches" / "batches.jsonl"
+    garbage = b"\x00\x17not an entry\xff\n" * 30
+    path.write_bytes(garbage)
+    with pytest.raises(UnicodeDecodeError):  # the fault: what the ledger read before fails on it
+        path.read_text(encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="cupid_exp.durability.aside"):
+        assert ledger.open_batches() == {}
+    (aside,) = path.parent.glob("batches.jsonl.corrupt-*")
+    assert aside.read_bytes() == garbage and not path.exists()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"batch ledger {path} is unreadable (not one readable entry): set aside as {aside.name}")
+
+    ledger.submitted("b1", {"model": "m"}, "f1", {"r1": "d1"})
+    with path.open("ab") as fh:
+        fh.write(b'{"batch": "b2", "rows": {"r')  # a killed writer's last line
+    assert list(ledger.open_batches()) == ["b1"] and len(list(path.parent.glob("*.corrupt-*"))) == 1

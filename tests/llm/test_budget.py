@@ -181,3 +181,25 @@ def test_a_client_settles_the_actual_cost_releases_a_failure_and_refuses_past_th
         with pytest.raises(BudgetExceeded):  # 1000 reply tokens at $4/M cannot fit what is left of $0.005
             asyncio.run(client.complete([{"role": "user", "content": "x" * 3000}], step="s"))
         assert len(server.requests) == sent and meter.as_dict()["s"]["not_sent_budget"] == 1
+
+
+def test_an_unreadable_ledger_is_copied_aside_and_counts_again_from_the_usage_ledgers_spend(tmp_path, caplog) -> None:
+    """A budget ledger of garbage stops nothing and lets nothing through for free: its bytes are kept aside, it
+    counts again from what the job's usage ledger counted (``Account.floor``), and the cap still binds on that."""
+    import logging
+
+    path = tmp_path / "budget.json"
+    garbage = b"\x00\x17{not json\xff" * 30
+    path.write_bytes(garbage)
+    with pytest.raises(ValueError):  # the fault: not JSON
+        json.loads(path.read_bytes())
+    budget = Budget([Account(str(path), 1.0, "runtime.max_cost_usd", floor=0.75)])
+    with caplog.at_level(logging.WARNING, logger="cupid_exp.durability.aside"):
+        assert budget.state()[0][1] == 0.75
+    (aside,) = tmp_path.glob("budget.json.corrupt-*")
+    assert aside.read_bytes() == garbage and ledger(path)["spent"] == 0.75
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"budget ledger {path} is unreadable (JSONDecodeError") and aside.name in line, line
+    with pytest.raises(BudgetExceeded):  # 0.75 + 0.3 > 1.0: the restarted ledger still holds the earlier spend
+        asyncio.run(budget.reserve(0.3))
+    assert asyncio.run(budget.reserve(0.2)).usd == 0.2

@@ -65,3 +65,53 @@ def test_an_unreadable_entry_is_a_miss_and_the_call_is_made_again(tmp_path, capl
     assert (again.text, again.cached) == ("six", False)
     assert len(server.requests) == 2
     assert any("unreadable" in r.getMessage() for r in caplog.records)
+
+
+GARBAGE = b"\x00\x17not a database, as a torn copy leaves it\xff" * 64
+
+
+def test_a_store_sqlite_cannot_read_is_set_aside_and_the_call_made_again(tmp_path, caplog) -> None:
+    """A corrupt cache file stops nothing: its folder is renamed aside whole, said in one warning naming both, and
+    the call goes to the provider and into a new store."""
+    store = tmp_path / "cache" / STORE_FOLDER
+    with ScriptedServer([(200, completion_body("six"), {})]) as server:
+        asyncio.run(fresh_client(tmp_path, server.url).complete(MESSAGES, step="s"))
+        for extra in store.glob("cache.db-*"):
+            extra.unlink()
+        (store / "cache.db").write_bytes(GARBAGE)
+        with sqlite3.connect(store / "cache.db") as db:  # the fault: SQLite cannot read it
+            try:
+                db.execute("SELECT 1 FROM Cache")
+                raise AssertionError("still a database")
+            except sqlite3.DatabaseError as exc:
+                assert "not a database" in str(exc)
+        with caplog.at_level(logging.WARNING, logger="cupid_exp.durability.aside"):
+            again = asyncio.run(fresh_client(tmp_path, server.url).complete(MESSAGES, step="s"))
+            after = asyncio.run(fresh_client(tmp_path, server.url).complete(MESSAGES, step="s"))
+    assert (again.text, again.cached, after.cached) == ("six", False, True)  # the new store keeps the reply
+    assert len(server.requests) == 2
+    (aside,) = tmp_path.glob(f"cache/{STORE_FOLDER}.corrupt-*")
+    assert (aside / "cache.db").read_bytes() == GARBAGE
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"response cache {store} is unreadable (DatabaseError: file is not a database): set "
+                           f"aside as {aside.name}; a new, empty one is used"), line
+
+
+def test_a_store_found_malformed_after_it_opened_is_a_miss_said_once_and_no_longer_written(tmp_path, caplog) -> None:
+    from cupid_exp.llm.response_cache import DiskResponseStore
+
+    store = DiskResponseStore(tmp_path / "responses")
+    store.set_cache("k", {"v": 1})
+    calls = []
+
+    def malformed(*args, **kwargs):
+        calls.append(args)
+        raise sqlite3.DatabaseError("database disk image is malformed")
+
+    store.store.get = store.store.set = malformed
+    with caplog.at_level(logging.WARNING, logger="cupid_exp.llm.response_cache"):
+        assert store.get_cache("k") is None and store.get_cache("k") is None
+        store.set_cache("k2", {"v": 2})
+    assert len(calls) == 1 and store.failed is None  # one read failed; nothing after it touched the store
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "became unreadable (DatabaseError: database disk image is malformed)" in line

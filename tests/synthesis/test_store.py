@@ -68,3 +68,22 @@ def test_a_slow_disk_never_holds_the_event_loop_and_the_last_save_lands(tmp_path
     assert held < 0.2 and ticks == 10  # five saves took no disk time on the loop
     assert json.loads((tmp_path / "persona_001.json").read_text())["step"] == 4
     assert 1 <= len(synced) <= 3  # coalesced: not one fsync per save
+
+
+def test_a_persona_file_of_garbage_is_set_aside_and_the_persona_starts_again(tmp_path, caplog) -> None:
+    import logging
+
+    import pytest
+
+    t = TEMPLATES[0]
+    path = tmp_path / "persona_001.json"
+    garbage = b"\x00\x17not json\xff" * 30
+    path.write_bytes(garbage)
+    with pytest.raises(ValueError):  # the fault: it cannot be read
+        json.loads(path.read_bytes())
+    with caplog.at_level(logging.WARNING, logger="cupid_exp.durability.aside"):
+        store = JourneyStore.open(tmp_path, t, make_template(0, t.index), 0)
+    (aside,) = tmp_path.glob("persona_001.json.corrupt-*")
+    assert aside.read_bytes() == garbage and json.loads(path.read_text())["factor_plan"] == store.data["factor_plan"]
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"persona file {path} is unreadable") and "that persona starts again" in line

@@ -39,6 +39,32 @@ def test_a_line_that_is_not_a_whole_record_is_skipped_and_never_replaces_a_good_
     assert whole_record(good) is None and "its kind" in whole_record(lines[-1])
 
 
+
+GARBAGE = b"\x00\x17not a record\xff\n" * 20 + b"\x00" * 300  # a block of NULs, as a crash can leave
+
+
+def test_a_journal_without_one_whole_record_is_set_aside_and_its_instances_run_again(tmp_path: Path, caplog) -> None:
+    """Garbage is not cut as if it were a torn line: the file is renamed aside (one warning naming it and where it
+    went), the load finds nothing finished, and the next append starts a new journal."""
+    path = tmp_path / "journal.jsonl"
+    path.write_bytes(GARBAGE)
+    with caplog.at_level(logging.WARNING):
+        journal = Journal(path)
+        assert journal.load() == {}
+    (aside,) = tmp_path.glob("journal.jsonl.corrupt-*")
+    assert aside.read_bytes() == GARBAGE and not path.exists()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"journal {path} is unreadable (21 line(s), not one a whole record): set aside as "
+                           f"{aside.name}; its instances run again"), line
+    journal.append(_record("p1/a"))
+    assert Journal(path).load() == {"p1/a": _record("p1/a")}
+
+
+def test_one_whole_record_keeps_the_journal_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    path.write_bytes(GARBAGE + b"\n" + json.dumps(_record("p1/a")).encode() + b"\n")
+    assert list(Journal(path).load()) == ["p1/a"] and not list(tmp_path.glob("*.corrupt-*"))
+
 def test_a_partial_record_in_the_journal_neither_hides_nor_fakes_an_instance(tmp_path: Path) -> None:
     """The CLI on the stub: a record replaced by ``{"key": ...}`` is run again, one followed by it stands; the
     rerun's printed counts, metrics.json and the MLflow run agree, and it completes."""
@@ -65,3 +91,9 @@ def test_a_partial_record_in_the_journal_neither_hides_nor_fakes_an_instance(tmp
     run = only_run(store_uri(root)).data
     assert run.tags["cupid.complete"] == "true" and run.metrics["instances/total"] == N
     assert {r["key"] for r in read_jsonl(job_dirs(root)[-1] / "instances.jsonl")} == {r["key"] for r in records}
+
+
+def test_a_journal_of_one_torn_line_is_cut_as_before_not_set_aside(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    path.write_bytes(json.dumps(_record("p1/a")).encode()[:40])  # a kill during the first append
+    assert Journal(path).load() == {} and path.read_bytes() == b"" and not list(tmp_path.glob("*.corrupt-*"))

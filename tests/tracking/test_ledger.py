@@ -53,6 +53,26 @@ def test_a_torn_last_line_is_cut_and_a_foreign_line_skipped(tmp_path: Path) -> N
     assert UsageLedger(ledger.path).load().counts["infer"]["calls"] == meter.counts["infer"]["calls"] + 1
 
 
+
+def test_a_ledger_without_one_count_is_set_aside_and_restarted_from_the_journal(tmp_path: Path, caplog) -> None:
+    """Garbage (no newline: it would pass for one torn line) is kept aside, not cut away, and the spend starts again
+    from what the journal's finished instances used, never from nothing."""
+    import logging
+
+    ledger = UsageLedger(tmp_path / "usage.jsonl")
+    garbage = b"\x00\x17not a count\xff" * 40
+    ledger.path.write_bytes(garbage)
+    records = [{"key": "a", "usage": {"infer": {"calls": 2, "cost_usd": 0.5}}}]
+    with caplog.at_level(logging.WARNING, logger="cupid_exp.durability.aside"):
+        meter = ledger.load(carried=records)
+    assert meter.totals()["cost_usd"] == 0.5 and meter.totals()["calls"] == 2
+    (aside,) = tmp_path.glob("usage.jsonl.corrupt-*")
+    assert aside.read_bytes() == garbage
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"usage ledger {ledger.path} is unreadable (1 line(s), not one a usage count): set aside "
+                           f"as {aside.name}"), line
+    assert UsageLedger(ledger.path).load().totals()["cost_usd"] == 0.5  # the new ledger holds it
+
 def test_a_journal_from_before_the_ledger_starts_it_once(tmp_path: Path) -> None:
     records = [{"key": "a", "usage": {"infer": {"calls": 2, "prompt_tokens": 10, "completion_tokens": 4,
                                                 "cost_usd": 0.5, "cache_hits": 1}}},

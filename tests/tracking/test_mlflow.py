@@ -178,3 +178,25 @@ def test_a_dataset_another_job_stored_meanwhile_is_linked_not_an_error(tmp_path:
     monkeypatch.setattr(loser.client, "log_inputs", refused)
     with pytest.raises(MlflowException, match="read-only"):
         loser.log_input(dataset)
+
+
+def test_a_sweep_parent_marker_of_garbage_is_set_aside_and_a_new_parent_made(tmp_path: Path, caplog) -> None:
+    """The marker a sweep's jobs read their parent run from, written over: no job takes garbage for a run id; the
+    marker is renamed aside with one line and a new parent run is made (and named in a new marker)."""
+    import logging
+
+    from cupid_exp.tracking.mlflow import PARENT_RUN_FILE, ensure_parent
+
+    cfg = compose_config([f"paths.output_root={tmp_path}"])
+    marker = tmp_path / "sweep" / PARENT_RUN_FILE
+    marker.parent.mkdir()
+    marker.write_bytes(b"\x00\x17not a run id\xff")
+    assert parent_run_id(marker.parent) is None  # the fault: the reader finds no run id in it
+    with caplog.at_level(logging.WARNING, logger="cupid_exp.durability.aside"):
+        parent = ensure_parent(cfg.tracking, marker.parent)
+    assert MlflowClient(cfg.tracking.uri).get_run(parent).data.tags["cupid.kind"] == "sweep"
+    assert parent_run_id(marker.parent) == parent
+    (aside,) = marker.parent.glob(f"{PARENT_RUN_FILE}.corrupt-*")
+    assert aside.read_bytes() == b"\x00\x17not a run id\xff"
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"sweep parent marker {marker} is unreadable (not a run id): set aside as {aside.name}")

@@ -262,7 +262,16 @@ def test_a_store_that_refuses_the_run_stops_the_job_before_any_call(tmp_path: Pa
     cfg = compose(["model=gpt4o", f"paths.output_root={root}", f"tracking.uri={store_uri(root)}",
                    "tracking.experiment=x", "data=local", f"data.path={SAMPLE_FULL_PATH}", "data.limit=1"])
     job = plan(cfg, root / "job", clients=False)
-    (root / "mlflow.db").write_text("not a database")  # after the checks: the store breaks in between
+    # after the checks: the store breaks in between, into a database MLflow refuses that holds someone's rows (a file
+    # of garbage would be set aside and made again: ``sqlite_store.repair``)
+    import sqlite3
+    from contextlib import closing
+
+    (root / "mlflow.db").unlink(missing_ok=True)
+    with closing(sqlite3.connect(root / "mlflow.db")) as con:
+        con.execute("CREATE TABLE runs (name TEXT)")
+        con.execute("INSERT INTO runs VALUES ('not mlflow')")
+        con.commit()
     live = start_tracking(job)
     with pytest.raises(run_worker.TrackingError, match="could not be opened"):
         live.wait_opened()

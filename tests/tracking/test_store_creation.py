@@ -11,6 +11,7 @@ import time
 from contextlib import closing
 from pathlib import Path
 
+import pytest
 from helpers.cli_runner import run_cli
 from tracking_runs import job_command, only_run, start, store_uri
 
@@ -137,3 +138,21 @@ def test_a_store_half_made_before_is_made_again_and_one_with_runs_is_left_alone(
     refused = _prepare(db)
     assert refused.returncode != 0 and "was half made" not in refused.stderr
     assert _state(db) == "half"  # as it was: a store with runs is its owner's to repair (`mlflow db upgrade`)
+
+
+def test_a_store_sqlite_cannot_read_is_set_aside_and_made_again(tmp_path) -> None:
+    """A store of garbage (a torn copy) holds runs no one can read: it is renamed aside with one line naming it and
+    where it went, and a new store is made, so the command runs."""
+    db = tmp_path / "mlflow.db"
+    assert _prepare(db).returncode == 0 and _state(db) == "whole"
+    garbage = b"\x00\x17not a database\xff" * 100
+    db.write_bytes(garbage)
+    with pytest.raises(sqlite3.DatabaseError, match="not a database"):  # the fault
+        with closing(sqlite3.connect(db)) as con:
+            con.execute("SELECT 1 FROM sqlite_master").fetchall()
+    repaired = _prepare(db)
+    assert repaired.returncode == 0, repaired.stderr[-2000:]
+    (aside,) = tmp_path.glob("mlflow.db.corrupt-*")
+    assert _state(db) == "whole" and aside.read_bytes() == garbage
+    assert f"MLflow store {db} is unreadable (DatabaseError: file is not a database): set aside as {aside.name}" in \
+        repaired.stderr

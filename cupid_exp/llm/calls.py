@@ -34,7 +34,7 @@ class CallRecord:
     cached: bool = False
     retries: int = 0
     finish_reason: str | None = None
-    error_kind: str | None = None  #: provider failure kind, or the parse failure's kind (unparseable, length, ...)
+    error_kind: str | None = None  #: provider failure kind, or the parse failure's kind (unparseable, truncated, ...)
     error: str | None = None
 
 

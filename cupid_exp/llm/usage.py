@@ -137,8 +137,8 @@ class UsageMeter:
         self._count(step, {f"not_sent_{reason}": 1})
 
     def reject(self, step: str, kind: str) -> None:
-        """A reply that came back but could not be used (``unparseable``, ``invalid``, ``length``, ``content_filter``:
-        refused)."""
+        """A reply that came back but could not be used (``unparseable``, ``invalid``, ``truncated``: cut at max_tokens,
+        ``content_filter``: refused)."""
         self._count(step, {f"{kind}_attempt": 1})
 
     def gave_up(self, step: str) -> None:

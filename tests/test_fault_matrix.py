@@ -38,6 +38,7 @@ it is wrong some of the time (the reasons are the markers', from ``faults.known`
 | disk_full_at_start | 5 | 5 | 5 | 5 | 5 |
 | kill_9 | killed | killed | killed | killed | killed |
 | kill_9_at_store_creation | killed | killed | killed | killed | killed |
+| truncated | 3 | 3 | 3 | 3 | 3 |
 
 N/A:
 - batch × timeout_under_budget, timeouts: a batch has no request that times out: its rows are polled for.

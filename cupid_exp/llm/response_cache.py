@@ -44,6 +44,8 @@ class DiskResponseStore(BaseCache):
             self.store = diskcache.Cache(str(self.directory), disk=diskcache.JSONDisk, disk_compress_level=1)
 
     def set_cache(self, key: str, value: Any, **kwargs: Any) -> None:
+        if _cut(value):  # a reply cut at max_tokens is no answer: a rerun asks again (``llm.steps.ask``)
+            return
         ttl = kwargs.get("ttl")
         try:
             with writing(self.directory):
@@ -83,6 +85,12 @@ class DiskResponseStore(BaseCache):
 
     async def disconnect(self) -> None:
         self.store.close()
+
+
+def _cut(value: Any) -> bool:
+    """Whether a cache entry holds a reply that ran into max_tokens (litellm keeps the response as compact JSON)."""
+    response = value.get("response") if isinstance(value, dict) else None
+    return isinstance(response, str) and '"finish_reason":"length"' in response
 
 
 def raise_failed_write() -> None:

@@ -100,14 +100,15 @@ class Resample:
 
 async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[[str], Any], *,
               transcript: Transcript, schema: dict | None = None, params: dict[str, Any] | None = None,
-              retry: Reask | Resample = Reask(1), dry_reply: DryReply | None = None) -> Any:
+              retry: Reask | Resample = Reask(1), dry_reply: DryReply | None = None, keep_cut: bool = False) -> Any:
     """Ask ``client`` for ``step`` and return ``parse(reply)``; raise StepFailed when no reply is usable.
 
     A reply cut at max_tokens (finish_reason "length") is never parsed, even when what came back would: its request
     is sent once more with a larger max_tokens (``LLMClient.longer_reply``), and a second cut (or no room to grow)
     fails the step as ``truncated``, each cut text kept. A refusal (finish_reason "content_filter", or the
     provider's ``refusal`` field) without a usable reply fails it as ``content_filter`` at once: a paid
-    re-ask of the same request would be refused again.
+    re-ask of the same request would be refused again. ``keep_cut``: the step's max_tokens is a length the recipe
+    wants (synthesis's short assistant replies), so a cut reply is used as it is, counted as ``truncated_kept``.
     """
     reply, reason, kind = "", "", "unparseable"
     log = calls.current()
@@ -134,7 +135,9 @@ async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[
             log.calls.append(record)
         if completion.refused and not reply.strip():
             raise _refused(client, step, completion, record)
-        if completion.finish_reason == "length" and not completion.refused:
+        if completion.finish_reason == "length" and keep_cut:
+            client.meter.kept_cut(step)
+        elif completion.finish_reason == "length" and not completion.refused:
             client.meter.reject(step, TRUNCATED)
             retried, cut_at = longer is not None, _limit(client.reply_limit(step, {**extra, **(longer or {})}))
             if not retried and (longer := client.longer_reply(step, extra)) is not None:

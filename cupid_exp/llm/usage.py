@@ -141,6 +141,10 @@ class UsageMeter:
         ``content_filter``: refused)."""
         self._count(step, {f"{kind}_attempt": 1})
 
+    def kept_cut(self, step: str) -> None:
+        """A reply cut at max_tokens that its step uses as it is (``llm.steps.ask``'s ``keep_cut``)."""
+        self._count(step, {"truncated_kept": 1})
+
     def gave_up(self, step: str) -> None:
         """A step that ran out of attempts on unusable replies."""
         self._count(step, {"gave_up": 1})
@@ -215,7 +219,7 @@ def usage_metrics(meter: UsageMeter) -> dict[str, float]:
         out[f"tokens/{step}/prompt"] = counts.get("prompt_tokens", 0.0)
         out[f"tokens/{step}/completion"] = counts.get("completion_tokens", 0.0)
         for key, value in counts.items():
-            if key.endswith("_attempt") or key.startswith("failed_"):
+            if key.endswith("_attempt") or key.startswith("failed_") or key == "truncated_kept":
                 out[f"calls/{step}/{key}"] = value
     totals = meter.totals()
     out["calls/total"] = totals.get("calls", 0.0)

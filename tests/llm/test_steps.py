@@ -131,3 +131,14 @@ def test_a_bug_in_a_parser_is_not_a_step_failure(tmp_path) -> None:
     with ScriptedServer([(200, completion_body("1"), {})]) as server:
         with pytest.raises(TypeError):
             asyncio.run(ask(client(server.url, tmp_path, UsageMeter()), "s", ASK, broken, transcript=Transcript()))
+
+
+def test_a_step_that_keeps_cut_replies_uses_one_as_it_is_and_counts_it(tmp_path) -> None:
+    """Synthesis's assistant simulator: its short max_tokens is the recipe's length, not a failure."""
+    meter = UsageMeter()
+    with ScriptedServer([(200, cut("7"), {})]) as server:
+        value = asyncio.run(ask(client(server.url, tmp_path, meter, max_tokens=50), "assistant_simulator", ASK,
+                                number, transcript=Transcript(), retry=Resample(0), keep_cut=True))
+        assert len(server.requests) == 1
+    counts = meter.as_dict()["assistant_simulator"]
+    assert value == 7 and counts["truncated_kept"] == 1 and "truncated_attempt" not in counts

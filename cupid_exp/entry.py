@@ -226,7 +226,8 @@ class SweepReportCallback(Callback):
     exit_code = EXIT_OK
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _release_stderr(sweep=True)  # the sweep composed: what it says from here on is said as it happens (joblib jobs too)
+        # the sweep composed: what it says from here on is said as it happens (joblib jobs too)
+        _release_stderr(sweep=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from cupid_exp.tracking.callbacks import job_statuses

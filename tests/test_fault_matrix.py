@@ -53,7 +53,8 @@ upload, a 429 or a 5xx at its first uploads (and 5xx rows), a malformed body as 
 every way providers say the wait (``rate_limit_style="rotate"``: retry-after seconds, -ms, an HTTP date, OpenAI's
 x-ratelimit-reset, Anthropic's reset time, only the message, nothing), each waited out (the stub counts early
 retries); a reply cut at max_tokens keeps its whole text (it parses: only its finish_reason says so), live and in
-batch rows, and so does the longer request it is sent again as; kill -9 lands at a seeded instant of the model phase, with requests in flight that the stub bills. Cells
+batch rows, and so does the longer request it is sent again as; kill -9 lands at a seeded instant of the model phase,
+with requests in flight that the stub bills. Cells
 marked ``slow`` (sweeps, the tracking server, the disk, kills) run in CI too.
 """
 

@@ -1,5 +1,6 @@
 """The summary step runs under the model's own max_tokens, and a summary cut at that limit is counted
-as ``summarize/truncated`` (after one more request with twice the max_tokens) with its raw texts kept — through the real CLI, against the stub server."""
+as ``summarize/truncated`` (after one more request with twice the max_tokens) with its raw texts kept — through the
+real CLI, against the stub server."""
 
 from __future__ import annotations
 

@@ -75,12 +75,9 @@ def is_garbage(cfg: StubConfig, step: str, body: dict[str, Any]) -> bool:
 
 
 def cut_reply(cfg: StubConfig, step: str, body: dict[str, Any], text: str) -> str | None:
-    """The text of a reply that ran into max_tokens (``length_steps``: cut in half, or whole with ``length_whole``);
-    None when this request's reply is complete. A request whose max_tokens reaches ``length_below`` gets all of it."""
+    """The text of a reply that ran into max_tokens (``length_steps``, for ``length_rate`` of their prompts: cut in
+    half, or whole with ``length_whole``); None when this request's reply is complete."""
     if step not in cfg.length_steps:
-        return None
-    limit = body.get("max_tokens") or body.get("max_completion_tokens") or 0
-    if cfg.length_below and limit >= cfg.length_below:
         return None
     system, user = prompt_of(body.get("messages") or [])
     if unit(cfg.seed, "length", system, user) >= cfg.length_rate:

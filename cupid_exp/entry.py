@@ -46,25 +46,36 @@ from cupid_exp.errors import (  # noqa: F401 - re-exported: the entry is where c
 _SWEEP_SEVERITY = (EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_BUDGET, EXIT_RETRY_LATER, EXIT_INCOMPLETE)
 
 
-def _masked(line: str, cfg: DictConfig, overrides: Any) -> str:
-    """An error line without any secret of the job's config or overrides (a URL's credentials, a header)."""
+def _masked(line: str, overrides: Any, cfg: DictConfig | None = None) -> str:
+    """An error line without any secret of the overrides or the job's config (a key, a URL's credentials, a
+    header): Hydra's own refusals and suggestions quote the override they refused."""
     from omegaconf import OmegaConf
 
     from cupid_exp.secrets import mask_url_credentials, scrub, secret_values
 
-    return mask_url_credentials(scrub(line, secret_values([*overrides, OmegaConf.to_container(cfg, resolve=False)])))
+    config = [] if cfg is None else [OmegaConf.to_container(cfg, resolve=False)]
+    return mask_url_credentials(scrub(line, secret_values([*overrides, *config])))
 
 
 _STARTED = False  # set once a job function runs: a composition error before it is Hydra's own
 _HELD = None  # stderr held until a job starts (``hydra_errors.HeldStderr``): Hydra's composition errors in one line
 
 
-def _release_stderr() -> None:
-    """The real stderr back, with what was held (a job has started: what follows is the job's own)."""
+def _release_stderr(*, sweep: bool = False) -> None:
+    """The real stderr back, with what was held (a job has started: what follows is the job's own). A ``sweep``
+    composes each job later, where Hydra may refuse an override by quoting it: its stderr stays scrubbed of the
+    command line's secrets."""
     global _HELD
     if _HELD is not None:
-        _HELD.release()
+        _HELD.release(clean=lambda text: _masked(text, sys.argv[1:]))
         _HELD = None
+        if sweep:
+            from cupid_exp.hydra_errors import ScrubbedStderr
+            from cupid_exp.secrets import mask_url_credentials, scrub, secret_values
+
+            secrets = [s for s in secret_values(sys.argv[1:]) if s not in set(secret_values())]
+            if secrets:
+                sys.stderr = ScrubbedStderr(sys.stderr, lambda text: mask_url_credentials(scrub(text, secrets)))
 
 
 def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path, dict, Any], Outcome],
@@ -90,7 +101,7 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
             parent = SweepParent(str(Path(hc.sweep.dir).resolve())) if multirun else None
             outcome = job(cfg, output_dir, dict(hc.runtime.choices), parent)
         except (*input_errors, InputError) as exc:
-            line = _masked(str(exc), cfg, hc.overrides.task)
+            line = _masked(str(exc), hc.overrides.task, cfg)
             _refused(f"{program}: {line}", line, Path(hc.sweep.dir) if multirun else None)
             outcome = Outcome(getattr(exc, "outcome", "error"), line)  # a provider's stop may say "retry_later"
         except KeyboardInterrupt as exc:
@@ -106,7 +117,7 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
             failure = environment_failure(exc) or _store_failure(exc, cfg)
             if failure is None:
                 raise
-            line = _masked(str(failure), cfg, hc.overrides.task)
+            line = _masked(str(failure), hc.overrides.task, cfg)
             print(f"{program}: {line}", file=sys.stderr)
             outcome = Outcome("environment", line)
     except BaseException:
@@ -215,7 +226,8 @@ class SweepReportCallback(Callback):
     exit_code = EXIT_OK
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _release_stderr()  # the sweep composed: what it says from here on is said as it happens (joblib jobs too)
+        # the sweep composed: what it says from here on is said as it happens (joblib jobs too)
+        _release_stderr(sweep=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from cupid_exp.tracking.callbacks import job_statuses
@@ -278,7 +290,8 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
                 if said is not None:
                     if _HELD is not None:  # a sweep's composition: Hydra said it already, as it happened
                         _HELD.release(replay=False)
-                    print(f"{_PROGRAMS.get(config_name, config_name)}: {said}", file=sys.stderr)
+                    program = _PROGRAMS.get(config_name, config_name)
+                    print(f"{program}: {_masked(said, sys.argv[1:])}", file=sys.stderr)
                 return EXIT_BAD_INPUT
             return exit_code_of(exc)
         except KeyboardInterrupt as exc:  # Ctrl-C: the journal and the runs are closed by now; no traceback

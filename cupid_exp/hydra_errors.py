@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import re
 import sys
-from typing import Any, Sequence, TextIO
+from typing import Any, Callable, Sequence, TextIO
 
 _NOISE = (re.compile(r"^\s*(full_key|reference_type|object_type|key|parent_node)[:=]"),
           re.compile(r"^Set the environment variable HYDRA_FULL_ERROR=1"))
@@ -38,14 +38,40 @@ class HeldStderr(io.TextIOBase):
     def text(self) -> str:
         return "".join(self.parts)
 
-    def release(self, *, replay: bool = True) -> None:
-        """The real stream back in ``sys.stderr``; what was held is written to it unless ``replay`` is off."""
+    def release(self, *, replay: bool = True, clean: Callable[[str], str] = str) -> None:
+        """The real stream back in ``sys.stderr``; what was held is written to it (through ``clean``: without the
+        secrets of the command line) unless ``replay`` is off."""
         if sys.stderr is self:
             sys.stderr = self.real
         if replay and self.parts:
-            self.real.write(self.text)
+            self.real.write(clean(self.text))
             self.real.flush()
         self.parts = []
+
+
+class ScrubbedStderr(io.TextIOBase):
+    """``sys.stderr`` through ``clean``: a sweep's output as it happens, without the command line's secrets (Hydra's
+    refusal of one job's override quotes it)."""
+
+    def __init__(self, real: TextIO, clean: Callable[[str], str]):
+        self.real, self.clean = real, clean
+
+    def write(self, text: str) -> int:
+        self.real.write(self.clean(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self.real.flush()
+
+    def isatty(self) -> bool:
+        return self.real.isatty()
+
+    def fileno(self) -> int:
+        return self.real.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self.real.encoding
 
 
 def one_line(text: str) -> str | None:

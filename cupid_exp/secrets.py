@@ -127,8 +127,11 @@ def _texts(value: Any) -> Iterator[str]:
 def _config_secrets(value: Any) -> Iterable[str]:
     if isinstance(value, Mapping):
         for k, v in value.items():
-            # a key's name marks its own value, not a whole section (hydra.callbacks.redact_secrets holds a class path)
-            if (is_secret_key(str(k)) and not isinstance(v, (Mapping, list, tuple))) or is_headers_key(str(k)):
+            # a key's name marks its own value (or a sweep's values: a list of strings), not a whole section
+            # (hydra.callbacks.redact_secrets holds a class path)
+            if (is_secret_key(str(k)) and (not isinstance(v, (Mapping, list, tuple))
+                                           or all(isinstance(x, str) for x in v) and not isinstance(v, Mapping))
+                    or is_headers_key(str(k))):
                 yield from _leaves(v)
             elif _names_secret_env(str(k)) and isinstance(v, str) and (named := os.environ.get(v)):
                 yield named  # a key in an env var of any name, e.g. api_key_env: MY_CREDS

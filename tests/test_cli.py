@@ -286,3 +286,14 @@ def test_a_misspelt_key_is_one_line_of_ours_and_help_lists_only_choices(tmp_path
     assert full.returncode == 2 and "Traceback" in full.stderr and "Could not override 'data.limt'" in full.stderr
     shown = run_cli([*cmd, "--help"]).stdout
     assert "setting: oracle, oracle_preference, retrieval, standard, summary\n" in shown and "_schema" not in shown
+
+
+@pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])
+def test_a_refused_override_never_echoes_the_key_it_carries(tmp_path: Path, sweep: bool) -> None:
+    """Hydra's refusal suggests the override back (``+model.api_key=…``): the key in it is masked, in a single run
+    (our one line) and in a sweep (Hydra's own lines, printed as each job is composed)."""
+    keys = ["sk-refusal-SENTINEL-0a1b2c3d", "sk-refusal-SENTINEL-4e5f6a7b"]
+    cmd = [sys.executable, "-m", "cupid_exp", *(["-m"] if sweep else []), f"paths.output_root={tmp_path}"]
+    proc = run_cli([*cmd, "model.api_key=" + (",".join(keys) if sweep else keys[0])], check=False)
+    assert proc.returncode == 2 and "+model.api_key=***" in proc.stderr, proc.stderr  # refused, the key named
+    assert not [k for k in keys if k in proc.stdout + proc.stderr], proc.stderr

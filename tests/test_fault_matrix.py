@@ -46,6 +46,7 @@ it is wrong some of the time (the reasons are the markers', from ``faults.known`
 | corrupt_batch_ledger | N/A | 0 | N/A | N/A | N/A |
 | corrupt_mlflow_store | 0 | 0 | 0 | 0 | 0 |
 | corrupt_persona_files | N/A | N/A | N/A | N/A | 0 |
+| truncated | 3 | 3 | 3 | 3 | 3 |
 
 N/A:
 - batch × timeout_under_budget, timeouts: a batch has no request that times out: its rows are polled for.
@@ -65,7 +66,8 @@ retries); kill -9 lands at a seeded instant of the model phase, with requests in
 ``corrupt_*`` fault is a state file turned to garbage when a job starts (``faults.drivers.CorruptDriver``): the response
 cache and the list of batches before the only run (shared folders a new job may find broken), the others once a first
 run made them; the job must run (exit 0), the file set aside with its bytes and one line naming it (the lock: only
-taken and let go, its bytes are nobody's). Cells
+taken and let go, its bytes are nobody's). A reply cut at max_tokens keeps its whole text (it parses: only its
+finish_reason says so), live and in batch rows, and so does the longer request it is sent again as. Cells
 marked ``slow`` (sweeps, the tracking server, the disk, kills) run in CI too.
 """
 

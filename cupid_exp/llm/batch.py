@@ -327,7 +327,8 @@ class Batcher:
         status = response.get("status_code")
         body = response.get("body")
         if status == 200 and isinstance(body, dict) and body.get("choices"):
-            self.ledger.keep(digest, body)
+            if (body["choices"][0] or {}).get("finish_reason") != "length":  # a cut reply is no answer: asked again
+                self.ledger.keep(digest, body)
             row = self._waiting.pop(digest, None)
             if row is not None and not row.future.done():
                 row.future.set_result(body)

@@ -21,7 +21,7 @@ class CallRecord:
     """One attempt of one step: a completion, a provider failure, or a reply that could not be used."""
 
     step: str
-    attempt: int  #: 0 for the first ask, 1.. for re-asks / resamples
+    attempt: int  #: 0 for the first request, 1.. for re-asks / resamples and a cut reply's longer request
     model: str  #: the model config's name
     litellm_model: str
     messages: list[dict[str, Any]]
@@ -34,7 +34,7 @@ class CallRecord:
     cached: bool = False
     retries: int = 0
     finish_reason: str | None = None
-    error_kind: str | None = None  #: provider failure kind, or the parse failure's kind (unparseable, length, ...)
+    error_kind: str | None = None  #: provider failure kind, or the parse failure's kind (unparseable, truncated, ...)
     error: str | None = None
 
 

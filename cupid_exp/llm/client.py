@@ -85,6 +85,21 @@ def context_window(model: ModelConfig) -> int | None:
     return info.get("max_input_tokens") or None
 
 
+def max_output_tokens(model: ModelConfig) -> int | None:
+    """The longest reply litellm's map gives the model; None when it does not know (an embedded model's is its
+    n_ctx, which ``llm.local`` enforces)."""
+    if model.local is not None:
+        return None
+    import litellm
+
+    provider, _, name = model.litellm_model.partition("/")
+    try:
+        info = litellm.get_model_info(model=name, custom_llm_provider=provider)
+    except Exception:  # noqa: BLE001 - litellm raises several types (and plain Exception) for "not mapped"
+        return None
+    return info.get("max_output_tokens") or None
+
+
 class LLMClient:
     """Completions for one configured model, shared by every step and role that uses it."""
 
@@ -128,6 +143,7 @@ class LLMClient:
         self._unpriced = False
         self._internal = _litellm.no_logging_flag()
         self.window = context_window(model)
+        self._max_output: int | None | bool = False  # ``max_output_tokens``, looked up on the first cut reply
 
     @property
     def slots(self) -> int:
@@ -174,6 +190,29 @@ class LLMClient:
                     "schema": json_schema if self.model.structured_output else None}
         return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
+    def step_params(self, step: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The caller's parameters over the model's own overrides for this step (``step_params``)."""
+        return {**self.model.step_params.get(step, {}), **(params or {})}
+
+    def reply_limit(self, step: str, params: Mapping[str, Any] | None) -> dict[str, int | None]:
+        """``{"max_tokens": n}`` (or ``max_completion_tokens``, as the config spells it) a request of ``step`` with
+        ``params`` is sent with; None for a request that sets none."""
+        sent = {**self.model.params, **self.step_params(step, params)}
+        name = "max_completion_tokens" if sent.get("max_completion_tokens") and not sent.get("max_tokens") else \
+            "max_tokens"
+        return {name: sent.get(name)}
+
+    def longer_reply(self, step: str, params: Mapping[str, Any] | None) -> dict[str, int] | None:
+        """The max_tokens to ask again with after a reply cut at it: doubled, at most the longest reply litellm's map
+        gives the model; None when the request set none (the provider's default cut it) or it is that longest."""
+        ((name, limit),) = self.reply_limit(step, params).items()
+        if not limit:
+            return None
+        if self._max_output is False:
+            self._max_output = max_output_tokens(self.model)
+        more = 2 * int(limit) if self._max_output is None else min(2 * int(limit), self._max_output)
+        return {name: more} if more > int(limit) else None
+
     def request_params(self, json_schema: dict | None, params: Mapping[str, Any] | None) -> dict[str, Any]:
         kwargs: dict[str, Any] = {**self.model.params, **(params or {})}
         if json_schema is not None and self.model.structured_output:
@@ -214,8 +253,7 @@ class LLMClient:
 
         Raises ProviderError for a provider's failure; anything else (a bug) propagates unchanged.
         """
-        if step in self.model.step_params:  # the model's own overrides for this step; the caller's win
-            params = {**self.model.step_params[step], **(params or {})}
+        params = self.step_params(step, params)
         kwargs = self.request_params(json_schema, params)
         if self.settings.dry_run:
             return self._dry_run(messages, step, kwargs, dry_reply)

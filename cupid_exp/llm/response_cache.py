@@ -80,6 +80,8 @@ class DiskResponseStore(BaseCache):
                         self.directory, type(exc).__name__, str(exc)[:200])
 
     def set_cache(self, key: str, value: Any, **kwargs: Any) -> None:
+        if _cut(value):  # a reply cut at max_tokens is no answer: a rerun asks again (``llm.steps.ask``)
+            return
         ttl = kwargs.get("ttl")
         if self.broken:
             return
@@ -140,6 +142,10 @@ def corrupt(exc: sqlite3.DatabaseError) -> bool:
     unwritable one (``OperationalError``: locked, a disk I/O error, a full disk) or a refused statement (its other
     subclasses), which are not the file's fault."""
     return type(exc) is sqlite3.DatabaseError
+def _cut(value: Any) -> bool:
+    """Whether a cache entry holds a reply that ran into max_tokens (litellm keeps the response as compact JSON)."""
+    response = value.get("response") if isinstance(value, dict) else None
+    return isinstance(response, str) and '"finish_reason":"length"' in response
 
 
 def raise_failed_write() -> None:

@@ -100,49 +100,77 @@ class Resample:
 
 async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[[str], Any], *,
               transcript: Transcript, schema: dict | None = None, params: dict[str, Any] | None = None,
-              retry: Reask | Resample = Reask(1), dry_reply: DryReply | None = None) -> Any:
+              retry: Reask | Resample = Reask(1), dry_reply: DryReply | None = None, keep_cut: bool = False) -> Any:
     """Ask ``client`` for ``step`` and return ``parse(reply)``; raise StepFailed when no reply is usable.
 
-    A reply cut at max_tokens (finish_reason "length") fails the step as ``length`` at once, its raw
-    text kept: asking again would hit the same limit. A refusal (finish_reason "content_filter", or the
+    A reply cut at max_tokens (finish_reason "length") is never parsed, even when what came back would: its request
+    is sent once more with a larger max_tokens (``LLMClient.longer_reply``), and a second cut (or no room to grow)
+    fails the step as ``truncated``, each cut text kept. A refusal (finish_reason "content_filter", or the
     provider's ``refusal`` field) without a usable reply fails it as ``content_filter`` at once: a paid
-    re-ask of the same request would be refused again.
+    re-ask of the same request would be refused again. ``keep_cut``: the step's max_tokens is a length the recipe
+    wants (synthesis's short assistant replies), so a cut reply is used as it is, counted as ``truncated_kept``.
     """
     reply, reason, kind = "", "", "unparseable"
     log = calls.current()
-    for attempt in range(retry.attempts + 1):
-        extra = retry.params(client, attempt)
-        sent = retry.messages(messages, attempt, reply, reason)
+    attempt = requests = 0
+    sent: Messages | None = None  # kept for the request sent again with a larger max_tokens
+    longer: dict[str, int] | None = None  # that request's max_tokens; kept for the re-asks after it
+    while attempt <= retry.attempts:
+        extra = {**(params or {}), **(retry.params(client, attempt) or {})}
+        if sent is None:
+            sent = retry.messages(messages, attempt, reply, reason)
         started = time.time_ns() if log is not None else 0
         try:
-            completion = await client.complete(sent, step=step, json_schema=schema,
-                                               params={**(params or {}), **(extra or {})}, dry_reply=dry_reply)
+            completion = await client.complete(sent, step=step, json_schema=schema, params={**extra, **(longer or {})},
+                                               dry_reply=dry_reply)
         except ProviderError as exc:
             if log is not None:
-                log.calls.append(_record(client, step, attempt, sent, started, error=(exc.kind, str(exc))))
+                log.calls.append(_record(client, step, requests, sent, started, error=(exc.kind, str(exc))))
             raise StepFailed(step, exc.kind, str(exc)) from exc
         transcript.add(step, completion)
         reply = completion.text
-        record = _record(client, step, attempt, sent, started, completion) if log is not None else None
+        record = _record(client, step, requests, sent, started, completion) if log is not None else None
+        requests += 1
         if record is not None:
             log.calls.append(record)
         if completion.refused and not reply.strip():
             raise _refused(client, step, completion, record)
+        if completion.finish_reason == "length" and keep_cut:
+            client.meter.kept_cut(step)
+        elif completion.finish_reason == "length" and not completion.refused:
+            client.meter.reject(step, TRUNCATED)
+            retried, cut_at = longer is not None, _limit(client.reply_limit(step, {**extra, **(longer or {})}))
+            if not retried and (longer := client.longer_reply(step, extra)) is not None:
+                if record is not None:
+                    record.error_kind, record.error = TRUNCATED, f"cut at {cut_at}; sent again with {_limit(longer)}"
+                continue
+            why = (", sent again after a first cut" if retried else "" if cut_at.startswith("the provider")
+                   else ", the longest reply the model gives")
+            message = f"the reply was cut at {cut_at}{why}: {excerpt(reply)}"
+            if record is not None:
+                record.error_kind, record.error = TRUNCATED, message
+            raise StepFailed(step, TRUNCATED, message)
         try:
             return parse(reply)
         except ParseError as exc:
             if completion.refused:
                 raise _refused(client, step, completion, record, exc) from exc
             if record is not None:
-                record.error_kind, record.error = ("length" if completion.finish_reason == "length" else exc.kind,
-                                                   str(exc))
-            if completion.finish_reason == "length":
-                client.meter.reject(step, "length")
-                raise StepFailed(step, "length", f"the reply was cut at max_tokens ({exc})") from exc
+                record.error_kind, record.error = exc.kind, str(exc)
             kind, reason = exc.kind, str(exc)
             client.meter.reject(step, kind)
+            attempt, sent = attempt + 1, None
     client.meter.gave_up(step)
     raise StepFailed(step, kind, reason)
+
+
+TRUNCATED = "truncated"
+
+
+def _limit(params: dict[str, int | None]) -> str:
+    """"max_tokens=600" as the request said it; the provider's own default when it set none."""
+    name, value = next(iter(params.items()))
+    return f"{name}={value}" if value else "the provider's default max_tokens (the request set none)"
 
 
 REFUSAL_KIND = "content_filter"

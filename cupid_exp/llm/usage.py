@@ -137,9 +137,13 @@ class UsageMeter:
         self._count(step, {f"not_sent_{reason}": 1})
 
     def reject(self, step: str, kind: str) -> None:
-        """A reply that came back but could not be used (``unparseable``, ``invalid``, ``length``, ``content_filter``:
-        refused)."""
+        """A reply that came back but could not be used (``unparseable``, ``invalid``, ``truncated``: cut at max_tokens,
+        ``content_filter``: refused)."""
         self._count(step, {f"{kind}_attempt": 1})
+
+    def kept_cut(self, step: str) -> None:
+        """A reply cut at max_tokens that its step uses as it is (``llm.steps.ask``'s ``keep_cut``)."""
+        self._count(step, {"truncated_kept": 1})
 
     def gave_up(self, step: str) -> None:
         """A step that ran out of attempts on unusable replies."""
@@ -215,7 +219,7 @@ def usage_metrics(meter: UsageMeter) -> dict[str, float]:
         out[f"tokens/{step}/prompt"] = counts.get("prompt_tokens", 0.0)
         out[f"tokens/{step}/completion"] = counts.get("completion_tokens", 0.0)
         for key, value in counts.items():
-            if key.endswith("_attempt") or key.startswith("failed_"):
+            if key.endswith("_attempt") or key.startswith("failed_") or key == "truncated_kept":
                 out[f"calls/{step}/{key}"] = value
     totals = meter.totals()
     out["calls/total"] = totals.get("calls", 0.0)

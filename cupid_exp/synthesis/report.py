@@ -11,11 +11,13 @@ from cupid_exp.synthesis.phases import PersonaOutcome
 
 
 def rejections(metrics: Mapping[str, float]) -> str:
-    """Rejected replies and failed calls per step (``calls/<step>/<kind>_attempt``, ``.../failed_<kind>``)."""
+    """Rejected replies and failed calls per step (``calls/<step>/<kind>_attempt``, ``.../failed_<kind>``), and cut
+    replies kept (``.../truncated_kept``)."""
     parts = []
     for key, value in sorted(metrics.items()):
         step, _, kind = key.removeprefix("calls/").rpartition("/")
-        if key.startswith("calls/") and step and value and (kind.endswith("_attempt") or kind.startswith("failed_")):
+        if key.startswith("calls/") and step and value and (kind.endswith("_attempt") or kind.startswith("failed_")
+                                                             or kind == "truncated_kept"):
             parts.append(f"{step}/{kind}={int(value)}")
     return ", ".join(parts) or "none"
 

@@ -38,7 +38,9 @@ class StubConfig:
     context_error: str | None = None  # one of CONTEXT_ERRORS
     context_error_steps: tuple[str, ...] = ()  # empty: every step
     judge_score: str = "7.5"
-    length_steps: tuple[str, ...] = ()  # these steps get their reply cut in half, finish_reason "length"
+    length_steps: tuple[str, ...] = ()  # these steps get their reply cut in half, finish_reason "length" ...
+    length_rate: float = 1.0  # ... for this share of their prompts (by hash, their re-asks too) ...
+    length_whole: bool = False  # ... its text kept whole (a reply that still parses: only finish_reason says so)
     content_filter_steps: tuple[str, ...] = ()  # these steps get no content, finish_reason "content_filter"
     refusal_steps: tuple[str, ...] = ()  # ... or no content and a ``refusal`` (OpenAI structured outputs)
     record_bodies: bool = False  # keep every request body (``StubServer.bodies``): what went over the wire

@@ -74,6 +74,17 @@ def is_garbage(cfg: StubConfig, step: str, body: dict[str, Any]) -> bool:
     return unit(cfg.seed, "garbage", system, user) < cfg.garbage_rate
 
 
+def cut_reply(cfg: StubConfig, step: str, body: dict[str, Any], text: str) -> str | None:
+    """The text of a reply that ran into max_tokens (``length_steps``, for ``length_rate`` of their prompts: cut in
+    half, or whole with ``length_whole``); None when this request's reply is complete."""
+    if step not in cfg.length_steps:
+        return None
+    system, user = prompt_of(body.get("messages") or [])
+    if unit(cfg.seed, "length", system, user) >= cfg.length_rate:
+        return None
+    return text if cfg.length_whole else text[: len(text) // 2]
+
+
 def garbage_text(body: dict[str, Any], cfg: StubConfig) -> str:
     """Unusable text; it differs between a prompt and its re-asks, as a real model's would."""
     conversation = json.dumps(body.get("messages"), sort_keys=True)

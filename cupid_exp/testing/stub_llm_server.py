@@ -9,7 +9,8 @@ that schema (``schema_value``), so synthesis roles pointed at the stub need
 Around that it injects what real providers do: latency (fixed or jittered), HTTP 429 with
 ``retry-after`` (or in each way providers say the wait: ``rate_limit_style``; a retry before that wait is over is
 counted), 500, 503, responses slower than the client's timeout, malformed bodies
-(truncated JSON, a wrong content-type, no ``choices``), context-length errors in the styles
+(truncated JSON, a wrong content-type, no ``choices``), replies cut at max_tokens (``length_steps``, counted as
+``length`` faults, live and in batch rows), context-length errors in the styles
 of several providers, unparseable replies for chosen steps, 200s without a completion (``choices: []``, or
 ``content: null``), replies without ``usage``, a key's refusals (``refuse``: 401/403/404, ``insufficient_quota``,
 a daily limit) and the Batch API's (``batch_api.py``). The replies are ``stub_replies``', the faults
@@ -53,8 +54,8 @@ from typing import Any
 from cupid_exp.testing.batch_api import BatchQueue, BatchQueueConfig
 from cupid_exp.testing.rate_limits import RATE_LIMIT_STYLES, KeyLimits
 from cupid_exp.testing.stub_config import StubConfig, stub_arguments
-from cupid_exp.testing.stub_faults import (MALFORMED_KINDS, choose_fault, error_reply, garbage_text, is_garbage,
-                                           send_fault)
+from cupid_exp.testing.stub_faults import (MALFORMED_KINDS, choose_fault, cut_reply, error_reply, garbage_text,
+                                           is_garbage, send_fault)
 from cupid_exp.testing.stub_replies import billed_tokens, classify, completion_body, digest, reply_text
 
 __all__ = ["StubConfig", "StubServer", "main", "parse_args"]
@@ -208,9 +209,14 @@ class StubServer:
     def _batch_row(self, body: dict[str, Any]) -> dict[str, Any]:
         """A batch row's reply: what a live call with the same body gets (without live faults)."""
         step = classify(body)
+        text, finish = reply_text(step, body, self.config), "stop"
+        cut = cut_reply(self.config, step, body, text)
         with self._lock:
             self.counters.completed[step] += 1
-        return self._billed(body, completion_body(reply_text(step, body, self.config), body))
+            if cut is not None:  # a row that ran into max_tokens, as live
+                text, finish = cut, "length"
+                self.counters.faults[step]["length"] += 1
+        return self._billed(body, completion_body(text, body, finish))
 
     def _billed(self, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
         """``reply`` as sent (without usage under ``omit_usage``), its tokens counted as billed."""
@@ -344,8 +350,10 @@ class StubServer:
                 return
             text = garbage_text(body, cfg) if is_garbage(cfg, step, body) else reply_text(step, body, cfg)
             finish = "stop"
-            if step in cfg.length_steps:  # a reply that ran into max_tokens
-                text, finish = text[: len(text) // 2], "length"
+            if (cut := cut_reply(cfg, step, body, text)) is not None:  # a reply that ran into max_tokens
+                text, finish = cut, "length"
+                with self._lock:
+                    self.counters.faults[step]["length"] += 1
             refusal = None
             if step in cfg.content_filter_steps:
                 text, finish = None, "content_filter"

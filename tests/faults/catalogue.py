@@ -149,6 +149,19 @@ def _filtered(ev: Evidence) -> None:
     assert ev.stats["total_completed"] >= 1
 
 
+TRUNCATED = ("infer",)  #: the evaluation step whose replies are cut (the first of each instance)
+
+
+def _cut_twice(ev: Evidence) -> None:
+    """Each cut reply's request was sent once more (longer), cut again, and counted as truncated, never scored."""
+    step = "persona" if ev.cell.mode == "synthesis" else TRUNCATED[0]
+    assert ev.faults("length") >= 2 * ev.cell.jobs, ev.stats["faults"]
+    assert all(m.get(f"calls/{step}/truncated_attempt", 0) >= 2 for m in job_metrics(ev.cell)), job_metrics(ev.cell)
+    if ev.cell.mode != "synthesis":  # synthesis journals no failed persona
+        errors = [(e["step"], e["kind"]) for r in journaled(ev.cell.root) for e in r["errors"]]
+        assert errors == [(step, "truncated")] * ev.cell.instances * ev.cell.jobs, errors
+
+
 def _echoed(ev: Evidence) -> None:
     assert ev.faults("echo_key") >= 1, ev.stats["faults"]
 
@@ -289,6 +302,12 @@ FAULTS = [
     Fault("corrupt_persona_files", 0, "", lambda mode, cell, port: Arrangement(), lambda ev: _set_aside(ev),
           driver="corrupt_persona_files", na={mode: "only synthesis keeps a state file and persona files"
                                               for mode in ("sync", "batch", "workers", "sweep")}),
+    # issue 40, item 7: replies cut at max_tokens that still parse are a failure, not a score
+    Fault("truncated", 3, "INCOMPLETE:",
+          lambda mode, cell, port: Arrangement(stub={"length_steps": _steps(mode, TRUNCATED, ("persona",)),
+                                                     "length_whole": True},
+                                               resume=("runtime.retry_failed=true",)),
+          _cut_twice),
 ]
 
 

@@ -59,11 +59,12 @@ def simulator_view(dialogue: Sequence[Mapping[str, str]]) -> Messages:
 async def _assistant_reply(ctx: SynthContext, messages: Messages, attempt: int) -> str:
     """The assistant simulator's free text; its seed moves with the dialogue's attempt like a re-ask's.
 
-    An empty reply is counted as rejected and stands in the dialogue as '(no answer)'.
+    An empty reply is counted as rejected and stands in the dialogue as '(no answer)'. A reply cut at the role's
+    max_tokens stands as it is, counted (``truncated_kept``): the recipe's cap asks for short replies.
     """
     client = ctx.clients["assistant_simulator"]
     reply = await ask(client, "assistant_simulator", messages, str.strip, transcript=Transcript(),
-                      params=ctx.retry.params(client, attempt), retry=Resample(0))
+                      params=ctx.retry.params(client, attempt), retry=Resample(0), keep_cut=True)
     if not reply:
         client.meter.reject("assistant_simulator", "empty")
     return reply or NO_ANSWER

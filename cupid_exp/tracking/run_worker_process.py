@@ -13,10 +13,10 @@ import multiprocessing
 import os
 import pickle
 import queue
-import signal
 from typing import Any
 
 from cupid_exp.durability.attempts import Claim
+from cupid_exp.durability.signals import ignore_stops
 from cupid_exp.tracking.live import FinalLog, LiveRun, RunRequest
 from cupid_exp.tracking.store_errors import store_unreachable
 
@@ -36,9 +36,7 @@ class SnapshotMeter:
 def serve(inbox: Any, outbox: Any, progress: Any) -> None:
     """The worker: open the run, hear of each instance, finish or end the run, say so and exit (or, in a sweep,
     wait for the next job's run)."""
-    # Ctrl-C and a launcher's SIGTERM reach the whole process group: the job decides, and tells this worker
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ignore_stops()  # Ctrl-C and a launcher's SIGTERM reach the whole process group: the job decides, and tells us
     from cupid_exp.tracking import traces
 
     logging.getLogger(traces.__name__).addHandler(logging.NullHandler())  # the job reports failures, once

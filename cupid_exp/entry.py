@@ -84,6 +84,7 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
 
     _STARTED = True
     _release_stderr()
+    _quiet_interrupted_calls()
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     output_dir = Path(hc.runtime.output_dir)
@@ -265,14 +266,13 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
         global _HELD
         from cupid_exp.hydra_errors import HeldStderr, one_line
 
-        # a Ctrl-C (or a timeout) cancels a call while litellm's executor thread makes its provider coroutine: asyncio
-        # drops it unstarted, which is no forgotten await of ours, and not what an interrupted job should print
-        warnings.filterwarnings("ignore", message=r"coroutine '.*\.acompletion' was never awaited",
-                                category=RuntimeWarning)
+        _quiet_interrupted_calls()
         # loky's resource tracker (a process of its own, writing to our stderr) warns of the semaphores that a
         # sweep's workers, stopped by force once every job has returned (``_release_sweep_workers``), left for it
-        # to clean up: it cleans them, and its warning came after the sweep's last line
+        # to clean up: it cleans them, and its warning came after the sweep's last line; multiprocessing's does the
+        # same once a job is killed (kill -9), after the job's end
         _quiet_in_children("ignore::UserWarning:joblib.externals.loky.backend.resource_tracker")
+        _quiet_in_children("ignore::UserWarning:multiprocessing.resource_tracker")
         # a log line that cannot be written (the job's log file on a full disk) is dropped, not printed as a
         # "--- Logging error ---" traceback: the write that fails in our own files is reported, in one line
         logging.raiseExceptions = False
@@ -326,6 +326,14 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
             os._exit(exc.code)
 
     return main
+
+
+def _quiet_interrupted_calls() -> None:
+    """A Ctrl-C, a stop signal (or a timeout) cancels a call (a completion, a Batch API request) while litellm's
+    executor thread makes its provider coroutine: asyncio drops it unstarted, which is no forgotten await of ours, and not what a stopped job should
+    print (in the command's process, and in a joblib sweep's workers, which run jobs without it)."""
+    warnings.filterwarnings("ignore", message=r"coroutine '\w+\.a(completion|\w+_batch|\w*file\w*)' was never awaited",
+                            category=RuntimeWarning)
 
 
 def _quiet_in_children(rule: str) -> None:

@@ -65,11 +65,14 @@ def sigterm_raises() -> Iterator[None]:
     if not _main_thread():
         yield
         return
+    global _IN_JOB
     end_with_launcher()
     previous = _set(_raise_terminated)
+    _IN_JOB += 1
     try:
         yield
     finally:
+        _IN_JOB -= 1
         for s, handler in previous.items():
             signal.signal(s, handler)
 
@@ -105,7 +108,8 @@ def shielded() -> Iterator[None]:
 
 
 _WATCHING_LAUNCHER = False
-LAUNCHER_GONE_GRACE_S = 10.0  #: a job told to stop gets this long to end its run before its process exits
+_IN_JOB = 0  #: ``sigterm_raises`` blocks this process is in: a job runs
+LAUNCHER_GONE_GRACE_S = 8.0  #: a job told to stop gets this long to end its run before its process exits
 
 
 def _in_sweep_worker() -> bool:
@@ -118,9 +122,10 @@ def end_with_launcher(poll_s: float = 0.5) -> None:
     """In a joblib sweep's worker, stop when the sweep's own process dies (kill -9, the OOM killer).
 
     loky's workers outlive a killed launcher: an idle one waits minutes for work, a busy one runs its job to the
-    end, sending paid requests nobody will read. Once the launcher is gone the worker gets SIGTERM (a job in it
-    stops as on ``kill``: journal kept, run ended KILLED) and exits after ``LAUNCHER_GONE_GRACE_S`` regardless.
-    Started once per process; elsewhere (a plain command, a sequential sweep) it does nothing.
+    end, sending paid requests nobody will read. Once the launcher is gone a job in the worker gets SIGTERM (it
+    stops as on ``kill``: journal kept, run ended KILLED), and the worker exits once the job has stopped, or after
+    ``LAUNCHER_GONE_GRACE_S`` regardless; an idle one at once. Started once per process; elsewhere (a plain command,
+    a sequential sweep) it does nothing.
     """
     global _WATCHING_LAUNCHER
     if _WATCHING_LAUNCHER or not _in_sweep_worker():
@@ -131,8 +136,11 @@ def end_with_launcher(poll_s: float = 0.5) -> None:
     def watch() -> None:
         while os.getppid() == launcher:
             time.sleep(poll_s)
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(LAUNCHER_GONE_GRACE_S)
+        if _IN_JOB:
+            os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + LAUNCHER_GONE_GRACE_S
+        while _IN_JOB and time.monotonic() < deadline:
+            time.sleep(0.05)
         os._exit(SIGTERM_EXIT)
 
     threading.Thread(target=watch, name="cupid-launcher-watch", daemon=True).start()

@@ -330,8 +330,9 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
 
 def _quiet_interrupted_calls() -> None:
     """A Ctrl-C, a stop signal (or a timeout) cancels a call (a completion, a Batch API request) while litellm's
-    executor thread makes its provider coroutine: asyncio drops it unstarted, which is no forgotten await of ours, and not what a stopped job should
-    print (in the command's process, and in a joblib sweep's workers, which run jobs without it)."""
+    executor thread makes its provider coroutine: asyncio drops it unstarted, which is no forgotten await of ours,
+    and not what a stopped job should print (in the command's process, and in a joblib sweep's workers, which run
+    jobs without it)."""
     warnings.filterwarnings("ignore", message=r"coroutine '\w+\.a(completion|\w+_batch|\w*file\w*)' was never awaited",
                             category=RuntimeWarning)
 

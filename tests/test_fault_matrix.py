@@ -52,8 +52,8 @@ How each fault is made: the batch mode meets a refusal (401, ``insufficient_quot
 upload, a 429 or a 5xx at its first uploads (and 5xx rows), a malformed body as a garbled output line; 429s come in
 every way providers say the wait (``rate_limit_style="rotate"``: retry-after seconds, -ms, an HTTP date, OpenAI's
 x-ratelimit-reset, Anthropic's reset time, only the message, nothing), each waited out (the stub counts early
-retries); kill -9 lands at a seeded instant of the model phase, with requests in flight that the stub bills; so does SIGTERM
-(to the command's process alone, as ``kill`` or a scheduler sends it), which the job must meet with its one line. Cells
+retries); kill -9 lands at a seeded instant of the model phase, with requests in flight that the stub bills; so does
+SIGTERM (to the command's process alone, as ``kill`` or a scheduler sends it), which the job must meet with its line. Cells
 marked ``slow`` (sweeps, the tracking server, the disk, kills) run in CI too.
 """
 
@@ -136,8 +136,8 @@ def test_the_fault_keeps_every_invariant(fault: Fault, mode: str, tmp_path: Path
             stats = settled(stub)
             # read while the driver still holds the cell (the disk's tmpfs is unmounted when it lets go)
             invariants.finished(cell)
-            # killed jobs' requests in flight are charged in their ledgers only (a joblib sweep's SIGTERM ends its jobs by
-            # force: joblib's abort kills its workers)
+            # killed jobs' requests in flight are charged in their ledgers only (a joblib sweep's SIGTERM ends its
+            # jobs by force: joblib's abort kills its workers)
             killed = fault.driver == "kill" or (fault.driver == "sigterm" and mode == "sweep")
             invariants.spend_covers(cell, billed_usd(stats, IN, OUT), ledger=killed)
             invariants.no_secret(cell.tmp, outputs, [*SECRETS, *arrangement.secrets])

@@ -248,7 +248,8 @@ FAULTS = [
           driver="store", slow=True),
     # issue 40, item 5: a stop always says so
     Fault("sigterm", 143, "interrupted (SIGTERM)",
-          lambda mode, cell, port: Arrangement(stub={"latency_ms": 300}, budget=1.0, resume=("runtime.max_cost_usd=1",)),
+          lambda mode, cell, port: Arrangement(stub={"latency_ms": 300}, budget=1.0,
+                                               resume=("runtime.max_cost_usd=1",)),
           _sent, driver="sigterm", slow=True),
 ]
 

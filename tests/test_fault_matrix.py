@@ -53,8 +53,8 @@ upload, a 429 or a 5xx at its first uploads (and 5xx rows), a malformed body as 
 every way providers say the wait (``rate_limit_style="rotate"``: retry-after seconds, -ms, an HTTP date, OpenAI's
 x-ratelimit-reset, Anthropic's reset time, only the message, nothing), each waited out (the stub counts early
 retries); kill -9 lands at a seeded instant of the model phase, with requests in flight that the stub bills; so does
-SIGTERM (to the command's process alone, as ``kill`` or a scheduler sends it), which the job must meet with its line. Cells
-marked ``slow`` (sweeps, the tracking server, the disk, kills) run in CI too.
+SIGTERM (to the command's process alone, as ``kill`` or a scheduler sends it), which the job must meet with its line.
+Cells marked ``slow`` (sweeps, the tracking server, the disk, kills, SIGTERM) run in CI too.
 """
 
 from __future__ import annotations

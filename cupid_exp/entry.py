@@ -18,6 +18,9 @@ A job ends in one of these ways, each with its exit code (documented in the READ
   and the wait, no new instance started, the instances in flight not failed; the same command later resumes.
 - 130: interrupted (Ctrl-C): one line saying how many instances the journal holds and how to resume, no
   traceback; the MLflow run ends KILLED. A sweep stops at the job it was running.
+- 143 (128 + the signal's number; SIGHUP 129, SIGUSR1 138, SIGUSR2 140): stopped by a signal (``kill``, a
+  scheduler's preemption, a closed terminal: ``durability.signals.STOP_SIGNALS``): as Ctrl-C, its line naming the
+  signal.
 
 In a sweep, a job's bad setting or incomplete result does not stop the other jobs: each job
 writes ``job_status.json`` into its folder, and when the sweep ends the failed and incomplete
@@ -29,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -37,9 +41,10 @@ from typing import Any, Callable
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from cupid_exp.durability.signals import Terminated, install_sigterm_handler
 from cupid_exp.errors import (  # noqa: F401 - re-exported: the entry is where callers have found them
     EXIT_BAD_INPUT, EXIT_BUDGET, EXIT_BUG, EXIT_ENVIRONMENT, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK,
-    EXIT_RETRY_LATER, ConfigError, InputError, Interrupted, Outcome)
+    EXIT_RETRY_LATER, EXIT_TERMINATED, ConfigError, InputError, Interrupted, Outcome)
 
 # A sweep exits with its worst job's code, worst first: what needs a fix (a bad setting, the environment, a budget),
 # then what needs only time (a rate limit), then incomplete.
@@ -90,6 +95,7 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
 
     _STARTED = True
     _release_stderr()
+    _quiet_interrupted_calls()
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     output_dir = Path(hc.runtime.output_dir)
@@ -104,11 +110,11 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
             line = _masked(str(exc), hc.overrides.task, cfg)
             _refused(f"{program}: {line}", line, Path(hc.sweep.dir) if multirun else None)
             outcome = Outcome(getattr(exc, "outcome", "error"), line)  # a provider's stop may say "retry_later"
-        except KeyboardInterrupt as exc:
+        except (KeyboardInterrupt, Terminated) as exc:
             if not multirun:
                 raise
             if not isinstance(exc, Interrupted):
-                raise Interrupted(job=output_dir.name) from exc
+                raise Interrupted(job=output_dir.name, signum=getattr(exc, "signum", signal.SIGINT)) from exc
             exc.job = output_dir.name
             raise
         except Exception as exc:  # noqa: BLE001 - a bug goes on with its traceback; the environment's is one line
@@ -226,6 +232,10 @@ class SweepReportCallback(Callback):
     exit_code = EXIT_OK
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:  # a folder the sweep cannot make (a read-only output root): Hydra's error, held, said in one line
+            Path(config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return
         # the sweep composed: what it says from here on is said as it happens (joblib jobs too)
         _release_stderr(sweep=True)
 
@@ -268,23 +278,35 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
         global _HELD
         from cupid_exp.hydra_errors import HeldStderr, one_line, unread_override
 
-        # a Ctrl-C (or a timeout) cancels a call while litellm's executor thread makes its provider coroutine: asyncio
-        # drops it unstarted, which is no forgotten await of ours, and not what an interrupted job should print
-        warnings.filterwarnings("ignore", message=r"coroutine '.*\.acompletion' was never awaited",
-                                category=RuntimeWarning)
+        _quiet_interrupted_calls()
         # loky's resource tracker (a process of its own, writing to our stderr) warns of the semaphores that a
         # sweep's workers, stopped by force once every job has returned (``_release_sweep_workers``), left for it
-        # to clean up: it cleans them, and its warning came after the sweep's last line
+        # to clean up: it cleans them, and its warning came after the sweep's last line; multiprocessing's does the
+        # same once a job is killed (kill -9), after the job's end
         _quiet_in_children("ignore::UserWarning:joblib.externals.loky.backend.resource_tracker")
+        _quiet_in_children("ignore::UserWarning:multiprocessing.resource_tracker")
         # a log line that cannot be written (the job's log file on a full disk) is dropped, not printed as a
         # "--- Logging error ---" traceback: the write that fails in our own files is reported, in one line
         logging.raiseExceptions = False
         if os.environ.get("HYDRA_FULL_ERROR") != "1":
             _HELD = sys.stderr = HeldStderr(sys.stderr)
+        install_sigterm_handler()  # a stop signal at any instant unwinds, and says so, as Ctrl-C does
         try:
             hydra_main()
+        except Terminated as exc:  # outside a job (a job turns it into ``Interrupted``): what the journal keeps
+            print(Interrupted(signum=exc.signum).line(), file=sys.stderr, flush=True)
+            return exc.code
         except SystemExit as exc:
             if exc.code == EXIT_BUG and not _STARTED:  # no job ran, no call was made
+                from cupid_exp.outputs import environment_failure
+
+                # Hydra could not make the job's folder (a read-only output root): Hydra printed the error it caught
+                failure = environment_failure(exc.__context__) if exc.__context__ is not None else None
+                if failure is not None:
+                    if _HELD is not None:
+                        _HELD.release(replay=False)
+                    print(f"{_PROGRAMS.get(config_name, config_name)}: {failure}", file=sys.stderr)
+                    return EXIT_ENVIRONMENT
                 said = unread_override(sys.argv[1:], config_name) or (
                     one_line(_HELD.text) if _HELD is not None else None)
                 if said is not None:
@@ -295,9 +317,10 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
                 return EXIT_BAD_INPUT
             return exit_code_of(exc)
         except KeyboardInterrupt as exc:  # Ctrl-C: the journal and the runs are closed by now; no traceback
-            line = exc.line() if isinstance(exc, Interrupted) else Interrupted().line()
-            print(line, file=sys.stderr, flush=True)
-            return EXIT_INTERRUPTED
+            if not isinstance(exc, Interrupted):
+                exc = Interrupted()
+            print(exc.line(), file=sys.stderr, flush=True)
+            return exc.exit_code
         except (HydraException, OmegaConfBaseException):  # HYDRA_FULL_ERROR=1: Hydra raised it, with its trace
             if _STARTED:
                 raise
@@ -314,8 +337,19 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
             exit_now(run())
         except KeyboardInterrupt:  # a second Ctrl-C while the process ends: it was ending anyway
             os._exit(EXIT_INTERRUPTED)
+        except Terminated as exc:  # the same for a second stop signal
+            os._exit(exc.code)
 
     return main
+
+
+def _quiet_interrupted_calls() -> None:
+    """A Ctrl-C, a stop signal (or a timeout) cancels a call (a completion, a Batch API request) while litellm's
+    executor thread makes its provider coroutine: asyncio drops it unstarted, which is no forgotten await of ours,
+    and not what a stopped job should print (in the command's process, and in a joblib sweep's workers, which run
+    jobs without it)."""
+    warnings.filterwarnings("ignore", message=r"coroutine '\w+\.a(completion|\w+_batch|\w*file\w*)' was never awaited",
+                            category=RuntimeWarning)
 
 
 def _quiet_in_children(rule: str) -> None:

@@ -6,6 +6,7 @@ re-exports these names).
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 
 EXIT_OK, EXIT_BUG, EXIT_BAD_INPUT, EXIT_INCOMPLETE = 0, 1, 2, 3
@@ -13,6 +14,7 @@ EXIT_BUDGET = 4
 EXIT_ENVIRONMENT = 5  #: a full disk, a read-only or forbidden path, a vanished folder (``outputs.environment_failure``)
 EXIT_RETRY_LATER = 75  #: sysexits' EX_TEMPFAIL: a rate limit outlasts the patience (``cupid_exp.llm.retry.RetryLater``)
 EXIT_INTERRUPTED = 130  #: Ctrl-C: 128 + SIGINT, what a shell reports for a process SIGINT ended
+EXIT_TERMINATED = 143  #: SIGTERM (a scheduler's preemption, ``kill``): 128 + SIGTERM; other stop signals 128 + theirs
 
 
 @dataclass
@@ -39,20 +41,26 @@ class InputError(Exception):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C during a job, with how far its journal got (``finished`` None: no journal), reported in one line
-    with exit 130 by ``hydra_entry``. Still a KeyboardInterrupt: whatever ends runs on one ends them KILLED."""
+    """Ctrl-C (or a stop signal: ``signum``, ``durability.signals.Terminated``) during a job, with how far its journal
+    got (``finished`` None: no journal), reported in one line with exit 128 + ``signum`` by ``hydra_entry``. Still a
+    KeyboardInterrupt: whatever ends runs on one ends them KILLED."""
 
     def __init__(self, finished: int | None = None, total: int | None = None, job: str | None = None,
-                 noun: str = "instances"):
+                 noun: str = "instances", signum: int = signal.SIGINT):
         super().__init__(finished, total)
-        self.finished, self.total, self.job, self.noun = finished, total, job, noun
+        self.finished, self.total, self.job, self.noun, self.signum = finished, total, job, noun, signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
 
     def line(self) -> str:
-        where = f" in sweep job {self.job}" if self.job else ""
+        by = "" if self.signum == signal.SIGINT else f" ({signal.Signals(self.signum).name})"
+        where = f"interrupted{by}" + (f" in sweep job {self.job}" if self.job else "")
         if self.total is None:
-            return f"interrupted{where}; run the same command to resume (the journal keeps what finished)"
+            return f"{where}; run the same command to resume (the journal keeps what finished)"
         if self.finished is None:
-            return (f"interrupted{where}: {self.total} {self.noun}, none journaled (runtime.resume=false); run the "
-                    "command again to start over")
-        return (f"interrupted{where}: {self.finished} of {self.total} {self.noun} finished and journaled; run the "
-                "same command to resume")
+            return (f"{where}: {self.total} {self.noun}, none journaled (runtime.resume=false); run the command again "
+                    "to start over")
+        return (f"{where}: {self.finished} of {self.total} {self.noun} finished and journaled; run the same command "
+                "to resume")

@@ -47,6 +47,7 @@ it is wrong some of the time (the reasons are the markers', from ``faults.known`
 | corrupt_mlflow_store | 0 | 0 | 0 | 0 | 0 |
 | corrupt_persona_files | N/A | N/A | N/A | N/A | 0 |
 | truncated | 3 | 3 | 3 | 3 | 3 |
+| sigterm | 143 | 143 | 143 | 143 | 143 |
 
 N/A:
 - batch × timeout_under_budget, timeouts: a batch has no request that times out: its rows are polled for.
@@ -62,13 +63,14 @@ How each fault is made: the batch mode meets a refusal (401, ``insufficient_quot
 upload, a 429 or a 5xx at its first uploads (and 5xx rows), a malformed body as a garbled output line; 429s come in
 every way providers say the wait (``rate_limit_style="rotate"``: retry-after seconds, -ms, an HTTP date, OpenAI's
 x-ratelimit-reset, Anthropic's reset time, only the message, nothing), each waited out (the stub counts early
-retries); kill -9 lands at a seeded instant of the model phase, with requests in flight that the stub bills. A
+retries); kill -9 lands at a seeded instant of the model phase, with requests in flight that the stub bills; so does
+SIGTERM (to the command's process alone, as ``kill`` or a scheduler sends it), which the job must meet with its line. A
 ``corrupt_*`` fault is a state file turned to garbage when a job starts (``faults.drivers.CorruptDriver``): the response
 cache and the list of batches before the only run (shared folders a new job may find broken), the others once a first
 run made them; the job must run (exit 0), the file set aside with its bytes and one line naming it (the lock: only
 taken and let go, its bytes are nobody's). A reply cut at max_tokens keeps its whole text (it parses: only its
 finish_reason says so), live and in batch rows, and so does the longer request it is sent again as. Cells
-marked ``slow`` (sweeps, the tracking server, the disk, kills) run in CI too.
+marked ``slow`` (sweeps, the tracking server, the disk, kills, SIGTERM) run in CI too.
 """
 
 from __future__ import annotations
@@ -150,7 +152,10 @@ def test_the_fault_keeps_every_invariant(fault: Fault, mode: str, tmp_path: Path
             stats = settled(stub)
             # read while the driver still holds the cell (the disk's tmpfs is unmounted when it lets go)
             invariants.finished(cell)
-            invariants.spend_covers(cell, billed_usd(stats, IN, OUT), ledger=fault.driver == "kill")
+            # killed jobs' requests in flight are charged in their ledgers only (a joblib sweep's SIGTERM ends its
+            # jobs by force: joblib's abort kills its workers)
+            killed = fault.driver == "kill" or (fault.driver == "sigterm" and mode == "sweep")
+            invariants.spend_covers(cell, billed_usd(stats, IN, OUT), ledger=killed)
             invariants.no_secret(cell.tmp, outputs, [*SECRETS, *arrangement.secrets])
     if stats["total_received"]:  # the secrets were in play: sent as the config says
         assert stub.header_values["x-api-key"][HEADER_SECRET] and stub.header_values["authorization"][

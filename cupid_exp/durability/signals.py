@@ -1,10 +1,12 @@
-"""Interrupts a run can survive: SIGTERM becomes an exception, and ending a run cannot be interrupted.
+"""Interrupts a run can survive: a stop signal becomes an exception, and ending a run cannot be interrupted.
 
 Python dies on SIGTERM without unwinding, so a job stopped by ``kill``, a scheduler or a container
-runtime would leave its MLflow run RUNNING for ever. While a job works, SIGTERM raises ``Terminated``
-instead (a ``SystemExit`` with code 143, so Hydra lets it through and the process exits as killed
-processes do); the run then ends KILLED like on Ctrl-C. While the run is being ended, further
-SIGINT/SIGTERM are held back and delivered afterwards.
+runtime would leave its MLflow run RUNNING for ever. While a job works, a stop signal (``STOP_SIGNALS``: SIGTERM;
+SIGHUP, a closed terminal; SIGUSR1/SIGUSR2, what SLURM's ``--signal`` sends ahead of its SIGTERM) raises
+``Terminated`` instead (a ``SystemExit`` with code 128 + the signal's number, 143 for SIGTERM, so Hydra lets it
+through and the process exits as killed processes do); the job then stops as on Ctrl-C: the run ends KILLED, one
+line says what the journal holds (``cupid_exp.errors.Interrupted``). While the run is being ended, further
+interrupts are held back and delivered afterwards.
 """
 
 from __future__ import annotations
@@ -18,17 +20,39 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 SIGTERM_EXIT = 128 + signal.SIGTERM
+#: signals whose default kills the process without unwinding, each a request to stop (SLURM sends SIGUSR1/SIGUSR2
+#: only where ``--signal`` asks; their default, too, kills)
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
+                     if hasattr(signal, name))
 
 
 class Terminated(SystemExit):
-    """SIGTERM arrived: stop like Ctrl-C does, then exit 143."""
+    """A stop signal arrived: stop like Ctrl-C does, then exit 128 + its number (143: SIGTERM)."""
 
-    def __init__(self) -> None:
-        super().__init__(SIGTERM_EXIT)
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
 
 
 def _raise_terminated(signum: int, frame: Any) -> None:
-    raise Terminated()
+    raise Terminated(signum)
+
+
+def _set(handler: Any) -> dict[int, Any]:
+    """``handler`` for every stop signal but one the user ignores (``nohup``'s SIGHUP); what each had before."""
+    return {s: signal.signal(s, handler) for s in STOP_SIGNALS
+            if s == signal.SIGTERM or signal.getsignal(s) != signal.SIG_IGN}
+
+
+def ignore_stops() -> None:
+    """In a job's helper process (its MLflow worker, its calls processes): Ctrl-C and stop signals sent to the whole
+    process group (a terminal, SLURM, systemd) are the job's to act on; it ends its helpers itself."""
+    for s in (signal.SIGINT, *STOP_SIGNALS):
+        signal.signal(s, signal.SIG_IGN)
 
 
 def _main_thread() -> bool:
@@ -37,27 +61,34 @@ def _main_thread() -> bool:
 
 @contextmanager
 def sigterm_raises() -> Iterator[None]:
-    """Inside the block SIGTERM raises ``Terminated`` (main thread only; elsewhere nothing changes)."""
+    """Inside the block a stop signal raises ``Terminated`` (main thread only; elsewhere nothing changes)."""
     if not _main_thread():
         yield
         return
+    global _IN_JOB
     end_with_launcher()
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous = _set(_raise_terminated)
+    _IN_JOB += 1
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        _IN_JOB -= 1
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def install_sigterm_handler() -> None:
-    """For a process that runs jobs until it exits (a sweep's launcher): SIGTERM raises ``Terminated``."""
-    if _main_thread() and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-        signal.signal(signal.SIGTERM, _raise_terminated)
+    """For a process that runs jobs until it exits (the command's own, a sweep's launcher): a stop signal raises
+    ``Terminated`` (one left at its default only: one the user ignores, e.g. ``nohup``'s SIGHUP, stays ignored)."""
+    if _main_thread():
+        for s in STOP_SIGNALS:
+            if signal.getsignal(s) in (signal.SIG_DFL, None):
+                signal.signal(s, _raise_terminated)
 
 
 @contextmanager
 def shielded() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM back for the block (ending a run), then deliver the first one that came."""
+    """Hold SIGINT and the stop signals back for the block (ending a run), then deliver the first one that came."""
     if not _main_thread():
         yield
         return
@@ -66,7 +97,7 @@ def shielded() -> Iterator[None]:
     def hold(signum: int, frame: Any) -> None:
         pending.append(signum)
 
-    previous = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, hold) for s in (signal.SIGINT, *STOP_SIGNALS)}
     try:
         yield
     finally:
@@ -77,7 +108,8 @@ def shielded() -> Iterator[None]:
 
 
 _WATCHING_LAUNCHER = False
-LAUNCHER_GONE_GRACE_S = 10.0  #: a job told to stop gets this long to end its run before its process exits
+_IN_JOB = 0  #: ``sigterm_raises`` blocks this process is in: a job runs
+LAUNCHER_GONE_GRACE_S = 8.0  #: a job told to stop gets this long to end its run before its process exits
 
 
 def _in_sweep_worker() -> bool:
@@ -90,9 +122,10 @@ def end_with_launcher(poll_s: float = 0.5) -> None:
     """In a joblib sweep's worker, stop when the sweep's own process dies (kill -9, the OOM killer).
 
     loky's workers outlive a killed launcher: an idle one waits minutes for work, a busy one runs its job to the
-    end, sending paid requests nobody will read. Once the launcher is gone the worker gets SIGTERM (a job in it
-    stops as on ``kill``: journal kept, run ended KILLED) and exits after ``LAUNCHER_GONE_GRACE_S`` regardless.
-    Started once per process; elsewhere (a plain command, a sequential sweep) it does nothing.
+    end, sending paid requests nobody will read. Once the launcher is gone a job in the worker gets SIGTERM (it
+    stops as on ``kill``: journal kept, run ended KILLED), and the worker exits once the job has stopped, or after
+    ``LAUNCHER_GONE_GRACE_S`` regardless; an idle one at once. Started once per process; elsewhere (a plain command,
+    a sequential sweep) it does nothing.
     """
     global _WATCHING_LAUNCHER
     if _WATCHING_LAUNCHER or not _in_sweep_worker():
@@ -103,8 +136,11 @@ def end_with_launcher(poll_s: float = 0.5) -> None:
     def watch() -> None:
         while os.getppid() == launcher:
             time.sleep(poll_s)
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(LAUNCHER_GONE_GRACE_S)
+        if _IN_JOB:
+            os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + LAUNCHER_GONE_GRACE_S
+        while _IN_JOB and time.monotonic() < deadline:
+            time.sleep(0.05)
         os._exit(SIGTERM_EXIT)
 
     threading.Thread(target=watch, name="cupid-launcher-watch", daemon=True).start()

@@ -11,6 +11,7 @@ job's progress (``cupid_exp.tracking.live``).
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 import threading
 import time
@@ -19,7 +20,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from cupid_exp.durability.attempts import earlier_attempt_metrics, earlier_spend
-from cupid_exp.durability.signals import sigterm_raises
+from cupid_exp.durability.signals import Terminated, sigterm_raises
 from cupid_exp.entry import Interrupted, Outcome
 from cupid_exp.job.budgets import BudgetReport, report
 from cupid_exp.job.execute import execute
@@ -67,16 +68,17 @@ def import_alongside(modules: tuple[str, ...]) -> threading.Thread:
     return thread
 
 
-def interrupted(job: Job) -> Interrupted:
-    """How far an interrupted job got: its units that its journal holds as finished (what a resume skips)."""
+def interrupted(job: Job, signum: int = signal.SIGINT) -> Interrupted:
+    """How far a job interrupted by ``signum`` got: its units that its journal holds as finished (what a resume
+    skips)."""
     units = job.work.units
     noun = f"{job.work.noun}s"
     if job.dry_run:
-        return Interrupted(noun=noun)
+        return Interrupted(noun=noun, signum=signum)
     if job.attempt.journal is None:
-        return Interrupted(None, len(units), noun=noun)
+        return Interrupted(None, len(units), noun=noun, signum=signum)
     finished = job.attempt.journal.load(retry_failed=job.cfg.runtime.retry_failed)
-    return Interrupted(sum(1 for u in units if u.key in finished), len(units), noun=noun)
+    return Interrupted(sum(1 for u in units if u.key in finished), len(units), noun=noun, signum=signum)
 
 
 def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = None,
@@ -118,8 +120,8 @@ def _run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None,
             finally:
                 if workers is not None:
                     workers.stop()
-    except KeyboardInterrupt as exc:  # Ctrl-C: one line saying what a resume will find (``entry.hydra_entry``)
-        raise interrupted(job) from exc
+    except (KeyboardInterrupt, Terminated) as exc:  # one line saying what a resume will find (``entry.hydra_entry``)
+        raise interrupted(job, getattr(exc, "signum", signal.SIGINT)) from exc
     finally:
         job.release()
     outcome = job_outcome(job, summary, spending)

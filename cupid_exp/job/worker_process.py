@@ -1,7 +1,8 @@
 """A worker process of a job (``runtime.workers`` > 1; ``job.workers`` is the job's side): its own clients and event
 loop, units taken from a counter it shares with the job, each finished unit sent back with its calls and usage.
 
-Ctrl-C is left to the job (it reaches the whole process group: the job decides, and stops its workers); a worker
+Ctrl-C and stop signals are left to the job (they reach the whole process group: the job decides, and stops its
+workers); a worker
 whose job died (SIGKILL) exits rather than call models for nobody. A worker that meets the environment's failure (a
 full disk) sends it as such: the job ends with its one line (exit 5), as it would have in one process.
 """
@@ -14,7 +15,6 @@ import logging.handlers
 import multiprocessing
 import os
 import pickle
-import signal
 import threading
 import time
 import traceback
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cupid_exp.config import JobConfig
+from cupid_exp.durability.signals import ignore_stops
 from cupid_exp.job.heap import long_lived_frozen
 from cupid_exp.job.lanes import fair_share, run_units
 from cupid_exp.job.spec import Result, Work
@@ -132,8 +133,7 @@ def serve_units(spec: WorkerSpec, shared: Shared, inbox: Any, outbox: Any) -> No
     """A worker process: its clients built and the units left to run received, it waits for the job's go (the run
     is open, the job calls models), then takes units from the shared counter until none is left, each sent back
     as it finishes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the job decides, and stops us
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # forked: not the job's handler (``Workers.stop`` ends us)
+    ignore_stops()  # Ctrl-C or a scheduler's SIGTERM reach the whole group: the job decides (``Workers.stop``)
     _exit_with_parent()
     _log_to(outbox)
     code = 0

@@ -137,7 +137,7 @@ class Workers:
         self._stop.set()
         for process in self.processes:
             if process.exitcode is None:
-                process.terminate()
+                process.kill()  # it ignores stop signals (``worker_process.serve_units``)
         for process in self.processes:
             process.join(5)
         for channel in (self.inbox, self.outbox):

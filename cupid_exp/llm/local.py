@@ -237,6 +237,36 @@ def _model_response(name: str, out: dict[str, Any]) -> Any:
     )
 
 
+async def off_the_loop(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` on a daemon thread of its own, awaited. Not ``asyncio.to_thread``: a job stopped mid-generation
+    (Ctrl-C, SIGTERM) would wait, as ``asyncio.run`` ends, for its executor's threads: the generation under way and
+    every call queued behind it (one at a time per model) run to their end. Here the job stops at once, the threads
+    going with its process."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():  # cancelled meanwhile: nobody waits for it
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = fn(*args), None
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's task
+            result, error = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the loop has closed: the job is over
+            pass
+
+    threading.Thread(target=run, name="cupid-local-model", daemon=True).start()
+    return await future
+
+
 def _make_handler(models: LocalModels):
     """litellm's CustomLLM over ``models``. A bug raised here reaches the caller wrapped by litellm as an
     APIConnectionError; ``client.provider_error_kind`` reads the exception chain and stops the job on it."""
@@ -252,7 +282,7 @@ def _make_handler(models: LocalModels):
 
         async def acompletion(self, model, messages, api_base, custom_prompt_dict, model_response, print_verbose,
                               encoding, api_key, logging_obj, optional_params, *args, **kwargs):
-            return await asyncio.to_thread(call, model, messages, optional_params)
+            return await off_the_loop(call, model, messages, optional_params)
 
     return _Handler()
 

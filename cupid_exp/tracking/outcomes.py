@@ -57,7 +57,7 @@ def outcome_of(exc: BaseException) -> tuple[str, str]:
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted", "Ctrl-C"
     if isinstance(exc, Terminated):
-        return "interrupted", "SIGTERM"
+        return "interrupted", exc.name
     first = (str(exc).strip().splitlines() or [""])[0][:1000]
     named = getattr(exc, "outcome", None)
     if isinstance(named, str) and named:

@@ -13,14 +13,14 @@ import multiprocessing
 import os
 import pickle
 import queue
-import signal
 from typing import Any
 
 from cupid_exp.durability.attempts import Claim
+from cupid_exp.durability.signals import ignore_stops
 from cupid_exp.tracking.live import FinalLog, LiveRun, RunRequest
 from cupid_exp.tracking.store_errors import store_unreachable
 
-ORPHAN_FLUSH_S = 30.0  #: a worker whose job process died exports what it built for at most this long
+ORPHAN_FLUSH_S = 5.0  #: a worker whose job process died exports what it built for at most this long (then exits)
 
 
 class SnapshotMeter:
@@ -36,9 +36,7 @@ class SnapshotMeter:
 def serve(inbox: Any, outbox: Any, progress: Any) -> None:
     """The worker: open the run, hear of each instance, finish or end the run, say so and exit (or, in a sweep,
     wait for the next job's run)."""
-    # Ctrl-C and a launcher's SIGTERM reach the whole process group: the job decides, and tells this worker
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ignore_stops()  # Ctrl-C and a launcher's SIGTERM reach the whole process group: the job decides, and tells us
     from cupid_exp.tracking import traces
 
     logging.getLogger(traces.__name__).addHandler(logging.NullHandler())  # the job reports failures, once
@@ -63,6 +61,14 @@ def serve(inbox: Any, outbox: Any, progress: Any) -> None:
     meter = SnapshotMeter()
     live: LiveRun | None = None
     reported = False
+
+    def say(note: tuple[Any, ...]) -> None:
+        """A note to the job; a job that died meanwhile (kill -9) leaves this worker an orphan, not a traceback."""
+        try:
+            outbox.send(note)
+        except OSError:  # BrokenPipeError: nobody reads
+            _orphaned(live)
+
     while True:
         try:
             message = inbox.get(timeout=1.0)
@@ -77,7 +83,7 @@ def serve(inbox: Any, outbox: Any, progress: Any) -> None:
             if kind == "open":
                 request: RunRequest = message[1]
                 live = open_run(request, Claim(request.run_key), meter)  # the job holds the claim's lock
-                outbox.send(("opened", live.run_id, live.attempt, live.notice, getattr(live, "reused", False)))
+                say(("opened", live.run_id, live.attempt, live.notice, getattr(live, "reused", False)))
             elif kind == "instance" and live is not None:
                 # what the end will need (the table, the plots: ~1 s of CPU), imported with the first instance, once
                 # the job calls models, not while its processes import theirs (later instances: a lookup)
@@ -87,7 +93,7 @@ def serve(inbox: Any, outbox: Any, progress: Any) -> None:
                 error = getattr(live.traces, "error", None)
                 if error and not reported:
                     reported = True
-                    outbox.send(("traces_stopped", error))
+                    say(("traces_stopped", error))
             elif kind == "totals":  # the job's usage between units: the next progress point shows it
                 meter.latest = message[1]
             elif kind == "executed" and live is not None:
@@ -98,7 +104,7 @@ def serve(inbox: Any, outbox: Any, progress: Any) -> None:
                 final: FinalLog = message[1]
                 meter.latest = final.totals
                 live.finish(final)
-                outbox.send(("finished",))
+                say(("finished",))
                 if not message[2]:
                     os._exit(0)  # all is in the store: skip the interpreter's teardown (and MLflow's exit-time drain)
                 live, meter, reported = None, SnapshotMeter(), False  # the sweep's next job may take this worker
@@ -109,7 +115,7 @@ def serve(inbox: Any, outbox: Any, progress: Any) -> None:
             elif kind == "sweep_end":
                 from cupid_exp.tracking.sweep import finish_sweep
 
-                outbox.send(("finished", finish_sweep(message[1])))
+                say(("finished", finish_sweep(message[1])))
                 os._exit(0)
             elif kind == "quit":
                 os._exit(0)
@@ -117,11 +123,11 @@ def serve(inbox: Any, outbox: Any, progress: Any) -> None:
                 if live is not None:
                     meter.latest = message[3]
                     live.end(message[1], message[2], message[4])
-                outbox.send(("finished",))
+                say(("finished",))
                 os._exit(0)
         except Exception as exc:  # noqa: BLE001  # the job hears why (and whether the store is to blame)
             first = (str(exc).strip().splitlines() or [""])[0][:300]
-            outbox.send(("failed", f"{type(exc).__name__}: {first}", store_unreachable(exc)))
+            say(("failed", f"{type(exc).__name__}: {first}", store_unreachable(exc)))
             if live is not None and live.traces is not None:
                 live.traces.close(ORPHAN_FLUSH_S)
             os._exit(1)

@@ -100,6 +100,11 @@ def _refusal(kind: str) -> Callable[[str, Cell, int], Arrangement]:
                                      else Arrangement(stub={"refuse": kind}))
 
 
+def _sent(ev: Evidence) -> None:
+    """The job had sent (its driver checked it still ran at the fault)."""
+    assert ev.stats["total_received"] or ev.queue.uploads, ev.stats
+
+
 def _nothing_sent(ev: Evidence) -> None:
     assert ev.stats["total_received"] == 0 and ev.queue.uploads == 0, ev.stats
 
@@ -308,6 +313,11 @@ FAULTS = [
                                                      "length_whole": True},
                                                resume=("runtime.retry_failed=true",)),
           _cut_twice),
+    # issue 40, item 5: a stop always says so
+    Fault("sigterm", 143, "interrupted (SIGTERM)",
+          lambda mode, cell, port: Arrangement(stub={"latency_ms": 300}, budget=1.0,
+                                               resume=("runtime.max_cost_usd=1",)),
+          _sent, driver="sigterm", slow=True),
 ]
 
 

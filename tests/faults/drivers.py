@@ -72,9 +72,13 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+ORPHANS_GONE_S = 10  #: every process a job killed by SIGKILL started is gone this soon after it, having said nothing
+
+
 def _killed(proc: subprocess.Popen, out: Path, err: Path, group: bool = False) -> subprocess.CompletedProcess:
     """SIGKILL ``proc`` (still running: the instant was inside the run), or its whole process group (``group``: a
-    terminal's kill); it and every process it started are gone."""
+    terminal's kill); it and every process it started are gone within ``ORPHANS_GONE_S``, none printing a traceback
+    (they share its stderr)."""
     assert proc.poll() is None, f"the run ended before its kill: {err.read_text()[-2000:]}"
     started = _descendants(proc.pid)
     if group:
@@ -83,7 +87,8 @@ def _killed(proc: subprocess.Popen, out: Path, err: Path, group: bool = False) -
         proc.send_signal(signal.SIGKILL)
     assert proc.wait(timeout=30) == -signal.SIGKILL
     try:
-        _wait(lambda: not [p for p in started if alive(p)], 20, "the killed job's processes to end", poll=0.1)
+        _wait(lambda: not [p for p in started if alive(p)], ORPHANS_GONE_S, "the killed job's processes to end",
+              poll=0.1)
     except AssertionError:
         for pid in started:  # leave nothing running; the cell fails all the same
             try:
@@ -91,6 +96,7 @@ def _killed(proc: subprocess.Popen, out: Path, err: Path, group: bool = False) -
             except ProcessLookupError:
                 pass
         raise AssertionError(f"processes the killed job started outlived it: {[p for p in started if alive(p)]}")
+    assert "Traceback" not in err.read_text(), err.read_text()[-3000:]
     return subprocess.CompletedProcess(proc.args, proc.returncode, out.read_text(), err.read_text())
 
 
@@ -117,6 +123,27 @@ class KillDriver(_Started):
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+class SigtermDriver(_Started):
+    """SIGTERM (a scheduler's preemption, ``kill``) to the command's process alone at a seeded instant of the model
+    phase, as ``KillDriver`` kills: the job must stop by itself, say so and stop the processes it started."""
+
+    def run(self, cmd: list[str]) -> subprocess.CompletedProcess:
+        proc, out, err = self._start(cmd)
+        try:
+            _wait(lambda: _first_request(self.stub, proc), 120, "a first request")
+            time.sleep(random.Random(f"sigterm-{self.cell.mode}").uniform(0.0, 1.5))
+            assert proc.poll() is None, f"the run ended before its SIGTERM: {err.read_text()[-2000:]}"
+            started = _descendants(proc.pid)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+            _wait(lambda: not [p for p in started if alive(p)], ORPHANS_GONE_S, "the stopped job's processes to end",
+                  poll=0.1)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out.read_text(), err.read_text())
 
 
 def _schema_version(db: Path) -> str | None:
@@ -354,5 +381,5 @@ class CorruptDriver(StubDriver):
 
 
 DRIVERS = {"stub": StubDriver, "kill": KillDriver, "store": StoreDriver, "tracking": TrackingDriver,
-           "disk_fills": DiskDriver, "disk_full": FullDiskDriver,
+           "disk_fills": DiskDriver, "disk_full": FullDiskDriver, "sigterm": SigtermDriver,
            **{f"corrupt_{kind}": partial(CorruptDriver, kind=kind) for kind in STATE_FILES}}

@@ -40,7 +40,7 @@ def ending(proc: subprocess.CompletedProcess, cell: Cell, code: int, says: str =
         assert [line for line in errors if not _sweep_list(line)] == [], output
         return
     lines = [line for line in errors if not _sweep_list(line)]
-    if cell.jobs == 1:
+    if cell.jobs == 1 or code > 128:  # a signal stops a sweep at once: one line for the command
         assert len(lines) == 1, output
     else:  # one line a job, or one a reason for jobs refused alike; then the sweep's list
         assert 1 <= len(lines) <= cell.jobs and any(line.startswith("sweep: ") for line in errors), output

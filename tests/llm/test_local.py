@@ -15,6 +15,7 @@ import pytest
 
 from cupid_exp.config import LocalModelConfig
 from cupid_exp.llm.client import provider_error_kind
+from cupid_exp.llm import local
 from cupid_exp.llm.local import LocalModels, local_models, register_local_model, strict_schema
 
 litellm = pytest.importorskip("litellm")
@@ -114,6 +115,36 @@ def test_bugs_are_not_disguised() -> None:
         models.complete("m", MESSAGES, {})
     with pytest.raises(ValueError, match="not configured"):
         LocalModels().complete("nope", MESSAGES, {})
+
+
+def test_a_job_stopped_mid_generation_does_not_wait_for_it() -> None:
+    """SIGTERM or Ctrl-C during a generation: the job's event loop ends (its task cancelled) while the generation
+    still runs; the job goes on stopping, and the generation is left to the process's end."""
+    import threading
+
+    generating, finish, generated = threading.Event(), threading.Event(), threading.Event()
+
+    class Generating(ScriptedEngine):
+        def chat(self, request):
+            generating.set()
+            finish.wait(10)  # a long generation (bounded, should this test fail)
+            generated.set()
+            return super().chat(request)
+
+    models = LocalModels(engine_factory=lambda gguf, cfg: Generating(reply("late")))
+    models.register("m", LocalModelConfig(gguf=__file__))
+    handler = local._make_handler(models)
+
+    async def job() -> None:
+        call = asyncio.ensure_future(handler.acompletion("m", MESSAGES, *[None] * 7, {}))
+        await asyncio.get_running_loop().run_in_executor(None, generating.wait, 10)
+        call.cancel()  # what the stop does to the job's tasks
+
+    try:
+        asyncio.run(job())
+        assert generating.is_set() and not generated.is_set()  # the loop ended with the generation under way
+    finally:
+        finish.set()
 
 
 def test_a_bug_inside_the_provider_is_a_bug_not_a_provider_error() -> None:

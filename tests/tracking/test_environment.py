@@ -164,6 +164,28 @@ def test_a_really_full_disk_exits_5_and_the_rerun_on_a_freed_disk_completes(tmp_
     assert run.info.status == "FINISHED" and run.data.metrics["instances/total"] == n
 
 
+@pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])
+def test_a_read_only_output_root_is_one_line_and_exit_5(tmp_path: Path, sweep: bool) -> None:
+    """Hydra makes the job's (or the sweep's) folder under the output root before any job of ours runs: its error
+    is the environment's, said in one line, not Hydra's traceback."""
+    root = tmp_path / "out"
+    mount_tmpfs(root, "64k", "ro")
+    try:
+        with pytest.raises(OSError):  # read-only, even to root
+            (root / "x").write_text("")
+        cmd = job_command("http://127.0.0.1:9/v1", root, tmp_path / "none.jsonl", "runtime.dry_run=true", seed=False)
+        if sweep:
+            cmd[3:3] = ["-m"]
+            cmd.append("model.name=a,b")
+        proc = run_cli(cmd, check=False)
+    finally:
+        unmount(root)
+    said = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == EXIT_ENVIRONMENT, proc.stderr[-3000:]
+    assert len(said) == 1 and said[0].startswith(f"cupid_exp: environment failure: {root}/"), said
+    assert "Read-only file system [EROFS]" in said[0] and "Traceback" not in proc.stdout + proc.stderr
+
+
 def test_sqlites_full_database_is_a_full_disk_naming_the_path(tmp_path: Path) -> None:
     import sqlite3
     from contextlib import closing

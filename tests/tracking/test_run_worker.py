@@ -325,3 +325,30 @@ def test_a_job_killed_half_way_through_a_message_leaves_no_worker_behind(tmp_pat
     worker = int(proc.stdout.split()[-1])
     wait_for(lambda: not Path(f"/proc/{worker}").exists() or "Z" in Path(f"/proc/{worker}/stat").read_text().split()[2],
              30, "the orphaned worker's exit")
+
+
+def test_a_job_killed_before_the_workers_reply_leaves_it_exiting_quietly() -> None:
+    """The job dies (kill -9) after its last message and before the worker's reply: the reply meets a closed pipe,
+    and the worker, an orphan now, exits without a traceback (it shares the job's stderr: the console)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from helpers.cli_runner import cli_env
+
+    script = textwrap.dedent("""
+        import os
+        from cupid_exp.tracking import run_worker
+        worker = run_worker.RunWorker()
+        worker.inbox.put(("end", "KILLED", None, {}, {}))  # answered ("finished") to nobody
+        worker.inbox.close()
+        worker.inbox.join_thread()  # in the pipe
+        print(worker.pid, flush=True)
+        os._exit(0)  # as a SIGKILL would: the reading end of the worker's notes goes with the process
+    """)
+    # the worker inherits the output pipes: this returns once the worker too has exited
+    proc = subprocess.run([sys.executable, "-c", script], env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split(), proc.stderr[-2000:]
+    worker = int(proc.stdout.split()[-1])
+    assert not Path(f"/proc/{worker}").exists() or "Z" in Path(f"/proc/{worker}/stat").read_text().split()[2]
+    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr[-2000:]

@@ -7,6 +7,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from helpers.cli_runner import run_cli
 from helpers.processes import alive, children
 from mlflow.tracking import MlflowClient
 from tracking_runs import held_job, history, job_command, only_run, start, store_uri, traces_of, wait_for
@@ -18,11 +19,13 @@ N = 8
 
 
 @pytest.mark.parametrize("sig, code, workers", [(signal.SIGTERM, 143, 1), (signal.SIGINT, None, 1),
-                                               (signal.SIGTERM, 143, 2), (signal.SIGINT, None, 2)],
-                         ids=["SIGTERM", "SIGINT", "SIGTERM-2-processes", "SIGINT-2-processes"])
+                                               (signal.SIGTERM, 143, 2), (signal.SIGINT, None, 2),
+                                               (signal.SIGHUP, 129, 1)],
+                         ids=["SIGTERM", "SIGINT", "SIGTERM-2-processes", "SIGINT-2-processes", "SIGHUP"])
 def test_an_interrupt_mid_job_ends_the_run_killed(tmp_path: Path, sig: int, code: int | None, workers: int) -> None:
     """With ``runtime.workers=2`` the job stops its worker too (a Ctrl-C reaches the worker as well, which leaves
-    it to the job): no process of the job is left."""
+    it to the job): no process of the job is left. A stop signal (SIGTERM: a scheduler's preemption) says so in the
+    line Ctrl-C prints, and the same command resumes."""
     data = write_dataset(tmp_path / "data.jsonl", N)
     root, log = tmp_path / "out", tmp_path / "job.log"
     uri = store_uri(root)
@@ -40,16 +43,26 @@ def test_an_interrupt_mid_job_ends_the_run_killed(tmp_path: Path, sig: int, code
                 os.kill(pid, sig)
             returncode = proc.wait(timeout=60)
             wait_for(lambda: not any(alive(pid) for pid in started), 30, "the job's processes to end")
-    text = log.read_text()
-    assert returncode != 0, text[-3000:]
-    if code is not None:
-        assert returncode == code, text[-3000:]
-    run = only_run(uri)
-    assert run.info.status == "KILLED" and run.info.end_time is not None
-    assert run.data.tags["cupid.attempt.1"].startswith("KILLED with ")
-    # what finished before the interrupt is in the run: its progress and its traces
-    finished = int(run.data.metrics["progress/instances_done"])
-    assert 0 < finished < N and len(traces_of(uri, run)) == finished
+        text = log.read_text()
+        assert returncode != 0, text[-3000:]
+        if code is not None:
+            assert returncode == code, text[-3000:]
+        run = only_run(uri)
+        assert run.info.status == "KILLED" and run.info.end_time is not None
+        assert run.data.tags["cupid.attempt.1"].startswith("KILLED with ")
+        # what finished before the interrupt is in the run: its progress and its traces
+        finished = int(run.data.metrics["progress/instances_done"])
+        assert 0 < finished < N and len(traces_of(uri, run)) == finished
+        said = [line for line in text.splitlines() if line.startswith("interrupted")]
+        by = "" if sig == signal.SIGINT else f" ({signal.Signals(sig).name})"
+        assert said == [f"interrupted{by}: {finished} of {N} instances finished and journaled; run the same "
+                        "command to resume"], text[-3000:]
+        assert "Traceback" not in text, text[-3000:]
+        if sig == signal.SIGTERM and workers == 1:  # the same command resumes, in the same run
+            again = run_cli(cmd, check=False, timeout=180)
+            assert again.returncode == 0, again.stderr[-3000:]
+            run = only_run(uri)
+            assert run.info.status == "FINISHED" and int(run.data.metrics["progress/instances_done"]) == N
 
 
 def test_an_interrupt_while_the_run_logs_its_results_never_leaves_it_running(tmp_path: Path) -> None:

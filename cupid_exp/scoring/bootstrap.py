@@ -315,9 +315,21 @@ def paired_compare(records_a: Iterable[Mapping[str, Any]], records_b: Iterable[M
     """
     fields = fields_of(metric)
 
-    def scored(records: Iterable[Mapping[str, Any]]) -> dict[str, pd.Series]:
-        rows = _rows(list(records), metric, failure_policy)
-        return {} if rows.empty else {str(row[key]): row for _, row in rows.iterrows()}
+    records_a, records_b = list(records_a), list(records_b)
+    epochs = any(r.get("epoch") is not None for r in records_a + records_b)
+
+    def pair(row: pd.Series) -> str:  # with epochs, a run of one epoch has only epoch 0 to pair
+        epoch = row.get("epoch")
+        return f"{row[key]}#0" if epochs and (epoch is None or pd.isna(epoch)) else str(row[key])
+
+    def scored(records: list[Mapping[str, Any]]) -> dict[str, pd.Series]:
+        rows = _rows(records, metric, failure_policy)
+        if rows.empty:
+            return {}
+        keys = [pair(row) for _, row in rows.iterrows()]
+        if epochs:
+            rows = rows.assign(epoch=rows["epoch"].fillna(0) if "epoch" in rows else 0)
+        return {k: row for k, (_, row) in zip(keys, rows.iterrows())}
 
     a, b = scored(records_a), scored(records_b)
     shared = sorted(set(a) & set(b))

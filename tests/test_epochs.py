@@ -104,3 +104,21 @@ def test_the_dry_run_prices_every_epoch(tmp_path: Path) -> None:
     assert one["cost/usd"] > 0 and one["calls/total"] > 0
     assert three["calls/total"] == 3 * one["calls/total"]
     assert three["cost/usd"] == pytest.approx(3 * one["cost/usd"], rel=0.02)  # a seed's tokens aside
+
+
+def test_worker_processes_run_each_instance_epoch_once(tmp_path: Path) -> None:
+    """runtime.workers=2 (processes: the CLI): the epochs travel to the workers as units, seeded there."""
+    from helpers.cli_runner import cli_command, job_dirs, read_jsonl, run_cli
+
+    from cupid_exp.testing.cupid_data import write_dataset
+
+    data = write_dataset(tmp_path / "data.jsonl", 4)
+    with StubServer(StubConfig(record_bodies=True)) as stub:
+        proc = run_cli(cli_command(stub.url, tmp_path, "tracking=none", "runtime.workers=2", "runtime.epochs=2",
+                                   cache_dir=tmp_path / "cache", data=data))
+        stats, seeds = stub.stats(), [b.get("seed") for b in stub.bodies]
+    assert "model calls shared by 2 processes" in proc.stdout + proc.stderr  # the workers really ran
+    assert stats["total_completed"] == stats["distinct_completed"] == 2 * 4 * 4  # 4 calls per instance and epoch
+    assert seeds.count(0) == seeds.count(1) == 16
+    records = read_jsonl(job_dirs(tmp_path)[0] / "instances.jsonl")
+    assert sorted(r["epoch"] for r in records) == [0] * 4 + [1] * 4 and len({r["key"] for r in records}) == 8

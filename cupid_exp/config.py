@@ -244,6 +244,7 @@ class RuntimeConfig(Checked):
     num_retries: int = 3
     timeout: float = 600.0
     reask: int = 1  # extra attempts when a reply cannot be parsed
+    epochs: int = 1  # runs of every instance (sampling variance: each its own seed and cache entry); 1: one draw
     failure_policy: str = "exclude"  # exclude | zero | upstream: how a failed instance enters the means
     max_failed_fraction: float = 0.1  # above this share of failed instances a run exits 3 (incomplete)
     retry_failed: bool = False  # on resume, also re-run instances whose replies were unusable
@@ -283,6 +284,8 @@ class RuntimeConfig(Checked):
         for name, limits in self.pools.items():
             check_pool_limits(f"{where}.pools.{name}", name, limits)
         require(isinstance(self.reask, int) and self.reask >= 0, f"{where}.reask", self.reask, "an integer >= 0")
+        require(isinstance(self.epochs, int) and not isinstance(self.epochs, bool) and self.epochs >= 1,
+                f"{where}.epochs", self.epochs, "an integer >= 1")
         require(self.failure_policy in FAILURE_POLICIES, f"{where}.failure_policy", self.failure_policy,
                 f"one of {list(FAILURE_POLICIES)}")
         require(isinstance(self.max_failed_fraction, (int, float)) and 0 <= self.max_failed_fraction <= 1,

@@ -55,7 +55,8 @@ def content(resolved: Mapping[str, Any], not_identity: Iterable[str] = ()) -> di
     dotted keys ``not_identity`` dropped (a kind's own: ``data.path``, ``synthesis.n_personas``)."""
     config = redact({k: v for k, v in resolved.items() if k not in NOT_IDENTITY})
     if "runtime" in config:
-        config["runtime"] = {k: v for k, v in dict(config["runtime"] or {}).items() if k not in RUNTIME_NOT_IDENTITY}
+        config["runtime"] = {k: v for k, v in dict(config["runtime"] or {}).items() if k not in RUNTIME_NOT_IDENTITY
+                             and not (k == "epochs" and str(v) == "1")}  # one epoch: the identity before epochs
     config = by_content(config)
     for dotted in not_identity:
         *parents, last = dotted.split(".")

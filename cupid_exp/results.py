@@ -105,6 +105,7 @@ class InstanceResult:
     errors: list[StepError] = field(default_factory=list)  #: failed steps, in the order they failed
     raw: dict[str, list[str]] = field(default_factory=dict)  #: step -> every raw reply (re-asks included)
     usage: dict[str, dict[str, float]] = field(default_factory=dict)  #: step -> calls and tokens
+    epoch: int | None = None  #: which run of the instance (``runtime.epochs`` > 1; from 0), None with one epoch
 
     @property
     def failed(self) -> bool:
@@ -113,6 +114,8 @@ class InstanceResult:
     def to_record(self) -> dict[str, Any]:
         """The flat instances.jsonl line (the schema scoring, reporting and resume read)."""
         record: dict[str, Any] = {"key": self.key, "persona_id": self.persona_id, "instance_type": self.instance_type}
+        if self.epoch is not None:  # one epoch: the record it always was
+            record["epoch"] = self.epoch
         for part in (self.truth, self.history, self.setting, self.inference, self.generation):
             if part is not None:
                 record.update(_present(part))
@@ -129,5 +132,5 @@ class InstanceResult:
             inference=_pick(InferenceResult, record) if "inference" in parts else None,
             generation=_pick(GenerationResult, record) if "generation" in parts else None,
             errors=[StepError(e["step"], e["kind"], e.get("message", "")) for e in record.get("errors", [])],
-            raw=dict(record.get("raw", {})), usage=dict(record.get("usage", {})),
+            raw=dict(record.get("raw", {})), usage=dict(record.get("usage", {})), epoch=record.get("epoch"),
         )

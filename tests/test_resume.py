@@ -134,3 +134,29 @@ def test_sigkill_at_random_points_then_resume_gives_identical_results(tmp_path: 
     assert {r["key"] for r in journal} == {r["key"] for r in records}
     assert "dropping a torn last line" in torn_log
     assert "resuming:" in final.stdout + final.stderr
+
+
+def test_a_killed_job_of_three_epochs_resumes_sending_each_instance_epoch_once(tmp_path: Path) -> None:
+    """runtime.epochs=3: the journal and the resume work per (instance, epoch); a kill mid-run and the same command
+    again send every (instance, epoch)'s calls once, no epoch answered by another's cache entry."""
+    n, epochs = 4, 3
+    data = write_dataset(tmp_path / "data.jsonl", n)
+    root, cache = tmp_path / "killed", tmp_path / "cache"
+    with StubServer(latency_ms=5, seed=3) as stub:
+        cmd = cli_command(stub.url, root, "tracking=none", "runtime.num_retries=0", f"runtime.epochs={epochs}",
+                          cache_dir=cache, data=data)
+        kill = kill_after(stub, cmd, 4 * n * epochs - 8, cache, tmp_path / "attempt.log")
+        assert kill["in_flight"] >= 1 and kill["non_durable"] == 0  # the kill cut requests off
+        journalled = journal_records(root / "journal")
+        assert 0 < journalled < n * epochs and not job_dirs(root)
+        final = run_cli(cmd)
+        after = stub.stats()
+    assert "resuming:" in final.stdout + final.stderr
+    assert after["distinct_completed"] == after["total_completed"] == 4 * n * epochs  # each call went out once
+    assert after["repeated_completions"] == 0
+    (final_dir,) = job_dirs(root)
+    records = read_jsonl(final_dir / "instances.jsonl")
+    keys = [r["key"] for r in records]
+    assert len(keys) == len(set(keys)) == n * epochs
+    assert sorted((r["key"].split("#")[0], r["epoch"]) for r in records) == sorted(
+        (k, e) for k in {r["key"].split("#")[0] for r in records} for e in range(epochs))

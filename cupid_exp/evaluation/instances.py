@@ -7,9 +7,11 @@ counted step failure) propagates and stops the job with its traceback, the journ
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Sequence
 
 from cupid_exp.data.schema import Instance, relevant_positions
+from cupid_exp.llm.epochs import EPOCH
 from cupid_exp.llm.steps import StepFailed, Transcript
 from cupid_exp.progress import Progress
 from cupid_exp.results import HistoryView, InstanceResult, SettingOutput, Truth
@@ -19,6 +21,25 @@ from cupid_exp.tasks import TASKS
 from cupid_exp.tasks.context import TaskContext
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EpochInstance(Instance):
+    """One run of an instance in a job of ``runtime.epochs`` > 1: a unit of its own (journaled, resumed, priced and
+    its calls seeded and cached per epoch), keyed ``<persona>/<type>#<epoch>``; epochs count from 0."""
+
+    epoch: int = 0
+
+    @property
+    def key(self) -> str:
+        return f"{self.persona_id}/{self.instance_type}#{self.epoch}"
+
+
+def with_epochs(instances: Sequence[Instance], epochs: int) -> list[Instance]:
+    """The job's units: the instances themselves with one epoch, else each instance's epochs in turn."""
+    if epochs == 1:
+        return list(instances)
+    return [EpochInstance(**vars(i), epoch=e) for i in instances for e in range(epochs)]
 
 
 def _truth(instance: Instance) -> Truth:
@@ -35,6 +56,19 @@ def _history(instance: Instance, n_shown: int) -> HistoryView:
 async def evaluate_instance(setting: Setting, parts: Sequence[str], ctx: TaskContext, instance: Instance,
                             progress: Progress | None = None) -> InstanceResult:
     """The setting's view, then every task part on it; failed steps are recorded, never raised."""
+    epoch = instance.epoch if isinstance(instance, EpochInstance) else None
+    token = EPOCH.set(epoch)  # its calls' seed and cache entry (``llm.epochs``)
+    try:
+        result = await _evaluate(setting, parts, ctx, instance, progress)
+    finally:
+        EPOCH.reset(token)
+    if epoch is not None:
+        result.epoch = epoch
+    return result
+
+
+async def _evaluate(setting: Setting, parts: Sequence[str], ctx: TaskContext, instance: Instance,
+                    progress: Progress | None) -> InstanceResult:
     transcript = Transcript()
     try:
         view: View | None = await setting.view(instance, ctx, transcript)

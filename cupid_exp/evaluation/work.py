@@ -9,6 +9,7 @@ its setting and data (every row validated); each instance runs the setting's vie
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,14 +21,14 @@ from cupid_exp.data.loading import LoadedData, load_instances
 from cupid_exp.data.schema import Instance
 from cupid_exp.durability import journal
 from cupid_exp.evaluation.checks import check_evaluation, roles_called
-from cupid_exp.evaluation.instances import evaluate_instance, instances_in_flight
+from cupid_exp.evaluation.instances import evaluate_instance, instances_in_flight, with_epochs
 from cupid_exp.job.spec import Published, TrackingView
 from cupid_exp.job.worker_count import INSTANCES_PER_PROCESS
 from cupid_exp.outputs import write_json, write_jsonl
 from cupid_exp.progress import Progress
 from cupid_exp.prompts import EVALUATION_PROMPTS, PromptSet
 from cupid_exp.results import InstanceResult
-from cupid_exp.scoring.summary import JobSummary, summarize
+from cupid_exp.scoring.summary import JobSummary, epoch_metrics, summarize
 from cupid_exp.secrets import scrub_obj
 from cupid_exp.settings import make_setting
 from cupid_exp.settings.base import Setting
@@ -76,9 +77,10 @@ class EvaluationWork:
                  len(data.errors), cfg.model.name, cfg.evaluator.name)
         return cls(cfg, data, prompts, setting, tuple(cfg.task.parts))
 
-    @property
+    @functools.cached_property
     def units(self) -> list[Instance]:
-        return self.data.instances
+        """The instances, each ``runtime.epochs`` times (an epoch a unit of its own: ``with_epochs``)."""
+        return with_epochs(self.data.instances, self.cfg.runtime.epochs)
 
     # -- planning --------------------------------------------------------------------------------------------------
     def roles_called(self) -> dict[str, ModelConfig]:
@@ -147,8 +149,9 @@ class EvaluationWork:
         fresh = {r.key: r.to_record() for r in execution.results}
         done = job.attempt.done
         # an instance a budget left unrun has no record (it is run on resume)
-        records = [r for i in self.data.instances if (r := done.get(i.key) or fresh.get(i.key)) is not None]
+        records = [r for i in self.units if (r := done.get(i.key) or fresh.get(i.key)) is not None]
         extra = self.setting.metrics(records)
+        extra.update(epoch_metrics(records, self.parts, self.cfg.runtime.failure_policy))
         extra.update({"resume/instances_from_journal": float(len(done)), "data/bad_rows": float(len(self.data.errors)),
                       "data/oracle_count_warnings": float(sum(1 for r in records if r.get("data_warnings"))),
                       "time/model_seconds": execution.seconds, "time/model_cpu_seconds": execution.cpu_seconds})
@@ -175,7 +178,7 @@ class EvaluationWork:
                         "cupid.task": cfg.task.name, "cupid.evaluator": ev.name, "cupid.data": cfg.data.name},
             judges={"inference": ev.matcher.name, "generation": ev.judge.name},  # whose labels the scores are
             plots=self._plots(job),
-            shown={i.key: (i.current_request, i.current_context_factor) for i in self.data.instances
+            shown={i.key: (i.current_request, i.current_context_factor) for i in self.units
                    if i.key in job.attempt.done})
 
     def _plots(self, job: "Job") -> Any:
@@ -186,7 +189,7 @@ class EvaluationWork:
         return PlotRequest(parts=self.parts, folder=str(job.output_dir / "plots"), seed=cfg.seed,
                            failure_policy=cfg.runtime.failure_policy,
                            title_prefix=f"{cfg.model.name} {self.setting.label()}",
-                           order=tuple(i.key for i in self.data.instances))
+                           order=tuple(i.key for i in self.units))
 
     def publish(self, job: "Job", summary: JobSummary, complete: bool) -> Published:
         """instances.jsonl and metrics.json (atomically: a tracking failure can never cost the results); a dry

@@ -214,7 +214,10 @@ class LLMClient:
         return {name: more} if more > int(limit) else None
 
     def request_params(self, json_schema: dict | None, params: Mapping[str, Any] | None) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {**self.model.params, **(params or {})}
+        from cupid_exp.llm.epochs import epoch_params
+
+        params = {**(params or {}), **epoch_params({**self.model.params, **(params or {})})}  # runtime.epochs > 1
+        kwargs: dict[str, Any] = {**self.model.params, **params}
         if json_schema is not None and self.model.structured_output:
             kwargs["response_format"] = {"type": "json_schema",
                                          "json_schema": {"name": "reply", "schema": json_schema, "strict": True}}

@@ -31,8 +31,8 @@ from cupid_exp.reporting.build import build_report
 from cupid_exp.reporting.compare import compare_runs
 from cupid_exp.reporting.reference import load_reference
 from cupid_exp.reporting.render import FORMATS, Image, render
-from cupid_exp.reporting.runs import (DEFAULT_CACHE, DEFAULT_TRACKING_URI, RunIdError, get_job_run, load_records,
-                                      search_job_runs, tracking_uri)
+from cupid_exp.reporting.runs import (DEFAULT_CACHE, DEFAULT_TRACKING_URI, EPOCHS_NOTE, RunIdError, get_job_run,
+                                      load_records, search_job_runs, tracking_uri)
 from cupid_exp.reporting.selection import select_runs
 from cupid_exp.reporting.tables import Table
 from cupid_exp.scoring.bootstrap import DEFAULT_N_BOOT
@@ -126,6 +126,8 @@ def _leaderboards(args: argparse.Namespace, load) -> tuple[list[Table], list[str
     reference = load_reference() if args.reference == "paper" else None
     tables = build_report(selection, reference=reference, n_boot=args.n_boot, seed=args.seed)
     notes.append(f"95% intervals: cluster bootstrap over personas, {args.n_boot} resamples, seed {args.seed}")
+    if any(run.epochs > 1 for run in selection.runs):
+        notes.append(EPOCHS_NOTE)
     images, where = _plots(args, selection)
     return tables, notes + where, images
 

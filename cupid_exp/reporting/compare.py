@@ -7,7 +7,7 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from cupid_exp.reporting.reference import GROUPS
-from cupid_exp.reporting.runs import JobRun, common_policy, identity_diff
+from cupid_exp.reporting.runs import EPOCHS_NOTE, JobRun, common_policy, identity_diff
 from cupid_exp.reporting.tables import SCALE, Table
 from cupid_exp.scoring.bootstrap import DEFAULT_N_BOOT, DEFAULT_N_PERM, MAX_EXACT_PERSONAS, paired_compare
 from cupid_exp.scoring.names import metric_key
@@ -67,6 +67,9 @@ def compare_runs(run_a: JobRun, records_a: Records, run_b: JobRun, records_b: Re
     if frame["p"].str.endswith("*").any():
         notes.append(f"* p from {DEFAULT_N_PERM:,} random sign patterns (exact enumeration when ≤ "
                      f"{MAX_EXACT_PERSONAS} personas)")
+    if run_a.epochs > 1 or run_b.epochs > 1:
+        notes.append(f"epochs: A {run_a.epochs}, B {run_b.epochs}; epoch e of A is paired with epoch e of B, and "
+                     f"{EPOCHS_NOTE.removeprefix('epochs=K rows: ')}")
     if run_a.failure_policy != run_b.failure_policy:
         notes.append("the runs used different failure policies; compared with failures excluded")
     notes.append(f"{differs(run_a, run_b)}; full config diff: python -m cupid_exp.diff {run_a.run_id} {run_b.run_id}")

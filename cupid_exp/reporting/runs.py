@@ -150,13 +150,21 @@ def row_labels(runs: Sequence["JobRun"]) -> dict[str, str]:
         def differ(key: str, among: Sequence[JobRun]) -> bool:
             return len({run.identity.get(key) for run in among}) > 1
 
-        shared = [k for k in keys if not k.startswith("setting.") and differ(k, group)]
+        shared = [k for k in keys if not k.startswith("setting.") and k != EPOCHS_KEY and differ(k, group)]
         for run in group:
             same_setting = [r for r in group if r.setting_label == run.setting_label]
             own = [k for k in keys if k.startswith("setting.") and differ(k, same_setting)]
             parts = [_shown(k, run.identity.get(k)) for k in shared + own]
+            if run.epochs > 1:  # always said: its numbers pool K draws of each instance
+                parts.append(f"epochs={run.epochs}")
             labels[run.run_id] = " · ".join([model, ", ".join(parts)]) if parts else model
     return labels
+
+
+#: ``runtime.epochs``: in the identity when above 1 (``cupid_exp.identity``); a row says ``epochs=K`` (``row_labels``)
+EPOCHS_KEY = "runtime.epochs"
+EPOCHS_NOTE = ("epochs=K rows: each instance ran K times; the intervals draw personas, then K of each drawn "
+               "persona's epochs (a two-stage cluster bootstrap: both the instances drawn and the model's sampling)")
 
 
 def identity_diff(a: Mapping[str, str], b: Mapping[str, str]) -> list[str]:
@@ -193,6 +201,14 @@ class JobRun:
     data = _param("data.name")
     evaluator = _param("evaluator.name")
     failure_policy = _param("runtime.failure_policy", "exclude")
+
+    @property
+    def epochs(self) -> int:
+        """How many times the run ran each instance (``runtime.epochs``; 1 for a run from before epochs)."""
+        try:
+            return int(self.param(EPOCHS_KEY, "1"))
+        except ValueError:
+            return 1
 
     @functools.cached_property
     def setting_label(self) -> str:

@@ -5,6 +5,11 @@ history and one preference, so they are not independent draws. Every interval he
 *personas* (``persona_id``) with replacement and keeps all of a drawn persona's instances —
 a cluster bootstrap — and every paired test permutes at the persona level.
 
+With epochs (``runtime.epochs`` > 1: records carry their ``epoch``) an interval covers the model's sampling too: a
+two-stage cluster bootstrap draws personas with replacement and then, within each drawn persona, ``K`` of its epochs
+with replacement (all of a drawn epoch's instances kept); a paired comparison draws the same personas and epochs
+for A and B, pairing epoch ``e`` of A with epoch ``e`` of B.
+
 The statistics and the failure policy are those of ``cupid_exp.scoring.statistics`` (defined
 there once): an interval is always around the very number the job reports. Intervals are
 percentile intervals of ``n_boot`` resamples drawn from ``numpy.random.default_rng(seed)``.
@@ -126,6 +131,21 @@ def _clusters(rows: pd.DataFrame, fields: Sequence[str], cluster: str, ids: Sequ
                      {f: counts[f].to_numpy(dtype=float) for f in fields})
 
 
+def _epoch_cells(rows: pd.DataFrame, cluster: str, personas: Sequence[str] | None = None
+                 ) -> tuple[pd.DataFrame, str, list[str] | None, int]:
+    """With more than one epoch among ``rows``: the rows with a (persona, epoch) cell column, the column's name,
+    every cell persona-major (each persona's epochs in order, a missing one as an empty cell) and the epoch count.
+    Otherwise ``rows``, ``cluster``, ``personas`` and 1: the plain persona bootstrap."""
+    if rows.empty or "epoch" not in rows or rows["epoch"].nunique(dropna=True) < 2:
+        return rows, cluster, (list(personas) if personas is not None else None), 1
+    epochs = sorted(rows["epoch"].dropna().astype(int).unique())
+    owner = (rows[cluster] if cluster in rows else rows["key"]).astype(str)
+    cells = owner + "\x1f" + rows["epoch"].astype(int).astype(str)
+    personas = sorted(set(owner)) if personas is None else list(personas)
+    ids = [f"{p}\x1f{e}" for p in personas for e in epochs]
+    return rows.assign(_cell=cells), "_cell", ids, len(epochs)
+
+
 def _from_totals(metric: str, sums: Mapping[str, np.ndarray], counts: Mapping[str, np.ndarray]) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         means = {f: sums[f] / counts[f] for f in fields_of(metric)}
@@ -135,10 +155,11 @@ def _from_totals(metric: str, sums: Mapping[str, np.ndarray], counts: Mapping[st
         return means[fields_of(metric)[0]]
 
 
-def _scored_clusters(cl: _Clusters) -> _Clusters:
-    """Only the personas with at least one scored instance (the population the statistic is about)."""
+def _scored_clusters(cl: _Clusters, n_epochs: int = 1) -> _Clusters:
+    """Only the personas with at least one scored instance (the population the statistic is about); with epochs,
+    every cell of such a persona (an epoch of it left without a score counts nothing when drawn)."""
     first = next(iter(cl.counts))
-    keep = cl.counts[first] > 0
+    keep = np.repeat(cl.counts[first].reshape(-1, n_epochs).sum(axis=1) > 0, n_epochs)
     return _Clusters(tuple(c for c, k in zip(cl.ids, keep) if k), {f: v[keep] for f, v in cl.sums.items()},
                      {f: v[keep] for f, v in cl.counts.items()})
 
@@ -166,11 +187,24 @@ def _resample_weights(n_clusters: int, n_boot: int, rng: np.random.Generator) ->
     return np.bincount(cells, minlength=n_boot * n_clusters).reshape(n_boot, n_clusters).astype(float)
 
 
+def _epoch_weights(n_clusters: int, n_epochs: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """n_boot x (n_clusters * n_epochs) counts over persona-major cells: ``n_clusters`` personas drawn with
+    replacement, then for each draw ``n_epochs`` of its epochs with replacement (drawn in that order from ``rng``).
+    One epoch: ``_resample_weights``."""
+    if n_epochs == 1:
+        return _resample_weights(n_clusters, n_boot, rng)
+    personas = rng.integers(0, n_clusters, size=(n_boot, n_clusters))
+    epochs = rng.integers(0, n_epochs, size=(n_boot, n_clusters, n_epochs))
+    width = n_clusters * n_epochs
+    cells = (np.arange(n_boot)[:, None, None] * width + personas[:, :, None] * n_epochs + epochs).ravel()
+    return np.bincount(cells, minlength=n_boot * width).reshape(n_boot, width).astype(float)
+
+
 @functools.lru_cache(maxsize=8)
-def _seeded_weights(n_clusters: int, n_boot: int, seed: int) -> np.ndarray:
-    """``_resample_weights`` from a fresh generator at ``seed``, made once for every metric and plot that asks for
+def _seeded_weights(n_clusters: int, n_boot: int, seed: int, n_epochs: int = 1) -> np.ndarray:
+    """``_epoch_weights`` from a fresh generator at ``seed``, made once for every metric and plot that asks for
     the same resamples (a job's table and plots ask for them a dozen times per group); read-only."""
-    weights = _resample_weights(n_clusters, n_boot, np.random.default_rng(seed))
+    weights = _epoch_weights(n_clusters, n_epochs, n_boot, np.random.default_rng(seed))
     weights.setflags(write=False)
     return weights
 
@@ -183,10 +217,11 @@ def bootstrap_distribution(records: Sequence[Mapping[str, Any]], metric: str, *,
                            seed: int = 0, cluster: str = "persona_id",
                            failure_policy: str = "exclude") -> np.ndarray:
     """The ``n_boot`` resampled values of ``metric`` (for tests and plots)."""
-    cl = _scored_clusters(_clusters(_rows(list(records), metric, failure_policy), fields_of(metric), cluster))
+    rows, cell, ids, k = _epoch_cells(_rows(list(records), metric, failure_policy), cluster)
+    cl = _scored_clusters(_clusters(rows, fields_of(metric), cell, ids), k)
     if cl.n == 0:
         return np.full(n_boot, np.nan)
-    weights = _seeded_weights(cl.n, n_boot, seed)
+    weights = _seeded_weights(cl.n // k, n_boot, seed, k)
     return _statistic(metric, cl, weights)
 
 
@@ -203,13 +238,14 @@ def bootstrap_ci(records: Iterable[Mapping[str, Any]], metric: str, *, n_boot: i
                  failure_policy: str = "exclude") -> Estimate:
     """Point estimate and cluster-bootstrap percentile interval of ``metric`` over ``records``."""
     fields = fields_of(metric)
-    cl = _scored_clusters(_clusters(_rows(list(records), metric, failure_policy), fields, cluster))
+    rows, cell, ids, k = _epoch_cells(_rows(list(records), metric, failure_policy), cluster)
+    cl = _scored_clusters(_clusters(rows, fields, cell, ids), k)
     n = int(cl.counts[fields[0]].sum())
-    n_clusters = cl.n
+    n_clusters = cl.n // k
     if n == 0:
         return Estimate(metric, math.nan, math.nan, math.nan, 0, 0, level, n_boot, seed)
     value = float(_statistic(metric, cl, np.ones((1, cl.n)))[0])
-    weights = _seeded_weights(cl.n, n_boot, seed)
+    weights = _seeded_weights(n_clusters, n_boot, seed, k)
     low, high = _percentiles(_statistic(metric, cl, weights), level)
     return Estimate(metric, value, low, high, n, n_clusters, level, n_boot, seed)
 
@@ -279,17 +315,31 @@ def paired_compare(records_a: Iterable[Mapping[str, Any]], records_b: Iterable[M
     """
     fields = fields_of(metric)
 
-    def scored(records: Iterable[Mapping[str, Any]]) -> dict[str, pd.Series]:
-        rows = _rows(list(records), metric, failure_policy)
-        return {} if rows.empty else {str(row[key]): row for _, row in rows.iterrows()}
+    records_a, records_b = list(records_a), list(records_b)
+    epochs = any(r.get("epoch") is not None for r in records_a + records_b)
+
+    def pair(row: pd.Series) -> str:  # with epochs, a run of one epoch has only epoch 0 to pair
+        epoch = row.get("epoch")
+        return f"{row[key]}#0" if epochs and (epoch is None or pd.isna(epoch)) else str(row[key])
+
+    def scored(records: list[Mapping[str, Any]]) -> dict[str, pd.Series]:
+        rows = _rows(records, metric, failure_policy)
+        if rows.empty:
+            return {}
+        keys = [pair(row) for _, row in rows.iterrows()]
+        if epochs:
+            rows = rows.assign(epoch=rows["epoch"].fillna(0) if "epoch" in rows else 0)
+        return {k: row for k, (_, row) in zip(keys, rows.iterrows())}
 
     a, b = scored(records_a), scored(records_b)
     shared = sorted(set(a) & set(b))
     ra = pd.DataFrame([a[k] for k in shared]) if shared else pd.DataFrame()
     rb = pd.DataFrame([b[k] for k in shared]) if shared else pd.DataFrame()
-    ids = sorted({str(a[k].get(cluster, k)) for k in shared})
-    ca = _clusters(ra, fields, cluster, ids)
-    cb = _clusters(rb, fields, cluster, ids)
+    personas = sorted({str(a[k].get(cluster, k)) for k in shared})
+    ra, cell, ids, n_epochs = _epoch_cells(ra, cluster, personas)
+    rb = _epoch_cells(rb, cluster, personas)[0] if n_epochs > 1 else rb
+    ca = _clusters(ra, fields, cell, ids)
+    cb = _clusters(rb, fields, cell, ids)
     nan = math.nan
     if not shared:
         return Comparison(metric, nan, nan, nan, nan, nan, nan, False, 0, 0, len(a), len(b), level, n_boot, seed)
@@ -298,10 +348,11 @@ def paired_compare(records_a: Iterable[Mapping[str, Any]], records_b: Iterable[M
     diff = vb - va
 
     rng = np.random.default_rng(seed)
-    weights = _resample_weights(len(ids), n_boot, rng)
+    weights = _epoch_weights(len(personas), n_epochs, n_boot, rng)  # the same personas and epochs for A and B
     low, high = _percentiles(_statistic(metric, cb, weights) - _statistic(metric, ca, weights), level)
 
-    flips, exact = _sign_patterns(len(ids), n_perm, rng)
+    flips, exact = _sign_patterns(len(personas), n_perm, rng)
+    flips = np.repeat(flips, n_epochs, axis=1)  # a persona's epochs trade places together
     # flip[j, i] = 1: persona i's A and B results trade places in permutation j
     keep = 1 - flips
     null = (_from_totals(metric, {f: keep @ cb.sums[f] + flips @ ca.sums[f] for f in fields},
@@ -310,5 +361,5 @@ def paired_compare(records_a: Iterable[Mapping[str, Any]], records_b: Iterable[M
                            {f: keep @ ca.counts[f] + flips @ cb.counts[f] for f in fields}))
     extreme = int(np.sum(np.abs(null) >= abs(diff) - 1e-12))
     p_value = extreme / len(flips) if exact else (1 + extreme) / (1 + len(flips))
-    return Comparison(metric, va, vb, diff, low, high, float(p_value), exact, len(shared), len(ids),
+    return Comparison(metric, va, vb, diff, low, high, float(p_value), exact, len(shared), len(personas),
                       len(set(a) - set(b)), len(set(b) - set(a)), level, n_boot, seed)

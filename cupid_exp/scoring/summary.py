@@ -68,6 +68,28 @@ class JobSummary:
                 "instances/complete": float(self.complete)}
 
 
+def epoch_metrics(records: Sequence[Mapping[str, Any]], parts: Sequence[str], failure_policy: str
+                  ) -> dict[str, float]:
+    """With ``runtime.epochs`` > 1: each epoch's headline numbers (``epoch/<e>/inference/f1``, ...) and their mean
+    over the epochs (``epoch/mean/...``); the job's own numbers pool every epoch's instances. Nothing with one."""
+    epochs = sorted({r["epoch"] for r in records if r.get("epoch") is not None})
+    if len(epochs) < 2:
+        return {}
+    out: dict[str, float] = {}
+    for epoch in epochs:
+        mine = [r for r in records if r.get("epoch") == epoch]
+        for part in parts:
+            flat = flat_metrics(part, task_metrics(mine, part, failure_policy))
+            out.update({f"epoch/{epoch}/{k}": v for k, v in flat.items() if k.count("/") == 1})  # overall only
+    names = {k.split("/", 2)[2] for k in out}
+    for name in sorted(names):
+        values = [out[f"epoch/{e}/{name}"] for e in epochs if f"epoch/{e}/{name}" in out]
+        values = [v for v in values if v == v]
+        if values:
+            out[f"epoch/mean/{name}"] = sum(values) / len(values)
+    return out
+
+
 def summarize(records: Sequence[Mapping[str, Any]], parts: Sequence[str], *, failure_policy: str, meter: UsageMeter,
               extra_metrics: Mapping[str, float] | None = None, seed: int = 0, with_intervals: bool = True,
               max_failed_fraction: float = 1.0) -> JobSummary:

@@ -62,11 +62,14 @@ def persona_templates(cfg: SynthesizeConfig) -> list[PersonaTemplate]:
 
 def check_synthesis(cfg: SynthesizeConfig) -> None:
     """What a synthesis job refuses before any call: a dry run (each step needs the real output of the one before)
-    and the Batch API (a persona is a chain of ~35 dependent calls: each would wait for a batch of its own)."""
+    and the Batch API (a persona is a chain of ~35 dependent calls: each would wait for a batch of its own), and
+    epochs (evaluation's: ``runtime.epochs``)."""
     require(not cfg.runtime.dry_run, "runtime.dry_run", cfg.runtime.dry_run,
             "false: synthesis needs each step's real output to write the next")
     require(not cfg.runtime.batch, "runtime.batch", cfg.runtime.batch,
             "false: each persona is a chain of dependent calls, each of which would wait for a batch of its own")
+    require(cfg.runtime.epochs == 1, "runtime.epochs", cfg.runtime.epochs,
+            "1: epochs repeat an evaluation's instances; synthesis draws each persona once")
     for role in ROLES:
         model = getattr(cfg.synthesis.roles, role)
         require(not model.batch, f"synthesis.roles.{role}.batch", model.batch,

@@ -6,6 +6,7 @@ synchronous job's scores; it counts batch submissions, so a resumed job that re-
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
@@ -211,3 +212,17 @@ def test_a_batch_ledger_of_garbage_is_set_aside_and_a_torn_line_is_not(tmp_path:
     with path.open("ab") as fh:
         fh.write(b'{"batch": "b2", "rows": {"r')  # a killed writer's last line
     assert list(ledger.open_batches()) == ["b1"] and len(list(path.parent.glob("*.corrupt-*"))) == 1
+
+
+def test_epochs_go_through_the_batch_api_each_its_own_seeded_row(tmp_path: Path, data: Path) -> None:
+    with StubServer(batch=BatchQueueConfig(complete_after_s=0.3)) as stub:
+        run_cli(cli_command(stub.url, tmp_path / "batch", *FAST, "runtime.epochs=2", data=data))
+        assert stub.stats()["total_received"] == 0 and stub.batches.submissions >= 3  # no live request
+        rows = [json.loads(line) for file in stub.batches.files.values() for line in file.decode().splitlines()
+                if line.strip()]
+    bodies = [row["body"] for row in rows if isinstance(row.get("body"), dict) and "messages" in row["body"]]
+    seeds = [body.get("seed") for body in bodies]
+    assert seeds.count(0) == seeds.count(1) == 4 * N and len(seeds) == 8 * N  # 4 calls per instance and epoch
+    metrics = metrics_of(job_dirs(tmp_path / "batch")[0])
+    assert metrics["batch/rows_submitted"] == metrics["calls/total"] == 8 * N
+    assert sorted(r["epoch"] for r in _records(tmp_path / "batch")) == [0] * N + [1] * N

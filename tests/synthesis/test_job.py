@@ -145,6 +145,7 @@ def test_how_an_endpoint_is_reached_changes_neither_the_folder_nor_the_identity(
                                           ("synthesis.roles.validator.max_concurrency=0",
                                            "synthesis.roles.validator.max_concurrency"),
                                           ("runtime.dry_run=true", "runtime.dry_run"),
+                                          ("runtime.epochs=2", "runtime.epochs"),
                                           ("+synthesis.embedded_sampling.min_p=0.1",
                                            "synthesis.embedded_sampling.min_p"),
                                           ("synthesis.embedded_sampling.repeat_penalty=-1",

@@ -26,12 +26,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from cupid_exp.llm.batch_ledger import BatchLedger, request_digest
 from cupid_exp.llm.batch_limits import EnqueuedTokens, token_limit_rejection
 from cupid_exp.llm.limits import estimated_tokens
+from cupid_exp.llm.pools import PROBE_BASE_S, PROBE_CAP_S
+from cupid_exp.llm.retry import is_outage_failure
 from cupid_exp.llm.usage import BatchCounts
 
 log = logging.getLogger(__name__)
@@ -86,6 +89,7 @@ class Guard:
     run: Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]] = _direct
     later: Callable[[str, str], Exception] = _no_stop
     patience_s: float = 1800.0
+    outage_patience_s: float = 900.0  #: how long polling waits for an endpoint that stopped answering
 
 
 class RowFailed(Exception):
@@ -225,13 +229,37 @@ class Batcher:
     async def _poll(self, batch_id: str, rows: dict[str, str]) -> None:
         import litellm
 
-        failures = 0
+        failures, down = 0, None
         try:
             while True:
                 try:
                     batch = await litellm.aretrieve_batch(batch_id=batch_id, **self.kwargs)
                     failures = 0
+                    if down is not None:
+                        log.warning("provider %s answers again after %.0f s; polling resumed",
+                                    self.endpoint.get("api_base") or self.endpoint["model"], time.time() - down)
+                        down = None
                 except Exception as exc:  # noqa: BLE001
+                    if is_outage_failure(exc):  # the endpoint stopped answering: an outage is waited out, not failed
+                        if down is None:
+                            down, outages = time.time(), 0
+                        elif time.time() - down > self.guard.outage_patience_s:
+                            stop = self.guard.later("unreachable", f"provider {self.endpoint.get('api_base') or ''} "
+                                                    f"has not answered batch {batch_id}'s polls for "
+                                                    f"{time.time() - down:.0f} s (runtime.outage_patience_s="
+                                                    f"{self.guard.outage_patience_s:g}): {' '.join(str(exc).split())[:300]}")
+                            for digest in rows.values():
+                                if digest in self._waiting:
+                                    self._fail(self._waiting[digest], stop)
+                            return
+                        wait = min(self.settings.poll_s, PROBE_BASE_S * 2 ** outages, PROBE_CAP_S)
+                        if outages == 0:
+                            log.warning("provider %s unreachable since %s; waiting, next try in %.1f s",
+                                        self.endpoint.get("api_base") or self.endpoint["model"],
+                                        time.strftime("%H:%M:%S", time.localtime(down)), wait)
+                        outages += 1
+                        await asyncio.sleep(wait)
+                        continue
                     failures += 1
                     if failures >= 10:  # a batch whose status cannot be read: its rows fail, the run goes on
                         for digest in rows.values():

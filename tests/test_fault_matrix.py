@@ -38,6 +38,8 @@ it is wrong some of the time (the reasons are the markers', from ``faults.known`
 | disk_full_at_start | 5 | 5 | 5 | 5 | 5 |
 | kill_9 | killed | killed | killed | killed | killed |
 | kill_9_at_store_creation | killed | killed | killed | killed | killed |
+| outage | 0 | 0 | 0 | 0 | 0 |
+| outage_beyond_patience | 75 | 75 | 75 | 75 | 75 |
 
 N/A:
 - batch × timeout_under_budget, timeouts: a batch has no request that times out: its rows are polled for.
@@ -51,7 +53,9 @@ How each fault is made: the batch mode meets a refusal (401, ``insufficient_quot
 upload, a 429 or a 5xx at its first uploads (and 5xx rows), a malformed body as a garbled output line; 429s come in
 every way providers say the wait (``rate_limit_style="rotate"``: retry-after seconds, -ms, an HTTP date, OpenAI's
 x-ratelimit-reset, Anthropic's reset time, only the message, nothing), each waited out (the stub counts early
-retries); kill -9 lands at a seeded instant of the model phase, with requests in flight that the stub bills. Cells
+retries); kill -9 lands at a seeded instant of the model phase, with requests in flight that the stub bills; an
+outage resets every connection for a few seconds after the job's first answers (``outage_beyond_patience``: until
+the resume, past ``runtime.outage_patience_s=1``). Cells
 marked ``slow`` (sweeps, the tracking server, the disk, kills) run in CI too.
 """
 

@@ -135,9 +135,10 @@ class Pool:
         self.share = 1.0  #: this process's part of a given bound (the live processes split it)
         self.meter: Any = None  #: the job's usage meter (its latest client's): per-pool counts go there
         self.sent = self.peak = 0  #: requests sent and the most in flight at once, since the meter was set
-        self._answered_429, self._waited = 0, 0.0  #: counted since the last flush into the meter
+        self._answered_429, self._waited, self._outages = 0, 0.0, 0  #: counted since the last flush into the meter
         self._sync_due = 0.0
         self.down_since: float | None = None  #: wall clock: the first failure of an outage (None: answering)
+        self.answered_at = 0.0  #: wall clock: the endpoint's last reply to this process or another on the pool
         self.probe_at = 0.0  #: wall clock: when the next probe may go
         self.probing = False  #: a probe is in flight
         self.probes = self.outages = 0  #: failed probes of this outage; outages met
@@ -268,6 +269,7 @@ class Pool:
         """A reply: the concurrency limit grows; the limits the reply's headers state (OpenAI sends them with every
         response) pace the pool before any 429, where no limit is known yet."""
         self.successes += 1
+        self.answered_at = time.time()
         self.answers()
         self.concurrency.succeeded(time.monotonic())
         if self.pacer.scale < 1.0:
@@ -288,17 +290,23 @@ class Pool:
             self._failing_since = time.time()
         self._failing.add(id(call))
 
-    def went_down(self, call: object, connection: bool, hint: float | None, message: str) -> bool:
+    def has_answered(self, within_s: float) -> bool:
+        """The endpoint answered this process, or another on the pool within ``within_s`` (an outage's patience):
+        what tells an outage from an endpoint that never answered."""
+        return self.successes > 0 or time.time() - self.answered_at < within_s
+
+    def went_down(self, call: object, connection: bool, hint: float | None, message: str, patience_s: float) -> bool:
         """``call`` has used its retries on an outage's failure: whether the pool is down (then it pauses, and one
         line says so). Not for an endpoint that never answered (it stays a fast exit 2: ``REFUSED_BEFORE_FATAL``),
         nor for one call's 5xx alone (its request may be what fails)."""
         if self.down_since is not None:
             return True
-        if self.successes == 0 or (not connection and len(self._failing - {id(call)}) < 1):
+        if not self.has_answered(patience_s) or (not connection and len(self._failing - {id(call)}) < 1):
             return False
         self.down_since = self._failing_since or time.time()
         self.probes = 0
         self.outages += 1
+        self._outages += 1
         wait = self._probe_wait(hint)
         self.probe_at = time.time() + wait
         since = time.strftime("%H:%M:%S", time.localtime(self.down_since))
@@ -365,6 +373,9 @@ class Pool:
         if self._answered_429 or self._waited:
             self.meter.pool_count(self.label, answered_429=self._answered_429, wait_s=self._waited)
             self._answered_429, self._waited = 0, 0.0
+        if self._outages:
+            self.meter.pool_count(self.label, outages=self._outages)
+            self._outages = 0
         self.meter.pool_state(self.label, peak_in_flight=self.peak, concurrency=int(self.concurrency.limit),
                               rpm=float(self.pacer.rpm or 0.0))
 

@@ -353,7 +353,7 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tok
                 endpoint.answers()  # a 429 or a 400 is an answer: the endpoint is back
             if decision.what == TRANSIENT and is_connection_refused(exc):
                 endpoint.refused += 1
-                if endpoint.successes == 0 and endpoint.refused >= REFUSED_BEFORE_FATAL:
+                if not endpoint.has_answered(outage_patience_s) and endpoint.refused >= REFUSED_BEFORE_FATAL:
                     decision = Decision(FATAL, "unreachable")
             if decision.what == FATAL:
                 if endpoint.fatal is None:
@@ -381,7 +381,7 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tok
                 attempts.rate_limited += 1
             elif outage and (endpoint.down_since is not None or (
                     attempts.retries >= num_retries and endpoint.went_down(call, is_connection_failure(exc), hint,
-                                                                           scrub(_message(exc))))):
+                                                                           scrub(_message(exc)), outage_patience_s))):
                 # the pool's outage, not this call's failure: it waits in the pool's slot with every other caller
                 # while one probe at a time asks whether the endpoint is back (``Pool.slot``)
                 if held is not None and held.probe and not endpoint.probe_failed(hint, outage_patience_s):

@@ -270,6 +270,8 @@ class Pool:
         response) pace the pool before any 429, where no limit is known yet."""
         self.successes += 1
         self.answered_at = time.time()
+        if self.successes == 1 and self.shared is not None:
+            self.sync()  # the others learn at once that the endpoint answers (``has_answered``)
         self.answers()
         self.concurrency.succeeded(time.monotonic())
         if self.pacer.scale < 1.0:

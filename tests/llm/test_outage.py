@@ -15,7 +15,7 @@ from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
 from cupid_exp.llm.pools import forget_pools
 from cupid_exp.llm.retry import RetryLater
-from cupid_exp.llm.usage import UsageMeter
+from cupid_exp.llm.usage import UsageMeter, usage_metrics
 from cupid_exp.testing.batch_api import BatchQueueConfig
 from cupid_exp.testing.stub_llm_server import StubServer
 
@@ -47,6 +47,7 @@ def test_an_outage_mid_run_pauses_the_pool_and_no_call_fails(tmp_path: Path, kin
     assert outage["unanswered"] >= 4 and outage["ended"] is not None, outage  # it happened, and it ended
     assert [o for o in out if isinstance(o, BaseException)] == []
     assert c.pool.outages == 1 and c.pool.down_since is None
+    assert usage_metrics(meter)[f"pools/{c.pool.label}/outages"] == 1  # the job's own count
     # the calls in flight met it (at most 4 x 2 attempts), then one probe at a time: not every waiting call
     assert outage["unanswered"] <= 4 * 2 + 6, outage
     said = [r.getMessage() for r in caplog.records]
@@ -87,3 +88,22 @@ def test_an_outage_while_a_batch_is_polled_is_waited_out(tmp_path: Path, caplog)
     assert outage["unanswered"] >= 1 and outage["ended"] is not None and stub.batches.uploads == 1, outage
     assert [o for o in out if isinstance(o, BaseException)] == []
     assert any("unreachable since" in r.getMessage() for r in caplog.records)
+
+
+def test_a_process_that_starts_during_an_outage_knows_the_endpoint_answered(tmp_path: Path) -> None:
+    """A sweep's later job (or a worker) whose first requests meet the outage waits for it as the others do: the
+    pool's state file says when the endpoint last answered; an answer older than the patience does not count."""
+    from cupid_exp.llm.pool_state import SharedPoolState
+    from cupid_exp.llm.pools import Pool, PoolLimits
+
+    first, second = (Pool("p", "p", tmp_path) for _ in range(2))
+    second.shared = SharedPoolState(tmp_path / "p.pool.json", me="another process")
+    for pool in (first, second):
+        pool.join("cfg", 4, None, None, PoolLimits(), None)
+    second.sync()
+    assert not second.has_answered(900.0)  # nobody had an answer: a dead endpoint stays a fast exit 2
+    first.succeeded()  # the first answer is published at once
+    second.sync()
+    assert second.successes == 0 and second.has_answered(900.0)
+    second.answered_at -= 1000.0  # an answer older than the patience: an endpoint found dead today is not waited for
+    assert not second.has_answered(900.0)

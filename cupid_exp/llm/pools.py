@@ -198,8 +198,9 @@ class Pool:
     # ------------------------------------------------------------ one request
 
     @asynccontextmanager
-    async def slot(self, tokens: int) -> AsyncIterator[Held]:
-        """Held while one request is in flight: after the pause, within the concurrency limit, at the pace."""
+    async def slot(self, tokens: int, stop: Any = None) -> AsyncIterator[Held]:
+        """Held while one request is in flight: after the pause, within the concurrency limit, at the pace.
+        ``stop``: the job's (``retry.JobStop``), which ends a wait for an outage to pass."""
         if time.monotonic() >= self._sync_due:
             self.sync()
         waited, probe = 0.0, False
@@ -209,8 +210,8 @@ class Pool:
             if self.fatal is not None:
                 raise self.fatal  # found refusing while this call waited for its slot: not sent
             while self.down_since is not None:  # an outage: one probe at a time, the others wait for its answer
-                if self.fatal is not None:
-                    raise self.fatal  # the outage outlasted the patience
+                if self.fatal is not None or (stop is not None and stop.fatal is not None):
+                    raise self.fatal or stop.fatal  # the outage outlasted the patience, or the job stops
                 if not self.probing and time.time() >= self.probe_at:
                     self.probing = probe = True
                     break

@@ -337,7 +337,7 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tok
         if before is not None:
             await before()
         try:
-            async with endpoint.slot(tokens) as held:
+            async with endpoint.slot(tokens, stop) as held:
                 attempts.wait_s += held.seconds
                 response = await send()
         except Exception as exc:  # noqa: BLE001  # sorted right below: a provider's failure vs a bug

@@ -261,6 +261,7 @@ class RuntimeConfig(Checked):
     batch_delay_s: float = 5.0  # the first waiting request waits this long for others before its batch is sent
     batch_poll_s: float = 30.0  # seconds between two status checks of a pending batch
     rate_limit_patience_s: float = 1800.0  # how long one call may wait for a provider's rate limit to reopen
+    outage_patience_s: float = 900.0  # how long a pool waits for an endpoint that stopped answering (then exit 75)
     # a provider pool's limits, given once for every role on it: {<pool>: {rpm, tpm, max_concurrency}}
     # (cupid_exp/llm/pools.py names the pools); e.g. +runtime.pools.openai-gpt-4o.rpm=500
     pools: Dict[str, Any] = field(default_factory=dict)
@@ -280,6 +281,7 @@ class RuntimeConfig(Checked):
                 self.num_retries, "an integer >= 0")
         require_positive(f"{where}.timeout", self.timeout)
         require_positive(f"{where}.rate_limit_patience_s", self.rate_limit_patience_s)
+        require_positive(f"{where}.outage_patience_s", self.outage_patience_s)
         require_positive(f"{where}.progress_every_s", self.progress_every_s, allow_zero=True)
         for name, limits in self.pools.items():
             check_pool_limits(f"{where}.pools.{name}", name, limits)
@@ -309,6 +311,7 @@ class CallSettings:
     num_retries: int  #: repeats of a transient failure (a 429 is waited out instead, up to the patience)
     timeout: float  #: seconds one request may take
     rate_limit_patience_s: float  #: how long one call may wait for a provider's rate limit to reopen
+    outage_patience_s: float  #: how long a pool waits for an endpoint that stopped answering
     dry_run: bool  #: count calls, tokens and cost; send nothing
     dry_run_completion_tokens: int  #: the reply length a dry run assumes
     batch: bool  #: through the providers' Batch APIs (a model's own ``batch`` wins)

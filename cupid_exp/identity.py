@@ -18,8 +18,8 @@ NOT_IDENTITY = {"paths", "tracking", "hydra"}
 #: budgeted: none decides a reply.
 RUNTIME_NOT_IDENTITY = {"progress", "cache", "cache_dir", "resume", "failure_policy", "max_failed_fraction",
                         "retry_failed", "workers", "max_cost_usd", "sweep_max_cost_usd", "timeout", "num_retries",
-                        "rate_limit_patience_s", "batch", "batch_size", "batch_delay_s", "batch_poll_s",
-                        "dry_run_completion_tokens", "pools"}
+                        "rate_limit_patience_s", "outage_patience_s", "batch", "batch_size", "batch_delay_s",
+                        "batch_poll_s", "dry_run_completion_tokens", "pools"}
 #: A model config's throughput, pacing, prices and key variable (``config.ModelConfig``; ``pool``: its provider
 #: pool, where there is one).
 MODEL_NOT_IDENTITY = {"max_concurrency", "rpm", "tpm", "pool", "api_key_env", "input_cost_per_token",

@@ -48,6 +48,8 @@ it is wrong some of the time (the reasons are the markers', from ``faults.known`
 | corrupt_persona_files | N/A | N/A | N/A | N/A | 0 |
 | truncated | 3 | 3 | 3 | 3 | 3 |
 | sigterm | 143 | 143 | 143 | 143 | 143 |
+| outage | 0 | 0 | 0 | 0 | 0 |
+| outage_beyond_patience | 75 | 75 | 75 | 75 | 75 |
 
 N/A:
 - batch × timeout_under_budget, timeouts: a batch has no request that times out: its rows are polled for.
@@ -69,8 +71,10 @@ SIGTERM (to the command's process alone, as ``kill`` or a scheduler sends it), w
 cache and the list of batches before the only run (shared folders a new job may find broken), the others once a first
 run made them; the job must run (exit 0), the file set aside with its bytes and one line naming it (the lock: only
 taken and let go, its bytes are nobody's). A reply cut at max_tokens keeps its whole text (it parses: only its
-finish_reason says so), live and in batch rows, and so does the longer request it is sent again as. Cells
-marked ``slow`` (sweeps, the tracking server, the disk, kills, SIGTERM) run in CI too.
+finish_reason says so), live and in batch rows, and so does the longer request it is sent again as. An outage
+resets every connection for a few seconds after the job's first answers (``outage_beyond_patience``: until the
+resume, past ``runtime.outage_patience_s=1``). Cells marked ``slow`` (sweeps, the tracking server, the disk, kills,
+SIGTERM) run in CI too.
 """
 
 from __future__ import annotations

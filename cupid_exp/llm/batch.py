@@ -26,12 +26,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from cupid_exp.llm.batch_ledger import BatchLedger, request_digest
 from cupid_exp.llm.batch_limits import EnqueuedTokens, token_limit_rejection
 from cupid_exp.llm.limits import estimated_tokens
+from cupid_exp.llm.pools import PROBE_BASE_S, PROBE_CAP_S
+from cupid_exp.llm.retry import is_outage_failure
 from cupid_exp.llm.usage import BatchCounts
 
 log = logging.getLogger(__name__)
@@ -86,6 +89,15 @@ class Guard:
     run: Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]] = _direct
     later: Callable[[str, str], Exception] = _no_stop
     patience_s: float = 1800.0
+    outage_patience_s: float = 900.0  #: how long polling waits for an endpoint that stopped answering
+
+
+class _Gone(Exception):
+    """The endpoint did not answer within ``runtime.outage_patience_s``: ``stop`` is the job's stop for later."""
+
+    def __init__(self, stop: Exception):
+        self.stop = stop
+        super().__init__(str(stop))
 
 
 class RowFailed(Exception):
@@ -229,8 +241,10 @@ class Batcher:
         try:
             while True:
                 try:
-                    batch = await litellm.aretrieve_batch(batch_id=batch_id, **self.kwargs)
-                    failures = 0
+                    batch = await self._answered(lambda: litellm.aretrieve_batch(batch_id=batch_id, **self.kwargs))
+                except _Gone as gone:
+                    self._stop(rows, gone.stop)
+                    return
                 except Exception as exc:  # noqa: BLE001
                     failures += 1
                     if failures >= 10:  # a batch whose status cannot be read: its rows fail, the run goes on
@@ -240,12 +254,52 @@ class Batcher:
                         return
                     await asyncio.sleep(min(self.settings.poll_s, 2.0 ** failures))
                     continue
+                failures = 0
                 if batch.status in FINAL_STATES:
-                    await self._collect(batch, rows)
+                    try:
+                        await self._collect(batch, rows)
+                    except _Gone as gone:
+                        self._stop(rows, gone.stop)
                     return
                 await asyncio.sleep(self.settings.poll_s)
         finally:
             self.counts.pending -= 1
+
+    def _stop(self, rows: dict[str, str], stop: Exception) -> None:
+        """The endpoint did not come back within the patience: the rows' calls get the job's stop for later."""
+        for digest in rows.values():
+            if digest in self._waiting:
+                self._fail(self._waiting[digest], stop)
+
+    async def _answered(self, send: Callable[[], Awaitable[Any]]) -> Any:
+        """``send()`` (a poll, a result file's download) until the endpoint answers: an outage (no connection, a
+        5xx) is waited out with capped backoff, one line when it begins and one when it ends; past
+        ``runtime.outage_patience_s`` raises ``_Gone`` with the job's stop for later."""
+        down, tries = None, 0
+        where = self.endpoint.get("api_base") or self.endpoint["model"]
+        while True:
+            try:
+                answer = await send()
+            except Exception as exc:  # noqa: BLE001  # anything but an outage is the caller's to sort
+                if not is_outage_failure(exc):
+                    raise
+                now = time.time()
+                down = down or now
+                if now - down > self.guard.outage_patience_s:
+                    raise _Gone(self.guard.later("unreachable", (
+                        f"provider {where} has not answered since {time.strftime('%H:%M:%S', time.localtime(down))} "
+                        f"({now - down:.0f} s, runtime.outage_patience_s={self.guard.outage_patience_s:g}): "
+                        + " ".join(str(exc).split())[:300]))) from exc
+                wait = min(self.settings.poll_s, PROBE_BASE_S * 2 ** tries, PROBE_CAP_S)
+                if tries == 0:
+                    log.warning("provider %s unreachable since %s; waiting, next try in %.1f s", where,
+                                time.strftime("%H:%M:%S", time.localtime(down)), wait)
+                tries += 1
+                await asyncio.sleep(wait)
+                continue
+            if down is not None:
+                log.warning("provider %s answers again after %.0f s; polling resumed", where, time.time() - down)
+            return answer
 
     async def _read(self, file_id: str | None) -> tuple[list[dict[str, Any]], int]:
         """A result file's entries, and how many of its lines could not be read."""
@@ -253,7 +307,7 @@ class Batcher:
 
         if not file_id:
             return [], 0
-        content = await litellm.afile_content(file_id=file_id, **self.kwargs)
+        content = await self._answered(lambda: litellm.afile_content(file_id=file_id, **self.kwargs))
         out, unread = [], 0
         for line in content.content.decode("utf-8", "replace").splitlines():
             if not line.strip():

@@ -95,13 +95,14 @@ def client_guard(client: Any) -> Guard:
         response, _ = await with_retries(
             send, client.pool, tokens=0, num_retries=client.settings.num_retries,
             patience_s=client.settings.rate_limit_patience_s, classify=provider_error_kind, model=client.model.name,
-            roles=client.roles, scrub=client._scrub, stop=client.stop)
+            roles=client.roles, scrub=client._scrub, stop=client.stop,
+            outage_patience_s=client.settings.outage_patience_s)
         return response
 
     def later(kind: str, message: str) -> FatalProviderError:
         return _stop(client, RetryLater(client.model.name, kind, client._scrub(message), client.roles))
 
-    return Guard(run, later, client.settings.rate_limit_patience_s)
+    return Guard(run, later, client.settings.rate_limit_patience_s, client.settings.outage_patience_s)
 
 
 def _stop(client: Any, fatal: FatalProviderError) -> FatalProviderError:

@@ -277,7 +277,7 @@ class LLMClient:
                         lambda: self._attempt(messages, kwargs, bill), self.pool, tokens=tokens,
                         num_retries=self.settings.num_retries, patience_s=self.settings.rate_limit_patience_s,
                         classify=provider_error_kind, model=self.model.name, roles=self.roles, scrub=self._scrub,
-                        stop=self.stop, before=reserve)
+                        stop=self.stop, before=reserve, outage_patience_s=self.settings.outage_patience_s)
                 finally:
                     bill.release_unused()
         except CallFailed as failed:

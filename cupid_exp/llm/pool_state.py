@@ -1,6 +1,7 @@
 """What the processes calling one pool tell each other (a job's workers, a sweep's parallel jobs on one key):
-a pause, a cut of the concurrency limit, the limits a provider stated, a pace learned from refusals, and who
-is calling (they split a bound given once). The pacer's schedule has its own ledger (``limits.Pacer``).
+a pause, a cut of the concurrency limit, the limits a provider stated, a pace learned from refusals, who
+is calling (they split a bound given once), and when the endpoint last answered (a process that starts during an
+outage waits for it as the others do, instead of taking it for an endpoint that never answered). The pacer's schedule has its own ledger (``limits.Pacer``).
 
 One small JSON file per pool under ``runtime.cache_dir/rate_limits/``, read and written under a ``filelock``
 at most every ``pools.SYNC_S`` per process and at each 429: a process that met a 429 publishes at once, the
@@ -19,6 +20,7 @@ from typing import Any
 
 FRESH_S = 120.0  #: stated or learned limits older than this are not adopted
 CALLING_S = 3.0  #: a process that has not exchanged for this long no longer takes a share of a given bound
+ANSWERED_S = 1.0  #: when the endpoint last answered is published at most this precisely (one write a second)
 
 
 @dataclass
@@ -67,6 +69,10 @@ class SharedPoolState:
                 state["paused_until"] = pool.paused_until
                 changed = True
             pool.paused_until = max(pool.paused_until, state.get("paused_until", 0.0))
+            if pool.answered_at > state.get("answered", 0.0) + ANSWERED_S:
+                state["answered"] = pool.answered_at
+                changed = True
+            pool.answered_at = max(pool.answered_at, state.get("answered", 0.0))
             if self._cut:
                 state["cut"] = {"at": now, "by": self.me}
                 self._cut, changed = False, True

@@ -28,7 +28,10 @@ and always one per key (the key enters only as a hash). A pool holds (``cupid_ex
 - a pause: a 429 that says how long to wait holds every caller until then (not while a learned pace is in
   force and the wait is a window or less: a provider that sends only whole-second ``retry-after`` would idle
   the pool a second per refusal);
-- whether it refused for good (a bad key, an unknown model, no connection ever): later calls are not sent.
+- whether it refused for good (a bad key, an unknown model, no connection ever): later calls are not sent;
+- an outage: an endpoint that answered before and stops (connections refused or reset, 5xx from several calls)
+  holds every caller while one probe at a time, with capped backoff, asks whether it is back
+  (``cupid_exp.llm.retry.with_retries`` decides when, and stops the job past ``runtime.outage_patience_s``).
 
 Processes on one pool (a job's workers, a sweep's parallel jobs) share the pace through the pacer's ledger and
 the rest through ``runtime.cache_dir/rate_limits/<pool>.pool.json`` (``cupid_exp.llm.pool_state``), read and
@@ -40,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import os
 import re
 import time
@@ -53,6 +57,9 @@ from cupid_exp.llm.limits import WINDOW_S, AdaptiveLimit, Pacer, RefusalPace
 from cupid_exp.llm.pool_state import SharedPoolState
 from cupid_exp.llm.retry import FatalProviderError, told_limits
 
+log = logging.getLogger(__name__)
+
+PROBE_BASE_S, PROBE_CAP_S = 0.5, 30.0  #: an outage's probes: after 0.5, 1, 2 ... s, then every 30 s
 SYNC_S = 0.5  #: how often a pool exchanges its news with the other processes' (and counts into the job's meter)
 HEAR_FIRST = 50  #: the replies whose headers may state the limits (a provider that sent none by then sends none)
 
@@ -104,6 +111,7 @@ class PoolLimits:
 @dataclass
 class Held:
     seconds: float  #: how long the request waited for the pause and the pacer
+    probe: bool = False  #: sent to learn whether an endpoint that stopped answering is back
 
 
 class Pool:
@@ -127,8 +135,15 @@ class Pool:
         self.share = 1.0  #: this process's part of a given bound (the live processes split it)
         self.meter: Any = None  #: the job's usage meter (its latest client's): per-pool counts go there
         self.sent = self.peak = 0  #: requests sent and the most in flight at once, since the meter was set
-        self._answered_429, self._waited = 0, 0.0  #: counted since the last flush into the meter
+        self._answered_429, self._waited, self._outages = 0, 0.0, 0  #: counted since the last flush into the meter
         self._sync_due = 0.0
+        self.down_since: float | None = None  #: wall clock: the first failure of an outage (None: answering)
+        self.answered_at = 0.0  #: wall clock: the endpoint's last reply to this process or another on the pool
+        self.probe_at = 0.0  #: wall clock: when the next probe may go
+        self.probing = False  #: a probe is in flight
+        self.probes = self.outages = 0  #: failed probes of this outage; outages met
+        self._failing: set[int] = set()  #: calls that met an outage's failure since the last answer
+        self._failing_since: float | None = None
 
     # ------------------------------------------------------------ membership
 
@@ -183,16 +198,24 @@ class Pool:
     # ------------------------------------------------------------ one request
 
     @asynccontextmanager
-    async def slot(self, tokens: int) -> AsyncIterator[Held]:
-        """Held while one request is in flight: after the pause, within the concurrency limit, at the pace."""
+    async def slot(self, tokens: int, stop: Any = None) -> AsyncIterator[Held]:
+        """Held while one request is in flight: after the pause, within the concurrency limit, at the pace.
+        ``stop``: the job's (``retry.JobStop``), which ends a wait for an outage to pass."""
         if time.monotonic() >= self._sync_due:
             self.sync()
-        waited = 0.0
+        waited, probe = 0.0, False
         limit = self.concurrency
         await limit.acquire()
         try:
             if self.fatal is not None:
                 raise self.fatal  # found refusing while this call waited for its slot: not sent
+            while self.down_since is not None:  # an outage: one probe at a time, the others wait for its answer
+                if self.fatal is not None or (stop is not None and stop.fatal is not None):
+                    raise self.fatal or stop.fatal  # the outage outlasted the patience, or the job stops
+                if not self.probing and time.time() >= self.probe_at:
+                    self.probing = probe = True
+                    break
+                await asyncio.sleep(0.1 if self.probing else min(0.5, max(0.01, self.probe_at - time.time())))
             if limit.in_flight > self.peak:
                 self.peak = limit.in_flight
             while (hold := self.paused_until - time.time()) > 0:
@@ -212,8 +235,10 @@ class Pool:
             if waited:
                 self.wait_s += waited
                 self._waited += waited
-            yield Held(waited)
+            yield Held(waited, probe)
         finally:
+            if probe:
+                self.probing = False
             limit.release()
 
     def rate_limited(self, told: tuple[float | None, float | None], hint: float | None, wait: float) -> None:
@@ -245,6 +270,10 @@ class Pool:
         """A reply: the concurrency limit grows; the limits the reply's headers state (OpenAI sends them with every
         response) pace the pool before any 429, where no limit is known yet."""
         self.successes += 1
+        self.answered_at = time.time()
+        if self.successes == 1 and self.shared is not None:
+            self.sync()  # the others learn at once that the endpoint answers (``has_answered``)
+        self.answers()
         self.concurrency.succeeded(time.monotonic())
         if self.pacer.scale < 1.0:
             self.pacer.succeeded()
@@ -255,6 +284,61 @@ class Pool:
                 self._repace()
                 if self.shared is not None:
                     self.shared.told(self.told)
+
+    # ------------------------------------------------------------ an outage
+
+    def no_answer(self, call: object) -> None:
+        """A request of ``call`` failed as an outage fails them all (no connection, a 5xx)."""
+        if self._failing_since is None:
+            self._failing_since = time.time()
+        self._failing.add(id(call))
+
+    def has_answered(self, within_s: float) -> bool:
+        """The endpoint answered this process, or another on the pool within ``within_s`` (an outage's patience):
+        what tells an outage from an endpoint that never answered."""
+        return self.successes > 0 or time.time() - self.answered_at < within_s
+
+    def went_down(self, call: object, connection: bool, hint: float | None, message: str, patience_s: float) -> bool:
+        """``call`` has used its retries on an outage's failure: whether the pool is down (then it pauses, and one
+        line says so). Not for an endpoint that never answered (it stays a fast exit 2: ``REFUSED_BEFORE_FATAL``),
+        nor for one call's 5xx alone (its request may be what fails)."""
+        if self.down_since is not None:
+            return True
+        if not self.has_answered(patience_s) or (not connection and len(self._failing - {id(call)}) < 1):
+            return False
+        self.down_since = self._failing_since or time.time()
+        self.probes = 0
+        self.outages += 1
+        self._outages += 1
+        wait = self._probe_wait(hint)
+        self.probe_at = time.time() + wait
+        since = time.strftime("%H:%M:%S", time.localtime(self.down_since))
+        log.warning("provider %s unreachable since %s; waiting, next try in %.1f s (%s)", self.label, since, wait,
+                    message)
+        return True
+
+    def probe_failed(self, hint: float | None, patience_s: float) -> bool:
+        """The probe found the endpoint still down: the next one later (capped backoff, or the wait a 503 asked),
+        the last at the end of the patience; False when the patience is used up."""
+        now = time.time()
+        left = (self.down_since or now) + patience_s - now
+        if left <= 0:
+            return False
+        self.probes += 1
+        self.probe_at = now + min(left, self._probe_wait(hint))
+        return True
+
+    def answers(self) -> None:
+        """The endpoint answered (a reply, or a refusal that is an answer): an outage is over."""
+        self._failing.clear()
+        self._failing_since = None
+        if self.down_since is not None:
+            log.warning("provider %s answers again after %.0f s; sending resumed", self.label,
+                        time.time() - self.down_since)
+            self.down_since = None
+
+    def _probe_wait(self, hint: float | None) -> float:
+        return min(PROBE_CAP_S, hint if hint is not None else PROBE_BASE_S * 2 ** min(self.probes, 30))
 
     def pause(self, seconds: float) -> None:
         self.paused_until = max(self.paused_until, time.time() + seconds)
@@ -292,6 +376,9 @@ class Pool:
         if self._answered_429 or self._waited:
             self.meter.pool_count(self.label, answered_429=self._answered_429, wait_s=self._waited)
             self._answered_429, self._waited = 0, 0.0
+        if self._outages:
+            self.meter.pool_count(self.label, outages=self._outages)
+            self._outages = 0
         self.meter.pool_state(self.label, peak_in_flight=self.peak, concurrency=int(self.concurrency.limit),
                               rpm=float(self.pacer.rpm or 0.0))
 
@@ -344,6 +431,7 @@ def pool_metrics() -> dict[str, float]:
         out[f"{key}/concurrency"] = float(int(pool.concurrency.limit))
         out[f"{key}/wait_s"] = pool.wait_s
         out[f"{key}/answered_429"] = float(pool.answered_429)
+        out[f"{key}/outages"] = float(pool.outages)
         if pool.pacer.rpm:
             out[f"{key}/rpm"] = float(pool.pacer.rpm)
     return out

@@ -12,6 +12,10 @@ anyone else sees them; the client turns them off (``num_retries=0``, ``max_retri
   stops starting instances (``cupid_exp.job.execute``) and exits 2;
 - a rate limit whose wait outlasts what is left of the patience (a daily limit asks for hours) raises
   ``RetryLater``: the job stops the same way, and exits 75 (try again later), its instances in flight unfailed;
+- an outage (an endpoint that answered before stops answering: connections refused or reset, 5xx from several
+  calls): a call that has used its retries on it does not fail; it pauses the pool (``Pool.went_down``), whose
+  callers wait while one probe at a time, with capped backoff, asks whether the endpoint is back. Past
+  ``runtime.outage_patience_s`` the job stops for later (``RetryLater``, exit 75);
 - anything else (a context window, a 400) fails the call at once.
 """
 
@@ -31,6 +35,7 @@ RATE_LIMIT, TRANSIENT, FATAL, FINAL = "rate_limit", "transient", "fatal", "final
 BACKOFF_BASE_S, BACKOFF_CAP_S = 0.5, 60.0
 RATE_LIMIT_BASE_S = 1.0  # a 429 without any hint: 1, 2, 4 ... s (full jitter), at most BACKOFF_CAP_S
 REFUSED_BEFORE_FATAL = 3  # connection refusals, with no success ever, that make an endpoint unreachable
+OUTAGE_PATIENCE_S = 900.0  # runtime.outage_patience_s's default: how long a pool waits for its endpoint to answer
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _TRY_AGAIN = re.compile(r"try again in ((?:\d+(?:\.\d+)?(?:ms|h|m|s))+)(?![a-z])", re.IGNORECASE)
@@ -234,6 +239,33 @@ def is_connection_refused(exc: BaseException) -> bool:
     return False
 
 
+_DROPPED = ("ConnectError", "ClientConnectorError", "RemoteProtocolError", "ReadError", "WriteError",
+            "ServerDisconnectedError", "ClientOSError")  # httpx's and aiohttp's names for a connection gone
+
+
+def is_connection_failure(exc: BaseException) -> bool:
+    """No answer at all: the connection refused, reset or closed unanswered, the host unknown (not a timeout)."""
+    import socket
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (ConnectionError, socket.gaierror)) or type(exc).__name__ in _DROPPED:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def is_outage_failure(exc: BaseException) -> bool:
+    """A failure an outage gives every request alike: no connection, or a 5xx (a proxy's 502/503/504 included)."""
+    status = getattr(exc, "status_code", None)
+    if type(exc).__name__ in ("Timeout", "APITimeoutError") or isinstance(exc, TimeoutError):
+        return False  # a slow reply is the request's, not a sign the endpoint is gone
+    if is_connection_failure(exc):
+        return True
+    return isinstance(status, int) and status >= 500 and type(exc).__name__ != "APIConnectionError"
+
+
 @dataclass(frozen=True)
 class Decision:
     what: str  #: RATE_LIMIT, TRANSIENT, FATAL or FINAL
@@ -285,7 +317,8 @@ class CallFailed(Exception):
 async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tokens: int, num_retries: int,
                        patience_s: float, classify: Callable[[BaseException], str | None], model: str,
                        roles: tuple[str, ...], scrub: Callable[[str], str], stop: JobStop | None = None,
-                       before: Callable[[], Awaitable[None]] | None = None) -> tuple[Any, Attempts]:
+                       before: Callable[[], Awaitable[None]] | None = None,
+                       outage_patience_s: float = OUTAGE_PATIENCE_S) -> tuple[Any, Attempts]:
     """``send()`` once per attempt inside the endpoint's slot, until a reply, a final failure (``CallFailed``),
     a fatal refusal (``FatalProviderError``) or a bug (raised unchanged). ``before()`` runs ahead of each
     attempt, outside the slot: the attempt's budget reservation, which may wait for others' to come back (a slot
@@ -294,7 +327,9 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tok
 
     attempts = Attempts()
     started = time.monotonic()
+    call = object()  # this call, among those whose failures make up the pool's run of failures
     while True:
+        held = None
         if stop is not None and stop.fatal is not None:
             raise stop.fatal  # the job stops: no new request, whichever endpoint
         if endpoint.fatal is not None:
@@ -302,7 +337,7 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tok
         if before is not None:
             await before()
         try:
-            async with endpoint.slot(tokens) as held:
+            async with endpoint.slot(tokens, stop) as held:
                 attempts.wait_s += held.seconds
                 response = await send()
         except Exception as exc:  # noqa: BLE001  # sorted right below: a provider's failure vs a bug
@@ -310,9 +345,15 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tok
             if kind is None:
                 raise
             decision = decide(exc, kind)
+            outage = decision.what == TRANSIENT and is_outage_failure(exc)
+            if outage:
+                endpoint.no_answer(call)
+            elif endpoint.down_since is not None and kind != "timeout" and isinstance(getattr(
+                    exc, "status_code", None), int):
+                endpoint.answers()  # a 429 or a 400 is an answer: the endpoint is back
             if decision.what == TRANSIENT and is_connection_refused(exc):
                 endpoint.refused += 1
-                if endpoint.successes == 0 and endpoint.refused >= REFUSED_BEFORE_FATAL:
+                if not endpoint.has_answered(outage_patience_s) and endpoint.refused >= REFUSED_BEFORE_FATAL:
                     decision = Decision(FATAL, "unreachable")
             if decision.what == FATAL:
                 if endpoint.fatal is None:
@@ -338,6 +379,20 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tok
                 # on it: callers held by an hour's pause would not see the stop)
                 endpoint.rate_limited(told_limits(headers), hint, wait)
                 attempts.rate_limited += 1
+            elif outage and (endpoint.down_since is not None or (
+                    attempts.retries >= num_retries and endpoint.went_down(call, is_connection_failure(exc), hint,
+                                                                           scrub(_message(exc)), outage_patience_s))):
+                # the pool's outage, not this call's failure: it waits in the pool's slot with every other caller
+                # while one probe at a time asks whether the endpoint is back (``Pool.slot``)
+                if held is not None and held.probe and not endpoint.probe_failed(hint, outage_patience_s):
+                    later = RetryLater(model, "unreachable", scrub(_outage_over(endpoint, exc, outage_patience_s)),
+                                       roles)
+                    if endpoint.fatal is None:
+                        endpoint.fatal = later
+                    if stop is not None and stop.fatal is None:
+                        stop.fatal = later
+                    raise CallFailed("unreachable", exc, attempts, fatal=True) from exc
+                continue
             elif decision.what == TRANSIENT and attempts.retries < num_retries:
                 wait = hint if hint is not None else backoff_s(attempts.retries)
                 attempts.retries += 1
@@ -356,6 +411,13 @@ def _beyond_patience(exc: BaseException, hint: float | None, wait: float, spent:
     asked = f"the provider asks to wait {wait:.0f} s" if hint is not None else f"still refused, next try in {wait:.1f} s"
     return (f"{asked}, more than the {max(0.0, patience_s - spent):.0f} s left of runtime.rate_limit_patience_s="
             f"{patience_s:g} (rate-limited for {spent:.0f} s so far): {_message(exc)}")
+
+
+def _outage_over(endpoint: Any, exc: BaseException, patience_s: float) -> str:
+    """The stop's words when the endpoint did not come back within the patience."""
+    since = time.strftime("%H:%M:%S", time.localtime(endpoint.down_since))
+    return (f"provider {endpoint.label} has not answered since {since} ({time.time() - endpoint.down_since:.0f} s, "
+            f"runtime.outage_patience_s={patience_s:g}): {_message(exc)}")
 
 
 def _message(exc: BaseException, n: int = 300) -> str:

@@ -150,7 +150,7 @@ class UsageMeter:
         self._count(step, {"gave_up": 1})
 
     def pool_count(self, pool: str, **added: float) -> None:
-        """A pool's 429s and seconds waited (``cupid_exp.llm.pools.Pool.flush``)."""
+        """A pool's 429s, seconds waited and outages met (``cupid_exp.llm.pools.Pool.flush``)."""
         self._count(POOL + pool, added)
 
     def pool_state(self, pool: str, **values: float) -> None:
@@ -254,7 +254,8 @@ def _pool_metrics(pool: str, counts: dict[str, float]) -> dict[str, float]:
             f"pools/{pool}/concurrency": sum(each("concurrency")),
             f"pools/{pool}/rpm": max(each("rpm"), default=0.0),
             f"pools/{pool}/answered_429": counts.get("answered_429", 0.0),
-            f"pools/{pool}/wait_s": counts.get("wait_s", 0.0)}
+            f"pools/{pool}/wait_s": counts.get("wait_s", 0.0),
+            **({f"pools/{pool}/outages": counts["outages"]} if counts.get("outages") else {})}
 
 
 def usage_line(metrics: dict[str, float], seconds: float | None = None) -> str:

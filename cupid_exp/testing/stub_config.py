@@ -55,6 +55,9 @@ class StubConfig:
     omit_usage: bool = False  # replies (live and batch rows) carry no ``usage``: billed by the stub's own count
     rate_empty_choices: float = 0.0  # a 200 with ``choices: []`` (usage: the prompt, billed)
     rate_content_null: float = 0.0  # a 200 whose message has ``content: null``, no refusal, no tool call
+    outage_after: int = 0  # an outage begins at the request after this many (any route, the Batch API's too) ...
+    outage_s: float = 0.0  # ... and lasts this long (inf: until switched off); 0: no outage
+    outage_kind: str = "reset"  # "reset": connections closed unanswered (a server gone); "502"|"503"|"504": a proxy's
 
 
 def stub_arguments(argv: list[str] | None, description: str) -> tuple[int, StubConfig]:
@@ -72,7 +75,7 @@ def stub_arguments(argv: list[str] | None, description: str) -> tuple[int, StubC
         elif isinstance(f.default, bool):
             p.add_argument(flag, action="store_true")
         elif f.name in ("context_error", "judge_score", "fail_first_kind", "giveup_match", "refuse",
-                        "rate_limit_style"):
+                        "rate_limit_style", "outage_kind"):
             p.add_argument(flag, default=f.default)
         else:
             p.add_argument(flag, type=type(f.default), default=f.default)

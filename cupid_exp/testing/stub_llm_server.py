@@ -27,7 +27,9 @@ was seen), so a run's faults do not depend on the order in which concurrent requ
 Counters per step (requests received, responses completed, faults by kind) are available
 in-process (``StubServer.stats()``) and over HTTP (``GET /stats``). A test can also close a
 *gate* after N completed responses: further requests are received but held unanswered until
-the gate opens — the moment to SIGKILL a client with a known set of requests in flight.
+the gate opens — the moment to SIGKILL a client with a known set of requests in flight. An *outage*
+(``outage_after``, ``outage_s``, ``outage_kind``) leaves every request unanswered for a while, on every route,
+and counts them (``stats()["outage"]``).
 
 CLI (for bench/ and manual use)::
 
@@ -83,6 +85,10 @@ class _Counters:
     tokens: Counter = field(default_factory=Counter)  # prompt/completion tokens of the completed responses
     billed: Counter = field(default_factory=Counter)  # requests, prompt_tokens, completion_tokens: what was billed
     rate_limit_styles: Counter = field(default_factory=Counter)  # 429s sent, by how they said the wait
+    requests: int = 0  # every request on any route (the outage's count)
+    outage_unanswered: int = 0  # requests the outage left unanswered (reset, or a proxy's 5xx)
+    outage_started: float | None = None  # wall clock
+    outage_ended: float | None = None  # ... when the first request after it was answered
     early_retries: int = 0  # requests sent again before the wait their 429 asked for was over
 
 
@@ -181,6 +187,33 @@ class StubServer:
                 self._gate.wait(left)
             return True
 
+    def _outage(self, handler: Any) -> bool:
+        """Whether this request falls in the outage (``outage_after``, ``outage_s``): then it is left unanswered
+        as ``outage_kind`` says (the connection reset, or a proxy's 502/503/504 page)."""
+        import socket
+        import struct
+
+        with self._lock:
+            c, cfg = self.counters, self.config
+            c.requests += 1
+            if not cfg.outage_s or (c.outage_started is None and c.requests <= cfg.outage_after):
+                return False
+            now = time.time()
+            if c.outage_started is None:
+                c.outage_started = now
+            if now - c.outage_started >= cfg.outage_s:
+                c.outage_ended = c.outage_ended or now
+                return False
+            c.outage_unanswered += 1
+        handler.close_connection = True
+        if cfg.outage_kind == "reset":  # closed with a RST: the client sees its connection reset, no answer
+            handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        else:
+            status = int(cfg.outage_kind)
+            handler._send(status, f"<html><body><h1>{status} {'Bad Gateway' if status == 502 else 'Unavailable'}"
+                                  f"</h1></body></html>".encode(), "text/html")
+        return True
+
     def stats(self) -> dict[str, Any]:
         with self._lock:
             c = self.counters
@@ -193,7 +226,9 @@ class StubServer:
                     "billed": {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, **c.billed},
                     "rate_limited": sum(f.get("429", 0) for f in c.faults.values()),
                     "rate_limit_styles": dict(c.rate_limit_styles), "early_retries": c.early_retries,
-                    "limits_ideal_s": self.limits.ideal_s}
+                    "limits_ideal_s": self.limits.ideal_s,
+                    "outage": {"unanswered": c.outage_unanswered, "started": c.outage_started,
+                               "ended": c.outage_ended}}
 
     def __enter__(self) -> "StubServer":
         self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
@@ -265,6 +300,8 @@ class StubServer:
                 return True
 
             def do_GET(self) -> None:  # noqa: N802
+                if self.path.rstrip("/") not in ("/stats", "/health") and server._outage(self):
+                    return
                 if self._batch_api("GET", b""):
                     return
                 if self.path.rstrip("/") in ("/v1/models", "/models"):
@@ -286,6 +323,8 @@ class StubServer:
                 if self.path.rstrip("/") == "/reset":
                     server.reset()
                     self._send(200, b"{}")
+                    return
+                if server._outage(self):
                     return
                 if self._batch_api("POST", raw):
                     return

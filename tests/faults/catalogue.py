@@ -217,6 +217,34 @@ def _lock_taken(ev: Evidence) -> None:
 #: (~$0.00135), come to ~$0.0054, under $0.006, and the persona fails on its timeouts (exit 3) before a budget of
 #: $0.006 binds; at ~2.5 requests' worth the budget refuses the third request
 _TIMEOUT_BUDGET = {"synthesis": 0.0034}
+OUTAGE_S = 3.0  #: seconds the stub leaves every request unanswered, once the job's first requests were answered
+OUTAGE_RETRIES = ("runtime.num_retries=1",)  #: a call's retries (0.5 + 1 s at most) end well inside the outage
+
+
+def _outage(mode: str, seconds: float) -> dict[str, Any]:
+    """The stub stops answering (connections reset) after the job's first requests: a sweep's two jobs and two
+    workers each had an answer first (a process that never had one would take it for a dead endpoint); synthesis
+    is a chain, its calls go out one after another."""
+    return {"outage_after": {"sync": 3, "batch": 3, "synthesis": 4}.get(mode, 6), "outage_s": seconds,
+            "outage_kind": "reset"}
+
+
+def _unanswered(ev: Evidence) -> None:
+    """Requests went unanswered after the job's first ones were answered (it starts after ``outage_after``); a job
+    stopped for later writes no metrics: its line names the patience."""
+    outage = ev.stats["outage"]
+    assert outage["unanswered"] >= 1 and outage["started"] is not None, outage
+
+
+def _outage_happened(ev: Evidence) -> None:
+    """Requests went unanswered after some were answered, and (a job's own count) a pool paused for it."""
+    _unanswered(ev)
+    assert ev.stats["outage"]["ended"] is not None  # ... and it ended: later requests were answered
+    if ev.cell.mode != "batch":  # a batch's polls wait on their own (no pool between them and the endpoint)
+        assert any(sum(v for k, v in m.items() if k.startswith("pools/") and k.endswith("/outages")) >= 1
+                   for m in job_metrics(ev.cell)), job_metrics(ev.cell)
+
+
 NO_TIMEOUT_IN_A_BATCH = "a batch has no request that times out: its rows are polled for (hours of latency)"
 NO_BATCH_ROW_FAULT = ("the Batch API's rows are answered by its queue, not the live endpoint: a live reply's fault has "
                       "no batch form here (a row's failure is its status in the output file: the 5xx row)")
@@ -318,6 +346,13 @@ FAULTS = [
           lambda mode, cell, port: Arrangement(stub={"latency_ms": 300}, budget=1.0,
                                                resume=("runtime.max_cost_usd=1",)),
           _sent, driver="sigterm", slow=True),
+    # issue 40, item 1: an outage is a pause
+    Fault("outage", 0, "", lambda mode, cell, port: Arrangement(stub=_outage(mode, OUTAGE_S), both=OUTAGE_RETRIES),
+          _outage_happened),
+    Fault("outage_beyond_patience", 75, "runtime.outage_patience_s=1",
+          lambda mode, cell, port: Arrangement(stub=_outage(mode, float("inf")), both=OUTAGE_RETRIES,
+                                               on=("runtime.outage_patience_s=1",)),
+          _unanswered),
 ]
 
 

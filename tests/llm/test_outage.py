@@ -1,0 +1,109 @@
+"""An outage is a pause (issue 40): an endpoint that answered and then stops (connections reset, a proxy's 503s) is
+waited for, one probe at a time, and no call fails for it; past ``runtime.outage_patience_s`` the job stops for
+later (``RetryLater``, exit 75); one call's own 5xx is not an outage. Against the stub's outage
+(``outage_after``, ``outage_s``, ``outage_kind``), whose counters prove it happened."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+
+from cupid_exp.config import ModelConfig, RuntimeConfig
+from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
+from cupid_exp.llm.pools import forget_pools
+from cupid_exp.llm.retry import RetryLater
+from cupid_exp.llm.usage import UsageMeter, usage_metrics
+from cupid_exp.testing.batch_api import BatchQueueConfig
+from cupid_exp.testing.stub_llm_server import StubServer
+
+
+def client(url: str, tmp_path: Path, **runtime) -> tuple[LLMClient, UsageMeter]:
+    forget_pools()
+    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False,
+                       **{"num_retries": 1, "timeout": 10, **runtime}).call_settings()
+    configure_litellm(rt)
+    meter = UsageMeter()
+    model = ModelConfig(name="stub", litellm_model="openai/stub", api_base=url, max_concurrency=4)
+    return LLMClient(model, rt, meter), meter
+
+
+def ask(c: LLMClient, n: int, text: str = "hello") -> list:
+    async def run():
+        return await asyncio.gather(*(c.complete([{"role": "user", "content": f"{text} {i}"}], step="s")
+                                      for i in range(n)), return_exceptions=True)
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("kind", ["reset", "503"])
+def test_an_outage_mid_run_pauses_the_pool_and_no_call_fails(tmp_path: Path, kind: str, caplog) -> None:
+    with StubServer(outage_after=6, outage_s=1.5, outage_kind=kind) as stub:
+        c, meter = client(stub.url, tmp_path)
+        with caplog.at_level(logging.WARNING, logger="cupid_exp.llm.pools"):
+            out = ask(c, 16)
+        outage = stub.stats()["outage"]
+    assert outage["unanswered"] >= 4 and outage["ended"] is not None, outage  # it happened, and it ended
+    assert [o for o in out if isinstance(o, BaseException)] == []
+    assert c.pool.outages == 1 and c.pool.down_since is None
+    assert usage_metrics(meter)[f"pools/{c.pool.label}/outages"] == 1  # the job's own count
+    # the calls in flight met it (at most 4 x 2 attempts), then one probe at a time: not every waiting call
+    assert outage["unanswered"] <= 4 * 2 + 6, outage
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("unreachable since" in s and "waiting, next try in" in s for s in said) == 1, said
+    assert any("answers again" in s for s in said), said
+
+
+def test_an_outage_beyond_the_patience_stops_the_job_for_later(tmp_path: Path) -> None:
+    with StubServer(outage_after=2, outage_s=float("inf")) as stub:
+        c, meter = client(stub.url, tmp_path, outage_patience_s=1.0)
+        out = ask(c, 6)
+        unanswered = stub.stats()["outage"]["unanswered"]
+    assert unanswered >= 2
+    assert sum(isinstance(o, dict) or not isinstance(o, BaseException) for o in out) == 2  # before the outage
+    stops = [o for o in out if isinstance(o, BaseException)]
+    assert stops and all(isinstance(o, RetryLater) and not isinstance(o, ProviderError) for o in stops), stops
+    assert stops[0].kind == "unreachable" and "runtime.outage_patience_s=1" in str(stops[0])
+    assert "\n" not in stops[0].line()
+
+
+def test_one_calls_own_5xx_is_not_an_outage(tmp_path: Path) -> None:
+    """A request the server fails every time, among requests it answers, fails that call alone."""
+    with StubServer(giveup_match="doomed") as stub:
+        c, meter = client(stub.url, tmp_path)
+        ask(c, 2)  # the endpoint answers
+        (out,) = ask(c, 1, text="doomed")
+    assert isinstance(out, ProviderError) and c.pool.outages == 0
+
+
+def test_an_outage_while_a_batch_is_polled_is_waited_out(tmp_path: Path, caplog) -> None:
+    """Requests 1 and 2 upload the file and create the batch; its polls then meet a 3 s outage (without the wait,
+    ten failed polls fail every row)."""
+    with StubServer(outage_after=2, outage_s=3.0, batch=BatchQueueConfig(complete_after_s=0.1)) as stub:
+        c, meter = client(stub.url, tmp_path, batch=True, batch_delay_s=0.1, batch_poll_s=0.1)
+        with caplog.at_level(logging.WARNING, logger="cupid_exp.llm.batch"):
+            out = ask(c, 3)
+        outage = stub.stats()["outage"]
+    assert outage["unanswered"] >= 1 and outage["ended"] is not None and stub.batches.uploads == 1, outage
+    assert [o for o in out if isinstance(o, BaseException)] == []
+    assert any("unreachable since" in r.getMessage() for r in caplog.records)
+
+
+def test_a_process_that_starts_during_an_outage_knows_the_endpoint_answered(tmp_path: Path) -> None:
+    """A sweep's later job (or a worker) whose first requests meet the outage waits for it as the others do: the
+    pool's state file says when the endpoint last answered; an answer older than the patience does not count."""
+    from cupid_exp.llm.pool_state import SharedPoolState
+    from cupid_exp.llm.pools import Pool, PoolLimits
+
+    first, second = (Pool("p", "p", tmp_path) for _ in range(2))
+    second.shared = SharedPoolState(tmp_path / "p.pool.json", me="another process")
+    for pool in (first, second):
+        pool.join("cfg", 4, None, None, PoolLimits(), None)
+    second.sync()
+    assert not second.has_answered(900.0)  # nobody had an answer: a dead endpoint stays a fast exit 2
+    first.succeeded()  # the first answer is published at once
+    second.sync()
+    assert second.successes == 0 and second.has_answered(900.0)
+    second.answered_at -= 1000.0  # an answer older than the patience: an endpoint found dead today is not waited for
+    assert not second.has_answered(900.0)

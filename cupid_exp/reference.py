@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import io
 import tokenize
+from functools import lru_cache
 from dataclasses import MISSING as NO_DEFAULT
 from dataclasses import fields, is_dataclass
 from pathlib import Path
@@ -42,9 +43,10 @@ NO_SCHEMA = {"llm": "model configs to place in a role: `llm@evaluator.judge=gpt4
              "local": "your machine's own defaults, git-ignored (`conf/local/default.yaml`)"}
 
 
+@lru_cache(maxsize=None)
 def field_comments(cls: type) -> dict[str, str]:
     """Field name -> its comment in ``cls``'s source, on one line (``#:`` and ``#`` both read)."""
-    lines, start = inspect.getsourcelines(cls)
+    lines, _ = inspect.getsourcelines(cls)
     comments: dict[int, str] = {}
     for tok in tokenize.generate_tokens(io.StringIO("".join(lines)).readline):
         if tok.type == tokenize.COMMENT:
@@ -182,8 +184,8 @@ def render() -> str:
            "Generated from the schemas (`cupid_exp/config.py`, `cupid_exp/synthesis/config.py`, the settings' "
            f"modules under `cupid_exp/settings/`) by `{COMMAND}`; `tests/test_reference.py` keeps it current. A key "
            "is set on the command line (`runtime.workers=2`) or in `conf/local/default.yaml`; a group by its choice "
-           "(`model=gpt4o`: the YAML under `conf/<group>/`). A default is the schema's, or the default choice's "
-           "where the schema leaves it to the choice; \"set by the choice\": each choice gives its own.", ""]
+           "(`model=gpt4o`: the YAML under `conf/<group>/`). A default is what the group's default choice gives, "
+           "else the schema's; \"set by the choice\": each choice gives its own.", ""]
     for title, intro, found in sections():
         out += [f"## {title}", ""] + ([intro, ""] if intro else []) + _table(found)
     out += ["## Groups without a schema of their own", ""]

@@ -64,11 +64,11 @@ class LocalModelConfig(Checked):
     # in an installed PyPI distribution; "assemble:<module>" calls <module>.assemble();
     # anything else is a path to a .gguf file.
     gguf: str = MISSING
-    n_ctx: int = 8192
+    n_ctx: int = 8192  # the context window in tokens (prompt and reply together)
     n_threads: int = 2  # threads for generation (token by token)
     n_threads_batch: Optional[int] = None  # threads for prompt processing; None = n_threads
-    n_batch: int = 512
-    chat_format: Optional[str] = None
+    n_batch: int = 512  # prompt tokens evaluated per llama.cpp step
+    chat_format: Optional[str] = None  # llama.cpp's chat template name; null: the one in the GGUF file
     prompt_cache_mb: int = 1024  # llama.cpp KV states reused across calls sharing a prompt prefix; 0 = off
 
     def check(self, where: str) -> None:
@@ -83,20 +83,20 @@ class ModelConfig(Checked):
 
     name: str = MISSING  # short id used in run names and tables
     litellm_model: str = MISSING  # "<provider>/<model>", exactly what litellm routes on
-    api_base: Optional[str] = None
+    api_base: Optional[str] = None  # the endpoint's URL (a proxy, vLLM); null: the provider's own
     api_key_env: Optional[str] = None  # name of the env var holding the key; never the key
     params: Dict[str, Any] = field(default_factory=dict)  # decoding params, passed unchanged
     # decoding overrides for one step of this model, by step name (summarize, decompose, judge, ...): a small
     # embedded model needs room for a long JSON reply where a short cap keeps its free text from rambling
     step_params: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    max_concurrency: int = 8
+    max_concurrency: int = 8  # requests of this model in flight at once
     system_role: str = "system"  # the official tool sends "developer" to OpenAI evaluator models
     structured_output: bool = False  # ask for JSON-schema constrained output on JSON steps
     input_cost_per_token: Optional[float] = None  # for models litellm's price map lacks
-    output_cost_per_token: Optional[float] = None
+    output_cost_per_token: Optional[float] = None  # the same for reply tokens
     context_window: Optional[int] = None  # input tokens the model takes; null: litellm's map (or local n_ctx)
     batch: Optional[bool] = None  # through the provider's Batch API; null: runtime.batch decides
-    local: Optional[LocalModelConfig] = None
+    local: Optional[LocalModelConfig] = None  # set: the model runs embedded in this process (llama.cpp)
     rpm: Optional[float] = None  # the pool's requests per minute: calls are paced under it (null: not paced)
     tpm: Optional[float] = None  # the pool's tokens per minute (prompt estimate + max_tokens per request)
     pool: Optional[str] = None  # the provider pool its limits count in; null: the provider's rule (llm/pools.py)
@@ -134,11 +134,11 @@ class ModelConfig(Checked):
 class ServerConfig(Checked):
     """A local OpenAI-compatible server (vLLM) started for a job when ``serve`` is true."""
 
-    serve: bool = False
+    serve: bool = False  # start the server before the job and stop it after
     command: List[str] = field(default_factory=list)  # e.g. [vllm, serve, kixlab/prefmatcher-7b, --port, "8000"]
     base_url: str = "http://127.0.0.1:8000"  # health is checked at <base_url>/v1/models
-    startup_timeout: float = 1200.0
-    log_file: Optional[str] = None
+    startup_timeout: float = 1200.0  # seconds the server may take to answer its health check
+    log_file: Optional[str] = None  # where the server's output goes; null: discarded
 
     def check(self, where: str) -> None:
         require_positive(f"{where}.startup_timeout", self.startup_timeout)
@@ -150,13 +150,13 @@ class ServerConfig(Checked):
 class EvaluatorConfig(Checked):
     """Who decomposes, matches and judges (paper: GPT-4o at temperature 0)."""
 
-    name: str = MISSING
+    name: str = MISSING  # short id used in run names and tables
     decomposer: ModelConfig = MISSING
     matcher: ModelConfig = MISSING
     judge: ModelConfig = MISSING
     matcher_prompt: str = "evaluation/preference_matcher"  # its {examples} get the 8 few-shot pairs
     matcher_few_shot: bool = True  # the fine-tuned PrefMatcher takes no examples
-    max_checklist_items: int = 4
+    max_checklist_items: int = 4  # checklist items kept from a decomposed preference
     server: Optional[ServerConfig] = None  # a model server the runner starts and stops (PrefMatcher)
 
     def check(self, where: str) -> None:
@@ -169,15 +169,15 @@ class TaskConfig:
     """What the job asks of the model: the parts it runs, in order (``both`` = inference + generation). The parts
     are checked against the task registry when the job is planned (``tasks.check_task_parts``)."""
 
-    name: str = MISSING
-    parts: List[str] = field(default_factory=list)
+    name: str = MISSING  # short id used in run names and tables
+    parts: List[str] = field(default_factory=list)  # inference, generation: the parts run, in this order
 
 
 @dataclass
 class SettingConfig(Checked):
     """Base of every setting's schema; each setting module declares its own subclass."""
 
-    name: str = MISSING
+    name: str = MISSING  # the registered setting (cupid_exp/settings/)
 
 
 _HUB = read_only_by("cupid", source="hf")
@@ -188,12 +188,12 @@ class DataConfig(Checked):
     """Where the instances come from and which of them run. One schema for every ``data`` choice: a field only one
     source reads says so (``read_only_by``), and is refused beside another (``check_read``)."""
 
-    name: str = MISSING
+    name: str = MISSING  # short id used in run names
     source: str = MISSING  # hf | local | sample
-    hf_name: Optional[str] = field(default=None, metadata=_HUB)
-    split: str = field(default="test", metadata=_HUB)
-    revision: Optional[str] = field(default=None, metadata=_HUB)
-    path: Optional[str] = field(default=None, metadata=read_only_by("local", source="local"))
+    hf_name: Optional[str] = field(default=None, metadata=_HUB)  # the Hugging Face dataset id
+    split: str = field(default="test", metadata=_HUB)  # the dataset split read
+    revision: Optional[str] = field(default=None, metadata=_HUB)  # a dataset commit or tag; null: the latest
+    path: Optional[str] = field(default=None, metadata=read_only_by("local", source="local"))  # a .jsonl file or folder
     limit: Optional[int] = None  # the first N instances (after the type filter); null = all
     instance_types: List[str] = field(default_factory=list)  # empty = all three
     strict: bool = False  # true: any bad row stops the run before the first call
@@ -213,11 +213,11 @@ class DataConfig(Checked):
 
 @dataclass
 class TrackingConfig(Checked):
-    enabled: bool = True
-    uri: str = MISSING
-    experiment: str = "cupid"
+    enabled: bool = True  # false: log nothing to MLflow (tracking=none)
+    uri: str = MISSING  # the MLflow tracking URI: a server, or a local SQLite store
+    experiment: str = "cupid"  # the MLflow experiment the runs go to
     artifact_location: Optional[str] = None  # None: a server's own artifact store; beside the DB for SQLite
-    run_name: Optional[str] = None
+    run_name: Optional[str] = None  # the MLflow run's name; null: model, task and setting
     traces: bool = True  # one MLflow trace per instance (a span per model call, scores as feedback)
     progress_every_s: float = 15.0  # longest gap between two progress points while a job runs
     flush_timeout_s: float = 60.0  # how long a job that printed its results waits for the store to take them
@@ -239,10 +239,10 @@ class RuntimeConfig(Checked):
     """How a job runs: what each model call needs (``call_settings``: cache, retries, timeout, patience, batch,
     dry run, spending caps, pool limits) and what only the job reads (failure policy, resume, workers, progress)."""
 
-    cache: bool = True
-    cache_dir: str = MISSING
-    num_retries: int = 3
-    timeout: float = 600.0
+    cache: bool = True  # reuse replies cached on disk for the same request
+    cache_dir: str = MISSING  # the response cache, rate-limit schedules and batch ledger
+    num_retries: int = 3  # retries of a transient failure (5xx, timeout, dropped connection); not of a 429
+    timeout: float = 600.0  # seconds one request may take before it counts as failed (and is retried)
     reask: int = 1  # extra attempts when a reply cannot be parsed
     epochs: int = 1  # runs of every instance (sampling variance: each its own seed and cache entry); 1: one draw
     failure_policy: str = "exclude"  # exclude | zero | upstream: how a failed instance enters the means
@@ -343,7 +343,7 @@ class PromptsConfig:
 
 @dataclass
 class PathsConfig:
-    output_root: str = "outputs"
+    output_root: str = "outputs"  # where job folders, the cache, the journal and the local MLflow store go
 
 
 @dataclass
@@ -373,7 +373,7 @@ class RunConfig(JobConfig):
     task: TaskConfig = MISSING
     setting: Any = MISSING  # a SettingConfig subclass, chosen by the setting group
     data: DataConfig = MISSING
-    seed: int = 0
+    seed: int = 0  # the sampling seed sent with every call (each epoch adds its number)
 
     def model_configs(self) -> list[ModelConfig]:
         """The subject's and every evaluator role's model config, each object once (roles may share one)."""

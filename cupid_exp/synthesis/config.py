@@ -45,25 +45,25 @@ class SynthesisRoles:
 
 @dataclass
 class PersonaHubConfig:
-    name: str = "proj-persona/PersonaHub"
-    subset: str = "instruction"
-    split: str = "train"
-    text_field: str = "input persona"
+    name: str = "proj-persona/PersonaHub"  # the Hugging Face dataset of persona seeds
+    subset: str = "instruction"  # its subset
+    split: str = "train"  # its split
+    text_field: str = "input persona"  # the column holding a persona's text
 
 
 @dataclass
 class SynthesisConfig(Checked):
     name: str = MISSING  # short id used in the job dir and the MLflow run name
-    roles: SynthesisRoles = field(default_factory=SynthesisRoles)
-    n_personas: int = 2
+    roles: SynthesisRoles = field(default_factory=SynthesisRoles)  # the model of each role (below)
+    n_personas: int = 2  # personas to write; a rerun with more tops up the same job
     seed: int = 0  # structure: persona attributes, seeds, journey positions, dropped sessions
     persona_source: str = "builtin"  # builtin | personahub
-    personahub: PersonaHubConfig = field(default_factory=PersonaHubConfig)
+    personahub: PersonaHubConfig = field(default_factory=PersonaHubConfig)  # where persona_source=personahub reads
     max_retries: int = 3  # extra attempts when an artefact fails validation or cannot be parsed
     max_turns: int = 4  # assistant replies per simulated dialogue (each is scored by the user simulator)
     on_unsatisfied: str = "keep"  # keep (flagged) | regenerate (then drop) | drop: instances using it
     with_resources: bool = False  # sessions may carry a [resource] (document, code, data) in the request
-    max_checklist_items: int = 4
+    max_checklist_items: int = 4  # checklist items kept from a decomposed preference
     validate: bool = True  # the LLM validation pass (paper App. E)
     # llama.cpp sampler settings added to every call of a role on an embedded model (API roles never get
     # them): a 135M model loops ("X and X and X ...") without a repetition penalty

@@ -38,6 +38,7 @@ it is wrong some of the time (the reasons are the markers', from ``faults.known`
 | disk_full_at_start | 5 | 5 | 5 | 5 | 5 |
 | kill_9 | killed | killed | killed | killed | killed |
 | kill_9_at_store_creation | killed | killed | killed | killed | killed |
+| sporadic_429 | 0 | N/A | 0 | 0 | 0 |
 
 N/A:
 - batch × timeout_under_budget, timeouts: a batch has no request that times out: its rows are polled for.
@@ -46,6 +47,7 @@ N/A:
 - batch × content_filter: a content filter through the Batch API is a row's body, read as a live reply's.
 - batch_token_limit outside batch: the enqueued-token limit is the Batch API's; live, a key's token limit is a
   TPM 429 (rate_limited).
+- batch × sporadic_429: a batch's rows are answered by its queue; its few uploads' 429s are the rate_limited row.
 
 How each fault is made: the batch mode meets a refusal (401, ``insufficient_quota``, the daily limit) at its
 upload, a 429 or a 5xx at its first uploads (and 5xx rows), a malformed body as a garbled output line; 429s come in

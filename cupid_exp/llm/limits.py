@@ -271,6 +271,7 @@ MIN_ADMITTED = 3  #: fewer admitted requests than this tell nothing about the pa
 JUDGE_SENT, JUDGE_REFUSED = 60, 3  #: a cut is judged after a cooldown and this many requests sent at its pace,
 #: or refused (the pace held meanwhile); fewer refusals than this at it: the cut answered them
 OVERLOAD_NEWS = (1.5, 0.05)  #: once overloaded, refusals are news of a limit above this share: overload x a + b
+BOUND = 0.8  #: a refusal while the last seconds sent under this share of the pace is not the pace's: no cut
 
 
 class RefusalPace:
@@ -329,7 +330,7 @@ class RefusalPace:
         rest of that burst correct it. Later ones cap the probes under the pace they came at and cut it (×0.9, or
         to what was admitted if that is less): once per cooldown, unless a probe raised the pace since the cut
         (a refusal just after a cut may answer a request the earlier pace sent; one after a probe answers the
-        probe), and not before the last cut is judged. Once refusals proved an overload, only a share clearly
+        probe), not while well under the pace, and not before the last cut is judged. Once refusals proved an overload, only a share clearly
         above it cuts. True when the pace changed; ``news``: the refusal taught or cut it (the others, the
         overload's among them, are retried after the wait they asked and change nothing else)."""
         self.refusals.append(now)
@@ -361,6 +362,8 @@ class RefusalPace:
             if now - self.cut_at < COOLDOWN_S and self.changed_at <= self.cut_at:
                 return changed
             sent, refused, seconds = self._share(now, MEASURE_S)
+            if 60.0 * sent / seconds < BOUND * self.rpm:
+                return changed  # sent well under the pace: a refusal the pace did not cause
         self._cut = (self.n_sent, self.n_refused, sent / seconds, refused / max(1, sent))
         self.refused_rpm = min(self.refused_rpm, self.rpm)
         self.rpm = 0.9 * self.rpm if measured is None else min(0.9 * self.rpm, max(measured, 0.5 * self.rpm))

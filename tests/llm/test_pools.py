@@ -240,7 +240,7 @@ def test_refusals_that_fall_when_the_pace_falls_still_cut_it() -> None:
     assert 8.5 <= _per_second(sends, 1060.0, 1120.0) <= 10.5
     refused = sum(n - 10 for n in windows.values() if n > 10)
     assert refused <= 0.05 * len(sends), (refused, len(sends))
-    assert learner.overload is None
+    assert learner.rpm is not None and learner.rpm <= 1.05 * 600  # still paced, at the limit (not dropped)
 
 
 def test_a_refusal_judged_an_overload_pauses_no_caller_and_keeps_the_calls_in_flight() -> None:

@@ -15,6 +15,9 @@ answered 429. The provider's pools (``--limits-pool``):
   per ``api_base``) matches it, and "limits set" gives the pool's ``rpm``/``tpm`` once (``runtime.pools``).
 
 ``--limit-headers retry-after``: the stub's 429s state nothing but ``retry-after`` in whole seconds.
+``--rate-429 0.1``: an overloaded provider besides (or instead of) the limit: that share of requests answered 429
+at random (seeded by the prompt and the attempt) with ``retry-after: --retry-after``; each cupid-exp row is then
+run without it and with it, in turn, so that the throughput lost to the refusals reads off the pair.
 ``--task synthesis``: ``python -m cupid_exp.synthesize`` (``--personas``) instead of an inference job.
 ``--compare DIR``: the same rows (adaptation alone, limits set on every role) from another checkout of
 cupid-exp (the code before a change), interleaved with these.
@@ -26,6 +29,7 @@ the same N jobs as one ``-m`` sweep under Hydra's joblib launcher; the official 
 
     python bench/rate_limits.py --instances 30 --rpm 300 --limits-pool key --repeats 3 --parallel 0
     python bench/rate_limits.py --task synthesis --rpm 480 --limit-headers retry-after --repeats 3
+    python bench/rate_limits.py --task synthesis --rate-429 0.1 --retry-after 2 --parallel 0   # no limit, overloaded
 """
 
 from __future__ import annotations
@@ -170,7 +174,9 @@ def rows(args: argparse.Namespace, data: Path, work: Path, has_official: bool
             limit_overrides(args, url, before) if limited else []), tree=tree, **kw)
 
     set_how = "the pool's limits given once" if args.limits_pool == "key" else "rpm/tpm set"
-    out = [("cupid-exp, adaptation alone", run(False, False)), (f"cupid-exp, {set_how}", run(False, True))]
+    out = [("cupid-exp, adaptation alone", run(False, False))]
+    if limits(args):
+        out.append((f"cupid-exp, {set_how}", run(False, True)))
     if args.compare is not None:
         out += [("before, adaptation alone", run(True, False)), ("before, rpm/tpm set on every role", run(True, True))]
     if args.parallel and args.task == "inference":
@@ -181,7 +187,15 @@ def rows(args: argparse.Namespace, data: Path, work: Path, has_official: bool
     if has_official and args.task == "inference":
         data_dir = official_instances(data, work / "official-data")
         out.insert(0, ("official runner", lambda url: official(args, url, data_dir, work)))
+    if args.rate_429:  # each row without the overload, then with it
+        refused = f", {100 * args.rate_429:g}% answered 429 at random (retry-after {args.retry_after:g} s)"
+        out = [row for name, go in out for row in ((name, go), (name + refused, go))]
     return out
+
+
+def stub_faults(args: argparse.Namespace, name: str) -> dict[str, Any]:
+    """The stub's random 429s, for the rows that name them."""
+    return {"rate_429": args.rate_429, "retry_after": args.retry_after} if "at random" in name else {}
 
 
 def spread(values: list[float], fmt: str = "{:.1f}") -> str:
@@ -216,6 +230,9 @@ def main() -> None:
                    help="the stub's pools: one per model, or one for the key (both snapshots together)")
     p.add_argument("--limit-headers", choices=("openai", "retry-after"), default="openai",
                    help="what the stub's 429s state: OpenAI's headers and body, or only retry-after in seconds")
+    p.add_argument("--rate-429", type=float, default=0.0,
+                   help="besides: this share of requests answered 429 at random (an overloaded provider)")
+    p.add_argument("--retry-after", type=float, default=2.0, help="--rate-429: the wait those 429s ask, seconds")
     p.add_argument("--parallel", type=int, default=4, help="N jobs side by side on one key (0: skip)")
     p.add_argument("--repeats", type=int, default=1, help="rounds of every row, interleaved")
     p.add_argument("--compare", type=Path, default=None, help="another checkout of cupid-exp: its rows beside these")
@@ -224,8 +241,8 @@ def main() -> None:
     p.add_argument("--limit-s", type=float, default=900.0)
     p.add_argument("--out", type=Path, default=None, help="append the table to this markdown file")
     args = p.parse_args()
-    if not (args.rpm or args.tpm):
-        p.error("give --rpm and/or --tpm")
+    if not (args.rpm or args.tpm or args.rate_429):
+        p.error("give --rpm and/or --tpm (or --rate-429)")
     has_official = args.official is not None and (Path(args.official) / "evaluation" / "run.py").is_file()
     work = Path(tempfile.mkdtemp(prefix="cupid-limits-"))
     results: dict[str, list[dict[str, Any]]] = {}
@@ -236,7 +253,7 @@ def main() -> None:
         data = write_dataset(work / "data.jsonl", args.instances)
         for round_ in range(args.repeats):
             for name, run in rows(args, data, work, has_official):
-                with Stub(**stub_opts) as stub:
+                with Stub(**stub_opts, **stub_faults(args, name)) as stub:
                     r = measured(run(stub.url), stub)
                 results.setdefault(name, []).append(r)
                 print(f"#{round_ + 1} {name}: {r['done']}/{r['total']} done, {r['wall']:.1f} s, model phase "
@@ -245,7 +262,7 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     m, load = machine(), os.getloadavg()
-    limit = " and ".join(f"{v:g} {k.upper()}" for k, v in limits(args).items())
+    limit = " and ".join(f"{v:g} {k.upper()}" for k, v in limits(args).items()) or "no limit"
     flags = " ".join(sys.argv[1:])
     what = (f"synthesis, {args.personas} personas a job" if args.task == "synthesis" else
             f"{args.instances} instances, task=inference, model=gpt4o evaluator=gpt4o")
@@ -261,6 +278,11 @@ def main() -> None:
              "| answered 429 |",
              "|---|---|---|---|---|---|---|---|"]
     lines += [table(name, runs) for name, runs in results.items()]
+    for name, runs in results.items():  # --rate-429: the throughput kept, per pair of rows (by the model phase)
+        plain = results.get(name.split(", " + f"{100 * args.rate_429:g}% answered")[0])
+        if "at random" in name and plain and all(r["model_s"] for r in runs + plain):
+            kept = statistics.median(r["model_s"] for r in plain) / statistics.median(r["model_s"] for r in runs)
+            lines.append(f"\n{name}: {100 * kept:.0f}% of the throughput without the refusals (model phase).")
     report = "\n".join(lines) + "\n"
     print(report)
     if args.out is not None:

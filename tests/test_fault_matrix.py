@@ -50,6 +50,7 @@ it is wrong some of the time (the reasons are the markers', from ``faults.known`
 | sigterm | 143 | 143 | 143 | 143 | 143 |
 | outage | 0 | 0 | 0 | 0 | 0 |
 | outage_beyond_patience | 75 | 75 | 75 | 75 | 75 |
+| sporadic_429 | 0 | N/A | 0 | 0 | 0 |
 
 N/A:
 - batch × timeout_under_budget, timeouts: a batch has no request that times out: its rows are polled for.
@@ -60,6 +61,7 @@ N/A:
   TPM 429 (rate_limited).
 - corrupt_batch_ledger outside batch: only the Batch API keeps a list of batches; corrupt_persona_files outside
   synthesis: only synthesis keeps a state file and persona files.
+- batch × sporadic_429: a batch's rows are answered by its queue; its few uploads' 429s are the rate_limited row.
 
 How each fault is made: the batch mode meets a refusal (401, ``insufficient_quota``, the daily limit) at its
 upload, a 429 or a 5xx at its first uploads (and 5xx rows), a malformed body as a garbled output line; 429s come in

@@ -15,7 +15,10 @@
   the same pool stay within the limits together;
 - ``RefusalPace``: the pace a provider admits, learned from its refusals when it states no limit (only
   ``retry-after``): what it admitted over the seconds before it refused; then probed upward while the pace
-  binds, to just under the pace a refusal came at, and cut on a refusal.
+  binds, to just under the pace a refusal came at, and cut on a refusal. Each cut is judged by the refusals
+  that follow it: a rate limit's refusals fall when the pace falls, an overloaded provider's (a share of
+  requests refused whatever the pace) do not; then the pace they taught is dropped, and such refusals are
+  retried after the wait asked and change nothing until their share rises clearly above the overload's.
 """
 
 from __future__ import annotations
@@ -265,12 +268,20 @@ FORGET_REFUSED_S = 60.0  #: after this long with no refusal, the pace may probe 
 MEASURE_S = 3.0  #: a refusal measures what was admitted over the last this many seconds
 HORIZON_S = 10.0  #: the sends and refusals kept
 MIN_ADMITTED = 3  #: fewer admitted requests than this tell nothing about the pace (a window closed from the start)
+JUDGE_SENT, JUDGE_REFUSED = 60, 3  #: a cut is judged after a cooldown and this many requests sent at its pace,
+#: or refused (the pace held meanwhile); fewer refusals than this at it: the cut answered them
+OVERLOAD_NEWS = (1.5, 0.05)  #: once overloaded, refusals are news of a limit above this share: overload x a + b
+BOUND = 0.8  #: a refusal while the last seconds sent under this share of the pace is not the pace's: no cut
 
 
 class RefusalPace:
     """Requests per minute a provider admits, where it states no limit (no ``x-ratelimit-*``): headers alone
     left such a pool unpaced, and 29% of its requests were refused (the AIMD limit and the pauses bound what is
-    in flight, not how fast it goes out)."""
+    in flight, not how fast it goes out).
+
+    Not every 429 is a limit: an overloaded provider refuses a share of requests at any pace. Cut for each, the
+    pace fell from 67 to 14 requests per 30 s and on (10% refused with ``retry-after: 2``). So each cut is
+    judged (``_settle``) by the share refused at the pace it set against the share refused just before it."""
 
     def __init__(self) -> None:
         self.sends: deque[float] = deque()  #: wall-clock times of the requests sent, the last ``HORIZON_S``
@@ -280,9 +291,16 @@ class RefusalPace:
         self.changed_at = self.cut_at = -math.inf  #: the pace's last change (a probe or a cut), its last cut
         self.learned_at = -math.inf  #: when the first refusal taught the pace
         self.last_refusal = -math.inf
+        self.n_sent = self.n_refused = 0  #: counted since the start
+        #: the last cut, not judged yet: ``n_sent`` and ``n_refused`` at it, the requests a second sent and the
+        #: share refused over the ``MEASURE_S`` before it
+        self._cut: tuple[int, int, float, float] | None = None
+        self.overload: float | None = None  #: the share refused whatever the pace, once a cut showed it
+        self.news = True  #: the last refusal taught or cut the pace, or came before any was taught
 
     def sent(self, now: float) -> None:
         self.sends.append(now)
+        self.n_sent += 1
         if len(self.sends) > 4096:
             self._prune(now)
 
@@ -290,6 +308,12 @@ class RefusalPace:
         for times in (self.sends, self.refusals):
             while times and times[0] < now - HORIZON_S:
                 times.popleft()
+
+    def _share(self, now: float, seconds: float) -> tuple[int, int, float]:
+        """Requests sent and refused over the last ``seconds`` (or since the first send), and the seconds."""
+        since = max(now - seconds, self.sends[0] if self.sends else now)
+        return (sum(1 for t in self.sends if t >= since), sum(1 for t in self.refusals if t >= since),
+                max(WINDOW_S, now - since))
 
     def admitted_rpm(self, now: float) -> float | None:
         """Requests per minute the provider admitted lately (sent and not refused, over the last ``MEASURE_S``):
@@ -306,30 +330,75 @@ class RefusalPace:
         rest of that burst correct it. Later ones cap the probes under the pace they came at and cut it (×0.9, or
         to what was admitted if that is less): once per cooldown, unless a probe raised the pace since the cut
         (a refusal just after a cut may answer a request the earlier pace sent; one after a probe answers the
-        probe). True when the pace changed."""
+        probe), not while well under the pace, and not before the last cut is judged. Once refusals proved an overload, only a share clearly
+        above it cuts. True when the pace changed; ``news``: the refusal taught or cut it (the others, the
+        overload's among them, are retried after the wait they asked and change nothing else)."""
         self.refusals.append(now)
+        self.n_refused += 1
         self._prune(now)
         self.last_refusal = now
+        changed = self._settle(now)
         measured = self.admitted_rpm(now)
+        self.news = self.rpm is None
+        if self.overload is not None and self._cut is None:
+            sent, refused, seconds = self._share(now, HORIZON_S)
+            if refused < JUDGE_REFUSED or refused <= sent * (OVERLOAD_NEWS[0] * self.overload + OVERLOAD_NEWS[1]):
+                self.news = False  # the overload's share: retried after the wait asked, nothing cut
+                return changed
+            if self.rpm is None:
+                self.learned_at = -math.inf  # a limit besides the overload: taught afresh
         if self.rpm is None or now - self.learned_at < PROBE_S:
             if measured is None:
-                return False
+                return changed
+            self.news = True
             if self.rpm is None:
                 self.learned_at = self.cut_at = self.changed_at = now
             self.rpm = measured if self.rpm is None else min(self.rpm, measured)
             self.refused_rpm = FIRST_HEADROOM * self.rpm
             return True
-        if now - self.cut_at < COOLDOWN_S and self.changed_at <= self.cut_at:
-            return False
+        if self._cut is not None:
+            return changed  # the last cut's effect not judged yet: the pace held
+        if self.overload is None:
+            if now - self.cut_at < COOLDOWN_S and self.changed_at <= self.cut_at:
+                return changed
+            sent, refused, seconds = self._share(now, MEASURE_S)
+            if 60.0 * sent / seconds < BOUND * self.rpm:
+                return changed  # sent well under the pace: a refusal the pace did not cause
+        self._cut = (self.n_sent, self.n_refused, sent / seconds, refused / max(1, sent))
         self.refused_rpm = min(self.refused_rpm, self.rpm)
         self.rpm = 0.9 * self.rpm if measured is None else min(0.9 * self.rpm, max(measured, 0.5 * self.rpm))
         self.cut_at = self.changed_at = now
+        self.news = True
+        return True
+
+    def _settle(self, now: float) -> bool:
+        """Judge the last cut once its pace has been seen (a cooldown, then ``JUDGE_SENT`` requests or
+        ``JUDGE_REFUSED`` refusals): a limit that refused a share ``s`` of requests sent at ``r`` a second refuses
+        ``1 - (1 - s) r / r'`` of those sent at ``r' < r`` (none where that is below 0), an overload the same ``s``.
+        Where the share fell by less than half of what a limit's would have, the refusals are the provider's
+        overload, whatever the pace: the pace they taught is dropped (the pool goes unpaced, as before any
+        refusal). A cut that did not slow the sends (the pace did not bind) tells nothing: it stands. True when
+        the pace changed."""
+        if self._cut is None or now - self.cut_at < COOLDOWN_S:
+            return False
+        n_sent, n_refused, rate, before = self._cut
+        sent, refused = self.n_sent - n_sent, self.n_refused - n_refused
+        if sent < JUDGE_SENT and refused < JUDGE_REFUSED:
+            return False
+        self._cut, after, slower = None, refused / max(1, sent), rate * (now - self.cut_at) / max(1, sent)
+        expected = min(before, (1.0 - before) * (slower - 1.0))
+        if refused < JUDGE_REFUSED or slower < 1.05 or before - after >= 0.5 * expected:
+            return False  # the refusals answered the cut, or the cut did not slow the sends: it stands
+        self.overload = max(before, after)
+        self.rpm, self.refused_rpm, self.changed_at = None, math.inf, now
         return True
 
     def binding(self, now: float) -> bool:
-        """The pace held a request back: probe faster, unless it is just under a refused pace. True when the pace
-        changed."""
-        if self.rpm is None or now - self.changed_at < PROBE_S:
+        """The pace held a request back: probe faster, unless it is just under a refused pace or a cut is being
+        judged. True when the pace changed."""
+        if self._settle(now):
+            return True
+        if self.rpm is None or self._cut is not None or now - self.changed_at < PROBE_S:
             return False
         if now - self.last_refusal > FORGET_REFUSED_S:
             self.refused_rpm = math.inf

@@ -27,7 +27,8 @@ and always one per key (the key enters only as a hash). A pool holds (``cupid_ex
   as OpenAI sends them with every response, or a 429's), else the pace learned from its refusals;
 - a pause: a 429 that says how long to wait holds every caller until then (not while a learned pace is in
   force and the wait is a window or less: a provider that sends only whole-second ``retry-after`` would idle
-  the pool a second per refusal);
+  the pool a second per refusal; nor for a refusal that neither taught nor cut a learned pace, such as an
+  overloaded provider's: 10% refused at random paused the pool every tenth request);
 - whether it refused for good (a bad key, an unknown model, no connection ever): later calls are not sent;
 - an outage: an endpoint that answered before and stops (connections refused or reset, 5xx from several calls)
   holds every caller while one probe at a time, with capped backoff, asks whether it is back
@@ -243,15 +244,14 @@ class Pool:
 
     def rate_limited(self, told: tuple[float | None, float | None], hint: float | None, wait: float) -> None:
         """A 429 (``wait``: how long its call now waits): the concurrency cut, the pace learned (the stated
-        limits, else from the refusals) or slowed, every caller paused where the provider said how long."""
+        limits, else from the refusals) or slowed, every caller paused where the provider said how long; where
+        the pace is learned, only for a refusal that taught or cut it (``RefusalPace.news``): the others (an
+        overloaded provider's, those a cut is being judged by) only make their own call wait."""
         self._answered_429 += 1
         self.answered_429 += 1
         self._waited += wait
-        cuts = self.concurrency.cuts
-        self.concurrency.rate_limited(time.monotonic())
-        if self.shared is not None and self.concurrency.cuts > cuts:
-            self.shared.cut()
         learned_pace = self.learning and self.learner.rpm is not None
+        news = True
         if any(told) and told != self.told and not all(self.configured):
             self.told = (told[0] or self.told[0], told[1] or self.told[1])
             self._repace()
@@ -260,10 +260,16 @@ class Pool:
         elif self.learning:
             if self.learner.refused(time.time(), hint):
                 self._learned()
+            news = self.learner.news
         elif self.pacer.active:
             self.pacer.rate_limited()
-        if hint is not None and not (learned_pace and hint <= WINDOW_S):
-            self.pause(hint)
+        if news:
+            cuts = self.concurrency.cuts
+            self.concurrency.rate_limited(time.monotonic())
+            if self.shared is not None and self.concurrency.cuts > cuts:
+                self.shared.cut()
+            if hint is not None and not (learned_pace and hint <= WINDOW_S):
+                self.pause(hint)
         self.sync(news=True)
 
     def succeeded(self, response: Any = None) -> None:

@@ -134,6 +134,11 @@ def _styles_honoured(ev: Evidence) -> None:
     assert ev.stats["early_retries"] == 0  # every wait asked for was waited out
 
 
+def _refused_at_random_and_waited(ev: Evidence) -> None:
+    """The stub refused some requests at random, and each was sent again only after the wait it asked."""
+    assert ev.faults("429") >= 1 and ev.stats["early_retries"] == 0, ev.stats
+
+
 def _server_errors(ev: Evidence) -> None:
     if ev.cell.mode == "batch":
         assert ev.queue.upload_faults == 2 and ev.queue.rows_failed >= 1
@@ -353,6 +358,11 @@ FAULTS = [
           lambda mode, cell, port: Arrangement(stub=_outage(mode, float("inf")), both=OUTAGE_RETRIES,
                                                on=("runtime.outage_patience_s=1",)),
           _unanswered),
+    # issue 40 item 2: sporadic refusals (an overloaded provider) do not collapse the pace
+    Fault("sporadic_429", 0, "", lambda mode, cell, port: Arrangement(
+              stub={"rate_429": 0.2, "retry_after": 1.0, "rate_limit_style": "retry-after"}),
+          _refused_at_random_and_waited,
+          na={"batch": "a batch's rows are answered by its queue; its few uploads' 429s are the rate_limited row"}),
 ]
 
 

@@ -6,7 +6,9 @@ bound, its pace and its pauses, in one process and across processes; a provider 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
+from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +148,9 @@ def test_the_first_refusal_teaches_what_was_admitted_and_probes_stay_under_the_r
     assert learner.refused(104.0, hint=1.0)  # a cut: to what was admitted, or x0.9 where that is more
     assert learner.rpm == pytest.approx(480 * 0.9)
     assert not learner.refused(105.0, hint=1.0)  # within the cooldown: one cut at most
-    for t in range(106, 120):
+    for t in range(106, 130):  # the cut pace binds, none refused: the cut is judged to stand, then probed
+        for i in range(7):
+            learner.sent(t + i / 7)
         learner.binding(float(t))
     assert learner.rpm == pytest.approx(480 * 0.97)  # probed back, to just under the pace that was refused
     learner.binding(200.0)  # a minute without a refusal: probing may pass it again
@@ -183,6 +187,73 @@ def test_a_window_closed_from_the_start_teaches_no_pace() -> None:
         learner.sent(100.0 + i * 0.01)
         assert not learner.refused(100.0 + i * 0.01, hint=1.0)  # nothing admitted yet: nothing to learn
     assert learner.rpm is None
+
+
+def _paced_job(learner: RefusalPace, refuse: Any, start: float, seconds: float = 120.0, demand: float = 30.0,
+               latency: float = 0.2) -> list[float]:
+    """A job that would send ``demand`` requests a second, held to the learned pace once there is one, on a fake
+    clock from ``start``; ``refuse(t)`` says whether the provider refuses the request sent at ``t`` (its 429
+    arrives ``latency`` later). The send times."""
+    t, sends, replies = start, [], deque()
+    while t < start + seconds:
+        while replies and replies[0][0] <= t:
+            at, refused = replies.popleft()
+            if refused:
+                learner.refused(at, hint=2.0)
+        gap = 1.0 / demand
+        if learner.rpm is not None and 60.0 / learner.rpm > gap:  # the pace holds the job back
+            learner.binding(t)
+            gap = 60.0 / learner.rpm if learner.rpm is not None else gap  # (a probe, or the pace dropped)
+        learner.sent(t)
+        sends.append(t)
+        replies.append((t + latency, refuse(t)))
+        t += gap
+    return sends
+
+
+def _per_second(sends: list[float], since: float, until: float) -> float:
+    return sum(1 for t in sends if since <= t < until) / (until - since)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_refusals_that_do_not_fall_when_the_pace_falls_leave_the_pace_to_the_job(seed: int) -> None:
+    """An overloaded provider refuses 10% of requests at any pace (``retry-after: 2``). Before, each 429 cut the
+    pace (x0.9 per cooldown, the probes capped under the pace refused): a job that sends 30 a second was down
+    to about one a second after two minutes. The cut is now judged by the refusals that follow it."""
+    rng = random.Random(seed)
+    learner = RefusalPace()
+    sends = _paced_job(learner, lambda t: rng.random() < 0.1, start=1000.0)
+    assert _per_second(sends, 1060.0, 1120.0) >= 0.7 * 30  # the second minute: at least 70% of the job's pace
+
+
+def test_refusals_that_fall_when_the_pace_falls_still_cut_it() -> None:
+    """A limit (ten a second, in one-second windows) met by a job that would send 30: the pace comes down to it
+    and stays there; few requests refused."""
+    windows: Counter = Counter()
+
+    def limit(t: float) -> bool:
+        windows[int(t)] += 1
+        return windows[int(t)] > 10
+
+    learner = RefusalPace()
+    sends = _paced_job(learner, limit, start=1000.0)
+    assert 8.5 <= _per_second(sends, 1060.0, 1120.0) <= 10.5
+    refused = sum(n - 10 for n in windows.values() if n > 10)
+    assert refused <= 0.05 * len(sends), (refused, len(sends))
+    assert learner.rpm is not None and learner.rpm <= 1.05 * 600  # still paced, at the limit (not dropped)
+
+
+def test_a_refusal_judged_an_overload_pauses_no_caller_and_keeps_the_calls_in_flight() -> None:
+    """Before, every 429 saying ``retry-after: 2`` held every caller of the pool for 2 s and cut the AIMD limit:
+    10% refused was a pause every tenth request. Now only the refused call waits what it was asked."""
+    rng = random.Random(0)
+    pool = Pool("overloaded", "overloaded", None)
+    pool.join("cfg", 16, None, None, PoolLimits(), None)
+    _paced_job(pool.learner, lambda t: rng.random() < 0.1, start=time.time() - 60.0, seconds=60.0)
+    limit, paused = pool.concurrency.limit, pool.paused_until
+    pool.rate_limited((None, None), 2.0, 2.0)
+    assert pool.paused_until == paused and pool.concurrency.limit == limit
+    assert pool.answered_429 == 1  # counted all the same
 
 
 def test_processes_on_one_pool_share_its_pause_stated_limits_cut_and_given_bound(tmp_path: Path) -> None:

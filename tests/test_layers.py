@@ -20,8 +20,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "cupid_exp"
 
 #: what the config schema and the model layer may stand on (modules, and packages with their modules): the
 #: foundations, which import nothing of cupid_exp but each other (and the package's own ``__init__``)
-BELOW_CONFIG = ("cupid_exp", "cupid_exp.errors", "cupid_exp.config_checks", "cupid_exp.decoding_params",
-                "cupid_exp.secrets", "cupid_exp.outputs", "cupid_exp.data", "cupid_exp.results", "cupid_exp.resources")
+BELOW_CONFIG = ("cupid_exp", "cupid_exp.errors", "cupid_exp.aside", "cupid_exp.config_checks",
+                "cupid_exp.decoding_params", "cupid_exp.secrets", "cupid_exp.outputs", "cupid_exp.data",
+                "cupid_exp.results", "cupid_exp.resources")
 
 
 def within(module: str, roots: tuple[str, ...]) -> bool:

@@ -144,11 +144,10 @@ def machine() -> dict[str, str]:
 
 LAYERS = r"""
 import asyncio, json, sys, time
-sys.path.insert(0, sys.argv[2])
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm.client import LLMClient, configure_litellm
 from cupid_exp.llm.usage import UsageMeter
-url, n, prices = sys.argv[1], 300, json.loads(sys.argv[4])
+url, n, prices = sys.argv[1], 300, json.loads(sys.argv[3])
 log = "x " * 3300  # about the size of an inference prompt on the sample rows
 
 def messages(i, tag):
@@ -167,7 +166,7 @@ async def measure(fn):
 async def main():
     import litellm
     from openai import AsyncOpenAI
-    rt = RuntimeConfig(cache_dir=sys.argv[3], cache=True, num_retries=3, timeout=600).call_settings()
+    rt = RuntimeConfig(cache_dir=sys.argv[2], cache=True, num_retries=3, timeout=600).call_settings()
     configure_litellm(rt)
     sdk = AsyncOpenAI(base_url=url, api_key="x", max_retries=0)
     client = LLMClient(ModelConfig(name="s", litellm_model="openai/stub", api_base=url, max_concurrency=16,
@@ -187,7 +186,7 @@ asyncio.run(main())
 def layers(work: Path) -> list[tuple[str, float]]:
     """CPU per call of each layer under the runner, warm, in one process: where the per-call cost goes."""
     with Stub(latency_ms=0) as stub:
-        proc = subprocess.run([sys.executable, "-c", LAYERS, stub.url, str(ROOT), str(work / "layers-cache"),
+        proc = subprocess.run([sys.executable, "-c", LAYERS, stub.url, str(work / "layers-cache"),
                                json.dumps(PRICES if PRICED else {})],
                               env=ENV, capture_output=True, text=True, timeout=600, check=True)
     result = json.loads(proc.stdout.strip().splitlines()[-1])

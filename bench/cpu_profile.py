@@ -28,14 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import ENV, Stub, machine
+from versus_official import OFFICIAL_MODELS, ours_command
+
+from cupid_exp.testing.cupid_data import write_dataset
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-sys.path.insert(0, str(BENCH))
-
-from bench import ENV, Stub, machine  # noqa: E402
-from versus_official import OFFICIAL_MODELS, ours_command  # noqa: E402
-
-from cupid_exp.testing.cupid_data import write_dataset  # noqa: E402
 
 # a sample whose innermost frame is one of these waits (py-spy's idle detection misses some of them)
 IDLE = ("Condition.wait", "Selector.select", "EpollSelector.select", "thread.py:81)", "Event.wait", "Queue.get",

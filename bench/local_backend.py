@@ -50,7 +50,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 ENV = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 ENGINES = ("xllamacpp", "llama-cpp-python")
 RESULTS_MD = ROOT / "bench" / "local_backend.md"

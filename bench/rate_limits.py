@@ -46,16 +46,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from bench import ENV, Stub, machine
+from versus_official import OFFICIAL_MODELS, official_instances, ours_command
+
+from cupid_exp.llm.pools import pool_name
+from cupid_exp.testing.cupid_data import write_dataset
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-sys.path.insert(0, str(BENCH))
-sys.path.insert(0, str(ROOT))
-
-from bench import ENV, Stub, machine  # noqa: E402
-from versus_official import OFFICIAL_MODELS, official_instances, ours_command  # noqa: E402
-
-from cupid_exp.llm.pools import pool_name  # noqa: E402
-from cupid_exp.testing.cupid_data import write_dataset  # noqa: E402
 
 ROLES = ("model", "evaluator.decomposer", "evaluator.matcher", "evaluator.judge")
 SYNTHESIS_ROLES = ("persona_writer", "factor_writer", "session_writer", "user_simulator", "assistant_simulator",

@@ -23,13 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import ENV, ROOT, Stub, machine, price_overrides
+from versus_official import migrated_store, timed
+
 from cupid_exp.testing.cupid_data import stub_overrides, write_dataset
 
 BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
-
-from bench import ENV, ROOT, Stub, machine, price_overrides  # noqa: E402
-from versus_official import migrated_store, timed  # noqa: E402
 
 
 def run(size: int, args: argparse.Namespace, stub: Stub, work: Path, store: Path, workers: int = 1) -> dict:

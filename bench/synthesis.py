@@ -26,12 +26,10 @@ import threading
 import time
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
-sys.path.insert(0, str(BENCH.parent / "tests"))
+from bench import ENV, ROOT, Stub, machine
+from versus_official import migrated_store, timed
 
-from bench import ENV, ROOT, Stub, machine  # noqa: E402
-from versus_official import migrated_store, timed  # noqa: E402
+BENCH = Path(__file__).resolve().parent
 
 ROLES = ("persona_writer", "factor_writer", "session_writer", "user_simulator", "assistant_simulator", "decomposer",
          "validator")

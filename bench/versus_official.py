@@ -40,14 +40,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import ENV, Stub, machine
+
 from cupid_exp.testing.cupid_data import write_dataset
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-sys.path.insert(0, str(BENCH))
-
-from bench import ENV, Stub, machine  # noqa: E402
-
 
 # the official runner checks that its models are listed by the server
 OFFICIAL_MODELS = ("gpt-4.1-nano-2025-04-14", "gpt-4o-2024-11-20")

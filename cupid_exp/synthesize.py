@@ -7,7 +7,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from cupid_exp.entry import Outcome, hydra_entry, run_job_entry
+from cupid_exp.entry import hydra_entry, run_job_entry
+from cupid_exp.errors import Outcome
 from cupid_exp.synthesis.config import register_synthesis_configs
 
 

@@ -1,5 +1,6 @@
 """The package's layers, read from its imports: the config schema is a leaf, the model layer (``llm/``) stands on
-it and on nothing higher, and no two packages import each other, however roundabout.
+it and on nothing higher, no two modules import each other, however roundabout, the entry is the top (only the
+programs import it), and the layers ``docs/architecture.md`` names hold.
 
 The import graph is read with ``ast`` from every module under ``cupid_exp/``, imports inside functions included
 (they run too, only later); imports under ``if TYPE_CHECKING:`` are left out (they never run: they name a type for
@@ -11,7 +12,9 @@ from __future__ import annotations
 import ast
 import graphlib
 import json
+import re
 import subprocess
+import tomllib
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -20,8 +23,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "cupid_exp"
 
 #: what the config schema and the model layer may stand on (modules, and packages with their modules): the
 #: foundations, which import nothing of cupid_exp but each other (and the package's own ``__init__``)
-BELOW_CONFIG = ("cupid_exp", "cupid_exp.errors", "cupid_exp.config_checks", "cupid_exp.decoding_params",
-                "cupid_exp.secrets", "cupid_exp.outputs", "cupid_exp.data", "cupid_exp.results", "cupid_exp.resources")
+BELOW_CONFIG = ("cupid_exp", "cupid_exp.errors", "cupid_exp.aside", "cupid_exp.config_checks",
+                "cupid_exp.decoding_params", "cupid_exp.secrets", "cupid_exp.outputs", "cupid_exp.data",
+                "cupid_exp.results", "cupid_exp.resources")
 
 
 def within(module: str, roots: tuple[str, ...]) -> bool:
@@ -193,3 +197,60 @@ def test_the_model_layer_takes_the_call_settings_not_the_runtime_config() -> Non
                 naming.append(module)
     assert not naming, naming
     assert "CallSettings" in _module_names()["cupid_exp.llm.client"].read_text(encoding="utf-8")
+
+
+def test_no_circle_among_the_modules() -> None:
+    """No module imports, even lazily, one that imports it back. A module's own packages do not count as its
+    imports: Python runs ``a/__init__.py`` before ``a/b.py``, and a package re-exporting its modules is no circle;
+    ``from cupid_exp.a import name`` in ``a/b.py`` (a name ``a`` re-exports) counts."""
+    arrows = {module: {t for t in targets if not module.startswith(t + ".") and t != "cupid_exp"}
+              for module, targets in import_graph().items()}
+    try:
+        tuple(graphlib.TopologicalSorter(arrows).static_order())
+    except graphlib.CycleError as exc:
+        raise AssertionError(f"modules importing each other: {' -> '.join(exc.args[1])}") from None
+
+
+def programs() -> set[str]:
+    """The modules ``[project.scripts]`` runs, and ``python -m cupid_exp``."""
+    scripts = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
+    return {target.split(":")[0] for target in scripts.values()} | {"cupid_exp.__main__"}
+
+
+def test_the_entry_is_the_top() -> None:
+    """Only the programs import ``cupid_exp.entry``; the lifecycle (``job``, ``evaluation``, ...) is below it and
+    takes ``Outcome``/``Interrupted`` from ``cupid_exp.errors``. Nothing imports a program but ``__main__``."""
+    graph, tops = import_graph(), programs()
+    assert {"cupid_exp.cli", "cupid_exp.synthesize"} <= tops
+    entry_users = sorted(m for m, targets in graph.items() if "cupid_exp.entry" in targets and m not in tops)
+    assert not entry_users, entry_users
+    program_users = sorted((m, sorted(targets & tops)) for m, targets in graph.items()
+                           if targets & tops and m != "cupid_exp.__main__")
+    assert not program_users, program_users
+
+
+def documented_layers() -> list[tuple[str, list[str]]]:
+    """``docs/architecture.md``'s layers, bottom first: each a numbered line ``N. **name**: `module`, ... — why``."""
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    return [(name, [f"cupid_exp.{m}" for m in re.findall(r"`([\w.]+)`", modules)])
+            for name, modules in re.findall(r"^\d+\. \*\*([^*]+)\*\*: (.*?) — ", text, re.MULTILINE)]
+
+
+def test_the_documented_layers_hold() -> None:
+    """Every module sits in one layer of ``docs/architecture.md`` (by its top-level module or package), and
+    imports, even lazily, its own layer and those below only."""
+    layers = documented_layers()
+    assert [name for name, _ in layers][:3] == ["foundations", "config", "model layer"]
+    level = {top: i for i, (_, tops) in enumerate(layers) for top in tops}
+    assert len(level) == sum(len(tops) for _, tops in layers), "a module named in two layers"
+
+    def layer_of(module: str) -> int | None:
+        return level.get(module) if module in level else level.get(".".join(module.split(".")[:2]))
+
+    graph = import_graph()
+    assert not set(level) - set(graph), f"names in docs/architecture.md that are no module: {set(level) - set(graph)}"
+    unplaced = sorted(m for m in graph if m != "cupid_exp" and layer_of(m) is None)
+    assert not unplaced, f"modules in no layer of docs/architecture.md: {unplaced}"
+    upward = sorted((m, t) for m, targets in graph.items() if m != "cupid_exp"
+                    for t in targets if t != "cupid_exp" and layer_of(t) > layer_of(m))
+    assert not upward, upward

@@ -6,7 +6,7 @@ no completed model call is repeated. Each line is flushed and fsynced; a torn la
 from a kill is ignored on load, and so is any line that is not a whole record (valid JSON that lacks a
 record's fields, e.g. ``{"key": ...}`` alone): it never replaces a good record of its key, and its instance
 runs again unless a good record stands. A journal with not one whole record in it (garbage, another file written
-over it) is set aside whole (``durability.aside``): its instances run again, and its bytes stay for a look.
+over it) is set aside whole (``cupid_exp.aside``): its instances run again, and its bytes stay for a look.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from cupid_exp.durability.aside import set_aside, torn
+from cupid_exp.aside import set_aside, torn
 from cupid_exp.outputs import EnvironmentFailure, writing
 from cupid_exp.results import HistoryView, Truth
 from cupid_exp.secrets import scrub_obj

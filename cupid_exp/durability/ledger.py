@@ -15,7 +15,7 @@ the job then stops (exit 5) with those lines written.
 A resumed job replays the ledger into a ``UsageMeter``: its earlier attempts' usage, step by step,
 which its MLflow run adds to this attempt's. A journal written before the ledger existed has its
 finished instances' usage carried into a new ledger once (all that was known of them); so has a ledger with
-not one usage count in it (garbage), after it is set aside whole (``durability.aside``).
+not one usage count in it (garbage), after it is set aside whole (``cupid_exp.aside``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from cupid_exp.durability.aside import set_aside, torn
+from cupid_exp.aside import set_aside, torn
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.outputs import EnvironmentFailure, writing
 

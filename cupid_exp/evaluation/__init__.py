@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from cupid_exp.entry import Outcome
+from cupid_exp.errors import Outcome
 from cupid_exp.evaluation.work import EvaluationWork
 from cupid_exp.job import Job, plan as plan_job, run_job
 from cupid_exp.progress import Progress

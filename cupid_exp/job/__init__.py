@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from cupid_exp.durability.attempts import earlier_attempt_metrics, earlier_spend
 from cupid_exp.durability.signals import Terminated, sigterm_raises
-from cupid_exp.entry import Interrupted, Outcome
+from cupid_exp.errors import Interrupted, Outcome
 from cupid_exp.job.budgets import BudgetReport, report
 from cupid_exp.job.execute import execute
 from cupid_exp.job.heap import start_up

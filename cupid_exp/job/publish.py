@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from cupid_exp import console
-from cupid_exp.entry import Outcome
+from cupid_exp.errors import Outcome
 from cupid_exp.job.budgets import BudgetReport, fit_line
 from cupid_exp.job.plan import Job
 from cupid_exp.job.spec import Summary

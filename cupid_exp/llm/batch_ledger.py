@@ -3,7 +3,7 @@
 Shared by every process that uses the same cache folder (``<runtime.cache_dir>/batches``), so a job killed while
 its batches were pending, rerun later (another day, another machine with the same outputs folder), collects
 them instead of paying again (``cupid_exp.llm.batch``). A list of batches with not one readable entry (garbage) is
-set aside whole (``durability.aside``): the batches it named are not collected, their requests are sent again.
+set aside whole (``cupid_exp.aside``): the batches it named are not collected, their requests are sent again.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from cupid_exp.durability.aside import set_aside, torn
+from cupid_exp.aside import set_aside, torn
 from cupid_exp.outputs import writing
 
 log = logging.getLogger(__name__)

@@ -186,7 +186,7 @@ def _load(fd: int, account: Account) -> dict[str, Any]:
 def _restart(account: Account, error: Exception) -> dict[str, Any]:
     """An unreadable ledger (the lock is held): its bytes are copied aside, and it counts again from the account's
     ``floor`` (what the job's usage ledger counted), never from nothing; the caller writes it over the old one."""
-    from cupid_exp.durability.aside import set_aside
+    from cupid_exp.aside import set_aside
 
     set_aside(Path(account.path), "budget ledger", error,
               f"it counts again from ${account.floor:.4f}, what the job's usage ledger counted of its earlier attempts "

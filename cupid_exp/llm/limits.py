@@ -413,9 +413,3 @@ class RefusalPace:
         """Another process's lesson (``cupid_exp.llm.pools``): one pace for the whole pool."""
         self.rpm, self.refused_rpm, self.changed_at = rpm, refused_rpm, now
 
-
-def limit_metrics() -> dict[str, float]:
-    """Progress metrics of every pool this process calls (``cupid_exp.llm.pools.pool_metrics``)."""
-    from cupid_exp.llm.pools import pool_metrics
-
-    return pool_metrics()

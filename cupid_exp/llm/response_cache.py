@@ -12,7 +12,7 @@ so a write that fails (a full disk) is kept here and raised in the call's path b
 ends with our one line naming the folder (exit 5), as it does when the store cannot even be opened.
 
 A store SQLite cannot read (``file is not a database``, ``database disk image is malformed``: a torn copy, a disk
-error) is set aside whole (``durability.aside``) and the job goes on with a new, empty one: its calls are made
+error) is set aside whole (``cupid_exp.aside``) and the job goes on with a new, empty one: its calls are made
 again. One that turns out unreadable later, past its opening, is a miss on read and no longer written to.
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 
 from litellm.caching.base_cache import BaseCache
 
-from cupid_exp.durability.aside import set_aside
+from cupid_exp.aside import set_aside
 from cupid_exp.outputs import writing
 
 log = logging.getLogger(__name__)

@@ -53,7 +53,7 @@ class JourneyStore:
             if not isinstance(data, dict):
                 raise ValueError(f"a JSON {type(data).__name__}")
         except ValueError as exc:
-            from cupid_exp.durability.aside import set_aside
+            from cupid_exp.aside import set_aside
 
             set_aside(path, "persona file", exc, "that persona starts again (the response cache answers what it "
                       "asked already)")

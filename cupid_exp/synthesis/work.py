@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from cupid_exp.aside import set_aside
 from cupid_exp.config import ConfigError, ModelConfig, require
-from cupid_exp.durability.aside import set_aside
 from cupid_exp.job.spec import Published, TrackingView
 from cupid_exp.outputs import atomic_write_text, write_json, write_jsonl
 from cupid_exp.progress import Progress

@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 from cupid_exp.config import TrackingConfig
 from cupid_exp.llm.calls import CallLog
-from cupid_exp.llm.limits import limit_metrics
+from cupid_exp.llm.pools import pool_metrics
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.results import InstanceResult
 from cupid_exp.scoring.statistics import TASK_METRICS, point_value, task_frame
@@ -152,7 +152,7 @@ class LiveRun:
                    "progress/seconds": self.seconds_before + time.perf_counter() - self._started,
                    # rate limits: 429s met and time spent waiting on them, and each endpoint's concurrency limit
                    "progress/rate_limited": usage.get("rate_limited", 0.0),
-                   "progress/limit_wait_s": usage.get("limit_wait_s", 0.0), **limit_metrics(), **batch_points}
+                   "progress/limit_wait_s": usage.get("limit_wait_s", 0.0), **pool_metrics(), **batch_points}
         try:
             metrics.update(running_scores(records, self.parts, self.policy))
             self.tracker.log_metrics(metrics, step=done)

@@ -136,7 +136,7 @@ def ensure_parent(tracking: TrackingConfig, sweep_dir: str | Path) -> str:
             return found
         marker = folder / PARENT_RUN_FILE
         if marker.exists():  # not a run id: a marker written over
-            from cupid_exp.durability.aside import set_aside
+            from cupid_exp.aside import set_aside
 
             set_aside(marker, "sweep parent marker", "not a run id", "a new parent run is made for this sweep")
         from mlflow.tracking import MlflowClient

@@ -6,7 +6,7 @@ later command failed ('table _alembic_tmp_experiments already exists'). Here a n
 the real one and renamed into place once MLflow has finished with it (a rename is atomic), so the real path holds
 either nothing or a whole store; a kill leaves only the aside file, which the next command removes. A store half
 made before this existed is recognised (MLflow cannot open it and it holds no run) and made again. A store SQLite
-cannot read at all (``file is not a database``: a torn copy, a disk error) is set aside whole (``durability.aside``)
+cannot read at all (``file is not a database``: a torn copy, a disk error) is set aside whole (``cupid_exp.aside``)
 and made again: the job's run starts anew, the runs it held stay in the file set aside.
 Callers hold the store's file lock (``tracking.mlflow.prepare_store``).
 """
@@ -94,7 +94,7 @@ def repair(db: Path, error: BaseException) -> bool:
         return False
     corrupt = unreadable(db)
     if corrupt is not None:
-        from cupid_exp.durability.aside import set_aside
+        from cupid_exp.aside import set_aside
 
         forget_connections(f"sqlite:///{db}")
         set_aside(db, "MLflow store", corrupt, "a new store is made and this job's run starts in it (the runs the "

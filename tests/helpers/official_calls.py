@@ -1,6 +1,7 @@
 """Record the messages the official CUPID tool sends for one instance, by running its own modules.
 
-Run as a script in its own process: ``python official_calls.py <official checkout> <input.json> <out.json>``.
+Run as a script in its own process with the checkout on its path:
+``PYTHONPATH=<official checkout> python official_calls.py <input.json> <out.json>``.
 The official modules are imported from the checkout (nothing of theirs lives in this repo); the SDKs
 they import at module level (openai, anthropic, google-genai, datasets) are replaced by recorders, so
 no network is touched and every request is captured instead of sent. The input names what our run
@@ -57,8 +58,7 @@ def install_fake_sdks() -> None:
                         "google.genai.types": genai.types, "datasets": datasets})
 
 
-def record(official: Path, given: dict) -> dict[str, list[dict]]:
-    sys.path.insert(0, str(official))
+def record(given: dict) -> dict[str, list[dict]]:
     install_fake_sdks()
     from evaluation.modules import PreferenceInferrer, PreferenceMatcher, ResponseGenerator, ResponseJudger
 
@@ -98,6 +98,6 @@ def record(official: Path, given: dict) -> dict[str, list[dict]]:
 
 
 if __name__ == "__main__":
-    official_dir, input_path, output_path = map(Path, sys.argv[1:4])
-    result = record(official_dir, json.loads(input_path.read_text(encoding="utf-8")))
+    input_path, output_path = map(Path, sys.argv[1:3])
+    result = record(json.loads(input_path.read_text(encoding="utf-8")))
     output_path.write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")

@@ -11,14 +11,11 @@ from pathlib import Path
 
 import pytest
 from helpers.cli_runner import read_jsonl, run_cli
+from tracking.tracking_runs import held_job, held_job_settled, job_command, only_run, store_uri, wait_for
 
+from cupid_exp.durability import job_lock
 from cupid_exp.testing.cupid_data import write_dataset
 from cupid_exp.testing.stub_llm_server import StubServer
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tracking"))
-from tracking_runs import held_job, held_job_settled, job_command, only_run, store_uri, wait_for  # noqa: E402
-
-from cupid_exp.durability import job_lock  # noqa: E402
 
 N = 6
 CALLS = 4 * N

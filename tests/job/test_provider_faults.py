@@ -125,7 +125,6 @@ def test_a_daily_limit_stops_the_job_for_later_and_a_resume_completes_it(tmp_pat
 
 
 def _synthesize(url: str, root: Path) -> list[str]:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from synthesis.scripted import role_overrides
 
     return [sys.executable, "-m", "cupid_exp.synthesize", "synthesis.n_personas=1", "synthesis.max_turns=2",

@@ -201,7 +201,7 @@ def test_a_batch_ledger_of_garbage_is_set_aside_and_a_torn_line_is_not(tmp_path:
     path.write_bytes(garbage)
     with pytest.raises(UnicodeDecodeError):  # the fault: what the ledger read before fails on it
         path.read_text(encoding="utf-8")
-    with caplog.at_level(logging.WARNING, logger="cupid_exp.durability.aside"):
+    with caplog.at_level(logging.WARNING, logger="cupid_exp.aside"):
         assert ledger.open_batches() == {}
     (aside,) = path.parent.glob("batches.jsonl.corrupt-*")
     assert aside.read_bytes() == garbage and not path.exists()

@@ -194,7 +194,7 @@ def test_an_unreadable_ledger_is_copied_aside_and_counts_again_from_the_usage_le
     with pytest.raises(ValueError):  # the fault: not JSON
         json.loads(path.read_bytes())
     budget = Budget([Account(str(path), 1.0, "runtime.max_cost_usd", floor=0.75)])
-    with caplog.at_level(logging.WARNING, logger="cupid_exp.durability.aside"):
+    with caplog.at_level(logging.WARNING, logger="cupid_exp.aside"):
         assert budget.state()[0][1] == 0.75
     (aside,) = tmp_path.glob("budget.json.corrupt-*")
     assert aside.read_bytes() == garbage and ledger(path)["spent"] == 0.75

@@ -85,7 +85,7 @@ def test_a_store_sqlite_cannot_read_is_set_aside_and_the_call_made_again(tmp_pat
                 raise AssertionError("still a database")
             except sqlite3.DatabaseError as exc:
                 assert "not a database" in str(exc)
-        with caplog.at_level(logging.WARNING, logger="cupid_exp.durability.aside"):
+        with caplog.at_level(logging.WARNING, logger="cupid_exp.aside"):
             again = asyncio.run(fresh_client(tmp_path, server.url).complete(MESSAGES, step="s"))
             after = asyncio.run(fresh_client(tmp_path, server.url).complete(MESSAGES, step="s"))
     assert (again.text, again.cached, after.cached) == ("six", False, True)  # the new store keeps the reply

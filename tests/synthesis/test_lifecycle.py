@@ -11,14 +11,12 @@ from pathlib import Path
 
 from helpers.cli_runner import run_cli, seed_store
 from mlflow.tracking import MlflowClient
+from tracking.tracking_runs import held_job, held_job_settled, wait_for
 
 from cupid_exp.synthesis.config import ROLES
 from cupid_exp.testing.stub_llm_server import StubServer
 
 from .scripted import role_overrides
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tracking"))
-from tracking_runs import held_job, held_job_settled, wait_for  # noqa: E402
 
 SMALL = ["synthesis=api", "synthesis.max_turns=1", "synthesis.max_checklist_items=2"]
 ONE_AT_A_TIME = [f"synthesis.roles.{role}.max_concurrency=1" for role in ROLES]  # a provider taking one call at once

@@ -81,7 +81,7 @@ def test_a_persona_file_of_garbage_is_set_aside_and_the_persona_starts_again(tmp
     path.write_bytes(garbage)
     with pytest.raises(ValueError):  # the fault: it cannot be read
         json.loads(path.read_bytes())
-    with caplog.at_level(logging.WARNING, logger="cupid_exp.durability.aside"):
+    with caplog.at_level(logging.WARNING, logger="cupid_exp.aside"):
         store = JourneyStore.open(tmp_path, t, make_template(0, t.index), 0)
     (aside,) = tmp_path.glob("persona_001.json.corrupt-*")
     assert aside.read_bytes() == garbage and json.loads(path.read_text())["factor_plan"] == store.data["factor_plan"]

@@ -52,8 +52,9 @@ def wire(bodies: list[dict]) -> dict[str, list[list[dict]]]:
 
 def official(tmp_path: Path, given: dict) -> dict:
     (tmp_path / "in.json").write_text(json.dumps(given), encoding="utf-8")
-    subprocess.run([sys.executable, str(HELPER), OFFICIAL, str(tmp_path / "in.json"), str(tmp_path / "out.json")],
-                   check=True, timeout=120, cwd=tmp_path)
+    path = os.pathsep.join(filter(None, (OFFICIAL, os.environ.get("PYTHONPATH"))))  # the checkout's modules first
+    subprocess.run([sys.executable, str(HELPER), str(tmp_path / "in.json"), str(tmp_path / "out.json")],
+                   check=True, timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": path})
     return json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
 
 

@@ -63,7 +63,7 @@ def test_a_ledger_without_one_count_is_set_aside_and_restarted_from_the_journal(
     garbage = b"\x00\x17not a count\xff" * 40
     ledger.path.write_bytes(garbage)
     records = [{"key": "a", "usage": {"infer": {"calls": 2, "cost_usd": 0.5}}}]
-    with caplog.at_level(logging.WARNING, logger="cupid_exp.durability.aside"):
+    with caplog.at_level(logging.WARNING, logger="cupid_exp.aside"):
         meter = ledger.load(carried=records)
     assert meter.totals()["cost_usd"] == 0.5 and meter.totals()["calls"] == 2
     (aside,) = tmp_path.glob("usage.jsonl.corrupt-*")

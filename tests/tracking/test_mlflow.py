@@ -192,7 +192,7 @@ def test_a_sweep_parent_marker_of_garbage_is_set_aside_and_a_new_parent_made(tmp
     marker.parent.mkdir()
     marker.write_bytes(b"\x00\x17not a run id\xff")
     assert parent_run_id(marker.parent) is None  # the fault: the reader finds no run id in it
-    with caplog.at_level(logging.WARNING, logger="cupid_exp.durability.aside"):
+    with caplog.at_level(logging.WARNING, logger="cupid_exp.aside"):
         parent = ensure_parent(cfg.tracking, marker.parent)
     assert MlflowClient(cfg.tracking.uri).get_run(parent).data.tags["cupid.kind"] == "sweep"
     assert parent_run_id(marker.parent) == parent

@@ -2,6 +2,7 @@
 deleted and not fatal: renamed ``<name>.corrupt-<UTC time>`` beside itself, with one warning line naming both and
 what the job does without it. The job then goes on as if the file had never been there (or from what else it
 knows), so a rerun runs whatever the disk holds, and the bytes stay for whoever wants to look at them.
+It imports nothing of cupid_exp: the model layer, the journal and the stores all stand on it.
 """
 
 from __future__ import annotations

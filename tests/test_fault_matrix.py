@@ -134,7 +134,7 @@ def test_the_fault_keeps_every_invariant(fault: Fault, mode: str, tmp_path: Path
             stats = settled(stub)
             # read while the driver still holds the cell (the disk's tmpfs is unmounted when it lets go)
             invariants.finished(cell)
-            invariants.spend_covers(cell, billed_usd(stats, IN, OUT), ledger=fault.driver == "kill")
+            invariants.spend_covers(cell, stats, billed_usd(stats, IN, OUT), usage=fault.driver == "kill")
             invariants.no_secret(cell.tmp, outputs, [*SECRETS, *arrangement.secrets])
     if stats["total_received"]:  # the secrets were in play: sent as the config says
         assert stub.header_values["x-api-key"][HEADER_SECRET] and stub.header_values["authorization"][

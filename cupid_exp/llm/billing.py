@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cupid_exp.llm.errors import EmptyReply, _chain
+from cupid_exp.llm.usage import WorstCase
 
 
 def lost_after_sending(exc: BaseException) -> bool:
@@ -127,6 +128,8 @@ class Reply:
 class CallBill:
     """What one call's attempts sent and were charged beyond the reply it returns (or fails with)."""
 
+    step: str = ""
+    worst: WorstCase = field(default_factory=WorstCase)  #: each request's worst case, counted while it is in flight
     sent: int = 0  #: requests sent (or looked up in the response cache)
     charged_usd: float = 0.0  #: attempts without a usable reply: a lost one's worst case, an empty one's cost
     charged: int = 0  #: how many attempts that is
@@ -136,6 +139,10 @@ class CallBill:
         if usd:
             self.charged_usd += usd
             self.charged += 1
+
+    def settled(self) -> dict[str, float]:
+        """The requests sent, settled by the call's count (``UsageMeter.sending``)."""
+        return self.worst.in_flight(-self.sent)
 
     def release_unused(self) -> None:
         """A reservation no request used (the call stopped while it waited for its slot): returned in full."""

@@ -3,7 +3,9 @@ crossed with every mode, each cell held to the same invariants (``faults.invaria
 
 - the documented exit code; on a failure one line saying what happened, no traceback;
 - no instance lost: the same command, the fault removed, completes every instance (journal count = data count);
-- the spend counted is at least what the stub billed, and within the budget when one is set;
+- the spend the jobs report (metrics.json, earlier attempts included) is at least what the stub billed (kill -9 with
+  requests in flight: its tokens and requests too, and no cache hit counted as a call), and the budget ledger within
+  the budget when one is set;
 - no sentinel secret (a header on every role, the key in the environment, a password in a URL) in any file under
   the cell's folder (output root, journal, cache, MLflow store) or in anything printed;
 - and first, that the fault really happened (the stub's counters, the job's own counts, the process gone).
@@ -51,7 +53,8 @@ How each fault is made: the batch mode meets a refusal (401, ``insufficient_quot
 upload, a 429 or a 5xx at its first uploads (and 5xx rows), a malformed body as a garbled output line; 429s come in
 every way providers say the wait (``rate_limit_style="rotate"``: retry-after seconds, -ms, an HTTP date, OpenAI's
 x-ratelimit-reset, Anthropic's reset time, only the message, nothing), each waited out (the stub counts early
-retries); kill -9 lands at a seeded instant of the model phase, with requests in flight that the stub bills. Cells
+retries); kill -9 lands at a seeded instant of the model phase, with requests in flight that the stub bills and the
+resumed job reports at their worst case. Cells
 marked ``slow`` (sweeps, the tracking server, the disk, kills) run in CI too.
 """
 

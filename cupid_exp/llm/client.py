@@ -291,14 +291,15 @@ class LLMClient:
             usd = self._worst_case(messages, kwargs) if lost else 0.0
             if held is not None:
                 held.settle(usd)
-            bill.charge(usd)
+            bill.charge(usd, *((bill.worst.prompt_tokens, bill.worst.completion_tokens) if lost else (0, 0)))
             raise
         reply = self._billed(messages, response)
         if held is not None:
             held.settle(0.0 if reply.cached else reply.cost_usd)  # None (unpriced): its worst case
         empty = empty_reply(self.model.name, response)
         if empty is not None:
-            bill.charge(0.0 if reply.cached else reply.cost_usd)
+            if not reply.cached:
+                bill.charge(reply.cost_usd, reply.prompt_tokens, reply.completion_tokens)
             raise empty
         return reply
 

@@ -154,7 +154,7 @@ class UsageMeter:
         _charges(added, completion.charged_usd, completion.charged_requests)
         if completion.batch_cost_usd is not None:
             added["batch_cost_usd"] = completion.batch_cost_usd
-        self._count(step, {**added, **settled})
+        self._count(step, _plus(added, settled))
 
     def fail(self, step: str, kind: str, retries: int = 0, rate_limited: int = 0, wait_s: float = 0.0,
              charged_usd: float = 0.0, charged: int = 0, settled: Mapping[str, float] = {}) -> None:
@@ -165,7 +165,7 @@ class UsageMeter:
         if rate_limited or wait_s:
             added.update(rate_limited=rate_limited, limit_wait_s=wait_s)
         _charges(added, charged_usd, charged)
-        self._count(step, {**added, **settled})
+        self._count(step, _plus(added, settled))
 
     def abandon(self, step: str, sent: int, charged_usd: float = 0.0, charged: int = 0,
                 settled: Mapping[str, float] = {}) -> None:
@@ -173,7 +173,7 @@ class UsageMeter:
         the job stopped (a fatal refusal, a rate limit beyond patience). What they were billed is counted."""
         added: dict[str, float] = {"abandoned_requests": sent}
         _charges(added, charged_usd, charged)
-        self._count(step, {**added, **settled})
+        self._count(step, _plus(added, settled))
 
     def charge(self, step: str, usd: float, requests: int, settled: Mapping[str, float] = {}) -> None:
         """``requests`` billed without a usable reply whose call is counted apart (``fail``): a batch row's
@@ -242,6 +242,10 @@ class UsageMeter:
 
     def as_dict(self) -> dict[str, dict[str, float]]:
         return {step: dict(c) for step, c in self.counts.items()}
+
+
+def _plus(added: dict[str, float], more: Mapping[str, float]) -> dict[str, float]:
+    return {**added, **{k: added.get(k, 0.0) + v for k, v in more.items()}}
 
 
 def _charges(added: dict[str, float], usd: float, requests: int) -> None:

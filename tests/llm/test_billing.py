@@ -135,6 +135,9 @@ def test_a_request_cancelled_in_flight_is_charged_its_worst_case(tmp_path: Path)
     assert state["reservations"] == {} and state["spent"] == pytest.approx(worst)
     assert billed_usd(stats) <= state["spent"]
     assert meter.as_dict()["s"]["charged_requests"] == 1
+    m = usage_metrics(meter)  # its tokens too, at their worst case: never fewer than the provider billed
+    assert m["tokens/prompt"] >= stats["billed"]["prompt_tokens"] > 0 and m["cost/usd"] == pytest.approx(worst)
+    assert m["tokens/completion"] >= stats["billed"]["completion_tokens"] and m["calls/unsettled"] == 0
 
 
 

@@ -3,7 +3,9 @@ crossed with every mode, each cell held to the same invariants (``faults.invaria
 
 - the documented exit code; on a failure one line saying what happened, no traceback;
 - no instance lost: the same command, the fault removed, completes every instance (journal count = data count);
-- the spend counted is at least what the stub billed, and within the budget when one is set;
+- the spend the jobs report (metrics.json, earlier attempts included) is at least what the stub billed (kill -9 with
+  requests in flight: its tokens and requests too, and no cache hit counted as a call), and the budget ledger within
+  the budget when one is set;
 - no sentinel secret (a header on every role, the key in the environment, a password in a URL) in any file under
   the cell's folder (output root, journal, cache, MLflow store) or in anything printed;
 - and first, that the fault really happened (the stub's counters, the job's own counts, the process gone).
@@ -67,7 +69,8 @@ How each fault is made: the batch mode meets a refusal (401, ``insufficient_quot
 upload, a 429 or a 5xx at its first uploads (and 5xx rows), a malformed body as a garbled output line; 429s come in
 every way providers say the wait (``rate_limit_style="rotate"``: retry-after seconds, -ms, an HTTP date, OpenAI's
 x-ratelimit-reset, Anthropic's reset time, only the message, nothing), each waited out (the stub counts early
-retries); kill -9 lands at a seeded instant of the model phase, with requests in flight that the stub bills; so does
+retries); kill -9 lands at a seeded instant of the model phase, with requests in flight that the stub bills and the
+resumed job reports at their worst case; so does
 SIGTERM (to the command's process alone, as ``kill`` or a scheduler sends it), which the job must meet with its line. A
 ``corrupt_*`` fault is a state file turned to garbage when a job starts (``faults.drivers.CorruptDriver``): the response
 cache and the list of batches before the only run (shared folders a new job may find broken), the others once a first
@@ -158,10 +161,9 @@ def test_the_fault_keeps_every_invariant(fault: Fault, mode: str, tmp_path: Path
             stats = settled(stub)
             # read while the driver still holds the cell (the disk's tmpfs is unmounted when it lets go)
             invariants.finished(cell)
-            # killed jobs' requests in flight are charged in their ledgers only (a joblib sweep's SIGTERM ends its
-            # jobs by force: joblib's abort kills its workers)
-            killed = fault.driver == "kill" or (fault.driver == "sigterm" and mode == "sweep")
-            invariants.spend_covers(cell, billed_usd(stats, IN, OUT), ledger=killed)
+            # a killed attempt's requests in flight (kill -9; a joblib sweep's SIGTERM, whose abort kills its workers)
+            # are reported by the resume at their worst case: tokens and requests too
+            invariants.spend_covers(cell, stats, billed_usd(stats, IN, OUT), usage=fault.driver in ("kill", "sigterm"))
             invariants.no_secret(cell.tmp, outputs, [*SECRETS, *arrangement.secrets])
     if stats["total_received"]:  # the secrets were in play: sent as the config says
         assert stub.header_values["x-api-key"][HEADER_SECRET] and stub.header_values["authorization"][

@@ -22,14 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from cupid_exp.llm.usage import UsageMeter, usage_metrics
+from cupid_exp.llm.usage import UsageMeter, requests_sent, usage_metrics
 
 #: The usage a resumed job's MLflow run reports for the whole job (this attempt + earlier ones) under these
 #: names, with ``<name>/this_attempt`` and ``<name>/earlier_attempts`` beside them; its other usage metrics (per
 #: step, requests, failures) are the whole job's too. The attempt's own folder (metrics.json, the console) keeps
 #: the attempt's, with ``<name>/earlier_attempts``.
-JOB_USAGE = {"calls/total": "calls", "tokens/prompt": "prompt_tokens", "tokens/completion": "completion_tokens",
-             "cost/usd": "cost_usd"}
+JOB_USAGE = {"calls/total": "calls", "calls/requests": "requests", "tokens/prompt": "prompt_tokens",
+             "tokens/completion": "completion_tokens", "cost/usd": "cost_usd"}
 
 def run_key(identity: str, runtime: Any, output_root: str | Path) -> str:
     """What makes two jobs the same MLflow run (see the module docstring)."""
@@ -76,8 +76,12 @@ def earlier_usage(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
 
 
 def earlier_spend(earlier: UsageMeter | None) -> dict[str, float]:
-    """The totals of what the job's earlier attempts counted (its usage ledger); nothing without a journal."""
-    return earlier.totals() if earlier is not None else {}
+    """The totals of what the job's earlier attempts counted (its usage ledger), with the requests they sent
+    (``requests``); nothing without a journal."""
+    if earlier is None:
+        return {}
+    totals = earlier.totals()
+    return {**totals, "requests": requests_sent(totals)}
 
 
 def whole_job_usage(earlier: UsageMeter | None, this: UsageMeter) -> dict[str, float]:

@@ -210,7 +210,7 @@ class EvaluationWork:
             "prompts_digest": self.prompts_digest})
         return Published(files=[out / "instances.jsonl", out / "metrics.json"],
                          tags={"cupid.failed_instances": str(summary.failed_instances)}, table=records,
-                         plots=self._plots(job))
+                         plots=self._plots(job), replies=[out / "instances.jsonl"])
 
     def report(self, job: "Job", summary: JobSummary, where: str, status: str) -> str:
         return console.job_report(self.title(job), summary.nested, summary.errors, summary.metrics,

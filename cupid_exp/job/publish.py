@@ -145,4 +145,6 @@ def publish(job: Job, summary: Summary, tracker: Any, spending: BudgetReport | N
             artifacts=[([*(str(f) for f in published.files), str(job.output_dir / console.RESULTS_FILE)], None),
                        ([str(p) for p in sorted((job.output_dir / ".hydra").glob("*.yaml"))], ".hydra")],
             table=published.table, plots=published.plots,
+            # the run's traces hold each instance's replies: its copy of the records leaves them out
+            without_replies=[str(p) for p in published.replies] if job.cfg.tracking.traces else [],
             summary={"calls": int(m.get("calls/total", 0)), "cost_usd": round(m.get("cost/usd", 0.0), 6)}))

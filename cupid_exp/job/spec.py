@@ -92,6 +92,8 @@ class Published:
     tags: dict[str, str]
     table: list[dict[str, Any]] | None = None  #: the run's table (scrubbed records)
     plots: Any = None  #: ``tracking.live.PlotRequest``
+    replies: list[Path] = field(default_factory=list)  #: files among ``files`` whose records' ``raw`` replies the
+    #: run's traces hold: logged without them (a reply stored once in the run)
 
 
 class Work(Protocol):

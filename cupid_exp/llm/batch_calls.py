@@ -18,8 +18,8 @@ from cupid_exp.config import CallSettings
 from cupid_exp.llm.batch import Batcher, BatchSettings, Guard, RowBill, RowFailed
 from cupid_exp.llm.batch_providers import BatchUnsupported, batch_provider
 from cupid_exp.llm.batch_ledger import BatchLedger
-from cupid_exp.llm.billing import counted_tokens, reply_text
-from cupid_exp.llm.budget import reserve_call, worst_case_tokens, worst_case_usd
+from cupid_exp.llm.billing import counted_tokens, lost_after_sending, reply_text
+from cupid_exp.llm.budget import in_flight_worst, reserve_call, worst_case_tokens, worst_case_usd
 from cupid_exp.llm.errors import ProviderError, _short, provider_error_kind
 from cupid_exp.llm.retry import BILLING_CODES, BILLING_SUFFIX, CallFailed, FatalProviderError, RetryLater, \
     with_retries
@@ -147,13 +147,16 @@ async def complete_in_batch(client: Any, messages: list[dict], step: str, kwargs
         client._batcher = new_batcher(client.model, client.settings, client._api_key, client.meter.batches,
                                       client_guard(client))
     held, bill = await reserve_call(client, messages, kwargs, step), RowBill()
+    worst = in_flight_worst(client.prices, messages, kwargs)
+    client.meter.sending(step, worst)  # the row, in flight until its call is counted (a kill: its worst case)
     try:
         completion = await batched_completion(client._batcher, client.model, messages, kwargs, bill)
     except BaseException as exc:
         unread = unread_usd(client, messages, kwargs, bill.unread)
         if held is not None:
             held.failed(exc, beyond=unread)
-        client.meter.charge(step, unread, bill.unread)  # however the call is counted below
+        # however the call is counted below; a row the job stopped waiting for stays in flight: its worst case
+        client.meter.charge(step, unread, bill.unread, settled={} if lost_after_sending(exc) else worst.in_flight(-1))
         if not isinstance(exc, Exception) or isinstance(exc, FatalProviderError):
             raise  # the job's stop (set by this batch's upload or another call) or an interruption
         if isinstance(exc, CallFailed):  # the upload or the batch's creation failed for good
@@ -174,5 +177,5 @@ async def complete_in_batch(client: Any, messages: list[dict], step: str, kwargs
     completion.charged_requests = bill.unread
     if held is not None:
         held.settle(0.0 if completion.cached else completion.cost_usd, beyond=completion.charged_usd)
-    client.meter.add(step, completion)
+    client.meter.add(step, completion, settled=worst.in_flight(-1))
     return completion

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cupid_exp.llm.errors import EmptyReply, _chain
+from cupid_exp.llm.usage import WorstCase
 
 
 def lost_after_sending(exc: BaseException) -> bool:
@@ -127,15 +128,27 @@ class Reply:
 class CallBill:
     """What one call's attempts sent and were charged beyond the reply it returns (or fails with)."""
 
+    step: str = ""
+    worst: WorstCase = field(default_factory=WorstCase)  #: each request's worst case, counted while it is in flight
     sent: int = 0  #: requests sent (or looked up in the response cache)
     charged_usd: float = 0.0  #: attempts without a usable reply: a lost one's worst case, an empty one's cost
     charged: int = 0  #: how many attempts that is
+    charged_tokens: tuple[int, int] = (0, 0)  #: their prompt and completion tokens (a lost one's worst case)
     held: Any = field(default=None, repr=False)  #: the next attempt's reservation, held before its slot
 
-    def charge(self, usd: float | None) -> None:
-        if usd:
-            self.charged_usd += usd
+    def charge(self, usd: float | None, prompt: int = 0, completion: int = 0) -> None:
+        if usd or prompt or completion:
+            self.charged_usd += usd or 0.0
             self.charged += 1
+            self.charged_tokens = (self.charged_tokens[0] + prompt, self.charged_tokens[1] + completion)
+
+    def settled(self) -> dict[str, float]:
+        """What the call's count adds beyond its reply: the requests it sent settled (``UsageMeter.sending``), and the
+        tokens of the attempts charged without a usable reply."""
+        out = self.worst.in_flight(-self.sent)
+        if any(self.charged_tokens):
+            out.update(prompt_tokens=self.charged_tokens[0], completion_tokens=self.charged_tokens[1])
+        return out
 
     def release_unused(self) -> None:
         """A reservation no request used (the call stopped while it waited for its slot): returned in full."""

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from cupid_exp.config import CallSettings, ConfigError, ModelConfig
+from cupid_exp.llm.usage import WorstCase
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,14 @@ def worst_case_tokens(messages: list[dict], kwargs: Mapping[str, Any], max_outpu
         prompt += len(json.dumps(kwargs["response_format"]).encode())
     reply = kwargs.get("max_tokens") or kwargs.get("max_completion_tokens") or max_output or 0
     return prompt, int(reply)
+
+
+def in_flight_worst(prices: Prices | None, messages: list[dict], kwargs: Mapping[str, Any]) -> WorstCase:
+    """A request's worst case while it is in flight (``UsageMeter.sending``): its tokens' bounds, their cost at
+    ``prices`` (nothing for an unpriced model: not guessed)."""
+    prompt, reply = worst_case_tokens(messages, kwargs, prices.max_output_tokens if prices is not None else None)
+    usd = prompt * prices.input + reply * prices.output if prices is not None else 0.0
+    return WorstCase(usd, prompt, reply)
 
 
 # ----------------------------------------------------------------------------------------------- ledgers

@@ -25,7 +25,7 @@ from cupid_exp.config import CallSettings, ModelConfig
 from cupid_exp.llm import _litellm
 from cupid_exp.llm.billing import (CallBill, Reply, counted_tokens, empty_reply, lost_after_sending, reply_text,
                                    token_cost)
-from cupid_exp.llm.budget import Budget, model_prices, priced, reserve_call, worst_case_usd
+from cupid_exp.llm.budget import Budget, in_flight_worst, model_prices, priced, reserve_call, worst_case_usd
 from cupid_exp.llm.errors import ProviderError, _short, provider_error_kind  # noqa: F401  (re-exported)
 from cupid_exp.llm.limits import estimated_tokens
 from cupid_exp.llm.pools import Pool, flush_pools, pool_for
@@ -265,7 +265,7 @@ class LLMClient:
             return await self._complete_in_batch(messages, step, kwargs)
         start = time.perf_counter()
         tokens = estimated_tokens(messages, kwargs.get("max_tokens") or kwargs.get("max_completion_tokens"))
-        bill = CallBill()
+        bill = CallBill(step=step, worst=in_flight_worst(self.prices, messages, kwargs))
         token = self._internal.set(True) if self._internal is not None else None
         try:
             async with self._semaphore:
@@ -283,7 +283,7 @@ class LLMClient:
         except CallFailed as failed:
             a = failed.attempts
             self.meter.fail(step, failed.kind, retries=a.retries, rate_limited=a.rate_limited, wait_s=a.wait_s,
-                            charged_usd=bill.charged_usd, charged=bill.charged)
+                            charged_usd=bill.charged_usd, charged=bill.charged, settled=bill.settled())
             if failed.fatal:
                 raise (self.stop.fatal or self.pool.fatal) from failed.cause
             exc = failed.cause
@@ -291,7 +291,8 @@ class LLMClient:
                 failed.reason or f"{type(exc).__name__}: {self._scrub(_short(exc))}")) from exc
         except BaseException:
             if bill.sent:  # a budget that refused a retry, a job stopped by another call: what was sent is counted
-                self.meter.abandon(step, bill.sent, charged_usd=bill.charged_usd, charged=bill.charged)
+                self.meter.abandon(step, bill.sent, charged_usd=bill.charged_usd, charged=bill.charged,
+                                   settled=bill.settled())
             raise
         finally:
             if token is not None:
@@ -309,7 +310,8 @@ class LLMClient:
             finish_reason=getattr(choice, "finish_reason", None),
             refusal=getattr(choice.message, "refusal", None) or None,  # OpenAI structured outputs' refusal
         )
-        self.meter.add(step, completion)  # counted before anything is awaited: a job stopped now has paid for it
+        # counted (its requests in flight settled) before anything is awaited: a job stopped now has paid for it
+        self.meter.add(step, completion, settled=bill.settled())
         await _litellm.flush_cache_writes()
         from cupid_exp.llm.response_cache import raise_failed_write
 
@@ -322,6 +324,7 @@ class LLMClient:
         without a completion raises ``EmptyReply`` (retried like a 5xx) once its cost is counted."""
         held, bill.held = bill.held, None
         bill.sent += 1
+        self.meter.sending(bill.step, bill.worst)  # before it goes out: a kill from now on charges its worst case
         try:
             response = await self._send(messages, kwargs)
         except BaseException as exc:
@@ -329,14 +332,15 @@ class LLMClient:
             usd = self._worst_case(messages, kwargs) if lost else 0.0
             if held is not None:
                 held.settle(usd)
-            bill.charge(usd)
+            bill.charge(usd, *((bill.worst.prompt_tokens, bill.worst.completion_tokens) if lost else (0, 0)))
             raise
         reply = self._billed(messages, response)
         if held is not None:
             held.settle(0.0 if reply.cached else reply.cost_usd)  # None (unpriced): its worst case
         empty = empty_reply(self.model.name, response)
         if empty is not None:
-            bill.charge(0.0 if reply.cached else reply.cost_usd)
+            if not reply.cached:
+                bill.charge(reply.cost_usd, reply.prompt_tokens, reply.completion_tokens)
             raise empty
         return reply
 

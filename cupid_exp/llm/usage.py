@@ -1,9 +1,16 @@
 """What every model call costs and how it ended, counted per step; the one place usage becomes metrics.
 
-A *call* is one completion a step asked for. It either succeeds (fresh or from the cache) or fails
-after our retries (``cupid_exp.llm.retry``). *Requests* are what reached a provider: every fresh success, every
-failed call, and every retry of either. Replies that came back but could not be used are counted
-apart (``<kind>_attempt``), since the call itself succeeded.
+A *call* is one completion a step asked for. It either succeeds (fresh: ``calls``; or from the cache:
+``cache_hits``, apart, since nothing was billed for it: neither a call nor tokens nor cost) or fails after our
+retries (``cupid_exp.llm.retry``). *Requests* are what reached a provider: every fresh success, every failed call,
+and every retry of either. Replies that came back but could not be used are counted apart (``<kind>_attempt``),
+since the call itself succeeded.
+
+A request is counted *in flight* before it is sent (``sending``: its worst case, ``WorstCase``), and settled by
+the count of its call, in the same line of the usage ledger (``cupid_exp.durability.ledger``). A request a killed
+process never settled may have been processed and billed all the same: it is charged its worst case (cost and
+tokens, ``unsettled`` requests: ``charge_unsettled``), so the spend reported after ``kill -9`` is never below what
+the provider billed.
 
 Each provider pool the job called (``cupid_exp.llm.pools``) has its own entry, ``pool/<name>``, beside the steps:
 requests answered 429 and seconds waited (counted like a step's), and where the pool stands in each process
@@ -16,7 +23,7 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 # Failure kinds that come from the provider (the call failed), as opposed to unusable replies.
 PROVIDER_KINDS = ("provider", "timeout", "rate_limit", "auth", "context_length")
@@ -47,6 +54,41 @@ class Completion:
     def refused(self) -> bool:
         """The provider withheld the answer: its content filter stopped it, or the model refused."""
         return self.finish_reason == "content_filter" or bool(self.refusal)
+
+
+@dataclass(frozen=True)
+class WorstCase:
+    """An upper bound on what one request is billed (``cupid_exp.llm.budget.worst_case_tokens``), counted while it
+    is in flight."""
+
+    usd: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def in_flight(self, requests: int) -> dict[str, float]:
+        """The counts of ``requests`` such requests in flight (negative: settled)."""
+        if not requests:
+            return {}
+        return {"in_flight": requests, "in_flight_usd": requests * self.usd,
+                "in_flight_prompt_tokens": requests * self.prompt_tokens,
+                "in_flight_completion_tokens": requests * self.completion_tokens}
+
+
+_IN_FLIGHT = ("in_flight", "in_flight_usd", "in_flight_prompt_tokens", "in_flight_completion_tokens")
+
+
+def charged_unsettled(counts: dict[str, float]) -> dict[str, float]:
+    """``counts`` with the requests still in flight charged their worst case (cost, tokens, ``unsettled`` requests
+    billed without a usable reply): what an attempt that ended before their replies may have been billed for them."""
+    out = {k: v for k, v in counts.items() if k not in _IN_FLIGHT}
+    n = counts.get("in_flight", 0.0)
+    if n >= 0.5:  # counts of whole requests: a settled one leaves 0 (its dollars may leave a float's rounding)
+        for key, into in (("in_flight_usd", "cost_usd"), ("in_flight_prompt_tokens", "prompt_tokens"),
+                          ("in_flight_completion_tokens", "completion_tokens")):
+            out[into] = out.get(into, 0.0) + counts.get(key, 0.0)
+        out["unsettled"] = out.get("unsettled", 0.0) + n
+        out["charged_requests"] = out.get("charged_requests", 0.0) + n
+    return out
 
 
 @dataclass
@@ -88,9 +130,18 @@ class UsageMeter:
         if self.sink is not None:
             self.sink(step, added)
 
-    def add(self, step: str, completion: Completion) -> None:
-        added = {"calls": 1, "cache_hits": int(completion.cached), "retries": completion.retries,
-                 "prompt_tokens": completion.prompt_tokens, "completion_tokens": completion.completion_tokens}
+    def sending(self, step: str, worst: WorstCase) -> None:
+        """A request about to be sent, counted in flight at its worst case until its call's count settles it
+        (``settled``: ``WorstCase.in_flight`` of minus the requests the call sent)."""
+        self._count(step, worst.in_flight(1))
+
+    def add(self, step: str, completion: Completion, settled: Mapping[str, float] = {}) -> None:
+        """A call answered (``completion``); from the cache, only a cache hit: nothing was billed for it."""
+        if completion.cached:
+            added = {"cache_hits": 1, "retries": completion.retries}
+        else:
+            added = {"calls": 1, "retries": completion.retries, "prompt_tokens": completion.prompt_tokens,
+                     "completion_tokens": completion.completion_tokens}
         if completion.rate_limited or completion.limit_wait_s:
             added["rate_limited"] = completion.rate_limited
             added["limit_wait_s"] = completion.limit_wait_s
@@ -103,10 +154,10 @@ class UsageMeter:
         _charges(added, completion.charged_usd, completion.charged_requests)
         if completion.batch_cost_usd is not None:
             added["batch_cost_usd"] = completion.batch_cost_usd
-        self._count(step, added)
+        self._count(step, _plus(added, settled))
 
     def fail(self, step: str, kind: str, retries: int = 0, rate_limited: int = 0, wait_s: float = 0.0,
-             charged_usd: float = 0.0, charged: int = 0) -> None:
+             charged_usd: float = 0.0, charged: int = 0, settled: Mapping[str, float] = {}) -> None:
         """A call that failed for good (``kind`` from the provider) after ``retries`` repeated requests (and
         ``rate_limited`` repeated after a 429, ``wait_s`` seconds waited on limits); ``charged_usd``: what its
         ``charged`` attempts without a usable reply were billed (``cupid_exp.llm.billing``)."""
@@ -114,19 +165,20 @@ class UsageMeter:
         if rate_limited or wait_s:
             added.update(rate_limited=rate_limited, limit_wait_s=wait_s)
         _charges(added, charged_usd, charged)
-        self._count(step, added)
+        self._count(step, _plus(added, settled))
 
-    def abandon(self, step: str, sent: int, charged_usd: float = 0.0, charged: int = 0) -> None:
+    def abandon(self, step: str, sent: int, charged_usd: float = 0.0, charged: int = 0,
+                settled: Mapping[str, float] = {}) -> None:
         """A call ended, neither answered nor failed, after ``sent`` requests: its retry did not fit the budget, or
         the job stopped (a fatal refusal, a rate limit beyond patience). What they were billed is counted."""
         added: dict[str, float] = {"abandoned_requests": sent}
         _charges(added, charged_usd, charged)
-        self._count(step, added)
+        self._count(step, _plus(added, settled))
 
-    def charge(self, step: str, usd: float, requests: int) -> None:
+    def charge(self, step: str, usd: float, requests: int, settled: Mapping[str, float] = {}) -> None:
         """``requests`` billed without a usable reply whose call is counted apart (``fail``): a batch row's
         unreadable attempts."""
-        added: dict[str, float] = {}
+        added: dict[str, float] = {**settled}
         _charges(added, usd, requests)
         if added:
             self._count(step, added)
@@ -160,6 +212,12 @@ class UsageMeter:
         for key, value in values.items():
             counts[f"{key}@{pid}"] = value
 
+    def charge_unsettled(self) -> None:
+        """The requests still in flight charged their worst case (``charged_unsettled``): a meter read back from the
+        usage ledger of attempts that have ended (``cupid_exp.durability.ledger``)."""
+        for step, values in self.as_dict().items():
+            self.counts[step] = defaultdict(float, charged_unsettled(values))
+
     def merge(self, counts: dict[str, dict[str, float]]) -> None:
         """Add counts another meter made (a worker process's, ``since``; the ledger's), step by step. Not told to
         the sink: the meter that made them did."""
@@ -190,6 +248,10 @@ class UsageMeter:
         return {step: dict(c) for step, c in self.counts.items()}
 
 
+def _plus(added: dict[str, float], more: Mapping[str, float]) -> dict[str, float]:
+    return {**added, **{k: added.get(k, 0.0) + v for k, v in more.items()}}
+
+
 def _charges(added: dict[str, float], usd: float, requests: int) -> None:
     if usd or requests:
         added["cost_usd"] = added.get("cost_usd", 0.0) + usd
@@ -201,15 +263,18 @@ def failed_calls(counts: dict[str, float]) -> float:
 
 
 def requests_sent(counts: dict[str, float]) -> float:
-    """Requests that reached a provider: fresh successes, failed calls, and every retry (after a 429 too)."""
-    return (counts.get("calls", 0.0) - counts.get("cache_hits", 0.0) + failed_calls(counts) + counts.get("retries", 0.0)
-            + counts.get("rate_limited", 0.0) + counts.get("abandoned_requests", 0.0))
+    """Requests that reached a provider: fresh successes, failed calls, every retry (after a 429 too), and those
+    an attempt sent that ended before their replies (``unsettled``)."""
+    return (counts.get("calls", 0.0) + failed_calls(counts) + counts.get("retries", 0.0)
+            + counts.get("rate_limited", 0.0) + counts.get("abandoned_requests", 0.0) + counts.get("unsettled", 0.0))
 
 
 def usage_metrics(meter: UsageMeter) -> dict[str, float]:
-    """Flat MLflow metrics: ``calls/<step>``, ``calls/total``, ``calls/requests``, ``cost/usd``, ..."""
+    """Flat MLflow metrics: ``calls/<step>``, ``calls/total``, ``calls/requests``, ``cost/usd``, ... Calls and
+    tokens are the provider's (billed), cache hits apart; requests still in flight are charged their worst case."""
     out: dict[str, float] = {}
-    for step, counts in meter.as_dict().items():
+    steps = {step: charged_unsettled(counts) for step, counts in meter.as_dict().items()}
+    for step, counts in steps.items():
         if step.startswith(POOL):
             out.update(_pool_metrics(step[len(POOL):], counts))
             continue
@@ -221,7 +286,10 @@ def usage_metrics(meter: UsageMeter) -> dict[str, float]:
         for key, value in counts.items():
             if key.endswith("_attempt") or key.startswith("failed_") or key == "truncated_kept":
                 out[f"calls/{step}/{key}"] = value
-    totals = meter.totals()
+    totals: dict[str, float] = defaultdict(float)
+    for counts in steps.values():
+        for key, value in counts.items():
+            totals[key] += value
     out["calls/total"] = totals.get("calls", 0.0)
     out["calls/cache_hits"] = totals.get("cache_hits", 0.0)
     out["calls/requests"] = requests_sent(totals)
@@ -232,6 +300,7 @@ def usage_metrics(meter: UsageMeter) -> dict[str, float]:
     out["calls/unusable_replies"] = sum(v for k, v in totals.items() if k.endswith("_attempt"))
     out["calls/unpriced"] = totals.get("unpriced_calls", 0.0)
     out["calls/not_sent_oversized"] = totals.get("not_sent_oversized", 0.0)
+    out["calls/unsettled"] = totals.get("unsettled", 0.0)  # sent by an attempt that ended first: charged worst case
     out["tokens/estimated_calls"] = totals.get("estimated_usage_calls", 0.0)  # replies without usage: counted here
     out["cost/charged_requests"] = totals.get("charged_requests", 0.0)  # billed without a usable reply
     out["tokens/prompt"] = totals.get("prompt_tokens", 0.0)
@@ -261,7 +330,8 @@ def _pool_metrics(pool: str, counts: dict[str, float]) -> dict[str, float]:
 def usage_line(metrics: dict[str, float], seconds: float | None = None) -> str:
     """The console's one-line account of calls, requests, tokens and cost."""
     m = metrics.get
-    line = (f"calls: {int(m('calls/total', 0))} ok ({int(m('calls/cache_hits', 0))} cached), "
+    hits = int(m("calls/cache_hits", 0))
+    line = (f"calls: {int(m('calls/total', 0)) + hits} ok ({hits} cached), "
             f"{int(m('calls/failed', 0))} failed; requests sent: {int(m('calls/requests', 0))} "
             f"({int(m('calls/retries', 0))} retries{_limits_part(metrics)}){_pools_part(metrics)}; "
             f"tokens: {int(m('tokens/prompt', 0))} in / "

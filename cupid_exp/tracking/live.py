@@ -16,7 +16,9 @@ an exception the status first and a bounded trace export after.
 
 from __future__ import annotations
 
+import json
 import logging
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -241,8 +243,10 @@ class LiveRun:
             artifacts.append((self.drawn, "plots"))
         elif final.plots is not None:
             artifacts.append((final.plots.draw(final.table or []), "plots"))
-        for files, folder in artifacts:
-            run.log_artifacts([Path(f) for f in files], folder)
+        with tempfile.TemporaryDirectory(prefix="cupid-artifacts-") as tmp:
+            for files, folder in artifacts:
+                run.log_artifacts([_without_replies(Path(f), Path(tmp)) if f in final.without_replies else Path(f)
+                                   for f in files], folder)
         if final.table is not None:
             from cupid_exp.tracking.mlflow import records_table
 
@@ -255,6 +259,19 @@ class LiveRun:
         if self.traces is not None:
             traces, self.traces = self.traces, None
             traces.close(timeout)
+
+
+def _without_replies(path: Path, folder: Path) -> Path:
+    """A copy of the records file ``path`` in ``folder`` without each record's ``raw`` replies: the run's traces
+    hold them, each reply's text once in the run (the job's folder keeps the whole file)."""
+    copy = folder / path.name
+    with path.open(encoding="utf-8") as records, copy.open("w", encoding="utf-8") as out:
+        for line in records:
+            if line.strip():
+                record = json.loads(line)
+                record.pop("raw", None)
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    return copy
 
 
 @dataclass
@@ -299,6 +316,7 @@ class FinalLog:
     status: str = "FINISHED"  #: how the run ends (``tracking.outcomes.status_of`` the job's outcome)
     totals: dict[str, float] = field(default_factory=dict)  #: the meter's last totals (a worker's final point)
     plots: PlotRequest | None = None  #: drawn where the run is kept, then logged under plots/
+    without_replies: list[str] = field(default_factory=list)  #: artifacts logged without their records' replies
 
 
 @dataclass

@@ -5,8 +5,9 @@
   the last of stdout (``INCOMPLETE: ...``), as the README shows it;
 - no instance lost: after the resume, each job's journal holds every instance of its data, none failed (synthesis:
   the persona's three instances);
-- the spend counted (each job's metrics.json: this attempt's and the earlier ones', or its budget ledger) is at least
-  what the stub billed and, under a budget, within it;
+- the usage the jobs report (each job's last metrics.json: this attempt's and the earlier ones') is at least what the
+  stub billed: cost, tokens and requests, a killed attempt's requests in flight included; the calls it reports are
+  at most the replies billed (a cache hit is not a call); under a budget, the budget ledger holds the spend within it;
 - no sentinel secret in any file under the cell's folder (output root, journal, cache, MLflow store) or in anything
   printed.
 """
@@ -82,26 +83,30 @@ def job_metrics(cell: Cell) -> list[dict[str, float]]:
     return [metrics for _, metrics in latest.values()]
 
 
-def counted_usd(cell: Cell) -> float:
-    """The whole spend the jobs report: each job's last metrics.json, this attempt's cost and the earlier ones'."""
+def reported(cell: Cell) -> dict[str, float]:
+    """The whole usage the jobs report: each job's last metrics.json, this attempt's and the earlier ones', summed."""
     found = job_metrics(cell)
     assert len(found) == cell.jobs, found
-    return sum(_cost(metrics) for metrics in found)
-
-
-def _cost(metrics: dict[str, float]) -> float:
-    return metrics.get("cost/usd", 0.0) + metrics.get("cost/usd/earlier_attempts", 0.0)
+    names = ("cost/usd", "tokens/prompt", "tokens/completion", "calls/total", "calls/requests")
+    return {name: sum(m.get(name, 0.0) + m.get(f"{name}/earlier_attempts", 0.0) for m in found) for name in names}
 
 
 def _metrics(folder: Path) -> dict[str, float]:
     return json.loads((folder / "metrics.json").read_text())["metrics"]
 
 
-def spend_covers(cell: Cell, billed: float, *, ledger: bool = False) -> None:
-    """The spend counted covers what was billed. ``ledger``: count the budget ledgers' spend (a killed attempt's
-    requests in flight are charged there; their replies never came back to be counted)."""
-    counted = sum(entry["spent"] for entry in ledgers(cell.root)) if ledger else counted_usd(cell)
-    assert counted >= billed > 0, (counted, billed)
+def spend_covers(cell: Cell, stats: dict[str, Any], billed: float, *, usage: bool = False) -> None:
+    """The cost the jobs report covers what the stub billed (``billed``: its bill at the cell's prices). ``usage``:
+    so do their prompt and completion tokens and requests (a killed attempt's requests in flight were billed though
+    no reply came back: their worst case is counted), and no cache hit is counted as a call (each call counted is a
+    reply billed)."""
+    counted, paid = reported(cell), stats["billed"]
+    shown = (counted, paid, billed)
+    assert counted["cost/usd"] >= billed > 0, shown
+    if usage:
+        assert counted["tokens/prompt"] >= paid["prompt_tokens"], shown
+        assert counted["tokens/completion"] >= paid["completion_tokens"], shown
+        assert counted["calls/requests"] >= paid["requests"] >= counted["calls/total"], shown
 
 
 def within_budget(cell: Cell, budget: float, billed: float) -> None:

@@ -1,5 +1,6 @@
 """Spend counted as the provider bills, whatever the reply carries, against the stub's own count of what it billed:
-a reply without usage, a request lost after it was sent (each attempt its own reservation), a 200 without a
+a reply without usage, a request lost after it was sent (each attempt its own reservation), a request a kill cut
+(in the usage ledger before it is sent), a cache hit (billed nothing, counted apart), a 200 without a
 completion (retried like a 5xx), identical requests sharing one batch row; and the Batch API's refusals meaning
 what they mean live (a fatal refusal, a rate limit beyond patience, the enqueued-token limit)."""
 
@@ -14,7 +15,8 @@ import litellm
 import pytest
 
 from cupid_exp.config import ModelConfig, RuntimeConfig
-from cupid_exp.llm.budget import Account, Budget, BudgetExceeded, Prices, worst_case_usd
+from cupid_exp.durability.ledger import UsageLedger
+from cupid_exp.llm.budget import Account, Budget, BudgetExceeded, Prices, worst_case_tokens, worst_case_usd
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
 from cupid_exp.llm.pools import forget_pools
 from cupid_exp.llm.retry import FatalProviderError, RetryLater
@@ -133,6 +135,60 @@ def test_a_request_cancelled_in_flight_is_charged_its_worst_case(tmp_path: Path)
     assert state["reservations"] == {} and state["spent"] == pytest.approx(worst)
     assert billed_usd(stats) <= state["spent"]
     assert meter.as_dict()["s"]["charged_requests"] == 1
+    m = usage_metrics(meter)  # its tokens too, at their worst case: never fewer than the provider billed
+    assert m["tokens/prompt"] >= stats["billed"]["prompt_tokens"] > 0 and m["cost/usd"] == pytest.approx(worst)
+    assert m["tokens/completion"] >= stats["billed"]["completion_tokens"] and m["calls/unsettled"] == 0
+
+
+
+def test_a_request_is_in_the_usage_ledger_before_it_is_sent_and_one_a_kill_cut_is_charged_its_worst_case(
+        tmp_path: Path) -> None:
+    """The usage ledger as a SIGKILL leaves it while a request is on its way (a copy taken then: nothing runs after
+    a SIGKILL) holds the request in flight; read back, it is charged its worst case, never less than the provider
+    billed for it. The ledger as the call left it holds the reply as billed, the request settled."""
+    async def copied_while_in_flight(c: LLMClient, stub: StubServer, usage: UsageLedger) -> bytes:
+        call = asyncio.ensure_future(c.complete(HELLO, step="s"))
+        while not stub.stats()["in_flight"]:
+            await asyncio.sleep(0.02)
+        cut = usage.path.read_bytes()
+        await call
+        return cut
+
+    usage = UsageLedger(tmp_path / "usage.jsonl")
+    prompt, reply = worst_case_tokens(HELLO, {"max_tokens": MAX_TOKENS}, None)
+    with StubServer(latency_ms=300) as stub:
+        c, meter = client(stub.url, tmp_path)
+        meter.sink = usage.append
+        cut = asyncio.run(copied_while_in_flight(c, stub, usage))
+        stats = settled(stub)
+    assert stats["billed"]["requests"] == 1
+    (tmp_path / "killed.jsonl").write_bytes(cut)
+    killed = usage_metrics(UsageLedger(tmp_path / "killed.jsonl").load())
+    assert killed["calls/requests"] == killed["calls/unsettled"] == killed["cost/charged_requests"] == 1
+    assert killed["calls/total"] == 0 and killed["cost/usd"] == pytest.approx(prompt * IN + reply * OUT)
+    assert (killed["tokens/prompt"], killed["tokens/completion"]) == (prompt, reply)
+    assert killed["cost/usd"] >= billed_usd(stats) and killed["tokens/prompt"] >= stats["billed"]["prompt_tokens"]
+    whole = usage_metrics(UsageLedger(usage.path).load())
+    assert whole["calls/requests"] == whole["calls/total"] == 1 and whole["calls/unsettled"] == 0
+    assert whole["cost/usd"] == pytest.approx(billed_usd(stats)) and whole["tokens/prompt"] == stats["billed"][
+        "prompt_tokens"]
+    assert whole == usage_metrics(meter)
+
+
+def test_a_cache_hit_is_counted_apart_never_as_a_call_tokens_or_cost(tmp_path: Path) -> None:
+    with StubServer() as stub:
+        c, meter = client(stub.url, tmp_path, cache=True)
+        fresh = asyncio.run(c.complete(HELLO, step="s"))
+        hit = asyncio.run(c.complete(HELLO, step="s"))
+        stats = stub.stats()
+    assert hit.cached and not fresh.cached and stats["billed"]["requests"] == 1
+    m = usage_metrics(meter)
+    assert (m["calls/total"], m["calls/s"], m["calls/cache_hits"], m["calls/requests"]) == (1, 1, 1, 1)
+    assert (m["tokens/prompt"], m["tokens/completion"]) == (stats["billed"]["prompt_tokens"],
+                                                            stats["billed"]["completion_tokens"])
+    assert m["cost/usd"] == pytest.approx(billed_usd(stats))
+    assert usage_line(m).startswith("calls: 2 ok (1 cached), 0 failed; requests sent: 1 ")
+
 
 @pytest.mark.parametrize("kind", ["empty_choices", "content_null"])
 def test_a_reply_without_a_completion_is_retried_like_a_5xx_then_fails_as_provider(tmp_path: Path, kind: str) -> None:

@@ -15,8 +15,8 @@ def test_what_a_worker_counted_since_its_last_report_merges_into_the_job_meter_o
     worker.add("infer", Completion(text="c", prompt_tokens=3, completion_tokens=1, cost_usd=None, cached=True))
     job.merge(worker.since(sent))
     totals = job.totals()
-    assert totals["calls"] == 3 and totals["prompt_tokens"] == 20 and totals["cost_usd"] == 0.75
+    assert totals["calls"] == 2 and totals["prompt_tokens"] == 17 and totals["cost_usd"] == 0.75  # no cache hit
     assert totals["cache_hits"] == 1 and totals["unpriced_calls"] == 1
     metrics = usage_metrics(job)
     assert metrics["calls/failed"] == 1 and metrics["calls/retries"] == 2
-    assert metrics["calls/requests"] == 3 - 1 + 1 + 2  # fresh successes, the failed call, its retries
+    assert metrics["calls/requests"] == 2 + 1 + 2  # fresh successes, the failed call, its retries

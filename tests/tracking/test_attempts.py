@@ -84,12 +84,13 @@ def test_killed_attempts_resume_one_run_that_reports_the_whole_job(tmp_path: Pat
     assert "died" in tags["cupid.attempt.1"] and "died" in tags["cupid.attempt.2"]
     m = run.data.metrics
     # the whole job: every request the stub answered, in any attempt, is in the spend (attempt 1's unfinished
-    # instances included: attempt 2 found their answered calls in the cache, at no cost)
+    # instances included: attempt 2 found their answered calls in the cache, at no cost), and those the kill left
+    # unanswered (the stub held them) at their worst case: the job could not know they would not be billed
     paid = stub.stats()
-    assert m["calls/requests"] == paid["total_completed"]
-    assert m["cost/usd"] == pytest.approx(paid["tokens"]["prompt_tokens"] * 2.5e-06
-                                          + paid["tokens"]["completion_tokens"] * 1e-05, rel=1e-9)
-    assert m["tokens/prompt"] >= clean["tokens/prompt"] and m["calls/total"] >= CALLS  # (cache hits count as calls)
+    assert m["calls/requests"] >= paid["total_completed"] + 1 and m["calls/unsettled"] >= 1
+    assert m["cost/usd"] > paid["tokens"]["prompt_tokens"] * 2.5e-06 + paid["tokens"]["completion_tokens"] * 1e-05
+    # a cache hit is not a call: the calls counted are replies the stub sent, cache hits apart
+    assert m["calls/total"] <= paid["total_completed"] and m["calls/total"] + m["calls/cache_hits"] >= CALLS
     assert m["calls/total/this_attempt"] == 0 and m["calls/total/earlier_attempts"] == m["calls/total"]
     assert m["cost/usd/this_attempt"] == 0 and m["cost/usd"] == m["cost/usd/earlier_attempts"] > 0
     # every usage metric the clean run has, per step included, though this attempt made no call

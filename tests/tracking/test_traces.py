@@ -38,7 +38,7 @@ def traced(tmp_path_factory) -> dict:
     (job,) = job_dirs(root)
     records = {r["key"]: r for r in read_jsonl(job / "instances.jsonl")}
     return {"run": run, "traces": traces_of(uri, run), "records": records, "again": store_uri(again),
-            "off": store_uri(off)}
+            "off": store_uri(off), "root": root, "off_root": off}
 
 
 def test_each_instance_is_one_trace_linked_to_its_run(traced) -> None:
@@ -54,6 +54,17 @@ def test_each_instance_is_one_trace_linked_to_its_run(traced) -> None:
         assert len(ok) == sum(u["calls"] for u in record["usage"].values())
         tokens = (trace.info.token_usage or {}).get("input_tokens", 0)  # none for an instance without a reply
         assert tokens == sum(u["prompt_tokens"] for u in record["usage"].values())
+
+
+def test_the_runs_records_leave_out_the_replies_its_traces_hold(traced) -> None:
+    """Each reply once in the run: in its instance's trace, not again in the run's copy of instances.jsonl (the job's
+    folder keeps the whole file); without traces the run's copy keeps the replies."""
+    (logged,) = traced["root"].glob("mlartifacts/**/instances.jsonl")
+    rows = {r["key"]: r for r in read_jsonl(logged)}
+    assert rows == {key: {k: v for k, v in r.items() if k != "raw"} for key, r in traced["records"].items()}
+    assert any(r["raw"] for r in traced["records"].values())  # the job's folder: every reply
+    (kept,) = traced["off_root"].glob("mlartifacts/**/instances.jsonl")
+    assert any(r["raw"] for r in read_jsonl(kept))
 
 
 def test_a_call_span_has_step_model_messages_reply_tokens_cost_latency_cache_and_retries(traced) -> None:

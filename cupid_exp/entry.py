@@ -39,7 +39,7 @@ from omegaconf import DictConfig
 
 from cupid_exp.errors import (  # noqa: F401 - re-exported: the entry is where callers have found them
     EXIT_BAD_INPUT, EXIT_BUDGET, EXIT_BUG, EXIT_ENVIRONMENT, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK,
-    EXIT_RETRY_LATER, ConfigError, InputError, Interrupted, Outcome)
+    EXIT_RETRY_LATER, ConfigError, InputError, Interrupted, Outcome, pipe_safe)
 
 # A sweep exits with its worst job's code, worst first: what needs a fix (a bad setting, the environment, a budget),
 # then what needs only time (a rate limit), then incomplete.
@@ -298,7 +298,7 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
 
     def main() -> None:
         try:
-            exit_now(run())
+            exit_now(pipe_safe(run))
         except KeyboardInterrupt:  # a second Ctrl-C while the process ends: it was ending anyway
             os._exit(EXIT_INTERRUPTED)
 

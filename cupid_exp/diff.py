@@ -6,4 +6,6 @@ from cupid_exp.reporting.diff_specs import RunSpec, load_spec, spec_from_job_dir
 __all__ = ["RunSpec", "diff_runs", "load_spec", "main", "spec_from_job_dir", "spec_from_mlflow"]
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from cupid_exp.errors import pipe_safe
+
+    raise SystemExit(pipe_safe(main))

@@ -44,7 +44,7 @@ from omegaconf import DictConfig
 from cupid_exp.durability.signals import Terminated, install_sigterm_handler
 from cupid_exp.errors import (  # noqa: F401 - re-exported: the entry is where callers have found them
     EXIT_BAD_INPUT, EXIT_BUDGET, EXIT_BUG, EXIT_ENVIRONMENT, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK,
-    EXIT_RETRY_LATER, EXIT_TERMINATED, ConfigError, InputError, Interrupted, Outcome)
+    EXIT_RETRY_LATER, EXIT_TERMINATED, ConfigError, InputError, Interrupted, Outcome, pipe_safe)
 
 # A sweep exits with its worst job's code, worst first: what needs a fix (a bad setting, the environment, a budget),
 # then what needs only time (a rate limit), then incomplete.
@@ -334,7 +334,7 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
 
     def main() -> None:
         try:
-            exit_now(run())
+            exit_now(pipe_safe(run))
         except KeyboardInterrupt:  # a second Ctrl-C while the process ends: it was ending anyway
             os._exit(EXIT_INTERRUPTED)
         except Terminated as exc:  # the same for a second stop signal

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
+from typing import Any, Callable
 
 EXIT_OK, EXIT_BUG, EXIT_BAD_INPUT, EXIT_INCOMPLETE = 0, 1, 2, 3
 EXIT_BUDGET = 4
@@ -15,6 +16,31 @@ EXIT_ENVIRONMENT = 5  #: a full disk, a read-only or forbidden path, a vanished 
 EXIT_RETRY_LATER = 75  #: sysexits' EX_TEMPFAIL: a rate limit outlasts the patience (``cupid_exp.llm.retry.RetryLater``)
 EXIT_INTERRUPTED = 130  #: Ctrl-C: 128 + SIGINT, what a shell reports for a process SIGINT ended
 EXIT_TERMINATED = 143  #: SIGTERM (a scheduler's preemption, ``kill``): 128 + SIGTERM; other stop signals 128 + theirs
+EXIT_CLOSED_PIPE = 141  #: 128 + SIGPIPE: the reader of the output went away (``--help | head``)
+
+
+def pipe_safe(main: Callable[[], Any]) -> Any:
+    """``main()``'s exit code; when its output's reader went away (``| head``), ``EXIT_CLOSED_PIPE`` and no
+    traceback, the rest of the output dropped. A broken pipe elsewhere (a socket) goes on: stdout still writes."""
+    import os
+    import sys
+
+    try:
+        try:
+            return main()
+        finally:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        try:
+            sys.stdout.flush()
+            raise  # stdout is fine: not the reader's pipe
+        except BrokenPipeError:
+            pass
+        try:  # what is still buffered goes nowhere, also at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_CLOSED_PIPE
 
 
 @dataclass

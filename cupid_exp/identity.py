@@ -66,3 +66,16 @@ def content(resolved: Mapping[str, Any], not_identity: Iterable[str] = ()) -> di
         if isinstance(node, dict):
             node.pop(last, None)
     return config
+
+
+def short_key(key: str) -> str:
+    """How a label names an identity key: the evaluated model's own keys without ``model.`` (``temperature``
+    for ``model.params.temperature``), every other key whole. A report row's label and a run's name both say it."""
+    return key.removeprefix("model.params.").removeprefix("model.")
+
+
+def subset_text(limit: int | None, types: Iterable[str] = ()) -> str:
+    """'data.limit=1, data.instance_types=[changing]': the part of the data a job took; empty for all of it
+    (``types`` as the job kept them: empty for every type)."""
+    return ", ".join(([f"data.limit={limit}"] if limit is not None else [])
+                     + ([f"data.instance_types=[{','.join(types)}]"] if types else []))

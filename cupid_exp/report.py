@@ -5,4 +5,6 @@ from cupid_exp.reporting.cli import main
 __all__ = ["main"]
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from cupid_exp.errors import pipe_safe
+
+    raise SystemExit(pipe_safe(main))

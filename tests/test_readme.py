@@ -211,7 +211,7 @@ def runs(workspace: Workspace) -> dict[str, str]:
     cmd = ["python", "-m", "cupid_exp", "-m", "model=gpt4o,claude", *at_stub(workspace.stub.url)]
     proc = subprocess.run(cmd, cwd=workspace.root, env=workspace.env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
-    ids = re.findall(r"MLflow run ([0-9a-f]{32})", proc.stdout)
+    ids = re.findall(r"\| MLflow run ([0-9a-f]{32}) at", proc.stdout)  # the outputs line (not the opening log line)
     dirs = re.findall(r"^outputs: (\S+) \|", proc.stdout, re.M)
     assert len(ids) == 2 and len(dirs) == 2, proc.stdout[-2000:]
     return {"RUN_A": ids[0], "RUN_B": ids[1], "JOB_DIR": dirs[0]}

@@ -170,7 +170,7 @@ class EvaluationWork:
 
         cfg, ev = self.cfg, self.cfg.evaluator
         return TrackingView(
-            run_name=cfg.tracking.run_name or f"{cfg.model.name}-{cfg.task.name}-{self.setting.label()}",
+            run_name=cfg.tracking.run_name or self.run_name(),
             tags={"dataset_digest": self.data.digest, "dataset_source": self.data.source,
                   "prompts_digest": self.prompts_digest},
             dataset=dataset_input(cfg.data, self.data), parts=self.parts, policy=cfg.runtime.failure_policy,
@@ -180,6 +180,16 @@ class EvaluationWork:
             plots=self._plots(job),
             shown={i.key: (i.current_request, i.current_context_factor) for i in self.units
                    if i.key in job.attempt.done})
+
+    def run_name(self) -> str:
+        """What tells this job's run apart in MLflow's runs list (``tracking.names.job_run_name``)."""
+        from cupid_exp.tracking.dataset import dataset_name
+        from cupid_exp.tracking.names import hydra_overrides, job_run_name
+
+        cfg = self.cfg  # the data as the Dataset column names it: the file (or Hub id) and the subset taken
+        return job_run_name(cfg.model.name, cfg.task.name, self.setting.label(), cfg.evaluator.name,
+                            dataset_name(cfg.data, self.data), "", hydra_overrides(),
+                            getattr(cfg.runtime, "epochs", 1) or 1)  # runtime.epochs: issue 41 item 4
 
     def _plots(self, job: "Job") -> Any:
         """Score by type, score vs relevant-session position (paper Fig. 3), vs history length (Fig. 9)."""

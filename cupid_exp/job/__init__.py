@@ -11,6 +11,7 @@ job's progress (``cupid_exp.tracking.live``).
 from __future__ import annotations
 
 import importlib
+import logging
 import signal
 import sys
 import threading
@@ -30,6 +31,8 @@ from cupid_exp.job.publish import job_outcome, publish, start_tracking
 from cupid_exp.job.spec import Execution, JobSpec, Summary, Work
 from cupid_exp.job.workers import start_workers
 from cupid_exp.tracking.mlflow import SweepParent, ends_on_error
+
+log = logging.getLogger(__name__)
 
 
 def budget_report(job: Job, execution: Execution) -> BudgetReport | None:
@@ -105,6 +108,7 @@ def _run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None,
                     connect(job)
                     if live is not None and job.todo:  # before the first call; a complete resume waits at publish
                         live.wait_opened()
+                        log.info("MLflow run %s opened at %s", live.run_id, job.cfg.tracking.uri)  # follow it live
                     imports = import_alongside(job.work.summary_modules) if job.todo and not job.dry_run \
                         else None
                     execution = execute(job, live, workers)

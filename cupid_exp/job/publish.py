@@ -21,7 +21,8 @@ from cupid_exp.durability.attempts import whole_job_metrics, whole_job_usage
 from cupid_exp.durability.signals import shielded
 from cupid_exp.tracking.live import FinalLog
 from cupid_exp.tracking.mlflow import SweepParent, flatten
-from cupid_exp.tracking.outcomes import outcome_tags, status_of
+from cupid_exp.tracking.names import headline
+from cupid_exp.tracking.outcomes import DESCRIPTION_TAG, outcome_tags, status_of
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,13 @@ def start_tracking(job: Job) -> Any:
         if claim is not None:
             claim.release()
         raise
+
+
+def results_line(job: Job, summary: Summary, metrics: dict[str, float], tags: dict[str, str]) -> str:
+    """The run's results at a glance, for its name and description (``tracking.names.headline``)."""
+    total = len(job.work.units)
+    failed = int(tags.get("cupid.failed_instances", "0") or 0)
+    return headline(metrics, max(summary.n_units - failed, 0), total, f"{job.work.noun}s")
 
 
 def job_outcome(job: Job, summary: Summary, spending: BudgetReport | None = None) -> Outcome:
@@ -138,10 +146,12 @@ def publish(job: Job, summary: Summary, tracker: Any, spending: BudgetReport | N
         # the run spans every attempt: usage for the whole job (the folder's metrics.json: this attempt's)
         whole = {**m, **whole_job_usage(job.attempt.earlier, meter), **whole_job_metrics(m)}
         batch_ids = {"cupid.batch_ids": " ".join(meter.batches.ids)[:5000]} if meter.batches.ids else {}
+        line = results_line(job, summary, whole, published.tags)
         live.finish(FinalLog(
             metrics=whole, step=summary.n_units, status=status_of(outcome.outcome),
-            tags={"cupid.complete": str(complete).lower(), **published.tags,
+            tags={"cupid.complete": str(complete).lower(), **published.tags, DESCRIPTION_TAG: line,
                   **outcome_tags(outcome.outcome, outcome.reason), **batch_ids},
+            headline=line,
             artifacts=[([*(str(f) for f in published.files), str(job.output_dir / console.RESULTS_FILE)], None),
                        ([str(p) for p in sorted((job.output_dir / ".hydra").glob("*.yaml"))], ".hydra")],
             table=published.table, plots=published.plots,

@@ -8,7 +8,7 @@ from cupid_exp.reporting.leaderboard import leaderboard
 from cupid_exp.reporting.reference import matcher_of
 from cupid_exp.reporting.selection import Selection
 from cupid_exp.reporting.settings_table import setting_table
-from cupid_exp.reporting.tables import Table
+from cupid_exp.reporting.tables import Table, unfinished_table
 from cupid_exp.reporting.tidy import tidy_frame
 from cupid_exp.scoring.bootstrap import DEFAULT_N_BOOT
 from cupid_exp.scoring.statistics import TASK_METRICS
@@ -42,4 +42,6 @@ def build_report(selection: Selection, *, reference: Mapping[str, Any] | None = 
                     if table is not None and len(table.frame):
                         shown.add((task, by_type, matcher))
                         tables.append(table)
+    if selection.unfinished:  # above the plots, with its data and reason; rows of the CSV too
+        tables.append(unfinished_table(selection.unfinished))
     return tables

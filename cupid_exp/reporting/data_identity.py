@@ -31,9 +31,9 @@ class DataIdentity:
     @property
     def subset(self) -> str:
         """'data.limit=1, data.instance_types=[changing]'; empty for the whole data set."""
-        parts = ([f"data.limit={self.limit}"] if self.limit is not None else []) + (
-            [f"data.instance_types=[{','.join(self.types)}]"] if self.types else [])
-        return ", ".join(parts)
+        from cupid_exp.identity import subset_text
+
+        return subset_text(self.limit, self.types)
 
     @property
     def full(self) -> DataIdentity:

@@ -62,11 +62,11 @@ def render_html(tables: Sequence[Table], notes: Sequence[str] = (), images: Sequ
         parts.append(f"<h3>{html.escape(t.title)}</h3>")
         parts.append(f"<div class='scroll'>{_html_table(t.frame)}</div>")
         parts.extend(f"<p>{html.escape(n)}</p>" for n in t.notes)
+    if notes:  # above the plots: what was left out (a failed run, a subset) is read with the tables
+        parts.append("<h4>Notes</h4><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
     if images:
         parts.append("<h3>Plots</h3>")
         parts.extend(_figure(caption, png) for caption, png in images)
-    if notes:
-        parts.append("<h4>Notes</h4><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
     parts.append("</body></html>")
     return "\n".join(parts)
 

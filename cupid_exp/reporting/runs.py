@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
+from cupid_exp.identity import short_key
 from cupid_exp.reporting.data_identity import DIGEST_SHOWN, DataIdentity, data_identity
 from cupid_exp.scoring.names import metric_key
 from cupid_exp.scoring.statistics import HEADLINE, TASK_METRICS
@@ -35,6 +36,21 @@ DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) /
 def tracking_uri(given: str | None) -> str:
     """``--tracking-uri`` if given, else ``MLFLOW_TRACKING_URI``, else the bare checkout's SQLite store."""
     return given or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+POINT_ELSEWHERE = "point it at your store with --tracking-uri URI or MLFLOW_TRACKING_URI=URI"
+
+
+class NoStore(LookupError):
+    """A SQLite store that is not there: a read-only command says so in one line rather than make an empty one."""
+
+
+def existing_store(uri: str) -> None:
+    """Raise ``NoStore`` when ``uri`` is a SQLite file that does not exist (MLflow would create it on opening)."""
+    if uri.startswith("sqlite:///"):
+        db = Path(uri.removeprefix("sqlite:///")).expanduser()
+        if not db.is_file():
+            raise NoStore(f"no MLflow store at {uri} ({db.resolve()} does not exist): {POINT_ELSEWHERE}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -124,10 +140,6 @@ def identity_key(run: "JobRun") -> str:
     return json.dumps(run.identity, sort_keys=True)
 
 
-def short_key(key: str) -> str:
-    """How a row label names an identity key: the evaluated model's own keys without ``model.`` (``temperature``
-    for ``model.params.temperature``), every other key whole."""
-    return key.removeprefix("model.params.").removeprefix("model.")
 
 
 def _shown(key: str, value: str | None) -> str:
@@ -273,10 +285,11 @@ def search_job_runs(uri: str, experiment: str, filter_string: str | None = None)
 
     from cupid_exp.mlflow_env import env_uri_kept
 
+    existing_store(uri)
     with env_uri_kept():  # the report runs in-process in tests and notebooks: no exported URI for later jobs
         mlflow.set_tracking_uri(uri)
     if MlflowClient(uri).get_experiment_by_name(experiment) is None:
-        raise LookupError(f"no MLflow experiment {experiment!r} at {uri}")
+        raise LookupError(f"no MLflow experiment {experiment!r} at {uri}: {POINT_ELSEWHERE}")
     clauses = ["tags.`cupid.kind` = 'job'"] + ([filter_string] if filter_string else [])
     try:
         runs = mlflow.search_runs(experiment_names=[experiment], filter_string=" and ".join(clauses),
@@ -312,6 +325,10 @@ def resolve_run_id(uri: str, ref: str) -> str:
 
     if not is_run_id_prefix(ref):
         raise RunIdError(f"{ref!r} is not an MLflow run id or the start of one (lowercase hex digits)")
+    try:
+        existing_store(uri)
+    except NoStore as exc:
+        raise RunIdError(str(exc)) from None
     client = MlflowClient(uri)
     experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
     found = client.search_runs(experiments, filter_string=f"attributes.run_id LIKE '{ref}%'",
@@ -330,7 +347,8 @@ def get_job_run(uri: str, run_id: str) -> JobRun:
     """The run ``run_id`` names: its full id, or the start of it when that is unique (``resolve_run_id``)."""
     from mlflow.tracking import MlflowClient
 
-    return _job_run(MlflowClient(uri).get_run(resolve_run_id(uri, run_id)))
+    full = resolve_run_id(uri, run_id)  # first: it says when the store is not there (a client would make one)
+    return _job_run(MlflowClient(uri).get_run(full))
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ class Selection:
     runs: list[JobRun]
     records: dict[str, Records | None]
     notes: list[str] = field(default_factory=list)
+    unfinished: list[JobRun] = field(default_factory=list)  #: failed, killed or still running: a table of their own
 
 
 def partial_reason(run: JobRun, records: Records | None) -> str | None:
@@ -95,9 +96,12 @@ def select_runs(runs: Sequence[JobRun], load: Callable[[str], Records | None], *
     notes: list[str] = []
     records: dict[str, Records | None] = {}
     usable: list[JobRun] = []
+    unfinished: list[JobRun] = []
     for run in runs:
         if run.status != "FINISHED":
-            notes.append(f"skipped run {run.short} ({run.model}, {run.setting_label}): status {run.status}")
+            notes.append(f"skipped run {run.short} ({run.model}, {run.setting_label}): status {run.status}, "
+                         f"data={run.data_label}" + (f"; {ended(run)}" if ended(run) else ""))
+            unfinished.append(run)
             continue
         recs = load(run.run_id)
         reason = partial_reason(run, recs)
@@ -131,4 +135,12 @@ def select_runs(runs: Sequence[JobRun], load: Callable[[str], Records | None], *
             notes.append(f"run {run.short} ({run.model}, {run.setting_label}) is incomplete (tag cupid.complete="
                          f"false): its failed instances are left out or scored by its policy, {run.failure_policy}")
     kept = [r for r in usable if r.run_id in chosen]
-    return Selection(kept, {r.run_id: records[r.run_id] for r in kept}, notes)
+    return Selection(kept, {r.run_id: records[r.run_id] for r in kept}, notes, unfinished)
+
+
+def ended(run: JobRun) -> str:
+    """How a run that did not finish ended, as its tags say (``tracking.outcomes``): 'budget: the budget ...'."""
+    from cupid_exp.tracking.outcomes import OUTCOME_TAG, REASON_TAG, description
+
+    outcome = run.tags.get(OUTCOME_TAG, "")
+    return description(outcome, run.tags.get(REASON_TAG, "")) if outcome else ""

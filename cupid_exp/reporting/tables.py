@@ -119,3 +119,17 @@ def row_of(by_model: Mapping[str, Mapping[str, JobRun]]) -> dict[str, str]:
 def model_of(row: str) -> str:
     """The model a row label names ('gpt4o' of 'gpt4o · temperature=0.4')."""
     return row.split(" · ")[0]
+
+
+UNFINISHED_TITLE = "Runs that did not finish (in no table above)"
+
+
+def unfinished_table(runs: Sequence[JobRun]) -> Table:
+    """The failed, killed and running job runs: which data each ran on and why it ended (its outcome and reason);
+    a row each, in the CSV too."""
+    from cupid_exp.reporting.selection import ended
+
+    rows = [{"run_id": r.short, "model": r.model, "setting": r.setting_label, "data": r.data_label,
+             "evaluator": r.evaluator, "status": r.status, "reason": ended(r) or "–"} for r in runs]
+    frame = pd.DataFrame(rows)
+    return Table(UNFINISHED_TITLE, frame, frame.assign(table=UNFINISHED_TITLE, source="unfinished"))

@@ -85,10 +85,11 @@ class MlflowSweepCallback(Callback):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         tracking = _tracking(config)
         worker = run_worker.start(keep=True)
+        overrides = list(OmegaConf.select(config, "hydra.overrides.task", default=None) or [])
         if worker is not None:
-            worker.open_sweep(tracking, str(sweep_dir))
+            worker.open_sweep(tracking, str(sweep_dir), overrides)
         else:
-            ensure_parent(tracking, sweep_dir)
+            ensure_parent(tracking, sweep_dir, overrides)
         self._open = (tracking.uri, str(sweep_dir))
         atexit.register(self._killed_at_exit)
         install_sigterm_handler()

@@ -20,11 +20,18 @@ from cupid_exp.data.loading import LoadedData
 
 
 def dataset_name(cfg: DataConfig, data: LoadedData) -> str:
+    """The file's (or Hub dataset's) name, and for a subset the part taken (``h2.jsonl [data.limit=2]``): the
+    runs table's Dataset column then reads as a part of the file, not another version of it."""
+    from cupid_exp.tracking.names import subset_of
+
     if cfg.source == "hf":
-        return str(cfg.hf_name)
-    if cfg.source == "sample":
-        return "cupid-sample"
-    return Path(data.source).name or data.source
+        name = str(cfg.hf_name)
+    elif cfg.source == "sample":
+        name = "cupid-sample"
+    else:
+        name = Path(data.source).name or data.source
+    subset = subset_of(cfg.limit, cfg.instance_types)
+    return f"{name} [{subset}]" if subset else name
 
 
 def dataset_digest(cfg: DataConfig, data: LoadedData) -> str:

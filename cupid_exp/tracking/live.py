@@ -90,6 +90,7 @@ class LiveRun:
         self._point_failing = False  # a failed point was reported: the next ones are not, until one gets through
         self.notice: str | None = None  #: what opening the run found, for the job to say (``reopen``)
         self.carried: dict[str, float] | None = None  #: earlier attempts' usage from the run itself (``reopen``)
+        self.name = ""  #: the run's name as opened: its results go after it when it ends (``finish``)
         self._backfill: RunRequest | None = None  #: whose journalled instances' traces to rebuild (``executed``)
         self.rebuilt = 0  #: traces rebuilt from the journal
         self.resumed = False  #: the run is an earlier attempt's, reopened: it may hold a unit's earlier trace
@@ -238,6 +239,10 @@ class LiveRun:
             tags = {**tags, CARRIED_TAG: "the run's last progress point before this attempt (the ledger was gone)"}
         run.log_metrics(metrics, step=final.step)
         run.set_tags(tags)
+        if final.headline and self.name:
+            from cupid_exp.tracking.names import scored_name
+
+            run.client.update_run(run.run_id, name=scored_name(self.name, final.headline))
         artifacts = list(final.artifacts)
         if self.drawn is not None:
             artifacts.append((self.drawn, "plots"))
@@ -317,6 +322,7 @@ class FinalLog:
     totals: dict[str, float] = field(default_factory=dict)  #: the meter's last totals (a worker's final point)
     plots: PlotRequest | None = None  #: drawn where the run is kept, then logged under plots/
     without_replies: list[str] = field(default_factory=list)  #: artifacts logged without their records' replies
+    headline: str = ""  #: the results at a glance: after the run's name (``tracking.names.scored_name``)
 
 
 @dataclass
@@ -374,7 +380,7 @@ def open_run(request: RunRequest, claim: Claim, meter: Any) -> Any:
                        done=request.done, earlier={**request.earlier, **(carried or {})}, meter=meter,
                        every_s=request.tracking.progress_every_s, traces=traces, attempt=tags["cupid.attempt"],
                        plots=request.plots, unit=request.unit)
-        live.notice, live.carried = notice, carried
+        live.notice, live.carried, live.name = notice, carried, request.run_name
         if previous is not None:
             live.seconds_before = previous.data.metrics.get("progress/seconds", 0.0)
             live.resumed = True

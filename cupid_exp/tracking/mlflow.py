@@ -123,9 +123,10 @@ class SweepParent:
     sweep_dir: str
 
 
-def ensure_parent(tracking: TrackingConfig, sweep_dir: str | Path) -> str:
+def ensure_parent(tracking: TrackingConfig, sweep_dir: str | Path, overrides: Iterable[str] = ()) -> str:
     """The id of the sweep's parent run: the one the sweep folder's marker names, else a new run (and the marker),
-    under a file lock (parallel jobs of a launcher may ask at once)."""
+    under a file lock (parallel jobs of a launcher may ask at once). A new run gets the sweep's ``overrides`` (the
+    command's) as ``sweep.*`` params, and the swept ones in its name."""
     from filelock import FileLock
 
     folder = Path(sweep_dir)
@@ -142,11 +143,23 @@ def ensure_parent(tracking: TrackingConfig, sweep_dir: str | Path) -> str:
         from mlflow.tracking import MlflowClient
 
         from cupid_exp.outputs import atomic_write_text
+        from cupid_exp.secrets import scrub, secret_values
+        from cupid_exp.tracking.names import SEP, override_pairs
 
         prepare_store(tracking.uri)
-        run = MlflowClient(tracking.uri).create_run(
-            experiment_id(tracking), run_name=f"sweep {folder.name}",
+        hidden = secret_values(list(overrides))
+        swept = {_clean_key(f"sweep.{k}"): scrub(v, hidden)[:6000] for k, v in override_pairs(overrides)}
+        varied = [f"{k.removeprefix('sweep.')}={v}" for k, v in swept.items() if "," in v and v[:1] not in "[{"]
+        client = MlflowClient(tracking.uri)
+        run = client.create_run(
+            experiment_id(tracking), run_name=SEP.join([f"sweep {folder.name}", *varied]),
             tags={"cupid.kind": "sweep", "cupid.sweep_dir": str(folder.resolve()), **git_state()})
+        if swept:
+            from mlflow.entities import Param
+
+            items = [Param(k, v) for k, v in swept.items()]
+            for i in range(0, len(items), 100):
+                client.log_batch(run.info.run_id, params=items[i:i + 100])
         atomic_write_text(folder / PARENT_RUN_FILE, run.info.run_id)
         log.info("MLflow parent run %s for sweep %s", run.info.run_id, folder)
         return run.info.run_id

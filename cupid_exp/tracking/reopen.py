@@ -82,7 +82,9 @@ def leave_finished(tracker: Any, request: Any, previous: Any, parent: str | None
     notice = f"this job finished earlier, in MLflow run {run_id} ({previous.info.status}): left as it was"
     if parent and previous.data.tags.get("mlflow.parentRunId") != parent:
         client = tracker.client
-        link = client.create_run(tracker.experiment_id, run_name=request.run_name, tags={
+        from cupid_exp.tracking.names import link_name
+
+        link = client.create_run(tracker.experiment_id, run_name=link_name(request.run_name, run_id), tags={
             "cupid.kind": LINK_KIND, LINKS_TO: run_id, "mlflow.parentRunId": parent,
             "job_identity": request.tags.get("job_identity", ""),
             DESCRIPTION_TAG: f"This job finished earlier, in run {run_id}: its results, traces and curves are there."})

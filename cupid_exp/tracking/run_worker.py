@@ -32,7 +32,7 @@ import pickle
 import threading
 import time
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Sequence
 
 from cupid_exp.llm.calls import CallLog
 from cupid_exp.results import InstanceResult
@@ -219,10 +219,10 @@ class RunWorker:
         self._release()
 
     # -- a sweep's parent run -----------------------------------------------------------------------------------
-    def open_sweep(self, tracking: Any, sweep_dir: str) -> None:
+    def open_sweep(self, tracking: Any, sweep_dir: str, overrides: Sequence[str] = ()) -> None:
         """Have the sweep's parent run opened (``tracking.mlflow.ensure_parent``) while the first job starts; returns
         at once. The worker then waits for that job, which takes it; a failure reaches the job that does."""
-        self.inbox.put(("sweep", tracking, sweep_dir))
+        self.inbox.put(("sweep", tracking, sweep_dir, list(overrides)))
         self._park()
 
     def close_sweep(self, end: Any) -> tuple[bool, str | None]:

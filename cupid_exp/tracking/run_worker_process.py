@@ -111,7 +111,7 @@ def serve(inbox: Any, outbox: Any, progress: Any) -> None:
             elif kind == "sweep":  # the sweep's parent run, before its first job's run
                 from cupid_exp.tracking.mlflow import ensure_parent
 
-                ensure_parent(message[1], message[2])
+                ensure_parent(message[1], message[2], message[3])
             elif kind == "sweep_end":
                 from cupid_exp.tracking.sweep import finish_sweep
 

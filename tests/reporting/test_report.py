@@ -53,8 +53,10 @@ def store(tmp_path_factory) -> dict:
                            name="embedding")
     client = MlflowClient(uri)
     experiment_id = client.get_experiment_by_name("cupid").experiment_id
-    failed = client.create_run(experiment_id, run_name="failed", tags={"cupid.kind": "job"})
+    failed = client.create_run(experiment_id, run_name="failed", tags={
+        "cupid.kind": "job", "cupid.outcome": "budget", "cupid.reason": "the budget of $1.00 was spent"})
     client.log_param(failed.info.run_id, "model.name", "qwen72b")
+    client.log_param(failed.info.run_id, "data.name", "sample")
     client.set_terminated(failed.info.run_id, "FAILED")
     running = client.create_run(experiment_id, run_name="running", tags={"cupid.kind": "job"})
     client.log_param(running.info.run_id, "model.name", "llama405b")
@@ -119,7 +121,11 @@ def test_leaderboard_uses_latest_finished_runs_with_intervals(store, capsys) -> 
 def test_skipped_runs_are_noted_and_sweep_parents_ignored(store, capsys) -> None:
     out = report(store, capsys)
     ids = store["ids"]
-    assert f"skipped run {ids['failed'][:8]} (qwen72b, standard): status FAILED" in out
+    assert (f"skipped run {ids['failed'][:8]} (qwen72b, standard): status FAILED, data=sample [") in out
+    assert "; budget: the budget of $1.00 was spent" in out  # its data and why it ended
+    rows = table_rows(out, "Runs that did not finish")
+    assert rows[ids["failed"][:8]]["reason"] == "budget: the budget of $1.00 was spent"
+    assert rows[ids["running"][:8]]["status"] == "RUNNING"
     assert f"skipped run {ids['running'][:8]} (llama405b, standard): status RUNNING" in out
     assert f"skipped partial run {ids['partial'][:8]} (mistral7b, standard): instances.jsonl holds 85 of 90" in out
     assert "sweep" not in out
@@ -186,6 +192,10 @@ def test_csv_and_html_formats(store, capsys, tmp_path: Path) -> None:
                  "--format", "html", "--reference", "paper", "--output", str(target)]) == 0
     text = target.read_text()
     assert text.startswith("<!doctype html>")
+    # a failed run's row and note stand above the plots; the CSV has its row
+    assert text.index("Runs that did not finish") < text.index("skipped run") < text.index("<h3>Plots</h3>")
+    (failed,) = [r for r in rows if r["source"] == "unfinished" and r["run_id"] == store["ids"]["failed"][:8]]
+    assert failed["status"] == "FAILED" and failed["reason"].startswith("budget: ") and failed["model"] == "qwen72b"
     assert re.search(r'<tr class="paper">\s*<td>paper: GPT-4o</td>', text)
     assert not re.search(r'<tr class="paper">\s*<td>gpt4o</td>', text)  # a run's row is not marked
 

@@ -104,3 +104,19 @@ def test_a_filter_matching_nothing_is_one_line_and_writes_no_file(store, tmp_pat
 def test_a_filter_mlflow_cannot_read_is_one_line(store) -> None:
     line = one_error_line(report(store, "--filter", "params.`model.name` = 'gpt4o"))
     assert line.startswith("--filter \"params.`model.name` = 'gpt4o\" is not an MLflow filter string: ")
+
+
+@pytest.mark.parametrize("args", [[], ["--compare", "abc", "def"]])
+def test_a_report_where_no_store_is_makes_none_and_says_how_to_point_it(tmp_path: Path, monkeypatch, capsys,
+                                                                         args: list[str]) -> None:
+    """Run from another folder, the report finds no store at the default URI: one line naming it and how to point
+    the report elsewhere, exit 2, and no empty store left behind."""
+    from cupid_exp.reporting.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no MLflow store at sqlite:///outputs/mlflow.db" in err and len(err.splitlines()) == 1
+    assert "--tracking-uri" in err and "MLFLOW_TRACKING_URI" in err
+    assert list(tmp_path.iterdir()) == []  # no outputs/mlflow.db made here

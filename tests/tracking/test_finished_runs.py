@@ -51,6 +51,11 @@ def test_a_sweep_over_a_finished_job_links_to_its_run_and_leaves_it_as_it_was(tm
     (link,) = [r for r in runs if r.data.tags.get("cupid.kind") == LINK_KIND]
     assert link.data.tags[LINKS_TO] == first.info.run_id and link.info.status == "FINISHED"
     assert link.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    # the runs list says which is which: the link says it is one, and to which run; the parent what the sweep varied
+    assert link.info.run_name.startswith(f"link → {first.info.run_id[:8]} · stub_a · inference · standard")
+    assert " | " not in link.info.run_name  # no results of its own
+    assert parent.data.params["sweep.model.name"] == "stub_a,stub_b"
+    assert parent.info.run_name.endswith(" · model.name=stub_a,stub_b")
     jobs = {r.data.params["model.name"]: r for r in job_runs(uri)}
     assert sorted(jobs) == ["stub_a", "stub_b"] and jobs["stub_a"].info.run_id == first.info.run_id
     assert jobs["stub_b"].data.tags["mlflow.parentRunId"] == parent.info.run_id

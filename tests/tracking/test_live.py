@@ -40,6 +40,11 @@ def test_the_run_streams_progress_while_the_job_works_and_has_the_dataset_as_inp
 
             run = wait_for(mid_point, 30, "a progress point mid-job")
             assert run.info.status == "RUNNING" and run.info.end_time is None
+            # the job said which run to follow when it opened it, not only at its end
+            assert f"MLflow run {run.info.run_id} opened at {uri}" in (tmp_path / "job.log").read_text()
+            # its name says what it is: model, task, setting, evaluator, data
+            assert run.info.run_name.startswith("openai_compatible · inference · standard · eval ")
+            assert run.info.run_name.endswith(" · data.jsonl")
             assert run.data.params["data.name"] == "local" and run.data.tags["job_identity"]
             (dataset,) = [d.dataset for d in run.inputs.dataset_inputs]
         finally:
@@ -65,6 +70,11 @@ def test_the_run_streams_progress_while_the_job_works_and_has_the_dataset_as_inp
     assert f1 and f1[-1][0] == N and f1[-1][1] == pytest.approx(run.data.metrics["inference/f1"])
     cost = history(client, run_id, "progress/cost_usd")
     assert cost[-1][1] == run.data.metrics["cost/usd"] > 0
+    # the runs list shows how it scored: the headline, cost and units done after its name, and as its description
+    final = run.data.metrics
+    glance = f"inference f1 {final['inference/f1']:.3f} · ${final['cost/usd']:.4f} · {N} of {N} instances"
+    assert run.info.run_name.endswith(f" · data.jsonl | {glance}")
+    assert run.data.tags["mlflow.note.content"] == glance
 
     # the dataset input: name, source path, digest, row count
     (job,) = job_dirs(root)
@@ -92,7 +102,9 @@ def test_a_subset_is_its_own_dataset(tmp_path: Path) -> None:
     full, part = load_instances(full_cfg), load_instances(part_cfg)
     assert dataset_digest(full_cfg, full) == full.digest != dataset_digest(part_cfg, part)
     entity = mlflow_dataset(part_cfg, part)
-    assert entity.name == "cupid-sample" and '"num_rows": 3' in entity.profile and entity.source_type == "local"
+    # its name says it is a part of the file, not another version of it
+    assert entity.name == "cupid-sample [data.limit=3]" and '"num_rows": 3' in entity.profile
+    assert entity.source_type == "local" and mlflow_dataset(full_cfg, full).name == "cupid-sample"
     assert job_runs(store_uri(tmp_path)) == []  # nothing was logged
 
 

@@ -1,0 +1,97 @@
+"""What a run's name and description say, so that MLflow's runs list tells runs apart and shows how each scored
+without picking columns (a fresh MLflow 3 runs table shows the run name, its start, duration, dataset and
+source; a run's description, ``mlflow.note.content``, heads the run's page).
+
+A job run is named by what distinguishes it: model, task, setting, evaluator, data (and the subset taken), the
+command's decoding choices (a model's or a judge's parameters, the prompts: as a report row's label names them,
+``reporting.runs.row_labels``) and the epochs when more than one. When it ends, its name gains the headline
+scores, the cost and how many units have a result, and its description says the same. A sweep's parent records
+the sweep's overrides as its params, and the swept ones in its name.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+SEP = " · "
+SCORES_SEP = " | "  #: between a job run's identity and its results in its name
+
+
+def override_pairs(overrides: Iterable[str]) -> list[tuple[str, str]]:
+    """(key, value) of each ``key=value`` override, its ``+``/``++``/``~`` prefix dropped."""
+    pairs = []
+    for text in overrides:
+        key, sep, value = str(text).partition("=")
+        if sep:
+            pairs.append((key.lstrip("+~"), value))
+    return pairs
+
+
+def scoring_overrides(overrides: Iterable[str]) -> list[str]:
+    """The command's decoding choices, as a row label names them (``temperature=0.4``:
+    ``identity.short_key``): overrides of a model's or an evaluator role's parameters (``model.params.*``,
+    ``model.step_params.*``, ``evaluator.judge.params.*``) and of the prompts. Group choices are in the name
+    already; the data's part and the setting's parameters too (its label); the rest changes no score, or is a
+    model's own config (``cupid_exp.identity``)."""
+    from cupid_exp.identity import short_key
+
+    shown = []
+    for key, value in override_pairs(overrides):
+        path = key.split(".")
+        root = path[0]
+        if root == "prompts" or (root in ("model", "evaluator") and any(p.endswith("params") for p in path[1:-1])):
+            shown.append(f"{short_key(key)}={value}")
+    return shown
+
+
+def subset_of(limit: Any, types: Sequence[str] | None) -> str:
+    """'data.limit=2' (as the report names a subset: ``identity.subset_text``) for a part of the data; empty for
+    all of it."""
+    from cupid_exp.data.schema import INSTANCE_TYPES
+    from cupid_exp.identity import subset_text
+
+    kept = tuple(sorted(set(types or ()))) if types and not set(types) >= set(INSTANCE_TYPES) else ()
+    return subset_text(limit if limit else None, kept)
+
+
+def job_run_name(model: str, task: str, setting: str, evaluator: str, data: str, subset: str = "",
+                 overrides: Iterable[str] = (), epochs: int = 1) -> str:
+    """'gpt4o · inference · standard · eval gpt4o · sample [data.limit=2] · temperature=0.4 · 3 epochs'."""
+    parts = [model, task, setting, f"eval {evaluator}", f"{data} [{subset}]" if subset else data,
+             *scoring_overrides(overrides)]
+    if epochs and int(epochs) > 1:
+        parts.append(f"{int(epochs)} epochs")
+    return SEP.join(parts)
+
+
+def hydra_overrides() -> list[str]:
+    """This Hydra job's command-line overrides (none outside a Hydra app: tests, notebooks)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return list(HydraConfig.get().overrides.task)
+    except (ImportError, ValueError):
+        return []
+
+
+def headline(metrics: Mapping[str, float], done: int, total: int, unit: str) -> str:
+    """'inference f1 0.620 · $0.0123 · 3 of 3 instances': each task part's headline score, the cost, the units
+    with a result."""
+    from cupid_exp.scoring.names import metric_key
+    from cupid_exp.scoring.statistics import HEADLINE
+
+    parts = [f"{task} {name} {metrics[key]:.3f}" for task, name in HEADLINE.items()
+             if (key := metric_key(task, "all", name)) in metrics and metrics[key] == metrics[key]]
+    parts.append(f"${metrics.get('cost/usd', 0.0):.4f}")
+    parts.append(f"{done} of {total} {unit}")
+    return SEP.join(parts)
+
+
+def scored_name(name: str, line: str) -> str:
+    """The run's name with its results after it (a resumed run's earlier results replaced)."""
+    return f"{name.split(SCORES_SEP)[0]}{SCORES_SEP}{line}"
+
+
+def link_name(name: str, run_id: str) -> str:
+    """A sweep's link child: says it is a link, and to which run."""
+    return f"link → {run_id[:8]}{SEP}{name.split(SCORES_SEP)[0]}"

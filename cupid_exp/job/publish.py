@@ -3,7 +3,7 @@
 
 The kind's files land in the Hydra job folder first (atomically: ``Work.publish``), so a tracking failure can
 never cost the results; the run worker draws any plots while the report is computed and printed. The run ends
-FINISHED only for a job that exits 0, else FAILED with its outcome (``tracking.outcomes``).
+FINISHED only for a job that exits 0, else FAILED with its outcome (``run_outcomes``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from cupid_exp.durability.signals import shielded
 from cupid_exp.tracking.live import FinalLog
 from cupid_exp.tracking.mlflow import SweepParent, flatten
 from cupid_exp.tracking.names import headline
-from cupid_exp.tracking.outcomes import DESCRIPTION_TAG, outcome_tags, status_of
+from cupid_exp.run_outcomes import DESCRIPTION_TAG, outcome_tags, status_of
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def restore_folder(job: Job, had_hydra: bool) -> None:
 def publish(job: Job, summary: Summary, tracker: Any, spending: BudgetReport | None = None, *,
             had_hydra: bool = False) -> None:
     """Files, then the console report, then MLflow (metrics, tags, artifacts, table, plots) and the run's end:
-    FINISHED for a job that exits 0, else FAILED with its outcome (``tracking.outcomes``). A job its budget
+    FINISHED for a job that exits 0, else FAILED with its outcome (``run_outcomes``). A job its budget
     stopped (``spending``) is not complete, whatever the units it ran. ``had_hydra``: the job folder had Hydra's
     ``.hydra/`` when the job started (a folder deleted since is made again: ``restore_folder``)."""
     live = tracker

@@ -139,8 +139,8 @@ def select_runs(runs: Sequence[JobRun], load: Callable[[str], Records | None], *
 
 
 def ended(run: JobRun) -> str:
-    """How a run that did not finish ended, as its tags say (``tracking.outcomes``): 'budget: the budget ...'."""
-    from cupid_exp.tracking.outcomes import OUTCOME_TAG, REASON_TAG, description
+    """How a run that did not finish ended, as its tags say (``run_outcomes``): 'budget: the budget ...'."""
+    from cupid_exp.run_outcomes import OUTCOME_TAG, REASON_TAG, description
 
     outcome = run.tags.get(OUTCOME_TAG, "")
     return description(outcome, run.tags.get(REASON_TAG, "")) if outcome else ""

@@ -10,7 +10,7 @@ each finished instance (and its trace); nothing it does waits on MLflow.
 
 ``end`` is the one way the run ends, whatever happened: the last progress point, then for a job
 whose results were published (``finish``) the trace export (so such a run has all its traces), the
-status, the outcome tags (``tracking.outcomes``) and a line on this attempt; for a job stopped by
+status, the outcome tags (``run_outcomes``) and a line on this attempt; for a job stopped by
 an exception the status first and a bounded trace export after.
 """
 
@@ -206,7 +206,7 @@ class LiveRun:
 
     def end(self, status: str, summary: Mapping[str, Any] | None = None, tags: Mapping[str, str] | None = None,
             *, published: bool = False) -> None:
-        """End the run (once) with ``status`` and the outcome ``tags`` (``tracking.outcomes``): see the module
+        """End the run (once) with ``status`` and the outcome ``tags`` (``run_outcomes``): see the module
         docstring for the order; ``published``: the job's results are in, so every trace is waited for."""
         if self.tracker.status is not None:
             return
@@ -318,7 +318,7 @@ class FinalLog:
     artifacts: list[tuple[list[str], str | None]]  #: (files, artifact folder)
     table: list[dict[str, Any]] | None  #: the per-instance records (scrubbed), as the run's table
     summary: dict[str, Any]  #: the attempt's one-line note
-    status: str = "FINISHED"  #: how the run ends (``tracking.outcomes.status_of`` the job's outcome)
+    status: str = "FINISHED"  #: how the run ends (``run_outcomes.status_of`` the job's outcome)
     totals: dict[str, float] = field(default_factory=dict)  #: the meter's last totals (a worker's final point)
     plots: PlotRequest | None = None  #: drawn where the run is kept, then logged under plots/
     without_replies: list[str] = field(default_factory=list)  #: artifacts logged without their records' replies

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from cupid_exp.config import TrackingConfig
 from cupid_exp.secrets import scrub, scrub_obj
-from cupid_exp.tracking.outcomes import stale_tags
+from cupid_exp.run_outcomes import stale_tags
 from cupid_exp.tracking.provenance import git_state
 
 log = logging.getLogger(__name__)
@@ -273,7 +273,7 @@ class RunTracker:
             self.client.log_table(self.run_id, data=table, artifact_file=name)
 
     def end(self, status: str = "FINISHED", summary: Any = None, tags: Mapping[str, str] | None = None) -> None:
-        """End the run once (with ``tags``: how it ended, ``tracking.outcomes``); later calls (an interrupt after
+        """End the run once (with ``tags``: how it ended, ``run_outcomes``); later calls (an interrupt after
         the run finished) change nothing. ``summary`` is for the job's own runs' note (``live.LiveRun``)."""
         if self.run_id is not None and self.status is None:
             if tags:
@@ -286,9 +286,9 @@ class RunTracker:
 def ends_on_error(run: Any) -> Iterator[None]:
     """Around a job's work: its run (anything with ``end(status, summary, tags)``) ends KILLED on Ctrl-C or SIGTERM
     and FAILED on any other exception (the exception goes on), with the outcome and reason as tags
-    (``tracking.outcomes``); a job that gets through ends its run itself, with its results. SIGTERM raises
+    (``run_outcomes``); a job that gets through ends its run itself, with its results. SIGTERM raises
     ``Terminated`` inside the block, and ending the run is shielded from interrupts."""
-    from cupid_exp.tracking.outcomes import outcome_of, outcome_tags, status_of
+    from cupid_exp.run_outcomes import outcome_of, outcome_tags, status_of
     from cupid_exp.durability.signals import shielded, sigterm_raises
 
     with sigterm_raises():

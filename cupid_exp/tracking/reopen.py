@@ -21,7 +21,7 @@ import logging
 from types import SimpleNamespace
 from typing import Any, Mapping, Sequence
 
-from cupid_exp.tracking.outcomes import DESCRIPTION_TAG, OUTCOME_TAG
+from cupid_exp.run_outcomes import DESCRIPTION_TAG, OUTCOME_TAG
 
 log = logging.getLogger(__name__)
 

@@ -191,7 +191,7 @@ def test_bad_model_output_fails_personas_and_the_job_ends_incomplete(tmp_path: P
     assert len(json.loads((job / "personas.json").read_text())) == 2
     runs = mlflow_runs(tmp_path / "out")
     assert len(runs) == 1 and runs[0].data.metrics["personas/failed"] == 2
-    # an incomplete job's run says so (tracking.outcomes): FAILED, its outcome and reason as tags
+    # an incomplete job's run says so (run_outcomes): FAILED, its outcome and reason as tags
     assert runs[0].info.status == "FAILED" and runs[0].data.tags["cupid.complete"] == "false"
     assert runs[0].data.tags["cupid.outcome"] == "incomplete"
 

@@ -1,4 +1,4 @@
-"""How a job's exception ends its MLflow run: the status and the outcome tags (``tracking.outcomes``); a job that got
+"""How a job's exception ends its MLflow run: the status and the outcome tags (``run_outcomes``); a job that got
 through ends its run by its exit code (tests/job/test_outcomes.py and test_budget_cli.py run those through the CLI)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from cupid_exp.llm.retry import FatalProviderError
 from cupid_exp.outputs import EnvironmentFailure
 from cupid_exp.tracking.mlflow import ends_on_error
-from cupid_exp.tracking.outcomes import outcome_tags, stale_tags, status_of
+from cupid_exp.run_outcomes import outcome_tags, stale_tags, status_of
 from cupid_exp.durability.signals import Terminated
 
 

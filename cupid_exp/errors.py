@@ -90,3 +90,15 @@ class Interrupted(KeyboardInterrupt):
                     "to start over")
         return (f"{where}: {self.finished} of {self.total} {self.noun} finished and journaled; run the same command "
                 "to resume")
+
+
+class Terminated(SystemExit):
+    """A stop signal arrived: stop like Ctrl-C does, then exit 128 + its number (143: SIGTERM)."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name

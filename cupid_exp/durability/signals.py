@@ -19,23 +19,13 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from cupid_exp.errors import Terminated  # noqa: F401 - raised here; defined with the other stops
+
 SIGTERM_EXIT = 128 + signal.SIGTERM
 #: signals whose default kills the process without unwinding, each a request to stop (SLURM sends SIGUSR1/SIGUSR2
 #: only where ``--signal`` asks; their default, too, kills)
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
                      if hasattr(signal, name))
-
-
-class Terminated(SystemExit):
-    """A stop signal arrived: stop like Ctrl-C does, then exit 128 + its number (143: SIGTERM)."""
-
-    def __init__(self, signum: int = signal.SIGTERM) -> None:
-        super().__init__(128 + signum)
-        self.signum = signum
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name
 
 
 def _raise_terminated(signum: int, frame: Any) -> None:

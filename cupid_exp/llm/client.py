@@ -268,18 +268,18 @@ class LLMClient:
         bill = CallBill(step=step, worst=in_flight_worst(self.prices, messages, kwargs))
         token = self._internal.set(True) if self._internal is not None else None
         try:
-            async with self._semaphore:
-                async def reserve() -> None:  # each attempt's worst case, before it waits for the pool's slot
-                    bill.held = await reserve_call(self, messages, kwargs, step)  # None without a budget
+            async def reserve() -> None:  # each attempt's worst case, before it waits for the pool's slot
+                bill.held = await reserve_call(self, messages, kwargs, step)  # None without a budget
 
-                try:
-                    reply, attempts = await with_retries(
-                        lambda: self._attempt(messages, kwargs, bill), self.pool, tokens=tokens,
-                        num_retries=self.settings.num_retries, patience_s=self.settings.rate_limit_patience_s,
-                        classify=provider_error_kind, model=self.model.name, roles=self.roles, scrub=self._scrub,
-                        stop=self.stop, before=reserve, outage_patience_s=self.settings.outage_patience_s)
-                finally:
-                    bill.release_unused()
+            try:  # the role's bound is held per attempt, not while a refused call waits (``with_retries``)
+                reply, attempts = await with_retries(
+                    lambda: self._attempt(messages, kwargs, bill), self.pool, tokens=tokens,
+                    num_retries=self.settings.num_retries, patience_s=self.settings.rate_limit_patience_s,
+                    classify=provider_error_kind, model=self.model.name, roles=self.roles, scrub=self._scrub,
+                    stop=self.stop, before=reserve, outage_patience_s=self.settings.outage_patience_s,
+                    gate=self._semaphore)
+            finally:
+                bill.release_unused()
         except CallFailed as failed:
             a = failed.attempts
             self.meter.fail(step, failed.kind, retries=a.retries, rate_limited=a.rate_limited, wait_s=a.wait_s,

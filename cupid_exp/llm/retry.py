@@ -21,13 +21,14 @@ anyone else sees them; the client turns them off (``num_retries=0``, ``max_retri
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import json
 import random
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, AsyncContextManager, Awaitable, Callable, Mapping
 
 # Retry classes of a provider failure (``decide``).
 RATE_LIMIT, TRANSIENT, FATAL, FINAL = "rate_limit", "transient", "fatal", "final"
@@ -318,91 +319,95 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tok
                        patience_s: float, classify: Callable[[BaseException], str | None], model: str,
                        roles: tuple[str, ...], scrub: Callable[[str], str], stop: JobStop | None = None,
                        before: Callable[[], Awaitable[None]] | None = None,
-                       outage_patience_s: float = OUTAGE_PATIENCE_S) -> tuple[Any, Attempts]:
+                       outage_patience_s: float = OUTAGE_PATIENCE_S,
+                       gate: AsyncContextManager[Any] | None = None) -> tuple[Any, Attempts]:
     """``send()`` once per attempt inside the endpoint's slot, until a reply, a final failure (``CallFailed``),
     a fatal refusal (``FatalProviderError``) or a bug (raised unchanged). ``before()`` runs ahead of each
     attempt, outside the slot: the attempt's budget reservation, which may wait for others' to come back (a slot
-    held while waiting could be the one a reservation's own request needs)."""
+    held while waiting could be the one a reservation's own request needs). ``gate``: the caller's own bound on
+    calls at once (a role's ``max_concurrency``), held for each attempt and let go while the call waits out a
+    429's retry-after or a backoff, so that a refused call does not keep a ready one from being sent."""
     import asyncio
 
     attempts = Attempts()
     started = time.monotonic()
     call = object()  # this call, among those whose failures make up the pool's run of failures
     while True:
-        held = None
-        if stop is not None and stop.fatal is not None:
-            raise stop.fatal  # the job stops: no new request, whichever endpoint
-        if endpoint.fatal is not None:
-            raise endpoint.fatal  # another call found the endpoint refusing: not sent
-        if before is not None:
-            await before()
-        try:
-            async with endpoint.slot(tokens, stop) as held:
-                attempts.wait_s += held.seconds
-                response = await send()
-        except Exception as exc:  # noqa: BLE001  # sorted right below: a provider's failure vs a bug
-            kind = classify(exc)
-            if kind is None:
-                raise
-            decision = decide(exc, kind)
-            outage = decision.what == TRANSIENT and is_outage_failure(exc)
-            if outage:
-                endpoint.no_answer(call)
-            elif endpoint.down_since is not None and kind != "timeout" and isinstance(getattr(
-                    exc, "status_code", None), int):
-                endpoint.answers()  # a 429 or a 400 is an answer: the endpoint is back
-            if decision.what == TRANSIENT and is_connection_refused(exc):
-                endpoint.refused += 1
-                if not endpoint.has_answered(outage_patience_s) and endpoint.refused >= REFUSED_BEFORE_FATAL:
-                    decision = Decision(FATAL, "unreachable")
-            if decision.what == FATAL:
-                if endpoint.fatal is None:
-                    endpoint.fatal = FatalProviderError(model, decision.kind, scrub(_message(exc)), roles)
-                if stop is not None and stop.fatal is None:
-                    stop.fatal = endpoint.fatal
-                raise CallFailed(decision.kind, exc, attempts, fatal=True) from exc
-            headers = headers_of(exc)
-            hint = retry_after_s(headers, str(exc))
-            if decision.what == RATE_LIMIT:
-                wait = hint if hint is not None else backoff_s(attempts.rate_limited, RATE_LIMIT_BASE_S)
-                spent = time.monotonic() - started
-                if spent + wait > patience_s:  # the job stops: every instance would spend a request to learn it
-                    endpoint.rate_limited(told_limits(headers), None, wait)  # counted, never a pause
-                    later = RetryLater(model, "rate_limit", scrub(_beyond_patience(exc, hint, wait, spent, patience_s)),
-                                       roles, wait)
+        async with gate if gate is not None else contextlib.nullcontext():
+            held = None
+            if stop is not None and stop.fatal is not None:
+                raise stop.fatal  # the job stops: no new request, whichever endpoint
+            if endpoint.fatal is not None:
+                raise endpoint.fatal  # another call found the endpoint refusing: not sent
+            if before is not None:
+                await before()
+            try:
+                async with endpoint.slot(tokens, stop) as held:
+                    attempts.wait_s += held.seconds
+                    response = await send()
+            except Exception as exc:  # noqa: BLE001  # sorted right below: a provider's failure vs a bug
+                kind = classify(exc)
+                if kind is None:
+                    raise
+                decision = decide(exc, kind)
+                outage = decision.what == TRANSIENT and is_outage_failure(exc)
+                if outage:
+                    endpoint.no_answer(call)
+                elif endpoint.down_since is not None and kind != "timeout" and isinstance(getattr(
+                        exc, "status_code", None), int):
+                    endpoint.answers()  # a 429 or a 400 is an answer: the endpoint is back
+                if decision.what == TRANSIENT and is_connection_refused(exc):
+                    endpoint.refused += 1
+                    if not endpoint.has_answered(outage_patience_s) and endpoint.refused >= REFUSED_BEFORE_FATAL:
+                        decision = Decision(FATAL, "unreachable")
+                if decision.what == FATAL:
                     if endpoint.fatal is None:
-                        endpoint.fatal = later
+                        endpoint.fatal = FatalProviderError(model, decision.kind, scrub(_message(exc)), roles)
                     if stop is not None and stop.fatal is None:
-                        stop.fatal = later
-                    raise CallFailed("rate_limit", exc, attempts, fatal=True) from exc
-                # the pace learned, every caller of the pool paused as the provider asks (not when the job stops
-                # on it: callers held by an hour's pause would not see the stop)
-                endpoint.rate_limited(told_limits(headers), hint, wait)
-                attempts.rate_limited += 1
-            elif outage and (endpoint.down_since is not None or (
-                    attempts.retries >= num_retries and endpoint.went_down(call, is_connection_failure(exc), hint,
-                                                                           scrub(_message(exc)), outage_patience_s))):
-                # the pool's outage, not this call's failure: it waits in the pool's slot with every other caller
-                # while one probe at a time asks whether the endpoint is back (``Pool.slot``)
-                if held is not None and held.probe and not endpoint.probe_failed(hint, outage_patience_s):
-                    later = RetryLater(model, "unreachable", scrub(_outage_over(endpoint, exc, outage_patience_s)),
-                                       roles)
-                    if endpoint.fatal is None:
-                        endpoint.fatal = later
-                    if stop is not None and stop.fatal is None:
-                        stop.fatal = later
-                    raise CallFailed("unreachable", exc, attempts, fatal=True) from exc
-                continue
-            elif decision.what == TRANSIENT and attempts.retries < num_retries:
-                wait = hint if hint is not None else backoff_s(attempts.retries)
-                attempts.retries += 1
+                        stop.fatal = endpoint.fatal
+                    raise CallFailed(decision.kind, exc, attempts, fatal=True) from exc
+                headers = headers_of(exc)
+                hint = retry_after_s(headers, str(exc))
+                if decision.what == RATE_LIMIT:
+                    wait = hint if hint is not None else backoff_s(attempts.rate_limited, RATE_LIMIT_BASE_S)
+                    spent = time.monotonic() - started
+                    if spent + wait > patience_s:  # the job stops: every instance would spend a request to learn it
+                        endpoint.rate_limited(told_limits(headers), None, wait)  # counted, never a pause
+                        later = RetryLater(model, "rate_limit", scrub(_beyond_patience(exc, hint, wait, spent, patience_s)),
+                                           roles, wait)
+                        if endpoint.fatal is None:
+                            endpoint.fatal = later
+                        if stop is not None and stop.fatal is None:
+                            stop.fatal = later
+                        raise CallFailed("rate_limit", exc, attempts, fatal=True) from exc
+                    # the pace learned, every caller of the pool paused as the provider asks (not when the job stops
+                    # on it: callers held by an hour's pause would not see the stop)
+                    endpoint.rate_limited(told_limits(headers), hint, wait)
+                    attempts.rate_limited += 1
+                elif outage and (endpoint.down_since is not None or (
+                        attempts.retries >= num_retries and endpoint.went_down(call, is_connection_failure(exc), hint,
+                                                                               scrub(_message(exc)), outage_patience_s))):
+                    # the pool's outage, not this call's failure: it waits in the pool's slot with every other caller
+                    # while one probe at a time asks whether the endpoint is back (``Pool.slot``)
+                    if held is not None and held.probe and not endpoint.probe_failed(hint, outage_patience_s):
+                        later = RetryLater(model, "unreachable", scrub(_outage_over(endpoint, exc, outage_patience_s)),
+                                           roles)
+                        if endpoint.fatal is None:
+                            endpoint.fatal = later
+                        if stop is not None and stop.fatal is None:
+                            stop.fatal = later
+                        raise CallFailed("unreachable", exc, attempts, fatal=True) from exc
+                    continue
+                elif decision.what == TRANSIENT and attempts.retries < num_retries:
+                    wait = hint if hint is not None else backoff_s(attempts.retries)
+                    attempts.retries += 1
+                else:
+                    raise CallFailed(decision.kind, exc, attempts) from exc
+                attempts.wait_s += wait if decision.what == RATE_LIMIT else 0.0
             else:
-                raise CallFailed(decision.kind, exc, attempts) from exc
-            attempts.wait_s += wait if decision.what == RATE_LIMIT else 0.0
-            await asyncio.sleep(wait)
-            continue
-        endpoint.succeeded(response)
-        return response, attempts
+                endpoint.succeeded(response)
+                return response, attempts
+        await asyncio.sleep(wait)  # out of the gate: another ready call takes its place meanwhile
 
 
 def _beyond_patience(exc: BaseException, hint: float | None, wait: float, spent: float, patience_s: float) -> str:

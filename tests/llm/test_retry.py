@@ -108,6 +108,23 @@ def test_a_wait_longer_than_a_minute_is_honoured(tmp_path: Path, monkeypatch) ->
     assert 90 in waits  # litellm would have used its own 0.5-8 s backoff instead
 
 
+def test_a_call_waiting_out_a_429_lets_another_call_take_its_concurrency_slot(tmp_path: Path, monkeypatch) -> None:
+    # an overloaded provider's sporadic 429 pauses no one else (``Pool.rate_limited``, ``RefusalPace.news``): the
+    # pool's pause is left out here so that only the call's own wait is in play
+    monkeypatch.setattr(Pool, "pause", lambda self, seconds: None)
+    script = [(429, {"error": {"message": "overloaded", "type": "requests", "param": None,
+                               "code": "rate_limit_exceeded"}}, {"retry-after": "1"}),
+              (200, completion_body("hello"), {})]
+    with ScriptedServer(script) as server:
+        model = ModelConfig(name="stub", litellm_model="openai/stub", api_base=server.url, max_concurrency=1)
+        c, meter = client(server.url, tmp_path, model)
+        first, second = ask(c, n=2)
+    sent = [r["messages"][-1]["content"] for r in server.requests]
+    assert meter.as_dict()["s"]["rate_limited"] == 1 and first.text == second.text == "hello"  # the 429 was sent
+    # one slot: the refused call's retry comes after the other call, sent while the first waited its second
+    assert sent == ["hello 0", "hello 1", "hello 0"], sent
+
+
 @pytest.mark.slow
 def test_a_permanent_limit_stops_the_job_for_later_at_the_patience_deadline(tmp_path: Path) -> None:
     with StubServer(closed_s=float("inf")) as stub:

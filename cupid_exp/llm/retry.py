@@ -373,8 +373,8 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tok
                     spent = time.monotonic() - started
                     if spent + wait > patience_s:  # the job stops: every instance would spend a request to learn it
                         endpoint.rate_limited(told_limits(headers), None, wait)  # counted, never a pause
-                        later = RetryLater(model, "rate_limit", scrub(_beyond_patience(exc, hint, wait, spent, patience_s)),
-                                           roles, wait)
+                        words = scrub(_beyond_patience(exc, hint, wait, spent, patience_s))
+                        later = RetryLater(model, "rate_limit", words, roles, wait)
                         if endpoint.fatal is None:
                             endpoint.fatal = later
                         if stop is not None and stop.fatal is None:
@@ -385,8 +385,8 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tok
                     endpoint.rate_limited(told_limits(headers), hint, wait)
                     attempts.rate_limited += 1
                 elif outage and (endpoint.down_since is not None or (
-                        attempts.retries >= num_retries and endpoint.went_down(call, is_connection_failure(exc), hint,
-                                                                               scrub(_message(exc)), outage_patience_s))):
+                        attempts.retries >= num_retries and endpoint.went_down(
+                            call, is_connection_failure(exc), hint, scrub(_message(exc)), outage_patience_s))):
                     # the pool's outage, not this call's failure: it waits in the pool's slot with every other caller
                     # while one probe at a time asks whether the endpoint is back (``Pool.slot``)
                     if held is not None and held.probe and not endpoint.probe_failed(hint, outage_patience_s):

@@ -34,10 +34,14 @@ def scoring_overrides(overrides: Iterable[str]) -> list[str]:
     already; the data's part and the setting's parameters too (its label); the rest changes no score, or is a
     model's own config (``cupid_exp.identity``)."""
     from cupid_exp.identity import short_key
+    from cupid_exp.secrets import is_headers_key, is_secret_key, mask_url_credentials
 
     shown = []
     for key, value in override_pairs(overrides):
         path = key.split(".")
+        if any(is_secret_key(part) or is_headers_key(part) for part in path):
+            continue  # a key or a header (``model.params.extra_headers.x-api-key``) never enters a name
+        value = mask_url_credentials(value)
         root = path[0]
         if root == "prompts" or (root in ("model", "evaluator") and any(p.endswith("params") for p in path[1:-1])):
             shown.append(f"{short_key(key)}={value}")

@@ -101,7 +101,10 @@ class SharedPoolState:
                 seen.processes = len(calling)
             self._looked = now
             if changed:
-                self.path.write_text(json.dumps(state))
+                try:
+                    self.path.write_text(json.dumps(state))
+                except OSError:  # a full disk: the pool's news is advice to the other processes, not a result; the
+                    pass  # job's own files say the failure, naming their folder
         return seen
 
     def _read(self) -> dict[str, Any]:

@@ -90,6 +90,9 @@ class ModelConfig(Checked):
     # embedded model needs room for a long JSON reply where a short cap keeps its free text from rambling
     step_params: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     max_concurrency: int = 8  # requests of this model in flight at once
+    # a reply cut at max_tokens is scored as it is (counted as truncated_kept) instead of failing its step as
+    # truncated: only for a tiny demo model that never ends a free-text reply by itself (conf/llm/local.yaml)
+    keep_cut_replies: bool = False
     system_role: str = "system"  # the official tool sends "developer" to OpenAI evaluator models
     structured_output: bool = False  # ask for JSON-schema constrained output on JSON steps
     input_cost_per_token: Optional[float] = None  # for models litellm's price map lacks

@@ -42,6 +42,8 @@ def by_content(value: Any) -> Any:
 
 def _model(model: Mapping[str, Any]) -> dict[str, Any]:
     out = {k: by_content(v) for k, v in model.items() if k not in MODEL_NOT_IDENTITY}
+    if not out.get("keep_cut_replies"):
+        out.pop("keep_cut_replies", None)  # the default: the identity of every job before the key existed
     if out.get("api_base"):
         out["api_base"] = canonical_api_base(out["api_base"])
     if isinstance(out.get("local"), Mapping):

@@ -108,7 +108,8 @@ async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[
     fails the step as ``truncated``, each cut text kept. A refusal (finish_reason "content_filter", or the
     provider's ``refusal`` field) without a usable reply fails it as ``content_filter`` at once: a paid
     re-ask of the same request would be refused again. ``keep_cut``: the step's max_tokens is a length the recipe
-    wants (synthesis's short assistant replies), so a cut reply is used as it is, counted as ``truncated_kept``.
+    wants (synthesis's short assistant replies), so a cut reply is used as it is, counted as ``truncated_kept``;
+    so does every step of a model with ``keep_cut_replies`` (the offline demo's 135M model, which never stops).
     """
     reply, reason, kind = "", "", "unparseable"
     log = calls.current()
@@ -135,7 +136,7 @@ async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[
             log.calls.append(record)
         if completion.refused and not reply.strip():
             raise _refused(client, step, completion, record)
-        if completion.finish_reason == "length" and keep_cut:
+        if completion.finish_reason == "length" and (keep_cut or client.model.keep_cut_replies):
             client.meter.kept_cut(step)
         elif completion.finish_reason == "length" and not completion.refused:
             client.meter.reject(step, TRUNCATED)

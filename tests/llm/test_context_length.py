@@ -31,7 +31,10 @@ def test_context_length_errors_of_every_style_are_classified(tmp_path: Path, sty
             asyncio.run(client.complete([{"role": "user", "content": "a very long prompt"}], step="infer"))
         assert stub.stats()["total_received"] == 1  # not retried
     assert err.value.kind == "context_length"
-    assert meter.as_dict()["infer"] == {"failed_context_length": 1, "retries": 0}
+    counts = meter.as_dict()["infer"]
+    assert {k: v for k, v in counts.items() if not k.startswith("in_flight")} == {"failed_context_length": 1,
+                                                                                 "retries": 0}
+    assert counts["in_flight"] == 0  # the one request sent was settled by its failure
 
 
 def test_styles_cover_the_providers_named_in_the_issue() -> None:

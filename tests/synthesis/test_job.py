@@ -98,7 +98,7 @@ def test_job_dir_is_stable_for_a_command_and_differs_by_recipe() -> None:
     # (moved from ..._bf8ecab3 when conf/llm/local.yaml gained the DRY sampler and step_params: config values)
     # (moved from default_local_seed0_64ab4f54 when the folder became a hash of the recipe's content: no role's
     # throughput, threads, prices or key variable; and the bare command's recipe became synthesis=offline)
-    assert run_dir([]) == "outputs/synthesis/offline_local_seed0_9f8b2357"
+    assert run_dir([]) == "outputs/synthesis/offline_local_seed0_0f27b137"
     assert run_dir([]) != run_dir(["synthesis.max_turns=2"])
     assert run_dir([]) != run_dir(["synthesis.seed=1"])
     assert run_dir([]) != run_dir(["synthesis.roles.decomposer.params.temperature=0.5"])

@@ -68,12 +68,9 @@ def configure_litellm(settings: CallSettings) -> None:
 _CHARS_PER_TOKEN_CEILING = 6
 
 
-def context_window(model: ModelConfig) -> int | None:
-    """Input tokens the model takes: the config's, the local model's n_ctx, or litellm's price map."""
-    if model.context_window:
-        return model.context_window
-    if model.local is not None:
-        return model.local.n_ctx
+def _mapped(model: ModelConfig, key: str) -> int | None:
+    """``key`` of the model's entry in litellm's map (``max_input_tokens``, ``max_output_tokens``); None when the
+    map lacks the model or the figure."""
     import litellm
 
     provider, _, name = model.litellm_model.partition("/")
@@ -82,22 +79,22 @@ def context_window(model: ModelConfig) -> int | None:
     except (litellm.exceptions.ModelNotMappedError, litellm.exceptions.BadRequestError,
             litellm.exceptions.NotFoundError):
         return None
-    return info.get("max_input_tokens") or None
+    return info.get(key) or None
+
+
+def context_window(model: ModelConfig) -> int | None:
+    """Input tokens the model takes: the config's, the local model's n_ctx, or litellm's price map."""
+    if model.context_window:
+        return model.context_window
+    if model.local is not None:
+        return model.local.n_ctx
+    return _mapped(model, "max_input_tokens")
 
 
 def max_output_tokens(model: ModelConfig) -> int | None:
     """The longest reply litellm's map gives the model; None when it does not know (an embedded model's is its
     n_ctx, which ``llm.local`` enforces)."""
-    if model.local is not None:
-        return None
-    import litellm
-
-    provider, _, name = model.litellm_model.partition("/")
-    try:
-        info = litellm.get_model_info(model=name, custom_llm_provider=provider)
-    except Exception:  # noqa: BLE001 - litellm raises several types (and plain Exception) for "not mapped"
-        return None
-    return info.get("max_output_tokens") or None
+    return None if model.local is not None else _mapped(model, "max_output_tokens")
 
 
 class LLMClient:

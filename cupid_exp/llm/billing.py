@@ -23,16 +23,18 @@ from cupid_exp.llm.usage import WorstCase
 
 def lost_after_sending(exc: BaseException) -> bool:
     """Whether a failed request may have been processed (and billed) without its reply reaching us: it timed out,
-    or its connection dropped once it was sent, or it was cancelled in flight (the job is being stopped: SIGTERM,
-    a dead sweep launcher, a fatal refusal elsewhere; the provider goes on with a request we stop waiting for).
-    Not a connection that was never made, not an HTTP error status (the provider answered that it did not serve
-    it), not an interrupt outside the request (KeyboardInterrupt, SystemExit: nothing was in flight here)."""
+    or its connection dropped once it was sent, or it was cancelled or interrupted in flight (the job is being
+    stopped: SIGTERM or Ctrl-C raised while the request was out, a dead sweep launcher, a fatal refusal elsewhere;
+    the provider goes on with a request we stop waiting for). Not a connection that was never made, not an HTTP
+    error status (the provider answered that it did not serve it)."""
     import litellm
     import openai
 
     from cupid_exp.llm.retry import is_connection_refused
 
-    if isinstance(exc, (litellm.Timeout, asyncio.TimeoutError, TimeoutError, asyncio.CancelledError)):
+    if not isinstance(exc, Exception):  # an interrupt (Terminated, KeyboardInterrupt) or a cancellation
+        return True
+    if isinstance(exc, (litellm.Timeout, asyncio.TimeoutError, TimeoutError)):
         return True
     if is_connection_refused(exc):
         return False

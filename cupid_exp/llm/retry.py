@@ -397,6 +397,7 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tok
                         if stop is not None and stop.fatal is None:
                             stop.fatal = later
                         raise CallFailed("unreachable", exc, attempts, fatal=True) from exc
+                    attempts.retries += 1  # sent again (a probe, or after the pause): a request counted like any retry
                     continue
                 elif decision.what == TRANSIENT and attempts.retries < num_retries:
                     wait = hint if hint is not None else backoff_s(attempts.retries)

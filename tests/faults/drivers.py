@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from helpers.cli_runner import PROJECT_ROOT, run_cli, seed_store
+from helpers.cli_runner import PROJECT_ROOT, run_cli
 from helpers.processes import alive, children
 from helpers.tmpfs import mount_tmpfs, unmount
 
@@ -61,6 +61,22 @@ def _first_request(stub: Any, proc: subprocess.Popen) -> Any:
     """The stub has a request (a live one, or a Batch API upload), or the run is over."""
     return stub.stats()["total_received"] or stub.batches.uploads or stub.batches.upload_refusals or \
         proc.poll() is not None
+
+
+def _requests_seen(stub: Any) -> int:
+    """Requests the stub has had: live ones, and the Batch API's uploads."""
+    return stub.stats()["total_received"] + stub.batches.uploads + stub.batches.upload_refusals
+
+
+def _inside_model_phase(stub: Any, proc: subprocess.Popen, seed: str) -> None:
+    """Wait for a seeded instant inside the model phase: after the stub's ``k``-th request (seeded, 1 to 4; the
+    first or second upload for the Batch API, whose jobs send few), then a seeded fraction of the stub's latency, so
+    that a request is in flight (processed and billed after the signal) whatever the machine's speed. A fixed delay
+    after the first request outlived a fast mode's whole run on an idle machine."""
+    rnd = random.Random(seed)
+    k = rnd.randint(1, 2 if "batch" in seed else 4)
+    _wait(lambda: _requests_seen(stub) >= k or proc.poll() is not None, 120, f"request {k}")
+    time.sleep(rnd.uniform(0.0, 0.25))
 
 
 def _descendants(pid: int) -> list[int]:
@@ -111,14 +127,13 @@ class _Started(StubDriver):
 
 
 class KillDriver(_Started):
-    """kill -9 at a seeded random instant of the model phase: up to 1.5 s after the stub saw the job's first
-    request (the stub answers in 300 ms, so requests are in flight, processed and billed after the kill)."""
+    """kill -9 at a seeded instant of the model phase (``_inside_model_phase``: the stub answers in 300 ms, so requests
+    are in flight, processed and billed after the kill)."""
 
     def run(self, cmd: list[str]) -> subprocess.CompletedProcess:
         proc, out, err = self._start(cmd)
         try:
-            _wait(lambda: _first_request(self.stub, proc), 120, "a first request")
-            time.sleep(random.Random(f"kill-{self.cell.mode}").uniform(0.0, 1.5))
+            _inside_model_phase(self.stub, proc, f"kill-{self.cell.mode}")
             return _killed(proc, out, err)
         finally:
             if proc.poll() is None:
@@ -132,8 +147,7 @@ class SigtermDriver(_Started):
     def run(self, cmd: list[str]) -> subprocess.CompletedProcess:
         proc, out, err = self._start(cmd)
         try:
-            _wait(lambda: _first_request(self.stub, proc), 120, "a first request")
-            time.sleep(random.Random(f"sigterm-{self.cell.mode}").uniform(0.0, 1.5))
+            _inside_model_phase(self.stub, proc, f"sigterm-{self.cell.mode}")
             assert proc.poll() is None, f"the run ended before its SIGTERM: {err.read_text()[-2000:]}"
             started = _descendants(proc.pid)
             proc.send_signal(signal.SIGTERM)
@@ -156,22 +170,32 @@ def _schema_version(db: Path) -> str | None:
     return rows[0][0] if rows else None
 
 
+def _made_store(folder: Path) -> tuple[str | None, float]:
+    """A store made as MLflow makes one, in ``folder``: its schema version, and the seconds its making took."""
+    from mlflow.tracking import MlflowClient
+
+    folder.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    MlflowClient(f"sqlite:///{folder / 'mlflow.db'}").search_experiments(max_results=1)
+    return _schema_version(folder / "mlflow.db"), time.monotonic() - start
+
+
 class StoreDriver(_Started):
-    """kill -9 while the first command makes its MLflow store (its schema migrations take seconds): at a seeded
-    instant within 1 s after the store's file (or one made aside) appears. The fault happened if the store was not
-    whole at the kill (a file made aside, or a schema short of the version a made store has)."""
+    """kill -9 while the first command makes its MLflow store (its schema migrations take about a second): at a seeded
+    instant after the store's file (or one made aside) appears, within the first 30% of the time this machine takes to
+    make a store now (measured here: a fixed delay outlived the whole creation on an idle machine). The fault happened
+    if the store was not whole at the kill (a file made aside, or a schema short of the version a made store has)."""
 
     tracking, seed_store, group = True, False, True  # the store may be made by the job's MLflow worker
 
     def run(self, cmd: list[str]) -> subprocess.CompletedProcess:
-        seed_store(self.cell.tmp / "whole")  # a store as MLflow makes it: the version a whole one has
-        whole = _schema_version(self.cell.tmp / "whole" / "mlflow.db")
+        whole, making_s = _made_store(self.cell.tmp / "whole")  # the version a whole store has, and how long it takes
         db = self.cell.root / "mlflow.db"
         proc, out, err = self._start(cmd)
         try:
             _wait(lambda: db.exists() or list(self.cell.root.glob(".mlflow.db.*")) or proc.poll() is not None, 120,
                   "the store")
-            time.sleep(random.Random(f"store-{self.cell.mode}").uniform(0.0, 1.0))
+            time.sleep(random.Random(f"store-{self.cell.mode}").uniform(0.0, 0.3) * making_s)
             aside = list(self.cell.root.glob(".mlflow.db.*"))
             killed = _killed(proc, out, err, group=True)
         finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -16,6 +17,8 @@ import pytest
 
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.durability.ledger import UsageLedger
+from cupid_exp.errors import Terminated
+from cupid_exp.llm.billing import lost_after_sending
 from cupid_exp.llm.budget import Account, Budget, BudgetExceeded, Prices, worst_case_tokens, worst_case_usd
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
 from cupid_exp.llm.pools import forget_pools
@@ -139,6 +142,16 @@ def test_a_request_cancelled_in_flight_is_charged_its_worst_case(tmp_path: Path)
     assert m["tokens/prompt"] >= stats["billed"]["prompt_tokens"] > 0 and m["cost/usd"] == pytest.approx(worst)
     assert m["tokens/completion"] >= stats["billed"]["completion_tokens"] and m["calls/unsettled"] == 0
 
+
+
+@pytest.mark.parametrize("stop", [Terminated(signal.SIGTERM), KeyboardInterrupt(), asyncio.CancelledError()],
+                         ids=["sigterm", "ctrl_c", "cancelled"])
+def test_a_request_a_stop_interrupts_in_flight_may_have_been_billed(stop: BaseException) -> None:
+    """A stop signal's exception can be raised inside the request's own frames (the handler runs between any two
+    bytecodes): the request may be out, so it is charged its worst case like a cancellation (the matrix's SIGTERM
+    cell once reported less than the stub billed)."""
+    assert lost_after_sending(stop)
+    assert not lost_after_sending(ValueError("a bug of ours is not a request in flight"))
 
 
 def test_a_request_is_in_the_usage_ledger_before_it_is_sent_and_one_a_kill_cut_is_charged_its_worst_case(

@@ -43,8 +43,10 @@ def test_an_outage_mid_run_pauses_the_pool_and_no_call_fails(tmp_path: Path, kin
         c, meter = client(stub.url, tmp_path)
         with caplog.at_level(logging.WARNING, logger="cupid_exp.llm.pools"):
             out = ask(c, 16)
-        outage = stub.stats()["outage"]
+        outage, received = stub.stats()["outage"], stub.stats()["total_received"]
     assert outage["unanswered"] >= 4 and outage["ended"] is not None, outage  # it happened, and it ended
+    # every request sent again during it counted too (the stub counts those the outage left unanswered apart)
+    assert usage_metrics(meter)["calls/requests"] == received + outage["unanswered"], (received, outage)
     assert [o for o in out if isinstance(o, BaseException)] == []
     assert c.pool.outages == 1 and c.pool.down_since is None
     assert usage_metrics(meter)[f"pools/{c.pool.label}/outages"] == 1  # the job's own count

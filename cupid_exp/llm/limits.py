@@ -272,6 +272,11 @@ JUDGE_SENT, JUDGE_REFUSED = 60, 3  #: a cut is judged after a cooldown and this 
 #: or refused (the pace held meanwhile); fewer refusals than this at it: the cut answered them
 OVERLOAD_NEWS = (1.5, 0.05)  #: once overloaded, refusals are news of a limit above this share: overload x a + b
 BOUND = 0.8  #: a refusal while the last seconds sent under this share of the pace is not the pace's: no cut
+#: a first lesson needs refusals that come together: at least this many, and this share of what was sent, over the
+#: last ``LESSON_S`` (a limit refuses every request once its window is spent; an overload refuses a few at random,
+#: though by chance 10% once refused 5 of a job's first 18); over fewer than ``LESSON_SENT`` sent, a share of that many
+LESSON_REFUSED, LESSON_SHARE, LESSON_S, LESSON_SENT = 3, 0.25, 1.0, 20
+OVERLOAD_MOST = 0.25  #: a cut is judged an overload's only where the share refused is under this (thicker: a limit)
 
 
 class RefusalPace:
@@ -326,8 +331,9 @@ class RefusalPace:
         return 60.0 * (sent - refused) / max(WINDOW_S, now - since)
 
     def refused(self, now: float, hint: float | None) -> bool:
-        """A 429: the first teaches the pace (what was admitted lately) and caps the probes a little above it; the
-        rest of that burst correct it. Later ones cap the probes under the pace they came at and cut it (×0.9, or
+        """A 429: refusals that come together (``LESSON_SHARE`` of what was sent over ``LESSON_S``: a limit's) teach
+        the pace (what was admitted lately) and cap the probes a little above it; the rest of that burst correct it.
+        A refusal alone among answers before any lesson teaches nothing (the first still pauses the pool). Later ones cap the probes under the pace they came at and cut it (×0.9, or
         to what was admitted if that is less): once per cooldown, unless a probe raised the pace since the cut
         (a refusal just after a cut may answer a request the earlier pace sent; one after a probe answers the
         probe), not while well under the pace, and not before the last cut is judged. Once refusals proved an overload, only a share clearly
@@ -347,6 +353,13 @@ class RefusalPace:
                 return changed
             if self.rpm is None:
                 self.learned_at = -math.inf  # a limit besides the overload: taught afresh
+        if self.rpm is None and self.overload is None:
+            sent, refused, _ = self._share(now, LESSON_S)
+            if refused < LESSON_REFUSED or refused < LESSON_SHARE * max(sent, LESSON_SENT):
+                # refusals alone among answers (an overload's): their calls wait, nothing is learned; the first one
+                # still pauses the pool (news), so that a limit's burst is not met by a second burst
+                self.news = self.n_refused == 1
+                return changed
         if self.rpm is None or now - self.learned_at < PROBE_S:
             if measured is None:
                 return changed
@@ -389,6 +402,8 @@ class RefusalPace:
         expected = min(before, (1.0 - before) * (slower - 1.0))
         if refused < JUDGE_REFUSED or slower < 1.05 or before - after >= 0.5 * expected:
             return False  # the refusals answered the cut, or the cut did not slow the sends: it stands
+        if max(before, after) >= OVERLOAD_MOST:
+            return False  # refusals that come this thick are a limit's (its windows make the share noisy): it stands
         self.overload = max(before, after)
         self.rpm, self.refused_rpm, self.changed_at = None, math.inf, now
         return True

@@ -187,16 +187,17 @@ class SynthesisWork:
                             with_resources=scfg.with_resources, embedded_sampling=dict(scfg.embedded_sampling))
 
     def in_flight(self, ctx: "SynthContext") -> int:
-        """As many personas as the roles' provider pools take calls at once: each pool counted once, at its bound
-        (the most any of its roles' clients takes: an embedded model's one slot, one persona at a time). A persona
-        is mostly a chain of calls, so that many keep every slot busy; more would only start personas that wait
-        (measured with a model of the pipeline: wall within 1.2x of the calls' ideal at 40 and 252 personas, 64
-        slots)."""
+        """Twice as many personas as the roles' provider pools take calls at once: each pool counted once, at its
+        bound (the most any of its roles' clients takes); an embedded model's one slot keeps one persona at a time.
+        A persona is mostly a chain of calls: one persona a slot keeps every slot busy only while no call waits,
+        and a call refused with a retry-after (an overloaded provider's sporadic 429s) idled its slot for the
+        wait; a second persona a slot sends its calls meanwhile (``bench/rate_limits.md``, issue 40 item 2)."""
         slots: dict[int, int] = {}
         for client in {id(c): c for c in ctx.clients.values()}.values():
             pool = id(client.pool)
             slots[pool] = max(slots.get(pool, 0), client.slots)
-        return max(1, sum(slots.values()))
+        total = sum(slots.values())
+        return 1 if total <= 1 else 2 * total
 
     def stages(self) -> list[str]:
         return [STAGE]

@@ -136,12 +136,24 @@ def test_a_provider_that_states_only_retry_after_teaches_the_pool_its_pace(tmp_p
     assert usage_metrics(meter)[f"pools/{pool.label}/answered_429"] == st["rate_limited"]
 
 
-def test_the_first_refusal_teaches_what_was_admitted_and_probes_stay_under_the_refused_pace() -> None:
+def _first_lesson(learner: RefusalPace) -> bool:
+    """Sixteen sent at once to a window that allows eight: the ninth to the sixteenth refused, as a limit refuses
+    (every request once its window is spent). Whether the last refusal changed the pace."""
+    for i in range(16):
+        learner.sent(100.0 + i * 0.025)
+    changed, news = [], []
+    for i in range(8):
+        changed.append(learner.refused(100.4 + i * 0.01, hint=1.0))
+        news.append(learner.news)
+    # the first pauses the pool; two more, not yet a limit's share (a quarter of what was sent, at least 20)
+    assert news[:4] == [True, False, False, False] and changed[:4] == [False] * 4, (news, changed)
+    return any(changed[4:])
+
+
+def test_the_first_refusals_teach_what_was_admitted_and_probes_stay_under_the_refused_pace() -> None:
     learner = RefusalPace()
-    for i in range(9):  # eight admitted in the first 0.4 s, the ninth refused: the window allows eight
-        learner.sent(100.0 + i * 0.05)
-    assert learner.refused(100.4, hint=1.0)
-    assert learner.rpm == pytest.approx(60 * 8)  # eight in the second the refusal measured
+    assert _first_lesson(learner)
+    assert learner.rpm == pytest.approx(60 * 8)  # eight in the second the refusals measured
     for i in range(27):  # then paced a little too fast: nine a second, two of them refused
         learner.sent(101.0 + i / 9)
     learner.refused(103.0, hint=1.0)
@@ -163,17 +175,13 @@ def test_probes_after_the_first_lesson_stay_near_it_and_a_refused_probe_is_answe
     from cupid_exp.llm.limits import FIRST_HEADROOM, PROBE_CEILING
 
     learner = RefusalPace()
-    for i in range(9):
-        learner.sent(100.0 + i * 0.05)
-    assert learner.refused(100.4, hint=1.0) and learner.rpm == pytest.approx(480)
+    assert _first_lesson(learner) and learner.rpm == pytest.approx(480)
     for t in range(101, 110):
         learner.binding(float(t))
     assert learner.rpm == pytest.approx(480 * FIRST_HEADROOM * PROBE_CEILING)  # not 480 x 1.15^9
     probed = learner.rpm
     learner = RefusalPace()
-    for i in range(9):
-        learner.sent(100.0 + i * 0.05)
-    learner.refused(100.4, hint=1.0)
+    _first_lesson(learner)
     assert learner.binding(101.5)  # a probe, then its refusal 1 s later: inside the lesson's cooldown
     for i in range(10):
         learner.sent(101.5 + i * 0.1)
@@ -224,6 +232,27 @@ def test_refusals_that_do_not_fall_when_the_pace_falls_leave_the_pace_to_the_job
     learner = RefusalPace()
     sends = _paced_job(learner, lambda t: rng.random() < 0.1, start=1000.0)
     assert _per_second(sends, 1060.0, 1120.0) >= 0.7 * 30  # the second minute: at least 70% of the job's pace
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_sparse_refusals_from_the_start_keep_the_pace_and_seldom_pause_the_pool(seed: int) -> None:
+    """An overloaded provider from the first request (10% refused at random, ``retry-after: 2``): before, the first
+    refusal taught a pace and paused the pool, and the job ran at a reduced pace until a cut was judged an
+    overload (8-9 s of a synthesis job). Refusals now teach only when they come together (a limit's: a quarter of
+    what was sent in a second); only the first pauses the pool otherwise (news), so that a limit's burst is not met
+    by a second one. A chance cluster of the overload's may still teach for a while (seed 7: 5 of the first 18)."""
+    class Recorded(RefusalPace):
+        def refused(self, now: float, hint: float | None) -> bool:
+            changed = super().refused(now, hint)
+            said.append(self.news)
+            return changed
+
+    said: list[bool] = []
+    rng = random.Random(seed)
+    sends = _paced_job(Recorded(), lambda t: rng.random() < 0.1, start=1000.0, seconds=60.0)
+    assert len(said) > 100 and said[0]  # the refusals happened; the first paused the pool
+    assert sum(said) <= 8, sum(said)  # pauses: a few at most, not one every tenth request
+    assert _per_second(sends, 1000.0, 1060.0) >= 0.9 * 30
 
 
 def test_refusals_that_fall_when_the_pace_falls_still_cut_it() -> None:

@@ -27,12 +27,14 @@ def _context(tmp_path: Path, endpoint_of: dict[str, tuple[str, int]]) -> SynthCo
 
 
 @pytest.mark.parametrize("layout,personas", [
-    ({role: ("http://127.0.0.1:1/v1", 64) for role in ROLES}, 64),  # one pool taking 64 calls: 64 personas
+    ({role: ("http://127.0.0.1:1/v1", 64) for role in ROLES}, 128),  # one pool taking 64 calls: two personas a slot
     ({role: ("http://127.0.0.1:1/v1", 1) for role in ROLES}, 1),  # one call at a time: one persona at a time
-    ({**{role: ("http://127.0.0.1:1/v1", 16) for role in ROLES}, "user_simulator": ("http://127.0.0.1:2/v1", 8)}, 24),
-    ({**{role: ("http://127.0.0.1:1/v1", 4) for role in ROLES}, "validator": ("http://127.0.0.1:1/v1", 32)}, 32),
+    ({**{role: ("http://127.0.0.1:1/v1", 16) for role in ROLES}, "user_simulator": ("http://127.0.0.1:2/v1", 8)}, 48),
+    ({**{role: ("http://127.0.0.1:1/v1", 4) for role in ROLES}, "validator": ("http://127.0.0.1:1/v1", 32)}, 64),
 ], ids=["one pool at 64", "one pool at 1", "two pools", "one pool, its roles at 4 and 32"])
 def test_personas_in_flight_follow_what_the_roles_pools_take(tmp_path: Path, layout, personas: int) -> None:
+    """Two personas a slot: a persona is a chain of calls, and a call refused with a retry-after waits it out while
+    the other persona of its slot sends (issue 40 item 2); an embedded model's one slot, one persona."""
     ctx = _context(tmp_path, layout)
     assert SynthesisWork.in_flight(None, ctx) == personas  # type: ignore[arg-type]
 

@@ -64,6 +64,7 @@ def _masked(line: str, overrides: Any, cfg: DictConfig | None = None) -> str:
 
 _STARTED = False  # set once a job function runs: a composition error before it is Hydra's own
 _HELD = None  # stderr held until a job starts (``hydra_errors.HeldStderr``): Hydra's composition errors in one line
+_SWEEP_DIR: Path | None = None  # a sweep's folder once it starts: a job's refused composition leaves its multirun.yaml
 
 
 def _release_stderr(*, sweep: bool = False) -> None:
@@ -232,10 +233,12 @@ class SweepReportCallback(Callback):
     exit_code = EXIT_OK
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        global _SWEEP_DIR
         try:  # a folder the sweep cannot make (a read-only output root): Hydra's error, held, said in one line
             Path(config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)
         except OSError:
             return
+        _SWEEP_DIR = Path(config.hydra.sweep.dir)
         # the sweep composed: what it says from here on is said as it happens (joblib jobs too)
         _release_stderr(sweep=True)
 
@@ -307,6 +310,10 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
                         _HELD.release(replay=False)
                     print(f"{_PROGRAMS.get(config_name, config_name)}: {failure}", file=sys.stderr)
                     return EXIT_ENVIRONMENT
+                if _SWEEP_DIR is not None:  # the sweeper saved the overrides before composing its jobs
+                    from cupid_exp.secrets import scrub_file, secret_values
+
+                    scrub_file(_SWEEP_DIR / "multirun.yaml", secret_values(sys.argv[1:]))
                 said = unread_override(sys.argv[1:], config_name) or (
                     one_line(_HELD.text) if _HELD is not None else None)
                 if said is not None:

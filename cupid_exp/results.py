@@ -8,8 +8,32 @@ not null, so "not reached" and "computed" never look alike.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Mapping
+
+#: A text longer than this (a reply of megabytes) is kept whole in one place: a record's parsed answer, a trace's
+#: call span (and the response cache); every other copy is its ``preview``.
+LONG_TEXT = 64 * 1024
+_PREVIEW = 2000
+
+
+def preview(text: Any) -> Any:
+    """A text up to ``LONG_TEXT`` characters as it is; a longer one as its first 2,000 characters and a note of its
+    length and sha256 (what finds the whole text in the trace or tells two apart); anything else as it is."""
+    if not isinstance(text, str) or len(text) <= LONG_TEXT:
+        return text
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{text[:_PREVIEW]}\n[cut here: {len(text)} characters in all, sha256 {digest}]"
+
+
+def previewed(value: Any) -> Any:
+    """``preview`` of every string in a nested container (a record's copy outside the job's folder)."""
+    if isinstance(value, Mapping):
+        return {k: previewed(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [previewed(v) for v in value]
+    return preview(value)
 
 
 def _present(obj: Any) -> dict[str, Any]:
@@ -119,7 +143,9 @@ class InstanceResult:
         for part in (self.truth, self.history, self.setting, self.inference, self.generation):
             if part is not None:
                 record.update(_present(part))
-        record.update(errors=[e.to_record() for e in self.errors], raw=self.raw, usage=self.usage)
+        # the raw replies as previews past LONG_TEXT: the parsed answer above is whole, each reply is in its trace
+        raw = {step: [preview(reply) for reply in replies] for step, replies in self.raw.items()}
+        record.update(errors=[e.to_record() for e in self.errors], raw=raw, usage=self.usage)
         return record
 
     @classmethod

@@ -29,10 +29,32 @@ _URL = re.compile(r"[a-z][a-z0-9+.-]*://[^\s'\"<>,\]\[{}]+", re.IGNORECASE)
 # Query parameters that carry a credential besides the secret-looking names (Azure SAS "sig", Google "key").
 _SECRET_QUERY = {"key", "sig", "signature", "code", "auth", "apikey"}
 _MIN_SECRET_LEN = 8
+# A value shaped like a provider's key, whatever setting it was given to (``model=sk-…`` is refused by quoting it):
+# a known key prefix, or one word of letters, digits, '-' and '_' holding a random-looking run (``_random``).
+_KEY_PREFIX = re.compile(r"^(?:(?:sk|pk|hf|ghp|gho|ghs|ghu|github_pat|gsk|glpat|r8|xai|nvapi|pplx|fw)[-_]|AIza|AKIA)"
+                         r"[A-Za-z0-9_-]{12,}$")
+_KEY_WORD = re.compile(r"^[A-Za-z0-9_-]{20,}$")
+_RANDOM_RUN = re.compile(r"[A-Za-z0-9]{20,}")
 
 
 def is_secret_key(name: str) -> bool:
     return bool(_SECRET_KEY.search(name)) and not _NOT_SECRET.search(name)
+
+
+def looks_like_key(value: str) -> bool:
+    """Whether ``value`` is shaped like an API key (``_KEY_PREFIX``, ``_KEY_WORD``), under any setting's name."""
+    return bool(_KEY_PREFIX.match(value)) or bool(_KEY_WORD.match(value)) and any(
+        _random(run) for run in _RANDOM_RUN.findall(value))
+
+
+def _random(run: str) -> bool:
+    """20+ letters and digits that change class (upper, lower, digit) at 40% of their places or more, as random
+    characters do (a model's name, a camel-cased run name: far fewer); mixed case unless 48+ long, so that a git
+    commit or an MLflow run id (lower-case hex) is none."""
+    classes = ["u" if c.isupper() else "l" if c.islower() else "d" for c in run]
+    changes = sum(a != b for a, b in zip(classes, classes[1:]))
+    return ("d" in classes and changes >= 0.4 * (len(run) - 1)
+            and (len(run) >= 48 or "u" in classes and "l" in classes))
 
 
 def is_headers_key(name: str) -> bool:
@@ -146,6 +168,8 @@ def _config_secrets(value: Any) -> Iterable[str]:
         override = _parsed_override(value)
         if override is not None:
             yield from _config_secrets(override)
+            # a key given to the wrong setting (``model=sk-…``, an unknown choice): Hydra's refusal quotes it
+            yield from (v for v in _leaves(override) if looks_like_key(v))
 
 
 def _parsed_override(text: str) -> dict[str, Any] | None:

@@ -210,6 +210,19 @@ def test_secret_values_read_headers_and_urls_from_overrides_as_hydra_saves_them(
     assert scrubbed[1] == "model.api_base=http://***@host/v1" and scrubbed[3] == "model=gpt4o,claude"
 
 
+def test_a_value_shaped_like_a_key_is_a_secret_under_any_name_and_a_model_name_is_not() -> None:
+    """``model=sk-…`` (a key where a choice goes) is refused by quoting it: such a value is a secret whatever the
+    setting; the names a command line carries (models, options, runs, a git commit) are not."""
+    keys = ["sk-proj-ABCdef1234567890XYZ", "hf_AbCdEfGhIjKlMnOpQrStUvWx", "AIzaSyA1234567890abcdefghijklmnopq",
+            "oRZ3k9mXbT2qPp7LwV8sYc1nHd5eFgJa"]
+    names = ["gemini_flash_thinking", "Meta-Llama-3-70B-Instruct", "claude-3-5-sonnet-20241022", "skeleton_key_run",
+             "my_experiment_2026_11_28_final", "0123456789abcdef0123456789abcdef01234567"]
+    found = secrets_module.secret_values([f"model={keys[0]}", f"llm@evaluator.judge={keys[1]},gpt4o",
+                                          f"tracking.run_name={keys[2]}", f"data.path={keys[3]}",
+                                          *(f"model.name={n}" for n in names)])
+    assert set(keys) <= set(found) and not set(names) & set(found)
+
+
 def test_a_section_named_like_a_secret_is_not_one_and_a_scrubbed_yaml_file_stays_yaml(tmp_path) -> None:
     """Hydra's own hydra.yaml has ``callbacks.redact_secrets._target_``: a key's name marks its own value, not the
     section under it; and a value that now starts with the mask would read as a YAML alias (``*``)."""

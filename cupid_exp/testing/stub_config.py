@@ -43,6 +43,8 @@ class StubConfig:
     length_whole: bool = False  # ... its text kept whole (a reply that still parses: only finish_reason says so)
     content_filter_steps: tuple[str, ...] = ()  # these steps get no content, finish_reason "content_filter"
     refusal_steps: tuple[str, ...] = ()  # ... or no content and a ``refusal`` (OpenAI structured outputs)
+    long_steps: tuple[str, ...] = ()  # these steps' (free-text) replies grow by ``long_bytes`` of filler ...
+    long_bytes: int = 0  # ... between a line ``LONG-REPLY <hash>`` and a last ``LONG-REPLY-END <hash>`` (whole copies)
     record_bodies: bool = False  # keep every request body (``StubServer.bodies``): what went over the wire
     record_headers: tuple[str, ...] = ()  # count the values these request headers arrived with (``header_values``)
     model_ids: tuple[str, ...] = ("stub",)  # what GET /v1/models lists (clients that check a model exists)

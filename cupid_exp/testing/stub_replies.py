@@ -161,6 +161,16 @@ def synthesis_reply(step: str, body: dict[str, Any], cfg: StubConfig) -> str:
 
 
 def reply_text(step: str, body: dict[str, Any], cfg: StubConfig) -> str:
+    text = _reply_text(step, body, cfg)
+    if step not in cfg.long_steps:
+        return text
+    mark = digest(text)[:12]
+    filler = "The same sentence again, to make the reply long. "
+    return (f"{text}\nLONG-REPLY {mark}\n" + filler * max(0, cfg.long_bytes // len(filler))
+            + f"LONG-REPLY-END {mark}")
+
+
+def _reply_text(step: str, body: dict[str, Any], cfg: StubConfig) -> str:
     if step in SYNTHESIS_STEPS:
         return synthesis_reply(step, body, cfg)
     system, user = prompt_of(body.get("messages") or [])

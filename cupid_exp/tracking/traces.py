@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from cupid_exp.llm.calls import CallLog, CallRecord
-from cupid_exp.results import InstanceResult
+from cupid_exp.results import InstanceResult, previewed
 from cupid_exp.secrets import scrub_obj
 
 log = logging.getLogger(__name__)
@@ -296,7 +296,7 @@ def _outputs(result: InstanceResult) -> dict[str, Any]:
         out.update(response=result.generation.response, judge_score=result.generation.judge_score)
     if result.errors:
         out["errors"] = [e.to_record() for e in result.errors]
-    return out
+    return previewed(out)  # a long answer is whole in its call's span (and in the record)
 
 
 class InProcessTraces:

@@ -67,6 +67,49 @@ def test_the_runs_records_leave_out_the_replies_its_traces_hold(traced) -> None:
     assert any(r["raw"] for r in read_jsonl(kept))
 
 
+def test_a_long_reply_is_whole_in_the_job_record_and_its_call_span_and_a_preview_elsewhere(tmp_path) -> None:
+    """A reply past ``results.LONG_TEXT`` (200 KB here) is stored whole where it must live: the record's parsed
+    answer (the journal, then instances.jsonl: resume needs it, without the cache) and its call's span (and the
+    response cache); the record's raw replies, the run's instances.jsonl and table and the trace's root keep a preview
+    naming its length and sha256. The same command with the cache gone resumes from the journal: no call."""
+    import hashlib
+    import shutil
+
+    from helpers.jobs import stub_config
+
+    from cupid_exp.evaluation import run_evaluation
+    from cupid_exp.results import LONG_TEXT
+    from cupid_exp.testing.cupid_data import SAMPLE_FULL_PATH
+
+    cfg = ("task=generation", "tracking=mlflow", f"tracking.uri={store_uri(tmp_path)}", "data=local",
+           f"data.path={SAMPLE_FULL_PATH}", "data.limit=1", f"runtime.cache_dir={tmp_path / 'cache'}")
+    with StubServer(long_steps=("generate",), long_bytes=200_000) as stub:
+        assert run_evaluation(stub_config(stub.url, tmp_path, *cfg), tmp_path / "job").outcome == "ok"
+        whole = {str(p.relative_to(tmp_path)): p.read_bytes().count(b"LONG-REPLY-END")
+                 for p in tmp_path.rglob("*") if p.is_file() and "cache" not in p.parts}
+        (record,) = read_jsonl(tmp_path / "job" / "instances.jsonl")
+        reply = record["response"]
+        assert len(reply) > LONG_TEXT and "LONG-REPLY-END" in reply  # the stub's long reply, parsed whole
+        note = f"{len(reply)} characters in all, sha256 {hashlib.sha256(reply.encode()).hexdigest()}"
+        assert len(record["raw"]["generate"][0]) < 3000 and note in record["raw"]["generate"][0]
+        # whole once in the job's record (its journal line, then instances.jsonl), never in the run's artifacts
+        assert {k: n for k, n in whole.items() if n and k != "mlflow.db"} == {
+            "job/instances.jsonl": 1, **{k: 1 for k in whole if k.startswith("journal/") and k.count("/") == 1 and k.endswith(".jsonl")}}, whole
+        assert sum(n for k, n in whole.items() if "mlartifacts" in k) == 0
+        assert [k for k in whole if k.endswith(("artifacts/instances.jsonl", "instances_table.json"))]
+        # in the store: the generate call's reply, and the judge's prompt that quotes it; the root span a preview
+        assert whole["mlflow.db"] == 2
+        (trace,) = traces_of(store_uri(tmp_path), only_run(store_uri(tmp_path)))
+        spans = {s.name: s for s in trace.data.spans}
+        assert spans["generate"].outputs["choices"][0]["message"]["content"] == reply
+        assert note in trace.data.spans[0].outputs["response"]
+        shutil.rmtree(tmp_path / "cache")
+        stub.reset()
+        assert run_evaluation(stub_config(stub.url, tmp_path, *cfg), tmp_path / "job").outcome == "ok"
+        assert stub.stats()["total_completed"] == 0
+    assert read_jsonl(tmp_path / "job" / "instances.jsonl")[0]["response"] == reply
+
+
 def test_a_call_span_has_step_model_messages_reply_tokens_cost_latency_cache_and_retries(traced) -> None:
     trace = next(t for t in traced["traces"] if not traced["records"][t.info.tags["cupid.key"]]["errors"])
     record = traced["records"][trace.info.tags["cupid.key"]]

@@ -20,7 +20,7 @@ A job ends in one of these ways, each with its exit code (documented in the READ
   traceback; the MLflow run ends KILLED. A sweep stops at the job it was running.
 - 143 (128 + the signal's number; SIGHUP 129, SIGUSR1 138, SIGUSR2 140): stopped by a signal (``kill``, a
   scheduler's preemption, a closed terminal: ``durability.signals.STOP_SIGNALS``): as Ctrl-C, its line naming the
-  signal.
+  signal. A joblib sweep hands the signal to each job it runs: one line a job.
 
 In a sweep, a job's bad setting or incomplete result does not stop the other jobs: each job
 writes ``job_status.json`` into its folder, and when the sweep ends the failed and incomplete
@@ -296,8 +296,9 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
         install_sigterm_handler()  # a stop signal at any instant unwinds, and says so, as Ctrl-C does
         try:
             hydra_main()
-        except Terminated as exc:  # outside a job (a job turns it into ``Interrupted``): what the journal keeps
-            print(Interrupted(signum=exc.signum).line(), file=sys.stderr, flush=True)
+        except Terminated as exc:  # outside a job (a job turns it into ``Interrupted``), or a joblib sweep's jobs'
+            for line in [job.line() for job in exc.jobs] or [Interrupted(signum=exc.signum).line()]:
+                print(line, file=sys.stderr, flush=True)
             return exc.code
         except SystemExit as exc:
             if exc.code == EXIT_BUG and not _STARTED:  # no job ran, no call was made

@@ -93,11 +93,12 @@ class Interrupted(KeyboardInterrupt):
 
 
 class Terminated(SystemExit):
-    """A stop signal arrived: stop like Ctrl-C does, then exit 128 + its number (143: SIGTERM)."""
+    """A stop signal arrived: stop like Ctrl-C does, then exit 128 + its number (143: SIGTERM). In a joblib sweep's
+    launching process, ``jobs`` holds what each job it stopped raised (``durability.signals``): their lines."""
 
-    def __init__(self, signum: int = signal.SIGTERM) -> None:
+    def __init__(self, signum: int = signal.SIGTERM, jobs: tuple[Interrupted, ...] = ()) -> None:
         super().__init__(128 + signum)
-        self.signum = signum
+        self.signum, self.jobs = signum, tuple(jobs)
 
     @property
     def name(self) -> str:

@@ -11,7 +11,8 @@ crossed with every mode, each cell held to the same invariants (``faults.invaria
 - and first, that the fault really happened (the stub's counters, the job's own counts, the process gone).
 
 Each cell is the real CLI on the stub (cupid_exp/testing/stub_llm_server.py, its Batch API queue), 2 instances a job
-(synthesis: one persona), the stub answering at once, ``tracking=none`` except where the store is the fault. The
+(synthesis: one persona), the stub answering at once, ``tracking=none`` except where the store is the fault or is
+checked (a joblib sweep's SIGTERM: every run KILLED). The
 table is ``catalogue.table()`` (a test keeps it so): the exit code each cell must end with, ``N/A`` where the cell
 makes no sense (why: below), ``xfail`` where the behaviour has not landed or the product is wrong, ``flaky`` where
 it is wrong some of the time (the reasons are the markers', from ``faults.known``).
@@ -71,7 +72,8 @@ every way providers say the wait (``rate_limit_style="rotate"``: retry-after sec
 x-ratelimit-reset, Anthropic's reset time, only the message, nothing), each waited out (the stub counts early
 retries); kill -9 lands at a seeded instant of the model phase, with requests in flight that the stub bills and the
 resumed job reports at their worst case; so does
-SIGTERM (to the command's process alone, as ``kill`` or a scheduler sends it), which the job must meet with its line. A
+SIGTERM (to the command's process alone, as ``kill`` or a scheduler sends it), which the job must meet with its line
+(a joblib sweep: one line a job it stopped, each job's run and the sweep's parent run ended KILLED). A
 ``corrupt_*`` fault is a state file turned to garbage when a job starts (``faults.drivers.CorruptDriver``): the response
 cache and the list of batches before the only run (shared folders a new job may find broken), the others once a first
 run made them; the job must run (exit 0), the file set aside with its bytes and one line naming it (the lock: only
@@ -161,8 +163,8 @@ def test_the_fault_keeps_every_invariant(fault: Fault, mode: str, tmp_path: Path
             stats = settled(stub)
             # read while the driver still holds the cell (the disk's tmpfs is unmounted when it lets go)
             invariants.finished(cell)
-            # a killed attempt's requests in flight (kill -9; a joblib sweep's SIGTERM, whose abort kills its workers)
-            # are reported by the resume at their worst case: tokens and requests too
+            # a stopped attempt's requests in flight (kill -9; SIGTERM, which cancels them) are reported by the resume
+            # at their worst case: tokens and requests too
             invariants.spend_covers(cell, stats, billed_usd(stats, IN, OUT), usage=fault.driver in ("kill", "sigterm"))
             invariants.no_secret(cell.tmp, outputs, [*SECRETS, *arrangement.secrets])
     if stats["total_received"]:  # the secrets were in play: sent as the config says

@@ -6,7 +6,8 @@ SIGHUP, a closed terminal; SIGUSR1/SIGUSR2, what SLURM's ``--signal`` sends ahea
 ``Terminated`` instead (a ``SystemExit`` with code 128 + the signal's number, 143 for SIGTERM, so Hydra lets it
 through and the process exits as killed processes do); the job then stops as on Ctrl-C: the run ends KILLED, one
 line says what the journal holds (``cupid_exp.errors.Interrupted``). While the run is being ended, further
-interrupts are held back and delivered afterwards.
+interrupts are held back and delivered afterwards. A joblib sweep's process hands the signal on to its workers
+running jobs and waits for them to stop (``_stop_sweep_jobs``) before joblib stops its workers by force.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from cupid_exp.errors import Terminated  # noqa: F401 - raised here; defined with the other stops
+from cupid_exp.errors import Interrupted, Terminated  # noqa: F401 - raised here; defined with the other stops
 
 SIGTERM_EXIT = 128 + signal.SIGTERM
 #: signals whose default kills the process without unwinding, each a request to stop (SLURM sends SIGUSR1/SIGUSR2
@@ -29,7 +30,12 @@ STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SI
 
 
 def _raise_terminated(signum: int, frame: Any) -> None:
-    raise Terminated(signum)
+    global _STOPPED
+    if _in_sweep_worker():
+        if _STOPPED:  # its job stops already: a signal to the whole group reaches it, then the sweep's copy
+            return
+        _STOPPED = signum
+    raise Terminated(signum, _stop_sweep_jobs(signum))
 
 
 def _set(handler: Any) -> dict[int, Any]:
@@ -57,6 +63,8 @@ def sigterm_raises() -> Iterator[None]:
         return
     global _IN_JOB
     end_with_launcher()
+    if _STOPPED:  # a sweep's worker told to stop: the jobs queued to it stop too, before their runs
+        raise Terminated(_STOPPED)
     previous = _set(_raise_terminated)
     _IN_JOB += 1
     try:
@@ -99,7 +107,10 @@ def shielded() -> Iterator[None]:
 
 _WATCHING_LAUNCHER = False
 _IN_JOB = 0  #: ``sigterm_raises`` blocks this process is in: a job runs
+_STOPPED = 0  #: in a sweep's worker: the stop signal a job of it got (every later job stops at once)
+_FORWARDING = False  #: in a sweep's launching process: a stop signal is being forwarded to its jobs
 LAUNCHER_GONE_GRACE_S = 8.0  #: a job told to stop gets this long to end its run before its process exits
+SWEEP_STOP_GRACE_S = 20.0  #: a joblib sweep's jobs told to stop get this long to end before joblib kills them
 
 
 def _in_sweep_worker() -> bool:
@@ -134,3 +145,47 @@ def end_with_launcher(poll_s: float = 0.5) -> None:
         os._exit(SIGTERM_EXIT)
 
     threading.Thread(target=watch, name="cupid-launcher-watch", daemon=True).start()
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (a sweep's worker has one only while it runs a job:
+    ``sigterm_raises``); where /proc cannot tell, assume so."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            caught = next(line for line in status if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return True
+    return bool(int(caught.split()[1], 16) >> (signum - 1) & 1)
+
+
+def _stop_sweep_jobs(signum: int) -> tuple[Any, ...]:
+    """In a joblib sweep's launching process, hand a stop signal to its running jobs before joblib's abort kills
+    their workers (SIGKILL: runs left RUNNING, nothing said): each worker running a job gets the same signal and
+    stops as a single job does (its run ended KILLED, its journal kept); the jobs not started never start. Waits
+    (at most ``SWEEP_STOP_GRACE_S``; a second stop signal ends the wait) until every job has returned; what each
+    stopped job raised (``Interrupted``, its line). Elsewhere nothing, at once."""
+    global _FORWARDING
+    reusable = sys.modules.get("joblib.externals.loky.reusable_executor")
+    executor = getattr(reusable, "_executor", None)
+    if executor is None or _FORWARDING or _in_sweep_worker():
+        return ()
+    _FORWARDING = True
+    try:
+        futures = [item.future for item in list(getattr(executor, "_pending_work_items", {}).values())]
+        for future in futures:
+            future.cancel()  # cancels only a job no worker has taken
+        told: set[int] = set()
+        deadline = time.monotonic() + SWEEP_STOP_GRACE_S
+        while not all(f.done() for f in futures) and time.monotonic() < deadline:
+            for pid in list(getattr(executor, "_processes", {})):  # a worker may start its job later: it is told then
+                if pid not in told and _catches(pid, signum):
+                    told.add(pid)
+                    try:
+                        os.kill(pid, signum)
+                    except ProcessLookupError:
+                        pass
+            time.sleep(0.05)
+    finally:
+        _FORWARDING = False
+    return tuple(f.exception() for f in futures if f.done() and not f.cancelled()
+                 and isinstance(f.exception(), Interrupted))

@@ -91,6 +91,10 @@ class MlflowSweepCallback(Callback):
         else:
             ensure_parent(tracking, sweep_dir, overrides)
         self._open = (tracking.uri, str(sweep_dir))
+        # MLflow's import at exit (a joblib sweep's launcher has not imported it) needs this module: imported after
+        # threading's shutdown, it cannot register its exit hook and raises
+        import concurrent.futures.thread  # noqa: F401
+
         atexit.register(self._killed_at_exit)
         install_sigterm_handler()
 

@@ -140,9 +140,26 @@ class KillDriver(_Started):
                 proc.kill()
 
 
+def _run_statuses(db: Path) -> dict[str, list[str]]:
+    """The statuses of the runs in the SQLite store ``db``, by their ``cupid.kind`` (job, sweep)."""
+    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+        rows = con.execute("SELECT t.value, r.status FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid "
+                           "AND t.key = 'cupid.kind'").fetchall()
+    statuses: dict[str, list[str]] = {}
+    for kind, status in rows:
+        statuses.setdefault(kind, []).append(status)
+    return statuses
+
+
 class SigtermDriver(_Started):
     """SIGTERM (a scheduler's preemption, ``kill``) to the command's process alone at a seeded instant of the model
-    phase, as ``KillDriver`` kills: the job must stop by itself, say so and stop the processes it started."""
+    phase, as ``KillDriver`` kills: the job must stop by itself, say so and stop the processes it started. A joblib
+    sweep tracks too: each job that started ends its MLflow run KILLED and says so, the sweep's parent run ends KILLED
+    (a single job's run is checked by tests/tracking/test_signals.py: tracking costs a cell here ~25 s)."""
+
+    def __init__(self, cell: Cell, stub: Any):
+        super().__init__(cell, stub)
+        self.tracking = cell.mode == "sweep"
 
     def run(self, cmd: list[str]) -> subprocess.CompletedProcess:
         proc, out, err = self._start(cmd)
@@ -157,6 +174,12 @@ class SigtermDriver(_Started):
         finally:
             if proc.poll() is None:
                 proc.kill()
+        if self.tracking:
+            statuses = _run_statuses(self.cell.root / "mlflow.db")
+            assert statuses.get("job") and set(statuses["job"]) == {"KILLED"}, (statuses, err.read_text()[-2000:])
+            assert statuses.get("sweep") == ["KILLED"], statuses
+            said = [line for line in err.read_text().splitlines() if line.startswith("interrupted (SIGTERM) in sweep")]
+            assert len(said) >= len(statuses["job"]), err.read_text()[-2000:]  # one line a job
         return subprocess.CompletedProcess(proc.args, proc.returncode, out.read_text(), err.read_text())
 
 

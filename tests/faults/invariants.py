@@ -41,8 +41,10 @@ def ending(proc: subprocess.CompletedProcess, cell: Cell, code: int, says: str =
         assert [line for line in errors if not _sweep_list(line)] == [], output
         return
     lines = [line for line in errors if not _sweep_list(line)]
-    if cell.jobs == 1 or code > 128:  # a signal stops a sweep at once: one line for the command
+    if cell.jobs == 1:
         assert len(lines) == 1, output
+    elif code > 128:  # a signal stops a sweep at once: one line a job it stopped (or one for the command)
+        assert 1 <= len(lines) <= cell.jobs, output
     else:  # one line a job, or one a reason for jobs refused alike; then the sweep's list
         assert 1 <= len(lines) <= cell.jobs and any(line.startswith("sweep: ") for line in errors), output
     assert all(says in line for line in lines), output

@@ -116,3 +116,24 @@ def _runs(uri: str, kind: str) -> list:
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("cupid")
     return [r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get("cupid.kind") == kind]
+
+
+def test_a_sweep_worker_told_to_stop_stops_the_jobs_queued_to_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A joblib sweep's worker whose job a stop signal ended runs no further job: loky hands it the next one queued
+    before the sweep's process stops (``durability.signals._stop_sweep_jobs``); that job stops before its run."""
+    import time
+
+    from cupid_exp.durability import signals
+
+    monkeypatch.setattr(signals, "_in_sweep_worker", lambda: True)
+    monkeypatch.setattr(signals, "_WATCHING_LAUNCHER", True)  # no watch of this process's parent
+    monkeypatch.setattr(signals, "_STOPPED", 0)
+    with pytest.raises(signals.Terminated):
+        with signals.sigterm_raises():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+    started = []
+    with pytest.raises(signals.Terminated) as later:
+        with signals.sigterm_raises():
+            started.append("the next job")
+    assert started == [] and later.value.signum == signal.SIGTERM

@@ -217,7 +217,7 @@ def run_ours_sweep(args: argparse.Namespace, stub: Stub, data: Path, work: Path,
     before = stub.stats()["total_completed"]
     res = timed(cmd, cwd=ROOT, env={**ENV, "OPENAI_API_KEY": "sk-bench"})
     res["requests"] = stub.stats()["total_completed"] - before
-    phases = [json.loads(f.read_text())["metrics"]["time/model_seconds"] for f in root.glob("multirun/**/metrics.json")]
+    phases = [json.loads(f.read_text())["metrics"]["time/model_seconds"] for f in root.glob("runs/**/metrics.json")]
     if len(phases) != args.sweep:
         raise RuntimeError(f"the sweep wrote {len(phases)} jobs' metrics, not {args.sweep}")
     res["model_s"] = sum(phases)

@@ -23,8 +23,8 @@ A job ends in one of these ways, each with its exit code (documented in the READ
   signal. A joblib sweep hands the signal to each job it runs: one line a job.
 
 In a sweep, a job's bad setting or incomplete result does not stop the other jobs: each job
-writes ``job_status.json`` into its folder, and when the sweep ends the failed and incomplete
-jobs are listed together and the process exits with the worst code.
+writes ``job_status.json`` into its folder in the sweep's (``<n>_<name>/``), and when the sweep ends the failed
+and incomplete jobs are listed together and the process exits with the worst code.
 """
 
 from __future__ import annotations
@@ -100,7 +100,8 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     output_dir = Path(hc.runtime.output_dir)
-    room = _keep_room(output_dir) if multirun else None
+    name, status_dir = _sweep_job(hc, output_dir) if multirun else (output_dir.name, output_dir)
+    room = _keep_room(status_dir) if multirun else None
     try:  # a job that ends on a bug or Ctrl-C leaves no room behind
         try:
             # a sweep's job names its parent run by the sweep's folder: the run worker opens it while the first job
@@ -115,8 +116,8 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
             if not multirun:
                 raise
             if not isinstance(exc, Interrupted):
-                raise Interrupted(job=output_dir.name, signum=getattr(exc, "signum", signal.SIGINT)) from exc
-            exc.job = output_dir.name
+                raise Interrupted(job=name, signum=getattr(exc, "signum", signal.SIGINT)) from exc
+            exc.job = name
             raise
         except Exception as exc:  # noqa: BLE001 - a bug goes on with its traceback; the environment's is one line
             from cupid_exp.outputs import environment_failure
@@ -132,16 +133,27 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
             room.unlink(missing_ok=True)
         raise
     if multirun:
-        status = {"job": output_dir.name, "overrides": list(hc.overrides.task), "outcome": outcome.outcome,
-                  "reason": outcome.reason}
+        status = {"job": name, "folder": str(output_dir), "overrides": list(hc.overrides.task),
+                  "outcome": outcome.outcome, "reason": outcome.reason}
         from cupid_exp.secrets import scrub_obj, secret_values
 
-        _write_status(output_dir / STATUS_FILE, json.dumps(scrub_obj(status, secret_values(status["overrides"]))),
+        _write_status(status_dir / STATUS_FILE, json.dumps(scrub_obj(status, secret_values(status["overrides"]))),
                       room)
         return outcome.value
     if outcome.exit_code:
         sys.exit(outcome.exit_code)
     return outcome.value
+
+
+def _sweep_job(hc: Any, output_dir: Path) -> tuple[str, Path]:
+    """A sweep job's name and the folder of its status: its own folder where it lies in the sweep's, else (its
+    experiment's folder under ``runs/``: ``conf/config.yaml``) ``<sweep folder>/<n>_<name>``, so that the sweep's
+    folder lists every job it ran."""
+    sweep = Path(hc.sweep.dir).resolve()
+    if output_dir.resolve().parent == sweep:
+        return output_dir.name, output_dir
+    name = f"{hc.job.num}_{output_dir.parent.name}"
+    return name, sweep / name
 
 
 _ROOM_BYTES = 64 * 1024  #: kept for a sweep job's status file: its overrides and its reason, many times over

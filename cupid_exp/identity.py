@@ -6,6 +6,7 @@ Never how fast, through which spelling of an endpoint or with which key results 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from cupid_exp.llm.endpoints import canonical_api_base
@@ -20,6 +21,10 @@ RUNTIME_NOT_IDENTITY = {"progress", "cache", "cache_dir", "resume", "failure_pol
                         "retry_failed", "workers", "max_cost_usd", "sweep_max_cost_usd", "timeout", "num_retries",
                         "rate_limit_patience_s", "outage_patience_s", "batch", "batch_size", "batch_delay_s",
                         "batch_poll_s", "dry_run_completion_tokens", "pools"}
+#: The runtime settings that change what is reported from the same results: in the run key
+#: (``durability.attempts.run_key``) and in the job folder's name (``folder_fingerprint``): a folder holds one report,
+#: as an MLflow run does.
+REPORT_SETTINGS = ("failure_policy", "max_failed_fraction", "retry_failed")
 #: A model config's throughput, pacing, prices and key variable (``config.ModelConfig``; ``pool``: its provider
 #: pool, where there is one).
 MODEL_NOT_IDENTITY = {"max_concurrency", "rpm", "tpm", "pool", "api_key_env", "input_cost_per_token",
@@ -81,3 +86,53 @@ def subset_text(limit: int | None, types: Iterable[str] = ()) -> str:
     (``types`` as the job kept them: empty for every type)."""
     return ", ".join(([f"data.limit={limit}"] if limit is not None else [])
                      + ([f"data.instance_types=[{','.join(types)}]"] if types else []))
+
+
+def folder_fingerprint(resolved: Mapping[str, Any]) -> str:
+    """Short hash naming an evaluation job's folder (``conf/config.yaml``), from its resolved config: a rerun writes
+    into the folder of its earlier runs, a changed job gets its own.
+
+    It holds the config by ``content``, the prompt files, the bytes of the data files (Hydra names the folder before
+    the job reads its rows, which the identity digests: bytes are never coarser; a Hub data set enters by its name,
+    split and revision) and the settings that change the report (``REPORT_SETTINGS``). What cannot be read enters by
+    its name: the job refuses it in one line."""
+    from cupid_exp.config import config_digest
+    from cupid_exp.prompts import EVALUATION_PROMPTS, PromptSet
+
+    runtime = resolved.get("runtime") if isinstance(resolved.get("runtime"), Mapping) else {}
+    directory = (resolved.get("prompts") or {}).get("dir")
+    try:
+        prompts = PromptSet(directory if isinstance(directory, str) else None).digest(EVALUATION_PROMPTS)
+    except OSError:  # not a folder
+        prompts = f"missing:{directory}"
+    return config_digest({"config": content(resolved, ("data.path",)), "data": _files_digest(resolved.get("data")),
+                          "prompts": prompts, "report": {k: runtime.get(k) for k in REPORT_SETTINGS}}, length=8)
+
+
+def _files_digest(data: Any) -> str | None:
+    """Hash of the bytes of the files a ``data`` config reads (None for the Hub's, or for a path that is not there)."""
+    import hashlib
+
+    from cupid_exp.data.loading import LOCAL_SUFFIXES, SAMPLE_PATH
+
+    if not isinstance(data, Mapping):
+        return None
+    paths: list[Path] = []
+    if data.get("source") == "sample":
+        paths = [SAMPLE_PATH]
+    elif data.get("source") == "local" and isinstance(data.get("path"), str):
+        path = Path(data["path"]).expanduser()
+        paths = (sorted(p for p in path.iterdir() if p.suffix in LOCAL_SUFFIXES and p.is_file()) if path.is_dir()
+                 else [path] if path.is_file() else [])
+    if not paths:
+        return None
+    digest = hashlib.sha256()
+    for path in paths:
+        try:
+            with path.open("rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    digest.update(block)
+        except OSError:  # unreadable
+            digest.update(str(path).encode())
+        digest.update(b"\0")
+    return digest.hexdigest()

@@ -70,11 +70,34 @@ def test_a_run_scores_instances_logs_one_mlflow_run_and_reruns_for_free(tmp_path
     # an identical rerun finds every instance in the resume journal and calls nothing
     resumed = run_cli(cli_command(stub.url, root, "data.limit=2", cache_dir=cache))
     assert "calls: 0 ok (0 cached)" in resumed.stdout
-    latest = max(job_dirs(root), key=lambda p: p.stat().st_mtime)
-    assert json.loads((latest / "metrics.json").read_text())["metrics"]["resume/instances_from_journal"] == 2
+    assert job_dirs(root) == [job]  # into the folder of the first run (test_a_rerun_reuses_its_experiments_folder)
+    assert json.loads((job / "metrics.json").read_text())["metrics"]["resume/instances_from_journal"] == 2
     # without the journal, the same calls are served from the response cache
     again = run_cli(cli_command(stub.url, root, "data.limit=2", "runtime.resume=false", cache_dir=cache))
     assert "calls: 8 ok (8 cached), 0 failed; requests sent: 0" in again.stdout
+
+
+def test_a_rerun_reuses_its_experiments_folder(tmp_path: Path, stub) -> None:
+    """A rerun of a finished job, answered from its journal, writes into the folder of its first run, as a sweep's job
+    too (the sweep's folder keeps its status, naming that folder); a changed override is a folder of its own."""
+    root = tmp_path / "outputs"
+    base = cli_command(stub.url, root, "tracking=none")
+    run_cli([*base, "data.limit=1"])
+    (job,) = job_dirs(root)
+    stub.reset()
+    sweep = run_cli([*base[:3], "-m", *base[3:], "data.limit=1"])
+    assert stub.stats()["total_received"] == 0 and "requests sent: 0" in sweep.stdout  # the journal answered
+    assert job_dirs(root) == [job]
+    metrics = json.loads((job / "metrics.json").read_text())["metrics"]
+    assert metrics["resume/instances_from_journal"] == 1 and len(read_jsonl(job / "instances.jsonl")) == 1
+    assert "data.limit=1" in (job / ".hydra" / "overrides.yaml").read_text()
+    (status,) = [json.loads(p.read_text()) for p in (root / "multirun").glob("*/*/*/job_status.json")]
+    assert status["folder"] == str(job) and status["outcome"] == "ok"
+
+    run_cli([*base, "data.limit=2"])  # another experiment
+    assert len(job_dirs(root)) == 2 and job in job_dirs(root)
+    (other,) = [d for d in job_dirs(root) if d != job]
+    assert len(read_jsonl(other / "instances.jsonl")) == 2 and len(read_jsonl(job / "instances.jsonl")) == 1
 
 
 def test_settings_sweep_and_oracle_preference_each_log_a_run(tmp_path: Path, stub) -> None:
@@ -225,7 +248,7 @@ def test_ctrl_c_prints_one_line_and_exits_130_and_the_same_command_resumes(tmp_p
             f"interrupted{where}: {finished} of 8 instances finished and journaled; run the same command to resume"
         ], proc.stderr[-3000:]
         assert 2 <= finished < 8
-        assert len(list((root / "multirun").glob("*/*/*/.hydra"))) == (1 if sweep else 0)  # the sweep stopped there
+        assert len(list((root / "runs").glob("*/*/.hydra"))) == 1  # the sweep stopped there (its jobs' folders)
         if not sweep:  # the same command resumes: what the line counted is not run again
             stub.config.latency_ms = 0
             resumed = run_cli(cmd)
@@ -234,15 +257,16 @@ def test_ctrl_c_prints_one_line_and_exits_130_and_the_same_command_resumes(tmp_p
 
 def test_a_model_name_with_a_path_in_it_stays_inside_the_output_root(tmp_path: Path) -> None:
     root = tmp_path / "deep" / "out"
-    escape = "../" * 5 + "escaped"  # from <root>/runs/<date>/<time>_<name>: out of <root>, into tmp_path
+    escape = "../" * 5 + "escaped"  # from <root>/runs/<name>/<fingerprint>: out of <root>, into tmp_path
     for sweep in ([], ["-m"]):
         run_cli([sys.executable, "-m", "cupid_exp", *sweep, f"model.name={escape}", "runtime.dry_run=true",
                  "tracking=none", f"paths.output_root={root}", "runtime.progress=false"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["deep"] and os.listdir(root.parent) == ["out"]
-    configs = sorted(root.rglob(".hydra/config.yaml"))
-    assert len(configs) == 2  # the run's and the sweep job's, each in one folder named after the sanitised name
-    for config in configs:
-        assert "escaped" in config.parent.parent.name and ".._.._" in config.parent.parent.name
+    (config,) = root.rglob(".hydra/config.yaml")  # the run's and the sweep job's (one experiment: one folder)
+    named = config.parent.parent.parent.name  # the folder holding the experiments of a model, task, setting
+    assert "escaped" in named and ".._.._" in named
+    (status,) = root.rglob("job_status.json")  # the sweep's folder names its job after the sanitised name too
+    assert ".._.._" in status.parent.name and status.parent.parent.parent.parent == root / "multirun"
 
 
 def test_a_job_whose_output_is_no_terminal_prints_progress_lines(tmp_path: Path) -> None:

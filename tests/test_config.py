@@ -137,3 +137,29 @@ def test_an_override_the_chosen_option_lacks_names_the_options_that_have_it(over
         compose_config(overrides)
     assert unread_override(["-m", *overrides, "paths.output_root=/tmp/x"], "config") == line
     assert unread_override(["model.nope=1"], "config") is None  # no option has it: Hydra's message stands
+
+
+def _folders(root, *overrides: str, sweep_dir: str | None = None) -> tuple[str, str]:
+    """The folder Hydra gives a single run and a sweep's job 0 of this config (``conf/config.yaml``)."""
+    cfg = compose_config([f"paths.output_root={root}", *overrides], return_hydra_config=True)
+    OmegaConf.update(cfg, "hydra.job.num", 0, force_add=True)
+    if sweep_dir is not None:
+        OmegaConf.update(cfg, "hydra.sweep.dir", sweep_dir)
+    return str(cfg.hydra.run.dir), str(cfg.hydra.sweep.subdir)
+
+
+def test_an_experiments_folder_changes_with_what_decides_its_results_only(tmp_path) -> None:
+    """A rerun goes to its experiment's folder, a sweep's job too (an absolute subdir: Hydra puts it there); what
+    changes results or the report is another folder, how fast or how cheaply they are got is not."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"a": 1}\n')
+    base = ("data=local", f"data.path={data}")
+    run, job = _folders(tmp_path, *base)
+    assert run.startswith(f"{tmp_path}/runs/local_inference_standard_local/") and job == run
+    assert _folders(tmp_path, *base, "runtime.workers=2", "model.max_concurrency=3")[0] == run
+    for changed in (("model.params.temperature=0.3",), ("runtime.failure_policy=zero",), ("data.limit=1",)):
+        assert _folders(tmp_path, *base, *changed)[0] != run, changed
+    data.write_text('{"a": 2}\n')  # the same path, other data
+    assert _folders(tmp_path, *base)[0] != run
+    # a sweep put outside <output_root>/multirun keeps its jobs inside it
+    assert _folders(tmp_path, *base, sweep_dir=str(tmp_path / "elsewhere"))[1] == "0_local_inference_standard_local"

@@ -55,7 +55,7 @@ def test_joblib_sweep_of_four_jobs_shares_one_store_and_one_cache(tmp_path: Path
         artifacts = {a.path for a in client.list_artifacts(child.info.run_id)}
         assert {"instances.jsonl", "metrics.json", "config.yaml"} <= artifacts
 
-    dirs = job_dirs(root / "multirun")
+    dirs = job_dirs(root)  # each job in its experiment's folder (runs/)
     assert len(dirs) == len(TEMPERATURES)
     assert all(len(read_jsonl(d / "instances.jsonl")) == n for d in dirs)
     # one shared cache: the subject calls differ by temperature, the evaluator calls are shared

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from cupid_exp.identity import REPORT_SETTINGS
 from cupid_exp.llm.usage import UsageMeter, requests_sent, usage_metrics
 
 #: The usage a resumed job's MLflow run reports for the whole job (this attempt + earlier ones) under these
@@ -34,8 +35,7 @@ JOB_USAGE = {"calls/total": "calls", "calls/requests": "requests", "tokens/promp
 def run_key(identity: str, runtime: Any, output_root: str | Path) -> str:
     """What makes two jobs the same MLflow run (see the module docstring)."""
     payload = {"identity": identity, "output_root": str(Path(output_root).expanduser().resolve()),
-               "failure_policy": runtime.failure_policy, "max_failed_fraction": runtime.max_failed_fraction,
-               "retry_failed": runtime.retry_failed}
+               **{name: getattr(runtime, name) for name in REPORT_SETTINGS}}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
 
 

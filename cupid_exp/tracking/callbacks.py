@@ -195,7 +195,10 @@ def sweep_dry_run_total(sweep_dir: Path) -> str:
     over zero jobs would read like an estimate of $0)."""
     statuses = job_statuses(sweep_dir)
     refused = sum(s.get("outcome") == "error" for s in statuses)
-    estimates = [json.loads(p.read_text()).get("metrics", {}) for p in sorted(sweep_dir.glob("*/metrics.json"))]
+    # each estimated job's metrics.json, in its folder (its experiment's, or one in the sweep's: ``entry._sweep_job``)
+    folders = [Path(s.get("folder") or sweep_dir / str(s.get("job"))) for s in statuses if s.get("outcome") != "error"]
+    estimates = [json.loads(p.read_text()).get("metrics", {}) for p in (f / "metrics.json" for f in folders)
+                 if p.is_file()]
     if not estimates:
         return (f"DRY RUN: no job of the sweep was estimated ({refused} of {len(statuses)} refused before planning "
                 f"its calls: see why above); no sweep total")

@@ -90,7 +90,7 @@ def test_a_sweep_says_once_that_its_jobs_could_not_load_the_hub(tmp_path: Path, 
     assert proc.stderr.count(reason) == 2, proc.stderr
     listed = proc.stderr.split("sweep: 3 of 3 jobs did not complete:")[1].strip().splitlines()
     assert len(listed) == 1 and listed[0].startswith("3 jobs refused (0_") and f"): {reason}" in listed[0]
-    logs = list((tmp_path / "outputs").glob("multirun/**/cli.log"))
+    logs = {Path(s["folder"]) / "cli.log" for s in statuses}  # each job's own folder, which its status names
     assert len(logs) == 3 and all(reason in log.read_text() for log in logs)
     assert "sweep total over 0 jobs" not in proc.stdout
     assert ("DRY RUN: no job of the sweep was estimated (3 of 3 refused" in proc.stdout) == dry_run

@@ -130,9 +130,10 @@ def _peak_rss_mb() -> float:
 
 def child_replay(args: argparse.Namespace) -> None:
     """Replay recorded calls through LocalModels with one engine; print one JSON object."""
+    from omegaconf import OmegaConf
+
     from cupid_exp.config import LocalModelConfig
     from cupid_exp.llm.local import LocalModels
-    from omegaconf import OmegaConf
 
     local = OmegaConf.load(ROOT / "conf" / "llm" / "local.yaml").local
     cfg = replace(LocalModelConfig(**OmegaConf.to_container(local)), prompt_cache_mb=args.prompt_cache_mb)
@@ -178,9 +179,10 @@ MICRO = {
 
 def child_micro(args: argparse.Namespace) -> None:
     """One cold 2.1k-token prompt and one short prompt, 128 tokens each, no schema, no prompt cache."""
+    from omegaconf import OmegaConf
+
     from cupid_exp.config import LocalModelConfig
     from cupid_exp.llm.local import LocalModels
-    from omegaconf import OmegaConf
 
     local = OmegaConf.load(ROOT / "conf" / "llm" / "local.yaml").local
     cfg = replace(LocalModelConfig(**OmegaConf.to_container(local)), prompt_cache_mb=0)

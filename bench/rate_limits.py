@@ -46,9 +46,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from bench import ENV, Stub, machine
 from versus_official import OFFICIAL_MODELS, official_instances, ours_command
 
+from bench import ENV, Stub, machine
 from cupid_exp.llm.pools import pool_name
 from cupid_exp.testing.cupid_data import write_dataset
 

@@ -23,9 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import ENV, ROOT, Stub, machine, price_overrides
 from versus_official import migrated_store, timed
 
+from bench import ENV, ROOT, Stub, machine, price_overrides
 from cupid_exp.testing.cupid_data import stub_overrides, write_dataset
 
 BENCH = Path(__file__).resolve().parent

@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 from bench import ENV, Stub, machine
-
 from cupid_exp.testing.cupid_data import write_dataset
 
 BENCH = Path(__file__).resolve().parent

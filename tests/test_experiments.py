@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import CONF_DIR, compose_config
 from helpers.cli_runner import cli_env, run_cli
 

@@ -7,11 +7,9 @@ The official-layout folders here are fakes with examples we invented, in the off
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
-
 from helpers.cli_runner import cli_command, run_cli
 from helpers.jobs import run_one, stub_plan
 from helpers.prompt_dirs import full_prompt_folder

@@ -24,8 +24,20 @@ from typing import Callable
 
 import pytest
 from helpers.cli_runner import PROJECT_ROOT, cli_env, seed_store
-from helpers.doc_commands import (DOCS, FAST, KEYS, LINKED, SAMPLE_FULL, Expect, Workspace, at_stub, blocks, key_of,
-                                  run_command, split_commands)
+from helpers.doc_commands import (
+    DOCS,
+    FAST,
+    KEYS,
+    LINKED,
+    SAMPLE_FULL,
+    Expect,
+    Workspace,
+    at_stub,
+    blocks,
+    key_of,
+    run_command,
+    split_commands,
+)
 
 from cupid_exp.testing.stub_llm_server import StubServer
 

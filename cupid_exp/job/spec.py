@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
 from cupid_exp.config import JobConfig, ModelConfig
-
 from cupid_exp.llm.usage import UsageMeter
 
 if TYPE_CHECKING:

@@ -16,13 +16,12 @@ from typing import Any
 
 from cupid_exp.config import CallSettings
 from cupid_exp.llm.batch import Batcher, BatchSettings, Guard, RowBill, RowFailed
-from cupid_exp.llm.batch_providers import BatchUnsupported, batch_provider
 from cupid_exp.llm.batch_ledger import BatchLedger
+from cupid_exp.llm.batch_providers import BatchUnsupported, batch_provider
 from cupid_exp.llm.billing import counted_tokens, lost_after_sending, reply_text
 from cupid_exp.llm.budget import in_flight_worst, reserve_call, worst_case_tokens, worst_case_usd
 from cupid_exp.llm.errors import ProviderError, _short, provider_error_kind
-from cupid_exp.llm.retry import BILLING_CODES, BILLING_SUFFIX, CallFailed, FatalProviderError, RetryLater, \
-    with_retries
+from cupid_exp.llm.retry import BILLING_CODES, BILLING_SUFFIX, CallFailed, FatalProviderError, RetryLater, with_retries
 from cupid_exp.llm.usage import BatchCounts, Completion
 
 

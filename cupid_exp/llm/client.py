@@ -23,8 +23,15 @@ from typing import Any, Callable, Mapping
 
 from cupid_exp.config import CallSettings, ModelConfig
 from cupid_exp.llm import _litellm
-from cupid_exp.llm.billing import (CallBill, Reply, counted_tokens, empty_reply, lost_after_sending, reply_text,
-                                   token_cost)
+from cupid_exp.llm.billing import (
+    CallBill,
+    Reply,
+    counted_tokens,
+    empty_reply,
+    lost_after_sending,
+    reply_text,
+    token_cost,
+)
 from cupid_exp.llm.budget import Budget, in_flight_worst, model_prices, priced, reserve_call, worst_case_usd
 from cupid_exp.llm.errors import ProviderError, _short, provider_error_kind  # noqa: F401  (re-exported)
 from cupid_exp.llm.limits import estimated_tokens
@@ -225,8 +232,8 @@ class LLMClient:
 
     def _dry_run(self, messages: list[dict], step: str, kwargs: dict[str, Any], dry_reply: DryReply | None
                  ) -> Completion:
-        from cupid_exp.llm.batch_providers import batch_provider
         from cupid_exp.llm.batch_calls import batch_price
+        from cupid_exp.llm.batch_providers import batch_provider
         from cupid_exp.llm.dry_run import estimate
 
         max_tokens = kwargs.get("max_tokens") or kwargs.get("max_completion_tokens")

@@ -13,8 +13,21 @@ import pandas as pd
 
 from cupid_exp.reporting.reference import GROUPS, matcher_of
 from cupid_exp.reporting.runs import JobRun
-from cupid_exp.reporting.tables import (PAPER_COLUMNS, Table, extra_settings, long_rows, model_of, n_cell, natural,
-                                        notes_of, ordered, row_of, run_numbers, runs_by_model, with_text)
+from cupid_exp.reporting.tables import (
+    PAPER_COLUMNS,
+    Table,
+    extra_settings,
+    long_rows,
+    model_of,
+    n_cell,
+    natural,
+    notes_of,
+    ordered,
+    row_of,
+    run_numbers,
+    runs_by_model,
+    with_text,
+)
 from cupid_exp.scoring.statistics import TASK_METRICS
 
 UNITS = {"inference": "P / R / F1 in %", "generation": "mean judge score 1–10"}

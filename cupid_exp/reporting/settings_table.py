@@ -9,8 +9,19 @@ import pandas as pd
 
 from cupid_exp.reporting.reference import GROUPS
 from cupid_exp.reporting.runs import JobRun
-from cupid_exp.reporting.tables import (Table, long_rows, n_cell, natural, notes_of, ordered, row_of, run_numbers,
-                                        runs_by_model, setting_order, with_text)
+from cupid_exp.reporting.tables import (
+    Table,
+    long_rows,
+    n_cell,
+    natural,
+    notes_of,
+    ordered,
+    row_of,
+    run_numbers,
+    runs_by_model,
+    setting_order,
+    with_text,
+)
 from cupid_exp.scoring.statistics import HEADLINE
 
 RECOVERED = "oracle gain recovered"

@@ -22,8 +22,16 @@ from cupid_exp.llm.steps import StepFailed
 from cupid_exp.synthesis import steps
 from cupid_exp.synthesis.attempts import AttemptLog
 from cupid_exp.synthesis.config import SynthesisConfig
-from cupid_exp.synthesis.journey import (CHANGED, N_SESSIONS, JourneyTemplate, build_instances, persona_id,
-                                         removed_sessions, session_task_type, slot_preference)
+from cupid_exp.synthesis.journey import (
+    CHANGED,
+    N_SESSIONS,
+    JourneyTemplate,
+    build_instances,
+    persona_id,
+    removed_sessions,
+    session_task_type,
+    slot_preference,
+)
 from cupid_exp.synthesis.personas import PersonaTemplate, render_template
 from cupid_exp.synthesis.store import JourneyStore
 

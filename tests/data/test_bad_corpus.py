@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_cli
 from test_loading import BAD_KEY, ROW_CASES, _bad_row, make_row
 

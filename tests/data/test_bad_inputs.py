@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from test_loading import make_row
 
 from cupid_exp.config import DataConfig
 from cupid_exp.data.loading import load_instances
 from cupid_exp.data.schema import DataError
 from cupid_exp.testing.cupid_data import delete_at, set_at
-from test_loading import make_row
 
 KEY = "7+bad_row/consistent"
 Row = dict[str, Any]

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers.cli_runner import PROJECT_ROOT, cli_env
 
 OFFLINE = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")

@@ -19,7 +19,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-import pytest
 from helpers.cli_runner import PROJECT_ROOT, run_cli
 from helpers.processes import alive, children
 from helpers.tmpfs import mount_tmpfs, unmount

@@ -16,9 +16,8 @@ from typing import Callable
 
 import pytest
 
-from helpers.cli_runner import PROJECT_ROOT
-
 from cupid_exp.testing.stub_llm_server import StubServer
+from helpers.cli_runner import PROJECT_ROOT
 
 DOCS = [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
 LINKED = ("cupid_exp", "conf", "prompts", "bench", "docs", "scripts", "tests", "pyproject.toml")

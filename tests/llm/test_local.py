@@ -14,8 +14,8 @@ import json
 import pytest
 
 from cupid_exp.config import LocalModelConfig
-from cupid_exp.llm.client import provider_error_kind
 from cupid_exp.llm import local
+from cupid_exp.llm.client import provider_error_kind
 from cupid_exp.llm.local import LocalModels, local_models, register_local_model, strict_schema
 
 litellm = pytest.importorskip("litellm")

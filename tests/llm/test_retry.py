@@ -7,14 +7,14 @@ from __future__ import annotations
 import asyncio
 import pickle
 import time
-from email.utils import format_datetime
 from datetime import datetime, timedelta, timezone
+from email.utils import format_datetime
 from pathlib import Path
 
 import pytest
 
 from cupid_exp.config import ModelConfig, RuntimeConfig
-from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
+from cupid_exp.llm.client import LLMClient, configure_litellm
 from cupid_exp.llm.pools import Pool, forget_pools
 from cupid_exp.llm.retry import FatalProviderError, RetryLater, parse_duration, retry_after_s, told_limits
 from cupid_exp.llm.usage import UsageMeter

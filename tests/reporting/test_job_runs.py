@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from conftest import compose_config
+from helpers.mlflow_runs import split_hydra
 from omegaconf import OmegaConf
 
-from conftest import compose_config
 from cupid_exp.reporting import JobRun, extra_settings, setting_label
 from cupid_exp.settings import make_setting
 from cupid_exp.tracking.mlflow import flatten
-from helpers.mlflow_runs import split_hydra
 
 
 def test_setting_label_tells_variants_apart() -> None:

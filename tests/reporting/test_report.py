@@ -13,16 +13,16 @@ from pathlib import Path
 import mlflow
 import pytest
 import yaml
+from conftest import CONF_DIR, compose_config
+from helpers.records import make_records
+from helpers.report_runs import log, sample_label
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from conftest import CONF_DIR, compose_config
 from cupid_exp.report import main
 from cupid_exp.reporting import JobRun, Selection, build_report, load_reference, render
 from cupid_exp.scoring import bootstrap_ci, paired_compare
 from cupid_exp.tracking.callbacks import MlflowSweepCallback
-from helpers.records import make_records
-from helpers.report_runs import log, sample_label
 
 SAMPLE = sample_label()  # the shipped sample, as the report names it
 CUPID = f"cupid [kixlab/CUPID:test #{'d' * 8}]"

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import mlflow
 import pytest
+from conftest import compose_config
+from helpers.records import make_records
+from helpers.report_runs import data_tags, log, sample_label
 from mlflow.tracking import MlflowClient
 
 from cupid_exp.data.loading import SAMPLE_FULL_PATH, SAMPLE_PATH
 from cupid_exp.report import main
 from cupid_exp.scoring import bootstrap_ci
-from helpers.records import make_records
-from helpers.report_runs import data_tags, log, sample_label
-from conftest import compose_config
 
 SAMPLE = sample_label()
 

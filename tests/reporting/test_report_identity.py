@@ -8,13 +8,13 @@ from pathlib import Path
 import mlflow
 import mlflow.artifacts
 import pytest
+from helpers.records import make_records
+from helpers.report_runs import log, sample_label
 from mlflow.tracking import MlflowClient
 
 from cupid_exp.report import main
 from cupid_exp.scoring import bootstrap_ci
 from cupid_exp.tracking.sweep import publish_sweep
-from helpers.records import make_records
-from helpers.report_runs import log, sample_label
 
 TEMPERATURES = {"0": -0.1, "0.2": 0.0, "0.4": 0.12}  # temperature -> how well its run scores
 

@@ -6,8 +6,7 @@ import asyncio
 
 import pytest
 
-from cupid_exp.config import DataConfig
-from cupid_exp.config import RuntimeConfig
+from cupid_exp.config import DataConfig, RuntimeConfig
 from cupid_exp.data.loading import load_instances
 from cupid_exp.llm.client import configure_litellm
 from cupid_exp.llm.steps import StepFailed, Transcript

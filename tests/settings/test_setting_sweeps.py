@@ -6,9 +6,8 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hydra.errors import ConfigCompositionException
-
 from conftest import compose_config
+from hydra.errors import ConfigCompositionException
 
 # The README's commands (section "Tasks, settings and evaluators"), each swept value list expanded as Hydra does
 README_SWEEPS = [["setting=standard,oracle,retrieval"], ["setting=retrieval", "setting.retriever=embedding,recency"]]

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.cli_runner import cli_env, seed_store
 from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
@@ -23,7 +24,6 @@ from cupid_exp.synthesis.steps import persona as persona_step
 from cupid_exp.synthesis.work import SynthesisWork
 from cupid_exp.synthesize import run_synthesis
 from cupid_exp.testing.stub_llm_server import StubServer
-from helpers.cli_runner import cli_env, seed_store
 
 from .scripted import ScriptedServer, reply, role_overrides
 

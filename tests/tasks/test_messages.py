@@ -8,7 +8,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import compose_config
 from helpers.jobs import run_one, stub_plan
 from helpers.prompt_dirs import full_prompt_folder

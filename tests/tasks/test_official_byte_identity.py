@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import compose_config
 from helpers.jobs import run_one
 

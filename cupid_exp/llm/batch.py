@@ -218,7 +218,7 @@ class Batcher:
             for row in rows:
                 self._fail(row, exc)
             return
-        mapping = {line["custom_id"]: row.digest for line, row in zip(lines, rows)}
+        mapping = {line["custom_id"]: row.digest for line, row in zip(lines, rows, strict=False)}
         self.queue.sent(batch.id, sum(row.tokens for row in rows))
         self.ledger.submitted(batch.id, self.endpoint, uploaded.id, mapping)
         self.counts.submitted += 1

@@ -50,7 +50,7 @@ def _reference_title(paper: pd.DataFrame, summary_by_type: bool) -> str:
 
 def _row_order(models: Sequence[str], paper: pd.DataFrame) -> list[str]:
     """Each model's rows, followed by its paper row when the paper has one; then the paper's other rows."""
-    paper_label = dict(zip(paper["conf_model"], paper["model"]))
+    paper_label = dict(zip(paper["conf_model"], paper["model"], strict=False))
     order: list[str] = []
     for i, row in enumerate(models):
         order.append(row)

@@ -75,7 +75,7 @@ def setting_table(tidy: pd.DataFrame, runs: Sequence[JobRun], task: str, *, data
     frame["run"] = [run_of[key].short for key in index]
     derived = shares.stack().dropna().rename("value").reset_index().assign(
         source="derived", metric="oracle_gain_recovered", data=data)
-    derived["run_id"] = [run_of[key].run_id for key in zip(derived["model"], derived["setting"])]
+    derived["run_id"] = [run_of[key].run_id for key in zip(derived["model"], derived["setting"], strict=False)]
     long = ordered(pd.concat([derived, numbers], ignore_index=True),
                    {"model": models, "setting": sorted(set(index.get_level_values("setting")),
                                                                  key=setting_order)})

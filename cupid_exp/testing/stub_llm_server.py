@@ -67,7 +67,7 @@ from cupid_exp.testing.stub_faults import (
 )
 from cupid_exp.testing.stub_replies import billed_tokens, classify, completion_body, digest, reply_text
 
-__all__ = ["StubConfig", "StubServer", "main", "parse_args"]
+__all__ = ["StubConfig", "StubServer", "main"]
 
 
 class _HTTPServer(ThreadingHTTPServer):

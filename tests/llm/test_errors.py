@@ -106,7 +106,7 @@ def test_the_classifier_on_exceptions_directly() -> None:
         try:
             raise ImportError("No module named 'somewhere'")
         except ImportError:
-            raise wrapped
+            raise wrapped  # noqa: B904 - the implicit context (not a cause) is what this case feeds the classifier
     except litellm.APIConnectionError as exc:
         assert provider_error_kind(exc) is None
     window = litellm.ContextWindowExceededError(message="too long", model="m", llm_provider="x")

@@ -87,7 +87,7 @@ def table_rows(markdown: str, title_start: str) -> dict[str, list[str]]:
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     for line in lines[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
-        rows[cells[0]] = dict(zip(header, cells))
+        rows[cells[0]] = dict(zip(header, cells, strict=False))
     return rows
 
 
@@ -257,7 +257,7 @@ def setting_rows(markdown: str, title_start: str) -> dict[tuple[str, str], dict[
     rows = {}
     for line in lines[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
-        rows[(cells[0], cells[1])] = dict(zip(header, cells))
+        rows[(cells[0], cells[1])] = dict(zip(header, cells, strict=False))
     return rows
 
 

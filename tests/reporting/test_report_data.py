@@ -42,7 +42,7 @@ def rows_of(markdown: str, title_start: str) -> dict[str, dict[str, str]]:
     for line in lines[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
         key = cells[0] if header[1] != "setting" else f"{cells[0]} {cells[1]}"
-        rows[key] = dict(zip(header, cells))
+        rows[key] = dict(zip(header, cells, strict=False))
     return rows
 
 

@@ -49,7 +49,7 @@ def rows_of(markdown: str, title_start: str) -> dict[str, dict[str, str]]:
     block = markdown.split(f"### {title_start}")[1].split("###")[0]
     lines = [line for line in block.splitlines() if line.startswith("|")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
-    return {cells[0]: dict(zip(header, cells)) for cells in
+    return {cells[0]: dict(zip(header, cells, strict=False)) for cells in
             ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:])}
 
 

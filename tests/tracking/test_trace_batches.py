@@ -87,9 +87,9 @@ def _difference(ours: dict[str, dict], theirs: dict[str, dict]) -> str:
             a, b = ours[key][field], theirs[key].get(field)
             if a != b:
                 if field == "spans" and len(a) == len(b):
-                    at = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+                    at = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
                     a, b = a[at], b[at]
-                    parts = [j for j, (x, y) in enumerate(zip(a, b)) if x != y]
+                    parts = [j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y]
                     a, b = [a[j] for j in parts], [b[j] for j in parts]
                     return f"{key} span {at} parts {parts}: ours {a!r:.600} theirs {b!r:.600}"
                 return f"{key} {field}: ours {a!r:.600} theirs {b!r:.600}"

@@ -13,8 +13,8 @@ from typing import Any
 
 from cupid_exp.job.heap import long_lived_frozen
 from cupid_exp.job.lanes import job_finisher, job_progress, run_units
-from cupid_exp.job.plan import Job, connect
-from cupid_exp.job.spec import Execution, Result
+from cupid_exp.job.plan import connect
+from cupid_exp.job.spec import Execution, Job, Result
 from cupid_exp.job.workers import Workers, run_spread, start_workers
 from cupid_exp.llm.client import drain_background_tasks
 from cupid_exp.llm.server import managed_server

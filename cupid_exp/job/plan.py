@@ -16,7 +16,8 @@ from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
-from cupid_exp.config import JobConfig, check_known_keys, check_tree
+from cupid_exp.config import JobConfig
+from cupid_exp.config_checks import check_known_keys, check_tree
 from cupid_exp.durability.attempts import run_key
 from cupid_exp.job.attempt import open_attempt
 from cupid_exp.job.checks import check_before_calls, note_models

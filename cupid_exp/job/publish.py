@@ -17,8 +17,7 @@ from cupid_exp.durability.attempts import whole_job_metrics, whole_job_usage
 from cupid_exp.durability.signals import shielded
 from cupid_exp.errors import Outcome
 from cupid_exp.job.budgets import BudgetReport, fit_line
-from cupid_exp.job.plan import Job
-from cupid_exp.job.spec import Summary
+from cupid_exp.job.spec import Job, Summary
 from cupid_exp.run_outcomes import DESCRIPTION_TAG, outcome_tags, status_of
 from cupid_exp.tracking.live import FinalLog
 from cupid_exp.tracking.mlflow import SweepParent, flatten

@@ -31,8 +31,7 @@ import threading
 from typing import Any
 
 from cupid_exp.job.lanes import fair_share, job_finisher, job_progress, run_units, stopped_by_budget
-from cupid_exp.job.plan import Job
-from cupid_exp.job.spec import Result
+from cupid_exp.job.spec import Job, Result
 from cupid_exp.job.worker_count import share
 from cupid_exp.job.worker_process import Shared, SharedCursor, WorkerSpec, serve_units
 from cupid_exp.llm.client import drain_background_tasks

@@ -132,7 +132,7 @@ def keep_developer_role() -> None:
     OpenAIGPTConfig.translate_developer_role_to_system_role = _as_given  # type: ignore[method-assign]
 
 
-def _as_given(self: Any, messages: list, *args: Any, **kwargs: Any) -> list:
+def _as_given(self: Any, messages: list[Any], *args: Any, **kwargs: Any) -> list[Any]:
     # litellm 1.109 added keyword arguments (model, api_base, ...) that the answer does not depend on
     return messages
 

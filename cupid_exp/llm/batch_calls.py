@@ -61,7 +61,7 @@ def new_batcher(model: Any, settings: CallSettings, api_key: str | None, counts:
     return Batcher(endpoint, kwargs, ledger, batch_settings(settings), counts, guard)
 
 
-async def batched_completion(batcher: Batcher, model: Any, messages: list[dict], kwargs: dict[str, Any],
+async def batched_completion(batcher: Batcher, model: Any, messages: list[dict[str, Any]], kwargs: dict[str, Any],
                              bill: RowBill) -> Completion:
     """One call answered through the Batch API; raises ``RowFailed`` (or litellm's error) when it failed. ``bill``:
     what the row costs this call beyond its reply (``Batcher.complete``), also when it fails."""
@@ -78,7 +78,7 @@ async def batched_completion(batcher: Batcher, model: Any, messages: list[dict],
                       seconds=time.perf_counter() - start, finish_reason=choice.get("finish_reason"))
 
 
-def unread_usd(client: Any, messages: list[dict], kwargs: dict[str, Any], unread: int) -> float:
+def unread_usd(client: Any, messages: list[dict[str, Any]], kwargs: dict[str, Any], unread: int) -> float:
     """What ``unread`` attempts of a row cost that were answered (billed) in output lines that could not be read: the
     call's worst case each, at batch prices (an unpriced model: nothing, not guessed)."""
     if not unread or client.prices is None:
@@ -138,7 +138,7 @@ def _row_refusal(exc: RowFailed) -> str | None:
     return None
 
 
-async def complete_in_batch(client: Any, messages: list[dict], step: str, kwargs: dict[str, Any]) -> Completion:
+async def complete_in_batch(client: Any, messages: list[dict[str, Any]], step: str, kwargs: dict[str, Any]) -> Completion:
     """The call through the provider's Batch API: its worst case held on the budget at the live price (an upper
     bound), settled at the batch price of the row (nothing for a row another call paid); failures counted by kind
     as a live call's, fatal refusals and rate limits beyond patience stopping the job as they do live."""

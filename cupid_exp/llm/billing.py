@@ -84,7 +84,7 @@ def reply_text(choice: Any) -> str:
     return "".join(p for p in parts if isinstance(p, str))
 
 
-def counted_tokens(litellm_model: str, messages: list[dict], usage: Any, text: str) -> tuple[int, int, bool]:
+def counted_tokens(litellm_model: str, messages: list[dict[str, Any]], usage: Any, text: str) -> tuple[int, int, bool]:
     """(prompt, completion, estimated): the reply's usage when it has some, else counted locally. A billed prompt
     is never 0 tokens, so a usage without prompt tokens is a usage left out."""
     def get(name: str) -> int:

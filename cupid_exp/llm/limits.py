@@ -72,7 +72,7 @@ def in_turn() -> Iterator[None]:
         _PRIORITY.reset(token)
 
 
-def estimated_tokens(messages: list[dict], max_tokens: int | None) -> int:
+def estimated_tokens(messages: list[dict[str, Any]], max_tokens: int | None) -> int:
     """What a request counts toward tokens-per-minute: prompt characters / 4 plus the reply's reserve."""
     chars = sum(len(m.get("content") or "") if isinstance(m.get("content"), str) else len(str(m.get("content")))
                 for m in messages)
@@ -88,7 +88,7 @@ class AdaptiveLimit:
         self.limit = float(min(self.ceiling, max(SLOW_START, self.ceiling // 4)))
         self.slow_start = self.limit < self.ceiling
         self.in_flight = 0
-        self._waiters: list[tuple[int, int, asyncio.Future]] = []  #: a heap: (priority, arrival, waiter)
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []  #: a heap: (priority, arrival, waiter)
         self._arrivals = itertools.count()
         self._last_cut = -math.inf
         self._ok = 0

@@ -74,7 +74,7 @@ def strict_schema(schema: Any) -> Any:
     return out
 
 
-def _request(messages: list[dict], params: dict[str, Any], cache_prompt: bool) -> dict[str, Any]:
+def _request(messages: list[dict[str, Any]], params: dict[str, Any], cache_prompt: bool) -> dict[str, Any]:
     """The OpenAI-style request the llama.cpp server takes, from litellm's optional_params."""
     request: dict[str, Any] = {"messages": messages, "cache_prompt": cache_prompt}
     for key in _PASSED_PARAMS:
@@ -156,7 +156,7 @@ class LocalModels:
                 self._engines[name] = self.engine_factory(resolve_gguf(cfg.gguf), cfg)
             return self._engines[name]
 
-    def complete(self, name: str, messages: list[dict], params: dict[str, Any]) -> dict[str, Any]:
+    def complete(self, name: str, messages: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
         """One chat completion as an OpenAI-style dict; provider problems raise litellm exceptions."""
         engine = self.engine(name)
         request = _request(messages, params, engine.cache_prompt)
@@ -185,7 +185,7 @@ class LocalModels:
         self._account(name, usage, out.get("timings") or {}, wall)
         return out
 
-    def _account(self, name: str, usage: dict, timings: dict, wall: float) -> None:
+    def _account(self, name: str, usage: dict[str, Any], timings: dict[str, Any], wall: float) -> None:
         s = self.stats[name]
         s["calls"] += 1
         s["wall_s"] += wall
@@ -272,7 +272,7 @@ def _make_handler(models: LocalModels):
     APIConnectionError; ``client.provider_error_kind`` reads the exception chain and stops the job on it."""
     import litellm
 
-    def call(model: str, messages: list[dict], optional_params: dict) -> Any:
+    def call(model: str, messages: list[dict[str, Any]], optional_params: dict[str, Any]) -> Any:
         return _model_response(model, models.complete(model, messages, optional_params))
 
     class _Handler(litellm.CustomLLM):

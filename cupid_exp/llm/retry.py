@@ -69,7 +69,7 @@ class FatalProviderError(Exception):
 
     outcome = "error"  #: how the job ends (``cupid_exp.entry.Outcome``): exit 2
 
-    def __reduce__(self) -> tuple:  # crosses from a worker process to the job's
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses from a worker process to the job's
         return FatalProviderError, (self.model, self.kind, self.message, self.roles)
 
 
@@ -89,7 +89,7 @@ class RetryLater(FatalProviderError):
         return (f"stopped: {who} (model {self.model}): {self.kind}: {self.message}; no new instance was started, "
                 "finished ones are journaled: run the same command later to resume")
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Any, ...]:
         return RetryLater, (self.model, self.kind, self.message, self.roles, self.wait_s)
 
 

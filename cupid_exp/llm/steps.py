@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from cupid_exp.llm import calls
-from cupid_exp.llm.client import DryReply, LLMClient, ProviderError
+from cupid_exp.llm.client import DryReply, LLMClient
+from cupid_exp.llm.errors import ProviderError
 from cupid_exp.llm.replies import ParseError, excerpt
 from cupid_exp.llm.usage import Completion
 from cupid_exp.results import StepError
@@ -99,7 +100,7 @@ class Resample:
 
 
 async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[[str], Any], *,
-              transcript: Transcript, schema: dict | None = None, params: dict[str, Any] | None = None,
+              transcript: Transcript, schema: dict[str, Any] | None = None, params: dict[str, Any] | None = None,
               retry: Reask | Resample = Reask(1), dry_reply: DryReply | None = None, keep_cut: bool = False) -> Any:
     """Ask ``client`` for ``step`` and return ``parse(reply)``; raise StepFailed when no reply is usable.
 

@@ -208,7 +208,8 @@ def table(name: str, runs: list[dict[str, Any]]) -> str:
     ideal = statistics.median(r["ideal"] for r in runs)
     phases = [r["model_s"] for r in runs if r["model_s"]]
     phase = spread(phases) if phases else "–"
-    ratio = (f"{statistics.median(p / r['ideal'] for p, r in zip(phases, runs, strict=False)):.2f} " if phases and ideal else "")
+    ratio = (f"{statistics.median(p / r['ideal'] for p, r in zip(phases, runs, strict=False)):.2f} "
+             if phases and ideal else "")
     ratio += f"({statistics.median(r['wall'] / r['ideal'] for r in runs):.2f})" if ideal else "–"
     return (f"| {name} | {done}/{total} ({100 * done / max(1, total):.0f}%) | {spread([r['wall'] for r in runs])} | "
             f"{phase} | {ideal:.1f} | {ratio} | {requests / len(runs):.0f} | {limited / len(runs):.0f} "

@@ -146,5 +146,6 @@ def test_the_cli_stops_before_any_call_when_the_examples_are_missing(tmp_path: P
     # a PrefMatcher run needs no examples: the same directory is fine there
     with StubServer() as stub:
         run_cli(cli_command(stub.url, tmp_path / "out2", f"prompts.dir={directory}", "tracking=none",
-                            "evaluator.matcher_few_shot=false", "evaluator.matcher_prompt=evaluation/preference_matcher_model"))
+                            "evaluator.matcher_few_shot=false",
+                            "evaluator.matcher_prompt=evaluation/preference_matcher_model"))
         assert stub.stats()["total_received"] > 0

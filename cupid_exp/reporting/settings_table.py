@@ -81,7 +81,8 @@ def setting_table(tidy: pd.DataFrame, runs: Sequence[JobRun], task: str, *, data
                                                                  key=setting_order)})
     notes = notes_of(numbers)
     notes.append(f"{RECOVERED} = (setting − standard) / (oracle − standard) of the {metric} point values, same model "
-                 f"and instance type, on this table's data only; blank without both a standard and an oracle run or when "
+                 f"and instance type, on this table's data only; blank without both a standard and an oracle run or "
+                 f"when "
                  f"their gap is 0; "
                  f"no interval")
     return Table(title, frame.reset_index(), long_rows(long.rename(columns={"group": "column"}), title, task), notes)

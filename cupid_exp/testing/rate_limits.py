@@ -43,7 +43,8 @@ REFUSALS: dict[str, tuple[int, dict[str, Any]]] = {
                                        "at https://platform.openai.com/account/api-keys.",
                             "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}),
     "403": (403, {"error": {"message": "Country, region, or territory not supported",
-                            "type": "request_forbidden", "param": None, "code": "unsupported_country_region_territory"}}),
+                            "type": "request_forbidden", "param": None,
+                            "code": "unsupported_country_region_territory"}}),
     "404": (404, {"error": {"message": "The model `{model}` does not exist or you do not have access to it.",
                             "type": "invalid_request_error", "param": None, "code": "model_not_found"}}),
     "insufficient_quota": (429, {"error": {

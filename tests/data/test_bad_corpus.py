@@ -54,7 +54,8 @@ EXTRA_ROWS: list[tuple[str, object, str, str | None]] = [
      None),
     ("nan_literal", json.dumps(make_row("66+bad")).encode()[:-1] + b', "score": NaN}', "<row>", None),
     ("all_turns_empty", _mutated("67+bad", set_at(["prior_interactions", 1, "dialogue"],
-                                                [{"role": "user", "content": " "}, {"role": "assistant", "content": ""}])),
+                                                [{"role": "user", "content": " "},
+                                                 {"role": "assistant", "content": ""}])),
      "prior_interactions[1].dialogue", "67+bad/consistent"),
 ]
 

@@ -110,7 +110,8 @@ def _killed(proc: subprocess.Popen, out: Path, err: Path, group: bool = False) -
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        raise AssertionError(f"processes the killed job started outlived it: {[p for p in started if alive(p)]}") from exc
+        left = [p for p in started if alive(p)]
+        raise AssertionError(f"processes the killed job started outlived it: {left}") from exc
     assert "Traceback" not in err.read_text(), err.read_text()[-3000:]
     return subprocess.CompletedProcess(proc.args, proc.returncode, out.read_text(), err.read_text())
 

@@ -268,7 +268,8 @@ def test_retrieval_variants_are_selected_and_get_their_own_columns(store, capsys
     out = report(store, capsys)
     ids = store["ids"]
     # both variants kept; only the superseded bm25 run is left out
-    assert f"gpt4o × {BM25} (inference, data={SAMPLE}, evaluator=local): 2 runs; using the latest, {ids['bm25'][:8]}" in out
+    assert (f"gpt4o × {BM25} (inference, data={SAMPLE}, evaluator=local): 2 runs; using the latest, "
+            f"{ids['bm25'][:8]}") in out
     assert f"not used: {ids['bm25_old'][:8]}" in out
     assert f"not used: {ids['embedding'][:8]}" not in out and f"gpt4o × {EMB}" not in out
     rows = table_rows(out, f"Inference by model — data={SAMPLE}, evaluator=local")

@@ -18,8 +18,8 @@ INSTANCE = load_instances(DataConfig(name="sample", source="sample")).instances[
 
 
 def embedding_body(n: int) -> dict:
-    return {"object": "list", "model": "e", "data": [{"object": "embedding", "index": i, "embedding": [1.0, float(i)]}
-                                                      for i in range(n)], "usage": {"prompt_tokens": 3, "total_tokens": 3}}
+    data = [{"object": "embedding", "index": i, "embedding": [1.0, float(i)]} for i in range(n)]
+    return {"object": "list", "model": "e", "data": data, "usage": {"prompt_tokens": 3, "total_tokens": 3}}
 
 
 @pytest.mark.parametrize("status,body,kind", [

@@ -15,7 +15,8 @@ README_SWEEPS = [["setting=standard,oracle,retrieval"], ["setting=retrieval", "s
 
 def expand(sweep: list[str]) -> list[list[str]]:
     keys, values = zip(*(o.split("=", 1) for o in sweep), strict=False)
-    return [[f"{k}={v}" for k, v in zip(keys, combo, strict=False)] for combo in itertools.product(*(v.split(",") for v in values))]
+    return [[f"{k}={v}" for k, v in zip(keys, combo, strict=True)]
+            for combo in itertools.product(*(v.split(",") for v in values))]
 
 
 @pytest.mark.parametrize("sweep", README_SWEEPS, ids=lambda s: " ".join(s))

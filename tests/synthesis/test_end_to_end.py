@@ -80,7 +80,8 @@ def test_one_persona_synthesised_loaded_validated_logged_and_resumed(tmp_path: P
         run = runs[0]
         assert run.info.status == "FINISHED" and run.data.tags["cupid.complete"] == "true"
         assert run.data.metrics["instances/count"] == 3 and run.data.metrics["calls/total"] == metrics["calls/total"]
-        assert {"validation/items_expressed", "tokens/prompt", "calls/requests", "calls/retries"} <= set(run.data.metrics)
+        expected = {"validation/items_expressed", "tokens/prompt", "calls/requests", "calls/retries"}
+        assert expected <= set(run.data.metrics)
         assert run.data.params["synthesis.roles.user_simulator.params.temperature"] == "0.3"
         assert run.data.params["choice.synthesis"] == "api"
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}

@@ -71,7 +71,8 @@ def _stored(uri: str, experiment: str) -> dict[str, dict]:
             "token_usage": info.token_usage,
             "assessments": sorted((a.name, str(a.value)) for a in info.assessments),
             "spans": [(s.name, s.span_type, s.inputs, s.outputs, s.start_time_ns, s.end_time_ns,
-                       {k: v for k, v in s.attributes.items() if k not in ("mlflow.traceRequestId", "mlflow.experimentId")})
+                       {k: v for k, v in s.attributes.items()
+                        if k not in ("mlflow.traceRequestId", "mlflow.experimentId")})
                       for s in trace.data.spans],
         }
     return out

@@ -47,6 +47,7 @@ def execute(job: Job, observer: InstanceObserver | None = None, workers: Workers
         start, cpu = time.perf_counter(), time.process_time()  # without a model server's start-up
         if job.attempt.processes > 1:
             running = workers or start_workers(job)
+            assert running is not None  # more than one process: start_workers starts them
             try:
                 results, workers_cpu = run_spread(job, todo, observer, running)
             finally:

@@ -133,8 +133,8 @@ def publish(job: Job, summary: Summary, tracker: Any, spending: BudgetReport | N
         where += f" | MLflow run {live.run_id} at {job.cfg.tracking.uri}"
         if live.notice:
             log.warning("MLflow: %s", live.notice)
-    console.show(job.work.report(job, summary, where, spending.status_line() if stopped else summary.status_line()),
-                 job.output_dir)
+    status = spending.status_line() if spending is not None and stopped else summary.status_line()
+    console.show(job.work.report(job, summary, where, status), job.output_dir)
     if live is None:
         return
     # The results are on disk and printed: logging them is held together, an interrupt waits for it (a few

@@ -56,7 +56,7 @@ class BatchSettings:
 class _Row:
     digest: str
     body: dict[str, Any]
-    future: asyncio.Future[Any]
+    future: asyncio.Future[dict[str, Any]]  # the row's reply body
     resubmits: int = 0
     tokens: int = 0  #: its prompt's estimated tokens (the enqueued-token limit)
     paid: bool = False  #: its reply was handed to a caller, who pays for it (the others sharing it do not)
@@ -218,7 +218,7 @@ class Batcher:
             for row in rows:
                 self._fail(row, exc)
             return
-        mapping = {line["custom_id"]: row.digest for line, row in zip(lines, rows, strict=False)}
+        mapping = {row.digest[:40]: row.digest for row in rows}  # each line's custom_id: its row
         self.queue.sent(batch.id, sum(row.tokens for row in rows))
         self.ledger.submitted(batch.id, self.endpoint, uploaded.id, mapping)
         self.counts.submitted += 1
@@ -339,11 +339,11 @@ class Batcher:
             (output, unread), (errors, unread_errors) = (await self._read(batch.output_file_id),
                                                          await self._read(batch.error_file_id))
             for entry in output + errors:
-                digest = rows.get(entry["custom_id"])
-                if digest is None:
+                found = rows.get(entry["custom_id"])
+                if found is None:
                     continue
-                answered.add(digest)
-                self._settle(digest, entry)
+                answered.add(found)
+                self._settle(found, entry)
             missing = [self._waiting[d] for d in set(rows.values()) - answered if d in self._waiting]
             self._resend_missing(batch, missing, unread + unread_errors)
         for digest in rows.values():

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cupid_exp.config import CallSettings
+from cupid_exp.config import CallSettings, ModelConfig
 from cupid_exp.llm.batch import Batcher, BatchSettings, Guard, RowBill, RowFailed
 from cupid_exp.llm.batch_ledger import BatchLedger
 from cupid_exp.llm.batch_providers import BatchUnsupported, batch_provider
@@ -30,7 +30,7 @@ def batch_settings(settings: CallSettings) -> BatchSettings:
                          max_resubmits=settings.num_retries)
 
 
-def batch_price(model: Any, prompt_tokens: int, completion_tokens: int) -> float | None:
+def batch_price(model: ModelConfig, prompt_tokens: int, completion_tokens: int) -> float | None:
     """A reply's cost at the provider's batch prices (litellm's map), else the config's prices, else None."""
     import litellm
 
@@ -110,7 +110,8 @@ def _stop(client: Any, fatal: FatalProviderError) -> FatalProviderError:
         client.pool.fatal = fatal
     if client.stop.fatal is None:
         client.stop.fatal = fatal
-    return client.stop.fatal
+    first: FatalProviderError = client.stop.fatal
+    return first
 
 
 def row_failure_kind(exc: RowFailed) -> str:
@@ -138,7 +139,8 @@ def _row_refusal(exc: RowFailed) -> str | None:
     return None
 
 
-async def complete_in_batch(client: Any, messages: list[dict[str, Any]], step: str, kwargs: dict[str, Any]) -> Completion:
+async def complete_in_batch(client: Any, messages: list[dict[str, Any]], step: str,
+                            kwargs: dict[str, Any]) -> Completion:
     """The call through the provider's Batch API: its worst case held on the budget at the live price (an upper
     bound), settled at the batch price of the row (nothing for a row another call paid); failures counted by kind
     as a live call's, fatal refusals and rate limits beyond patience stopping the job as they do live."""

@@ -86,7 +86,8 @@ def _mapped(model: ModelConfig, key: str) -> int | None:
     except (litellm.exceptions.ModelNotMappedError, litellm.exceptions.BadRequestError,
             litellm.exceptions.NotFoundError):
         return None
-    return info.get(key) or None
+    value = info.get(key)
+    return int(value) if isinstance(value, (int, float)) and value else None
 
 
 def context_window(model: ModelConfig) -> int | None:
@@ -289,7 +290,9 @@ class LLMClient:
             self.meter.fail(step, failed.kind, retries=a.retries, rate_limited=a.rate_limited, wait_s=a.wait_s,
                             charged_usd=bill.charged_usd, charged=bill.charged, settled=bill.settled())
             if failed.fatal:
-                raise (self.stop.fatal or self.pool.fatal) from failed.cause
+                fatal = self.stop.fatal or self.pool.fatal
+                assert fatal is not None  # a fatal failure is recorded on the stop before it is raised
+                raise fatal from failed.cause
             exc = failed.cause
             raise ProviderError(failed.kind, f"{self.model.name}: " + (
                 failed.reason or f"{type(exc).__name__}: {self._scrub(_short(exc))}")) from exc

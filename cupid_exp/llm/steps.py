@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from cupid_exp.llm import calls
 from cupid_exp.llm.client import DryReply, LLMClient
@@ -133,7 +133,7 @@ async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[
         reply = completion.text
         record = _record(client, step, requests, sent, started, completion) if log is not None else None
         requests += 1
-        if record is not None:
+        if record is not None and log is not None:  # a record is made only with a log
             log.calls.append(record)
         if completion.refused and not reply.strip():
             raise _refused(client, step, completion, record)
@@ -169,7 +169,7 @@ async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[
 TRUNCATED = "truncated"
 
 
-def _limit(params: dict[str, int | None]) -> str:
+def _limit(params: Mapping[str, int | None]) -> str:
     """"max_tokens=600" as the request said it; the provider's own default when it set none."""
     name, value = next(iter(params.items()))
     return f"{name}={value}" if value else "the provider's default max_tokens (the request set none)"

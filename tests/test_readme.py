@@ -52,7 +52,6 @@ EXPECTED: dict[str, Expect] = {
                                       "config, "
                                       "data and prompts, and tests/test_launchers.py (slow) runs the CLI on it"),
     "python -m pytest -q": Expect(skip="the suite itself (CI runs it: .ci/run)"),
-    "ruff check . && mypy": Expect(skip="CI runs both before the suite (.ci/run)"),
     "LITELLM_LOCAL_MODEL_COST_MAP=True mlflow ui --backend-store-uri sqlite:///outputs/mlflow.db": Expect(
         server=True, extra="--workers 1", why="one web worker instead of 4: each imports MLflow's app (~4 s of CPU)"),
     # README: Evaluate a real model

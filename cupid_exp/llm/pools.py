@@ -437,7 +437,7 @@ def pool_metrics() -> dict[str, float]:
     """Progress metrics of each pool: requests in flight, the concurrency limit, the pace, 429s, seconds waited."""
     out: dict[str, float] = {}
     for pool in list(_POOLS.values()):
-        if pool.concurrency is None or not pool.sent:
+        if pool._concurrency is None or not pool.sent:  # not joined yet
             continue
         key = f"progress/pools/{pool.label}"
         out[f"{key}/in_flight"] = float(pool.concurrency.in_flight)

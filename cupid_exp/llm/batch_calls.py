@@ -21,6 +21,7 @@ from cupid_exp.llm.batch_providers import BatchUnsupported, batch_provider
 from cupid_exp.llm.billing import counted_tokens, lost_after_sending, reply_text
 from cupid_exp.llm.budget import in_flight_worst, reserve_call, worst_case_tokens, worst_case_usd
 from cupid_exp.llm.errors import ProviderError, _short, provider_error_kind
+from cupid_exp.llm.messages import Message
 from cupid_exp.llm.retry import BILLING_CODES, BILLING_SUFFIX, CallFailed, FatalProviderError, RetryLater, with_retries
 from cupid_exp.llm.usage import BatchCounts, Completion
 
@@ -61,7 +62,7 @@ def new_batcher(model: Any, settings: CallSettings, api_key: str | None, counts:
     return Batcher(endpoint, kwargs, ledger, batch_settings(settings), counts, guard)
 
 
-async def batched_completion(batcher: Batcher, model: Any, messages: list[dict[str, Any]], kwargs: dict[str, Any],
+async def batched_completion(batcher: Batcher, model: Any, messages: list[Message], kwargs: dict[str, Any],
                              bill: RowBill) -> Completion:
     """One call answered through the Batch API; raises ``RowFailed`` (or litellm's error) when it failed. ``bill``:
     what the row costs this call beyond its reply (``Batcher.complete``), also when it fails."""
@@ -78,7 +79,7 @@ async def batched_completion(batcher: Batcher, model: Any, messages: list[dict[s
                       seconds=time.perf_counter() - start, finish_reason=choice.get("finish_reason"))
 
 
-def unread_usd(client: Any, messages: list[dict[str, Any]], kwargs: dict[str, Any], unread: int) -> float:
+def unread_usd(client: Any, messages: list[Message], kwargs: dict[str, Any], unread: int) -> float:
     """What ``unread`` attempts of a row cost that were answered (billed) in output lines that could not be read: the
     call's worst case each, at batch prices (an unpriced model: nothing, not guessed)."""
     if not unread or client.prices is None:
@@ -139,7 +140,7 @@ def _row_refusal(exc: RowFailed) -> str | None:
     return None
 
 
-async def complete_in_batch(client: Any, messages: list[dict[str, Any]], step: str,
+async def complete_in_batch(client: Any, messages: list[Message], step: str,
                             kwargs: dict[str, Any]) -> Completion:
     """The call through the provider's Batch API: its worst case held on the budget at the live price (an upper
     bound), settled at the batch price of the row (nothing for a row another call paid); failures counted by kind

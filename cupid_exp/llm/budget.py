@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 from cupid_exp.config import CallSettings, ModelConfig
 from cupid_exp.errors import ConfigError
+from cupid_exp.llm.messages import Message
 from cupid_exp.llm.usage import WorstCase
 
 log = logging.getLogger(__name__)
@@ -125,7 +126,7 @@ def priced(model: ModelConfig, settings: CallSettings) -> Prices:
     return model_prices(model)  # type: ignore[return-value]
 
 
-def worst_case_usd(prices: Prices, messages: list[dict[str, Any]], kwargs: Mapping[str, Any]) -> float:
+def worst_case_usd(prices: Prices, messages: list[Message], kwargs: Mapping[str, Any]) -> float:
     """An upper bound on a call's cost: every byte of the prompt a token (a token is at least one byte) plus the
     framing of each message and any response schema, and a reply of ``max_tokens``. Counting tokens exactly
     cost 2-3 ms of CPU per call (litellm's tokenizer, measured on 10k-character prompts); the bound costs
@@ -136,7 +137,7 @@ def worst_case_usd(prices: Prices, messages: list[dict[str, Any]], kwargs: Mappi
     return prompt * prices.input + reply * prices.output
 
 
-def worst_case_tokens(messages: list[dict[str, Any]], kwargs: Mapping[str, Any],
+def worst_case_tokens(messages: list[Message], kwargs: Mapping[str, Any],
                       max_output: int | None) -> tuple[int, int]:
     """(prompt, reply): upper bounds on a call's tokens (``worst_case_usd``), for a price other than the live one."""
     prompt = sum(len(str(m.get("content") or "").encode()) + _TOKENS_PER_MESSAGE for m in messages)
@@ -146,7 +147,7 @@ def worst_case_tokens(messages: list[dict[str, Any]], kwargs: Mapping[str, Any],
     return prompt, int(reply)
 
 
-def in_flight_worst(prices: Prices | None, messages: list[dict[str, Any]], kwargs: Mapping[str, Any]) -> WorstCase:
+def in_flight_worst(prices: Prices | None, messages: list[Message], kwargs: Mapping[str, Any]) -> WorstCase:
     """A request's worst case while it is in flight (``UsageMeter.sending``): its tokens' bounds, their cost at
     ``prices`` (nothing for an unpriced model: not guessed)."""
     prompt, reply = worst_case_tokens(messages, kwargs, prices.max_output_tokens if prices is not None else None)
@@ -349,7 +350,7 @@ class Reservation:
         return usd
 
 
-async def reserve_call(client: Any, messages: list[dict[str, Any]], kwargs: Mapping[str, Any],
+async def reserve_call(client: Any, messages: list[Message], kwargs: Mapping[str, Any],
                        step: str) -> Reservation | None:
     """The hook before a client sends a request: its worst case held on the budget (None without one); a refused
     request is counted on the step (``not_sent_budget``: the job's worker processes report it through their meter)."""

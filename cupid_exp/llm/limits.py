@@ -35,6 +35,8 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Iterator
 
+from cupid_exp.llm.messages import Message
+
 COOLDOWN_S = 3.0  #: at most one cut of the concurrency limit (or of a pace) per this many seconds
 DECREASE, INCREASE = 0.8, 0.1  #: the cut on a 429, the share added after a round of successes
 WINDOW_S = 1.0  #: the provider's window for requests sent: OpenAI quantises per-minute limits into seconds
@@ -72,7 +74,7 @@ def in_turn() -> Iterator[None]:
         _PRIORITY.reset(token)
 
 
-def estimated_tokens(messages: list[dict[str, Any]], max_tokens: int | None) -> int:
+def estimated_tokens(messages: list[Message], max_tokens: int | None) -> int:
     """What a request counts toward tokens-per-minute: prompt characters / 4 plus the reply's reserve."""
     chars = sum(len(m.get("content") or "") if isinstance(m.get("content"), str) else len(str(m.get("content")))
                 for m in messages)

@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from cupid_exp.config import LocalModelConfig
 from cupid_exp.llm import _litellm
+from cupid_exp.llm.messages import Message
 
 PROVIDER = "llamacpp"
 _PASSED_PARAMS = ("temperature", "max_tokens", "top_p", "top_k", "stop", "seed", "response_format", "grammar",
@@ -74,7 +75,7 @@ def strict_schema(schema: Any) -> Any:
     return out
 
 
-def _request(messages: list[dict[str, Any]], params: dict[str, Any], cache_prompt: bool) -> dict[str, Any]:
+def _request(messages: list[Message], params: dict[str, Any], cache_prompt: bool) -> dict[str, Any]:
     """The OpenAI-style request the llama.cpp server takes, from litellm's optional_params."""
     request: dict[str, Any] = {"messages": messages, "cache_prompt": cache_prompt}
     for key in _PASSED_PARAMS:
@@ -157,7 +158,7 @@ class LocalModels:
                 self._engines[name] = self.engine_factory(resolve_gguf(cfg.gguf), cfg)
             return self._engines[name]
 
-    def complete(self, name: str, messages: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
+    def complete(self, name: str, messages: list[Message], params: dict[str, Any]) -> dict[str, Any]:
         """One chat completion as an OpenAI-style dict; provider problems raise litellm exceptions."""
         engine = self.engine(name)
         request = _request(messages, params, engine.cache_prompt)
@@ -273,19 +274,19 @@ def _make_handler(models: LocalModels) -> object:
     APIConnectionError; ``client.provider_error_kind`` reads the exception chain and stops the job on it."""
     import litellm
 
-    def call(model: str, messages: list[dict[str, Any]], optional_params: dict[str, Any]) -> Any:
+    def call(model: str, messages: list[Message], optional_params: dict[str, Any]) -> Any:
         return _model_response(model, models.complete(model, messages, optional_params))
 
     class _Handler(litellm.CustomLLM):
         _cupid_models = models  # which registry it serves (``register_local_model`` looks)
 
         # litellm passes these positionally; only the model, its messages and the parameters matter here
-        def completion(self, model: str, messages: list[dict[str, Any]], api_base: object, custom_prompt_dict: object,
+        def completion(self, model: str, messages: list[Message], api_base: object, custom_prompt_dict: object,
                        model_response: object, print_verbose: object, encoding: object, api_key: object,
                        logging_obj: object, optional_params: dict[str, Any], *args: object, **kwargs: object) -> Any:
             return call(model, messages, optional_params)
 
-        async def acompletion(self, model: str, messages: list[dict[str, Any]], api_base: object,
+        async def acompletion(self, model: str, messages: list[Message], api_base: object,
                               custom_prompt_dict: object, model_response: object, print_verbose: object,
                               encoding: object, api_key: object, logging_obj: object, optional_params: dict[str, Any],
                               *args: object, **kwargs: object) -> Any:

@@ -256,7 +256,8 @@ def main() -> None:
         rows.append((f"... average over the {sizes[1]}-instance run ({large['calls/total']:.0f} calls, incl. "
                      "one-time lazy imports in the first call)", f"{average:.2f} ms", "-", ""))
         rows.append(("inference pipeline throughput, zero latency: marginal (and average) instances/s in the model "
-                     "phase", f"{(sizes[1] - sizes[0]) / (large['time/model_seconds'] - small['time/model_seconds']):.1f}"
+                     "phase",
+                     f"{(sizes[1] - sizes[0]) / (large['time/model_seconds'] - small['time/model_seconds']):.1f}"
                      f" ({sizes[1] / large['time/model_seconds']:.1f}) instances/s", "-", ""))
         rows.append(("... end to end (instances / process wall time, incl. start-up and MLflow logging)",
                      f"{sizes[1] / large['wall']:.1f} instances/s ({large['wall']:.1f} s)", "-", ""))
@@ -266,9 +267,11 @@ def main() -> None:
                          "-", ""))
         sdk, bare, client = (v for _, v in floors)
         own = marginal_cpu - client
-        notes.append(f"Per model call, litellm with the response cache on disk costs {bare:.2f} ms of CPU on this machine "
+        notes.append(f"Per model call, litellm with the response cache on disk costs {bare:.2f} ms of CPU on this "
+                     f"machine "
                      f"(the OpenAI SDK alone {sdk:.2f} ms; cupid-exp's client around litellm {client:.2f} ms). The "
-                     f"pipeline's marginal {marginal_cpu:.2f} ms of CPU per call includes that floor, so cupid-exp's own "
+                     f"pipeline's marginal {marginal_cpu:.2f} ms of CPU per call includes that floor, so cupid-exp's "
+                     "own "
                      "orchestration (prompts, parsing, records, journal) adds "
                      + (f"about {own:.2f} ms per call." if own > 0.5 else
                         "no more than the measurement noise (under 0.5 ms per call)."))
@@ -332,7 +335,8 @@ def main() -> None:
                          f"{rm['time/seconds']:.2f} s vs {first['metrics']['time/seconds']:.2f} s "
                          f"({100 * job_ratio:.1f}%)", "< 10%", _ok(job_ratio < 0.10)))
             notes.append(f"The identical re-run's {again['wall']:.1f} s of wall time are fixed costs that do not grow "
-                         f"with the data: the job itself took {rm['time/seconds']:.2f} s; the rest is Python, Hydra and "
+                         f"with the data: the job itself took {rm['time/seconds']:.2f} s; the rest is Python, Hydra "
+                         "and "
                          "imports, and logging the run to MLflow.")
             rows.append(("identical re-run: process wall time vs the first run's (both incl. ~1 s Python/Hydra "
                          "start and MLflow logging)", f"{again['wall']:.1f} s vs {first['out']['wall']:.1f} s "

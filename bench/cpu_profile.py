@@ -28,9 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import ENV, Stub, machine
 from versus_official import OFFICIAL_MODELS, ours_command
 
+from bench import ENV, Stub, machine
 from cupid_exp.testing.cupid_data import write_dataset
 
 BENCH = Path(__file__).resolve().parent

@@ -66,7 +66,8 @@ class LlamaCppPythonEngine:
         from llama_cpp import Llama, LlamaRAMCache
 
         self.llm = Llama(model_path=str(gguf), n_ctx=cfg.n_ctx, n_threads=cfg.n_threads,
-                         n_threads_batch=cfg.n_threads_batch or cfg.n_threads, n_batch=cfg.n_batch, n_ubatch=cfg.n_batch,
+                         n_threads_batch=cfg.n_threads_batch or cfg.n_threads, n_batch=cfg.n_batch,
+                         n_ubatch=cfg.n_batch,
                          chat_format=cfg.chat_format, verbose=False)
         self.n_ctx = cfg.n_ctx
         self.cache_prompt = cfg.prompt_cache_mb > 0
@@ -130,9 +131,10 @@ def _peak_rss_mb() -> float:
 
 def child_replay(args: argparse.Namespace) -> None:
     """Replay recorded calls through LocalModels with one engine; print one JSON object."""
+    from omegaconf import OmegaConf
+
     from cupid_exp.config import LocalModelConfig
     from cupid_exp.llm.local import LocalModels
-    from omegaconf import OmegaConf
 
     local = OmegaConf.load(ROOT / "conf" / "llm" / "local.yaml").local
     cfg = replace(LocalModelConfig(**OmegaConf.to_container(local)), prompt_cache_mb=args.prompt_cache_mb)
@@ -178,9 +180,10 @@ MICRO = {
 
 def child_micro(args: argparse.Namespace) -> None:
     """One cold 2.1k-token prompt and one short prompt, 128 tokens each, no schema, no prompt cache."""
+    from omegaconf import OmegaConf
+
     from cupid_exp.config import LocalModelConfig
     from cupid_exp.llm.local import LocalModels
-    from omegaconf import OmegaConf
 
     local = OmegaConf.load(ROOT / "conf" / "llm" / "local.yaml").local
     cfg = replace(LocalModelConfig(**OmegaConf.to_container(local)), prompt_cache_mb=0)
@@ -365,7 +368,8 @@ def report(replays: list[dict[str, Any]], clis: list[dict[str, Any]], n_calls: i
 
             lines.append(f"| {engine} | {_range([m['load_s'] for m in rows], '{:.2f}')} | "
                          f"{_range([m['long prompt']['prompt_tokens'] for m in rows], '{:.0f}')} | "
-                         f"{_range([pp(m) for m in rows], '{:.0f}')} | {_range([tg(m, 'long prompt') for m in rows])} | "
+                         f"{_range([pp(m) for m in rows], '{:.0f}')} | "
+                         f"{_range([tg(m, 'long prompt') for m in rows])} | "
                          f"{_range([tg(m, 'short prompt') for m in rows])} | "
                          f"{_range([m['peak_rss_mb'] for m in rows], '{:.0f}')} | "
                          f"{_range([m['load_avg'] for m in rows])} |")
@@ -374,7 +378,8 @@ def report(replays: list[dict[str, Any]], clis: list[dict[str, Any]], n_calls: i
         lines += [f"**Replay of the demo's {n_calls} model calls** (ranges over the repeats; tok/s from llama.cpp's "
                   "own timers; per-call latency is the provider's wall time per call):", "",
                   "| engine | prompt cache | load s | prompt tokens (processed / reused) | prompt tok/s | "
-                  "gen tokens | gen tok/s (engine timer) | gen tok/s (wall) | mean call s | infer / decompose / match call s (mean) | "
+                  "gen tokens | gen tok/s (engine timer) | gen tok/s (wall) | mean call s | "
+                  "infer / decompose / match call s (mean) | "
                   "total s | CPU s | peak RSS MB | failed | load avg |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for engine in ENGINES:
@@ -386,10 +391,12 @@ def report(replays: list[dict[str, Any]], clis: list[dict[str, Any]], n_calls: i
                                    for s in ("infer", "decompose", "match"))
                 lines.append(
                     f"| {engine} | {'on' if cache else 'off'} | {_range([r['load_s'] for r in rows], '{:.2f}')} | "
-                    f"{_range([r['processed'] for r in rows], '{:.0f}')} / {_range([r['cached'] for r in rows], '{:.0f}')} | "
+                    f"{_range([r['processed'] for r in rows], '{:.0f}')} / "
+                    f"{_range([r['cached'] for r in rows], '{:.0f}')} | "
                     f"{_range([r['pp_tps'] for r in rows], '{:.0f}')} | "
                     f"{_range([r['completion_tokens'] for r in rows], '{:.0f}')} | "
-                    f"{_range([r['tg_tps'] for r in rows], '{:.1f}')} | {_range([r['decode_tps'] for r in rows], '{:.1f}')} | "
+                    f"{_range([r['tg_tps'] for r in rows], '{:.1f}')} | "
+                    f"{_range([r['decode_tps'] for r in rows], '{:.1f}')} | "
                     f"{_range([r['mean_call_s'] for r in rows], '{:.2f}')} | "
                     f"{steps} | {_range([r['total_s'] for r in rows])} | {_range([r['cpu_s'] for r in rows])} | "
                     f"{_range([r['rss'] for r in rows], '{:.0f}')} | {_range([r['failed'] for r in rows], '{:.0f}')} | "
@@ -404,7 +411,8 @@ def report(replays: list[dict[str, Any]], clis: list[dict[str, Any]], n_calls: i
         for engine in ENGINES:
             rows = [c for c in clis if c["engine"] == engine]
             if rows:
-                lines.append(f"| {engine} | {_range([r['wall_s'] for r in rows])} | {_range([r['cpu_s'] for r in rows])} | "
+                lines.append(f"| {engine} | {_range([r['wall_s'] for r in rows])} | "
+                             f"{_range([r['cpu_s'] for r in rows])} | "
                              f"{_range([r['model_s'] for r in rows if r['model_s'] is not None])} | "
                              f"{_range([r['calls'] for r in rows if r['calls'] is not None], '{:.0f}')} "
                              f"({_range([r['cached'] for r in rows if r['cached'] is not None], '{:.0f}')}) | "

@@ -46,9 +46,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from bench import ENV, Stub, machine
 from versus_official import OFFICIAL_MODELS, official_instances, ours_command
 
+from bench import ENV, Stub, machine
 from cupid_exp.llm.pools import pool_name
 from cupid_exp.testing.cupid_data import write_dataset
 
@@ -126,7 +126,7 @@ def ours(args: argparse.Namespace, url: str, data: Path, work: Path, extra: list
     wall = time.perf_counter() - start
     done = total = 0
     model_s = 0.0
-    for root, out, proc in zip(roots, outputs, procs):
+    for root, out, proc in zip(roots, outputs, procs, strict=False):
         if proc.returncode not in (0, 3):
             print(out[-2000:])
         metrics = [json.loads(f.read_text())["metrics"] for f in job_files(root, "metrics.json")]
@@ -208,7 +208,8 @@ def table(name: str, runs: list[dict[str, Any]]) -> str:
     ideal = statistics.median(r["ideal"] for r in runs)
     phases = [r["model_s"] for r in runs if r["model_s"]]
     phase = spread(phases) if phases else "–"
-    ratio = (f"{statistics.median(p / r['ideal'] for p, r in zip(phases, runs)):.2f} " if phases and ideal else "")
+    ratio = (f"{statistics.median(p / r['ideal'] for p, r in zip(phases, runs, strict=False)):.2f} "
+             if phases and ideal else "")
     ratio += f"({statistics.median(r['wall'] / r['ideal'] for r in runs):.2f})" if ideal else "–"
     return (f"| {name} | {done}/{total} ({100 * done / max(1, total):.0f}%) | {spread([r['wall'] for r in runs])} | "
             f"{phase} | {ideal:.1f} | {ratio} | {requests / len(runs):.0f} | {limited / len(runs):.0f} "

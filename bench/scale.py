@@ -23,9 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import ENV, ROOT, Stub, machine, price_overrides
 from versus_official import migrated_store, timed
 
+from bench import ENV, ROOT, Stub, machine, price_overrides
 from cupid_exp.testing.cupid_data import stub_overrides, write_dataset
 
 BENCH = Path(__file__).resolve().parent
@@ -52,7 +52,8 @@ def run(size: int, args: argparse.Namespace, stub: Stub, work: Path, store: Path
     return {"size": size, "workers": workers, "wall": res["wall"], "rss": res["rss_max_mb"], "requests": requests,
             "rss_main": res["rss_main_mb"], "rss_worker": res["rss_child_mb"], "rss_tree": res["rss_tree_mb"],
             "data_mb": data.stat().st_size / 2**20, "model_s": metrics["time/model_seconds"],
-            "model_cpu": metrics["time/model_cpu_seconds"], "ideal": ideal, "records_mb": records.stat().st_size / 2**20}
+            "model_cpu": metrics["time/model_cpu_seconds"], "ideal": ideal,
+            "records_mb": records.stat().st_size / 2**20}
 
 
 def main() -> None:
@@ -86,7 +87,8 @@ def main() -> None:
     lines = ["# cupid-exp at benchmark scale", "",
              f"`python bench/scale.py` on {time.strftime('%Y-%m-%d')}: task={args.task}, stub latency "
              f"{args.latency * 1000:.0f} ms, concurrency {args.concurrency} for every model, MLflow tracking (run, "
-             f"progress, traces) into SQLite{'; overrides: ' + ' '.join(args.overrides) if args.overrides else ''}. Machine: {m['nproc']} cores, {m['cpu']}, Python {m['python']}, litellm "
+             f"progress, traces) into SQLite{'; overrides: ' + ' '.join(args.overrides) if args.overrides else ''}. "
+             f"Machine: {m['nproc']} cores, {m['cpu']}, Python {m['python']}, litellm "
              f"{m['litellm']}, mlflow {m['mlflow']}; load average at the end {load[0]:.1f}.", "",
              "| instances | runtime.workers | requests | wall, s | model phase, s | ideal, s | model phase / ideal | "
              "requests/s | model-phase CPU ms per request (all processes) | peak RSS, MB: the job / largest other "
@@ -105,10 +107,12 @@ def main() -> None:
         if len(by_size) < 2:
             continue
         a, b = by_size[min(by_size)], by_size[max(by_size)]
-        lines += ["", f"runtime.workers={workers}: from {a['size']} to {b['size']} instances the job's peak RSS grew by "
+        lines += ["", f"runtime.workers={workers}: from {a['size']} to {b['size']} instances the job's peak RSS grew "
+                      "by "
                       f"{b['rss_main'] - a['rss_main']:.0f} MB and the largest other process's by "
                       f"{b['rss_worker'] - a['rss_worker']:.0f} MB, while the data grew by "
-                      f"{b['data_mb'] - a['data_mb']:.1f} MB and the records by {b['records_mb'] - a['records_mb']:.1f} MB "
+                      f"{b['data_mb'] - a['data_mb']:.1f} MB and the records by "
+                      f"{b['records_mb'] - a['records_mb']:.1f} MB "
                       "on disk."]
     report = "\n".join(lines) + "\n"
     args.out.write_text(report)

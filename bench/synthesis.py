@@ -26,8 +26,9 @@ import threading
 import time
 from pathlib import Path
 
-from bench import ENV, ROOT, Stub, machine
 from versus_official import migrated_store, timed
+
+from bench import ENV, ROOT, Stub, machine
 
 BENCH = Path(__file__).resolve().parent
 

@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 from bench import ENV, Stub, machine
-
 from cupid_exp.testing.cupid_data import write_dataset
 
 BENCH = Path(__file__).resolve().parent
@@ -143,7 +142,8 @@ def run_official(args: argparse.Namespace, stub: Stub, data_dir: Path, work: Pat
     shutil.rmtree(results, ignore_errors=True)
     env = {**ENV, "OPENAI_API_KEY": "sk-bench", "OPENAI_BASE_URL": stub.url, "PYTHONPATH": str(args.official)}
     stub.reset()
-    res = timed([args.official_python, "-m", "evaluation.run", "--results_dir", str(results), "--model", OFFICIAL_MODELS[0],
+    res = timed([args.official_python, "-m", "evaluation.run", "--results_dir", str(results),
+                 "--model", OFFICIAL_MODELS[0],
                  "--data_dir", str(data_dir), "--n_workers", str(args.concurrency), "--task", "inference",
                  "--log_file", str(work / "official.log")], cwd=args.official, env=env, limit_s=args.official_limit)
     served = stub.stats()  # since the reset: this run's alone
@@ -307,7 +307,8 @@ def main() -> None:
                       f"{ours[-1]['requests']} requests, {ours[-1]['rss_max_mb']:.0f} MB "
                       f"(tree {ours[-1]['rss_tree_mb']:.0f} MB)")
                 for name, overrides, tree in extra_runs:
-                    extra_rows.setdefault(name, []).append(run_ours(args, stub, data, work, store, *overrides, tree=tree))
+                    extra_rows.setdefault(name, []).append(run_ours(args, stub, data, work, store, *overrides,
+                                                                    tree=tree))
                     r = extra_rows[name][-1]
                     print(f"{name} #{i + 1}: {r['wall']:.1f} s (model phase {r['model_s']:.2f} s, peak "
                           f"{r['peak_in_flight']} in flight, {r['cpu']:.1f} CPU s)")
@@ -362,6 +363,8 @@ def render(args: argparse.Namespace, has_official: bool, official: list[dict], o
     ideal = statistics.median(r["ideal_s"] for r in ours)
     if has_official:
         w_off = [r["wall"] for r in official]
+        rss_ratio = (statistics.median(r["rss_max_mb"] for r in ours)
+                     / statistics.median(r["rss_max_mb"] for r in official))
         lines += [
             f"| whole-process wall, s | {spread(w_off)} | {spread(w_ours)} | "
             f"{statistics.median(w_ours) / statistics.median(w_off):.2f} | ≤ 0.9 |",
@@ -370,11 +373,12 @@ def render(args: argparse.Namespace, has_official: bool, official: list[dict], o
             f"| micro F1 | {spread([r['micro_f1'] for r in official])} | {spread([r['micro_f1'] for r in ours])} | | |",
             f"| peak RSS, largest process, MB | {spread([r['rss_max_mb'] for r in official], '{:.0f}')} | "
             f"{spread([r['rss_max_mb'] for r in ours], '{:.0f}')} | "
-            f"{statistics.median(r['rss_max_mb'] for r in ours) / statistics.median(r['rss_max_mb'] for r in official):.2f}"
+            f"{rss_ratio:.2f}"
             f" | ≤ 1 |",
             f"| peak RSS, process tree summed, MB | {spread([r['rss_tree_mb'] for r in official], '{:.0f}')} | "
             f"{spread([r['rss_tree_mb'] for r in ours], '{:.0f}')} | | |",
-            f"| CPU seconds, process tree | {spread([r['cpu'] for r in official])} | {spread([r['cpu'] for r in ours])} "
+            f"| CPU seconds, process tree | {spread([r['cpu'] for r in official])} | "
+            f"{spread([r['cpu'] for r in ours])} "
             "| | |",
             f"| CPU per request served, ms | {spread(per_request_ms(official), '{:.2f}')} | "
             f"{spread(per_request_ms(ours), '{:.2f}')} | "
@@ -417,7 +421,8 @@ def render(args: argparse.Namespace, has_official: bool, official: list[dict], o
         lines += ["What tracking costs (the same cupid-exp run with tracking reduced; per call = per request served):",
                   "", "| cupid-exp | wall, s | CPU, s | wall saved per call, ms | CPU saved per call, ms |",
                   "|---|---|---|---|---|",
-                  f"| as above (MLflow run, progress, traces) | {spread(w_ours)} | {spread([r['cpu'] for r in ours])} | | |"]
+                  f"| as above (MLflow run, progress, traces) | {spread(w_ours)} | "
+                  f"{spread([r['cpu'] for r in ours])} | | |"]
         for override, runs in variants.items():
             wall = statistics.median(w_ours) - statistics.median(r["wall"] for r in runs)
             cpu = statistics.median(r["cpu"] for r in ours) - statistics.median(r["cpu"] for r in runs)

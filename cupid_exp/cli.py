@@ -9,9 +9,9 @@ from cupid_exp.entry import hydra_entry, run_job_entry
 
 def evaluate(cfg: DictConfig) -> float | None:
     from cupid_exp.config import ConfigError
-    from cupid_exp.llm.retry import FatalProviderError
     from cupid_exp.data.schema import DataError
     from cupid_exp.evaluation import run_evaluation
+    from cupid_exp.llm.retry import FatalProviderError
 
     return run_job_entry(cfg, "cupid_exp", run_evaluation, (ConfigError, DataError, FatalProviderError))
 

@@ -20,8 +20,15 @@ from typing import Any, Dict, List, Optional
 from omegaconf import MISSING
 
 from cupid_exp.config_checks import (  # noqa: F401 - re-exported: the settings' and synthesis' schemas use them
-    Checked, check_known_keys, check_params, check_tree, read_only_by, require, require_no_credentials,
-    require_positive)
+    Checked,
+    check_known_keys,
+    check_params,
+    check_tree,
+    read_only_by,
+    require,
+    require_no_credentials,
+    require_positive,
+)
 from cupid_exp.data.schema import INSTANCE_TYPES
 from cupid_exp.errors import ConfigError  # noqa: F401 - re-exported: where callers have always found it
 

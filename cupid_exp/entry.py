@@ -43,8 +43,21 @@ from omegaconf import DictConfig
 
 from cupid_exp.durability.signals import Terminated, install_sigterm_handler
 from cupid_exp.errors import (  # noqa: F401 - re-exported: the entry is where callers have found them
-    EXIT_BAD_INPUT, EXIT_BUDGET, EXIT_BUG, EXIT_ENVIRONMENT, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK,
-    EXIT_RETRY_LATER, EXIT_TERMINATED, ConfigError, InputError, Interrupted, Outcome, pipe_safe)
+    EXIT_BAD_INPUT,
+    EXIT_BUDGET,
+    EXIT_BUG,
+    EXIT_ENVIRONMENT,
+    EXIT_INCOMPLETE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_RETRY_LATER,
+    EXIT_TERMINATED,
+    ConfigError,
+    InputError,
+    Interrupted,
+    Outcome,
+    pipe_safe,
+)
 
 # A sweep exits with its worst job's code, worst first: what needs a fix (a bad setting, the environment, a budget),
 # then what needs only time (a rate limit), then incomplete.

@@ -32,7 +32,8 @@ class PromptTemplate:
     system: str | None
     user: str
 
-    def messages(self, system_role: str = "system", *, format_system: bool = True, **values: Any) -> list[dict[str, str]]:
+    def messages(self, system_role: str = "system", *, format_system: bool = True,
+                 **values: Any) -> list[dict[str, str]]:
         """Fill the templates with ``str.format`` into chat messages, as the official tool does.
 
         ``format_system=False`` sends the system text as written: the official tool formats only the

@@ -10,16 +10,24 @@ from __future__ import annotations
 import inspect
 import io
 import tokenize
-from functools import lru_cache
 from dataclasses import MISSING as NO_DEFAULT
 from dataclasses import fields, is_dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
 import yaml
 
-from cupid_exp.config import (DataConfig, EvaluatorConfig, ModelConfig, RunConfig, RuntimeConfig, SettingConfig,
-                              TaskConfig, TrackingConfig)
+from cupid_exp.config import (
+    DataConfig,
+    EvaluatorConfig,
+    ModelConfig,
+    RunConfig,
+    RuntimeConfig,
+    SettingConfig,
+    TaskConfig,
+    TrackingConfig,
+)
 from cupid_exp.synthesis.config import SynthesisConfig
 
 CONF = Path(__file__).resolve().parents[1] / "conf"

@@ -51,8 +51,8 @@ def stale_tags(tags: Mapping[str, str]) -> list[str]:
 def outcome_of(exc: BaseException) -> tuple[str, str]:
     """(outcome, reason) of the exception that ended a job: the outcome an exception names itself (an
     ``outcome`` attribute), else its class's, else ``error`` (a bug); the reason is its first line."""
-    from cupid_exp.outputs import environment_failure
     from cupid_exp.errors import Terminated
+    from cupid_exp.outputs import environment_failure
 
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted", "Ctrl-C"

@@ -52,7 +52,7 @@ def _random(run: str) -> bool:
     characters do (a model's name, a camel-cased run name: far fewer); mixed case unless 48+ long, so that a git
     commit or an MLflow run id (lower-case hex) is none."""
     classes = ["u" if c.isupper() else "l" if c.islower() else "d" for c in run]
-    changes = sum(a != b for a, b in zip(classes, classes[1:]))
+    changes = sum(a != b for a, b in zip(classes, classes[1:], strict=False))
     return ("d" in classes and changes >= 0.4 * (len(run) - 1)
             and (len(run) >= 48 or "u" in classes and "l" in classes))
 

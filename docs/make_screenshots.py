@@ -179,7 +179,8 @@ async def photograph(url: str, outputs: Path, only: list[str] | None) -> None:
     exp = client.get_experiment_by_name("cupid").experiment_id
     runs = client.search_runs([exp])
     parent = next(r for r in runs if r.data.tags.get("cupid.kind") == "sweep")
-    job = next(r for r in runs if r.data.tags.get("cupid.kind") == "job" and r.data.params["setting.name"] == "standard")
+    job = next(r for r in runs
+               if r.data.tags.get("cupid.kind") == "job" and r.data.params["setting.name"] == "standard")
     # the trace panel shows its summary line for a trace on the list's first page: take the latest finished one
     traces = client.search_traces(locations=[exp], max_results=100, include_spans=False,
                                   order_by=["timestamp_ms DESC"])

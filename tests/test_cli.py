@@ -65,7 +65,8 @@ def test_a_run_scores_instances_logs_one_mlflow_run_and_reruns_for_free(tmp_path
     assert {"git_commit", "git_dirty", "dataset_digest", "prompts_digest", "cupid.complete"} <= set(run.data.tags)
     assert run.info.status == "FINISHED" and run.data.tags["cupid.complete"] == "true"
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"config.yaml", "instances.jsonl", "metrics.json", "results.txt", "instances_table.json", "plots"} <= artifacts
+    expected = {"config.yaml", "instances.jsonl", "metrics.json", "results.txt", "instances_table.json", "plots"}
+    assert expected <= artifacts
 
     # an identical rerun finds every instance in the resume journal and calls nothing
     resumed = run_cli(cli_command(stub.url, root, "data.limit=2", cache_dir=cache))

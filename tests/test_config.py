@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from conftest import CONF_DIR, compose_config
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
-
-from conftest import CONF_DIR, compose_config
 
 from cupid_exp.config import ModelConfig
 

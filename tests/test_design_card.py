@@ -11,7 +11,6 @@ from pathlib import Path
 
 import mlflow
 import pytest
-
 from helpers.cli_runner import PROJECT_ROOT, cli_env, job_dirs, run_cli
 
 from cupid_exp.testing.cupid_data import sample_rows, write_jsonl

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import compose_config
 from helpers.jobs import stub_config
 

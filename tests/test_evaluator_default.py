@@ -5,9 +5,8 @@ models. An explicit ``evaluator=...`` always wins, and swapping one evaluator ro
 from __future__ import annotations
 
 import pytest
-from omegaconf import OmegaConf
-
 from conftest import CONF_DIR, compose_config
+from omegaconf import OmegaConf
 
 MODELS = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
 

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import CONF_DIR, compose_config
 from helpers.cli_runner import cli_env, run_cli
 
@@ -50,7 +49,7 @@ def test_every_job_of_a_preset_composes_and_can_run(preset: str, tmp_path: Path)
     base, params = sweep(preset)
     keys = sorted(params)
     for values in itertools.product(*(params[k] for k in keys)):
-        overrides = [f"+experiment={preset}", *(f"{k}={v}" for k, v in zip(keys, values))]
+        overrides = [f"+experiment={preset}", *(f"{k}={v}" for k, v in zip(keys, values, strict=False))]
         cfg = typed_config(compose_config([*overrides, f"paths.output_root={tmp_path}"]))
         make_setting(cfg.setting).check_parts(cfg.task.parts)
         assert cfg.evaluator.name == base.evaluator.name  # the preset's evaluator, whatever the model implies

@@ -91,13 +91,12 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import run_cli
-from helpers.spend import billed_usd, settled
-
 from faults import invariants
 from faults.catalogue import FAULTS, Arrangement, Evidence, Fault, table
 from faults.drivers import DRIVERS
 from faults.modes import HEADER_SECRET, IN, KEY_SECRET, MODES, OUT, SECRETS, command, env, new_cell
+from helpers.cli_runner import run_cli
+from helpers.spend import billed_usd, settled
 
 from cupid_exp.llm.retry import retry_after_s
 from cupid_exp.testing.batch_api import BatchQueueConfig

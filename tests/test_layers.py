@@ -14,10 +14,11 @@ import graphlib
 import json
 import re
 import subprocess
-import tomllib
 import sys
 from functools import lru_cache
 from pathlib import Path
+
+import tomllib
 
 PACKAGE = Path(__file__).resolve().parents[1] / "cupid_exp"
 

@@ -7,11 +7,9 @@ The official-layout folders here are fakes with examples we invented, in the off
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
-
 from helpers.cli_runner import cli_command, run_cli
 from helpers.jobs import run_one, stub_plan
 from helpers.prompt_dirs import full_prompt_folder
@@ -148,5 +146,6 @@ def test_the_cli_stops_before_any_call_when_the_examples_are_missing(tmp_path: P
     # a PrefMatcher run needs no examples: the same directory is fine there
     with StubServer() as stub:
         run_cli(cli_command(stub.url, tmp_path / "out2", f"prompts.dir={directory}", "tracking=none",
-                            "evaluator.matcher_few_shot=false", "evaluator.matcher_prompt=evaluation/preference_matcher_model"))
+                            "evaluator.matcher_few_shot=false",
+                            "evaluator.matcher_prompt=evaluation/preference_matcher_model"))
         assert stub.stats()["total_received"] > 0

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from helpers.cli_runner import PROJECT_ROOT, cli_command, job_dirs, metrics_of, read_jsonl, run_cli
 
 from cupid_exp.testing.cupid_data import write_dataset

@@ -24,8 +24,20 @@ from typing import Callable
 
 import pytest
 from helpers.cli_runner import PROJECT_ROOT, cli_env, seed_store
-from helpers.doc_commands import (DOCS, FAST, KEYS, LINKED, SAMPLE_FULL, Expect, Workspace, at_stub, blocks, key_of,
-                                  run_command, split_commands)
+from helpers.doc_commands import (
+    DOCS,
+    FAST,
+    KEYS,
+    LINKED,
+    SAMPLE_FULL,
+    Expect,
+    Workspace,
+    at_stub,
+    blocks,
+    key_of,
+    run_command,
+    split_commands,
+)
 
 from cupid_exp.testing.stub_llm_server import StubServer
 
@@ -33,9 +45,11 @@ HUB = "data=local"  # what the Hub's one-line error must offer instead
 EXPECTED: dict[str, Expect] = {
     # README: Run the demo
     "python3 -m venv .venv && . .venv/bin/activate": Expect(skip="CI makes the fresh venv (.ci/run)"),
-    "bash scripts/setup.sh": Expect(skip="CI runs it in a fresh clone (.ci/run), and this suite runs inside its result"),
+    "bash scripts/setup.sh": Expect(skip="CI runs it in a fresh clone (.ci/run), and this suite runs inside its "
+                                         "result"),
     "python -m cupid_exp": Expect(instead="python -m cupid_exp runtime.dry_run=true", stdout_has="DRY RUN",
-                                  why="the demo's embedded model takes minutes on 2 busy cores; this checks its config, "
+                                  why="the demo's embedded model takes minutes on 2 busy cores; this checks its "
+                                      "config, "
                                       "data and prompts, and tests/test_launchers.py (slow) runs the CLI on it"),
     "python -m pytest -q": Expect(skip="the suite itself (CI runs it: .ci/run)"),
     "LITELLM_LOCAL_MODEL_COST_MAP=True mlflow ui --backend-store-uri sqlite:///outputs/mlflow.db": Expect(
@@ -68,7 +82,8 @@ EXPECTED: dict[str, Expect] = {
     "python -m cupid_exp -m task=inference,generation setting=standard,oracle,summary": Expect(stub="eval", extra=FAST),
     "python -m cupid_exp task=generation setting=oracle_preference": Expect(stub="eval", extra=FAST),
     "python -m cupid_exp task=both setting=summary": Expect(stub="eval", extra=FAST),
-    "python -m cupid_exp -m setting=retrieval setting.retriever=bm25,embedding,recency": Expect(stub="eval", extra=FAST),
+    "python -m cupid_exp -m setting=retrieval setting.retriever=bm25,embedding,recency": Expect(
+        stub="eval", extra=FAST),
     "python -m cupid_exp model=gpt4o evaluator=prefmatcher evaluator.server.serve=true": Expect(
         exit=2, one_line="vllm"),
     # README: Presets
@@ -81,7 +96,8 @@ EXPECTED: dict[str, Expect] = {
     # README: Reports, comparisons and config diffs
     "python -m cupid_exp.report --filter \"params.\\`model.name\\` = 'gpt4o'\" --format csv --output leaderboard.csv":
         Expect(check="csv_of_gpt4o"),
-    "python -m cupid_exp.report --format html --output report.html --plots report_plots/": Expect(check="html_and_plots"),
+    "python -m cupid_exp.report --format html --output report.html --plots report_plots/": Expect(
+        check="html_and_plots"),
     "python -m cupid_exp.report --compare RUN_A RUN_B": Expect(short_ids=True, stdout_has="f1"),
     "python -m cupid_exp.diff JOB_DIR RUN_B": Expect(stdout_has="# verified"),
     # README: Comparing models

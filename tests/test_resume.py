@@ -18,7 +18,6 @@ from pathlib import Path
 
 import diskcache
 import pytest
-
 from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env, job_dirs, read_jsonl, run_cli, scoring
 
 from cupid_exp.llm.response_cache import STORE_FOLDER

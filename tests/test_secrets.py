@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from helpers.cli_runner import cli_command, cli_env, job_dirs, read_jsonl, run_cli
 
 from cupid_exp import secrets as secrets_module

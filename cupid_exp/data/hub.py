@@ -51,11 +51,13 @@ def probe(name: str, revision: str | None, timeout: float | None = None) -> None
     except httpx.TransportError as exc:  # no route, no DNS, refused, timed out: retrying will not help soon
         raise HubUnavailable(
             f"cannot reach the Hugging Face Hub at {constants.ENDPOINT} to load {name} ({_one_line(exc)}; tried once, "
-            f"HF_HUB_ETAG_TIMEOUT={timeout:g} s): {LOCAL_COPY}, or download it once where the Hub is reachable and rerun with "
+            f"HF_HUB_ETAG_TIMEOUT={timeout:g} s): {LOCAL_COPY}, or download it once where the Hub is reachable and "
+            f"rerun with "
             f"HF_HUB_OFFLINE=1 to read it from the Hugging Face cache") from None
     except GatedRepoError:
         raise HubUnavailable(f"{name} is gated on the Hugging Face Hub: ask for access at "
-                             f"{constants.ENDPOINT}/datasets/{name} and log in (hf auth login), or {LOCAL_COPY}") from None
+                             f"{constants.ENDPOINT}/datasets/{name} and log in (hf auth login), or "
+                             f"{LOCAL_COPY}") from None
     except RevisionNotFoundError:
         raise HubUnavailable(f"{name} has no revision {revision!r} on the Hugging Face Hub (data.revision)") from None
     except RepositoryNotFoundError:

@@ -13,7 +13,8 @@ from omegaconf import DictConfig
 
 from cupid_exp.errors import Outcome
 from cupid_exp.evaluation.work import EvaluationWork
-from cupid_exp.job import Job, plan as plan_job, run_job
+from cupid_exp.job import Job, run_job
+from cupid_exp.job import plan as plan_job
 from cupid_exp.progress import Progress
 from cupid_exp.results import InstanceResult
 

@@ -22,7 +22,7 @@ from cupid_exp.data.schema import Instance
 from cupid_exp.durability import journal
 from cupid_exp.evaluation.checks import check_evaluation, roles_called
 from cupid_exp.evaluation.instances import evaluate_instance, instances_in_flight, with_epochs
-from cupid_exp.job.spec import Published, TrackingView
+from cupid_exp.job.spec import Digests, Published, TrackingView
 from cupid_exp.job.worker_count import INSTANCES_PER_PROCESS
 from cupid_exp.outputs import write_json, write_jsonl
 from cupid_exp.progress import Progress
@@ -86,7 +86,7 @@ class EvaluationWork:
     def roles_called(self) -> dict[str, ModelConfig]:
         return roles_called(self.cfg, self.parts)
 
-    def digests(self) -> dict[str, str | None]:
+    def digests(self) -> Digests:
         return {"dataset_digest": self.data.digest, "prompts_digest": self.prompts_digest}
 
     @property

@@ -21,14 +21,14 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from cupid_exp.durability.attempts import earlier_attempt_metrics, earlier_spend
-from cupid_exp.durability.signals import Terminated, sigterm_raises
-from cupid_exp.errors import Interrupted, Outcome
+from cupid_exp.durability.signals import sigterm_raises
+from cupid_exp.errors import Interrupted, Outcome, Terminated
 from cupid_exp.job.budgets import BudgetReport, report
 from cupid_exp.job.execute import execute
 from cupid_exp.job.heap import start_up
-from cupid_exp.job.plan import Job, Kind, connect, plan, specify, typed_config
+from cupid_exp.job.plan import Kind, connect, plan, specify, typed_config
 from cupid_exp.job.publish import job_outcome, publish, start_tracking
-from cupid_exp.job.spec import Execution, JobSpec, Summary, Work
+from cupid_exp.job.spec import Execution, Job, JobSpec, Summary, Work
 from cupid_exp.job.workers import start_workers
 from cupid_exp.tracking.mlflow import SweepParent, ends_on_error
 

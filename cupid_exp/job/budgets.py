@@ -29,9 +29,9 @@ def job_budget(runtime: RuntimeConfig, *, job_ledger: Path, sweep_dir: str | Non
     job_caps = [(runtime.max_cost_usd, "runtime.max_cost_usd")]
     if sweep_dir is None:
         job_caps.append((runtime.sweep_max_cost_usd, "runtime.sweep_max_cost_usd"))
-    job_caps = [c for c in job_caps if c[0] is not None]
-    if job_caps:
-        cap, key = min(job_caps)
+    set_caps = [(cap, key) for cap, key in job_caps if cap is not None]
+    if set_caps:
+        cap, key = min(set_caps)
         accounts.append(Account(str(job_ledger), float(cap), key, spent))
     if sweep_dir is not None and runtime.sweep_max_cost_usd is not None:
         accounts.append(Account(str(Path(sweep_dir) / LEDGER_FILE), float(runtime.sweep_max_cost_usd),
@@ -93,7 +93,7 @@ def sweep_estimate(sweep_dir: str, estimate_usd: float) -> tuple[float, int]:
         data = json.loads(path.read_text()) if path.exists() else {"usd": 0.0, "jobs": 0}
         data = {"usd": data["usd"] + estimate_usd, "jobs": data["jobs"] + 1}
         path.write_text(json.dumps(data))
-    return data["usd"], data["jobs"]
+    return float(data["usd"]), int(data["jobs"])
 
 
 def fit_line(runtime: RuntimeConfig, estimate_usd: float, sweep_dir: str | None = None) -> str | None:

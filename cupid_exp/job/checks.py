@@ -17,7 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from cupid_exp.config import AUTO_WORKERS, ConfigError, JobConfig, ModelConfig
+from cupid_exp.config import AUTO_WORKERS, JobConfig, ModelConfig
+from cupid_exp.errors import ConfigError
 from cupid_exp.prompts import PromptSet
 
 log = logging.getLogger(__name__)

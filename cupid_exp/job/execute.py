@@ -13,9 +13,9 @@ from typing import Any
 
 from cupid_exp.job.heap import long_lived_frozen
 from cupid_exp.job.lanes import job_finisher, job_progress, run_units
-from cupid_exp.job.plan import Job, connect
+from cupid_exp.job.plan import connect
+from cupid_exp.job.spec import Execution, Job, Result
 from cupid_exp.job.workers import Workers, run_spread, start_workers
-from cupid_exp.job.spec import Execution, Result
 from cupid_exp.llm.client import drain_background_tasks
 from cupid_exp.llm.server import managed_server
 from cupid_exp.progress import InstanceObserver, wants_calls
@@ -47,6 +47,7 @@ def execute(job: Job, observer: InstanceObserver | None = None, workers: Workers
         start, cpu = time.perf_counter(), time.process_time()  # without a model server's start-up
         if job.attempt.processes > 1:
             running = workers or start_workers(job)
+            assert running is not None  # more than one process: start_workers starts them
             try:
                 results, workers_cpu = run_spread(job, todo, observer, running)
             finally:

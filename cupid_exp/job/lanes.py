@@ -26,7 +26,7 @@ from cupid_exp.progress import InstanceObserver, Progress
 from cupid_exp.siblings import together
 
 if TYPE_CHECKING:
-    from cupid_exp.job.plan import Job
+    from cupid_exp.job.spec import Job
 
 Taker = Callable[[], Any]  #: the next unit left to run, or None
 Finished = Callable[[Any, Result, "CallLog | None"], None]

@@ -16,7 +16,8 @@ from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
-from cupid_exp.config import JobConfig, check_known_keys, check_tree
+from cupid_exp.config import JobConfig
+from cupid_exp.config_checks import check_known_keys, check_tree
 from cupid_exp.durability.attempts import run_key
 from cupid_exp.job.attempt import open_attempt
 from cupid_exp.job.checks import check_before_calls, note_models
@@ -48,7 +49,9 @@ def specify(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None, p
             kind: Kind) -> JobSpec:
     """The checked, loaded job, before anything is opened."""
     job_cfg: JobConfig = typed_config(cfg)
-    resolved = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "hydra"}
+    container = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(container, dict)  # a DictConfig's container is a dict
+    resolved = {str(k): v for k, v in container.items() if k != "hydra"}
     secrets = secret_values(resolved)
     install_log_scrubber(secrets)
     check_before_calls(job_cfg)

@@ -13,16 +13,15 @@ import sys
 from typing import Any
 
 from cupid_exp import console
-from cupid_exp.errors import Outcome
-from cupid_exp.job.budgets import BudgetReport, fit_line
-from cupid_exp.job.plan import Job
-from cupid_exp.job.spec import Summary
 from cupid_exp.durability.attempts import whole_job_metrics, whole_job_usage
 from cupid_exp.durability.signals import shielded
+from cupid_exp.errors import Outcome
+from cupid_exp.job.budgets import BudgetReport, fit_line
+from cupid_exp.job.spec import Job, Summary
+from cupid_exp.run_outcomes import DESCRIPTION_TAG, outcome_tags, status_of
 from cupid_exp.tracking.live import FinalLog
 from cupid_exp.tracking.mlflow import SweepParent, flatten
 from cupid_exp.tracking.names import headline
-from cupid_exp.run_outcomes import DESCRIPTION_TAG, outcome_tags, status_of
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +133,8 @@ def publish(job: Job, summary: Summary, tracker: Any, spending: BudgetReport | N
         where += f" | MLflow run {live.run_id} at {job.cfg.tracking.uri}"
         if live.notice:
             log.warning("MLflow: %s", live.notice)
-    console.show(job.work.report(job, summary, where, spending.status_line() if stopped else summary.status_line()),
-                 job.output_dir)
+    status = spending.status_line() if spending is not None and stopped else summary.status_line()
+    console.show(job.work.report(job, summary, where, status), job.output_dir)
     if live is None:
         return
     # The results are on disk and printed: logging them is held together, an interrupt waits for it (a few

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, TypedDict
 
 from cupid_exp.config import JobConfig, ModelConfig
-
 from cupid_exp.llm.usage import UsageMeter
 
 if TYPE_CHECKING:
@@ -26,6 +25,16 @@ if TYPE_CHECKING:
     from cupid_exp.llm.budget import Budget
     from cupid_exp.progress import Progress
     from cupid_exp.tracking.mlflow import SweepParent
+
+
+class _Prompts(TypedDict):
+    prompts_digest: str
+
+
+class Digests(_Prompts, total=False):
+    """What enters a job's identity besides its config (``job.identity.job_identity``'s keywords)."""
+
+    dataset_digest: str | None
 
 
 @dataclass
@@ -109,7 +118,7 @@ class Work(Protocol):
     def roles_called(self) -> dict[str, ModelConfig]:
         """The roles a run of the units calls (for the key check)."""
 
-    def digests(self) -> dict[str, str | None]:
+    def digests(self) -> Digests:
         """What enters the identity besides the config: ``dataset_digest``, ``prompts_digest``."""
 
     def whole_record(self, record: Any) -> str | None:

@@ -62,7 +62,7 @@ def auto_processes(cfg: JobConfig, todo: int, cores: int | None = None, *, per_p
 
 
 def is_auto(cfg: JobConfig) -> bool:
-    return cfg.runtime.workers == AUTO_WORKERS
+    return bool(cfg.runtime.workers == AUTO_WORKERS)  # workers is Any: OmegaConf has no int | str field
 
 
 def processes(cfg: JobConfig, todo: int, *, per_process: int = INSTANCES_PER_PROCESS, noun: str = "instance") -> int:
@@ -74,7 +74,7 @@ def processes(cfg: JobConfig, todo: int, *, per_process: int = INSTANCES_PER_PRO
         log.log(logging.INFO if n > 1 else logging.DEBUG, "runtime.workers=auto: %d process%s (%s)", n,
                 "es" if n > 1 else "", why)
         return n
-    wanted = min(cfg.runtime.workers, todo, *(m.max_concurrency for m in cfg.model_configs()))
+    wanted: int = min(cfg.runtime.workers, todo, *(m.max_concurrency for m in cfg.model_configs()))
     if wanted <= 1:
         return 1
     if not can_spawn():

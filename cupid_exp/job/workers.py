@@ -28,11 +28,10 @@ import pickle
 import queue
 import sys
 import threading
-from typing import Any
+from typing import Any, Literal
 
 from cupid_exp.job.lanes import fair_share, job_finisher, job_progress, run_units, stopped_by_budget
-from cupid_exp.job.plan import Job
-from cupid_exp.job.spec import Result
+from cupid_exp.job.spec import Job, Result
 from cupid_exp.job.worker_count import share
 from cupid_exp.job.worker_process import Shared, SharedCursor, WorkerSpec, serve_units
 from cupid_exp.llm.client import drain_background_tasks
@@ -54,7 +53,7 @@ class WorkerFailed(RuntimeError):
 CLIENT_MODULES = ("litellm", "cupid_exp.llm.client", "cupid_exp.llm.steps", "cupid_exp.job.checks")
 
 
-def start_method() -> str:
+def start_method() -> Literal["fork", "spawn"]:
     """``fork`` on Linux, ``spawn`` elsewhere (macOS's system libraries are not fork-safe; Windows has no fork).
 
     Why fork: a spawned worker imports litellm again (3-4 s of CPU, measured) while the job's process does the
@@ -68,8 +67,8 @@ class Workers:
     """The job's side: its worker processes, started with the job, and a thread that moves their messages onto
     the event loop once the job calls models."""
 
-    def __init__(self, job: Job, method: str = "spawn"):
-        ctx = multiprocessing.get_context(method)
+    def __init__(self, job: Job, method: Literal["fork", "spawn"] = "spawn"):
+        ctx = multiprocessing.get_context("fork") if method == "fork" else multiprocessing.get_context("spawn")
         self.todo = job.todo
         attempt = job.attempt
         self.shared = Shared(counter=ctx.Value("q", 0), go=ctx.Event(), wants_calls=ctx.Value("b", 0),
@@ -104,7 +103,7 @@ class Workers:
         """Each message, unpickled, goes to ``handle`` on ``loop``; a worker that exits without its last word
         becomes a ("died", …) message."""
         def run() -> None:
-            reported: set[int] = set()  # workers whose last word ("done" or "bug") came
+            reported: set[int | None] = set()  # workers whose last word ("done" or "bug") came
             seen_dead = False
             while not self._stop.is_set():
                 try:

@@ -129,10 +129,11 @@ def keep_developer_role() -> None:
     except ImportError:  # another layout: the role may be rewritten, which tests/tasks catch on the wire
         log.debug("could not keep the developer role", exc_info=True)
         return
-    OpenAIGPTConfig.translate_developer_role_to_system_role = _as_given  # type: ignore[method-assign]
+    # litellm types the method with its message TypedDicts; ours takes and returns any messages unchanged
+    OpenAIGPTConfig.translate_developer_role_to_system_role = _as_given  # type: ignore[method-assign,assignment]
 
 
-def _as_given(self: Any, messages: list, *args: Any, **kwargs: Any) -> list:
+def _as_given(self: Any, messages: list[Any], *args: Any, **kwargs: Any) -> list[Any]:
     # litellm 1.109 added keyword arguments (model, api_base, ...) that the answer does not depend on
     return messages
 

@@ -56,7 +56,7 @@ class BatchSettings:
 class _Row:
     digest: str
     body: dict[str, Any]
-    future: asyncio.Future
+    future: asyncio.Future[dict[str, Any]]  # the row's reply body
     resubmits: int = 0
     tokens: int = 0  #: its prompt's estimated tokens (the enqueued-token limit)
     paid: bool = False  #: its reply was handed to a caller, who pays for it (the others sharing it do not)
@@ -119,9 +119,9 @@ class Batcher:
         self.queue = EnqueuedTokens()
         self._waiting: dict[str, _Row] = {}
         self._intake: list[_Row] = []
-        self._timer: asyncio.Task | None = None
+        self._timer: asyncio.Task[Any] | None = None
         self._watched: set[str] = set()
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._adopted = False
         self.loop = asyncio.get_running_loop()
         self._open: dict[str, str] = {}  # request digest -> the open batch (an earlier run's) that holds it
@@ -187,14 +187,14 @@ class Batcher:
         while rows := self._take():
             await self._send(rows)
 
-    def _spawn(self, coro: Any) -> asyncio.Task:
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(self._failed)
         return task
 
-    def _failed(self, task: asyncio.Task) -> None:
+    def _failed(self, task: asyncio.Task[Any]) -> None:
         """A sending or polling task that raised (the ledger on a full disk, a bug): every call still waiting gets
         its exception, rather than waiting forever on a row nobody will resolve."""
         if task.cancelled() or task.exception() is None:
@@ -218,7 +218,7 @@ class Batcher:
             for row in rows:
                 self._fail(row, exc)
             return
-        mapping = {line["custom_id"]: row.digest for line, row in zip(lines, rows)}
+        mapping = {row.digest[:40]: row.digest for row in rows}  # each line's custom_id: its row
         self.queue.sent(batch.id, sum(row.tokens for row in rows))
         self.ledger.submitted(batch.id, self.endpoint, uploaded.id, mapping)
         self.counts.submitted += 1
@@ -339,11 +339,11 @@ class Batcher:
             (output, unread), (errors, unread_errors) = (await self._read(batch.output_file_id),
                                                          await self._read(batch.error_file_id))
             for entry in output + errors:
-                digest = rows.get(entry["custom_id"])
-                if digest is None:
+                found = rows.get(entry["custom_id"])
+                if found is None:
                     continue
-                answered.add(digest)
-                self._settle(digest, entry)
+                answered.add(found)
+                self._settle(found, entry)
             missing = [self._waiting[d] for d in set(rows.values()) - answered if d in self._waiting]
             self._resend_missing(batch, missing, unread + unread_errors)
         for digest in rows.values():

@@ -14,15 +14,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cupid_exp.config import CallSettings
+from cupid_exp.config import CallSettings, ModelConfig
 from cupid_exp.llm.batch import Batcher, BatchSettings, Guard, RowBill, RowFailed
-from cupid_exp.llm.batch_providers import BatchUnsupported, batch_provider
 from cupid_exp.llm.batch_ledger import BatchLedger
+from cupid_exp.llm.batch_providers import BatchUnsupported, batch_provider
 from cupid_exp.llm.billing import counted_tokens, lost_after_sending, reply_text
 from cupid_exp.llm.budget import in_flight_worst, reserve_call, worst_case_tokens, worst_case_usd
 from cupid_exp.llm.errors import ProviderError, _short, provider_error_kind
-from cupid_exp.llm.retry import BILLING_CODES, BILLING_SUFFIX, CallFailed, FatalProviderError, RetryLater, \
-    with_retries
+from cupid_exp.llm.messages import Message
+from cupid_exp.llm.retry import BILLING_CODES, BILLING_SUFFIX, CallFailed, FatalProviderError, RetryLater, with_retries
 from cupid_exp.llm.usage import BatchCounts, Completion
 
 
@@ -31,7 +31,7 @@ def batch_settings(settings: CallSettings) -> BatchSettings:
                          max_resubmits=settings.num_retries)
 
 
-def batch_price(model: Any, prompt_tokens: int, completion_tokens: int) -> float | None:
+def batch_price(model: ModelConfig, prompt_tokens: int, completion_tokens: int) -> float | None:
     """A reply's cost at the provider's batch prices (litellm's map), else the config's prices, else None."""
     import litellm
 
@@ -62,7 +62,7 @@ def new_batcher(model: Any, settings: CallSettings, api_key: str | None, counts:
     return Batcher(endpoint, kwargs, ledger, batch_settings(settings), counts, guard)
 
 
-async def batched_completion(batcher: Batcher, model: Any, messages: list[dict], kwargs: dict[str, Any],
+async def batched_completion(batcher: Batcher, model: Any, messages: list[Message], kwargs: dict[str, Any],
                              bill: RowBill) -> Completion:
     """One call answered through the Batch API; raises ``RowFailed`` (or litellm's error) when it failed. ``bill``:
     what the row costs this call beyond its reply (``Batcher.complete``), also when it fails."""
@@ -79,7 +79,7 @@ async def batched_completion(batcher: Batcher, model: Any, messages: list[dict],
                       seconds=time.perf_counter() - start, finish_reason=choice.get("finish_reason"))
 
 
-def unread_usd(client: Any, messages: list[dict], kwargs: dict[str, Any], unread: int) -> float:
+def unread_usd(client: Any, messages: list[Message], kwargs: dict[str, Any], unread: int) -> float:
     """What ``unread`` attempts of a row cost that were answered (billed) in output lines that could not be read: the
     call's worst case each, at batch prices (an unpriced model: nothing, not guessed)."""
     if not unread or client.prices is None:
@@ -111,7 +111,8 @@ def _stop(client: Any, fatal: FatalProviderError) -> FatalProviderError:
         client.pool.fatal = fatal
     if client.stop.fatal is None:
         client.stop.fatal = fatal
-    return client.stop.fatal
+    first: FatalProviderError = client.stop.fatal
+    return first
 
 
 def row_failure_kind(exc: RowFailed) -> str:
@@ -139,7 +140,8 @@ def _row_refusal(exc: RowFailed) -> str | None:
     return None
 
 
-async def complete_in_batch(client: Any, messages: list[dict], step: str, kwargs: dict[str, Any]) -> Completion:
+async def complete_in_batch(client: Any, messages: list[Message], step: str,
+                            kwargs: dict[str, Any]) -> Completion:
     """The call through the provider's Batch API: its worst case held on the budget at the live price (an upper
     bound), settled at the batch price of the row (nothing for a row another call paid); failures counted by kind
     as a live call's, fatal refusals and rate limits beyond patience stopping the job as they do live."""

@@ -96,7 +96,8 @@ class BatchLedger:
     def kept(self, digest: str) -> dict[str, Any] | None:
         path = self._row_path(digest)
         try:
-            return json.loads(path.read_text(encoding="utf-8"))
+            row: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+            return row
         except FileNotFoundError:
             return None
         except (OSError, json.JSONDecodeError):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cupid_exp.llm.errors import EmptyReply, _chain
+from cupid_exp.llm.messages import Message
 from cupid_exp.llm.usage import WorstCase
 
 
@@ -84,7 +85,7 @@ def reply_text(choice: Any) -> str:
     return "".join(p for p in parts if isinstance(p, str))
 
 
-def counted_tokens(litellm_model: str, messages: list[dict], usage: Any, text: str) -> tuple[int, int, bool]:
+def counted_tokens(litellm_model: str, messages: list[Message], usage: Any, text: str) -> tuple[int, int, bool]:
     """(prompt, completion, estimated): the reply's usage when it has some, else counted locally. A billed prompt
     is never 0 tokens, so a usage without prompt tokens is a usage left out."""
     def get(name: str) -> int:

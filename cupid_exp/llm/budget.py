@@ -30,12 +30,17 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 
-from cupid_exp.config import CallSettings, ConfigError, ModelConfig
+from cupid_exp.config import CallSettings, ModelConfig
+from cupid_exp.errors import ConfigError
+from cupid_exp.llm.messages import Message
 from cupid_exp.llm.usage import WorstCase
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+Ledgers = list[tuple["Account", dict[str, Any]]]  # each account with its ledger file's data
 
 LEDGER_FILE = "budget.json"
 _TOKENS_PER_MESSAGE = 16  # role and framing tokens a chat format adds per message (OpenAI's: 3-4)
@@ -121,7 +126,7 @@ def priced(model: ModelConfig, settings: CallSettings) -> Prices:
     return model_prices(model)  # type: ignore[return-value]
 
 
-def worst_case_usd(prices: Prices, messages: list[dict], kwargs: Mapping[str, Any]) -> float:
+def worst_case_usd(prices: Prices, messages: list[Message], kwargs: Mapping[str, Any]) -> float:
     """An upper bound on a call's cost: every byte of the prompt a token (a token is at least one byte) plus the
     framing of each message and any response schema, and a reply of ``max_tokens``. Counting tokens exactly
     cost 2-3 ms of CPU per call (litellm's tokenizer, measured on 10k-character prompts); the bound costs
@@ -132,7 +137,8 @@ def worst_case_usd(prices: Prices, messages: list[dict], kwargs: Mapping[str, An
     return prompt * prices.input + reply * prices.output
 
 
-def worst_case_tokens(messages: list[dict], kwargs: Mapping[str, Any], max_output: int | None) -> tuple[int, int]:
+def worst_case_tokens(messages: list[Message], kwargs: Mapping[str, Any],
+                      max_output: int | None) -> tuple[int, int]:
     """(prompt, reply): upper bounds on a call's tokens (``worst_case_usd``), for a price other than the live one."""
     prompt = sum(len(str(m.get("content") or "").encode()) + _TOKENS_PER_MESSAGE for m in messages)
     if kwargs.get("response_format") is not None:
@@ -141,7 +147,7 @@ def worst_case_tokens(messages: list[dict], kwargs: Mapping[str, Any], max_outpu
     return prompt, int(reply)
 
 
-def in_flight_worst(prices: Prices | None, messages: list[dict], kwargs: Mapping[str, Any]) -> WorstCase:
+def in_flight_worst(prices: Prices | None, messages: list[Message], kwargs: Mapping[str, Any]) -> WorstCase:
     """A request's worst case while it is in flight (``UsageMeter.sending``): its tokens' bounds, their cost at
     ``prices`` (nothing for an unpriced model: not guessed)."""
     prompt, reply = worst_case_tokens(messages, kwargs, prices.max_output_tokens if prices is not None else None)
@@ -248,7 +254,7 @@ class Budget:
             self._files[account.path] = os.open(account.path, os.O_RDWR | os.O_CREAT, 0o644)
         return self._files[account.path]
 
-    def _update(self, change: Any) -> Any:
+    def _update(self, change: Callable[[Ledgers], _T]) -> _T:
         """``change(ledgers)`` on every account's ledger at once, under all their locks (taken in path order)."""
         accounts = sorted(self.accounts, key=lambda a: a.path)
         locks = [self._lock(a) for a in accounts]
@@ -268,7 +274,7 @@ class Budget:
                 lock.release()
 
     def _try_reserve(self, rid: str, usd: float) -> tuple[str, Account | None, float]:
-        def change(ledgers: list[tuple[Account, dict]]) -> tuple[str, Account | None, float]:
+        def change(ledgers: Ledgers) -> tuple[str, Account | None, float]:
             waiting = None
             for account, data in ledgers:
                 spent, held = data["spent"], sum(r["usd"] for r in data["reservations"].values())
@@ -296,6 +302,7 @@ class Budget:
                     if verdict == "held":
                         return Reservation(self, rid, usd)
                     if verdict == "refuse":
+                        assert account is not None  # a refusal names the account that refused
                         self.refused += 1
                         raise BudgetExceeded(account, spent, usd)
                 self._waiting[rid] = order
@@ -304,7 +311,7 @@ class Budget:
             self._waiting.pop(rid, None)
 
     def settle(self, rid: str, usd: float) -> None:
-        def change(ledgers: list[tuple[Account, dict]]) -> None:
+        def change(ledgers: Ledgers) -> None:
             for _, data in ledgers:
                 if data["reservations"].pop(rid, None) is not None:
                     data["spent"] += usd
@@ -343,13 +350,15 @@ class Reservation:
         return usd
 
 
-async def reserve_call(client: Any, messages: list[dict], kwargs: Mapping[str, Any], step: str) -> Reservation | None:
+async def reserve_call(client: Any, messages: list[Message], kwargs: Mapping[str, Any],
+                       step: str) -> Reservation | None:
     """The hook before a client sends a request: its worst case held on the budget (None without one); a refused
     request is counted on the step (``not_sent_budget``: the job's worker processes report it through their meter)."""
     if client.budget is None:
         return None
     try:
-        return await client.budget.reserve(worst_case_usd(client.prices, messages, kwargs))
+        reservation: Reservation = await client.budget.reserve(worst_case_usd(client.prices, messages, kwargs))
+        return reservation
     except BudgetExceeded:
         client.meter.refuse(step, "budget")
         raise

@@ -13,7 +13,9 @@ import time
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Iterator
+
+from cupid_exp.llm.messages import Message
 
 
 @dataclass
@@ -24,7 +26,7 @@ class CallRecord:
     attempt: int  #: 0 for the first request, 1.. for re-asks / resamples and a cut reply's longer request
     model: str  #: the model config's name
     litellm_model: str
-    messages: list[dict[str, Any]]
+    messages: list[Message]
     started_ns: int  #: wall clock (epoch ns) when the call was made
     ended_ns: int
     reply: str | None = None

@@ -23,18 +23,26 @@ from typing import Any, Callable, Mapping
 
 from cupid_exp.config import CallSettings, ModelConfig
 from cupid_exp.llm import _litellm
-from cupid_exp.llm.billing import (CallBill, Reply, counted_tokens, empty_reply, lost_after_sending, reply_text,
-                                   token_cost)
+from cupid_exp.llm.billing import (
+    CallBill,
+    Reply,
+    counted_tokens,
+    empty_reply,
+    lost_after_sending,
+    reply_text,
+    token_cost,
+)
 from cupid_exp.llm.budget import Budget, in_flight_worst, model_prices, priced, reserve_call, worst_case_usd
 from cupid_exp.llm.errors import ProviderError, _short, provider_error_kind  # noqa: F401  (re-exported)
 from cupid_exp.llm.limits import estimated_tokens
+from cupid_exp.llm.messages import Message
 from cupid_exp.llm.pools import Pool, flush_pools, pool_for
 from cupid_exp.llm.retry import CallFailed, JobStop, with_retries
 from cupid_exp.llm.usage import Completion, UsageMeter
 
 log = logging.getLogger(__name__)
 
-DryReply = Callable[[list[dict]], str]
+DryReply = Callable[[list[Message]], str]
 
 
 _CACHE_DIR: str | None = None
@@ -79,7 +87,8 @@ def _mapped(model: ModelConfig, key: str) -> int | None:
     except (litellm.exceptions.ModelNotMappedError, litellm.exceptions.BadRequestError,
             litellm.exceptions.NotFoundError):
         return None
-    return info.get(key) or None
+    value = info.get(key)
+    return int(value) if isinstance(value, (int, float)) and value else None
 
 
 def context_window(model: ModelConfig) -> int | None:
@@ -147,7 +156,7 @@ class LLMClient:
         """Calls this client takes at once: ``max_concurrency``, or a whole batch with the Batch API."""
         return self.settings.batch_size if self._batch else self._bound
 
-    def _refuse_oversized(self, messages: list[dict], step: str) -> None:
+    def _refuse_oversized(self, messages: list[Message], step: str) -> None:
         """Never pay for a prompt that cannot fit: raise context_length before sending it."""
         if not self.window:
             return
@@ -175,7 +184,7 @@ class LLMClient:
             self._unpriced = True  # an unpriced model: counted, never guessed
             return None
 
-    def cache_namespace(self, json_schema: dict | None, params: dict | None = None) -> str:
+    def cache_namespace(self, json_schema: dict[str, Any] | None, params: dict[str, Any] | None = None) -> str:
         """Everything besides messages that changes an answer; litellm's own key misses api_base. An endpoint
         enters in one spelling (``llm.endpoints``) and secrets by name only (a header's or key's value masked):
         another endpoint or model is another namespace, a rotated key is not."""
@@ -210,7 +219,7 @@ class LLMClient:
         more = 2 * int(limit) if self._max_output is None else min(2 * int(limit), self._max_output)
         return {name: more} if more > int(limit) else None
 
-    def request_params(self, json_schema: dict | None, params: Mapping[str, Any] | None) -> dict[str, Any]:
+    def request_params(self, json_schema: dict[str, Any] | None, params: Mapping[str, Any] | None) -> dict[str, Any]:
         from cupid_exp.llm.epochs import epoch_params
 
         params = {**(params or {}), **epoch_params({**self.model.params, **(params or {})})}  # runtime.epochs > 1
@@ -223,10 +232,10 @@ class LLMClient:
             kwargs["cache"] = {"namespace": self.cache_namespace(json_schema, dict(params or {}))}
         return kwargs
 
-    def _dry_run(self, messages: list[dict], step: str, kwargs: dict[str, Any], dry_reply: DryReply | None
+    def _dry_run(self, messages: list[Message], step: str, kwargs: dict[str, Any], dry_reply: DryReply | None
                  ) -> Completion:
-        from cupid_exp.llm.batch_providers import batch_provider
         from cupid_exp.llm.batch_calls import batch_price
+        from cupid_exp.llm.batch_providers import batch_provider
         from cupid_exp.llm.dry_run import estimate
 
         max_tokens = kwargs.get("max_tokens") or kwargs.get("max_completion_tokens")
@@ -241,13 +250,13 @@ class LLMClient:
         self.meter.add(step, completion)
         return completion
 
-    async def _complete_in_batch(self, messages: list[dict], step: str, kwargs: dict[str, Any]) -> Completion:
+    async def _complete_in_batch(self, messages: list[Message], step: str, kwargs: dict[str, Any]) -> Completion:
         """The call through the provider's Batch API (``cupid_exp.llm.batch_calls``), counted like a live one."""
         from cupid_exp.llm.batch_calls import complete_in_batch
 
         return await complete_in_batch(self, messages, step, kwargs)
 
-    async def complete(self, messages: list[dict], *, step: str, json_schema: dict | None = None,
+    async def complete(self, messages: list[Message], *, step: str, json_schema: dict[str, Any] | None = None,
                        params: dict[str, Any] | None = None, dry_reply: DryReply | None = None) -> Completion:
         """One chat completion; ``params`` overrides the model's decoding parameters for this step.
 
@@ -282,7 +291,9 @@ class LLMClient:
             self.meter.fail(step, failed.kind, retries=a.retries, rate_limited=a.rate_limited, wait_s=a.wait_s,
                             charged_usd=bill.charged_usd, charged=bill.charged, settled=bill.settled())
             if failed.fatal:
-                raise (self.stop.fatal or self.pool.fatal) from failed.cause
+                fatal = self.stop.fatal or self.pool.fatal
+                assert fatal is not None  # a fatal failure is recorded on the stop before it is raised
+                raise fatal from failed.cause
             exc = failed.cause
             raise ProviderError(failed.kind, f"{self.model.name}: " + (
                 failed.reason or f"{type(exc).__name__}: {self._scrub(_short(exc))}")) from exc
@@ -315,7 +326,7 @@ class LLMClient:
         raise_failed_write()  # a cache that could not keep the reply stops the job (a full disk)
         return completion
 
-    async def _attempt(self, messages: list[dict], kwargs: dict[str, Any], bill: CallBill) -> Reply:
+    async def _attempt(self, messages: list[Message], kwargs: dict[str, Any], bill: CallBill) -> Reply:
         """One request of a call, inside the pool's slot: its reservation (``bill.held``: a retry that did not
         fit the budget was not sent) settled at what the provider bills for it (``cupid_exp.llm.billing``); a reply
         without a completion raises ``EmptyReply`` (retried like a 5xx) once its cost is counted."""
@@ -341,7 +352,7 @@ class LLMClient:
             raise empty
         return reply
 
-    def _billed(self, messages: list[dict], response: Any) -> Reply:
+    def _billed(self, messages: list[Message], response: Any) -> Reply:
         """The tokens and cost of a reply as billed: its usage, or a local count where it carries none."""
         if response is None:  # litellm's None for a request rejected twice (HTTP 422): nothing billed
             return Reply(None, 0, 0, 0.0, False)
@@ -361,11 +372,11 @@ class LLMClient:
             self._unpriced = cost is None
         return Reply(response, prompt, completion, cost, estimated, cached=bool(hidden.get("cache_hit")))
 
-    def _worst_case(self, messages: list[dict], kwargs: dict[str, Any]) -> float:
+    def _worst_case(self, messages: list[Message], kwargs: dict[str, Any]) -> float:
         """A lost request's charge: its worst case at the model's prices (0 for an unpriced model: not guessed)."""
         return worst_case_usd(self.prices, messages, kwargs) if self.prices is not None else 0.0
 
-    async def _send(self, messages: list[dict], kwargs: dict[str, Any]) -> Any:
+    async def _send(self, messages: list[Message], kwargs: dict[str, Any]) -> Any:
         """The one place a request goes out (``messages`` with ``kwargs``' max_tokens): once per attempt,
         inside the pool's slot (``cupid_exp.llm.retry.with_retries``)."""
         import litellm

@@ -7,10 +7,12 @@ calls. Token counts come from litellm's tokenizers, the estimated cost from its 
 
 from __future__ import annotations
 
+from cupid_exp.llm.messages import Message
+
 PLACEHOLDER = "(dry run)"
 
 
-def estimate(model: str, messages: list[dict], max_tokens: int | None, completion_estimate: int,
+def estimate(model: str, messages: list[Message], max_tokens: int | None, completion_estimate: int,
              input_cost: float | None = None, output_cost: float | None = None) -> tuple[int, int, float | None]:
     """(prompt tokens, estimated completion tokens, estimated cost or None when unpriced)."""
     import litellm

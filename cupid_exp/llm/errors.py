@@ -41,10 +41,11 @@ _PROVIDER_LIBRARIES = {"litellm", "openai", "httpx", "httpcore", "h11", "aiohttp
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        yield link
+        link = link.__cause__ or link.__context__
 
 
 def _is_bug(exc: BaseException) -> bool:

@@ -15,7 +15,8 @@ import os
 import re
 from typing import Mapping
 
-from cupid_exp.config import ConfigError, ModelConfig
+from cupid_exp.config import ModelConfig
+from cupid_exp.errors import ConfigError
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

@@ -35,6 +35,8 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Iterator
 
+from cupid_exp.llm.messages import Message
+
 COOLDOWN_S = 3.0  #: at most one cut of the concurrency limit (or of a pace) per this many seconds
 DECREASE, INCREASE = 0.8, 0.1  #: the cut on a 429, the share added after a round of successes
 WINDOW_S = 1.0  #: the provider's window for requests sent: OpenAI quantises per-minute limits into seconds
@@ -72,7 +74,7 @@ def in_turn() -> Iterator[None]:
         _PRIORITY.reset(token)
 
 
-def estimated_tokens(messages: list[dict], max_tokens: int | None) -> int:
+def estimated_tokens(messages: list[Message], max_tokens: int | None) -> int:
     """What a request counts toward tokens-per-minute: prompt characters / 4 plus the reply's reserve."""
     chars = sum(len(m.get("content") or "") if isinstance(m.get("content"), str) else len(str(m.get("content")))
                 for m in messages)
@@ -88,7 +90,7 @@ class AdaptiveLimit:
         self.limit = float(min(self.ceiling, max(SLOW_START, self.ceiling // 4)))
         self.slow_start = self.limit < self.ceiling
         self.in_flight = 0
-        self._waiters: list[tuple[int, int, asyncio.Future]] = []  #: a heap: (priority, arrival, waiter)
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []  #: a heap: (priority, arrival, waiter)
         self._arrivals = itertools.count()
         self._last_cut = -math.inf
         self._ok = 0
@@ -173,10 +175,10 @@ class Pacer:
 
     def reserve(self, tokens: int) -> float:
         """Book one request of ``tokens``; the seconds to wait before sending it."""
-        if self._lock is None:
+        if self._lock is None or self.ledger is None:  # set together
             return self._book(self._state, tokens)
         with self._lock:
-            state = self._read()
+            state = self._read(self.ledger)
             wait = self._book(state, tokens)
             self.ledger.write_text(json.dumps(state))
         return wait
@@ -188,21 +190,21 @@ class Pacer:
         if not self.rpm:
             return 0.0
         now = time.time() if now is None else now
-        if self._lock is None:
-            return self._admit(self._state, now)
+        if self._lock is None or self.ledger is None:  # set together
+            return self._admit(self._state, now, self.rpm)
         with self._lock:
-            state = self._read()
-            wait = self._admit(state, now)
+            state = self._read(self.ledger)
+            wait = self._admit(state, now, self.rpm)
             if wait == 0.0:
                 self.ledger.write_text(json.dumps(state))
         return wait
 
-    def _admit(self, state: dict[str, Any], now: float) -> float:
+    def _admit(self, state: dict[str, Any], now: float, rpm: float) -> float:
         # the second's share rounded up: rounded down, 300 RPM (4.9 a second at the margin) sent 4, a fifth too few;
         # the schedule (``reserve``) keeps the average, this only stops late wake-ups from bunching
-        per_second = self.rpm * PACE_MARGIN * state.get("scale", 1.0) / 60.0
+        per_second: float = rpm * PACE_MARGIN * state.get("scale", 1.0) / 60.0
         cap = max(1, math.ceil(per_second * WINDOW_S - 1e-9))
-        sent = sorted(t for t in state.get("sent", ()) if t > now - WINDOW_S)
+        sent: list[float] = sorted(t for t in state.get("sent", ()) if t > now - WINDOW_S)
         if len(sent) >= cap:
             return max(0.001, sent[-cap] + WINDOW_S - now)
         # nor closer to the last send than half the pace's spacing: two wake-ups that came due together, sent
@@ -229,19 +231,20 @@ class Pacer:
         self._update(lambda state: state.update(scale=min(1.0, state.get("scale", 1.0) + 0.002)))
 
     def _update(self, change: Any) -> None:
-        if self._lock is None:
+        if self._lock is None or self.ledger is None:  # set together
             change(self._state)
             self.scale = self._state.get("scale", 1.0)
             return
         with self._lock:
-            state = self._read()
+            state = self._read(self.ledger)
             change(state)
             self.scale = state.get("scale", 1.0)
             self.ledger.write_text(json.dumps(state))
 
-    def _read(self) -> dict[str, Any]:
+    def _read(self, ledger: Path) -> dict[str, Any]:
         try:
-            return json.loads(self.ledger.read_text())
+            state: dict[str, Any] = json.loads(ledger.read_text())
+            return state
         except (OSError, ValueError):
             return {"requests": 0.0, "tokens": 0.0}
 
@@ -333,10 +336,12 @@ class RefusalPace:
     def refused(self, now: float, hint: float | None) -> bool:
         """A 429: refusals that come together (``LESSON_SHARE`` of what was sent over ``LESSON_S``: a limit's) teach
         the pace (what was admitted lately) and cap the probes a little above it; the rest of that burst correct it.
-        A refusal alone among answers before any lesson teaches nothing (the first still pauses the pool). Later ones cap the probes under the pace they came at and cut it (×0.9, or
+        A refusal alone among answers before any lesson teaches nothing (the first still pauses the pool). Later
+        ones cap the probes under the pace they came at and cut it (×0.9, or
         to what was admitted if that is less): once per cooldown, unless a probe raised the pace since the cut
         (a refusal just after a cut may answer a request the earlier pace sent; one after a probe answers the
-        probe), not while well under the pace, and not before the last cut is judged. Once refusals proved an overload, only a share clearly
+        probe), not while well under the pace, and not before the last cut is judged. Once refusals proved an
+        overload, only a share clearly
         above it cuts. True when the pace changed; ``news``: the refusal taught or cut it (the others, the
         overload's among them, are retried after the wait they asked and change nothing else)."""
         self.refusals.append(now)

@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from cupid_exp.config import LocalModelConfig
 from cupid_exp.llm import _litellm
+from cupid_exp.llm.messages import Message
 
 PROVIDER = "llamacpp"
 _PASSED_PARAMS = ("temperature", "max_tokens", "top_p", "top_k", "stop", "seed", "response_format", "grammar",
@@ -74,7 +75,7 @@ def strict_schema(schema: Any) -> Any:
     return out
 
 
-def _request(messages: list[dict], params: dict[str, Any], cache_prompt: bool) -> dict[str, Any]:
+def _request(messages: list[Message], params: dict[str, Any], cache_prompt: bool) -> dict[str, Any]:
     """The OpenAI-style request the llama.cpp server takes, from litellm's optional_params."""
     request: dict[str, Any] = {"messages": messages, "cache_prompt": cache_prompt}
     for key in _PASSED_PARAMS:
@@ -84,8 +85,8 @@ def _request(messages: list[dict], params: dict[str, Any], cache_prompt: bool) -
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
         spec = fmt.get("json_schema") or {}
         schema = spec.get("schema") or {}
-        request["response_format"] = {"type": "json_schema",
-                                      "json_schema": {"schema": strict_schema(schema) if spec.get("strict") else schema}}
+        sent_schema = strict_schema(schema) if spec.get("strict") else schema
+        request["response_format"] = {"type": "json_schema", "json_schema": {"schema": sent_schema}}
     return request
 
 
@@ -122,7 +123,8 @@ class XLlamaCppEngine:
         self._server = xllamacpp.Server(params)
 
     def chat(self, request: dict[str, Any]) -> dict[str, Any]:
-        return self._server.handle_chat_completions(request)
+        reply: dict[str, Any] = self._server.handle_chat_completions(request)
+        return reply
 
     def close(self) -> None:
         self._server = None  # the server's destructor stops its loop and frees the model
@@ -156,14 +158,14 @@ class LocalModels:
                 self._engines[name] = self.engine_factory(resolve_gguf(cfg.gguf), cfg)
             return self._engines[name]
 
-    def complete(self, name: str, messages: list[dict], params: dict[str, Any]) -> dict[str, Any]:
+    def complete(self, name: str, messages: list[Message], params: dict[str, Any]) -> dict[str, Any]:
         """One chat completion as an OpenAI-style dict; provider problems raise litellm exceptions."""
         engine = self.engine(name)
         request = _request(messages, params, engine.cache_prompt)
         with self._locks[name]:
             start = time.perf_counter()
             try:
-                out = engine.chat(request)
+                out: dict[str, Any] = engine.chat(request)
             except ValueError as exc:  # xllamacpp rejects a request it cannot serve (e.g. a schema) this way
                 raise _litellm_error(name, 400, "invalid_request_error", str(exc)) from exc
             wall = time.perf_counter() - start
@@ -185,7 +187,7 @@ class LocalModels:
         self._account(name, usage, out.get("timings") or {}, wall)
         return out
 
-    def _account(self, name: str, usage: dict, timings: dict, wall: float) -> None:
+    def _account(self, name: str, usage: dict[str, Any], timings: dict[str, Any], wall: float) -> None:
         s = self.stats[name]
         s["calls"] += 1
         s["wall_s"] += wall
@@ -267,21 +269,27 @@ async def off_the_loop(fn: Callable[..., Any], *args: Any) -> Any:
     return await future
 
 
-def _make_handler(models: LocalModels):
+def _make_handler(models: LocalModels) -> object:
     """litellm's CustomLLM over ``models``. A bug raised here reaches the caller wrapped by litellm as an
     APIConnectionError; ``client.provider_error_kind`` reads the exception chain and stops the job on it."""
     import litellm
 
-    def call(model: str, messages: list[dict], optional_params: dict) -> Any:
+    def call(model: str, messages: list[Message], optional_params: dict[str, Any]) -> Any:
         return _model_response(model, models.complete(model, messages, optional_params))
 
     class _Handler(litellm.CustomLLM):
-        def completion(self, model, messages, api_base, custom_prompt_dict, model_response, print_verbose,
-                       encoding, api_key, logging_obj, optional_params, *args, **kwargs):
+        _cupid_models = models  # which registry it serves (``register_local_model`` looks)
+
+        # litellm passes these positionally; only the model, its messages and the parameters matter here
+        def completion(self, model: str, messages: list[Message], api_base: object, custom_prompt_dict: object,
+                       model_response: object, print_verbose: object, encoding: object, api_key: object,
+                       logging_obj: object, optional_params: dict[str, Any], *args: object, **kwargs: object) -> Any:
             return call(model, messages, optional_params)
 
-        async def acompletion(self, model, messages, api_base, custom_prompt_dict, model_response, print_verbose,
-                              encoding, api_key, logging_obj, optional_params, *args, **kwargs):
+        async def acompletion(self, model: str, messages: list[Message], api_base: object,
+                              custom_prompt_dict: object, model_response: object, print_verbose: object,
+                              encoding: object, api_key: object, logging_obj: object, optional_params: dict[str, Any],
+                              *args: object, **kwargs: object) -> Any:
             return await off_the_loop(call, model, messages, optional_params)
 
     return _Handler()
@@ -310,7 +318,6 @@ def register_local_model(litellm_model: str, cfg: LocalModelConfig) -> None:
     if not any(p.get("provider") == PROVIDER and getattr(p.get("custom_handler"), "_cupid_models", None) is models
                for p in litellm.custom_provider_map):
         handler = _make_handler(models)
-        handler._cupid_models = models
         _litellm.register_custom_provider(PROVIDER, handler)
     models.register(name, cfg)
     litellm.register_model({litellm_model: {"input_cost_per_token": 0.0, "output_cost_per_token": 0.0,

@@ -1,7 +1,8 @@
 """What the processes calling one pool tell each other (a job's workers, a sweep's parallel jobs on one key):
 a pause, a cut of the concurrency limit, the limits a provider stated, a pace learned from refusals, who
 is calling (they split a bound given once), and when the endpoint last answered (a process that starts during an
-outage waits for it as the others do, instead of taking it for an endpoint that never answered). The pacer's schedule has its own ledger (``limits.Pacer``).
+outage waits for it as the others do, instead of taking it for an endpoint that never answered). The pacer's
+schedule has its own ledger (``limits.Pacer``).
 
 One small JSON file per pool under ``runtime.cache_dir/rate_limits/``, read and written under a ``filelock``
 at most every ``pools.SYNC_S`` per process and at each 429: a process that met a 429 publishes at once, the
@@ -109,7 +110,8 @@ class SharedPoolState:
 
     def _read(self) -> dict[str, Any]:
         try:
-            return json.loads(self.path.read_text())
+            state: dict[str, Any] = json.loads(self.path.read_text())
+            return state
         except (OSError, ValueError):
             return {}
 

@@ -123,7 +123,7 @@ class Pool:
         self.given = PoolLimits()
         self.bounds: dict[str, int] = {}  #: each config's max_concurrency in this process
         self.config_limits: dict[str, tuple[float | None, float | None]] = {}  #: each config's rpm, tpm
-        self.concurrency: AdaptiveLimit | None = None
+        self._concurrency: AdaptiveLimit | None = None  # made by the first config that joins
         self.configured: tuple[float | None, float | None] = (None, None)
         self.told: tuple[float | None, float | None] = (None, None)  #: stated in x-ratelimit-limit-* headers
         self.learner = RefusalPace()
@@ -148,6 +148,13 @@ class Pool:
 
     # ------------------------------------------------------------ membership
 
+    @property
+    def concurrency(self) -> AdaptiveLimit:
+        """The concurrency limit; a pool is only used once a config joined it."""
+        if self._concurrency is None:
+            raise RuntimeError(f"pool {self.label!r} used before any model config joined it")
+        return self._concurrency
+
     def join(self, config_id: str, max_concurrency: int, rpm: float | None, tpm: float | None,
              given: PoolLimits, meter: Any) -> None:
         """A client of a model config on this pool: its bound and limits count, ``given`` (the job's
@@ -162,10 +169,10 @@ class Pool:
         self.configured = (given.rpm or _least(r for r, _ in self.config_limits.values()),
                            given.tpm or _least(t for _, t in self.config_limits.values()))
         self._repace()
-        if self.concurrency is None:
-            self.concurrency = AdaptiveLimit(self.bound)
+        if self._concurrency is None:
+            self._concurrency = AdaptiveLimit(self.bound)
         else:
-            self.concurrency.set_ceiling(self.bound)
+            self._concurrency.set_ceiling(self.bound)
         if meter is not None and meter is not self.meter:
             self.flush()
             self.meter, self.sent, self.peak = meter, 0, 0
@@ -430,7 +437,7 @@ def pool_metrics() -> dict[str, float]:
     """Progress metrics of each pool: requests in flight, the concurrency limit, the pace, 429s, seconds waited."""
     out: dict[str, float] = {}
     for pool in list(_POOLS.values()):
-        if pool.concurrency is None or not pool.sent:
+        if pool._concurrency is None or not pool.sent:  # not joined yet
             continue
         key = f"progress/pools/{pool.label}"
         out[f"{key}/in_flight"] = float(pool.concurrency.in_flight)

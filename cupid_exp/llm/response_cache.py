@@ -101,7 +101,11 @@ class DiskResponseStore(BaseCache):
         await asyncio.to_thread(self.set_cache, key, value, **kwargs)
 
     async def async_set_cache_pipeline(self, cache_list: list[tuple[str, Any]], **kwargs: Any) -> None:
-        await asyncio.to_thread(lambda: [self.set_cache(key, value, **kwargs) for key, value in cache_list])
+        def store_all() -> None:
+            for key, value in cache_list:
+                self.set_cache(key, value, **kwargs)
+
+        await asyncio.to_thread(store_all)
 
     def get_cache(self, key: str, **kwargs: Any) -> Any:
         if self.broken:
@@ -163,10 +167,13 @@ def response_cache(cache_dir: str | Path) -> Any:
     import inspect
 
     from litellm.caching.caching import Cache
+    from litellm.types.caching import LiteLLMCacheType
 
     # litellm >= 1.10x neither looks up nor stores requests of more than 4 messages by default
     # (``max_messages``): a simulated dialogue's later turns and a second re-ask would never be cached.
-    unlimited = {"max_messages": None} if "max_messages" in inspect.signature(Cache).parameters else {}
-    cache = Cache(type="local", **unlimited)
+    if "max_messages" in inspect.signature(Cache).parameters:
+        cache = Cache(type=LiteLLMCacheType.LOCAL, max_messages=None)
+    else:
+        cache = Cache(type=LiteLLMCacheType.LOCAL)
     cache.cache = DiskResponseStore(Path(cache_dir) / STORE_FOLDER)
     return cache

@@ -69,7 +69,7 @@ class FatalProviderError(Exception):
 
     outcome = "error"  #: how the job ends (``cupid_exp.entry.Outcome``): exit 2
 
-    def __reduce__(self) -> tuple:  # crosses from a worker process to the job's
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses from a worker process to the job's
         return FatalProviderError, (self.model, self.kind, self.message, self.roles)
 
 
@@ -89,7 +89,7 @@ class RetryLater(FatalProviderError):
         return (f"stopped: {who} (model {self.model}): {self.kind}: {self.message}; no new instance was started, "
                 "finished ones are journaled: run the same command later to resume")
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Any, ...]:
         return RetryLater, (self.model, self.kind, self.message, self.roles, self.wait_s)
 
 
@@ -146,15 +146,15 @@ def retry_after_s(headers: Mapping[str, str] | None, body_message: str = "", now
             value = _until(h["retry-after"], now)
         if value is not None:
             return value
-    resets = []
-    for key, value in h.items():
+    resets: list[float | None] = []
+    for key, text in h.items():
         if key.startswith("x-ratelimit-reset"):
-            resets.append(parse_duration(value))
+            resets.append(parse_duration(text))
         elif key.startswith("anthropic-ratelimit-") and key.endswith("-reset"):
-            resets.append(_until(value, now))
-    resets = [r for r in resets if r is not None]
-    if resets:
-        return max(resets)
+            resets.append(_until(text, now))
+    known = [r for r in resets if r is not None]
+    if known:
+        return max(known)
     match = _TRY_AGAIN.search(body_message or "")
     if match:
         return parse_duration(match.group(1))  # "1.2s", "350ms", a daily limit's "7m12s" or "1h0m0s"
@@ -212,7 +212,8 @@ def billing_state(exc: BaseException) -> str | None:
     OpenAI puts it in ``error.code`` or ``error.type``; litellm's message keeps it when the body is gone."""
     names = [provider_code(exc), provider_code(exc, "type")]
     text = str(exc)
-    for name in [*names, *re.findall(r"[a-z_]+", text)]:
+    words: list[str] = re.findall(r"[a-z_]+", text)
+    for name in [*names, *words]:
         if name and (name in BILLING_CODES or (name.endswith(BILLING_SUFFIX) and len(name) > len(BILLING_SUFFIX))):
             return name
     return None
@@ -231,12 +232,13 @@ def is_connection_refused(exc: BaseException) -> bool:
     import socket
 
     seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, (ConnectionRefusedError, socket.gaierror)) or type(exc).__name__ in (
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, (ConnectionRefusedError, socket.gaierror)) or type(link).__name__ in (
                 "ConnectError", "ClientConnectorError"):
             return True
-        exc = exc.__cause__ or exc.__context__
+        link = link.__cause__ or link.__context__
     return False
 
 
@@ -249,11 +251,12 @@ def is_connection_failure(exc: BaseException) -> bool:
     import socket
 
     seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, (ConnectionError, socket.gaierror)) or type(exc).__name__ in _DROPPED:
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, (ConnectionError, socket.gaierror)) or type(link).__name__ in _DROPPED:
             return True
-        exc = exc.__cause__ or exc.__context__
+        link = link.__cause__ or link.__context__
     return False
 
 
@@ -414,7 +417,8 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tok
 def _beyond_patience(exc: BaseException, hint: float | None, wait: float, spent: float, patience_s: float) -> str:
     """The stop's words: the wait asked, what is left of the patience, and the provider's own message (which names
     the limit: "requests per day", "tokens per min")."""
-    asked = f"the provider asks to wait {wait:.0f} s" if hint is not None else f"still refused, next try in {wait:.1f} s"
+    asked = (f"the provider asks to wait {wait:.0f} s" if hint is not None
+             else f"still refused, next try in {wait:.1f} s")
     return (f"{asked}, more than the {max(0.0, patience_s - spent):.0f} s left of runtime.rate_limit_patience_s="
             f"{patience_s:g} (rate-limited for {spent:.0f} s so far): {_message(exc)}")
 

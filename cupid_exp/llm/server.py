@@ -17,9 +17,10 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import IO, Iterator
 
-from cupid_exp.config import ConfigError, ServerConfig
+from cupid_exp.config import ServerConfig
+from cupid_exp.errors import ConfigError
 from cupid_exp.secrets import env_snapshot
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ def is_healthy(base_url: str, timeout: float = 2.0) -> bool:
     """True when <base_url>/v1/models answers 200."""
     try:
         with urllib.request.urlopen(f"{base_url.rstrip('/')}/v1/models", timeout=timeout) as response:
-            return response.status == 200
+            return bool(response.status == 200)
     except (urllib.error.URLError, OSError, ValueError):
         return False
 
@@ -69,13 +70,14 @@ def managed_server(cfg: ServerConfig | None) -> Iterator[str | None]:
     if not cfg.command:
         raise ServerStartError("evaluator.server.serve=true needs evaluator.server.command")
     log_path = Path(cfg.log_file) if cfg.log_file else None
-    sink = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    sink: IO[bytes] | None = open(log_path, "ab") if log_path else None  # noqa: SIM115
     log.info("starting model server: %s", " ".join(cfg.command))
     try:
-        proc = subprocess.Popen(list(cfg.command), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+        proc = subprocess.Popen(list(cfg.command), stdout=sink or subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                start_new_session=True,
                                 env={**env_snapshot(), "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
     except OSError as exc:  # removed since the check, or not executable
-        if log_path:
+        if sink:
             sink.close()
         raise ServerStartError(f"cannot start the model server {cfg.command[0]!r}: {exc.strerror or exc}") from None
     try:
@@ -91,11 +93,11 @@ def managed_server(cfg: ServerConfig | None) -> Iterator[str | None]:
         yield cfg.base_url
     finally:
         _stop(proc)
-        if log_path:
+        if sink:
             sink.close()
 
 
-def _stop(proc: subprocess.Popen, grace: float = 20.0) -> None:
+def _stop(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
     if proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from cupid_exp.llm import calls
-from cupid_exp.llm.client import DryReply, LLMClient, ProviderError
+from cupid_exp.llm.client import DryReply, LLMClient
+from cupid_exp.llm.errors import ProviderError
 from cupid_exp.llm.replies import ParseError, excerpt
 from cupid_exp.llm.usage import Completion
 from cupid_exp.results import StepError
@@ -99,7 +100,7 @@ class Resample:
 
 
 async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[[str], Any], *,
-              transcript: Transcript, schema: dict | None = None, params: dict[str, Any] | None = None,
+              transcript: Transcript, schema: dict[str, Any] | None = None, params: dict[str, Any] | None = None,
               retry: Reask | Resample = Reask(1), dry_reply: DryReply | None = None, keep_cut: bool = False) -> Any:
     """Ask ``client`` for ``step`` and return ``parse(reply)``; raise StepFailed when no reply is usable.
 
@@ -132,7 +133,7 @@ async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[
         reply = completion.text
         record = _record(client, step, requests, sent, started, completion) if log is not None else None
         requests += 1
-        if record is not None:
+        if record is not None and log is not None:  # a record is made only with a log
             log.calls.append(record)
         if completion.refused and not reply.strip():
             raise _refused(client, step, completion, record)
@@ -168,7 +169,7 @@ async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[
 TRUNCATED = "truncated"
 
 
-def _limit(params: dict[str, int | None]) -> str:
+def _limit(params: Mapping[str, int | None]) -> str:
     """"max_tokens=600" as the request said it; the provider's own default when it set none."""
     name, value = next(iter(params.items()))
     return f"{name}={value}" if value else "the provider's default max_tokens (the request set none)"

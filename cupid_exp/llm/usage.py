@@ -138,7 +138,7 @@ class UsageMeter:
     def add(self, step: str, completion: Completion, settled: Mapping[str, float] = {}) -> None:
         """A call answered (``completion``); from the cache, only a cache hit: nothing was billed for it."""
         if completion.cached:
-            added = {"cache_hits": 1, "retries": completion.retries}
+            added: dict[str, float] = {"cache_hits": 1, "retries": completion.retries}
         else:
             added = {"calls": 1, "retries": completion.retries, "prompt_tokens": completion.prompt_tokens,
                      "completion_tokens": completion.completion_tokens}
@@ -161,7 +161,7 @@ class UsageMeter:
         """A call that failed for good (``kind`` from the provider) after ``retries`` repeated requests (and
         ``rate_limited`` repeated after a 429, ``wait_s`` seconds waited on limits); ``charged_usd``: what its
         ``charged`` attempts without a usable reply were billed (``cupid_exp.llm.billing``)."""
-        added = {f"failed_{kind}": 1, "retries": retries}
+        added: dict[str, float] = {f"failed_{kind}": 1, "retries": retries}
         if rate_limited or wait_s:
             added.update(rate_limited=rate_limited, limit_wait_s=wait_s)
         _charges(added, charged_usd, charged)

@@ -31,8 +31,16 @@ from cupid_exp.reporting.build import build_report
 from cupid_exp.reporting.compare import compare_runs
 from cupid_exp.reporting.reference import load_reference
 from cupid_exp.reporting.render import FORMATS, Image, render
-from cupid_exp.reporting.runs import (DEFAULT_CACHE, DEFAULT_TRACKING_URI, EPOCHS_NOTE, RunIdError, get_job_run,
-                                      load_records, search_job_runs, tracking_uri)
+from cupid_exp.reporting.runs import (
+    DEFAULT_CACHE,
+    DEFAULT_TRACKING_URI,
+    EPOCHS_NOTE,
+    RunIdError,
+    get_job_run,
+    load_records,
+    search_job_runs,
+    tracking_uri,
+)
 from cupid_exp.reporting.selection import select_runs
 from cupid_exp.reporting.tables import Table
 from cupid_exp.scoring.bootstrap import DEFAULT_N_BOOT

@@ -13,8 +13,21 @@ import pandas as pd
 
 from cupid_exp.reporting.reference import GROUPS, matcher_of
 from cupid_exp.reporting.runs import JobRun
-from cupid_exp.reporting.tables import (PAPER_COLUMNS, Table, extra_settings, long_rows, model_of, n_cell, natural,
-                                        notes_of, ordered, row_of, run_numbers, runs_by_model, with_text)
+from cupid_exp.reporting.tables import (
+    PAPER_COLUMNS,
+    Table,
+    extra_settings,
+    long_rows,
+    model_of,
+    n_cell,
+    natural,
+    notes_of,
+    ordered,
+    row_of,
+    run_numbers,
+    runs_by_model,
+    with_text,
+)
 from cupid_exp.scoring.statistics import TASK_METRICS
 
 UNITS = {"inference": "P / R / F1 in %", "generation": "mean judge score 1–10"}
@@ -37,7 +50,7 @@ def _reference_title(paper: pd.DataFrame, summary_by_type: bool) -> str:
 
 def _row_order(models: Sequence[str], paper: pd.DataFrame) -> list[str]:
     """Each model's rows, followed by its paper row when the paper has one; then the paper's other rows."""
-    paper_label = dict(zip(paper["conf_model"], paper["model"]))
+    paper_label = dict(zip(paper["conf_model"], paper["model"], strict=False))
     order: list[str] = []
     for i, row in enumerate(models):
         order.append(row)

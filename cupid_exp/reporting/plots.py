@@ -136,7 +136,7 @@ def plot_by_type(records: Series, task: str = "inference", *, metric: str | None
         pos = x - 0.4 + width * (j + 0.5)
         ax.bar(pos, values, width * 0.92, yerr=err, capsize=3, label=name, color=COLORS[j % len(COLORS)],
                error_kw={"elinewidth": 1, "ecolor": "0.25"})
-        for xi, e, v, up in zip(pos, ests, values, err[1]):
+        for xi, e, v, up in zip(pos, ests, values, err[1], strict=False):
             text = "n/a" if math.isnan(e.value) else (f"{v:.1f}" if scale == 100 else f"{v:.2f}")
             ax.annotate(text, (xi, v + up), xytext=(0, 2), textcoords="offset points", ha="center",
                         va="bottom", fontsize=7, color="0.2")
@@ -171,7 +171,7 @@ def _binned_plot(series: dict[str, list[Mapping[str, Any]]], metric: str, bins: 
             if b is not None:
                 members[b].append(r)
         xs, ys, lo, hi, ns = [], [], [], [], []
-        for (x, _, _), part in zip(bins, members):
+        for (x, _, _), part in zip(bins, members, strict=False):
             est = bootstrap_ci(part, metric, n_boot=n_boot, seed=seed, failure_policy=failure_policy)
             if est.n == 0:
                 continue
@@ -183,7 +183,7 @@ def _binned_plot(series: dict[str, list[Mapping[str, Any]]], metric: str, bins: 
             ns.append(est.n)
         if dots and len(series) == 1:
             px, py = [], []
-            for (x, _, _), part in zip(bins, members):
+            for (x, _, _), part in zip(bins, members, strict=False):
                 frame = task_frame(part, task, failure_policy)  # the instances the statistic is over
                 for v in (frame[field].dropna() if field in frame else []):
                     px.append(x + rng.uniform(-0.12, 0.12) * (bins[1][0] - bins[0][0] if len(bins) > 1 else 1))
@@ -194,7 +194,7 @@ def _binned_plot(series: dict[str, list[Mapping[str, Any]]], metric: str, bins: 
             xs = [x + step * (j - (len(series) - 1) / 2) for x in xs]
         ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, color=color, lw=1.6, zorder=3,
                     label=label or LABELS.get(metric, metric))
-        for x, y, n in zip(xs, ys, ns):
+        for x, y, n in zip(xs, ys, ns, strict=False):
             ax.annotate(f"n={n}", (x, y), xytext=(4, 5), textcoords="offset points", fontsize=7, color=color)
     ax.set_xticks([b[0] for b in bins], [b[1] for b in bins], fontsize=8)
     ax.set_ylim(*_ylim(metric))

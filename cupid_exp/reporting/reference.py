@@ -35,10 +35,10 @@ def paper_rows(reference: Mapping[str, Any]) -> pd.DataFrame:
     for table in reference["tables"].values():
         task = table["task"]
         for label, cells in table["rows"].items():
-            for column, cell in zip(table["columns"], cells):
+            for column, cell in zip(table["columns"], cells, strict=False):
                 setting, group = (table["setting"], column) if column in GROUPS else (column, "all")
                 values = cell if task == "inference" else [cell]
-                for metric, value in zip(TASK_METRICS[task], values):
+                for metric, value in zip(TASK_METRICS[task], values, strict=False):
                     rows.append({"source": "paper", "reference": table["title"].split(":")[0],
                                  "matcher": table.get("matcher"), "model": label, "conf_model": models.get(label),
                                  "setting": setting, "task": task, "group": group, "metric": metric,

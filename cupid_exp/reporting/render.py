@@ -46,7 +46,8 @@ def _html_table(frame: pd.DataFrame) -> str:
     chunks = body.split("<tr>")
     paper = frame.iloc[:, 0].astype(str).str.startswith("paper:").tolist() if len(frame.columns) else []
     return head + "<tbody>" + chunks[0] + "".join(
-        ('<tr class="paper">' if is_paper else "<tr>") + chunk for is_paper, chunk in zip(paper, chunks[1:]))
+        ('<tr class="paper">' if is_paper else "<tr>") + chunk
+        for is_paper, chunk in zip(paper, chunks[1:], strict=False))
 
 
 def _figure(caption: str, png: bytes) -> str:

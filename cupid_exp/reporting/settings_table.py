@@ -9,8 +9,19 @@ import pandas as pd
 
 from cupid_exp.reporting.reference import GROUPS
 from cupid_exp.reporting.runs import JobRun
-from cupid_exp.reporting.tables import (Table, long_rows, n_cell, natural, notes_of, ordered, row_of, run_numbers,
-                                        runs_by_model, setting_order, with_text)
+from cupid_exp.reporting.tables import (
+    Table,
+    long_rows,
+    n_cell,
+    natural,
+    notes_of,
+    ordered,
+    row_of,
+    run_numbers,
+    runs_by_model,
+    setting_order,
+    with_text,
+)
 from cupid_exp.scoring.statistics import HEADLINE
 
 RECOVERED = "oracle gain recovered"
@@ -64,13 +75,14 @@ def setting_table(tidy: pd.DataFrame, runs: Sequence[JobRun], task: str, *, data
     frame["run"] = [run_of[key].short for key in index]
     derived = shares.stack().dropna().rename("value").reset_index().assign(
         source="derived", metric="oracle_gain_recovered", data=data)
-    derived["run_id"] = [run_of[key].run_id for key in zip(derived["model"], derived["setting"])]
+    derived["run_id"] = [run_of[key].run_id for key in zip(derived["model"], derived["setting"], strict=False)]
     long = ordered(pd.concat([derived, numbers], ignore_index=True),
                    {"model": models, "setting": sorted(set(index.get_level_values("setting")),
                                                                  key=setting_order)})
     notes = notes_of(numbers)
     notes.append(f"{RECOVERED} = (setting − standard) / (oracle − standard) of the {metric} point values, same model "
-                 f"and instance type, on this table's data only; blank without both a standard and an oracle run or when "
+                 f"and instance type, on this table's data only; blank without both a standard and an oracle run or "
+                 f"when "
                  f"their gap is 0; "
                  f"no interval")
     return Table(title, frame.reset_index(), long_rows(long.rename(columns={"group": "column"}), title, task), notes)

@@ -46,7 +46,8 @@ def cell_text(value: float, low: float, high: float, task: str) -> str:
 
 def with_text(frame: pd.DataFrame, task: str) -> pd.DataFrame:
     """``frame`` plus a ``text`` column: each row's number as a cell."""
-    text = [cell_text(v, lo, hi, task) for v, lo, hi in zip(frame["value"], frame["ci_low"], frame["ci_high"])]
+    text = [cell_text(v, lo, hi, task)
+            for v, lo, hi in zip(frame["value"], frame["ci_low"], frame["ci_high"], strict=True)]  # a frame's columns
     return frame.assign(text=pd.Series(text, index=frame.index, dtype=object))
 
 

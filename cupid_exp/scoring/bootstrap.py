@@ -160,8 +160,8 @@ def _scored_clusters(cl: _Clusters, n_epochs: int = 1) -> _Clusters:
     every cell of such a persona (an epoch of it left without a score counts nothing when drawn)."""
     first = next(iter(cl.counts))
     keep = np.repeat(cl.counts[first].reshape(-1, n_epochs).sum(axis=1) > 0, n_epochs)
-    return _Clusters(tuple(c for c, k in zip(cl.ids, keep) if k), {f: v[keep] for f, v in cl.sums.items()},
-                     {f: v[keep] for f, v in cl.counts.items()})
+    return _Clusters(tuple(c for c, k in zip(cl.ids, keep, strict=False) if k),
+                     {f: v[keep] for f, v in cl.sums.items()}, {f: v[keep] for f, v in cl.counts.items()})
 
 
 def _statistic(metric: str, cl: _Clusters, weights: np.ndarray) -> np.ndarray:
@@ -329,7 +329,7 @@ def paired_compare(records_a: Iterable[Mapping[str, Any]], records_b: Iterable[M
         keys = [pair(row) for _, row in rows.iterrows()]
         if epochs:
             rows = rows.assign(epoch=rows["epoch"].fillna(0) if "epoch" in rows else 0)
-        return {k: row for k, (_, row) in zip(keys, rows.iterrows())}
+        return {k: row for k, (_, row) in zip(keys, rows.iterrows(), strict=False)}
 
     a, b = scored(records_a), scored(records_b)
     shared = sorted(set(a) & set(b))

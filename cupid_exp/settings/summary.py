@@ -22,7 +22,6 @@ from cupid_exp.results import SettingOutput
 from cupid_exp.settings import register
 from cupid_exp.settings.base import Setting, View
 
-
 SUMMARIZER_PROMPT = "evaluation/session_summarizer"
 
 

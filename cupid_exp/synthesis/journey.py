@@ -75,7 +75,7 @@ def make_template(seed: int, persona_index: int) -> JourneyTemplate:
         kinds[i] = (CHANGED, current)
     for i in b_positions:
         kinds[i] = (CONTRASTIVE, contrastive)
-    for i, f in zip(other_positions, other_factors):
+    for i, f in zip(other_positions, other_factors, strict=False):
         kinds[i] = (OTHER, f)
     kinds[N_SESSIONS - 1] = (FINAL, current)
     slots = tuple(Slot(i, *kinds[i]) for i in range(N_SESSIONS))

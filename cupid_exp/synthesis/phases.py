@@ -22,8 +22,16 @@ from cupid_exp.llm.steps import StepFailed
 from cupid_exp.synthesis import steps
 from cupid_exp.synthesis.attempts import AttemptLog
 from cupid_exp.synthesis.config import SynthesisConfig
-from cupid_exp.synthesis.journey import (CHANGED, N_SESSIONS, JourneyTemplate, build_instances, persona_id,
-                                         removed_sessions, session_task_type, slot_preference)
+from cupid_exp.synthesis.journey import (
+    CHANGED,
+    N_SESSIONS,
+    JourneyTemplate,
+    build_instances,
+    persona_id,
+    removed_sessions,
+    session_task_type,
+    slot_preference,
+)
 from cupid_exp.synthesis.personas import PersonaTemplate, render_template
 from cupid_exp.synthesis.store import JourneyStore
 
@@ -111,7 +119,7 @@ async def in_phases(work: list[tuple[str, Any]]) -> None:
     failed: a bug first (it must stop the job, never hide behind a step's failure), else the first step that
     failed in the list's order, as ``PhaseFailed``."""
     results = await asyncio.gather(*(coro for _, coro in work), return_exceptions=True)
-    failures = [(phase, r) for (phase, _), r in zip(work, results) if isinstance(r, BaseException)]
+    failures = [(phase, r) for (phase, _), r in zip(work, results, strict=False) if isinstance(r, BaseException)]
     for _, r in failures:
         if not isinstance(r, StepFailed):
             raise r
@@ -319,7 +327,7 @@ class PersonaRun:
         try:
             try:
                 with first_in_line():  # one call at a time, each the persona's next: it goes before calls that can wait
-                    for phase, step in chain:
+                    for phase, step in chain:  # noqa: B007 - the except below names the phase that failed
                         await step()
             except BaseException as stopped:
                 await self.settle_checklists(cancel=not isinstance(stopped, StepFailed))

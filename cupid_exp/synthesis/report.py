@@ -31,7 +31,8 @@ def render_report(scfg: SynthesisConfig, m: Mapping[str, float], outcomes: list[
         f"CUPID synthesis | recipe={scfg.name} seed={scfg.seed} session_writer={scfg.roles.session_writer.name}",
         f"personas: {g('personas/completed')}/{g('personas/requested')} completed"
         + (" | failed: " + "; ".join(failed) if failed else ""),
-        f"factors: {g('factors/count')} ({g('factors/names_from_taxonomy')} named from the taxonomy), sessions: {g('sessions/count')}, dialogues: {g('dialogues/count')} "
+        f"factors: {g('factors/count')} ({g('factors/names_from_taxonomy')} named from the taxonomy), "
+        f"sessions: {g('sessions/count')}, dialogues: {g('dialogues/count')} "
         f"({g('dialogues/satisfied')} satisfied, {g('dialogues/unsatisfied')} unsatisfied, "
         f"{g('dialogues/regenerated')} regenerated; on_unsatisfied={scfg.on_unsatisfied})",
         f"instances: {g('instances/count')} (consistent {g('instances/consistent')}, contrastive "

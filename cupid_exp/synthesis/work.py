@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from cupid_exp.aside import set_aside
 from cupid_exp.config import ConfigError, ModelConfig, require
-from cupid_exp.job.spec import Published, TrackingView
+from cupid_exp.job.spec import Digests, Published, TrackingView
 from cupid_exp.outputs import atomic_write_text, write_json, write_jsonl
 from cupid_exp.progress import Progress
 from cupid_exp.prompts import PromptSet
@@ -141,7 +141,7 @@ class SynthesisWork:
     def roles_called(self) -> dict[str, ModelConfig]:
         return {f"synthesis.roles.{role}": getattr(self.cfg.synthesis.roles, role) for role in ROLES}
 
-    def digests(self) -> dict[str, str | None]:
+    def digests(self) -> Digests:
         return {"prompts_digest": self.digest}
 
     def whole_record(self, record: Any) -> str | None:

@@ -43,7 +43,8 @@ REFUSALS: dict[str, tuple[int, dict[str, Any]]] = {
                                        "at https://platform.openai.com/account/api-keys.",
                             "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}),
     "403": (403, {"error": {"message": "Country, region, or territory not supported",
-                            "type": "request_forbidden", "param": None, "code": "unsupported_country_region_territory"}}),
+                            "type": "request_forbidden", "param": None,
+                            "code": "unsupported_country_region_territory"}}),
     "404": (404, {"error": {"message": "The model `{model}` does not exist or you do not have access to it.",
                             "type": "invalid_request_error", "param": None, "code": "model_not_found"}}),
     "insufficient_quota": (429, {"error": {
@@ -213,7 +214,7 @@ class KeyLimits:
                 if window is not None and not window.fits(amount, now):
                     return self._limited(kind, model, window.reset_s(amount, now), window.per_minute,
                                          window.per_minute - window.remaining(), amount, windows)
-            for window, amount in zip(windows, (1, cost)):
+            for window, amount in zip(windows, (1, cost), strict=False):
                 if window is not None:
                     window.spend(amount)
             self.admitted += 1
@@ -230,7 +231,7 @@ class KeyLimits:
         with self._lock:
             windows = self.windows.get(model if self.pool == "model" else "key") or (None, None)
             out = {}
-            for name, window in zip(("requests", "tokens"), windows):
+            for name, window in zip(("requests", "tokens"), windows, strict=False):
                 if window is not None:
                     out[f"x-ratelimit-limit-{name}"] = f"{window.per_minute:g}"
                     out[f"x-ratelimit-remaining-{name}"] = str(window.remaining())
@@ -248,7 +249,7 @@ class KeyLimits:
                    f"{used:g}, Requested {requested if kind == 'tokens' else 1}. Please try again in "
                    f"{openai_duration(wait)}. Visit https://platform.openai.com/account/rate-limits to learn more.")
         headers = {"retry-after": str(max(1, math.ceil(wait))), "retry-after-ms": str(max(1, round(wait * 1000)))}
-        for name, window in zip(("requests", "tokens"), windows):
+        for name, window in zip(("requests", "tokens"), windows, strict=False):
             if window is not None:
                 headers[f"x-ratelimit-limit-{name}"] = f"{window.per_minute:g}"
                 headers[f"x-ratelimit-remaining-{name}"] = str(window.remaining())

@@ -106,7 +106,8 @@ def error_reply(kind: str, cfg: StubConfig, style: str = "") -> tuple[int, dict[
         return 500, {"error": {"message": "The server had an error processing your request.",
                                "type": "server_error"}}, {}, 0.0
     if kind == "503":
-        return 503, {"error": {"message": "The engine is currently overloaded.", "type": "service_unavailable"}}, {}, 0.0
+        overloaded = {"error": {"message": "The engine is currently overloaded.", "type": "service_unavailable"}}
+        return 503, overloaded, {}, 0.0
     raise ValueError(f"no error reply for fault {kind!r}")
 
 

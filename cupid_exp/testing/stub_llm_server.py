@@ -56,11 +56,18 @@ from typing import Any
 from cupid_exp.testing.batch_api import BatchQueue, BatchQueueConfig
 from cupid_exp.testing.rate_limits import RATE_LIMIT_STYLES, KeyLimits
 from cupid_exp.testing.stub_config import StubConfig, stub_arguments
-from cupid_exp.testing.stub_faults import (MALFORMED_KINDS, choose_fault, cut_reply, error_reply, garbage_text,
-                                           is_garbage, send_fault)
+from cupid_exp.testing.stub_faults import (
+    MALFORMED_KINDS,
+    choose_fault,
+    cut_reply,
+    error_reply,
+    garbage_text,
+    is_garbage,
+    send_fault,
+)
 from cupid_exp.testing.stub_replies import billed_tokens, classify, completion_body, digest, reply_text
 
-__all__ = ["StubConfig", "StubServer", "main", "parse_args"]
+__all__ = ["StubConfig", "StubServer", "main"]
 
 
 class _HTTPServer(ThreadingHTTPServer):

@@ -78,8 +78,8 @@ class MlflowSweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if not _tracked(config):
             return
-        from cupid_exp.tracking import run_worker
         from cupid_exp.durability.signals import install_sigterm_handler
+        from cupid_exp.tracking import run_worker
 
         sweep_dir = Path(config.hydra.sweep.dir).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)

@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from cupid_exp.config import TrackingConfig
+from cupid_exp.durability.attempts import Claim
 from cupid_exp.llm.calls import CallLog
 from cupid_exp.llm.pools import pool_metrics
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.results import InstanceResult, previewed
 from cupid_exp.scoring.statistics import TASK_METRICS, point_value, task_frame
-from cupid_exp.durability.attempts import Claim
 from cupid_exp.tracking.dataset import DatasetInput
 from cupid_exp.tracking.mlflow import RunTracker, SweepParent, parent_of
 from cupid_exp.tracking.store_logs import STORE_NOTE

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
 from cupid_exp.config import TrackingConfig
-from cupid_exp.secrets import scrub, scrub_obj
 from cupid_exp.run_outcomes import stale_tags
+from cupid_exp.secrets import scrub, scrub_obj
 from cupid_exp.tracking.provenance import git_state
 
 log = logging.getLogger(__name__)
@@ -291,8 +291,8 @@ def ends_on_error(run: Any) -> Iterator[None]:
     and FAILED on any other exception (the exception goes on), with the outcome and reason as tags
     (``run_outcomes``); a job that gets through ends its run itself, with its results. SIGTERM raises
     ``Terminated`` inside the block, and ending the run is shielded from interrupts."""
-    from cupid_exp.run_outcomes import outcome_of, outcome_tags, status_of
     from cupid_exp.durability.signals import shielded, sigterm_raises
+    from cupid_exp.run_outcomes import outcome_of, outcome_tags, status_of
 
     with sigterm_raises():
         try:

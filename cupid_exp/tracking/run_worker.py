@@ -34,9 +34,9 @@ import time
 from types import SimpleNamespace
 from typing import Any, Sequence
 
+from cupid_exp.durability.attempts import Claim
 from cupid_exp.llm.calls import CallLog
 from cupid_exp.results import InstanceResult
-from cupid_exp.durability.attempts import Claim
 from cupid_exp.tracking.live import FinalLog, LiveRun, RunRequest, read_totals
 from cupid_exp.tracking.run_worker_process import SnapshotMeter, serve
 from cupid_exp.tracking.store_errors import TrackingError, TrackingUnavailable, store_unreachable  # noqa: F401

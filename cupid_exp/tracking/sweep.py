@@ -97,9 +97,9 @@ def finish_sweep(end: SweepEnd) -> str | None:
     leaderboard could not be logged, if it could not: it is a view, the jobs' runs hold the results."""
     from mlflow.tracking import MlflowClient
 
+    from cupid_exp.durability.signals import shielded
     from cupid_exp.mlflow_env import env_uri_kept
     from cupid_exp.tracking.mlflow import parent_run_id
-    from cupid_exp.durability.signals import shielded
 
     parent = parent_run_id(end.sweep_dir)
     if parent is None:  # no job opened a run (and with it the parent)

@@ -46,8 +46,8 @@ def setup(uri: str) -> Any:
     to a SQL store (``trace_batches``; returned, None where MLflow's exporter stays)."""
     import mlflow
 
-    from cupid_exp.tracking import trace_batches
     from cupid_exp.mlflow_env import env_uri_kept
+    from cupid_exp.tracking import trace_batches
 
     for key, value in _EXPORT_DEFAULTS.items():
         os.environ.setdefault(key, value)

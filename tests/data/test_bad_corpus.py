@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_cli
 from test_loading import BAD_KEY, ROW_CASES, _bad_row, make_row
 
@@ -55,7 +54,8 @@ EXTRA_ROWS: list[tuple[str, object, str, str | None]] = [
      None),
     ("nan_literal", json.dumps(make_row("66+bad")).encode()[:-1] + b', "score": NaN}', "<row>", None),
     ("all_turns_empty", _mutated("67+bad", set_at(["prior_interactions", 1, "dialogue"],
-                                                [{"role": "user", "content": " "}, {"role": "assistant", "content": ""}])),
+                                                [{"role": "user", "content": " "},
+                                                 {"role": "assistant", "content": ""}])),
      "prior_interactions[1].dialogue", "67+bad/consistent"),
 ]
 
@@ -79,7 +79,7 @@ def build_corpus(folder: Path) -> tuple[list[str], list[tuple[str, str, str | No
         add(_bad_row(mutate), field, BAD_KEY if key_known else None)
         label, mutate, field, key_known, _ = ROW_CASES[2 * i + 1]
         add(_bad_row(mutate), field, BAD_KEY if key_known else None)
-    for label, raw, field, key in EXTRA_ROWS:
+    for _label, raw, field, key in EXTRA_ROWS:
         add(raw, field, key)
     duplicate = copy.deepcopy(valid[1])
     duplicate["current_request"] = "a different request under the same key"
@@ -111,7 +111,7 @@ def test_malformed_corpus_is_reported_line_by_line_and_valid_rows_run(tmp_path: 
 
     lines = bad_lines(proc.stdout + proc.stderr)
     assert len(lines) == len(expected), "\n".join(lines)
-    for line, (where, field, key) in zip(lines, expected):
+    for line, (where, field, key) in zip(lines, expected, strict=False):
         assert line.startswith(where + " ") or line.startswith(where + ":"), (line, where)
         assert f"field '{field}'" in line, (line, field)
         if key is not None:

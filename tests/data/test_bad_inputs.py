@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from test_loading import make_row
 
 from cupid_exp.config import DataConfig
 from cupid_exp.data.loading import load_instances
 from cupid_exp.data.schema import DataError
 from cupid_exp.testing.cupid_data import delete_at, set_at
-from test_loading import make_row
 
 KEY = "7+bad_row/consistent"
 Row = dict[str, Any]
@@ -56,15 +56,16 @@ ROW_KINDS: list[tuple[str, Callable[[Row], Any], str, str, bool]] = [
     ("priors_missing", delete_at(["prior_interactions"]), "prior_interactions", "is missing", True),
     ("priors_empty", set_at(["prior_interactions"], []), "prior_interactions", "empty list", True),
     ("priors_object", set_at(["prior_interactions"], {"0": {}}), "prior_interactions", "must be a list", True),
-    ("prior_string", set_at(["prior_interactions", 1], "a session"), "prior_interactions[1]", "must be an object", True),
+    ("prior_string", set_at(["prior_interactions", 1], "a session"), "prior_interactions[1]", "must be an object",
+     True),
     ("prior_factor_missing", delete_at(["prior_interactions", 0, "context_factor"]),
      "prior_interactions[0].context_factor", "is missing", True),
     ("prior_preference_blank", set_at(["prior_interactions", 1, "contextual_preference"], ""),
      "prior_interactions[1].contextual_preference", "is empty", True),
     ("prior_preference_number", set_at(["prior_interactions", 0, "contextual_preference"], 1.5),
      "prior_interactions[0].contextual_preference", "must be a string", True),
-    ("dialogue_missing", delete_at(["prior_interactions", 0, "dialogue"]), "prior_interactions[0].dialogue", "is missing",
-     True),
+    ("dialogue_missing", delete_at(["prior_interactions", 0, "dialogue"]), "prior_interactions[0].dialogue",
+     "is missing", True),
     ("dialogue_empty", turns(1, []), "prior_interactions[1].dialogue", "empty list", True),
     ("dialogue_string", turns(0, "User: hi"), "prior_interactions[0].dialogue", "must be a list", True),
     ("dialogue_user_only", turns(0, [{"role": "user", "content": "hello?"}]), "prior_interactions[0].dialogue",
@@ -75,10 +76,10 @@ ROW_KINDS: list[tuple[str, Callable[[Row], Any], str, str, bool]] = [
      "prior_interactions[0].dialogue", "only empty turns", True),
     ("turn_string", set_at(D0 + [1], "assistant: ok"), "prior_interactions[0].dialogue[1]", "must be an object", True),
     ("turn_role_missing", delete_at(D0 + [1, "role"]), "prior_interactions[0].dialogue[1].role", "is missing", True),
-    ("turn_role_system", set_at(D0 + [1, "role"], "system"), "prior_interactions[0].dialogue[1].role", "expected one of",
-     True),
-    ("turn_role_uppercase", set_at(D0 + [0, "role"], "User"), "prior_interactions[0].dialogue[0].role", "expected one of",
-     True),
+    ("turn_role_system", set_at(D0 + [1, "role"], "system"), "prior_interactions[0].dialogue[1].role",
+     "expected one of", True),
+    ("turn_role_uppercase", set_at(D0 + [0, "role"], "User"), "prior_interactions[0].dialogue[0].role",
+     "expected one of", True),
     ("turn_content_missing", delete_at(D0 + [1, "content"]), "prior_interactions[0].dialogue[1].content", "is missing",
      True),
     ("turn_content_number", set_at(D0 + [1, "content"], 3.5), "prior_interactions[0].dialogue[1].content",

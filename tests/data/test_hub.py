@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers.cli_runner import PROJECT_ROOT, cli_env
 
 OFFLINE = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
@@ -31,7 +30,8 @@ def hub_env(tmp_path: Path, *, offline: bool, **extra: str) -> dict[str, str]:
 
 def run(tmp_path: Path, env: dict[str, str], *overrides: str, sweep: bool = False,
         timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
-    cmd = [sys.executable, "-m", "cupid_exp", *(["-m"] if sweep else []), "data=cupid", "tracking=none", "runtime.progress=false",
+    cmd = [sys.executable, "-m", "cupid_exp", *(["-m"] if sweep else []), "data=cupid", "tracking=none",
+           "runtime.progress=false",
            f"paths.output_root={tmp_path / 'outputs'}", *overrides]
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=timeout)

@@ -100,7 +100,7 @@ def test_full_sample_keys_are_unique_persona_slash_type():
     data = load_instances(full_cfg())
     keys = [i.key for i in data.instances]
     assert len(set(keys)) == 9
-    assert all(k == f"{i.persona_id}/{i.instance_type}" for k, i in zip(keys, data.instances))
+    assert all(k == f"{i.persona_id}/{i.instance_type}" for k, i in zip(keys, data.instances, strict=False))
     assert "1+high_school_chemistry_teacher/changing" in keys
     # persona_id alone is NOT unique (upstream's collision): each repeats 3 times
     assert Counter(i.persona_id for i in data.instances) == {p: 3 for p in SAMPLE_PERSONAS}

@@ -17,12 +17,11 @@ from typing import Any, Callable, Mapping
 
 from helpers.spend import journaled
 
+from cupid_exp.prompts import PROJECT_PROMPTS
+from cupid_exp.testing.rate_limits import RATE_LIMIT_STYLES
 from faults import known
 from faults.invariants import job_metrics
 from faults.modes import Cell, roles
-
-from cupid_exp.prompts import PROJECT_PROMPTS
-from cupid_exp.testing.rate_limits import RATE_LIMIT_STYLES
 
 URL_SECRET = "urlpass-faultmatrix-SENTINEL-3b"
 

@@ -19,7 +19,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-import pytest
 from helpers.cli_runner import PROJECT_ROOT, run_cli
 from helpers.processes import alive, children
 from helpers.tmpfs import mount_tmpfs, unmount
@@ -105,13 +104,14 @@ def _killed(proc: subprocess.Popen, out: Path, err: Path, group: bool = False) -
     try:
         _wait(lambda: not [p for p in started if alive(p)], ORPHANS_GONE_S, "the killed job's processes to end",
               poll=0.1)
-    except AssertionError:
+    except AssertionError as exc:
         for pid in started:  # leave nothing running; the cell fails all the same
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        raise AssertionError(f"processes the killed job started outlived it: {[p for p in started if alive(p)]}")
+        left = [p for p in started if alive(p)]
+        raise AssertionError(f"processes the killed job started outlived it: {left}") from exc
     assert "Traceback" not in err.read_text(), err.read_text()[-3000:]
     return subprocess.CompletedProcess(proc.args, proc.returncode, out.read_text(), err.read_text())
 
@@ -283,8 +283,8 @@ class TrackingDriver(_Started):
             self._stop()
             assert self.server.returncode is not None
             proc.wait(timeout=self.BOUND_S)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"the job was still running {self.BOUND_S} s after its tracking server died")
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(f"the job was still running {self.BOUND_S} s after its tracking server died") from exc
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -328,8 +328,8 @@ class DiskDriver(_Started):
             _wait(lambda: _first_request(self.stub, proc), 120, "a first request")
             self.fill()
             proc.wait(timeout=self.BOUND_S)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"the job was still running {self.BOUND_S} s after the disk filled up")
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(f"the job was still running {self.BOUND_S} s after the disk filled up") from exc
         finally:
             if proc.poll() is None:
                 proc.kill()

@@ -7,13 +7,12 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from cupid_exp.testing.cupid_data import stub_overrides
-
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 

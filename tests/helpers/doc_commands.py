@@ -16,9 +16,8 @@ from typing import Callable
 
 import pytest
 
-from helpers.cli_runner import PROJECT_ROOT
-
 from cupid_exp.testing.stub_llm_server import StubServer
+from helpers.cli_runner import PROJECT_ROOT
 
 DOCS = [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
 LINKED = ("cupid_exp", "conf", "prompts", "bench", "docs", "scripts", "tests", "pyproject.toml")
@@ -143,7 +142,8 @@ def _serve(command: str, ws: Workspace) -> None:
     """Start a server command on a free port (its folders under the workspace), wait for /health, stop it."""
     port = _free_port()
     command = command.replace("/srv/mlflow", str(ws.root / "srv"))
-    command = command.replace("--port 5000", f"--port {port}") if "--port 5000" in command else f"{command} --port {port}"
+    command = (command.replace("--port 5000", f"--port {port}") if "--port 5000" in command
+               else f"{command} --port {port}")
     (ws.root / "srv").mkdir(exist_ok=True)
     proc = subprocess.Popen(["bash", "-c", command], cwd=ws.root, env=ws.env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -184,8 +184,8 @@ def run_command(command: str, expect: Expect, ws: Workspace, values: dict[str, s
         _serve(" ".join([command, *expect.extra.split()]), ws)
         _PASSED.add(key)
         return
-    appended = {"eval": at_stub(ws.stub.url), "base": bases_at_stub(ws.stub.url), "synth": synthesis_at_stub(ws.stub.url),
-                "": []}[expect.stub]
+    appended = {"eval": at_stub(ws.stub.url), "base": bases_at_stub(ws.stub.url),
+                "synth": synthesis_at_stub(ws.stub.url), "": []}[expect.stub]
     appended = [*appended, *expect.extra.split()]
     if appended:
         command += " " + " ".join(shlex.quote(a) for a in appended)

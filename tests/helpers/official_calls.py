@@ -91,8 +91,9 @@ def record(given: dict) -> dict[str, list[dict]]:
     ResponseGenerator(model)(given["current_request"], given["prior_interactions"])
     out["generate"] = out.pop("subject")
     REPLIES[:] = ["### Evaluation Score\n\n5"]
-    out["judge"] = calls_of(lambda: ResponseJudger()(user_request=given["current_request"], ai_response=given["response"],
-                                                    preference=given["gt_preference"], checklist=given["gt_checklist"]))
+    out["judge"] = calls_of(lambda: ResponseJudger()(user_request=given["current_request"],
+                                                    ai_response=given["response"], preference=given["gt_preference"],
+                                                    checklist=given["gt_checklist"]))
     out["clients"] = [[c["client"], c["model"]] for c in CALLS]
     return out
 

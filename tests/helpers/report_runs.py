@@ -7,9 +7,9 @@ import json
 import time
 from pathlib import Path
 
+from conftest import compose_config
 from omegaconf import OmegaConf
 
-from conftest import compose_config
 from cupid_exp.data.loading import load_instances
 from cupid_exp.scoring import flat_metrics, task_metrics
 from helpers.mlflow_runs import log_job_run

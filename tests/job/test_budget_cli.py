@@ -48,7 +48,7 @@ def test_a_budget_hit_mid_job_stops_it_and_a_higher_budget_resumes_to_the_result
     data = write_dataset(tmp_path / "data.jsonl", N)
     root, budget = tmp_path / "out", 0.005
     with StubServer() as stub:
-        whole = run_cli(cli_command(stub.url, tmp_path / "whole", "tracking=none", *PRICES, *concurrency(1), data=data,
+        run_cli(cli_command(stub.url, tmp_path / "whole", "tracking=none", *PRICES, *concurrency(1), data=data,
                                     cache_dir=tmp_path / "whole-cache"))
         stub.reset()
 

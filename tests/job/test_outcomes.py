@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env, job_dirs, metrics_of, read_jsonl, run_cli
+from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env, job_dirs, read_jsonl, run_cli
 from mlflow.tracking import MlflowClient
 
 from cupid_exp.testing.cupid_data import stub_overrides, write_dataset

@@ -12,8 +12,7 @@ from helpers.jobs import stub_config, stub_plan
 from cupid_exp.config import ConfigError
 from cupid_exp.job import worker_count
 from cupid_exp.job.plan import typed_config
-from cupid_exp.job.worker_count import INSTANCES_PER_PROCESS, SLOTS_PER_PROCESS, auto_processes
-from cupid_exp.job.worker_count import processes
+from cupid_exp.job.worker_count import INSTANCES_PER_PROCESS, SLOTS_PER_PROCESS, auto_processes, processes
 
 URL = "http://127.0.0.1:9/v1"
 ROLES = ("model", "evaluator.decomposer", "evaluator.matcher", "evaluator.judge")

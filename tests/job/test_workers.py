@@ -22,7 +22,7 @@ from cupid_exp.evaluation import plan
 from cupid_exp.job import execute, summarize_job
 from cupid_exp.job.plan import connect, typed_config
 from cupid_exp.job.worker_count import processes, share
-from cupid_exp.job.workers import Workers, WorkerFailed, start_workers
+from cupid_exp.job.workers import WorkerFailed, Workers, start_workers
 from cupid_exp.llm._litellm import native_runtime_started
 from cupid_exp.llm.usage import requests_sent
 from cupid_exp.outputs import EnvironmentFailure, environment_failure
@@ -187,6 +187,7 @@ def test_a_job_killed_outright_leaves_no_worker_calling_models(tmp_path: Path) -
     """SIGKILL gives the job no chance to stop its workers: each notices its parent is gone and exits, instead of
     making calls for nobody (and then hanging on a queue no one reads)."""
     from helpers.cli_runner import cli_command, cli_env
+
     from cupid_exp.testing.cupid_data import write_dataset
 
     data = write_dataset(tmp_path / "data.jsonl", 12)
@@ -221,6 +222,7 @@ def test_a_sweeps_later_job_forks_its_worker_too_and_every_call_of_both_jobs_is_
     do not start litellm's native runtime, so the later job forks its worker as the first did (through litellm's
     Router they did, and every later job paid for a spawned worker's start), and that worker calls models."""
     from helpers.cli_runner import cli_command, cli_env, run_cli
+
     from cupid_exp.testing.cupid_data import write_dataset
 
     data = write_dataset(tmp_path / "data.jsonl", 4)

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env, job_dirs, metrics_of, read_jsonl, run_cli, scoring
 from helpers.spend import billed_usd, settled, spent
 

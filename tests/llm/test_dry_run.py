@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from helpers.cli_runner import cli_command, run_cli
 
 from cupid_exp.testing.cupid_data import write_dataset

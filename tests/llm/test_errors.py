@@ -60,7 +60,8 @@ def test_a_missing_module_on_the_cache_hit_path_stops_the_call(tmp_path, monkeyp
     """The orjson case: litellm's cache path imported a module the environment lacked."""
     rt = runtime(tmp_path)
     with ScriptedServer([(200, completion_body("hello"), {})]) as server:
-        client = LLMClient(ModelConfig(name="c", litellm_model="openai/scripted", api_base=server.url), rt, UsageMeter())
+        model = ModelConfig(name="c", litellm_model="openai/scripted", api_base=server.url)
+        client = LLMClient(model, rt, UsageMeter())
         asyncio.run(client.complete(MESSAGES, step="s"))
 
         async def broken_get(*args, **kwargs):
@@ -106,7 +107,7 @@ def test_the_classifier_on_exceptions_directly() -> None:
         try:
             raise ImportError("No module named 'somewhere'")
         except ImportError:
-            raise wrapped
+            raise wrapped  # noqa: B904 - the implicit context (not a cause) is what this case feeds the classifier
     except litellm.APIConnectionError as exc:
         assert provider_error_kind(exc) is None
     window = litellm.ContextWindowExceededError(message="too long", model="m", llm_provider="x")

@@ -73,7 +73,7 @@ def test_no_second_holds_more_than_the_paced_share_of_sends(tmp_path: Path) -> N
         t0 = time.time()
         assert first.admit(now=t0) == 0.0
         assert second.admit(now=t0 + gap / 2) == pytest.approx(gap / 2, abs=1e-4)  # too close to the last send
-        waits = [p.admit(now=t0 + i * gap) for i, p in zip(range(1, 14), (second, first) * 7)]
+        waits = [p.admit(now=t0 + i * gap) for i, p in zip(range(1, 14), (second, first) * 7, strict=False)]
         assert waits[:9] == [0.0] * 9  # ten in the first second, sent in 0.46 s
         assert all(w == pytest.approx(1.0 - (i + 10) * gap, abs=1e-4) for i, w in enumerate(waits[9:]))
     assert Pacer(None, 60_000, None).admit() == 0.0  # tokens alone: their own schedule, no count of sends

@@ -26,10 +26,10 @@ def test_the_first_call_imports_almost_nothing_once_the_clients_are_built(tmp_pa
     import textwrap
 
     from helpers.cli_runner import cli_env
-    from cupid_exp.testing.cupid_data import stub_overrides
-    from cupid_exp.testing.stub_llm_server import StubServer
 
     from cupid_exp.data.loading import SAMPLE_FULL_PATH
+    from cupid_exp.testing.cupid_data import stub_overrides
+    from cupid_exp.testing.stub_llm_server import StubServer
 
     with StubServer() as stub:
         overrides = [*stub_overrides(stub.url), f"paths.output_root={tmp_path}", "tracking=none", "data=local",
@@ -70,11 +70,11 @@ def test_a_developer_message_reaches_the_api_as_developer(tmp_path) -> None:
     import asyncio
 
     from conftest import compose_config
-    from cupid_exp.testing.stub_llm_server import StubServer
 
     from cupid_exp.job import typed_config
     from cupid_exp.llm.client import LLMClient, configure_litellm
     from cupid_exp.llm.usage import UsageMeter
+    from cupid_exp.testing.stub_llm_server import StubServer
 
     with StubServer(record_bodies=True) as stub:
         cfg = typed_config(compose_config(["evaluator=gpt4o", f"evaluator.judge.api_base={stub.url}",

@@ -14,8 +14,8 @@ import json
 import pytest
 
 from cupid_exp.config import LocalModelConfig
-from cupid_exp.llm.client import provider_error_kind
 from cupid_exp.llm import local
+from cupid_exp.llm.client import provider_error_kind
 from cupid_exp.llm.local import LocalModels, local_models, register_local_model, strict_schema
 
 litellm = pytest.importorskip("litellm")
@@ -75,8 +75,8 @@ def test_request_passes_decoding_params_and_the_schema() -> None:
     schema = {"type": "object", "properties": {"p": {"type": "string"}}, "required": ["p"]}
     models.complete("m", MESSAGES, {"temperature": 0, "max_tokens": 7, "seed": 3, "stream": False, "user": "u",
                                     "repeat_penalty": 1.1, "dry_multiplier": 0.8,
-                                    "response_format": {"type": "json_schema",
-                                                        "json_schema": {"name": "r", "schema": schema, "strict": True}}})
+                                    "response_format": {"type": "json_schema", "json_schema": {
+                                        "name": "r", "schema": schema, "strict": True}}})
     (request,) = engine.requests
     assert request["messages"] == MESSAGES and request["cache_prompt"] is True
     assert (request["temperature"], request["max_tokens"], request["seed"]) == (0, 7, 3)
@@ -193,8 +193,9 @@ def test_real_completion_returns_text_and_usage() -> None:
     assert resp.usage.prompt_tokens > 10 and 0 < resp.usage.completion_tokens <= 16
     assert litellm.completion_cost(completion_response=resp) == 0.0
     again = asyncio.run(litellm.acompletion(model="llamacpp/test-smol", temperature=0, seed=0, max_tokens=16,
-                                            messages=[{"role": "system", "content": "You answer in one short sentence."},
-                                                      {"role": "user", "content": "What colour is the sky on a clear day?"}]))
+                                            messages=[
+                                                {"role": "system", "content": "You answer in one short sentence."},
+                                                {"role": "user", "content": "What colour is the sky on a clear day?"}]))
     assert again.choices[0].message.content == resp.choices[0].message.content  # deterministic at temperature 0
     assert again.usage.prompt_tokens_details.cached_tokens > 0  # the same prompt: its KV cache was reused
 
@@ -212,11 +213,12 @@ def test_json_schema_output_is_valid() -> None:
                                                            "maxItems": 2}}, "required": ["results"]}
     register_local_model("llamacpp/test-smol", LocalModelConfig(gguf=SMOL, n_ctx=1024))
     resp = _call("llamacpp/test-smol", max_tokens=200,  # any schema-valid reply fits: the JSON must close
-                 response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": schema, "strict": True}},
+                 response_format={"type": "json_schema",
+                                  "json_schema": {"name": "r", "schema": schema, "strict": True}},
                  messages=[{"role": "system", "content": "Label each checklist entry as Fully Covered, Partially "
                                                          "Covered or Not Covered by the preference. Answer in JSON."},
-                           {"role": "user", "content": "Preference: short answers with one example.\n"
-                                                       "Checklist:\n1. Is the answer short?\n2. Does it cite a source?"}])
+                           {"role": "user", "content": "Preference: short answers with one example.\nChecklist:\n"
+                                                       "1. Is the answer short?\n2. Does it cite a source?"}])
     assert resp.choices[0].finish_reason == "stop", resp.choices[0].message.content
     data = json.loads(resp.choices[0].message.content)
     jsonschema.validate(data, strict_schema(schema))

@@ -17,8 +17,8 @@ import pytest
 from cupid_exp.config import ConfigError, ModelConfig, RuntimeConfig, config_digest
 from cupid_exp.llm.client import LLMClient, configure_litellm
 from cupid_exp.llm.limits import RefusalPace
-from cupid_exp.llm.pools import Pool, PoolLimits, forget_pools, pool_name
 from cupid_exp.llm.pool_state import SharedPoolState
+from cupid_exp.llm.pools import Pool, PoolLimits, forget_pools, pool_name
 from cupid_exp.llm.usage import UsageMeter, usage_line, usage_metrics
 from cupid_exp.testing.stub_llm_server import StubServer
 

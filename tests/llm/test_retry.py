@@ -7,14 +7,14 @@ from __future__ import annotations
 import asyncio
 import pickle
 import time
-from email.utils import format_datetime
 from datetime import datetime, timedelta, timezone
+from email.utils import format_datetime
 from pathlib import Path
 
 import pytest
 
 from cupid_exp.config import ModelConfig, RuntimeConfig
-from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
+from cupid_exp.llm.client import LLMClient, configure_litellm
 from cupid_exp.llm.pools import Pool, forget_pools
 from cupid_exp.llm.retry import FatalProviderError, RetryLater, parse_duration, retry_after_s, told_limits
 from cupid_exp.llm.usage import UsageMeter
@@ -204,7 +204,8 @@ def test_the_key_never_reaches_a_fatal_message(tmp_path: Path, monkeypatch) -> N
     body = {"error": {"message": "Incorrect API key provided: sk-test-SECRET-123.", "type": "invalid_request_error",
                       "param": None, "code": "invalid_api_key"}}
     with ScriptedServer([(401, body, {})]) as server:
-        model = ModelConfig(name="k", litellm_model="openai/scripted", api_base=server.url, api_key_env="CUPID_TEST_KEY")
+        model = ModelConfig(name="k", litellm_model="openai/scripted", api_base=server.url,
+                            api_key_env="CUPID_TEST_KEY")
         c, _ = client(server.url, tmp_path, model)
         (err,) = ask(c)
     assert isinstance(err, FatalProviderError) and "SECRET" not in str(err) and "invalid_api_key" in str(err)

@@ -14,8 +14,8 @@ import pytest
 
 from cupid_exp.config import ConfigError, ModelConfig, RuntimeConfig, ServerConfig
 from cupid_exp.llm.client import LLMClient, configure_litellm
-from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.llm.server import ServerStartError, check_server_command, is_healthy, managed_server
+from cupid_exp.llm.usage import UsageMeter
 
 
 def free_port() -> int:
@@ -97,6 +97,7 @@ def test_serve_true_without_vllm_stops_before_any_call_in_one_line(tmp_path: Pat
     """The README's ``evaluator=prefmatcher evaluator.server.serve=true`` where vLLM is not installed (PATH holds
     no program at all here): one line naming the program and how to install it, exit 2, no request sent."""
     from helpers.cli_runner import PROJECT_ROOT, cli_env
+
     from cupid_exp.testing.cupid_data import stub_overrides
     from cupid_exp.testing.stub_llm_server import StubServer
 

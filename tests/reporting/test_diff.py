@@ -10,13 +10,13 @@ import mlflow
 import pandas as pd
 import pytest
 import yaml
+from conftest import compose_config
+from helpers.mlflow_runs import log_job_run
 from omegaconf import OmegaConf
 
-from conftest import compose_config
 from cupid_exp.diff import main
 from cupid_exp.reporting import RunSpec, diff_runs, format_value, leaf_diffs, spec_from_job_dir
 from cupid_exp.reporting.diff import render
-from helpers.mlflow_runs import log_job_run
 
 
 def resolved(overrides: list[str]) -> dict:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from conftest import compose_config
+from helpers.mlflow_runs import split_hydra
 from omegaconf import OmegaConf
 
-from conftest import compose_config
 from cupid_exp.reporting import JobRun, extra_settings, setting_label
 from cupid_exp.settings import make_setting
 from cupid_exp.tracking.mlflow import flatten
-from helpers.mlflow_runs import split_hydra
 
 
 def test_setting_label_tells_variants_apart() -> None:
@@ -25,7 +25,8 @@ def test_setting_label_tells_variants_apart() -> None:
     assert run(**{"setting.name": "retrieval", "setting.retriever": "bm25", "setting.top_k": "2",
                   "setting.embedding_model": "local:x"}).setting_label == "retrieval[bm25,k=2]"
     # other settings carry the retrieval params too (a retriever sweep replays them): they are not variants
-    assert run(**{"setting.name": "oracle", "setting.retriever": "bm25", "setting.top_k": "2"}).setting_label == "oracle"
+    oracle = run(**{"setting.name": "oracle", "setting.retriever": "bm25", "setting.top_k": "2"})
+    assert oracle.setting_label == "oracle"
     assert run().setting_label == "standard"
     assert run(**{"setting.name": "gone_setting"}).setting_label == "gone_setting"  # unknown to this checkout
     assert extra_settings(["standard", "retrieval[bm25,k=10]", "oracle", "retrieval[bm25,k=2]", "summary"]) == [

@@ -13,16 +13,16 @@ from pathlib import Path
 import mlflow
 import pytest
 import yaml
+from conftest import CONF_DIR, compose_config
+from helpers.records import make_records
+from helpers.report_runs import log, sample_label
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from conftest import CONF_DIR, compose_config
 from cupid_exp.report import main
 from cupid_exp.reporting import JobRun, Selection, build_report, load_reference, render
 from cupid_exp.scoring import bootstrap_ci, paired_compare
 from cupid_exp.tracking.callbacks import MlflowSweepCallback
-from helpers.records import make_records
-from helpers.report_runs import log, sample_label
 
 SAMPLE = sample_label()  # the shipped sample, as the report names it
 CUPID = f"cupid [kixlab/CUPID:test #{'d' * 8}]"
@@ -87,7 +87,7 @@ def table_rows(markdown: str, title_start: str) -> dict[str, list[str]]:
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     for line in lines[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
-        rows[cells[0]] = dict(zip(header, cells))
+        rows[cells[0]] = dict(zip(header, cells, strict=False))
     return rows
 
 
@@ -257,7 +257,7 @@ def setting_rows(markdown: str, title_start: str) -> dict[tuple[str, str], dict[
     rows = {}
     for line in lines[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
-        rows[(cells[0], cells[1])] = dict(zip(header, cells))
+        rows[(cells[0], cells[1])] = dict(zip(header, cells, strict=False))
     return rows
 
 
@@ -268,7 +268,8 @@ def test_retrieval_variants_are_selected_and_get_their_own_columns(store, capsys
     out = report(store, capsys)
     ids = store["ids"]
     # both variants kept; only the superseded bm25 run is left out
-    assert f"gpt4o × {BM25} (inference, data={SAMPLE}, evaluator=local): 2 runs; using the latest, {ids['bm25'][:8]}" in out
+    assert (f"gpt4o × {BM25} (inference, data={SAMPLE}, evaluator=local): 2 runs; using the latest, "
+            f"{ids['bm25'][:8]}") in out
     assert f"not used: {ids['bm25_old'][:8]}" in out
     assert f"not used: {ids['embedding'][:8]}" not in out and f"gpt4o × {EMB}" not in out
     rows = table_rows(out, f"Inference by model — data={SAMPLE}, evaluator=local")

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import mlflow
 import pytest
+from conftest import compose_config
+from helpers.records import make_records
+from helpers.report_runs import data_tags, log, sample_label
 from mlflow.tracking import MlflowClient
 
 from cupid_exp.data.loading import SAMPLE_FULL_PATH, SAMPLE_PATH
 from cupid_exp.report import main
 from cupid_exp.scoring import bootstrap_ci
-from helpers.records import make_records
-from helpers.report_runs import data_tags, log, sample_label
-from conftest import compose_config
 
 SAMPLE = sample_label()
 
@@ -42,7 +42,7 @@ def rows_of(markdown: str, title_start: str) -> dict[str, dict[str, str]]:
     for line in lines[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
         key = cells[0] if header[1] != "setting" else f"{cells[0]} {cells[1]}"
-        rows[key] = dict(zip(header, cells))
+        rows[key] = dict(zip(header, cells, strict=False))
     return rows
 
 

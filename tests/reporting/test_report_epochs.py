@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import mlflow
 import pytest
+from helpers.records import make_records
+from helpers.report_runs import log, sample_label
 
 from cupid_exp.report import main
 from cupid_exp.scoring import bootstrap_ci
-from helpers.records import make_records
-from helpers.report_runs import log, sample_label
 
 EPOCHS = 3
 

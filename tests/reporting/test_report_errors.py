@@ -11,12 +11,12 @@ from pathlib import Path
 
 import mlflow
 import pytest
-from mlflow.tracking import MlflowClient
-
-from cupid_exp.diff import main as diff_main
 from helpers.cli_runner import PROJECT_ROOT, cli_env
 from helpers.records import make_records
+from mlflow.tracking import MlflowClient
 from test_report import log
+
+from cupid_exp.diff import main as diff_main
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,13 @@ from pathlib import Path
 import mlflow
 import mlflow.artifacts
 import pytest
+from helpers.records import make_records
+from helpers.report_runs import log, sample_label
 from mlflow.tracking import MlflowClient
 
 from cupid_exp.report import main
 from cupid_exp.scoring import bootstrap_ci
 from cupid_exp.tracking.sweep import publish_sweep
-from helpers.records import make_records
-from helpers.report_runs import log, sample_label
 
 TEMPERATURES = {"0": -0.1, "0.2": 0.0, "0.4": 0.12}  # temperature -> how well its run scores
 
@@ -49,7 +49,7 @@ def rows_of(markdown: str, title_start: str) -> dict[str, dict[str, str]]:
     block = markdown.split(f"### {title_start}")[1].split("###")[0]
     lines = [line for line in block.splitlines() if line.startswith("|")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
-    return {cells[0]: dict(zip(header, cells)) for cells in
+    return {cells[0]: dict(zip(header, cells, strict=False)) for cells in
             ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:])}
 
 

@@ -8,8 +8,14 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from cupid_exp.scoring.bootstrap import (bootstrap_ci, bootstrap_distribution, ci_metrics, paired_compare,
-                                         point_estimate, task_cis)
+from cupid_exp.scoring.bootstrap import (
+    bootstrap_ci,
+    bootstrap_distribution,
+    ci_metrics,
+    paired_compare,
+    point_estimate,
+    task_cis,
+)
 
 
 def rec(persona: str, itype: str, **values) -> dict:

@@ -13,8 +13,16 @@ from __future__ import annotations
 import pytest
 
 from cupid_exp.config import FAILURE_POLICIES as CONFIG_POLICIES
-from cupid_exp.scoring import (FAILURE_POLICIES, bootstrap_ci, ci_metrics, flat_metrics, paired_compare, task_frame,
-                               task_metrics, treatment)
+from cupid_exp.scoring import (
+    FAILURE_POLICIES,
+    bootstrap_ci,
+    ci_metrics,
+    flat_metrics,
+    paired_compare,
+    task_frame,
+    task_metrics,
+    treatment,
+)
 
 
 def err(step: str, kind: str) -> list[dict]:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from hydra.errors import ConfigCompositionException
-
 from conftest import CONF_DIR, compose_config
+from hydra.errors import ConfigCompositionException
 
 from cupid_exp.config import ConfigError
 from cupid_exp.job.plan import typed_config

@@ -8,8 +8,12 @@ import pytest
 
 from cupid_exp.data.schema import Instance, Message, PriorSession, relevant_positions
 from cupid_exp.settings.retrieval.retrievers import top_k
-from cupid_exp.settings.retrieval.scoring import (contrastive_positions, retrieval_metrics, score_retrieval,
-                                                  stale_positions)
+from cupid_exp.settings.retrieval.scoring import (
+    contrastive_positions,
+    retrieval_metrics,
+    score_retrieval,
+    stale_positions,
+)
 
 A, A2 = "Keep the garden plan tables compact, one row per bed.", "Write garden plans as a flowing narrative."
 B = "Give the client brochure lots of photos and warm prose."
@@ -109,8 +113,7 @@ def test_embedding_model_loads_once_however_many_instances_retrieve_at_once_and_
     import logging
 
     sentence_transformers = pytest.importorskip("sentence_transformers")
-    from cupid_exp.settings.retrieval import Retrieval, RetrievalConfig
-    from cupid_exp.settings.retrieval import retrievers
+    from cupid_exp.settings.retrieval import Retrieval, RetrievalConfig, retrievers
 
     loads = []
     real = sentence_transformers.SentenceTransformer
@@ -144,6 +147,7 @@ def test_an_embedding_retrieval_job_prints_no_progress_bars_or_model_loading(tmp
     (it printed ~75 lines of progress bars and a loading line per copy of the model)."""
     pytest.importorskip("sentence_transformers")
     from helpers.cli_runner import cli_command, run_cli
+
     from cupid_exp.testing.stub_llm_server import StubServer
 
     with StubServer() as stub:

@@ -6,8 +6,7 @@ import asyncio
 
 import pytest
 
-from cupid_exp.config import DataConfig
-from cupid_exp.config import RuntimeConfig
+from cupid_exp.config import DataConfig, RuntimeConfig
 from cupid_exp.data.loading import load_instances
 from cupid_exp.llm.client import configure_litellm
 from cupid_exp.llm.steps import StepFailed, Transcript
@@ -19,8 +18,8 @@ INSTANCE = load_instances(DataConfig(name="sample", source="sample")).instances[
 
 
 def embedding_body(n: int) -> dict:
-    return {"object": "list", "model": "e", "data": [{"object": "embedding", "index": i, "embedding": [1.0, float(i)]}
-                                                      for i in range(n)], "usage": {"prompt_tokens": 3, "total_tokens": 3}}
+    data = [{"object": "embedding", "index": i, "embedding": [1.0, float(i)]} for i in range(n)]
+    return {"object": "list", "model": "e", "data": data, "usage": {"prompt_tokens": 3, "total_tokens": 3}}
 
 
 @pytest.mark.parametrize("status,body,kind", [

@@ -6,17 +6,17 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hydra.errors import ConfigCompositionException
-
 from conftest import compose_config
+from hydra.errors import ConfigCompositionException
 
 # The README's commands (section "Tasks, settings and evaluators"), each swept value list expanded as Hydra does
 README_SWEEPS = [["setting=standard,oracle,retrieval"], ["setting=retrieval", "setting.retriever=embedding,recency"]]
 
 
 def expand(sweep: list[str]) -> list[list[str]]:
-    keys, values = zip(*(o.split("=", 1) for o in sweep))
-    return [[f"{k}={v}" for k, v in zip(keys, combo)] for combo in itertools.product(*(v.split(",") for v in values))]
+    keys, values = zip(*(o.split("=", 1) for o in sweep), strict=False)
+    return [[f"{k}={v}" for k, v in zip(keys, combo, strict=True)]
+            for combo in itertools.product(*(v.split(",") for v in values))]
 
 
 @pytest.mark.parametrize("sweep", README_SWEEPS, ids=lambda s: " ".join(s))

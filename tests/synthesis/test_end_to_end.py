@@ -8,20 +8,19 @@ is kept for machines that have it (slow).
 from __future__ import annotations
 
 import importlib.util
-import os
-
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers.cli_runner import cli_env
 from mlflow.tracking import MlflowClient
 
 from cupid_exp.config import DataConfig
 from cupid_exp.data.loading import load_instances
 from cupid_exp.testing.stub_llm_server import StubServer
-from helpers.cli_runner import cli_env
 
 from .scripted import role_overrides
 
@@ -81,7 +80,8 @@ def test_one_persona_synthesised_loaded_validated_logged_and_resumed(tmp_path: P
         run = runs[0]
         assert run.info.status == "FINISHED" and run.data.tags["cupid.complete"] == "true"
         assert run.data.metrics["instances/count"] == 3 and run.data.metrics["calls/total"] == metrics["calls/total"]
-        assert {"validation/items_expressed", "tokens/prompt", "calls/requests", "calls/retries"} <= set(run.data.metrics)
+        expected = {"validation/items_expressed", "tokens/prompt", "calls/requests", "calls/retries"}
+        assert expected <= set(run.data.metrics)
         assert run.data.params["synthesis.roles.user_simulator.params.temperature"] == "0.3"
         assert run.data.params["choice.synthesis"] == "api"
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
@@ -155,8 +155,8 @@ def test_embedded_local_model_writes_valid_personas_factors_and_sessions(tmp_pat
     from cupid_exp.synthesis import steps
     from cupid_exp.synthesis.journey import make_template, session_task_type, slot_preference
     from cupid_exp.synthesis.phases import PersonaRun
-    from cupid_exp.synthesis.store import JourneyStore
     from cupid_exp.synthesis.steps.factors import validate_factors
+    from cupid_exp.synthesis.store import JourneyStore
     from cupid_exp.synthesis.work import SynthesisWork
 
     from .test_job import compose_synthesis

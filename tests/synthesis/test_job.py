@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.cli_runner import cli_env, seed_store
 from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
@@ -23,7 +25,6 @@ from cupid_exp.synthesis.steps import persona as persona_step
 from cupid_exp.synthesis.work import SynthesisWork
 from cupid_exp.synthesize import run_synthesis
 from cupid_exp.testing.stub_llm_server import StubServer
-from helpers.cli_runner import cli_env, seed_store
 
 from .scripted import ScriptedServer, reply, role_overrides
 
@@ -159,7 +160,7 @@ def test_bad_values_fail_before_any_call_with_one_line(tmp_path, override: str, 
 
 
 def test_misspelt_key_fails_at_composition() -> None:
-    with pytest.raises(Exception):
+    with pytest.raises(ConfigCompositionException):
         compose_synthesis(["synthesis.n_personaz=2"])
 
 

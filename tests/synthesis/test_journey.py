@@ -5,9 +5,24 @@ from __future__ import annotations
 import pytest
 
 from cupid_exp.data.schema import validate_row
-from cupid_exp.synthesis.journey import (CHANGED, CONTRASTIVE, CURRENT, FINAL, N_SESSIONS, OTHER, PAIR,
-                                         JourneyTemplate, Slot, build_instances, make_template, persona_id,
-                                         plan_factors, relevant_checks, removed_sessions, snake_case)
+from cupid_exp.synthesis.journey import (
+    CHANGED,
+    CONTRASTIVE,
+    CURRENT,
+    FINAL,
+    N_SESSIONS,
+    OTHER,
+    PAIR,
+    JourneyTemplate,
+    Slot,
+    build_instances,
+    make_template,
+    persona_id,
+    plan_factors,
+    relevant_checks,
+    removed_sessions,
+    snake_case,
+)
 
 
 def factors() -> list[dict]:

@@ -8,7 +8,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import compose_config
 from helpers.jobs import run_one, stub_plan
 from helpers.prompt_dirs import full_prompt_folder
@@ -161,7 +160,7 @@ def test_decoding_parameters_reach_litellm_unchanged(tmp_path: Path, model: str,
     import litellm
 
     monkeypatch.setattr(litellm, "acompletion", capture)
-    with pytest.raises(Exception):
+    with pytest.raises(Stop):
         asyncio.run(client.complete([{"role": "user", "content": "hi"}], step="s"))
     for key, value in expected.items():
         assert seen[key] == value

@@ -2,7 +2,8 @@
 official tool's: inference, decomposition, both matcher directions (its few-shot examples read from its
 source), PrefMatcher, generation and the judge — system role included.
 
-Needs a checkout of kixlab/CUPID: ``CUPID_OFFICIAL_DIR=/path/to/CUPID pytest tests/tasks/test_official_byte_identity.py``
+Needs a checkout of kixlab/CUPID:
+``CUPID_OFFICIAL_DIR=/path/to/CUPID pytest tests/tasks/test_official_byte_identity.py``
 (skipped otherwise). Our side is what reached the (stub) server over HTTP; the official side is what its
 own modules, run in a separate process with recording SDK stand-ins (``helpers/official_calls.py``),
 hand to the SDK for the same instance and the same intermediate values.
@@ -17,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import compose_config
 from helpers.jobs import run_one
 
@@ -62,7 +62,8 @@ def given_values(job, result) -> dict:
     instance = job.work.data.instances[0]
     inf = result.inference
     return {"current_request": instance.current_request,
-            "prior_interactions": [{"context_factor": s.context_factor, "contextual_preference": s.contextual_preference,
+            "prior_interactions": [{"context_factor": s.context_factor,
+                                    "contextual_preference": s.contextual_preference,
                                     "dialogue": [{"role": m.role, "content": m.content} for m in s.dialogue]}
                                    for s in instance.prior_interactions],
             "gt_preference": instance.current_contextual_preference, "gt_checklist": list(instance.current_checklist),

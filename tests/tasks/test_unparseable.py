@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_cli
 
 from cupid_exp.testing.cupid_data import write_dataset

@@ -207,7 +207,7 @@ def test_a_failure_that_names_its_path_wins_over_a_later_one_that_does_not() -> 
         try:
             raise EnvironmentFailure("/the/ledger.jsonl", OSError(errno.ENOSPC, "No space left on device"))
         except EnvironmentFailure:
-            raise OSError(errno.ENOSPC, "No space left on device")  # a later write's, no file name
+            raise OSError(errno.ENOSPC, "No space left on device")  # noqa: B904 - a later write's, no file name; chained implicitly as in the job
     except OSError as last:
         failure = environment_failure(last)
     assert failure is not None and str(failure).startswith("environment failure: /the/ledger.jsonl: No space left")

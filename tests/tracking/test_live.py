@@ -6,7 +6,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers.cli_runner import job_dirs, read_jsonl
 from mlflow.tracking import MlflowClient
 from tracking_runs import history, job_command, job_runs, only_run, start, store_uri, wait_for

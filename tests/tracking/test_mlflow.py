@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import compose_config
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
+from tracking_runs import wait_for
 
-from conftest import compose_config
 from cupid_exp.job import typed_config
 from cupid_exp.secrets import redact
 from cupid_exp.tracking.callbacks import MlflowSweepCallback
 from cupid_exp.tracking.mlflow import RunTracker, flatten, parent_run_id
-from tracking_runs import wait_for
 
 
 def tracked_run(cfg, *, run_name: str, params=None, metrics=None, parent=None, artifacts=(), table=None) -> str:

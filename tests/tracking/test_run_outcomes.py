@@ -7,11 +7,11 @@ import errno
 
 import pytest
 
+from cupid_exp.durability.signals import Terminated
 from cupid_exp.llm.retry import FatalProviderError
 from cupid_exp.outputs import EnvironmentFailure
-from cupid_exp.tracking.mlflow import ends_on_error
 from cupid_exp.run_outcomes import outcome_tags, stale_tags, status_of
-from cupid_exp.durability.signals import Terminated
+from cupid_exp.tracking.mlflow import ends_on_error
 
 
 class _Run:

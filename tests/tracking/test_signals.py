@@ -91,8 +91,9 @@ def test_an_interrupt_while_the_run_logs_its_results_never_leaves_it_running(tmp
 def test_sigterm_to_a_sweep_ends_its_running_job_and_its_parent_killed(tmp_path: Path) -> None:
     import sys
 
-    from cupid_exp.testing.cupid_data import stub_overrides
     from tracking_runs import PRICES
+
+    from cupid_exp.testing.cupid_data import stub_overrides
 
     data = write_dataset(tmp_path / "data.jsonl", N)
     root, log = tmp_path / "out", tmp_path / "sweep.log"

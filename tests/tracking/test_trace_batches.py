@@ -71,7 +71,8 @@ def _stored(uri: str, experiment: str) -> dict[str, dict]:
             "token_usage": info.token_usage,
             "assessments": sorted((a.name, str(a.value)) for a in info.assessments),
             "spans": [(s.name, s.span_type, s.inputs, s.outputs, s.start_time_ns, s.end_time_ns,
-                       {k: v for k, v in s.attributes.items() if k not in ("mlflow.traceRequestId", "mlflow.experimentId")})
+                       {k: v for k, v in s.attributes.items()
+                        if k not in ("mlflow.traceRequestId", "mlflow.experimentId")})
                       for s in trace.data.spans],
         }
     return out
@@ -87,9 +88,9 @@ def _difference(ours: dict[str, dict], theirs: dict[str, dict]) -> str:
             a, b = ours[key][field], theirs[key].get(field)
             if a != b:
                 if field == "spans" and len(a) == len(b):
-                    at = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+                    at = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
                     a, b = a[at], b[at]
-                    parts = [j for j, (x, y) in enumerate(zip(a, b)) if x != y]
+                    parts = [j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y]
                     a, b = [a[j] for j in parts], [b[j] for j in parts]
                     return f"{key} span {at} parts {parts}: ours {a!r:.600} theirs {b!r:.600}"
                 return f"{key} {field}: ours {a!r:.600} theirs {b!r:.600}"

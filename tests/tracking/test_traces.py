@@ -94,7 +94,8 @@ def test_a_long_reply_is_whole_in_the_job_record_and_its_call_span_and_a_preview
         assert len(record["raw"]["generate"][0]) < 3000 and note in record["raw"]["generate"][0]
         # whole once in the job's record (its journal line, then instances.jsonl), never in the run's artifacts
         assert {k: n for k, n in whole.items() if n and k != "mlflow.db"} == {
-            "job/instances.jsonl": 1, **{k: 1 for k in whole if k.startswith("journal/") and k.count("/") == 1 and k.endswith(".jsonl")}}, whole
+            "job/instances.jsonl": 1,
+            **{k: 1 for k in whole if k.startswith("journal/") and k.count("/") == 1 and k.endswith(".jsonl")}}, whole
         assert sum(n for k, n in whole.items() if "mlartifacts" in k) == 0
         assert [k for k in whole if k.endswith(("artifacts/instances.jsonl", "instances_table.json"))]
         # in the store: the generate call's reply, and the judge's prompt that quotes it; the root span a preview

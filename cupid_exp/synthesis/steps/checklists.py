@@ -17,7 +17,6 @@ from cupid_exp.llm.steps import Transcript
 from cupid_exp.synthesis.steps.base import PLACEHOLDER_REASON, SynthContext
 from cupid_exp.synthesis.steps.checks import placeholders
 
-
 MIN_QUESTION = 8  #: characters: shorter is a fragment ("Depth", "prefers"), not a yes/no question
 
 

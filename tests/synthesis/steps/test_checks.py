@@ -8,8 +8,15 @@ import pytest
 
 from cupid_exp.llm.replies import Invalid, ParseError
 from cupid_exp.synthesis.steps.base import as_object, reply_json, text
-from cupid_exp.synthesis.steps.checks import (content_words, contains_text, looks_english, name_key, overlap,
-                                              placeholders, same_text)
+from cupid_exp.synthesis.steps.checks import (
+    contains_text,
+    content_words,
+    looks_english,
+    name_key,
+    overlap,
+    placeholders,
+    same_text,
+)
 
 from ..scripted import ScriptedServer, context, counts, reply
 

@@ -33,7 +33,7 @@ def ordinary(name: str, i: int) -> dict:
 def factor_script(names: list[str]) -> list[tuple]:
     """Six ordinary factors, then the two members of the contrastive pair, one reply each."""
     return [reply(ordinary(n, i)) for i, n in enumerate(names[:6])] + [
-        reply(factor(n, p)) for n, p in zip(names[6:], PAIR_PREFS)]
+        reply(factor(n, p)) for n, p in zip(names[6:], PAIR_PREFS, strict=False)]
 
 
 def built(n: int) -> list[dict]:

@@ -9,6 +9,7 @@ sweep dir), and their job dirs and runs diff to exactly the swept override.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -63,9 +64,12 @@ def check_sweep(output_root: Path) -> tuple[list, Path]:
     assert all(c.info.status == "FINISHED" for c in children) and parents[0].info.status == "FINISHED"
     assert sorted(c.data.params["runtime.failure_policy"] for c in children) == ["exclude", "zero"]
     assert all(c.data.metrics["inference/count/instances"] == 1 for c in children)
-    job_dirs = sorted(p for p in sweep_dir.iterdir() if (p / ".hydra" / "config.yaml").exists())
-    assert [p.name.split("_")[0] for p in job_dirs] == ["0", "1"]
-    assert all((p / "instances.jsonl").exists() for p in job_dirs)
+    # each job's status in the sweep's folder names the folder of its experiment (``runs/<name>/<fingerprint>``)
+    statuses = sorted(sweep_dir.glob("*/job_status.json"))
+    assert [p.parent.name.split("_")[0] for p in statuses] == ["0", "1"]
+    job_dirs = [Path(json.loads(p.read_text())["folder"]) for p in statuses]
+    assert len(set(job_dirs)) == 2
+    assert all((p / ".hydra" / "config.yaml").exists() and (p / "instances.jsonl").exists() for p in job_dirs)
 
     # the two jobs differ by exactly the swept value, from their job dirs and from their MLflow runs
     diff = diff_runs(spec_from_job_dir(job_dirs[0]), spec_from_job_dir(job_dirs[1]))

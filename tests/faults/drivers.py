@@ -56,15 +56,14 @@ def _wait(what: Callable[[], Any], timeout: float, message: str, poll: float = 0
     raise AssertionError(f"timed out after {timeout} s waiting for {message}")
 
 
-def _first_request(stub: Any, proc: subprocess.Popen) -> Any:
-    """The stub has a request (a live one, or a Batch API upload), or the run is over."""
-    return stub.stats()["total_received"] or stub.batches.uploads or stub.batches.upload_refusals or \
-        proc.poll() is not None
-
-
 def _requests_seen(stub: Any) -> int:
     """Requests the stub has had: live ones, and the Batch API's uploads."""
     return stub.stats()["total_received"] + stub.batches.uploads + stub.batches.upload_refusals
+
+
+def _first_request(stub: Any, proc: subprocess.Popen) -> bool:
+    """The stub has a request (a live one, or a Batch API upload), or the run is over."""
+    return _requests_seen(stub) > 0 or proc.poll() is not None
 
 
 def _inside_model_phase(stub: Any, proc: subprocess.Popen, seed: str) -> None:

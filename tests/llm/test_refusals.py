@@ -86,15 +86,17 @@ def test_content_filter_is_counted_not_reasked_and_kept_on_resume(tmp_path: Path
         infer_requests = stub.stats()["received"]["infer"]
         again = run_cli(cmd, timeout=240)  # a resume: the refusals stand
         after_resume = stub.stats()["received"]["infer"]
+        (first,) = job_dirs(root)
         retried = run_cli([*cmd, "runtime.retry_failed=true"], timeout=240)  # (litellm caches no empty reply)
         after_retry = stub.stats()["received"]["infer"]
 
     assert infer_requests == N  # one request per instance: no re-ask
     assert after_resume == N and f"resuming: {N} of {N}" in again.stdout + again.stderr
     assert after_retry == 2 * N  # runtime.retry_failed=true asks again
-    job = job_dirs(root)[0]
-    records = read_jsonl(job / "instances.jsonl")
-    for record in records:
+    # retry_failed reports differently, so it writes a folder of its own (identity.REPORT_SETTINGS); its metrics are
+    # the retry's own requests, refused again
+    (job,) = set(job_dirs(root)) - {first}
+    for record in read_jsonl(first / "instances.jsonl") + read_jsonl(job / "instances.jsonl"):
         assert [(e["step"], e["kind"]) for e in record["errors"]] == [("infer", "content_filter")]
         assert "refused" in record["errors"][0]["message"]
         assert "f1" not in record and "precision" not in record  # failed, not scored 0

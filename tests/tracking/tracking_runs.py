@@ -54,7 +54,10 @@ def traces_of(uri: str, run: Any) -> list[Any]:
 
 # Ctrl-C at its default in the job, as a terminal starts it, even when this suite runs in the background: a
 # non-interactive shell's `cmd &` ignores SIGINT for cmd and everything it starts (the job would sit out SIGINT)
-_DEFAULT_SIGINT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+# The job as a terminal starts it: Ctrl-C and a closed terminal (SIGHUP) at their defaults, whatever the test run
+# inherited (a suite started under ``nohup`` ignores SIGHUP, and the job rightly keeps an ignored SIGHUP ignored).
+_DEFAULT_SIGINT = ("import os, signal, sys; "
+                   "[signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGHUP)]; "
                    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
 
 

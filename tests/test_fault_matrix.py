@@ -54,6 +54,7 @@ it is wrong some of the time (the reasons are the markers', from ``faults.known`
 | outage | 0 | 0 | 0 | 0 | 0 |
 | outage_beyond_patience | 75 | 75 | 75 | 75 | 75 |
 | sporadic_429 | 0 | N/A | 0 | 0 | 0 |
+| ctrl_c | 130 | 130 | 130 | 130 | 130 |
 
 N/A:
 - batch × timeout_under_budget, timeouts: a batch has no request that times out: its rows are polled for.
@@ -162,9 +163,10 @@ def test_the_fault_keeps_every_invariant(fault: Fault, mode: str, tmp_path: Path
             stats = settled(stub)
             # read while the driver still holds the cell (the disk's tmpfs is unmounted when it lets go)
             invariants.finished(cell)
-            # a stopped attempt's requests in flight (kill -9; SIGTERM, which cancels them) are reported by the resume
-            # at their worst case: tokens and requests too
-            invariants.spend_covers(cell, stats, billed_usd(stats, IN, OUT), usage=fault.driver in ("kill", "sigterm"))
+            # a stopped attempt's requests in flight (kill -9; SIGTERM and Ctrl-C, which cancel them) are reported by
+            # the resume at their worst case: tokens and requests too
+            invariants.spend_covers(cell, stats, billed_usd(stats, IN, OUT),
+                                    usage=fault.driver in ("kill", "sigterm", "ctrl_c"))
             invariants.no_secret(cell.tmp, outputs, [*SECRETS, *arrangement.secrets])
     if stats["total_received"]:  # the secrets were in play: sent as the config says
         assert stub.header_values["x-api-key"][HEADER_SECRET] and stub.header_values["authorization"][

@@ -66,6 +66,8 @@ def sigterm_raises() -> Iterator[None]:
     if _STOPPED:  # a sweep's worker told to stop: the jobs queued to it stop too, before their runs
         raise Terminated(_STOPPED)
     previous = _set(_raise_terminated)
+    if _in_sweep_worker():  # Ctrl-C reaches it from the terminal and again from the sweep's process: one stop
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, _raise_terminated)
     _IN_JOB += 1
     try:
         yield
@@ -77,11 +79,23 @@ def sigterm_raises() -> Iterator[None]:
 
 def install_sigterm_handler() -> None:
     """For a process that runs jobs until it exits (the command's own, a sweep's launcher): a stop signal raises
-    ``Terminated`` (one left at its default only: one the user ignores, e.g. ``nohup``'s SIGHUP, stays ignored)."""
+    ``Terminated`` (one left at its default only: one the user ignores, e.g. ``nohup``'s SIGHUP, stays ignored), and
+    Ctrl-C in a joblib sweep's launcher stops its jobs as a stop signal does (``_interrupt``)."""
     if _main_thread():
         for s in STOP_SIGNALS:
             if signal.getsignal(s) in (signal.SIG_DFL, None):
                 signal.signal(s, _raise_terminated)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _interrupt)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    """Ctrl-C: a KeyboardInterrupt, as by default, but in a joblib sweep's launcher the jobs running in its workers
+    are first told and awaited (``_stop_sweep_jobs``), so that joblib's abort finds their runs ended and their lines
+    kept (``Terminated`` with them: exit 130)."""
+    if _sweep_executor() is not None and not _in_sweep_worker():
+        raise Terminated(signum, _stop_sweep_jobs(signum))
+    raise KeyboardInterrupt
 
 
 @contextmanager
@@ -148,14 +162,20 @@ def end_with_launcher(poll_s: float = 0.5) -> None:
 
 
 def _catches(pid: int, signum: int) -> bool:
-    """Whether process ``pid`` has a handler for ``signum`` (a sweep's worker has one only while it runs a job:
-    ``sigterm_raises``); where /proc cannot tell, assume so."""
+    """Whether process ``pid`` has a handler for ``signum`` (a sweep's worker has one for SIGTERM only while it runs a
+    job: ``sigterm_raises``); where /proc cannot tell, assume so."""
     try:
         with open(f"/proc/{pid}/status") as status:
             caught = next(line for line in status if line.startswith("SigCgt:"))
     except (OSError, StopIteration):
         return True
     return bool(int(caught.split()[1], 16) >> (signum - 1) & 1)
+
+
+def _sweep_executor() -> Any:
+    """The loky executor a joblib sweep runs its jobs on, once one has started (else None)."""
+    reusable = sys.modules.get("joblib.externals.loky.reusable_executor")
+    return getattr(reusable, "_executor", None)
 
 
 def _stop_sweep_jobs(signum: int) -> tuple[Any, ...]:
@@ -165,8 +185,7 @@ def _stop_sweep_jobs(signum: int) -> tuple[Any, ...]:
     (at most ``SWEEP_STOP_GRACE_S``; a second stop signal ends the wait) until every job has returned; what each
     stopped job raised (``Interrupted``, its line). Elsewhere nothing, at once."""
     global _FORWARDING
-    reusable = sys.modules.get("joblib.externals.loky.reusable_executor")
-    executor = getattr(reusable, "_executor", None)
+    executor = _sweep_executor()
     if executor is None or _FORWARDING or _in_sweep_worker():
         return ()
     _FORWARDING = True
@@ -178,7 +197,7 @@ def _stop_sweep_jobs(signum: int) -> tuple[Any, ...]:
         deadline = time.monotonic() + SWEEP_STOP_GRACE_S
         while not all(f.done() for f in futures) and time.monotonic() < deadline:
             for pid in list(getattr(executor, "_processes", {})):  # a worker may start its job later: it is told then
-                if pid not in told and _catches(pid, signum):
+                if pid not in told and _catches(pid, signal.SIGTERM):  # a job runs there (an idle one has no handler)
                     told.add(pid)
                     try:
                         os.kill(pid, signum)

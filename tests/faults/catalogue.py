@@ -362,6 +362,11 @@ FAULTS = [
               stub={"rate_429": 0.2, "retry_after": 1.0, "rate_limit_style": "retry-after"}),
           _refused_at_random_and_waited,
           na={"batch": "a batch's rows are answered by its queue; its few uploads' 429s are the rate_limited row"}),
+    # issue 40 item 5: Ctrl-C (the terminal's SIGINT to the whole process group) says so in every mode too
+    Fault("ctrl_c", 130, "interrupted",
+          lambda mode, cell, port: Arrangement(stub={"latency_ms": 300}, budget=1.0,
+                                               resume=("runtime.max_cost_usd=1",)),
+          _sent, driver="ctrl_c", slow=True),
 ]
 
 

@@ -156,17 +156,22 @@ class SigtermDriver(_Started):
     sweep tracks too: each job that started ends its MLflow run KILLED and says so, the sweep's parent run ends KILLED
     (a single job's run is checked by tests/tracking/test_signals.py: tracking costs a cell here ~25 s)."""
 
+    signum, said = signal.SIGTERM, "interrupted (SIGTERM) in sweep"
+
     def __init__(self, cell: Cell, stub: Any):
         super().__init__(cell, stub)
         self.tracking = cell.mode == "sweep"
 
+    def _send(self, proc: subprocess.Popen) -> None:
+        proc.send_signal(self.signum)
+
     def run(self, cmd: list[str]) -> subprocess.CompletedProcess:
         proc, out, err = self._start(cmd)
         try:
-            _inside_model_phase(self.stub, proc, f"sigterm-{self.cell.mode}")
-            assert proc.poll() is None, f"the run ended before its SIGTERM: {err.read_text()[-2000:]}"
+            _inside_model_phase(self.stub, proc, f"{signal.Signals(self.signum).name}-{self.cell.mode}")
+            assert proc.poll() is None, f"the run ended before its signal: {err.read_text()[-2000:]}"
             started = _descendants(proc.pid)
-            proc.send_signal(signal.SIGTERM)
+            self._send(proc)
             proc.wait(timeout=60)
             _wait(lambda: not [p for p in started if alive(p)], ORPHANS_GONE_S, "the stopped job's processes to end",
                   poll=0.1)
@@ -177,9 +182,25 @@ class SigtermDriver(_Started):
             statuses = _run_statuses(self.cell.root / "mlflow.db")
             assert statuses.get("job") and set(statuses["job"]) == {"KILLED"}, (statuses, err.read_text()[-2000:])
             assert statuses.get("sweep") == ["KILLED"], statuses
-            said = [line for line in err.read_text().splitlines() if line.startswith("interrupted (SIGTERM) in sweep")]
+            said = [line for line in err.read_text().splitlines() if line.startswith(self.said)]
             assert len(said) >= len(statuses["job"]), err.read_text()[-2000:]  # one line a job
         return subprocess.CompletedProcess(proc.args, proc.returncode, out.read_text(), err.read_text())
+
+
+class CtrlCDriver(SigtermDriver):
+    """Ctrl-C as a terminal sends it: SIGINT to every process of the command's group (the job, its workers, a joblib
+    sweep's workers, their helpers), at a seeded instant of the model phase; the same checks as SIGTERM's."""
+
+    signum, said, group = signal.SIGINT, "interrupted in sweep", True
+
+    def _start(self, cmd: list[str]) -> tuple[subprocess.Popen, Path, Path]:
+        # SIGINT at its default whatever this test process inherited (a shell's background job ignores it)
+        reset = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                 "os.execv(sys.argv[1], sys.argv[1:])")
+        return super()._start([sys.executable, "-c", reset, *cmd])
+
+    def _send(self, proc: subprocess.Popen) -> None:
+        os.killpg(proc.pid, signal.SIGINT)
 
 
 def _schema_version(db: Path) -> str | None:
@@ -428,4 +449,5 @@ class CorruptDriver(StubDriver):
 
 DRIVERS = {"stub": StubDriver, "kill": KillDriver, "store": StoreDriver, "tracking": TrackingDriver,
            "disk_fills": DiskDriver, "disk_full": FullDiskDriver, "sigterm": SigtermDriver,
+           "ctrl_c": CtrlCDriver,
            **{f"corrupt_{kind}": partial(CorruptDriver, kind=kind) for kind in STATE_FILES}}

@@ -12,28 +12,41 @@ import hashlib
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Mapping
 
-#: A text longer than this (a reply of megabytes) is kept whole in one place: a record's parsed answer, a trace's
-#: call span (and the response cache); every other copy is its ``preview``.
+#: A text longer than this (a reply of megabytes) is kept whole once on disk by us: in the journal line of its record
+#: (the parsed answer; what resume reads, with or without the response cache); every other copy is its ``preview``.
 LONG_TEXT = 64 * 1024
 _PREVIEW = 2000
 
 
 def preview(text: Any) -> Any:
     """A text up to ``LONG_TEXT`` characters as it is; a longer one as its first 2,000 characters and a note of its
-    length and sha256 (what finds the whole text in the trace or tells two apart); anything else as it is."""
+    length and sha256 (what finds the whole text in the journal or tells two apart); anything else as it is."""
     if not isinstance(text, str) or len(text) <= LONG_TEXT:
         return text
     digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
     return f"{text[:_PREVIEW]}\n[cut here: {len(text)} characters in all, sha256 {digest}]"
 
 
-def previewed(value: Any) -> Any:
-    """``preview`` of every string in a nested container (a record's copy outside the job's folder)."""
+def previewed(value: Any, quoted: tuple[str, ...] | None = None) -> Any:
+    """``preview`` of every string in a nested container (a record's copy outside the journal). With ``quoted``
+    (``long_texts``: a unit's long replies and answers), only those are cut, wherever a string holds them (a call's
+    reply, a judge prompt quoting it): a long prompt of the data's own stays whole."""
     if isinstance(value, Mapping):
-        return {k: previewed(v) for k, v in value.items()}
+        return {k: previewed(v, quoted) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [previewed(v) for v in value]
-    return preview(value)
+        return [previewed(v, quoted) for v in value]
+    if quoted is None:
+        return preview(value)
+    if isinstance(value, str):
+        for text in quoted:
+            value = value.replace(text, preview(text))
+    return value
+
+
+def long_texts(*texts: Any) -> tuple[str, ...]:
+    """The texts past ``LONG_TEXT``, shortest first for ``previewed``: an answer parsed out of a reply is cut inside
+    the reply too, and its preview's sha256 is that of the answer the journal keeps."""
+    return tuple(sorted({t for t in texts if isinstance(t, str) and len(t) > LONG_TEXT}, key=len))
 
 
 def _present(obj: Any) -> dict[str, Any]:
@@ -143,7 +156,8 @@ class InstanceResult:
         for part in (self.truth, self.history, self.setting, self.inference, self.generation):
             if part is not None:
                 record.update(_present(part))
-        # the raw replies as previews past LONG_TEXT: the parsed answer above is whole, each reply is in its trace
+        # the raw replies as previews past LONG_TEXT: the parsed answer above is whole (in the journal; previewed in
+        # every later copy: ``previewed``)
         raw = {step: [preview(reply) for reply in replies] for step, replies in self.raw.items()}
         record.update(errors=[e.to_record() for e in self.errors], raw=raw, usage=self.usage)
         return record

@@ -27,7 +27,7 @@ from cupid_exp.job.worker_count import INSTANCES_PER_PROCESS
 from cupid_exp.outputs import write_json, write_jsonl
 from cupid_exp.progress import Progress
 from cupid_exp.prompts import EVALUATION_PROMPTS, PromptSet
-from cupid_exp.results import InstanceResult
+from cupid_exp.results import InstanceResult, previewed
 from cupid_exp.scoring.summary import JobSummary, epoch_metrics, summarize
 from cupid_exp.secrets import scrub_obj
 from cupid_exp.settings import make_setting
@@ -203,9 +203,10 @@ class EvaluationWork:
 
     def publish(self, job: "Job", summary: JobSummary, complete: bool) -> Published:
         """instances.jsonl and metrics.json (atomically: a tracking failure can never cost the results); a dry
-        run's replies are placeholders: it writes no record and no score."""
+        run's replies are placeholders: it writes no record and no score. A long answer is its preview here and in
+        the run's table: whole once, in the journal."""
         out = job.output_dir
-        records = scrub_obj(summary.records, list(job.spec.secrets))
+        records = previewed(scrub_obj(summary.records, list(job.spec.secrets)))
         out.mkdir(parents=True, exist_ok=True)
         if not job.dry_run:
             write_jsonl(out / "instances.jsonl", records)

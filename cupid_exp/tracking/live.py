@@ -30,7 +30,7 @@ from cupid_exp.durability.attempts import Claim
 from cupid_exp.llm.calls import CallLog
 from cupid_exp.llm.pools import pool_metrics
 from cupid_exp.llm.usage import UsageMeter
-from cupid_exp.results import InstanceResult, previewed
+from cupid_exp.results import InstanceResult
 from cupid_exp.scoring.statistics import TASK_METRICS, point_value, task_frame
 from cupid_exp.tracking.dataset import DatasetInput
 from cupid_exp.tracking.mlflow import RunTracker, SweepParent, parent_of
@@ -267,16 +267,15 @@ class LiveRun:
 
 
 def _without_replies(path: Path, folder: Path) -> Path:
-    """A copy of the records file ``path`` in ``folder`` without each record's ``raw`` replies, and a long answer as
-    its preview: the run's traces hold them, each reply's text once in the run (the job's folder keeps the whole
-    file)."""
+    """A copy of the records file ``path`` in ``folder`` without each record's ``raw`` replies: the run's traces hold
+    them, each reply's text once in the run (the job's folder keeps the whole file)."""
     copy = folder / path.name
     with path.open(encoding="utf-8") as records, copy.open("w", encoding="utf-8") as out:
         for line in records:
             if line.strip():
                 record = json.loads(line)
                 record.pop("raw", None)
-                out.write(json.dumps(previewed(record), ensure_ascii=False) + "\n")
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
     return copy
 
 

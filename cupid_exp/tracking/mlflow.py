@@ -171,15 +171,12 @@ def parent_of(tracking: TrackingConfig, parent: str | SweepParent | None) -> str
 
 
 def records_table(records: Iterable[Mapping[str, Any]]) -> Any:
-    """Per-instance rows for MLflow's table view: scalars as they are, containers as JSON text, a long answer as its
-    preview (whole in the job's folder and its call's trace span)."""
+    """Per-instance rows for MLflow's table view: scalars as they are, containers as JSON text."""
     import json
 
     import pandas as pd
 
-    from cupid_exp.results import previewed
-
-    frame = pd.DataFrame([previewed({k: v for k, v in r.items() if k != "raw"}) for r in records])
+    frame = pd.DataFrame([{k: v for k, v in r.items() if k != "raw"} for r in records])
     return frame.apply(lambda col: col.map(
         lambda v: json.dumps(v, ensure_ascii=False) if isinstance(v, (list, dict)) else v))
 

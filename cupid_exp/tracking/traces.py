@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from cupid_exp.llm.calls import CallLog, CallRecord
-from cupid_exp.results import InstanceResult, previewed
+from cupid_exp.results import InstanceResult, long_texts, previewed
 from cupid_exp.secrets import scrub_obj
 
 log = logging.getLogger(__name__)
@@ -154,14 +154,16 @@ class TraceWriter:
             attributes={"cupid.persona_id": result.persona_id, "cupid.instance_type": result.instance_type},
             tags={**self.tags, "cupid.key": result.key, "cupid.instance_type": result.instance_type},
             metadata={"mlflow.sourceRun": self.run_id})
+        outputs = _outputs(result)
+        quoted = long_texts(*(c.reply for c in calls.calls), *outputs.values())
         for call in sorted(calls.calls, key=lambda c: c.started_ns):
-            self._call_span(root, call)
+            self._call_span(root, call, quoted)
         self._assess(root.trace_id, result)
         if result.errors:
             root.set_status("ERROR")
             for error in result.errors:
                 root.add_event(_error_event(error.kind, clean(error.message), error.step))
-        root.end(outputs=clean(_outputs(result)), end_time_ns=ended)
+        root.end(outputs=clean(previewed(outputs)), end_time_ns=ended)
 
     def _write_root(self, spec: TraceRoot, calls: CallLog) -> None:
         """Another unit's trace: its root span as the unit described it, a span per call."""
@@ -173,8 +175,9 @@ class TraceWriter:
             spec.name, span_type=SpanType.CHAIN, experiment_id=self.experiment_id, start_time_ns=calls.started_ns,
             inputs=self._clean(spec.inputs), attributes=spec.attributes,
             tags={**self.tags, **spec.tags, "cupid.key": spec.name}, metadata={"mlflow.sourceRun": self.run_id})
+        quoted = long_texts(*(c.reply for c in calls.calls))
         for call in sorted(calls.calls, key=lambda c: c.started_ns):
-            self._call_span(root, call)
+            self._call_span(root, call, quoted)
         if spec.errors:
             root.set_status("ERROR")
             for kind, message, step in spec.errors:
@@ -221,12 +224,14 @@ class TraceWriter:
             root.set_status("ERROR")
             for error in result.errors:
                 root.add_event(_error_event(error.kind, clean(error.message), error.step))
-        root.end(outputs=clean(_outputs(result)))
+        root.end(outputs=clean(previewed(_outputs(result))))
 
     def _clean(self, value: Any) -> Any:
         return scrub_obj(value, self.secrets)
 
-    def _call_span(self, root: Any, call: CallRecord) -> None:
+    def _call_span(self, root: Any, call: CallRecord, quoted: tuple[str, ...]) -> None:
+        """A call's span; each of the unit's long replies (``quoted``) as its preview, in the reply and in any prompt
+        quoting it (a judge's, a re-ask's): whole only in the journal."""
         import mlflow
         from mlflow.entities import SpanType
 
@@ -245,12 +250,13 @@ class TraceWriter:
                 "input_tokens": call.prompt_tokens, "output_tokens": call.completion_tokens,
                 "total_tokens": call.prompt_tokens + call.completion_tokens}
         span = mlflow.start_span_no_context(name, span_type=SpanType.CHAT_MODEL, parent_span=root,
-                                            inputs=self._clean({"messages": call.messages}), attributes=attributes,
+                                            inputs=self._clean(previewed({"messages": call.messages}, quoted)),
+                                            attributes=attributes,
                                             start_time_ns=call.started_ns)
         if call.error_kind:
             span.set_status("ERROR")
             span.add_event(_error_event(call.error_kind, self._clean(call.error or ""), call.step))
-        reply = self._clean(_chat_reply(call)) if call.reply is not None else None
+        reply = self._clean(previewed(_chat_reply(call), quoted)) if call.reply is not None else None
         span.end(outputs=reply, end_time_ns=call.ended_ns)
 
     def _assess(self, trace_id: str, result: InstanceResult) -> None:
@@ -296,7 +302,7 @@ def _outputs(result: InstanceResult) -> dict[str, Any]:
         out.update(response=result.generation.response, judge_score=result.generation.judge_score)
     if result.errors:
         out["errors"] = [e.to_record() for e in result.errors]
-    return previewed(out)  # a long answer is whole in its call's span (and in the record)
+    return out
 
 
 class InProcessTraces:

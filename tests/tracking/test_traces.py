@@ -67,11 +67,12 @@ def test_the_runs_records_leave_out_the_replies_its_traces_hold(traced) -> None:
     assert any(r["raw"] for r in read_jsonl(kept))
 
 
-def test_a_long_reply_is_whole_in_the_job_record_and_its_call_span_and_a_preview_elsewhere(tmp_path) -> None:
-    """A reply past ``results.LONG_TEXT`` (200 KB here) is stored whole where it must live: the record's parsed
-    answer (the journal, then instances.jsonl: resume needs it, without the cache) and its call's span (and the
-    response cache); the record's raw replies, the run's instances.jsonl and table and the trace's root keep a preview
-    naming its length and sha256. The same command with the cache gone resumes from the journal: no call."""
+def test_a_long_reply_is_whole_once_on_disk_in_the_journal_and_a_preview_elsewhere(tmp_path) -> None:
+    """A reply past ``results.LONG_TEXT`` (200 KB here) is whole once in what we write: its record's journal line
+    (what resume reads); the job's instances.jsonl, the run's artifacts and table, the generate span's reply and
+    the judge span's prompt that quotes it keep a preview naming its length and sha256. The output root is searched
+    for the stub's end marker, the cache folder left out (litellm's response cache holds the reply: a cache). The
+    same command with the cache gone resumes from the journal: no call, the same records and scores."""
     import hashlib
     import shutil
 
@@ -87,28 +88,44 @@ def test_a_long_reply_is_whole_in_the_job_record_and_its_call_span_and_a_preview
         assert run_evaluation(stub_config(stub.url, tmp_path, *cfg), tmp_path / "job").outcome == "ok"
         whole = {str(p.relative_to(tmp_path)): p.read_bytes().count(b"LONG-REPLY-END")
                  for p in tmp_path.rglob("*") if p.is_file() and "cache" not in p.parts}
-        (record,) = read_jsonl(tmp_path / "job" / "instances.jsonl")
-        reply = record["response"]
+        (journal,) = [k for k, n in whole.items() if n]  # the one file holding it, once
+        assert journal.startswith("journal/") and journal.count("/") == 1 and whole[journal] == 1, whole
+        assert {"mlflow.db", "job/instances.jsonl"} <= set(whole)
+        assert [k for k in whole if k.endswith(("artifacts/instances.jsonl", "instances_table.json"))]
+        (line,) = read_jsonl(tmp_path / journal)
+        reply = line["response"]
         assert len(reply) > LONG_TEXT and "LONG-REPLY-END" in reply  # the stub's long reply, parsed whole
         note = f"{len(reply)} characters in all, sha256 {hashlib.sha256(reply.encode()).hexdigest()}"
-        assert len(record["raw"]["generate"][0]) < 3000 and note in record["raw"]["generate"][0]
-        # whole once in the job's record (its journal line, then instances.jsonl), never in the run's artifacts
-        assert {k: n for k, n in whole.items() if n and k != "mlflow.db"} == {
-            "job/instances.jsonl": 1,
-            **{k: 1 for k in whole if k.startswith("journal/") and k.count("/") == 1 and k.endswith(".jsonl")}}, whole
-        assert sum(n for k, n in whole.items() if "mlartifacts" in k) == 0
-        assert [k for k in whole if k.endswith(("artifacts/instances.jsonl", "instances_table.json"))]
-        # in the store: the generate call's reply, and the judge's prompt that quotes it; the root span a preview
-        assert whole["mlflow.db"] == 2
+        (record,) = read_jsonl(tmp_path / "job" / "instances.jsonl")
+        assert note in record["response"] and len(record["response"]) < 3000 and note in record["raw"]["generate"][0]
+        assert record["judge_score"] == line["judge_score"] is not None
         (trace,) = traces_of(store_uri(tmp_path), only_run(store_uri(tmp_path)))
         spans = {s.name: s for s in trace.data.spans}
-        assert spans["generate"].outputs["choices"][0]["message"]["content"] == reply
+        assert note in spans["generate"].outputs["choices"][0]["message"]["content"]
+        judged = " ".join(m["content"] for m in spans["judge"].inputs["messages"])
+        assert note in judged and reply[:100] in judged  # the prompt around the quote kept
         assert note in trace.data.spans[0].outputs["response"]
         shutil.rmtree(tmp_path / "cache")
         stub.reset()
         assert run_evaluation(stub_config(stub.url, tmp_path, *cfg), tmp_path / "job").outcome == "ok"
         assert stub.stats()["total_completed"] == 0
-    assert read_jsonl(tmp_path / "job" / "instances.jsonl")[0]["response"] == reply
+    assert read_jsonl(tmp_path / "job" / "instances.jsonl") == [record]
+    assert read_jsonl(tmp_path / journal) == [line]
+
+
+def test_in_a_call_span_only_a_long_reply_is_cut_where_quoted_and_a_long_prompt_stays_whole() -> None:
+    """A history can pass ``LONG_TEXT`` on its own: a trace keeps such a prompt whole and cuts only the unit's long
+    replies and answers, wherever a string holds them; a reply around its parsed answer keeps the answer's preview
+    (the sha256 of what the journal keeps)."""
+    from cupid_exp.results import LONG_TEXT, long_texts, preview, previewed
+
+    history, reply = "a long history. " * (LONG_TEXT // 10), "a long answer. " * (LONG_TEXT // 10)
+    quoted = long_texts(reply + "\n", reply, "short")
+    assert quoted == (reply, reply + "\n")
+    judge = {"messages": [{"role": "user", "content": f"Rubric first.\n{reply}\nScore it."}]}
+    assert previewed({"messages": [{"content": history}]}, quoted) == {"messages": [{"content": history}]}
+    assert previewed(judge, quoted)["messages"][0]["content"] == f"Rubric first.\n{preview(reply)}\nScore it."
+    assert previewed({"content": reply + "\n"}, quoted) == {"content": preview(reply) + "\n"}
 
 
 def test_a_call_span_has_step_model_messages_reply_tokens_cost_latency_cache_and_retries(traced) -> None:

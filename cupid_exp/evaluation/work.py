@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from cupid_exp import console
-from cupid_exp.config import ModelConfig, RunConfig
+from cupid_exp.config import ModelConfig, RunConfig, ServerConfig
 from cupid_exp.data.loading import LoadedData, load_instances
 from cupid_exp.data.schema import Instance
 from cupid_exp.durability import journal
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from cupid_exp.job.spec import Execution
     from cupid_exp.llm.budget import Budget
     from cupid_exp.llm.usage import UsageMeter
+    from cupid_exp.tracking.live import PlotRequest
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ class EvaluationWork:
     def prompts_digest(self) -> str:
         return self.prompts.digest(EVALUATION_PROMPTS)
 
-    def whole_record(self, record: Any) -> str | None:
+    def whole_record(self, record: object) -> str | None:
         return journal.whole_record(record)
 
     def is_final(self, record: Mapping[str, Any], retry_failed: bool) -> bool:
@@ -139,7 +140,7 @@ class EvaluationWork:
     async def run(self, ctx: TaskContext, unit: Instance, progress: Progress | None) -> InstanceResult:
         return await evaluate_instance(self.setting, self.parts, ctx, unit, progress)
 
-    def model_server(self) -> Any:
+    def model_server(self) -> ServerConfig | None:
         """The evaluator's model server the job starts (PrefMatcher), if any."""
         return self.cfg.evaluator.server
 
@@ -189,9 +190,9 @@ class EvaluationWork:
         cfg = self.cfg  # the data as the Dataset column names it: the file (or Hub id) and the subset taken
         return job_run_name(cfg.model.name, cfg.task.name, self.setting.label(), cfg.evaluator.name,
                             dataset_name(cfg.data, self.data), "", hydra_overrides(),
-                            getattr(cfg.runtime, "epochs", 1) or 1)  # runtime.epochs: issue 41 item 4
+                            cfg.runtime.epochs)
 
-    def _plots(self, job: "Job") -> Any:
+    def _plots(self, job: "Job") -> PlotRequest:
         """Score by type, score vs relevant-session position (paper Fig. 3), vs history length (Fig. 9)."""
         from cupid_exp.tracking.live import PlotRequest
 
@@ -226,7 +227,7 @@ class EvaluationWork:
         return console.job_report(self.title(job), summary.nested, summary.errors, summary.metrics,
                                   len(self.data.errors), where, status)
 
-    def headline(self, summary: JobSummary) -> Any:
+    def headline(self, summary: JobSummary) -> float | None:
         """The first part's headline metric."""
         part = summary.parts[0]
         return summary.metrics.get(f"{part}/f1" if part == "inference" else f"{part}/score")

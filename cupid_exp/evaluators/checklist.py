@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from cupid_exp.llm.dry_run import PLACEHOLDER
 from cupid_exp.llm.replies import ParseError, counted_list, excerpt, parse_json_reply
@@ -77,7 +77,7 @@ async def decompose(client: LLMClient, prompts: PromptSet, preference: str, *, t
     return items[:max_items]
 
 
-def label_score(label: Any) -> float:
+def label_score(label: object) -> float:
     """Map a coverage label to 1 / 0.5 / 0, forgiving case and spacing; anything else is an error."""
     key = re.sub(r"[\s_-]+", " ", str(label)).strip().strip(".").lower()
     if key in LABEL_SCORES:

@@ -259,33 +259,20 @@ def _by_type(records: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str
     return groups
 
 
-def task_cis(records: Iterable[Mapping[str, Any]], task: str, **kwargs: Any) -> dict[str, dict[str, Estimate]]:
-    """{'all': {'precision': Estimate, ...}, 'consistent': {...}, ...} for ``task`` inference or generation.
-
-    kwargs go to :func:`bootstrap_ci` (n_boot, seed, level, cluster, failure_policy).
-    """
-    metrics = TASK_METRICS[task]
-    return {group: {m: bootstrap_ci(part, m, **kwargs) for m in metrics}
-            for group, part in _by_type(list(records)).items()}
+def task_cis(records: Iterable[Mapping[str, Any]], task: str, *, n_boot: int = DEFAULT_N_BOOT, seed: int = 0,
+             failure_policy: str = "exclude") -> dict[str, dict[str, Estimate]]:
+    """{'all': {'precision': Estimate, ...}, 'consistent': {...}, ...} for ``task`` inference or generation."""
+    return {group: {m: bootstrap_ci(part, m, n_boot=n_boot, seed=seed, failure_policy=failure_policy)
+                    for m in TASK_METRICS[task]} for group, part in _by_type(list(records)).items()}
 
 
-def inference_cis(records: Iterable[Mapping[str, Any]], **kwargs: Any) -> dict[str, dict[str, Estimate]]:
-    return task_cis(records, "inference", **kwargs)
-
-
-def generation_cis(records: Iterable[Mapping[str, Any]], **kwargs: Any) -> dict[str, dict[str, Estimate]]:
-    return task_cis(records, "generation", **kwargs)
-
-
-def ci_metrics(records: Iterable[Mapping[str, Any]], parts: Sequence[str], **kwargs: Any) -> dict[str, float]:
-    """Flat MLflow metrics for a job: '<task>/f1/ci_low', '<task>/changing/score/ci_high', ...
-
-    ``parts`` are the task parts the job ran. Names come from ``scoring.names.metric_key``.
-    """
+def ci_metrics(records: Iterable[Mapping[str, Any]], parts: Sequence[str], *, n_boot: int = DEFAULT_N_BOOT,
+               seed: int = 0, failure_policy: str = "exclude") -> dict[str, float]:
+    """Flat MLflow metrics for a job's task ``parts``: '<task>/f1/ci_low', '<task>/changing/score/ci_high', ..."""
     records = list(records)
     out: dict[str, float] = {}
     for t in parts:
-        for group, block in task_cis(records, t, **kwargs).items():
+        for group, block in task_cis(records, t, n_boot=n_boot, seed=seed, failure_policy=failure_policy).items():
             for m, est in block.items():
                 if est.n:
                     out[metric_key(t, group, m, "ci_low")] = est.low

@@ -60,7 +60,7 @@ def task_of(metric: str) -> str | None:
     return next((task for task, metrics in TASK_METRICS.items() if metric in metrics), None)
 
 
-def _number(value: Any) -> bool:
+def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
 
 

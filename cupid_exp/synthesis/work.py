@@ -144,7 +144,7 @@ class SynthesisWork:
     def digests(self) -> Digests:
         return {"prompts_digest": self.digest}
 
-    def whole_record(self, record: Any) -> str | None:
+    def whole_record(self, record: object) -> str | None:
         if not isinstance(record, dict):
             return f"a JSON {type(record).__name__}, not a record"
         wrong = [name for name, kind in (("key", str), ("index", int), ("status", str), ("errors", list))
@@ -202,7 +202,7 @@ class SynthesisWork:
     def stages(self) -> list[str]:
         return [STAGE]
 
-    def model_server(self) -> Any:
+    def model_server(self) -> None:
         return None
 
     async def run(self, ctx: "SynthContext", unit: PersonaTemplate, progress: Progress | None) -> "PersonaOutcome":

@@ -29,7 +29,7 @@ _GENERIC_NAME = re.compile(r"^(the )?(context )?(factor|item|thing|person|place|
                            re.I)
 
 
-def _factor(data: Any, slot: Mapping[str, Any]) -> dict[str, Any]:
+def _factor(data: object, slot: Mapping[str, Any]) -> dict[str, Any]:
     """The model's text in a code-planned slot (factor type, preference type, task types)."""
     item = as_object(data, "context factor")
     return {"factor_type": slot["factor_type"], "background": text(item, "background", "context factor"),
@@ -128,8 +128,8 @@ class NameRepair:
 
 
 def build_factor(existing: Sequence[Mapping[str, Any]], label: str, slot: Mapping[str, Any],
-                 repair: NameRepair | None = None) -> Callable[[Any], dict[str, Any]]:
-    def build(data: Any) -> dict[str, Any]:
+                 repair: NameRepair | None = None) -> Callable[[object], dict[str, Any]]:
+    def build(data: object) -> dict[str, Any]:
         may_repair = repair is not None and repair.next_attempt()
         factor = _factor(data, slot)
         problems = _factor_problems(factor, label, existing)
@@ -144,12 +144,12 @@ def build_factor(existing: Sequence[Mapping[str, Any]], label: str, slot: Mappin
 
 
 def build_second(ordinary: Sequence[Mapping[str, Any]], first: Mapping[str, Any], slot: Mapping[str, Any],
-                 repair: NameRepair | None = None) -> Callable[[Any], dict[str, Any]]:
+                 repair: NameRepair | None = None) -> Callable[[object], dict[str, Any]]:
     """The pair's second member; code links the two (each names the other) and checks the whole set."""
     def check(second: dict[str, Any]) -> list[str]:
         return validate_factors([*ordinary, dict(first, related_factor=second["factor"]), second])
 
-    def build(data: Any) -> dict[str, Any]:
+    def build(data: object) -> dict[str, Any]:
         may_repair = repair is not None and repair.next_attempt()
         second = dict(_factor(data, slot), related_factor=first["factor"])
         problems = check(second)
@@ -218,8 +218,8 @@ CHANGE_SCHEMA = {"type": "object", "properties": {"reason": string_schema(10, 20
                  "required": ["reason", "preference"]}
 
 
-def build_changed(original: str, others: Sequence[str]) -> Callable[[Any], dict[str, str]]:
-    def build(data: Any) -> dict[str, str]:
+def build_changed(original: str, others: Sequence[str]) -> Callable[[object], dict[str, str]]:
+    def build(data: object) -> dict[str, str]:
         item = as_object(data, "changed preference")
         out = {"reason": text(item, "reason", "changed preference"),
                "preference": text(item, "preference", "changed preference")}

@@ -126,7 +126,6 @@ def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
 
 
 def _raw_rows_from_file(path: Path) -> Iterator[tuple[str, Any]]:
-    """(where, row or DataError) pairs of one file."""
     readers = {".jsonl": _jsonl_rows, ".json": _json_rows, ".parquet": _parquet_rows}
     if path.suffix not in readers:
         yield path.name, DataError(path.name, "<file>", f"has unsupported suffix; use one of {LOCAL_SUFFIXES}")

@@ -28,7 +28,6 @@ def run_evaluation(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | 
 
 def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = None,
          parent_run: str | SweepParent | None = None, *, clients: bool = True) -> Job:
-    """A planned evaluation job (``job.plan``), holding its attempt."""
     return plan_job(cfg, output_dir, choices, parent_run, kind=EvaluationWork, clients=clients)
 
 

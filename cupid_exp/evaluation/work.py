@@ -83,7 +83,6 @@ class EvaluationWork:
         """The instances, each ``runtime.epochs`` times (an epoch a unit of its own: ``with_epochs``)."""
         return with_epochs(self.data.instances, self.cfg.runtime.epochs)
 
-    # -- planning --------------------------------------------------------------------------------------------------
     def roles_called(self) -> dict[str, ModelConfig]:
         return roles_called(self.cfg, self.parts)
 
@@ -100,12 +99,10 @@ class EvaluationWork:
     def is_final(self, record: Mapping[str, Any], retry_failed: bool) -> bool:
         return journal.is_final(record, retry_failed)
 
-    # -- running ---------------------------------------------------------------------------------------------------
     def portable(self) -> "EvaluationWork":
         return dataclasses.replace(self, data=LoadedData(instances=[]))
 
     def for_process(self, cfg: RunConfig) -> "EvaluationWork":
-        """In a worker: its config, and the setting made from it there."""
         return dataclasses.replace(self, cfg=cfg, setting=make_setting(cfg.setting))
 
     def connect(self, cfg: RunConfig, meter: "UsageMeter", budget: "Budget | None") -> TaskContext:
@@ -144,7 +141,6 @@ class EvaluationWork:
         """The evaluator's model server the job starts (PrefMatcher), if any."""
         return self.cfg.evaluator.server
 
-    # -- the end ---------------------------------------------------------------------------------------------------
     def summarise(self, job: "Job", execution: "Execution") -> JobSummary:
         """The job's summary from the journal's finished records and this run's fresh ones, in dataset order."""
         fresh = {r.key: r.to_record() for r in execution.results}
@@ -228,6 +224,5 @@ class EvaluationWork:
                                   len(self.data.errors), where, status)
 
     def headline(self, summary: JobSummary) -> float | None:
-        """The first part's headline metric."""
         part = summary.parts[0]
         return summary.metrics.get(f"{part}/f1" if part == "inference" else f"{part}/score")

@@ -66,11 +66,8 @@ def parse_checklist(text: str) -> list[str]:
 async def decompose(client: LLMClient, prompts: PromptSet, preference: str, *, transcript: Transcript,
                     retry: Reask | Resample, max_items: int = 4, step: str = "decompose",
                     parse: Callable[[str], list[str]] = parse_checklist) -> list[str]:
-    """The preference as yes/no checklist items, at most ``max_items`` (the schema asks for no more).
-
-    ``parse`` defaults to ``parse_checklist``; synthesis wraps it with its data checks (its checklists
-    become dataset rows).
-    """
+    """The preference as yes/no checklist items, at most ``max_items``; synthesis passes a ``parse`` with its
+    data checks (its checklists become dataset rows)."""
     messages = prompts.get(DECOMPOSER_PROMPT).messages(client.model.system_role, preferences=preference)
     items = await ask(client, step, messages, parse, transcript=transcript, schema=checklist_schema(max_items),
                       retry=retry, dry_reply=dry_checklist)

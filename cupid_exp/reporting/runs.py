@@ -140,13 +140,6 @@ def scored_identity(params: Mapping[str, str], tags: Mapping[str, str]) -> dict[
     return dict(sorted(kept.items()))
 
 
-def identity_key(run: "JobRun") -> str:
-    """The run's identity as one string (runs with the same one measured the same thing)."""
-    return json.dumps(run.identity, sort_keys=True)
-
-
-
-
 def _shown(key: str, value: str | None) -> str:
     if value is None:
         return f"{short_key(key)}=unset"
@@ -234,7 +227,6 @@ class JobRun:
 
     @functools.cached_property
     def identity(self) -> dict[str, str]:
-        """What decides this run's scores besides its data (``scored_identity``)."""
         return scored_identity(self.params, self.tags)
 
     @property
@@ -247,7 +239,6 @@ class JobRun:
         return [t for t in declared if t in found] or found
 
     def instances(self, task: str) -> float | None:
-        """How many instances the run had for ``task`` (scored or not)."""
         return self.metrics.get(metric_key(task, "count", "instances"))
 
     @property

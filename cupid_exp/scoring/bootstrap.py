@@ -86,10 +86,6 @@ class Comparison:
         return asdict(self)
 
 
-# --------------------------------------------------------------------------------------------
-# cluster arrays
-
-
 @dataclass(frozen=True)
 class _Clusters:
     """Per-persona sums and counts of the fields a statistic needs."""
@@ -207,10 +203,6 @@ def _seeded_weights(n_clusters: int, n_boot: int, seed: int, n_epochs: int = 1) 
     weights = _epoch_weights(n_clusters, n_epochs, n_boot, np.random.default_rng(seed))
     weights.setflags(write=False)
     return weights
-
-
-# --------------------------------------------------------------------------------------------
-# public API
 
 
 def bootstrap_distribution(records: Sequence[Mapping[str, Any]], metric: str, *, n_boot: int = DEFAULT_N_BOOT,

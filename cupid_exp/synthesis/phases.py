@@ -177,10 +177,8 @@ class PersonaRun:
                 self.ctx, self.description, factors[self.journey.current_factor], others))
 
     def start_checklists(self, preferences: Iterable[str]) -> None:
-        """Each preference's checklist, started once, beside the persona's chain. A persona used to write its
-        checklists after its 8 factors and its changed preference, one call at a time: with fewer personas than
-        the pool's slots, those first ten calls kept the slots idle (40 personas on 64: 40 in flight). They wait
-        their turn behind the calls of every persona's chain."""
+        """Each preference's checklist, started once, beside the persona's chain (so that idle slots have work),
+        behind the calls of every persona's chain."""
         for preference in preferences:
             if preference not in self._checklists:
                 with in_turn():
@@ -206,11 +204,9 @@ class PersonaRun:
 
     async def sessions_checklists_dialogues(self) -> None:
         """The sessions one after another (each reads the earlier ones); meanwhile the checklists, and each dialogue
-        as soon as its session and its preference's checklist exist. A persona used to keep one call in flight
-        while it wrote its 13 sessions and start its dialogues only after the last: with fewer personas than the
-        pool's slots, the slots stood idle (40 personas on 64 slots: 45 in flight on average). A step that fails
-        lets the others finish (what they made is saved) and fails the persona at its phase, the earliest of
-        sessions, checklists, dialogues."""
+        as soon as its session and its preference's checklist exist (so that idle slots have work). A step that
+        fails lets the others finish (what they made is saved) and fails the persona at the earliest of sessions,
+        checklists, dialogues."""
         sessions = self.j.setdefault("sessions", [None] * N_SESSIONS)
         checklists = self.j.setdefault("checklists", {})
         self.j.setdefault("dialogues", [None] * (N_SESSIONS - 1))

@@ -43,11 +43,8 @@ _ENCODERS_LOCK = threading.Lock()
 
 
 def local_encoder(package: str) -> SentenceTransformer:
-    """A sentence-transformers model shipped inside a PyPI package (offline, no hub), loaded once per process.
-
-    A job retrieves for several instances at once (one thread each); the lock makes the first load the only
-    one (an unlocked cache let each waiting thread load its own copy: 6 loads for one job).
-    """
+    """A sentence-transformers model shipped inside a PyPI package (offline, no hub), loaded once per process:
+    instances retrieve on threads of their own, and the lock keeps each from loading its own copy."""
     with _ENCODERS_LOCK:
         if package not in _ENCODERS:
             _ENCODERS[package] = _load_quietly(package)

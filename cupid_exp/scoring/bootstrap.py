@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -58,9 +58,6 @@ class Estimate:
             return v
         return f"{v} [{self.low * scale:.{digits}f}–{self.high * scale:.{digits}f}]"
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class Comparison:
@@ -81,9 +78,6 @@ class Comparison:
     level: float = 0.95
     n_boot: int = DEFAULT_N_BOOT
     seed: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,10 @@ once instead of retried.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 LOCAL_COPY = "use a local copy (data=local data.path=<file or folder>)"
@@ -64,7 +67,7 @@ def probe(name: str, revision: str | None, timeout: float | None = None) -> None
         raise HubUnavailable(f"{name} does not exist on the Hugging Face Hub, or is private (data.hf_name)") from None
 
 
-def load_hub_dataset(name: str, split: str, revision: str | None) -> Any:
+def load_hub_dataset(name: str, split: str, revision: str | None) -> Dataset:
     """``datasets.load_dataset(name, split=...)``, its failures to find the data as one-line HubUnavailable."""
     import datasets
     from datasets.exceptions import DatasetNotFoundError

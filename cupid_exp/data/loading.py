@@ -17,7 +17,7 @@ import logging
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, NoReturn
 
 from cupid_exp.data.hub import HubUnavailable, load_hub_dataset
 from cupid_exp.data.schema import DataError, Instance, validate_row
@@ -57,16 +57,16 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
-def _no_constants(name: str) -> Any:
+def _no_constants(name: str) -> NoReturn:
     raise _Rejected(f"holds {name}, which is not JSON")
 
 
-def parse_json(text: str | bytes) -> Any:
+def parse_json(text: str | bytes) -> object:
     """Strict JSON: no duplicate keys, no NaN/Infinity."""
     return json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
 
 
-def _parse_line(raw: bytes, where: str) -> Any:
+def _parse_line(raw: bytes, where: str) -> object:
     try:
         return parse_json(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -126,7 +126,6 @@ def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
 
 
 def _raw_rows_from_file(path: Path) -> Iterator[tuple[str, Any]]:
-    """(where, row or DataError) pairs of one file."""
     readers = {".jsonl": _jsonl_rows, ".json": _json_rows, ".parquet": _parquet_rows}
     if path.suffix not in readers:
         yield path.name, DataError(path.name, "<file>", f"has unsupported suffix; use one of {LOCAL_SUFFIXES}")
@@ -134,7 +133,7 @@ def _raw_rows_from_file(path: Path) -> Iterator[tuple[str, Any]]:
     yield from readers[path.suffix](path)
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     """numpy/pyarrow containers (from parquet or datasets) -> plain lists and dicts."""
     if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
         value = value.tolist()

@@ -95,7 +95,7 @@ def _list(row: Mapping[str, Any], key: str, where: str, *, label: str | None = N
     return list(value)
 
 
-def _dialogue(raw: Any, field: str, where: str) -> tuple[Message, ...]:
+def _dialogue(raw: object, field: str, where: str) -> tuple[Message, ...]:
     if not isinstance(raw, Mapping):
         raise DataError(where, field, f"must be an object, got {type(raw).__name__}")
     turns = _list(raw, "dialogue", where, label=f"{field}.dialogue")
@@ -118,7 +118,7 @@ def _dialogue(raw: Any, field: str, where: str) -> tuple[Message, ...]:
     return tuple(messages)
 
 
-def validate_row(row: Any, where: str) -> Instance:
+def validate_row(row: object, where: str) -> Instance:
     """Turn one raw row into an Instance or raise DataError naming the row and field.
 
     ``where`` locates the row (file and line or row index); the key is added once known.

@@ -102,12 +102,9 @@ async def _evaluate(setting: Setting, parts: Sequence[str], ctx: TaskContext, in
 
 
 def instances_in_flight(ctx: TaskContext) -> int:
-    """How many instances run at once: twice the calls the job's provider pools take together (each pool counted
-    once, at the most any of its clients takes: ``max_concurrency``, or a batch with the Batch API), so that every
-    free slot finds a call waiting. Roles that share one pool share its bound: four roles on one 64-wide pool
-    start 128 instances, not 512. The rest wait unstarted: started all at once, each held its first prompt and
-    state while it queued for a slot (the job's memory grew with the data set: +46 MB at 1,134 instances,
-    concurrency 64; ``bench/scale.py``)."""
+    """Twice the calls the job's provider pools take together (each pool counted once, at the most any of its
+    clients takes), so that every free slot finds a call waiting; the rest wait unstarted, so that the job's
+    memory does not grow with the data set (``bench/scale.py``)."""
     clients = (ctx.subject, ctx.evaluator.decomposer, ctx.evaluator.matcher, ctx.evaluator.judge)
     slots: dict[int, int] = {}
     for client in clients:

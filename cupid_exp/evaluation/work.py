@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from cupid_exp import console
-from cupid_exp.config import ModelConfig, RunConfig
+from cupid_exp.config import ModelConfig, RunConfig, ServerConfig
 from cupid_exp.data.loading import LoadedData, load_instances
 from cupid_exp.data.schema import Instance
 from cupid_exp.durability import journal
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from cupid_exp.job.spec import Execution
     from cupid_exp.llm.budget import Budget
     from cupid_exp.llm.usage import UsageMeter
+    from cupid_exp.tracking.live import PlotRequest
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,6 @@ class EvaluationWork:
         """The instances, each ``runtime.epochs`` times (an epoch a unit of its own: ``with_epochs``)."""
         return with_epochs(self.data.instances, self.cfg.runtime.epochs)
 
-    # -- planning --------------------------------------------------------------------------------------------------
     def roles_called(self) -> dict[str, ModelConfig]:
         return roles_called(self.cfg, self.parts)
 
@@ -93,18 +93,16 @@ class EvaluationWork:
     def prompts_digest(self) -> str:
         return self.prompts.digest(EVALUATION_PROMPTS)
 
-    def whole_record(self, record: Any) -> str | None:
+    def whole_record(self, record: object) -> str | None:
         return journal.whole_record(record)
 
     def is_final(self, record: Mapping[str, Any], retry_failed: bool) -> bool:
         return journal.is_final(record, retry_failed)
 
-    # -- running ---------------------------------------------------------------------------------------------------
     def portable(self) -> "EvaluationWork":
         return dataclasses.replace(self, data=LoadedData(instances=[]))
 
     def for_process(self, cfg: RunConfig) -> "EvaluationWork":
-        """In a worker: its config, and the setting made from it there."""
         return dataclasses.replace(self, cfg=cfg, setting=make_setting(cfg.setting))
 
     def connect(self, cfg: RunConfig, meter: "UsageMeter", budget: "Budget | None") -> TaskContext:
@@ -139,11 +137,10 @@ class EvaluationWork:
     async def run(self, ctx: TaskContext, unit: Instance, progress: Progress | None) -> InstanceResult:
         return await evaluate_instance(self.setting, self.parts, ctx, unit, progress)
 
-    def model_server(self) -> Any:
+    def model_server(self) -> ServerConfig | None:
         """The evaluator's model server the job starts (PrefMatcher), if any."""
         return self.cfg.evaluator.server
 
-    # -- the end ---------------------------------------------------------------------------------------------------
     def summarise(self, job: "Job", execution: "Execution") -> JobSummary:
         """The job's summary from the journal's finished records and this run's fresh ones, in dataset order."""
         fresh = {r.key: r.to_record() for r in execution.results}
@@ -189,9 +186,9 @@ class EvaluationWork:
         cfg = self.cfg  # the data as the Dataset column names it: the file (or Hub id) and the subset taken
         return job_run_name(cfg.model.name, cfg.task.name, self.setting.label(), cfg.evaluator.name,
                             dataset_name(cfg.data, self.data), "", hydra_overrides(),
-                            getattr(cfg.runtime, "epochs", 1) or 1)  # runtime.epochs: issue 41 item 4
+                            cfg.runtime.epochs)
 
-    def _plots(self, job: "Job") -> Any:
+    def _plots(self, job: "Job") -> PlotRequest:
         """Score by type, score vs relevant-session position (paper Fig. 3), vs history length (Fig. 9)."""
         from cupid_exp.tracking.live import PlotRequest
 
@@ -227,7 +224,6 @@ class EvaluationWork:
         return console.job_report(self.title(job), summary.nested, summary.errors, summary.metrics,
                                   len(self.data.errors), where, status)
 
-    def headline(self, summary: JobSummary) -> Any:
-        """The first part's headline metric."""
+    def headline(self, summary: JobSummary) -> float | None:
         part = summary.parts[0]
         return summary.metrics.get(f"{part}/f1" if part == "inference" else f"{part}/score")

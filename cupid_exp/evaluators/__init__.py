@@ -8,24 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cupid_exp.evaluators.checklist import (
-    CHECKLIST_SCHEMA,
-    LABELS,
-    decompose,
-    dry_match,
-    label_score,
-    match_schema,
-    parse_checklist,
-    parse_match_labels,
-)
+from cupid_exp.evaluators.checklist import decompose, dry_match, match_schema, parse_match_labels
 from cupid_exp.evaluators.judge import JUDGE_SCHEMA, dry_judgment, parse_judge_score
 from cupid_exp.llm.client import LLMClient
 from cupid_exp.llm.steps import Reask, Transcript, ask
 from cupid_exp.prompts import PromptSet
 from cupid_exp.rendering import bulleted, numbered
 
-__all__ = ["CHECKLIST_SCHEMA", "Evaluator", "JUDGE_SCHEMA", "LABELS", "label_score", "match_schema",
-           "parse_checklist", "parse_judge_score", "parse_match_labels"]
+__all__ = ["Evaluator"]
 
 
 @dataclass

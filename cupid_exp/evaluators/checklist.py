@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from cupid_exp.llm.dry_run import PLACEHOLDER
 from cupid_exp.llm.replies import ParseError, counted_list, excerpt, parse_json_reply
@@ -66,18 +66,15 @@ def parse_checklist(text: str) -> list[str]:
 async def decompose(client: LLMClient, prompts: PromptSet, preference: str, *, transcript: Transcript,
                     retry: Reask | Resample, max_items: int = 4, step: str = "decompose",
                     parse: Callable[[str], list[str]] = parse_checklist) -> list[str]:
-    """The preference as yes/no checklist items, at most ``max_items`` (the schema asks for no more).
-
-    ``parse`` defaults to ``parse_checklist``; synthesis wraps it with its data checks (its checklists
-    become dataset rows).
-    """
+    """The preference as yes/no checklist items, at most ``max_items``; synthesis passes a ``parse`` with its
+    data checks (its checklists become dataset rows)."""
     messages = prompts.get(DECOMPOSER_PROMPT).messages(client.model.system_role, preferences=preference)
     items = await ask(client, step, messages, parse, transcript=transcript, schema=checklist_schema(max_items),
                       retry=retry, dry_reply=dry_checklist)
     return items[:max_items]
 
 
-def label_score(label: Any) -> float:
+def label_score(label: object) -> float:
     """Map a coverage label to 1 / 0.5 / 0, forgiving case and spacing; anything else is an error."""
     key = re.sub(r"[\s_-]+", " ", str(label)).strip().strip(".").lower()
     if key in LABEL_SCORES:

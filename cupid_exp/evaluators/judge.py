@@ -7,7 +7,6 @@ score is a ParseError, re-asked and then counted as a failure, never averaged in
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from cupid_exp.llm.dry_run import PLACEHOLDER
 from cupid_exp.llm.replies import ParseError, excerpt, parse_json_reply, strip_thinking
@@ -33,7 +32,7 @@ def parse_judge_score(text: str, low: float = 1.0, high: float = 10.0) -> float:
     'Evaluation Score' header. A missing header, no number, or a number outside [low, high] is a
     ParseError, never 0."""
     body = strip_thinking(text)
-    score: Any = None
+    score: object = None
     if body.lstrip().startswith(("{", "```")):
         try:
             data = parse_json_reply(body)

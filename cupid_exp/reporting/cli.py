@@ -1,22 +1,8 @@
 """Paper-layout leaderboards from the MLflow store, with bootstrap intervals and paired comparisons.
 
-``python -m cupid_exp.report`` reads the finished job runs (tag ``cupid.kind=job``) of an
-experiment and prints, per data set × evaluator (a data set is its rows' content: two files are two data
-sets; a subset, ``data.limit`` or ``data.instance_types``, is shown apart, and only where no run covers the
-whole data set or with ``--subsets``):
-
-- inference P / R / F1 by model × {all, consistent, contrastive, changing, oracle, summary}
-  (all and the types from ``setting=standard`` runs, the oracle and summary columns from runs
-  with those settings) — the paper's Tables 1 / 11, plus Table 9's summary-by-type breakdown;
-- generation score by model × {all, types, oracle, oracle_preference, summary} — Tables 3 / 10;
-- one more column per setting beyond the paper's, labelled by the setting's own ``label()``
-  (``retrieval[bm25,k=2]``), and, when any setting other than standard ran, a table by model ×
-  setting × instance type with the share of the oracle gain (oracle − standard) each setting recovers.
-
-Every number carries a 95% cluster bootstrap interval over the run's instances (personas
-resampled as clusters), computed from the run's ``instances.jsonl`` artifact (downloaded once
-and cached). ``--reference paper`` adds the paper's rows, marked "paper". ``--compare A B``
-prints a paired comparison of two runs on their shared instances.
+``python -m cupid_exp.report`` (docs/reports.md): the finished job runs (tag ``cupid.kind=job``) of an
+experiment, a table per data set × evaluator × task (the paper's Tables 1/11, 9, 3/10, one more column per
+setting variant), a table by setting with the oracle gain each recovers; ``--compare A B`` pairs two runs.
 """
 
 from __future__ import annotations

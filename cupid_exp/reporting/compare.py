@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any, Mapping, Sequence
 
 import pandas as pd
@@ -58,7 +59,7 @@ def compare_runs(run_a: JobRun, records_a: Records, run_b: JobRun, records_b: Re
                              f"[{c.low * factor:+.{digits}f}, {c.high * factor:+.{digits}f}]",
                              f"{c.p_value:.3g}" + ("" if c.p_exact else "*"), f"{c.n_shared} ({c.n_clusters})",
                              str(c.only_a), str(c.only_b)])
-                long.append({"table": "compare", "task": task, "instances": group, **c.as_dict(),
+                long.append({"table": "compare", "task": task, "instances": group, **asdict(c),
                              "run_a": run_a.run_id, "run_b": run_b.run_id})
     frame = pd.DataFrame(rows, columns=HEADER)
     notes = []

@@ -24,7 +24,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+from typing import Iterable, Mapping, NamedTuple, Sequence
 
 from cupid_exp.reporting.diff_compose import REDACTED, Composed, LeafDiff, compose, leaf_diffs, same
 from cupid_exp.reporting.diff_specs import ABSENT, DIGESTS, RunSpec, load_spec
@@ -234,7 +234,7 @@ def _is_drift(override: str, a: RunSpec, b: RunSpec, drift_keys: Sequence[str], 
     return (va is ABSENT and vb is ABSENT) or (va is not ABSENT and vb is not ABSENT and same(va, vb))
 
 
-def _walk(tree: Any) -> Iterable[Any]:
+def _walk(tree: object) -> Iterable[object]:
     if isinstance(tree, Mapping):
         for v in tree.values():
             yield from _walk(v)

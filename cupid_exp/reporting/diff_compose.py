@@ -77,7 +77,7 @@ def _quote(text: str) -> str:
     return "'" + "".join(out) + "'"
 
 
-def format_value(value: Any) -> str:
+def format_value(value: object) -> str:
     """A Python value in Hydra's override grammar."""
     if value is None:
         return "null"
@@ -101,12 +101,12 @@ def format_value(value: Any) -> str:
     return _quote(text)
 
 
-def _key(k: Any) -> str:
-    k = str(k)
+def _key(key: object) -> str:
+    k = str(key)
     return k if re.match(r"^[A-Za-z_][\w\-]*$", k) else _quote(k)
 
 
-def same(a: Any, b: Any) -> bool:
+def same(a: object, b: object) -> bool:
     """Equal as config values: a bool is not 1, NaN equals NaN, containers compare element by element."""
     if isinstance(a, bool) or isinstance(b, bool):
         return isinstance(a, bool) and isinstance(b, bool) and a == b
@@ -123,7 +123,7 @@ def same(a: Any, b: Any) -> bool:
 class LeafDiff:
     key: str
     op: str  # set | add | remove
-    value: Any = None
+    value: object = None
 
     def override(self) -> str:
         if self.op == "remove":

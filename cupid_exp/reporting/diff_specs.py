@@ -35,7 +35,7 @@ class RunSpec:
     def _tree(self) -> DictConfig:
         return OmegaConf.create(self.config)
 
-    def select(self, key: str) -> Any:
+    def select(self, key: str) -> object:
         """The recorded value at dotted ``key`` as plain data; ``ABSENT`` when the record lacks it."""
         value = OmegaConf.select(self._tree, key, default=ABSENT, throw_on_resolution_failure=False)
         return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
@@ -45,7 +45,7 @@ def job_choices(raw: Mapping[str, Any] | None) -> dict[str, str]:
     return {str(k): str(v) for k, v in (raw or {}).items() if v is not None and not str(k).startswith("hydra/")}
 
 
-def resolved(cfg: Any) -> dict[str, Any]:
+def resolved(cfg: DictConfig) -> dict[str, Any]:
     """Resolve interpolations where possible; a top-level node that cannot be resolved stays as written."""
     try:
         return OmegaConf.to_container(cfg, resolve=True)

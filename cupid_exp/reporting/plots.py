@@ -95,9 +95,6 @@ def _errorbar(est, scale: float) -> tuple[float, float]:
     return max(0.0, (est.value - est.low) * scale), max(0.0, (est.high - est.value) * scale)
 
 
-# --------------------------------------------------------------------------------------------
-
-
 def plot_by_type(records: Series, task: str = "inference", *, metric: str | None = None, n_boot: int = 1000,
                  seed: int = 0, failure_policy: str = "exclude", title: str | None = None) -> Figure:
     """Bars per instance type (and 'all') with 95% cluster-bootstrap intervals.
@@ -383,7 +380,6 @@ def report_figures(selection: "Selection", *, n_boot: int = 1000, seed: int = 0
 
 
 def save_report_plots(selection: "Selection", out_dir: Path, *, n_boot: int = 1000, seed: int = 0) -> list[Path]:
-    """``report_figures`` as PNG files in ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for stem, _, fig in report_figures(selection, n_boot=n_boot, seed=seed):

@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
@@ -28,6 +28,11 @@ from cupid_exp.identity import short_key
 from cupid_exp.reporting.data_identity import DIGEST_SHOWN, DataIdentity, data_identity
 from cupid_exp.scoring.names import metric_key
 from cupid_exp.scoring.statistics import HEADLINE, TASK_METRICS
+
+if TYPE_CHECKING:
+    from mlflow.entities import Run
+
+    from cupid_exp.settings.base import Setting
 
 DEFAULT_TRACKING_URI = "sqlite:///outputs/mlflow.db"
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cupid-exp" / "report"
@@ -54,7 +59,7 @@ def existing_store(uri: str) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _setting_class(name: str) -> Any:
+def _setting_class(name: str) -> type[Setting] | None:
     """The registered setting called ``name``; None for one this checkout does not have."""
     from cupid_exp.settings import SETTINGS, register_setting_schemas
 
@@ -103,11 +108,11 @@ def _plain(text: str) -> str | None:
     return str(int(number)) if number.is_integer() else repr(number)
 
 
-def _dotted(value: Any, prefix: str = "") -> dict[str, Any]:
+def _dotted(value: object, prefix: str = "") -> dict[str, object]:
     """{'a': {'b': 1}} -> {'a.b': 1}: the params' keys again (``tracking.mlflow.flatten`` made them)."""
     if not isinstance(value, Mapping):
         return {prefix[:-1]: value}
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for key, item in value.items():
         out.update(_dotted(item, f"{prefix}{key}."))
     return out
@@ -124,7 +129,7 @@ def scored_identity(params: Mapping[str, str], tags: Mapping[str, str]) -> dict[
         if key.startswith("choice.") or key.split(".")[0] in REPORT_NOT_IDENTITY or key in REPORT_NOT_IDENTITY:
             continue
         *parents, last = key.split(".")
-        node: Any = nested
+        node: object = nested
         for part in parents:
             node = node.setdefault(part, {}) if isinstance(node, dict) else None
         if isinstance(node, dict):
@@ -133,13 +138,6 @@ def scored_identity(params: Mapping[str, str], tags: Mapping[str, str]) -> dict[
     if tags.get("prompts_digest"):
         kept[PROMPTS_KEY] = tags["prompts_digest"]
     return dict(sorted(kept.items()))
-
-
-def identity_key(run: "JobRun") -> str:
-    """The run's identity as one string (runs with the same one measured the same thing)."""
-    return json.dumps(run.identity, sort_keys=True)
-
-
 
 
 def _shown(key: str, value: str | None) -> str:
@@ -229,7 +227,6 @@ class JobRun:
 
     @functools.cached_property
     def identity(self) -> dict[str, str]:
-        """What decides this run's scores besides its data (``scored_identity``)."""
         return scored_identity(self.params, self.tags)
 
     @property
@@ -242,7 +239,6 @@ class JobRun:
         return [t for t in declared if t in found] or found
 
     def instances(self, task: str) -> float | None:
-        """How many instances the run had for ``task`` (scored or not)."""
         return self.metrics.get(metric_key(task, "count", "instances"))
 
     @property
@@ -272,7 +268,7 @@ class JobRun:
         return f"{self.short} ({self.model}, {self.setting_label}, {', '.join(self.tasks) or self.param('task.name')})"
 
 
-def _job_run(run: Any) -> JobRun:
+def _job_run(run: Run) -> JobRun:
     return JobRun(run_id=run.info.run_id, run_name=run.info.run_name or "", status=run.info.status,
                   start_time=run.info.start_time or 0, params=dict(run.data.params),
                   metrics=dict(run.data.metrics), tags=dict(run.data.tags))
@@ -380,7 +376,7 @@ def load_records(uri: str, run_id: str, cache_dir: Path | None = DEFAULT_CACHE) 
     return read_jsonl(cached)
 
 
-def common_policy(runs: Any) -> str:
+def common_policy(runs: Iterable[JobRun]) -> str:
     """The failure policy the runs share; ``exclude`` when they differ (a failure is then left out everywhere)."""
     policies = {run.failure_policy for run in runs}
     return policies.pop() if len(policies) == 1 else "exclude"

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from cupid_exp.reporting.data_identity import one_name_per_content
-from cupid_exp.reporting.runs import JobRun, identity_key
+from cupid_exp.reporting.runs import JobRun
 from cupid_exp.scoring.names import metric_key
 from cupid_exp.scoring.statistics import HEADLINE
 
@@ -119,7 +120,8 @@ def select_runs(runs: Sequence[JobRun], load: Callable[[str], Records | None], *
     experiments: dict[tuple[str, ...], list[JobRun]] = {}
     for run in sorted(usable, key=lambda r: r.start_time, reverse=True):
         for task in run.tasks:
-            key = (run.data_id.full.label, run.evaluator, run.model, run.setting_label, task, identity_key(run))
+            key = (run.data_id.full.label, run.evaluator, run.model, run.setting_label, task,
+                   json.dumps(run.identity, sort_keys=True))
             experiments.setdefault(key, []).append(run)
     chosen: dict[str, JobRun] = {}
     for (data, evaluator, model, setting, task, _), group in sorted(experiments.items()):

@@ -45,7 +45,6 @@ def cell_text(value: float, low: float, high: float, task: str) -> str:
 
 
 def with_text(frame: pd.DataFrame, task: str) -> pd.DataFrame:
-    """``frame`` plus a ``text`` column: each row's number as a cell."""
     text = [cell_text(v, lo, hi, task)
             for v, lo, hi in zip(frame["value"], frame["ci_low"], frame["ci_high"], strict=True)]  # a frame's columns
     return frame.assign(text=pd.Series(text, index=frame.index, dtype=object))
@@ -58,12 +57,10 @@ def run_numbers(tidy: pd.DataFrame, task: str, data: str | None, evaluator: str)
 
 
 def notes_of(frame: pd.DataFrame) -> list[str]:
-    """The notes attached to the numbers a table shows, each once, in order."""
     return list(dict.fromkeys(frame["note"].dropna()))
 
 
 def ordered(frame: pd.DataFrame, orders: Mapping[str, Sequence[Any]]) -> pd.DataFrame:
-    """``frame`` sorted by the given columns, each in the order listed for it."""
     ranks = {name: {v: i for i, v in enumerate(values)} for name, values in orders.items()}
     return frame.sort_values(list(orders), key=lambda col: col.map(ranks[col.name]), kind="stable")
 
@@ -90,7 +87,6 @@ def natural(label: str) -> list[Any]:
 
 
 def extra_settings(labels: Iterable[str]) -> list[str]:
-    """The setting labels beyond the paper's, in natural order."""
     return sorted({lb for lb in labels if lb not in PAPER_SETTINGS}, key=natural)
 
 
@@ -113,7 +109,6 @@ def runs_by_model(task: str, runs: Sequence[JobRun], data: str | None, evaluator
 
 
 def row_of(by_model: Mapping[str, Mapping[str, JobRun]]) -> dict[str, str]:
-    """run id -> its row in ``runs_by_model``'s answer."""
     return {run.run_id: row for row, settings in by_model.items() for run in settings.values()}
 
 

@@ -63,7 +63,6 @@ def run_rows(selection: Selection, *, n_boot: int = DEFAULT_N_BOOT, seed: int = 
 
 def tidy_frame(selection: Selection, reference: Mapping[str, Any] | None = None, *, n_boot: int = DEFAULT_N_BOOT,
                seed: int = 0) -> pd.DataFrame:
-    """The runs' numbers, and with ``reference`` the paper's, in one frame of ``COLUMNS``."""
     parts = [run_rows(selection, n_boot=n_boot, seed=seed)]
     if reference is not None:
         parts.append(paper_rows(reference).reindex(columns=COLUMNS))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -58,9 +58,6 @@ class Estimate:
             return v
         return f"{v} [{self.low * scale:.{digits}f}–{self.high * scale:.{digits}f}]"
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class Comparison:
@@ -81,13 +78,6 @@ class Comparison:
     level: float = 0.95
     n_boot: int = DEFAULT_N_BOOT
     seed: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-# --------------------------------------------------------------------------------------------
-# cluster arrays
 
 
 @dataclass(frozen=True)
@@ -209,10 +199,6 @@ def _seeded_weights(n_clusters: int, n_boot: int, seed: int, n_epochs: int = 1) 
     return weights
 
 
-# --------------------------------------------------------------------------------------------
-# public API
-
-
 def bootstrap_distribution(records: Sequence[Mapping[str, Any]], metric: str, *, n_boot: int = DEFAULT_N_BOOT,
                            seed: int = 0, cluster: str = "persona_id",
                            failure_policy: str = "exclude") -> np.ndarray:
@@ -259,33 +245,20 @@ def _by_type(records: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str
     return groups
 
 
-def task_cis(records: Iterable[Mapping[str, Any]], task: str, **kwargs: Any) -> dict[str, dict[str, Estimate]]:
-    """{'all': {'precision': Estimate, ...}, 'consistent': {...}, ...} for ``task`` inference or generation.
-
-    kwargs go to :func:`bootstrap_ci` (n_boot, seed, level, cluster, failure_policy).
-    """
-    metrics = TASK_METRICS[task]
-    return {group: {m: bootstrap_ci(part, m, **kwargs) for m in metrics}
-            for group, part in _by_type(list(records)).items()}
+def task_cis(records: Iterable[Mapping[str, Any]], task: str, *, n_boot: int = DEFAULT_N_BOOT, seed: int = 0,
+             failure_policy: str = "exclude") -> dict[str, dict[str, Estimate]]:
+    """{'all': {'precision': Estimate, ...}, 'consistent': {...}, ...} for ``task`` inference or generation."""
+    return {group: {m: bootstrap_ci(part, m, n_boot=n_boot, seed=seed, failure_policy=failure_policy)
+                    for m in TASK_METRICS[task]} for group, part in _by_type(list(records)).items()}
 
 
-def inference_cis(records: Iterable[Mapping[str, Any]], **kwargs: Any) -> dict[str, dict[str, Estimate]]:
-    return task_cis(records, "inference", **kwargs)
-
-
-def generation_cis(records: Iterable[Mapping[str, Any]], **kwargs: Any) -> dict[str, dict[str, Estimate]]:
-    return task_cis(records, "generation", **kwargs)
-
-
-def ci_metrics(records: Iterable[Mapping[str, Any]], parts: Sequence[str], **kwargs: Any) -> dict[str, float]:
-    """Flat MLflow metrics for a job: '<task>/f1/ci_low', '<task>/changing/score/ci_high', ...
-
-    ``parts`` are the task parts the job ran. Names come from ``scoring.names.metric_key``.
-    """
+def ci_metrics(records: Iterable[Mapping[str, Any]], parts: Sequence[str], *, n_boot: int = DEFAULT_N_BOOT,
+               seed: int = 0, failure_policy: str = "exclude") -> dict[str, float]:
+    """Flat MLflow metrics for a job's task ``parts``: '<task>/f1/ci_low', '<task>/changing/score/ci_high', ..."""
     records = list(records)
     out: dict[str, float] = {}
     for t in parts:
-        for group, block in task_cis(records, t, **kwargs).items():
+        for group, block in task_cis(records, t, n_boot=n_boot, seed=seed, failure_policy=failure_policy).items():
             for m, est in block.items():
                 if est.n:
                     out[metric_key(t, group, m, "ci_low")] = est.low

@@ -46,7 +46,6 @@ def flat_metrics(task: str, nested: Mapping[str, Any]) -> dict[str, float]:
 
 
 def error_counts(records: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-    """Failed steps per 'step' and per 'step/kind'."""
     out: dict[str, int] = {}
     for record in records:
         for err in record.get("errors", []):

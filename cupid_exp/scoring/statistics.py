@@ -40,7 +40,6 @@ TASK_METRICS = {"inference": ("precision", "recall", "f1"), "generation": ("scor
 HEADLINE = {"inference": "f1", "generation": "score"}
 METRIC_FIELDS = {"precision": ("precision",), "recall": ("recall",), "f1": ("precision", "recall"),
                  "score": ("judge_score",)}
-MICRO_FIELDS = ("predicted_matched", "n_predicted", "true_matched", "n_true")
 
 SCORED, ZERO, EXCLUDED = "scored", "zero", "excluded"
 UPSTREAM_INFERRER_STEPS = ("infer", "decompose")  # one try block in the official tool: infer, then decompose
@@ -52,7 +51,6 @@ def harmonic_mean(precision: float, recall: float) -> float:
 
 
 def fields_of(metric: str) -> tuple[str, ...]:
-    """The record fields a statistic is computed from."""
     return METRIC_FIELDS.get(metric, (metric,))
 
 
@@ -60,7 +58,7 @@ def task_of(metric: str) -> str | None:
     return next((task for task, metrics in TASK_METRICS.items() if metric in metrics), None)
 
 
-def _number(value: Any) -> bool:
+def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
 
 

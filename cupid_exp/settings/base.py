@@ -48,7 +48,6 @@ class Setting:
 
     @property
     def generation_prompt(self) -> str:
-        """The prompt file the generation task uses under this setting."""
         return GENERATION_PROMPT
 
     def own_prompts(self) -> dict[str, set[str]]:
@@ -56,7 +55,6 @@ class Setting:
         return {}
 
     def positions(self, instance: Instance) -> list[int]:
-        """1-based positions of the prior sessions shown, in their original order."""
         return list(range(1, len(instance.prior_interactions) + 1))
 
     def sessions(self, instance: Instance, positions: Sequence[int]) -> list[PriorSession]:

@@ -9,10 +9,10 @@ at composition, before any model call. Value ranges are checked by ``SynthesisCo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict
+from typing import Dict, Mapping
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from cupid_exp.config import Checked, JobConfig, ModelConfig, require
 
@@ -117,7 +117,7 @@ def register_synthesis_configs() -> None:
 NOT_IDENTITY = ("synthesis.n_personas",)
 
 
-def fingerprint(synthesis: Any, prompts_dir: Any = None) -> str:
+def fingerprint(synthesis: DictConfig | Mapping[str, object], prompts_dir: str | None = None) -> str:
     """Short hash of everything that shapes a persona's artefacts, by content (``job.identity.content``: not
     n_personas, not a role's throughput, pacing, prices or key, not how its endpoint is spelt). Used in the job
     dir name, so one command always resumes in its own dir, a changed recipe never mixes with old artefacts, and a

@@ -1,12 +1,11 @@
 """A persona's files written off the event loop, in order: its journey file (replaced whole after every step)
 and its replies (``persona_NNN.calls.jsonl``, appended).
 
-Why: each write of the journey file is atomic and fsynced (``outputs.atomic_write_text``), ~50 a persona. On the
-event loop every one of them stopped every other persona's calls while the disk flushed (5-20 ms a write on the
-machines measured: up to minutes over 252 personas). Here the text is taken on the event loop (the phases change
-the data between two saves) and written by a thread; saves that come while a write is under way are coalesced,
-the last one winning, so the file is never older than the last save once ``flushed`` returns. Outside an event
-loop (tests, ``JourneyStore.open`` before a run) a write happens at once.
+Why: each write is atomic and fsynced (``outputs.atomic_write_text``), ~50 a persona; on the event loop each
+would stop every persona's calls while the disk flushes. The text is taken on the event loop (the phases change
+the data between two saves) and written by a thread; saves that come during a write are coalesced, the last
+winning, so the file is never older than the last save once ``flushed`` returns. Outside an event loop a write
+happens at once.
 """
 
 from __future__ import annotations

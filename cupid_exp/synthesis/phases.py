@@ -13,7 +13,7 @@ import asyncio
 import logging
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from cupid_exp.data.schema import DataError, validate_row
 from cupid_exp.llm import calls
@@ -34,6 +34,9 @@ from cupid_exp.synthesis.journey import (
 )
 from cupid_exp.synthesis.personas import PersonaTemplate, render_template
 from cupid_exp.synthesis.store import JourneyStore
+
+if TYPE_CHECKING:
+    from cupid_exp.tracking.traces import TraceRoot
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +76,7 @@ class PersonaOutcome:
                 "status": "failed" if self.failed_phase else "done", "errors": errors,
                 "instances": len(self.instances), "dropped": len(self.dropped)}
 
-    def trace_root(self) -> Any:
+    def trace_root(self) -> TraceRoot:
         """The persona's trace: its template in, what it made out, a failed phase as the trace's error."""
         from cupid_exp.tracking.traces import TraceRoot
 
@@ -139,10 +142,9 @@ class PersonaRun:
         self.attempts = AttemptLog(store.path.with_suffix(".calls.jsonl"), None, store.writes)
         self._checklists: dict[str, asyncio.Task] = {}  #: each preference's checklist, started once
 
-    def save(self, key: str, value: Any) -> Any:
+    def save(self, key: str, value: object) -> None:
         self.j[key] = value
         self.persist()
-        return value
 
     def persist(self) -> None:
         """The journey file, and the replies received since the last save."""
@@ -174,11 +176,9 @@ class PersonaRun:
             self.save("changed", await steps.write_changed_preference(
                 self.ctx, self.description, factors[self.journey.current_factor], others))
 
-    def start_checklists(self, preferences: Any) -> None:
-        """Each preference's checklist, started once, beside the persona's chain. A persona used to write its
-        checklists after its 8 factors and its changed preference, one call at a time: with fewer personas than
-        the pool's slots, those first ten calls kept the slots idle (40 personas on 64: 40 in flight). They wait
-        their turn behind the calls of every persona's chain."""
+    def start_checklists(self, preferences: Iterable[str]) -> None:
+        """Each preference's checklist, started once, beside the persona's chain (so that idle slots have work),
+        behind the calls of every persona's chain."""
         for preference in preferences:
             if preference not in self._checklists:
                 with in_turn():
@@ -204,11 +204,9 @@ class PersonaRun:
 
     async def sessions_checklists_dialogues(self) -> None:
         """The sessions one after another (each reads the earlier ones); meanwhile the checklists, and each dialogue
-        as soon as its session and its preference's checklist exist. A persona used to keep one call in flight
-        while it wrote its 13 sessions and start its dialogues only after the last: with fewer personas than the
-        pool's slots, the slots stood idle (40 personas on 64 slots: 45 in flight on average). A step that fails
-        lets the others finish (what they made is saved) and fails the persona at its phase, the earliest of
-        sessions, checklists, dialogues."""
+        as soon as its session and its preference's checklist exist (so that idle slots have work). A step that
+        fails lets the others finish (what they made is saved) and fails the persona at the earliest of sessions,
+        checklists, dialogues."""
         sessions = self.j.setdefault("sessions", [None] * N_SESSIONS)
         checklists = self.j.setdefault("checklists", {})
         self.j.setdefault("dialogues", [None] * (N_SESSIONS - 1))

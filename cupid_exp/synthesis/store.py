@@ -74,5 +74,4 @@ class JourneyStore:
         self.writes.replace(self.path, json.dumps(self.data, indent=2, ensure_ascii=False) + "\n")
 
     def finished(self, validate: bool) -> bool:
-        """Done in a previous run (with its validation, when the recipe asks for one)."""
         return self.data.get("status") == "done" and (self.data.get("validation") is not None or not validate)

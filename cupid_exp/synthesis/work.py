@@ -137,14 +137,13 @@ class SynthesisWork:
     def instances_path(self) -> Path:
         return self.output_dir / "instances" / "instances.jsonl"
 
-    # -- planning --------------------------------------------------------------------------------------------------
     def roles_called(self) -> dict[str, ModelConfig]:
         return {f"synthesis.roles.{role}": getattr(self.cfg.synthesis.roles, role) for role in ROLES}
 
     def digests(self) -> Digests:
         return {"prompts_digest": self.digest}
 
-    def whole_record(self, record: Any) -> str | None:
+    def whole_record(self, record: object) -> str | None:
         if not isinstance(record, dict):
             return f"a JSON {type(record).__name__}, not a record"
         wrong = [name for name, kind in (("key", str), ("index", int), ("status", str), ("errors", list))
@@ -163,7 +162,6 @@ class SynthesisWork:
             return False
         return journey.get("status") == "done"
 
-    # -- running ---------------------------------------------------------------------------------------------------
     def portable(self) -> "SynthesisWork":
         return dataclasses.replace(self, templates=[])
 
@@ -187,11 +185,9 @@ class SynthesisWork:
                             with_resources=scfg.with_resources, embedded_sampling=dict(scfg.embedded_sampling))
 
     def in_flight(self, ctx: "SynthContext") -> int:
-        """Twice as many personas as the roles' provider pools take calls at once: each pool counted once, at its
-        bound (the most any of its roles' clients takes); an embedded model's one slot keeps one persona at a time.
-        A persona is mostly a chain of calls: one persona a slot keeps every slot busy only while no call waits,
-        and a call refused with a retry-after (an overloaded provider's sporadic 429s) idled its slot for the
-        wait; a second persona a slot sends its calls meanwhile (``bench/rate_limits.md``, issue 40 item 2)."""
+        """Twice as many personas as the roles' provider pools take calls at once (each pool counted once, at the
+        most any of its clients takes): a persona is a chain of calls, and while one waits (a retry-after) a
+        second persona keeps the slot busy (``bench/rate_limits.md``). An embedded model's one slot: one persona."""
         slots: dict[int, int] = {}
         for client in {id(c): c for c in ctx.clients.values()}.values():
             pool = id(client.pool)
@@ -202,7 +198,7 @@ class SynthesisWork:
     def stages(self) -> list[str]:
         return [STAGE]
 
-    def model_server(self) -> Any:
+    def model_server(self) -> None:
         return None
 
     async def run(self, ctx: "SynthContext", unit: PersonaTemplate, progress: Progress | None) -> "PersonaOutcome":
@@ -218,7 +214,6 @@ class SynthesisWork:
             progress.done(STAGE)
         return outcome
 
-    # -- the end ---------------------------------------------------------------------------------------------------
     def summarise(self, job: "Job", execution: "Execution") -> "SynthesisSummary":
         """Every persona that ran, in index order: this attempt's, and those the journal holds as finished (read
         from their journey files). A persona a budget stop left unrun has no outcome (it runs on resume)."""

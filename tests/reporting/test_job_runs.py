@@ -7,7 +7,8 @@ from conftest import compose_config
 from helpers.mlflow_runs import split_hydra
 from omegaconf import OmegaConf
 
-from cupid_exp.reporting import JobRun, extra_settings, setting_label
+from cupid_exp.reporting.runs import JobRun, setting_label
+from cupid_exp.reporting.tables import extra_settings
 from cupid_exp.settings import make_setting
 from cupid_exp.tracking.mlflow import flatten
 

@@ -11,12 +11,13 @@ import logging
 import re
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from cupid_exp.data.schema import Instance, PriorSession
 
 if TYPE_CHECKING:  # numpy is imported by the retrievers that run, not with the settings registry
     import numpy as np
+    from sentence_transformers import SentenceTransformer
 
 RETRIEVERS = ("bm25", "embedding", "recency")
 _TOKEN = re.compile(r"\w+")
@@ -37,23 +38,20 @@ def bm25_scores(query: str, docs: Sequence[str]) -> np.ndarray:
     return np.asarray(BM25Okapi([_tokens(d) or ["<empty>"] for d in docs]).get_scores(_tokens(query)))
 
 
-_ENCODERS: dict[str, Any] = {}  # package -> its loaded model, for the life of the process
+_ENCODERS: dict[str, SentenceTransformer] = {}  # package -> its loaded model, for the life of the process
 _ENCODERS_LOCK = threading.Lock()
 
 
-def local_encoder(package: str) -> Any:
-    """A sentence-transformers model shipped inside a PyPI package (offline, no hub), loaded once per process.
-
-    A job retrieves for several instances at once (one thread each); the lock makes the first load the only
-    one (an unlocked cache let each waiting thread load its own copy: 6 loads for one job).
-    """
+def local_encoder(package: str) -> SentenceTransformer:
+    """A sentence-transformers model shipped inside a PyPI package (offline, no hub), loaded once per process:
+    instances retrieve on threads of their own, and the lock keeps each from loading its own copy."""
     with _ENCODERS_LOCK:
         if package not in _ENCODERS:
             _ENCODERS[package] = _load_quietly(package)
         return _ENCODERS[package]
 
 
-def _load_quietly(package: str) -> Any:
+def _load_quietly(package: str) -> SentenceTransformer:
     """Load without the libraries' progress bars and INFO lines; their warnings and errors still show."""
     from sentence_transformers import SentenceTransformer
     from transformers.utils import logging as transformers_logging

@@ -11,13 +11,15 @@ so any other exception escaping a builder is a bug and stops the job.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 from cupid_exp.llm.client import LLMClient
 from cupid_exp.llm.replies import Invalid, ParseError, parse_json_reply, text_field
 from cupid_exp.llm.steps import Messages, Resample, Transcript, ask
 from cupid_exp.prompts import PromptSet
 from cupid_exp.synthesis.steps.checks import placeholders
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ class SynthContext:
         return self.clients[role].model.system_role
 
     async def ask_json(self, role: str, step: str, messages: Messages, schema: dict,
-                       build: Callable[[Any], Any]) -> Any:
+                       build: Callable[[object], T]) -> T:
         """Ask ``role`` for JSON and return ``build(data)``; StepFailed when no attempt gives a valid artefact.
 
         The transcript is thrown away: the journey file is synthesis's record of what each step made.
@@ -76,7 +78,7 @@ class SynthContext:
 PLACEHOLDER_REASON = "write real text of your own instead of copying the template placeholders in angle brackets"
 
 
-def reply_json(text: str) -> Any:
+def reply_json(text: str) -> object:
     """The reply's JSON, refused when it still holds the prompt's template placeholders."""
     data = parse_json_reply(text)
     found = placeholders(data)
@@ -85,7 +87,7 @@ def reply_json(text: str) -> Any:
     return data
 
 
-def as_object(value: Any, what: str) -> dict[str, Any]:
+def as_object(value: object, what: str) -> dict[str, Any]:
     """``value`` when it is a JSON object; ParseError otherwise (a list, a string, null)."""
     if not isinstance(value, dict):
         raise ParseError(f"the {what} must be a JSON object, not {type(value).__name__}")

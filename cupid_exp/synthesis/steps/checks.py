@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from cupid_exp.data.schema import normalize_text
 
@@ -48,7 +47,7 @@ def contains_text(whole: str, part: str) -> bool:
     return normalize_text(part).lower() in normalize_text(whole).lower()
 
 
-def placeholders(data: Any) -> list[str]:
+def placeholders(data: object) -> list[str]:
     """Strings copied from the prompt's example ('<one sentence>', '...') instead of written."""
     if isinstance(data, str):
         return _PLACEHOLDER.findall(data.strip())

@@ -24,7 +24,7 @@ def user_sim_schema(n_items: int) -> dict:
         "required": ["evaluation", "score", "selected_items", "message"]}
 
 
-def _score(value: Any) -> int:
+def _score(value: object) -> int:
     """A whole score from 1 to 10; '8/10' and 7.0 are accepted as 8 and 7."""
     if isinstance(value, str):
         value = int(re.sub(r"[^\d].*$", "", value.strip()) or "0")
@@ -33,8 +33,8 @@ def _score(value: Any) -> int:
     return int(value)
 
 
-def build_user_turn(n_items: int) -> Callable[[Any], dict[str, Any]]:
-    def build(data: Any) -> dict[str, Any]:
+def build_user_turn(n_items: int) -> Callable[[object], dict[str, Any]]:
+    def build(data: object) -> dict[str, Any]:
         item = as_object(data, "user simulator's turn")
         selected = item.get("selected_items") or []
         if not isinstance(selected, list):

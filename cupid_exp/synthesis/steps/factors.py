@@ -22,14 +22,13 @@ FACTOR_SCHEMA = {"type": "object", "properties": {"factor": string_schema(3, 50)
                                                   "background": string_schema(20, 200),
                                                   "preference": string_schema(30, 200)},
                  "required": ["factor", "background", "preference"]}
-N_ORDINARY = N_FACTORS - 2
 NAME_ATTEMPTS = 2  # the model's own attempts at a factor before a repeated or generic name is swapped in code
 
 _GENERIC_NAME = re.compile(r"^(the )?(context )?(factor|item|thing|person|place|tool|event|name)\s*[a-z0-9]?$|^[.<>]*$",
                            re.I)
 
 
-def _factor(data: Any, slot: Mapping[str, Any]) -> dict[str, Any]:
+def _factor(data: object, slot: Mapping[str, Any]) -> dict[str, Any]:
     """The model's text in a code-planned slot (factor type, preference type, task types)."""
     item = as_object(data, "context factor")
     return {"factor_type": slot["factor_type"], "background": text(item, "background", "context factor"),
@@ -106,19 +105,14 @@ def validate_factors(factors: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 class NameRepair:
-    """Counts a step's attempts; from ``after`` on, a reply whose only fault is its name gets a taxonomy name.
-
-    The builder is called once per attempt by ``ask``: the first ``after`` attempts are the model's
-    alone (the retry names the clash and samples hotter); a later one that still repeats a name, or
-    gives a generic one, keeps its background and preference and takes a name from
-    ``taxonomy.FALLBACK_FACTOR_NAMES`` (``name_source: taxonomy``, the model's name kept as ``model_name``).
-    """
+    """Counts a step's attempts (``ask`` builds once per attempt); after the model's first ``after``, a reply
+    whose only fault is its name keeps its text and takes a name from ``taxonomy.FALLBACK_FACTOR_NAMES``
+    (``name_source: taxonomy``, the model's kept as ``model_name``)."""
 
     def __init__(self, after: int, key: str):
         self.after, self.key, self.attempts = after, key, 0
 
     def next_attempt(self) -> bool:
-        """Count an attempt; True once the model has had its ``after`` attempts."""
         self.attempts += 1
         return self.attempts > self.after
 
@@ -128,8 +122,8 @@ class NameRepair:
 
 
 def build_factor(existing: Sequence[Mapping[str, Any]], label: str, slot: Mapping[str, Any],
-                 repair: NameRepair | None = None) -> Callable[[Any], dict[str, Any]]:
-    def build(data: Any) -> dict[str, Any]:
+                 repair: NameRepair | None = None) -> Callable[[object], dict[str, Any]]:
+    def build(data: object) -> dict[str, Any]:
         may_repair = repair is not None and repair.next_attempt()
         factor = _factor(data, slot)
         problems = _factor_problems(factor, label, existing)
@@ -144,12 +138,12 @@ def build_factor(existing: Sequence[Mapping[str, Any]], label: str, slot: Mappin
 
 
 def build_second(ordinary: Sequence[Mapping[str, Any]], first: Mapping[str, Any], slot: Mapping[str, Any],
-                 repair: NameRepair | None = None) -> Callable[[Any], dict[str, Any]]:
+                 repair: NameRepair | None = None) -> Callable[[object], dict[str, Any]]:
     """The pair's second member; code links the two (each names the other) and checks the whole set."""
     def check(second: dict[str, Any]) -> list[str]:
         return validate_factors([*ordinary, dict(first, related_factor=second["factor"]), second])
 
-    def build(data: Any) -> dict[str, Any]:
+    def build(data: object) -> dict[str, Any]:
         may_repair = repair is not None and repair.next_attempt()
         second = dict(_factor(data, slot), related_factor=first["factor"])
         problems = check(second)
@@ -172,16 +166,11 @@ def _slot_text(slot: Mapping[str, Any]) -> str:
 async def write_factors(ctx: SynthContext, persona_description: str, plan: Sequence[Mapping[str, Any]],
                         done: list[dict[str, Any]] | None = None,
                         on_factor: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
-    """Six ordinary factors and the pair's first member one at a time, then the pair's second member.
-
-    ``plan`` (code, seeded) fixes each slot's factor type, preference type and task types; the
-    model writes background, name and preference. The earlier names are not shown (a tiny model
-    copies them); a clash is rejected and the retry names it; a name still taken (or generic) after
-    ``NAME_ATTEMPTS`` model attempts is swapped for a taxonomy one (``NameRepair``). One call per factor
-    keeps each constrained generation short (a tiny model is slow and drifts on long outputs) and lets a
-    rejected factor be regenerated alone. ``done`` resumes a partial list; ``on_factor`` is called after each
-    accepted factor so the caller can save it.
-    """
+    """Six ordinary factors and the pair's first member one call each, then the pair's second member, in the
+    slots ``plan`` fixed. One call per factor keeps each constrained generation short (a tiny model drifts on
+    long outputs) and lets a rejected factor be regenerated alone. The earlier names are not shown (a tiny model
+    copies them): a clash is rejected, and after ``NAME_ATTEMPTS`` swapped (``NameRepair``). ``done`` resumes a
+    partial list; ``on_factor`` hears of each accepted factor."""
     template = ctx.prompts.get("synthesis/context_factors_generator")
     role = ctx.system_role("factor_writer")
     model_attempts = min(NAME_ATTEMPTS, ctx.max_retries)
@@ -218,8 +207,8 @@ CHANGE_SCHEMA = {"type": "object", "properties": {"reason": string_schema(10, 20
                  "required": ["reason", "preference"]}
 
 
-def build_changed(original: str, others: Sequence[str]) -> Callable[[Any], dict[str, str]]:
-    def build(data: Any) -> dict[str, str]:
+def build_changed(original: str, others: Sequence[str]) -> Callable[[object], dict[str, str]]:
+    def build(data: object) -> dict[str, str]:
         item = as_object(data, "changed preference")
         out = {"reason": text(item, "reason", "changed preference"),
                "preference": text(item, "preference", "changed preference")}

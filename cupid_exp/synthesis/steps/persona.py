@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from cupid_exp.llm.replies import Invalid
 from cupid_exp.synthesis.steps.base import SynthContext, as_object, string_schema, text
@@ -18,7 +17,7 @@ PERSONA_SCHEMA = {
 }
 
 
-def build_persona(data: Any) -> dict[str, str]:
+def build_persona(data: object) -> dict[str, str]:
     """{'personas': [{...}]}, a bare list of personas, or a bare persona object: the first persona."""
     item = data.get("personas") if isinstance(data, dict) and "personas" in data else data
     if isinstance(item, list):

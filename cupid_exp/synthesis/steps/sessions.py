@@ -42,8 +42,8 @@ def _resource(data: Mapping[str, Any]) -> str:
     return value.strip()
 
 
-def build_session(preference: str, task_type: str, with_resources: bool) -> Callable[[Any], dict]:
-    def build(data: Any) -> dict[str, Any]:
+def build_session(preference: str, task_type: str, with_resources: bool) -> Callable[[object], dict]:
+    def build(data: object) -> dict[str, Any]:
         item = as_object(data, "session")
         session = {"task_type": task_type, "story": text(item, "story", "session"),
                    "request_with_preference": text(item, "request_with_preference", "session"),

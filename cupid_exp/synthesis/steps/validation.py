@@ -23,7 +23,7 @@ def expression_schema(n_items: int) -> dict:
                                                          "maxItems": n_items}}, "required": ["results"]}
 
 
-def _flag(result: Any) -> bool:
+def _flag(result: object) -> bool:
     value = result.get("expressed") if isinstance(result, dict) else result
     if isinstance(value, str) and value.strip().lower() in ("true", "yes", "false", "no"):
         value = value.strip().lower() in ("true", "yes")
@@ -32,8 +32,8 @@ def _flag(result: Any) -> bool:
     return value
 
 
-def build_expression(n_items: int) -> Callable[[Any], list[bool]]:
-    def build(data: Any) -> list[bool]:
+def build_expression(n_items: int) -> Callable[[object], list[bool]]:
+    def build(data: object) -> list[bool]:
         results = data.get("results") if isinstance(data, dict) else data
         if not isinstance(results, list) or len(results) != n_items:
             raise Invalid(f"give exactly {n_items} results, one per checklist question")

@@ -62,7 +62,7 @@ def test_a_copied_example_is_asked_again(tmp_path) -> None:
 
 def test_evaluation_keeps_its_schema() -> None:
     """Evaluation's default (4 items) is the schema it had before the step was shared: same cache keys."""
-    from cupid_exp.evaluators import CHECKLIST_SCHEMA
+    from cupid_exp.evaluators.checklist import CHECKLIST_SCHEMA
 
     before = {"type": "object",
               "properties": {"analysis": {"type": "string", "maxLength": 400},

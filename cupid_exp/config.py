@@ -44,7 +44,7 @@ POOL_LIMITS = ("rpm", "tpm", "max_concurrency")  #: what ``runtime.pools.<name>`
 _EMPTY_AS_NULL = ("pools", "step_params")
 
 
-def _without_nulls(value: Any) -> Any:
+def _without_nulls(value: object) -> object:
     if isinstance(value, dict):
         return {k: _without_nulls(v) for k, v in value.items()
                 if v is not None and not (k in _EMPTY_AS_NULL and v == {})}
@@ -53,7 +53,7 @@ def _without_nulls(value: Any) -> Any:
     return value
 
 
-def config_digest(data: Any, length: int = 20) -> str:
+def config_digest(data: object, length: int = 20) -> str:
     """A stable hash of plain config data. Null values are left out, so a new optional setting (null by
     default) does not change the digest of every earlier job: resumes and job folders carry over."""
     import hashlib
@@ -333,7 +333,7 @@ class CallSettings:
     pools: Dict[str, Any]  #: limits given once per provider pool (``runtime.pools.<name>``: ``llm.pools``)
 
 
-def check_pool_limits(where: str, name: str, limits: Any) -> None:
+def check_pool_limits(where: str, name: str, limits: object) -> None:
     """``runtime.pools.<name>``: a pool name and a mapping of its rpm, tpm and max_concurrency."""
     require(bool(POOL_NAME.fullmatch(str(name))), where, name,
             "a pool name of letters, digits, '_' and '-' that starts with a letter")

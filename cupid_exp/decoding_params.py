@@ -22,11 +22,11 @@ from typing import Any, Callable, Mapping
 Check = tuple[Callable[[Any], bool], str]  # (accepts the value, what is allowed)
 
 
-def _number(value: Any) -> bool:
+def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _integer(value: Any) -> bool:
+def _integer(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -40,11 +40,11 @@ def _at_least(low: int) -> Check:
     return (lambda v: _integer(v) and v >= low, f"an integer >= {low}")
 
 
-def _one_of(*choices: Any) -> Check:
+def _one_of(*choices: object) -> Check:
     return (lambda v: v in choices, f"one of {', '.join(map(str, choices))}")
 
 
-def _stop(value: Any) -> bool:
+def _stop(value: object) -> bool:
     return isinstance(value, str) or (isinstance(value, list) and all(isinstance(s, str) for s in value))
 
 
@@ -75,7 +75,7 @@ CHECKS: dict[str, Check] = {
 }
 
 
-def _thinking(value: Any, params: Mapping[str, Any]) -> str | None:
+def _thinking(value: object, params: Mapping[str, Any]) -> str | None:
     """Anthropic's extended thinking: {type: enabled, budget_tokens: >= 1024 and < max_tokens} or {type: disabled}."""
     if not isinstance(value, Mapping) or value.get("type") not in ("enabled", "disabled"):
         return "{type: enabled, budget_tokens: N} or {type: disabled}"
@@ -89,7 +89,7 @@ def _thinking(value: Any, params: Mapping[str, Any]) -> str | None:
     return None
 
 
-def param_problem(key: str, value: Any, params: Mapping[str, Any]) -> str | None:
+def param_problem(key: str, value: object, params: Mapping[str, Any]) -> str | None:
     """What is allowed for ``key`` when ``value`` is not; None when the value is fine or the key is not checked."""
     if key == "thinking":
         return _thinking(value, params)

@@ -36,7 +36,7 @@ import signal
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
@@ -59,12 +59,16 @@ from cupid_exp.errors import (  # noqa: F401 - re-exported: the entry is where c
     pipe_safe,
 )
 
+if TYPE_CHECKING:
+    from cupid_exp.tracking.mlflow import SweepParent
+
+
 # A sweep exits with its worst job's code, worst first: what needs a fix (a bad setting, the environment, a budget),
 # then what needs only time (a rate limit), then incomplete.
 _SWEEP_SEVERITY = (EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_BUDGET, EXIT_RETRY_LATER, EXIT_INCOMPLETE)
 
 
-def _masked(line: str, overrides: Any, cfg: DictConfig | None = None) -> str:
+def _masked(line: str, overrides: Sequence[str], cfg: DictConfig | None = None) -> str:
     """An error line without any secret of the overrides or the job's config (a key, a URL's credentials, a
     header): Hydra's own refusals and suggestions quote the override they refused."""
     from omegaconf import OmegaConf
@@ -97,7 +101,7 @@ def _release_stderr(*, sweep: bool = False) -> None:
                 sys.stderr = ScrubbedStderr(sys.stderr, lambda text: mask_url_credentials(scrub(text, secrets)))
 
 
-def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path, dict, Any], Outcome],
+def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path, dict, SweepParent | None], Outcome],
                   input_errors: tuple[type[BaseException], ...]) -> float | None:
     """Run one job under Hydra; write its status; exit with its code when it is a single run."""
     global _STARTED
@@ -158,7 +162,7 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
     return outcome.value
 
 
-def _sweep_job(hc: Any, output_dir: Path) -> tuple[str, Path]:
+def _sweep_job(hc: DictConfig, output_dir: Path) -> tuple[str, Path]:
     """A sweep job's name and the folder of its status: its own folder where it lies in the sweep's, else (its
     experiment's folder under ``runs/``: ``conf/config.yaml``) ``<sweep folder>/<n>_<name>``, so that the sweep's
     folder lists every job it ran."""
@@ -235,7 +239,7 @@ _ENDED = {"error": "refused", "incomplete": "incomplete", "budget": "stopped by 
 _NAMED = 3  # jobs a group names before "and N more"
 
 
-def grouped_outcomes(bad: list[dict[str, Any]]) -> list[str]:
+def grouped_outcomes(bad: list[Mapping[str, object]]) -> list[str]:
     """One line per (outcome, reason): '20 jobs refused (0_a, 1_b, 2_c and 17 more): data=cupid: …'."""
     groups: dict[tuple[str, str], list[str]] = {}
     for status in bad:
@@ -257,7 +261,7 @@ class SweepReportCallback(Callback):
 
     exit_code = EXIT_OK
 
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+    def on_multirun_start(self, config: DictConfig, **kwargs: object) -> None:
         global _SWEEP_DIR
         try:  # a folder the sweep cannot make (a read-only output root): Hydra's error, held, said in one line
             Path(config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)
@@ -267,7 +271,7 @@ class SweepReportCallback(Callback):
         # the sweep composed: what it says from here on is said as it happens (joblib jobs too)
         _release_stderr(sweep=True)
 
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+    def on_multirun_end(self, config: DictConfig, **kwargs: object) -> None:
         from cupid_exp.tracking.callbacks import job_statuses
 
         statuses = job_statuses(Path(config.hydra.sweep.dir))
@@ -283,7 +287,7 @@ class SweepReportCallback(Callback):
 _PROGRAMS = {"config": "cupid_exp", "synthesize": "cupid_exp.synthesize"}  # how a one-line error names the command
 
 
-def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
+def hydra_entry(config_name: str, task: Callable[[DictConfig], object],
                 register: Callable[[], None] | None = None) -> Callable[[], None]:
     """A console-script ``main()`` running ``task`` under Hydra with cupid-exp's config folder.
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import re
 import sys
-from typing import Any, Callable, Sequence, TextIO
+from typing import Callable, Sequence, TextIO
 
 _NOISE = (re.compile(r"^\s*(full_key|reference_type|object_type|key|parent_node)[:=]"),
           re.compile(r"^Set the environment variable HYDRA_FULL_ERROR=1"))
@@ -110,7 +110,7 @@ def one_line(text: str) -> str | None:
     return said + "; HYDRA_FULL_ERROR=1 shows Hydra's full message"
 
 
-def _has(node: Any, key: str) -> bool:
+def _has(node: object, key: str) -> bool:
     """Whether the plain config ``node`` has the dotted ``key`` (a null parent has none of its keys)."""
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
@@ -145,7 +145,7 @@ def unread_override(overrides: Sequence[str], config_name: str) -> str | None:
         elif key.split(".", 1)[0] in groups:
             dotted.append(key)
 
-    def composed(group: str, option: str | None) -> Any:
+    def composed(group: str, option: str | None) -> object:
         picked = {**context, **({group: option} if option else {})}
         if GlobalHydra.instance().is_initialized():
             GlobalHydra.instance().clear()

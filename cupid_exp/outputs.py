@@ -112,5 +112,5 @@ def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
     atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
 
-def write_json(path: Path, payload: Any) -> None:
+def write_json(path: Path, payload: object) -> None:
     atomic_write_text(path, json.dumps(payload, indent=2, ensure_ascii=False, default=str) + "\n")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 import yaml
 
@@ -33,7 +33,7 @@ class PromptTemplate:
     user: str
 
     def messages(self, system_role: str = "system", *, format_system: bool = True,
-                 **values: Any) -> list[dict[str, str]]:
+                 **values: object) -> list[dict[str, str]]:
         """Fill the templates with ``str.format`` into chat messages, as the official tool does.
 
         ``format_system=False`` sends the system text as written: the official tool formats only the

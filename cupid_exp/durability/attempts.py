@@ -20,10 +20,13 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from cupid_exp.identity import REPORT_SETTINGS
 from cupid_exp.llm.usage import UsageMeter, requests_sent, usage_metrics
+
+if TYPE_CHECKING:
+    from cupid_exp.durability.job_lock import JobLock
 
 #: The usage a resumed job's MLflow run reports for the whole job (this attempt + earlier ones) under these
 #: names, with ``<name>/this_attempt`` and ``<name>/earlier_attempts`` beside them; its other usage metrics (per
@@ -32,7 +35,7 @@ from cupid_exp.llm.usage import UsageMeter, requests_sent, usage_metrics
 JOB_USAGE = {"calls/total": "calls", "calls/requests": "requests", "tokens/prompt": "prompt_tokens",
              "tokens/completion": "completion_tokens", "cost/usd": "cost_usd"}
 
-def run_key(identity: str, runtime: Any, output_root: str | Path) -> str:
+def run_key(identity: str, runtime: object, output_root: str | Path) -> str:
     """What makes two jobs the same MLflow run (see the module docstring)."""
     payload = {"identity": identity, "output_root": str(Path(output_root).expanduser().resolve()),
                **{name: getattr(runtime, name) for name in REPORT_SETTINGS}}
@@ -45,7 +48,7 @@ class Claim:
     attempt runs, or None (``runtime.resume=false``: each attempt gets a run of its own)."""
 
     key: str
-    lock: Any = None  #: the job's held ``JobLock``, or None
+    lock: JobLock | None = None
 
     @property
     def exclusive(self) -> bool:

@@ -21,10 +21,13 @@ import socket
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cupid_exp.errors import InputError
 from cupid_exp.outputs import atomic_write_text
+
+if TYPE_CHECKING:
+    from filelock import FileLock
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +41,7 @@ class JobRunning(InputError):
 class JobLock:
     """The held lock of one job; ``release`` (idempotent) when the job ends."""
 
-    def __init__(self, path: Path, lock: Any):
+    def __init__(self, path: Path, lock: FileLock | None):
         self.path, self._lock = path, lock
 
     @property

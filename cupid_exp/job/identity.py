@@ -29,7 +29,7 @@ from cupid_exp.identity import (  # noqa: F401 - re-exported: where callers have
 
 
 def content_digest(config: Mapping[str, Any], not_identity: Iterable[str] = (), *, length: int = 20,
-                   **beside: Any) -> str:
+                   **beside: object) -> str:
     """A short hash of ``config``'s content (``content``) and of what goes ``beside`` it (a prompts folder)."""
     return config_digest({**beside, "config": content(config, not_identity)}, length=length)
 

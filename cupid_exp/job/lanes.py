@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Callable
 
-from cupid_exp.job.spec import Result, Work
+from cupid_exp.job.spec import Result, Unit, Work
 from cupid_exp.llm.budget import BudgetExceeded, started_instance
 from cupid_exp.llm.calls import CallLog, recording
 from cupid_exp.llm.retry import FatalProviderError
@@ -83,7 +83,7 @@ def job_finisher(job: "Job", observer: InstanceObserver | None, results: list[Re
     the observer (the MLflow run), keep its result."""
     journal = job.attempt.journal
 
-    def finished(unit: Any, result: Result, calls: CallLog | None) -> None:
+    def finished(unit: Unit, result: Result, calls: CallLog | None) -> None:
         record = result.to_record()
         if journal is not None:
             journal.append(record)

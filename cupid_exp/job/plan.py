@@ -37,9 +37,9 @@ class Kind(Protocol):
     def load(self, cfg: Any, output_dir: Path) -> Work: ...
 
 
-def typed_config(cfg: DictConfig) -> Any:
+def typed_config(cfg: DictConfig) -> JobConfig:
     """The composed config as objects, every value checked (ConfigError names the first bad one)."""
-    job_cfg = OmegaConf.to_object(cfg)
+    job_cfg: JobConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]  # a schema makes it an object
     check_known_keys(cfg, job_cfg)
     check_tree(job_cfg)
     return job_cfg

@@ -28,7 +28,7 @@ import pickle
 import queue
 import sys
 import threading
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from cupid_exp.job.lanes import fair_share, job_finisher, job_progress, run_units, stopped_by_budget
 from cupid_exp.job.spec import Job, Result
@@ -99,7 +99,8 @@ class Workers:
         self.shared.wants_calls.value = int(with_calls)
         self.shared.go.set()
 
-    def listen(self, loop: asyncio.AbstractEventLoop, handle: Any) -> threading.Thread:
+    def listen(self, loop: asyncio.AbstractEventLoop,
+               handle: Callable[[logging.LogRecord | tuple[Any, ...]], None]) -> threading.Thread:
         """Each message, unpickled, goes to ``handle`` on ``loop``; a worker that exits without its last word
         becomes a ("died", …) message."""
         def run() -> None:
@@ -156,7 +157,7 @@ async def _spread(job: Job, todo: list[Any], observer: InstanceObserver | None, 
     fatal: list[FatalProviderError] = []
     cursor = SharedCursor(workers.shared.counter, todo)
 
-    def handle(message: Any) -> None:
+    def handle(message: logging.LogRecord | tuple[Any, ...]) -> None:
         if all_done.done():
             return
         if isinstance(message, logging.LogRecord):

@@ -11,36 +11,42 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from contextvars import ContextVar
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from litellm import CustomLLM
+    from litellm.litellm_core_utils.logging_worker import LoggingWorker
 
 log = logging.getLogger(__name__)
 
 
-def _pending_cache_writes() -> Any:
+def _pending_cache_writes() -> set[asyncio.Task[None]]:
     from litellm.caching.caching_handler import _PENDING_CACHE_WRITES
 
     return _PENDING_CACHE_WRITES
 
 
-def _logging_worker() -> Any:
+def _logging_worker() -> LoggingWorker:
     from litellm.litellm_core_utils.logging_worker import GLOBAL_LOGGING_WORKER
 
     return GLOBAL_LOGGING_WORKER
 
 
-def _internal_call_flag() -> Any:
+def _internal_call_flag() -> ContextVar[bool]:
     from litellm._internal_context import is_internal_call
 
     return is_internal_call
 
 
-def _custom_llm_setup() -> Any:
+def _custom_llm_setup() -> Callable[[], object]:
     from litellm.utils import custom_llm_setup
 
     return custom_llm_setup
 
 
-def _openai_chat_config() -> Any:
+def _openai_chat_config() -> Callable[..., object]:
     from litellm.llms.openai.chat.gpt_transformation import OpenAIGPTConfig
 
     return OpenAIGPTConfig.translate_developer_role_to_system_role
@@ -51,13 +57,13 @@ def _openai_chat_config() -> Any:
 FIRST_CALL_MODULES = ("openai.resources", "litellm.integrations.otel.logger", "litellm.proxy._types")
 
 
-def _first_call_modules() -> Any:
+def _first_call_modules() -> list[ModuleType]:
     import importlib
 
     return [importlib.import_module(name) for name in FIRST_CALL_MODULES]
 
 
-def _native_state_flag() -> Any:
+def _native_state_flag() -> Callable[[], object]:
     from litellm.rust_bridge import _native
 
     return _native.process_state_started
@@ -133,7 +139,7 @@ def keep_developer_role() -> None:
     OpenAIGPTConfig.translate_developer_role_to_system_role = _as_given  # type: ignore[method-assign,assignment]
 
 
-def _as_given(self: Any, messages: list[Any], *args: Any, **kwargs: Any) -> list[Any]:
+def _as_given(self: object, messages: list[Any], *args: object, **kwargs: object) -> list[Any]:
     # litellm 1.109 added keyword arguments (model, api_base, ...) that the answer does not depend on
     return messages
 
@@ -173,7 +179,7 @@ async def stop_logging_worker(timeout: float = 10.0) -> None:
     await worker.stop()  # it restarts on its own in the next event loop
 
 
-def register_custom_provider(name: str, handler: Any) -> None:
+def register_custom_provider(name: str, handler: CustomLLM) -> None:
     """Make ``<name>/<model>`` routable to an in-process ``litellm.CustomLLM`` handler."""
     import litellm
 

@@ -28,7 +28,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, TypeVar
 
 from cupid_exp.llm.batch_ledger import BatchLedger, request_digest
 from cupid_exp.llm.batch_limits import EnqueuedTokens, token_limit_rejection
@@ -36,6 +36,11 @@ from cupid_exp.llm.limits import estimated_tokens
 from cupid_exp.llm.pools import PROBE_BASE_S, PROBE_CAP_S
 from cupid_exp.llm.retry import is_outage_failure
 from cupid_exp.llm.usage import BatchCounts
+
+if TYPE_CHECKING:
+    from litellm.types.utils import LiteLLMBatch
+
+_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +78,7 @@ class RowBill:
     unread: int = 0
 
 
-async def _direct(send: Callable[[], Awaitable[Any]]) -> Any:
+async def _direct(send: Callable[[], Awaitable[_T]]) -> _T:
     return await send()
 
 
@@ -187,7 +192,7 @@ class Batcher:
         while rows := self._take():
             await self._send(rows)
 
-    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+    def _spawn(self, coro: Coroutine[Any, Any, object]) -> asyncio.Task[object]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -271,7 +276,7 @@ class Batcher:
             if digest in self._waiting:
                 self._fail(self._waiting[digest], stop)
 
-    async def _answered(self, send: Callable[[], Awaitable[Any]]) -> Any:
+    async def _answered(self, send: Callable[[], Awaitable[_T]]) -> _T:
         """``send()`` (a poll, a result file's download) until the endpoint answers: an outage (no connection, a
         5xx) is waited out with capped backoff, one line when it begins and one when it ends; past
         ``runtime.outage_patience_s`` raises ``_Gone`` with the job's stop for later."""
@@ -322,7 +327,7 @@ class Batcher:
             out.append(entry)
         return out, unread
 
-    async def _collect(self, batch: Any, rows: dict[str, str]) -> None:
+    async def _collect(self, batch: LiteLLMBatch, rows: dict[str, str]) -> None:
         answered: set[str] = set()
         rejection = token_limit_rejection(batch) if batch.status == "failed" else None
         if rejection is not None:
@@ -399,7 +404,7 @@ class Batcher:
         else:
             self._fail(row, failure)
 
-    def _resend_missing(self, batch: Any, missing: list[_Row], unread: int) -> None:
+    def _resend_missing(self, batch: LiteLLMBatch, missing: list[_Row], unread: int) -> None:
         """Rows neither file answers readably go into a later batch, bounded like any retryable row. Each of the
         ``unread`` lines was answered and billed: as many of these rows carry an unread attempt (which of them
         cannot be told: the largest prompts, an upper bound), paid by their caller (``RowBill``)."""
@@ -444,7 +449,7 @@ def _pay(row: _Row, bill: RowBill) -> None:
     bill.unread = 0 if bill.free else row.unread
 
 
-def _batch_errors(batch: Any) -> str:
+def _batch_errors(batch: object) -> str:
     errors = getattr(batch, "errors", None)
     data = getattr(errors, "data", None) if errors is not None and not isinstance(errors, dict) else (
         (errors or {}).get("data"))

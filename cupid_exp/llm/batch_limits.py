@@ -15,14 +15,13 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 TOKEN_LIMIT_CODE = "token_limit_exceeded"
 MARGIN = 0.9  #: of the stated limit: our token estimate and the provider's count never agree exactly
 _LIMIT = re.compile(r"limit:\s*([\d,_]+)\s*enqueued tokens", re.IGNORECASE)
 
 
-def _errors(batch: Any) -> list[tuple[str | None, str]]:
+def _errors(batch: object) -> list[tuple[str | None, str]]:
     """(code, message) of each error a failed batch carries (litellm's object or a plain dict)."""
     errors = getattr(batch, "errors", None)
     data = errors.get("data") if isinstance(errors, dict) else getattr(errors, "data", None)
@@ -33,7 +32,7 @@ def _errors(batch: Any) -> list[tuple[str | None, str]]:
     return out
 
 
-def token_limit_rejection(batch: Any) -> tuple[int | None, str] | None:
+def token_limit_rejection(batch: object) -> tuple[int | None, str] | None:
     """(the limit it states, the provider's message) when a failed batch was rejected for the enqueued-token limit;
     None when it failed for another reason (its rows fail)."""
     for code, message in _errors(batch):

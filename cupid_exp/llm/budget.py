@@ -30,12 +30,15 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, TypeVar
 
 from cupid_exp.config import CallSettings, ModelConfig
 from cupid_exp.errors import ConfigError
 from cupid_exp.llm.messages import Message
 from cupid_exp.llm.usage import WorstCase
+
+if TYPE_CHECKING:
+    from filelock import FileLock
 
 log = logging.getLogger(__name__)
 
@@ -233,14 +236,14 @@ class Budget:
 
     accounts: list[Account]
     refused: int = 0  #: calls this process did not send
-    _locks: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    _locks: dict[str, FileLock] = field(default_factory=dict, repr=False, compare=False)
     _files: dict[str, int] = field(default_factory=dict, repr=False, compare=False)  #: path -> open descriptor
     _waiting: dict[str, float] = field(default_factory=dict, repr=False, compare=False)  #: rid -> instance order
 
     def __getstate__(self) -> dict[str, Any]:
         return {"accounts": self.accounts, "refused": self.refused, "_locks": {}, "_files": {}, "_waiting": {}}
 
-    def _lock(self, account: Account) -> Any:
+    def _lock(self, account: Account) -> FileLock:
         from filelock import FileLock
 
         if account.path not in self._locks:

@@ -19,7 +19,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from cupid_exp.config import CallSettings, ModelConfig
 from cupid_exp.llm import _litellm
@@ -39,6 +39,9 @@ from cupid_exp.llm.messages import Message
 from cupid_exp.llm.pools import Pool, flush_pools, pool_for
 from cupid_exp.llm.retry import CallFailed, JobStop, with_retries
 from cupid_exp.llm.usage import Completion, UsageMeter
+
+if TYPE_CHECKING:
+    from cupid_exp.llm.batch import Batcher
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +136,7 @@ class LLMClient:
         # calculator after the call, never registered in litellm's global map (two configs may price one id).
         self._config_prices = _config_prices(model)
         self._api_key = params.get("api_key")
-        self._batcher: Any = None
+        self._batcher: Batcher | None = None
         self._batch = _wants_batch(model, settings)
         self.roles: tuple[str, ...] = (model.name,)  # the roles it serves (``clients_for``), for a fatal refusal
         self.stop = JobStop()  # shared with the job's other clients (``clients_for``)
@@ -352,7 +355,7 @@ class LLMClient:
             raise empty
         return reply
 
-    def _billed(self, messages: list[Message], response: Any) -> Reply:
+    def _billed(self, messages: list[Message], response: object) -> Reply:
         """The tokens and cost of a reply as billed: its usage, or a local count where it carries none."""
         if response is None:  # litellm's None for a request rejected twice (HTTP 422): nothing billed
             return Reply(None, 0, 0, 0.0, False)

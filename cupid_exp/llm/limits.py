@@ -33,9 +33,12 @@ from collections import deque
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from cupid_exp.llm.messages import Message
+
+if TYPE_CHECKING:
+    from filelock import FileLock
 
 COOLDOWN_S = 3.0  #: at most one cut of the concurrency limit (or of a pace) per this many seconds
 DECREASE, INCREASE = 0.8, 0.1  #: the cut on a 429, the share added after a round of successes
@@ -162,7 +165,7 @@ class Pacer:
         self.scale = 1.0  # of the stated limits: lowered by 429s met while pacing (kept in the ledger)
         self._state: dict[str, Any] = {"requests": 0.0, "tokens": 0.0}  # wall-clock times the next request / token
         # is free; "sent": when the requests of the last second went out
-        self._lock: Any = None
+        self._lock: FileLock | None = None
         if ledger is not None:
             from filelock import FileLock
 
@@ -214,7 +217,7 @@ class Pacer:
         state["sent"] = [*sent, now]
         return 0.0
 
-    def seed(self, sent: Any) -> None:
+    def seed(self, sent: Iterable[float]) -> None:
         """Sends made before pacing began (wall-clock times): the send-time check counts the last second's, so that
         the first paced requests do not land in a window the unpaced ones filled."""
         def add(state: dict[str, Any]) -> None:
@@ -230,7 +233,7 @@ class Pacer:
     def succeeded(self) -> None:
         self._update(lambda state: state.update(scale=min(1.0, state.get("scale", 1.0) + 0.002)))
 
-    def _update(self, change: Any) -> None:
+    def _update(self, change: Callable[[dict[str, Any]], object]) -> None:
         if self._lock is None or self.ledger is None:  # set together
             change(self._state)
             self.scale = self._state.get("scale", 1.0)

@@ -23,11 +23,14 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from cupid_exp.config import LocalModelConfig
 from cupid_exp.llm import _litellm
 from cupid_exp.llm.messages import Message
+
+if TYPE_CHECKING:
+    from litellm import CustomLLM, ModelResponse
 
 PROVIDER = "llamacpp"
 _PASSED_PARAMS = ("temperature", "max_tokens", "top_p", "top_k", "stop", "seed", "response_format", "grammar",
@@ -59,7 +62,7 @@ def resolve_gguf(spec: str) -> Path:
     return path
 
 
-def strict_schema(schema: Any) -> Any:
+def strict_schema(schema: object) -> object:
     """OpenAI's ``strict: true`` semantics for a JSON schema: objects take no properties beyond the listed ones.
 
     The OpenAI API rejects strict schemas without ``additionalProperties: false``; llguidance follows the
@@ -222,7 +225,7 @@ def _litellm_error(name: str, code: int, kind: str, message: str) -> Exception:
     return litellm.APIError(status_code=code, message=text, model=model, llm_provider=PROVIDER)
 
 
-def _model_response(name: str, out: dict[str, Any]) -> Any:
+def _model_response(name: str, out: dict[str, Any]) -> ModelResponse:
     import litellm
 
     choice = out["choices"][0]
@@ -239,7 +242,7 @@ def _model_response(name: str, out: dict[str, Any]) -> Any:
     )
 
 
-async def off_the_loop(fn: Callable[..., Any], *args: Any) -> Any:
+async def off_the_loop(fn: Callable[..., object], *args: object) -> Any:
     """``fn(*args)`` on a daemon thread of its own, awaited. Not ``asyncio.to_thread``: a job stopped mid-generation
     (Ctrl-C, SIGTERM) would wait, as ``asyncio.run`` ends, for its executor's threads: the generation under way and
     every call queued behind it (one at a time per model) run to their end. Here the job stops at once, the threads
@@ -247,7 +250,7 @@ async def off_the_loop(fn: Callable[..., Any], *args: Any) -> Any:
     loop = asyncio.get_running_loop()
     future = loop.create_future()
 
-    def settle(result: Any, error: BaseException | None) -> None:
+    def settle(result: object, error: BaseException | None) -> None:
         if future.done():  # cancelled meanwhile: nobody waits for it
             return
         if error is not None:
@@ -269,12 +272,12 @@ async def off_the_loop(fn: Callable[..., Any], *args: Any) -> Any:
     return await future
 
 
-def _make_handler(models: LocalModels) -> object:
+def _make_handler(models: LocalModels) -> CustomLLM:
     """litellm's CustomLLM over ``models``. A bug raised here reaches the caller wrapped by litellm as an
     APIConnectionError; ``client.provider_error_kind`` reads the exception chain and stops the job on it."""
     import litellm
 
-    def call(model: str, messages: list[Message], optional_params: dict[str, Any]) -> Any:
+    def call(model: str, messages: list[Message], optional_params: dict[str, Any]) -> ModelResponse:
         return _model_response(model, models.complete(model, messages, optional_params))
 
     class _Handler(litellm.CustomLLM):
@@ -283,7 +286,8 @@ def _make_handler(models: LocalModels) -> object:
         # litellm passes these positionally; only the model, its messages and the parameters matter here
         def completion(self, model: str, messages: list[Message], api_base: object, custom_prompt_dict: object,
                        model_response: object, print_verbose: object, encoding: object, api_key: object,
-                       logging_obj: object, optional_params: dict[str, Any], *args: object, **kwargs: object) -> Any:
+                       logging_obj: object, optional_params: dict[str, Any], *args: object,
+                       **kwargs: object) -> ModelResponse:
             return call(model, messages, optional_params)
 
         async def acompletion(self, model: str, messages: list[Message], api_base: object,

@@ -17,7 +17,10 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cupid_exp.llm.pools import Pool
 
 FRESH_S = 120.0  #: stated or learned limits older than this are not adopted
 CALLING_S = 3.0  #: a process that has not exchanged for this long no longer takes a share of a given bound
@@ -59,7 +62,7 @@ class SharedPoolState:
         if rpm:
             self._learned = (rpm, refused_rpm)
 
-    def exchange(self, pool: Any, news: bool = False) -> Seen:
+    def exchange(self, pool: Pool, news: bool = False) -> Seen:
         """Publish this process's news (``pool``'s pause, stated limits, learned pace, cut), read the others'."""
         seen = Seen()
         self.path.parent.mkdir(parents=True, exist_ok=True)

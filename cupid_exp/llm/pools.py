@@ -51,12 +51,15 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Mapping
 from urllib.parse import urlsplit
 
 from cupid_exp.llm.limits import WINDOW_S, AdaptiveLimit, Pacer, RefusalPace
 from cupid_exp.llm.pool_state import SharedPoolState
-from cupid_exp.llm.retry import FatalProviderError, told_limits
+from cupid_exp.llm.retry import FatalProviderError, JobStop, told_limits
+
+if TYPE_CHECKING:
+    from cupid_exp.llm.usage import UsageMeter
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +137,7 @@ class Pool:
         self.wait_s = 0.0  #: time callers spent held by the pause or the pacer
         self.shared = SharedPoolState(ledger_dir / f"{ident}.pool.json") if ledger_dir is not None else None
         self.share = 1.0  #: this process's part of a given bound (the live processes split it)
-        self.meter: Any = None  #: the job's usage meter (its latest client's): per-pool counts go there
+        self.meter: UsageMeter | None = None  #: the job's usage meter (its latest client's): per-pool counts go there
         self.sent = self.peak = 0  #: requests sent and the most in flight at once, since the meter was set
         self._answered_429, self._waited, self._outages = 0, 0.0, 0  #: counted since the last flush into the meter
         self._sync_due = 0.0
@@ -156,7 +159,7 @@ class Pool:
         return self._concurrency
 
     def join(self, config_id: str, max_concurrency: int, rpm: float | None, tpm: float | None,
-             given: PoolLimits, meter: Any) -> None:
+             given: PoolLimits, meter: UsageMeter | None) -> None:
         """A client of a model config on this pool: its bound and limits count, ``given`` (the job's
         ``runtime.pools.<name>``) wins over the configs'. A new job (a sweep's next, in this process: another
         meter) starts from its own configs; what the pool learned (its limit, pace, pauses) carries over."""
@@ -206,7 +209,7 @@ class Pool:
     # ------------------------------------------------------------ one request
 
     @asynccontextmanager
-    async def slot(self, tokens: int, stop: Any = None) -> AsyncIterator[Held]:
+    async def slot(self, tokens: int, stop: JobStop | None = None) -> AsyncIterator[Held]:
         """Held while one request is in flight: after the pause, within the concurrency limit, at the pace.
         ``stop``: the job's (``retry.JobStop``), which ends a wait for an outage to pass."""
         if time.monotonic() >= self._sync_due:
@@ -279,7 +282,7 @@ class Pool:
                 self.pause(hint)
         self.sync(news=True)
 
-    def succeeded(self, response: Any = None) -> None:
+    def succeeded(self, response: object = None) -> None:
         """A reply: the concurrency limit grows; the limits the reply's headers state (OpenAI sends them with every
         response) pace the pool before any 429, where no limit is known yet."""
         self.successes += 1
@@ -396,7 +399,7 @@ class Pool:
                               rpm=float(self.pacer.rpm or 0.0))
 
 
-def stated_headers(response: Any) -> dict[str, str]:
+def stated_headers(response: object) -> dict[str, str]:
     """The rate-limit headers of a reply, as litellm keeps them (OpenAI's by name, other providers' prefixed); a
     billed ``Reply`` (``cupid_exp.llm.billing``) is read through to its response."""
     from cupid_exp.llm.billing import Reply
@@ -407,7 +410,7 @@ def stated_headers(response: Any) -> dict[str, str]:
     return {k.removeprefix("llm_provider-"): v for k, v in headers.items() if "ratelimit" in k}
 
 
-def _least(values: Any) -> float | None:
+def _least(values: Iterable[float | None]) -> float | None:
     present = [v for v in values if v]
     return min(present) if present else None
 
@@ -420,7 +423,7 @@ os.register_at_fork(after_in_child=_POOLS.clear)
 
 def pool_for(litellm_model: str, api_base: str | None, api_key: str | None, *, named: str | None, config_id: str,
              max_concurrency: int, rpm: float | None, tpm: float | None, pools: Mapping[str, Any] | None,
-             ledger_dir: Path | None, meter: Any = None) -> Pool:
+             ledger_dir: Path | None, meter: UsageMeter | None = None) -> Pool:
     """The process's Pool for this model config (made on first use), which the config joins."""
     name = pool_name(litellm_model, api_base, named)
     ident = hashlib.sha256(json.dumps([name, api_key or ""]).encode()).hexdigest()[:16]

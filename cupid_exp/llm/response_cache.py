@@ -23,12 +23,16 @@ import logging
 import sqlite3
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from litellm.caching.base_cache import BaseCache
 
 from cupid_exp.aside import set_aside
 from cupid_exp.outputs import writing
+
+if TYPE_CHECKING:
+    from diskcache import Cache as DiskCache
+    from litellm.caching.caching import Cache
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +56,13 @@ class DiskResponseStore(BaseCache):
                 raise
             self.store = self._set_aside(exc)
 
-    def _open(self) -> Any:
+    def _open(self) -> DiskCache:
         import diskcache
 
         with writing(self.directory):  # opening creates the SQLite store: a full disk is one line, exit 5
             return diskcache.Cache(str(self.directory), disk=diskcache.JSONDisk, disk_compress_level=1)
 
-    def _set_aside(self, error: Exception) -> Any:
+    def _set_aside(self, error: Exception) -> DiskCache:
         """Move the unreadable store's folder aside and open a new one, under a lock beside it: the jobs of a sweep
         that found it broken at once set it aside once (the later ones open the new one)."""
         from filelock import FileLock
@@ -79,7 +83,7 @@ class DiskResponseStore(BaseCache):
             log.warning("response cache %s became unreadable (%s: %s): not used for the rest of this job",
                         self.directory, type(exc).__name__, str(exc)[:200])
 
-    def set_cache(self, key: str, value: Any, **kwargs: Any) -> None:
+    def set_cache(self, key: str, value: object, **kwargs: Any) -> None:
         if _cut(value):  # a reply cut at max_tokens is no answer: a rerun asks again (``llm.steps.ask``)
             return
         ttl = kwargs.get("ttl")
@@ -96,18 +100,18 @@ class DiskResponseStore(BaseCache):
         except Exception as exc:  # noqa: BLE001  # litellm would log it and go on: raised in the call's path instead
             self.failed = self.failed or exc
 
-    async def async_set_cache(self, key: str, value: Any, **kwargs: Any) -> None:
+    async def async_set_cache(self, key: str, value: object, **kwargs: object) -> None:
         # on a thread: compressing and SQLite's write release the GIL (the event loop goes on meanwhile)
         await asyncio.to_thread(self.set_cache, key, value, **kwargs)
 
-    async def async_set_cache_pipeline(self, cache_list: list[tuple[str, Any]], **kwargs: Any) -> None:
+    async def async_set_cache_pipeline(self, cache_list: list[tuple[str, object]], **kwargs: object) -> None:
         def store_all() -> None:
             for key, value in cache_list:
                 self.set_cache(key, value, **kwargs)
 
         await asyncio.to_thread(store_all)
 
-    def get_cache(self, key: str, **kwargs: Any) -> Any:
+    def get_cache(self, key: str, **kwargs: object) -> object:
         if self.broken:
             return None
         try:
@@ -122,13 +126,13 @@ class DiskResponseStore(BaseCache):
                         self.directory, type(exc).__name__)
             return None
 
-    async def async_get_cache(self, key: str, **kwargs: Any) -> Any:
+    async def async_get_cache(self, key: str, **kwargs: object) -> object:
         return self.get_cache(key, **kwargs)
 
-    def batch_get_cache(self, keys: list[str], **kwargs: Any) -> list[Any]:
+    def batch_get_cache(self, keys: list[str], **kwargs: object) -> list[object]:
         return [self.get_cache(key, **kwargs) for key in keys]
 
-    async def async_batch_get_cache(self, keys: list[str], **kwargs: Any) -> list[Any]:
+    async def async_batch_get_cache(self, keys: list[str], **kwargs: object) -> list[object]:
         return self.batch_get_cache(keys, **kwargs)
 
     def delete_cache(self, key: str) -> None:
@@ -146,7 +150,7 @@ def corrupt(exc: sqlite3.DatabaseError) -> bool:
     unwritable one (``OperationalError``: locked, a disk I/O error, a full disk) or a refused statement (its other
     subclasses), which are not the file's fault."""
     return type(exc) is sqlite3.DatabaseError
-def _cut(value: Any) -> bool:
+def _cut(value: object) -> bool:
     """Whether a cache entry holds a reply that ran into max_tokens (litellm keeps the response as compact JSON)."""
     response = value.get("response") if isinstance(value, dict) else None
     return isinstance(response, str) and '"finish_reason":"length"' in response
@@ -162,7 +166,7 @@ def raise_failed_write() -> None:
         raise store.failed
 
 
-def response_cache(cache_dir: str | Path) -> Any:
+def response_cache(cache_dir: str | Path) -> Cache:
     """A litellm ``Cache`` (its keys and logic) whose entries live in ``cache_dir`` (``DiskResponseStore``)."""
     import inspect
 

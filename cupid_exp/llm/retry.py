@@ -28,7 +28,10 @@ import random
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncContextManager, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, AsyncContextManager, Awaitable, Callable, Mapping
+
+if TYPE_CHECKING:
+    from cupid_exp.llm.pools import Pool
 
 # Retry classes of a provider failure (``decide``).
 RATE_LIMIT, TRANSIENT, FATAL, FINAL = "rate_limit", "transient", "fatal", "final"
@@ -318,7 +321,7 @@ class CallFailed(Exception):
         super().__init__(reason or str(cause))
 
 
-async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tokens: int, num_retries: int,
+async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Pool, *, tokens: int, num_retries: int,
                        patience_s: float, classify: Callable[[BaseException], str | None], model: str,
                        roles: tuple[str, ...], scrub: Callable[[str], str], stop: JobStop | None = None,
                        before: Callable[[], Awaitable[None]] | None = None,

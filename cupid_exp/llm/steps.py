@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 from cupid_exp.llm import calls
 from cupid_exp.llm.client import DryReply, LLMClient
@@ -22,6 +22,7 @@ from cupid_exp.llm.usage import Completion
 from cupid_exp.results import StepError
 
 Messages = list[dict[str, str]]
+_T = TypeVar("_T")
 
 
 class StepFailed(Exception):
@@ -99,9 +100,9 @@ class Resample:
         return None if attempt == 0 else {"seed": int(client.model.params.get("seed") or 0) + attempt}
 
 
-async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[[str], Any], *,
+async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[[str], _T], *,
               transcript: Transcript, schema: dict[str, Any] | None = None, params: dict[str, Any] | None = None,
-              retry: Reask | Resample = Reask(1), dry_reply: DryReply | None = None, keep_cut: bool = False) -> Any:
+              retry: Reask | Resample = Reask(1), dry_reply: DryReply | None = None, keep_cut: bool = False) -> _T:
     """Ask ``client`` for ``step`` and return ``parse(reply)``; raise StepFailed when no reply is usable.
 
     A reply cut at max_tokens (finish_reason "length") is never parsed, even when what came back would: its request

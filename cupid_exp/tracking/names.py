@@ -11,7 +11,7 @@ the sweep's overrides as its params, and the swept ones in its name.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 SEP = " · "
 SCORES_SEP = " | "  #: between a job run's identity and its results in its name
@@ -48,7 +48,7 @@ def scoring_overrides(overrides: Iterable[str]) -> list[str]:
     return shown
 
 
-def subset_of(limit: Any, types: Sequence[str] | None) -> str:
+def subset_of(limit: int | None, types: Sequence[str] | None) -> str:
     """'data.limit=2' (as the report names a subset: ``identity.subset_text``) for a part of the data; empty for
     all of it."""
     from cupid_exp.data.schema import INSTANCE_TYPES

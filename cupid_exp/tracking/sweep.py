@@ -17,7 +17,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +29,7 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")[:60]
 
 
-def publish_sweep(client: Any, uri: str, experiment: str, parent_id: str, *, seed: int = 0,
+def publish_sweep(client: MlflowClient, uri: str, experiment: str, parent_id: str, *, seed: int = 0,
                   n_boot: int = 1000) -> dict[str, float]:
     """Log the sweep's leaderboard and plots on its parent run; returns the metrics logged there."""
     from mlflow.entities import Metric
@@ -71,7 +74,7 @@ def publish_sweep(client: Any, uri: str, experiment: str, parent_id: str, *, see
     return metrics
 
 
-def linked_runs(client: Any, parent_id: str) -> list[str]:
+def linked_runs(client: MlflowClient, parent_id: str) -> list[str]:
     """The runs this sweep's link runs stand for (``tracking.reopen``: a job done before the sweep keeps its run)."""
     from cupid_exp.tracking.reopen import LINK_KIND, LINKS_TO
 

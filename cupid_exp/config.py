@@ -1,14 +1,9 @@
 """Typed schema for every config group, and the value checks a type cannot express.
 
-Each group folder under ``conf/`` is merged into one of these dataclasses, so a misspelt key
-or a wrong type in any YAML choice or command-line override fails at composition, before a
-model call. Ranges and choices are checked once the config becomes objects (``check_tree``, with the helpers of
-``config_checks``): every bad value gives one ``ConfigError`` line naming the key, the value and what is allowed.
-Settings carry their own schemas beside their code (``cupid_exp/settings/``).
-
-This module sits below the model layer, the settings and the tasks, and imports none of them: the schemas are
-registered in Hydra's ConfigStore where an entry starts (``config_store``), and ``task.parts`` is checked against
-the task registry when a job is planned (``tasks.check_task_parts``).
+A misspelt key or a wrong type fails at composition; ranges and choices are checked once the config becomes
+objects (``check_tree``): one ``ConfigError`` line each. Settings carry their schemas beside their code. This
+module imports nothing above it: schemas are registered where an entry starts (``config_store``), and
+``task.parts`` is checked when a job is planned (``tasks.check_task_parts``).
 """
 
 from __future__ import annotations

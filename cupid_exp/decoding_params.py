@@ -1,16 +1,10 @@
-"""Decoding parameters checked before the first call: a wrong type or an out-of-range value in
-``model.params`` fails the plan with one line (key, value, what is allowed) instead of reaching a
-provider, which would refuse it at best (one paid request per instance) and coerce it at worst.
+"""Decoding parameters checked before the first call: a wrong type or range in ``model.params`` fails the plan in one
+line instead of reaching a provider, which would refuse it (one paid request per instance) or coerce it.
 
-The table holds what the OpenAI chat API and litellm's common parameters take, plus the provider
-extras the shipped configs carry (Anthropic's ``thinking``, OpenAI's ``reasoning_effort``) and the
-sampling knobs of open-weight servers (vLLM, llama.cpp). A key the table does not know passes
-through unchanged (providers differ, and litellm forwards or drops what it cannot map), unless it is
-one letter or two away from a known key (``temprature``): a typo there would silently leave the
-provider's default in force, so it fails too, with the name it probably meant.
-
-The schema's check (``config.ModelConfig.check``) asks ``param_problem`` of each key: this table imports nothing,
-so the config stays below the model layer.
+The table holds the OpenAI chat API's and litellm's common parameters, the shipped configs' provider extras and
+open-weight servers' sampling knobs. An unknown key passes through (providers differ) unless it is a near miss of
+a known one (``temprature``), which would silently leave the provider's default in force. It imports nothing, so
+the config (``config.ModelConfig.check``) stays below the model layer.
 """
 
 from __future__ import annotations

@@ -1,30 +1,9 @@
 """The Hydra entry shared by ``python -m cupid_exp`` and ``python -m cupid_exp.synthesize``.
 
-A job ends in one of these ways, each with its exit code (documented in the README):
-
-- 0: complete (or below ``runtime.max_failed_fraction`` failed instances);
-- 1: a bug: the traceback is printed, the journal keeps what finished;
-- 2: a bad setting or bad data, found before the first model call, the same job running in another
-  process (``durability.job_lock``), or a provider's fatal refusal (a bad key, an unknown model, an endpoint that
-  never answers: ``cupid_exp.llm.retry.FatalProviderError``, the job stops starting instances at once): one
-  line, no traceback;
-- 3: incomplete: more than ``runtime.max_failed_fraction`` of the instances failed;
-- 4: budget reached: ``runtime.max_cost_usd`` or ``runtime.sweep_max_cost_usd`` refused a call; the instances
-  left are not run (the same command with a higher budget resumes them);
-- 5: the environment failed the job (a full disk, a read-only or forbidden folder, a folder that vanished):
-  one line naming the path and the error; the journal keeps what finished, the MLflow run ends FAILED;
-- 75 (sysexits' EX_TEMPFAIL): try again later: a provider's rate limit asks for a longer wait than is left of
-  ``runtime.rate_limit_patience_s`` (a daily limit; ``cupid_exp.llm.retry.RetryLater``): one line naming the limit
-  and the wait, no new instance started, the instances in flight not failed; the same command later resumes.
-- 130: interrupted (Ctrl-C): one line saying how many instances the journal holds and how to resume, no
-  traceback; the MLflow run ends KILLED. A sweep stops at the job it was running.
-- 143 (128 + the signal's number; SIGHUP 129, SIGUSR1 138, SIGUSR2 140): stopped by a signal (``kill``, a
-  scheduler's preemption, a closed terminal: ``durability.signals.STOP_SIGNALS``): as Ctrl-C, its line naming the
-  signal. A joblib sweep hands the signal to each job it runs: one line a job.
-
-In a sweep, a job's bad setting or incomplete result does not stop the other jobs: each job
-writes ``job_status.json`` into its folder in the sweep's (``<n>_<name>/``), and when the sweep ends the failed
-and incomplete jobs are listed together and the process exits with the worst code.
+It turns a job's ``Outcome`` into the exit codes of the README's table: one line and no traceback for everything
+but a bug. In a sweep a job's bad setting or incomplete result does not stop the others: each job writes
+``job_status.json`` into its folder in the sweep's, and when the sweep ends the failed and incomplete jobs are
+listed together and the process exits with the worst code.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Hydra's composition errors (a misspelt key, a wrong type, an unknown choice) as one line of our own.
 
-Hydra prints them itself, in 7-25 lines (the key's schema class, its reference type, every option of the group,
-the config search path, a hint about HYDRA_FULL_ERROR), and exits. Until a job starts, what is written to stderr
-is held (``HeldStderr``); if composition fails, ``one_line`` keeps what names the problem. A traceback (a bug
-before the job, in a callback) is passed on whole, and ``HYDRA_FULL_ERROR=1`` turns the holding off: Hydra's
-full text and its stack trace. An override of a key that the group's chosen option does not have, where another
-option has it, is said as such (``unread_override``: ``setting.top_k is read only by setting=retrieval``).
+Hydra prints them in 7-25 lines. Until a job starts stderr is held (``HeldStderr``); if composition fails,
+``one_line`` keeps what names the problem. A traceback passes whole, and ``HYDRA_FULL_ERROR=1`` turns the holding
+off. An override of a key only another option of its group has is said as such (``unread_override``).
 """
 
 from __future__ import annotations

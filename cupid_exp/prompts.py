@@ -1,12 +1,7 @@
-"""Prompt files in the official tool's layout: <dir>/{evaluation,synthesis}/<name>.yaml.
-
-Each file holds ``system_prompt`` and ``user_prompt`` templates with ``{placeholder}``
-fields. Pointing ``prompts.dir`` at the official directory reproduces its messages; the
-matcher's few-shot examples, which the official tool keeps in Python, are read from its
-source beside that directory (``cupid_exp.official_examples``), never taken from ours.
-A drop-in directory is taken whole: a file it lacks is never replaced by ours (its user wants
-every call exactly as that directory's prompts make it), and the plan refuses a job that needs
-one (``job.checks.check_prompts``).
+"""Prompt files in the official tool's layout: <dir>/{evaluation,synthesis}/<name>.yaml, with ``system_prompt`` and
+``user_prompt`` templates. The official directory reproduces its messages (the matcher's few-shot examples are
+read from its Python source: ``official_examples``). A drop-in directory is taken whole: a file it lacks is never
+replaced by ours, and the plan refuses a job that needs one (``job.checks.check_prompts``).
 """
 
 from __future__ import annotations

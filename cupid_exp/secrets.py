@@ -1,10 +1,9 @@
 """Keep API keys out of everything we write: logs, outputs, Hydra's saved config, MLflow.
 
-Two nets: values under secret-looking config keys, every HTTP header under ``headers``/``extra_headers``
-and credentials written into URLs (``user:password@``, ``?api_key=…``) are replaced by '***' in config
-data (``redact``); and any occurrence of a secret value — from such keys, headers and URLs, from
-command-line overrides or from environment variables named like keys/tokens — is replaced in free
-text (``scrub``). The values themselves still reach the calls: only what is written is masked.
+Two nets: config data has the values of secret-looking keys, every header and the credentials in URLs replaced by
+'***' (``redact``); free text has every known secret value (from such keys, headers, URLs, overrides and
+key-like environment variables) replaced (``scrub``). The calls still get the values: only what is written is
+masked.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
-"""One job, whatever its unit of work, in four phases: plan → execute → summarise → publish.
+"""One job, whatever its unit of work, in four phases: plan → execute → summarise → publish (docs/architecture.md).
 
-Evaluation (an instance: ``cupid_exp.evaluation``) and synthesis (a persona: ``cupid_exp.synthesis.work``) run
-through this one lifecycle: ``plan`` checks everything it can before the first model call and takes the job
-(its lock, journal, usage ledger and budget: ``job.attempt``), ``execute`` runs the units left to run with the
-same clients, limits, budget and worker processes, the kind summarises (``Work.summarise``), ``publish`` writes
-files, prints the report and finishes the MLflow run, which was opened right after planning and followed the
-job's progress (``cupid_exp.tracking.live``).
+Evaluation (an instance) and synthesis (a persona) share this lifecycle: ``plan`` checks all it can before the
+first call and takes the job (lock, journal, ledger, budget: ``job.attempt``), ``execute`` runs the units left,
+the kind summarises (``Work.summarise``), ``publish`` writes files, prints the report and finishes the MLflow run
+opened right after planning.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""A job's identity, by content: what decides its results, never how fast, through which spelling of an endpoint
-or with which key it gets them.
+"""A job's identity, by content: what decides its results, never how fast, through which spelling of an endpoint or
+with which key it gets them.
 
-The identity names the job's journal, its lock, its usage and budget ledgers, and (with the reporting settings)
-its MLflow run (``durability.attempts.run_key``); synthesis's folder name is a short hash of the same content
-(``cupid_exp.synthesis.config.fingerprint``). So a changed ``max_concurrency``, ``rpm``/``tpm``, timeout, retry
-count, worker count, price, Batch API switch or cache setting resumes the same job, and so does ``localhost`` for
-``127.0.0.1`` or a trailing slash (``llm.endpoints``); a rotated key or header value too (secrets enter masked, by
-name only). What changes an output (a model, its decoding parameters, a prompt, the data, the recipe) is a new
-job.
-
-The rule of what counts (``content``) lives below every package, in ``cupid_exp.identity``: the report reads runs
-by it too.
+It names the job's journal, lock, ledgers and (with the reporting settings) MLflow run. A changed concurrency,
+pace, timeout, retry count, worker count, price, Batch API switch or cache setting resumes the same job, as do
+``localhost`` for ``127.0.0.1``, a trailing slash and a rotated key; a model, its parameters, a prompt, the data or
+the recipe make a new one. The rule (``content``) lives in ``cupid_exp.identity``: the report reads runs by it too.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """A worker process of a job (``runtime.workers`` > 1; ``job.workers`` is the job's side): its own clients and event
 loop, units taken from a counter it shares with the job, each finished unit sent back with its calls and usage.
-
-Ctrl-C and stop signals are left to the job (they reach the whole process group: the job decides, and stops its
-workers); a worker
-whose job died (SIGKILL) exits rather than call models for nobody. A worker that meets the environment's failure (a
-full disk) sends it as such: the job ends with its one line (exit 5), as it would have in one process.
+Stop signals are left to the job, which stops its workers; a worker whose job died exits rather than call models
+for nobody; its environment failure is the job's one line (exit 5).
 """
 
 from __future__ import annotations

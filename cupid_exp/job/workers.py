@@ -1,21 +1,11 @@
 """``runtime.workers`` > 1: a job's model calls shared by several processes, each with its own event loop.
 
-Why: every call costs the client a few milliseconds of CPU (litellm, the OpenAI SDK, our steps:
-5-15 ms depending on the machine). At high concurrency and latency one core then bounds the call rate
-below what the backend would take (``bench/scale.py``); more processes use more cores. On Linux a worker is
-forked once the job's process has imported litellm (``start_method``), so it starts in a fraction of a second;
-spawned (macOS, Windows, or a job that built its clients first) it pays for its own start (Python, ``import litellm``:
-2-4 s of CPU). Each costs ~200 MB.
-
-The job's process stays the job: it runs its share of the units (instances, personas) itself, and it alone
-journals records, talks to the MLflow run and draws the progress bars. The others (``job.worker_process``, with
-Ctrl-C left to the job) take the next unit from a counter they share with it, and send back each finished unit
-with its model calls and the usage counted since the last one; their log lines go through the same queue. Each
-model's ``max_concurrency`` is split among the processes, so the provider sees the same bound.
-
-A bug in a worker (any exception that is not a counted step failure) stops the job with the worker's
-traceback, as it would in one process; so does a worker that dies. The environment's failure in a worker (a full
-disk) is the job's one line, exit 5 (``worker_process.WorkerEnvironmentFailure``).
+Each call costs the client milliseconds of CPU, so one core bounds the call rate at high concurrency
+(``bench/scale.py``). Workers are forked once litellm is imported (spawned elsewhere, paying their own start).
+The job's process runs its share of units and alone journals, talks to the MLflow run and draws progress; the
+workers take units from a shared counter and send each back with its calls and usage, their log lines through
+the same queue. Each model's ``max_concurrency`` is split among the processes. A worker's bug or death stops the
+job as it would in one process; its environment failure is the job's exit 5 (``WorkerEnvironmentFailure``).
 """
 
 from __future__ import annotations

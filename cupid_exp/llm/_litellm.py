@@ -1,10 +1,8 @@
 """Every touch of litellm's private layout, quarantined in one module.
 
-Each function here works around a measured cost or defect of litellm (the comments give the
-numbers) by reaching into a module or attribute litellm does not document. When litellm's layout
-changes they degrade to doing nothing (slower calls, same results) instead of breaking a run, and
-``probe()`` reports which of them still find their target: ``tests/llm/test_litellm_layout.py``
-fails loudly when one no longer does, so a litellm upgrade never makes runs silently slower.
+Each function works around a measured cost or defect of litellm through something it does not document. When
+the layout changes they do nothing (slower, same results), and ``probe()``, checked by
+``tests/llm/test_litellm_layout.py``, says which no longer find their target.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
-"""A provider's Batch API behind the same ``complete`` call: half price, hours of latency, resumable.
+"""A provider's Batch API behind the same ``complete`` call: half price, hours of latency, resumable (docs/batch.md).
 
-With ``runtime.batch=true`` a client hands each request to its ``Batcher`` instead of sending it. The
-batcher gathers the requests waiting at that moment (up to ``batch_size`` rows, or whatever arrived
-within ``batch_delay_s`` of the first), uploads them as one JSONL file, creates a batch, and polls it
-every ``batch_poll_s``; each row's reply resolves the call that asked for it, so the instance pipeline
-keeps its shape: a job's subject calls go out as one batch, then each evaluator step as further batches.
-
-Nothing is paid twice (``BatchLedger``, under ``<runtime.cache_dir>/batches``): every submitted batch and
-the requests it holds (by digest) are journaled before it is awaited, and every row that came back is kept.
-A rerun, even days later or on another machine with the same outputs folder, serves kept rows at no cost
-and polls the batches still pending instead of resubmitting. A row that failed for a reason a retry can
-fix (429, 5xx, an expired batch, no readable line for it in the output) goes into a later batch, up to
-``runtime.num_retries`` times; any other failure is the call's ``ProviderError``, counted by kind like a live call's.
-An output line that cannot be read was answered and billed all the same: its row's caller is told (``RowBill``).
-Identical requests share one row, paid once. The upload and the batch's creation go through the live calls' retry
-policy (``Guard``): a fatal refusal (a bad key, ``insufficient_quota``) stops the job, a rate limit beyond the
-patience stops it for later, as they do a live call. A batch rejected for the enqueued-token limit fails no row: its
-rows are held and sent again as earlier batches finish, in batches sized under the limit
-(``cupid_exp.llm.batch_limits``). Files and batches go through litellm (``acreate_file``, ``acreate_batch``,
-``aretrieve_batch``, ``afile_content``).
+A client's ``Batcher`` gathers the requests waiting (up to ``batch_size``, or those within ``batch_delay_s`` of the
+first), uploads them as one JSONL file, creates a batch and polls it; each row's reply resolves its call, so the
+instance pipeline keeps its shape. Nothing is paid twice: batches and their rows are journalled (``BatchLedger``)
+before they are awaited, so a rerun serves kept rows and polls pending batches instead of resubmitting, and
+identical requests share one row. Retryable row failures go into a later batch, up to ``runtime.num_retries``
+times; an unreadable output line was billed all the same (``RowBill``). Uploads and creation follow the live
+retry policy (``Guard``); a batch rejected for the enqueued-token limit fails no row (``batch_limits``).
 """
 
 from __future__ import annotations

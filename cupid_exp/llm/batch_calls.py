@@ -1,10 +1,7 @@
-"""The client's side of the Batch API (``runtime.batch``): a call as a batch row, priced at batch rates, and
-counted like a live call; a refusal means what it means live.
-
-The batcher's own requests (the file's upload, the batch's creation) go through the client's retry policy
-(``Guard``: ``cupid_exp.llm.retry.with_retries``), so a bad key or ``insufficient_quota`` there stops the job with
-one line (exit 2) and a rate limit beyond ``runtime.rate_limit_patience_s`` stops it for later (exit 75), instead of
-failing every row of the batch as a provider error. A row refused as a key or a model is refused stops it too.
+"""The client's side of the Batch API (``runtime.batch``): a call as a batch row, priced at batch rates and counted
+like a live call. The upload and the batch's creation go through the client's retry policy (``Guard``), so a bad
+key, ``insufficient_quota`` or a row refused for its key or model stops the job (exit 2) and a long rate limit
+stops it for later (exit 75), rather than fail every row.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """What a provider bills for each request it was sent, whatever its reply carries (or whether one came).
 
-Why: a reply without ``usage`` (proxies, self-hosted servers, some providers omit it) was priced at its zero
-tokens, so a budget stopped nothing; a request that timed out after it was sent cost nothing here although the
-provider processed and billed it, and each of ``num_retries + 1`` such requests rode on one reservation. So:
-
-- a reply without usage is counted locally (litellm's ``token_counter``, tiktoken for OpenAI's models): its
-  prompt and its completion, marked as estimated wherever usage is shown;
-- each attempt holds its own reservation on the budget; one that got no reply after it was sent (a timeout, a
-  connection lost mid-request) is charged its worst case (``cupid_exp.llm.budget.worst_case_usd``);
-- a reply that carries no completion (``EmptyReply``) is charged what it cost, and the call is retried.
+A reply without usage (proxies, self-hosted servers) is counted locally and marked estimated, so a budget still
+stops; each attempt holds its own reservation, and one lost after sending (a timeout, a dropped connection) is
+charged its worst case; a reply with no completion (``EmptyReply``) is charged what it cost and retried.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """A spending limit that holds across calls, worker processes and the parallel jobs of a sweep.
 
-Why: a budget checked after each call overshoots by every call in flight, and one kept in a process's memory
-knows nothing of the job's worker processes or of the sweep's other jobs. Here each paid call *reserves* its
-worst case before it is sent (an upper bound on its prompt tokens plus the reply's ``max_tokens``, at the
-model's prices) and *settles* what the provider bills for it after (``cupid_exp.llm.billing``: the reply's
-usage or a local count of its tokens, the worst case of a request lost after sending; nothing for a cache hit);
-each retry is a request of its own, with its own reservation. The
-accounts are small JSON ledgers guarded by a file lock, checked and written in one step, so two processes can
-never both pass the limit: a job's ledger beside its resume journal (``runtime.max_cost_usd``: what the job
-spends over all its attempts) and a sweep's in the sweep folder (``runtime.sweep_max_cost_usd``).
-
-A call whose worst case does not fit what is left is not sent: ``BudgetExceeded``, which stops the job's new
-instances (``cupid_exp.job.execute``). While other calls hold reservations that may come back unused, it
-waits for them instead of giving up early; waiting calls go in the order their instances started
-(``started_instance``), so that near the end the oldest instances finish rather than all of them half-way.
+A budget checked after each call overshoots by the calls in flight and knows nothing of other processes. Here each
+request *reserves* its worst case before it is sent and *settles* what it was billed after (``billing``), in
+small JSON ledgers under a file lock, so two processes never both pass the limit: the job's beside its journal
+(``runtime.max_cost_usd``) and a sweep's in its folder (``runtime.sweep_max_cost_usd``). A call that does not fit
+raises ``BudgetExceeded``, unless reservations may still come back unused: then it waits, oldest instance first
+(``started_instance``), so that near the end the oldest instances finish.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """One client layer over litellm for every provider, the embedded model included.
 
-Each request is one ``litellm.acompletion`` with the call's timeout and no retries of litellm's or the OpenAI
-SDK's; litellm's cache gives the persistent response cache (its entries on disk: ``response_cache``), litellm's
-price map and cost calculator the cost. This module adds only what litellm lacks: bounded
-concurrency per model, a cache namespace that covers api_base and every decoding parameter, per-step
-usage, and the line between a provider's failure (counted per instance, the run goes on) and a bug (the
-job stops with its traceback). Retries are ours (``cupid_exp.llm.retry``: rate limits waited out as the
-provider asks, a fatal refusal stops the job), and so are each provider pool's limits (``cupid_exp.llm.pools``:
-one concurrency bound, adaptive limit, pace and pause for every role and snapshot on the pool).
+Each request is one ``litellm.acompletion`` with the call's timeout and none of litellm's or the SDK's retries;
+litellm gives the response cache (on disk: ``response_cache``), the price map and the cost. This module adds what
+litellm lacks: a cache namespace covering api_base and every decoding parameter, per-step usage, and the line
+between a provider's failure (counted, the run goes on) and a bug (the job stops). Retries are ours (``retry``),
+as are the pools' limits (``pools``).
 """
 
 from __future__ import annotations

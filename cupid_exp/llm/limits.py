@@ -1,24 +1,14 @@
-"""The pieces of a provider pool's limits (``cupid_exp.llm.pools`` holds them together, one set per pool):
+"""The pieces of a provider pool's limits (``cupid_exp.llm.pools`` holds one set per pool; docs/limits-and-budgets.md).
 
-- ``AdaptiveLimit``: how many requests may be in flight (AIMD): it starts at a quarter of the pool's bound (at
-  least 4) and grows by one per success up to it (slow start, so that a key's first window does not meet the
-  whole burst), falls ×0.8 on a 429 (at most once per ``COOLDOWN_S``, which ends the slow start), and climbs
-  back by 10% after a round of successes (as many as the limit) with no 429, never under 1 nor over the bound;
-- ``Pacer``: each request is sent no earlier than the requests and tokens per minute allow, counted as OpenAI
-  counts them (prompt estimate + ``max_tokens``); a 429 while pacing slows the pace ×0.9 (once per cooldown,
-  down to half), success brings it back slowly: the provider's windows and our clock never align exactly. At
-  the moment of sending, no second may hold more than the paced share of requests (rounded up): a caller that
-  woke late (a busy CPU) waits instead of landing on top of the next second's requests, where the provider's
-  one-second window would refuse the excess, and none goes out within half the pace's spacing of the last
-  (a pair sent together straddles a provider's window boundary). Its schedule is a small ledger file under
-  ``runtime.cache_dir/rate_limits/`` (``filelock``), so worker processes and the jobs of a parallel sweep on
-  the same pool stay within the limits together;
-- ``RefusalPace``: the pace a provider admits, learned from its refusals when it states no limit (only
-  ``retry-after``): what it admitted over the seconds before it refused; then probed upward while the pace
-  binds, to just under the pace a refusal came at, and cut on a refusal. Each cut is judged by the refusals
-  that follow it: a rate limit's refusals fall when the pace falls, an overloaded provider's (a share of
-  requests refused whatever the pace) do not; then the pace they taught is dropped, and such refusals are
-  retried after the wait asked and change nothing until their share rises clearly above the overload's.
+- ``AdaptiveLimit``: the requests in flight (AIMD), starting at a quarter of the bound (a slow start, so that a key's
+  first window does not meet the whole burst), ×0.8 on a 429 at most once per ``COOLDOWN_S``, +10% after a round of
+  successes;
+- ``Pacer``: no request before the requests and tokens per minute allow, counted as OpenAI counts them, with the
+  schedule in a ledger file under ``runtime.cache_dir/rate_limits/`` shared by every process on the pool. At the
+  moment of sending no second holds more than its share: a caller a busy CPU woke late waits rather than land in
+  the next second's window, and none goes within half the spacing of the last (a pair straddles a window's edge);
+- ``RefusalPace``: the pace learned from the refusals of a provider that states no limit, probed upward, cut on a
+  refusal, and dropped when the refusals do not fall with it (an overloaded provider's).
 """
 
 from __future__ import annotations

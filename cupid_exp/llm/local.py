@@ -1,15 +1,10 @@
-"""In-process llama.cpp models as a litellm custom provider ("llamacpp/<name>").
+"""In-process llama.cpp models as a litellm custom provider ("llamacpp/<name>"): the same caching, retries and
+accounting as API models.
 
-Going through litellm keeps one code path for every model: the same caching,
-retries, usage and cost accounting apply to the embedded model and to API models.
-
-The engine is xllamacpp, which ships prebuilt CPU wheels of llama.cpp (portable AVX2, no
-AMX path, so no source build) and runs llama.cpp's own C++ server inside this process. We call
-its OpenAI-style ``handle_chat_completions`` directly (the HTTP listener it also starts is locked
-with a random key). That server brings what the evaluation needs: JSON-schema constrained
-decoding (llguidance), the chat template from the GGUF, a context check, and prompt-prefix reuse
-(the slot keeps the last prompt's KV cache and a RAM cache keeps earlier ones, so the matcher's
-long few-shot system prompt is processed once).
+The engine is xllamacpp (prebuilt CPU wheels, no source build), whose llama.cpp server runs in this process and is
+called directly (``handle_chat_completions``; its HTTP listener is locked with a random key). It brings JSON-schema
+constrained decoding, the GGUF's chat template, a context check and prompt-prefix reuse (the matcher's long
+few-shot system prompt is processed once).
 """
 
 from __future__ import annotations

@@ -1,42 +1,15 @@
 """A provider's pool: what its limits apply to, shared by every role, snapshot, process and job that calls it.
 
-Providers do not limit a model config: OpenAI limits an organization's project per model family (every
-snapshot of gpt-4o counts toward one RPM/TPM), Anthropic per rate-limit group, and a proxy or a self-hosted
-server has one capacity for whatever stands behind it. Limits kept per config let the paper's subject
-(gpt-4o-2024-08-06) and evaluator (gpt-4o-2024-11-20) each pace itself to the limit the headers state, and
-both were cut. Which pool a model config calls (``pool_name``): its ``pool`` key, else
+Providers limit a key per pool (a model family, a rate-limit group, a proxy's capacity), not per model config;
+which pool a config calls (``pool_name``) and what a pool holds (a concurrency bound with its adaptive limit, a
+pace, pauses, a refusal for good, an outage's probes) are in docs/limits-and-budgets.md. A 429's wait pauses
+the pool except while a learned pace is in force and the wait is a window or less (a provider sending only
+whole-second ``retry-after`` would idle the pool a second per refusal), and except for a refusal that neither
+taught nor cut the pace (an overloaded provider's, which would pause it at every random refusal).
 
-- OpenAI (``openai/`` at OpenAI's own API): the model family, its snapshot date dropped
-  (``gpt-4o-2024-08-06`` and ``gpt-4o-2024-11-20``: ``openai-gpt-4o``);
-- Anthropic (``anthropic/`` at Anthropic's API): its rate-limit group, the model without its date
-  (``anthropic-claude-3-7-sonnet``); the 4.x models of a family share one (``claude-sonnet-4-5-…``:
-  ``anthropic-claude-sonnet-4``), as Anthropic's rate-limit page lists them;
-- any other ``api_base`` (a proxy, vLLM, an OpenAI-compatible host): one pool per base
-  (``http://127.0.0.1:8000/v1``: ``api-127_0_0_1-8000-v1``);
-- a hosted provider reached without an ``api_base`` (``together_ai/``, ``vertex_ai/``, ``bedrock/``): one pool
-  per model,
-
-and always one per key (the key enters only as a hash). A pool holds (``cupid_exp.llm.limits``):
-
-- a concurrency bound, ``runtime.pools.<name>.max_concurrency`` when given (then the roles' own
-  ``max_concurrency`` is not used, and the processes calling the pool split it), else the largest
-  ``max_concurrency`` of its configs (split among a job's worker processes like each config's), and under it
-  the adaptive limit (AIMD);
-- a pace: ``runtime.pools.<name>.rpm``/``tpm``, else the smallest ``rpm``/``tpm`` its configs give, else the
-  limits the provider states (``x-ratelimit-limit-*``, ``anthropic-ratelimit-*-limit``: in a reply's headers,
-  as OpenAI sends them with every response, or a 429's), else the pace learned from its refusals;
-- a pause: a 429 that says how long to wait holds every caller until then (not while a learned pace is in
-  force and the wait is a window or less: a provider that sends only whole-second ``retry-after`` would idle
-  the pool a second per refusal; nor for a refusal that neither taught nor cut a learned pace, such as an
-  overloaded provider's: 10% refused at random paused the pool every tenth request);
-- whether it refused for good (a bad key, an unknown model, no connection ever): later calls are not sent;
-- an outage: an endpoint that answered before and stops (connections refused or reset, 5xx from several calls)
-  holds every caller while one probe at a time, with capped backoff, asks whether it is back
-  (``cupid_exp.llm.retry.with_retries`` decides when, and stops the job past ``runtime.outage_patience_s``).
-
-Processes on one pool (a job's workers, a sweep's parallel jobs) share the pace through the pacer's ledger and
-the rest through ``runtime.cache_dir/rate_limits/<pool>.pool.json`` (``cupid_exp.llm.pool_state``), read and
-written at most every ``SYNC_S`` and at each 429.
+Processes on one pool share the pace through the pacer's ledger and the rest through
+``runtime.cache_dir/rate_limits/<pool>.pool.json`` (``pool_state``), exchanged at most every ``SYNC_S`` and at
+each 429.
 """
 
 from __future__ import annotations

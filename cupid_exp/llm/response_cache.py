@@ -1,19 +1,10 @@
 """Where litellm's response cache keeps its entries: on disk, as JSON, shared by every job on the machine.
 
-litellm 1.109 removed its disk backend (what is left keeps entries in memory or in Redis, S3, GCS, ...),
-but its ``Cache`` still does the caching itself: the keys, our namespaces, hits and misses, the usage a
-hit reports. What it asks of a backend is a handful of get/set methods (``BaseCache``), and this is one:
-diskcache's SQLite store, which processes of a sweep may share, holding JSON text, never pickles (a
-pickle read back from a shared folder can run code). The same class serves every litellm version the
-project accepts, so a cache written under one is read under another.
-
-litellm writes to the cache in the background and swallows what a write raises (it logs its own line and goes on),
-so a write that fails (a full disk) is kept here and raised in the call's path by ``raise_failed_write``: the job
-ends with our one line naming the folder (exit 5), as it does when the store cannot even be opened.
-
-A store SQLite cannot read (``file is not a database``, ``database disk image is malformed``: a torn copy, a disk
-error) is set aside whole (``cupid_exp.aside``) and the job goes on with a new, empty one: its calls are made
-again. One that turns out unreadable later, past its opening, is a miss on read and no longer written to.
+litellm removed its disk backend, but its ``Cache`` still does the caching through a ``BaseCache``; this one is
+diskcache's SQLite store holding JSON, never pickles (a pickle read from a shared folder can run code), and reads
+the same under every litellm version the project accepts. litellm swallows a failed background write, so it is
+kept and raised in the call's path (``raise_failed_write``: exit 5). A store SQLite cannot read is set aside whole
+and replaced; one found unreadable later is a miss and no longer written.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """One model step, used by evaluation and synthesis alike: ask → parse → ask again → fail (counted).
 
-``ask`` sends the messages, hands the reply to the step's parser and, when the parser raises
-``ParseError``, tries again as the step's ``retry`` policy says: ``Reask`` shows the model its own
-reply and the reason (evaluation), ``Resample`` asks afresh with the attempt number, the reason and
-a moved sampling seed (synthesis, where a tiny model otherwise repeats itself). A provider failure
-or a reply that never parses becomes ``StepFailed`` with its kind; anything else is a bug and
-propagates. Every reply, usage and failure lands in the instance's ``Transcript``.
+On a ``ParseError`` the step's ``retry`` policy asks again: ``Reask`` shows the model its reply and the reason
+(evaluation), ``Resample`` asks afresh with a moved seed (synthesis: a tiny model otherwise repeats itself). A
+provider failure or a reply that never parses is ``StepFailed``; anything else is a bug and propagates. Every
+reply, usage and failure lands in the instance's ``Transcript``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The evaluated data as an MLflow dataset input, so runs can be grouped and filtered by it in the UI.
-
-The dataset is the instances the job ran (after ``data.instance_types`` and ``data.limit``), one row
-per instance with its key fields; its source is the Hub id, split and revision, or the file path;
-its digest is the data digest, or — for a subset — a digest of the data digest and the keys kept,
-so a 3-instance run and a full run never share one dataset entry (MLflow keys datasets by name and
-digest).
+"""The evaluated data as an MLflow dataset input, so runs can be grouped and filtered by it in the UI: the instances
+the job ran, one row each; its source the Hub id or the file; its digest the data's, or for a subset one of the
+data's and the keys kept, so a 3-instance run and a full run never share an entry (MLflow keys by name and digest).
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """The job's MLflow run while the job works: progress points, a trace per instance, and a clean end.
 
-Progress goes to the run as ``progress/...`` metrics whose step is the number of units done (instances, or a
-synthesis job's personas; those resumed from the journal included), so the curves of a resumed job continue
-where the earlier attempt stopped. A background thread logs a point every ``tracking.progress_every_s``
-seconds while calls go out (a run worker hears the job's usage between units too: a synthesis persona takes
-minutes), sooner when another 5% of the instances are done, never more than once a second, and only
-when something changed: a few points a minute, never one per call. The event loop only hands over
-each finished instance (and its trace); nothing it does waits on MLflow.
-
-``end`` is the one way the run ends, whatever happened: the last progress point, then for a job
-whose results were published (``finish``) the trace export (so such a run has all its traces), the
-status, the outcome tags (``run_outcomes``) and a line on this attempt; for a job stopped by
-an exception the status first and a bounded trace export after.
+Progress metrics (``progress/...``) are stepped by the units done, journalled ones included, so a resumed job's
+curves continue the earlier attempt's. A background thread logs a point every ``tracking.progress_every_s`` while
+calls go out, sooner each 5% of the units, at most once a second and only on change; the event loop only hands
+each finished unit over and never waits on MLflow. ``end`` is the one way the run ends: the last point, the trace
+export (bounded when an exception stopped the job), the status, the outcome tags and a line on this attempt.
 """
 
 from __future__ import annotations

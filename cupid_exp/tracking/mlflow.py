@@ -1,12 +1,9 @@
 """MLflow: one run per job, opened when the job starts and closed with its outcome; one parent per sweep.
 
-The parent is created once on the launching process (``callbacks.MlflowSweepCallback``) and its id
-written into the sweep directory, so jobs in other processes (joblib, submitit) nest under it
-without sharing memory. Keys never reach MLflow: config values under secret-looking names are
-redacted and known secret values scrubbed before they become params, tags or artifacts.
-
-Artifacts go where the store says: a server's own artifact store (``mlflow-artifacts:/``) unless
-``tracking.artifact_location`` names a place; for a SQLite store, a folder beside the database.
+The parent is created on the launching process (``callbacks.MlflowSweepCallback``) and its id written into the
+sweep folder, so jobs in other processes (joblib, submitit) nest under it. Keys never reach MLflow: secret-looking
+config values are redacted and known secrets scrubbed from params, tags and artifacts. Artifacts go to the
+server's store unless ``tracking.artifact_location`` names one; a SQLite store's beside the database.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """What a run's name and description say, so that MLflow's runs list tells runs apart and shows how each scored
-without picking columns (a fresh MLflow 3 runs table shows the run name, its start, duration, dataset and
-source; a run's description, ``mlflow.note.content``, heads the run's page).
+without picking columns (the description, ``mlflow.note.content``, heads the run's page).
 
-A job run is named by what distinguishes it: model, task, setting, evaluator, data (and the subset taken), the
-command's decoding choices (a model's or a judge's parameters, the prompts: as a report row's label names them,
-``reporting.runs.row_labels``) and the epochs when more than one. When it ends, its name gains the headline
-scores, the cost and how many units have a result, and its description says the same. A sweep's parent records
-the sweep's overrides as its params, and the swept ones in its name.
+A job run is named by what distinguishes it (model, task, setting, evaluator, data and subset, the command's
+decoding choices as ``reporting.runs.row_labels`` names them, epochs past one); when it ends the name gains the
+headline scores, the cost and the units with a result. A sweep's parent is named by its swept overrides.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """What a job's MLflow run takes over from the job's earlier attempts, and what it leaves alone.
 
-- A job found done (nothing left to run) whose run already holds its results (ended FINISHED, or FAILED as
-  incomplete: ``holds_results``) keeps that run as it is: its parent, duration and curves stay those of the
-  attempt that published them. A sweep that contains the job gets a small child run that links to it
-  (``cupid.kind=link``, ``cupid.links_to``), which the sweep's leaderboard follows (``tracking.sweep``).
-- A reopened run gets a trace for each journalled instance that has none in it (an attempt whose store went away,
-  a worker killed before it exported), rebuilt from the instance's record (``traces.TraceWriter.write_record``)
-  when the model phase ends; one that a killed attempt's worker exported late after all wins over it.
-- A reopened run keeps one trace per instance: an instance run again (a failure retried, a journal line cut by a
-  kill) replaces its earlier trace when the run ends with the job's results (``one_trace_per_unit``).
-- A reopened run that a sweep run again takes under its new parent leaves no empty parent behind
-  (``leave_no_empty_parent``).
-- A reopened run whose usage ledger is gone (its journal folder was deleted) carries the earlier attempts' calls and
-  cost from its own progress metrics, or says that they are lost.
+A done job whose run holds its results (``holds_results``) keeps that run untouched (a sweep links to it with a
+``cupid.kind=link`` child run, which its leaderboard follows). A reopened run gets a trace rebuilt from the journal
+for each instance that has none (``backfill``), keeps one trace per instance (``one_trace_per_unit``), leaves no
+empty parent behind when a new sweep takes it (``leave_no_empty_parent``), and, its usage ledger gone, carries the
+earlier attempts' usage from its own progress metrics (``carried_usage``).
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
-"""The job's MLflow run, kept by a worker process beside the job.
+"""The job's MLflow run, kept by a worker process beside the job (docs/mlflow.md, "Where MLflow runs").
 
-Everything MLflow costs happens here, on another core than the job's event loop: importing it
-(1-2 s), opening the run while the job imports litellm, building and exporting a trace per
-instance, progress points, and at the end the metrics, artifacts, table and plots. The job's
-process never imports MLflow. The worker is spawned, not forked (the job holds threads), as the
-job starts; ``open`` sends it the run's request and the job goes on building its clients;
-``wait_opened`` (before the first model call) returns once the run exists, or raises with the
-store's error. Then one message per finished instance (its ``InstanceResult``, record and
-``CallLog``, pickled on the event loop so that a failure shows up there), the job's usage totals from a
-thread between them (``pulse``: a synthesis persona takes minutes of calls, and its run's progress points
-move with them), and ``finish`` or ``end`` once, which wait until the run has ended.
-
-Tracking never costs the job its results, nor holds them hostage: if the worker dies, the job's process
-finishes the run itself (metrics, artifacts and status; the traces not yet exported are lost), and a worker
-that cannot be started at all leaves the job keeping its run in its own process. A store that cannot be reached,
-or that gives the worker no sign of progress for ``tracking.flush_timeout_s`` once the job has printed its
-results, ends the job with one line and exit 5 (``TrackingUnavailable``): the results are in its folder and its
-journal, and the same command publishes them, traces included, once the store answers.
-
-In a sweep (a job with a parent run) the worker outlives the job that finished: the next job of the
-sweep run by this process takes it, with MLflow and matplotlib already imported, instead of waiting
-for a new one to start (1-3 s per job). It quits when this process exits.
+Everything MLflow costs (its import, opening the run, a trace per instance, progress points, the final metrics,
+artifacts, table and plots) happens on another core than the job's event loop, and the job's process never
+imports MLflow. The worker is spawned, not forked (the job holds threads). The job pickles each finished
+instance on its event loop, so that an object that cannot cross fails there; a thread sends the usage totals
+between them (``pulse``: a synthesis persona takes minutes of calls). If the worker dies the job's process
+finishes the run itself; a store that cannot be reached, or that shows no progress for
+``tracking.flush_timeout_s`` once the results are printed, ends the job with exit 5 (``TrackingUnavailable``).
+In a sweep the worker outlives its job and serves this process's next one, MLflow already imported.
 """
 
 from __future__ import annotations

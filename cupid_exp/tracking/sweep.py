@@ -1,12 +1,8 @@
 """A sweep's parent run as the sweep's front page: its leaderboard and comparison plots.
 
-When a sweep ends, the report (``cupid_exp.reporting``) is built from the parent's finished child
-runs, and the runs its link children stand for (a job that had finished before the sweep keeps its own run:
-``tracking.reopen``) — the same selection rules, tables and bootstrap intervals as ``python -m cupid_exp.report``
-— and logged on the parent: ``leaderboard.md`` and ``leaderboard.html``, each table as an MLflow
-table artifact under ``leaderboard/``, the paired comparison of its two best rows (``reporting.compare.best_two``)
-as the last table, the cross-model plots under ``plots/``, and a few counts as
-metrics. A sweep that ended before its parent existed (or with no finished child) logs notes only.
+When a sweep ends the report is built from its finished child runs and the runs its links stand for, as
+``python -m cupid_exp.report`` builds it, and logged on the parent (docs/mlflow.md). A sweep that ended before its
+parent existed, or with no finished child, logs notes only.
 """
 
 from __future__ import annotations

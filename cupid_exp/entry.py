@@ -21,7 +21,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from cupid_exp.durability.signals import Terminated, install_sigterm_handler
-from cupid_exp.errors import (  # noqa: F401 - re-exported: the entry is where callers have found them
+from cupid_exp.errors import (
     EXIT_BAD_INPUT,
     EXIT_BUDGET,
     EXIT_BUG,
@@ -30,8 +30,6 @@ from cupid_exp.errors import (  # noqa: F401 - re-exported: the entry is where c
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_RETRY_LATER,
-    EXIT_TERMINATED,
-    ConfigError,
     InputError,
     Interrupted,
     Outcome,
@@ -385,13 +383,9 @@ def exit_code_of(exc: SystemExit) -> int:
 
 
 def exit_now(code: int) -> None:
-    """End the process once its work is done, without tearing down every object it made.
-
-    After a job, the interpreter's own shutdown (freeing the modules and objects of litellm, MLflow,
-    pandas and matplotlib) took 1.2-1.6 s of the whole-process time on this project's benchmark. What
-    shutdown must do still happens first: non-daemon threads are joined, atexit handlers run (logging's
-    flush, multiprocessing's reaping of workers, MLflow's and litellm's own), the standard streams flushed.
-    """
+    """End the process once its work is done, without the interpreter tearing down every object litellm, MLflow,
+    pandas and matplotlib made (over a second, ``bench/``). What shutdown must do still happens first: non-daemon
+    threads joined, atexit handlers run, the standard streams flushed."""
     import atexit
     import os
     import threading
@@ -412,13 +406,9 @@ def exit_now(code: int) -> None:
 
 
 def _release_sweep_workers() -> None:
-    """Stop a joblib sweep's idle loky workers by force instead of waiting for them to exit.
-
-    Every job has returned by now (its journal, ledger and MLflow run flushed in the worker). Left to
-    themselves, loky's exit hook asks each worker to end and joins it; a worker whose own interpreter
-    shutdown deadlocks (litellm's HTTP handler finalizer importing during teardown, seen about one sweep
-    in three that stopped on a refusal) then held the whole command forever after its last line.
-    """
+    """Stop a joblib sweep's idle loky workers by force: every job has returned and flushed by now, and a worker whose
+    own interpreter shutdown deadlocks (litellm's HTTP finalizer importing during teardown) held the command
+    forever after its last line when loky's exit hook joined it."""
     reusable = sys.modules.get("joblib.externals.loky.reusable_executor")
     executor = getattr(reusable, "_executor", None)
     if executor is not None:

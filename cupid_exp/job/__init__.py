@@ -52,11 +52,9 @@ def summarize_job(job: Job, execution: Execution, started: float) -> Summary:
 
 
 def import_alongside(modules: tuple[str, ...]) -> threading.Thread:
-    """Import ``modules`` on a thread while the job waits on its model calls (CPU that would otherwise idle):
-    what summarising imports (``Work.summary_modules``: pandas, numpy). Not matplotlib: its ~0.35 s on the same
-    GIL slowed the model phase by as much (30 instances: 1.65 -> 1.95 s); the run worker draws the plots, in its
-    own process, while this one summarises. Join it before using them. A failed import is left to the main
-    thread's own import, which raises it."""
+    """Import ``modules`` (``Work.summary_modules``: pandas, numpy) on a thread while the job waits on its model calls.
+    Not matplotlib: on the same GIL it slowed the model phase as much as it took (the run worker draws the plots).
+    Join it before using them; a failed import is left to the main thread's own import, which raises it."""
     def load() -> None:
         try:
             for name in modules:

@@ -12,14 +12,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from cupid_exp.config import config_digest
-from cupid_exp.identity import (  # noqa: F401 - re-exported: where callers have found them
-    LOCAL_NOT_IDENTITY,
-    MODEL_NOT_IDENTITY,
-    NOT_IDENTITY,
-    RUNTIME_NOT_IDENTITY,
-    by_content,
-    content,
-)
+from cupid_exp.identity import content
 
 
 def content_digest(config: Mapping[str, Any], not_identity: Iterable[str] = (), *, length: int = 20,

@@ -44,12 +44,9 @@ CLIENT_MODULES = ("litellm", "cupid_exp.llm.client", "cupid_exp.llm.steps", "cup
 
 
 def start_method() -> Literal["fork", "spawn"]:
-    """``fork`` on Linux, ``spawn`` elsewhere (macOS's system libraries are not fork-safe; Windows has no fork).
-
-    Why fork: a spawned worker imports litellm again (3-4 s of CPU, measured) while the job's process does the
-    same, on the cores the job's own start needs. Forked after those imports and before any client, cache or
-    event loop exists (``start_workers``), a worker starts with them done and builds its own clients as a
-    spawned one does."""
+    """``fork`` on Linux, ``spawn`` elsewhere (macOS's system libraries are not fork-safe; Windows has no fork). A
+    forked worker starts with litellm imported, where a spawned one imports it again on the cores the job's own
+    start needs."""
     return "fork" if sys.platform.startswith("linux") else "spawn"
 
 
@@ -201,11 +198,9 @@ async def _spread(job: Job, todo: list[Any], observer: InstanceObserver | None, 
 def start_workers(job: Job) -> Workers | None:
     """The job's worker processes, when it has some (``job.attempt.processes``); stop them with ``Workers.stop``.
 
-    Forked (``start_method``) only before the job's clients exist (``run_job`` starts them before ``connect``): a
-    forked worker must not inherit them (their response cache holds an SQLite connection, their endpoints the
-    job's share of each limit). Spawned where the job has its clients already, and where litellm's native runtime
-    has started in this process (a native route ran: litellm's Router, which the client no longer uses, among them):
-    it does not survive a fork. The client's own calls leave it unstarted, so a sweep's later jobs fork too."""
+    Forked only before the job's clients exist (``run_job`` starts them before ``connect``): a fork must not inherit
+    their SQLite cache connection or their share of each limit. Spawned where the clients exist already, or where
+    litellm's native runtime started in this process (it does not survive a fork; the client never starts it)."""
     if job.attempt.processes <= 1:
         return None
     method = start_method() if job.ctx is None else "spawn"

@@ -85,13 +85,9 @@ def probe() -> dict[str, bool]:
 
 
 def drop_legacy_cache_callbacks() -> None:
-    """Remove the string "cache" that litellm's ``Cache()`` puts in its global callback lists.
-
-    litellm no longer reads it (its caching handler reads and writes the cache itself), but a non-empty
-    ``success_callback`` makes every async call hand litellm's sync success handler to a thread pool,
-    which builds the full logging payload and prices the response a second time for no one: measured
-    ~0.7 ms of CPU per call (~10%). Cache hits, keys and writes are unchanged without it.
-    """
+    """Remove the string "cache" that litellm's ``Cache()`` puts in its global callback lists: litellm no longer reads
+    it, but a non-empty ``success_callback`` has every async call build and price a logging payload for no one on a
+    thread pool (about a tenth of a call's CPU). Caching is unchanged without it."""
     import litellm
 
     for callbacks in (litellm.input_callback, litellm.success_callback, litellm._async_success_callback):
@@ -121,13 +117,9 @@ def import_first_call_modules() -> None:
 
 
 def keep_developer_role() -> None:
-    """Send a ``developer`` message as ``developer`` to OpenAI-style chat APIs.
-
-    litellm rewrites ``developer`` to ``system`` for every OpenAI chat model but the o-series (measured on
-    the wire with gpt-4o-2024-11-20), while the official CUPID tool sends its evaluator's instructions as
-    ``developer``: a model config's ``system_role`` must be what reaches the API, or drop-in prompts are not
-    the official calls. Only messages we build with that role are affected (``system_role: developer``).
-    """
+    """Send a ``developer`` message as ``developer`` to OpenAI-style chat APIs: litellm rewrites it to ``system`` for
+    all but the o-series, while the official tool sends its evaluator's instructions as ``developer`` (drop-in
+    prompts must make the official calls). Only messages built with ``system_role: developer`` are affected."""
     try:
         from litellm.llms.openai.chat.gpt_transformation import OpenAIGPTConfig
     except ImportError:  # another layout: the role may be rewritten, which tests/tasks catch on the wire
@@ -143,9 +135,9 @@ def _as_given(self: object, messages: list[Any], *args: object, **kwargs: object
 
 
 def no_logging_flag() -> Any:
-    """litellm's "internal call" context flag: set around our calls, it skips litellm's per-call logging
-    callbacks. Without callbacks configured that logging is pure waste (~0.5 ms of CPU per call, measured);
-    cost, usage, cache hits/writes and retries are computed outside it. None on another layout."""
+    """litellm's "internal call" context flag: set around our calls, it skips litellm's per-call logging callbacks,
+    pure CPU waste without callbacks configured (cost, usage, caching and retries are computed outside it). None on
+    another layout."""
     try:
         return _internal_call_flag()
     except ImportError:

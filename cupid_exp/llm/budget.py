@@ -122,10 +122,9 @@ def priced(model: ModelConfig, settings: CallSettings) -> Prices:
 
 
 def worst_case_usd(prices: Prices, messages: list[Message], kwargs: Mapping[str, Any]) -> float:
-    """An upper bound on a call's cost: every byte of the prompt a token (a token is at least one byte) plus the
-    framing of each message and any response schema, and a reply of ``max_tokens``. Counting tokens exactly
-    cost 2-3 ms of CPU per call (litellm's tokenizer, measured on 10k-character prompts); the bound costs
-    microseconds and only makes the last call of a budget stop a little early."""
+    """An upper bound on a call's cost: every prompt byte a token (a token is at least one byte) plus each message's
+    framing and any response schema, and a reply of ``max_tokens``. Exact counting costs milliseconds of CPU per call;
+    the bound, microseconds, and it only stops a budget's last call a little early."""
     if not prices.input and not prices.output:
         return 0.0
     prompt, reply = worst_case_tokens(messages, kwargs, prices.max_output_tokens)

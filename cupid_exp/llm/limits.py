@@ -276,13 +276,10 @@ OVERLOAD_MOST = 0.25  #: a cut is judged an overload's only where the share refu
 
 
 class RefusalPace:
-    """Requests per minute a provider admits, where it states no limit (no ``x-ratelimit-*``): headers alone
-    left such a pool unpaced, and 29% of its requests were refused (the AIMD limit and the pauses bound what is
-    in flight, not how fast it goes out).
-
-    Not every 429 is a limit: an overloaded provider refuses a share of requests at any pace. Cut for each, the
-    pace fell from 67 to 14 requests per 30 s and on (10% refused with ``retry-after: 2``). So each cut is
-    judged (``_settle``) by the share refused at the pace it set against the share refused just before it."""
+    """Requests per minute a provider admits where it states no limit: headers alone left such a pool unpaced (the AIMD
+    limit and the pauses bound what is in flight, not how fast it goes out). An overloaded provider refuses a share
+    of requests at any pace, so each cut is judged (``_settle``) by the share refused at its pace against the share
+    refused just before it."""
 
     def __init__(self) -> None:
         self.sends: deque[float] = deque()  #: wall-clock times of the requests sent, the last ``HORIZON_S``

@@ -27,7 +27,7 @@ from cupid_exp.llm.calls import CallLog
 from cupid_exp.results import InstanceResult
 from cupid_exp.tracking.live import FinalLog, LiveRun, RunRequest, Totals, read_totals
 from cupid_exp.tracking.run_worker_process import SnapshotMeter, serve
-from cupid_exp.tracking.store_errors import TrackingError, TrackingUnavailable, store_unreachable  # noqa: F401
+from cupid_exp.tracking.store_errors import TrackingError, TrackingUnavailable, store_unreachable
 from cupid_exp.tracking.traces import trace_input
 
 if TYPE_CHECKING:

@@ -1,14 +1,9 @@
 """Typed schema for every config group, and the value checks a type cannot express.
 
-Each group folder under ``conf/`` is merged into one of these dataclasses, so a misspelt key
-or a wrong type in any YAML choice or command-line override fails at composition, before a
-model call. Ranges and choices are checked once the config becomes objects (``check_tree``, with the helpers of
-``config_checks``): every bad value gives one ``ConfigError`` line naming the key, the value and what is allowed.
-Settings carry their own schemas beside their code (``cupid_exp/settings/``).
-
-This module sits below the model layer, the settings and the tasks, and imports none of them: the schemas are
-registered in Hydra's ConfigStore where an entry starts (``config_store``), and ``task.parts`` is checked against
-the task registry when a job is planned (``tasks.check_task_parts``).
+A misspelt key or a wrong type fails at composition; ranges and choices are checked once the config becomes
+objects (``check_tree``): one ``ConfigError`` line each. Settings carry their schemas beside their code. This
+module imports nothing above it: schemas are registered where an entry starts (``config_store``), and
+``task.parts`` is checked when a job is planned (``tasks.check_task_parts``).
 """
 
 from __future__ import annotations
@@ -44,7 +39,7 @@ POOL_LIMITS = ("rpm", "tpm", "max_concurrency")  #: what ``runtime.pools.<name>`
 _EMPTY_AS_NULL = ("pools", "step_params")
 
 
-def _without_nulls(value: Any) -> Any:
+def _without_nulls(value: object) -> object:
     if isinstance(value, dict):
         return {k: _without_nulls(v) for k, v in value.items()
                 if v is not None and not (k in _EMPTY_AS_NULL and v == {})}
@@ -53,7 +48,7 @@ def _without_nulls(value: Any) -> Any:
     return value
 
 
-def config_digest(data: Any, length: int = 20) -> str:
+def config_digest(data: object, length: int = 20) -> str:
     """A stable hash of plain config data. Null values are left out, so a new optional setting (null by
     default) does not change the digest of every earlier job: resumes and job folders carry over."""
     import hashlib
@@ -333,7 +328,7 @@ class CallSettings:
     pools: Dict[str, Any]  #: limits given once per provider pool (``runtime.pools.<name>``: ``llm.pools``)
 
 
-def check_pool_limits(where: str, name: str, limits: Any) -> None:
+def check_pool_limits(where: str, name: str, limits: object) -> None:
     """``runtime.pools.<name>``: a pool name and a mapping of its rpm, tpm and max_concurrency."""
     require(bool(POOL_NAME.fullmatch(str(name))), where, name,
             "a pool name of letters, digits, '_' and '-' that starts with a letter")

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import MISSING, fields, is_dataclass
-from typing import Any, Sequence
+from typing import Mapping, Sequence
 
 from cupid_exp.decoding_params import param_problem
 from cupid_exp.errors import ConfigError
 
 
-def require(ok: bool, key: str, value: Any, allowed: str) -> None:
+def require(ok: bool, key: str, value: object, allowed: str) -> None:
     """Raise the one-line error every bad setting gets: which key, which value, what is allowed."""
     if not ok:
         raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
@@ -40,7 +40,7 @@ def require_no_credentials(key: str, url: str | None, instead: str) -> None:
                           f"would be written in clear; {instead}")
 
 
-def check_params(params: Any, where: str) -> None:
+def check_params(params: Mapping[str, object], where: str) -> None:
     """Raise ConfigError for the first bad decoding parameter (``decoding_params``), naming ``<where>.<key>``."""
     for key, value in params.items():
         problem = param_problem(str(key), value, params)
@@ -54,7 +54,7 @@ class Checked:
         pass
 
 
-def check_known_keys(composed: Any, node: Any, where: str = "") -> None:
+def check_known_keys(composed: object, node: object, where: str = "") -> None:
     """Reject keys a schema does not have. Hydra's ``+key=value`` adds a key even to a typed node, and
     turning the config into objects drops it silently: ``+runtime.num_retry=3`` would be ignored."""
     import difflib
@@ -79,13 +79,13 @@ def not_read(key: str, group: str, options: Sequence[str]) -> ConfigError:
     return ConfigError(f"{key} is read only by {readers}; add {group}={options[0]}")
 
 
-def read_only_by(option: str, **when: Any) -> dict[str, Any]:
+def read_only_by(option: str, **when: object) -> dict[str, object]:
     """A schema field's metadata: the field is read only when its node's fields ``when`` hold those values (a data
     file's path only by ``source: local``); ``option`` is the choice of the node's group that sets them."""
     return {"read_only_by": (option, when)}
 
 
-def check_read(node: Any, where: str) -> None:
+def check_read(node: object, where: str) -> None:
     """Refuse a field of ``node`` set (unlike its default) where its ``read_only_by`` says it is not read."""
     for f in fields(node):
         option, when = f.metadata.get("read_only_by", (None, {}))
@@ -96,7 +96,7 @@ def check_read(node: Any, where: str) -> None:
             raise not_read(f"{where}.{f.name}", where.rsplit(".", 1)[-1], [option])
 
 
-def check_tree(node: Any, where: str = "") -> None:
+def check_tree(node: object, where: str = "") -> None:
     """Run ``check`` on every Checked dataclass in a config object tree (parents first), after refusing what a
     node's own choice does not read (``check_read``)."""
     if is_dataclass(node):

@@ -8,9 +8,9 @@ the entry, and not in ``cupid_exp.config``: importing the schema then imports no
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig
 
 from cupid_exp.config import RunConfig
 
@@ -30,7 +30,7 @@ def register_configs() -> None:
     register_setting_schemas()
 
 
-def experiment_fingerprint(*, _root_: Any) -> str:
+def experiment_fingerprint(*, _root_: DictConfig) -> str:
     """``${experiment_fingerprint:}``: the folder name of the job the composed config describes
     (``identity.folder_fingerprint``). A config that does not resolve enters as written: the job says what is wrong."""
     from omegaconf import OmegaConf
@@ -46,7 +46,7 @@ def experiment_fingerprint(*, _root_: Any) -> str:
     return folder_fingerprint(resolved)
 
 
-def sweep_job_folder(num: Any, name: str, *, _root_: Any) -> str:
+def sweep_job_folder(num: int, name: str, *, _root_: DictConfig) -> str:
     """``hydra.sweep.subdir``: a sweep job's folder is its experiment's, the one a single run of it has
     (``<output_root>/runs/<name>/<fingerprint>``; absolute, so Hydra puts it there, outside the sweep's folder),
     while the sweep's folder is under ``<output_root>/multirun``; a ``hydra.sweep.dir`` set elsewhere keeps its jobs

@@ -1,16 +1,10 @@
-"""Decoding parameters checked before the first call: a wrong type or an out-of-range value in
-``model.params`` fails the plan with one line (key, value, what is allowed) instead of reaching a
-provider, which would refuse it at best (one paid request per instance) and coerce it at worst.
+"""Decoding parameters checked before the first call: a wrong type or range in ``model.params`` fails the plan in one
+line instead of reaching a provider, which would refuse it (one paid request per instance) or coerce it.
 
-The table holds what the OpenAI chat API and litellm's common parameters take, plus the provider
-extras the shipped configs carry (Anthropic's ``thinking``, OpenAI's ``reasoning_effort``) and the
-sampling knobs of open-weight servers (vLLM, llama.cpp). A key the table does not know passes
-through unchanged (providers differ, and litellm forwards or drops what it cannot map), unless it is
-one letter or two away from a known key (``temprature``): a typo there would silently leave the
-provider's default in force, so it fails too, with the name it probably meant.
-
-The schema's check (``config.ModelConfig.check``) asks ``param_problem`` of each key: this table imports nothing,
-so the config stays below the model layer.
+The table holds the OpenAI chat API's and litellm's common parameters, the shipped configs' provider extras and
+open-weight servers' sampling knobs. An unknown key passes through (providers differ) unless it is a near miss of
+a known one (``temprature``), which would silently leave the provider's default in force. It imports nothing, so
+the config (``config.ModelConfig.check``) stays below the model layer.
 """
 
 from __future__ import annotations
@@ -22,11 +16,11 @@ from typing import Any, Callable, Mapping
 Check = tuple[Callable[[Any], bool], str]  # (accepts the value, what is allowed)
 
 
-def _number(value: Any) -> bool:
+def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _integer(value: Any) -> bool:
+def _integer(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -40,11 +34,11 @@ def _at_least(low: int) -> Check:
     return (lambda v: _integer(v) and v >= low, f"an integer >= {low}")
 
 
-def _one_of(*choices: Any) -> Check:
+def _one_of(*choices: object) -> Check:
     return (lambda v: v in choices, f"one of {', '.join(map(str, choices))}")
 
 
-def _stop(value: Any) -> bool:
+def _stop(value: object) -> bool:
     return isinstance(value, str) or (isinstance(value, list) and all(isinstance(s, str) for s in value))
 
 
@@ -75,7 +69,7 @@ CHECKS: dict[str, Check] = {
 }
 
 
-def _thinking(value: Any, params: Mapping[str, Any]) -> str | None:
+def _thinking(value: object, params: Mapping[str, Any]) -> str | None:
     """Anthropic's extended thinking: {type: enabled, budget_tokens: >= 1024 and < max_tokens} or {type: disabled}."""
     if not isinstance(value, Mapping) or value.get("type") not in ("enabled", "disabled"):
         return "{type: enabled, budget_tokens: N} or {type: disabled}"
@@ -89,7 +83,7 @@ def _thinking(value: Any, params: Mapping[str, Any]) -> str | None:
     return None
 
 
-def param_problem(key: str, value: Any, params: Mapping[str, Any]) -> str | None:
+def param_problem(key: str, value: object, params: Mapping[str, Any]) -> str | None:
     """What is allowed for ``key`` when ``value`` is not; None when the value is fine or the key is not checked."""
     if key == "thinking":
         return _thinking(value, params)

@@ -1,30 +1,9 @@
 """The Hydra entry shared by ``python -m cupid_exp`` and ``python -m cupid_exp.synthesize``.
 
-A job ends in one of these ways, each with its exit code (documented in the README):
-
-- 0: complete (or below ``runtime.max_failed_fraction`` failed instances);
-- 1: a bug: the traceback is printed, the journal keeps what finished;
-- 2: a bad setting or bad data, found before the first model call, the same job running in another
-  process (``durability.job_lock``), or a provider's fatal refusal (a bad key, an unknown model, an endpoint that
-  never answers: ``cupid_exp.llm.retry.FatalProviderError``, the job stops starting instances at once): one
-  line, no traceback;
-- 3: incomplete: more than ``runtime.max_failed_fraction`` of the instances failed;
-- 4: budget reached: ``runtime.max_cost_usd`` or ``runtime.sweep_max_cost_usd`` refused a call; the instances
-  left are not run (the same command with a higher budget resumes them);
-- 5: the environment failed the job (a full disk, a read-only or forbidden folder, a folder that vanished):
-  one line naming the path and the error; the journal keeps what finished, the MLflow run ends FAILED;
-- 75 (sysexits' EX_TEMPFAIL): try again later: a provider's rate limit asks for a longer wait than is left of
-  ``runtime.rate_limit_patience_s`` (a daily limit; ``cupid_exp.llm.retry.RetryLater``): one line naming the limit
-  and the wait, no new instance started, the instances in flight not failed; the same command later resumes.
-- 130: interrupted (Ctrl-C): one line saying how many instances the journal holds and how to resume, no
-  traceback; the MLflow run ends KILLED. A sweep stops at the job it was running.
-- 143 (128 + the signal's number; SIGHUP 129, SIGUSR1 138, SIGUSR2 140): stopped by a signal (``kill``, a
-  scheduler's preemption, a closed terminal: ``durability.signals.STOP_SIGNALS``): as Ctrl-C, its line naming the
-  signal. A joblib sweep hands the signal to each job it runs: one line a job.
-
-In a sweep, a job's bad setting or incomplete result does not stop the other jobs: each job
-writes ``job_status.json`` into its folder in the sweep's (``<n>_<name>/``), and when the sweep ends the failed
-and incomplete jobs are listed together and the process exits with the worst code.
+It turns a job's ``Outcome`` into the exit codes of the README's table: one line and no traceback for everything
+but a bug. In a sweep a job's bad setting or incomplete result does not stop the others: each job writes
+``job_status.json`` into its folder in the sweep's, and when the sweep ends the failed and incomplete jobs are
+listed together and the process exits with the worst code.
 """
 
 from __future__ import annotations
@@ -36,13 +15,13 @@ import signal
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from cupid_exp.durability.signals import Terminated, install_sigterm_handler
-from cupid_exp.errors import (  # noqa: F401 - re-exported: the entry is where callers have found them
+from cupid_exp.errors import (
     EXIT_BAD_INPUT,
     EXIT_BUDGET,
     EXIT_BUG,
@@ -51,20 +30,22 @@ from cupid_exp.errors import (  # noqa: F401 - re-exported: the entry is where c
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_RETRY_LATER,
-    EXIT_TERMINATED,
-    ConfigError,
     InputError,
     Interrupted,
     Outcome,
     pipe_safe,
 )
 
+if TYPE_CHECKING:
+    from cupid_exp.tracking.mlflow import SweepParent
+
+
 # A sweep exits with its worst job's code, worst first: what needs a fix (a bad setting, the environment, a budget),
 # then what needs only time (a rate limit), then incomplete.
 _SWEEP_SEVERITY = (EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_BUDGET, EXIT_RETRY_LATER, EXIT_INCOMPLETE)
 
 
-def _masked(line: str, overrides: Any, cfg: DictConfig | None = None) -> str:
+def _masked(line: str, overrides: Sequence[str], cfg: DictConfig | None = None) -> str:
     """An error line without any secret of the overrides or the job's config (a key, a URL's credentials, a
     header): Hydra's own refusals and suggestions quote the override they refused."""
     from omegaconf import OmegaConf
@@ -97,7 +78,7 @@ def _release_stderr(*, sweep: bool = False) -> None:
                 sys.stderr = ScrubbedStderr(sys.stderr, lambda text: mask_url_credentials(scrub(text, secrets)))
 
 
-def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path, dict, Any], Outcome],
+def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path, dict, SweepParent | None], Outcome],
                   input_errors: tuple[type[BaseException], ...]) -> float | None:
     """Run one job under Hydra; write its status; exit with its code when it is a single run."""
     global _STARTED
@@ -158,7 +139,7 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
     return outcome.value
 
 
-def _sweep_job(hc: Any, output_dir: Path) -> tuple[str, Path]:
+def _sweep_job(hc: DictConfig, output_dir: Path) -> tuple[str, Path]:
     """A sweep job's name and the folder of its status: its own folder where it lies in the sweep's, else (its
     experiment's folder under ``runs/``: ``conf/config.yaml``) ``<sweep folder>/<n>_<name>``, so that the sweep's
     folder lists every job it ran."""
@@ -235,7 +216,7 @@ _ENDED = {"error": "refused", "incomplete": "incomplete", "budget": "stopped by 
 _NAMED = 3  # jobs a group names before "and N more"
 
 
-def grouped_outcomes(bad: list[dict[str, Any]]) -> list[str]:
+def grouped_outcomes(bad: list[Mapping[str, object]]) -> list[str]:
     """One line per (outcome, reason): '20 jobs refused (0_a, 1_b, 2_c and 17 more): data=cupid: …'."""
     groups: dict[tuple[str, str], list[str]] = {}
     for status in bad:
@@ -257,7 +238,7 @@ class SweepReportCallback(Callback):
 
     exit_code = EXIT_OK
 
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+    def on_multirun_start(self, config: DictConfig, **kwargs: object) -> None:
         global _SWEEP_DIR
         try:  # a folder the sweep cannot make (a read-only output root): Hydra's error, held, said in one line
             Path(config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)
@@ -267,7 +248,7 @@ class SweepReportCallback(Callback):
         # the sweep composed: what it says from here on is said as it happens (joblib jobs too)
         _release_stderr(sweep=True)
 
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+    def on_multirun_end(self, config: DictConfig, **kwargs: object) -> None:
         from cupid_exp.tracking.callbacks import job_statuses
 
         statuses = job_statuses(Path(config.hydra.sweep.dir))
@@ -283,7 +264,7 @@ class SweepReportCallback(Callback):
 _PROGRAMS = {"config": "cupid_exp", "synthesize": "cupid_exp.synthesize"}  # how a one-line error names the command
 
 
-def hydra_entry(config_name: str, task: Callable[[DictConfig], Any],
+def hydra_entry(config_name: str, task: Callable[[DictConfig], object],
                 register: Callable[[], None] | None = None) -> Callable[[], None]:
     """A console-script ``main()`` running ``task`` under Hydra with cupid-exp's config folder.
 
@@ -402,13 +383,9 @@ def exit_code_of(exc: SystemExit) -> int:
 
 
 def exit_now(code: int) -> None:
-    """End the process once its work is done, without tearing down every object it made.
-
-    After a job, the interpreter's own shutdown (freeing the modules and objects of litellm, MLflow,
-    pandas and matplotlib) took 1.2-1.6 s of the whole-process time on this project's benchmark. What
-    shutdown must do still happens first: non-daemon threads are joined, atexit handlers run (logging's
-    flush, multiprocessing's reaping of workers, MLflow's and litellm's own), the standard streams flushed.
-    """
+    """End the process once its work is done, without the interpreter tearing down every object litellm, MLflow,
+    pandas and matplotlib made (over a second, ``bench/``). What shutdown must do still happens first: non-daemon
+    threads joined, atexit handlers run, the standard streams flushed."""
     import atexit
     import os
     import threading
@@ -429,13 +406,9 @@ def exit_now(code: int) -> None:
 
 
 def _release_sweep_workers() -> None:
-    """Stop a joblib sweep's idle loky workers by force instead of waiting for them to exit.
-
-    Every job has returned by now (its journal, ledger and MLflow run flushed in the worker). Left to
-    themselves, loky's exit hook asks each worker to end and joins it; a worker whose own interpreter
-    shutdown deadlocks (litellm's HTTP handler finalizer importing during teardown, seen about one sweep
-    in three that stopped on a refusal) then held the whole command forever after its last line.
-    """
+    """Stop a joblib sweep's idle loky workers by force: every job has returned and flushed by now, and a worker whose
+    own interpreter shutdown deadlocks (litellm's HTTP finalizer importing during teardown) held the command
+    forever after its last line when loky's exit hook joined it."""
     reusable = sys.modules.get("joblib.externals.loky.reusable_executor")
     executor = getattr(reusable, "_executor", None)
     if executor is not None:

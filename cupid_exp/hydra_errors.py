@@ -1,11 +1,8 @@
 """Hydra's composition errors (a misspelt key, a wrong type, an unknown choice) as one line of our own.
 
-Hydra prints them itself, in 7-25 lines (the key's schema class, its reference type, every option of the group,
-the config search path, a hint about HYDRA_FULL_ERROR), and exits. Until a job starts, what is written to stderr
-is held (``HeldStderr``); if composition fails, ``one_line`` keeps what names the problem. A traceback (a bug
-before the job, in a callback) is passed on whole, and ``HYDRA_FULL_ERROR=1`` turns the holding off: Hydra's
-full text and its stack trace. An override of a key that the group's chosen option does not have, where another
-option has it, is said as such (``unread_override``: ``setting.top_k is read only by setting=retrieval``).
+Hydra prints them in 7-25 lines. Until a job starts stderr is held (``HeldStderr``); if composition fails,
+``one_line`` keeps what names the problem. A traceback passes whole, and ``HYDRA_FULL_ERROR=1`` turns the holding
+off. An override of a key only another option of its group has is said as such (``unread_override``).
 """
 
 from __future__ import annotations
@@ -13,7 +10,7 @@ from __future__ import annotations
 import io
 import re
 import sys
-from typing import Any, Callable, Sequence, TextIO
+from typing import Callable, Sequence, TextIO
 
 _NOISE = (re.compile(r"^\s*(full_key|reference_type|object_type|key|parent_node)[:=]"),
           re.compile(r"^Set the environment variable HYDRA_FULL_ERROR=1"))
@@ -110,7 +107,7 @@ def one_line(text: str) -> str | None:
     return said + "; HYDRA_FULL_ERROR=1 shows Hydra's full message"
 
 
-def _has(node: Any, key: str) -> bool:
+def _has(node: object, key: str) -> bool:
     """Whether the plain config ``node`` has the dotted ``key`` (a null parent has none of its keys)."""
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
@@ -145,7 +142,7 @@ def unread_override(overrides: Sequence[str], config_name: str) -> str | None:
         elif key.split(".", 1)[0] in groups:
             dotted.append(key)
 
-    def composed(group: str, option: str | None) -> Any:
+    def composed(group: str, option: str | None) -> object:
         picked = {**context, **({group: option} if option else {})}
         if GlobalHydra.instance().is_initialized():
             GlobalHydra.instance().clear()

@@ -7,7 +7,7 @@ Never how fast, through which spelling of an endpoint or with which key results 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
 from cupid_exp.llm.endpoints import canonical_api_base
 from cupid_exp.secrets import redact
@@ -33,7 +33,7 @@ MODEL_NOT_IDENTITY = {"max_concurrency", "rpm", "tpm", "pool", "api_key_env", "i
 LOCAL_NOT_IDENTITY = {"n_threads", "n_threads_batch", "n_batch", "prompt_cache_mb"}
 
 
-def by_content(value: Any) -> Any:
+def by_content(value: object) -> object:
     """``value`` (plain config data) with every model config reduced to what decides its replies: see the module
     docstring. A model config is any mapping with a ``litellm_model``."""
     if isinstance(value, Mapping):
@@ -45,7 +45,7 @@ def by_content(value: Any) -> Any:
     return value
 
 
-def _model(model: Mapping[str, Any]) -> dict[str, Any]:
+def _model(model: Mapping[str, object]) -> dict[str, object]:
     out = {k: by_content(v) for k, v in model.items() if k not in MODEL_NOT_IDENTITY}
     if not out.get("keep_cut_replies"):
         out.pop("keep_cut_replies", None)  # the default: the identity of every job before the key existed
@@ -56,7 +56,7 @@ def _model(model: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def content(resolved: Mapping[str, Any], not_identity: Iterable[str] = ()) -> dict[str, Any]:
+def content(resolved: Mapping[str, object], not_identity: Iterable[str] = ()) -> dict[str, object]:
     """The resolved config as it decides results: secrets masked (``secrets.redact``: a header's or key's value
     never counts, its name does), paths, tracking and the runtime's how-to left out, models by content, and the
     dotted keys ``not_identity`` dropped (a kind's own: ``data.path``, ``synthesis.n_personas``)."""
@@ -88,7 +88,7 @@ def subset_text(limit: int | None, types: Iterable[str] = ()) -> str:
                      + ([f"data.instance_types=[{','.join(types)}]"] if types else []))
 
 
-def folder_fingerprint(resolved: Mapping[str, Any]) -> str:
+def folder_fingerprint(resolved: Mapping[str, object]) -> str:
     """Short hash naming an evaluation job's folder (``conf/config.yaml``), from its resolved config: a rerun writes
     into the folder of its earlier runs, a changed job gets its own.
 
@@ -109,7 +109,7 @@ def folder_fingerprint(resolved: Mapping[str, Any]) -> str:
                           "prompts": prompts, "report": {k: runtime.get(k) for k in REPORT_SETTINGS}}, length=8)
 
 
-def _files_digest(data: Any) -> str | None:
+def _files_digest(data: object) -> str | None:
     """Hash of the bytes of the files a ``data`` config reads (None for the Hub's, or for a path that is not there)."""
     import hashlib
 

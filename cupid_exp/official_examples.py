@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Any
 
 from cupid_exp.errors import ConfigError
 
@@ -25,7 +24,7 @@ def missing_examples(prompts_dir: Path, examples_file: str) -> ConfigError:
         f"{EXAMPLES_NAME} list in {prompts_dir.parent / OFFICIAL_MATCHER_MODULE} (the official checkout's layout)")
 
 
-def _literal(tree: ast.Module) -> Any:
+def _literal(tree: ast.Module) -> object:
     for node in tree.body:
         if isinstance(node, ast.Assign):
             targets, value = node.targets, node.value
@@ -38,7 +37,7 @@ def _literal(tree: ast.Module) -> Any:
     raise LookupError(f"no module-level {EXAMPLES_NAME} = [...]")
 
 
-def _check(examples: Any) -> list[dict]:
+def _check(examples: object) -> list[dict]:
     """Each example: a preference string and a checklist mapping entry -> 0 / 0.5 / 1."""
     if not isinstance(examples, list) or not examples:
         raise ValueError(f"{EXAMPLES_NAME} is not a non-empty list")

@@ -1,10 +1,7 @@
-"""Job-directory outputs, written atomically so a half-written file never survives; and what the environment
-did to a job's files, told apart from our bugs.
-
-A full disk (``ENOSPC``, ``EDQUOT``; SQLite's "database or disk is full"), a read-only file system (``EROFS``) or a
-forbidden path (``EACCES``, ``EPERM``) is the machine's, not the code's: the job ends with one line naming the path
-and the error (exit 5, ``entry.EXIT_ENVIRONMENT``), not a traceback. A folder that vanished (``ENOENT``) is the
-environment's only where our own writes find it gone (``writing``): elsewhere a missing file can be our bug.
+"""Job-directory outputs, written atomically so a half-written file never survives; and what the environment did
+to a job's files, told apart from our bugs: a full disk, a read-only file system or a forbidden path ends the job
+with one line and exit 5. A vanished folder (``ENOENT``) counts only where our own writes find it gone
+(``writing``): elsewhere a missing file can be our bug.
 """
 
 from __future__ import annotations
@@ -112,5 +109,5 @@ def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
     atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
 
-def write_json(path: Path, payload: Any) -> None:
+def write_json(path: Path, payload: object) -> None:
     atomic_write_text(path, json.dumps(payload, indent=2, ensure_ascii=False, default=str) + "\n")

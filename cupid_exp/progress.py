@@ -9,10 +9,13 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any, Iterable, Mapping, Protocol
+from typing import TYPE_CHECKING, Iterable, Mapping, Protocol
 
 from cupid_exp.llm.calls import CallLog
 from cupid_exp.llm.usage import UsageMeter, failed_calls
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 
 class InstanceObserver(Protocol):
@@ -22,7 +25,8 @@ class InstanceObserver(Protocol):
     def wants_calls(self) -> bool:
         """Whether to log the instance's model calls (``cupid_exp.llm.calls``) for it."""
 
-    def instance_finished(self, instance: Any, result: Any, record: Mapping[str, Any], calls: CallLog | None) -> None:
+    def instance_finished(self, instance: object, result: object, record: Mapping[str, object],
+                          calls: CallLog | None) -> None:
         ...
 
 
@@ -91,7 +95,7 @@ class Progress:
         self.meter, self.stages, self.total = meter, list(stages), total
         self.noun = noun  #: what the job's units are (a synthesis job's: personas)
         self.counts = {stage: 0 for stage in self.stages}
-        self.bars: dict[str, Any] = {}
+        self.bars: dict[str, tqdm] = {}
         self.lines: ProgressLines | None = None
         if not (enabled and total > 0):
             return

@@ -1,12 +1,7 @@
-"""Prompt files in the official tool's layout: <dir>/{evaluation,synthesis}/<name>.yaml.
-
-Each file holds ``system_prompt`` and ``user_prompt`` templates with ``{placeholder}``
-fields. Pointing ``prompts.dir`` at the official directory reproduces its messages; the
-matcher's few-shot examples, which the official tool keeps in Python, are read from its
-source beside that directory (``cupid_exp.official_examples``), never taken from ours.
-A drop-in directory is taken whole: a file it lacks is never replaced by ours (its user wants
-every call exactly as that directory's prompts make it), and the plan refuses a job that needs
-one (``job.checks.check_prompts``).
+"""Prompt files in the official tool's layout: <dir>/{evaluation,synthesis}/<name>.yaml, with ``system_prompt`` and
+``user_prompt`` templates. The official directory reproduces its messages (the matcher's few-shot examples are
+read from its Python source: ``official_examples``). A drop-in directory is taken whole: a file it lacks is never
+replaced by ours, and the plan refuses a job that needs one (``job.checks.check_prompts``).
 """
 
 from __future__ import annotations
@@ -14,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 import yaml
 
@@ -33,7 +28,7 @@ class PromptTemplate:
     user: str
 
     def messages(self, system_role: str = "system", *, format_system: bool = True,
-                 **values: Any) -> list[dict[str, str]]:
+                 **values: object) -> list[dict[str, str]]:
         """Fill the templates with ``str.format`` into chat messages, as the official tool does.
 
         ``format_system=False`` sends the system text as written: the official tool formats only the

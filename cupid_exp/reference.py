@@ -11,10 +11,10 @@ import inspect
 import io
 import tokenize
 from dataclasses import MISSING as NO_DEFAULT
-from dataclasses import fields, is_dataclass
+from dataclasses import Field, fields, is_dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import yaml
 
@@ -86,13 +86,13 @@ def _meaning(cls: type, name: str) -> str | None:
     return None
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     if value == "???":
         return "set by the choice"
     return "`null`" if value is None else f"`{str(value).lower() if isinstance(value, bool) else value}`"
 
 
-def _default(f: Any, chosen: dict) -> str:
+def _default(f: Field[object], chosen: dict) -> str:
     """The schema's default, or the default choice's value (``chosen``) where it gives one."""
     if f.name in chosen and not isinstance(chosen[f.name], (dict, list)):
         return _shown(chosen[f.name])

@@ -1,10 +1,6 @@
-"""How a job ended, as its MLflow run says it: the status, and the outcome and its reason as tags.
-
-A run ends FINISHED only when the job exited 0. Any other end is FAILED (KILLED for Ctrl-C and SIGTERM), with
-``cupid.outcome`` (what kind of end: ``incomplete``, ``budget``, ``environment``, ``refused``, ``retry_later``,
-``error``, ``interrupted``) and ``cupid.reason`` (the job's own one line), the reason also as the run's
-description, so that the runs table does not show a green check for a job that scored nothing. The mapping is
-documented in docs/mlflow.md.
+"""How a job ended, as its MLflow run says it: FINISHED only for exit 0, else FAILED (KILLED for a stop signal)
+with ``cupid.outcome`` and ``cupid.reason`` tags and the reason as the description, so the runs table never shows
+a green check for a job that scored nothing (docs/mlflow.md).
 """
 
 from __future__ import annotations

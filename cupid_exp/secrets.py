@@ -1,10 +1,9 @@
 """Keep API keys out of everything we write: logs, outputs, Hydra's saved config, MLflow.
 
-Two nets: values under secret-looking config keys, every HTTP header under ``headers``/``extra_headers``
-and credentials written into URLs (``user:password@``, ``?api_key=…``) are replaced by '***' in config
-data (``redact``); and any occurrence of a secret value — from such keys, headers and URLs, from
-command-line overrides or from environment variables named like keys/tokens — is replaced in free
-text (``scrub``). The values themselves still reach the calls: only what is written is masked.
+Two nets: config data has the values of secret-looking keys, every header and the credentials in URLs replaced by
+'***' (``redact``); free text has every known secret value (from such keys, headers, URLs, overrides and
+key-like environment variables) replaced (``scrub``). The calls still get the values: only what is written is
+masked.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 from urllib.parse import unquote, urlsplit
 
 MASK = "***"
@@ -96,22 +95,25 @@ def mask_url_credentials(text: str) -> str:
     return text
 
 
-def _masked(value: Any) -> Any:
+def _masked(value: object) -> object:
     """A header block keeps its names, never its values; any other secret is one mask."""
     if isinstance(value, Mapping):
         return {k: _masked(v) for k, v in value.items()}
     return MASK if value not in (None, "") else value
 
 
-def redact(value: Any) -> Any:
+def redact(value: Mapping[str, object]) -> dict[str, object]:
     """Copy of a nested container with secret-looking keys' values, every header's value and the credentials in
     URLs replaced by '***'."""
+    return {k: (MASK if is_secret_key(str(k)) and v not in (None, "") and not isinstance(v, (Mapping, list, tuple))
+                else _masked(v) if is_headers_key(str(k)) else _redacted(v)) for k, v in value.items()}
+
+
+def _redacted(value: object) -> object:
     if isinstance(value, Mapping):
-        return {k: (MASK if is_secret_key(str(k)) and v not in (None, "") and not isinstance(v, (Mapping, list, tuple))
-                    else
-                    _masked(v) if is_headers_key(str(k)) else redact(v)) for k, v in value.items()}
+        return redact(value)
     if isinstance(value, (list, tuple)):
-        return [redact(v) for v in value]
+        return [_redacted(v) for v in value]
     if isinstance(value, str):
         return mask_url_credentials(value)
     return value
@@ -122,7 +124,7 @@ def _names_secret_env(name: str) -> bool:
     return name.lower().endswith("_env") and is_secret_key(name[: -len("_env")])
 
 
-def _leaves(value: Any) -> Iterator[str]:
+def _leaves(value: object) -> Iterator[str]:
     """Every string inside a nested container (a header block's values)."""
     if isinstance(value, Mapping):
         for v in value.values():
@@ -136,7 +138,7 @@ def _leaves(value: Any) -> Iterator[str]:
             yield scheme.group(1)
 
 
-def _texts(value: Any) -> Iterator[str]:
+def _texts(value: object) -> Iterator[str]:
     """Every string inside a nested container, and the values of those that are overrides as Hydra reads them
     (a sweep's job overrides escape a URL's colons: ``http\\://user\\:pw@host``)."""
     for text in _leaves(value):
@@ -146,7 +148,7 @@ def _texts(value: Any) -> Iterator[str]:
             yield from _leaves(override)
 
 
-def _config_secrets(value: Any) -> Iterable[str]:
+def _config_secrets(value: object) -> Iterable[str]:
     if isinstance(value, Mapping):
         for k, v in value.items():
             # a key's name marks its own value (or a sweep's values: a list of strings), not a whole section
@@ -172,7 +174,7 @@ def _config_secrets(value: Any) -> Iterable[str]:
             yield from (v for v in _leaves(override) if looks_like_key(v))
 
 
-def _parsed_override(text: str) -> dict[str, Any] | None:
+def _parsed_override(text: str) -> dict[str, object] | None:
     """A command-line override as ``{last key: value}`` (every value of a sweep in a list), parsed as Hydra
     parses it; None for what is no override."""
     name, sep, raw = text.partition("=")
@@ -183,7 +185,7 @@ def _parsed_override(text: str) -> dict[str, Any] | None:
         override = _override_parser().parse_override(text)
         if override.is_sweep_override():
             try:
-                value: Any = list(override.sweep_iterator())
+                value: object = list(override.sweep_iterator())
             except Exception:  # noqa: BLE001 - glob() and the like need Hydra's loader: their strings will do
                 value = list(override.sweep_string_iterator())
         else:
@@ -213,7 +215,7 @@ def _worth_scrubbing(credential: str) -> bool:
     return len(credential) >= _MIN_SECRET_LEN or (":" in credential and len(credential) >= 4)
 
 
-def secret_values(config: Any = None) -> list[str]:
+def secret_values(config: object = None) -> list[str]:
     """Secret strings known now: env vars named like keys/tokens, values under secret config keys and header
     blocks (in config data or in override strings), and credentials in any URL of the config or the environment."""
     env = env_snapshot()
@@ -270,7 +272,7 @@ class ScrubbingFilter(logging.Filter):
 
 
 _FACTORY_SECRETS: list[str] = []
-_BASE_FACTORY: Any = None
+_BASE_FACTORY: Callable[..., logging.LogRecord] | None = None
 
 
 def _install_record_factory(secrets: Iterable[str]) -> None:
@@ -282,7 +284,7 @@ def _install_record_factory(secrets: Iterable[str]) -> None:
         return
     _BASE_FACTORY = base = logging.getLogRecordFactory()
 
-    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+    def factory(*args: object, **kwargs: object) -> logging.LogRecord:
         record = base(*args, **kwargs)
         if _FACTORY_SECRETS:
             try:
@@ -308,7 +310,7 @@ def install_log_scrubber(secrets: Iterable[str]) -> None:
         handler.addFilter(scrubber)
 
 
-def scrub_obj(value: Any, secrets: list[str]) -> Any:
+def scrub_obj(value: object, secrets: list[str]) -> object:
     """``scrub`` applied to every string inside a nested container."""
     if not secrets:
         return value

@@ -1,10 +1,9 @@
 """Concurrent units of one job that stand or fall together: the lanes of a process, the parts of an instance.
 
-``asyncio.gather`` without ``return_exceptions`` raises the first failure and leaves the others running: on a full
-disk each of them then met its own ``OSError``, which nobody retrieved ("unhandled exception during asyncio.run()
-shutdown" printed after the job's one line). ``together`` cancels the others at the first failure, waits for them
-(whatever they raise on the way out is retrieved) and raises that first failure. ``asyncio.TaskGroup`` would raise an
-``ExceptionGroup``, which hides the error from the job's exit (``outputs.environment_failure`` reads the chain).
+``asyncio.gather`` leaves the others running after the first failure, and their own errors go unretrieved (a
+full disk printed "unhandled exception" after the job's line). ``together`` cancels the others, waits for them
+and raises the first failure; ``asyncio.TaskGroup`` would wrap it in an ``ExceptionGroup``, hiding it from the
+job's exit (``outputs.environment_failure`` reads the chain).
 """
 
 from __future__ import annotations

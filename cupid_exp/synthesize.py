@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig
 
@@ -11,9 +11,12 @@ from cupid_exp.entry import hydra_entry, run_job_entry
 from cupid_exp.errors import Outcome
 from cupid_exp.synthesis.config import register_synthesis_configs
 
+if TYPE_CHECKING:
+    from cupid_exp.tracking.mlflow import SweepParent
+
 
 def run_synthesis(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = None,
-                  parent_run: Any = None) -> Outcome:
+                  parent_run: str | SweepParent | None = None) -> Outcome:
     """One synthesis job end to end, through the job lifecycle (``cupid_exp.job``) with personas as its units."""
     from cupid_exp.job import run_job
     from cupid_exp.synthesis.work import SynthesisWork

@@ -1,17 +1,10 @@
 """A job's attempts: what makes two processes the same job, and what its earlier attempts spent.
 
-A job is found again by its *run key*: the job identity (everything that decides its instances'
-results, which also names the resume journal), the output root the journal lives under, and the
-runtime settings that change what is reported from the same results (failure policy, incomplete
-threshold, retry of unusable replies). Two jobs with the same key continue one another, in one MLflow run
-(``tracking.attempt_runs``); any other difference gets its own run. While an attempt runs it holds the job's
-lock beside the journal (``durability.job_lock``), so a second live process of the same job (a duplicate
-launch) stops before it opens any run; the lock dies with its process, so a SIGKILLed attempt's run (left
-RUNNING) is taken over by the next attempt.
-
-What earlier attempts spent is read back from the job's usage ledger (``durability.ledger``: one line per
-request as it returned, the interrupted attempts' unfinished instances included), so a resumed run reports
-the whole job's usage (every ``calls/``, ``tokens/`` and ``cost/`` metric, per step too) beside this attempt's.
+The *run key* (the job identity, the output root, and the settings that change what is reported from the same
+results) makes two jobs continue one another in one MLflow run (``tracking.attempt_runs``). While an attempt runs
+it holds the job's lock (``durability.job_lock``), which dies with its process: a SIGKILLed attempt's run, left
+RUNNING, is taken over by the next. What earlier attempts spent is read back from the usage ledger, so a resumed
+run reports the whole job's usage beside this attempt's.
 """
 
 from __future__ import annotations
@@ -20,10 +13,13 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from cupid_exp.identity import REPORT_SETTINGS
 from cupid_exp.llm.usage import UsageMeter, requests_sent, usage_metrics
+
+if TYPE_CHECKING:
+    from cupid_exp.durability.job_lock import JobLock
 
 #: The usage a resumed job's MLflow run reports for the whole job (this attempt + earlier ones) under these
 #: names, with ``<name>/this_attempt`` and ``<name>/earlier_attempts`` beside them; its other usage metrics (per
@@ -32,7 +28,7 @@ from cupid_exp.llm.usage import UsageMeter, requests_sent, usage_metrics
 JOB_USAGE = {"calls/total": "calls", "calls/requests": "requests", "tokens/prompt": "prompt_tokens",
              "tokens/completion": "completion_tokens", "cost/usd": "cost_usd"}
 
-def run_key(identity: str, runtime: Any, output_root: str | Path) -> str:
+def run_key(identity: str, runtime: object, output_root: str | Path) -> str:
     """What makes two jobs the same MLflow run (see the module docstring)."""
     payload = {"identity": identity, "output_root": str(Path(output_root).expanduser().resolve()),
                **{name: getattr(runtime, name) for name in REPORT_SETTINGS}}
@@ -45,7 +41,7 @@ class Claim:
     attempt runs, or None (``runtime.resume=false``: each attempt gets a run of its own)."""
 
     key: str
-    lock: Any = None  #: the job's held ``JobLock``, or None
+    lock: JobLock | None = None
 
     @property
     def exclusive(self) -> bool:

@@ -1,15 +1,9 @@
 """One process per job: a job holds a lock beside its journal from planning to its end.
 
-A second process starting the same job (same identity, same output root: a double launch, a requeued cluster
-job) stops before its first model call with one line naming the process that holds the job, and exits 2. The
-lock is the operating system's (``filelock``: ``flock`` where the file system has it), so it dies with its
-process: the next attempt after a SIGKILL or a crash finds it free, takes the job over and resumes it. Who holds
-the lock (pid, host, since when) is written beside it, for that message and the takeover's.
-
-The parallel jobs of a sweep are different jobs (their identities differ) and hold different locks. Jobs that
-make the same calls but report them differently (a sweep over ``runtime.failure_policy``: same identity, one
-journal, different run keys, ``durability.attempts``) are different jobs too: the second waits for the first to let
-go of the journal, then replays it (no call is made twice) into its own run.
+A second process of the same job stops before its first call with one line naming the holder (written beside
+the lock: pid, host, since when), exit 2. The lock is the system's (``filelock``), so it dies with its process
+and the next attempt after a SIGKILL takes the job over. Jobs with one identity and different run keys (a sweep
+over ``runtime.failure_policy``) wait for each other, then replay the journal into their own runs.
 """
 
 from __future__ import annotations
@@ -21,10 +15,13 @@ import socket
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cupid_exp.errors import InputError
 from cupid_exp.outputs import atomic_write_text
+
+if TYPE_CHECKING:
+    from filelock import FileLock
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +35,7 @@ class JobRunning(InputError):
 class JobLock:
     """The held lock of one job; ``release`` (idempotent) when the job ends."""
 
-    def __init__(self, path: Path, lock: Any):
+    def __init__(self, path: Path, lock: FileLock | None):
         self.path, self._lock = path, lock
 
     @property

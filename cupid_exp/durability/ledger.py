@@ -1,22 +1,12 @@
 """Every paid request in the spend: a job's usage ledger, one line per counted call as it returns.
 
-The journal holds an instance once it has finished, with its usage; what an interrupted attempt paid
-for the instances it never finished (and for the failed ones a resume runs again) was lost with it.
-The ledger beside the journal (``journal/usage/<identity>.jsonl``) gets one short JSON line for each
-count the job's ``UsageMeter`` makes (a request about to be sent, at its worst case; a call that returned: its
-tokens, cost, cache hit and retries, its requests settled in the same line; a failed call; an unusable or refused
-reply), written by one unbuffered ``write``, by whichever process made it (``runtime.workers``: each its own). A
-kill, SIGKILL included, then leaves the requests it cut in flight: read back, they are charged their worst case
-(``UsageMeter.charge_unsettled``), as the provider may have billed them. Lines are not fsynced one by one
-(the page cache outlives the process; a machine crash may lose the last ones), so a request costs one small
-system call here and its call another. A disk that fills up would lose the lines of the calls answered then (paid,
-never counted): the job keeps room for them beside the ledger from its start (``keep_room``), freed when a line
-finds the disk full; the job then stops (exit 5) with those lines written.
-
-A resumed job replays the ledger into a ``UsageMeter``: its earlier attempts' usage, step by step (their requests
-left in flight at their worst case), which its MLflow run adds to this attempt's. A journal written before the
-ledger existed has its finished instances' usage carried into a new ledger once (all that was known of them); so has
-a ledger with not one usage count in it (garbage), after it is set aside whole (``cupid_exp.aside``).
+The journal holds only finished instances; the ledger beside it (``journal/usage/<identity>.jsonl``) gets a line
+for each count a ``UsageMeter`` makes, a request in flight at its worst case included, by one unbuffered
+``write`` per process. A kill then leaves its cut requests charged their worst case (``charge_unsettled``), as the
+provider may have billed them. Lines are not fsynced (the page cache outlives the process). Room kept beside it
+from the start (``keep_room``) lets the lines of calls answered when the disk fills be written before the job
+stops (exit 5). A resumed job replays it into a meter; a journal from before the ledger, or a ledger with no
+usage count in it (set aside whole), has its instances' usage carried into a new one.
 """
 
 from __future__ import annotations

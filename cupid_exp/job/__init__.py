@@ -1,11 +1,9 @@
-"""One job, whatever its unit of work, in four phases: plan → execute → summarise → publish.
+"""One job, whatever its unit of work, in four phases: plan → execute → summarise → publish (docs/architecture.md).
 
-Evaluation (an instance: ``cupid_exp.evaluation``) and synthesis (a persona: ``cupid_exp.synthesis.work``) run
-through this one lifecycle: ``plan`` checks everything it can before the first model call and takes the job
-(its lock, journal, usage ledger and budget: ``job.attempt``), ``execute`` runs the units left to run with the
-same clients, limits, budget and worker processes, the kind summarises (``Work.summarise``), ``publish`` writes
-files, prints the report and finishes the MLflow run, which was opened right after planning and followed the
-job's progress (``cupid_exp.tracking.live``).
+Evaluation (an instance) and synthesis (a persona) share this lifecycle: ``plan`` checks all it can before the
+first call and takes the job (lock, journal, ledger, budget: ``job.attempt``), ``execute`` runs the units left,
+the kind summarises (``Work.summarise``), ``publish`` writes files, prints the report and finishes the MLflow run
+opened right after planning.
 """
 
 from __future__ import annotations
@@ -54,11 +52,9 @@ def summarize_job(job: Job, execution: Execution, started: float) -> Summary:
 
 
 def import_alongside(modules: tuple[str, ...]) -> threading.Thread:
-    """Import ``modules`` on a thread while the job waits on its model calls (CPU that would otherwise idle):
-    what summarising imports (``Work.summary_modules``: pandas, numpy). Not matplotlib: its ~0.35 s on the same
-    GIL slowed the model phase by as much (30 instances: 1.65 -> 1.95 s); the run worker draws the plots, in its
-    own process, while this one summarises. Join it before using them. A failed import is left to the main
-    thread's own import, which raises it."""
+    """Import ``modules`` (``Work.summary_modules``: pandas, numpy) on a thread while the job waits on its model calls.
+    Not matplotlib: on the same GIL it slowed the model phase as much as it took (the run worker draws the plots).
+    Join it before using them; a failed import is left to the main thread's own import, which raises it."""
     def load() -> None:
         try:
             for name in modules:

@@ -1,10 +1,8 @@
-"""A job's budgets: its accounts (its own ledger, its sweep's), how it ended, and the dry run's verdict.
+"""A job's budgets: which ledgers it draws on (``llm.budget`` holds them), and its last line, metrics and exit.
 
-The call layer's side (prices, worst cases, ledgers, reservations) is ``cupid_exp.llm.budget``; this module
-decides which ledgers a job draws on and turns them into the job's last line, its metrics and its exit.
-``runtime.max_cost_usd`` is the job's over all its attempts (its ledger sits beside its resume journal, so a resume
-with a higher budget starts from what was spent); ``runtime.sweep_max_cost_usd`` is shared by every job of a
-``-m`` sweep (its ledger is in the sweep folder: the same ``hydra.sweep.dir`` continues it, a new one starts afresh).
+``runtime.max_cost_usd`` spans all the job's attempts (its ledger sits beside the journal, so a resume with a
+higher budget starts from what was spent); ``runtime.sweep_max_cost_usd`` is shared by a ``-m`` sweep's jobs (its
+ledger is in the sweep folder: the same ``hydra.sweep.dir`` continues it).
 """
 
 from __future__ import annotations

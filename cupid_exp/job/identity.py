@@ -1,16 +1,10 @@
-"""A job's identity, by content: what decides its results, never how fast, through which spelling of an endpoint
-or with which key it gets them.
+"""A job's identity, by content: what decides its results, never how fast, through which spelling of an endpoint or
+with which key it gets them.
 
-The identity names the job's journal, its lock, its usage and budget ledgers, and (with the reporting settings)
-its MLflow run (``durability.attempts.run_key``); synthesis's folder name is a short hash of the same content
-(``cupid_exp.synthesis.config.fingerprint``). So a changed ``max_concurrency``, ``rpm``/``tpm``, timeout, retry
-count, worker count, price, Batch API switch or cache setting resumes the same job, and so does ``localhost`` for
-``127.0.0.1`` or a trailing slash (``llm.endpoints``); a rotated key or header value too (secrets enter masked, by
-name only). What changes an output (a model, its decoding parameters, a prompt, the data, the recipe) is a new
-job.
-
-The rule of what counts (``content``) lives below every package, in ``cupid_exp.identity``: the report reads runs
-by it too.
+It names the job's journal, lock, ledgers and (with the reporting settings) MLflow run. A changed concurrency,
+pace, timeout, retry count, worker count, price, Batch API switch or cache setting resumes the same job, as do
+``localhost`` for ``127.0.0.1``, a trailing slash and a rotated key; a model, its parameters, a prompt, the data or
+the recipe make a new one. The rule (``content``) lives in ``cupid_exp.identity``: the report reads runs by it too.
 """
 
 from __future__ import annotations
@@ -18,18 +12,11 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from cupid_exp.config import config_digest
-from cupid_exp.identity import (  # noqa: F401 - re-exported: where callers have found them
-    LOCAL_NOT_IDENTITY,
-    MODEL_NOT_IDENTITY,
-    NOT_IDENTITY,
-    RUNTIME_NOT_IDENTITY,
-    by_content,
-    content,
-)
+from cupid_exp.identity import content
 
 
 def content_digest(config: Mapping[str, Any], not_identity: Iterable[str] = (), *, length: int = 20,
-                   **beside: Any) -> str:
+                   **beside: object) -> str:
     """A short hash of ``config``'s content (``content``) and of what goes ``beside`` it (a prompts folder)."""
     return config_digest({**beside, "config": content(config, not_identity)}, length=length)
 

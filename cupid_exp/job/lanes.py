@@ -1,15 +1,9 @@
 """The lanes a process runs units in: each takes the next unit left, runs it, hands it on, takes another.
 
-``Work.in_flight`` lanes run at once (evaluation: twice the calls its models take at once; synthesis: the personas
-its endpoints keep busy), so that a unit starts only when a lane is free. What is done with a finished unit
-(journal it, tell the MLflow run) is the job's process's (``job_finisher``): a worker process sends it there.
-
-A call the budget refuses ends its unit unfinished and starts no other. A provider's fatal refusal (a bad key,
-an unknown model, a billing state, no endpoint) or a rate limit beyond the patience (``RetryLater``: exit 75)
-stops the taking: the units in flight end (their calls to the refusing endpoint are not sent, the others' are
-not wasted), none of them is journaled (a resume runs them), and the refusal is raised once every lane has
-stopped. Any other exception (a bug, a full disk) cancels the other lanes at once and is raised once they have
-ended (``siblings.together``).
+``Work.in_flight`` lanes run at once. A call the budget refuses ends its unit unfinished and starts no other. A
+fatal refusal or ``RetryLater`` stops the taking: the units in flight end, none is journalled (a resume runs
+them), and the refusal is raised once every lane stopped. Any other exception (a bug, a full disk) cancels the
+other lanes and is raised once they ended (``siblings.together``).
 """
 
 from __future__ import annotations
@@ -17,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Callable
 
-from cupid_exp.job.spec import Result, Work
+from cupid_exp.job.spec import Result, Unit, Work
 from cupid_exp.llm.budget import BudgetExceeded, started_instance
 from cupid_exp.llm.calls import CallLog, recording
 from cupid_exp.llm.retry import FatalProviderError
@@ -83,7 +77,7 @@ def job_finisher(job: "Job", observer: InstanceObserver | None, results: list[Re
     the observer (the MLflow run), keep its result."""
     journal = job.attempt.journal
 
-    def finished(unit: Any, result: Result, calls: CallLog | None) -> None:
+    def finished(unit: Unit, result: Result, calls: CallLog | None) -> None:
         record = result.to_record()
         if journal is not None:
             journal.append(record)

@@ -1,10 +1,8 @@
 """Phase 1 of a job: everything decided and checked before the first model call, whatever the kind of work.
 
-The config becomes typed objects once and every value is checked; what every job needs of the world is checked
-(folders, the tracking store, prices under a budget); the kind loads its units and checks what it sends
-(``Work.load``); the job's identity follows from its content (``job.identity``). That is the frozen ``JobSpec``.
-Then the attempt opens the job (``job.attempt``: lock, journal, ledger, budget) and, when some unit is left and
-``clients`` is asked for, the clients are built (importing litellm takes seconds: ``run_job`` builds them later,
+The config is typed and checked once, then what the job needs of the world, then the kind's units (``Work.load``);
+the identity follows from the content. That is the frozen ``JobSpec``. The attempt then opens the job and, when
+``clients`` is asked for, builds the clients (``run_job`` builds them later: importing litellm takes seconds,
 while the MLflow run opens and worker processes start).
 """
 
@@ -37,9 +35,9 @@ class Kind(Protocol):
     def load(self, cfg: Any, output_dir: Path) -> Work: ...
 
 
-def typed_config(cfg: DictConfig) -> Any:
+def typed_config(cfg: DictConfig) -> JobConfig:
     """The composed config as objects, every value checked (ConfigError names the first bad one)."""
-    job_cfg = OmegaConf.to_object(cfg)
+    job_cfg: JobConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]  # a schema makes it an object
     check_known_keys(cfg, job_cfg)
     check_tree(job_cfg)
     return job_cfg

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, TypedDict
 
-from cupid_exp.config import JobConfig, ModelConfig
+from cupid_exp.config import JobConfig, ModelConfig, ServerConfig
 from cupid_exp.llm.usage import UsageMeter
 
 if TYPE_CHECKING:
@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from cupid_exp.durability.ledger import UsageLedger
     from cupid_exp.llm.budget import Budget
     from cupid_exp.progress import Progress
+    from cupid_exp.tracking.dataset import DatasetInput
+    from cupid_exp.tracking.live import PlotRequest
     from cupid_exp.tracking.mlflow import SweepParent
 
 
@@ -83,12 +85,12 @@ class TrackingView:
 
     run_name: str
     tags: dict[str, str]
-    dataset: Any = None  #: an MLflow dataset input (``tracking.dataset.DatasetInput``), or None
+    dataset: DatasetInput | None = None  #: the run's MLflow dataset input
     parts: tuple[str, ...] = ()  #: evaluation's task parts: running scores in the progress points
     policy: str = "exclude"
     trace_tags: dict[str, str] = field(default_factory=dict)
     judges: dict[str, str] = field(default_factory=dict)
-    plots: Any = None  #: ``tracking.live.PlotRequest``, drawn by the run worker
+    plots: PlotRequest | None = None  #: drawn by the run worker
     shown: dict[str, tuple[str, str]] = field(default_factory=dict)  #: an evaluated instance's request and factor,
     #: by key, for the journalled ones: their traces are rebuilt where the run lacks them (``tracking.reopen``)
 
@@ -100,7 +102,7 @@ class Published:
     files: list[Path]  #: written in the job's folder, logged as the run's artifacts
     tags: dict[str, str]
     table: list[dict[str, Any]] | None = None  #: the run's table (scrubbed records)
-    plots: Any = None  #: ``tracking.live.PlotRequest``
+    plots: PlotRequest | None = None
     replies: list[Path] = field(default_factory=list)  #: files among ``files`` whose records' ``raw`` replies the
     #: run's traces hold: logged without them (a reply stored once in the run)
 
@@ -121,7 +123,7 @@ class Work(Protocol):
     def digests(self) -> Digests:
         """What enters the identity besides the config: ``dataset_digest``, ``prompts_digest``."""
 
-    def whole_record(self, record: Any) -> str | None:
+    def whole_record(self, record: object) -> str | None:
         """Why a journal line is not a whole record of this kind (None when it is)."""
 
     def is_final(self, record: Mapping[str, Any], retry_failed: bool) -> bool:
@@ -142,7 +144,7 @@ class Work(Protocol):
     def stages(self) -> list[str]:
         """The progress bars' stages."""
 
-    def model_server(self) -> Any:
+    def model_server(self) -> ServerConfig | None:
         """A model server the job starts around its calls (``llm.server``), or None."""
 
     async def run(self, ctx: Any, unit: Any, progress: "Progress | None") -> Result:

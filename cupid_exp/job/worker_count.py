@@ -1,16 +1,10 @@
 """How many processes share a job's model calls: ``runtime.workers=auto`` (the default) chooses by the job's size.
 
-Why: each call costs the client a few milliseconds of CPU, so a large job at high concurrency is bound by one
-core, not by the backend (``job.workers``). A second process costs ~200 MB, and its share of the job's coordination
-(each finished instance crosses to the job's process), which a small job never earns back (160 instances at
-concurrency 32: +1 s of wall with two, measured when a worker was spawned and imported litellm again; on Linux it
-is now forked after that import).
-So ``auto`` adds a process only for API models, per ``INSTANCES_PER_PROCESS`` instances left (a kind of work
-whose units make more calls says how many of its units make as many: ``per_process``) and per
-``SLOTS_PER_PROCESS`` slots of the least concurrent model, up to the cores this process may use; and it stays
-at one where another process cannot help or cannot start: an embedded model (it would be loaded once per
-process), ``runtime.batch`` (the job waits on the provider), a dry run, or a process that cannot spawn (joblib's
-loky workers). An explicit ``runtime.workers=N`` is taken as given (bounded as before: ``job.workers``).
+A process more costs ~200 MB and its share of the coordination, which a small job never earns back, so ``auto``
+adds one only for API models, per ``INSTANCES_PER_PROCESS`` units left (``per_process`` for kinds whose units
+make more calls) and per ``SLOTS_PER_PROCESS`` slots of the least concurrent model, up to the usable cores; it
+stays at one for an embedded model (loaded once per process), ``runtime.batch``, a dry run, or a process that
+cannot spawn (joblib's loky workers). ``runtime.workers=N`` is taken as given.
 """
 
 from __future__ import annotations

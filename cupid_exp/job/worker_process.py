@@ -1,10 +1,7 @@
 """A worker process of a job (``runtime.workers`` > 1; ``job.workers`` is the job's side): its own clients and event
 loop, units taken from a counter it shares with the job, each finished unit sent back with its calls and usage.
-
-Ctrl-C and stop signals are left to the job (they reach the whole process group: the job decides, and stops its
-workers); a worker
-whose job died (SIGKILL) exits rather than call models for nobody. A worker that meets the environment's failure (a
-full disk) sends it as such: the job ends with its one line (exit 5), as it would have in one process.
+Stop signals are left to the job, which stops its workers; a worker whose job died exits rather than call models
+for nobody; its environment failure is the job's one line (exit 5).
 """
 
 from __future__ import annotations
@@ -20,18 +17,25 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cupid_exp.config import JobConfig
 from cupid_exp.durability.signals import ignore_stops
 from cupid_exp.job.heap import long_lived_frozen
 from cupid_exp.job.lanes import fair_share, run_units
-from cupid_exp.job.spec import Result, Work
+from cupid_exp.job.spec import Result, Unit, Work
 from cupid_exp.llm.budget import Budget
 from cupid_exp.llm.client import drain_background_tasks
 from cupid_exp.llm.retry import FatalProviderError
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.outputs import EnvironmentFailure, environment_failure
+
+if TYPE_CHECKING:
+    from multiprocessing.queues import Queue
+    from multiprocessing.sharedctypes import Synchronized
+    from multiprocessing.synchronize import Event
+
+    from cupid_exp.llm.calls import CallLog
 
 
 @dataclass
@@ -51,19 +55,19 @@ class Shared:
     """What the job's process and its workers share: the next unit's index, the go, and whether to send each
     unit's model calls (the MLflow run traces them; known once the run is open)."""
 
-    counter: Any
-    go: Any
-    wants_calls: Any
-    ready: Any  #: workers whose clients are built (they wait for the go)
+    counter: Synchronized[int]
+    go: Event
+    wants_calls: Synchronized[int]
+    ready: Synchronized[int]  #: workers whose clients are built (they wait for the go)
 
 
 class SharedCursor:
     """Hands out the next unit left to run, across processes (a shared counter under its lock)."""
 
-    def __init__(self, counter: Any, units: list[Any]):
+    def __init__(self, counter: Synchronized[int], units: list[Unit]):
         self.counter, self.units = counter, units
 
-    def __call__(self) -> Any:
+    def __call__(self) -> Unit | None:
         with self.counter.get_lock():
             index = self.counter.value
             if index >= len(self.units):
@@ -81,7 +85,7 @@ class WorkerEnvironmentFailure(EnvironmentFailure):
     """The environment failure a worker met (a full disk under the usage ledger or the cache), as its one line: the
     job raises it as its own (exit 5), not as a worker's bug. Pickled whole (``EnvironmentFailure`` is not)."""
 
-    def __init__(self, line: str, path: Any, error: OSError):
+    def __init__(self, line: str, path: str | None, error: OSError):
         Exception.__init__(self, line)
         self.path, self.error = path, error
 
@@ -107,7 +111,7 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="cupid-parent-watch", daemon=True).start()
 
 
-def _log_to(outbox: Any) -> None:
+def _log_to(outbox: Queue[bytes | logging.LogRecord]) -> None:
     """This process's log lines go to the job's process, which writes them with its own handlers."""
     root = logging.getLogger()
     root.handlers = [logging.handlers.QueueHandler(outbox)]
@@ -129,7 +133,8 @@ def _connect(spec: WorkerSpec) -> tuple[Work, Any, UsageMeter]:
     return work, work.connect(spec.cfg, meter, spec.budget), meter
 
 
-def serve_units(spec: WorkerSpec, shared: Shared, inbox: Any, outbox: Any) -> None:
+def serve_units(spec: WorkerSpec, shared: Shared, inbox: Queue[bytes],
+                outbox: Queue[bytes | logging.LogRecord]) -> None:
     """A worker process: its clients built and the units left to run received, it waits for the job's go (the run
     is open, the job calls models), then takes units from the shared counter until none is left, each sent back
     as it finishes."""
@@ -145,7 +150,7 @@ def serve_units(spec: WorkerSpec, shared: Shared, inbox: Any, outbox: Any) -> No
         shared.go.wait()
         sent: dict[str, dict[str, float]] = {}
 
-        def finished(unit: Any, result: Result, calls: Any) -> None:
+        def finished(unit: Unit, result: Result, calls: CallLog | None) -> None:
             # pickled here, so that an object that cannot cross shows up as this worker's bug, not as a loss
             outbox.put(pickle.dumps(("instance", unit.key, result, calls, meter.since(sent))))
 

@@ -1,21 +1,11 @@
 """``runtime.workers`` > 1: a job's model calls shared by several processes, each with its own event loop.
 
-Why: every call costs the client a few milliseconds of CPU (litellm, the OpenAI SDK, our steps:
-5-15 ms depending on the machine). At high concurrency and latency one core then bounds the call rate
-below what the backend would take (``bench/scale.py``); more processes use more cores. On Linux a worker is
-forked once the job's process has imported litellm (``start_method``), so it starts in a fraction of a second;
-spawned (macOS, Windows, or a job that built its clients first) it pays for its own start (Python, ``import litellm``:
-2-4 s of CPU). Each costs ~200 MB.
-
-The job's process stays the job: it runs its share of the units (instances, personas) itself, and it alone
-journals records, talks to the MLflow run and draws the progress bars. The others (``job.worker_process``, with
-Ctrl-C left to the job) take the next unit from a counter they share with it, and send back each finished unit
-with its model calls and the usage counted since the last one; their log lines go through the same queue. Each
-model's ``max_concurrency`` is split among the processes, so the provider sees the same bound.
-
-A bug in a worker (any exception that is not a counted step failure) stops the job with the worker's
-traceback, as it would in one process; so does a worker that dies. The environment's failure in a worker (a full
-disk) is the job's one line, exit 5 (``worker_process.WorkerEnvironmentFailure``).
+Each call costs the client milliseconds of CPU, so one core bounds the call rate at high concurrency
+(``bench/scale.py``). Workers are forked once litellm is imported (spawned elsewhere, paying their own start).
+The job's process runs its share of units and alone journals, talks to the MLflow run and draws progress; the
+workers take units from a shared counter and send each back with its calls and usage, their log lines through
+the same queue. Each model's ``max_concurrency`` is split among the processes. A worker's bug or death stops the
+job as it would in one process; its environment failure is the job's exit 5 (``WorkerEnvironmentFailure``).
 """
 
 from __future__ import annotations
@@ -28,7 +18,7 @@ import pickle
 import queue
 import sys
 import threading
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from cupid_exp.job.lanes import fair_share, job_finisher, job_progress, run_units, stopped_by_budget
 from cupid_exp.job.spec import Job, Result
@@ -54,12 +44,9 @@ CLIENT_MODULES = ("litellm", "cupid_exp.llm.client", "cupid_exp.llm.steps", "cup
 
 
 def start_method() -> Literal["fork", "spawn"]:
-    """``fork`` on Linux, ``spawn`` elsewhere (macOS's system libraries are not fork-safe; Windows has no fork).
-
-    Why fork: a spawned worker imports litellm again (3-4 s of CPU, measured) while the job's process does the
-    same, on the cores the job's own start needs. Forked after those imports and before any client, cache or
-    event loop exists (``start_workers``), a worker starts with them done and builds its own clients as a
-    spawned one does."""
+    """``fork`` on Linux, ``spawn`` elsewhere (macOS's system libraries are not fork-safe; Windows has no fork). A
+    forked worker starts with litellm imported, where a spawned one imports it again on the cores the job's own
+    start needs."""
     return "fork" if sys.platform.startswith("linux") else "spawn"
 
 
@@ -99,7 +86,8 @@ class Workers:
         self.shared.wants_calls.value = int(with_calls)
         self.shared.go.set()
 
-    def listen(self, loop: asyncio.AbstractEventLoop, handle: Any) -> threading.Thread:
+    def listen(self, loop: asyncio.AbstractEventLoop,
+               handle: Callable[[logging.LogRecord | tuple[Any, ...]], None]) -> threading.Thread:
         """Each message, unpickled, goes to ``handle`` on ``loop``; a worker that exits without its last word
         becomes a ("died", …) message."""
         def run() -> None:
@@ -156,7 +144,7 @@ async def _spread(job: Job, todo: list[Any], observer: InstanceObserver | None, 
     fatal: list[FatalProviderError] = []
     cursor = SharedCursor(workers.shared.counter, todo)
 
-    def handle(message: Any) -> None:
+    def handle(message: logging.LogRecord | tuple[Any, ...]) -> None:
         if all_done.done():
             return
         if isinstance(message, logging.LogRecord):
@@ -210,11 +198,9 @@ async def _spread(job: Job, todo: list[Any], observer: InstanceObserver | None, 
 def start_workers(job: Job) -> Workers | None:
     """The job's worker processes, when it has some (``job.attempt.processes``); stop them with ``Workers.stop``.
 
-    Forked (``start_method``) only before the job's clients exist (``run_job`` starts them before ``connect``): a
-    forked worker must not inherit them (their response cache holds an SQLite connection, their endpoints the
-    job's share of each limit). Spawned where the job has its clients already, and where litellm's native runtime
-    has started in this process (a native route ran: litellm's Router, which the client no longer uses, among them):
-    it does not survive a fork. The client's own calls leave it unstarted, so a sweep's later jobs fork too."""
+    Forked only before the job's clients exist (``run_job`` starts them before ``connect``): a fork must not inherit
+    their SQLite cache connection or their share of each limit. Spawned where the clients exist already, or where
+    litellm's native runtime started in this process (it does not survive a fork; the client never starts it)."""
     if job.attempt.processes <= 1:
         return None
     method = start_method() if job.ctx is None else "spawn"

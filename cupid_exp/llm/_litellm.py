@@ -1,46 +1,50 @@
 """Every touch of litellm's private layout, quarantined in one module.
 
-Each function here works around a measured cost or defect of litellm (the comments give the
-numbers) by reaching into a module or attribute litellm does not document. When litellm's layout
-changes they degrade to doing nothing (slower calls, same results) instead of breaking a run, and
-``probe()`` reports which of them still find their target: ``tests/llm/test_litellm_layout.py``
-fails loudly when one no longer does, so a litellm upgrade never makes runs silently slower.
+Each function works around a measured cost or defect of litellm through something it does not document. When
+the layout changes they do nothing (slower, same results), and ``probe()``, checked by
+``tests/llm/test_litellm_layout.py``, says which no longer find their target.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from contextvars import ContextVar
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from litellm import CustomLLM
+    from litellm.litellm_core_utils.logging_worker import LoggingWorker
 
 log = logging.getLogger(__name__)
 
 
-def _pending_cache_writes() -> Any:
+def _pending_cache_writes() -> set[asyncio.Task[None]]:
     from litellm.caching.caching_handler import _PENDING_CACHE_WRITES
 
     return _PENDING_CACHE_WRITES
 
 
-def _logging_worker() -> Any:
+def _logging_worker() -> LoggingWorker:
     from litellm.litellm_core_utils.logging_worker import GLOBAL_LOGGING_WORKER
 
     return GLOBAL_LOGGING_WORKER
 
 
-def _internal_call_flag() -> Any:
+def _internal_call_flag() -> ContextVar[bool]:
     from litellm._internal_context import is_internal_call
 
     return is_internal_call
 
 
-def _custom_llm_setup() -> Any:
+def _custom_llm_setup() -> Callable[[], object]:
     from litellm.utils import custom_llm_setup
 
     return custom_llm_setup
 
 
-def _openai_chat_config() -> Any:
+def _openai_chat_config() -> Callable[..., object]:
     from litellm.llms.openai.chat.gpt_transformation import OpenAIGPTConfig
 
     return OpenAIGPTConfig.translate_developer_role_to_system_role
@@ -51,13 +55,13 @@ def _openai_chat_config() -> Any:
 FIRST_CALL_MODULES = ("openai.resources", "litellm.integrations.otel.logger", "litellm.proxy._types")
 
 
-def _first_call_modules() -> Any:
+def _first_call_modules() -> list[ModuleType]:
     import importlib
 
     return [importlib.import_module(name) for name in FIRST_CALL_MODULES]
 
 
-def _native_state_flag() -> Any:
+def _native_state_flag() -> Callable[[], object]:
     from litellm.rust_bridge import _native
 
     return _native.process_state_started
@@ -81,13 +85,9 @@ def probe() -> dict[str, bool]:
 
 
 def drop_legacy_cache_callbacks() -> None:
-    """Remove the string "cache" that litellm's ``Cache()`` puts in its global callback lists.
-
-    litellm no longer reads it (its caching handler reads and writes the cache itself), but a non-empty
-    ``success_callback`` makes every async call hand litellm's sync success handler to a thread pool,
-    which builds the full logging payload and prices the response a second time for no one: measured
-    ~0.7 ms of CPU per call (~10%). Cache hits, keys and writes are unchanged without it.
-    """
+    """Remove the string "cache" that litellm's ``Cache()`` puts in its global callback lists: litellm no longer reads
+    it, but a non-empty ``success_callback`` has every async call build and price a logging payload for no one on a
+    thread pool (about a tenth of a call's CPU). Caching is unchanged without it."""
     import litellm
 
     for callbacks in (litellm.input_callback, litellm.success_callback, litellm._async_success_callback):
@@ -117,13 +117,9 @@ def import_first_call_modules() -> None:
 
 
 def keep_developer_role() -> None:
-    """Send a ``developer`` message as ``developer`` to OpenAI-style chat APIs.
-
-    litellm rewrites ``developer`` to ``system`` for every OpenAI chat model but the o-series (measured on
-    the wire with gpt-4o-2024-11-20), while the official CUPID tool sends its evaluator's instructions as
-    ``developer``: a model config's ``system_role`` must be what reaches the API, or drop-in prompts are not
-    the official calls. Only messages we build with that role are affected (``system_role: developer``).
-    """
+    """Send a ``developer`` message as ``developer`` to OpenAI-style chat APIs: litellm rewrites it to ``system`` for
+    all but the o-series, while the official tool sends its evaluator's instructions as ``developer`` (drop-in
+    prompts must make the official calls). Only messages built with ``system_role: developer`` are affected."""
     try:
         from litellm.llms.openai.chat.gpt_transformation import OpenAIGPTConfig
     except ImportError:  # another layout: the role may be rewritten, which tests/tasks catch on the wire
@@ -133,15 +129,15 @@ def keep_developer_role() -> None:
     OpenAIGPTConfig.translate_developer_role_to_system_role = _as_given  # type: ignore[method-assign,assignment]
 
 
-def _as_given(self: Any, messages: list[Any], *args: Any, **kwargs: Any) -> list[Any]:
+def _as_given(self: object, messages: list[Any], *args: object, **kwargs: object) -> list[Any]:
     # litellm 1.109 added keyword arguments (model, api_base, ...) that the answer does not depend on
     return messages
 
 
 def no_logging_flag() -> Any:
-    """litellm's "internal call" context flag: set around our calls, it skips litellm's per-call logging
-    callbacks. Without callbacks configured that logging is pure waste (~0.5 ms of CPU per call, measured);
-    cost, usage, cache hits/writes and retries are computed outside it. None on another layout."""
+    """litellm's "internal call" context flag: set around our calls, it skips litellm's per-call logging callbacks,
+    pure CPU waste without callbacks configured (cost, usage, caching and retries are computed outside it). None on
+    another layout."""
     try:
         return _internal_call_flag()
     except ImportError:
@@ -173,7 +169,7 @@ async def stop_logging_worker(timeout: float = 10.0) -> None:
     await worker.stop()  # it restarts on its own in the next event loop
 
 
-def register_custom_provider(name: str, handler: Any) -> None:
+def register_custom_provider(name: str, handler: CustomLLM) -> None:
     """Make ``<name>/<model>`` routable to an in-process ``litellm.CustomLLM`` handler."""
     import litellm
 

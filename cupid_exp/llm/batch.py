@@ -1,24 +1,12 @@
-"""A provider's Batch API behind the same ``complete`` call: half price, hours of latency, resumable.
+"""A provider's Batch API behind the same ``complete`` call: half price, hours of latency, resumable (docs/batch.md).
 
-With ``runtime.batch=true`` a client hands each request to its ``Batcher`` instead of sending it. The
-batcher gathers the requests waiting at that moment (up to ``batch_size`` rows, or whatever arrived
-within ``batch_delay_s`` of the first), uploads them as one JSONL file, creates a batch, and polls it
-every ``batch_poll_s``; each row's reply resolves the call that asked for it, so the instance pipeline
-keeps its shape: a job's subject calls go out as one batch, then each evaluator step as further batches.
-
-Nothing is paid twice (``BatchLedger``, under ``<runtime.cache_dir>/batches``): every submitted batch and
-the requests it holds (by digest) are journaled before it is awaited, and every row that came back is kept.
-A rerun, even days later or on another machine with the same outputs folder, serves kept rows at no cost
-and polls the batches still pending instead of resubmitting. A row that failed for a reason a retry can
-fix (429, 5xx, an expired batch, no readable line for it in the output) goes into a later batch, up to
-``runtime.num_retries`` times; any other failure is the call's ``ProviderError``, counted by kind like a live call's.
-An output line that cannot be read was answered and billed all the same: its row's caller is told (``RowBill``).
-Identical requests share one row, paid once. The upload and the batch's creation go through the live calls' retry
-policy (``Guard``): a fatal refusal (a bad key, ``insufficient_quota``) stops the job, a rate limit beyond the
-patience stops it for later, as they do a live call. A batch rejected for the enqueued-token limit fails no row: its
-rows are held and sent again as earlier batches finish, in batches sized under the limit
-(``cupid_exp.llm.batch_limits``). Files and batches go through litellm (``acreate_file``, ``acreate_batch``,
-``aretrieve_batch``, ``afile_content``).
+A client's ``Batcher`` gathers the requests waiting (up to ``batch_size``, or those within ``batch_delay_s`` of the
+first), uploads them as one JSONL file, creates a batch and polls it; each row's reply resolves its call, so the
+instance pipeline keeps its shape. Nothing is paid twice: batches and their rows are journalled (``BatchLedger``)
+before they are awaited, so a rerun serves kept rows and polls pending batches instead of resubmitting, and
+identical requests share one row. Retryable row failures go into a later batch, up to ``runtime.num_retries``
+times; an unreadable output line was billed all the same (``RowBill``). Uploads and creation follow the live
+retry policy (``Guard``); a batch rejected for the enqueued-token limit fails no row (``batch_limits``).
 """
 
 from __future__ import annotations
@@ -28,7 +16,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, TypeVar
 
 from cupid_exp.llm.batch_ledger import BatchLedger, request_digest
 from cupid_exp.llm.batch_limits import EnqueuedTokens, token_limit_rejection
@@ -36,6 +24,11 @@ from cupid_exp.llm.limits import estimated_tokens
 from cupid_exp.llm.pools import PROBE_BASE_S, PROBE_CAP_S
 from cupid_exp.llm.retry import is_outage_failure
 from cupid_exp.llm.usage import BatchCounts
+
+if TYPE_CHECKING:
+    from litellm.types.utils import LiteLLMBatch
+
+_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +66,7 @@ class RowBill:
     unread: int = 0
 
 
-async def _direct(send: Callable[[], Awaitable[Any]]) -> Any:
+async def _direct(send: Callable[[], Awaitable[_T]]) -> _T:
     return await send()
 
 
@@ -187,7 +180,7 @@ class Batcher:
         while rows := self._take():
             await self._send(rows)
 
-    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+    def _spawn(self, coro: Coroutine[Any, Any, object]) -> asyncio.Task[object]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -271,7 +264,7 @@ class Batcher:
             if digest in self._waiting:
                 self._fail(self._waiting[digest], stop)
 
-    async def _answered(self, send: Callable[[], Awaitable[Any]]) -> Any:
+    async def _answered(self, send: Callable[[], Awaitable[_T]]) -> _T:
         """``send()`` (a poll, a result file's download) until the endpoint answers: an outage (no connection, a
         5xx) is waited out with capped backoff, one line when it begins and one when it ends; past
         ``runtime.outage_patience_s`` raises ``_Gone`` with the job's stop for later."""
@@ -322,7 +315,7 @@ class Batcher:
             out.append(entry)
         return out, unread
 
-    async def _collect(self, batch: Any, rows: dict[str, str]) -> None:
+    async def _collect(self, batch: LiteLLMBatch, rows: dict[str, str]) -> None:
         answered: set[str] = set()
         rejection = token_limit_rejection(batch) if batch.status == "failed" else None
         if rejection is not None:
@@ -399,7 +392,7 @@ class Batcher:
         else:
             self._fail(row, failure)
 
-    def _resend_missing(self, batch: Any, missing: list[_Row], unread: int) -> None:
+    def _resend_missing(self, batch: LiteLLMBatch, missing: list[_Row], unread: int) -> None:
         """Rows neither file answers readably go into a later batch, bounded like any retryable row. Each of the
         ``unread`` lines was answered and billed: as many of these rows carry an unread attempt (which of them
         cannot be told: the largest prompts, an upper bound), paid by their caller (``RowBill``)."""
@@ -444,7 +437,7 @@ def _pay(row: _Row, bill: RowBill) -> None:
     bill.unread = 0 if bill.free else row.unread
 
 
-def _batch_errors(batch: Any) -> str:
+def _batch_errors(batch: object) -> str:
     errors = getattr(batch, "errors", None)
     data = getattr(errors, "data", None) if errors is not None and not isinstance(errors, dict) else (
         (errors or {}).get("data"))

@@ -1,10 +1,7 @@
-"""The client's side of the Batch API (``runtime.batch``): a call as a batch row, priced at batch rates, and
-counted like a live call; a refusal means what it means live.
-
-The batcher's own requests (the file's upload, the batch's creation) go through the client's retry policy
-(``Guard``: ``cupid_exp.llm.retry.with_retries``), so a bad key or ``insufficient_quota`` there stops the job with
-one line (exit 2) and a rate limit beyond ``runtime.rate_limit_patience_s`` stops it for later (exit 75), instead of
-failing every row of the batch as a provider error. A row refused as a key or a model is refused stops it too.
+"""The client's side of the Batch API (``runtime.batch``): a call as a batch row, priced at batch rates and counted
+like a live call. The upload and the batch's creation go through the client's retry policy (``Guard``), so a bad
+key, ``insufficient_quota`` or a row refused for its key or model stops the job (exit 2) and a long rate limit
+stops it for later (exit 75), rather than fail every row.
 """
 
 from __future__ import annotations
@@ -12,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from cupid_exp.config import CallSettings, ModelConfig
 from cupid_exp.llm.batch import Batcher, BatchSettings, Guard, RowBill, RowFailed
@@ -24,6 +21,9 @@ from cupid_exp.llm.errors import ProviderError, _short, provider_error_kind
 from cupid_exp.llm.messages import Message
 from cupid_exp.llm.retry import BILLING_CODES, BILLING_SUFFIX, CallFailed, FatalProviderError, RetryLater, with_retries
 from cupid_exp.llm.usage import BatchCounts, Completion
+
+if TYPE_CHECKING:
+    from cupid_exp.llm.client import LLMClient
 
 
 def batch_settings(settings: CallSettings) -> BatchSettings:
@@ -46,8 +46,8 @@ def batch_price(model: ModelConfig, prompt_tokens: int, completion_tokens: int) 
     return float(cost_in + cost_out)
 
 
-def new_batcher(model: Any, settings: CallSettings, api_key: str | None, counts: BatchCounts, guard: Guard | None = None
-                ) -> Batcher:
+def new_batcher(model: ModelConfig, settings: CallSettings, api_key: str | None, counts: BatchCounts,
+                guard: Guard | None = None) -> Batcher:
     provider = batch_provider(model.litellm_model)
     if provider is None:
         raise BatchUnsupported(model.litellm_model)
@@ -62,7 +62,7 @@ def new_batcher(model: Any, settings: CallSettings, api_key: str | None, counts:
     return Batcher(endpoint, kwargs, ledger, batch_settings(settings), counts, guard)
 
 
-async def batched_completion(batcher: Batcher, model: Any, messages: list[Message], kwargs: dict[str, Any],
+async def batched_completion(batcher: Batcher, model: ModelConfig, messages: list[Message], kwargs: dict[str, Any],
                              bill: RowBill) -> Completion:
     """One call answered through the Batch API; raises ``RowFailed`` (or litellm's error) when it failed. ``bill``:
     what the row costs this call beyond its reply (``Batcher.complete``), also when it fails."""
@@ -79,7 +79,7 @@ async def batched_completion(batcher: Batcher, model: Any, messages: list[Messag
                       seconds=time.perf_counter() - start, finish_reason=choice.get("finish_reason"))
 
 
-def unread_usd(client: Any, messages: list[Message], kwargs: dict[str, Any], unread: int) -> float:
+def unread_usd(client: LLMClient, messages: list[Message], kwargs: dict[str, Any], unread: int) -> float:
     """What ``unread`` attempts of a row cost that were answered (billed) in output lines that could not be read: the
     call's worst case each, at batch prices (an unpriced model: nothing, not guessed)."""
     if not unread or client.prices is None:
@@ -89,9 +89,9 @@ def unread_usd(client: Any, messages: list[Message], kwargs: dict[str, Any], unr
     return unread * (usd if usd is not None else worst_case_usd(client.prices, messages, kwargs))
 
 
-def client_guard(client: Any) -> Guard:
+def client_guard(client: LLMClient) -> Guard:
     """The batcher's upload and creation under ``client``'s live retry policy, and its stop for later."""
-    async def run(send: Any) -> Any:
+    async def run(send: Callable[[], Awaitable[Any]]) -> object:
         response, _ = await with_retries(
             send, client.pool, tokens=0, num_retries=client.settings.num_retries,
             patience_s=client.settings.rate_limit_patience_s, classify=provider_error_kind, model=client.model.name,
@@ -105,7 +105,7 @@ def client_guard(client: Any) -> Guard:
     return Guard(run, later, client.settings.rate_limit_patience_s, client.settings.outage_patience_s)
 
 
-def _stop(client: Any, fatal: FatalProviderError) -> FatalProviderError:
+def _stop(client: LLMClient, fatal: FatalProviderError) -> FatalProviderError:
     """The job's stop (the first one set wins): no client of the job sends another request."""
     if client.pool.fatal is None:
         client.pool.fatal = fatal

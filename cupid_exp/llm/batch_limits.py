@@ -1,12 +1,9 @@
 """A provider's cap on the tokens waiting in its batch queue, learnt from its rejection, and batches sized under it.
 
-OpenAI rejects a batch whose input would take a model's enqueued tokens past the organisation's limit: the batch
-ends ``failed`` with the error code ``token_limit_exceeded`` and "Enqueued token limit reached for gpt-4o in
-organization org-…. Limit: 90,000 enqueued tokens. Please try submitting an input file with fewer tokens, or wait
-for your existing batches to complete." On a low tier the paper's 756 instances meet it at once. Such a batch
-failed nothing: its rows are held and sent again once earlier batches finish (``cupid_exp.llm.batch``), in
-batches sized under the limit it states. Our batches' tokens are estimated (prompt characters / 4, as for
-tokens-per-minute): a rejection while none of ours is in the queue halves the share we aim for, so an
+OpenAI fails a batch that would take a model's enqueued tokens past the organisation's limit
+(``token_limit_exceeded``, "Limit: 90,000 enqueued tokens"); a low tier meets it at once. Such a batch fails no
+row: its rows are sent again as earlier batches finish, in batches sized under the stated limit. Our token counts
+are estimates (prompt characters / 4): a rejection while none of ours is queued halves the share aimed for, so an
 underestimate converges, down to a batch of one request.
 """
 
@@ -15,14 +12,13 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 TOKEN_LIMIT_CODE = "token_limit_exceeded"
 MARGIN = 0.9  #: of the stated limit: our token estimate and the provider's count never agree exactly
 _LIMIT = re.compile(r"limit:\s*([\d,_]+)\s*enqueued tokens", re.IGNORECASE)
 
 
-def _errors(batch: Any) -> list[tuple[str | None, str]]:
+def _errors(batch: object) -> list[tuple[str | None, str]]:
     """(code, message) of each error a failed batch carries (litellm's object or a plain dict)."""
     errors = getattr(batch, "errors", None)
     data = errors.get("data") if isinstance(errors, dict) else getattr(errors, "data", None)
@@ -33,7 +29,7 @@ def _errors(batch: Any) -> list[tuple[str | None, str]]:
     return out
 
 
-def token_limit_rejection(batch: Any) -> tuple[int | None, str] | None:
+def token_limit_rejection(batch: object) -> tuple[int | None, str] | None:
     """(the limit it states, the provider's message) when a failed batch was rejected for the enqueued-token limit;
     None when it failed for another reason (its rows fail)."""
     for code, message in _errors(batch):

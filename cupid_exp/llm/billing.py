@@ -1,25 +1,22 @@
 """What a provider bills for each request it was sent, whatever its reply carries (or whether one came).
 
-Why: a reply without ``usage`` (proxies, self-hosted servers, some providers omit it) was priced at its zero
-tokens, so a budget stopped nothing; a request that timed out after it was sent cost nothing here although the
-provider processed and billed it, and each of ``num_retries + 1`` such requests rode on one reservation. So:
-
-- a reply without usage is counted locally (litellm's ``token_counter``, tiktoken for OpenAI's models): its
-  prompt and its completion, marked as estimated wherever usage is shown;
-- each attempt holds its own reservation on the budget; one that got no reply after it was sent (a timeout, a
-  connection lost mid-request) is charged its worst case (``cupid_exp.llm.budget.worst_case_usd``);
-- a reply that carries no completion (``EmptyReply``) is charged what it cost, and the call is retried.
+A reply without usage (proxies, self-hosted servers) is counted locally and marked estimated, so a budget still
+stops; each attempt holds its own reservation, and one lost after sending (a timeout, a dropped connection) is
+charged its worst case; a reply with no completion (``EmptyReply``) is charged what it cost and retried.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cupid_exp.llm.errors import EmptyReply, _chain
 from cupid_exp.llm.messages import Message
 from cupid_exp.llm.usage import WorstCase
+
+if TYPE_CHECKING:
+    from cupid_exp.llm.budget import Reservation
 
 
 def lost_after_sending(exc: BaseException) -> bool:
@@ -43,7 +40,7 @@ def lost_after_sending(exc: BaseException) -> bool:
     return any(isinstance(e, openai.APIConnectionError) for e in _chain(exc))
 
 
-def empty_reason(response: Any) -> str | None:
+def empty_reason(response: object) -> str | None:
     """Why ``response`` carries no completion (None when it carries one): no choices at all, or a message whose
     content is null with no refusal and no tool call. A refusal (content filter) or a reply cut at max_tokens is a
     reply: the step decides what it is worth."""
@@ -63,7 +60,7 @@ def empty_reason(response: Any) -> str | None:
     return None
 
 
-def empty_reply(model: str, response: Any) -> EmptyReply | None:
+def empty_reply(model: str, response: object) -> EmptyReply | None:
     """The failure to raise for a reply without a completion (None for a usable one)."""
     reason = empty_reason(response)
     if reason is None:
@@ -72,9 +69,9 @@ def empty_reply(model: str, response: Any) -> EmptyReply | None:
                       status_code=422 if response is None else None)
 
 
-def reply_text(choice: Any) -> str:
+def reply_text(choice: object) -> str:
     """Every output token of a choice: content, refusal, tool calls' arguments (an object or a batch row's dict)."""
-    def get(obj: Any, name: str) -> Any:
+    def get(obj: object, name: str) -> Any:
         return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
 
     message = get(choice, "message") or {}
@@ -85,7 +82,7 @@ def reply_text(choice: Any) -> str:
     return "".join(p for p in parts if isinstance(p, str))
 
 
-def counted_tokens(litellm_model: str, messages: list[Message], usage: Any, text: str) -> tuple[int, int, bool]:
+def counted_tokens(litellm_model: str, messages: list[Message], usage: object, text: str) -> tuple[int, int, bool]:
     """(prompt, completion, estimated): the reply's usage when it has some, else counted locally. A billed prompt
     is never 0 tokens, so a usage without prompt tokens is a usage left out."""
     def get(name: str) -> int:
@@ -137,7 +134,7 @@ class CallBill:
     charged_usd: float = 0.0  #: attempts without a usable reply: a lost one's worst case, an empty one's cost
     charged: int = 0  #: how many attempts that is
     charged_tokens: tuple[int, int] = (0, 0)  #: their prompt and completion tokens (a lost one's worst case)
-    held: Any = field(default=None, repr=False)  #: the next attempt's reservation, held before its slot
+    held: Reservation | None = field(default=None, repr=False)  #: the next attempt's reservation, held before its slot
 
     def charge(self, usd: float | None, prompt: int = 0, completion: int = 0) -> None:
         if usd or prompt or completion:

@@ -1,19 +1,11 @@
 """A spending limit that holds across calls, worker processes and the parallel jobs of a sweep.
 
-Why: a budget checked after each call overshoots by every call in flight, and one kept in a process's memory
-knows nothing of the job's worker processes or of the sweep's other jobs. Here each paid call *reserves* its
-worst case before it is sent (an upper bound on its prompt tokens plus the reply's ``max_tokens``, at the
-model's prices) and *settles* what the provider bills for it after (``cupid_exp.llm.billing``: the reply's
-usage or a local count of its tokens, the worst case of a request lost after sending; nothing for a cache hit);
-each retry is a request of its own, with its own reservation. The
-accounts are small JSON ledgers guarded by a file lock, checked and written in one step, so two processes can
-never both pass the limit: a job's ledger beside its resume journal (``runtime.max_cost_usd``: what the job
-spends over all its attempts) and a sweep's in the sweep folder (``runtime.sweep_max_cost_usd``).
-
-A call whose worst case does not fit what is left is not sent: ``BudgetExceeded``, which stops the job's new
-instances (``cupid_exp.job.execute``). While other calls hold reservations that may come back unused, it
-waits for them instead of giving up early; waiting calls go in the order their instances started
-(``started_instance``), so that near the end the oldest instances finish rather than all of them half-way.
+A budget checked after each call overshoots by the calls in flight and knows nothing of other processes. Here each
+request *reserves* its worst case before it is sent and *settles* what it was billed after (``billing``), in
+small JSON ledgers under a file lock, so two processes never both pass the limit: the job's beside its journal
+(``runtime.max_cost_usd``) and a sweep's in its folder (``runtime.sweep_max_cost_usd``). A call that does not fit
+raises ``BudgetExceeded``, unless reservations may still come back unused: then it waits, oldest instance first
+(``started_instance``), so that near the end the oldest instances finish.
 """
 
 from __future__ import annotations
@@ -30,12 +22,15 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, TypeVar
 
 from cupid_exp.config import CallSettings, ModelConfig
 from cupid_exp.errors import ConfigError
 from cupid_exp.llm.messages import Message
 from cupid_exp.llm.usage import WorstCase
+
+if TYPE_CHECKING:
+    from filelock import FileLock
 
 log = logging.getLogger(__name__)
 
@@ -127,10 +122,9 @@ def priced(model: ModelConfig, settings: CallSettings) -> Prices:
 
 
 def worst_case_usd(prices: Prices, messages: list[Message], kwargs: Mapping[str, Any]) -> float:
-    """An upper bound on a call's cost: every byte of the prompt a token (a token is at least one byte) plus the
-    framing of each message and any response schema, and a reply of ``max_tokens``. Counting tokens exactly
-    cost 2-3 ms of CPU per call (litellm's tokenizer, measured on 10k-character prompts); the bound costs
-    microseconds and only makes the last call of a budget stop a little early."""
+    """An upper bound on a call's cost: every prompt byte a token (a token is at least one byte) plus each message's
+    framing and any response schema, and a reply of ``max_tokens``. Exact counting costs milliseconds of CPU per call;
+    the bound, microseconds, and it only stops a budget's last call a little early."""
     if not prices.input and not prices.output:
         return 0.0
     prompt, reply = worst_case_tokens(messages, kwargs, prices.max_output_tokens)
@@ -233,14 +227,14 @@ class Budget:
 
     accounts: list[Account]
     refused: int = 0  #: calls this process did not send
-    _locks: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    _locks: dict[str, FileLock] = field(default_factory=dict, repr=False, compare=False)
     _files: dict[str, int] = field(default_factory=dict, repr=False, compare=False)  #: path -> open descriptor
     _waiting: dict[str, float] = field(default_factory=dict, repr=False, compare=False)  #: rid -> instance order
 
     def __getstate__(self) -> dict[str, Any]:
         return {"accounts": self.accounts, "refused": self.refused, "_locks": {}, "_files": {}, "_waiting": {}}
 
-    def _lock(self, account: Account) -> Any:
+    def _lock(self, account: Account) -> FileLock:
         from filelock import FileLock
 
         if account.path not in self._locks:

@@ -1,10 +1,8 @@
 """A per-instance log of model calls, for tracing: who asked what, what came back, and what it cost.
 
-``ask`` appends one ``CallRecord`` per attempt to the log of the current context, if there is one;
-the job opens a log around each instance (``recording``), so every step of that instance — run in
-child tasks, which inherit the context — lands in the same list. With no log open, recording is a
-single ContextVar lookup: the tracing layer builds its spans from this list after the instance
-finishes, off the call path.
+``ask`` appends a ``CallRecord`` per attempt to the log of the current context (``recording``, opened around each
+instance and inherited by its child tasks). With no log open it costs one ContextVar lookup; spans are built
+from the log after the instance, off the call path.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """One client layer over litellm for every provider, the embedded model included.
 
-Each request is one ``litellm.acompletion`` with the call's timeout and no retries of litellm's or the OpenAI
-SDK's; litellm's cache gives the persistent response cache (its entries on disk: ``response_cache``), litellm's
-price map and cost calculator the cost. This module adds only what litellm lacks: bounded
-concurrency per model, a cache namespace that covers api_base and every decoding parameter, per-step
-usage, and the line between a provider's failure (counted per instance, the run goes on) and a bug (the
-job stops with its traceback). Retries are ours (``cupid_exp.llm.retry``: rate limits waited out as the
-provider asks, a fatal refusal stops the job), and so are each provider pool's limits (``cupid_exp.llm.pools``:
-one concurrency bound, adaptive limit, pace and pause for every role and snapshot on the pool).
+Each request is one ``litellm.acompletion`` with the call's timeout and none of litellm's or the SDK's retries;
+litellm gives the response cache (on disk: ``response_cache``), the price map and the cost. This module adds what
+litellm lacks: a cache namespace covering api_base and every decoding parameter, per-step usage, and the line
+between a provider's failure (counted, the run goes on) and a bug (the job stops). Retries are ours (``retry``),
+as are the pools' limits (``pools``).
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from cupid_exp.config import CallSettings, ModelConfig
 from cupid_exp.llm import _litellm
@@ -39,6 +36,9 @@ from cupid_exp.llm.messages import Message
 from cupid_exp.llm.pools import Pool, flush_pools, pool_for
 from cupid_exp.llm.retry import CallFailed, JobStop, with_retries
 from cupid_exp.llm.usage import Completion, UsageMeter
+
+if TYPE_CHECKING:
+    from cupid_exp.llm.batch import Batcher
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class LLMClient:
         # calculator after the call, never registered in litellm's global map (two configs may price one id).
         self._config_prices = _config_prices(model)
         self._api_key = params.get("api_key")
-        self._batcher: Any = None
+        self._batcher: Batcher | None = None
         self._batch = _wants_batch(model, settings)
         self.roles: tuple[str, ...] = (model.name,)  # the roles it serves (``clients_for``), for a fatal refusal
         self.stop = JobStop()  # shared with the job's other clients (``clients_for``)
@@ -352,7 +352,7 @@ class LLMClient:
             raise empty
         return reply
 
-    def _billed(self, messages: list[Message], response: Any) -> Reply:
+    def _billed(self, messages: list[Message], response: object) -> Reply:
         """The tokens and cost of a reply as billed: its usage, or a local count where it carries none."""
         if response is None:  # litellm's None for a request rejected twice (HTTP 422): nothing billed
             return Reply(None, 0, 0, 0.0, False)

@@ -1,12 +1,7 @@
-"""Credentials checked before the first call: which environment variables each role's provider needs, asked of
-litellm (``validate_environment``) and of the model config's own ``api_key_env``.
-
-Without this, a missing key is found by the calls: every instance fails with ``auth`` and the run ends
-incomplete after dozens of long warnings. Here it is one line naming the role, the model and the variable.
-Only names are ever printed, never a value.
-
-Embedded models and roles pointed at an ``api_base`` (an OpenAI-compatible server: the client sends it the key
-in ``api_key_env`` when that is set, "EMPTY" otherwise) need no key.
+"""Credentials checked before the first call: the environment variables each role's provider needs (litellm's
+``validate_environment``, the config's ``api_key_env``), so a missing key is one line naming the role, the model
+and the variable rather than every instance failing with ``auth``. Only names are printed. Embedded models and
+roles with an ``api_base`` (sent ``api_key_env``'s value, else "EMPTY") need none.
 """
 
 from __future__ import annotations

@@ -1,24 +1,14 @@
-"""The pieces of a provider pool's limits (``cupid_exp.llm.pools`` holds them together, one set per pool):
+"""The pieces of a provider pool's limits (``cupid_exp.llm.pools`` holds one set per pool; docs/limits-and-budgets.md).
 
-- ``AdaptiveLimit``: how many requests may be in flight (AIMD): it starts at a quarter of the pool's bound (at
-  least 4) and grows by one per success up to it (slow start, so that a key's first window does not meet the
-  whole burst), falls ×0.8 on a 429 (at most once per ``COOLDOWN_S``, which ends the slow start), and climbs
-  back by 10% after a round of successes (as many as the limit) with no 429, never under 1 nor over the bound;
-- ``Pacer``: each request is sent no earlier than the requests and tokens per minute allow, counted as OpenAI
-  counts them (prompt estimate + ``max_tokens``); a 429 while pacing slows the pace ×0.9 (once per cooldown,
-  down to half), success brings it back slowly: the provider's windows and our clock never align exactly. At
-  the moment of sending, no second may hold more than the paced share of requests (rounded up): a caller that
-  woke late (a busy CPU) waits instead of landing on top of the next second's requests, where the provider's
-  one-second window would refuse the excess, and none goes out within half the pace's spacing of the last
-  (a pair sent together straddles a provider's window boundary). Its schedule is a small ledger file under
-  ``runtime.cache_dir/rate_limits/`` (``filelock``), so worker processes and the jobs of a parallel sweep on
-  the same pool stay within the limits together;
-- ``RefusalPace``: the pace a provider admits, learned from its refusals when it states no limit (only
-  ``retry-after``): what it admitted over the seconds before it refused; then probed upward while the pace
-  binds, to just under the pace a refusal came at, and cut on a refusal. Each cut is judged by the refusals
-  that follow it: a rate limit's refusals fall when the pace falls, an overloaded provider's (a share of
-  requests refused whatever the pace) do not; then the pace they taught is dropped, and such refusals are
-  retried after the wait asked and change nothing until their share rises clearly above the overload's.
+- ``AdaptiveLimit``: the requests in flight (AIMD), starting at a quarter of the bound (a slow start, so that a key's
+  first window does not meet the whole burst), ×0.8 on a 429 at most once per ``COOLDOWN_S``, +10% after a round of
+  successes;
+- ``Pacer``: no request before the requests and tokens per minute allow, counted as OpenAI counts them, with the
+  schedule in a ledger file under ``runtime.cache_dir/rate_limits/`` shared by every process on the pool. At the
+  moment of sending no second holds more than its share: a caller a busy CPU woke late waits rather than land in
+  the next second's window, and none goes within half the spacing of the last (a pair straddles a window's edge);
+- ``RefusalPace``: the pace learned from the refusals of a provider that states no limit, probed upward, cut on a
+  refusal, and dropped when the refusals do not fall with it (an overloaded provider's).
 """
 
 from __future__ import annotations
@@ -33,9 +23,12 @@ from collections import deque
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from cupid_exp.llm.messages import Message
+
+if TYPE_CHECKING:
+    from filelock import FileLock
 
 COOLDOWN_S = 3.0  #: at most one cut of the concurrency limit (or of a pace) per this many seconds
 DECREASE, INCREASE = 0.8, 0.1  #: the cut on a 429, the share added after a round of successes
@@ -162,7 +155,7 @@ class Pacer:
         self.scale = 1.0  # of the stated limits: lowered by 429s met while pacing (kept in the ledger)
         self._state: dict[str, Any] = {"requests": 0.0, "tokens": 0.0}  # wall-clock times the next request / token
         # is free; "sent": when the requests of the last second went out
-        self._lock: Any = None
+        self._lock: FileLock | None = None
         if ledger is not None:
             from filelock import FileLock
 
@@ -214,7 +207,7 @@ class Pacer:
         state["sent"] = [*sent, now]
         return 0.0
 
-    def seed(self, sent: Any) -> None:
+    def seed(self, sent: Iterable[float]) -> None:
         """Sends made before pacing began (wall-clock times): the send-time check counts the last second's, so that
         the first paced requests do not land in a window the unpaced ones filled."""
         def add(state: dict[str, Any]) -> None:
@@ -230,7 +223,7 @@ class Pacer:
     def succeeded(self) -> None:
         self._update(lambda state: state.update(scale=min(1.0, state.get("scale", 1.0) + 0.002)))
 
-    def _update(self, change: Any) -> None:
+    def _update(self, change: Callable[[dict[str, Any]], object]) -> None:
         if self._lock is None or self.ledger is None:  # set together
             change(self._state)
             self.scale = self._state.get("scale", 1.0)
@@ -283,13 +276,10 @@ OVERLOAD_MOST = 0.25  #: a cut is judged an overload's only where the share refu
 
 
 class RefusalPace:
-    """Requests per minute a provider admits, where it states no limit (no ``x-ratelimit-*``): headers alone
-    left such a pool unpaced, and 29% of its requests were refused (the AIMD limit and the pauses bound what is
-    in flight, not how fast it goes out).
-
-    Not every 429 is a limit: an overloaded provider refuses a share of requests at any pace. Cut for each, the
-    pace fell from 67 to 14 requests per 30 s and on (10% refused with ``retry-after: 2``). So each cut is
-    judged (``_settle``) by the share refused at the pace it set against the share refused just before it."""
+    """Requests per minute a provider admits where it states no limit: headers alone left such a pool unpaced (the AIMD
+    limit and the pauses bound what is in flight, not how fast it goes out). An overloaded provider refuses a share
+    of requests at any pace, so each cut is judged (``_settle``) by the share refused at its pace against the share
+    refused just before it."""
 
     def __init__(self) -> None:
         self.sends: deque[float] = deque()  #: wall-clock times of the requests sent, the last ``HORIZON_S``

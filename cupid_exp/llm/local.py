@@ -1,15 +1,10 @@
-"""In-process llama.cpp models as a litellm custom provider ("llamacpp/<name>").
+"""In-process llama.cpp models as a litellm custom provider ("llamacpp/<name>"): the same caching, retries and
+accounting as API models.
 
-Going through litellm keeps one code path for every model: the same caching,
-retries, usage and cost accounting apply to the embedded model and to API models.
-
-The engine is xllamacpp, which ships prebuilt CPU wheels of llama.cpp (portable AVX2, no
-AMX path, so no source build) and runs llama.cpp's own C++ server inside this process. We call
-its OpenAI-style ``handle_chat_completions`` directly (the HTTP listener it also starts is locked
-with a random key). That server brings what the evaluation needs: JSON-schema constrained
-decoding (llguidance), the chat template from the GGUF, a context check, and prompt-prefix reuse
-(the slot keeps the last prompt's KV cache and a RAM cache keeps earlier ones, so the matcher's
-long few-shot system prompt is processed once).
+The engine is xllamacpp (prebuilt CPU wheels, no source build), whose llama.cpp server runs in this process and is
+called directly (``handle_chat_completions``; its HTTP listener is locked with a random key). It brings JSON-schema
+constrained decoding, the GGUF's chat template, a context check and prompt-prefix reuse (the matcher's long
+few-shot system prompt is processed once).
 """
 
 from __future__ import annotations
@@ -23,11 +18,14 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from cupid_exp.config import LocalModelConfig
 from cupid_exp.llm import _litellm
 from cupid_exp.llm.messages import Message
+
+if TYPE_CHECKING:
+    from litellm import CustomLLM, ModelResponse
 
 PROVIDER = "llamacpp"
 _PASSED_PARAMS = ("temperature", "max_tokens", "top_p", "top_k", "stop", "seed", "response_format", "grammar",
@@ -59,7 +57,7 @@ def resolve_gguf(spec: str) -> Path:
     return path
 
 
-def strict_schema(schema: Any) -> Any:
+def strict_schema(schema: object) -> object:
     """OpenAI's ``strict: true`` semantics for a JSON schema: objects take no properties beyond the listed ones.
 
     The OpenAI API rejects strict schemas without ``additionalProperties: false``; llguidance follows the
@@ -222,7 +220,7 @@ def _litellm_error(name: str, code: int, kind: str, message: str) -> Exception:
     return litellm.APIError(status_code=code, message=text, model=model, llm_provider=PROVIDER)
 
 
-def _model_response(name: str, out: dict[str, Any]) -> Any:
+def _model_response(name: str, out: dict[str, Any]) -> ModelResponse:
     import litellm
 
     choice = out["choices"][0]
@@ -239,7 +237,7 @@ def _model_response(name: str, out: dict[str, Any]) -> Any:
     )
 
 
-async def off_the_loop(fn: Callable[..., Any], *args: Any) -> Any:
+async def off_the_loop(fn: Callable[..., object], *args: object) -> Any:
     """``fn(*args)`` on a daemon thread of its own, awaited. Not ``asyncio.to_thread``: a job stopped mid-generation
     (Ctrl-C, SIGTERM) would wait, as ``asyncio.run`` ends, for its executor's threads: the generation under way and
     every call queued behind it (one at a time per model) run to their end. Here the job stops at once, the threads
@@ -247,7 +245,7 @@ async def off_the_loop(fn: Callable[..., Any], *args: Any) -> Any:
     loop = asyncio.get_running_loop()
     future = loop.create_future()
 
-    def settle(result: Any, error: BaseException | None) -> None:
+    def settle(result: object, error: BaseException | None) -> None:
         if future.done():  # cancelled meanwhile: nobody waits for it
             return
         if error is not None:
@@ -269,12 +267,12 @@ async def off_the_loop(fn: Callable[..., Any], *args: Any) -> Any:
     return await future
 
 
-def _make_handler(models: LocalModels) -> object:
+def _make_handler(models: LocalModels) -> CustomLLM:
     """litellm's CustomLLM over ``models``. A bug raised here reaches the caller wrapped by litellm as an
     APIConnectionError; ``client.provider_error_kind`` reads the exception chain and stops the job on it."""
     import litellm
 
-    def call(model: str, messages: list[Message], optional_params: dict[str, Any]) -> Any:
+    def call(model: str, messages: list[Message], optional_params: dict[str, Any]) -> ModelResponse:
         return _model_response(model, models.complete(model, messages, optional_params))
 
     class _Handler(litellm.CustomLLM):
@@ -283,7 +281,8 @@ def _make_handler(models: LocalModels) -> object:
         # litellm passes these positionally; only the model, its messages and the parameters matter here
         def completion(self, model: str, messages: list[Message], api_base: object, custom_prompt_dict: object,
                        model_response: object, print_verbose: object, encoding: object, api_key: object,
-                       logging_obj: object, optional_params: dict[str, Any], *args: object, **kwargs: object) -> Any:
+                       logging_obj: object, optional_params: dict[str, Any], *args: object,
+                       **kwargs: object) -> ModelResponse:
             return call(model, messages, optional_params)
 
         async def acompletion(self, model: str, messages: list[Message], api_base: object,

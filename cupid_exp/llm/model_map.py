@@ -1,10 +1,6 @@
-"""What litellm's model map says about a configured model: is its id known, its context window, its prices,
-its deprecation date. Read before the first call so that a misspelt or retired id, or a model whose cost would
-read as unknown, is said once in the plan rather than discovered by every call.
-
-litellm's own lookup (``get_model_info``) falls back to a near name when the exact id is absent: an OpenAI id
-with a date that never existed (``gpt-4o-2024-08-07``) is answered with ``gpt-4o``'s entry. Only an entry
-under the exact id counts as known here.
+"""What litellm's model map says about a configured model (known id, context window, prices, deprecation), read
+before the first call so that a misspelt or retired id is said once in the plan. litellm's ``get_model_info``
+falls back to a near name (``gpt-4o-2024-08-07`` answers as ``gpt-4o``): only the exact id counts as known here.
 """
 
 from __future__ import annotations

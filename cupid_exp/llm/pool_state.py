@@ -1,13 +1,9 @@
-"""What the processes calling one pool tell each other (a job's workers, a sweep's parallel jobs on one key):
-a pause, a cut of the concurrency limit, the limits a provider stated, a pace learned from refusals, who
-is calling (they split a bound given once), and when the endpoint last answered (a process that starts during an
-outage waits for it as the others do, instead of taking it for an endpoint that never answered). The pacer's
-schedule has its own ledger (``limits.Pacer``).
+"""What the processes calling one pool tell each other: a pause, a cut, the stated limits, a learned pace, who is
+calling (they split a bound given once), and when the endpoint last answered (so a process starting during an
+outage waits for it rather than take it for an endpoint that never answered). The pacer has its own ledger.
 
-One small JSON file per pool under ``runtime.cache_dir/rate_limits/``, read and written under a ``filelock``
-at most every ``pools.SYNC_S`` per process and at each 429: a process that met a 429 publishes at once, the
-others follow within half a second. News older than ``FRESH_S`` is not followed (a run days later starts from
-what its own requests tell it, not from a limit that may since have changed).
+One JSON file per pool under ``runtime.cache_dir/rate_limits/``, exchanged under a ``filelock`` at most every
+``pools.SYNC_S`` and at each 429. News older than ``FRESH_S`` is ignored: a limit may have changed since.
 """
 
 from __future__ import annotations
@@ -17,7 +13,10 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cupid_exp.llm.pools import Pool
 
 FRESH_S = 120.0  #: stated or learned limits older than this are not adopted
 CALLING_S = 3.0  #: a process that has not exchanged for this long no longer takes a share of a given bound
@@ -59,7 +58,7 @@ class SharedPoolState:
         if rpm:
             self._learned = (rpm, refused_rpm)
 
-    def exchange(self, pool: Any, news: bool = False) -> Seen:
+    def exchange(self, pool: Pool, news: bool = False) -> Seen:
         """Publish this process's news (``pool``'s pause, stated limits, learned pace, cut), read the others'."""
         seen = Seen()
         self.path.parent.mkdir(parents=True, exist_ok=True)

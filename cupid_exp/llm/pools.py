@@ -1,42 +1,15 @@
 """A provider's pool: what its limits apply to, shared by every role, snapshot, process and job that calls it.
 
-Providers do not limit a model config: OpenAI limits an organization's project per model family (every
-snapshot of gpt-4o counts toward one RPM/TPM), Anthropic per rate-limit group, and a proxy or a self-hosted
-server has one capacity for whatever stands behind it. Limits kept per config let the paper's subject
-(gpt-4o-2024-08-06) and evaluator (gpt-4o-2024-11-20) each pace itself to the limit the headers state, and
-both were cut. Which pool a model config calls (``pool_name``): its ``pool`` key, else
+Providers limit a key per pool (a model family, a rate-limit group, a proxy's capacity), not per model config;
+which pool a config calls (``pool_name``) and what a pool holds (a concurrency bound with its adaptive limit, a
+pace, pauses, a refusal for good, an outage's probes) are in docs/limits-and-budgets.md. A 429's wait pauses
+the pool except while a learned pace is in force and the wait is a window or less (a provider sending only
+whole-second ``retry-after`` would idle the pool a second per refusal), and except for a refusal that neither
+taught nor cut the pace (an overloaded provider's, which would pause it at every random refusal).
 
-- OpenAI (``openai/`` at OpenAI's own API): the model family, its snapshot date dropped
-  (``gpt-4o-2024-08-06`` and ``gpt-4o-2024-11-20``: ``openai-gpt-4o``);
-- Anthropic (``anthropic/`` at Anthropic's API): its rate-limit group, the model without its date
-  (``anthropic-claude-3-7-sonnet``); the 4.x models of a family share one (``claude-sonnet-4-5-…``:
-  ``anthropic-claude-sonnet-4``), as Anthropic's rate-limit page lists them;
-- any other ``api_base`` (a proxy, vLLM, an OpenAI-compatible host): one pool per base
-  (``http://127.0.0.1:8000/v1``: ``api-127_0_0_1-8000-v1``);
-- a hosted provider reached without an ``api_base`` (``together_ai/``, ``vertex_ai/``, ``bedrock/``): one pool
-  per model,
-
-and always one per key (the key enters only as a hash). A pool holds (``cupid_exp.llm.limits``):
-
-- a concurrency bound, ``runtime.pools.<name>.max_concurrency`` when given (then the roles' own
-  ``max_concurrency`` is not used, and the processes calling the pool split it), else the largest
-  ``max_concurrency`` of its configs (split among a job's worker processes like each config's), and under it
-  the adaptive limit (AIMD);
-- a pace: ``runtime.pools.<name>.rpm``/``tpm``, else the smallest ``rpm``/``tpm`` its configs give, else the
-  limits the provider states (``x-ratelimit-limit-*``, ``anthropic-ratelimit-*-limit``: in a reply's headers,
-  as OpenAI sends them with every response, or a 429's), else the pace learned from its refusals;
-- a pause: a 429 that says how long to wait holds every caller until then (not while a learned pace is in
-  force and the wait is a window or less: a provider that sends only whole-second ``retry-after`` would idle
-  the pool a second per refusal; nor for a refusal that neither taught nor cut a learned pace, such as an
-  overloaded provider's: 10% refused at random paused the pool every tenth request);
-- whether it refused for good (a bad key, an unknown model, no connection ever): later calls are not sent;
-- an outage: an endpoint that answered before and stops (connections refused or reset, 5xx from several calls)
-  holds every caller while one probe at a time, with capped backoff, asks whether it is back
-  (``cupid_exp.llm.retry.with_retries`` decides when, and stops the job past ``runtime.outage_patience_s``).
-
-Processes on one pool (a job's workers, a sweep's parallel jobs) share the pace through the pacer's ledger and
-the rest through ``runtime.cache_dir/rate_limits/<pool>.pool.json`` (``cupid_exp.llm.pool_state``), read and
-written at most every ``SYNC_S`` and at each 429.
+Processes on one pool share the pace through the pacer's ledger and the rest through
+``runtime.cache_dir/rate_limits/<pool>.pool.json`` (``pool_state``), exchanged at most every ``SYNC_S`` and at
+each 429.
 """
 
 from __future__ import annotations
@@ -51,12 +24,15 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Mapping
 from urllib.parse import urlsplit
 
 from cupid_exp.llm.limits import WINDOW_S, AdaptiveLimit, Pacer, RefusalPace
 from cupid_exp.llm.pool_state import SharedPoolState
-from cupid_exp.llm.retry import FatalProviderError, told_limits
+from cupid_exp.llm.retry import FatalProviderError, JobStop, told_limits
+
+if TYPE_CHECKING:
+    from cupid_exp.llm.usage import UsageMeter
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +110,7 @@ class Pool:
         self.wait_s = 0.0  #: time callers spent held by the pause or the pacer
         self.shared = SharedPoolState(ledger_dir / f"{ident}.pool.json") if ledger_dir is not None else None
         self.share = 1.0  #: this process's part of a given bound (the live processes split it)
-        self.meter: Any = None  #: the job's usage meter (its latest client's): per-pool counts go there
+        self.meter: UsageMeter | None = None  #: the job's usage meter (its latest client's): per-pool counts go there
         self.sent = self.peak = 0  #: requests sent and the most in flight at once, since the meter was set
         self._answered_429, self._waited, self._outages = 0, 0.0, 0  #: counted since the last flush into the meter
         self._sync_due = 0.0
@@ -156,7 +132,7 @@ class Pool:
         return self._concurrency
 
     def join(self, config_id: str, max_concurrency: int, rpm: float | None, tpm: float | None,
-             given: PoolLimits, meter: Any) -> None:
+             given: PoolLimits, meter: UsageMeter | None) -> None:
         """A client of a model config on this pool: its bound and limits count, ``given`` (the job's
         ``runtime.pools.<name>``) wins over the configs'. A new job (a sweep's next, in this process: another
         meter) starts from its own configs; what the pool learned (its limit, pace, pauses) carries over."""
@@ -206,7 +182,7 @@ class Pool:
     # ------------------------------------------------------------ one request
 
     @asynccontextmanager
-    async def slot(self, tokens: int, stop: Any = None) -> AsyncIterator[Held]:
+    async def slot(self, tokens: int, stop: JobStop | None = None) -> AsyncIterator[Held]:
         """Held while one request is in flight: after the pause, within the concurrency limit, at the pace.
         ``stop``: the job's (``retry.JobStop``), which ends a wait for an outage to pass."""
         if time.monotonic() >= self._sync_due:
@@ -279,7 +255,7 @@ class Pool:
                 self.pause(hint)
         self.sync(news=True)
 
-    def succeeded(self, response: Any = None) -> None:
+    def succeeded(self, response: object = None) -> None:
         """A reply: the concurrency limit grows; the limits the reply's headers state (OpenAI sends them with every
         response) pace the pool before any 429, where no limit is known yet."""
         self.successes += 1
@@ -396,7 +372,7 @@ class Pool:
                               rpm=float(self.pacer.rpm or 0.0))
 
 
-def stated_headers(response: Any) -> dict[str, str]:
+def stated_headers(response: object) -> dict[str, str]:
     """The rate-limit headers of a reply, as litellm keeps them (OpenAI's by name, other providers' prefixed); a
     billed ``Reply`` (``cupid_exp.llm.billing``) is read through to its response."""
     from cupid_exp.llm.billing import Reply
@@ -407,7 +383,7 @@ def stated_headers(response: Any) -> dict[str, str]:
     return {k.removeprefix("llm_provider-"): v for k, v in headers.items() if "ratelimit" in k}
 
 
-def _least(values: Any) -> float | None:
+def _least(values: Iterable[float | None]) -> float | None:
     present = [v for v in values if v]
     return min(present) if present else None
 
@@ -420,7 +396,7 @@ os.register_at_fork(after_in_child=_POOLS.clear)
 
 def pool_for(litellm_model: str, api_base: str | None, api_key: str | None, *, named: str | None, config_id: str,
              max_concurrency: int, rpm: float | None, tpm: float | None, pools: Mapping[str, Any] | None,
-             ledger_dir: Path | None, meter: Any = None) -> Pool:
+             ledger_dir: Path | None, meter: UsageMeter | None = None) -> Pool:
     """The process's Pool for this model config (made on first use), which the config joins."""
     name = pool_name(litellm_model, api_base, named)
     ident = hashlib.sha256(json.dumps([name, api_key or ""]).encode()).hexdigest()[:16]

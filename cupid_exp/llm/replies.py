@@ -92,7 +92,7 @@ def text_field(data: dict[str, Any], key: str, what: str) -> str:
     return value.strip()
 
 
-def string_list(value: Any, key: str) -> list[str]:
+def string_list(value: object, key: str) -> list[str]:
     """A list of non-empty strings (a single string is taken as a one-item list)."""
     if isinstance(value, str):
         value = [value]

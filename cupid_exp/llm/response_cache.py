@@ -1,19 +1,10 @@
 """Where litellm's response cache keeps its entries: on disk, as JSON, shared by every job on the machine.
 
-litellm 1.109 removed its disk backend (what is left keeps entries in memory or in Redis, S3, GCS, ...),
-but its ``Cache`` still does the caching itself: the keys, our namespaces, hits and misses, the usage a
-hit reports. What it asks of a backend is a handful of get/set methods (``BaseCache``), and this is one:
-diskcache's SQLite store, which processes of a sweep may share, holding JSON text, never pickles (a
-pickle read back from a shared folder can run code). The same class serves every litellm version the
-project accepts, so a cache written under one is read under another.
-
-litellm writes to the cache in the background and swallows what a write raises (it logs its own line and goes on),
-so a write that fails (a full disk) is kept here and raised in the call's path by ``raise_failed_write``: the job
-ends with our one line naming the folder (exit 5), as it does when the store cannot even be opened.
-
-A store SQLite cannot read (``file is not a database``, ``database disk image is malformed``: a torn copy, a disk
-error) is set aside whole (``cupid_exp.aside``) and the job goes on with a new, empty one: its calls are made
-again. One that turns out unreadable later, past its opening, is a miss on read and no longer written to.
+litellm removed its disk backend, but its ``Cache`` still does the caching through a ``BaseCache``; this one is
+diskcache's SQLite store holding JSON, never pickles (a pickle read from a shared folder can run code), and reads
+the same under every litellm version the project accepts. litellm swallows a failed background write, so it is
+kept and raised in the call's path (``raise_failed_write``: exit 5). A store SQLite cannot read is set aside whole
+and replaced; one found unreadable later is a miss and no longer written.
 """
 
 from __future__ import annotations
@@ -23,12 +14,16 @@ import logging
 import sqlite3
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from litellm.caching.base_cache import BaseCache
 
 from cupid_exp.aside import set_aside
 from cupid_exp.outputs import writing
+
+if TYPE_CHECKING:
+    from diskcache import Cache as DiskCache
+    from litellm.caching.caching import Cache
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +47,13 @@ class DiskResponseStore(BaseCache):
                 raise
             self.store = self._set_aside(exc)
 
-    def _open(self) -> Any:
+    def _open(self) -> DiskCache:
         import diskcache
 
         with writing(self.directory):  # opening creates the SQLite store: a full disk is one line, exit 5
             return diskcache.Cache(str(self.directory), disk=diskcache.JSONDisk, disk_compress_level=1)
 
-    def _set_aside(self, error: Exception) -> Any:
+    def _set_aside(self, error: Exception) -> DiskCache:
         """Move the unreadable store's folder aside and open a new one, under a lock beside it: the jobs of a sweep
         that found it broken at once set it aside once (the later ones open the new one)."""
         from filelock import FileLock
@@ -79,7 +74,7 @@ class DiskResponseStore(BaseCache):
             log.warning("response cache %s became unreadable (%s: %s): not used for the rest of this job",
                         self.directory, type(exc).__name__, str(exc)[:200])
 
-    def set_cache(self, key: str, value: Any, **kwargs: Any) -> None:
+    def set_cache(self, key: str, value: object, **kwargs: Any) -> None:
         if _cut(value):  # a reply cut at max_tokens is no answer: a rerun asks again (``llm.steps.ask``)
             return
         ttl = kwargs.get("ttl")
@@ -96,18 +91,18 @@ class DiskResponseStore(BaseCache):
         except Exception as exc:  # noqa: BLE001  # litellm would log it and go on: raised in the call's path instead
             self.failed = self.failed or exc
 
-    async def async_set_cache(self, key: str, value: Any, **kwargs: Any) -> None:
+    async def async_set_cache(self, key: str, value: object, **kwargs: object) -> None:
         # on a thread: compressing and SQLite's write release the GIL (the event loop goes on meanwhile)
         await asyncio.to_thread(self.set_cache, key, value, **kwargs)
 
-    async def async_set_cache_pipeline(self, cache_list: list[tuple[str, Any]], **kwargs: Any) -> None:
+    async def async_set_cache_pipeline(self, cache_list: list[tuple[str, object]], **kwargs: object) -> None:
         def store_all() -> None:
             for key, value in cache_list:
                 self.set_cache(key, value, **kwargs)
 
         await asyncio.to_thread(store_all)
 
-    def get_cache(self, key: str, **kwargs: Any) -> Any:
+    def get_cache(self, key: str, **kwargs: object) -> object:
         if self.broken:
             return None
         try:
@@ -122,13 +117,13 @@ class DiskResponseStore(BaseCache):
                         self.directory, type(exc).__name__)
             return None
 
-    async def async_get_cache(self, key: str, **kwargs: Any) -> Any:
+    async def async_get_cache(self, key: str, **kwargs: object) -> object:
         return self.get_cache(key, **kwargs)
 
-    def batch_get_cache(self, keys: list[str], **kwargs: Any) -> list[Any]:
+    def batch_get_cache(self, keys: list[str], **kwargs: object) -> list[object]:
         return [self.get_cache(key, **kwargs) for key in keys]
 
-    async def async_batch_get_cache(self, keys: list[str], **kwargs: Any) -> list[Any]:
+    async def async_batch_get_cache(self, keys: list[str], **kwargs: object) -> list[object]:
         return self.batch_get_cache(keys, **kwargs)
 
     def delete_cache(self, key: str) -> None:
@@ -146,7 +141,7 @@ def corrupt(exc: sqlite3.DatabaseError) -> bool:
     unwritable one (``OperationalError``: locked, a disk I/O error, a full disk) or a refused statement (its other
     subclasses), which are not the file's fault."""
     return type(exc) is sqlite3.DatabaseError
-def _cut(value: Any) -> bool:
+def _cut(value: object) -> bool:
     """Whether a cache entry holds a reply that ran into max_tokens (litellm keeps the response as compact JSON)."""
     response = value.get("response") if isinstance(value, dict) else None
     return isinstance(response, str) and '"finish_reason":"length"' in response
@@ -162,7 +157,7 @@ def raise_failed_write() -> None:
         raise store.failed
 
 
-def response_cache(cache_dir: str | Path) -> Any:
+def response_cache(cache_dir: str | Path) -> Cache:
     """A litellm ``Cache`` (its keys and logic) whose entries live in ``cache_dir`` (``DiskResponseStore``)."""
     import inspect
 

@@ -1,22 +1,11 @@
 """What to do with a failed request: wait and retry, retry a bounded number of times, give up, or stop the job.
 
-litellm's own retries read only ``retry-after`` and honour it only under 60 s, and they absorb 429s before
-anyone else sees them; the client turns them off (``num_retries=0``, ``max_retries=0`` on each call) and decides here:
-
-- a rate limit (429) is waited out for as long as the provider says, however long, and retried without a
-  count limit, until ``runtime.rate_limit_patience_s`` has passed since the call began;
-- a transient failure (5xx, timeout, a dropped connection, a malformed body) is retried
-  ``runtime.num_retries`` times with exponential backoff and full jitter;
-- a refusal that retrying cannot fix (401/403 bad key, 404 unknown model, a billing state such as
-  ``insufficient_quota``, an endpoint that never accepted a connection) raises ``FatalProviderError``: the job
-  stops starting instances (``cupid_exp.job.execute``) and exits 2;
-- a rate limit whose wait outlasts what is left of the patience (a daily limit asks for hours) raises
-  ``RetryLater``: the job stops the same way, and exits 75 (try again later), its instances in flight unfailed;
-- an outage (an endpoint that answered before stops answering: connections refused or reset, 5xx from several
-  calls): a call that has used its retries on it does not fail; it pauses the pool (``Pool.went_down``), whose
-  callers wait while one probe at a time, with capped backoff, asks whether the endpoint is back. Past
-  ``runtime.outage_patience_s`` the job stops for later (``RetryLater``, exit 75);
-- anything else (a context window, a 400) fails the call at once.
+litellm's own retries honour only a short ``retry-after`` and hide 429s, so the client turns them off and
+decides here: a 429 is waited out as long as the provider says, until ``runtime.rate_limit_patience_s``; a
+transient failure is retried ``runtime.num_retries`` times with full-jitter backoff; a refusal retrying cannot fix
+raises ``FatalProviderError`` (exit 2); a wait longer than the patience left raises ``RetryLater`` (exit 75); an
+outage pauses the pool while one probe at a time asks whether it is back (``Pool.went_down``), until
+``runtime.outage_patience_s``; anything else (a context window, a 400) fails the call at once.
 """
 
 from __future__ import annotations
@@ -28,7 +17,10 @@ import random
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncContextManager, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, AsyncContextManager, Awaitable, Callable, Mapping
+
+if TYPE_CHECKING:
+    from cupid_exp.llm.pools import Pool
 
 # Retry classes of a provider failure (``decide``).
 RATE_LIMIT, TRANSIENT, FATAL, FINAL = "rate_limit", "transient", "fatal", "final"
@@ -318,7 +310,7 @@ class CallFailed(Exception):
         super().__init__(reason or str(cause))
 
 
-async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Any, *, tokens: int, num_retries: int,
+async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Pool, *, tokens: int, num_retries: int,
                        patience_s: float, classify: Callable[[BaseException], str | None], model: str,
                        roles: tuple[str, ...], scrub: Callable[[str], str], stop: JobStop | None = None,
                        before: Callable[[], Awaitable[None]] | None = None,

@@ -1,18 +1,16 @@
 """One model step, used by evaluation and synthesis alike: ask → parse → ask again → fail (counted).
 
-``ask`` sends the messages, hands the reply to the step's parser and, when the parser raises
-``ParseError``, tries again as the step's ``retry`` policy says: ``Reask`` shows the model its own
-reply and the reason (evaluation), ``Resample`` asks afresh with the attempt number, the reason and
-a moved sampling seed (synthesis, where a tiny model otherwise repeats itself). A provider failure
-or a reply that never parses becomes ``StepFailed`` with its kind; anything else is a bug and
-propagates. Every reply, usage and failure lands in the instance's ``Transcript``.
+On a ``ParseError`` the step's ``retry`` policy asks again: ``Reask`` shows the model its reply and the reason
+(evaluation), ``Resample`` asks afresh with a moved seed (synthesis: a tiny model otherwise repeats itself). A
+provider failure or a reply that never parses is ``StepFailed``; anything else is a bug and propagates. Every
+reply, usage and failure lands in the instance's ``Transcript``.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 from cupid_exp.llm import calls
 from cupid_exp.llm.client import DryReply, LLMClient
@@ -22,6 +20,7 @@ from cupid_exp.llm.usage import Completion
 from cupid_exp.results import StepError
 
 Messages = list[dict[str, str]]
+_T = TypeVar("_T")
 
 
 class StepFailed(Exception):
@@ -99,9 +98,9 @@ class Resample:
         return None if attempt == 0 else {"seed": int(client.model.params.get("seed") or 0) + attempt}
 
 
-async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[[str], Any], *,
+async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[[str], _T], *,
               transcript: Transcript, schema: dict[str, Any] | None = None, params: dict[str, Any] | None = None,
-              retry: Reask | Resample = Reask(1), dry_reply: DryReply | None = None, keep_cut: bool = False) -> Any:
+              retry: Reask | Resample = Reask(1), dry_reply: DryReply | None = None, keep_cut: bool = False) -> _T:
     """Ask ``client`` for ``step`` and return ``parse(reply)``; raise StepFailed when no reply is usable.
 
     A reply cut at max_tokens (finish_reason "length") is never parsed, even when what came back would: its request

@@ -1,21 +1,11 @@
 """What every model call costs and how it ended, counted per step; the one place usage becomes metrics.
 
-A *call* is one completion a step asked for. It either succeeds (fresh: ``calls``; or from the cache:
-``cache_hits``, apart, since nothing was billed for it: neither a call nor tokens nor cost) or fails after our
-retries (``cupid_exp.llm.retry``). *Requests* are what reached a provider: every fresh success, every failed call,
-and every retry of either. Replies that came back but could not be used are counted apart (``<kind>_attempt``),
-since the call itself succeeded.
-
-A request is counted *in flight* before it is sent (``sending``: its worst case, ``WorstCase``), and settled by
-the count of its call, in the same line of the usage ledger (``cupid_exp.durability.ledger``). A request a killed
-process never settled may have been processed and billed all the same: it is charged its worst case (cost and
-tokens, ``unsettled`` requests: ``charge_unsettled``), so the spend reported after ``kill -9`` is never below what
-the provider billed.
-
-Each provider pool the job called (``cupid_exp.llm.pools``) has its own entry, ``pool/<name>``, beside the steps:
-requests answered 429 and seconds waited (counted like a step's), and where the pool stands in each process
-(the most requests it had in flight, its concurrency limit, its pace; per process id, since each process has
-its own share of the pool: ``usage_metrics`` adds them up).
+A *call* is one completion a step asked for: fresh (``calls``), from the cache (``cache_hits``: nothing billed),
+or failed after our retries. *Requests* are what reached a provider, retries included; unusable replies are
+counted apart (``<kind>_attempt``). A request is counted in flight at its worst case before it is sent and settled
+by its call's count in the same ledger line, so a request a killed process never settled is charged its worst
+case and the spend shown after ``kill -9`` is never below the bill. Each pool has its entry (``pool/<name>``):
+429s and seconds waited, and its state per process id (``usage_metrics`` adds them up).
 """
 
 from __future__ import annotations

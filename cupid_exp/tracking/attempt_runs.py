@@ -6,17 +6,21 @@ is numbered on it, and an attempt that died without ending the run (SIGKILL) is 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import Run
 
 
-def earlier_run(client: Any, experiment_id: str, key: str) -> Any | None:
+def earlier_run(client: MlflowClient, experiment_id: str, key: str) -> Run | None:
     """The latest run of ``key`` in the experiment, any status (None when there is none)."""
     runs = client.search_runs([experiment_id], filter_string=f"tags.`cupid.run_key` = '{key}'",
                               order_by=["attributes.start_time DESC"], max_results=1)
     return runs[0] if runs else None
 
 
-def attempt_tags(previous: Any | None, key: str) -> dict[str, str]:
+def attempt_tags(previous: Run | None, key: str) -> dict[str, str]:
     """``cupid.run_key`` and the attempt number; a previous attempt left RUNNING died without ending its run."""
     tags = {"cupid.run_key": key}
     if previous is None:

@@ -7,7 +7,7 @@ import atexit
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
@@ -16,10 +16,13 @@ from cupid_exp.config import TrackingConfig
 from cupid_exp.secrets import install_log_scrubber, scrub, scrub_file, secret_values, url_credentials
 from cupid_exp.tracking.mlflow import ensure_parent, parent_run_id
 
+if TYPE_CHECKING:
+    from hydra.core.utils import JobReturn
+
 log = logging.getLogger(__name__)
 
 
-def config_secrets(config: DictConfig, overrides: Any) -> list[str]:
+def config_secrets(config: DictConfig, overrides: Sequence[str]) -> list[str]:
     """The secrets of a job's overrides and of its composed config (a header or a URL may come from a config file),
     unresolved: an interpolation that cannot resolve must not stop the masking."""
     return secret_values([*overrides, OmegaConf.to_container(config, resolve=False)])
@@ -30,7 +33,7 @@ class RedactSecretsCallback(Callback):
     ``multirun.yaml``), and prints a failed job's overrides; mask any secret in them: keys, header values,
     credentials in URLs (``cupid_exp.secrets``). MLflow logs the masked files as the run's ``.hydra`` artifacts."""
 
-    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+    def on_job_start(self, config: DictConfig, **kwargs: object) -> None:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
@@ -45,18 +48,18 @@ class RedactSecretsCallback(Callback):
         if hc.mode == RunMode.MULTIRUN:  # written by the sweeper after on_multirun_start
             scrub_file(Path(hc.sweep.dir) / "multirun.yaml", secrets)
 
-    def on_job_end(self, config: DictConfig, job_return: Any = None, **kwargs: Any) -> None:
+    def on_job_end(self, config: DictConfig, job_return: JobReturn | None = None, **kwargs: object) -> None:
         # Hydra writes "Error executing job with overrides: [...]" to stderr for a failed job
         overrides = getattr(job_return, "overrides", None)
         if overrides:
             secrets = secret_values(list(overrides))
             job_return.overrides = [scrub(o, secrets) for o in overrides]
 
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+    def on_multirun_start(self, config: DictConfig, **kwargs: object) -> None:
         # the launcher logs every job's overrides ("#0 : model=... +x.api_key=...") before any job runs
         install_log_scrubber(secret_values(list(config.hydra.overrides.task)))
 
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+    def on_multirun_end(self, config: DictConfig, **kwargs: object) -> None:
         secrets = secret_values(list(config.hydra.overrides.task))
         if secrets:
             scrub_file(Path(config.hydra.sweep.dir) / "multirun.yaml", secrets)
@@ -75,7 +78,7 @@ class MlflowSweepCallback(Callback):
     def __init__(self) -> None:
         self._open: tuple[str, str] | None = None  # (tracking uri, sweep folder) while the sweep runs
 
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+    def on_multirun_start(self, config: DictConfig, **kwargs: object) -> None:
         if not _tracked(config):
             return
         from cupid_exp.durability.signals import install_sigterm_handler
@@ -124,7 +127,7 @@ class MlflowSweepCallback(Callback):
                     raise
                 log.warning("the sweep's parent run could not be ended: %s", type(exc).__name__, extra=STORE_NOTE)
 
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+    def on_multirun_end(self, config: DictConfig, **kwargs: object) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         if config.runtime.dry_run:
             print(sweep_dry_run_total(sweep_dir))

@@ -1,10 +1,6 @@
-"""The evaluated data as an MLflow dataset input, so runs can be grouped and filtered by it in the UI.
-
-The dataset is the instances the job ran (after ``data.instance_types`` and ``data.limit``), one row
-per instance with its key fields; its source is the Hub id, split and revision, or the file path;
-its digest is the data digest, or — for a subset — a digest of the data digest and the keys kept,
-so a 3-instance run and a full run never share one dataset entry (MLflow keys datasets by name and
-digest).
+"""The evaluated data as an MLflow dataset input, so runs can be grouped and filtered by it in the UI: the instances
+the job ran, one row each; its source the Hub id or the file; its digest the data's, or for a subset one of the
+data's and the keys kept, so a 3-instance run and a full run never share an entry (MLflow keys by name and digest).
 """
 
 from __future__ import annotations
@@ -13,10 +9,13 @@ import hashlib
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cupid_exp.config import DataConfig
 from cupid_exp.data.loading import LoadedData
+
+if TYPE_CHECKING:
+    from mlflow.entities import Dataset
 
 
 def dataset_name(cfg: DataConfig, data: LoadedData) -> str:
@@ -52,7 +51,7 @@ class DatasetInput:
     local_path: str | None = None  #: the file the rows came from
     hub: dict[str, Any] | None = None  #: path, split and revision on the Hugging Face Hub
 
-    def entity(self) -> Any:
+    def entity(self) -> Dataset:
         """The dataset entity (``mlflow.entities.Dataset``): name, source, digest, schema and row count."""
         import mlflow.data
         import pandas as pd
@@ -60,7 +59,7 @@ class DatasetInput:
         if self.hub is not None:
             from mlflow.data.huggingface_dataset_source import HuggingFaceDatasetSource
 
-            source: Any = HuggingFaceDatasetSource(**self.hub)
+            source: HuggingFaceDatasetSource | str | None = HuggingFaceDatasetSource(**self.hub)
         else:
             source = self.local_path  # MLflow makes it a "local" source
         with warnings.catch_warnings():  # hints meant for model signatures, and a local path "read two ways"
@@ -81,8 +80,3 @@ def dataset_input(cfg: DataConfig, data: LoadedData) -> DatasetInput:
         return DatasetInput(dataset_name(cfg, data), dataset_digest(cfg, data), rows, hub=hub)
     return DatasetInput(dataset_name(cfg, data), dataset_digest(cfg, data), rows,
                         local_path=str(Path(data.source).expanduser().resolve()))
-
-
-def mlflow_dataset(cfg: DataConfig, data: LoadedData) -> Any:
-    """The dataset entity of the instances run (see ``DatasetInput.entity``)."""
-    return dataset_input(cfg, data).entity()

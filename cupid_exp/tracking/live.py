@@ -1,17 +1,10 @@
 """The job's MLflow run while the job works: progress points, a trace per instance, and a clean end.
 
-Progress goes to the run as ``progress/...`` metrics whose step is the number of units done (instances, or a
-synthesis job's personas; those resumed from the journal included), so the curves of a resumed job continue
-where the earlier attempt stopped. A background thread logs a point every ``tracking.progress_every_s``
-seconds while calls go out (a run worker hears the job's usage between units too: a synthesis persona takes
-minutes), sooner when another 5% of the instances are done, never more than once a second, and only
-when something changed: a few points a minute, never one per call. The event loop only hands over
-each finished instance (and its trace); nothing it does waits on MLflow.
-
-``end`` is the one way the run ends, whatever happened: the last progress point, then for a job
-whose results were published (``finish``) the trace export (so such a run has all its traces), the
-status, the outcome tags (``run_outcomes``) and a line on this attempt; for a job stopped by
-an exception the status first and a bounded trace export after.
+Progress metrics (``progress/...``) are stepped by the units done, journalled ones included, so a resumed job's
+curves continue the earlier attempt's. A background thread logs a point every ``tracking.progress_every_s`` while
+calls go out, sooner each 5% of the units, at most once a second and only on change; the event loop only hands
+each finished unit over and never waits on MLflow. ``end`` is the one way the run ends: the last point, the trace
+export (bounded when an exception stopped the job), the status, the outcome tags and a line on this attempt.
 """
 
 from __future__ import annotations
@@ -23,18 +16,21 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
 from cupid_exp.config import TrackingConfig
 from cupid_exp.durability.attempts import Claim
 from cupid_exp.llm.calls import CallLog
 from cupid_exp.llm.pools import pool_metrics
-from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.results import InstanceResult
 from cupid_exp.scoring.statistics import TASK_METRICS, point_value, task_frame
 from cupid_exp.tracking.dataset import DatasetInput
 from cupid_exp.tracking.mlflow import RunTracker, SweepParent, parent_of
 from cupid_exp.tracking.store_logs import STORE_NOTE
+
+if TYPE_CHECKING:
+    from cupid_exp.tracking.reopen import FinishedEarlier
+    from cupid_exp.tracking.traces import InProcessTraces
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +51,13 @@ def running_scores(records: Sequence[Mapping[str, Any]], parts: Sequence[str], p
     return out
 
 
-def read_totals(meter: UsageMeter) -> dict[str, float]:
+class Totals(Protocol):
+    """A job's usage meter, or its totals as the run worker last heard them."""
+
+    def totals(self) -> dict[str, float]: ...
+
+
+def read_totals(meter: Totals) -> dict[str, float]:
     """The meter's totals, read from another thread than the event loop that writes them: a read that
     meets a counter being added (dict changed size) is simply tried again."""
     for _ in range(20):
@@ -70,8 +72,8 @@ class LiveRun:
     """Observer of a job's instances (``execute``) and owner of its run's end (``ends_on_error``)."""
 
     def __init__(self, tracker: RunTracker, claim: Claim, *, total: int, parts: Sequence[str], policy: str,
-                 done: Sequence[Mapping[str, Any]], earlier: Mapping[str, float], meter: UsageMeter,
-                 every_s: float, traces: Any, attempt: str, plots: "PlotRequest | None" = None,
+                 done: Sequence[Mapping[str, Any]], earlier: Mapping[str, float], meter: Totals,
+                 every_s: float, traces: InProcessTraces | None, attempt: str, plots: "PlotRequest | None" = None,
                  unit: str = "instances"):
         self.tracker, self.claim, self.traces, self.attempt = tracker, claim, traces, attempt
         self.unit = unit  #: what the job's units are called in its metric names and notes
@@ -112,7 +114,7 @@ class LiveRun:
         self._thread = threading.Thread(target=self._loop, name="cupid-mlflow-progress", daemon=True)
         self._thread.start()
 
-    def instance_finished(self, instance: Any, result: InstanceResult, record: Mapping[str, Any],
+    def instance_finished(self, instance: object, result: InstanceResult, record: Mapping[str, Any],
                           calls: CallLog | None) -> None:
         """Called on the event loop for each finished instance: cheap, never waits on MLflow."""
         with self._lock:
@@ -350,7 +352,7 @@ class PlotRequest:
                                                failure_policy=self.failure_policy, title_prefix=self.title_prefix)]
 
 
-def open_run(request: RunRequest, claim: Claim, meter: Any) -> Any:
+def open_run(request: RunRequest, claim: Claim, meter: Totals) -> LiveRun | FinishedEarlier:
     """Open the run (a resumed job's earlier run when ``request.exclusive``), with its params, tags, config and
     dataset input, and start its progress thread; the traces (``request.traces``) are written in this process.
     A done job whose earlier run holds its results gets that run, untouched (``reopen.FinishedEarlier``)."""

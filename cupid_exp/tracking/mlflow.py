@@ -1,12 +1,9 @@
 """MLflow: one run per job, opened when the job starts and closed with its outcome; one parent per sweep.
 
-The parent is created once on the launching process (``callbacks.MlflowSweepCallback``) and its id
-written into the sweep directory, so jobs in other processes (joblib, submitit) nest under it
-without sharing memory. Keys never reach MLflow: config values under secret-looking names are
-redacted and known secret values scrubbed before they become params, tags or artifacts.
-
-Artifacts go where the store says: a server's own artifact store (``mlflow-artifacts:/``) unless
-``tracking.artifact_location`` names a place; for a SQLite store, a folder beside the database.
+The parent is created on the launching process (``callbacks.MlflowSweepCallback``) and its id written into the
+sweep folder, so jobs in other processes (joblib, submitit) nest under it. Keys never reach MLflow: secret-looking
+config values are redacted and known secrets scrubbed from params, tags and artifacts. Artifacts go to the
+server's store unless ``tracking.artifact_location`` names one; a SQLite store's beside the database.
 """
 
 from __future__ import annotations
@@ -17,12 +14,16 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
 from cupid_exp.config import TrackingConfig
 from cupid_exp.run_outcomes import stale_tags
 from cupid_exp.secrets import scrub, scrub_obj
 from cupid_exp.tracking.provenance import git_state
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from mlflow.entities import Dataset
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ _RUN_ID = re.compile(r"[0-9a-f]{32}")  #: an MLflow run id, as the marker holds 
 _READY_STORES: set[str] = set()
 
 
-def flatten(value: Any, prefix: str = "") -> dict[str, str]:
+def flatten(value: object, prefix: str = "") -> dict[str, str]:
     """{'a': {'b': 1}} -> {'a.b': '1'}; lists become JSON strings; values cut at MLflow's 6000 characters."""
     import json
 
@@ -170,7 +171,7 @@ def parent_of(tracking: TrackingConfig, parent: str | SweepParent | None) -> str
     return ensure_parent(tracking, parent.sweep_dir) if isinstance(parent, SweepParent) else parent
 
 
-def records_table(records: Iterable[Mapping[str, Any]]) -> Any:
+def records_table(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     """Per-instance rows for MLflow's table view: scalars as they are, containers as JSON text."""
     import json
 
@@ -248,7 +249,7 @@ class RunTracker:
         for i in range(0, len(items), 100):
             self.client.log_batch(self.run_id, tags=items[i:i + 100])
 
-    def log_input(self, dataset: Any, context: str = "eval") -> None:
+    def log_input(self, dataset: Dataset, context: str = "eval") -> None:
         """A dataset entity as the run's input: the runs table's Dataset column."""
         from mlflow.entities import DatasetInput, InputTag
         from mlflow.exceptions import MlflowException
@@ -268,11 +269,12 @@ class RunTracker:
             if path.exists():
                 self.client.log_artifact(self.run_id, str(path), artifact_path=folder)
 
-    def log_table(self, table: Any, name: str) -> None:
+    def log_table(self, table: pd.DataFrame | None, name: str) -> None:
         if table is not None and len(table):
             self.client.log_table(self.run_id, data=table, artifact_file=name)
 
-    def end(self, status: str = "FINISHED", summary: Any = None, tags: Mapping[str, str] | None = None) -> None:
+    def end(self, status: str = "FINISHED", summary: Mapping[str, object] | None = None,
+            tags: Mapping[str, str] | None = None) -> None:
         """End the run once (with ``tags``: how it ended, ``run_outcomes``); later calls (an interrupt after
         the run finished) change nothing. ``summary`` is for the job's own runs' note (``live.LiveRun``)."""
         if self.run_id is not None and self.status is None:

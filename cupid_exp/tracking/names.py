@@ -1,17 +1,14 @@
 """What a run's name and description say, so that MLflow's runs list tells runs apart and shows how each scored
-without picking columns (a fresh MLflow 3 runs table shows the run name, its start, duration, dataset and
-source; a run's description, ``mlflow.note.content``, heads the run's page).
+without picking columns (the description, ``mlflow.note.content``, heads the run's page).
 
-A job run is named by what distinguishes it: model, task, setting, evaluator, data (and the subset taken), the
-command's decoding choices (a model's or a judge's parameters, the prompts: as a report row's label names them,
-``reporting.runs.row_labels``) and the epochs when more than one. When it ends, its name gains the headline
-scores, the cost and how many units have a result, and its description says the same. A sweep's parent records
-the sweep's overrides as its params, and the swept ones in its name.
+A job run is named by what distinguishes it (model, task, setting, evaluator, data and subset, the command's
+decoding choices as ``reporting.runs.row_labels`` names them, epochs past one); when it ends the name gains the
+headline scores, the cost and the units with a result. A sweep's parent is named by its swept overrides.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 SEP = " · "
 SCORES_SEP = " | "  #: between a job run's identity and its results in its name
@@ -48,7 +45,7 @@ def scoring_overrides(overrides: Iterable[str]) -> list[str]:
     return shown
 
 
-def subset_of(limit: Any, types: Sequence[str] | None) -> str:
+def subset_of(limit: int | None, types: Sequence[str] | None) -> str:
     """'data.limit=2' (as the report names a subset: ``identity.subset_text``) for a part of the data; empty for
     all of it."""
     from cupid_exp.data.schema import INSTANCE_TYPES

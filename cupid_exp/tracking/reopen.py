@@ -1,27 +1,27 @@
 """What a job's MLflow run takes over from the job's earlier attempts, and what it leaves alone.
 
-- A job found done (nothing left to run) whose run already holds its results (ended FINISHED, or FAILED as
-  incomplete: ``holds_results``) keeps that run as it is: its parent, duration and curves stay those of the
-  attempt that published them. A sweep that contains the job gets a small child run that links to it
-  (``cupid.kind=link``, ``cupid.links_to``), which the sweep's leaderboard follows (``tracking.sweep``).
-- A reopened run gets a trace for each journalled instance that has none in it (an attempt whose store went away,
-  a worker killed before it exported), rebuilt from the instance's record (``traces.TraceWriter.write_record``)
-  when the model phase ends; one that a killed attempt's worker exported late after all wins over it.
-- A reopened run keeps one trace per instance: an instance run again (a failure retried, a journal line cut by a
-  kill) replaces its earlier trace when the run ends with the job's results (``one_trace_per_unit``).
-- A reopened run that a sweep run again takes under its new parent leaves no empty parent behind
-  (``leave_no_empty_parent``).
-- A reopened run whose usage ledger is gone (its journal folder was deleted) carries the earlier attempts' calls and
-  cost from its own progress metrics, or says that they are lost.
+A done job whose run holds its results (``holds_results``) keeps that run untouched (a sweep links to it with a
+``cupid.kind=link`` child run, which its leaderboard follows). A reopened run gets a trace rebuilt from the journal
+for each instance that has none (``backfill``), keeps one trace per instance (``one_trace_per_unit``), leaves no
+empty parent behind when a new sweep takes it (``leave_no_empty_parent``), and, its usage ledger gone, carries the
+earlier attempts' usage from its own progress metrics (``carried_usage``).
 """
 
 from __future__ import annotations
 
 import logging
 from types import SimpleNamespace
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from cupid_exp.run_outcomes import DESCRIPTION_TAG, OUTCOME_TAG
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import Run, TraceInfo
+
+    from cupid_exp.durability.attempts import Claim
+    from cupid_exp.tracking.live import LiveRun, PlotRequest, RunRequest
+    from cupid_exp.tracking.mlflow import RunTracker
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ CARRIED_TAG = "cupid.earlier_usage"  #: where a run's earlier attempts' usage ca
 ATTEMPT_TAG = "cupid.attempt"  #: on a trace: the attempt of the run that wrote it
 
 
-def holds_results(run: Any | None) -> bool:
+def holds_results(run: Run | None) -> bool:
     """Whether an earlier attempt's run was ended with the job's results: FINISHED (a job that exited 0, or one
     from before outcome tags existed), or FAILED because too many instances failed (their failures are final)."""
     if run is None:
@@ -50,7 +50,8 @@ class FinishedEarlier:
     wants_calls = False
     reused = True
 
-    def __init__(self, run: Any, claim: Any, notice: str, plots: Any, records: Sequence[Mapping[str, Any]]):
+    def __init__(self, run: Run, claim: Claim, notice: str, plots: PlotRequest | None,
+                 records: Sequence[Mapping[str, object]]):
         self.run_id, self.attempt = run.info.run_id, run.data.tags.get("cupid.attempt", "1")
         self.claim, self.notice, self.plots, self.drawn = claim, notice, plots, None
         self._records = list(records)
@@ -58,7 +59,7 @@ class FinishedEarlier:
     def wait_opened(self) -> None:
         """Found already."""
 
-    def instance_finished(self, *args: Any) -> None:
+    def instance_finished(self, *args: object) -> None:
         """(Nothing is left to run.)"""
 
     def executed(self) -> None:
@@ -68,15 +69,16 @@ class FinishedEarlier:
         if self.plots is not None and self.drawn is None:
             self.drawn = self.plots.draw(self._records)
 
-    def finish(self, final: Any) -> None:
+    def finish(self, final: object) -> None:
         self.draw_plots()
         self.end()
 
-    def end(self, *args: Any, **kwargs: Any) -> None:
+    def end(self, *args: object, **kwargs: object) -> None:
         self.claim.release()
 
 
-def leave_finished(tracker: Any, request: Any, previous: Any, parent: str | None, claim: Any) -> FinishedEarlier:
+def leave_finished(tracker: RunTracker, request: RunRequest, previous: Run, parent: str | None,
+                   claim: Claim) -> FinishedEarlier:
     """The job is done and ``previous`` holds its results: leave it; in a sweep, link to it from a child run."""
     run_id = previous.info.run_id
     notice = f"this job finished earlier, in MLflow run {run_id} ({previous.info.status}): left as it was"
@@ -93,7 +95,7 @@ def leave_finished(tracker: Any, request: Any, previous: Any, parent: str | None
     return FinishedEarlier(previous, claim, notice, request.plots, request.done)
 
 
-def carried_usage(previous: Any | None, ledger_found: bool) -> tuple[dict[str, float] | None, str | None]:
+def carried_usage(previous: Run | None, ledger_found: bool) -> tuple[dict[str, float] | None, str | None]:
     """The earlier attempts' usage when their ledger is gone: the reopened run's last progress point (the whole
     job's calls, tokens and cost so far), with a line saying so; (None, a line) when the run has none."""
     if previous is None or ledger_found:
@@ -120,9 +122,9 @@ def carry_into(metrics: dict[str, float], carried: Mapping[str, float]) -> dict[
     return metrics
 
 
-def run_traces(client: Any, experiment_id: str, run_id: str) -> list[Any]:
+def run_traces(client: MlflowClient, experiment_id: str, run_id: str) -> list[TraceInfo]:
     """The run's traces' infos (no spans)."""
-    infos: list[Any] = []
+    infos: list[TraceInfo] = []
     token = None
     while True:
         page = client.search_traces(locations=[experiment_id], run_id=run_id, include_spans=False, max_results=500,
@@ -133,19 +135,19 @@ def run_traces(client: Any, experiment_id: str, run_id: str) -> list[Any]:
             return infos
 
 
-def trace_keys(client: Any, experiment_id: str, run_id: str) -> set[str]:
+def trace_keys(client: MlflowClient, experiment_id: str, run_id: str) -> set[str]:
     """The instance keys the run has a trace for."""
     return {info.tags["cupid.key"] for info in run_traces(client, experiment_id, run_id) if "cupid.key" in info.tags}
 
 
-def one_trace_per_unit(client: Any, experiment_id: str, run_id: str) -> int:
+def one_trace_per_unit(client: MlflowClient, experiment_id: str, run_id: str) -> int:
     """Leave the run one trace per unit: where a unit has several (a resumed attempt ran it again after a failure
     or a journal line cut by a kill; a killed attempt's worker exported it late beside a rebuilt one), the one its
     journalled record came from stays: a live trace over a rebuilt one, then the latest attempt's, then the latest
     started. The others are deleted (``MlflowClient.delete_traces``). Returns how many; a store that fails here
     leaves them all (one warning)."""
     try:
-        best: dict[str, Any] = {}
+        best: dict[str, TraceInfo] = {}
         extra: list[str] = []
         for info in run_traces(client, experiment_id, run_id):
             key = info.tags.get("cupid.key")
@@ -166,12 +168,12 @@ def one_trace_per_unit(client: Any, experiment_id: str, run_id: str) -> int:
         return 0
 
 
-def _rank(info: Any) -> tuple[bool, int, int]:
+def _rank(info: TraceInfo) -> tuple[bool, int, int]:
     attempt = str(info.tags.get(ATTEMPT_TAG, "0"))
     return (not info.tags.get("cupid.rebuilt"), int(attempt) if attempt.isdigit() else 0, info.request_time or 0)
 
 
-def leave_no_empty_parent(client: Any, experiment_id: str, previous: Any | None, parent: str | None) -> None:
+def leave_no_empty_parent(client: MlflowClient, experiment_id: str, previous: Run | None, parent: str | None) -> None:
     """A reopened run that moved to another sweep's parent (the sweep was run again, in a new folder) leaves its
     earlier parent; one left with no child run and already ended is deleted (MLflow keeps deleted runs, restorable,
     out of the default view). One still RUNNING may be a sweep that goes on: left. Never fails the job."""
@@ -192,7 +194,7 @@ def leave_no_empty_parent(client: Any, experiment_id: str, previous: Any | None,
                     type(exc).__name__, (str(exc).splitlines() or [""])[0][:200])
 
 
-def backfill(live: Any, request: Any) -> int:
+def backfill(live: LiveRun, request: RunRequest) -> int:
     """Rebuild the trace of every journalled instance the run has none for; returns how many. A store that fails
     here costs the rebuilt traces only (one warning)."""
     if live.traces is None or not request.done:

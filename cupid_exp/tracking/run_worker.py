@@ -1,26 +1,13 @@
-"""The job's MLflow run, kept by a worker process beside the job.
+"""The job's MLflow run, kept by a worker process beside the job (docs/mlflow.md, "Where MLflow runs").
 
-Everything MLflow costs happens here, on another core than the job's event loop: importing it
-(1-2 s), opening the run while the job imports litellm, building and exporting a trace per
-instance, progress points, and at the end the metrics, artifacts, table and plots. The job's
-process never imports MLflow. The worker is spawned, not forked (the job holds threads), as the
-job starts; ``open`` sends it the run's request and the job goes on building its clients;
-``wait_opened`` (before the first model call) returns once the run exists, or raises with the
-store's error. Then one message per finished instance (its ``InstanceResult``, record and
-``CallLog``, pickled on the event loop so that a failure shows up there), the job's usage totals from a
-thread between them (``pulse``: a synthesis persona takes minutes of calls, and its run's progress points
-move with them), and ``finish`` or ``end`` once, which wait until the run has ended.
-
-Tracking never costs the job its results, nor holds them hostage: if the worker dies, the job's process
-finishes the run itself (metrics, artifacts and status; the traces not yet exported are lost), and a worker
-that cannot be started at all leaves the job keeping its run in its own process. A store that cannot be reached,
-or that gives the worker no sign of progress for ``tracking.flush_timeout_s`` once the job has printed its
-results, ends the job with one line and exit 5 (``TrackingUnavailable``): the results are in its folder and its
-journal, and the same command publishes them, traces included, once the store answers.
-
-In a sweep (a job with a parent run) the worker outlives the job that finished: the next job of the
-sweep run by this process takes it, with MLflow and matplotlib already imported, instead of waiting
-for a new one to start (1-3 s per job). It quits when this process exits.
+Everything MLflow costs (its import, opening the run, a trace per instance, progress points, the final metrics,
+artifacts, table and plots) happens on another core than the job's event loop, and the job's process never
+imports MLflow. The worker is spawned, not forked (the job holds threads). The job pickles each finished
+instance on its event loop, so that an object that cannot cross fails there; a thread sends the usage totals
+between them (``pulse``: a synthesis persona takes minutes of calls). If the worker dies the job's process
+finishes the run itself; a store that cannot be reached, or that shows no progress for
+``tracking.flush_timeout_s`` once the results are printed, ends the job with exit 5 (``TrackingUnavailable``).
+In a sweep the worker outlives its job and serves this process's next one, MLflow already imported.
 """
 
 from __future__ import annotations
@@ -32,15 +19,19 @@ import pickle
 import threading
 import time
 from types import SimpleNamespace
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
+from cupid_exp.config import TrackingConfig
 from cupid_exp.durability.attempts import Claim
 from cupid_exp.llm.calls import CallLog
 from cupid_exp.results import InstanceResult
-from cupid_exp.tracking.live import FinalLog, LiveRun, RunRequest, read_totals
+from cupid_exp.tracking.live import FinalLog, LiveRun, RunRequest, Totals, read_totals
 from cupid_exp.tracking.run_worker_process import SnapshotMeter, serve
-from cupid_exp.tracking.store_errors import TrackingError, TrackingUnavailable, store_unreachable  # noqa: F401
+from cupid_exp.tracking.store_errors import TrackingError, TrackingUnavailable, store_unreachable
 from cupid_exp.tracking.traces import trace_input
+
+if TYPE_CHECKING:
+    from cupid_exp.tracking.sweep import SweepEnd
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +68,7 @@ class RunWorker:
         self.keep = keep  #: a finished run leaves the worker to this process's next job
         self.request: RunRequest | None = None
         self.claim: Claim | None = None
-        self.meter: Any = None
+        self.meter: Totals | None = None
         self.run_id: str | None = None
         self.attempt = "1"
         self.notice: str | None = None  #: what the worker found when it opened the run, for the job to say
@@ -88,7 +79,7 @@ class RunWorker:
         self._pulse_stop = threading.Event()
 
     # -- opening ---------------------------------------------------------------------------------------------
-    def open(self, request: RunRequest, claim: Claim, meter: Any) -> None:
+    def open(self, request: RunRequest, claim: Claim, meter: Totals) -> None:
         """Ask for the run to be opened; returns at once (``wait_opened`` waits)."""
         self.request, self.claim, self.meter = request, claim, meter
         self.inbox.put(("open", request))
@@ -115,7 +106,8 @@ class RunWorker:
     def wants_calls(self) -> bool:
         return bool(self.request is not None and self.request.traces)
 
-    def instance_finished(self, instance: Any, result: InstanceResult, record: Any, calls: CallLog | None) -> None:
+    def instance_finished(self, instance: object, result: InstanceResult, record: object,
+                          calls: CallLog | None) -> None:
         """On the event loop: a health check, one pickle and a queue put; never waits on the worker. The record
         is not sent: it is ``result.to_record()``, which the worker makes again."""
         if not self._healthy():
@@ -183,7 +175,7 @@ class RunWorker:
             else:
                 self._release()
 
-    def end(self, status: str, summary: dict[str, Any] | None = None, tags: dict[str, str] | None = None) -> None:
+    def end(self, status: str, summary: Mapping[str, object] | None = None, tags: dict[str, str] | None = None) -> None:
         """End the run with ``status`` and the outcome ``tags`` (a failed or interrupted job), waiting a bounded
         time; a worker that died leaves it to this process (bounded too), one that does not answer to the next
         attempt (``tracking.attempt_runs``)."""
@@ -219,13 +211,13 @@ class RunWorker:
         self._release()
 
     # -- a sweep's parent run -----------------------------------------------------------------------------------
-    def open_sweep(self, tracking: Any, sweep_dir: str, overrides: Sequence[str] = ()) -> None:
+    def open_sweep(self, tracking: TrackingConfig, sweep_dir: str, overrides: Sequence[str] = ()) -> None:
         """Have the sweep's parent run opened (``tracking.mlflow.ensure_parent``) while the first job starts; returns
         at once. The worker then waits for that job, which takes it; a failure reaches the job that does."""
         self.inbox.put(("sweep", tracking, sweep_dir, list(overrides)))
         self._park()
 
-    def close_sweep(self, end: Any) -> tuple[bool, str | None]:
+    def close_sweep(self, end: SweepEnd) -> tuple[bool, str | None]:
         """Log the sweep's leaderboard on its parent run and end it (``tracking.sweep.finish_sweep``), here where
         MLflow and matplotlib are imported already; then the worker exits. Returns (done, why the leaderboard is
         missing); not done: the worker could not, and the caller does it itself."""
@@ -259,7 +251,7 @@ class RunWorker:
             f"and the journal: run the same command again once the store answers, and it publishes them (metrics "
             f"and traces) into MLflow run {self.run_id}")
 
-    def _bounded(self, work: Any, what: str, *, quiet: bool = False) -> None:
+    def _bounded(self, work: Callable[[], object], what: str, *, quiet: bool = False) -> None:
         """``work`` (MLflow calls from this process, the worker gone) for at most ``tracking.flush_timeout_s``: a
         store that does not answer in that time, or cannot be reached, is ``TrackingUnavailable``; ``quiet``: any
         failure is only logged (an error is reported already)."""
@@ -288,7 +280,7 @@ class RunWorker:
         if failure:
             raise failure[0]
 
-    def _here(self, totals: dict[str, float]) -> Any:
+    def _here(self, totals: dict[str, float]) -> LiveRun | SimpleNamespace:
         """The run, reattached in this process after the worker failed: no progress thread, no traces."""
         from cupid_exp.tracking.mlflow import RunTracker
 

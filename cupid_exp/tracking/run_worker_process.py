@@ -13,12 +13,17 @@ import multiprocessing
 import os
 import pickle
 import queue
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cupid_exp.durability.attempts import Claim
 from cupid_exp.durability.signals import ignore_stops
 from cupid_exp.tracking.live import FinalLog, LiveRun, RunRequest
 from cupid_exp.tracking.store_errors import store_unreachable
+
+if TYPE_CHECKING:
+    import ctypes
+    from multiprocessing.connection import Connection
+    from multiprocessing.queues import Queue
 
 ORPHAN_FLUSH_S = 5.0  #: a worker whose job process died exports what it built for at most this long (then exits)
 
@@ -33,7 +38,7 @@ class SnapshotMeter:
         return dict(self.latest)
 
 
-def serve(inbox: Any, outbox: Any, progress: Any) -> None:
+def serve(inbox: Queue[tuple[Any, ...]], outbox: Connection, progress: ctypes.c_longlong) -> None:
     """The worker: open the run, hear of each instance, finish or end the run, say so and exit (or, in a sweep,
     wait for the next job's run)."""
     ignore_stops()  # Ctrl-C and a launcher's SIGTERM reach the whole process group: the job decides, and tells us

@@ -1,14 +1,9 @@
 """A SQLite tracking store made whole or not at all.
 
-MLflow creates a SQLite store by running its schema migrations on the file in place, and on SQLite those are not
-transactional: a first command killed while they run (a newcomer's Ctrl-C lands there) left a store on which every
-later command failed ('table _alembic_tmp_experiments already exists'). Here a new store is made in a file beside
-the real one and renamed into place once MLflow has finished with it (a rename is atomic), so the real path holds
-either nothing or a whole store; a kill leaves only the aside file, which the next command removes. A store half
-made before this existed is recognised (MLflow cannot open it and it holds no run) and made again. A store SQLite
-cannot read at all (``file is not a database``: a torn copy, a disk error) is set aside whole (``cupid_exp.aside``)
-and made again: the job's run starts anew, the runs it held stay in the file set aside.
-Callers hold the store's file lock (``tracking.mlflow.prepare_store``).
+MLflow migrates a new SQLite store in place, not transactionally: a command killed meanwhile left a store every
+later command failed on. Here it is made beside the real path and renamed into place (atomic); a kill leaves only
+the aside file, removed by the next command. A store half made before (no run, MLflow cannot open it) is made
+again; one SQLite cannot read is set aside whole (``cupid_exp.aside``). Callers hold the store's file lock.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """MLflow's own error logs, one line each, in the job's log file rather than on the console.
 
-When its store fails (a full disk under a SQLite store, a server that went away) MLflow logs each error with its
-SQL, parameters and traceback, then raises it, or drops a trace and logs again for the next one: thousands of
-lines for one cause. The error that stops the job is reported by the job itself, in one line; what MLflow logs
-(and the job's own notes on a failing store, marked ``STORE_NOTE``) is kept to the first line of each message,
-each distinct line once, and written to the job's log file (Hydra's ``<job>.log``) only: a store that recovers
-leaves its notes there, one that does not ends the job with its one line.
+A failing store makes MLflow log each error with its SQL and traceback, thousands of lines for one cause; the job
+reports the error that stops it itself. What MLflow logs (and our notes marked ``STORE_NOTE``) is cut to each
+message's first line, each distinct line once, and written only to the job's log file.
 """
 
 from __future__ import annotations

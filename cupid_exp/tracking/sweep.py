@@ -1,12 +1,8 @@
 """A sweep's parent run as the sweep's front page: its leaderboard and comparison plots.
 
-When a sweep ends, the report (``cupid_exp.reporting``) is built from the parent's finished child
-runs, and the runs its link children stand for (a job that had finished before the sweep keeps its own run:
-``tracking.reopen``) — the same selection rules, tables and bootstrap intervals as ``python -m cupid_exp.report``
-— and logged on the parent: ``leaderboard.md`` and ``leaderboard.html``, each table as an MLflow
-table artifact under ``leaderboard/``, the paired comparison of its two best rows (``reporting.compare.best_two``)
-as the last table, the cross-model plots under ``plots/``, and a few counts as
-metrics. A sweep that ended before its parent existed (or with no finished child) logs notes only.
+When a sweep ends the report is built from its finished child runs and the runs its links stand for, as
+``python -m cupid_exp.report`` builds it, and logged on the parent (docs/mlflow.md). A sweep that ended before its
+parent existed, or with no finished child, logs notes only.
 """
 
 from __future__ import annotations
@@ -17,7 +13,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +25,7 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")[:60]
 
 
-def publish_sweep(client: Any, uri: str, experiment: str, parent_id: str, *, seed: int = 0,
+def publish_sweep(client: MlflowClient, uri: str, experiment: str, parent_id: str, *, seed: int = 0,
                   n_boot: int = 1000) -> dict[str, float]:
     """Log the sweep's leaderboard and plots on its parent run; returns the metrics logged there."""
     from mlflow.entities import Metric
@@ -71,7 +70,7 @@ def publish_sweep(client: Any, uri: str, experiment: str, parent_id: str, *, see
     return metrics
 
 
-def linked_runs(client: Any, parent_id: str) -> list[str]:
+def linked_runs(client: MlflowClient, parent_id: str) -> list[str]:
     """The runs this sweep's link runs stand for (``tracking.reopen``: a job done before the sweep keeps its run)."""
     from cupid_exp.tracking.reopen import LINK_KIND, LINKS_TO
 

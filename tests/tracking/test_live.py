@@ -94,16 +94,16 @@ def test_a_subset_is_its_own_dataset(tmp_path: Path) -> None:
 
     from cupid_exp.data.loading import load_instances
     from cupid_exp.job import typed_config
-    from cupid_exp.tracking.dataset import dataset_digest, mlflow_dataset
+    from cupid_exp.tracking.dataset import dataset_digest, dataset_input
 
     full_cfg = typed_config(compose_config([f"paths.output_root={tmp_path}"])).data
     part_cfg = typed_config(compose_config([f"paths.output_root={tmp_path}", "data.limit=3"])).data
     full, part = load_instances(full_cfg), load_instances(part_cfg)
     assert dataset_digest(full_cfg, full) == full.digest != dataset_digest(part_cfg, part)
-    entity = mlflow_dataset(part_cfg, part)
+    entity = dataset_input(part_cfg, part).entity()
     # its name says it is a part of the file, not another version of it
     assert entity.name == "cupid-sample [data.limit=3]" and '"num_rows": 3' in entity.profile
-    assert entity.source_type == "local" and mlflow_dataset(full_cfg, full).name == "cupid-sample"
+    assert entity.source_type == "local" and dataset_input(full_cfg, full).entity().name == "cupid-sample"
     assert job_runs(store_uri(tmp_path)) == []  # nothing was logged
 
 

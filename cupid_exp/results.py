@@ -43,13 +43,13 @@ def previewed(value: Any, quoted: tuple[str, ...] | None = None) -> Any:
     return value
 
 
-def long_texts(*texts: Any) -> tuple[str, ...]:
+def long_texts(*texts: object) -> tuple[str, ...]:
     """The texts past ``LONG_TEXT``, shortest first for ``previewed``: an answer parsed out of a reply is cut inside
     the reply too, and its preview's sha256 is that of the answer the journal keeps."""
     return tuple(sorted({t for t in texts if isinstance(t, str) and len(t) > LONG_TEXT}, key=len))
 
 
-def _present(obj: Any) -> dict[str, Any]:
+def _present(obj: object) -> dict[str, Any]:
     """The dataclass's fields that hold a value, in declaration order."""
     return {f.name: getattr(obj, f.name) for f in fields(obj) if getattr(obj, f.name) is not None}
 

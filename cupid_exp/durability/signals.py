@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any, Iterator
 
 from cupid_exp.errors import Interrupted, Terminated  # noqa: F401 - raised here; defined with the other stops
@@ -29,7 +30,7 @@ STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SI
                      if hasattr(signal, name))
 
 
-def _raise_terminated(signum: int, frame: Any) -> None:
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
     global _STOPPED
     if _in_sweep_worker():
         if _STOPPED:  # its job stops already: a signal to the whole group reaches it, then the sweep's copy
@@ -89,7 +90,7 @@ def install_sigterm_handler() -> None:
             signal.signal(signal.SIGINT, _interrupt)
 
 
-def _interrupt(signum: int, frame: Any) -> None:
+def _interrupt(signum: int, frame: FrameType | None) -> None:
     """Ctrl-C: a KeyboardInterrupt, as by default, but in a joblib sweep's launcher the jobs running in its workers
     are first told and awaited (``_stop_sweep_jobs``), so that joblib's abort finds their runs ended and their lines
     kept (``Terminated`` with them: exit 130)."""
@@ -106,7 +107,7 @@ def shielded() -> Iterator[None]:
         return
     pending: list[int] = []
 
-    def hold(signum: int, frame: Any) -> None:
+    def hold(signum: int, frame: FrameType | None) -> None:
         pending.append(signum)
 
     previous = {s: signal.signal(s, hold) for s in (signal.SIGINT, *STOP_SIGNALS)}

@@ -360,9 +360,13 @@ class JobConfig:
     prompts: PromptsConfig = field(default_factory=PromptsConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
 
+    def roles(self) -> dict[str, ModelConfig]:
+        """Every role's model config by its config path (the override's prefix): the job's one role map."""
+        raise NotImplementedError
+
     def model_configs(self) -> list[ModelConfig]:
         """Every model config the job's roles use, each object once (roles may share one)."""
-        raise NotImplementedError
+        return list({id(m): m for m in self.roles().values()}.values())
 
     def embedded_model_names(self) -> list[str]:
         """The names of the models that run inside the job's process (llama.cpp), sorted: one copy per process."""
@@ -380,11 +384,8 @@ class RunConfig(JobConfig):
     data: DataConfig = MISSING
     seed: int = 0  # the sampling seed sent with every call (each epoch adds its number)
 
-    def model_configs(self) -> list[ModelConfig]:
-        """The subject's and every evaluator role's model config, each object once (roles may share one)."""
+    def roles(self) -> dict[str, ModelConfig]:
         ev = self.evaluator
-        unique: dict[int, ModelConfig] = {}
-        for model in (self.model, ev.decomposer, ev.matcher, ev.judge):
-            unique.setdefault(id(model), model)
-        return list(unique.values())
+        return {"model": self.model, "evaluator.decomposer": ev.decomposer, "evaluator.matcher": ev.matcher,
+                "evaluator.judge": ev.judge}
 

@@ -1,12 +1,12 @@
 """What an evaluation job checks of itself before its first call: the prompt files its task, setting and evaluator
 send (each in the folder, usable, asking only for placeholders its step fills), the matcher's examples, a model
-server's command; and which roles it calls."""
+server's command."""
 
 from __future__ import annotations
 
 from typing import Iterable
 
-from cupid_exp.config import ModelConfig, RunConfig
+from cupid_exp.config import RunConfig
 from cupid_exp.job.checks import check_prompts
 from cupid_exp.llm.server import check_server_command
 from cupid_exp.prompts import PromptSet
@@ -43,14 +43,3 @@ def check_evaluation(cfg: RunConfig, setting: Setting, prompts: PromptSet) -> No
     if not cfg.runtime.dry_run:  # a dry run starts no server
         check_server_command(cfg.evaluator.server)
 
-
-def roles_called(cfg: RunConfig, parts: Iterable[str]) -> dict[str, ModelConfig]:
-    """The model config of each role the job's parts call, by its config path (the override's prefix)."""
-    parts = tuple(parts)
-    ev = cfg.evaluator
-    roles = {"model": cfg.model}
-    if "inference" in parts:
-        roles.update({"evaluator.decomposer": ev.decomposer, "evaluator.matcher": ev.matcher})
-    if "generation" in parts:
-        roles["evaluator.judge"] = ev.judge
-    return roles

@@ -20,7 +20,7 @@ from cupid_exp.config import ModelConfig, RunConfig, ServerConfig
 from cupid_exp.data.loading import LoadedData, load_instances
 from cupid_exp.data.schema import Instance
 from cupid_exp.durability import journal
-from cupid_exp.evaluation.checks import check_evaluation, roles_called
+from cupid_exp.evaluation.checks import check_evaluation
 from cupid_exp.evaluation.instances import evaluate_instance, instances_in_flight, with_epochs
 from cupid_exp.job.spec import Digests, Published, TrackingView
 from cupid_exp.job.worker_count import INSTANCES_PER_PROCESS
@@ -84,7 +84,10 @@ class EvaluationWork:
         return with_epochs(self.data.instances, self.cfg.runtime.epochs)
 
     def roles_called(self) -> dict[str, ModelConfig]:
-        return roles_called(self.cfg, self.parts)
+        """The roles of ``cfg.roles()`` this job's parts call (the subject's always)."""
+        unused = {"inference": ("evaluator.decomposer", "evaluator.matcher"), "generation": ("evaluator.judge",)}
+        return {role: model for role, model in self.cfg.roles().items()
+                if not any(role in roles for part, roles in unused.items() if part not in self.parts)}
 
     def digests(self) -> Digests:
         return {"dataset_digest": self.data.digest, "prompts_digest": self.prompts_digest}
@@ -119,14 +122,13 @@ class EvaluationWork:
 
             import_first_call_modules()
         ev = cfg.evaluator
-        clients = clients_for({"subject": cfg.model, "decomposer": ev.decomposer, "matcher": ev.matcher,
-                               "judge": ev.judge}, calls, meter, budget)
+        clients = clients_for(cfg.roles(), calls, meter, budget)  # by config path: a fatal refusal names it
         retry = Reask(cfg.runtime.reask)
         examples = matcher_examples(self.prompts.matcher_examples()) if ev.matcher_few_shot else None
-        evaluator = Evaluator(clients["decomposer"], clients["matcher"], clients["judge"], self.prompts,
-                              matcher_prompt=ev.matcher_prompt, matcher_examples=examples,
+        evaluator = Evaluator(*(clients[f"evaluator.{role}"] for role in ("decomposer", "matcher", "judge")),
+                              self.prompts, matcher_prompt=ev.matcher_prompt, matcher_examples=examples,
                               max_checklist_items=ev.max_checklist_items, retry=retry)
-        return TaskContext(clients["subject"], evaluator, self.prompts, retry)
+        return TaskContext(clients["model"], evaluator, self.prompts, retry)
 
     def in_flight(self, ctx: TaskContext) -> int:
         return instances_in_flight(ctx)

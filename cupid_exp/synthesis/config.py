@@ -97,13 +97,8 @@ class SynthesizeConfig(JobConfig):
 
     synthesis: SynthesisConfig = MISSING
 
-    def model_configs(self) -> list[ModelConfig]:
-        """Every role's model config, each object once (roles may share one)."""
-        unique: dict[int, ModelConfig] = {}
-        for role in ROLES:
-            model = getattr(self.synthesis.roles, role)
-            unique.setdefault(id(model), model)
-        return list(unique.values())
+    def roles(self) -> dict[str, ModelConfig]:
+        return {f"synthesis.roles.{role}": getattr(self.synthesis.roles, role) for role in ROLES}
 
 
 def register_synthesis_configs() -> None:

@@ -138,7 +138,7 @@ class SynthesisWork:
         return self.output_dir / "instances" / "instances.jsonl"
 
     def roles_called(self) -> dict[str, ModelConfig]:
-        return {f"synthesis.roles.{role}": getattr(self.cfg.synthesis.roles, role) for role in ROLES}
+        return self.cfg.roles()
 
     def digests(self) -> Digests:
         return {"prompts_digest": self.digest}
@@ -179,10 +179,11 @@ class SynthesisWork:
         from cupid_exp.llm._litellm import import_first_call_modules
 
         import_first_call_modules()
-        clients = clients_for({r: getattr(scfg.roles, r) for r in ROLES}, calls, meter, budget)
-        return SynthContext(clients=clients, prompts=self.prompts, max_retries=scfg.max_retries,
-                            max_turns=scfg.max_turns, max_checklist_items=scfg.max_checklist_items,
-                            with_resources=scfg.with_resources, embedded_sampling=dict(scfg.embedded_sampling))
+        clients = clients_for(cfg.roles(), calls, meter, budget)  # by config path; the steps name the role
+        return SynthContext(clients={path.rsplit(".", 1)[1]: c for path, c in clients.items()},
+                            prompts=self.prompts, max_retries=scfg.max_retries, max_turns=scfg.max_turns,
+                            max_checklist_items=scfg.max_checklist_items, with_resources=scfg.with_resources,
+                            embedded_sampling=dict(scfg.embedded_sampling))
 
     def in_flight(self, ctx: "SynthContext") -> int:
         """Twice as many personas as the roles' provider pools take calls at once (each pool counted once, at the

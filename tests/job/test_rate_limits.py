@@ -62,7 +62,8 @@ def test_a_fatal_refusal_stops_the_job_after_its_first_calls(tmp_path: Path, ref
     assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
     lines = [line for line in proc.stderr.splitlines() if line.startswith("cupid_exp: stopped:")]
     assert len(lines) == 1, proc.stderr[-3000:]
-    assert "decomposer, matcher, judge (model" in lines[0] and f"{kind}: " in lines[0] and refuse in lines[0]
+    assert "evaluator.decomposer, evaluator.matcher, evaluator.judge (model" in lines[0]
+    assert f"{kind}: " in lines[0] and refuse in lines[0]
     # the calls in flight when the first refusal came: at most the pool's starting concurrency (a quarter of the
     # bound its three roles share, 16: 4; how many of them go out before the refusal returns depends on the CPU),
     # not one (or four, retried) per instance (24, 96)

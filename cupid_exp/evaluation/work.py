@@ -105,16 +105,14 @@ class EvaluationWork:
     def portable(self) -> "EvaluationWork":
         return dataclasses.replace(self, data=LoadedData(instances=[]))
 
-    def for_process(self, cfg: RunConfig) -> "EvaluationWork":
-        return dataclasses.replace(self, cfg=cfg, setting=make_setting(cfg.setting))
-
-    def connect(self, cfg: RunConfig, meter: "UsageMeter", budget: "Budget | None") -> TaskContext:
+    def connect(self, meter: "UsageMeter", budget: "Budget | None", share: tuple[int, int]) -> TaskContext:
         """Clients for every role (one per distinct model config) and the evaluator around them."""
         from cupid_exp.evaluators import Evaluator
         from cupid_exp.llm.client import clients_for, configure_litellm
         from cupid_exp.llm.steps import Reask
         from cupid_exp.rendering import matcher_examples
 
+        cfg = self.cfg
         calls = cfg.runtime.call_settings()  # what the clients read of runtime
         configure_litellm(calls)
         if not cfg.runtime.dry_run:
@@ -122,7 +120,7 @@ class EvaluationWork:
 
             import_first_call_modules()
         ev = cfg.evaluator
-        clients = clients_for(cfg.roles(), calls, meter, budget)  # by config path: a fatal refusal names it
+        clients = clients_for(cfg.roles(), calls, meter, budget, share)  # by config path: a fatal refusal names it
         retry = Reask(cfg.runtime.reask)
         examples = matcher_examples(self.prompts.matcher_examples()) if ev.matcher_few_shot else None
         evaluator = Evaluator(*(clients[f"evaluator.{role}"] for role in ("decomposer", "matcher", "judge")),

@@ -21,7 +21,6 @@ from cupid_exp.job.attempt import open_attempt
 from cupid_exp.job.checks import check_before_calls, note_models
 from cupid_exp.job.identity import job_identity
 from cupid_exp.job.spec import Job, JobSpec, Work
-from cupid_exp.job.worker_count import share
 from cupid_exp.llm.budget import check_priced
 from cupid_exp.secrets import install_log_scrubber, redact, secret_values
 from cupid_exp.tracking.mlflow import SweepParent
@@ -78,5 +77,5 @@ def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = Non
 def connect(job: Job) -> None:
     """The work's clients, when some unit is left to run (this imports litellm: seconds)."""
     if job.todo and job.ctx is None:
-        job.ctx = job.work.connect(share(job.cfg, 0, job.attempt.processes), job.attempt.meter, job.attempt.budget)
+        job.ctx = job.work.connect(job.attempt.meter, job.attempt.budget, (0, job.attempt.processes))
         note_models(job.work.roles_called())  # litellm is imported now: its map says what it knows

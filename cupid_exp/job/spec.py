@@ -132,11 +132,9 @@ class Work(Protocol):
     def portable(self) -> "Work":
         """This work as it is sent to a worker process: without its units (they go through the worker's queue)."""
 
-    def for_process(self, cfg: JobConfig) -> "Work":
-        """In a worker process: this work on the process's config (its share of each model's concurrency)."""
-
-    def connect(self, cfg: JobConfig, meter: "UsageMeter", budget: "Budget | None") -> Any:
-        """The clients (and whatever a unit's run needs with them) on ``cfg``'s model configs."""
+    def connect(self, meter: "UsageMeter", budget: "Budget | None", share: tuple[int, int]) -> Any:
+        """The clients (and whatever a unit's run needs with them); ``share``: this process's index among the
+        processes that split each model's concurrency, and their number (``llm.client.clients_for``)."""
 
     def in_flight(self, ctx: Any) -> int:
         """How many units run at once with these clients."""

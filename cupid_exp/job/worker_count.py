@@ -9,7 +9,6 @@ cannot spawn (joblib's loky workers). ``runtime.workers=N`` is taken as given.
 
 from __future__ import annotations
 
-import copy
 import logging
 import multiprocessing
 import os
@@ -80,14 +79,3 @@ def processes(cfg: JobConfig, todo: int, *, per_process: int = INSTANCES_PER_PRO
                  "model at most)", cfg.runtime.workers, wanted, noun)
     return wanted
 
-
-def share(cfg: JobConfig, index: int, n: int) -> JobConfig:
-    """``cfg`` for process ``index`` of ``n``: each model's ``max_concurrency`` split so that the processes
-    together keep the configured bound."""
-    if n == 1:
-        return cfg
-    out = copy.deepcopy(cfg)
-    for model in out.model_configs():
-        whole = model.max_concurrency
-        model.max_concurrency = whole // n + (index < whole % n)
-    return out

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cupid_exp.config import JobConfig
 from cupid_exp.durability.signals import ignore_stops
 from cupid_exp.job.heap import long_lived_frozen
 from cupid_exp.job.lanes import fair_share, run_units
@@ -43,7 +42,7 @@ class WorkerSpec:
     """What a worker needs to run units as the job would (everything checked by the job already)."""
 
     work: Work  #: the job's work without its units (``Work.portable``)
-    cfg: JobConfig  #: with this worker's share of each model's concurrency
+    index: int  #: this process's among ``processes`` (its share of each model's concurrency)
     secrets: list[str]
     ledger: str | None = None  #: the job's usage ledger: this process writes its own counts into it
     budget: Budget | None = None  #: the job's spending limits (ledger files shared by every process)
@@ -119,8 +118,8 @@ def _log_to(outbox: Queue[bytes | logging.LogRecord]) -> None:
     logging.getLogger("cupid_exp").setLevel(logging.INFO)
 
 
-def _connect(spec: WorkerSpec) -> tuple[Work, Any, UsageMeter]:
-    """This process's work, its clients and its meter (writing into the job's usage ledger)."""
+def _connect(spec: WorkerSpec) -> tuple[Any, UsageMeter]:
+    """This process's clients and its meter (writing into the job's usage ledger)."""
     from cupid_exp.secrets import install_log_scrubber
 
     install_log_scrubber(spec.secrets)
@@ -129,8 +128,7 @@ def _connect(spec: WorkerSpec) -> tuple[Work, Any, UsageMeter]:
         from cupid_exp.durability.ledger import UsageLedger
 
         meter.sink = UsageLedger(Path(spec.ledger)).append
-    work = spec.work.for_process(spec.cfg)
-    return work, work.connect(spec.cfg, meter, spec.budget), meter
+    return spec.work.connect(meter, spec.budget, (spec.index, spec.processes)), meter
 
 
 def serve_units(spec: WorkerSpec, shared: Shared, inbox: Queue[bytes],
@@ -143,7 +141,8 @@ def serve_units(spec: WorkerSpec, shared: Shared, inbox: Queue[bytes],
     _log_to(outbox)
     code = 0
     try:
-        work, ctx, meter = _connect(spec)
+        ctx, meter = _connect(spec)
+        work = spec.work
         units = pickle.loads(inbox.get())  # every unit left; the shared counter says which is next
         with shared.ready.get_lock():
             shared.ready.value += 1

@@ -22,7 +22,6 @@ from typing import Any, Callable, Literal
 
 from cupid_exp.job.lanes import fair_share, job_finisher, job_progress, run_units, stopped_by_budget
 from cupid_exp.job.spec import Job, Result
-from cupid_exp.job.worker_count import share
 from cupid_exp.job.worker_process import Shared, SharedCursor, WorkerSpec, serve_units
 from cupid_exp.llm.client import drain_background_tasks
 from cupid_exp.llm.retry import FatalProviderError
@@ -65,8 +64,7 @@ class Workers:
         self.inbox, self.outbox = ctx.Queue(), ctx.Queue()
         self.processes = []
         for index in range(1, attempt.processes):
-            cfg = share(job.cfg, index, attempt.processes)
-            spec = WorkerSpec(work=job.work.portable(), cfg=cfg, secrets=list(job.spec.secrets),
+            spec = WorkerSpec(work=job.work.portable(), index=index, secrets=list(job.spec.secrets),
                               ledger=str(attempt.ledger.path) if attempt.ledger is not None else None,
                               budget=attempt.budget, processes=attempt.processes)
             process = ctx.Process(target=serve_units, args=(spec, self.shared, self.inbox, self.outbox),

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -424,15 +425,19 @@ def _wants_batch(model: ModelConfig, settings: CallSettings) -> bool:
 
 
 def clients_for(roles: Mapping[str, ModelConfig], settings: CallSettings, meter: UsageMeter,
-                budget: Budget | None = None) -> dict[str, LLMClient]:
-    """One client per distinct model config, so roles on the same model share its concurrency bound."""
+                budget: Budget | None = None, share: tuple[int, int] = (0, 1)) -> dict[str, LLMClient]:
+    """One client per distinct model config, so roles on the same model share its concurrency bound. ``share``:
+    this process's index among the ``n`` that split each model's ``max_concurrency`` (together: the configured)."""
     by_identity: dict[str, LLMClient] = {}
     out = {}
     stop = JobStop()  # one fatal refusal stops every role's new calls
+    index, n = share
     for role, model in roles.items():
         identity = _identity(model)
         if identity not in by_identity:
-            by_identity[identity] = LLMClient(model, settings, meter, budget)
+            whole = model.max_concurrency
+            own = model if n == 1 else replace(model, max_concurrency=whole // n + (index < whole % n))
+            by_identity[identity] = LLMClient(own, settings, meter, budget)
             by_identity[identity].roles, by_identity[identity].stop = (), stop
         out[role] = by_identity[identity]
         out[role].roles += (role,)

@@ -165,21 +165,18 @@ class SynthesisWork:
     def portable(self) -> "SynthesisWork":
         return dataclasses.replace(self, templates=[])
 
-    def for_process(self, cfg: SynthesizeConfig) -> "SynthesisWork":
-        return dataclasses.replace(self, cfg=cfg)
-
-    def connect(self, cfg: SynthesizeConfig, meter: "UsageMeter", budget: "Budget | None") -> "SynthContext":
+    def connect(self, meter: "UsageMeter", budget: "Budget | None", share: tuple[int, int]) -> "SynthContext":
         """The role clients (roles on one model config share one) and the recipe's knobs every step reads."""
         from cupid_exp.llm.client import clients_for, configure_litellm
         from cupid_exp.synthesis.steps import SynthContext
 
-        scfg = cfg.synthesis
+        cfg, scfg = self.cfg, self.cfg.synthesis
         calls = cfg.runtime.call_settings()  # what the clients read of runtime
         configure_litellm(calls)
         from cupid_exp.llm._litellm import import_first_call_modules
 
         import_first_call_modules()
-        clients = clients_for(cfg.roles(), calls, meter, budget)  # by config path; the steps name the role
+        clients = clients_for(cfg.roles(), calls, meter, budget, share)  # by config path; the steps name the role
         return SynthContext(clients={path.rsplit(".", 1)[1]: c for path, c in clients.items()},
                             prompts=self.prompts, max_retries=scfg.max_retries, max_turns=scfg.max_turns,
                             max_checklist_items=scfg.max_checklist_items, with_resources=scfg.with_resources,

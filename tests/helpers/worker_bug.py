@@ -1,7 +1,7 @@
 """A setting that behaves differently in a worker process (``runtime.workers``): it logs there, or with
 ``bug=true`` raises there (``disk_full=true``: the ENOSPC of a full disk). The job's own process runs it as the
 standard setting; a spawned worker imports this module
-when it unpickles the config that names it, a forked one registers it as it starts."""
+when it unpickles the work that holds it, a forked one registers it as it starts."""
 
 from __future__ import annotations
 

@@ -14,17 +14,18 @@ from pathlib import Path
 import pytest
 from helpers.jobs import stub_config, stub_plan
 from helpers.processes import alive, children
-from helpers.worker_bug import InWorkersConfig, unregister
+from helpers.worker_bug import InWorkers, InWorkersConfig, unregister
 
 from cupid_exp.config import ConfigError
 from cupid_exp.durability.ledger import UsageLedger
 from cupid_exp.evaluation import plan
 from cupid_exp.job import execute, summarize_job
 from cupid_exp.job.plan import connect, typed_config
-from cupid_exp.job.worker_count import processes, share
+from cupid_exp.job.worker_count import processes
 from cupid_exp.job.workers import WorkerFailed, Workers, start_workers
 from cupid_exp.llm._litellm import native_runtime_started
-from cupid_exp.llm.usage import requests_sent
+from cupid_exp.llm.client import clients_for
+from cupid_exp.llm.usage import UsageMeter, requests_sent
 from cupid_exp.outputs import EnvironmentFailure, environment_failure
 from cupid_exp.testing.stub_llm_server import StubServer
 
@@ -59,13 +60,18 @@ def _scores(results) -> dict[str, tuple]:
 def test_each_models_concurrency_is_split_and_the_processes_are_bounded(tmp_path: Path) -> None:
     cfg = typed_config(stub_config("http://127.0.0.1:9/v1", tmp_path, "runtime.workers=3",
                                    "model.max_concurrency=8", "evaluator.judge.max_concurrency=4"))
-    shares = [share(cfg, i, 3) for i in range(3)]
-    assert [s.model.max_concurrency for s in shares] == [3, 3, 2]  # together: the configured 8
-    assert [s.evaluator.judge.max_concurrency for s in shares] == [2, 1, 1]
-    assert cfg.model.max_concurrency == 8 and share(cfg, 0, 1) is cfg  # the job's own config is left alone
+
+    def slots(cfg, index: int, n: int) -> dict[str, int]:
+        clients = clients_for(cfg.roles(), cfg.runtime.call_settings(), UsageMeter(), share=(index, n))
+        return {role: client.slots for role, client in clients.items()}
+
+    shares = [slots(cfg, i, 3) for i in range(3)]
+    assert [s["model"] for s in shares] == [3, 3, 2]  # together: the configured 8
+    assert [s["evaluator.judge"] for s in shares] == [2, 1, 1]
+    assert cfg.model.max_concurrency == 8 and slots(cfg, 0, 1)["model"] == 8  # the job's config is left alone
     shared_object = typed_config(stub_config("http://127.0.0.1:9/v1", tmp_path, "model.max_concurrency=8"))
     shared_object.evaluator.judge = shared_object.model  # two roles, one config object: split once
-    assert share(shared_object, 0, 2).evaluator.judge.max_concurrency == 4
+    assert slots(shared_object, 0, 2)["evaluator.judge"] == 4
     assert processes(cfg, todo=100) == 3
     assert processes(cfg, todo=2) == 2  # one per instance left at most
     few = typed_config(stub_config("http://127.0.0.1:9/v1", tmp_path, "runtime.workers=8",
@@ -92,7 +98,7 @@ def test_two_processes_run_every_instance_once_within_the_configured_bound(tmp_p
         before = start.startswith("before")
         job = plan(config, tmp_path / "two" / "job", clients=not before)
         assert job.attempt.processes == 2
-        job.cfg.setting = InWorkersConfig()  # the standard setting, which logs when a worker runs it
+        job.work.setting = InWorkers(InWorkersConfig())  # the standard setting, which logs when a worker runs it
         # forked where nothing in this test process has called a model yet (litellm's runtime would not survive)
         forked = before and sys.platform.startswith("linux") and not native_runtime_started()
         workers = start_workers(job)
@@ -127,7 +133,7 @@ def test_two_processes_run_every_instance_once_within_the_configured_bound(tmp_p
 def test_a_bug_in_a_worker_stops_the_job_with_its_traceback(tmp_path: Path) -> None:
     with StubServer(latency_ms=100) as stub:
         job = stub_plan(stub.url, tmp_path, *_nine(), *_concurrency(2), "runtime.workers=2")
-        job.cfg.setting = InWorkersConfig(bug=True)  # raises in workers (the job's own runs the standard one)
+        job.work.setting = InWorkers(InWorkersConfig(bug=True))  # raises in workers (standard in the job's own)
         workers = start_workers(job)
         try:
             _ready(workers)
@@ -142,7 +148,7 @@ def test_a_full_disk_in_a_worker_is_the_environments_failure_not_a_bug(tmp_path:
     """The job ends as it would in one process: the one line naming the file (exit 5), no worker's traceback."""
     with StubServer(latency_ms=100) as stub:
         job = stub_plan(stub.url, tmp_path, *_nine(), *_concurrency(2), "runtime.workers=2")
-        job.cfg.setting = InWorkersConfig(disk_full=True)  # ENOSPC in the worker only
+        job.work.setting = InWorkers(InWorkersConfig(disk_full=True))  # ENOSPC in the worker only
         workers = start_workers(job)
         try:
             _ready(workers)
@@ -250,6 +256,7 @@ from cupid_exp.job import execute
 from cupid_exp.job.plan import connect
 from cupid_exp.job.workers import start_workers
 from cupid_exp.llm._litellm import native_runtime_started
+from cupid_exp.llm.client import clients_for
 
 url, folder, overrides = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
 before = native_runtime_started()

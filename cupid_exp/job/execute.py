@@ -13,7 +13,6 @@ from typing import Any
 
 from cupid_exp.job.heap import long_lived_frozen
 from cupid_exp.job.lanes import job_finisher, job_progress, run_units
-from cupid_exp.job.plan import connect
 from cupid_exp.job.spec import Execution, Job, Result
 from cupid_exp.job.workers import Workers, run_spread, start_workers
 from cupid_exp.llm.client import drain_background_tasks
@@ -41,7 +40,7 @@ def execute(job: Job, observer: InstanceObserver | None = None, workers: Workers
     todo = job.todo
     if not todo:
         return Execution([])
-    connect(job)
+    assert job.ctx is not None, "connect(job) before execute (run_job does, between its workers and the run)"
     server = job.work.model_server() if not job.dry_run else None
     with managed_server(server), long_lived_frozen():
         start, cpu = time.perf_counter(), time.process_time()  # without a model server's start-up

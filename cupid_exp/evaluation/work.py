@@ -223,7 +223,3 @@ class EvaluationWork:
     def report(self, job: "Job", summary: JobSummary, where: str, status: str) -> str:
         return console.job_report(self.title(job), summary.nested, summary.errors, summary.metrics,
                                   len(self.data.errors), where, status)
-
-    def headline(self, summary: JobSummary) -> float | None:
-        part = summary.parts[0]
-        return summary.metrics.get(f"{part}/f1" if part == "inference" else f"{part}/score")

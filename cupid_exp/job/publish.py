@@ -83,7 +83,7 @@ def results_line(job: Job, summary: Summary, metrics: dict[str, float], tags: di
 def job_outcome(job: Job, summary: Summary, spending: BudgetReport | None = None) -> Outcome:
     """How a job that got through ends (its exit code, its one line): stopped by its budget, incomplete (more
     failed units than ``runtime.max_failed_fraction``), or ok; with the kind's headline."""
-    headline = job.work.headline(summary)
+    headline = summary.headline
     if spending is not None and spending.stopped:
         return Outcome("budget", spending.line(), headline)
     if summary.over_threshold and not job.dry_run:

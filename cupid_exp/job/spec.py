@@ -76,6 +76,10 @@ class Summary(Protocol):
     @property
     def over_threshold(self) -> bool: ...
 
+    @property
+    def headline(self) -> Any:  # what Hydra's sweepers optimise (the run's Outcome carries it)
+        ...
+
     def status_line(self) -> str: ...
 
 
@@ -162,9 +166,6 @@ class Work(Protocol):
 
     def report(self, job: "Job", summary: Any, where: str, status: str) -> str:
         """The console report of a finished job, ending with ``status``."""
-
-    def headline(self, summary: Any) -> Any:
-        """What Hydra's sweepers optimise."""
 
 
 @dataclass(frozen=True)

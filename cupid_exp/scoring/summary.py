@@ -31,6 +31,12 @@ class JobSummary:
         return self.n_instances
 
     @property
+    def headline(self) -> float | None:
+        """What Hydra's sweepers optimise: the first part's F1 (inference) or score (generation)."""
+        part = self.parts[0]
+        return self.metrics.get(f"{part}/f1" if part == "inference" else f"{part}/score")
+
+    @property
     def failed_instances(self) -> int:
         """Instances with at least one failed step (whatever the failure policy made of them)."""
         return sum(1 for r in self.records if r.get("errors"))

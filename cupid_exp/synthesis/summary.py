@@ -151,5 +151,10 @@ class SynthesisSummary:
         return self.completeness.status_line()
 
     @property
+    def headline(self) -> float:
+        """The instances written (what a sweep over recipes would compare)."""
+        return float(len(self.instances))
+
+    @property
     def instances(self) -> list[dict]:
         return [r for o in self.outcomes for r in o.instances]

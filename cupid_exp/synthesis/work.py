@@ -282,7 +282,3 @@ class SynthesisWork:
 
         return render_report(self.cfg.synthesis, summary.metrics, summary.outcomes, self.instances_path, where,
                              status)
-
-    def headline(self, summary: "SynthesisSummary") -> float:
-        """The instances written (what a sweep over recipes would compare)."""
-        return float(len(summary.instances))

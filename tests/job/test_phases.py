@@ -11,7 +11,7 @@ from helpers.jobs import stub_config, stub_plan
 from cupid_exp.config import ConfigError
 from cupid_exp.data.loading import SAMPLE_FULL_PATH
 from cupid_exp.evaluation import plan
-from cupid_exp.job import connect, execute, publish, summarize_job
+from cupid_exp.job import connect, execute, job_outcome, publish, summarize_job
 from cupid_exp.testing.stub_llm_server import StubServer
 
 PARTS = ("inference", "generation")
@@ -40,6 +40,7 @@ def test_execute_summarize_publish(tmp_path: Path, capsys) -> None:
     summary = summarize_job(job, execution, started=0.0)
     assert summary.complete and summary.metrics["instances/failed"] == 0
     assert summary.metrics["calls/total"] == 9 * 6  # infer, decompose, 2 matches, generate, judge
+    assert job_outcome(job, summary).value == summary.metrics["inference/f1"]  # the sweepers' headline
     assert [r["key"] for r in summary.records] == [i.key for i in job.work.data.instances]  # dataset order
     publish(job, summary, tracker=None)
     out = capsys.readouterr().out

@@ -15,7 +15,7 @@ import pickle
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,21 @@ class WorkerSpec:
     ledger: str | None = None  #: the job's usage ledger: this process writes its own counts into it
     budget: Budget | None = None  #: the job's spending limits (ledger files shared by every process)
     processes: int = 1  #: how many processes share the units (this one's lanes: at most its fair share)
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a worker tells the job, pickled: a finished unit (``unit``), its last word (``done``), or why it stopped
+    (``fatal``, ``environment``, ``bug``; the job makes a dead worker's ``died`` itself)."""
+
+    kind: str
+    pid: int | None = None
+    key: str = ""  #: the finished unit's
+    result: Any = None
+    calls: CallLog | None = None  #: the unit's model calls, when the job traces them
+    counts: dict[str, dict[str, float]] = field(default_factory=dict)  #: usage since its last report
+    cpu_seconds: float = 0.0  #: the worker's CPU time, in its last word
+    error: Any = None  #: the FatalProviderError, the WorkerEnvironmentFailure, the traceback, or how it died
 
 
 @dataclass
@@ -151,7 +166,7 @@ def serve_units(spec: WorkerSpec, shared: Shared, inbox: Queue[bytes],
 
         def finished(unit: Unit, result: Result, calls: CallLog | None) -> None:
             # pickled here, so that an object that cannot cross shows up as this worker's bug, not as a loss
-            outbox.put(pickle.dumps(("instance", unit.key, result, calls, meter.since(sent))))
+            outbox.put(pickle.dumps(Report("unit", key=unit.key, result=result, calls=calls, counts=meter.since(sent))))
 
         async def run() -> None:
             await run_units(work, ctx, SharedCursor(shared.counter, units), finished, None,
@@ -162,14 +177,14 @@ def serve_units(spec: WorkerSpec, shared: Shared, inbox: Queue[bytes],
             with long_lived_frozen():  # its clients and units, and what it inherited or imported (``job.heap``)
                 asyncio.run(run())
         except FatalProviderError as exc:  # the job stops taking units and reports it
-            outbox.put(pickle.dumps(("fatal", exc)))
-        outbox.put(pickle.dumps(("done", os.getpid(), meter.since(sent), time.process_time())))
+            outbox.put(pickle.dumps(Report("fatal", error=exc)))
+        outbox.put(pickle.dumps(Report("done", os.getpid(), counts=meter.since(sent), cpu_seconds=time.process_time())))
     except BaseException as exc:  # noqa: BLE001 - every failure here is the job's to raise
         failure = environment_failure(exc) if isinstance(exc, Exception) else None
         if failure is not None:  # the machine's, not a bug: the job's one line (exit 5)
-            outbox.put(pickle.dumps(("environment", os.getpid(), WorkerEnvironmentFailure.of(failure))))
+            outbox.put(pickle.dumps(Report("environment", os.getpid(), error=WorkerEnvironmentFailure.of(failure))))
         else:
-            outbox.put(pickle.dumps(("bug", os.getpid(), traceback.format_exc())))
+            outbox.put(pickle.dumps(Report("bug", os.getpid(), error=traceback.format_exc())))
         code = 1
     outbox.close()
     outbox.join_thread()  # everything sent is in the pipe

@@ -22,7 +22,7 @@ from typing import Any, Callable, Literal
 
 from cupid_exp.job.lanes import fair_share, job_finisher, job_progress, run_units, stopped_by_budget
 from cupid_exp.job.spec import Job, Result
-from cupid_exp.job.worker_process import Shared, SharedCursor, WorkerSpec, serve_units
+from cupid_exp.job.worker_process import Report, Shared, SharedCursor, WorkerSpec, serve_units
 from cupid_exp.llm.client import drain_background_tasks
 from cupid_exp.llm.retry import FatalProviderError
 from cupid_exp.progress import InstanceObserver, wants_calls
@@ -85,9 +85,9 @@ class Workers:
         self.shared.go.set()
 
     def listen(self, loop: asyncio.AbstractEventLoop,
-               handle: Callable[[logging.LogRecord | tuple[Any, ...]], None]) -> threading.Thread:
+               handle: Callable[[logging.LogRecord | Report], None]) -> threading.Thread:
         """Each message, unpickled, goes to ``handle`` on ``loop``; a worker that exits without its last word
-        becomes a ("died", …) message."""
+        becomes a ``died`` report."""
         def run() -> None:
             reported: set[int | None] = set()  # workers whose last word ("done" or "bug") came
             seen_dead = False
@@ -99,13 +99,14 @@ class Workers:
                     if not (dead and seen_dead):  # a worker flushes before it exits: one more empty poll
                         seen_dead = bool(dead)
                         continue
-                    message = ("died", dead[0].name, dead[0].exitcode)
+                    message = Report("died", error=f"worker process {dead[0].name} died (exit code "
+                                                   f"{dead[0].exitcode})")
                     reported.add(dead[0].pid)
                 else:
                     if not isinstance(message, logging.LogRecord):
                         message = pickle.loads(message)
-                        if message[0] in ("done", "bug", "environment"):
-                            reported.add(message[1])
+                        if message.kind in ("done", "bug", "environment"):
+                            reported.add(message.pid)
                 try:
                     loop.call_soon_threadsafe(handle, message)
                 except RuntimeError:  # the loop has closed: the job is over
@@ -142,35 +143,31 @@ async def _spread(job: Job, todo: list[Any], observer: InstanceObserver | None, 
     fatal: list[FatalProviderError] = []
     cursor = SharedCursor(workers.shared.counter, todo)
 
-    def handle(message: logging.LogRecord | tuple[Any, ...]) -> None:
+    def handle(message: logging.LogRecord | Report) -> None:
         if all_done.done():
             return
         if isinstance(message, logging.LogRecord):
             logging.getLogger(message.name).handle(message)
             return
-        kind = message[0]
-        if kind == "instance":
-            _, key, result, calls, counts = message
-            meter.merge(counts)
-            finished(by_key[key], result, calls)
+        kind = message.kind
+        meter.merge(message.counts)
+        if kind == "unit":
+            finished(by_key[message.key], message.result, message.calls)
             progress.instance_done()
         elif kind == "done":
-            _, pid, counts, cpu_seconds = message
-            meter.merge(counts)
-            workers.cpu_seconds += cpu_seconds
-            workers.running.discard(pid)
+            workers.cpu_seconds += message.cpu_seconds
+            workers.running.discard(message.pid)
             if not workers.running:
                 all_done.set_result(None)
         elif kind == "fatal":
-            fatal.append(message[1])
+            fatal.append(message.error)
             cursor.stop()
         elif kind == "environment":  # a full disk in a worker: the job's one line, exit 5
-            all_done.set_exception(message[2])
+            all_done.set_exception(message.error)
         elif kind == "bug":
-            all_done.set_exception(WorkerFailed(f"a worker process stopped on a bug:\n{message[2]}"))
+            all_done.set_exception(WorkerFailed(f"a worker process stopped on a bug:\n{message.error}"))
         elif kind == "died":
-            all_done.set_exception(WorkerFailed(f"worker process {message[1]} died (exit code {message[2]}) "
-                                                f"before it finished its {job.work.noun}s"))
+            all_done.set_exception(WorkerFailed(f"{message.error} before it finished its {job.work.noun}s"))
 
     async def own_share() -> None:
         try:

@@ -13,7 +13,7 @@ import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING
 
 from cupid_exp import console
 from cupid_exp.config import ModelConfig, RunConfig, ServerConfig
@@ -61,6 +61,9 @@ class EvaluationWork:
     units_per_process = INSTANCES_PER_PROCESS
     client_modules = ("cupid_exp.evaluators", "cupid_exp.rendering", "cupid_exp.settings")
     summary_modules = ("cupid_exp.scoring.bootstrap",)  # pandas, numpy (~0.3 s of CPU)
+    whole_record = staticmethod(journal.whole_record)  #: the journal's own record checks
+    is_final = staticmethod(journal.is_final)
+    in_flight = staticmethod(instances_in_flight)
 
     @classmethod
     def load(cls, cfg: RunConfig, output_dir: Path) -> "EvaluationWork":
@@ -96,12 +99,6 @@ class EvaluationWork:
     def prompts_digest(self) -> str:
         return self.prompts.digest(EVALUATION_PROMPTS)
 
-    def whole_record(self, record: object) -> str | None:
-        return journal.whole_record(record)
-
-    def is_final(self, record: Mapping[str, Any], retry_failed: bool) -> bool:
-        return journal.is_final(record, retry_failed)
-
     def portable(self) -> "EvaluationWork":
         return dataclasses.replace(self, data=LoadedData(instances=[]))
 
@@ -127,9 +124,6 @@ class EvaluationWork:
                               self.prompts, matcher_prompt=ev.matcher_prompt, matcher_examples=examples,
                               max_checklist_items=ev.max_checklist_items, retry=retry)
         return TaskContext(clients["model"], evaluator, self.prompts, retry)
-
-    def in_flight(self, ctx: TaskContext) -> int:
-        return instances_in_flight(ctx)
 
     def stages(self) -> list[str]:
         return [*self.setting.stages, *self.parts]

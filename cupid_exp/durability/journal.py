@@ -94,9 +94,14 @@ class _Syncer:
             return self._errors.pop(path, None)
 
     def wait(self, path: Path | None = None) -> None:
+        """Until the lines written so far (``path``'s, or every journal's) are synced, or the thread has died (a bug
+        of ours, printed by threading's hook: the exit must not hang on it)."""
         with self._changed:
-            self._changed.wait_for(lambda: all(self._synced.get(p, 0) >= n for p, n in self._wanted.items()
-                                               if path in (None, p) and p not in self._errors))
+            while not all(self._synced.get(p, 0) >= n for p, n in self._wanted.items()
+                          if path in (None, p) and p not in self._errors):
+                if self._thread is None or not self._thread.is_alive():
+                    return
+                self._changed.wait(1.0)
 
     def _run(self) -> None:
         while True:

@@ -111,14 +111,14 @@ def skip_signature_without_positional_args() -> None:
     except ImportError:  # another layout: litellm computes the signature, as it would anyway
         return
     convert = caching_handler.convert_args_to_kwargs
-    if getattr(convert, "_positional_only", None) is not None:  # already wrapped
+    if getattr(convert, "_litellms_own", None) is not None:  # already wrapped
         return
 
     def args_to_kwargs(original_function: Callable[..., object], args: tuple[object, ...] | None = None
                        ) -> dict[str, object]:
         return convert(original_function, args) if args else {}
 
-    args_to_kwargs._positional_only = convert  # type: ignore[attr-defined]
+    args_to_kwargs._litellms_own = convert  # type: ignore[attr-defined]
     caching_handler.convert_args_to_kwargs = args_to_kwargs
 
 

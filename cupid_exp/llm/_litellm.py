@@ -61,6 +61,12 @@ def _first_call_modules() -> list[ModuleType]:
     return [importlib.import_module(name) for name in FIRST_CALL_MODULES]
 
 
+def _cache_args_to_kwargs() -> Callable[..., dict[str, object]]:
+    from litellm.caching import caching_handler
+
+    return caching_handler.convert_args_to_kwargs
+
+
 def _native_state_flag() -> Callable[[], object]:
     from litellm.rust_bridge import _native
 
@@ -70,7 +76,7 @@ def _native_state_flag() -> Callable[[], object]:
 _TARGETS = {"native_state_flag": _native_state_flag, "pending_cache_writes": _pending_cache_writes,
             "logging_worker": _logging_worker, "internal_call_flag": _internal_call_flag,
             "custom_llm_setup": _custom_llm_setup, "developer_role": _openai_chat_config,
-            "first_call_modules": _first_call_modules}
+            "first_call_modules": _first_call_modules, "cache_args_to_kwargs": _cache_args_to_kwargs}
 
 
 def probe() -> dict[str, bool]:
@@ -93,6 +99,27 @@ def drop_legacy_cache_callbacks() -> None:
     for callbacks in (litellm.input_callback, litellm.success_callback, litellm._async_success_callback):
         while "cache" in callbacks:
             callbacks.remove("cache")
+
+
+def skip_signature_without_positional_args() -> None:
+    """litellm's cache layer names a call's positional arguments by ``inspect.signature`` of ``acompletion``, on the
+    lookup and again on the write, even for a call that has none (ours pass keywords only): ~50 µs of CPU each, a
+    few percent of a call's. With no positional arguments its answer is ``{}``, given here without the signature;
+    with some, litellm's own function answers."""
+    try:
+        from litellm.caching import caching_handler
+    except ImportError:  # another layout: litellm computes the signature, as it would anyway
+        return
+    convert = caching_handler.convert_args_to_kwargs
+    if getattr(convert, "_litellms_own", None) is not None:  # already wrapped
+        return
+
+    def args_to_kwargs(original_function: Callable[..., object], args: tuple[object, ...] | None = None
+                       ) -> dict[str, object]:
+        return convert(original_function, args) if args else {}
+
+    args_to_kwargs._litellms_own = convert  # type: ignore[attr-defined]
+    caching_handler.convert_args_to_kwargs = args_to_kwargs
 
 
 def native_runtime_started() -> bool:

@@ -70,6 +70,7 @@ def configure_litellm(settings: CallSettings) -> None:
         _CACHE_DIR = None
     _litellm.drop_legacy_cache_callbacks()
     _litellm.keep_developer_role()
+    _litellm.skip_signature_without_positional_args()
 
 
 # A prompt this many characters per token of the model's window cannot fit (real text runs 3-5

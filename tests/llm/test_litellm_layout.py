@@ -15,7 +15,7 @@ def test_every_private_target_is_found() -> None:
     assert not missing, (f"litellm {version} moved {missing}: revisit cupid_exp/llm/_litellm.py "
                          "(the workaround for each is documented there)")
     assert set(found) == {"native_state_flag", "pending_cache_writes", "logging_worker", "internal_call_flag",
-                          "custom_llm_setup", "developer_role", "first_call_modules"}
+                          "custom_llm_setup", "developer_role", "first_call_modules", "cache_args_to_kwargs"}
 
 
 def test_the_first_call_imports_almost_nothing_once_the_clients_are_built(tmp_path) -> None:
@@ -87,3 +87,41 @@ def test_a_developer_message_reaches_the_api_as_developer(tmp_path) -> None:
         asyncio.run(client.complete(messages, step="judge"))
         assert cfg.evaluator.judge.litellm_model == "openai/gpt-4o-2024-11-20"
         assert [m["role"] for m in stub.bodies[0]["messages"]] == ["developer", "user"]
+
+
+def test_a_call_through_the_response_cache_computes_no_signature(tmp_path, monkeypatch) -> None:
+    """litellm's cache layer computed ``inspect.signature(acompletion)`` on each lookup and each write to name
+    positional arguments our calls never pass (``skip_signature_without_positional_args``)."""
+    import asyncio
+    import inspect
+
+    from litellm.caching import caching_handler
+
+    from cupid_exp.config import ModelConfig, RuntimeConfig
+    from cupid_exp.llm.client import LLMClient, configure_litellm
+    from cupid_exp.llm.pools import forget_pools
+    from cupid_exp.llm.usage import UsageMeter
+    from cupid_exp.testing.stub_llm_server import StubServer
+
+    signatures: list[object] = []
+    real = inspect.signature
+    monkeypatch.setattr(inspect, "signature", lambda f, *a, **k: signatures.append(f) or real(f, *a, **k))
+    hello = [{"role": "user", "content": "Say hello."}]
+    with StubServer() as stub:
+        forget_pools()
+        settings = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=True, num_retries=0,
+                                 timeout=10).call_settings()
+        configure_litellm(settings)
+        client = LLMClient(ModelConfig(name="m", litellm_model="openai/stub", api_base=stub.url), settings,
+                           UsageMeter())
+
+        async def twice() -> tuple:
+            return await client.complete(hello, step="s"), await client.complete(hello, step="s")
+
+        first, again = asyncio.run(twice())
+        served = stub.stats()["total_completed"]
+    assert served == 1 and not first.cached and again.cached  # a lookup and a write, then a lookup that hit
+    assert [f for f in signatures if getattr(f, "__name__", None) == "acompletion"] == []
+    # a caller that does pass positional arguments still has them named by litellm's own function
+    assert caching_handler.convert_args_to_kwargs(lambda model, messages: None, ("m", hello)) == {
+        "model": "m", "messages": hello}

@@ -97,3 +97,43 @@ def test_a_journal_of_one_torn_line_is_cut_as_before_not_set_aside(tmp_path: Pat
     path = tmp_path / "journal.jsonl"
     path.write_bytes(json.dumps(_record("p1/a")).encode()[:40])  # a kill during the first append
     assert Journal(path).load() == {} and path.read_bytes() == b"" and not list(tmp_path.glob("*.corrupt-*"))
+
+
+def test_an_append_leaves_its_fsync_to_a_thread_and_sync_waits_for_it(tmp_path: Path, monkeypatch) -> None:
+    """An fsync is milliseconds of disk wait: on the event loop it stalled every call in flight once per instance.
+    The line is written at once (a kill cannot lose it) and fsynced by a thread, which ``sync`` waits for."""
+    import os
+    import threading
+
+    fsyncs: list[tuple[int, int]] = []  # (thread, the file's size then)
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: fsyncs.append((threading.get_ident(), os.fstat(fd).st_size))
+                        or real(fd))
+    path = tmp_path / "journal.jsonl"
+    journal = Journal(path)
+    for i in range(20):
+        journal.append(_record(f"p{i}/a"))
+        assert path.read_bytes().endswith(b"\n")  # whole, before the append returned
+    assert all(thread != threading.get_ident() for thread, _ in fsyncs)  # none on the appending thread
+    journal.sync()
+    assert fsyncs and fsyncs[-1][1] == path.stat().st_size and len(fsyncs) <= 20  # the last covered every line
+    assert len(Journal(path).load()) == 20
+
+
+def test_a_failed_fsync_stops_the_next_append_naming_the_journal(tmp_path: Path, monkeypatch) -> None:
+    import errno
+    import os
+
+    import pytest
+
+    from cupid_exp.outputs import EnvironmentFailure
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a full disk found at the fsync (NFS, quotas)
+
+    monkeypatch.setattr(os, "fsync", failing)
+    journal = Journal(tmp_path / "journal.jsonl")
+    journal.append(_record("p1/a"))
+    journal.sync()  # returns: the failure is kept for the next append
+    with pytest.raises(EnvironmentFailure, match="journal.jsonl"):
+        journal.append(_record("p2/a"))

@@ -96,6 +96,7 @@ def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = 
 
     from cupid_exp.cli import main
     from cupid_exp.entry import reset_entry
+    from cupid_exp.llm.pools import forget_pools
     from cupid_exp.tracking import run_worker
 
     global _WORKER
@@ -109,6 +110,7 @@ def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = 
     os.environ.update({k: v for k, v in (env or {}).items() if os.environ.get(k) != v})
     sys.argv = ["cupid_exp", *cmd[3:]]
     reset_entry()
+    forget_pools()  # a new process's: no answers, failures or pace learned by an earlier run
     GlobalHydra.instance().clear()
     start = run_worker.start
     run_worker.start = lambda keep=False: start(keep=True)  # parked when its run ends, for the next run_job

@@ -55,8 +55,8 @@ def seed_store(output_root: Path) -> None:
 
 def cli_command(url: str | InProcessModel, output_root: Path, *extra: str, cache_dir: Path | None = None,
                 data: Path | None = None, seed: bool = True) -> list[str]:
-    """The CLI against the stub at ``url`` (or an in-process model), writing under ``output_root`` (its MLflow store pre-created
-    when the job will track into the default SQLite file and ``seed`` is on)."""
+    """The CLI against the stub at ``url`` (or an in-process model), writing under ``output_root`` (its MLflow store
+    pre-created when the job will track into the default SQLite file and ``seed`` is on)."""
     if seed and not {"tracking=none", "runtime.dry_run=true"} & set(extra):
         seed_store(output_root)
     target = url.overrides() if isinstance(url, InProcessModel) else stub_overrides(url)

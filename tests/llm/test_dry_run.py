@@ -6,11 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import cli_command, run_cli, run_job
+from helpers.cli_runner import cli_command, run_job
 
 from cupid_exp.testing.cupid_data import write_dataset
 from cupid_exp.testing.inprocess import InProcessModel
-from cupid_exp.testing.stub_llm_server import StubServer
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_cli, run_job
+from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_job
 from mlflow.tracking import MlflowClient
 
 from cupid_exp.config import ModelConfig, RuntimeConfig
@@ -20,7 +20,6 @@ from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.testing.cupid_data import write_dataset
 from cupid_exp.testing.fault_server import ScriptedServer
 from cupid_exp.testing.inprocess import InProcessModel
-from cupid_exp.testing.stub_llm_server import StubServer
 
 ASK = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
 

@@ -8,11 +8,10 @@ import json
 from pathlib import Path
 
 from conftest import compose_config
-from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_cli, run_job
+from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_job
 
 from cupid_exp.job import typed_config
 from cupid_exp.testing.inprocess import InProcessModel
-from cupid_exp.testing.stub_llm_server import StubServer
 from cupid_exp.testing.stub_replies import classify
 
 

@@ -7,11 +7,10 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_cli, run_job
+from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_job
 
 from cupid_exp.testing.cupid_data import write_dataset
 from cupid_exp.testing.inprocess import InProcessModel
-from cupid_exp.testing.stub_llm_server import StubServer
 
 pytestmark = pytest.mark.slow
 

@@ -7,13 +7,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from helpers.cli_runner import run_cli, run_job
+from helpers.cli_runner import run_job
 from mlflow.tracking import MlflowClient
 from tracking_runs import history, job_command, job_runs, store_uri
 
 from cupid_exp.testing.cupid_data import write_dataset
 from cupid_exp.testing.inprocess import InProcessModel
-from cupid_exp.testing.stub_llm_server import StubServer
 from cupid_exp.tracking.reopen import LINK_KIND, LINKS_TO
 
 

@@ -7,13 +7,12 @@ import json
 import logging
 from pathlib import Path
 
-from helpers.cli_runner import job_dirs, read_jsonl, run_cli, run_job
+from helpers.cli_runner import job_dirs, read_jsonl, run_job
 from tracking_runs import job_command, only_run, store_uri
 
 from cupid_exp.durability.journal import Journal, whole_record
 from cupid_exp.testing.cupid_data import write_dataset
 from cupid_exp.testing.inprocess import InProcessModel
-from cupid_exp.testing.stub_llm_server import StubServer
 
 N = 4
 CALLS_PER_INSTANCE = 4

@@ -163,22 +163,18 @@ class InProcessModel:
 
 def _error(fault: str, cfg: StubConfig, model: str) -> Exception:
     """The litellm exception a provider's ``fault`` reaches our client as (the stub's status, body and headers)."""
-    import httpx
     import litellm
 
     if fault == "context_length":
-        status, payload = CONTEXT_ERRORS[cfg.context_error or "openai"]
-        message = json.dumps(payload)
-        return litellm.ContextWindowExceededError(message=message, model=model, llm_provider=PROVIDER)
-    status, payload, headers, _ = error_reply(fault, cfg)
-    response = httpx.Response(status, headers=headers, json=payload,
-                              request=httpx.Request("POST", f"inproc://{model}/chat/completions"))
+        _, payload = CONTEXT_ERRORS[cfg.context_error or "openai"]
+        return litellm.ContextWindowExceededError(message=json.dumps(payload), model=model, llm_provider=PROVIDER)
+    _, payload, headers, _ = error_reply(fault, cfg)
     message = str(payload["error"]["message"])
-    if fault == "429":
-        return litellm.RateLimitError(message=message, llm_provider=PROVIDER, model=model, response=response,
-                                      headers=headers)
-    kind = litellm.ServiceUnavailableError if fault == "503" else litellm.InternalServerError
-    return kind(message=message, llm_provider=PROVIDER, model=model, response=response)
+    kind = {"429": litellm.RateLimitError, "503": litellm.ServiceUnavailableError}.get(fault,
+                                                                                       litellm.InternalServerError)
+    error = kind(message=message, llm_provider=PROVIDER, model=model)
+    error.litellm_response_headers = headers  # where litellm keeps a provider's headers (a 429's retry-after)
+    return error
 
 
 def _model(name: str) -> InProcessModel:

@@ -79,6 +79,7 @@ def run_cli(cmd: list[str], *, env: dict[str, str] | None = None, timeout: float
 
 
 _SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
+_PROGRAMS = {"cupid_exp": "cupid_exp.cli", "cupid_exp.synthesize": "cupid_exp.synthesize"}  # ``-m`` -> its main
 _WORKER: Any = None  # the MLflow run worker ``run_job``'s runs share, as a sweep's jobs do (its start: ~3-5 s)
 
 
@@ -94,21 +95,23 @@ def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = 
 
     from hydra.core.global_hydra import GlobalHydra
 
-    from cupid_exp.cli import main
+    import importlib
+
     from cupid_exp.entry import reset_entry
     from cupid_exp.llm.pools import forget_pools
     from cupid_exp.tracking import run_worker
 
     global _WORKER
 
-    assert cmd[1:3] == ["-m", "cupid_exp"], cmd[:3]
+    assert cmd[1] == "-m" and cmd[2] in _PROGRAMS, cmd[:3]
+    main = importlib.import_module(_PROGRAMS[cmd[2]]).main
     saved_env, saved_argv, cwd = dict(os.environ), sys.argv, os.getcwd()
     handlers = {name: signal.getsignal(getattr(signal, name)) for name in _SIGNALS}
     raise_exceptions, root_handlers, root_level = logging.raiseExceptions, logging.root.handlers[:], logging.root.level
     out, err = io.StringIO(), io.StringIO()
     os.environ.pop("MLFLOW_TRACKING_URI", None)  # as ``cli_env`` leaves it out
     os.environ.update({k: v for k, v in (env or {}).items() if os.environ.get(k) != v})
-    sys.argv = ["cupid_exp", *cmd[3:]]
+    sys.argv = [cmd[2], *cmd[3:]]
     reset_entry()
     forget_pools()  # a new process's: no answers, failures or pace learned by an earlier run
     GlobalHydra.instance().clear()

@@ -89,13 +89,12 @@ def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = 
     printed lines, without a new Python and litellm's import (~3 s each). For what needs no process of its own:
     signals, kills, locks and exit by ``os._exit`` stay with ``run_cli``. ``env`` is set for the run only."""
     import contextlib
+    import importlib
     import io
     import logging
     import signal
 
     from hydra.core.global_hydra import GlobalHydra
-
-    import importlib
 
     from cupid_exp.entry import reset_entry
     from cupid_exp.llm.pools import forget_pools

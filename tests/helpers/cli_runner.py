@@ -104,7 +104,10 @@ def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = 
 
     assert cmd[1] == "-m" and cmd[2] in _PROGRAMS, cmd[:3]
     main = importlib.import_module(_PROGRAMS[cmd[2]]).main
-    saved_env, saved_argv, cwd = dict(os.environ), sys.argv, os.getcwd()
+    # what the run's own variables and the entry set (not what a library sets for the process: litellm's tokenizer
+    # folder, set when it is first imported, must stay)
+    saved_env = {k: os.environ.get(k) for k in {*(env or {}), "MLFLOW_TRACKING_URI", "PYTHONWARNINGS"}}
+    saved_argv, cwd = sys.argv, os.getcwd()
     handlers = {name: signal.getsignal(getattr(signal, name)) for name in _SIGNALS}
     raise_exceptions, root_handlers, root_level = logging.raiseExceptions, logging.root.handlers[:], logging.root.level
     out, err = io.StringIO(), io.StringIO()
@@ -124,8 +127,11 @@ def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = 
         run_worker.start = start
         run_worker._IDLE, _WORKER = None, run_worker._IDLE
         sys.argv = saved_argv
-        os.environ.clear()
-        os.environ.update(saved_env)
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         os.chdir(cwd)
         for name, handler in handlers.items():
             signal.signal(getattr(signal, name), handler)

@@ -354,7 +354,15 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], object],
         except Terminated as exc:  # the same for a second stop signal
             os._exit(exc.code)
 
+    main.run = run  # type: ignore[attr-defined]  # the command's exit code, the process kept (tests run it in theirs)
     return main
+
+
+def reset_entry() -> None:
+    """Forget the last command's state, so that ``main.run()`` can run another in this process."""
+    global _STARTED, _HELD, _SWEEP_DIR
+    _STARTED, _HELD, _SWEEP_DIR = False, None, None
+    SweepReportCallback.exit_code = EXIT_OK
 
 
 def _quiet_interrupted_calls() -> None:

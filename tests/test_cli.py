@@ -1,4 +1,5 @@
-"""End to end: the real CLI against the stub model server on 127.0.0.1, into a real SQLite MLflow store.
+"""End to end: the real CLI against the stub model server on 127.0.0.1, into a real SQLite MLflow store; the same
+command run in this process against the in-process model (``run_job``) where neither the wire nor the process matters.
 
 (The embedded local model's own smoke runs are in tests/test_local_demo.py.)
 """
@@ -15,11 +16,12 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env, job_dirs, read_jsonl, run_cli
+from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env, job_dirs, read_jsonl, run_cli, run_job
 from helpers.processes import alive, children, with_default_sigint
 from mlflow.tracking import MlflowClient
 
 from cupid_exp.testing.cupid_data import stub_overrides, write_dataset
+from cupid_exp.testing.inprocess import InProcessModel
 from cupid_exp.testing.stub_llm_server import StubServer
 
 
@@ -27,6 +29,12 @@ from cupid_exp.testing.stub_llm_server import StubServer
 def stub():
     with StubServer() as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def inproc():
+    with InProcessModel() as model:
+        yield model
 
 
 def runs(outputs: Path):
@@ -78,16 +86,16 @@ def test_a_run_scores_instances_logs_one_mlflow_run_and_reruns_for_free(tmp_path
     assert "calls: 8 ok (8 cached), 0 failed; requests sent: 0" in again.stdout
 
 
-def test_a_rerun_reuses_its_experiments_folder(tmp_path: Path, stub) -> None:
+def test_a_rerun_reuses_its_experiments_folder(tmp_path: Path, inproc) -> None:
     """A rerun of a finished job, answered from its journal, writes into the folder of its first run, as a sweep's job
     too (the sweep's folder keeps its status, naming that folder); a changed override is a folder of its own."""
     root = tmp_path / "outputs"
-    base = cli_command(stub.url, root, "tracking=none")
-    run_cli([*base, "data.limit=1"])
+    base = cli_command(inproc, root, "tracking=none")
+    run_job([*base, "data.limit=1"])
     (job,) = job_dirs(root)
-    stub.reset()
-    sweep = run_cli([*base[:3], "-m", *base[3:], "data.limit=1"])
-    assert stub.stats()["total_received"] == 0 and "requests sent: 0" in sweep.stdout  # the journal answered
+    inproc.reset()
+    sweep = run_job([*base[:3], "-m", *base[3:], "data.limit=1"])
+    assert inproc.stats()["total_received"] == 0 and "requests sent: 0" in sweep.stdout  # the journal answered
     assert job_dirs(root) == [job]
     metrics = json.loads((job / "metrics.json").read_text())["metrics"]
     assert metrics["resume/instances_from_journal"] == 1 and len(read_jsonl(job / "instances.jsonl")) == 1
@@ -95,17 +103,17 @@ def test_a_rerun_reuses_its_experiments_folder(tmp_path: Path, stub) -> None:
     (status,) = [json.loads(p.read_text()) for p in (root / "multirun").glob("*/*/*/job_status.json")]
     assert status["folder"] == str(job) and status["outcome"] == "ok"
 
-    run_cli([*base, "data.limit=2"])  # another experiment
+    run_job([*base, "data.limit=2"])  # another experiment
     assert len(job_dirs(root)) == 2 and job in job_dirs(root)
     (other,) = [d for d in job_dirs(root) if d != job]
     assert len(read_jsonl(other / "instances.jsonl")) == 2 and len(read_jsonl(job / "instances.jsonl")) == 1
 
 
-def test_settings_sweep_and_oracle_preference_each_log_a_run(tmp_path: Path, stub) -> None:
+def test_settings_sweep_and_oracle_preference_each_log_a_run(tmp_path: Path, inproc) -> None:
     root = tmp_path / "outputs"
-    cmd = cli_command(stub.url, root, "data.limit=1")
-    run_cli([*cmd[:3], "-m", *cmd[3:], "task=both", "setting=standard,oracle,summary"])
-    run_cli(cli_command(stub.url, root, "data.limit=1", "task=generation", "setting=oracle_preference"))
+    cmd = cli_command(inproc, root, "data.limit=1")
+    run_job([*cmd[:3], "-m", *cmd[3:], "task=both", "setting=standard,oracle,summary"])
+    run_job(cli_command(inproc, root, "data.limit=1", "task=generation", "setting=oracle_preference"))
     _, found = runs(root)
     jobs = [r for r in found if r.data.tags.get("cupid.kind") == "job"]
     by_setting = {r.data.params["setting.name"]: r for r in jobs}
@@ -133,9 +141,9 @@ def test_impossible_combination_stops_before_any_call(tmp_path: Path) -> None:
     assert lines[0] in log.read_text()
 
 
-def test_a_dry_run_keeps_its_estimate_and_writes_no_placeholder_scores(tmp_path: Path, stub) -> None:
+def test_a_dry_run_keeps_its_estimate_and_writes_no_placeholder_scores(tmp_path: Path, inproc) -> None:
     root = tmp_path / "outputs"
-    proc = run_cli(cli_command(stub.url, root, "data.limit=2", "task=both", "runtime.dry_run=true"))
+    proc = run_job(cli_command(inproc, root, "data.limit=2", "task=both", "runtime.dry_run=true"))
     (job,) = [p.parent for p in root.glob("runs/*/*/metrics.json")]
     saved = json.loads((job / "metrics.json").read_text())
     assert saved["dry_run"] and saved["metrics"]["calls/total"] == 12 and saved["metrics"]["tokens/prompt"] > 0
@@ -169,13 +177,13 @@ def test_prefmatcher_evaluator_serves_and_scores(tmp_path: Path, stub) -> None:
     assert run.data.params["evaluator.matcher_prompt"] == "evaluation/preference_matcher_model"
 
 
-def test_retrieval_sweep_beside_standard_and_oracle(tmp_path: Path, stub) -> None:
+def test_retrieval_sweep_beside_standard_and_oracle(tmp_path: Path, inproc) -> None:
     root = tmp_path / "outputs"
-    cmd = cli_command(stub.url, root, "data.limit=2")
+    cmd = cli_command(inproc, root, "data.limit=2")
     base = [*cmd[:3], "-m", *cmd[3:]]
-    run_cli([*base, "setting=standard,oracle"])
-    run_cli([*base, "setting=retrieval", "setting.retriever=bm25,recency"])
-    run_cli([*base, "setting=standard,oracle", "tracking.run_name=again"])  # same identity: replayed
+    run_job([*base, "setting=standard,oracle"])
+    run_job([*base, "setting=retrieval", "setting.retriever=bm25,recency"])
+    run_job([*base, "setting=standard,oracle", "tracking.run_name=again"])  # same identity: replayed
     _, found = runs(root)
     jobs = [r for r in found if r.data.tags.get("cupid.kind") == "job"]
     assert len(jobs) == 4  # the replay found the standard and oracle jobs done (one run per job)

@@ -5,6 +5,8 @@
   bodies, context-length errors, refusals), enforces a key's limits (``rate_limits``) and serves the Batch API
   (``batch_api``). ``python -m cupid_exp.testing.stub_llm_server --port 8011``, then point any role's ``api_base``
   at ``http://127.0.0.1:8011/v1``.
+- ``inprocess``: the same model served in this process as the litellm provider ``inproc/<name>`` (the stub's
+  replies and the faults that need no wire), for tests that need neither a server nor a process of their own.
 - ``fault_server``: a server that answers from a script of (status, body, headers), for one exact fault.
 - ``cupid_data``: synthetic CUPID-schema data sets and the overrides that point a job's roles at a stub.
 

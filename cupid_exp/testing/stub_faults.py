@@ -85,6 +85,21 @@ def cut_reply(cfg: StubConfig, step: str, body: dict[str, Any], text: str) -> st
     return text if cfg.length_whole else text[: len(text) // 2]
 
 
+def answer(cfg: StubConfig, step: str, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """The completion a request gets when no fault is chosen (unusable text for ``garbage_steps``, a reply cut at
+    max_tokens, a content filter or a refusal as configured) and whether it was cut: the one reply of the HTTP stub
+    and of the in-process model (``inprocess.py``)."""
+    text: str | None = garbage_text(body, cfg) if is_garbage(cfg, step, body) else reply_text(step, body, cfg)
+    finish, refusal = "stop", None
+    if (cut := cut_reply(cfg, step, body, text or "")) is not None:
+        text, finish = cut, "length"
+    if step in cfg.content_filter_steps:
+        text, finish = None, "content_filter"
+    elif step in cfg.refusal_steps:
+        text, refusal = None, "I'm sorry, I can't help with that request."
+    return completion_body(text, body, finish, refusal), cut is not None
+
+
 def garbage_text(body: dict[str, Any], cfg: StubConfig) -> str:
     """Unusable text; it differs between a prompt and its re-asks, as a real model's would."""
     conversation = json.dumps(body.get("messages"), sort_keys=True)

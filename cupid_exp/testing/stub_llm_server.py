@@ -58,11 +58,10 @@ from cupid_exp.testing.rate_limits import RATE_LIMIT_STYLES, KeyLimits
 from cupid_exp.testing.stub_config import StubConfig, stub_arguments
 from cupid_exp.testing.stub_faults import (
     MALFORMED_KINDS,
+    answer,
     choose_fault,
     cut_reply,
     error_reply,
-    garbage_text,
-    is_garbage,
     send_fault,
 )
 from cupid_exp.testing.stub_replies import billed_tokens, classify, completion_body, digest, reply_text
@@ -394,18 +393,10 @@ class StubServer:
                 send_fault(handler, fault, body, cfg, self._billed, auth,
                            lambda kind: self.fault_reply(kind, prompt_digest))
                 return
-            text = garbage_text(body, cfg) if is_garbage(cfg, step, body) else reply_text(step, body, cfg)
-            finish = "stop"
-            if (cut := cut_reply(cfg, step, body, text)) is not None:  # a reply that ran into max_tokens
-                text, finish = cut, "length"
+            full, cut = answer(cfg, step, body)
+            if cut:  # a reply that ran into max_tokens
                 with self._lock:
                     self.counters.faults[step]["length"] += 1
-            refusal = None
-            if step in cfg.content_filter_steps:
-                text, finish = None, "content_filter"
-            elif step in cfg.refusal_steps:
-                text, refusal = None, "I'm sorry, I can't help with that request."
-            full = completion_body(text, body, finish, refusal)
             reply = self._billed(body, full)  # processed: billed even if the client has gone
             stated = self.limits.stated(body) if self.limits.active else None
             if handler._send(200, json.dumps(reply).encode(), headers=stated):  # type: ignore[attr-defined]

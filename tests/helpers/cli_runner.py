@@ -1,4 +1,5 @@
-"""Run the real CLI (``python -m cupid_exp``) against the stub server, and read what it wrote."""
+"""Run the real CLI (``python -m cupid_exp``) against the stub server, or the same command in this process against
+the in-process model (``run_job``), and read what it wrote."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cupid_exp.testing.cupid_data import stub_overrides
+from cupid_exp.testing.inprocess import InProcessModel
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,13 +53,14 @@ def seed_store(output_root: Path) -> None:
         shutil.copyfile(_TEMPLATE_STORE, target)
 
 
-def cli_command(url: str, output_root: Path, *extra: str, cache_dir: Path | None = None,
+def cli_command(url: str | InProcessModel, output_root: Path, *extra: str, cache_dir: Path | None = None,
                 data: Path | None = None, seed: bool = True) -> list[str]:
-    """The CLI against the stub at ``url``, writing under ``output_root`` (its MLflow store pre-created
-    when the job will track into the default SQLite file and ``seed`` is on)."""
+    """The CLI against the stub at ``url`` (or an in-process model), writing under ``output_root`` (its MLflow store
+    pre-created when the job will track into the default SQLite file and ``seed`` is on)."""
     if seed and not {"tracking=none", "runtime.dry_run=true"} & set(extra):
         seed_store(output_root)
-    cmd = [sys.executable, "-m", "cupid_exp", *stub_overrides(url), f"paths.output_root={output_root}",
+    target = url.overrides() if isinstance(url, InProcessModel) else stub_overrides(url)
+    cmd = [sys.executable, "-m", "cupid_exp", *target, f"paths.output_root={output_root}",
            "runtime.progress=false"]
     if cache_dir is not None:
         cmd.append(f"runtime.cache_dir={cache_dir}")
@@ -70,6 +73,76 @@ def run_cli(cmd: list[str], *, env: dict[str, str] | None = None, timeout: float
             check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=env or cli_env(), capture_output=True, text=True,
                           timeout=timeout)
+    if check:
+        assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    return proc
+
+
+_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
+_PROGRAMS = {"cupid_exp": "cupid_exp.cli", "cupid_exp.synthesize": "cupid_exp.synthesize"}  # ``-m`` -> its main
+_WORKER: Any = None  # the MLflow run worker ``run_job``'s runs share, as a sweep's jobs do (its start: ~3-5 s)
+
+
+def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = True, **_: Any
+            ) -> subprocess.CompletedProcess:
+    """``cmd`` (``cli_command``'s) run as ``run_cli`` runs it, but in this process: the same entry, exit code and
+    printed lines, without a new Python and litellm's import (~3 s each). For what needs no process of its own:
+    signals, kills, locks and exit by ``os._exit`` stay with ``run_cli``. ``env`` is set for the run only."""
+    import contextlib
+    import importlib
+    import io
+    import logging
+    import signal
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    from cupid_exp.entry import reset_entry
+    from cupid_exp.llm.pools import forget_pools
+    from cupid_exp.tracking import run_worker
+
+    global _WORKER
+
+    assert cmd[1] == "-m" and cmd[2] in _PROGRAMS, cmd[:3]
+    main = importlib.import_module(_PROGRAMS[cmd[2]]).main
+    # what the run's own variables and the entry set (not what a library sets for the process: litellm's tokenizer
+    # folder, set when it is first imported, must stay)
+    saved_env = {k: os.environ.get(k) for k in {*(env or {}), "MLFLOW_TRACKING_URI", "PYTHONWARNINGS"}}
+    saved_argv, cwd = sys.argv, os.getcwd()
+    handlers = {name: signal.getsignal(getattr(signal, name)) for name in _SIGNALS}
+    raise_exceptions, root_handlers, root_level = logging.raiseExceptions, logging.root.handlers[:], logging.root.level
+    out, err = io.StringIO(), io.StringIO()
+    os.environ.pop("MLFLOW_TRACKING_URI", None)  # as ``cli_env`` leaves it out
+    os.environ.update({k: v for k, v in (env or {}).items() if os.environ.get(k) != v})
+    sys.argv = [cmd[2], *cmd[3:]]
+    reset_entry()
+    forget_pools()  # a new process's: no answers, failures or pace learned by an earlier run
+    GlobalHydra.instance().clear()
+    start = run_worker.start
+    run_worker.start = lambda keep=False: start(keep=True)  # parked when its run ends, for the next run_job
+    run_worker._IDLE, _WORKER = _WORKER, None
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main.run()
+    finally:
+        run_worker.start = start
+        run_worker._IDLE, _WORKER = None, run_worker._IDLE
+        sys.argv = saved_argv
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        os.chdir(cwd)
+        for name, handler in handlers.items():
+            signal.signal(getattr(signal, name), handler)
+        logging.raiseExceptions = raise_exceptions
+        for handler in set(logging.root.handlers) - set(root_handlers):  # the job's log file and console, Hydra's
+            handler.close()
+        logging.root.handlers[:] = root_handlers
+        logging.root.setLevel(root_level)
+        GlobalHydra.instance().clear()
+        reset_entry()
+    proc = subprocess.CompletedProcess(cmd, code, out.getvalue(), err.getvalue())
     if check:
         assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     return proc

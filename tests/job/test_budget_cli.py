@@ -12,10 +12,11 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import cli_command, job_dirs, read_jsonl, run_cli, scoring
+from helpers.cli_runner import cli_command, job_dirs, read_jsonl, run_cli, run_job, scoring
 from mlflow.tracking import MlflowClient
 
 from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.inprocess import InProcessModel
 from cupid_exp.testing.stub_llm_server import StubServer
 
 N = 6
@@ -47,12 +48,12 @@ def metrics_json(job: Path) -> dict:
 def test_a_budget_hit_mid_job_stops_it_and_a_higher_budget_resumes_to_the_results_of_one_run(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "data.jsonl", N)
     root, budget = tmp_path / "out", 0.005
-    with StubServer() as stub:
-        run_cli(cli_command(stub.url, tmp_path / "whole", "tracking=none", *PRICES, *concurrency(1), data=data,
+    with InProcessModel() as stub:
+        run_job(cli_command(stub, tmp_path / "whole", "tracking=none", *PRICES, *concurrency(1), data=data,
                                     cache_dir=tmp_path / "whole-cache"))
         stub.reset()
 
-        hit = run_cli(cli_command(stub.url, root, *PRICES, *concurrency(1), f"runtime.max_cost_usd={budget}", data=data,
+        hit = run_job(cli_command(stub, root, *PRICES, *concurrency(1), f"runtime.max_cost_usd={budget}", data=data,
                                   cache_dir=tmp_path / "cache"), check=False)
         sent = stub.stats()["total_received"]
         assert hit.returncode == 4, (hit.stdout[-2000:], hit.stderr[-2000:])
@@ -81,7 +82,7 @@ def test_a_budget_hit_mid_job_stops_it_and_a_higher_budget_resumes_to_the_result
         assert run.data.metrics["budget/job/spent_usd"] == pytest.approx(state["spent"])
 
         stub.reset()
-        resumed = run_cli(cli_command(stub.url, root, *PRICES, *concurrency(1), "runtime.max_cost_usd=1", data=data,
+        resumed = run_job(cli_command(stub, root, *PRICES, *concurrency(1), "runtime.max_cost_usd=1", data=data,
                                       cache_dir=tmp_path / "cache"))
     assert f"resuming: {N - not_run} of {N} instances already finished" in resumed.stdout + resumed.stderr
     assert not budget_lines(resumed.stderr)
@@ -125,20 +126,20 @@ def test_parallel_sweep_jobs_share_one_budget_and_never_pass_it_together(tmp_pat
 
 
 def test_a_budget_with_an_unpriced_model_is_refused_before_any_request(tmp_path: Path) -> None:
-    with StubServer() as stub:
-        proc = run_cli(cli_command(stub.url, tmp_path / "out", "tracking=none", "runtime.max_cost_usd=1",
+    with InProcessModel() as stub:
+        proc = run_job(cli_command(stub, tmp_path / "out", "tracking=none", "runtime.max_cost_usd=1",
                                    "data.limit=1", cache_dir=tmp_path / "cache"), check=False)
         assert stub.stats()["total_received"] == 0
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if "runtime.max_cost_usd" in line]
-    assert errors == ["cupid_exp: runtime.max_cost_usd=1 needs a price for model 'openai_compatible' (openai/stub): "
+    assert errors == ["cupid_exp: runtime.max_cost_usd=1 needs a price for model 'openai_compatible' (inproc/stub): "
                       "litellm's price map does not list it; set its input_cost_per_token and output_cost_per_token"]
 
 
 @pytest.mark.parametrize("budget,verdict", [(10, "fits"), (0.001, "does NOT fit")])
 def test_the_dry_run_says_whether_the_estimate_fits_the_budget(tmp_path: Path, budget: float, verdict: str) -> None:
-    with StubServer() as stub:
-        proc = run_cli(cli_command(stub.url, tmp_path / "out", "runtime.dry_run=true", *PRICES, "data.limit=2",
+    with InProcessModel() as stub:
+        proc = run_job(cli_command(stub, tmp_path / "out", "runtime.dry_run=true", *PRICES, "data.limit=2",
                                    f"runtime.max_cost_usd={budget}", cache_dir=tmp_path / "cache"))
         assert stub.stats()["total_received"] == 0
     (line,) = [line for line in proc.stdout.splitlines() if line.startswith("budget:")]

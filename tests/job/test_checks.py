@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import cli_command, job_dirs, read_jsonl, run_cli
+from helpers.cli_runner import cli_command, job_dirs, read_jsonl, run_cli, run_job
 from helpers.jobs import stub_config
 from helpers.prompt_dirs import full_prompt_folder
 
@@ -18,6 +18,7 @@ from cupid_exp.data.schema import DataError
 from cupid_exp.evaluation import plan
 from cupid_exp.prompts import PROJECT_PROMPTS
 from cupid_exp.testing.cupid_data import make_rows, stub_overrides, write_jsonl
+from cupid_exp.testing.inprocess import InProcessModel
 from cupid_exp.testing.stub_llm_server import StubServer
 
 UNREACHABLE = "http://127.0.0.1:9/v1"
@@ -98,8 +99,8 @@ def test_an_oversized_instance_is_refused_before_it_is_sent_and_the_rest_run(tmp
     rows[1]["prior_interactions"][0]["dialogue"][1]["content"] = "lorem ipsum dolor " * 120_000  # ~2 MB
     data = write_jsonl(tmp_path / "rows.jsonl", rows)
     root = tmp_path / "out"
-    with StubServer() as stub:
-        proc = run_cli(cli_command(stub.url, root, "tracking=none", "model.context_window=128000",
+    with InProcessModel() as stub:
+        proc = run_job(cli_command(stub, root, "tracking=none", "model.context_window=128000",
                                    "runtime.max_failed_fraction=0.5", data=data, cache_dir=tmp_path / "c"))
         received = stub.stats()["received"]
     assert received["infer"] == 2  # the oversized instance's prompt never reached the provider

@@ -10,10 +10,11 @@ import json
 import sys
 from pathlib import Path
 
-from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env, job_dirs, read_jsonl, run_cli
+from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env, job_dirs, read_jsonl, run_cli, run_job
 from mlflow.tracking import MlflowClient
 
 from cupid_exp.testing.cupid_data import stub_overrides, write_dataset
+from cupid_exp.testing.inprocess import InProcessModel
 from cupid_exp.testing.stub_llm_server import StubServer
 
 N = 9
@@ -53,8 +54,8 @@ def test_a_bug_stops_the_job_loudly_and_the_journal_keeps_what_finished(tmp_path
 def test_an_incomplete_run_exits_3_and_says_so_everywhere(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "data.jsonl", N)
     root = tmp_path / "out"
-    with StubServer(giveup_match="(variant 2)") as stub:
-        proc = run_cli(cli_command(stub.url, root, "runtime.num_retries=0", "runtime.max_failed_fraction=0.05",
+    with InProcessModel(giveup_match="(variant 2)") as stub:
+        proc = run_job(cli_command(stub, root, "runtime.num_retries=0", "runtime.max_failed_fraction=0.05",
                                    data=data, cache_dir=tmp_path / "cache"), check=False)
         assert proc.returncode == 3, proc.stderr[-2000:]
         assert proc.stdout.rstrip().splitlines()[-1] == (
@@ -70,7 +71,7 @@ def test_an_incomplete_run_exits_3_and_says_so_everywhere(tmp_path: Path) -> Non
         assert run.data.tags["cupid.outcome"] == "incomplete" and run.data.tags["cupid.reason"] == line
         assert run.data.tags["mlflow.note.content"] == f"incomplete: {line}"
         assert run.data.metrics["instances/failed"] == 1
-        tolerant = run_cli(cli_command(stub.url, tmp_path / "tolerant", "tracking=none",
+        tolerant = run_job(cli_command(stub, tmp_path / "tolerant", "tracking=none",
                                        "runtime.num_retries=0", "runtime.max_failed_fraction=0.2",
                                        data=data, cache_dir=tmp_path / "cache"))
     assert tolerant.stdout.rstrip().splitlines()[-1].endswith("within runtime.max_failed_fraction=0.2")
@@ -80,19 +81,19 @@ def test_a_resume_retries_provider_failures_but_keeps_unusable_replies_unless_as
     data = write_dataset(tmp_path / "data.jsonl", N)
     root = tmp_path / "out"
     common = ("tracking=none", "runtime.num_retries=0", "runtime.reask=0", "runtime.max_failed_fraction=1")
-    with StubServer(giveup_match="(variant 2)", garbage_steps=("decompose",), garbage_rate=0.3, seed=1) as stub:
-        run_cli(cli_command(stub.url, root, *common, data=data, cache_dir=tmp_path / "c1"))
+    with InProcessModel(giveup_match="(variant 2)", garbage_steps=("decompose",), garbage_rate=0.3, seed=1) as stub:
+        run_job(cli_command(stub, root, *common, data=data, cache_dir=tmp_path / "c1"))
         (job,) = job_dirs(root)
         first = {r["key"]: r for r in read_jsonl(job / "instances.jsonl")}
         kinds = {k: {e["kind"] for e in r["errors"]} for k, r in first.items() if r["errors"]}
         assert {"provider"} in kinds.values() and {"unparseable"} in kinds.values()
         stub.reset()
-        run_cli(cli_command(stub.url, root, *common, data=data, cache_dir=tmp_path / "c2"))
+        run_job(cli_command(stub, root, *common, data=data, cache_dir=tmp_path / "c2"))
         retried = stub.stats()["received"]
         provider_failed = sum(1 for k in kinds.values() if k == {"provider"})
         assert retried.get("infer") == provider_failed  # only the provider failure ran again
         stub.reset()
-        run_cli(cli_command(stub.url, root, *common, "runtime.retry_failed=true", data=data,
+        run_job(cli_command(stub, root, *common, "runtime.retry_failed=true", data=data,
                             cache_dir=tmp_path / "c3"))
         assert stub.stats()["received"].get("infer") == len(kinds)  # every failed instance ran again
 

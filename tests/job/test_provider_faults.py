@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 from helpers import spend
-from helpers.cli_runner import cli_command, cli_env, job_dirs, metrics_of, run_cli
+from helpers.cli_runner import cli_command, cli_env, job_dirs, metrics_of, run_cli, run_job
 from helpers.spend import journaled, one_line, settled, spent
 
 from cupid_exp.llm.budget import Prices, worst_case_usd
 from cupid_exp.testing.batch_api import BatchQueueConfig
 from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.inprocess import InProcessModel
 from cupid_exp.testing.stub_llm_server import StubServer
 
 N = 6
@@ -35,9 +37,9 @@ def billed_usd(stats: dict) -> float:
     return spend.billed_usd(stats, IN, OUT)
 
 
-def resume_completes(cmd: list[str], root: Path) -> None:
+def resume_completes(cmd: list[str], root: Path, run: Callable[..., Any] = run_cli) -> None:
     """No instance lost: the same job, resumed without the fault, journals every instance without a failure."""
-    proc = run_cli(cmd, timeout=240)
+    proc = run(cmd, timeout=240)
     assert proc.returncode == 0
     records = {r["key"]: r for r in journaled(root)}  # a retried failure is journaled again: the last one counts
     assert len(records) == N and not any(r["errors"] for r in records.values())
@@ -45,9 +47,9 @@ def resume_completes(cmd: list[str], root: Path) -> None:
 
 def test_replies_without_usage_are_costed_and_a_budget_stops_them(tmp_path: Path) -> None:
     data, root, budget = write_dataset(tmp_path / "data.jsonl", N), tmp_path / "out", 0.005
-    with StubServer(omit_usage=True) as stub:
-        cmd = cli_command(stub.url, root, *PRICES, *ONE_AT_A_TIME, data=data, cache_dir=tmp_path / "cache")
-        hit = run_cli([*cmd, f"runtime.max_cost_usd={budget}"], check=False, timeout=240)
+    with InProcessModel(omit_usage=True) as stub:
+        cmd = cli_command(stub, root, *PRICES, *ONE_AT_A_TIME, data=data, cache_dir=tmp_path / "cache")
+        hit = run_job([*cmd, f"runtime.max_cost_usd={budget}"], check=False, timeout=240)
         first = stub.stats()
         assert hit.returncode == 4, (hit.stdout[-2000:], hit.stderr[-2000:])
         assert first["billed"]["requests"] == first["total_completed"] > 0  # every reply billed, none said so
@@ -56,7 +58,7 @@ def test_replies_without_usage_are_costed_and_a_budget_stops_them(tmp_path: Path
         m = metrics_of(job_dirs(root)[0])
         assert m["tokens/estimated_calls"] == m["calls/total"] > 0 and m["tokens/prompt"] > 0
         assert f"({int(m['calls/total'])} calls' usage estimated); cost: ${m['cost/usd']:.4f}" in hit.stdout
-        resume_completes([*cmd, "runtime.max_cost_usd=1"], root)
+        resume_completes([*cmd, "runtime.max_cost_usd=1"], root, run_job)
         assert billed_usd(stub.stats()) <= spent(root)  # over both attempts
     from mlflow.tracking import MlflowClient
 
@@ -87,8 +89,8 @@ def test_requests_that_time_out_are_charged_so_no_fault_sends_past_the_budget(tm
 @pytest.mark.parametrize("kind", ["empty_choices", "content_null"])
 def test_a_200_without_a_completion_is_retried_and_costs_no_instance(tmp_path: Path, kind: str) -> None:
     data, root = write_dataset(tmp_path / "data.jsonl", N), tmp_path / "out"
-    with StubServer(fail_first=1, fail_first_kind=kind, fault_steps=("decompose",)) as stub:
-        proc = run_cli(cli_command(stub.url, root, *PRICES, "runtime.max_cost_usd=1", "tracking=none", data=data,
+    with InProcessModel(fail_first=1, fail_first_kind=kind, fault_steps=("decompose",)) as stub:
+        proc = run_job(cli_command(stub, root, *PRICES, "runtime.max_cost_usd=1", "tracking=none", data=data,
                                    cache_dir=tmp_path / "cache"), check=False, timeout=240)
         stats = stub.stats()
     assert stats["faults"]["decompose"][kind] >= N  # the first reply of every decomposition had no completion

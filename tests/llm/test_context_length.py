@@ -10,12 +10,13 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_cli
+from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_job
 
 from cupid_exp.config import ModelConfig, RuntimeConfig
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.inprocess import InProcessModel
 from cupid_exp.testing.stub_faults import CONTEXT_ERRORS
 from cupid_exp.testing.stub_llm_server import StubServer
 
@@ -49,9 +50,9 @@ def test_cli_records_context_length_as_its_own_final_failure_kind(tmp_path: Path
     n = 4
     data = write_dataset(tmp_path / "data.jsonl", n)
     root = tmp_path / "out"
-    with StubServer(context_error="anthropic", context_error_steps=("infer",)) as stub:
-        cmd = cli_command(stub.url, root, "tracking=none", cache_dir=tmp_path / "cache", data=data)
-        proc = run_cli(cmd, check=False)
+    with InProcessModel(context_error="anthropic", context_error_steps=("infer",)) as stub:
+        cmd = cli_command(stub, root, "tracking=none", cache_dir=tmp_path / "cache", data=data)
+        proc = run_job(cmd, check=False)
         assert proc.returncode == 3, proc.stderr[-2000:]  # every instance failed: incomplete
         assert stub.stats()["received"] == {"infer": n}  # one request each, no retries, nothing after
         (job,) = job_dirs(root)
@@ -67,6 +68,6 @@ def test_cli_records_context_length_as_its_own_final_failure_kind(tmp_path: Path
             "above runtime.max_failed_fraction=0.1: exit 3")
 
         # final, not transient: the same command again serves every instance from the journal
-        again = run_cli(cmd, check=False)
+        again = run_job(cmd, check=False)
         assert stub.stats()["received"] == {"infer": n}
     assert f"resuming: {n} of {n} instances already finished" in again.stdout + again.stderr

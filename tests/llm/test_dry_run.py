@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import cli_command, run_cli
+from helpers.cli_runner import cli_command, run_job
 
 from cupid_exp.testing.cupid_data import write_dataset
-from cupid_exp.testing.stub_llm_server import StubServer
+from cupid_exp.testing.inprocess import InProcessModel
 
 pytestmark = pytest.mark.slow
 
@@ -23,12 +23,12 @@ def job_metrics(output_root: Path) -> dict[str, float]:
                                           ("generation", "oracle_preference")])
 def test_dry_run_counts_equal_the_real_runs_calls(tmp_path: Path, task: str, setting: str) -> None:
     data = write_dataset(tmp_path / "data.jsonl", 6)
-    with StubServer() as stub:
+    with InProcessModel() as stub:
         common = [f"task={task}", f"setting={setting}", "runtime.cache=false"]
-        dry = run_cli(cli_command(stub.url, tmp_path / "dry", *common, "runtime.dry_run=true", data=data))
+        dry = run_job(cli_command(stub, tmp_path / "dry", *common, "runtime.dry_run=true", data=data))
         assert stub.stats()["total_received"] == 0, "a dry run must not call any model"
         assert "DRY RUN" in dry.stdout and not (tmp_path / "dry" / "mlflow.db").exists()
-        run_cli(cli_command(stub.url, tmp_path / "real", *common, data=data))
+        run_job(cli_command(stub, tmp_path / "real", *common, data=data))
         real_calls = stub.stats()["completed"]
     planned, made = job_metrics(tmp_path / "dry"), job_metrics(tmp_path / "real")
     steps = {k.split("/")[1] for k in made if k.startswith("calls/") and k.count("/") == 1

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_cli
+from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_job
 from mlflow.tracking import MlflowClient
 
 from cupid_exp.config import ModelConfig, RuntimeConfig
@@ -19,7 +19,7 @@ from cupid_exp.llm.steps import Reask, StepFailed, Transcript, ask
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.testing.cupid_data import write_dataset
 from cupid_exp.testing.fault_server import ScriptedServer
-from cupid_exp.testing.stub_llm_server import StubServer
+from cupid_exp.testing.inprocess import InProcessModel
 
 ASK = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
 
@@ -79,15 +79,15 @@ N = 4
 def test_content_filter_is_counted_not_reasked_and_kept_on_resume(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "data.jsonl", N)
     root = tmp_path / "out"
-    with StubServer(content_filter_steps=("infer",)) as stub:
-        cmd = cli_command(stub.url, root, "runtime.reask=2", "runtime.max_failed_fraction=1",
+    with InProcessModel(content_filter_steps=("infer",)) as stub:
+        cmd = cli_command(stub, root, "runtime.reask=2", "runtime.max_failed_fraction=1",
                           cache_dir=tmp_path / "cache", data=data)
-        proc = run_cli(cmd, timeout=240)
+        proc = run_job(cmd, timeout=240)
         infer_requests = stub.stats()["received"]["infer"]
-        again = run_cli(cmd, timeout=240)  # a resume: the refusals stand
+        again = run_job(cmd, timeout=240)  # a resume: the refusals stand
         after_resume = stub.stats()["received"]["infer"]
         (first,) = job_dirs(root)
-        retried = run_cli([*cmd, "runtime.retry_failed=true"], timeout=240)  # (litellm caches no empty reply)
+        retried = run_job([*cmd, "runtime.retry_failed=true"], timeout=240)  # (litellm caches no empty reply)
         after_retry = stub.stats()["received"]["infer"]
 
     assert infer_requests == N  # one request per instance: no re-ask

@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 
 from conftest import compose_config
-from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_cli
+from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_job
 
 from cupid_exp.job import typed_config
-from cupid_exp.testing.stub_llm_server import StubServer
+from cupid_exp.testing.inprocess import InProcessModel
 from cupid_exp.testing.stub_replies import classify
 
 
@@ -22,16 +22,16 @@ def test_no_setting_caps_the_models_max_tokens() -> None:
 
 
 def test_the_summary_call_is_sent_with_the_models_own_max_tokens(tmp_path: Path) -> None:
-    with StubServer(record_bodies=True) as stub:
-        run_cli(cli_command(stub.url, tmp_path, "setting=summary", "tracking=none", "data.limit=1",
+    with InProcessModel(record_bodies=True) as stub:
+        run_job(cli_command(stub, tmp_path, "setting=summary", "tracking=none", "data.limit=1",
                             "model.params.max_tokens=12345"))
         summaries = [b for b in stub.bodies if classify(b) == "summarize"]
     assert summaries and {b["max_tokens"] for b in summaries} == {12345}
 
 
 def test_a_summary_cut_at_max_tokens_is_a_truncated_failure_with_its_text_kept(tmp_path: Path) -> None:
-    with StubServer(length_steps=("summarize",), record_bodies=True) as stub:
-        proc = run_cli(cli_command(stub.url, tmp_path, "setting=summary", "task=both", "tracking=none",
+    with InProcessModel(length_steps=("summarize",), record_bodies=True) as stub:
+        proc = run_job(cli_command(stub, tmp_path, "setting=summary", "task=both", "tracking=none",
                                    "data.limit=3", "model.params.max_tokens=300"), check=False)
         stats = stub.stats()
         limits = sorted(b["max_tokens"] for b in stub.bodies if classify(b) == "summarize")

@@ -16,6 +16,7 @@ from cupid_exp.prompts import PromptSet
 from cupid_exp.synthesis.config import ROLES
 from cupid_exp.synthesis.steps import SynthContext
 from cupid_exp.testing.fault_server import ScriptedServer, completion_body
+from cupid_exp.testing.inprocess import InProcessModel
 
 __all__ = ["ScriptedServer", "WRONG_SHAPES", "assert_rejected", "completion_body", "context", "counts", "reply",
            "role_overrides"]
@@ -50,12 +51,13 @@ def assert_rejected(build: Callable[[Any], Any], data: Any) -> None:
         build(data)
 
 
-def role_overrides(url: str, *, structured: bool = True) -> list[str]:
-    """CLI overrides that put every synthesis role on the OpenAI-compatible server at ``url``."""
+def role_overrides(url: str | InProcessModel, *, structured: bool = True) -> list[str]:
+    """CLI overrides that put every synthesis role on the OpenAI-compatible server at ``url`` (or in-process)."""
+    model, base = (url.litellm_model, "null") if isinstance(url, InProcessModel) else ("openai/stub", url)
     out = []
     for role in ROLES:
-        out += [f"llm@synthesis.roles.{role}=openai_compatible", f"synthesis.roles.{role}.litellm_model=openai/stub",
-                f"synthesis.roles.{role}.api_base={url}"]
+        out += [f"llm@synthesis.roles.{role}=openai_compatible", f"synthesis.roles.{role}.litellm_model={model}",
+                f"synthesis.roles.{role}.api_base={base}"]
         if structured:  # the stub answers synthesis steps from the request's JSON schema
             out.append(f"synthesis.roles.{role}.structured_output=true")
     return out

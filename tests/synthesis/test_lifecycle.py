@@ -9,11 +9,12 @@ import signal
 import sys
 from pathlib import Path
 
-from helpers.cli_runner import run_cli, seed_store
+from helpers.cli_runner import run_cli, run_job, seed_store
 from mlflow.tracking import MlflowClient
 from tracking.tracking_runs import held_job, held_job_settled, wait_for
 
 from cupid_exp.synthesis.config import ROLES
+from cupid_exp.testing.inprocess import InProcessModel
 from cupid_exp.testing.stub_llm_server import StubServer
 
 from .scripted import role_overrides
@@ -148,10 +149,10 @@ def test_a_top_up_continues_the_job_its_run_counting_every_attempts_requests(tmp
     """A larger n_personas is the same job (folder, journal, ledger, MLflow run): the smaller run's instances are a
     byte-identical prefix of the larger one's, and the run's usage is the whole job's, the stub's count."""
     root = tmp_path / "out"
-    with StubServer() as stub:
-        run_cli(command(stub.url, root, "synthesis.n_personas=1"), timeout=300)
+    with InProcessModel() as stub:
+        run_job(command(stub, root, "synthesis.n_personas=1"), timeout=300)
         first = (job_folder(root) / "instances" / "instances.jsonl").read_bytes()
-        topped = run_cli(command(stub.url, root, "synthesis.n_personas=2"), timeout=300)
+        topped = run_job(command(stub, root, "synthesis.n_personas=2"), timeout=300)
         stats = stub.stats()
     assert "resuming: 1 of 2 personas already finished" in topped.stdout + topped.stderr
     both = (job_folder(root) / "instances" / "instances.jsonl").read_bytes()

@@ -7,10 +7,10 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_cli
+from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_job
 
 from cupid_exp.testing.cupid_data import write_dataset
-from cupid_exp.testing.stub_llm_server import StubServer
+from cupid_exp.testing.inprocess import InProcessModel
 
 pytestmark = pytest.mark.slow
 
@@ -21,10 +21,10 @@ REASK = 2
 def test_unparseable_decomposer_replies_are_kept_reasked_counted_and_policy_applied(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "data.jsonl", N)
     cache = tmp_path / "cache"
-    with StubServer(garbage_steps=("decompose",), garbage_rate=0.5, seed=5) as stub:
+    with InProcessModel(garbage_steps=("decompose",), garbage_rate=0.5, seed=5) as stub:
         def run(policy: str):
             root = tmp_path / policy
-            proc = run_cli(cli_command(stub.url, root, "tracking=none", f"runtime.reask={REASK}",
+            proc = run_job(cli_command(stub, root, "tracking=none", f"runtime.reask={REASK}",
                                        f"runtime.failure_policy={policy}", "runtime.max_failed_fraction=1",
                                        cache_dir=cache, data=data))
             (job,) = job_dirs(root)

@@ -7,12 +7,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from helpers.cli_runner import run_cli
+from helpers.cli_runner import run_job
 from mlflow.tracking import MlflowClient
 from tracking_runs import history, job_command, job_runs, store_uri
 
 from cupid_exp.testing.cupid_data import write_dataset
-from cupid_exp.testing.stub_llm_server import StubServer
+from cupid_exp.testing.inprocess import InProcessModel
 from cupid_exp.tracking.reopen import LINK_KIND, LINKS_TO
 
 
@@ -28,21 +28,21 @@ def test_a_sweep_over_a_finished_job_links_to_its_run_and_leaves_it_as_it_was(tm
     root = tmp_path / "out"
     uri = store_uri(root)
     client = MlflowClient(uri)
-    with StubServer() as stub:
-        single = job_command(stub.url, root, data, "model.name=stub_a")
-        run_cli(single, timeout=240)
+    with InProcessModel() as stub:
+        single = job_command(stub, root, data, "model.name=stub_a")
+        run_job(single, timeout=240)
         (first,) = job_runs(uri)
         before = _snapshot(client, first.info.run_id)
         assert before["status"] == "FINISHED" and "mlflow.parentRunId" not in before["tags"]
         sent = stub.stats()["total_received"]
         # a sweep whose first job is that one (done: nothing to run), and one more
-        sweep = [sys.executable, "-m", "cupid_exp", "-m", *job_command(stub.url, root, data)[3:],
+        sweep = [sys.executable, "-m", "cupid_exp", "-m", *job_command(stub, root, data)[3:],
                  "model.name=stub_a,stub_b"]
-        swept = run_cli(sweep, timeout=300)
+        swept = run_job(sweep, timeout=300)
         assert f"this job finished earlier, in MLflow run {first.info.run_id} (FINISHED): left as it was" in (
             swept.stdout + swept.stderr)
         sent = stub.stats()["total_received"]
-        again = run_cli(single, timeout=240)  # the same command once more: done, nothing to write either
+        again = run_job(single, timeout=240)  # the same command once more: done, nothing to write either
         assert stub.stats()["total_received"] == sent and "left as it was" in again.stdout + again.stderr
 
     assert _snapshot(client, first.info.run_id) == before  # parent, times, tags, params and every curve

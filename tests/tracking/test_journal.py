@@ -7,12 +7,12 @@ import json
 import logging
 from pathlib import Path
 
-from helpers.cli_runner import job_dirs, read_jsonl, run_cli
+from helpers.cli_runner import job_dirs, read_jsonl, run_job
 from tracking_runs import job_command, only_run, store_uri
 
 from cupid_exp.durability.journal import Journal, whole_record
 from cupid_exp.testing.cupid_data import write_dataset
-from cupid_exp.testing.stub_llm_server import StubServer
+from cupid_exp.testing.inprocess import InProcessModel
 
 N = 4
 CALLS_PER_INSTANCE = 4
@@ -70,9 +70,9 @@ def test_a_partial_record_in_the_journal_neither_hides_nor_fakes_an_instance(tmp
     rerun's printed counts, metrics.json and the MLflow run agree, and it completes."""
     data = write_dataset(tmp_path / "data.jsonl", N)
     root = tmp_path / "out"
-    with StubServer(latency_ms=1) as stub:
-        cmd = job_command(stub.url, root, data)
-        run_cli(cmd, timeout=240)
+    with InProcessModel(latency_ms=1) as stub:
+        cmd = job_command(stub, root, data)
+        run_job(cmd, timeout=240)
         (journal,) = (root / "journal").glob("*.jsonl")
         records = read_jsonl(journal)
         assert len(records) == N and not any(r["errors"] for r in records)
@@ -82,7 +82,7 @@ def test_a_partial_record_in_the_journal_neither_hides_nor_fakes_an_instance(tmp
         journal.write_text("".join(json.dumps(r) + "\n" for r in lines))
         before = stub.stats()["total_received"]
         # a cold response cache: what the rerun calls reaches the stub
-        rerun = run_cli(job_command(stub.url, root, data, cache_dir=tmp_path / "cold"), timeout=240)
+        rerun = run_job(job_command(stub, root, data, cache_dir=tmp_path / "cold"), timeout=240)
         assert stub.stats()["total_received"] - before == CALLS_PER_INSTANCE  # only the lost instance again
     out = rerun.stdout + rerun.stderr
     assert "not a whole record" in out and f"resuming: {N - 1} of {N}" in out and "INCOMPLETE" not in out

@@ -6,10 +6,11 @@ from __future__ import annotations
 import sys
 
 import pytest
-from helpers.cli_runner import job_dirs, read_jsonl, run_cli
+from helpers.cli_runner import job_dirs, read_jsonl, run_cli, run_job
 from tracking_runs import job_command, job_runs, only_run, store_uri, traces_of
 
 from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.inprocess import InProcessModel
 from cupid_exp.testing.stub_llm_server import StubServer
 
 N = 5
@@ -23,15 +24,16 @@ def _feedback(trace) -> dict:
 def traced(tmp_path_factory) -> dict:
     """A task=both job in which instance 2 fails (its requests always get HTTP 500) and decompose replies are
     sometimes unusable (re-asked); then, on the same stub (the cache key covers its address), the same job's
-    first 2 instances in a new output root sharing the response cache, and a job with tracking.traces=false."""
+    first 2 instances in a new output root sharing the response cache, and a job with tracking.traces=false; all
+    in this process, on the in-process model."""
     tmp = tmp_path_factory.mktemp("traced")
     data = write_dataset(tmp / "data.jsonl", N)
     root, again, off = tmp / "out", tmp / "again", tmp / "off"
     common = ("task=both", "runtime.num_retries=0", "runtime.max_failed_fraction=1")
-    with StubServer(giveup_match="(variant 2)", garbage_steps=("decompose",), garbage_rate=0.4, seed=3) as stub:
-        first = run_cli(job_command(stub.url, root, data, *common), timeout=240)
-        run_cli(job_command(stub.url, again, data, *common, "data.limit=2", cache_dir=root / "cache"), timeout=240)
-        run_cli(job_command(stub.url, off, data, *common, "data.limit=2", "tracking.traces=false"), timeout=240)
+    with InProcessModel(giveup_match="(variant 2)", garbage_steps=("decompose",), garbage_rate=0.4, seed=3) as model:
+        first = run_job(job_command(model, root, data, *common))
+        run_job(job_command(model, again, data, *common, "data.limit=2", cache_dir=root / "cache"))
+        run_job(job_command(model, off, data, *common, "data.limit=2", "tracking.traces=false"))
     uri = store_uri(root)
     assert len(job_runs(uri)) == 1, first.stdout[-3000:] + first.stderr[-3000:]
     run = only_run(uri)
@@ -134,7 +136,7 @@ def test_a_call_span_has_step_model_messages_reply_tokens_cost_latency_cache_and
     (infer,) = [s for s in trace.data.spans if s.name == "infer"]
     a = infer.attributes
     assert a["cupid.step"] == "infer" and a["cupid.model"] == "openai_compatible"
-    assert a["mlflow.llm.model"] == "openai/stub" and a["cupid.cache_hit"] is False and a["cupid.retries"] == 0
+    assert a["mlflow.llm.model"] == "inproc/stub" and a["cupid.cache_hit"] is False and a["cupid.retries"] == 0
     assert a["cupid.latency_s"] > 0 and a["cupid.cost_usd"] > 0
     assert a["mlflow.llm.cost"]["total_cost"] == pytest.approx(a["cupid.cost_usd"])
     assert a["mlflow.chat.tokenUsage"]["input_tokens"] == record["usage"]["infer"]["prompt_tokens"]

@@ -12,13 +12,15 @@ from typing import Any, Callable, Iterator
 from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env
 from mlflow.tracking import MlflowClient
 
+from cupid_exp.testing.inprocess import InProcessModel
+
 # Priced like gpt-4o, so cost is counted (litellm does not know the stub).
 PRICES = [f"{role}.{kind}_cost_per_token={price}" for role in ("model", "evaluator.decomposer", "evaluator.matcher",
                                                                "evaluator.judge")
           for kind, price in (("input", "2.5e-06"), ("output", "1e-05"))]
 
 
-def job_command(url: str, root: Path, data: Path, *extra: str, cache_dir: Path | None = None,
+def job_command(url: str | InProcessModel, root: Path, data: Path, *extra: str, cache_dir: Path | None = None,
                 seed: bool = True) -> list[str]:
     """The CLI on the stub, priced, with a quick progress interval and its own cache (unless given one)."""
     return cli_command(url, root, *PRICES, "tracking.progress_every_s=0.5", *extra,

@@ -1,0 +1,229 @@
+"""The stub model served in this process: a litellm custom provider (``inproc/<name>``) answering as the HTTP stub
+does, for tests that need neither the wire nor another process.
+
+A config with ``litellm_model: inproc/<name>`` goes through the real call path (our client, litellm, retries,
+limits, budget, cache); only the HTTP hop is gone. The replies are the stub's (``stub_faults.answer``), the faults
+those the stub decides by the same hashes (``stub_faults.choose_fault``), raised as litellm's exception types. What
+only the wire or a server can show (status codes and headers as sent, malformed bodies, slow responses past a
+client's timeout, a key's limits and refusals, outages, the Batch API) stays with ``stub_llm_server``: a knob for
+it is refused here. ``stats()`` keeps the stub's counters, so a test can prove its fault happened.
+
+    with InProcessModel(fail_first=1) as model:
+        run_job([*model.overrides(), ...])
+        assert model.stats()["faults"]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+from cupid_exp.testing.stub_config import StubConfig
+from cupid_exp.testing.stub_faults import CONTEXT_ERRORS, answer, choose_fault, error_reply
+from cupid_exp.testing.stub_llm_server import _Counters
+from cupid_exp.testing.stub_replies import billed_tokens, classify, completion_body, digest
+
+PROVIDER = "inproc"
+#: what the provider answers: these knobs' faults, and whatever ``StubConfig`` does not make a fault of
+FAULTS = ("429", "500", "503", "empty_choices", "content_null", "context_length")
+#: knobs whose faults need the wire or a server (``stub_llm_server``): refused here, never silently ignored
+_WIRE_KNOBS = ("rate_slow", "rate_malformed", "echo_key_steps", "rpm", "tpm", "closed_s", "refuse", "outage_s",
+               "record_headers", "rate_limit_style")
+
+_MODELS: dict[str, InProcessModel] = {}  # name -> the model serving ``inproc/<name>`` now
+_REGISTERED = threading.Lock()
+
+
+class InProcessModel:
+    """The stand-in model for ``inproc/<name>``, while its ``with`` block lasts (one per name at a time)."""
+
+    def __init__(self, config: StubConfig | None = None, *, name: str = "stub", **overrides: Any):
+        self.name, self.config = name, config or StubConfig()
+        for key, value in overrides.items():
+            setattr(self.config, key, value)
+        wire = [k for k in _WIRE_KNOBS if getattr(self.config, k)]
+        wire += [k for k in self.config.fail_first_kind.split(",") if self.config.fail_first and k not in FAULTS]
+        if wire:
+            raise ValueError(f"{', '.join(wire)}: needs the wire; use cupid_exp.testing.stub_llm_server.StubServer")
+        self._lock = threading.Lock()
+        self._seen: Counter = Counter()
+        self.counters = _Counters()
+        self.bodies: list[dict[str, Any]] = []  # request bodies, when ``record_bodies`` is on
+
+    @property
+    def litellm_model(self) -> str:
+        return f"{PROVIDER}/{self.name}"
+
+    def overrides(self) -> list[str]:
+        """Hydra overrides that send the subject model and every evaluator role here (``stub_overrides``' roles)."""
+        out = ["model=openai_compatible", f"model.litellm_model={self.litellm_model}", "model.api_base=null",
+               "evaluator=local"]
+        for role in ("decomposer", "matcher", "judge"):
+            out += [f"llm@evaluator.{role}=openai_compatible", f"evaluator.{role}.litellm_model={self.litellm_model}",
+                    f"evaluator.{role}.api_base=null"]
+        return out
+
+    def __enter__(self) -> InProcessModel:
+        _register()
+        with _REGISTERED:
+            if self.name in _MODELS:
+                raise RuntimeError(f"{self.litellm_model} is already served by another InProcessModel")
+            _MODELS[self.name] = self
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        with _REGISTERED:
+            _MODELS.pop(self.name, None)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.counters, self._seen = _Counters(), Counter()
+
+    def reconfigure(self, **changes: Any) -> None:
+        """Switch faults on or off between two runs; the counters are kept."""
+        with self._lock:
+            for key, value in changes.items():
+                setattr(self.config, key, value)
+
+    def stats(self) -> dict[str, Any]:
+        """The stub's counters (``StubServer.stats``) that mean something without the wire."""
+        with self._lock:
+            c = self.counters
+            return {"received": dict(c.received), "completed": dict(c.completed),
+                    "faults": {k: dict(v) for k, v in c.faults.items()},
+                    "total_received": sum(c.received.values()), "total_completed": sum(c.completed.values()),
+                    "in_flight": c.in_flight, "peak_in_flight": c.peak_in_flight,
+                    "repeated_completions": sum(n - 1 for n in c.completed_prompts.values() if n > 1),
+                    "distinct_completed": len(c.completed_prompts), "tokens": dict(c.tokens),
+                    "billed": {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, **c.billed},
+                    "rate_limited": sum(f.get("429", 0) for f in c.faults.values())}
+
+    # ---- serving one request
+
+    def _receive(self, body: dict[str, Any]) -> tuple[str, str, float, str | None]:
+        """Count the request; (step, its digest, the latency to wait, the fault it gets)."""
+        cfg, step = self.config, classify(body)
+        prompt_digest = digest(json.dumps(body.get("messages"), sort_keys=True))
+        with self._lock:
+            if cfg.record_bodies:
+                self.bodies.append(body)
+            self.counters.received[step] += 1
+            self.counters.in_flight += 1
+            self.counters.peak_in_flight = max(self.counters.peak_in_flight, self.counters.in_flight)
+            attempt = self._seen[prompt_digest]
+            self._seen[prompt_digest] += 1
+        delay = cfg.latency_ms / 1000
+        if cfg.jitter_ms:
+            delay += random.Random(f"{cfg.seed}:{prompt_digest}:{attempt}").uniform(0, cfg.jitter_ms) / 1000
+        return step, prompt_digest, delay, choose_fault(cfg, step, prompt_digest, attempt, body)
+
+    def _reply(self, body: dict[str, Any], step: str, fault: str | None) -> Any:
+        """The reply (a litellm ``ModelResponse``) or the provider's error raised, counted as the stub counts."""
+        import litellm
+
+        try:
+            if fault in ("429", "500", "503", "context_length"):
+                with self._lock:
+                    self.counters.faults[step][fault] += 1
+                raise _error(fault, self.config, self.litellm_model)
+            if fault in ("empty_choices", "content_null"):
+                with self._lock:
+                    self.counters.faults[step][fault] += 1
+                reply = completion_body("" if fault == "empty_choices" else None, body)
+                if fault == "empty_choices":
+                    reply["choices"], reply["usage"]["completion_tokens"] = [], 0
+                    reply["usage"]["total_tokens"] = reply["usage"]["prompt_tokens"]
+                return litellm.ModelResponse(**self._billed(body, reply))
+            full, cut = answer(self.config, step, body)
+            reply = self._billed(body, full)
+            with self._lock:
+                if cut:
+                    self.counters.faults[step]["length"] += 1
+                self.counters.completed[step] += 1
+                self.counters.completed_prompts[digest(json.dumps(body, sort_keys=True))] += 1
+                self.counters.tokens.update({k: full["usage"][k] for k in ("prompt_tokens", "completion_tokens")})
+            return litellm.ModelResponse(**reply)
+        finally:
+            with self._lock:
+                self.counters.in_flight -= 1
+
+    def _billed(self, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+        if self.config.omit_usage:
+            reply = {k: v for k, v in reply.items() if k != "usage"}
+        prompt, completion = billed_tokens(body, reply)
+        with self._lock:
+            self.counters.billed.update(requests=1, prompt_tokens=prompt, completion_tokens=completion)
+        return reply
+
+
+def _error(fault: str, cfg: StubConfig, model: str) -> Exception:
+    """The litellm exception a provider's ``fault`` reaches our client as (the stub's status, body and headers)."""
+    import litellm
+
+    if fault == "context_length":
+        _, payload = CONTEXT_ERRORS[cfg.context_error or "openai"]
+        return litellm.ContextWindowExceededError(message=json.dumps(payload), model=model, llm_provider=PROVIDER)
+    _, payload, headers, _ = error_reply(fault, cfg)
+    message = str(payload["error"]["message"])
+    kind = {"429": litellm.RateLimitError, "503": litellm.ServiceUnavailableError}.get(fault,
+                                                                                       litellm.InternalServerError)
+    error = kind(message=message, llm_provider=PROVIDER, model=model)
+    error.litellm_response_headers = headers  # where litellm keeps a provider's headers (a 429's retry-after)
+    return error
+
+
+def _model(name: str) -> InProcessModel:
+    with _REGISTERED:
+        model = _MODELS.get(name)
+    if model is None:
+        raise ValueError(f"no InProcessModel serves {PROVIDER}/{name} now (use it as a context manager)")
+    return model
+
+
+def _body(model: str, messages: list[Any], optional_params: dict[str, Any]) -> dict[str, Any]:
+    return {"model": model, "messages": messages, **optional_params}
+
+
+_HANDLER: Any = None
+
+
+def _register() -> None:
+    """One litellm handler for every ``inproc/<name>``, registered the way the embedded models are."""
+    global _HANDLER
+    import litellm
+
+    from cupid_exp.llm import _litellm
+
+    if _HANDLER is not None and any(p.get("custom_handler") is _HANDLER for p in litellm.custom_provider_map):
+        return
+
+    class _Handler(litellm.CustomLLM):
+        def completion(self, model: str, messages: list[Any], api_base: object, custom_prompt_dict: object,
+                       model_response: object, print_verbose: object, encoding: object, api_key: object,
+                       logging_obj: object, optional_params: dict[str, Any], *args: object, **kwargs: object) -> Any:
+            served, body = _model(model), _body(model, messages, optional_params)
+            step, _, delay, fault = served._receive(body)
+            time.sleep(delay)
+            return served._reply(body, step, fault)
+
+        async def acompletion(self, model: str, messages: list[Any], api_base: object, custom_prompt_dict: object,
+                              model_response: object, print_verbose: object, encoding: object, api_key: object,
+                              logging_obj: object, optional_params: dict[str, Any], *args: object,
+                              **kwargs: object) -> Any:
+            served, body = _model(model), _body(model, messages, optional_params)
+            step, _, delay, fault = served._receive(body)
+            try:
+                await asyncio.sleep(delay)
+            except BaseException:  # cancelled while "on the wire": no longer in flight
+                with served._lock:
+                    served.counters.in_flight -= 1
+                raise
+            return served._reply(body, step, fault)
+
+    _HANDLER = _Handler()
+    _litellm.register_custom_provider(PROVIDER, _HANDLER)

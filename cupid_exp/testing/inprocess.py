@@ -21,7 +21,10 @@ import random
 import threading
 import time
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import litellm
 
 from cupid_exp.testing.stub_config import StubConfig
 from cupid_exp.testing.stub_faults import CONTEXT_ERRORS, answer, choose_fault, error_reply
@@ -42,7 +45,7 @@ _REGISTERED = threading.Lock()
 class InProcessModel:
     """The stand-in model for ``inproc/<name>``, while its ``with`` block lasts (one per name at a time)."""
 
-    def __init__(self, config: StubConfig | None = None, *, name: str = "stub", **overrides: Any):
+    def __init__(self, config: StubConfig | None = None, *, name: str = "stub", **overrides: object):
         self.name, self.config = name, config or StubConfig()
         for key, value in overrides.items():
             setattr(self.config, key, value)
@@ -76,7 +79,7 @@ class InProcessModel:
             _MODELS[self.name] = self
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         with _REGISTERED:
             _MODELS.pop(self.name, None)
 
@@ -84,7 +87,7 @@ class InProcessModel:
         with self._lock:
             self.counters, self._seen = _Counters(), Counter()
 
-    def reconfigure(self, **changes: Any) -> None:
+    def reconfigure(self, **changes: object) -> None:
         """Switch faults on or off between two runs; the counters are kept."""
         with self._lock:
             for key, value in changes.items():
@@ -122,7 +125,7 @@ class InProcessModel:
             delay += random.Random(f"{cfg.seed}:{prompt_digest}:{attempt}").uniform(0, cfg.jitter_ms) / 1000
         return step, prompt_digest, delay, choose_fault(cfg, step, prompt_digest, attempt, body)
 
-    def _reply(self, body: dict[str, Any], step: str, fault: str | None) -> Any:
+    def _reply(self, body: dict[str, Any], step: str, fault: str | None) -> "litellm.ModelResponse":
         """The reply (a litellm ``ModelResponse``) or the provider's error raised, counted as the stub counts."""
         import litellm
 
@@ -189,7 +192,7 @@ def _body(model: str, messages: list[Any], optional_params: dict[str, Any]) -> d
     return {"model": model, "messages": messages, **optional_params}
 
 
-_HANDLER: Any = None
+_HANDLER: object = None
 
 
 def _register() -> None:
@@ -205,7 +208,8 @@ def _register() -> None:
     class _Handler(litellm.CustomLLM):
         def completion(self, model: str, messages: list[Any], api_base: object, custom_prompt_dict: object,
                        model_response: object, print_verbose: object, encoding: object, api_key: object,
-                       logging_obj: object, optional_params: dict[str, Any], *args: object, **kwargs: object) -> Any:
+                       logging_obj: object, optional_params: dict[str, Any], *args: object,
+                       **kwargs: object) -> "litellm.ModelResponse":
             served, body = _model(model), _body(model, messages, optional_params)
             step, _, delay, fault = served._receive(body)
             time.sleep(delay)
@@ -214,7 +218,7 @@ def _register() -> None:
         async def acompletion(self, model: str, messages: list[Any], api_base: object, custom_prompt_dict: object,
                               model_response: object, print_verbose: object, encoding: object, api_key: object,
                               logging_obj: object, optional_params: dict[str, Any], *args: object,
-                              **kwargs: object) -> Any:
+                              **kwargs: object) -> "litellm.ModelResponse":
             served, body = _model(model), _body(model, messages, optional_params)
             step, _, delay, fault = served._receive(body)
             try:

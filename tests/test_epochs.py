@@ -76,7 +76,7 @@ def test_each_epoch_is_its_own_draw_and_cache_entry(tmp_path: Path) -> None:
 
 
 def test_per_epoch_metrics_and_their_mean_go_to_mlflow(tmp_path: Path) -> None:
-    from tracking.tracking_runs import only_run, store_uri
+    from helpers.tracking_runs import only_run, store_uri
 
     from cupid_exp.testing.cupid_data import SAMPLE_FULL_PATH
 

@@ -154,7 +154,7 @@ class SigtermDriver(_Started):
     """SIGTERM (a scheduler's preemption, ``kill``) to the command's process alone at a seeded instant of the model
     phase, as ``KillDriver`` kills: the job must stop by itself, say so and stop the processes it started. A joblib
     sweep tracks too: each job that started ends its MLflow run KILLED and says so, the sweep's parent run ends KILLED
-    (a single job's run is checked by tests/tracking/test_signals.py: tracking costs a cell here ~25 s)."""
+    (a single job's run is checked by tests/durability/test_signals.py: tracking costs a cell here ~25 s)."""
 
     signum, said = signal.SIGTERM, "interrupted (SIGTERM) in sweep"
 

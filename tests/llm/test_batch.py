@@ -161,7 +161,7 @@ def test_the_dry_run_shows_batch_prices(tmp_path: Path) -> None:
 
 
 def test_the_mlflow_run_has_the_batches_at_batch_prices(tmp_path: Path, data: Path) -> None:
-    from tracking.tracking_runs import PRICES, only_run, store_uri
+    from helpers.tracking_runs import PRICES, only_run, store_uri
 
     with StubServer(batch=BatchQueueConfig(complete_after_s=1.5)) as stub:
         run_cli(cli_command(stub.url, tmp_path, *PRICES, *FAST[:-1], "tracking.progress_every_s=0.2", data=data))

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from helpers.cli_runner import run_cli, run_job, seed_store
+from helpers.tracking_runs import held_job, held_job_settled, wait_for
 from mlflow.tracking import MlflowClient
-from tracking.tracking_runs import held_job, held_job_settled, wait_for
 
 from cupid_exp.synthesis.config import ROLES
 from cupid_exp.testing.inprocess import InProcessModel

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from helpers.cli_runner import job_dirs, read_jsonl, run_cli
+from helpers.tracking_runs import held_job, history, job_command, only_run, store_uri, wait_for
 from mlflow.tracking import MlflowClient
-from tracking_runs import held_job, history, job_command, only_run, store_uri, wait_for
 
 from cupid_exp.entry import EXIT_ENVIRONMENT
 from cupid_exp.testing.cupid_data import write_dataset

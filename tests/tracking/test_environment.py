@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers.cli_runner import PROJECT_ROOT, cli_env, read_jsonl, run_cli
 from helpers.tmpfs import mount_tmpfs, unmount
-from tracking_runs import job_command, only_run, store_uri
+from helpers.tracking_runs import job_command, only_run, store_uri
 
 from cupid_exp.durability.journal import Journal
 from cupid_exp.durability.ledger import ROOM_BYTES, UsageLedger

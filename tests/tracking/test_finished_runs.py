@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from helpers.cli_runner import run_job
+from helpers.tracking_runs import history, job_command, job_runs, store_uri
 from mlflow.tracking import MlflowClient
-from tracking_runs import history, job_command, job_runs, store_uri
 
 from cupid_exp.testing.cupid_data import write_dataset
 from cupid_exp.testing.inprocess import InProcessModel

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 from helpers.cli_runner import job_dirs, read_jsonl
+from helpers.tracking_runs import history, job_command, job_runs, only_run, start, store_uri, wait_for
 from mlflow.tracking import MlflowClient
-from tracking_runs import history, job_command, job_runs, only_run, start, store_uri, wait_for
 
 from cupid_exp.testing.cupid_data import write_dataset
 from cupid_exp.testing.stub_llm_server import StubServer

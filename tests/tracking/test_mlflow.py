@@ -8,9 +8,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import compose_config
+from helpers.tracking_runs import wait_for
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
-from tracking_runs import wait_for
 
 from cupid_exp.job import typed_config
 from cupid_exp.secrets import redact

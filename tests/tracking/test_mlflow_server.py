@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from helpers.cli_runner import cli_env, run_cli
+from helpers.tracking_runs import job_command, only_run, traces_of, wait_for
 from mlflow.tracking import MlflowClient
-from tracking_runs import job_command, only_run, traces_of, wait_for
 
 from cupid_exp.testing.cupid_data import write_dataset
 from cupid_exp.testing.stub_llm_server import StubServer

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import compose_config
 from helpers.cli_runner import seed_store
+from helpers.tracking_runs import PRICES, only_run, store_uri, traces_of
 from mlflow.tracking import MlflowClient
-from tracking_runs import PRICES, only_run, store_uri, traces_of
 
 from cupid_exp.evaluation import run_evaluation
 from cupid_exp.testing.cupid_data import stub_overrides, write_dataset

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from conftest import compose_config
 from helpers.cli_runner import job_dirs, read_jsonl
+from helpers.tracking_runs import held_job, job_command, only_run, store_uri, traces_of, wait_for
 from mlflow.tracking import MlflowClient
-from tracking_runs import held_job, job_command, only_run, store_uri, traces_of, wait_for
 
 from cupid_exp.data.loading import SAMPLE_FULL_PATH
 from cupid_exp.evaluation import plan

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from helpers.cli_runner import run_cli
-from tracking_runs import job_command, only_run, start, store_uri
+from helpers.tracking_runs import job_command, only_run, start, store_uri
 
 from cupid_exp.testing.cupid_data import write_dataset
 from cupid_exp.testing.stub_llm_server import StubServer

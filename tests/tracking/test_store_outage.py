@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from helpers.cli_runner import cli_env, read_jsonl, run_cli
-from tracking_runs import job_command, only_run, start, traces_of, wait_for
+from helpers.tracking_runs import job_command, only_run, start, traces_of, wait_for
 
 from cupid_exp.entry import EXIT_ENVIRONMENT
 from cupid_exp.testing.cupid_data import write_dataset

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import mlflow.artifacts
 from helpers.cli_runner import cli_env, run_cli
+from helpers.tracking_runs import PRICES, store_uri, traces_of
 from mlflow.tracking import MlflowClient
-from tracking_runs import PRICES, store_uri, traces_of
 
 from cupid_exp.testing.cupid_data import stub_overrides, write_dataset
 from cupid_exp.testing.stub_llm_server import StubServer

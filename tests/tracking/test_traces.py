@@ -7,7 +7,7 @@ import sys
 
 import pytest
 from helpers.cli_runner import job_dirs, read_jsonl, run_cli, run_job
-from tracking_runs import job_command, job_runs, only_run, store_uri, traces_of
+from helpers.tracking_runs import job_command, job_runs, only_run, store_uri, traces_of
 
 from cupid_exp.testing.cupid_data import write_dataset
 from cupid_exp.testing.inprocess import InProcessModel

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from helpers.cli_runner import read_jsonl, run_cli
-from tracking.tracking_runs import held_job, held_job_settled, job_command, only_run, store_uri, wait_for
+from helpers.tracking_runs import held_job, held_job_settled, job_command, only_run, store_uri, wait_for
 
 from cupid_exp.durability import job_lock
 from cupid_exp.testing.cupid_data import write_dataset

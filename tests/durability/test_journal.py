@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 from helpers.cli_runner import job_dirs, read_jsonl, run_job
-from tracking_runs import job_command, only_run, store_uri
+from helpers.tracking_runs import job_command, only_run, store_uri
 
 from cupid_exp.durability.journal import Journal, whole_record
 from cupid_exp.testing.cupid_data import write_dataset

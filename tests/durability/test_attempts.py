@@ -11,8 +11,18 @@ from pathlib import Path
 
 import pytest
 from helpers.cli_runner import PROJECT_ROOT, job_dirs, metrics_of, read_jsonl, run_cli
+from helpers.tracking_runs import (
+    held_job,
+    history,
+    job_command,
+    job_runs,
+    only_run,
+    start,
+    store_uri,
+    traces_of,
+    wait_for,
+)
 from mlflow.tracking import MlflowClient
-from tracking_runs import held_job, history, job_command, job_runs, only_run, start, store_uri, traces_of, wait_for
 
 from cupid_exp.durability.attempts import earlier_attempt_metrics, earlier_usage, run_key, whole_job_metrics
 from cupid_exp.testing.cupid_data import write_dataset

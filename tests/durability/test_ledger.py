@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers.cli_runner import run_cli
 from helpers.processes import children
-from tracking_runs import held_job, job_command, only_run, store_uri
+from helpers.tracking_runs import held_job, job_command, only_run, store_uri
 
 from cupid_exp.durability.attempts import whole_job_usage
 from cupid_exp.durability.ledger import UsageLedger
@@ -96,7 +96,7 @@ def test_the_whole_job_is_the_earlier_attempts_and_this_one(tmp_path: Path) -> N
 
 
 def _price(tokens: dict) -> float:
-    """What the stub's answers cost at tracking_runs.PRICES (every role priced like gpt-4o)."""
+    """What the stub's answers cost at helpers.tracking_runs.PRICES (every role priced like gpt-4o)."""
     return tokens.get("prompt_tokens", 0) * 2.5e-06 + tokens.get("completion_tokens", 0) * 1e-05
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from helpers.cli_runner import run_cli
 from helpers.processes import alive, children
+from helpers.tracking_runs import held_job, history, job_command, only_run, start, store_uri, traces_of, wait_for
 from mlflow.tracking import MlflowClient
-from tracking_runs import held_job, history, job_command, only_run, start, store_uri, traces_of, wait_for
 
 from cupid_exp.testing.cupid_data import write_dataset
 from cupid_exp.testing.stub_llm_server import StubServer
@@ -91,7 +91,7 @@ def test_an_interrupt_while_the_run_logs_its_results_never_leaves_it_running(tmp
 def test_sigterm_to_a_sweep_ends_its_running_job_and_its_parent_killed(tmp_path: Path) -> None:
     import sys
 
-    from tracking_runs import PRICES
+    from helpers.tracking_runs import PRICES
 
     from cupid_exp.testing.cupid_data import stub_overrides
 

@@ -9,10 +9,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env
 from mlflow.tracking import MlflowClient
 
 from cupid_exp.testing.inprocess import InProcessModel
+from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env
 
 # Priced like gpt-4o, so cost is counted (litellm does not know the stub).
 PRICES = [f"{role}.{kind}_cost_per_token={price}" for role in ("model", "evaluator.decomposer", "evaluator.matcher",

@@ -152,6 +152,8 @@ class Pool:
         if meter is not None and meter is not self.meter:
             self.flush()
             self.meter, self.sent, self.peak = meter, 0, 0
+            self._failing.clear()  # an earlier job's failed calls are no evidence of an outage now
+            self._failing_since = None
 
     @property
     def bound(self) -> int:

@@ -332,6 +332,21 @@ def test_a_sweeps_next_job_on_the_pool_starts_from_its_own_configs(tmp_path: Pat
     assert pool.pacer.rpm == 300  # the stated limit, learned in the first job
 
 
+def test_a_sweeps_next_job_meets_a_lone_5xx_as_a_failure_not_an_outage() -> None:
+    """A call of the first job that failed on a 5xx and never got an answer after it is no evidence of an outage in
+    the next job of the same process: the next job's lone 5xx is its request's own failure."""
+    pool = Pool("p", "p", None)
+    pool.join("first job", 4, None, None, PoolLimits(), UsageMeter())
+    pool.succeeded()
+    earlier = object()
+    pool.no_answer(earlier)  # its last call failed; the job ended on it
+    pool.join("second job", 4, None, None, PoolLimits(), UsageMeter())
+    call = object()
+    pool.no_answer(call)
+    assert not pool.went_down(call, connection=False, hint=None, message="500", patience_s=60.0)
+    assert pool.down_since is None
+
+
 def _sync_in_child(ledger: str, out: Any) -> None:
     from cupid_exp.llm.pools import _POOLS, pool_for
 

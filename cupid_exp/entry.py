@@ -190,13 +190,30 @@ def _store_failure(exc: Exception, cfg: DictConfig) -> Exception | None:
     results are in the journal; the same command publishes them once the store answers)."""
     from cupid_exp.tracking.store_errors import TrackingUnavailable, store_unreachable
 
-    if not store_unreachable(exc):
+    if not store_unreachable(exc) or not _raised_in_tracking(exc):
         return None
     first = (str(exc).strip().splitlines() or [""])[0][:200]
     uri = cfg.get("tracking", {}).get("uri", "?")
     return TrackingUnavailable(f"the MLflow store at {uri} did not take this job's results ({type(exc).__name__}: "
                                f"{first}); the results are in the job's folder and its journal: run the same command "
                                "again once the store answers, and it publishes them")
+
+
+def _raised_in_tracking(exc: BaseException) -> bool:
+    """Whether ``exc`` (or one behind it) came from MLflow or our tracking: a ConnectionError elsewhere (a tokenizer's
+    download) is not the store's."""
+    current: BaseException | None = exc
+    seen: set[int] = set()
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        tb = current.__traceback__
+        while tb is not None:
+            path = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+            if "/mlflow/" in path or "/cupid_exp/tracking/" in path:
+                return True
+            tb = tb.tb_next
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _refused(line: str, reason: str, sweep_dir: Path | None) -> None:

@@ -111,3 +111,24 @@ def test_loky_resource_trackers_cleanup_warnings_stay_off_the_console(monkeypatc
                   "import warnings; warnings.warn('elsewhere')\n")
     proc = subprocess.run([sys.executable, "-c", warn_there], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "leaked semlock" not in proc.stderr and "elsewhere" in proc.stderr, proc.stderr
+
+
+def test_a_connection_error_outside_tracking_is_not_called_the_stores() -> None:
+    """A ConnectionError from elsewhere in the job (a tokenizer's download) goes on as itself; one raised from MLflow
+    or our tracking modules is the store's failure, in one line."""
+    from omegaconf import OmegaConf
+
+    from cupid_exp.entry import _store_failure
+
+    cfg = OmegaConf.create({"tracking": {"uri": "http://127.0.0.1:1"}})
+
+    def raised_in(filename: str) -> ConnectionError:
+        try:
+            exec(compile("raise ConnectionError('no route to host')", filename, "exec"))
+        except ConnectionError as exc:
+            return exc
+        raise AssertionError("nothing raised")
+
+    assert _store_failure(raised_in("/site-packages/tiktoken/load.py"), cfg) is None
+    failure = _store_failure(raised_in("/site-packages/mlflow/store/tracking/rest_store.py"), cfg)
+    assert failure is not None and "the MLflow store at http://127.0.0.1:1" in str(failure)

@@ -61,7 +61,8 @@ def results_table(nested: Mapping[str, Any]) -> pd.DataFrame:
         rows.append(row)
     import pandas as pd
 
-    return pd.DataFrame(rows).set_index("instances").fillna("-")
+    frame = pd.DataFrame(rows).set_index("instances")
+    return frame.astype(object).where(frame.notna(), "-")  # "-" in a float column: as text, not a downcast
 
 
 def header(kind: str, choices: Mapping[str, str]) -> str:

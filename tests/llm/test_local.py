@@ -183,7 +183,8 @@ def _call(model: str, **kwargs):
 
 
 @needs_model
-def test_real_completion_returns_text_and_usage() -> None:
+def test_real_completion_returns_text_and_usage(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(litellm, "cache", None)  # the model's own KV cache is under test, not a response cache
     register_local_model("llamacpp/test-smol", LocalModelConfig(gguf=SMOL, n_ctx=1024))
     resp = _call("llamacpp/test-smol", max_tokens=16,
                  messages=[{"role": "system", "content": "You answer in one short sentence."},

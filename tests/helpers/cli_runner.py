@@ -112,7 +112,10 @@ def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = 
     raise_exceptions, root_handlers, root_level = logging.raiseExceptions, logging.root.handlers[:], logging.root.level
     import litellm
 
-    cache = litellm.cache  # the job sets litellm's response cache for the process (``llm.client``): put back after
+    from cupid_exp.llm import client
+
+    # the job sets litellm's response cache for the process (``client.configure_litellm``): put back after
+    cache = litellm.cache, client._CACHE_DIR
     out, err = io.StringIO(), io.StringIO()
     os.environ.pop("MLFLOW_TRACKING_URI", None)  # as ``cli_env`` leaves it out
     os.environ.update({k: v for k, v in (env or {}).items() if os.environ.get(k) != v})
@@ -127,7 +130,7 @@ def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = 
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main.run()
     finally:
-        litellm.cache = cache
+        litellm.cache, client._CACHE_DIR = cache
         run_worker.start = start
         run_worker._IDLE, _WORKER = None, run_worker._IDLE
         sys.argv = saved_argv

@@ -115,9 +115,7 @@ class InProcessModel:
         with self._lock:
             if cfg.record_bodies:
                 self.bodies.append(body)
-            self.counters.received[step] += 1
-            self.counters.in_flight += 1
-            self.counters.peak_in_flight = max(self.counters.peak_in_flight, self.counters.in_flight)
+            self.counters.arrived(step)
             attempt = self._seen[prompt_digest]
             self._seen[prompt_digest] += 1
         delay = cfg.latency_ms / 1000

@@ -97,6 +97,12 @@ class _Counters:
     outage_ended: float | None = None  # ... when the first request after it was answered
     early_retries: int = 0  # requests sent again before the wait their 429 asked for was over
 
+    def arrived(self, step: str) -> None:
+        """A request of ``step`` came in (the caller holds its lock): counted, and in flight."""
+        self.received[step] += 1
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+
 
 class StubServer:
     """The stand-in model. Use as a context manager (a background thread) or via ``serve_forever``."""
@@ -355,9 +361,7 @@ class StubServer:
         with self._gate:
             if cfg.record_bodies:
                 self.bodies.append(body)
-            self.counters.received[step] += 1
-            self.counters.in_flight += 1
-            self.counters.peak_in_flight = max(self.counters.peak_in_flight, self.counters.in_flight)
+            self.counters.arrived(step)
             attempt = self._seen[prompt_digest]
             self._seen[prompt_digest] += 1
             if time.time() < self._not_before.get(prompt_digest, 0.0) - 0.05:  # 50 ms for clocks and transit

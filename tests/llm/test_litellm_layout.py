@@ -15,7 +15,8 @@ def test_every_private_target_is_found() -> None:
     assert not missing, (f"litellm {version} moved {missing}: revisit cupid_exp/llm/_litellm.py "
                          "(the workaround for each is documented there)")
     assert set(found) == {"native_state_flag", "pending_cache_writes", "logging_worker", "internal_call_flag",
-                          "custom_llm_setup", "developer_role", "first_call_modules", "cache_args_to_kwargs"}
+                          "custom_llm_setup", "developer_role", "first_call_modules", "cache_args_to_kwargs",
+                         "cache_options_adapter"}
 
 
 def test_the_first_call_imports_almost_nothing_once_the_clients_are_built(tmp_path) -> None:
@@ -91,9 +92,13 @@ def test_a_developer_message_reaches_the_api_as_developer(tmp_path) -> None:
 
 def test_a_call_through_the_response_cache_computes_no_signature(tmp_path, monkeypatch) -> None:
     """litellm's cache layer computed ``inspect.signature(acompletion)`` on each lookup and each write to name
-    positional arguments our calls never pass (``skip_signature_without_positional_args``)."""
+    positional arguments our calls never pass (``skip_signature_without_positional_args``), and built a pydantic
+    ``TypeAdapter`` for each write (``reuse_cache_options_adapter``)."""
     import asyncio
     import inspect
+    from collections.abc import Mapping
+
+    from pydantic import TypeAdapter
 
     from litellm.caching import caching_handler
 
@@ -106,6 +111,9 @@ def test_a_call_through_the_response_cache_computes_no_signature(tmp_path, monke
     signatures: list[object] = []
     real = inspect.signature
     monkeypatch.setattr(inspect, "signature", lambda f, *a, **k: signatures.append(f) or real(f, *a, **k))
+    adapters: list[object] = []
+    build = TypeAdapter.__init__
+    monkeypatch.setattr(TypeAdapter, "__init__", lambda self, t, *a, **k: adapters.append(t) or build(self, t, *a, **k))
     hello = [{"role": "user", "content": "Say hello."}]
     with StubServer() as stub:
         forget_pools()
@@ -115,13 +123,18 @@ def test_a_call_through_the_response_cache_computes_no_signature(tmp_path, monke
         client = LLMClient(ModelConfig(name="m", litellm_model="openai/stub", api_base=stub.url), settings,
                            UsageMeter())
 
-        async def twice() -> tuple:
-            return await client.complete(hello, step="s"), await client.complete(hello, step="s")
+        async def calls() -> tuple:
+            first, again = await client.complete(hello, step="s"), await client.complete(hello, step="s")
+            adapters.clear()  # what the first call imported built adapters of its own
+            for n in range(3):  # three more writes
+                await client.complete([{"role": "user", "content": f"Say {n}."}], step="s")
+            return first, again
 
-        first, again = asyncio.run(twice())
+        first, again = asyncio.run(calls())
         served = stub.stats()["total_completed"]
-    assert served == 1 and not first.cached and again.cached  # a lookup and a write, then a lookup that hit
+    assert served == 4 and not first.cached and again.cached  # a lookup and a write, then a lookup that hit
     assert [f for f in signatures if getattr(f, "__name__", None) == "acompletion"] == []
+    assert Mapping[str, object] not in adapters  # three writes: none built the cache options' adapter again
     # a caller that does pass positional arguments still has them named by litellm's own function
     assert caching_handler.convert_args_to_kwargs(lambda model, messages: None, ("m", hello)) == {
         "model": "m", "messages": hello}

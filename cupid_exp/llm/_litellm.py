@@ -138,12 +138,12 @@ def reuse_cache_options_adapter() -> None:
         from litellm.caching import caching_handler
     except ImportError:  # another layout: litellm builds its adapters, as it would anyway
         return
-    build = caching_handler.TypeAdapter
+    build: Any = caching_handler.TypeAdapter
     if getattr(build, "_pydantics_own", None) is not None:  # already wrapped
         return
-    adapters: dict[object, object] = {}
+    adapters: dict[object, Any] = {}
 
-    def type_adapter(type_: object, *args: object, **kwargs: object) -> object:
+    def type_adapter(type_: object, *args: Any, **kwargs: Any) -> Any:
         if args or kwargs:
             return build(type_, *args, **kwargs)
         try:
@@ -155,7 +155,7 @@ def reuse_cache_options_adapter() -> None:
             return build(type_)
 
     type_adapter._pydantics_own = build  # type: ignore[attr-defined]
-    caching_handler.TypeAdapter = type_adapter  # type: ignore[assignment]
+    caching_handler.TypeAdapter = type_adapter  # type: ignore[misc,assignment]
 
 
 def native_runtime_started() -> bool:

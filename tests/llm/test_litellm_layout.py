@@ -98,9 +98,8 @@ def test_a_call_through_the_response_cache_computes_no_signature(tmp_path, monke
     import inspect
     from collections.abc import Mapping
 
-    from pydantic import TypeAdapter
-
     from litellm.caching import caching_handler
+    from pydantic import TypeAdapter
 
     from cupid_exp.config import ModelConfig, RuntimeConfig
     from cupid_exp.llm.client import LLMClient, configure_litellm

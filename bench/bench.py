@@ -64,7 +64,10 @@ class Stub:
     def __init__(self, **options: Any):
         args = [sys.executable, "-m", STUB, "--port", "0"]
         for k, v in options.items():
-            args += ["--" + k.replace("_", "-"), str(v)]
+            if isinstance(v, bool):  # a flag
+                args += ["--" + k.replace("_", "-")] if v else []
+            else:
+                args += ["--" + k.replace("_", "-"), str(v)]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV)
         line = self.proc.stdout.readline()
         match = re.search(r"(http://127\.0\.0\.1:\d+/v1)", line)

@@ -17,12 +17,15 @@ machine, interleaved run by run so that the machine's load hits both alike:
   before, with its per-config bounds and held to C over all roles by a split per role).
 
 Reported per run: whole-process wall time, CPU seconds and CPU per request served, requests the stub served,
-the most requests it had in flight at once, peak RSS (the largest single
+the most requests it had in flight at once and how many on average (from its first arrival to its last answer:
+issue 43 asks for 58 of 64), cupid-exp's event-loop lag (``loop_lag/sitecustomize.py``: worst and 99th percentile
+wake-up delay of a 10 ms sleep, the stalls over 100 ms and which a full GC overlapped), peak RSS (the largest single
 process, as ``/usr/bin/time`` reports it, and the whole process tree summed, sampled every 20 ms), and
 for cupid-exp its model phase (``time/model_seconds``) against the ideal requests × latency /
 concurrency, and its fixed cost (wall − model phase). Results go to ``bench/versus_official.md``.
 
     python bench/versus_official.py --official /path/to/CUPID --official-python /path/to/venv/bin/python
+    python bench/versus_official.py ... --close-connections   # the stub as an HTTP/1.0 server (no keep-alive)
 """
 
 from __future__ import annotations
@@ -148,6 +151,7 @@ def run_official(args: argparse.Namespace, stub: Stub, data_dir: Path, work: Pat
                  "--log_file", str(work / "official.log")], cwd=args.official, env=env, limit_s=args.official_limit)
     served = stub.stats()  # since the reset: this run's alone
     res["requests"], res["peak_in_flight"] = served["total_completed"], served["peak_in_flight"]
+    res["mean_in_flight"] = served["mean_in_flight"]
     summary = json.loads((results / OFFICIAL_MODELS[0] / "results.json").read_text())["inference"]
     res["micro_f1"] = 100 * summary["f1"]
     return res
@@ -169,11 +173,16 @@ def run_ours(args: argparse.Namespace, stub: Stub, data: Path, work: Path, store
     root.mkdir()
     if store is not None:  # an existing, migrated MLflow store, as from a user's earlier runs
         shutil.copyfile(store, root / "mlflow.db")
-    env = {**ENV, "OPENAI_API_KEY": "sk-bench", "PYTHONPATH": str(tree)}
+    lag = root / "loop-lag"
+    lag.mkdir()
+    env = {**ENV, "OPENAI_API_KEY": "sk-bench", "PYTHONPATH": f"{BENCH / 'loop_lag'}{os.pathsep}{tree}",
+           "CUPID_BENCH_LOOP_LAG": str(lag)}
     stub.reset()
     res = timed(ours_command(stub.url, root, data, args.concurrency) + list(extra), cwd=tree, env=env)
     served = stub.stats()  # since the reset: this run's alone
     res["requests"], res["peak_in_flight"] = served["total_completed"], served["peak_in_flight"]
+    res["mean_in_flight"] = served["mean_in_flight"]
+    res.update(loop_lag(lag))
     (metrics_file,) = root.glob("runs/**/metrics.json")
     metrics = json.loads(metrics_file.read_text())["metrics"]
     res["model_s"] = metrics["time/model_seconds"]
@@ -181,6 +190,23 @@ def run_ours(args: argparse.Namespace, stub: Stub, data: Path, work: Path, store
     res["ideal_s"] = res["requests"] * args.latency / args.concurrency
     shutil.rmtree(root, ignore_errors=True)
     return res
+
+
+def loop_lag(folder: Path) -> dict[str, Any]:
+    """The event loop's lag in the run's longest ``asyncio.run`` (``loop_lag/sitecustomize.py``: the job's model phase;
+    a calls worker's with ``runtime.workers``): its worst and 99th percentile wake-up delay, its stalls over 100 ms,
+    and the collections of the GC's oldest generation."""
+    runs = [json.loads(p.read_text()) for p in folder.glob("*.json")]
+    if not runs:
+        return {"lag_max_s": float("nan"), "lag_p99_s": float("nan"), "stalls": [], "gen2": []}
+    run = max(runs, key=lambda r: r["seconds"])
+    return {"lag_max_s": run["max_s"], "lag_p99_s": run["p99_s"], "stalls": run["stalls_over_100ms"],
+            "gen2": run["gen2_collections"]}
+
+
+def gc_stalls(run: dict[str, Any]) -> int:
+    """Stalls of the loop that a full collection overlapped (it began before the stall's wake-up was due)."""
+    return sum(any(at - 0.01 <= start <= at + lag for start, _ in run["gen2"]) for at, lag in run["stalls"])
 
 
 def per_role_pools() -> list[str]:
@@ -265,6 +291,9 @@ def main() -> None:
     parser.add_argument("--tracking-costs", action="store_true",
                         help="also run cupid-exp with tracking.traces=false and with tracking=none: what tracing and "
                              "MLflow cost")
+    parser.add_argument("--close-connections", action="store_true",
+                        help="the stub answers as HTTP/1.0, closing each connection after its reply (a new connection "
+                             "per request), as some servers and proxies do; default: HTTP/1.1 keep-alive")
     args = parser.parse_args()
     if args.sweep == 1:
         parser.error("--sweep: at least 2 models")
@@ -290,7 +319,8 @@ def main() -> None:
                            (f"before (--compare), held to {args.concurrency} in flight by a split per role",
                             tuple(equal_in_flight(args.concurrency)), args.compare)]
         sweeps: dict[str, list[dict[str, Any]]] = {"official": [], "ours": []}
-        with Stub(latency_ms=int(args.latency * 1000), model_ids=",".join(OFFICIAL_MODELS)) as stub:
+        with Stub(latency_ms=int(args.latency * 1000), model_ids=",".join(OFFICIAL_MODELS),
+                  close_connections=args.close_connections) as stub:
             fresh = run_ours(args, stub, data, work, store=None)  # first run on this machine: store created
             for i in range(args.repeats):
                 if has_official:
@@ -300,12 +330,17 @@ def main() -> None:
                         hung.append(str(exc))
                         print(f"official  #{i + 1}: hung ({exc})")
                         continue
-                    print(f"official  #{i + 1}: {official[-1]['wall']:.1f} s, {official[-1]['requests']} requests, "
-                          f"{official[-1]['rss_max_mb']:.0f} MB (tree {official[-1]['rss_tree_mb']:.0f} MB)")
+                    r = official[-1]
+                    print(f"official  #{i + 1}: {r['wall']:.1f} s, {r['requests']} requests, "
+                          f"{1000 * r['cpu'] / max(1, r['requests']):.2f} ms CPU each, {r['rss_max_mb']:.0f} MB "
+                          f"(tree {r['rss_tree_mb']:.0f} MB), {r['mean_in_flight']:.1f} in flight on average")
                 ours.append(run_ours(args, stub, data, work, store))
-                print(f"cupid-exp #{i + 1}: {ours[-1]['wall']:.1f} s (model phase {ours[-1]['model_s']:.2f} s), "
-                      f"{ours[-1]['requests']} requests, {ours[-1]['rss_max_mb']:.0f} MB "
-                      f"(tree {ours[-1]['rss_tree_mb']:.0f} MB)")
+                r = ours[-1]
+                print(f"cupid-exp #{i + 1}: {r['wall']:.1f} s (model phase {r['model_s']:.2f} s), "
+                      f"{r['requests']} requests, {1000 * r['cpu'] / max(1, r['requests']):.2f} ms CPU each, "
+                      f"{r['rss_max_mb']:.0f} MB (tree {r['rss_tree_mb']:.0f} MB), {r['mean_in_flight']:.1f} in flight "
+                      f"on average, loop lag max {1000 * r['lag_max_s']:.0f} ms (p99 {1000 * r['lag_p99_s']:.0f} ms), "
+                      f"stalls over 100 ms at {r['stalls']}, full collections {r['gen2']}")
                 for name, overrides, tree in extra_runs:
                     extra_rows.setdefault(name, []).append(run_ours(args, stub, data, work, store, *overrides,
                                                                     tree=tree))
@@ -350,7 +385,9 @@ def render(args: argparse.Namespace, has_official: bool, official: list[dict], o
         f"task=inference, stub latency {args.latency * 1000:.0f} ms, concurrency {args.concurrency} "
         f"(official `--n_workers {args.concurrency}`, ours `max_concurrency={args.concurrency}` on every role, one "
         f"pool: at most {args.concurrency} in flight over all roles), {args.repeats} interleaved runs each; median "
-        "(min–max).",
+        f"(min–max). The stub "
+        + ("closes each connection after its reply (HTTP/1.0)." if args.close_connections else
+           "keeps connections alive (HTTP/1.1)."),
         f"Machine: {m['nproc']} cores, {m['cpu']}, Python {m['python']}, litellm {m['litellm']}, "
         f"mlflow {m['mlflow']}; load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}.",
         "",
@@ -386,6 +423,9 @@ def render(args: argparse.Namespace, has_official: bool, official: list[dict], o
             f"| peak requests in flight (the stub's count) | "
             f"{spread([r['peak_in_flight'] for r in official], '{:.0f}')} | "
             f"{spread([r['peak_in_flight'] for r in ours], '{:.0f}')} | | |",
+            f"| mean requests in flight, first arrival to last answer (the stub's) | "
+            f"{spread([r['mean_in_flight'] for r in official])} | {spread([r['mean_in_flight'] for r in ours])} | "
+            f"| ≥ {0.9 * args.concurrency:.0f} |",
         ]
         for name, runs in (extra_rows or {}).items():
             w_x = [r["wall"] for r in runs]
@@ -400,7 +440,9 @@ def render(args: argparse.Namespace, has_official: bool, official: list[dict], o
                   f"| peak RSS, largest process, MB | – | {spread([r['rss_max_mb'] for r in ours], '{:.0f}')} | | |",
                   f"| CPU per request served, ms | – | {spread(per_request_ms(ours), '{:.2f}')} | | |",
                   f"| peak requests in flight (the stub's count) | – | "
-                  f"{spread([r['peak_in_flight'] for r in ours], '{:.0f}')} | | |"]
+                  f"{spread([r['peak_in_flight'] for r in ours], '{:.0f}')} | | |",
+                  f"| mean requests in flight, first arrival to last answer (the stub's) | – | "
+                  f"{spread([r['mean_in_flight'] for r in ours])} | | ≥ {0.9 * args.concurrency:.0f} |"]
         for name, runs in (extra_rows or {}).items():
             lines += [f"| whole-process wall, {name}, s | – | {spread([r['wall'] for r in runs])} | | |",
                       f"| ... its model phase, s; peak in flight; CPU per request, ms | | "
@@ -411,6 +453,12 @@ def render(args: argparse.Namespace, has_official: bool, official: list[dict], o
         f"| cupid-exp model phase, s | | {spread(model, '{:.2f}')} | "
         f"{statistics.median(model) / ideal:.2f} × ideal ({ideal:.2f} s) | ≤ 1.25 |",
         f"| cupid-exp fixed cost (wall − model phase), s | | {spread(fixed)} | | ≤ 3 |",
+        f"| cupid-exp event-loop lag in the model phase, worst / 99th percentile, ms (sampled every 10 ms) | | "
+        f"{spread([1000 * r['lag_max_s'] for r in ours], '{:.0f}')} / "
+        f"{spread([1000 * r['lag_p99_s'] for r in ours], '{:.0f}')} | | ≤ 100 |",
+        f"| cupid-exp loop stalls over 100 ms; of them during a full collection (GC generation 2) | | "
+        f"{spread([len(r['stalls']) for r in ours], '{:.0f}')}; {spread([gc_stalls(r) for r in ours], '{:.0f}')} "
+        "| | 0 |",
         "",
         f"First run on a machine (no MLflow store yet: SQLite schema migrations): {fresh['wall']:.1f} s wall, "
         f"{fresh['wall'] - fresh['model_s']:.1f} s fixed cost.",

@@ -151,7 +151,7 @@ class InProcessModel:
             return litellm.ModelResponse(**reply)
         finally:
             with self._lock:
-                self.counters.in_flight -= 1
+                self.counters.departed()
 
     def _billed(self, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
         if self.config.omit_usage:
@@ -223,7 +223,7 @@ def _register() -> None:
                 await asyncio.sleep(delay)
             except BaseException:  # cancelled while "on the wire": no longer in flight
                 with served._lock:
-                    served.counters.in_flight -= 1
+                    served.counters.departed()
                 raise
             return served._reply(body, step, fault)
 

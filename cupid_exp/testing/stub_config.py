@@ -60,6 +60,7 @@ class StubConfig:
     outage_after: int = 0  # an outage begins at the request after this many (any route, the Batch API's too) ...
     outage_s: float = 0.0  # ... and lasts this long (inf: until switched off); 0: no outage
     outage_kind: str = "reset"  # "reset": connections closed unanswered (a server gone); "502"|"503"|"504": a proxy's
+    close_connections: bool = False  # answer as HTTP/1.0: each connection closed after its reply (no keep-alive)
 
 
 def stub_arguments(argv: list[str] | None, description: str) -> tuple[int, StubConfig]:

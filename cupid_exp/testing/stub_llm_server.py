@@ -97,11 +97,34 @@ class _Counters:
     outage_ended: float | None = None  # ... when the first request after it was answered
     early_retries: int = 0  # requests sent again before the wait their 429 asked for was over
 
+    busy: float = 0.0  # requests in flight integrated over time (request-seconds), from the first arrival ...
+    first_arrival: float | None = None  # monotonic
+    last_change: float | None = None  # ... to the last arrival or departure
+
     def arrived(self, step: str) -> None:
         """A request of ``step`` came in (the caller holds its lock): counted, and in flight."""
         self.received[step] += 1
-        self.in_flight += 1
+        self._in_flight_by(1)
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+
+    def departed(self) -> None:
+        """A request is no longer in flight (answered, failed or abandoned; the caller holds the lock)."""
+        self._in_flight_by(-1)
+
+    def _in_flight_by(self, n: int) -> None:
+        now = time.monotonic()
+        if self.first_arrival is None:
+            self.first_arrival = now
+        elif self.last_change is not None:
+            self.busy += self.in_flight * (now - self.last_change)
+        self.in_flight += n
+        self.last_change = now
+
+    def mean_in_flight(self) -> float:
+        """Requests in flight on average, from the first arrival to the last answer: how fully the client kept the
+        server busy (a client that stalls lets it drop)."""
+        span = (self.last_change or 0.0) - (self.first_arrival or 0.0)
+        return self.busy / span if span > 0 else float(self.in_flight)
 
 
 class StubServer:
@@ -233,6 +256,7 @@ class StubServer:
                     "faults": {k: dict(v) for k, v in c.faults.items()},
                     "total_received": sum(c.received.values()), "total_completed": sum(c.completed.values()),
                     "in_flight": c.in_flight, "peak_in_flight": c.peak_in_flight, "held": c.held,
+                    "mean_in_flight": round(c.mean_in_flight(), 2),
                     "repeated_completions": sum(n - 1 for n in c.completed_prompts.values() if n > 1),
                     "distinct_completed": len(c.completed_prompts), "tokens": dict(c.tokens),
                     "billed": {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, **c.billed},
@@ -278,7 +302,8 @@ class StubServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+            # HTTP/1.0: each connection closed after its reply, as some servers and proxies do (``close_connections``)
+            protocol_version = "HTTP/1.0" if server.config.close_connections else "HTTP/1.1"
             disable_nagle_algorithm = True  # else headers and body in two writes stall ~40 ms on delayed ACKs
 
             def log_message(self, *args: Any) -> None:
@@ -410,7 +435,7 @@ class StubServer:
                     self.counters.tokens.update({k: full["usage"][k] for k in ("prompt_tokens", "completion_tokens")})
         finally:
             with self._lock:
-                self.counters.in_flight -= 1
+                self.counters.departed()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sqlite3
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from litellm.caching.base_cache import BaseCache
 
@@ -40,6 +42,8 @@ class DiskResponseStore(BaseCache):
         self.directory = Path(directory)
         self.failed: Exception | None = None  #: the first write that failed (``raise_failed_write``)
         self.broken = False  #: found unreadable after it opened: a miss on read, never written to again
+        self._writer: ThreadPoolExecutor | None = None  #: the one thread that writes (``_on_writer``)
+        self._writer_pid = 0
         try:
             self.store = self._open()
         except sqlite3.DatabaseError as exc:
@@ -92,15 +96,23 @@ class DiskResponseStore(BaseCache):
             self.failed = self.failed or exc
 
     async def async_set_cache(self, key: str, value: object, **kwargs: object) -> None:
-        # on a thread: compressing and SQLite's write release the GIL (the event loop goes on meanwhile)
-        await asyncio.to_thread(self.set_cache, key, value, **kwargs)
+        await self._on_writer(lambda: self.set_cache(key, value, **kwargs))
 
     async def async_set_cache_pipeline(self, cache_list: list[tuple[str, object]], **kwargs: object) -> None:
         def store_all() -> None:
             for key, value in cache_list:
                 self.set_cache(key, value, **kwargs)
 
-        await asyncio.to_thread(store_all)
+        await self._on_writer(store_all)
+
+    async def _on_writer(self, write: Callable[[], None]) -> None:
+        """A write on the store's own thread, one at a time, off the event loop (compressing and SQLite's write release
+        the GIL). Not on the loop's default executor: litellm prepares every request there (``completion`` in
+        ``acompletion``), and writes queued on SQLite's write lock (one writer at a time; a waiting one sleeps in
+        steps of up to 100 ms) held its few threads while the next requests waited to be prepared."""
+        if self._writer is None or self._writer_pid != os.getpid():  # a forked process has not the parent's thread
+            self._writer, self._writer_pid = ThreadPoolExecutor(1, thread_name_prefix="cupid-cache-write"), os.getpid()
+        await asyncio.get_running_loop().run_in_executor(self._writer, write)
 
     def get_cache(self, key: str, **kwargs: object) -> object:
         if self.broken:
@@ -133,6 +145,9 @@ class DiskResponseStore(BaseCache):
         self.store.clear()
 
     async def disconnect(self) -> None:
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
         self.store.close()
 
 

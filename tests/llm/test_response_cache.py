@@ -115,3 +115,25 @@ def test_a_store_found_malformed_after_it_opened_is_a_miss_said_once_and_no_long
     assert len(calls) == 1 and store.failed is None  # one read failed; nothing after it touched the store
     (line,) = [r.getMessage() for r in caplog.records]
     assert "became unreadable (DatabaseError: database disk image is malformed)" in line
+
+
+def test_writes_run_on_the_stores_own_thread_not_the_loops_executor(tmp_path, monkeypatch) -> None:
+    """litellm prepares each request on the event loop's default executor (a few threads); the cache's writes have one
+    thread of their own, so writes waiting on SQLite's write lock never hold the threads the next requests need."""
+    import threading
+
+    from cupid_exp.llm.response_cache import DiskResponseStore
+
+    seen: list[str] = []
+    real = DiskResponseStore.set_cache
+    monkeypatch.setattr(DiskResponseStore, "set_cache",
+                        lambda self, *a, **k: seen.append(threading.current_thread().name) or real(self, *a, **k))
+    with ScriptedServer([(200, completion_body(text), {}) for text in ("a", "b", "c")]) as server:
+        client = fresh_client(tmp_path, server.url)
+
+        async def three() -> None:
+            await asyncio.gather(*(client.complete([{"role": "user", "content": f"q{i}"}], step="s") for i in range(3)))
+
+        asyncio.run(three())
+    assert len(rows(tmp_path)) == 3 and len(seen) == 3  # each reply written once
+    assert set(seen) == {seen[0]} and seen[0].startswith("cupid-cache-write"), seen

@@ -205,8 +205,9 @@ def loop_lag(folder: Path) -> dict[str, Any]:
 
 
 def gc_stalls(run: dict[str, Any]) -> int:
-    """Stalls of the loop that a full collection overlapped (it began before the stall's wake-up was due)."""
-    return sum(any(at - 0.01 <= start <= at + lag for start, _ in run["gen2"]) for at, lag in run["stalls"])
+    """Stalls of the loop that a full collection overlapped (it began between the sleep's start and its late
+    wake-up)."""
+    return sum(any(at <= start <= at + 0.01 + lag for start, _ in run["gen2"]) for at, lag in run["stalls"])
 
 
 def per_role_pools() -> list[str]:

@@ -27,14 +27,14 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 
 
-def one(calls: int, concurrency: int, cache: bool) -> dict[str, float]:
-    """This process's CPU per call, in ms (the code on its path)."""
+def one(calls: int, concurrency: int, cache: bool, latency_ms: int) -> dict[str, float]:
+    """This process's CPU per call, in ms (the code on its path), its wall time and the stub's mean in flight."""
     from bench import Stub
     from cupid_exp.config import ModelConfig, RuntimeConfig
     from cupid_exp.llm.client import LLMClient, configure_litellm
     from cupid_exp.llm.usage import UsageMeter
 
-    with Stub(latency_ms=0) as stub, tempfile.TemporaryDirectory() as tmp:
+    with Stub(latency_ms=latency_ms) as stub, tempfile.TemporaryDirectory() as tmp:
         settings = RuntimeConfig(cache_dir=f"{tmp}/cache", cache=cache, num_retries=0, timeout=30).call_settings()
         configure_litellm(settings)
         model = ModelConfig(name="m", litellm_model="openai/gpt-4o-2024-08-06", api_base=stub.url,
@@ -55,9 +55,11 @@ def one(calls: int, concurrency: int, cache: bool) -> dict[str, float]:
 
         async def measure() -> dict[str, float]:
             await run("warm-up", 2 * concurrency)
+            stub.reset()
             cpu, wall = time.process_time(), time.perf_counter()
             await run(f"run {time.time_ns()}", calls)
-            return {"cpu_ms": 1000 * (time.process_time() - cpu) / calls, "wall_s": time.perf_counter() - wall}
+            return {"cpu_ms": 1000 * (time.process_time() - cpu) / calls, "wall_s": time.perf_counter() - wall,
+                    "in_flight": stub.stats()["mean_in_flight"]}
 
         return asyncio.run(measure())
 
@@ -69,27 +71,34 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--no-cache", action="store_true", help="runtime.cache=false")
+    p.add_argument("--latency-ms", type=int, default=0, help="the stub's time to answer a request")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child: one measurement, as JSON
     args = p.parse_args()
     if args.one:
-        print(json.dumps(one(args.calls, args.concurrency, not args.no_cache)))
+        print(json.dumps(one(args.calls, args.concurrency, not args.no_cache, args.latency_ms)))
         return
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    runs: dict[Path, list[float]] = {c.resolve(): [] for c in args.checkouts}
+    runs: dict[Path, list[dict[str, float]]] = {c.resolve(): [] for c in args.checkouts}
     for _ in range(args.rounds):
         for checkout in runs:
             out = subprocess.run(
                 [sys.executable, __file__, "--one", "--calls", str(args.calls),
-                 "--concurrency", str(args.concurrency), *(["--no-cache"] if args.no_cache else [])],
+                 "--concurrency", str(args.concurrency), "--latency-ms", str(args.latency_ms),
+                 *(["--no-cache"] if args.no_cache else [])],
                 cwd=checkout, env={**env, "PYTHONPATH": str(checkout)}, capture_output=True, text=True, check=True)
-            runs[checkout].append(json.loads(out.stdout.splitlines()[-1])["cpu_ms"])
+            runs[checkout].append(json.loads(out.stdout.splitlines()[-1]))
     load = os.getloadavg()
     print(f"`python bench/client_cpu.py {' '.join(sys.argv[1:])}` on {time.strftime('%Y-%m-%d %H:%M')}: "
-          f"{args.calls} calls, concurrency {args.concurrency}, response cache {'off' if args.no_cache else 'on'}; "
+          f"{args.calls} calls, concurrency {args.concurrency}, replies after {args.latency_ms} ms, response cache "
+          f"{'off' if args.no_cache else 'on'}; "
           f"{os.cpu_count()} cores; load average at the end {load[0]:.1f}\n")
-    print("| checkout | CPU per call, ms: median (runs) |\n|---|---|")
-    for checkout, cpu in runs.items():
-        print(f"| {checkout} | {statistics.median(cpu):.2f} ({', '.join(f'{x:.2f}' for x in cpu)}) |")
+    print(f"| checkout | CPU per call, ms | wall, s | mean in flight (of {args.concurrency}) |\n|---|---|---|---|")
+    for checkout, measured in runs.items():
+        cells = []
+        for name, form in (("cpu_ms", ".2f"), ("wall_s", ".1f"), ("in_flight", ".1f")):
+            values = [m[name] for m in measured]
+            cells.append(f"{statistics.median(values):{form}} ({', '.join(f'{v:{form}}' for v in values)})")
+        print(f"| {checkout} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -106,6 +106,15 @@ def garbage_text(body: dict[str, Any], cfg: StubConfig) -> str:
     return f"I'd rather talk about the weather today. <<unusable reply {digest(conversation)[:10]}>>"
 
 
+def no_completion(fault: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A 200 without a completion (``choices: []`` or ``content: null``): the prompt is billed all the same."""
+    reply = completion_body("" if fault == "empty_choices" else None, body)
+    if fault == "empty_choices":
+        reply["choices"], reply["usage"]["completion_tokens"] = [], 0
+        reply["usage"]["total_tokens"] = reply["usage"]["prompt_tokens"]
+    return reply
+
+
 def error_reply(kind: str, cfg: StubConfig, style: str = "") -> tuple[int, dict[str, Any], dict[str, str], float]:
     """(status, body, headers, the wait asked) of a 429 (in ``style``: ``rate_limits.RATE_LIMIT_STYLES``; none: the
     stub's own, ``retry-after: <retry_after>``), a 500 or a 503, as OpenAI sends them."""
@@ -142,13 +151,8 @@ def send_fault(handler: Any, fault: str, body: dict[str, Any], cfg: StubConfig, 
     elif fault == "slow":  # processed (and billed) after the client's timeout
         time.sleep(cfg.slow_s)
         handler._send(200, json.dumps(billed(body, completion_body("too late", body))).encode())
-    elif fault == "empty_choices":  # a 200 without a completion: the prompt is billed all the same
-        empty = completion_body("", body)
-        empty["choices"], empty["usage"]["completion_tokens"] = [], 0
-        empty["usage"]["total_tokens"] = empty["usage"]["prompt_tokens"]
-        handler._send(200, json.dumps(billed(body, empty)).encode())
-    elif fault == "content_null":
-        handler._send(200, json.dumps(billed(body, completion_body(None, body))).encode())
+    elif fault in ("empty_choices", "content_null"):
+        handler._send(200, json.dumps(billed(body, no_completion(fault, body))).encode())
     elif fault == "context_length":
         status, payload = CONTEXT_ERRORS[cfg.context_error or "openai"]
         handler._send(status, json.dumps(payload).encode())

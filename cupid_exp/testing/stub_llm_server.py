@@ -66,7 +66,7 @@ from cupid_exp.testing.stub_faults import (
 )
 from cupid_exp.testing.stub_replies import billed_tokens, classify, completion_body, digest, reply_text
 
-__all__ = ["StubConfig", "StubServer", "main"]
+__all__ = ["StubConfig", "StubModel", "StubServer", "main"]
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -103,23 +103,69 @@ class _Counters:
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
 
+    def answered(self, step: str, request_digest: str, usage: dict[str, int]) -> None:
+        """A completion of ``step`` reached its client (the caller holds its lock): counted, with its tokens."""
+        self.completed[step] += 1
+        self.completed_prompts[request_digest] += 1
+        self.tokens.update({k: usage[k] for k in ("prompt_tokens", "completion_tokens")})
 
-class StubServer:
-    """The stand-in model. Use as a context manager (a background thread) or via ``serve_forever``."""
+    def stats(self) -> dict[str, Any]:
+        """What the HTTP stub and the in-process model both count (the caller holds its lock)."""
+        return {"received": dict(self.received), "completed": dict(self.completed),
+                "faults": {k: dict(v) for k, v in self.faults.items()},
+                "total_received": sum(self.received.values()), "total_completed": sum(self.completed.values()),
+                "in_flight": self.in_flight, "peak_in_flight": self.peak_in_flight,
+                "repeated_completions": sum(n - 1 for n in self.completed_prompts.values() if n > 1),
+                "distinct_completed": len(self.completed_prompts), "tokens": dict(self.tokens),
+                "billed": {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, **self.billed},
+                "rate_limited": sum(f.get("429", 0) for f in self.faults.values())}
 
-    def __init__(self, config: StubConfig | None = None, *, port: int = 0, batch: BatchQueueConfig | None = None,
-                 **overrides: Any):
+
+class StubModel:
+    """What the HTTP stub and the in-process model share: the knobs, the counters, a request's arrival and its bill."""
+
+    def __init__(self, config: StubConfig | None, overrides: dict[str, Any]):
         self.config = config or StubConfig()
         for k, v in overrides.items():
             setattr(self.config, k, v)
         self._lock = threading.Lock()
+        self._seen: Counter = Counter()
+        self.counters = _Counters()
+        self.bodies: list[dict[str, Any]] = []  # request bodies, when ``record_bodies`` is on
+
+    def _arrive(self, body: dict[str, Any], step: str, prompt_digest: str) -> tuple[int, float]:
+        """Count a request (the caller holds the lock); how many times its prompt came before, and the latency it
+        waits (its jitter drawn by hash, as the faults are)."""
+        if self.config.record_bodies:
+            self.bodies.append(body)
+        self.counters.arrived(step)
+        attempt = self._seen[prompt_digest]
+        self._seen[prompt_digest] += 1
+        cfg, jitter = self.config, 0.0
+        if cfg.jitter_ms:
+            jitter = random.Random(f"{cfg.seed}:{prompt_digest}:{attempt}").uniform(0, cfg.jitter_ms)
+        return attempt, (cfg.latency_ms + jitter) / 1000
+
+    def _billed(self, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+        """``reply`` as sent (without usage under ``omit_usage``), its tokens counted as billed."""
+        if self.config.omit_usage:
+            reply = {k: v for k, v in reply.items() if k != "usage"}
+        prompt, completion = billed_tokens(body, reply)
+        with self._lock:
+            self.counters.billed.update(requests=1, prompt_tokens=prompt, completion_tokens=completion)
+        return reply
+
+
+class StubServer(StubModel):
+    """The stand-in model. Use as a context manager (a background thread) or via ``serve_forever``."""
+
+    def __init__(self, config: StubConfig | None = None, *, port: int = 0, batch: BatchQueueConfig | None = None,
+                 **overrides: Any):
+        super().__init__(config, overrides)
         self._gate = threading.Condition(self._lock)
         self._hold_after: int | None = None
         self._releases = 0
-        self._seen: Counter = Counter()
         self._not_before: dict[str, float] = {}  # prompt digest -> when the wait its last 429 asked for is over
-        self.counters = _Counters()
-        self.bodies: list[dict[str, Any]] = []  # request bodies, when ``record_bodies`` is on
         self.header_values: dict[str, Counter] = defaultdict(Counter)  # header -> values, for ``record_headers``
         self.batches = BatchQueue(self._batch_row, batch, self.fault_reply)  # OpenAI's Files and Batch endpoints
         self.limits = self._key_limits()
@@ -229,16 +275,8 @@ class StubServer:
     def stats(self) -> dict[str, Any]:
         with self._lock:
             c = self.counters
-            return {"received": dict(c.received), "completed": dict(c.completed),
-                    "faults": {k: dict(v) for k, v in c.faults.items()},
-                    "total_received": sum(c.received.values()), "total_completed": sum(c.completed.values()),
-                    "in_flight": c.in_flight, "peak_in_flight": c.peak_in_flight, "held": c.held,
-                    "repeated_completions": sum(n - 1 for n in c.completed_prompts.values() if n > 1),
-                    "distinct_completed": len(c.completed_prompts), "tokens": dict(c.tokens),
-                    "billed": {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, **c.billed},
-                    "rate_limited": sum(f.get("429", 0) for f in c.faults.values()),
-                    "rate_limit_styles": dict(c.rate_limit_styles), "early_retries": c.early_retries,
-                    "limits_ideal_s": self.limits.ideal_s,
+            return {**c.stats(), "held": c.held, "rate_limit_styles": dict(c.rate_limit_styles),
+                    "early_retries": c.early_retries, "limits_ideal_s": self.limits.ideal_s,
                     "outage": {"unanswered": c.outage_unanswered, "started": c.outage_started,
                                "ended": c.outage_ended}}
 
@@ -264,15 +302,6 @@ class StubServer:
                 text, finish = cut, "length"
                 self.counters.faults[step]["length"] += 1
         return self._billed(body, completion_body(text, body, finish))
-
-    def _billed(self, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
-        """``reply`` as sent (without usage under ``omit_usage``), its tokens counted as billed."""
-        if self.config.omit_usage:
-            reply = {k: v for k, v in reply.items() if k != "usage"}
-        prompt, completion = billed_tokens(body, reply)
-        with self._lock:
-            self.counters.billed.update(requests=1, prompt_tokens=prompt, completion_tokens=completion)
-        return reply
 
     def _handler(self):
         server = self
@@ -359,11 +388,7 @@ class StubServer:
         prompt_digest = digest(json.dumps(body.get("messages"), sort_keys=True))
         request_digest = digest(raw.decode("utf-8", "replace"))
         with self._gate:
-            if cfg.record_bodies:
-                self.bodies.append(body)
-            self.counters.arrived(step)
-            attempt = self._seen[prompt_digest]
-            self._seen[prompt_digest] += 1
+            attempt, delay = self._arrive(body, step, prompt_digest)
             if time.time() < self._not_before.get(prompt_digest, 0.0) - 0.05:  # 50 ms for clocks and transit
                 self.counters.early_retries += 1
         try:
@@ -372,9 +397,6 @@ class StubServer:
                     self.counters.faults[step][verdict.kind] += 1
                 handler._send(verdict.status, json.dumps(verdict.body).encode(), headers=verdict.headers)
                 return
-            delay = cfg.latency_ms / 1000
-            if cfg.jitter_ms:
-                delay += random.Random(f"{cfg.seed}:{prompt_digest}:{attempt}").uniform(0, cfg.jitter_ms) / 1000
             if delay > 0:
                 time.sleep(delay)
             fault = choose_fault(cfg, step, prompt_digest, attempt, body)
@@ -405,9 +427,7 @@ class StubServer:
             stated = self.limits.stated(body) if self.limits.active else None
             if handler._send(200, json.dumps(reply).encode(), headers=stated):  # type: ignore[attr-defined]
                 with self._lock:
-                    self.counters.completed[step] += 1
-                    self.counters.completed_prompts[request_digest] += 1
-                    self.counters.tokens.update({k: full["usage"][k] for k in ("prompt_tokens", "completion_tokens")})
+                    self.counters.answered(step, request_digest, full["usage"])
         finally:
             with self._lock:
                 self.counters.in_flight -= 1

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from cupid_exp.testing.rate_limits import refusal
+from cupid_exp.testing.stub_replies import prompt_tokens
 
 Answer = Callable[[dict[str, Any]], dict[str, Any]]  # a request body -> a chat.completion body
 FaultReply = Callable[[str], tuple[int, dict[str, Any], dict[str, str]]]  # "429" | "500" | "503" -> a live reply
@@ -247,8 +248,7 @@ def _prompt_tokens(data: bytes) -> tuple[int, str]:
             body = json.loads(line).get("body") or {}
         except (ValueError, AttributeError):
             continue
-        chars = sum(len(m.get("content") or "") for m in body.get("messages") or [] if isinstance(m, dict))
-        tokens += max(1, chars // 4)
+        tokens += prompt_tokens(body)
         model = str(body.get("model") or model)
     return tokens, model
 

@@ -230,13 +230,17 @@ def billed_tokens(body: dict[str, Any], reply: dict[str, Any]) -> tuple[int, int
     return prompt, litellm.token_counter(model=model, text=text, count_response_tokens=True) if text else 0
 
 
+def prompt_tokens(body: dict[str, Any]) -> int:
+    """The stub's token rule for a request's prompt: its messages' characters / 4, at least 1."""
+    return max(1, sum(len(_content(m)) for m in body.get("messages") or [] if isinstance(m, dict)) // 4)
+
+
 def completion_body(text: str | None, body: dict[str, Any], finish_reason: str = "stop",
                     refusal: str | None = None) -> dict[str, Any]:
-    prompt_chars = sum(len(_content(m)) for m in body.get("messages") or [])
-    prompt_tokens, completion_tokens = max(1, prompt_chars // 4), max(1, len(text or refusal or "") // 4)
+    prompt, completion_tokens = prompt_tokens(body), max(1, len(text or refusal or "") // 4)
     message = {"role": "assistant", "content": text, **({"refusal": refusal} if refusal else {})}
     return {"id": "chatcmpl-stub-" + digest(text or "")[:12], "object": "chat.completion", "created": 0,
             "model": body.get("model", "stub"),
             "choices": [{"index": 0, "finish_reason": finish_reason, "message": message}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens}}
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt + completion_tokens}}

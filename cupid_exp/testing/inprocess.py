@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import litellm
 
+from cupid_exp.testing.cupid_data import stub_overrides
 from cupid_exp.testing.stub_config import StubConfig
 from cupid_exp.testing.stub_faults import CONTEXT_ERRORS, answer, choose_fault, error_reply, no_completion
 from cupid_exp.testing.stub_llm_server import StubModel, _Counters
@@ -57,13 +58,8 @@ class InProcessModel(StubModel):
         return f"{PROVIDER}/{self.name}"
 
     def overrides(self) -> list[str]:
-        """Hydra overrides that send the subject model and every evaluator role here (``stub_overrides``' roles)."""
-        out = ["model=openai_compatible", f"model.litellm_model={self.litellm_model}", "model.api_base=null",
-               "evaluator=local"]
-        for role in ("decomposer", "matcher", "judge"):
-            out += [f"llm@evaluator.{role}=openai_compatible", f"evaluator.{role}.litellm_model={self.litellm_model}",
-                    f"evaluator.{role}.api_base=null"]
-        return out
+        """Hydra overrides that send the subject model and every evaluator role here."""
+        return stub_overrides("null", self.litellm_model)
 
     def __enter__(self) -> InProcessModel:
         _register()

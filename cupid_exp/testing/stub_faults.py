@@ -66,14 +66,6 @@ def choose_fault(cfg: StubConfig, step: str, prompt_digest: str, attempt: int, b
     return None
 
 
-def is_garbage(cfg: StubConfig, step: str, body: dict[str, Any]) -> bool:
-    """Whether this prompt of a ``garbage_steps`` step gets unusable text (its re-asks too)."""
-    if step not in cfg.garbage_steps:
-        return False
-    system, user = prompt_of(body.get("messages") or [])  # the template's prompt: re-asks share it
-    return unit(cfg.seed, "garbage", system, user) < cfg.garbage_rate
-
-
 def cut_reply(cfg: StubConfig, step: str, body: dict[str, Any], text: str) -> str | None:
     """The text of a reply that ran into max_tokens (``length_steps``, for ``length_rate`` of their prompts: cut in
     half, or whole with ``length_whole``); None when this request's reply is complete."""
@@ -89,7 +81,13 @@ def answer(cfg: StubConfig, step: str, body: dict[str, Any]) -> tuple[dict[str, 
     """The completion a request gets when no fault is chosen (unusable text for ``garbage_steps``, a reply cut at
     max_tokens, a content filter or a refusal as configured) and whether it was cut: the one reply of the HTTP stub
     and of the in-process model (``inprocess.py``)."""
-    text: str | None = garbage_text(body, cfg) if is_garbage(cfg, step, body) else reply_text(step, body, cfg)
+    system, user = prompt_of(body.get("messages") or [])  # the template's prompt: its re-asks share it
+    if step in cfg.garbage_steps and unit(cfg.seed, "garbage", system, user) < cfg.garbage_rate:
+        # unusable text; it differs between a prompt and its re-asks, as a real model's would
+        conversation = json.dumps(body.get("messages"), sort_keys=True)
+        text: str | None = f"I'd rather talk about the weather today. <<unusable reply {digest(conversation)[:10]}>>"
+    else:
+        text = reply_text(step, body, cfg)
     finish, refusal = "stop", None
     if (cut := cut_reply(cfg, step, body, text or "")) is not None:
         text, finish = cut, "length"
@@ -98,12 +96,6 @@ def answer(cfg: StubConfig, step: str, body: dict[str, Any]) -> tuple[dict[str, 
     elif step in cfg.refusal_steps:
         text, refusal = None, "I'm sorry, I can't help with that request."
     return completion_body(text, body, finish, refusal), cut is not None
-
-
-def garbage_text(body: dict[str, Any], cfg: StubConfig) -> str:
-    """Unusable text; it differs between a prompt and its re-asks, as a real model's would."""
-    conversation = json.dumps(body.get("messages"), sort_keys=True)
-    return f"I'd rather talk about the weather today. <<unusable reply {digest(conversation)[:10]}>>"
 
 
 def no_completion(fault: str, body: dict[str, Any]) -> dict[str, Any]:

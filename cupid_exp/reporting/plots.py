@@ -63,14 +63,6 @@ def _metric(metric: str) -> tuple[str, str]:
     return metric, task
 
 
-def _scale(metric: str) -> float:
-    return 1.0 if metric == "score" else 100.0
-
-
-def _ylim(metric: str) -> tuple[float, float]:
-    return (0.0, 10.5) if metric == "score" else (0.0, 105.0)
-
-
 def _figure(width: float = 7.5, height: float = 4.5) -> Figure:
     fig = Figure(figsize=(width, height), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
@@ -113,7 +105,7 @@ def plot_by_type(records: Series, task: str = "inference", *, metric: str | None
     ax = fig.add_subplot()
     width = 0.8 / len(bars)
     x = np.arange(len(groups))
-    scale = _scale(metric)
+    scale = 1.0 if metric == "score" else 100.0  # a judge score as it is, P/R/F1 in %
     scored: dict[str, list[int]] = {}  # series -> instances entering ``metric`` per group
     for j, (label, m) in enumerate(bars):
         recs = series[label]
@@ -138,7 +130,7 @@ def plot_by_type(records: Series, task: str = "inference", *, metric: str | None
         ns = [scored[label][i] for label in series]
         ticks.append(f"{g}\n(n={ns[0] if len(set(ns)) == 1 else '/'.join(map(str, ns))})")
     ax.set_xticks(x, ticks)
-    ax.set_ylim(*_ylim(metric))
+    ax.set_ylim(0.0, 105.0 if scale == 100 else 10.5)
     ax.set_ylabel(("%" if scale == 100 else "") + (" " if scale == 100 else "") + LABELS.get(metric, metric)
                   if len(metrics) == 1 else "% (macro)")
     ax.set_title(title, fontsize=10)
@@ -153,7 +145,7 @@ def _binned_plot(series: dict[str, list[Mapping[str, Any]]], metric: str, bins: 
     """Shared body: one line per series through the per-bin statistic, CI bars, n per point."""
     fig = _figure(7.5, 4.6)
     ax = fig.add_subplot()
-    scale = _scale(metric)
+    scale = 1.0 if metric == "score" else 100.0  # a judge score as it is, P/R/F1 in %
     task = task_of(metric)
     field = "f1" if metric == "f1" else fields_of(metric)[0]  # the dots behind the statistic (F1: each instance's)
     rng = np.random.default_rng(seed)
@@ -191,7 +183,7 @@ def _binned_plot(series: dict[str, list[Mapping[str, Any]]], metric: str, bins: 
         for x, y, n in zip(xs, ys, ns, strict=False):
             ax.annotate(f"n={n}", (x, y), xytext=(4, 5), textcoords="offset points", fontsize=7, color=color)
     ax.set_xticks([b[0] for b in bins], [b[1] for b in bins], fontsize=8)
-    ax.set_ylim(*_ylim(metric))
+    ax.set_ylim(0.0, 105.0 if scale == 100 else 10.5)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(("% " if scale == 100 else "") + LABELS.get(metric, metric))
     ax.set_title(title, fontsize=10)

@@ -67,17 +67,6 @@ class _Batch:
     rejection: dict[str, Any] | None = None  # the errors it fails with at its first look (the enqueued-token limit)
 
 
-def _multipart(content_type: str, raw: bytes) -> dict[str, tuple[str | None, bytes]]:
-    """Form fields of a multipart/form-data body: name -> (filename, bytes)."""
-    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-        b"content-type: " + content_type.encode() + b"\r\n\r\n" + raw)
-    fields = {}
-    for part in message.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        fields[name] = (part.get_filename(), part.get_payload(decode=True) or b"")
-    return fields
-
-
 class BatchQueue:
     """Files and batches of one stub server; ``answer`` gives a row's reply as a live call would."""
 
@@ -129,11 +118,14 @@ class BatchQueue:
         return None
 
     def _upload(self, content_type: str, raw: bytes) -> tuple[int, Any]:
-        fields = _multipart(content_type, raw)
-        if fields.get("purpose", (None, b""))[1].decode() != "batch" or "file" not in fields:
+        message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+            b"content-type: " + content_type.encode() + b"\r\n\r\n" + raw)  # the multipart/form-data fields
+        fields = {part.get_param("name", header="content-disposition"): part.get_payload(decode=True) or b""
+                  for part in message.iter_parts()}
+        if fields.get("purpose", b"").decode() != "batch" or "file" not in fields:
             return 400, {"error": {"message": "purpose must be 'batch' and a file given",
                                    "type": "invalid_request_error", "param": "purpose", "code": None}}
-        data = fields["file"][1]
+        data = fields["file"]
         with self._lock:
             self.uploads += 1
             file_id = "file-" + hashlib.sha256(data + str(self.uploads).encode()).hexdigest()[:24]

@@ -1,28 +1,15 @@
 """A deterministic OpenAI-compatible stand-in model on 127.0.0.1, for fault injection and benchmarks.
 
-It is not a model: it recognises which CUPID pipeline step a request belongs to (from the
-prompt text, or from the JSON schema in ``response_format``) and returns a well-formed reply
-for that step, derived from a hash of the prompt, so the same request always gets the same
-answer. Synthesis steps are recognised by their schema alone and answered with JSON built from
-that schema (``schema_value``), so synthesis roles pointed at the stub need
-``structured_output=true``; the assistant simulator (free text) is recognised by its prompt.
-Around that it injects what real providers do: latency (fixed or jittered), HTTP 429 with
-``retry-after`` (or in each way providers say the wait: ``rate_limit_style``; a retry before that wait is over is
-counted), 500, 503, responses slower than the client's timeout, malformed bodies
-(truncated JSON, a wrong content-type, no ``choices``), replies cut at max_tokens (``length_steps``, counted as
-``length`` faults, live and in batch rows), context-length errors in the styles
-of several providers, unparseable replies for chosen steps, 200s without a completion (``choices: []``, or
-``content: null``), replies without ``usage``, a key's refusals (``refuse``: 401/403/404, ``insufficient_quota``,
-a daily limit) and the Batch API's (``batch_api.py``). The replies are ``stub_replies``', the faults
-``stub_faults``', the knobs ``stub_config.StubConfig``; this module is the server and its command line.
+This module is the server and its command line. What it answers is ``stub_replies``' (a well-formed reply for the
+CUPID step a request belongs to, from a hash of its prompt; a synthesis step is known by its schema alone, so
+synthesis roles pointed at the stub need ``structured_output=true``); the faults it injects are ``stub_faults``'
+(decided by hashes, so they do not depend on the order in which concurrent requests arrive), a key's limits and
+refusals ``rate_limits``', the Batch API ``batch_api``'s, and every knob is a field of ``stub_config.StubConfig``.
 
 What it *bills* is counted apart (``stats()["billed"]``), as a provider bills: every request it processed into a
 reply, including a slow one whose client had given up and a reply without a completion; never a 429, a 5xx or a
 refusal. A reply's tokens are its ``usage``; where it sends none (``omit_usage``), they are counted with litellm's
 ``token_counter`` (tiktoken), the rule a client must estimate them by.
-
-Fault decisions are deterministic too: they hash (seed, prompt, how many times this prompt
-was seen), so a run's faults do not depend on the order in which concurrent requests arrive.
 
 Counters per step (requests received, responses completed, faults by kind) are available
 in-process (``StubServer.stats()``) and over HTTP (``GET /stats``). A test can also close a

@@ -6,7 +6,7 @@
 - :func:`plot_by_history_length` — score against the history's length in words, in equal-size
   bins (paper Fig. 9);
 - :func:`save_run_plots` — all of them for one run, as PNG files;
-- :func:`report_figures` — the cross-model ones of a report's selection.
+- :func:`save_report_plots` — the cross-model ones of a report's selection.
 
 Every function takes either one run's records or ``{label: records}`` for several runs (one
 series each, e.g. one per model in the report) and returns a matplotlib ``Figure`` built with
@@ -341,3 +341,13 @@ def report_figures(selection: "Selection", *, n_boot: int = 1000, seed: int = 0
                 yield (f"{data.slug}_{evaluator}_{task}_{name}",
                        f"{task} {name.replace('_', ' ')}: data={data.label}, evaluator={evaluator}", fig)
 
+
+
+def save_report_plots(selection: "Selection", out_dir: Path, *, n_boot: int = 1000, seed: int = 0) -> list[Path]:
+    """``report_figures`` as PNG files in ``out_dir`` (a sweep's plots, logged on its parent run)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for stem, _, fig in report_figures(selection, n_boot=n_boot, seed=seed):
+        written.append(out_dir / f"{stem}.png")
+        fig.savefig(written[-1])
+    return written

@@ -79,13 +79,6 @@ def field_comments(cls: type) -> dict[str, str]:
     return out
 
 
-def _meaning(cls: type, name: str) -> str | None:
-    for klass in cls.__mro__:
-        if is_dataclass(klass) and name in field_comments(klass):
-            return field_comments(klass)[name]
-    return None
-
-
 def _shown(value: object) -> str:
     if value == "???":
         return "set by the choice"
@@ -124,7 +117,8 @@ def rows(prefix: str, cls: type, chosen: dict | None = None) -> Iterator[tuple[s
     for f in fields(cls):
         key, kind = f"{prefix}.{f.name}" if prefix else f.name, str(f.type)
         inner = _nested(kind, cls)
-        meaning = _meaning(cls, f.name)
+        meaning = next((field_comments(k)[f.name] for k in cls.__mro__
+                        if is_dataclass(k) and f.name in field_comments(k)), None)  # inherited fields too
         if inner is ModelConfig:  # a role: its own meaning, if any, then where its keys are
             meaning = f"{meaning + '; ' if meaning else ''}a model (`llm@{key}=<choice>`; its keys as under `model`)"
         yield key, kind, _default(f, chosen or {}), meaning
@@ -132,23 +126,8 @@ def rows(prefix: str, cls: type, chosen: dict | None = None) -> Iterator[tuple[s
             yield from rows(key, inner)
 
 
-def _settings() -> list[tuple[str, type]]:
-    from cupid_exp.settings import SETTINGS, _load_all
-
-    _load_all()
-    return sorted((name, cls.Config) for name, cls in SETTINGS.items())
-
-
 def _choices(group: str) -> str:
     return ", ".join(f"`{p.stem}`" for p in sorted((CONF / group).glob("*.yaml")))
-
-
-def _entry_defaults() -> dict[str, str]:
-    found = {}
-    for item in yaml.safe_load(ENTRY.read_text(encoding="utf-8"))["defaults"]:
-        if isinstance(item, dict):
-            found.update({str(k): str(v) for k, v in item.items()})
-    return found
 
 
 def _table(items: list[tuple[str, str, str, str | None]]) -> list[str]:
@@ -161,7 +140,8 @@ def _table(items: list[tuple[str, str, str, str | None]]) -> list[str]:
 
 def sections() -> list[tuple[str, str, list[tuple[str, str, str, str | None]]]]:
     """(title, first line, rows) of every section of the reference, in its order."""
-    chosen_of = _entry_defaults()
+    defaults = yaml.safe_load(ENTRY.read_text(encoding="utf-8"))["defaults"]
+    chosen_of = {str(k): str(v) for item in defaults if isinstance(item, dict) for k, v in item.items()}
     top = [r for r in rows("", RunConfig) if r[0] in ("seed", "prompts.dir", "paths.output_root")]
     out = [("Top level", "What every evaluation job has beside its groups (`prompts` and `paths` are the "
             "synthesis job's too).", top)]
@@ -175,7 +155,10 @@ def sections() -> list[tuple[str, str, list[tuple[str, str, str, str | None]]]]:
     out.append(("`setting`", f"What the model sees of an instance's history. Choices: {_choices('setting')} "
                 f"(default: `{chosen_of['setting']}`); each setting's own keys follow.",
                 list(rows("setting", SettingConfig))))
-    for name, cls in _settings():
+    from cupid_exp.settings import SETTINGS, _load_all
+
+    _load_all()
+    for name, cls in sorted((name, setting.Config) for name, setting in SETTINGS.items()):
         own = [r for r in rows("setting", cls) if r[0] != "setting.name"]
         if own:
             out.append((f"`setting={name}`", _summary(cls), own))

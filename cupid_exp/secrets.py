@@ -60,10 +60,6 @@ def is_headers_key(name: str) -> bool:
     return bool(_HEADERS_KEY.match(name))
 
 
-def _secret_query_name(name: str) -> bool:
-    return is_secret_key(name) or name.lower() in _SECRET_QUERY
-
-
 def url_credentials(text: str) -> list[str]:
     """The credentials written into URLs in ``text``: each ``user:password`` (and the password alone) before an
     '@', each value of a secret-looking query parameter (``?api_key=…``, ``?token=…``, ``?sig=…``), as written
@@ -81,7 +77,7 @@ def url_credentials(text: str) -> list[str]:
             found += [password, unquote(password)] if password else []
         for pair in parts.query.split("&"):
             name, _, value = pair.partition("=")
-            if value and _secret_query_name(unquote(name)):
+            if value and (is_secret_key(unquote(name)) or unquote(name).lower() in _SECRET_QUERY):
                 found += [value, unquote(value)]
     return [s for s in dict.fromkeys(found) if s]
 
@@ -119,11 +115,6 @@ def _redacted(value: object) -> object:
     return value
 
 
-def _names_secret_env(name: str) -> bool:
-    """'api_key_env' and the like: the value is the NAME of an env var that holds a secret."""
-    return name.lower().endswith("_env") and is_secret_key(name[: -len("_env")])
-
-
 def _leaves(value: object) -> Iterator[str]:
     """Every string inside a nested container (a header block's values)."""
     if isinstance(value, Mapping):
@@ -157,8 +148,9 @@ def _config_secrets(value: object) -> Iterable[str]:
                                            or all(isinstance(x, str) for x in v) and not isinstance(v, Mapping))
                     or is_headers_key(str(k))):
                 yield from _leaves(v)
-            elif _names_secret_env(str(k)) and isinstance(v, str) and (named := os.environ.get(v)):
-                yield named  # a key in an env var of any name, e.g. api_key_env: MY_CREDS
+            elif (str(k).lower().endswith("_env") and is_secret_key(str(k)[:-4]) and isinstance(v, str)
+                  and (named := os.environ.get(v))):
+                yield named  # api_key_env and the like name the env var that holds a key: MY_CREDS
             else:
                 yield from _config_secrets(v)
     elif isinstance(value, (list, tuple)):
@@ -210,11 +202,6 @@ def env_snapshot() -> dict[str, str]:
     return {k: v for k in list(os.environ) if (v := os.environ.get(k)) is not None}
 
 
-def _worth_scrubbing(credential: str) -> bool:
-    """Long enough to be searched for in free text: a ``user:password`` pair is distinctive however short."""
-    return len(credential) >= _MIN_SECRET_LEN or (":" in credential and len(credential) >= 4)
-
-
 def secret_values(config: object = None) -> list[str]:
     """Secret strings known now: env vars named like keys/tokens, values under secret config keys and header
     blocks (in config data or in override strings), and credentials in any URL of the config or the environment."""
@@ -224,7 +211,9 @@ def secret_values(config: object = None) -> list[str]:
     if config is not None:
         found |= {v for v in _config_secrets(config) if len(v) >= _MIN_SECRET_LEN}
         texts += list(_texts(config))
-    found |= {c for text in texts if "://" in text for c in url_credentials(text) if _worth_scrubbing(c)}
+    # long enough to be searched for in free text (a ``user:password`` pair is distinctive however short)
+    found |= {c for text in texts if "://" in text for c in url_credentials(text)
+              if len(c) >= _MIN_SECRET_LEN or (":" in c and len(c) >= 4)}
     return sorted(found, key=len, reverse=True)
 
 
@@ -239,10 +228,6 @@ def scrub(text: str, secrets: Iterable[str]) -> str:
 _YAML_MASKED_VALUE = re.compile(r"^([ \t]*(?:-[ \t]+|[^\s#'\"][^:#\n]*:[ \t]+)+)(\*\*\*.*?)[ \t]*$", re.MULTILINE)
 
 
-def _yaml_safe(text: str) -> str:
-    return _YAML_MASKED_VALUE.sub(lambda m: m.group(1) + "'" + m.group(2).replace("'", "''") + "'", text)
-
-
 def scrub_file(path: Path, secrets: Iterable[str]) -> None:
     """Mask secrets in a file in place, atomically (parallel jobs may scrub the sweep's multirun.yaml at once); a
     YAML file stays YAML."""
@@ -250,7 +235,7 @@ def scrub_file(path: Path, secrets: Iterable[str]) -> None:
         text = path.read_text(encoding="utf-8", errors="replace")
         cleaned = scrub(text, secrets)
         if cleaned != text and path.suffix in (".yaml", ".yml"):
-            cleaned = _yaml_safe(cleaned)
+            cleaned = _YAML_MASKED_VALUE.sub(lambda m: m.group(1) + "'" + m.group(2).replace("'", "''") + "'", cleaned)
         if cleaned != text:
             from cupid_exp.outputs import atomic_write_text
 

@@ -170,15 +170,6 @@ def check_path(path_str: str | None) -> Path:
     return path
 
 
-def _raw_rows_local(path_str: str | None) -> Iterator[tuple[str, Any]]:
-    path = check_path(path_str)
-    if path.is_dir():
-        for f in sorted(p for p in path.iterdir() if p.suffix in LOCAL_SUFFIXES and p.is_file()):
-            yield from _raw_rows_from_file(f)
-    else:
-        yield from _raw_rows_from_file(path)
-
-
 class HubDataError(DataError):
     """The Hub data set cannot be had: one line naming the data choice, what failed and what to do."""
 
@@ -187,21 +178,21 @@ class HubDataError(DataError):
         ValueError.__init__(self, f"{where}: {problem}")
 
 
-def _raw_rows_hub(cfg: DataConfig) -> Iterator[tuple[str, Any]]:
-    try:
-        ds = load_hub_dataset(cfg.hf_name, cfg.split, cfg.revision)
-    except HubUnavailable as exc:
-        raise HubDataError(f"data={cfg.name}", str(exc)) from None
-    for i, row in enumerate(ds):
-        yield f"{cfg.hf_name}[{cfg.split}] row {i}", _plain(row)
-
-
 def raw_rows(cfg: DataConfig) -> Iterator[tuple[str, Any]]:
     if cfg.source == "sample":
-        return _jsonl_rows(SAMPLE_PATH)
-    if cfg.source == "local":
-        return _raw_rows_local(cfg.path)
-    return _raw_rows_hub(cfg)
+        yield from _jsonl_rows(SAMPLE_PATH)
+    elif cfg.source == "local":
+        path = check_path(cfg.path)
+        for file in sorted(path.iterdir()) if path.is_dir() else [path]:
+            if file.suffix in LOCAL_SUFFIXES and file.is_file():
+                yield from _raw_rows_from_file(file)
+    else:
+        try:
+            ds = load_hub_dataset(cfg.hf_name, cfg.split, cfg.revision)
+        except HubUnavailable as exc:
+            raise HubDataError(f"data={cfg.name}", str(exc)) from None
+        for i, row in enumerate(ds):
+            yield f"{cfg.hf_name}[{cfg.split}] row {i}", _plain(row)
 
 
 def load_instances(cfg: DataConfig) -> LoadedData:

@@ -95,13 +95,6 @@ def _implied(prefix: list[str], added: list[str], composed: Composed | None, con
     return kept
 
 
-def _inside(overrides: Sequence[str], choices: Sequence[str]) -> list[str]:
-    """The value overrides that set keys inside the config nodes the group ``choices`` fill: ``setting.top_k=3``
-    is inside ``setting=standard``, ``evaluator.judge.name=x`` inside ``llm@evaluator.judge=local``."""
-    nodes = [_override_key(c).split("@", 1)[-1] + "." for c in choices]
-    return [o for o in overrides if any(_override_key(o).startswith(node) for node in nodes)]
-
-
 class Reach(NamedTuple):
     overrides: list[str]  # to append after the base (less ``superseded``)
     notes: list[str]
@@ -140,7 +133,9 @@ def overrides_to_reach(base: Sequence[str], target: RunSpec, *, conf_dir: str | 
             else:
                 wanted.append(f"{group}={want}")
         wanted = [w for w in wanted if w not in failed]
-        stale = _inside(base, wanted)
+        # base overrides inside the nodes these choices fill (``setting.top_k=3`` inside ``setting=standard``)
+        nodes = [_override_key(w).split("@", 1)[-1] + "." for w in wanted]
+        stale = [o for o in base if any(_override_key(o).startswith(node) for node in nodes)]
         if stale and _try_compose([*base, *out, *wanted], conf_dir) is None:
             kept = [o for o in base if o not in stale]
             if _try_compose([*kept, *out, *wanted], conf_dir) is not None:

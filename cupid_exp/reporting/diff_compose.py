@@ -1,5 +1,5 @@
 """Composing a config as ``python -m cupid_exp`` would, and writing values and differences in Hydra's override
-grammar (no library emits Hydra overrides, so ``format_value`` stays hand-written)."""
+grammar (Hydra quotes a string for us, but writes no whole value as an override, so ``format_value`` does)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from hydra.core.override_parser.types import Quote, QuotedString
 from omegaconf import DictConfig, OmegaConf
 
 from cupid_exp.reporting.diff_specs import job_choices, resolved
@@ -58,23 +59,8 @@ def compose(overrides: Sequence[str], conf_dir: str | Path | None = None) -> Com
     del cfg["hydra"]
     return Composed(redact(resolved(cfg)), cfg, choices)
 def _quote(text: str) -> str:
-    """Hydra single-quoted string: escape quotes, and backslashes that precede a quote or the end."""
-    out, i = [], 0
-    while i < len(text):
-        if text[i] == "\\":
-            j = i
-            while j < len(text) and text[j] == "\\":
-                j += 1
-            run = text[i:j]
-            out.append(run * 2 if j == len(text) or text[j] == "'" else run)
-            i = j
-        elif text[i] == "'":
-            out.append("\\'")
-            i += 1
-        else:
-            out.append(text[i])
-            i += 1
-    return "'" + "".join(out) + "'"
+    """Hydra's single-quoted string: quotes escaped, and the backslashes before a quote or the end doubled."""
+    return QuotedString(text=text, quote=Quote.single).with_quotes()
 
 
 def format_value(value: object) -> str:

@@ -19,6 +19,7 @@ enter it under the failure policy, comes from ``cupid_exp.scoring``.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 from pathlib import Path
@@ -60,19 +61,6 @@ def _metric(metric: str) -> tuple[str, str]:
     if task is None:
         raise ValueError(f"metric={metric!r}; expected one of {[m for ms in TASK_METRICS.values() for m in ms]}")
     return metric, task
-
-
-def _point_field(metric: str) -> str:
-    """The per-instance field shown as faint dots behind the binned statistic (F1: each instance's own)."""
-    return "f1" if metric == "f1" else fields_of(metric)[0]
-
-
-def _scale(metric: str) -> float:
-    return 1.0 if metric == "score" else 100.0
-
-
-def _ylim(metric: str) -> tuple[float, float]:
-    return (0.0, 10.5) if metric == "score" else (0.0, 105.0)
 
 
 def _figure(width: float = 7.5, height: float = 4.5) -> Figure:
@@ -117,7 +105,7 @@ def plot_by_type(records: Series, task: str = "inference", *, metric: str | None
     ax = fig.add_subplot()
     width = 0.8 / len(bars)
     x = np.arange(len(groups))
-    scale = _scale(metric)
+    scale = 1.0 if metric == "score" else 100.0  # a judge score as it is, P/R/F1 in %
     scored: dict[str, list[int]] = {}  # series -> instances entering ``metric`` per group
     for j, (label, m) in enumerate(bars):
         recs = series[label]
@@ -142,7 +130,7 @@ def plot_by_type(records: Series, task: str = "inference", *, metric: str | None
         ns = [scored[label][i] for label in series]
         ticks.append(f"{g}\n(n={ns[0] if len(set(ns)) == 1 else '/'.join(map(str, ns))})")
     ax.set_xticks(x, ticks)
-    ax.set_ylim(*_ylim(metric))
+    ax.set_ylim(0.0, 105.0 if scale == 100 else 10.5)
     ax.set_ylabel(("%" if scale == 100 else "") + (" " if scale == 100 else "") + LABELS.get(metric, metric)
                   if len(metrics) == 1 else "% (macro)")
     ax.set_title(title, fontsize=10)
@@ -151,14 +139,15 @@ def plot_by_type(records: Series, task: str = "inference", *, metric: str | None
     return fig
 
 
-def _binned_plot(series: dict[str, list[Mapping[str, Any]]], metric: str, bins: list[tuple[float, str, Any]],
+def _binned_plot(series: dict[str, list[Mapping[str, Any]]], metric: str, bins: list[tuple[float, str]],
                  assign, *, n_boot: int, seed: int, failure_policy: str, title: str, xlabel: str,
-                 dots: bool, footnote: str) -> Figure:
+                 footnote: str) -> Figure:
     """Shared body: one line per series through the per-bin statistic, CI bars, n per point."""
     fig = _figure(7.5, 4.6)
     ax = fig.add_subplot()
-    scale = _scale(metric)
-    task, field = task_of(metric), _point_field(metric)
+    scale = 1.0 if metric == "score" else 100.0  # a judge score as it is, P/R/F1 in %
+    task = task_of(metric)
+    field = "f1" if metric == "f1" else fields_of(metric)[0]  # the dots behind the statistic (F1: each instance's)
     rng = np.random.default_rng(seed)
     for j, (label, recs) in enumerate(series.items()):
         color = COLORS[j % len(COLORS)]
@@ -168,7 +157,7 @@ def _binned_plot(series: dict[str, list[Mapping[str, Any]]], metric: str, bins: 
             if b is not None:
                 members[b].append(r)
         xs, ys, lo, hi, ns = [], [], [], [], []
-        for (x, _, _), part in zip(bins, members, strict=False):
+        for (x, _), part in zip(bins, members, strict=False):
             est = bootstrap_ci(part, metric, n_boot=n_boot, seed=seed, failure_policy=failure_policy)
             if est.n == 0:
                 continue
@@ -178,9 +167,9 @@ def _binned_plot(series: dict[str, list[Mapping[str, Any]]], metric: str, bins: 
             lo.append(e[0])
             hi.append(e[1])
             ns.append(est.n)
-        if dots and len(series) == 1:
+        if len(series) == 1:  # each instance's own value as a faint dot
             px, py = [], []
-            for (x, _, _), part in zip(bins, members, strict=False):
+            for (x, _), part in zip(bins, members, strict=False):
                 frame = task_frame(part, task, failure_policy)  # the instances the statistic is over
                 for v in (frame[field].dropna() if field in frame else []):
                     px.append(x + rng.uniform(-0.12, 0.12) * (bins[1][0] - bins[0][0] if len(bins) > 1 else 1))
@@ -194,7 +183,7 @@ def _binned_plot(series: dict[str, list[Mapping[str, Any]]], metric: str, bins: 
         for x, y, n in zip(xs, ys, ns, strict=False):
             ax.annotate(f"n={n}", (x, y), xytext=(4, 5), textcoords="offset points", fontsize=7, color=color)
     ax.set_xticks([b[0] for b in bins], [b[1] for b in bins], fontsize=8)
-    ax.set_ylim(*_ylim(metric))
+    ax.set_ylim(0.0, 105.0 if scale == 100 else 10.5)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(("% " if scale == 100 else "") + LABELS.get(metric, metric))
     ax.set_title(title, fontsize=10)
@@ -234,7 +223,7 @@ def plot_by_relevant_position(records: Series, metric: str = "f1", *, n_boot: in
                if isinstance(r.get("n_prior_sessions"), int)]
     first = int(math.floor(min(means)))
     last = int(math.floor(max(means)))
-    bins = [(k + 0.5, f"{k}–{k + 1}" if k + 1 <= (max(n_prior) if n_prior else last + 1) else f"{k}", None)
+    bins = [(k + 0.5, f"{k}–{k + 1}" if k + 1 <= (max(n_prior) if n_prior else last + 1) else f"{k}")
             for k in range(first, last + 1)]
 
     def assign(r: Mapping[str, Any]) -> int | None:
@@ -247,7 +236,7 @@ def plot_by_relevant_position(records: Series, metric: str = "f1", *, n_boot: in
     footnote = "; ".join(x for x in [hist, "1 = oldest session",
                                      f"{left_out} instance(s) without relevant positions left out" if left_out
                                      else ""] if x)
-    return _binned_plot(series, metric, bins, assign, title=title, dots=True, footnote=footnote,
+    return _binned_plot(series, metric, bins, assign, title=title, footnote=footnote,
                         xlabel="mean position of the relevant sessions (bins of one session)", **fig_args)
 
 
@@ -267,20 +256,12 @@ def plot_by_history_length(records: Series, metric: str = "f1", *, n_bins: int =
     # equal-size bins over all instances pooled (several runs of the same data share the same bins)
     chunks = [c for c in np.array_split(np.array(words), max(1, min(n_bins, len(words)))) if len(c)]
     uppers = [float(c[-1]) for c in chunks]
-    bins = []
-    for i, c in enumerate(chunks):
-        lo, hi = float(c[0]), float(c[-1])
-        label = f"{lo / 1000:.1f}k–{hi / 1000:.1f}k" if hi >= 10_000 else f"{lo:.0f}–{hi:.0f}"
-        bins.append((float(i), label, None))
+    bins = [(float(i), f"{c[0] / 1000:.1f}k–{c[-1] / 1000:.1f}k" if c[-1] >= 10_000 else f"{c[0]:.0f}–{c[-1]:.0f}")
+            for i, c in enumerate(chunks)]
 
     def assign(r: Mapping[str, Any]) -> int | None:
         w = r.get("history_words")
-        if not isinstance(w, (int, float)):
-            return None
-        for i, upper in enumerate(uppers):
-            if w <= upper:
-                return i
-        return len(uppers) - 1
+        return min(bisect.bisect_left(uppers, w), len(uppers) - 1) if isinstance(w, (int, float)) else None
 
     total = sum(len(recs) for recs in series.values())
     sizes = sorted({len(c) // max(1, len(series)) for c in chunks})
@@ -288,21 +269,7 @@ def plot_by_history_length(records: Series, metric: str = "f1", *, n_bins: int =
     footnote = f"{len(chunks)} bins of {size} instances by words in the prior sessions" + (
         f"; {total - len(words)} instance(s) without history_words left out" if total - len(words) else "")
     return _binned_plot(series, metric, bins, assign, n_boot=n_boot, seed=seed, failure_policy=failure_policy,
-                        title=title, xlabel="history length (words in the prior sessions)", dots=True,
-                        footnote=footnote)
-
-
-def _parts(parts: str | Sequence[str]) -> list[str]:
-    """One task part's name, or several; each must be a task with numbers."""
-    names = [parts] if isinstance(parts, str) else list(parts)
-    unknown = [p for p in names if p not in TASK_METRICS]
-    if unknown:
-        raise ValueError(f"parts={parts!r}; expected parts from {sorted(TASK_METRICS)}")
-    return names
-
-
-def _has(records: Sequence[Mapping[str, Any]], field: str) -> bool:
-    return any(r.get(field) is not None for r in records)
+                        title=title, xlabel="history length (words in the prior sessions)", footnote=footnote)
 
 
 def save_run_plots(records: Sequence[Mapping[str, Any]], parts: Sequence[str] | str, out_dir: str | Path, *,
@@ -315,13 +282,16 @@ def save_run_plots(records: Sequence[Mapping[str, Any]], parts: Sequence[str] | 
     (needs ``history_words``). A plot whose data the records lack is skipped (and logged),
     not written empty.
     """
+    names = [parts] if isinstance(parts, str) else list(parts)
+    if any(p not in TASK_METRICS for p in names):
+        raise ValueError(f"parts={parts!r}; expected parts from {sorted(TASK_METRICS)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     records = list(records)
     kw = dict(n_boot=n_boot, seed=seed, failure_policy=failure_policy)
     prefix = f"{title_prefix}: " if title_prefix else ""
     written: list[Path] = []
-    for t in _parts(parts):
+    for t in names:
         metric = HEADLINE[t]
         if task_frame(records, t, failure_policy).empty:
             log.info("no scored %s instances: no %s plots", t, t)
@@ -333,22 +303,15 @@ def save_run_plots(records: Sequence[Mapping[str, Any]], parts: Sequence[str] | 
                 records, metric, title=f"{prefix}{LABELS[metric]} vs. position of the relevant sessions", **kw)
         else:
             log.info("records carry no relevant_positions: %s_by_position skipped", t)
-        if _has(records, "history_words"):
+        if any(r.get("history_words") is not None for r in records):
             figures[f"{t}_by_history_length"] = plot_by_history_length(
                 records, metric, title=f"{prefix}{LABELS[metric]} vs. history length", **kw)
         else:
             log.info("records carry no history_words: %s_by_history_length skipped", t)
-        written += _save(figures, out, "")
+        for name, fig in figures.items():
+            written.append(out / f"{name}.png")
+            fig.savefig(written[-1])
     return written
-
-
-def _save(figures: Mapping[str, Figure], out: Path, stem: str) -> list[Path]:
-    paths = []
-    for name, fig in figures.items():
-        path = out / f"{stem}{name}.png"
-        fig.savefig(path)
-        paths.append(path)
-    return paths
 
 
 def report_figures(selection: "Selection", *, n_boot: int = 1000, seed: int = 0
@@ -379,9 +342,12 @@ def report_figures(selection: "Selection", *, n_boot: int = 1000, seed: int = 0
                        f"{task} {name.replace('_', ' ')}: data={data.label}, evaluator={evaluator}", fig)
 
 
+
 def save_report_plots(selection: "Selection", out_dir: Path, *, n_boot: int = 1000, seed: int = 0) -> list[Path]:
+    """``report_figures`` as PNG files in ``out_dir`` (a sweep's plots, logged on its parent run)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for stem, _, fig in report_figures(selection, n_boot=n_boot, seed=seed):
-        written += _save({stem: fig}, out_dir, "")
+        written.append(out_dir / f"{stem}.png")
+        fig.savefig(written[-1])
     return written

@@ -29,16 +29,6 @@ def _markdown_table(frame: pd.DataFrame) -> str:
     return escaped.to_markdown(index=False, tablefmt="pipe", disable_numparse=True)
 
 
-def render_markdown(tables: Sequence[Table], notes: Sequence[str] = ()) -> str:
-    out = []
-    for t in tables:
-        out += [f"### {t.title}", "", _markdown_table(t.frame), ""]
-        out += [f"- {n}" for n in t.notes] + ([""] if t.notes else [])
-    if notes:
-        out += ["Notes:", ""] + [f"- {n}" for n in notes]
-    return "\n".join(out) + "\n"
-
-
 def _html_table(frame: pd.DataFrame) -> str:
     """``to_html``, with the paper's rows (first cell 'paper: …') in class ``paper``."""
     text = frame.to_html(index=False, border=0)
@@ -56,7 +46,21 @@ def _figure(caption: str, png: bytes) -> str:
             f"<figcaption>{html.escape(caption)}</figcaption></figure>")
 
 
-def render_html(tables: Sequence[Table], notes: Sequence[str] = (), images: Sequence[Image] = ()) -> str:
+def render(tables: Sequence[Table], notes: Sequence[str], fmt: str, images: Sequence[Image] = ()) -> str:
+    """The report in ``fmt``; ``images`` (caption, PNG) go inside an HTML page (the other formats name files)."""
+    if fmt == "csv":  # every number of every table, a row each (the tables' ``long`` frames, columns united)
+        frames = [t.long for t in tables if not t.long.empty]
+        return pd.concat(frames, ignore_index=True).to_csv(index=False) if frames else ""
+    if fmt == "markdown":
+        out = []
+        for t in tables:
+            out += [f"### {t.title}", "", _markdown_table(t.frame), ""]
+            out += [f"- {n}" for n in t.notes] + ([""] if t.notes else [])
+        if notes:
+            out += ["Notes:", ""] + [f"- {n}" for n in notes]
+        return "\n".join(out) + "\n"
+    if fmt != "html":
+        raise ValueError(f"format {fmt!r}; expected one of {', '.join(FORMATS)}")
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>CUPID report</title><style>{STYLE}</style>"
              "</head><body>"]
     for t in tables:
@@ -70,20 +74,3 @@ def render_html(tables: Sequence[Table], notes: Sequence[str] = (), images: Sequ
         parts.extend(_figure(caption, png) for caption, png in images)
     parts.append("</body></html>")
     return "\n".join(parts)
-
-
-def render_csv(tables: Sequence[Table]) -> str:
-    """Every number of every table, a row each (the tables' ``long`` frames, columns united)."""
-    frames = [t.long for t in tables if not t.long.empty]
-    return pd.concat(frames, ignore_index=True).to_csv(index=False) if frames else ""
-
-
-def render(tables: Sequence[Table], notes: Sequence[str], fmt: str, images: Sequence[Image] = ()) -> str:
-    """The report in ``fmt``; ``images`` (caption, PNG) go inside an HTML page (the other formats name files)."""
-    if fmt == "markdown":
-        return render_markdown(tables, notes)
-    if fmt == "csv":
-        return render_csv(tables)
-    if fmt == "html":
-        return render_html(tables, notes, images)
-    raise ValueError(f"format {fmt!r}; expected one of {', '.join(FORMATS)}")

@@ -35,19 +35,18 @@ class Table:
     notes: list[str] = field(default_factory=list)
 
 
-def cell_text(value: float, low: float, high: float, task: str) -> str:
-    """'43.0 [39.8–46.1]' (inference, in %), '6.46 [6.10–6.80]' (judge score), '–' for no number."""
-    if value is None or pd.isna(value):
-        return "–"
-    factor, digits = SCALE[task]
-    low, high = (math.nan if pd.isna(x) else float(x) for x in (low, high))
-    return Estimate("", float(value), low, high, 0, 0).fmt(factor, digits)
-
-
 def with_text(frame: pd.DataFrame, task: str) -> pd.DataFrame:
-    text = [cell_text(v, lo, hi, task)
-            for v, lo, hi in zip(frame["value"], frame["ci_low"], frame["ci_high"], strict=True)]  # a frame's columns
-    return frame.assign(text=pd.Series(text, index=frame.index, dtype=object))
+    """Each number's cell: '43.0 [39.8–46.1]' (inference, in %), '6.46 [6.10–6.80]' (judge score), '–' for none."""
+    factor, digits = SCALE[task]
+
+    def text(value: float, low: float, high: float) -> str:
+        if value is None or pd.isna(value):
+            return "–"
+        low, high = (math.nan if pd.isna(x) else float(x) for x in (low, high))
+        return Estimate("", float(value), low, high, 0, 0).fmt(factor, digits)
+
+    cells = [text(*row) for row in zip(frame["value"], frame["ci_low"], frame["ci_high"], strict=True)]
+    return frame.assign(text=pd.Series(cells, index=frame.index, dtype=object))
 
 
 def run_numbers(tidy: pd.DataFrame, task: str, data: str | None, evaluator: str) -> pd.DataFrame:

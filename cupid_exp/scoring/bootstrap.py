@@ -199,16 +199,19 @@ def _seeded_weights(n_clusters: int, n_boot: int, seed: int, n_epochs: int = 1) 
     return weights
 
 
+def _scored(records: Iterable[Mapping[str, Any]], metric: str, cluster: str, failure_policy: str
+            ) -> tuple[_Clusters, int]:
+    """The clusters an interval resamples (with epochs, each persona's epochs as cells) and the epoch count."""
+    rows, cell, ids, k = _epoch_cells(_rows(list(records), metric, failure_policy), cluster)
+    return _scored_clusters(_clusters(rows, fields_of(metric), cell, ids), k), k
+
+
 def bootstrap_distribution(records: Sequence[Mapping[str, Any]], metric: str, *, n_boot: int = DEFAULT_N_BOOT,
                            seed: int = 0, cluster: str = "persona_id",
                            failure_policy: str = "exclude") -> np.ndarray:
     """The ``n_boot`` resampled values of ``metric`` (for tests and plots)."""
-    rows, cell, ids, k = _epoch_cells(_rows(list(records), metric, failure_policy), cluster)
-    cl = _scored_clusters(_clusters(rows, fields_of(metric), cell, ids), k)
-    if cl.n == 0:
-        return np.full(n_boot, np.nan)
-    weights = _seeded_weights(cl.n // k, n_boot, seed, k)
-    return _statistic(metric, cl, weights)
+    cl, k = _scored(records, metric, cluster, failure_policy)
+    return _statistic(metric, cl, _seeded_weights(cl.n // k, n_boot, seed, k)) if cl.n else np.full(n_boot, np.nan)
 
 
 def point_estimate(records: Sequence[Mapping[str, Any]], metric: str, *, cluster: str = "persona_id",
@@ -223,10 +226,8 @@ def bootstrap_ci(records: Iterable[Mapping[str, Any]], metric: str, *, n_boot: i
                  seed: int = 0, level: float = 0.95, cluster: str = "persona_id",
                  failure_policy: str = "exclude") -> Estimate:
     """Point estimate and cluster-bootstrap percentile interval of ``metric`` over ``records``."""
-    fields = fields_of(metric)
-    rows, cell, ids, k = _epoch_cells(_rows(list(records), metric, failure_policy), cluster)
-    cl = _scored_clusters(_clusters(rows, fields, cell, ids), k)
-    n = int(cl.counts[fields[0]].sum())
+    cl, k = _scored(records, metric, cluster, failure_policy)
+    n = int(cl.counts[fields_of(metric)[0]].sum())
     n_clusters = cl.n // k
     if n == 0:
         return Estimate(metric, math.nan, math.nan, math.nan, 0, 0, level, n_boot, seed)

@@ -81,19 +81,16 @@ def epoch_metrics(records: Sequence[Mapping[str, Any]], parts: Sequence[str], fa
     epochs = sorted({r["epoch"] for r in records if r.get("epoch") is not None})
     if len(epochs) < 2:
         return {}
-    out: dict[str, float] = {}
+    import pandas as pd
+
+    by_epoch: dict[int, dict[str, float]] = {}
     for epoch in epochs:
         mine = [r for r in records if r.get("epoch") == epoch]
-        for part in parts:
-            flat = flat_metrics(part, task_metrics(mine, part, failure_policy))
-            out.update({f"epoch/{epoch}/{k}": v for k, v in flat.items() if k.count("/") == 1})  # overall only
-    names = {k.split("/", 2)[2] for k in out}
-    for name in sorted(names):
-        values = [out[f"epoch/{e}/{name}"] for e in epochs if f"epoch/{e}/{name}" in out]
-        values = [v for v in values if v == v]
-        if values:
-            out[f"epoch/mean/{name}"] = sum(values) / len(values)
-    return out
+        flat = {k: v for part in parts for k, v in flat_metrics(part, task_metrics(mine, part, failure_policy)).items()}
+        by_epoch[epoch] = {k: v for k, v in flat.items() if k.count("/") == 1}  # overall numbers only
+    out = {f"epoch/{epoch}/{k}": v for epoch, flat in by_epoch.items() for k, v in flat.items()}
+    means = pd.DataFrame(by_epoch).mean(axis=1)  # a row per metric, a column per epoch; NaN left out
+    return out | {f"epoch/mean/{name}": float(v) for name, v in means.items() if v == v}
 
 
 def summarize(records: Sequence[Mapping[str, Any]], parts: Sequence[str], *, failure_policy: str, meter: UsageMeter,

@@ -57,13 +57,6 @@ def parse_summaries(text: str, n_sessions: int) -> list[dict[str, Any]]:
     return out
 
 
-def _dry_summaries(n: int):
-    def reply(messages: list[dict]) -> str:
-        return json.dumps({"summaries": [{"session_id": i + 1, "analysis": PLACEHOLDER, "context": [PLACEHOLDER],
-                                          "preferences": [PLACEHOLDER]} for i in range(n)]})
-    return reply
-
-
 @register
 class Summary(Setting):
     name = "summary"
@@ -79,7 +72,9 @@ class Summary(Setting):
         messages = ctx.prompts.get(SUMMARIZER_PROMPT).messages(
             ctx.subject.model.system_role, interaction_log=interaction_log(sessions))
         n = len(sessions)
+        dry = json.dumps({"summaries": [{"session_id": i + 1, "analysis": PLACEHOLDER, "context": [PLACEHOLDER],
+                                         "preferences": [PLACEHOLDER]} for i in range(n)]})
         summaries = await ask(ctx.subject, "summarize", messages, lambda text: parse_summaries(text, n),
                               transcript=transcript, schema=summary_schema(n), params=dict(self.config.summary_params),
-                              retry=ctx.retry, dry_reply=_dry_summaries(n))
+                              retry=ctx.retry, dry_reply=lambda messages: dry)
         return View(summary_log(summaries), positions, output=SettingOutput(summaries=summaries))

@@ -68,16 +68,9 @@ def make_template(seed: int, persona_index: int) -> JourneyTemplate:
     b_positions = sorted(rng.sample([i for i in prior if i not in a_positions], 2))
     other_positions = [i for i in prior if i not in a_positions and i not in b_positions]
     other_factors = rng.sample(range(PAIR[0]), len(other_positions))
-    kinds: dict[int, tuple[str, int]] = {}
-    for i in a_positions[:2]:
-        kinds[i] = (CURRENT, current)
-    for i in a_positions[2:]:
-        kinds[i] = (CHANGED, current)
-    for i in b_positions:
-        kinds[i] = (CONTRASTIVE, contrastive)
-    for i, f in zip(other_positions, other_factors, strict=False):
-        kinds[i] = (OTHER, f)
-    kinds[N_SESSIONS - 1] = (FINAL, current)
+    kinds = {**{i: (CURRENT, current) for i in a_positions[:2]}, **{i: (CHANGED, current) for i in a_positions[2:]},
+             **{i: (CONTRASTIVE, contrastive) for i in b_positions}, N_SESSIONS - 1: (FINAL, current),
+             **{i: (OTHER, f) for i, f in zip(other_positions, other_factors, strict=False)}}
     slots = tuple(Slot(i, *kinds[i]) for i in range(N_SESSIONS))
     return JourneyTemplate(slots=slots, current_factor=current, contrastive_factor=contrastive,
                            drop_contrastive=tuple(sorted(rng.sample(other_positions, 2))),

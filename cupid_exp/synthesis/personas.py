@@ -70,17 +70,10 @@ def sample_templates(n: int, seed: int, seeds: Sequence[str]) -> list[PersonaTem
     traits = BalancedSampler(taxonomy.PERSONALITY_TRAITS, rng)
     values = BalancedSampler(taxonomy.PERSONAL_VALUES, rng)
     styles = BalancedSampler(taxonomy.DECISION_STYLES, rng)
-    out = []
-    for i in range(n):
-        out.append(PersonaTemplate(
-            index=i + 1,
-            seed_description=seeds[i % len(seeds)],
-            career_level=career.draw(1)[0],
-            personality_traits=tuple(traits.draw(2, _distinct_traits)),  # type: ignore[arg-type]
-            personal_values=tuple(values.draw(2)),  # type: ignore[arg-type]
-            decision_making_style=styles.draw(1)[0],
-        ))
-    return out
+    return [PersonaTemplate(index=i + 1, seed_description=seeds[i % len(seeds)], career_level=career.draw(1)[0],
+                            personality_traits=tuple(traits.draw(2, _distinct_traits)),  # type: ignore[arg-type]
+                            personal_values=tuple(values.draw(2)),  # type: ignore[arg-type]
+                            decision_making_style=styles.draw(1)[0]) for i in range(n)]
 
 
 def builtin_seeds(n: int, seed: int) -> list[str]:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from cupid_exp.testing.rate_limits import refusal
+from cupid_exp.testing.stub_replies import prompt_tokens
 
 Answer = Callable[[dict[str, Any]], dict[str, Any]]  # a request body -> a chat.completion body
 FaultReply = Callable[[str], tuple[int, dict[str, Any], dict[str, str]]]  # "429" | "500" | "503" -> a live reply
@@ -64,17 +65,6 @@ class _Batch:
     counts: dict[str, int] = field(default_factory=lambda: {"total": 0, "completed": 0, "failed": 0})
     tokens: int = 0  # its rows' prompt tokens, enqueued while it is in progress
     rejection: dict[str, Any] | None = None  # the errors it fails with at its first look (the enqueued-token limit)
-
-
-def _multipart(content_type: str, raw: bytes) -> dict[str, tuple[str | None, bytes]]:
-    """Form fields of a multipart/form-data body: name -> (filename, bytes)."""
-    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-        b"content-type: " + content_type.encode() + b"\r\n\r\n" + raw)
-    fields = {}
-    for part in message.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        fields[name] = (part.get_filename(), part.get_payload(decode=True) or b"")
-    return fields
 
 
 class BatchQueue:
@@ -128,11 +118,14 @@ class BatchQueue:
         return None
 
     def _upload(self, content_type: str, raw: bytes) -> tuple[int, Any]:
-        fields = _multipart(content_type, raw)
-        if fields.get("purpose", (None, b""))[1].decode() != "batch" or "file" not in fields:
+        message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+            b"content-type: " + content_type.encode() + b"\r\n\r\n" + raw)  # the multipart/form-data fields
+        fields = {part.get_param("name", header="content-disposition"): part.get_payload(decode=True) or b""
+                  for part in message.iter_parts()}
+        if fields.get("purpose", b"").decode() != "batch" or "file" not in fields:
             return 400, {"error": {"message": "purpose must be 'batch' and a file given",
                                    "type": "invalid_request_error", "param": "purpose", "code": None}}
-        data = fields["file"][1]
+        data = fields["file"]
         with self._lock:
             self.uploads += 1
             file_id = "file-" + hashlib.sha256(data + str(self.uploads).encode()).hexdigest()[:24]
@@ -247,8 +240,7 @@ def _prompt_tokens(data: bytes) -> tuple[int, str]:
             body = json.loads(line).get("body") or {}
         except (ValueError, AttributeError):
             continue
-        chars = sum(len(m.get("content") or "") for m in body.get("messages") or [] if isinstance(m, dict))
-        tokens += max(1, chars // 4)
+        tokens += prompt_tokens(body)
         model = str(body.get("model") or model)
     return tokens, model
 

@@ -41,15 +41,17 @@ def write_dataset(path: Path, n: int, *, start: int = 100) -> Path:
     return write_jsonl(path, make_rows(n, start=start))
 
 
-def stub_overrides(url: str) -> list[str]:
-    """CLI overrides that send the subject model and every evaluator role to the stub at ``url``.
+def stub_overrides(url: str, litellm_model: str = "openai/stub") -> list[str]:
+    """CLI overrides that send the subject model and every evaluator role to the stub at ``url`` (``null``: the
+    in-process model ``litellm_model``).
 
     ``evaluator=local`` names the evaluator these tests have always had (an API subject model would
     otherwise imply ``gpt4o``); every role is then replaced by the stub anyway.
     """
-    out = ["model=openai_compatible", "model.litellm_model=openai/stub", f"model.api_base={url}", "evaluator=local"]
+    out = ["model=openai_compatible", f"model.litellm_model={litellm_model}", f"model.api_base={url}",
+           "evaluator=local"]
     for role in ("decomposer", "matcher", "judge"):
-        out += [f"llm@evaluator.{role}=openai_compatible", f"evaluator.{role}.litellm_model=openai/stub",
+        out += [f"llm@evaluator.{role}=openai_compatible", f"evaluator.{role}.litellm_model={litellm_model}",
                 f"evaluator.{role}.api_base={url}"]
     return out
 

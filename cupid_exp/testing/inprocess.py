@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import threading
 import time
 from collections import Counter
@@ -26,10 +25,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import litellm
 
+from cupid_exp.testing.cupid_data import stub_overrides
 from cupid_exp.testing.stub_config import StubConfig
-from cupid_exp.testing.stub_faults import CONTEXT_ERRORS, answer, choose_fault, error_reply
-from cupid_exp.testing.stub_llm_server import _Counters
-from cupid_exp.testing.stub_replies import billed_tokens, classify, completion_body, digest
+from cupid_exp.testing.stub_faults import CONTEXT_ERRORS, answer, choose_fault, error_reply, no_completion
+from cupid_exp.testing.stub_llm_server import StubModel, _Counters
+from cupid_exp.testing.stub_replies import classify, digest
 
 PROVIDER = "inproc"
 #: what the provider answers: these knobs' faults, and whatever ``StubConfig`` does not make a fault of
@@ -42,34 +42,24 @@ _MODELS: dict[str, InProcessModel] = {}  # name -> the model serving ``inproc/<n
 _REGISTERED = threading.Lock()
 
 
-class InProcessModel:
+class InProcessModel(StubModel):
     """The stand-in model for ``inproc/<name>``, while its ``with`` block lasts (one per name at a time)."""
 
     def __init__(self, config: StubConfig | None = None, *, name: str = "stub", **overrides: object):
-        self.name, self.config = name, config or StubConfig()
-        for key, value in overrides.items():
-            setattr(self.config, key, value)
+        super().__init__(config, overrides)
+        self.name = name
         wire = [k for k in _WIRE_KNOBS if getattr(self.config, k)]
         wire += [k for k in self.config.fail_first_kind.split(",") if self.config.fail_first and k not in FAULTS]
         if wire:
             raise ValueError(f"{', '.join(wire)}: needs the wire; use cupid_exp.testing.stub_llm_server.StubServer")
-        self._lock = threading.Lock()
-        self._seen: Counter = Counter()
-        self.counters = _Counters()
-        self.bodies: list[dict[str, Any]] = []  # request bodies, when ``record_bodies`` is on
 
     @property
     def litellm_model(self) -> str:
         return f"{PROVIDER}/{self.name}"
 
     def overrides(self) -> list[str]:
-        """Hydra overrides that send the subject model and every evaluator role here (``stub_overrides``' roles)."""
-        out = ["model=openai_compatible", f"model.litellm_model={self.litellm_model}", "model.api_base=null",
-               "evaluator=local"]
-        for role in ("decomposer", "matcher", "judge"):
-            out += [f"llm@evaluator.{role}=openai_compatible", f"evaluator.{role}.litellm_model={self.litellm_model}",
-                    f"evaluator.{role}.api_base=null"]
-        return out
+        """Hydra overrides that send the subject model and every evaluator role here."""
+        return stub_overrides("null", self.litellm_model)
 
     def __enter__(self) -> InProcessModel:
         _register()
@@ -96,32 +86,17 @@ class InProcessModel:
     def stats(self) -> dict[str, Any]:
         """The stub's counters (``StubServer.stats``) that mean something without the wire."""
         with self._lock:
-            c = self.counters
-            return {"received": dict(c.received), "completed": dict(c.completed),
-                    "faults": {k: dict(v) for k, v in c.faults.items()},
-                    "total_received": sum(c.received.values()), "total_completed": sum(c.completed.values()),
-                    "in_flight": c.in_flight, "peak_in_flight": c.peak_in_flight,
-                    "repeated_completions": sum(n - 1 for n in c.completed_prompts.values() if n > 1),
-                    "distinct_completed": len(c.completed_prompts), "tokens": dict(c.tokens),
-                    "billed": {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, **c.billed},
-                    "rate_limited": sum(f.get("429", 0) for f in c.faults.values())}
+            return self.counters.stats()
 
     # ---- serving one request
 
     def _receive(self, body: dict[str, Any]) -> tuple[str, str, float, str | None]:
         """Count the request; (step, its digest, the latency to wait, the fault it gets)."""
-        cfg, step = self.config, classify(body)
+        step = classify(body)
         prompt_digest = digest(json.dumps(body.get("messages"), sort_keys=True))
         with self._lock:
-            if cfg.record_bodies:
-                self.bodies.append(body)
-            self.counters.arrived(step)
-            attempt = self._seen[prompt_digest]
-            self._seen[prompt_digest] += 1
-        delay = cfg.latency_ms / 1000
-        if cfg.jitter_ms:
-            delay += random.Random(f"{cfg.seed}:{prompt_digest}:{attempt}").uniform(0, cfg.jitter_ms) / 1000
-        return step, prompt_digest, delay, choose_fault(cfg, step, prompt_digest, attempt, body)
+            attempt, delay = self._arrive(body, step, prompt_digest)
+        return step, prompt_digest, delay, choose_fault(self.config, step, prompt_digest, attempt, body)
 
     def _reply(self, body: dict[str, Any], step: str, fault: str | None) -> "litellm.ModelResponse":
         """The reply (a litellm ``ModelResponse``) or the provider's error raised, counted as the stub counts."""
@@ -135,31 +110,17 @@ class InProcessModel:
             if fault in ("empty_choices", "content_null"):
                 with self._lock:
                     self.counters.faults[step][fault] += 1
-                reply = completion_body("" if fault == "empty_choices" else None, body)
-                if fault == "empty_choices":
-                    reply["choices"], reply["usage"]["completion_tokens"] = [], 0
-                    reply["usage"]["total_tokens"] = reply["usage"]["prompt_tokens"]
-                return litellm.ModelResponse(**self._billed(body, reply))
+                return litellm.ModelResponse(**self._billed(body, no_completion(fault, body)))
             full, cut = answer(self.config, step, body)
             reply = self._billed(body, full)
             with self._lock:
                 if cut:
                     self.counters.faults[step]["length"] += 1
-                self.counters.completed[step] += 1
-                self.counters.completed_prompts[digest(json.dumps(body, sort_keys=True))] += 1
-                self.counters.tokens.update({k: full["usage"][k] for k in ("prompt_tokens", "completion_tokens")})
+                self.counters.answered(step, digest(json.dumps(body, sort_keys=True)), full["usage"])
             return litellm.ModelResponse(**reply)
         finally:
             with self._lock:
                 self.counters.departed()
-
-    def _billed(self, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
-        if self.config.omit_usage:
-            reply = {k: v for k, v in reply.items() if k != "usage"}
-        prompt, completion = billed_tokens(body, reply)
-        with self._lock:
-            self.counters.billed.update(requests=1, prompt_tokens=prompt, completion_tokens=completion)
-        return reply
 
 
 def _error(fault: str, cfg: StubConfig, model: str) -> Exception:
@@ -186,10 +147,6 @@ def _model(name: str) -> InProcessModel:
     return model
 
 
-def _body(model: str, messages: list[Any], optional_params: dict[str, Any]) -> dict[str, Any]:
-    return {"model": model, "messages": messages, **optional_params}
-
-
 _HANDLER: object = None
 
 
@@ -208,7 +165,7 @@ def _register() -> None:
                        model_response: object, print_verbose: object, encoding: object, api_key: object,
                        logging_obj: object, optional_params: dict[str, Any], *args: object,
                        **kwargs: object) -> "litellm.ModelResponse":
-            served, body = _model(model), _body(model, messages, optional_params)
+            served, body = _model(model), {"model": model, "messages": messages, **optional_params}
             step, _, delay, fault = served._receive(body)
             time.sleep(delay)
             return served._reply(body, step, fault)
@@ -217,7 +174,7 @@ def _register() -> None:
                               model_response: object, print_verbose: object, encoding: object, api_key: object,
                               logging_obj: object, optional_params: dict[str, Any], *args: object,
                               **kwargs: object) -> "litellm.ModelResponse":
-            served, body = _model(model), _body(model, messages, optional_params)
+            served, body = _model(model), {"model": model, "messages": messages, **optional_params}
             step, _, delay, fault = served._receive(body)
             try:
                 await asyncio.sleep(delay)

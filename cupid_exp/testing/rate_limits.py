@@ -36,7 +36,9 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
+
+from cupid_exp.testing.stub_replies import prompt_tokens
 
 REFUSALS: dict[str, tuple[int, dict[str, Any]]] = {
     "401": (401, {"error": {"message": "Incorrect API key provided: sk-stub***********abcd. You can find your API key "
@@ -119,13 +121,7 @@ def openai_duration(seconds: float) -> str:
 
 def request_tokens(body: dict[str, Any]) -> int:
     """What a request counts toward TPM: its prompt (characters / 4) plus its ``max_tokens``."""
-    chars = 0
-    for message in body.get("messages") or []:
-        content = message.get("content")
-        if isinstance(content, list):
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        chars += len(content or "")
-    return max(1, chars // 4) + int(body.get("max_tokens") or body.get("max_completion_tokens") or 0)
+    return prompt_tokens(body) + int(body.get("max_tokens") or body.get("max_completion_tokens") or 0)
 
 
 class _Window:
@@ -230,13 +226,7 @@ class KeyLimits:
         model = str(body.get("model") or "stub")
         with self._lock:
             windows = self.windows.get(model if self.pool == "model" else "key") or (None, None)
-            out = {}
-            for name, window in zip(("requests", "tokens"), windows, strict=False):
-                if window is not None:
-                    out[f"x-ratelimit-limit-{name}"] = f"{window.per_minute:g}"
-                    out[f"x-ratelimit-remaining-{name}"] = str(window.remaining())
-                    out[f"x-ratelimit-reset-{name}"] = openai_duration(max(0.001, window.window + 1 - time.time()))
-        return out
+            return _window_headers(windows, lambda name, window: max(0.001, window.window + 1 - time.time()))
 
     def _limited(self, kind: str, model: str, wait: float, limit: float, used: float, requested: int,
                  windows: tuple[_Window | None, _Window | None]) -> Verdict:
@@ -248,11 +238,19 @@ class KeyLimits:
         message = (f"Rate limit reached for {model} in organization org-stub on {unit}: Limit {limit:g}, Used "
                    f"{used:g}, Requested {requested if kind == 'tokens' else 1}. Please try again in "
                    f"{openai_duration(wait)}. Visit https://platform.openai.com/account/rate-limits to learn more.")
-        headers = {"retry-after": str(max(1, math.ceil(wait))), "retry-after-ms": str(max(1, round(wait * 1000)))}
-        for name, window in zip(("requests", "tokens"), windows, strict=False):
-            if window is not None:
-                headers[f"x-ratelimit-limit-{name}"] = f"{window.per_minute:g}"
-                headers[f"x-ratelimit-remaining-{name}"] = str(window.remaining())
-                headers[f"x-ratelimit-reset-{name}"] = openai_duration(wait if name == kind else 0.001)
+        headers = {"retry-after": str(max(1, math.ceil(wait))), "retry-after-ms": str(max(1, round(wait * 1000))),
+                   **_window_headers(windows, lambda name, window: wait if name == kind else 0.001)}
         body = {"error": {"message": message, "type": kind, "param": None, "code": "rate_limit_exceeded"}}
         return Verdict(429, body, headers, "429")
+
+
+def _window_headers(windows: tuple[_Window | None, _Window | None],
+                    reset_s: Callable[[str, _Window], float]) -> dict[str, str]:
+    """OpenAI's ``x-ratelimit-limit-*``, ``-remaining-*`` and ``-reset-*`` of the requests and tokens windows."""
+    out = {}
+    for name, window in zip(("requests", "tokens"), windows, strict=False):
+        if window is not None:
+            out[f"x-ratelimit-limit-{name}"] = f"{window.per_minute:g}"
+            out[f"x-ratelimit-remaining-{name}"] = str(window.remaining())
+            out[f"x-ratelimit-reset-{name}"] = openai_duration(reset_s(name, window))
+    return out

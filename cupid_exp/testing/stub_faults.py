@@ -66,14 +66,6 @@ def choose_fault(cfg: StubConfig, step: str, prompt_digest: str, attempt: int, b
     return None
 
 
-def is_garbage(cfg: StubConfig, step: str, body: dict[str, Any]) -> bool:
-    """Whether this prompt of a ``garbage_steps`` step gets unusable text (its re-asks too)."""
-    if step not in cfg.garbage_steps:
-        return False
-    system, user = prompt_of(body.get("messages") or [])  # the template's prompt: re-asks share it
-    return unit(cfg.seed, "garbage", system, user) < cfg.garbage_rate
-
-
 def cut_reply(cfg: StubConfig, step: str, body: dict[str, Any], text: str) -> str | None:
     """The text of a reply that ran into max_tokens (``length_steps``, for ``length_rate`` of their prompts: cut in
     half, or whole with ``length_whole``); None when this request's reply is complete."""
@@ -89,7 +81,13 @@ def answer(cfg: StubConfig, step: str, body: dict[str, Any]) -> tuple[dict[str, 
     """The completion a request gets when no fault is chosen (unusable text for ``garbage_steps``, a reply cut at
     max_tokens, a content filter or a refusal as configured) and whether it was cut: the one reply of the HTTP stub
     and of the in-process model (``inprocess.py``)."""
-    text: str | None = garbage_text(body, cfg) if is_garbage(cfg, step, body) else reply_text(step, body, cfg)
+    system, user = prompt_of(body.get("messages") or [])  # the template's prompt: its re-asks share it
+    if step in cfg.garbage_steps and unit(cfg.seed, "garbage", system, user) < cfg.garbage_rate:
+        # unusable text; it differs between a prompt and its re-asks, as a real model's would
+        conversation = json.dumps(body.get("messages"), sort_keys=True)
+        text: str | None = f"I'd rather talk about the weather today. <<unusable reply {digest(conversation)[:10]}>>"
+    else:
+        text = reply_text(step, body, cfg)
     finish, refusal = "stop", None
     if (cut := cut_reply(cfg, step, body, text or "")) is not None:
         text, finish = cut, "length"
@@ -100,10 +98,13 @@ def answer(cfg: StubConfig, step: str, body: dict[str, Any]) -> tuple[dict[str, 
     return completion_body(text, body, finish, refusal), cut is not None
 
 
-def garbage_text(body: dict[str, Any], cfg: StubConfig) -> str:
-    """Unusable text; it differs between a prompt and its re-asks, as a real model's would."""
-    conversation = json.dumps(body.get("messages"), sort_keys=True)
-    return f"I'd rather talk about the weather today. <<unusable reply {digest(conversation)[:10]}>>"
+def no_completion(fault: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A 200 without a completion (``choices: []`` or ``content: null``): the prompt is billed all the same."""
+    reply = completion_body("" if fault == "empty_choices" else None, body)
+    if fault == "empty_choices":
+        reply["choices"], reply["usage"]["completion_tokens"] = [], 0
+        reply["usage"]["total_tokens"] = reply["usage"]["prompt_tokens"]
+    return reply
 
 
 def error_reply(kind: str, cfg: StubConfig, style: str = "") -> tuple[int, dict[str, Any], dict[str, str], float]:
@@ -142,13 +143,8 @@ def send_fault(handler: Any, fault: str, body: dict[str, Any], cfg: StubConfig, 
     elif fault == "slow":  # processed (and billed) after the client's timeout
         time.sleep(cfg.slow_s)
         handler._send(200, json.dumps(billed(body, completion_body("too late", body))).encode())
-    elif fault == "empty_choices":  # a 200 without a completion: the prompt is billed all the same
-        empty = completion_body("", body)
-        empty["choices"], empty["usage"]["completion_tokens"] = [], 0
-        empty["usage"]["total_tokens"] = empty["usage"]["prompt_tokens"]
-        handler._send(200, json.dumps(billed(body, empty)).encode())
-    elif fault == "content_null":
-        handler._send(200, json.dumps(billed(body, completion_body(None, body))).encode())
+    elif fault in ("empty_choices", "content_null"):
+        handler._send(200, json.dumps(billed(body, no_completion(fault, body))).encode())
     elif fault == "context_length":
         status, payload = CONTEXT_ERRORS[cfg.context_error or "openai"]
         handler._send(status, json.dumps(payload).encode())

@@ -1,28 +1,15 @@
 """A deterministic OpenAI-compatible stand-in model on 127.0.0.1, for fault injection and benchmarks.
 
-It is not a model: it recognises which CUPID pipeline step a request belongs to (from the
-prompt text, or from the JSON schema in ``response_format``) and returns a well-formed reply
-for that step, derived from a hash of the prompt, so the same request always gets the same
-answer. Synthesis steps are recognised by their schema alone and answered with JSON built from
-that schema (``schema_value``), so synthesis roles pointed at the stub need
-``structured_output=true``; the assistant simulator (free text) is recognised by its prompt.
-Around that it injects what real providers do: latency (fixed or jittered), HTTP 429 with
-``retry-after`` (or in each way providers say the wait: ``rate_limit_style``; a retry before that wait is over is
-counted), 500, 503, responses slower than the client's timeout, malformed bodies
-(truncated JSON, a wrong content-type, no ``choices``), replies cut at max_tokens (``length_steps``, counted as
-``length`` faults, live and in batch rows), context-length errors in the styles
-of several providers, unparseable replies for chosen steps, 200s without a completion (``choices: []``, or
-``content: null``), replies without ``usage``, a key's refusals (``refuse``: 401/403/404, ``insufficient_quota``,
-a daily limit) and the Batch API's (``batch_api.py``). The replies are ``stub_replies``', the faults
-``stub_faults``', the knobs ``stub_config.StubConfig``; this module is the server and its command line.
+This module is the server and its command line. What it answers is ``stub_replies``' (a well-formed reply for the
+CUPID step a request belongs to, from a hash of its prompt; a synthesis step is known by its schema alone, so
+synthesis roles pointed at the stub need ``structured_output=true``); the faults it injects are ``stub_faults``'
+(decided by hashes, so they do not depend on the order in which concurrent requests arrive), a key's limits and
+refusals ``rate_limits``', the Batch API ``batch_api``'s, and every knob is a field of ``stub_config.StubConfig``.
 
 What it *bills* is counted apart (``stats()["billed"]``), as a provider bills: every request it processed into a
 reply, including a slow one whose client had given up and a reply without a completion; never a 429, a 5xx or a
 refusal. A reply's tokens are its ``usage``; where it sends none (``omit_usage``), they are counted with litellm's
 ``token_counter`` (tiktoken), the rule a client must estimate them by.
-
-Fault decisions are deterministic too: they hash (seed, prompt, how many times this prompt
-was seen), so a run's faults do not depend on the order in which concurrent requests arrive.
 
 Counters per step (requests received, responses completed, faults by kind) are available
 in-process (``StubServer.stats()``) and over HTTP (``GET /stats``). A test can also close a
@@ -66,7 +53,7 @@ from cupid_exp.testing.stub_faults import (
 )
 from cupid_exp.testing.stub_replies import billed_tokens, classify, completion_body, digest, reply_text
 
-__all__ = ["StubConfig", "StubServer", "main"]
+__all__ = ["StubConfig", "StubModel", "StubServer", "main"]
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -126,23 +113,70 @@ class _Counters:
         span = (self.last_change or 0.0) - (self.first_arrival or 0.0)
         return self.busy / span if span > 0 else float(self.in_flight)
 
+    def answered(self, step: str, request_digest: str, usage: dict[str, int]) -> None:
+        """A completion of ``step`` reached its client (the caller holds its lock): counted, with its tokens."""
+        self.completed[step] += 1
+        self.completed_prompts[request_digest] += 1
+        self.tokens.update({k: usage[k] for k in ("prompt_tokens", "completion_tokens")})
 
-class StubServer:
-    """The stand-in model. Use as a context manager (a background thread) or via ``serve_forever``."""
+    def stats(self) -> dict[str, Any]:
+        """What the HTTP stub and the in-process model both count (the caller holds its lock)."""
+        return {"received": dict(self.received), "completed": dict(self.completed),
+                "faults": {k: dict(v) for k, v in self.faults.items()},
+                "total_received": sum(self.received.values()), "total_completed": sum(self.completed.values()),
+                "in_flight": self.in_flight, "peak_in_flight": self.peak_in_flight,
+                "mean_in_flight": round(self.mean_in_flight(), 2),
+                "repeated_completions": sum(n - 1 for n in self.completed_prompts.values() if n > 1),
+                "distinct_completed": len(self.completed_prompts), "tokens": dict(self.tokens),
+                "billed": {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, **self.billed},
+                "rate_limited": sum(f.get("429", 0) for f in self.faults.values())}
 
-    def __init__(self, config: StubConfig | None = None, *, port: int = 0, batch: BatchQueueConfig | None = None,
-                 **overrides: Any):
+
+class StubModel:
+    """What the HTTP stub and the in-process model share: the knobs, the counters, a request's arrival and its bill."""
+
+    def __init__(self, config: StubConfig | None, overrides: dict[str, Any]):
         self.config = config or StubConfig()
         for k, v in overrides.items():
             setattr(self.config, k, v)
         self._lock = threading.Lock()
+        self._seen: Counter = Counter()
+        self.counters = _Counters()
+        self.bodies: list[dict[str, Any]] = []  # request bodies, when ``record_bodies`` is on
+
+    def _arrive(self, body: dict[str, Any], step: str, prompt_digest: str) -> tuple[int, float]:
+        """Count a request (the caller holds the lock); how many times its prompt came before, and the latency it
+        waits (its jitter drawn by hash, as the faults are)."""
+        if self.config.record_bodies:
+            self.bodies.append(body)
+        self.counters.arrived(step)
+        attempt = self._seen[prompt_digest]
+        self._seen[prompt_digest] += 1
+        cfg, jitter = self.config, 0.0
+        if cfg.jitter_ms:
+            jitter = random.Random(f"{cfg.seed}:{prompt_digest}:{attempt}").uniform(0, cfg.jitter_ms)
+        return attempt, (cfg.latency_ms + jitter) / 1000
+
+    def _billed(self, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+        """``reply`` as sent (without usage under ``omit_usage``), its tokens counted as billed."""
+        if self.config.omit_usage:
+            reply = {k: v for k, v in reply.items() if k != "usage"}
+        prompt, completion = billed_tokens(body, reply)
+        with self._lock:
+            self.counters.billed.update(requests=1, prompt_tokens=prompt, completion_tokens=completion)
+        return reply
+
+
+class StubServer(StubModel):
+    """The stand-in model. Use as a context manager (a background thread) or via ``serve_forever``."""
+
+    def __init__(self, config: StubConfig | None = None, *, port: int = 0, batch: BatchQueueConfig | None = None,
+                 **overrides: Any):
+        super().__init__(config, overrides)
         self._gate = threading.Condition(self._lock)
         self._hold_after: int | None = None
         self._releases = 0
-        self._seen: Counter = Counter()
         self._not_before: dict[str, float] = {}  # prompt digest -> when the wait its last 429 asked for is over
-        self.counters = _Counters()
-        self.bodies: list[dict[str, Any]] = []  # request bodies, when ``record_bodies`` is on
         self.header_values: dict[str, Counter] = defaultdict(Counter)  # header -> values, for ``record_headers``
         self.batches = BatchQueue(self._batch_row, batch, self.fault_reply)  # OpenAI's Files and Batch endpoints
         self.limits = self._key_limits()
@@ -252,17 +286,8 @@ class StubServer:
     def stats(self) -> dict[str, Any]:
         with self._lock:
             c = self.counters
-            return {"received": dict(c.received), "completed": dict(c.completed),
-                    "faults": {k: dict(v) for k, v in c.faults.items()},
-                    "total_received": sum(c.received.values()), "total_completed": sum(c.completed.values()),
-                    "in_flight": c.in_flight, "peak_in_flight": c.peak_in_flight, "held": c.held,
-                    "mean_in_flight": round(c.mean_in_flight(), 2),
-                    "repeated_completions": sum(n - 1 for n in c.completed_prompts.values() if n > 1),
-                    "distinct_completed": len(c.completed_prompts), "tokens": dict(c.tokens),
-                    "billed": {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, **c.billed},
-                    "rate_limited": sum(f.get("429", 0) for f in c.faults.values()),
-                    "rate_limit_styles": dict(c.rate_limit_styles), "early_retries": c.early_retries,
-                    "limits_ideal_s": self.limits.ideal_s,
+            return {**c.stats(), "held": c.held, "rate_limit_styles": dict(c.rate_limit_styles),
+                    "early_retries": c.early_retries, "limits_ideal_s": self.limits.ideal_s,
                     "outage": {"unanswered": c.outage_unanswered, "started": c.outage_started,
                                "ended": c.outage_ended}}
 
@@ -288,15 +313,6 @@ class StubServer:
                 text, finish = cut, "length"
                 self.counters.faults[step]["length"] += 1
         return self._billed(body, completion_body(text, body, finish))
-
-    def _billed(self, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
-        """``reply`` as sent (without usage under ``omit_usage``), its tokens counted as billed."""
-        if self.config.omit_usage:
-            reply = {k: v for k, v in reply.items() if k != "usage"}
-        prompt, completion = billed_tokens(body, reply)
-        with self._lock:
-            self.counters.billed.update(requests=1, prompt_tokens=prompt, completion_tokens=completion)
-        return reply
 
     def _handler(self):
         server = self
@@ -384,11 +400,7 @@ class StubServer:
         prompt_digest = digest(json.dumps(body.get("messages"), sort_keys=True))
         request_digest = digest(raw.decode("utf-8", "replace"))
         with self._gate:
-            if cfg.record_bodies:
-                self.bodies.append(body)
-            self.counters.arrived(step)
-            attempt = self._seen[prompt_digest]
-            self._seen[prompt_digest] += 1
+            attempt, delay = self._arrive(body, step, prompt_digest)
             if time.time() < self._not_before.get(prompt_digest, 0.0) - 0.05:  # 50 ms for clocks and transit
                 self.counters.early_retries += 1
         try:
@@ -397,9 +409,6 @@ class StubServer:
                     self.counters.faults[step][verdict.kind] += 1
                 handler._send(verdict.status, json.dumps(verdict.body).encode(), headers=verdict.headers)
                 return
-            delay = cfg.latency_ms / 1000
-            if cfg.jitter_ms:
-                delay += random.Random(f"{cfg.seed}:{prompt_digest}:{attempt}").uniform(0, cfg.jitter_ms) / 1000
             if delay > 0:
                 time.sleep(delay)
             fault = choose_fault(cfg, step, prompt_digest, attempt, body)
@@ -430,9 +439,7 @@ class StubServer:
             stated = self.limits.stated(body) if self.limits.active else None
             if handler._send(200, json.dumps(reply).encode(), headers=stated):  # type: ignore[attr-defined]
                 with self._lock:
-                    self.counters.completed[step] += 1
-                    self.counters.completed_prompts[request_digest] += 1
-                    self.counters.tokens.update({k: full["usage"][k] for k in ("prompt_tokens", "completion_tokens")})
+                    self.counters.answered(step, request_digest, full["usage"])
         finally:
             with self._lock:
                 self.counters.departed()

@@ -46,31 +46,19 @@ def request_schema(body: dict[str, Any]) -> dict[str, Any]:
     return ((body.get("response_format") or {}).get("json_schema") or {}).get("schema") or {}
 
 
-# A key no evaluation schema has -> the synthesis step whose schema has it.
-_SYNTHESIS_KEYS = (("personas", "persona"), ("factor", "factors"), ("reason", "changed_preference"),
-                   ("story", "session"), ("selected_items", "user_simulator"))
-
-
-def synthesis_step(schema: dict[str, Any]) -> str | None:
-    props = schema.get("properties") or {}
-    for key, step in _SYNTHESIS_KEYS:
-        if key in props:
-            return step
-    results = ((props.get("results") or {}).get("items") or {}).get("properties") or {}
-    return "validate" if "expressed" in results else None
+# A key of the request's JSON schema -> its step (the synthesis steps' keys first: no evaluation schema has them).
+_SCHEMA_KEYS = (("personas", "persona"), ("factor", "factors"), ("reason", "changed_preference"),
+                ("story", "session"), ("selected_items", "user_simulator"), ("summaries", "summarize"),
+                ("results", "match"), ("checklist", "decompose"), ("score", "judge"), ("preference", "infer"))
 
 
 def classify(body: dict[str, Any]) -> str:
-    schema = request_schema(body)
-    props = set((schema.get("properties") or {}).keys())
-    synthesis = synthesis_step(schema)
-    if synthesis:
-        return synthesis
-    if props:
-        for key, step in (("summaries", "summarize"), ("results", "match"), ("checklist", "decompose"),
-                          ("score", "judge"), ("preference", "infer")):
-            if key in props:
-                return step
+    props = request_schema(body).get("properties") or {}
+    if "expressed" in (((props.get("results") or {}).get("items") or {}).get("properties") or {}):
+        return "validate"
+    step = next((step for key, step in _SCHEMA_KEYS if key in props), None)
+    if step is not None:
+        return step
     system, user = prompt_of(body.get("messages") or [])
     text = system + "\n" + user
     if "Summarise every session" in user or '"summaries"' in text:
@@ -99,12 +87,6 @@ _THINGS = ("worked examples", "a summary table", "one closing question", "plain 
 
 def _words(h: str, offset: int, options: tuple[str, ...]) -> str:
     return options[int(h[offset:offset + 2], 16) % len(options)]
-
-
-def numbered_lines(text: str, after: str) -> list[str]:
-    """The '1. …' lines following the header ``after`` (the matcher's checklist)."""
-    tail = text.split(after, 1)[-1]
-    return [m.group(1).strip() for m in re.finditer(r"^\s*\d+\.\s+(.*)$", tail, re.MULTILINE)]
 
 
 _VOCAB = ("amber", "anchor", "atlas", "basil", "beacon", "birch", "bramble", "cedar", "cinder", "clover", "cobalt",
@@ -152,14 +134,6 @@ def schema_value(schema: dict[str, Any], key: str, position: int | None = None) 
     return stub_sentence(digest(key), int(schema.get("minLength", 0)), int(schema.get("maxLength", 200)))
 
 
-def synthesis_reply(step: str, body: dict[str, Any], cfg: StubConfig) -> str:
-    """JSON from the request's schema, keyed by the whole conversation (a re-ask or a later turn differs)."""
-    key = digest(f"{cfg.seed}\x1f{json.dumps(body.get('messages'), sort_keys=True)}")
-    if step == "assistant_simulator":
-        return f"Here is my answer. {stub_sentence(key, 60, 300)}"
-    return json.dumps(schema_value(request_schema(body), key))
-
-
 def reply_text(step: str, body: dict[str, Any], cfg: StubConfig) -> str:
     text = _reply_text(step, body, cfg)
     if step not in cfg.long_steps:
@@ -171,8 +145,11 @@ def reply_text(step: str, body: dict[str, Any], cfg: StubConfig) -> str:
 
 
 def _reply_text(step: str, body: dict[str, Any], cfg: StubConfig) -> str:
-    if step in SYNTHESIS_STEPS:
-        return synthesis_reply(step, body, cfg)
+    if step in SYNTHESIS_STEPS:  # JSON from the request's schema, keyed by the whole conversation (a re-ask differs)
+        key = digest(f"{cfg.seed}\x1f{json.dumps(body.get('messages'), sort_keys=True)}")
+        if step == "assistant_simulator":
+            return f"Here is my answer. {stub_sentence(key, 60, 300)}"
+        return json.dumps(schema_value(request_schema(body), key))
     system, user = prompt_of(body.get("messages") or [])
     h = digest(f"{cfg.seed}\x1f{system}\x1f{user}")
     structured = bool(body.get("response_format"))
@@ -192,7 +169,8 @@ def _reply_text(step: str, body: dict[str, Any], cfg: StubConfig) -> str:
             f"**Analysis**\n\n{payload['analysis']}\n\n**Checklist**\n\n```json\n"
             f"{json.dumps({'checklist': items}, indent=2)}\n```")
     if step == "match":
-        items = numbered_lines(user, "#### Checklist")
+        checklist = user.split("#### Checklist", 1)[-1]  # its numbered lines
+        items = [m.group(1).strip() for m in re.finditer(r"^\s*\d+\.\s+(.*)$", checklist, re.MULTILINE)]
         results = [{"index": i, "entry": item, "reasoning": "Compared with the preference.",
                     "label": LABELS[int(digest(f'{h}{i}')[:2], 16) % 3]}
                    for i, item in enumerate(items, start=1)]
@@ -230,13 +208,17 @@ def billed_tokens(body: dict[str, Any], reply: dict[str, Any]) -> tuple[int, int
     return prompt, litellm.token_counter(model=model, text=text, count_response_tokens=True) if text else 0
 
 
+def prompt_tokens(body: dict[str, Any]) -> int:
+    """The stub's token rule for a request's prompt: its messages' characters / 4, at least 1."""
+    return max(1, sum(len(_content(m)) for m in body.get("messages") or [] if isinstance(m, dict)) // 4)
+
+
 def completion_body(text: str | None, body: dict[str, Any], finish_reason: str = "stop",
                     refusal: str | None = None) -> dict[str, Any]:
-    prompt_chars = sum(len(_content(m)) for m in body.get("messages") or [])
-    prompt_tokens, completion_tokens = max(1, prompt_chars // 4), max(1, len(text or refusal or "") // 4)
+    prompt, completion_tokens = prompt_tokens(body), max(1, len(text or refusal or "") // 4)
     message = {"role": "assistant", "content": text, **({"refusal": refusal} if refusal else {})}
     return {"id": "chatcmpl-stub-" + digest(text or "")[:12], "object": "chat.completion", "created": 0,
             "model": body.get("model", "stub"),
             "choices": [{"index": 0, "finish_reason": finish_reason, "message": message}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens}}
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt + completion_tokens}}

@@ -10,7 +10,7 @@ from helpers.records import make_records
 from matplotlib.container import BarContainer, ErrorbarContainer
 
 from cupid_exp.reporting.plots import plot_by_history_length, plot_by_relevant_position, plot_by_type, save_run_plots
-from cupid_exp.scoring import bootstrap_ci, point_estimate
+from cupid_exp.scoring.bootstrap import bootstrap_ci, point_estimate
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

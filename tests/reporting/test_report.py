@@ -25,7 +25,7 @@ from cupid_exp.reporting.reference import load_reference
 from cupid_exp.reporting.render import render
 from cupid_exp.reporting.runs import JobRun
 from cupid_exp.reporting.selection import Selection
-from cupid_exp.scoring import bootstrap_ci, paired_compare
+from cupid_exp.scoring.bootstrap import bootstrap_ci, paired_compare
 from cupid_exp.tracking.callbacks import MlflowSweepCallback
 
 SAMPLE = sample_label()  # the shipped sample, as the report names it

@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from cupid_exp.data.loading import SAMPLE_FULL_PATH, SAMPLE_PATH
 from cupid_exp.report import main
-from cupid_exp.scoring import bootstrap_ci
+from cupid_exp.scoring.bootstrap import bootstrap_ci
 
 SAMPLE = sample_label()
 

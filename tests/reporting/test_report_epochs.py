@@ -9,7 +9,7 @@ from helpers.records import make_records
 from helpers.report_runs import log, sample_label
 
 from cupid_exp.report import main
-from cupid_exp.scoring import bootstrap_ci
+from cupid_exp.scoring.bootstrap import bootstrap_ci
 
 EPOCHS = 3
 

@@ -13,7 +13,7 @@ from helpers.report_runs import log, sample_label
 from mlflow.tracking import MlflowClient
 
 from cupid_exp.report import main
-from cupid_exp.scoring import bootstrap_ci
+from cupid_exp.scoring.bootstrap import bootstrap_ci
 from cupid_exp.tracking.sweep import publish_sweep
 
 TEMPERATURES = {"0": -0.1, "0.2": 0.0, "0.4": 0.12}  # temperature -> how well its run scores

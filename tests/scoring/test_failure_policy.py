@@ -13,16 +13,9 @@ from __future__ import annotations
 import pytest
 
 from cupid_exp.config import FAILURE_POLICIES as CONFIG_POLICIES
-from cupid_exp.scoring import (
-    FAILURE_POLICIES,
-    bootstrap_ci,
-    ci_metrics,
-    flat_metrics,
-    paired_compare,
-    task_frame,
-    task_metrics,
-    treatment,
-)
+from cupid_exp.scoring.bootstrap import bootstrap_ci, ci_metrics, paired_compare
+from cupid_exp.scoring.metrics import flat_metrics, task_metrics
+from cupid_exp.scoring.statistics import FAILURE_POLICIES, task_frame, treatment
 
 
 def err(step: str, kind: str) -> list[dict]:

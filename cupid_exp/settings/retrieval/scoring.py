@@ -8,12 +8,9 @@ carries its factor and preference, so a retriever's choice can be scored directl
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from cupid_exp.data.schema import INSTANCE_TYPES, Instance, normalize_text
-
-if TYPE_CHECKING:  # pandas is imported when a job is summarised, not with the settings registry
-    import pandas as pd
+from cupid_exp.data.schema import Instance, normalize_text
 
 
 def stale_positions(instance: Instance) -> list[int]:
@@ -49,24 +46,15 @@ def retrieval_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     rows = [{"instance_type": r["instance_type"], **r["retrieval"]} for r in records if r.get("retrieval")]
     if not rows:
         return {}
-    import pandas as pd
+    import pandas as pd  # when a job is summarised, not with the settings registry
 
     df = pd.DataFrame(rows)
-    out: dict[str, float] = {}
-
-    def put(prefix: str, part: pd.DataFrame) -> None:
-        for name in ("recall_at_k", "precision_at_k"):
-            values = part[name].dropna()
-            if len(values):
-                out[f"{prefix}/{name}"] = float(values.mean())
-
-    put("retrieval", df)
-    for itype in INSTANCE_TYPES:
-        if (df["instance_type"] == itype).any():
-            put(f"retrieval/{itype}", df[df["instance_type"] == itype])
+    found = df[["recall_at_k", "precision_at_k"]].astype(float)
+    means = {"retrieval": found.mean(), **{f"retrieval/{itype}": part.mean()
+                                           for itype, part in found.groupby(df["instance_type"])}}
+    out = {f"{prefix}/{name}": float(v) for prefix, values in means.items() for name, v in values.items() if v == v}
     for name, metric in (("contrastive_hit", "contrastive_hit_rate"), ("stale_hit", "stale_hit_rate")):
-        values = df[name].dropna()
-        if len(values):
-            out[f"retrieval/{metric}"] = float(values.mean())
-            out[f"retrieval/{metric}/n"] = float(len(values))
+        hits = df[name].astype(float).dropna()
+        if len(hits):
+            out[f"retrieval/{metric}"], out[f"retrieval/{metric}/n"] = float(hits.mean()), float(len(hits))
     return out

@@ -73,18 +73,6 @@ def fallback_name(factor_type: str, taken: Sequence[str], key: str) -> str | Non
     return next((n for n in names if name_key(n) not in used), None)
 
 
-def repair_name(factor: dict[str, Any], label: str, existing: Sequence[Mapping[str, Any]], key: str
-                ) -> dict[str, Any] | None:
-    """The factor with a taxonomy name when its name is its only problem; None otherwise."""
-    if not _name_problems(factor, label, existing):
-        return None
-    name = fallback_name(factor["factor_type"], [e["factor"] for e in existing], key)
-    if name is None:
-        return None
-    repaired = dict(factor, factor=name, name_source="taxonomy", model_name=factor["factor"])
-    return repaired if not _factor_problems(repaired, label, existing) else None
-
-
 def validate_factors(factors: Sequence[Mapping[str, Any]]) -> list[str]:
     """Rules for one persona's 8 factors; returns the problems (empty = valid)."""
     if len(factors) != N_FACTORS:
@@ -118,23 +106,19 @@ class NameRepair:
 
     def __call__(self, factor: dict[str, Any], label: str, existing: Sequence[Mapping[str, Any]]
                  ) -> dict[str, Any] | None:
-        return repair_name(factor, label, existing, self.key)
+        """The factor with a taxonomy name when its name is its only problem; None otherwise."""
+        if not _name_problems(factor, label, existing):
+            return None
+        name = fallback_name(factor["factor_type"], [e["factor"] for e in existing], self.key)
+        if name is None:
+            return None
+        repaired = dict(factor, factor=name, name_source="taxonomy", model_name=factor["factor"])
+        return repaired if not _factor_problems(repaired, label, existing) else None
 
 
 def build_factor(existing: Sequence[Mapping[str, Any]], label: str, slot: Mapping[str, Any],
                  repair: NameRepair | None = None) -> Callable[[object], dict[str, Any]]:
-    def build(data: object) -> dict[str, Any]:
-        may_repair = repair is not None and repair.next_attempt()
-        factor = _factor(data, slot)
-        problems = _factor_problems(factor, label, existing)
-        if problems:
-            repaired = repair(factor, label, existing) if may_repair else None
-            if repaired is None:
-                raise Invalid(problems)
-            return repaired
-        return factor
-
-    return build
+    return _builder(slot, lambda factor: _factor_problems(factor, label, existing), label, existing, repair)
 
 
 def build_second(ordinary: Sequence[Mapping[str, Any]], first: Mapping[str, Any], slot: Mapping[str, Any],
@@ -143,16 +127,24 @@ def build_second(ordinary: Sequence[Mapping[str, Any]], first: Mapping[str, Any]
     def check(second: dict[str, Any]) -> list[str]:
         return validate_factors([*ordinary, dict(first, related_factor=second["factor"]), second])
 
+    return _builder(slot, check, f"factor {len(ordinary) + 2}", [*ordinary, first], repair,
+                    related_factor=first["factor"])
+
+
+def _builder(slot: Mapping[str, Any], check: Callable[[dict[str, Any]], list[str]], label: str,
+             existing: Sequence[Mapping[str, Any]], repair: NameRepair | None, **linked: str
+             ) -> Callable[[object], dict[str, Any]]:
+    """A factor in ``slot`` that ``check`` finds nothing wrong with, or (once ``repair`` may) one renamed by it."""
     def build(data: object) -> dict[str, Any]:
         may_repair = repair is not None and repair.next_attempt()
-        second = dict(_factor(data, slot), related_factor=first["factor"])
-        problems = check(second)
+        factor = dict(_factor(data, slot), **linked)
+        problems = check(factor)
         if problems:
-            repaired = repair(second, f"factor {len(ordinary) + 2}", [*ordinary, first]) if may_repair else None
+            repaired = repair(factor, label, existing) if may_repair else None
             if repaired is None or check(repaired):
                 raise Invalid(problems)
             return repaired
-        return second
+        return factor
 
     return build
 

@@ -19,9 +19,9 @@ def run_synthesis(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | N
                   parent_run: str | SweepParent | None = None) -> Outcome:
     """One synthesis job end to end, through the job lifecycle (``cupid_exp.job``) with personas as its units."""
     from cupid_exp.job import run_job
-    from cupid_exp.synthesis.work import SynthesisWork
+    from cupid_exp.synthesis.work import load_synthesis
 
-    return run_job(cfg, output_dir, choices, parent_run, kind=SynthesisWork)
+    return run_job(cfg, output_dir, choices, parent_run, kind=load_synthesis)
 
 
 def synthesize(cfg: DictConfig) -> float | None:

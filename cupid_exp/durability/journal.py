@@ -40,15 +40,16 @@ RECORD_FIELDS: dict[str, type | tuple[type, ...]] = {
     **{f.name: object for cls in (Truth, HistoryView) for f in fields(cls)}}
 
 
-def whole_record(record: Any) -> str | None:
-    """Why a parsed journal line is not a whole record (None when it is)."""
+def whole_record(record: Any, fields: Mapping[str, type | tuple[type, ...]] = RECORD_FIELDS) -> str | None:
+    """Why a parsed journal line is not a whole record with ``fields`` (a kind's: ``job.spec.Work.record_fields``;
+    an evaluated instance's by default) (None when it is)."""
     if not isinstance(record, dict):
         return f"a JSON {type(record).__name__}, not a record"
-    missing = [name for name in RECORD_FIELDS if name not in record]
+    missing = [name for name in fields if name not in record]
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         return "missing " + ", ".join(missing[:3]) + more
-    wrong = [name for name, kind in RECORD_FIELDS.items() if not isinstance(record[name], kind)]
+    wrong = [name for name, kind in fields.items() if not isinstance(record[name], kind)]
     if wrong:
         return "wrong type for " + ", ".join(wrong)
     if not all(isinstance(err, dict) and isinstance(err.get("kind"), str) for err in record["errors"]):
@@ -145,14 +146,14 @@ class JournalGone(EnvironmentFailure):
 
 
 class Journal:
-    """A job's finished units, one record a line. ``whole`` and ``final`` are the kind's (an evaluated instance's by
-    default; a synthesised persona's: ``cupid_exp.synthesis.work``): what a whole record is, and which stand."""
+    """A job's finished units, one record a line. ``fields`` and ``final`` are the kind's (an evaluated instance's by
+    default; a synthesised persona's: ``cupid_exp.synthesis.work``): what a whole record holds, and which stand."""
 
     def __init__(self, path: Path, secrets: list[str] | None = None, *,
-                 whole: Callable[[Any], str | None] = whole_record,
+                 fields: Mapping[str, type | tuple[type, ...]] = RECORD_FIELDS,
                  final: Callable[[Mapping[str, Any], bool], bool] = is_final):
         self.path, self.secrets = path, list(secrets or [])
-        self.whole, self.final = whole, final
+        self.fields, self.final = fields, final
         self._tail_checked = False
         self.held = 0  #: the records the file held (loaded, then appended): what a deleted journal lost
         self._failed: Exception | None = None  #: the environment failure of an append: later ones fail alike
@@ -178,7 +179,7 @@ class Journal:
                 except (json.JSONDecodeError, UnicodeDecodeError):
                     log.warning("journal %s: skipping a torn line", self.path.name)
                     continue
-                why = self.whole(record)
+                why = whole_record(record, self.fields)
                 if why is not None:
                     log.warning("journal %s: skipping a line that is not a whole record (%s)", self.path.name, why)
                     continue
@@ -196,7 +197,7 @@ class Journal:
                     continue
                 lines += 1
                 try:
-                    if self.whole(json.loads(raw)) is None:
+                    if whole_record(json.loads(raw), self.fields) is None:
                         return 0
                 except (json.JSONDecodeError, UnicodeDecodeError):
                     pass

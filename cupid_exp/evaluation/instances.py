@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from cupid_exp.data.schema import Instance, relevant_positions
+from cupid_exp.job.lanes import pool_slots
 from cupid_exp.llm.epochs import EPOCH
 from cupid_exp.llm.steps import StepFailed, Transcript
 from cupid_exp.progress import Progress
@@ -102,12 +103,7 @@ async def _evaluate(setting: Setting, parts: Sequence[str], ctx: TaskContext, in
 
 
 def instances_in_flight(ctx: TaskContext) -> int:
-    """Twice the calls the job's provider pools take together (each pool counted once, at the most any of its
-    clients takes), so that every free slot finds a call waiting; the rest wait unstarted, so that the job's
+    """Twice the calls the job's provider pools take together (``pool_slots``), so that every free slot finds a
+    call waiting; the rest wait unstarted, so that the job's
     memory does not grow with the data set (``bench/scale.py``)."""
-    clients = (ctx.subject, ctx.evaluator.decomposer, ctx.evaluator.matcher, ctx.evaluator.judge)
-    slots: dict[int, int] = {}
-    for client in clients:
-        pool = id(client.pool)
-        slots[pool] = max(slots.get(pool, 0), client.slots)
-    return 2 * sum(slots.values())
+    return 2 * pool_slots((ctx.subject, ctx.evaluator.decomposer, ctx.evaluator.matcher, ctx.evaluator.judge))

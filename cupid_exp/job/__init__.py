@@ -2,7 +2,7 @@
 
 Evaluation (an instance) and synthesis (a persona) share this lifecycle: ``plan`` checks all it can before the
 first call and takes the job (lock, journal, ledger, budget: ``job.attempt``), ``execute`` runs the units left,
-the kind summarises (``Work.summarise``), ``publish`` writes files, prints the report and finishes the MLflow run
+the kind summarises (``Kind.summarise``), ``publish`` writes files, prints the report and finishes the MLflow run
 opened right after planning.
 """
 
@@ -24,9 +24,9 @@ from cupid_exp.errors import Interrupted, Outcome, Terminated
 from cupid_exp.job.budgets import BudgetReport, report
 from cupid_exp.job.execute import execute
 from cupid_exp.job.heap import start_up
-from cupid_exp.job.plan import Kind, connect, plan, specify, typed_config
+from cupid_exp.job.plan import Load, connect, plan, specify, typed_config
 from cupid_exp.job.publish import job_outcome, publish, start_tracking
-from cupid_exp.job.spec import Execution, Job, JobSpec, Summary, Work
+from cupid_exp.job.spec import Execution, Job, JobSpec, Kind, Summary, Work
 from cupid_exp.job.workers import start_workers
 from cupid_exp.tracking.mlflow import SweepParent, ends_on_error
 
@@ -44,7 +44,7 @@ def budget_report(job: Job, execution: Execution) -> BudgetReport | None:
 def summarize_job(job: Job, execution: Execution, started: float) -> Summary:
     """The kind's summary of the job, with what every job adds: what earlier attempts spent (the usage ledger)
     and the time it took."""
-    summary = job.work.summarise(job, execution)
+    summary = job.work.kind.summarise(job, execution)
     if not job.dry_run:
         summary.metrics.update(earlier_attempt_metrics(earlier_spend(job.attempt.earlier)))
     summary.metrics["time/seconds"] = time.perf_counter() - started
@@ -81,14 +81,14 @@ def interrupted(job: Job, signum: int = signal.SIGINT) -> Interrupted:
 
 
 def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = None,
-            parent_run: str | SweepParent | None = None, *, kind: Kind) -> Outcome:
+            parent_run: str | SweepParent | None = None, *, kind: Load) -> Outcome:
     """Run one job of ``kind`` end to end; the Outcome says whether it completed (and carries its headline)."""
     with start_up():  # no garbage collections while it loads and plans (``job.heap``)
         return _run_job(cfg, output_dir, choices, parent_run, kind=kind)
 
 
 def _run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None,
-             parent_run: str | SweepParent | None, *, kind: Kind) -> Outcome:
+             parent_run: str | SweepParent | None, *, kind: Load) -> Outcome:
     started = time.perf_counter()
     had_hydra = (output_dir / ".hydra").is_dir()  # Hydra saved the config there: a folder deleted later is said
     job = plan(cfg, output_dir, choices, parent_run, kind=kind, clients=False)  # holds the job (durability.job_lock)
@@ -130,6 +130,6 @@ def _run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None,
     return outcome
 
 
-__all__ = ["Execution", "Job", "JobSpec", "Kind", "Summary", "Work", "budget_report", "connect", "execute",
+__all__ = ["Execution", "Job", "JobSpec", "Kind", "Load", "Summary", "Work", "budget_report", "connect", "execute",
            "import_alongside", "interrupted", "job_outcome", "plan", "publish", "run_job", "specify",
            "start_tracking", "summarize_job", "typed_config"]

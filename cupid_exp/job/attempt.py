@@ -31,8 +31,8 @@ def open_attempt(spec: JobSpec) -> Attempt:
     try:
         journal, ledger, earlier, done, meter = None, None, None, {}, UsageMeter()
         if cfg.runtime.resume and not spec.dry_run:
-            journal = Journal(spec.journal_dir / f"{spec.identity}.jsonl", list(spec.secrets), whole=work.whole_record,
-                              final=work.is_final)
+            journal = Journal(spec.journal_dir / f"{spec.identity}.jsonl", list(spec.secrets),
+                              fields=work.record_fields, final=work.final)
             finished = journal.load(retry_failed=cfg.runtime.retry_failed)
             done = {u.key: finished[u.key] for u in work.units if u.key in finished}
             ledger = UsageLedger.beside(journal.path)  # every paid request, as it returns
@@ -43,7 +43,7 @@ def open_attempt(spec: JobSpec) -> Attempt:
                          work.noun, journal.path)
         left = sum(1 for u in work.units if u.key not in done)
         if left:  # a resume with nothing left calls nothing: it needs no key
-            check_keys(work.roles_called(), spec.dry_run)
+            check_keys(work.roles, spec.dry_run)
         budget = None
         if not spec.dry_run:
             accounts = (journal.path.with_suffix(".budget.json") if journal is not None

@@ -14,6 +14,7 @@ import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Mapping
 
 import yaml
 
@@ -102,7 +103,7 @@ def check_workers(cfg: JobConfig) -> None:
                           "process, one copy per worker; use runtime.workers=1 with embedded models")
 
 
-def check_keys(roles: dict[str, ModelConfig], dry_run: bool) -> None:
+def check_keys(roles: Mapping[str, ModelConfig], dry_run: bool) -> None:
     """Every called role's provider has its credentials (``cupid_exp.llm.keys``). A dry run calls nothing: it
     only warns, in the same one line, so the estimate can be made before the keys are set."""
     from cupid_exp.llm.keys import missing_keys_line
@@ -116,7 +117,7 @@ def check_keys(roles: dict[str, ModelConfig], dry_run: bool) -> None:
     raise ConfigError(line)
 
 
-def note_models(roles: dict[str, ModelConfig]) -> None:
+def note_models(roles: Mapping[str, ModelConfig]) -> None:
     """One line per model that litellm's map cannot vouch for: an unknown id (misspelt or retired), a passed
     deprecation date, no price (``cupid_exp.llm.model_map``). Roles on the same endpoint share the line."""
     from cupid_exp.llm.model_map import model_note

@@ -25,8 +25,8 @@ async def _run_all(job: Job, units: list[Any], observer: InstanceObserver | None
     results: list[Result] = []
     pending = iter(units)
     try:
-        await run_units(job.work, job.ctx, lambda: next(pending, None), job_finisher(job, observer, results),
-                        progress, wants_calls(observer))
+        await run_units(job.work.kind, job.ctx, job.lanes, lambda: next(pending, None),
+                        job_finisher(job, observer, results), progress, wants_calls(observer))
     finally:
         progress.close()
     await drain_background_tasks()
@@ -41,7 +41,7 @@ def execute(job: Job, observer: InstanceObserver | None = None, workers: Workers
     if not todo:
         return Execution([])
     assert job.ctx is not None, "connect(job) before execute (run_job does, between its workers and the run)"
-    server = job.work.model_server() if not job.dry_run else None
+    server = job.work.model_server if not job.dry_run else None
     with managed_server(server), long_lived_frozen():
         start, cpu = time.perf_counter(), time.process_time()  # without a model server's start-up
         if job.attempt.processes > 1:

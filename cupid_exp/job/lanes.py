@@ -1,17 +1,17 @@
 """The lanes a process runs units in: each takes the next unit left, runs it, hands it on, takes another.
 
-``Work.in_flight`` lanes run at once. A call the budget refuses ends its unit unfinished and starts no other. A
-fatal refusal or ``RetryLater`` stops the taking: the units in flight end, none is journalled (a resume runs
-them), and the refusal is raised once every lane stopped. Any other exception (a bug, a full disk) cancels the
-other lanes and is raised once they ended (``siblings.together``).
+As many lanes run at once as the kind's ``connect`` said. A call the budget refuses ends its unit unfinished and
+starts no other. A fatal refusal or ``RetryLater`` stops the taking: the units in flight end, none is journalled (a
+resume runs them), and the refusal is raised once every lane stopped. Any other exception (a bug, a full disk)
+cancels the other lanes and is raised once they ended (``siblings.together``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from cupid_exp.job.spec import Result, Unit, Work
+from cupid_exp.job.spec import Kind, Result, Unit
 from cupid_exp.llm.budget import BudgetExceeded, started_instance
 from cupid_exp.llm.calls import CallLog, recording
 from cupid_exp.llm.retry import FatalProviderError
@@ -26,6 +26,15 @@ Taker = Callable[[], Any]  #: the next unit left to run, or None
 Finished = Callable[[Any, Result, "CallLog | None"], None]
 
 
+def pool_slots(clients: Iterable[Any]) -> int:
+    """The calls ``clients``' provider pools take at once together (each pool counted once, at the most any of its
+    clients takes): what a kind's ``connect`` sizes its lanes by."""
+    slots: dict[int, int] = {}
+    for client in clients:
+        slots[id(client.pool)] = max(slots.get(id(client.pool), 0), client.slots)
+    return sum(slots.values())
+
+
 def fair_share(units: int, processes: int) -> int | None:
     """The most units one of ``processes`` sharing ``units`` should run at once (None: one process, no cap).
     Each process has its part of the models' slots; a process that took more units at once than its part can
@@ -34,9 +43,9 @@ def fair_share(units: int, processes: int) -> int | None:
     return None if processes <= 1 else max(1, -(-units // processes))
 
 
-async def run_units(work: Work, ctx: Any, take: Taker, finished: Finished, progress: Progress | None,
+async def run_units(kind: Kind, ctx: Any, lanes: int, take: Taker, finished: Finished, progress: Progress | None,
                     with_calls: bool, at_most: int | None = None) -> None:
-    """Run units as ``take`` hands them out, ``work.in_flight(ctx)`` at a time (and ``at_most``: this process's
+    """Run units as ``take`` hands them out, ``lanes`` at a time (and ``at_most``: this process's
     fair share, ``fair_share``), and tell ``finished`` of each (with its model calls when ``with_calls``). The
     caller drains litellm's background work after (``drain_background_tasks`` waits for every other task: its
     own too)."""
@@ -48,7 +57,7 @@ async def run_units(work: Work, ctx: Any, take: Taker, finished: Finished, progr
             with recording(with_calls) as calls:  # its calls, for its trace
                 started_instance()  # the budget serves older units' calls first
                 try:
-                    result = await work.run(ctx, unit, progress)
+                    result = await kind.run(ctx, unit, progress)
                 except BudgetExceeded:  # left unjournaled: a resume with a higher budget runs it
                     stop.set()
                     return
@@ -58,7 +67,6 @@ async def run_units(work: Work, ctx: Any, take: Taker, finished: Finished, progr
                     return
             finished(unit, result, calls)
 
-    lanes = work.in_flight(ctx)
     if at_most is not None:
         lanes = min(lanes, at_most)
     lanes = max(1, lanes)
@@ -90,5 +98,5 @@ def job_finisher(job: "Job", observer: InstanceObserver | None, results: list[Re
 
 def job_progress(job: "Job", total: int) -> Progress:
     runtime = job.cfg.runtime
-    return Progress(job.work.stages(), total, job.attempt.meter, enabled=bool(runtime.progress),
+    return Progress(list(job.work.stages), total, job.attempt.meter, enabled=bool(runtime.progress),
                     every_s=runtime.progress_every_s, noun=f"{job.work.noun}s")

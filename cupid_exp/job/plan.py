@@ -1,6 +1,6 @@
 """Phase 1 of a job: everything decided and checked before the first model call, whatever the kind of work.
 
-The config is typed and checked once, then what the job needs of the world, then the kind's units (``Work.load``);
+The config is typed and checked once, then what the job needs of the world, then the kind's work (its ``Load``);
 the identity follows from the content. That is the frozen ``JobSpec``. The attempt then opens the job and, when
 ``clients`` is asked for, builds the clients (``run_job`` builds them later: importing litellm takes seconds,
 while the MLflow run opens and worker processes start).
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -28,10 +28,8 @@ from cupid_exp.tracking.mlflow import SweepParent
 log = logging.getLogger(__name__)
 
 
-class Kind(Protocol):
-    """A kind of work: loads a job's units from its checked config (``EvaluationWork``, ``SynthesisWork``)."""
-
-    def load(self, cfg: Any, output_dir: Path) -> Work: ...
+#: A kind of work's loader: its ``Work`` from the checked config (``load_evaluation``, ``load_synthesis``).
+Load = Callable[[Any, Path], Work]
 
 
 def typed_config(cfg: DictConfig) -> JobConfig:
@@ -43,7 +41,7 @@ def typed_config(cfg: DictConfig) -> JobConfig:
 
 
 def specify(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None, parent_run: str | SweepParent | None,
-            kind: Kind) -> JobSpec:
+            kind: Load) -> JobSpec:
     """The checked, loaded job, before anything is opened."""
     job_cfg: JobConfig = typed_config(cfg)
     container = OmegaConf.to_container(cfg, resolve=True)
@@ -53,15 +51,15 @@ def specify(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None, p
     install_log_scrubber(secrets)
     check_before_calls(job_cfg)
     check_priced(job_cfg.model_configs(), job_cfg.runtime.call_settings())  # a budget needs every model's price
-    work = kind.load(job_cfg, output_dir)
-    identity = job_identity(resolved, not_identity=work.not_identity, **work.digests())
+    work = kind(job_cfg, output_dir)
+    identity = job_identity(resolved, not_identity=work.not_identity, **work.digests)
     return JobSpec(cfg=job_cfg, work=work, resolved=redact(resolved), output_dir=output_dir,
                    choices=dict(choices or {}), parent_run=parent_run, secrets=tuple(secrets), identity=identity,
                    run_key=run_key(identity, job_cfg.runtime, job_cfg.paths.output_root))
 
 
 def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = None,
-         parent_run: str | SweepParent | None = None, *, kind: Kind, clients: bool = True) -> Job:
+         parent_run: str | SweepParent | None = None, *, kind: Load, clients: bool = True) -> Job:
     """The planned job, holding its attempt (release it: ``Job.release``); with ``clients`` its clients too."""
     spec = specify(cfg, output_dir, choices, parent_run, kind)
     job = Job(spec, open_attempt(spec))
@@ -77,5 +75,5 @@ def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = Non
 def connect(job: Job) -> None:
     """The work's clients, when some unit is left to run (this imports litellm: seconds)."""
     if job.todo and job.ctx is None:
-        job.ctx = job.work.connect(job.attempt.meter, job.attempt.budget, (0, job.attempt.processes))
-        note_models(job.work.roles_called())  # litellm is imported now: its map says what it knows
+        job.ctx, job.lanes = job.work.kind.connect(job.attempt.meter, job.attempt.budget, (0, job.attempt.processes))
+        note_models(job.work.roles)  # litellm is imported now: its map says what it knows

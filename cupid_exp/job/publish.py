@@ -1,7 +1,7 @@
 """Phase 4 of a job: write its files, print its report, finish its MLflow run (and, before phase 2, open that run:
 ``start_tracking``), whatever the kind of work.
 
-The kind's files land in the Hydra job folder first (atomically: ``Work.publish``), so a tracking failure can
+The kind's files land in the Hydra job folder first (atomically: ``Kind.publish``), so a tracking failure can
 never cost the results; the run worker draws any plots while the report is computed and printed. The run ends
 FINISHED only for a job that exits 0, else FAILED with its outcome (``run_outcomes``).
 """
@@ -37,8 +37,8 @@ def start_tracking(job: Job) -> Any:
     from cupid_exp.tracking import run_worker
     from cupid_exp.tracking.live import RunRequest, open_run
 
-    cfg, spec, attempt = job.cfg, job.spec, job.attempt
-    if not cfg.tracking.enabled or job.dry_run:
+    cfg, spec, attempt, view = job.cfg, job.spec, job.attempt, job.work.tracking
+    if not cfg.tracking.enabled or job.dry_run or view is None:
         return None
     # first: its own Python and `import mlflow` overlap everything after; a sweep's job (it has a parent run)
     # takes the worker the previous job left, and leaves it to the next
@@ -47,7 +47,6 @@ def start_tracking(job: Job) -> Any:
     try:
         # the job's lock (``durability.job_lock``) makes this the only attempt: a resumed job reopens the earlier run
         claim = attempts.Claim(spec.run_key, attempt.lock if cfg.runtime.resume else None)
-        view = job.work.tracking(job)
         params = flatten(dict(spec.resolved))
         params.update({f"choice.{k}": str(v) for k, v in spec.choices.items()})
         tags = {**view.tags, "output_dir": str(job.output_dir.resolve()), "job_identity": spec.identity}
@@ -58,7 +57,7 @@ def start_tracking(job: Job) -> Any:
             done=list(attempt.done.values()), earlier=attempts.earlier_spend(attempt.earlier),
             traces=bool(cfg.tracking.traces and job.work.units),
             # the journalled units' inputs: a trace the run lacks is rebuilt from its record (``tracking.reopen``)
-            shown=view.shown, nothing_left=not job.todo,
+            shown={k: v for k, v in view.shown.items() if k in attempt.done}, nothing_left=not job.todo,
             ledger_found=attempt.ledger is None or attempt.ledger.path.exists(),
             trace_tags=view.trace_tags, judges=view.judges, plots=view.plots, unit=f"{job.work.noun}s")
         if worker is not None:
@@ -118,13 +117,13 @@ def publish(job: Job, summary: Summary, tracker: Any, spending: BudgetReport | N
     complete = summary.complete and not stopped
     outcome = job_outcome(job, summary, spending)
     restore_folder(job, had_hydra)
-    published = job.work.publish(job, summary, complete)
+    published = job.work.kind.publish(job, summary, complete)
     meter = job.attempt.meter
     if job.dry_run:
         estimate = meter.totals().get("cost_usd", 0.0)
         parent = job.spec.parent_run
         sweep = parent.sweep_dir if isinstance(parent, SweepParent) else None
-        console.show(console.dry_run_report(job.work.title(job), meter, fit_line(job.cfg.runtime, estimate, sweep)),
+        console.show(console.dry_run_report(job.work.title, meter, fit_line(job.cfg.runtime, estimate, sweep)),
                      job.output_dir)
         return
     where = str(job.output_dir)
@@ -134,7 +133,7 @@ def publish(job: Job, summary: Summary, tracker: Any, spending: BudgetReport | N
         if live.notice:
             log.warning("MLflow: %s", live.notice)
     status = spending.status_line() if spending is not None and stopped else summary.status_line()
-    console.show(job.work.report(job, summary, where, status), job.output_dir)
+    console.show(published.report(where, status), job.output_dir)
     if live is None:
         return
     # The results are on disk and printed: logging them is held together, an interrupt waits for it (a few
@@ -153,7 +152,7 @@ def publish(job: Job, summary: Summary, tracker: Any, spending: BudgetReport | N
             headline=line,
             artifacts=[([*(str(f) for f in published.files), str(job.output_dir / console.RESULTS_FILE)], None),
                        ([str(p) for p in sorted((job.output_dir / ".hydra").glob("*.yaml"))], ".hydra")],
-            table=published.table, plots=published.plots,
+            table=published.table, plots=job.work.tracking.plots if job.work.tracking is not None else None,
             # the run's traces hold each instance's replies: its copy of the records leaves them out
             without_replies=[str(p) for p in published.replies] if job.cfg.tracking.traces else [],
             summary={"calls": int(m.get("calls/total", 0)), "cost_usd": round(m.get("cost/usd", 0.0), 6)}))

@@ -2,18 +2,18 @@
 
 Every job runs units of one kind of work through the same lifecycle (``cupid_exp.job``): plan → lock →
 journal → execute → summarise → publish. Evaluation's unit is an instance (``cupid_exp.evaluation``),
-synthesis's a persona (``cupid_exp.synthesis.work``). ``Work`` is what the lifecycle asks of a kind: its units,
-the model roles it calls, how one unit runs, what its journal records look like, and what its summary, files
-and report are. ``JobSpec`` is planning's frozen result; what one attempt of the job opens (its lock, journal,
-ledger, budget: ``Attempt``, opened by ``job.attempt``); a planned ``Job`` is the two, with its clients once
-connected; worker processes are a value of their own (``job.workers``).
+synthesis's a persona (``cupid_exp.synthesis.work``). ``Work`` is a kind once loaded: a frozen description (its
+units, the roles it calls, its digests, stages, title, what its journal records look like) and its ``Kind``, the
+four verbs the lifecycle calls (connect, run a unit, summarise, publish). ``JobSpec`` is planning's frozen result;
+what one attempt of the job opens (its lock, journal, ledger, budget) is its ``Attempt`` (``job.attempt``); a
+planned ``Job`` is the two, with its clients once connected.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, TypedDict
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, TypedDict
 
 from cupid_exp.config import JobConfig, ModelConfig, ServerConfig
 from cupid_exp.llm.usage import UsageMeter
@@ -51,13 +51,12 @@ class Execution:
 class Unit(Protocol):
     """One unit of work (an instance, a persona template)."""
 
-    key: str
+    @property
+    def key(self) -> str: ...
 
 
-class Result(Protocol):
+class Result(Unit, Protocol):
     """A finished unit: its journal record (``to_record``: a dict with its ``key`` and ``errors``)."""
-
-    key: str
 
     def to_record(self) -> dict[str, Any]: ...
 
@@ -96,76 +95,60 @@ class TrackingView:
     judges: dict[str, str] = field(default_factory=dict)
     plots: PlotRequest | None = None  #: drawn by the run worker
     shown: dict[str, tuple[str, str]] = field(default_factory=dict)  #: an evaluated instance's request and factor,
-    #: by key, for the journalled ones: their traces are rebuilt where the run lacks them (``tracking.reopen``)
+    #: by key: a journalled one's trace is rebuilt where the run lacks it (``tracking.reopen``)
 
 
 @dataclass
 class Published:
-    """A finished job's own files and run contents (``Work.publish``): the lifecycle adds usage and the end."""
+    """A finished job's own files and run contents (``Kind.publish``): the lifecycle adds usage and the end."""
 
     files: list[Path]  #: written in the job's folder, logged as the run's artifacts
     tags: dict[str, str]
+    report: Callable[[str, str], str]  #: the console report, from where the results are and the status line
     table: list[dict[str, Any]] | None = None  #: the run's table (scrubbed records)
-    plots: PlotRequest | None = None
     replies: list[Path] = field(default_factory=list)  #: files among ``files`` whose records' ``raw`` replies the
     #: run's traces hold: logged without them (a reply stored once in the run)
 
 
-class Work(Protocol):
-    """One kind of job, loaded by planning (``load``): what the lifecycle asks of it."""
+class Kind(Protocol):
+    """What a kind of work does (``EvaluationWork``, ``SynthesisWork``): the four verbs the lifecycle calls. Its
+    own state (config, prompts, setting) is frozen data too: it travels to a worker process with its ``Work``."""
 
+    def connect(self, meter: UsageMeter, budget: Budget | None, share: tuple[int, int]) -> tuple[Any, int]:
+        """The clients (whatever a unit's run gets) and how many units run at once with them; ``share``: this
+        process's index among the processes that split each model's concurrency, and their number."""
+
+    async def run(self, ctx: Any, unit: Any, progress: Progress | None) -> Result:
+        """One unit, start to end; a failed step is recorded on its result, never raised."""
+
+    def summarise(self, job: Job, execution: Execution) -> Summary:
+        """The job's results: the journal's finished units and this attempt's fresh ones."""
+
+    def publish(self, job: Job, summary: Any, complete: bool) -> Published:
+        """Write the job's files (a dry run's too); what the MLflow run and the console get of them."""
+
+
+@dataclass(frozen=True)
+class Work:
+    """A kind of work once loaded (``job.plan.Load``: ``load_evaluation``, ``load_synthesis``): what the lifecycle
+    reads of it, fixed at load, and its verbs (``kind``). A worker process gets it with ``units`` and ``tracking``
+    left out (they go through its queue, or stay with the job's process)."""
+
+    kind: Kind
     noun: str  #: what a unit is called in lines and metric names: "instance", "persona" (plural: +s)
-    units: Sequence[Unit]  #: every unit of the job, in the job's order
+    units: tuple[Any, ...]  #: every unit of the job (``Unit``), in the job's order
+    title: str  #: the report's first line
+    roles: Mapping[str, ModelConfig]  #: the roles a run of the units calls (for the key check)
+    digests: Digests  #: what enters the identity besides the config
     not_identity: tuple[str, ...]  #: dotted config keys that do not change its results (``job.identity``)
+    stages: tuple[str, ...]  #: the progress bars' stages
+    tracking: TrackingView | None  #: what the job's MLflow run gets besides the config and the identity
+    record_fields: Mapping[str, type | tuple[type, ...]]  #: a whole journal record's fields, with their types
+    final: Callable[[Mapping[str, Any], bool], bool]  #: whether a journalled unit stands on resume (picklable)
     units_per_process: int  #: ``runtime.workers=auto`` adds a process per this many units left
     client_modules: tuple[str, ...]  #: what its clients import: imported before a worker process is forked
     summary_modules: tuple[str, ...]  #: what its summary imports: imported while the models answer
-
-    def roles_called(self) -> dict[str, ModelConfig]:
-        """The roles a run of the units calls (for the key check)."""
-
-    def digests(self) -> Digests:
-        """What enters the identity besides the config: ``dataset_digest``, ``prompts_digest``."""
-
-    def whole_record(self, record: object) -> str | None:
-        """Why a journal line is not a whole record of this kind (None when it is)."""
-
-    def is_final(self, record: Mapping[str, Any], retry_failed: bool) -> bool:
-        """Whether a journalled unit stands on resume."""
-
-    def portable(self) -> "Work":
-        """This work as it is sent to a worker process: without its units (they go through the worker's queue)."""
-
-    def connect(self, meter: "UsageMeter", budget: "Budget | None", share: tuple[int, int]) -> Any:
-        """The clients (and whatever a unit's run needs with them); ``share``: this process's index among the
-        processes that split each model's concurrency, and their number (``llm.client.clients_for``)."""
-
-    def in_flight(self, ctx: Any) -> int:
-        """How many units run at once with these clients."""
-
-    def stages(self) -> list[str]:
-        """The progress bars' stages."""
-
-    def model_server(self) -> ServerConfig | None:
-        """A model server the job starts around its calls (``llm.server``), or None."""
-
-    async def run(self, ctx: Any, unit: Any, progress: "Progress | None") -> Result:
-        """One unit, start to end; a failed step is recorded on its result, never raised."""
-
-    def summarise(self, job: "Job", execution: "Execution") -> Summary:
-        """The job's results: the journal's finished units and this attempt's fresh ones."""
-
-    def title(self, job: "Job") -> str:
-        """The report's first line."""
-
-    def tracking(self, job: "Job") -> TrackingView:
-        """What the job's MLflow run gets besides the config and the identity."""
-
-    def publish(self, job: "Job", summary: Any, complete: bool) -> Published:
-        """Write the job's files (and the dry run's); what the run gets of them."""
-
-    def report(self, job: "Job", summary: Any, where: str, status: str) -> str:
-        """The console report of a finished job, ending with ``status``."""
+    model_server: ServerConfig | None = None  #: a model server the job starts around its calls (``llm.server``)
 
 
 @dataclass(frozen=True)
@@ -173,7 +156,7 @@ class JobSpec:
     """A planned job: everything decided before the first file is opened, fixed from then on."""
 
     cfg: JobConfig  #: the typed, checked config
-    work: Work  #: its kind, with its units loaded
+    work: Work  #: its kind of work, loaded
     resolved: Mapping[str, Any]  #: the resolved config as plain data, secrets redacted (MLflow params, config.yaml)
     output_dir: Path
     choices: Mapping[str, str]  #: Hydra's group choices (model=..., synthesis=...)
@@ -216,7 +199,8 @@ class Job:
 
     spec: JobSpec
     attempt: Attempt
-    ctx: Any = None  #: the work's clients (``Work.connect``): None until ``connect``, and when nothing is left to run
+    ctx: Any = None  #: the work's clients (``Kind.connect``): None until ``connect``, and when nothing is left to run
+    lanes: int = 1  #: how many units this process runs at once with them
 
     @property
     def cfg(self) -> Any:  # the kind's config (``RunConfig``, ``SynthesizeConfig``): typed as the kind reads it

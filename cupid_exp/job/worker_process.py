@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 class WorkerSpec:
     """What a worker needs to run units as the job would (everything checked by the job already)."""
 
-    work: Work  #: the job's work without its units (``Work.portable``)
+    work: Work  #: the job's work without its units and tracking view (``Workers``)
     index: int  #: this process's among ``processes`` (its share of each model's concurrency)
     secrets: list[str]
     ledger: str | None = None  #: the job's usage ledger: this process writes its own counts into it
@@ -133,8 +133,8 @@ def _log_to(outbox: Queue[bytes | logging.LogRecord]) -> None:
     logging.getLogger("cupid_exp").setLevel(logging.INFO)
 
 
-def _connect(spec: WorkerSpec) -> tuple[Any, UsageMeter]:
-    """This process's clients and its meter (writing into the job's usage ledger)."""
+def _connect(spec: WorkerSpec) -> tuple[Any, int, UsageMeter]:
+    """This process's clients, its lanes and its meter (writing into the job's usage ledger)."""
     from cupid_exp.secrets import install_log_scrubber
 
     install_log_scrubber(spec.secrets)
@@ -143,7 +143,7 @@ def _connect(spec: WorkerSpec) -> tuple[Any, UsageMeter]:
         from cupid_exp.durability.ledger import UsageLedger
 
         meter.sink = UsageLedger(Path(spec.ledger)).append
-    return spec.work.connect(meter, spec.budget, (spec.index, spec.processes)), meter
+    return (*spec.work.kind.connect(meter, spec.budget, (spec.index, spec.processes)), meter)
 
 
 def serve_units(spec: WorkerSpec, shared: Shared, inbox: Queue[bytes],
@@ -156,8 +156,7 @@ def serve_units(spec: WorkerSpec, shared: Shared, inbox: Queue[bytes],
     _log_to(outbox)
     code = 0
     try:
-        ctx, meter = _connect(spec)
-        work = spec.work
+        ctx, lanes, meter = _connect(spec)
         units = pickle.loads(inbox.get())  # every unit left; the shared counter says which is next
         with shared.ready.get_lock():
             shared.ready.value += 1
@@ -169,7 +168,7 @@ def serve_units(spec: WorkerSpec, shared: Shared, inbox: Queue[bytes],
             outbox.put(pickle.dumps(Report("unit", key=unit.key, result=result, calls=calls, counts=meter.since(sent))))
 
         async def run() -> None:
-            await run_units(work, ctx, SharedCursor(shared.counter, units), finished, None,
+            await run_units(spec.work.kind, ctx, lanes, SharedCursor(shared.counter, units), finished, None,
                             bool(shared.wants_calls.value), fair_share(len(units), spec.processes))
             await drain_background_tasks()
 

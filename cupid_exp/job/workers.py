@@ -11,6 +11,7 @@ job as it would in one process; its environment failure is the job's exit 5 (``W
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import logging
 import multiprocessing
@@ -63,8 +64,9 @@ class Workers:
         # start() returns (blocking the job while the child imports), and forever if the child dies first
         self.inbox, self.outbox = ctx.Queue(), ctx.Queue()
         self.processes = []
+        work = dataclasses.replace(job.work, units=(), tracking=None)  # the units go through the queue
         for index in range(1, attempt.processes):
-            spec = WorkerSpec(work=job.work.portable(), index=index, secrets=list(job.spec.secrets),
+            spec = WorkerSpec(work=work, index=index, secrets=list(job.spec.secrets),
                               ledger=str(attempt.ledger.path) if attempt.ledger is not None else None,
                               budget=attempt.budget, processes=attempt.processes)
             process = ctx.Process(target=serve_units, args=(spec, self.shared, self.inbox, self.outbox),
@@ -171,7 +173,7 @@ async def _spread(job: Job, todo: list[Any], observer: InstanceObserver | None, 
 
     async def own_share() -> None:
         try:
-            await run_units(job.work, job.ctx, cursor, finished, progress, calls,
+            await run_units(job.work.kind, job.ctx, job.lanes, cursor, finished, progress, calls,
                             fair_share(len(todo), job.attempt.processes))
         except FatalProviderError as exc:  # the workers finish what they have in flight first
             fatal.append(exc)

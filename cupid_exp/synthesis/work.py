@@ -10,7 +10,7 @@ an embedded model's one slot keeps one persona going at a time), and the job's f
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from cupid_exp.aside import set_aside
-from cupid_exp.config import ConfigError, ModelConfig, require
-from cupid_exp.job.spec import Digests, Published, TrackingView
+from cupid_exp.config import ConfigError, require
+from cupid_exp.job.lanes import pool_slots
+from cupid_exp.job.spec import Published, TrackingView, Work
 from cupid_exp.outputs import atomic_write_text, write_json, write_jsonl
 from cupid_exp.progress import Progress
 from cupid_exp.prompts import PromptSet
@@ -76,58 +77,14 @@ def check_synthesis(cfg: SynthesizeConfig) -> None:
                 "false or null: synthesis sends its calls one by one (a persona's calls depend on each other)")
 
 
-@dataclass
+@dataclass(frozen=True)
 class SynthesisWork:
-    """One synthesis job's personas, with the prompts they are written with and the folder they land in."""
+    """Synthesis's verbs, with the prompts its personas are written with and the folder they land in (the persona
+    templates are its ``Work``'s units)."""
 
     cfg: SynthesizeConfig
-    templates: list[PersonaTemplate]
     prompts: PromptSet
     output_dir: Path
-    digest: str  #: of the synthesis prompts in effect
-
-    noun = "persona"
-    not_identity = NOT_IDENTITY  #: a larger n_personas tops the same job up
-    units_per_process = 5  #: ~120 calls a persona: 5 make about as many calls as 150 evaluated instances
-    client_modules = ("cupid_exp.synthesis.steps", "cupid_exp.synthesis.phases")
-    summary_modules = ("pandas",)
-
-    @classmethod
-    def load(cls, cfg: SynthesizeConfig, output_dir: Path) -> "SynthesisWork":
-        """The prompts synthesis sends (a drop-in folder is taken whole), then the persona templates (the seed
-        source may be the Hugging Face Hub: ``SynthesisError``)."""
-        from cupid_exp.job.checks import prompt_set
-
-        check_synthesis(cfg)
-        prompts = prompt_set(cfg.prompts.dir)
-        missing = prompts.missing(f"synthesis/{name}" for name in SYNTHESIS_PROMPTS)
-        if missing:  # a drop-in is taken whole: nothing falls back to the project's prompts
-            raise ConfigError(f"prompts.dir={str(prompts.directory)!r} lacks {', '.join(missing)}, which synthesis "
-                              "sends; add the file to that folder (the project's own is under prompts/) or leave "
-                              "prompts.dir unset")
-        templates = persona_templates(cfg)
-        digest = prompts_digest(prompts)
-        output_dir.mkdir(parents=True, exist_ok=True)
-        state = output_dir / "state.json"
-        if state.exists():
-            try:
-                before = json.loads(state.read_text(encoding="utf-8"))
-                if not isinstance(before, dict):
-                    raise ValueError(f"a JSON {type(before).__name__}")
-            except ValueError as exc:  # not JSON, not text
-                set_aside(state, "synthesis state", exc, "the prompts it was started with are not known: finished "
-                          "artefacts are kept")
-            else:
-                if before.get("prompts_digest") != digest:
-                    log.warning("the synthesis prompts changed since %s was started; finished artefacts are kept",
-                                output_dir)
-        write_json(state, {"prompts_digest": digest})
-        log.info("synthesising %d personas into %s", len(templates), output_dir)
-        return cls(cfg, templates, prompts, output_dir, digest)
-
-    @property
-    def units(self) -> list[PersonaTemplate]:
-        return self.templates
 
     @property
     def journeys(self) -> Path:
@@ -137,35 +94,8 @@ class SynthesisWork:
     def instances_path(self) -> Path:
         return self.output_dir / "instances" / "instances.jsonl"
 
-    def roles_called(self) -> dict[str, ModelConfig]:
-        return self.cfg.roles()
-
-    def digests(self) -> Digests:
-        return {"prompts_digest": self.digest}
-
-    def whole_record(self, record: object) -> str | None:
-        if not isinstance(record, dict):
-            return f"a JSON {type(record).__name__}, not a record"
-        wrong = [name for name, kind in (("key", str), ("index", int), ("status", str), ("errors", list))
-                 if not isinstance(record.get(name), kind)]
-        return "missing or wrong " + ", ".join(wrong) if wrong else None
-
-    def is_final(self, record: Mapping[str, Any], retry_failed: bool) -> bool:
-        """A persona that finished stands while its journey file says so; a failed one is tried again (from where
-        its journey file got, the response cache answering what was asked already)."""
-        if record.get("status") != "done":
-            return False
-        path = self.journeys / f"{record['key']}.json"
-        try:
-            journey = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return False
-        return journey.get("status") == "done"
-
-    def portable(self) -> "SynthesisWork":
-        return dataclasses.replace(self, templates=[])
-
-    def connect(self, meter: "UsageMeter", budget: "Budget | None", share: tuple[int, int]) -> "SynthContext":
+    def connect(self, meter: "UsageMeter", budget: "Budget | None", share: tuple[int, int]
+                ) -> tuple["SynthContext", int]:
         """The role clients (roles on one model config share one) and the recipe's knobs every step reads."""
         from cupid_exp.llm.client import clients_for, configure_litellm
         from cupid_exp.synthesis.steps import SynthContext
@@ -177,27 +107,11 @@ class SynthesisWork:
 
         import_first_call_modules()
         clients = clients_for(cfg.roles(), calls, meter, budget, share)  # by config path; the steps name the role
-        return SynthContext(clients={path.rsplit(".", 1)[1]: c for path, c in clients.items()},
-                            prompts=self.prompts, max_retries=scfg.max_retries, max_turns=scfg.max_turns,
-                            max_checklist_items=scfg.max_checklist_items, with_resources=scfg.with_resources,
-                            embedded_sampling=dict(scfg.embedded_sampling))
-
-    def in_flight(self, ctx: "SynthContext") -> int:
-        """Twice as many personas as the roles' provider pools take calls at once (each pool counted once, at the
-        most any of its clients takes): a persona is a chain of calls, and while one waits (a retry-after) a
-        second persona keeps the slot busy (``bench/rate_limits.md``). An embedded model's one slot: one persona."""
-        slots: dict[int, int] = {}
-        for client in {id(c): c for c in ctx.clients.values()}.values():
-            pool = id(client.pool)
-            slots[pool] = max(slots.get(pool, 0), client.slots)
-        total = sum(slots.values())
-        return 1 if total <= 1 else 2 * total
-
-    def stages(self) -> list[str]:
-        return [STAGE]
-
-    def model_server(self) -> None:
-        return None
+        ctx = SynthContext(clients={path.rsplit(".", 1)[1]: c for path, c in clients.items()},
+                           prompts=self.prompts, max_retries=scfg.max_retries, max_turns=scfg.max_turns,
+                           max_checklist_items=scfg.max_checklist_items, with_resources=scfg.with_resources,
+                           embedded_sampling=dict(scfg.embedded_sampling))
+        return ctx, in_flight(ctx)
 
     async def run(self, ctx: "SynthContext", unit: PersonaTemplate, progress: Progress | None) -> "PersonaOutcome":
         """One persona, resumed from its journey file (a finished one is returned as it is)."""
@@ -221,7 +135,7 @@ class SynthesisWork:
 
         fresh = {o.key: o for o in execution.results}
         outcomes = []
-        for template in self.templates:
+        for template in job.work.units:
             outcome = fresh.get(template.key)
             if outcome is None and template.key in job.attempt.done:
                 store = JourneyStore.read(self.journeys, template)
@@ -234,26 +148,13 @@ class SynthesisWork:
                         "time/model_seconds": execution.seconds, "time/model_cpu_seconds": execution.cpu_seconds})
         return SynthesisSummary(outcomes, metrics, Completeness.of(outcomes, max_failed), self.instances_path)
 
-    def title(self, job: "Job") -> str:
-        scfg = self.cfg.synthesis
-        return (f"CUPID synthesis | recipe={scfg.name} seed={scfg.seed} "
-                f"session_writer={scfg.roles.session_writer.name}")
-
-    def tracking(self, job: "Job") -> TrackingView:
-        scfg = self.cfg.synthesis
-        return TrackingView(
-            run_name=self.cfg.tracking.run_name or f"synthesis-{scfg.name}-{scfg.roles.session_writer.name}",
-            tags={"cupid.task": "synthesis", "prompts_digest": self.digest,
-                  "instances_path": str(self.instances_path.resolve())},
-            trace_tags={"cupid.task": "synthesis", "cupid.recipe": scfg.name, "cupid.seed": str(scfg.seed),
-                        "cupid.session_writer": scfg.roles.session_writer.name})
-
     def publish(self, job: "Job", summary: "SynthesisSummary", complete: bool) -> Published:
         """personas.json, instances.jsonl, validation.json/.csv and metrics.json."""
+        from cupid_exp.synthesis.report import render_report
         from cupid_exp.synthesis.summary import validation_table
 
         out, outcomes, metrics = self.output_dir, summary.outcomes, summary.metrics
-        by_index = {t.index: t for t in self.templates}
+        by_index = {t.index: t for t in job.work.units}
         personas = []
         for o in outcomes:
             p = o.journey.get("persona") or {}
@@ -271,14 +172,79 @@ class SynthesisWork:
             "metrics": metrics, "usage": job.attempt.meter.as_dict(), "complete": complete,
             "personas": [{"index": o.index, "status": o.journey.get("status"), "failed_phase": o.failed_phase,
                           "error": o.error, "dropped_instances": o.dropped} for o in outcomes],
-            "prompts_digest": self.digest})
+            "prompts_digest": job.work.digests["prompts_digest"]})
         files = [out / "personas.json", self.instances_path, out / "validation.json", out / "validation.csv",
                  out / "metrics.json"]
+        report = functools.partial(render_report, self.cfg.synthesis, metrics, outcomes, self.instances_path)
         return Published(files=files, tags={"cupid.failed_personas": str(summary.completeness.failed)},
-                         table=table.to_dict(orient="records"))
+                         report=report, table=table.to_dict(orient="records"))
 
-    def report(self, job: "Job", summary: "SynthesisSummary", where: str, status: str) -> str:
-        from cupid_exp.synthesis.report import render_report
 
-        return render_report(self.cfg.synthesis, summary.metrics, summary.outcomes, self.instances_path, where,
-                             status)
+def in_flight(ctx: "SynthContext") -> int:
+    """Twice as many personas as the roles' provider pools take calls at once (``pool_slots``): a persona is a
+    chain of calls, and while one waits (a retry-after) a second persona keeps the slot busy
+    (``bench/rate_limits.md``). An embedded model's one slot: one persona."""
+    total = pool_slots(ctx.clients.values())
+    return 1 if total <= 1 else 2 * total
+
+
+def is_final(journeys: Path, record: Mapping[str, Any], retry_failed: bool) -> bool:
+    """A persona that finished stands while its journey file says so; a failed one is tried again (from where
+    its journey file got, the response cache answering what was asked already)."""
+    if record.get("status") != "done":
+        return False
+    try:
+        journey = json.loads((journeys / f"{record['key']}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return journey.get("status") == "done"
+
+
+def load_synthesis(cfg: SynthesizeConfig, output_dir: Path) -> Work:
+    """The prompts synthesis sends (a drop-in folder is taken whole), then the persona templates (the seed source
+    may be the Hugging Face Hub: ``SynthesisError``)."""
+    from cupid_exp.job.checks import prompt_set
+
+    check_synthesis(cfg)
+    prompts = prompt_set(cfg.prompts.dir)
+    missing = prompts.missing(f"synthesis/{name}" for name in SYNTHESIS_PROMPTS)
+    if missing:  # a drop-in is taken whole: nothing falls back to the project's prompts
+        raise ConfigError(f"prompts.dir={str(prompts.directory)!r} lacks {', '.join(missing)}, which synthesis "
+                          "sends; add the file to that folder (the project's own is under prompts/) or leave "
+                          "prompts.dir unset")
+    templates = persona_templates(cfg)
+    digest = prompts_digest(prompts)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    state = output_dir / "state.json"
+    if state.exists():
+        try:
+            before = json.loads(state.read_text(encoding="utf-8"))
+            if not isinstance(before, dict):
+                raise ValueError(f"a JSON {type(before).__name__}")
+        except ValueError as exc:  # not JSON, not text
+            set_aside(state, "synthesis state", exc, "the prompts it was started with are not known: finished "
+                      "artefacts are kept")
+        else:
+            if before.get("prompts_digest") != digest:
+                log.warning("the synthesis prompts changed since %s was started; finished artefacts are kept",
+                            output_dir)
+    write_json(state, {"prompts_digest": digest})
+    log.info("synthesising %d personas into %s", len(templates), output_dir)
+    kind = SynthesisWork(cfg, prompts, output_dir)
+    scfg = cfg.synthesis
+    writer = scfg.roles.session_writer.name
+    return Work(
+        kind=kind, noun="persona", units=tuple(templates), roles=cfg.roles(), digests={"prompts_digest": digest},
+        title=f"CUPID synthesis | recipe={scfg.name} seed={scfg.seed} session_writer={writer}",
+        not_identity=NOT_IDENTITY,  # a larger n_personas tops the same job up
+        stages=(STAGE,),
+        tracking=TrackingView(
+            run_name=cfg.tracking.run_name or f"synthesis-{scfg.name}-{writer}",
+            tags={"cupid.task": "synthesis", "prompts_digest": digest,
+                  "instances_path": str(kind.instances_path.resolve())},
+            trace_tags={"cupid.task": "synthesis", "cupid.recipe": scfg.name, "cupid.seed": str(scfg.seed),
+                        "cupid.session_writer": writer}),
+        record_fields={"key": str, "index": int, "status": str, "errors": list},
+        final=functools.partial(is_final, kind.journeys),
+        units_per_process=5,  # ~120 calls a persona: 5 make about as many calls as 150 evaluated instances
+        client_modules=("cupid_exp.synthesis.steps", "cupid_exp.synthesis.phases"), summary_modules=("pandas",))

@@ -23,4 +23,4 @@ def stub_plan(url: str, root: Path, *overrides: str) -> Job:
 
 
 def run_one(job: Job, index: int = 0) -> InstanceResult:
-    return asyncio.run(run_instance(job, job.work.data.instances[index]))
+    return asyncio.run(run_instance(job, job.work.units[index]))

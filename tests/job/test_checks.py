@@ -153,7 +153,7 @@ def test_a_prompts_dir_lacking_a_file_the_job_sends_is_refused_naming_it(tmp_pat
 def test_a_prompts_dir_lacking_a_file_the_job_does_not_send_is_fine(tmp_path: Path) -> None:
     folder = official_folder_without(tmp_path, "evaluation/session_summarizer.yaml")
     job = plan(stub_config(UNREACHABLE, tmp_path, f"prompts.dir={folder}", "runtime.dry_run=true"), tmp_path / "job")
-    assert job.work.prompts.directory == folder.resolve()
+    assert job.work.kind.prompts.directory == folder.resolve()
 
 
 def test_the_cli_refuses_a_prompts_dir_lacking_a_file_before_any_call(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from helpers.jobs import stub_config
 
-from cupid_exp.evaluation import EvaluationWork
+from cupid_exp.evaluation import load_evaluation
 from cupid_exp.job import specify
 from cupid_exp.job.identity import content, job_identity
 
@@ -30,7 +30,7 @@ def test_an_evaluation_job_keeps_its_identity_when_only_the_way_to_its_endpoint_
     rotated token; a header's name still counts, a decoding parameter too."""
     def identity(*overrides: str) -> str:
         return specify(stub_config(URL, tmp_path, TOKEN, *overrides), tmp_path / "job", None, None,
-                       EvaluationWork).identity
+                       load_evaluation).identity
 
     first = identity()
     assert identity(*changed) == first

@@ -22,7 +22,7 @@ def test_plan_checks_everything_before_any_call(tmp_path: Path) -> None:
     with StubServer() as stub:
         job = stub_plan(stub.url, tmp_path, *NINE, "task=both", "setting=oracle")
         assert stub.stats()["total_received"] == 0
-    assert job.work.parts == PARTS and job.work.setting.name == "oracle"
+    assert job.work.kind.parts == PARTS and job.work.kind.setting.name == "oracle"
     assert len(job.todo) == 9 and job.ctx is not None and job.identity
     with pytest.raises(ConfigError, match="setting=oracle_preference is defined for generation only"):
         plan(stub_config("http://127.0.0.1:9/v1", tmp_path, "task=both", "setting=oracle_preference"), tmp_path)
@@ -41,7 +41,7 @@ def test_execute_summarize_publish(tmp_path: Path, capsys) -> None:
     assert summary.complete and summary.metrics["instances/failed"] == 0
     assert summary.metrics["calls/total"] == 9 * 6  # infer, decompose, 2 matches, generate, judge
     assert job_outcome(job, summary).value == summary.metrics["inference/f1"]  # the sweepers' headline
-    assert [r["key"] for r in summary.records] == [i.key for i in job.work.data.instances]  # dataset order
+    assert [r["key"] for r in summary.records] == [i.key for i in job.work.units]  # dataset order
     publish(job, summary, tracker=None)
     out = capsys.readouterr().out
     assert out.rstrip().splitlines()[-1] == "complete: 9 of 9 instances ran without a failed step"

@@ -51,3 +51,23 @@ def test_no_module_of_the_lifecycle_or_its_kinds_is_over_400_lines() -> None:
     long = [f"{p.relative_to(PACKAGE)}: {n}" for folder in ("job", "evaluation", "synthesis")
             for p in (PACKAGE / folder).rglob("*.py") if (n := len(p.read_text().splitlines())) > 400]
     assert not long
+
+
+def test_a_kind_of_work_is_a_frozen_description_and_four_verbs() -> None:
+    """What the lifecycle reads of a kind is data fixed at load (``Work``); what it calls, four verbs (``Kind``); a
+    kind's own state is frozen too (it travels to worker processes); and no class of the job holds over 15 fields."""
+    from dataclasses import fields
+
+    from cupid_exp.evaluation.work import EvaluationWork
+    from cupid_exp.job.spec import Attempt, Job, JobSpec, Kind, Published, TrackingView, Work
+    from cupid_exp.synthesis.work import SynthesisWork
+
+    verbs = [name for name, value in vars(Kind).items() if callable(value) and not name.startswith("_")]
+    assert verbs == ["connect", "run", "summarise", "publish"]
+    for kind in (EvaluationWork, SynthesisWork):
+        assert kind.__dataclass_params__.frozen, kind  # type: ignore[attr-defined]
+        methods = {name for name, value in vars(kind).items() if callable(value) and not name.startswith("_")}
+        assert methods == set(verbs), kind
+    assert Work.__dataclass_params__.frozen and JobSpec.__dataclass_params__.frozen  # type: ignore[attr-defined]
+    for cls in (Work, JobSpec, Attempt, Job, TrackingView, Published):
+        assert len(fields(cls)) <= 15, cls

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ from helpers.worker_bug import InWorkers, InWorkersConfig, unregister
 from cupid_exp.config import ConfigError
 from cupid_exp.durability.ledger import UsageLedger
 from cupid_exp.evaluation import plan
-from cupid_exp.job import execute, summarize_job
+from cupid_exp.job import Job, execute, summarize_job
 from cupid_exp.job.plan import connect, typed_config
 from cupid_exp.job.worker_count import processes
 from cupid_exp.job.workers import WorkerFailed, Workers, start_workers
@@ -51,6 +52,12 @@ def _ready(workers: Workers, timeout: float = 120.0) -> None:
         assert time.monotonic() < deadline, "a worker did not get ready"
         assert all(p.exitcode is None for p in workers.processes), "a worker exited before it was ready"
         time.sleep(0.05)
+
+
+def _with_setting(job: Job, setting: object) -> None:
+    """The job's work with another setting (the kind is frozen: a new description in a new spec)."""
+    kind = dataclasses.replace(job.work.kind, setting=setting)
+    job.spec = dataclasses.replace(job.spec, work=dataclasses.replace(job.work, kind=kind))
 
 
 def _scores(results) -> dict[str, tuple]:
@@ -98,7 +105,7 @@ def test_two_processes_run_every_instance_once_within_the_configured_bound(tmp_p
         before = start.startswith("before")
         job = plan(config, tmp_path / "two" / "job", clients=not before)
         assert job.attempt.processes == 2
-        job.work.setting = InWorkers(InWorkersConfig())  # the standard setting, which logs when a worker runs it
+        _with_setting(job, InWorkers(InWorkersConfig()))  # the standard setting, which logs when a worker runs it
         # forked where nothing in this test process has called a model yet (litellm's runtime would not survive)
         forked = before and sys.platform.startswith("linux") and not native_runtime_started()
         workers = start_workers(job)
@@ -117,14 +124,14 @@ def test_two_processes_run_every_instance_once_within_the_configured_bound(tmp_p
         alone_results = execute(alone).results
     assert stats["peak_in_flight"] == 2 and stats["total_received"] == 9 * 6
     assert all(p.exitcode == 0 for p in workers.processes)  # each sent its last word and left
-    assert sorted(r.key for r in execution.results) == sorted(i.key for i in job.work.data.instances)
+    assert sorted(r.key for r in execution.results) == sorted(i.key for i in job.work.units)
     summary = summarize_job(job, execution, started=0.0)
     assert summary.metrics["calls/total"] == 9 * 6 and summary.metrics["calls/requests"] == 9 * 6  # merged usage
     ledger = UsageLedger(job.attempt.ledger.path).load().totals()  # each process wrote its own counts, each once
     assert ledger["calls"] == 9 * 6 and requests_sent(ledger) == 9 * 6
     assert execution.cpu_seconds > 0
     journal = job.attempt.journal.path.read_text().splitlines()
-    assert sorted(json.loads(line)["key"] for line in journal) == sorted(i.key for i in job.work.data.instances)
+    assert sorted(json.loads(line)["key"] for line in journal) == sorted(i.key for i in job.work.units)
     assert _scores(alone_results) == _scores(execution.results)
     in_worker = [r for r in caplog.records if r.getMessage().endswith("ran in a worker")]
     assert in_worker and {r.processName for r in in_worker} == {"cupid-calls-1"}
@@ -133,7 +140,7 @@ def test_two_processes_run_every_instance_once_within_the_configured_bound(tmp_p
 def test_a_bug_in_a_worker_stops_the_job_with_its_traceback(tmp_path: Path) -> None:
     with StubServer(latency_ms=100) as stub:
         job = stub_plan(stub.url, tmp_path, *_nine(), *_concurrency(2), "runtime.workers=2")
-        job.work.setting = InWorkers(InWorkersConfig(bug=True))  # raises in workers (standard in the job's own)
+        _with_setting(job, InWorkers(InWorkersConfig(bug=True)))  # raises in workers (standard in the job's own)
         workers = start_workers(job)
         try:
             _ready(workers)
@@ -148,7 +155,7 @@ def test_a_full_disk_in_a_worker_is_the_environments_failure_not_a_bug(tmp_path:
     """The job ends as it would in one process: the one line naming the file (exit 5), no worker's traceback."""
     with StubServer(latency_ms=100) as stub:
         job = stub_plan(stub.url, tmp_path, *_nine(), *_concurrency(2), "runtime.workers=2")
-        job.work.setting = InWorkers(InWorkersConfig(disk_full=True))  # ENOSPC in the worker only
+        _with_setting(job, InWorkers(InWorkersConfig(disk_full=True)))  # ENOSPC in the worker only
         workers = start_workers(job)
         try:
             _ready(workers)
@@ -307,22 +314,18 @@ def test_a_process_runs_at_most_its_fair_share_of_the_units_at_once() -> None:
     assert fair_share(40, 2) == 20 and fair_share(41, 2) == 21 and fair_share(1, 4) == 1
     assert fair_share(40, 1) is None  # one process: its lanes as its work says
 
-    class Work:
-        noun = "unit"
+    class Kind:
         running = peak = 0
 
-        def in_flight(self, ctx) -> int:
-            return 32
-
         async def run(self, ctx, unit, progress):
-            Work.running += 1
-            Work.peak = max(Work.peak, Work.running)
+            Kind.running += 1
+            Kind.peak = max(Kind.peak, Kind.running)
             await asyncio.sleep(0.01)
-            Work.running -= 1
+            Kind.running -= 1
             return unit
 
     units = iter(range(40))
     done: list[int] = []
-    asyncio.run(run_units(Work(), None, lambda: next(units, None), lambda unit, result, calls: done.append(unit),
+    asyncio.run(run_units(Kind(), None, 32, lambda: next(units, None), lambda unit, result, calls: done.append(unit),
                           None, False, fair_share(40, 2)))
-    assert sorted(done) == list(range(40)) and Work.peak == 20
+    assert sorted(done) == list(range(40)) and Kind.peak == 20

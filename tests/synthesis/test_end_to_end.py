@@ -157,17 +157,17 @@ def test_embedded_local_model_writes_valid_personas_factors_and_sessions(tmp_pat
     from cupid_exp.synthesis.phases import PersonaRun
     from cupid_exp.synthesis.steps.factors import validate_factors
     from cupid_exp.synthesis.store import JourneyStore
-    from cupid_exp.synthesis.work import SynthesisWork
+    from cupid_exp.synthesis.work import load_synthesis
 
     from .test_job import compose_synthesis
 
     cfg = compose_synthesis([f"synthesis.seed={seed}", "synthesis.n_personas=1", "tracking=none",
                              f"paths.output_root={tmp_path}",
                              f"runtime.cache_dir={EMBEDDED_CACHE or tmp_path / 'cache'}"])
-    job = plan(cfg, tmp_path / "job", kind=SynthesisWork)
+    job = plan(cfg, tmp_path / "job", kind=load_synthesis)
     job.release()
     ctx, meter = job.ctx, job.attempt.meter
-    template = job.work.templates[0]
+    template = job.work.units[0]
     store = JourneyStore.open(tmp_path / "job" / "journeys", template, make_template(seed, template.index), seed)
     run = PersonaRun(ctx, job.cfg.synthesis, template, store)
 

@@ -22,7 +22,7 @@ from cupid_exp.config_store import register_configs
 from cupid_exp.job import connect, execute, plan, start_tracking
 from cupid_exp.synthesis.config import ROLES, SynthesizeConfig, register_synthesis_configs
 from cupid_exp.synthesis.steps import persona as persona_step
-from cupid_exp.synthesis.work import SynthesisWork
+from cupid_exp.synthesis.work import load_synthesis
 from cupid_exp.synthesize import run_synthesis
 from cupid_exp.testing.stub_llm_server import StubServer
 
@@ -127,7 +127,7 @@ def test_how_an_endpoint_is_reached_changes_neither_the_folder_nor_the_identity(
     def job(overrides: list[str]) -> tuple[str, str]:
         folder = compose_synthesis([*base, *overrides], hydra=True).hydra.run.dir
         cfg = compose_synthesis([*base, *overrides])
-        planned = plan(cfg, tmp_path / "job", kind=SynthesisWork, clients=False)
+        planned = plan(cfg, tmp_path / "job", kind=load_synthesis, clients=False)
         planned.release()
         return folder, planned.identity
 
@@ -154,7 +154,7 @@ def test_how_an_endpoint_is_reached_changes_neither_the_folder_nor_the_identity(
                                           ("+synthesis.max_turn=2", "synthesis.max_turn")])
 def test_bad_values_fail_before_any_call_with_one_line(tmp_path, override: str, key: str) -> None:
     with pytest.raises(ConfigError) as err:
-        plan(compose_synthesis([override, f"paths.output_root={tmp_path}"]), tmp_path / "job", kind=SynthesisWork)
+        plan(compose_synthesis([override, f"paths.output_root={tmp_path}"]), tmp_path / "job", kind=load_synthesis)
     assert str(err.value).startswith(key) and "\n" not in str(err.value)
     assert not (tmp_path / "job").exists()
 
@@ -228,7 +228,7 @@ def test_the_run_shows_progress_while_calls_go_out_before_any_persona_is_done(tm
                                  "synthesis.n_personas=1", *role_overrides(stub.url), f"paths.output_root={root}",
                                  f"runtime.cache_dir={root / 'cache'}", "runtime.progress=false",
                                  "tracking.progress_every_s=0.5"])
-        job = plan(cfg, root / "job", kind=SynthesisWork, clients=False)
+        job = plan(cfg, root / "job", kind=load_synthesis, clients=False)
         live = start_tracking(job)
         connect(job)
         live.wait_opened()

@@ -7,13 +7,14 @@ from pathlib import Path
 import pytest
 
 from cupid_exp.config import ModelConfig, RuntimeConfig
+from cupid_exp.durability.journal import whole_record
 from cupid_exp.llm.client import clients_for
 from cupid_exp.llm.pools import forget_pools
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.synthesis.config import ROLES
 from cupid_exp.synthesis.phases import PersonaOutcome
 from cupid_exp.synthesis.steps import SynthContext
-from cupid_exp.synthesis.work import SynthesisWork
+from cupid_exp.synthesis.work import in_flight, is_final
 
 
 def _context(tmp_path: Path, endpoint_of: dict[str, tuple[str, int]]) -> SynthContext:
@@ -36,12 +37,10 @@ def test_personas_in_flight_follow_what_the_roles_pools_take(tmp_path: Path, lay
     """Two personas a slot: a persona is a chain of calls, and a call refused with a retry-after waits it out while
     the other persona of its slot sends (issue 40 item 2); an embedded model's one slot, one persona."""
     ctx = _context(tmp_path, layout)
-    assert SynthesisWork.in_flight(None, ctx) == personas  # type: ignore[arg-type]
+    assert in_flight(ctx) == personas
 
 
 def test_a_personas_journal_record_says_whether_it_stands(tmp_path: Path) -> None:
-    work = SynthesisWork(cfg=None, templates=[], prompts=None, output_dir=tmp_path,  # type: ignore[arg-type]
-                         digest="d")
     done = PersonaOutcome(index=3, journey={"persona": {"persona_id": "3+nurse"}}, instances=[{}, {}, {}])
     failed = PersonaOutcome(index=4, journey={}, failed_phase="factors", error="factors: unparseable: x",
                             failed_kind="unparseable")
@@ -49,9 +48,11 @@ def test_a_personas_journal_record_says_whether_it_stands(tmp_path: Path) -> Non
                                 "errors": [], "instances": 3, "dropped": 0}
     assert failed.to_record()["errors"] == [{"step": "factors", "kind": "unparseable",
                                              "message": "factors: unparseable: x"}]
-    assert work.whole_record(done.to_record()) is None and work.whole_record({"key": "persona_003"})
-    assert not work.is_final(failed.to_record(), False)  # a failed persona is tried again
-    assert not work.is_final(done.to_record(), False)  # its journey file is gone: it runs again
-    (tmp_path / "journeys").mkdir()
-    (tmp_path / "journeys" / "persona_003.json").write_text('{"status": "done"}')
-    assert work.is_final(done.to_record(), False)
+    fields = {"key": str, "index": int, "status": str, "errors": list}  # as ``load_synthesis`` gives the journal
+    assert whole_record(done.to_record(), fields) is None and whole_record({"key": "persona_003"}, fields)
+    journeys = tmp_path / "journeys"
+    assert not is_final(journeys, failed.to_record(), False)  # a failed persona is tried again
+    assert not is_final(journeys, done.to_record(), False)  # its journey file is gone: it runs again
+    journeys.mkdir()
+    (journeys / "persona_003.json").write_text('{"status": "done"}')
+    assert is_final(journeys, done.to_record(), False)

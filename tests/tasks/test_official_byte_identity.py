@@ -59,7 +59,7 @@ def official(tmp_path: Path, given: dict) -> dict:
 
 
 def given_values(job, result) -> dict:
-    instance = job.work.data.instances[0]
+    instance = job.work.units[0]
     inf = result.inference
     return {"current_request": instance.current_request,
             "prior_interactions": [{"context_factor": s.context_factor,

@@ -17,7 +17,7 @@ def test_a_job_runs_name_carries_its_decoding_choices_subset_and_epochs(tmp_path
     given = ["model.params.temperature=0.4", "data.limit=2", "runtime.workers=2", "model.rpm=10"]
     monkeypatch.setattr(names, "hydra_overrides", lambda: given)  # as Hydra hands a job its command's overrides
     job = stub_plan("http://127.0.0.1:9", tmp_path, *given)
-    name = job.work.tracking(job).run_name
+    name = job.work.tracking.run_name
     evaluator = job.cfg.evaluator.name
     # pacing and processes change no score: not in the name; the subset reads as a part of the data
     assert name == (f"openai_compatible · inference · standard · eval {evaluator} · cupid-sample [data.limit=2]"

@@ -21,9 +21,7 @@ ALLOWED = {
     # not split yet
     "cupid_exp/llm/calls.py:CallRecord": 16,
     "cupid_exp/llm/client.py:LLMClient": 20,
-    "cupid_exp/llm/pools.py:Pool": 34,
     "cupid_exp/testing/batch_api.py:BatchQueue": 17,
-    "cupid_exp/testing/stub_config.py:StubConfig": 46,
     "cupid_exp/tracking/live.py:LiveRun": 31,
     "cupid_exp/tracking/live.py:RunRequest": 23,
     "cupid_exp/tracking/run_worker.py:RunWorker": 17,

@@ -47,10 +47,10 @@ class InProcessModel:
 
     def __init__(self, config: StubConfig | None = None, *, name: str = "stub", **overrides: object):
         self.name, self.config = name, config or StubConfig()
-        for key, value in overrides.items():
-            setattr(self.config, key, value)
-        wire = [k for k in _WIRE_KNOBS if getattr(self.config, k)]
-        wire += [k for k in self.config.fail_first_kind.split(",") if self.config.fail_first and k not in FAULTS]
+        self.config.set(**overrides)
+        knobs, faults = self.config.knobs(), self.config.faults
+        wire = [k for k in _WIRE_KNOBS if knobs[k]]
+        wire += [k for k in faults.fail_first_kind.split(",") if faults.fail_first and k not in FAULTS]
         if wire:
             raise ValueError(f"{', '.join(wire)}: needs the wire; use cupid_exp.testing.stub_llm_server.StubServer")
         self._lock = threading.Lock()
@@ -90,8 +90,7 @@ class InProcessModel:
     def reconfigure(self, **changes: object) -> None:
         """Switch faults on or off between two runs; the counters are kept."""
         with self._lock:
-            for key, value in changes.items():
-                setattr(self.config, key, value)
+            self.config.set(**changes)
 
     def stats(self) -> dict[str, Any]:
         """The stub's counters (``StubServer.stats``) that mean something without the wire."""
@@ -113,14 +112,14 @@ class InProcessModel:
         cfg, step = self.config, classify(body)
         prompt_digest = digest(json.dumps(body.get("messages"), sort_keys=True))
         with self._lock:
-            if cfg.record_bodies:
+            if cfg.wire.record_bodies:
                 self.bodies.append(body)
             self.counters.arrived(step)
             attempt = self._seen[prompt_digest]
             self._seen[prompt_digest] += 1
-        delay = cfg.latency_ms / 1000
-        if cfg.jitter_ms:
-            delay += random.Random(f"{cfg.seed}:{prompt_digest}:{attempt}").uniform(0, cfg.jitter_ms) / 1000
+        delay = cfg.wire.latency_ms / 1000
+        if cfg.wire.jitter_ms:
+            delay += random.Random(f"{cfg.seed}:{prompt_digest}:{attempt}").uniform(0, cfg.wire.jitter_ms) / 1000
         return step, prompt_digest, delay, choose_fault(cfg, step, prompt_digest, attempt, body)
 
     def _reply(self, body: dict[str, Any], step: str, fault: str | None) -> "litellm.ModelResponse":
@@ -154,7 +153,7 @@ class InProcessModel:
                 self.counters.in_flight -= 1
 
     def _billed(self, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
-        if self.config.omit_usage:
+        if self.config.wire.omit_usage:
             reply = {k: v for k, v in reply.items() if k != "usage"}
         prompt, completion = billed_tokens(body, reply)
         with self._lock:
@@ -167,7 +166,7 @@ def _error(fault: str, cfg: StubConfig, model: str) -> Exception:
     import litellm
 
     if fault == "context_length":
-        _, payload = CONTEXT_ERRORS[cfg.context_error or "openai"]
+        _, payload = CONTEXT_ERRORS[cfg.replies.context_error or "openai"]
         return litellm.ContextWindowExceededError(message=json.dumps(payload), model=model, llm_provider=PROVIDER)
     _, payload, headers, _ = error_reply(fault, cfg)
     message = str(payload["error"]["message"])

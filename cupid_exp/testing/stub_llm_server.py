@@ -49,7 +49,7 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -110,8 +110,7 @@ class StubServer:
     def __init__(self, config: StubConfig | None = None, *, port: int = 0, batch: BatchQueueConfig | None = None,
                  **overrides: Any):
         self.config = config or StubConfig()
-        for k, v in overrides.items():
-            setattr(self.config, k, v)
+        self.config.set(**overrides)
         self._lock = threading.Lock()
         self._gate = threading.Condition(self._lock)
         self._hold_after: int | None = None
@@ -127,14 +126,14 @@ class StubServer:
         self._thread: threading.Thread | None = None
 
     def _key_limits(self) -> KeyLimits:
-        c = self.config
+        c = self.config.limits
         return KeyLimits(c.rpm, c.tpm, c.closed_s, c.refuse, pool=c.limits_pool, headers=c.limit_headers)
 
     def fault_reply(self, kind: str, prompt_digest: str = "") -> tuple[int, dict[str, Any], dict[str, str]]:
         """(status, body, headers) of a 429, a 500 or a 503 (``stub_faults.error_reply``); a 429 is said in the
         ``rate_limit_style`` (``rotate``: each in turn), counted by style, and remembers when the wait it asked for
         ends (a request for the same prompt before then is an early retry). The Batch API's upload faults too."""
-        style = self.config.rate_limit_style
+        style = self.config.faults.rate_limit_style
         if kind == "429" and style:
             with self._lock:
                 if style == "rotate":
@@ -168,8 +167,7 @@ class StubServer:
         made again; the counters (what was billed included) are kept."""
         with self._lock:
             self.config = config or self.config
-            for name, value in changes.items():
-                setattr(self.config, name, value)
+            self.config.set(**changes)
             self.limits = self._key_limits()
 
     def hold_after(self, n_completed: int | None) -> None:
@@ -208,20 +206,20 @@ class StubServer:
         with self._lock:
             c, cfg = self.counters, self.config
             c.requests += 1
-            if not cfg.outage_s or (c.outage_started is None and c.requests <= cfg.outage_after):
+            if not cfg.limits.outage_s or (c.outage_started is None and c.requests <= cfg.limits.outage_after):
                 return False
             now = time.time()
             if c.outage_started is None:
                 c.outage_started = now
-            if now - c.outage_started >= cfg.outage_s:
+            if now - c.outage_started >= cfg.limits.outage_s:
                 c.outage_ended = c.outage_ended or now
                 return False
             c.outage_unanswered += 1
         handler.close_connection = True
-        if cfg.outage_kind == "reset":  # closed with a RST: the client sees its connection reset, no answer
+        if cfg.limits.outage_kind == "reset":  # closed with a RST: the client sees its connection reset, no answer
             handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         else:
-            status = int(cfg.outage_kind)
+            status = int(cfg.limits.outage_kind)
             handler._send(status, f"<html><body><h1>{status} {'Bad Gateway' if status == 502 else 'Unavailable'}"
                                   f"</h1></body></html>".encode(), "text/html")
         return True
@@ -267,7 +265,7 @@ class StubServer:
 
     def _billed(self, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
         """``reply`` as sent (without usage under ``omit_usage``), its tokens counted as billed."""
-        if self.config.omit_usage:
+        if self.config.wire.omit_usage:
             reply = {k: v for k, v in reply.items() if k != "usage"}
         prompt, completion = billed_tokens(body, reply)
         with self._lock:
@@ -322,7 +320,8 @@ class StubServer:
                     # read by the wrong process (requests that hang until the client's 600 s timeout)
                     self.close_connection = True
                     self._send(200, json.dumps({"object": "list", "data": [
-                        {"id": m, "object": "model", "owned_by": "stub"} for m in server.config.model_ids]}).encode(),
+                        {"id": m, "object": "model", "owned_by": "stub"}
+                        for m in server.config.wire.model_ids]}).encode(),
                         headers={"connection": "close"})
                 elif self.path.rstrip("/") in ("/stats", "/health"):
                     self._send(200, json.dumps(server.stats()).encode())
@@ -346,7 +345,7 @@ class StubServer:
                     self._send(400, b'{"error": {"message": "invalid JSON body"}}')
                     return
                 with server._lock:
-                    for name in server.config.record_headers:
+                    for name in server.config.wire.record_headers:
                         if (value := self.headers.get(name)) is not None:
                             server.header_values[name.lower()][value] += 1
                 server._serve(self, body, raw, self.headers.get("authorization", ""))
@@ -359,7 +358,7 @@ class StubServer:
         prompt_digest = digest(json.dumps(body.get("messages"), sort_keys=True))
         request_digest = digest(raw.decode("utf-8", "replace"))
         with self._gate:
-            if cfg.record_bodies:
+            if cfg.wire.record_bodies:
                 self.bodies.append(body)
             self.counters.arrived(step)
             attempt = self._seen[prompt_digest]
@@ -372,9 +371,9 @@ class StubServer:
                     self.counters.faults[step][verdict.kind] += 1
                 handler._send(verdict.status, json.dumps(verdict.body).encode(), headers=verdict.headers)
                 return
-            delay = cfg.latency_ms / 1000
-            if cfg.jitter_ms:
-                delay += random.Random(f"{cfg.seed}:{prompt_digest}:{attempt}").uniform(0, cfg.jitter_ms) / 1000
+            delay = cfg.wire.latency_ms / 1000
+            if cfg.wire.jitter_ms:
+                delay += random.Random(f"{cfg.seed}:{prompt_digest}:{attempt}").uniform(0, cfg.wire.jitter_ms) / 1000
             if delay > 0:
                 time.sleep(delay)
             fault = choose_fault(cfg, step, prompt_digest, attempt, body)
@@ -416,7 +415,7 @@ class StubServer:
 def main(argv: list[str] | None = None) -> None:
     port, cfg = stub_arguments(argv, __doc__.split("\n\n")[0])
     server = StubServer(cfg, port=port)
-    print(f"stub LLM server listening on {server.url} ({json.dumps(asdict(cfg))})", flush=True)
+    print(f"stub LLM server listening on {server.url} ({json.dumps(cfg.knobs())})", flush=True)
     def stop(*_: Any) -> None:
         raise KeyboardInterrupt
 

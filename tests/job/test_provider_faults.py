@@ -82,7 +82,7 @@ def test_requests_that_time_out_are_charged_so_no_fault_sends_past_the_budget(tm
         worst = sum(worst_case_usd(Prices(IN, OUT), body["messages"], body) for body in stub.bodies)
         assert billed_usd(stats) <= worst == pytest.approx(spent(root)) and spent(root) <= budget
         one_line(hit.stderr, "BUDGET:")
-        stub.config.rate_slow = 0.0
+        stub.config.faults.rate_slow = 0.0
         resume_completes([*cmd, "runtime.max_cost_usd=1"], root)
 
 

@@ -18,13 +18,9 @@ ALLOWED = {
     # user-facing keys (``runtime.workers=2``, ``model.rpm``): a split would rename keys users write
     "cupid_exp/config.py:RuntimeConfig": 24,
     "cupid_exp/config.py:ModelConfig": 18,
-    # not split yet
+    # not split yet: the client and its call records are reworked at the same time for their CPU per call
     "cupid_exp/llm/calls.py:CallRecord": 16,
     "cupid_exp/llm/client.py:LLMClient": 20,
-    "cupid_exp/testing/batch_api.py:BatchQueue": 17,
-    "cupid_exp/tracking/live.py:LiveRun": 31,
-    "cupid_exp/tracking/live.py:RunRequest": 23,
-    "cupid_exp/tracking/run_worker.py:RunWorker": 17,
 }
 
 

@@ -112,24 +112,19 @@ def stub_arguments(argv: list[str] | None, description: str) -> tuple[int, StubC
     """The stub's command line: ``--port`` and one flag per knob."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--port", type=int, default=0, help="0: any free port (printed)")
-    for name, default in StubConfig().knobs().items():
+    defaults = StubConfig().knobs()
+    for name, default in defaults.items():
         flag = "--" + name.replace("_", "-")
-        if name.endswith("_steps"):
-            p.add_argument(flag, default="", help="comma-separated steps: " + ",".join(STEPS + SYNTHESIS_STEPS))
-        elif name == "model_ids":
-            p.add_argument(flag, default="stub", help="comma-separated model ids for GET /v1/models")
-        elif name == "record_headers":
-            p.add_argument(flag, default="", help="comma-separated request headers whose values are counted")
+        if isinstance(default, tuple):  # model_ids, record_headers, the *_steps
+            p.add_argument(flag, default=",".join(default), help="comma-separated" + (
+                ": " + ",".join(STEPS + SYNTHESIS_STEPS) if name.endswith("_steps") else ""))
         elif isinstance(default, bool):
             p.add_argument(flag, action="store_true")
-        elif name in ("context_error", "judge_score", "fail_first_kind", "giveup_match", "refuse",
-                        "rate_limit_style", "outage_kind"):
-            p.add_argument(flag, default=default)
         else:
-            p.add_argument(flag, type=type(default), default=default)
+            p.add_argument(flag, default=default, type=type(default) if isinstance(default, (int, float)) else None)
     args = vars(p.parse_args(argv))
     port = args.pop("port")
-    for name in list(args):
-        if name.endswith("_steps") or name in ("model_ids", "record_headers"):
+    for name in args:
+        if isinstance(defaults[name], tuple):
             args[name] = tuple(s for s in args[name].split(",") if s)
     return port, StubConfig(**args)

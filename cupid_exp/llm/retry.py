@@ -418,8 +418,8 @@ def _beyond_patience(exc: BaseException, hint: float | None, wait: float, spent:
 def _outage_over(endpoint: Any, exc: BaseException, patience_s: float) -> str:
     """The stop's words when the endpoint did not come back within the patience."""
     down = endpoint.outage.down_since
-    return (f"provider {endpoint.label} has not answered since {time.strftime('%H:%M:%S', time.localtime(down))} "
-            f"({time.time() - down:.0f} s, "
+    since = time.strftime("%H:%M:%S", time.localtime(down))
+    return (f"provider {endpoint.label} has not answered since {since} ({time.time() - down:.0f} s, "
             f"runtime.outage_patience_s={patience_s:g}): {_message(exc)}")
 
 

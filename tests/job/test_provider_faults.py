@@ -121,7 +121,7 @@ def test_a_daily_limit_stops_the_job_for_later_and_a_resume_completes_it(tmp_pat
         line = one_line(proc.stderr, "cupid_exp: stopped:")
         assert "requests per day" in line and "wait 3600 s" in line and "run the same command later" in line
         assert not any(r["errors"] for r in journaled(root))  # the instances in flight are not failed
-        limited.config.refuse = ""
+        limited.config.limits.refuse = ""
         limited.reset()
         resume_completes(cmd, root)
 

@@ -259,7 +259,7 @@ def test_ctrl_c_prints_one_line_and_exits_130_and_the_same_command_resumes(tmp_p
         assert 2 <= finished < 8
         assert len(list((root / "runs").glob("*/*/.hydra"))) == 1  # the sweep stopped there (its jobs' folders)
         if not sweep:  # the same command resumes: what the line counted is not run again
-            stub.config.latency_ms = 0
+            stub.config.wire.latency_ms = 0
             resumed = run_cli(cmd)
             assert f"resuming: {finished} of 8 instances already finished" in resumed.stdout + resumed.stderr
 

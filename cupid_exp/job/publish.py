@@ -35,11 +35,12 @@ def start_tracking(job: Job) -> Any:
     """
     from cupid_exp.durability import attempts
     from cupid_exp.tracking import run_worker
-    from cupid_exp.tracking.live import RunRequest, open_run
+    from cupid_exp.tracking.live import RunRequest, TraceRequest, Units, open_run
 
     cfg, spec, attempt, view = job.cfg, job.spec, job.attempt, job.work.tracking
     if not cfg.tracking.enabled or job.dry_run or view is None:
         return None
+    shown = {k: v for k, v in view.shown.items() if k in attempt.done}
     # first: its own Python and `import mlflow` overlap everything after; a sweep's job (it has a parent run)
     # takes the worker the previous job left, and leaves it to the next
     worker = run_worker.start(keep=spec.parent_run is not None)
@@ -53,13 +54,12 @@ def start_tracking(job: Job) -> Any:
         request = RunRequest(
             tracking=cfg.tracking, secrets=list(spec.secrets), run_name=view.run_name, params=params, tags=tags,
             config=dict(spec.resolved), parent=spec.parent_run, run_key=spec.run_key, exclusive=claim.exclusive,
-            dataset=view.dataset, total=len(job.work.units), parts=view.parts, policy=view.policy,
-            done=list(attempt.done.values()), earlier=attempts.earlier_spend(attempt.earlier),
-            traces=bool(cfg.tracking.traces and job.work.units),
+            dataset=view.dataset, units=Units(len(job.work.units), view.parts, view.policy, list(attempt.done.values()),
+                                              attempts.earlier_spend(attempt.earlier), f"{job.work.noun}s"),
             # the journalled units' inputs: a trace the run lacks is rebuilt from its record (``tracking.reopen``)
-            shown={k: v for k, v in view.shown.items() if k in attempt.done}, nothing_left=not job.todo,
-            ledger_found=attempt.ledger is None or attempt.ledger.path.exists(),
-            trace_tags=view.trace_tags, judges=view.judges, plots=view.plots, unit=f"{job.work.noun}s")
+            traces=TraceRequest(view.trace_tags, view.judges, shown)
+            if cfg.tracking.traces and job.work.units else None, nothing_left=not job.todo,
+            ledger_found=attempt.ledger is None or attempt.ledger.path.exists(), plots=view.plots)
         if worker is not None:
             worker.open(request, claim, attempt.meter)
             return worker

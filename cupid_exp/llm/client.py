@@ -147,7 +147,7 @@ class LLMClient:
             ledger_dir=Path(settings.cache_dir).expanduser() / "rate_limits" if settings.cache_dir else None,
             meter=meter)
         # a bound given once for the pool replaces the role's own (the pool holds every role to it together)
-        self._bound = max(1, int(self.pool.given.max_concurrency or model.max_concurrency))
+        self._bound = max(1, int(self.pool.members.given.max_concurrency or model.max_concurrency))
         self._semaphore = asyncio.Semaphore(self._bound)
         self._unpriced = False
         self._internal = _litellm.no_logging_flag()

@@ -65,14 +65,14 @@ class SharedPoolState:
         with self._lock:
             state = self._read()
             now, changed = time.time(), news
-            if pool.paused_until > state.get("paused_until", 0.0):
-                state["paused_until"] = pool.paused_until
+            if pool.pace.paused_until > state.get("paused_until", 0.0):
+                state["paused_until"] = pool.pace.paused_until
                 changed = True
-            pool.paused_until = max(pool.paused_until, state.get("paused_until", 0.0))
-            if pool.answered_at > state.get("answered", 0.0) + ANSWERED_S:
-                state["answered"] = pool.answered_at
+            pool.pace.paused_until = max(pool.pace.paused_until, state.get("paused_until", 0.0))
+            if pool.outage.answered_at > state.get("answered", 0.0) + ANSWERED_S:
+                state["answered"] = pool.outage.answered_at
                 changed = True
-            pool.answered_at = max(pool.answered_at, state.get("answered", 0.0))
+            pool.outage.answered_at = max(pool.outage.answered_at, state.get("answered", 0.0))
             if self._cut:
                 state["cut"] = {"at": now, "by": self.me}
                 self._cut, changed = False, True
@@ -94,7 +94,7 @@ class SharedPoolState:
                 refused = learned["refused"] if learned["refused"] is not None else float("inf")
                 seen.learned = (learned["rpm"], refused)
                 self._adopted = learned["at"]
-            if pool.given.max_concurrency:
+            if pool.members.given.max_concurrency:
                 calling = {pid: t for pid, t in state.get("calling", {}).items() if now - t < CALLING_S}
                 calling[self.me] = now
                 state["calling"], changed = calling, True

@@ -22,7 +22,7 @@ import os
 import re
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Mapping
 from urllib.parse import urlsplit
@@ -91,36 +91,71 @@ class Held:
     probe: bool = False  #: sent to learn whether an endpoint that stopped answering is back
 
 
+@dataclass
+class Members:
+    """The model configs on a pool in this process, and the bound they give."""
+
+    given: PoolLimits = field(default_factory=PoolLimits)  #: the job's ``runtime.pools.<name>``
+    bounds: dict[str, int] = field(default_factory=dict)  #: each config's max_concurrency in this process
+    limits: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)  #: each config's rpm, tpm
+    share: float = 1.0  #: this process's part of a given bound (the live processes split it)
+
+
+@dataclass
+class Pace:
+    """How fast a pool sends: the limits configured, stated (x-ratelimit-limit-* headers) or learned from refusals,
+    the pacer that keeps to them, and the pause the provider asked for."""
+
+    configured: tuple[float | None, float | None] = (None, None)
+    told: tuple[float | None, float | None] = (None, None)
+    learner: RefusalPace = field(default_factory=RefusalPace)
+    pacer: Pacer = field(default_factory=lambda: Pacer(None, None, None))
+    paused_until: float = 0.0  #: wall clock: other processes hold to it too
+
+    @property
+    def learning(self) -> bool:
+        """No limit is configured or stated: only refusals can teach the pace."""
+        return not any(self.configured) and not any(self.told)
+
+
+@dataclass
+class Counts:
+    """A pool's counts: in all (``Pool.total``), and since the last flush into the job's meter (``Pool.unflushed``:
+    its ``wait_s`` adds the waits 429s asked of their own calls)."""
+
+    successes: int = 0
+    refused: int = 0  #: connections refused (``retry.REFUSED_BEFORE_FATAL``)
+    answered_429: int = 0
+    wait_s: float = 0.0  #: time callers spent held by the pause or the pacer
+    outages: int = 0
+
+
+@dataclass
+class Outage:
+    """Whether the endpoint answers, and an outage's probes."""
+
+    down_since: float | None = None  #: wall clock: the first failure of an outage (None: answering)
+    answered_at: float = 0.0  #: wall clock: the endpoint's last reply to this process or another on the pool
+    probe_at: float = 0.0  #: wall clock: when the next probe may go
+    probing: bool = False  #: a probe is in flight
+    probes: int = 0  #: failed probes of this outage
+    failing: set[int] = field(default_factory=set)  #: calls that met an outage's failure since the last answer
+    failing_since: float | None = None
+
+
 class Pool:
     """One provider pool, for every client of the process that calls it (``pool_for``)."""
 
     def __init__(self, ident: str, label: str, ledger_dir: Path | None):
         self.ident, self.label, self.ledger_dir = ident, label, ledger_dir
-        self.given = PoolLimits()
-        self.bounds: dict[str, int] = {}  #: each config's max_concurrency in this process
-        self.config_limits: dict[str, tuple[float | None, float | None]] = {}  #: each config's rpm, tpm
+        self.members, self.pace, self.outage = Members(), Pace(), Outage()
+        self.total, self.unflushed = Counts(), Counts()
         self._concurrency: AdaptiveLimit | None = None  # made by the first config that joins
-        self.configured: tuple[float | None, float | None] = (None, None)
-        self.told: tuple[float | None, float | None] = (None, None)  #: stated in x-ratelimit-limit-* headers
-        self.learner = RefusalPace()
-        self.pacer = Pacer(None, None, None)
-        self.paused_until = 0.0  #: wall clock: other processes hold to it too
         self.fatal: FatalProviderError | None = None
-        self.successes = self.refused = self.answered_429 = 0
-        self.wait_s = 0.0  #: time callers spent held by the pause or the pacer
         self.shared = SharedPoolState(ledger_dir / f"{ident}.pool.json") if ledger_dir is not None else None
-        self.share = 1.0  #: this process's part of a given bound (the live processes split it)
         self.meter: UsageMeter | None = None  #: the job's usage meter (its latest client's): per-pool counts go there
         self.sent = self.peak = 0  #: requests sent and the most in flight at once, since the meter was set
-        self._answered_429, self._waited, self._outages = 0, 0.0, 0  #: counted since the last flush into the meter
         self._sync_due = 0.0
-        self.down_since: float | None = None  #: wall clock: the first failure of an outage (None: answering)
-        self.answered_at = 0.0  #: wall clock: the endpoint's last reply to this process or another on the pool
-        self.probe_at = 0.0  #: wall clock: when the next probe may go
-        self.probing = False  #: a probe is in flight
-        self.probes = self.outages = 0  #: failed probes of this outage; outages met
-        self._failing: set[int] = set()  #: calls that met an outage's failure since the last answer
-        self._failing_since: float | None = None
 
     # ------------------------------------------------------------ membership
 
@@ -136,14 +171,15 @@ class Pool:
         """A client of a model config on this pool: its bound and limits count, ``given`` (the job's
         ``runtime.pools.<name>``) wins over the configs'. A new job (a sweep's next, in this process: another
         meter) starts from its own configs; what the pool learned (its limit, pace, pauses) carries over."""
+        m = self.members
         if meter is not None and meter is not self.meter:
-            self.bounds.clear()
-            self.config_limits.clear()
-        self.bounds[config_id] = max(1, max_concurrency)
-        self.config_limits[config_id] = (rpm, tpm)
-        self.given = given
-        self.configured = (given.rpm or _least(r for r, _ in self.config_limits.values()),
-                           given.tpm or _least(t for _, t in self.config_limits.values()))
+            m.bounds.clear()
+            m.limits.clear()
+        m.bounds[config_id] = max(1, max_concurrency)
+        m.limits[config_id] = (rpm, tpm)
+        m.given = given
+        self.pace.configured = (given.rpm or _least(r for r, _ in m.limits.values()),
+                                given.tpm or _least(t for _, t in m.limits.values()))
         self._repace()
         if self._concurrency is None:
             self._concurrency = AdaptiveLimit(self.bound)
@@ -152,34 +188,30 @@ class Pool:
         if meter is not None and meter is not self.meter:
             self.flush()
             self.meter, self.sent, self.peak = meter, 0, 0
-            self._failing.clear()  # an earlier job's failed calls are no evidence of an outage now
-            self._failing_since = None
+            self.outage.failing.clear()  # an earlier job's failed calls are no evidence of an outage now
+            self.outage.failing_since = None
 
     @property
     def bound(self) -> int:
         """Requests in flight this process may have: its share of a given bound, else its configs' largest."""
-        if self.given.max_concurrency:
-            return max(1, int(self.given.max_concurrency * self.share))
-        return max(self.bounds.values(), default=1)
-
-    @property
-    def learning(self) -> bool:
-        """No limit is configured or stated: only refusals can teach the pace."""
-        return not any(self.configured) and not any(self.told)
+        m = self.members
+        return max(1, int(m.given.max_concurrency * m.share)) if m.given.max_concurrency else max(
+            m.bounds.values(), default=1)
 
     def _repace(self) -> None:
         """The pacer at the configured limits, else the stated ones, else the learned pace (one ledger file)."""
-        rpm = self.configured[0] or self.told[0] or (self.learner.rpm if self.learning else None)
-        tpm = self.configured[1] or self.told[1]
-        if (rpm, tpm) == (self.pacer.rpm, self.pacer.tpm):
+        pace = self.pace
+        rpm = pace.configured[0] or pace.told[0] or (pace.learner.rpm if pace.learning else None)
+        tpm = pace.configured[1] or pace.told[1]
+        if (rpm, tpm) == (pace.pacer.rpm, pace.pacer.tpm):
             return
-        if self.pacer.active and bool(rpm) == bool(self.pacer.rpm) and bool(tpm) == bool(self.pacer.tpm):
-            self.pacer.rpm, self.pacer.tpm = rpm, tpm  # the same ledger: keep its lock and schedule
+        if pace.pacer.active and bool(rpm) == bool(pace.pacer.rpm) and bool(tpm) == bool(pace.pacer.tpm):
+            pace.pacer.rpm, pace.pacer.tpm = rpm, tpm  # the same ledger: keep its lock and schedule
             return
         ledger = self.ledger_dir / f"{self.ident}.json" if self.ledger_dir is not None and (rpm or tpm) else None
-        was_active, self.pacer = self.pacer.active, Pacer(rpm, tpm, ledger)
-        if not was_active and self.pacer.rpm:
-            self.pacer.seed(self.learner.sends)
+        was_active, pace.pacer = pace.pacer.active, Pacer(rpm, tpm, ledger)
+        if not was_active and pace.pacer.rpm:
+            pace.pacer.seed(pace.learner.sends)
 
     # ------------------------------------------------------------ one request
 
@@ -189,42 +221,42 @@ class Pool:
         ``stop``: the job's (``retry.JobStop``), which ends a wait for an outage to pass."""
         if time.monotonic() >= self._sync_due:
             self.sync()
-        waited, probe = 0.0, False
+        waited, probe, pace, out = 0.0, False, self.pace, self.outage
         limit = self.concurrency
         await limit.acquire()
         try:
             if self.fatal is not None:
                 raise self.fatal  # found refusing while this call waited for its slot: not sent
-            while self.down_since is not None:  # an outage: one probe at a time, the others wait for its answer
+            while out.down_since is not None:  # an outage: one probe at a time, the others wait for its answer
                 if self.fatal is not None or (stop is not None and stop.fatal is not None):
                     raise self.fatal or stop.fatal  # the outage outlasted the patience, or the job stops
-                if not self.probing and time.time() >= self.probe_at:
-                    self.probing = probe = True
+                if not out.probing and time.time() >= out.probe_at:
+                    out.probing = probe = True
                     break
-                await asyncio.sleep(0.1 if self.probing else min(0.5, max(0.01, self.probe_at - time.time())))
+                await asyncio.sleep(0.1 if out.probing else min(0.5, max(0.01, out.probe_at - time.time())))
             if limit.in_flight > self.peak:
                 self.peak = limit.in_flight
-            while (hold := self.paused_until - time.time()) > 0:
+            while (hold := pace.paused_until - time.time()) > 0:
                 waited += hold
                 await asyncio.sleep(hold)
-            if self.pacer.active:
-                delay = self.pacer.reserve(tokens)
-                if delay > 0 and self.learning and self.learner.binding(time.time()):
+            if pace.pacer.active:
+                delay = pace.pacer.reserve(tokens)
+                if delay > 0 and pace.learning and pace.learner.binding(time.time()):
                     self._learned()
-                while delay > 0 or (delay := self.pacer.admit()) > 0:
+                while delay > 0 or (delay := pace.pacer.admit()) > 0:
                     waited += delay
                     await asyncio.sleep(delay)
                     delay = 0.0
-            if self.learning:
-                self.learner.sent(time.time())
+            if pace.learning:
+                pace.learner.sent(time.time())
             self.sent += 1
             if waited:
-                self.wait_s += waited
-                self._waited += waited
+                self.total.wait_s += waited
+                self.unflushed.wait_s += waited
             yield Held(waited, probe)
         finally:
             if probe:
-                self.probing = False
+                out.probing = False
             limit.release()
 
     def rate_limited(self, told: tuple[float | None, float | None], hint: float | None, wait: float) -> None:
@@ -232,22 +264,23 @@ class Pool:
         limits, else from the refusals) or slowed, every caller paused where the provider said how long; where
         the pace is learned, only for a refusal that taught or cut it (``RefusalPace.news``): the others (an
         overloaded provider's, those a cut is being judged by) only make their own call wait."""
-        self._answered_429 += 1
-        self.answered_429 += 1
-        self._waited += wait
-        learned_pace = self.learning and self.learner.rpm is not None
+        pace = self.pace
+        self.total.answered_429 += 1
+        self.unflushed.answered_429 += 1
+        self.unflushed.wait_s += wait
+        learned_pace = pace.learning and pace.learner.rpm is not None
         news = True
-        if any(told) and told != self.told and not all(self.configured):
-            self.told = (told[0] or self.told[0], told[1] or self.told[1])
+        if any(told) and told != pace.told and not all(pace.configured):
+            pace.told = (told[0] or pace.told[0], told[1] or pace.told[1])
             self._repace()
             if self.shared is not None:
-                self.shared.told(self.told)
-        elif self.learning:
-            if self.learner.refused(time.time(), hint):
+                self.shared.told(pace.told)
+        elif pace.learning:
+            if pace.learner.refused(time.time(), hint):
                 self._learned()
-            news = self.learner.news
-        elif self.pacer.active:
-            self.pacer.rate_limited()
+            news = pace.learner.news
+        elif pace.pacer.active:
+            pace.pacer.rate_limited()
         if news:
             cuts = self.concurrency.cuts
             self.concurrency.rate_limited(time.monotonic())
@@ -260,50 +293,52 @@ class Pool:
     def succeeded(self, response: object = None) -> None:
         """A reply: the concurrency limit grows; the limits the reply's headers state (OpenAI sends them with every
         response) pace the pool before any 429, where no limit is known yet."""
-        self.successes += 1
-        self.answered_at = time.time()
-        if self.successes == 1 and self.shared is not None:
+        pace = self.pace
+        self.total.successes += 1
+        self.outage.answered_at = time.time()
+        if self.total.successes == 1 and self.shared is not None:
             self.sync()  # the others learn at once that the endpoint answers (``has_answered``)
         self.answers()
         self.concurrency.succeeded(time.monotonic())
-        if self.pacer.scale < 1.0:
-            self.pacer.succeeded()
-        if response is not None and self.successes <= HEAR_FIRST and not any(self.told) and not all(self.configured):
+        if pace.pacer.scale < 1.0:
+            pace.pacer.succeeded()
+        if (response is not None and self.total.successes <= HEAR_FIRST and not any(pace.told)
+                and not all(pace.configured)):
             told = told_limits(stated_headers(response))
             if any(told):
-                self.told = told
+                pace.told = told
                 self._repace()
                 if self.shared is not None:
-                    self.shared.told(self.told)
+                    self.shared.told(told)
 
     # ------------------------------------------------------------ an outage
 
     def no_answer(self, call: object) -> None:
         """A request of ``call`` failed as an outage fails them all (no connection, a 5xx)."""
-        if self._failing_since is None:
-            self._failing_since = time.time()
-        self._failing.add(id(call))
+        if self.outage.failing_since is None:
+            self.outage.failing_since = time.time()
+        self.outage.failing.add(id(call))
 
     def has_answered(self, within_s: float) -> bool:
         """The endpoint answered this process, or another on the pool within ``within_s`` (an outage's patience):
         what tells an outage from an endpoint that never answered."""
-        return self.successes > 0 or time.time() - self.answered_at < within_s
+        return self.total.successes > 0 or time.time() - self.outage.answered_at < within_s
 
     def went_down(self, call: object, connection: bool, hint: float | None, message: str, patience_s: float) -> bool:
         """``call`` has used its retries on an outage's failure: whether the pool is down (then it pauses, and one
         line says so). Not for an endpoint that never answered (it stays a fast exit 2: ``REFUSED_BEFORE_FATAL``),
         nor for one call's 5xx alone (its request may be what fails)."""
-        if self.down_since is not None:
+        out = self.outage
+        if out.down_since is not None:
             return True
-        if not self.has_answered(patience_s) or (not connection and len(self._failing - {id(call)}) < 1):
+        if not self.has_answered(patience_s) or (not connection and len(out.failing - {id(call)}) < 1):
             return False
-        self.down_since = self._failing_since or time.time()
-        self.probes = 0
-        self.outages += 1
-        self._outages += 1
+        out.down_since, out.probes = out.failing_since or time.time(), 0
+        self.total.outages += 1
+        self.unflushed.outages += 1
         wait = self._probe_wait(hint)
-        self.probe_at = time.time() + wait
-        since = time.strftime("%H:%M:%S", time.localtime(self.down_since))
+        out.probe_at = time.time() + wait
+        since = time.strftime("%H:%M:%S", time.localtime(out.down_since))
         log.warning("provider %s unreachable since %s; waiting, next try in %.1f s (%s)", self.label, since, wait,
                     message)
         return True
@@ -312,32 +347,33 @@ class Pool:
         """The probe found the endpoint still down: the next one later (capped backoff, or the wait a 503 asked),
         the last at the end of the patience; False when the patience is used up."""
         now = time.time()
-        left = (self.down_since or now) + patience_s - now
+        left = (self.outage.down_since or now) + patience_s - now
         if left <= 0:
             return False
-        self.probes += 1
-        self.probe_at = now + min(left, self._probe_wait(hint))
+        self.outage.probes += 1
+        self.outage.probe_at = now + min(left, self._probe_wait(hint))
         return True
 
     def answers(self) -> None:
         """The endpoint answered (a reply, or a refusal that is an answer): an outage is over."""
-        self._failing.clear()
-        self._failing_since = None
-        if self.down_since is not None:
+        out = self.outage
+        out.failing.clear()
+        out.failing_since = None
+        if out.down_since is not None:
             log.warning("provider %s answers again after %.0f s; sending resumed", self.label,
-                        time.time() - self.down_since)
-            self.down_since = None
+                        time.time() - out.down_since)
+            out.down_since = None
 
     def _probe_wait(self, hint: float | None) -> float:
-        return min(PROBE_CAP_S, hint if hint is not None else PROBE_BASE_S * 2 ** min(self.probes, 30))
+        return min(PROBE_CAP_S, hint if hint is not None else PROBE_BASE_S * 2 ** min(self.outage.probes, 30))
 
     def pause(self, seconds: float) -> None:
-        self.paused_until = max(self.paused_until, time.time() + seconds)
+        self.pace.paused_until = max(self.pace.paused_until, time.time() + seconds)
 
     def _learned(self) -> None:
         self._repace()
         if self.shared is not None:
-            self.shared.learned(self.learner.rpm, self.learner.refused_rpm)
+            self.shared.learned(self.pace.learner.rpm, self.pace.learner.refused_rpm)
 
     # ------------------------------------------------------------ the other processes, the job's meter
 
@@ -349,14 +385,15 @@ class Pool:
             seen = self.shared.exchange(self, news=news)
             if seen.cut:
                 self.concurrency.rate_limited(time.monotonic())
-            if seen.told and not all(self.configured) and seen.told != self.told:
-                self.told = seen.told
+            pace, m = self.pace, self.members
+            if seen.told and not all(pace.configured) and seen.told != pace.told:
+                pace.told = seen.told
                 self._repace()
-            if seen.learned is not None and self.learning:
-                self.learner.adopt(*seen.learned, now=time.time())
+            if seen.learned is not None and pace.learning:
+                pace.learner.adopt(*seen.learned, now=time.time())
                 self._repace()
-            if self.given.max_concurrency and seen.processes and abs(1.0 / seen.processes - self.share) > 1e-9:
-                self.share = 1.0 / seen.processes
+            if m.given.max_concurrency and seen.processes and abs(1.0 / seen.processes - m.share) > 1e-9:
+                m.share = 1.0 / seen.processes
                 self.concurrency.set_ceiling(self.bound)
         self.flush()
 
@@ -364,14 +401,14 @@ class Pool:
         """The pool's counts since the last flush into the job's meter, and where it stands (``pool/<label>``)."""
         if self.meter is None or not self.sent:
             return
-        if self._answered_429 or self._waited:
-            self.meter.pool_count(self.label, answered_429=self._answered_429, wait_s=self._waited)
-            self._answered_429, self._waited = 0, 0.0
-        if self._outages:
-            self.meter.pool_count(self.label, outages=self._outages)
-            self._outages = 0
+        new = self.unflushed
+        if new.answered_429 or new.wait_s:
+            self.meter.pool_count(self.label, answered_429=new.answered_429, wait_s=new.wait_s)
+        if new.outages:
+            self.meter.pool_count(self.label, outages=new.outages)
+        self.unflushed = Counts()
         self.meter.pool_state(self.label, peak_in_flight=self.peak, concurrency=int(self.concurrency.limit),
-                              rpm=float(self.pacer.rpm or 0.0))
+                              rpm=float(self.pace.pacer.rpm or 0.0))
 
 
 def stated_headers(response: object) -> dict[str, str]:
@@ -420,11 +457,11 @@ def pool_metrics() -> dict[str, float]:
         key = f"progress/pools/{pool.label}"
         out[f"{key}/in_flight"] = float(pool.concurrency.in_flight)
         out[f"{key}/concurrency"] = float(int(pool.concurrency.limit))
-        out[f"{key}/wait_s"] = pool.wait_s
-        out[f"{key}/answered_429"] = float(pool.answered_429)
-        out[f"{key}/outages"] = float(pool.outages)
-        if pool.pacer.rpm:
-            out[f"{key}/rpm"] = float(pool.pacer.rpm)
+        out[f"{key}/wait_s"] = pool.total.wait_s
+        out[f"{key}/answered_429"] = float(pool.total.answered_429)
+        out[f"{key}/outages"] = float(pool.total.outages)
+        if pool.pace.pacer.rpm:
+            out[f"{key}/rpm"] = float(pool.pace.pacer.rpm)
     return out
 
 

@@ -348,12 +348,12 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Pool, *, to
                 outage = decision.what == TRANSIENT and is_outage_failure(exc)
                 if outage:
                     endpoint.no_answer(call)
-                elif endpoint.down_since is not None and kind != "timeout" and isinstance(getattr(
+                elif endpoint.outage.down_since is not None and kind != "timeout" and isinstance(getattr(
                         exc, "status_code", None), int):
                     endpoint.answers()  # a 429 or a 400 is an answer: the endpoint is back
                 if decision.what == TRANSIENT and is_connection_refused(exc):
-                    endpoint.refused += 1
-                    if not endpoint.has_answered(outage_patience_s) and endpoint.refused >= REFUSED_BEFORE_FATAL:
+                    endpoint.total.refused += 1
+                    if endpoint.total.refused >= REFUSED_BEFORE_FATAL and not endpoint.has_answered(outage_patience_s):
                         decision = Decision(FATAL, "unreachable")
                 if decision.what == FATAL:
                     if endpoint.fatal is None:
@@ -379,7 +379,7 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Pool, *, to
                     # on it: callers held by an hour's pause would not see the stop)
                     endpoint.rate_limited(told_limits(headers), hint, wait)
                     attempts.rate_limited += 1
-                elif outage and (endpoint.down_since is not None or (
+                elif outage and (endpoint.outage.down_since is not None or (
                         attempts.retries >= num_retries and endpoint.went_down(
                             call, is_connection_failure(exc), hint, scrub(_message(exc)), outage_patience_s))):
                     # the pool's outage, not this call's failure: it waits in the pool's slot with every other caller
@@ -417,8 +417,9 @@ def _beyond_patience(exc: BaseException, hint: float | None, wait: float, spent:
 
 def _outage_over(endpoint: Any, exc: BaseException, patience_s: float) -> str:
     """The stop's words when the endpoint did not come back within the patience."""
-    since = time.strftime("%H:%M:%S", time.localtime(endpoint.down_since))
-    return (f"provider {endpoint.label} has not answered since {since} ({time.time() - endpoint.down_since:.0f} s, "
+    down = endpoint.outage.down_since
+    since = time.strftime("%H:%M:%S", time.localtime(down))
+    return (f"provider {endpoint.label} has not answered since {since} ({time.time() - down:.0f} s, "
             f"runtime.outage_patience_s={patience_s:g}): {_message(exc)}")
 
 

@@ -75,7 +75,6 @@ class BatchQueue:
         self._lock = threading.Lock()
         self.files: dict[str, bytes] = {}
         self.batches: dict[str, _Batch] = {}
-        self.submissions = 0  # batches created
         self.uploads = 0
         self.polls = 0
         self.rows_answered = 0
@@ -84,8 +83,16 @@ class BatchQueue:
         self.rows_garbled = 0
         self.rows_failed = 0  # rows answered 500
         self._row_seen: dict[str, int] = {}  # a row's body -> times the queue ran it
-        self.token_limit_rejections = 0
         self.rows_accepted = 0  # rows of batches the queue took (not rejected for the token limit)
+
+    @property
+    def submissions(self) -> int:
+        """Batches created (each is kept, a rejected one too)."""
+        return len(self.batches)
+
+    @property
+    def token_limit_rejections(self) -> int:
+        return sum(b.rejection is not None for b in list(self.batches.values()))
 
     # ---- HTTP routes: (status, JSON body or bytes)
 
@@ -144,12 +151,11 @@ class BatchQueue:
             now = time.time()
             queued = sum(b.tokens for b in self.batches.values() if b.status in ("validating", "in_progress")
                          and b.rejection is None and now - b.created < self.config.complete_after_s)
-            self.submissions += 1
-            batch = _Batch(id=f"batch_{self.submissions:04d}_" + file_id[-8:], input_file_id=file_id,
-                           created=now, number=self.submissions, tokens=tokens)
+            number = len(self.batches) + 1
+            batch = _Batch(id=f"batch_{number:04d}_" + file_id[-8:], input_file_id=file_id, created=now,
+                           number=number, tokens=tokens)
             limit = self.config.enqueued_token_limit
             if limit and queued + tokens > limit:
-                self.token_limit_rejections += 1
                 batch.rejection = {"object": "list", "data": [{
                     "code": "token_limit_exceeded", "line": None, "param": None,
                     "message": f"Enqueued token limit reached for {model} in organization org-stub. Limit: "

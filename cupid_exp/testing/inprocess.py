@@ -48,8 +48,9 @@ class InProcessModel(StubModel):
     def __init__(self, config: StubConfig | None = None, *, name: str = "stub", **overrides: object):
         super().__init__(config, overrides)
         self.name = name
-        wire = [k for k in _WIRE_KNOBS if getattr(self.config, k)]
-        wire += [k for k in self.config.fail_first_kind.split(",") if self.config.fail_first and k not in FAULTS]
+        knobs, faults = self.config.knobs(), self.config.faults
+        wire = [k for k in _WIRE_KNOBS if knobs[k]]
+        wire += [k for k in faults.fail_first_kind.split(",") if faults.fail_first and k not in FAULTS]
         if wire:
             raise ValueError(f"{', '.join(wire)}: needs the wire; use cupid_exp.testing.stub_llm_server.StubServer")
 
@@ -80,8 +81,7 @@ class InProcessModel(StubModel):
     def reconfigure(self, **changes: object) -> None:
         """Switch faults on or off between two runs; the counters are kept."""
         with self._lock:
-            for key, value in changes.items():
-                setattr(self.config, key, value)
+            self.config.set(**changes)
 
     def stats(self) -> dict[str, Any]:
         """The stub's counters (``StubServer.stats``) that mean something without the wire."""
@@ -128,7 +128,7 @@ def _error(fault: str, cfg: StubConfig, model: str) -> Exception:
     import litellm
 
     if fault == "context_length":
-        _, payload = CONTEXT_ERRORS[cfg.context_error or "openai"]
+        _, payload = CONTEXT_ERRORS[cfg.replies.context_error or "openai"]
         return litellm.ContextWindowExceededError(message=json.dumps(payload), model=model, llm_provider=PROVIDER)
     _, payload, headers, _ = error_reply(fault, cfg)
     message = str(payload["error"]["message"])

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 STEPS = ("infer", "decompose", "match", "generate", "judge", "summarize", "unknown")
 # Synthesis's own steps (its decomposition is evaluation's "decompose").
@@ -13,15 +14,16 @@ SYNTHESIS_STEPS = ("persona", "factors", "changed_preference", "session", "user_
 
 
 @dataclass
-class StubConfig:
-    latency_ms: float = 0.0
-    jitter_ms: float = 0.0  # uniform extra latency in [0, jitter_ms], seeded per request
-    seed: int = 0
+class Faults:
+    """A request's failures: the shares of prompts answered with an error, and which prompts, steps and attempts."""
+
     rate_429: float = 0.0
     rate_500: float = 0.0
     rate_503: float = 0.0
     rate_slow: float = 0.0  # answered after ``slow_s`` seconds (set it above the client's timeout)
     rate_malformed: float = 0.0  # a 200 whose body is broken (kind chosen by hash from MALFORMED_KINDS)
+    rate_empty_choices: float = 0.0  # a 200 with ``choices: []`` (usage: the prompt, billed)
+    rate_content_null: float = 0.0  # a 200 whose message has ``content: null``, no refusal, no tool call
     retry_after: float = 1.0  # seconds, sent with every 429
     rate_limit_style: str = ""  # how a 429 says the wait (rate_limits.RATE_LIMIT_STYLES), "rotate": each in turn
     slow_s: float = 5.0
@@ -30,6 +32,12 @@ class StubConfig:
     fault_steps: tuple[str, ...] = ()  # faults only for these steps (empty: all)
     fail_first: int = 0  # the first N attempts of every prompt get ``fail_first_kind`` (deterministic retries)
     fail_first_kind: str = "429"  # or kinds in turn, comma-separated: "500,503", "truncated,content_type,no_choices"
+
+
+@dataclass
+class Replies:
+    """Replies that arrive but cannot be used as they are: unusable, cut, filtered, refused, too long."""
+
     garbage_steps: tuple[str, ...] = ()  # these steps get a well-formed reply with unusable text ...
     garbage_rate: float = 1.0  # ... for this share of their prompts (re-asks of a prompt included)
     echo_key_steps: tuple[str, ...] = ()  # these steps get a 401 that echoes the caller's full API key ...
@@ -45,46 +53,79 @@ class StubConfig:
     refusal_steps: tuple[str, ...] = ()  # ... or no content and a ``refusal`` (OpenAI structured outputs)
     long_steps: tuple[str, ...] = ()  # these steps' (free-text) replies grow by ``long_bytes`` of filler ...
     long_bytes: int = 0  # ... between a line ``LONG-REPLY <hash>`` and a last ``LONG-REPLY-END <hash>`` (whole copies)
-    record_bodies: bool = False  # keep every request body (``StubServer.bodies``): what went over the wire
-    record_headers: tuple[str, ...] = ()  # count the values these request headers arrived with (``header_values``)
-    model_ids: tuple[str, ...] = ("stub",)  # what GET /v1/models lists (clients that check a model exists)
+
+
+@dataclass
+class Limits:
+    """The key's limits and refusals as a provider enforces them (``rate_limits.py``), and an outage."""
+
     rpm: float = 0.0  # a key's limits as OpenAI enforces them (rate_limits.py); 0: none
     tpm: float = 0.0
     limits_pool: str = "model"  # "key": one pool of rpm/tpm for every model (rate_limits.py), not one per model
     limit_headers: str = "openai"  # "retry-after": a 429 states only retry-after, in whole seconds
     closed_s: float = 0.0  # every request 429 for this long from the first one (inf: for ever)
     refuse: str = ""  # "401" | "403" | "404" | "insufficient_quota" | "daily": every request refused (rate_limits.py)
-    omit_usage: bool = False  # replies (live and batch rows) carry no ``usage``: billed by the stub's own count
-    rate_empty_choices: float = 0.0  # a 200 with ``choices: []`` (usage: the prompt, billed)
-    rate_content_null: float = 0.0  # a 200 whose message has ``content: null``, no refusal, no tool call
     outage_after: int = 0  # an outage begins at the request after this many (any route, the Batch API's too) ...
     outage_s: float = 0.0  # ... and lasts this long (inf: until switched off); 0: no outage
     outage_kind: str = "reset"  # "reset": connections closed unanswered (a server gone); "502"|"503"|"504": a proxy's
+
+
+@dataclass
+class Wire:
+    """What the server does besides answering: its latency, what it records and lists, the usage it reports."""
+
+    latency_ms: float = 0.0
+    jitter_ms: float = 0.0  # uniform extra latency in [0, jitter_ms], seeded per request
+    record_bodies: bool = False  # keep every request body (``StubServer.bodies``): what went over the wire
+    record_headers: tuple[str, ...] = ()  # count the values these request headers arrived with (``header_values``)
+    model_ids: tuple[str, ...] = ("stub",)  # what GET /v1/models lists (clients that check a model exists)
+    omit_usage: bool = False  # replies (live and batch rows) carry no ``usage``: billed by the stub's own count
     close_connections: bool = False  # answer as HTTP/1.0: each connection closed after its reply (no keep-alive)
 
 
+#: each knob's group (a knob's flat name is what StubServer(**knobs), ``reconfigure`` and the command line take)
+KNOBS = {f.name: group for group, kind in (("faults", Faults), ("replies", Replies), ("limits", Limits),
+                                          ("wire", Wire)) for f in fields(kind)}
+
+
+class StubConfig:
+    """Every knob, in its group, set by its flat name: ``StubConfig(rate_429=0.5, seed=1)``."""
+
+    __slots__ = ("seed", "faults", "replies", "limits", "wire")  # a knob set by its flat name here fails loudly
+
+    def __init__(self, **knobs: Any):
+        self.seed = 0  # of every share chosen by hash, and of the jitter
+        self.faults, self.replies, self.limits, self.wire = Faults(), Replies(), Limits(), Wire()
+        self.set(**knobs)
+
+    def set(self, **knobs: Any) -> None:
+        for name, value in knobs.items():
+            if name != "seed" and name not in KNOBS:
+                raise TypeError(f"the stub has no knob {name!r}")
+            setattr(getattr(self, KNOBS[name]) if name in KNOBS else self, name, value)
+
+    def knobs(self) -> dict[str, Any]:
+        """Every knob by its flat name."""
+        return {"seed": self.seed, **{name: getattr(getattr(self, group), name) for name, group in KNOBS.items()}}
+
+
 def stub_arguments(argv: list[str] | None, description: str) -> tuple[int, StubConfig]:
-    """The stub's command line: ``--port`` and one flag per ``StubConfig`` field."""
+    """The stub's command line: ``--port`` and one flag per knob."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--port", type=int, default=0, help="0: any free port (printed)")
-    for f in StubConfig.__dataclass_fields__.values():
-        flag = "--" + f.name.replace("_", "-")
-        if f.name.endswith("_steps"):
-            p.add_argument(flag, default="", help="comma-separated steps: " + ",".join(STEPS + SYNTHESIS_STEPS))
-        elif f.name == "model_ids":
-            p.add_argument(flag, default="stub", help="comma-separated model ids for GET /v1/models")
-        elif f.name == "record_headers":
-            p.add_argument(flag, default="", help="comma-separated request headers whose values are counted")
-        elif isinstance(f.default, bool):
+    defaults = StubConfig().knobs()
+    for name, default in defaults.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(default, tuple):  # model_ids, record_headers, the *_steps
+            p.add_argument(flag, default=",".join(default), help="comma-separated" + (
+                ": " + ",".join(STEPS + SYNTHESIS_STEPS) if name.endswith("_steps") else ""))
+        elif isinstance(default, bool):
             p.add_argument(flag, action="store_true")
-        elif f.name in ("context_error", "judge_score", "fail_first_kind", "giveup_match", "refuse",
-                        "rate_limit_style", "outage_kind"):
-            p.add_argument(flag, default=f.default)
         else:
-            p.add_argument(flag, type=type(f.default), default=f.default)
+            p.add_argument(flag, default=default, type=type(default) if isinstance(default, (int, float)) else None)
     args = vars(p.parse_args(argv))
     port = args.pop("port")
-    for name in list(args):
-        if name.endswith("_steps") or name in ("model_ids", "record_headers"):
+    for name in args:
+        if isinstance(defaults[name], tuple):
             args[name] = tuple(s for s in args[name].split(",") if s)
     return port, StubConfig(**args)

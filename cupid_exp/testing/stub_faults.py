@@ -43,23 +43,24 @@ CONTEXT_ERRORS: dict[str, tuple[int, dict[str, Any]]] = {
 def choose_fault(cfg: StubConfig, step: str, prompt_digest: str, attempt: int, body: dict[str, Any]) -> str | None:
     """The fault this attempt of this prompt gets, if any: decided by hashes, so the same run gets the same faults
     whatever order concurrent requests arrive in."""
-    if cfg.context_error and (not cfg.context_error_steps or step in cfg.context_error_steps):
+    r, f = cfg.replies, cfg.faults
+    if r.context_error and (not r.context_error_steps or step in r.context_error_steps):
         return "context_length"
-    if step in cfg.echo_key_steps and unit(cfg.seed, "echo", prompt_digest) < cfg.echo_key_rate:
+    if step in r.echo_key_steps and unit(cfg.seed, "echo", prompt_digest) < r.echo_key_rate:
         return "echo_key"
-    if cfg.fault_steps and step not in cfg.fault_steps:
+    if f.fault_steps and step not in f.fault_steps:
         return None
-    if attempt < cfg.fail_first:
-        kinds = cfg.fail_first_kind.split(",")
+    if attempt < f.fail_first:
+        kinds = f.fail_first_kind.split(",")
         return kinds[min(attempt, len(kinds) - 1)]
-    if cfg.giveup_rate and unit(cfg.seed, "giveup", prompt_digest) < cfg.giveup_rate:
+    if f.giveup_rate and unit(cfg.seed, "giveup", prompt_digest) < f.giveup_rate:
         return "500"
-    if cfg.giveup_match and cfg.giveup_match in prompt_of(body.get("messages") or [])[1]:
+    if f.giveup_match and f.giveup_match in prompt_of(body.get("messages") or [])[1]:
         return "500"
     u = unit(cfg.seed, "fault", prompt_digest, attempt)
-    for kind, rate in (("429", cfg.rate_429), ("500", cfg.rate_500), ("503", cfg.rate_503),
-                       ("slow", cfg.rate_slow), ("malformed", cfg.rate_malformed),
-                       ("empty_choices", cfg.rate_empty_choices), ("content_null", cfg.rate_content_null)):
+    for kind, rate in (("429", f.rate_429), ("500", f.rate_500), ("503", f.rate_503), ("slow", f.rate_slow),
+                       ("malformed", f.rate_malformed), ("empty_choices", f.rate_empty_choices),
+                       ("content_null", f.rate_content_null)):
         if u < rate:
             return kind
         u -= rate
@@ -69,12 +70,12 @@ def choose_fault(cfg: StubConfig, step: str, prompt_digest: str, attempt: int, b
 def cut_reply(cfg: StubConfig, step: str, body: dict[str, Any], text: str) -> str | None:
     """The text of a reply that ran into max_tokens (``length_steps``, for ``length_rate`` of their prompts: cut in
     half, or whole with ``length_whole``); None when this request's reply is complete."""
-    if step not in cfg.length_steps:
+    if step not in cfg.replies.length_steps:
         return None
     system, user = prompt_of(body.get("messages") or [])
-    if unit(cfg.seed, "length", system, user) >= cfg.length_rate:
+    if unit(cfg.seed, "length", system, user) >= cfg.replies.length_rate:
         return None
-    return text if cfg.length_whole else text[: len(text) // 2]
+    return text if cfg.replies.length_whole else text[: len(text) // 2]
 
 
 def answer(cfg: StubConfig, step: str, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -82,7 +83,7 @@ def answer(cfg: StubConfig, step: str, body: dict[str, Any]) -> tuple[dict[str, 
     max_tokens, a content filter or a refusal as configured) and whether it was cut: the one reply of the HTTP stub
     and of the in-process model (``inprocess.py``)."""
     system, user = prompt_of(body.get("messages") or [])  # the template's prompt: its re-asks share it
-    if step in cfg.garbage_steps and unit(cfg.seed, "garbage", system, user) < cfg.garbage_rate:
+    if step in cfg.replies.garbage_steps and unit(cfg.seed, "garbage", system, user) < cfg.replies.garbage_rate:
         # unusable text; it differs between a prompt and its re-asks, as a real model's would
         conversation = json.dumps(body.get("messages"), sort_keys=True)
         text: str | None = f"I'd rather talk about the weather today. <<unusable reply {digest(conversation)[:10]}>>"
@@ -91,9 +92,9 @@ def answer(cfg: StubConfig, step: str, body: dict[str, Any]) -> tuple[dict[str, 
     finish, refusal = "stop", None
     if (cut := cut_reply(cfg, step, body, text or "")) is not None:
         text, finish = cut, "length"
-    if step in cfg.content_filter_steps:
+    if step in cfg.replies.content_filter_steps:
         text, finish = None, "content_filter"
-    elif step in cfg.refusal_steps:
+    elif step in cfg.replies.refusal_steps:
         text, refusal = None, "I'm sorry, I can't help with that request."
     return completion_body(text, body, finish, refusal), cut is not None
 
@@ -115,9 +116,9 @@ def error_reply(kind: str, cfg: StubConfig, style: str = "") -> tuple[int, dict[
     if kind == "429" and not style:
         body = {"error": {"message": "Rate limit reached; slow down.", "type": "rate_limit_error",
                           "code": "rate_limit_exceeded"}}
-        return 429, body, {"retry-after": f"{cfg.retry_after:g}"}, cfg.retry_after
+        return 429, body, {"retry-after": f"{cfg.faults.retry_after:g}"}, cfg.faults.retry_after
     if kind == "429":
-        return (429, *rate_limit_reply(style, cfg.retry_after))
+        return (429, *rate_limit_reply(style, cfg.faults.retry_after))
     if kind == "500":
         return 500, {"error": {"message": "The server had an error processing your request.",
                                "type": "server_error"}}, {}, 0.0
@@ -133,20 +134,20 @@ def send_fault(handler: Any, fault: str, body: dict[str, Any], cfg: StubConfig, 
     429 or a 5xx is ``reply``'s (the server's: it counts how each 429 said its wait)."""
     if fault == "echo_key":  # some providers quote the key they rejected (or, in a 400, the request's fields)
         key = auth.removeprefix("Bearer ").strip()
-        rejected = cfg.echo_key_status == 401
-        handler._send(cfg.echo_key_status, json.dumps({"error": {
+        rejected = cfg.replies.echo_key_status == 401
+        handler._send(cfg.replies.echo_key_status, json.dumps({"error": {
             "message": f"Incorrect API key provided: {key}." if rejected else f"Invalid request from key {key}.",
             "type": "invalid_request_error", "code": "invalid_api_key" if rejected else None}}).encode())
     elif fault in ("429", "500", "503"):
         status, payload, headers = reply(fault) if reply is not None else error_reply(fault, cfg)[:3]
         handler._send(status, json.dumps(payload).encode(), headers=headers)
     elif fault == "slow":  # processed (and billed) after the client's timeout
-        time.sleep(cfg.slow_s)
+        time.sleep(cfg.faults.slow_s)
         handler._send(200, json.dumps(billed(body, completion_body("too late", body))).encode())
     elif fault in ("empty_choices", "content_null"):
         handler._send(200, json.dumps(billed(body, no_completion(fault, body))).encode())
     elif fault == "context_length":
-        status, payload = CONTEXT_ERRORS[cfg.context_error or "openai"]
+        status, payload = CONTEXT_ERRORS[cfg.replies.context_error or "openai"]
         handler._send(status, json.dumps(payload).encode())
     elif fault == "malformed" or fault in MALFORMED_KINDS:
         text = reply_text(classify(body), body, cfg)

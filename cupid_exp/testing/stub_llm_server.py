@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -137,8 +137,7 @@ class StubModel:
 
     def __init__(self, config: StubConfig | None, overrides: dict[str, Any]):
         self.config = config or StubConfig()
-        for k, v in overrides.items():
-            setattr(self.config, k, v)
+        self.config.set(**overrides)
         self._lock = threading.Lock()
         self._seen: Counter = Counter()
         self.counters = _Counters()
@@ -147,19 +146,19 @@ class StubModel:
     def _arrive(self, body: dict[str, Any], step: str, prompt_digest: str) -> tuple[int, float]:
         """Count a request (the caller holds the lock); how many times its prompt came before, and the latency it
         waits (its jitter drawn by hash, as the faults are)."""
-        if self.config.record_bodies:
+        if self.config.wire.record_bodies:
             self.bodies.append(body)
         self.counters.arrived(step)
         attempt = self._seen[prompt_digest]
         self._seen[prompt_digest] += 1
         cfg, jitter = self.config, 0.0
-        if cfg.jitter_ms:
-            jitter = random.Random(f"{cfg.seed}:{prompt_digest}:{attempt}").uniform(0, cfg.jitter_ms)
-        return attempt, (cfg.latency_ms + jitter) / 1000
+        if cfg.wire.jitter_ms:
+            jitter = random.Random(f"{cfg.seed}:{prompt_digest}:{attempt}").uniform(0, cfg.wire.jitter_ms)
+        return attempt, (cfg.wire.latency_ms + jitter) / 1000
 
     def _billed(self, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
         """``reply`` as sent (without usage under ``omit_usage``), its tokens counted as billed."""
-        if self.config.omit_usage:
+        if self.config.wire.omit_usage:
             reply = {k: v for k, v in reply.items() if k != "usage"}
         prompt, completion = billed_tokens(body, reply)
         with self._lock:
@@ -184,14 +183,14 @@ class StubServer(StubModel):
         self._thread: threading.Thread | None = None
 
     def _key_limits(self) -> KeyLimits:
-        c = self.config
+        c = self.config.limits
         return KeyLimits(c.rpm, c.tpm, c.closed_s, c.refuse, pool=c.limits_pool, headers=c.limit_headers)
 
     def fault_reply(self, kind: str, prompt_digest: str = "") -> tuple[int, dict[str, Any], dict[str, str]]:
         """(status, body, headers) of a 429, a 500 or a 503 (``stub_faults.error_reply``); a 429 is said in the
         ``rate_limit_style`` (``rotate``: each in turn), counted by style, and remembers when the wait it asked for
         ends (a request for the same prompt before then is an early retry). The Batch API's upload faults too."""
-        style = self.config.rate_limit_style
+        style = self.config.faults.rate_limit_style
         if kind == "429" and style:
             with self._lock:
                 if style == "rotate":
@@ -225,8 +224,7 @@ class StubServer(StubModel):
         made again; the counters (what was billed included) are kept."""
         with self._lock:
             self.config = config or self.config
-            for name, value in changes.items():
-                setattr(self.config, name, value)
+            self.config.set(**changes)
             self.limits = self._key_limits()
 
     def hold_after(self, n_completed: int | None) -> None:
@@ -265,20 +263,20 @@ class StubServer(StubModel):
         with self._lock:
             c, cfg = self.counters, self.config
             c.requests += 1
-            if not cfg.outage_s or (c.outage_started is None and c.requests <= cfg.outage_after):
+            if not cfg.limits.outage_s or (c.outage_started is None and c.requests <= cfg.limits.outage_after):
                 return False
             now = time.time()
             if c.outage_started is None:
                 c.outage_started = now
-            if now - c.outage_started >= cfg.outage_s:
+            if now - c.outage_started >= cfg.limits.outage_s:
                 c.outage_ended = c.outage_ended or now
                 return False
             c.outage_unanswered += 1
         handler.close_connection = True
-        if cfg.outage_kind == "reset":  # closed with a RST: the client sees its connection reset, no answer
+        if cfg.limits.outage_kind == "reset":  # closed with a RST: the client sees its connection reset, no answer
             handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         else:
-            status = int(cfg.outage_kind)
+            status = int(cfg.limits.outage_kind)
             handler._send(status, f"<html><body><h1>{status} {'Bad Gateway' if status == 502 else 'Unavailable'}"
                                   f"</h1></body></html>".encode(), "text/html")
         return True
@@ -319,7 +317,7 @@ class StubServer(StubModel):
 
         class Handler(BaseHTTPRequestHandler):
             # HTTP/1.0: each connection closed after its reply, as some servers and proxies do (``close_connections``)
-            protocol_version = "HTTP/1.0" if server.config.close_connections else "HTTP/1.1"
+            protocol_version = "HTTP/1.0" if server.config.wire.close_connections else "HTTP/1.1"
             disable_nagle_algorithm = True  # else headers and body in two writes stall ~40 ms on delayed ACKs
 
             def log_message(self, *args: Any) -> None:
@@ -363,7 +361,8 @@ class StubServer(StubModel):
                     # read by the wrong process (requests that hang until the client's 600 s timeout)
                     self.close_connection = True
                     self._send(200, json.dumps({"object": "list", "data": [
-                        {"id": m, "object": "model", "owned_by": "stub"} for m in server.config.model_ids]}).encode(),
+                        {"id": m, "object": "model", "owned_by": "stub"}
+                        for m in server.config.wire.model_ids]}).encode(),
                         headers={"connection": "close"})
                 elif self.path.rstrip("/") in ("/stats", "/health"):
                     self._send(200, json.dumps(server.stats()).encode())
@@ -387,7 +386,7 @@ class StubServer(StubModel):
                     self._send(400, b'{"error": {"message": "invalid JSON body"}}')
                     return
                 with server._lock:
-                    for name in server.config.record_headers:
+                    for name in server.config.wire.record_headers:
                         if (value := self.headers.get(name)) is not None:
                             server.header_values[name.lower()][value] += 1
                 server._serve(self, body, raw, self.headers.get("authorization", ""))
@@ -448,7 +447,7 @@ class StubServer(StubModel):
 def main(argv: list[str] | None = None) -> None:
     port, cfg = stub_arguments(argv, __doc__.split("\n\n")[0])
     server = StubServer(cfg, port=port)
-    print(f"stub LLM server listening on {server.url} ({json.dumps(asdict(cfg))})", flush=True)
+    print(f"stub LLM server listening on {server.url} ({json.dumps(cfg.knobs())})", flush=True)
     def stop(*_: Any) -> None:
         raise KeyboardInterrupt
 

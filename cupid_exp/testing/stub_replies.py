@@ -136,11 +136,11 @@ def schema_value(schema: dict[str, Any], key: str, position: int | None = None) 
 
 def reply_text(step: str, body: dict[str, Any], cfg: StubConfig) -> str:
     text = _reply_text(step, body, cfg)
-    if step not in cfg.long_steps:
+    if step not in cfg.replies.long_steps:
         return text
     mark = digest(text)[:12]
     filler = "The same sentence again, to make the reply long. "
-    return (f"{text}\nLONG-REPLY {mark}\n" + filler * max(0, cfg.long_bytes // len(filler))
+    return (f"{text}\nLONG-REPLY {mark}\n" + filler * max(0, cfg.replies.long_bytes // len(filler))
             + f"LONG-REPLY-END {mark}")
 
 
@@ -185,9 +185,9 @@ def _reply_text(step: str, body: dict[str, Any], cfg: StubConfig) -> str:
         return json.dumps(payload) if structured else f"```json\n{json.dumps(payload, indent=2)}\n```"
     if step == "judge":
         if structured:
-            return json.dumps({"evaluation": "Checked every item.", "score": float(cfg.judge_score)})
+            return json.dumps({"evaluation": "Checked every item.", "score": float(cfg.replies.judge_score)})
         return f"### Evaluation of AI Assistant's Response\n\nChecked every item.\n\n### Evaluation Score\n\n" \
-               f"{cfg.judge_score}"
+               f"{cfg.replies.judge_score}"
     if step == "generate":
         return (f"Here is a {_words(h, 0, _WANTS)} answer with {_words(h, 2, _THINGS)}.\n\n"
                 f"1. First point ({h[:6]}).\n2. Second point.\n")

@@ -14,7 +14,7 @@ import logging
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
@@ -68,35 +68,57 @@ def read_totals(meter: Totals) -> dict[str, float]:
     return {}
 
 
+@dataclass
+class Units:
+    """The job's units, as its run counts them."""
+
+    total: int
+    parts: tuple[str, ...]
+    policy: str
+    done: list[dict[str, Any]]  #: the journal's finished records
+    earlier: dict[str, float]  #: the earlier attempts' usage
+    noun: str = "instances"  #: what they are called in metric names and notes (``progress/<noun>_done``)
+
+
+@dataclass
+class Opened:
+    """What opening the run found (``open_run``)."""
+
+    name: str = ""  #: the run's name as opened: its results go after it when it ends (``finish``)
+    carried: dict[str, float] | None = None  #: earlier attempts' usage from the run itself (``reopen``)
+    resumed: bool = False  #: the run is an earlier attempt's, reopened: it may hold a unit's earlier trace
+    seconds_before: float = 0.0  #: the earlier attempts' ``progress/seconds``: a resumed curve goes on from there
+
+
+@dataclass
+class Ticks:
+    """The progress thread and its points."""
+
+    every_s: float
+    signalled: int  #: units done when the thread was last woken
+    wake: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+    logged: tuple[object, ...] | None = None  #: (units done, calls, batch counts) at the last point
+    started: float = field(default_factory=time.perf_counter)
+    points: int = 0
+    failing: bool = False  #: a failed point was reported: the next ones are not, until one gets through
+
+
 class LiveRun:
     """Observer of a job's instances (``execute``) and owner of its run's end (``ends_on_error``)."""
 
-    def __init__(self, tracker: RunTracker, claim: Claim, *, total: int, parts: Sequence[str], policy: str,
-                 done: Sequence[Mapping[str, Any]], earlier: Mapping[str, float], meter: Totals,
-                 every_s: float, traces: InProcessTraces | None, attempt: str, plots: "PlotRequest | None" = None,
-                 unit: str = "instances"):
-        self.tracker, self.claim, self.traces, self.attempt = tracker, claim, traces, attempt
-        self.unit = unit  #: what the job's units are called in its metric names and notes
+    def __init__(self, tracker: RunTracker, claim: Claim, units: Units, *, meter: Totals, every_s: float,
+                 traces: InProcessTraces | None, attempt: str, plots: "PlotRequest | None" = None):
+        self.tracker, self.claim, self.traces, self.attempt, self.units = tracker, claim, traces, attempt, units
         self.plots, self.drawn = plots, None  # drawn: the plot files, once ``draw_plots`` made them
-        self.total, self.parts, self.policy, self.meter, self.every_s = total, tuple(parts), policy, meter, every_s
-        self.earlier = dict(earlier)
-        self._records = list(done)
-        self._failed = sum(1 for r in done if r.get("errors"))
+        self.meter, self.opened = meter, Opened()
+        self._records: list[Mapping[str, Any]] = list(units.done)
         self._lock = threading.Lock()
-        self._wake, self._stop = threading.Event(), threading.Event()
-        self._logged: tuple | None = None  # (instances done, calls, batch counts) at the last point
-        self._signalled_done = len(self._records)
-        self._started = time.perf_counter()
-        self._thread: threading.Thread | None = None
-        self.points = 0
-        self._point_failing = False  # a failed point was reported: the next ones are not, until one gets through
+        self.ticks = Ticks(every_s, len(self._records))
         self.notice: str | None = None  #: what opening the run found, for the job to say (``reopen``)
-        self.carried: dict[str, float] | None = None  #: earlier attempts' usage from the run itself (``reopen``)
-        self.name = ""  #: the run's name as opened: its results go after it when it ends (``finish``)
         self._backfill: RunRequest | None = None  #: whose journalled instances' traces to rebuild (``executed``)
         self.rebuilt = 0  #: traces rebuilt from the journal
-        self.resumed = False  #: the run is an earlier attempt's, reopened: it may hold a unit's earlier trace
-        self.seconds_before = 0.0  #: the earlier attempts' ``progress/seconds``: a resumed curve goes on from there
 
     @property
     def wants_calls(self) -> bool:
@@ -111,69 +133,69 @@ class LiveRun:
 
     def start(self) -> None:
         self._log_point()  # where the job starts: 0, or what the journal already has
-        self._thread = threading.Thread(target=self._loop, name="cupid-mlflow-progress", daemon=True)
-        self._thread.start()
+        self.ticks.thread = threading.Thread(target=self._loop, name="cupid-mlflow-progress", daemon=True)
+        self.ticks.thread.start()
 
     def instance_finished(self, instance: object, result: InstanceResult, record: Mapping[str, Any],
                           calls: CallLog | None) -> None:
         """Called on the event loop for each finished instance: cheap, never waits on MLflow."""
         with self._lock:
             self._records.append(record)
-            self._failed += bool(record.get("errors"))
             done = len(self._records)
         if self.traces is not None and calls is not None:
             self.traces.write(instance, result, calls)
-        if done - self._signalled_done >= max(1.0, PERCENT_STEP * self.total):
-            self._signalled_done = done
-            self._wake.set()
+        if done - self.ticks.signalled >= max(1.0, PERCENT_STEP * self.units.total):
+            self.ticks.signalled = done
+            self.ticks.wake.set()
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(max(0.0, self.every_s - MIN_GAP_S))  # a point every every_s (the gap below included)
-            self._wake.clear()
-            if self._stop.is_set():
+        t = self.ticks
+        while not t.stop.is_set():
+            t.wake.wait(max(0.0, t.every_s - MIN_GAP_S))  # a point every every_s (the gap below included)
+            t.wake.clear()
+            if t.stop.is_set():
                 break
             self._log_point()
-            self._stop.wait(MIN_GAP_S)
+            t.stop.wait(MIN_GAP_S)
 
     def _log_point(self) -> None:
         """One progress point if anything changed; a failure is logged and the job goes on."""
         with self._lock:
-            records, failed = list(self._records), self._failed
+            records = list(self._records)
+        failed = sum(1 for r in records if r.get("errors"))  # a point's cost is its scores, not this
         usage = read_totals(self.meter)
         done = len(records)
         batches = getattr(self.meter, "batches", None)  # runtime.batch: the provider's queue, while nothing finishes
         batch_points = ({f"progress/{k}": v for k, v in batches.metrics().items() if k != "batch/rows_reused"}
                         if batches is not None and (batches.submitted or batches.pending) else {})
-        state = (done, usage.get("calls", 0.0), tuple(batch_points.values()))
-        if state == self._logged:
+        state, units, t = (done, usage.get("calls", 0.0), tuple(batch_points.values())), self.units, self.ticks
+        if state == t.logged:
             return
-        so_far = {k: self.earlier.get(k, 0.0) + usage.get(k, 0.0)  # the whole job's, earlier attempts included
+        so_far = {k: units.earlier.get(k, 0.0) + usage.get(k, 0.0)  # the whole job's, earlier attempts included
                   for k in ("calls", "prompt_tokens", "completion_tokens", "cost_usd")}
-        metrics = {f"progress/{self.unit}_done": float(done), f"progress/{self.unit}_failed": float(failed),
-                   "progress/fraction_done": done / self.total if self.total else 1.0,
+        metrics = {f"progress/{units.noun}_done": float(done), f"progress/{units.noun}_failed": float(failed),
+                   "progress/fraction_done": done / units.total if units.total else 1.0,
                    "progress/calls": so_far["calls"], "progress/cost_usd": so_far["cost_usd"],
                    "progress/tokens": so_far["prompt_tokens"] + so_far["completion_tokens"],
-                   "progress/seconds": self.seconds_before + time.perf_counter() - self._started,
+                   "progress/seconds": self.opened.seconds_before + time.perf_counter() - t.started,
                    # rate limits: 429s met and time spent waiting on them, and each endpoint's concurrency limit
                    "progress/rate_limited": usage.get("rate_limited", 0.0),
                    "progress/limit_wait_s": usage.get("limit_wait_s", 0.0), **pool_metrics(), **batch_points}
         try:
-            metrics.update(running_scores(records, self.parts, self.policy))
+            metrics.update(running_scores(records, units.parts, units.policy))
             self.tracker.log_metrics(metrics, step=done)
-            self._logged = state
-            self.points += 1
-            self._point_failing = False
+            t.logged, t.failing = state, False
+            t.points += 1
         except Exception as exc:  # noqa: BLE001  # a progress point is never worth the job
             first = (str(exc).strip().splitlines() or [""])[0][:200]  # a store error carries its SQL and values
-            (log.debug if self._point_failing else log.warning)(
+            (log.debug if t.failing else log.warning)(
                 "MLflow progress point not logged: %s: %s", type(exc).__name__, first, extra=STORE_NOTE)
-            self._point_failing = True
+            t.failing = True
 
     def backfill_traces(self, request: "RunRequest") -> None:
         """Have the journalled instances' traces the run lacks rebuilt when the model phase ends (``executed``):
         by then a worker its killed predecessor left behind has exported what it had (``ORPHAN_FLUSH_S``)."""
-        self._backfill = request if request.done else None
+        self._backfill = request if request.units.done else None
 
     def executed(self) -> None:
         """The model phase is over: rebuild the traces the run lacks, and export them and the phase's while the
@@ -185,7 +207,7 @@ class LiveRun:
             self._backfill = None
         if self.traces is not None:
             self.traces.executed()
-        self._wake.set()
+        self.ticks.wake.set()
 
     def draw_plots(self) -> None:
         """Draw the run's plots from the records heard so far (all of them once the model phase is over): the
@@ -198,12 +220,13 @@ class LiveRun:
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the background thread and log the last point (once)."""
-        if self._thread is None:
+        t = self.ticks
+        if t.thread is None:
             return
-        self._stop.set()
-        self._wake.set()
-        self._thread.join(timeout)
-        self._thread = None
+        t.stop.set()
+        t.wake.set()
+        t.thread.join(timeout)
+        t.thread = None
         self._log_point()
 
     def end(self, status: str, summary: Mapping[str, Any] | None = None, tags: Mapping[str, str] | None = None,
@@ -216,11 +239,11 @@ class LiveRun:
             self.stop()
             if published:
                 self._close_traces(None)
-                if self.resumed or self.rebuilt:  # units run again, or traces rebuilt: one trace per unit
+                if self.opened.resumed or self.rebuilt:  # units run again, or traces rebuilt: one trace per unit
                     from cupid_exp.tracking.reopen import one_trace_per_unit
 
                     one_trace_per_unit(self.tracker.client, self.tracker.experiment_id, self.run_id)
-            note = f"{status} with {len(self._records)} of {self.total} {self.unit} done"
+            note = f"{status} with {len(self._records)} of {self.units.total} {self.units.noun} done"
             if summary:
                 note += "; " + ", ".join(f"{k} {v}" for k, v in summary.items())
             self.tracker.set_tags({**(tags or {}), f"cupid.attempt.{self.attempt}": note})
@@ -234,17 +257,17 @@ class LiveRun:
         outcome tags are among ``final.tags``)."""
         run = self.tracker
         metrics, tags = final.metrics, final.tags
-        if self.carried is not None:  # the usage ledger was gone: the earlier attempts' usage as the run had it
+        if self.opened.carried is not None:  # the usage ledger was gone: the earlier attempts' usage as the run had it
             from cupid_exp.tracking.reopen import CARRIED_TAG, carry_into
 
-            metrics = carry_into(dict(metrics), self.carried)
+            metrics = carry_into(dict(metrics), self.opened.carried)
             tags = {**tags, CARRIED_TAG: "the run's last progress point before this attempt (the ledger was gone)"}
         run.log_metrics(metrics, step=final.step)
         run.set_tags(tags)
-        if final.headline and self.name:
+        if final.headline and self.opened.name:
             from cupid_exp.tracking.names import scored_name
 
-            run.client.update_run(run.run_id, name=scored_name(self.name, final.headline))
+            run.client.update_run(run.run_id, name=scored_name(self.opened.name, final.headline))
         artifacts = list(final.artifacts)
         if self.drawn is not None:
             artifacts.append((self.drawn, "plots"))
@@ -295,19 +318,21 @@ class RunRequest:
     run_key: str
     exclusive: bool  #: this attempt holds the run key's lock: it may reopen an earlier attempt's run
     dataset: DatasetInput | None  #: the run's input (an evaluation's data; None: synthesis makes its own)
-    total: int
-    parts: tuple[str, ...]
-    policy: str
-    done: list[dict[str, Any]]  #: the journal's finished records
-    earlier: dict[str, float]
-    traces: bool
-    shown: dict[str, tuple[str, str]] = field(default_factory=dict)  #: key -> request, factor (``done``'s traces)
+    units: Units
+    traces: TraceRequest | None  #: None: no traces
     nothing_left: bool = False  #: every instance is journalled: a run that holds the results stays as it is
     ledger_found: bool = True  #: the job's usage ledger was there (else the run's own metrics say what was spent)
-    trace_tags: dict[str, str] = field(default_factory=dict)
-    judges: dict[str, str] = field(default_factory=dict)
     plots: "PlotRequest | None" = None  #: drawn by the run worker when the model phase ends
-    unit: str = "instances"  #: what the job's units are called (``progress/<unit>_done``)
+
+
+@dataclass
+class TraceRequest:
+    """The run's traces: their tags, the judges' names, and the journalled units' inputs (``shown``: key ->
+    request, factor), from which a trace the run lacks is rebuilt (``reopen.backfill``)."""
+
+    tags: dict[str, str] = field(default_factory=dict)
+    judges: dict[str, str] = field(default_factory=dict)
+    shown: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -373,19 +398,18 @@ def open_run(request: RunRequest, claim: Claim, meter: Totals) -> LiveRun | Fini
         if request.dataset is not None:
             tracker.log_input(request.dataset.entity())
         traces = None
-        if request.traces:
+        if request.traces is not None:
             tracing.setup(request.tracking.uri)
-            trace_tags = {**request.trace_tags, reopen.ATTEMPT_TAG: tags["cupid.attempt"]}
+            trace_tags = {**request.traces.tags, reopen.ATTEMPT_TAG: tags["cupid.attempt"]}
             traces = tracing.InProcessTraces(tracing.TraceWriter(
-                tracker.experiment_id, tracker.run_id, trace_tags, request.judges, request.secrets))
-        live = LiveRun(tracker, claim, total=request.total, parts=request.parts, policy=request.policy,
-                       done=request.done, earlier={**request.earlier, **(carried or {})}, meter=meter,
-                       every_s=request.tracking.progress_every_s, traces=traces, attempt=tags["cupid.attempt"],
-                       plots=request.plots, unit=request.unit)
-        live.notice, live.carried, live.name = notice, carried, request.run_name
+                tracker.experiment_id, tracker.run_id, trace_tags, request.traces.judges, request.secrets))
+        units = replace(request.units, earlier={**request.units.earlier, **(carried or {})})
+        live = LiveRun(tracker, claim, units, meter=meter, every_s=request.tracking.progress_every_s, traces=traces,
+                       attempt=tags["cupid.attempt"], plots=request.plots)
+        live.notice, live.opened = notice, Opened(request.run_name, carried)
         if previous is not None:
-            live.seconds_before = previous.data.metrics.get("progress/seconds", 0.0)
-            live.resumed = True
+            live.opened.seconds_before = previous.data.metrics.get("progress/seconds", 0.0)
+            live.opened.resumed = True
             reopen.leave_no_empty_parent(tracker.client, tracker.experiment_id, previous, parent)
         live.backfill_traces(request)
         live.start()

@@ -92,7 +92,7 @@ def leave_finished(tracker: RunTracker, request: RunRequest, previous: Run, pare
             DESCRIPTION_TAG: f"This job finished earlier, in run {run_id}: its results, traces and curves are there."})
         client.set_terminated(link.info.run_id, status="FINISHED")
         notice += f"; this sweep links to it (run {link.info.run_id})"
-    return FinishedEarlier(previous, claim, notice, request.plots, request.done)
+    return FinishedEarlier(previous, claim, notice, request.plots, request.units.done)
 
 
 def carried_usage(previous: Run | None, ledger_found: bool) -> tuple[dict[str, float] | None, str | None]:
@@ -197,7 +197,8 @@ def leave_no_empty_parent(client: MlflowClient, experiment_id: str, previous: Ru
 def backfill(live: LiveRun, request: RunRequest) -> int:
     """Rebuild the trace of every journalled instance the run has none for; returns how many. A store that fails
     here costs the rebuilt traces only (one warning)."""
-    if live.traces is None or not request.done:
+    shown = request.traces.shown if request.traces is not None else {}
+    if live.traces is None or not request.units.done:
         return 0
     try:
         have = trace_keys(live.tracker.client, live.tracker.experiment_id, live.run_id)
@@ -206,13 +207,13 @@ def backfill(live: LiveRun, request: RunRequest) -> int:
                     str(exc).splitlines()[0][:200] if str(exc) else "")
         return 0
     written = 0
-    for record in request.done:
+    for record in request.units.done:
         key = record.get("key")
-        if key in have or key not in request.shown:
+        if key in have or key not in shown:
             continue
-        current_request, factor = request.shown[key]
+        current_request, factor = shown[key]
         live.traces.write_record(SimpleNamespace(current_request=current_request, current_context_factor=factor),
-                                 record, tuple(request.parts))
+                                 record, tuple(request.units.parts))
         written += 1
     if written:
         log.info("MLflow: %d traces rebuilt from the journal for run %s", written, live.run_id)

@@ -18,8 +18,9 @@ import multiprocessing
 import pickle
 import threading
 import time
+from dataclasses import replace
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Sequence
 
 from cupid_exp.config import TrackingConfig
 from cupid_exp.durability.attempts import Claim
@@ -31,6 +32,8 @@ from cupid_exp.tracking.store_errors import TrackingError, TrackingUnavailable, 
 from cupid_exp.tracking.traces import trace_input
 
 if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
     from cupid_exp.tracking.sweep import SweepEnd
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,14 @@ STALL_S = 60.0  #: the job gives up on a worker that handled nothing for this lo
 OPEN_S = 120.0  #: how long the job waits for its run to open (the store answered the checks already)
 INTERRUPTED_WAIT_S = 30.0  #: how long a failed or interrupted job waits for its run to end
 PULSE_MIN_S = 0.25  #: the job's usage totals go to the worker at most this often
+
+
+class Pipes(NamedTuple):
+    """A run worker's channels."""
+
+    inbox: Any  #: a multiprocessing Queue: its feeder thread sends, a put never waits on the worker
+    notes: Connection  #: what the worker says (the reading end)
+    handled: Any  #: a shared count of the messages the worker has handled, to tell slow from stuck
 
 
 class RunWorker:
@@ -51,16 +62,14 @@ class RunWorker:
             # have their own ('loky'), which a bare child does not know: it would die at once
             raise RuntimeError(f"this process's start method {method!r} cannot spawn a worker")
         ctx = multiprocessing.get_context("spawn")
-        self.inbox = ctx.Queue()  # its feeder thread sends: a put never waits on the worker
-        self.outbox, writer = ctx.Pipe(duplex=False)  # the worker's notes
-        self.progress = ctx.RawValue("q", 0)  # messages the worker has handled, to tell slow from stuck
-        self.process = ctx.Process(target=serve, args=(self.inbox, writer, self.progress), name="cupid-mlflow",
-                                   daemon=True)
+        notes, writer = ctx.Pipe(duplex=False)
+        self.pipes = Pipes(ctx.Queue(), notes, ctx.RawValue("q", 0))
+        self.process = ctx.Process(target=serve, args=(self.pipes.inbox, writer, self.pipes.handled),
+                                   name="cupid-mlflow", daemon=True)
         try:
             self.process.start()
         finally:
             writer.close()  # the worker holds the writing end: its death is an EOF here
-        self.pid = self.process.pid
         self._begin(keep)
 
     def _begin(self, keep: bool) -> None:
@@ -82,7 +91,7 @@ class RunWorker:
     def open(self, request: RunRequest, claim: Claim, meter: Totals) -> None:
         """Ask for the run to be opened; returns at once (``wait_opened`` waits)."""
         self.request, self.claim, self.meter = request, claim, meter
-        self.inbox.put(("open", request))
+        self.pipes.inbox.put(("open", request))
         self._pulse(max(PULSE_MIN_S, request.tracking.progress_every_s / 2))
 
     def wait_opened(self) -> None:
@@ -104,7 +113,7 @@ class RunWorker:
     # -- while the job works ---------------------------------------------------------------------------------
     @property
     def wants_calls(self) -> bool:
-        return bool(self.request is not None and self.request.traces)
+        return self.request is not None and self.request.traces is not None
 
     def instance_finished(self, instance: object, result: InstanceResult, record: object,
                           calls: CallLog | None) -> None:
@@ -114,7 +123,7 @@ class RunWorker:
             return
         shown = trace_input(instance, result)  # what its trace shows of it (the rest of the instance stays here)
         with self._sending:
-            self.inbox.put(("instance", pickle.dumps((shown, result, calls, self.meter.totals()),
+            self.pipes.inbox.put(("instance", pickle.dumps((shown, result, calls, self.meter.totals()),
                                                      protocol=pickle.HIGHEST_PROTOCOL)))
 
     def _pulse(self, every_s: float) -> None:
@@ -130,7 +139,7 @@ class RunWorker:
                         return
                     totals = read_totals(self.meter)  # (read while the event loop adds to it: retried)
                     if totals and totals != sent:
-                        self.inbox.put(("totals", totals))
+                        self.pipes.inbox.put(("totals", totals))
                         sent = totals
 
         threading.Thread(target=run, name="cupid-mlflow-pulse", daemon=True).start()
@@ -143,7 +152,7 @@ class RunWorker:
     def executed(self) -> None:
         if self._healthy():
             with self._sending:
-                self.inbox.put(("executed", self.meter.totals()))
+                self.pipes.inbox.put(("executed", self.meter.totals()))
 
     # -- the end -----------------------------------------------------------------------------------------------
     def finish(self, final: FinalLog) -> None:
@@ -156,7 +165,7 @@ class RunWorker:
         final.totals = self.meter.totals()
         note = None
         if self._healthy():
-            self.inbox.put(("finish", final, self.keep))
+            self.pipes.inbox.put(("finish", final, self.keep))
             note = self._wait(("finished",), None, stall=True, stall_s=self._flush_s)
         self.ended = True
         try:
@@ -191,7 +200,7 @@ class RunWorker:
                 except TrackingError:
                     return
             if self._healthy():
-                self.inbox.put(("end", status, summary, self.meter.totals(), tags))
+                self.pipes.inbox.put(("end", status, summary, self.meter.totals(), tags))
                 note = self._wait(("finished",), INTERRUPTED_WAIT_S, stall=False)
             if note is not None and note[0] == "finished" or self.run_id is None:
                 return
@@ -214,7 +223,7 @@ class RunWorker:
     def open_sweep(self, tracking: TrackingConfig, sweep_dir: str, overrides: Sequence[str] = ()) -> None:
         """Have the sweep's parent run opened (``tracking.mlflow.ensure_parent``) while the first job starts; returns
         at once. The worker then waits for that job, which takes it; a failure reaches the job that does."""
-        self.inbox.put(("sweep", tracking, sweep_dir, list(overrides)))
+        self.pipes.inbox.put(("sweep", tracking, sweep_dir, list(overrides)))
         self._park()
 
     def close_sweep(self, end: SweepEnd) -> tuple[bool, str | None]:
@@ -223,7 +232,7 @@ class RunWorker:
         missing); not done: the worker could not, and the caller does it itself."""
         note = None
         if self._healthy():
-            self.inbox.put(("sweep_end", end))
+            self.pipes.inbox.put(("sweep_end", end))
             note = self._wait(("finished",), None, stall=True)
         self.ended = True
         self._release()
@@ -289,9 +298,8 @@ class RunWorker:
             return SimpleNamespace(finish=lambda final: None, end=lambda *args: None)
         tracker = RunTracker(request.tracking, request.secrets)
         tracker.run_id = self.run_id
-        return LiveRun(tracker, Claim(request.run_key), total=request.total, parts=request.parts,
-                       policy=request.policy, done=[], earlier=request.earlier, meter=SnapshotMeter(totals),
-                       every_s=request.tracking.progress_every_s, traces=None, attempt=self.attempt, unit=request.unit)
+        return LiveRun(tracker, Claim(request.run_key), replace(request.units, done=[]), meter=SnapshotMeter(totals),
+                       every_s=request.tracking.progress_every_s, traces=None, attempt=self.attempt)
 
     def _wait(self, wanted: tuple[str, ...], timeout: float | None, *, stall: bool,
               stall_s: float = STALL_S) -> tuple | None:
@@ -300,12 +308,12 @@ class RunWorker:
         from multiprocessing.connection import wait
 
         began = moved = time.monotonic()
-        seen = self.progress.value
+        seen = self.pipes.handled.value
         while True:
-            ready = wait([self.outbox, self.process.sentinel], 0.25)
-            if self.outbox in ready:
+            ready = wait([self.pipes.notes, self.process.sentinel], 0.25)
+            if self.pipes.notes in ready:
                 try:
-                    note = self.outbox.recv()
+                    note = self.pipes.notes.recv()
                 except (EOFError, OSError):  # it exited
                     note = None
                 if note is not None:
@@ -318,8 +326,8 @@ class RunWorker:
                 self._give_up(self._gone())
                 return None
             now = time.monotonic()
-            if self.progress.value != seen:
-                seen, moved = self.progress.value, now
+            if self.pipes.handled.value != seen:
+                seen, moved = self.pipes.handled.value, now
             if timeout is not None and now - began >= timeout or stall and now - moved >= stall_s:
                 self.stopped = True  # (the caller says what it means)
                 return None
@@ -339,8 +347,8 @@ class RunWorker:
     def _healthy(self) -> bool:
         """Read the worker's notes and check it is alive (two cheap system calls)."""
         try:
-            while not self.stopped and self.outbox.poll():
-                self._note(self.outbox.recv())
+            while not self.stopped and self.pipes.notes.poll():
+                self._note(self.pipes.notes.recv())
         except (EOFError, OSError):
             pass
         if not self.stopped and self.process.exitcode is not None:
@@ -368,7 +376,7 @@ class RunWorker:
     def _quit(self) -> None:
         """Tell a parked worker to exit, and wait for it (briefly)."""
         try:
-            self.inbox.put(("quit",))
+            self.pipes.inbox.put(("quit",))
         except (OSError, ValueError):  # its queue is closed already
             pass
         self.claim = None
@@ -383,9 +391,9 @@ class RunWorker:
         if self.process.exitcode is None:
             self.process.kill()
             self.process.join(5.0)
-        self.inbox.cancel_join_thread()  # whatever the worker did not read is lost: never hang the job's exit on it
-        self.inbox.close()
-        self.outbox.close()
+        self.pipes.inbox.cancel_join_thread()  # what the worker did not read is lost: never hang the exit on it
+        self.pipes.inbox.close()
+        self.pipes.notes.close()
 
 
 _IDLE: RunWorker | None = None  #: the worker a finished job of a sweep left for the next one

@@ -67,7 +67,7 @@ def test_killed_attempts_resume_one_run_that_reports_the_whole_job(tmp_path: Pat
         # they log its results: the store is locked from its first model call (its run is open by then, and
         # slower replies leave the time) until the table is printed (MLflow waits up to 20 s on a locked SQLite)
         log2 = tmp_path / "attempt2.log"
-        stub.config.latency_ms, received = 300, stub.stats()["total_received"]
+        stub.config.wire.latency_ms, received = 300, stub.stats()["total_received"]
         proc = start(cmd, log2, new_session=True)
         lock = sqlite3.connect(root / "mlflow.db", timeout=60, isolation_level=None)
         try:
@@ -80,7 +80,7 @@ def test_killed_attempts_resume_one_run_that_reports_the_whole_job(tmp_path: Pat
             lock.close()
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
-            stub.config.latency_ms = 5
+            stub.config.wire.latency_ms = 5
         assert only_run(uri).info.status == "RUNNING"
         # attempt 3: nothing left to call; it ends the run
         before = stub.stats()["total_received"]

@@ -82,7 +82,7 @@ def test_requests_that_time_out_are_charged_so_no_fault_sends_past_the_budget(tm
         worst = sum(worst_case_usd(Prices(IN, OUT), body["messages"], body) for body in stub.bodies)
         assert billed_usd(stats) <= worst == pytest.approx(spent(root)) and spent(root) <= budget
         one_line(hit.stderr, "BUDGET:")
-        stub.config.rate_slow = 0.0
+        stub.config.faults.rate_slow = 0.0
         resume_completes([*cmd, "runtime.max_cost_usd=1"], root)
 
 
@@ -121,7 +121,7 @@ def test_a_daily_limit_stops_the_job_for_later_and_a_resume_completes_it(tmp_pat
         line = one_line(proc.stderr, "cupid_exp: stopped:")
         assert "requests per day" in line and "wait 3600 s" in line and "run the same command later" in line
         assert not any(r["errors"] for r in journaled(root))  # the instances in flight are not failed
-        limited.config.refuse = ""
+        limited.config.limits.refuse = ""
         limited.reset()
         resume_completes(cmd, root)
 

@@ -118,7 +118,7 @@ def test_two_processes_run_every_instance_once_within_the_configured_bound(tmp_p
         finally:
             workers.stop()
         stats = stub.stats()
-        stub.config.latency_ms = 0
+        stub.config.wire.latency_ms = 0
         alone = stub_plan(stub.url, tmp_path / "one", *_nine(), *_concurrency(2))
         assert alone.attempt.processes == 1 and alone.identity == job.identity  # workers change no result
         alone_results = execute(alone).results

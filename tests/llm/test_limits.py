@@ -145,7 +145,7 @@ def test_the_limits_a_provider_states_pace_the_pool(tmp_path: Path) -> None:
     from cupid_exp.llm.pools import _POOLS
 
     (pool,) = _POOLS.values()
-    assert pool.pacer.rpm == 300 and pool.told == (300.0, None)
+    assert pool.pace.pacer.rpm == 300 and pool.pace.told == (300.0, None)
 
 
 def test_a_429_while_pacing_slows_every_process_of_the_ledger(tmp_path: Path) -> None:

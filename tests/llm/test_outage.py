@@ -48,7 +48,7 @@ def test_an_outage_mid_run_pauses_the_pool_and_no_call_fails(tmp_path: Path, kin
     # every request sent again during it counted too (the stub counts those the outage left unanswered apart)
     assert usage_metrics(meter)["calls/requests"] == received + outage["unanswered"], (received, outage)
     assert [o for o in out if isinstance(o, BaseException)] == []
-    assert c.pool.outages == 1 and c.pool.down_since is None
+    assert c.pool.total.outages == 1 and c.pool.outage.down_since is None
     assert usage_metrics(meter)[f"pools/{c.pool.label}/outages"] == 1  # the job's own count
     # the calls in flight met it (at most 4 x 2 attempts), then one probe at a time: not every waiting call
     assert outage["unanswered"] <= 4 * 2 + 6, outage
@@ -76,7 +76,7 @@ def test_one_calls_own_5xx_is_not_an_outage(tmp_path: Path) -> None:
         c, meter = client(stub.url, tmp_path)
         ask(c, 2)  # the endpoint answers
         (out,) = ask(c, 1, text="doomed")
-    assert isinstance(out, ProviderError) and c.pool.outages == 0
+    assert isinstance(out, ProviderError) and c.pool.total.outages == 0
 
 
 def test_an_outage_while_a_batch_is_polled_is_waited_out(tmp_path: Path, caplog) -> None:
@@ -106,6 +106,6 @@ def test_a_process_that_starts_during_an_outage_knows_the_endpoint_answered(tmp_
     assert not second.has_answered(900.0)  # nobody had an answer: a dead endpoint stays a fast exit 2
     first.succeeded()  # the first answer is published at once
     second.sync()
-    assert second.successes == 0 and second.has_answered(900.0)
-    second.answered_at -= 1000.0  # an answer older than the patience: an endpoint found dead today is not waited for
+    assert second.total.successes == 0 and second.has_answered(900.0)
+    second.outage.answered_at -= 1000.0  # older than the patience: an endpoint found dead today is not waited for
     assert not second.has_answered(900.0)

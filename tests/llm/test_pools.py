@@ -128,7 +128,7 @@ def test_a_provider_that_states_only_retry_after_teaches_the_pool_its_pace(tmp_p
         st = stub.stats()
     pool = clients[0].pool
     assert st["total_completed"] == n
-    assert 0.75 * 480 <= pool.pacer.rpm <= 1.15 * 480, pool.pacer.rpm  # it converged to what was admitted
+    assert 0.75 * 480 <= pool.pace.pacer.rpm <= 1.15 * 480, pool.pace.pacer.rpm  # it converged to what was admitted
     # before: 26-29% refused; the bench's target is 10% over a longer run, this short one on a loaded CPU (a late
     # wake-up lands a request in the next window) has measured 4-11%
     assert st["rate_limited"] <= 0.15 * st["total_received"], st
@@ -278,11 +278,11 @@ def test_a_refusal_judged_an_overload_pauses_no_caller_and_keeps_the_calls_in_fl
     rng = random.Random(0)
     pool = Pool("overloaded", "overloaded", None)
     pool.join("cfg", 16, None, None, PoolLimits(), None)
-    _paced_job(pool.learner, lambda t: rng.random() < 0.1, start=time.time() - 60.0, seconds=60.0)
-    limit, paused = pool.concurrency.limit, pool.paused_until
+    _paced_job(pool.pace.learner, lambda t: rng.random() < 0.1, start=time.time() - 60.0, seconds=60.0)
+    limit, paused = pool.concurrency.limit, pool.pace.paused_until
     pool.rate_limited((None, None), 2.0, 2.0)
-    assert pool.paused_until == paused and pool.concurrency.limit == limit
-    assert pool.answered_429 == 1  # counted all the same
+    assert pool.pace.paused_until == paused and pool.concurrency.limit == limit
+    assert pool.total.answered_429 == 1  # counted all the same
 
 
 def test_processes_on_one_pool_share_its_pause_stated_limits_cut_and_given_bound(tmp_path: Path) -> None:
@@ -299,8 +299,8 @@ def test_processes_on_one_pool_share_its_pause_stated_limits_cut_and_given_bound
     limit_before = second.concurrency.limit
     first.rate_limited((300.0, None), hint=2.0, wait=2.0)  # a 429 stating the key's limit, "wait 2 s"
     second.sync()
-    assert second.paused_until >= time.time() + 1.5
-    assert second.pacer.rpm == 300 and second.concurrency.limit < limit_before
+    assert second.pace.paused_until >= time.time() + 1.5
+    assert second.pace.pacer.rpm == 300 and second.concurrency.limit < limit_before
 
 
 def test_each_pools_figures_reach_the_metrics_and_the_calls_line() -> None:
@@ -325,11 +325,11 @@ def test_a_sweeps_next_job_on_the_pool_starts_from_its_own_configs(tmp_path: Pat
     not the first's (what the pool learned from the provider carries over)."""
     pool = Pool("p", "p", None)
     pool.join("first job", 64, 500.0, None, PoolLimits(), UsageMeter())
-    pool.told = (300.0, None)
+    pool.pace.told = (300.0, None)
     pool.join("second job", 16, None, None, PoolLimits(), UsageMeter())
-    assert pool.bound == 16 and pool.configured == (None, None)
+    assert pool.bound == 16 and pool.pace.configured == (None, None)
     pool._repace()
-    assert pool.pacer.rpm == 300  # the stated limit, learned in the first job
+    assert pool.pace.pacer.rpm == 300  # the stated limit, learned in the first job
 
 
 def test_a_sweeps_next_job_meets_a_lone_5xx_as_a_failure_not_an_outage() -> None:
@@ -344,7 +344,7 @@ def test_a_sweeps_next_job_meets_a_lone_5xx_as_a_failure_not_an_outage() -> None
     call = object()
     pool.no_answer(call)
     assert not pool.went_down(call, connection=False, hint=None, message="500", patience_s=60.0)
-    assert pool.down_since is None
+    assert pool.outage.down_since is None
 
 
 def _sync_in_child(ledger: str, out: Any) -> None:

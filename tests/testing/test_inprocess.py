@@ -13,6 +13,7 @@ from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
 from cupid_exp.llm.pools import forget_pools
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.testing.inprocess import InProcessModel
+from cupid_exp.testing.stub_config import StubConfig, stub_arguments
 from cupid_exp.testing.stub_llm_server import StubServer
 
 INFER = [{"role": "system", "content": "Infer the user's preference."},
@@ -79,3 +80,15 @@ def test_a_knob_that_needs_the_wire_is_refused_not_ignored() -> None:
     for knobs in ({"rate_slow": 1.0}, {"rpm": 60}, {"fail_first": 1, "fail_first_kind": "truncated"}):
         with pytest.raises(ValueError, match="needs the wire"):
             InProcessModel(**knobs)
+
+
+def test_a_knob_is_set_by_its_flat_name_and_a_misspelt_or_flat_assigned_one_fails() -> None:
+    cfg = StubConfig(rate_429=0.5, garbage_steps=("judge",), rpm=60, latency_ms=5, seed=3)
+    assert (cfg.faults.rate_429, cfg.replies.garbage_steps, cfg.limits.rpm, cfg.wire.latency_ms, cfg.seed) == (
+        0.5, ("judge",), 60, 5, 3)
+    assert stub_arguments(["--rate-429", "0.5", "--garbage-steps", "judge"], "")[1].knobs() == StubConfig(
+        rate_429=0.5, garbage_steps=("judge",)).knobs()
+    with pytest.raises(TypeError, match="no knob 'rate429'"):
+        StubConfig(rate429=0.5)
+    with pytest.raises(AttributeError):
+        cfg.latency_ms = 0  # type: ignore[attr-defined]  # (would change nothing: the stub reads cfg.wire)

@@ -45,7 +45,7 @@ def _in_process_job(url: str, root: Path, *, limit: int = 4, parent: str | None 
 def test_the_run_is_kept_by_another_process(tmp_path: Path) -> None:
     with StubServer() as stub:
         live = _in_process_job(stub.url, tmp_path)
-    assert isinstance(live, run_worker.RunWorker) and live.pid != os.getpid()
+    assert isinstance(live, run_worker.RunWorker) and live.process.pid != os.getpid()
     assert live.process.exitcode == 0 and live.claim.lock is None  # it said it was done, then exited
     uri = store_uri(tmp_path)
     run = only_run(uri)
@@ -69,9 +69,9 @@ def test_a_sweeps_jobs_share_one_worker(tmp_path: Path) -> None:
         with StubServer() as stub:
             first = _in_process_job(stub.url, tmp_path, limit=3, parent=parent, folder="job1")
             assert first.process.exitcode is None and run_worker._IDLE is first  # waiting for the next job
-            pid, first_run = first.pid, first.run_id
+            pid, first_run = first.process.pid, first.run_id
             second = _in_process_job(stub.url, tmp_path, limit=4, parent=parent, folder="job2")
-        assert isinstance(second, run_worker.RunWorker) and second.pid == pid and second.run_id != first_run
+        assert isinstance(second, run_worker.RunWorker) and second.process.pid == pid and second.run_id != first_run
     finally:
         run_worker.quit_idle()
     assert run_worker._IDLE is None and second.process.exitcode == 0
@@ -95,7 +95,7 @@ def test_a_sweeps_job_whose_kept_worker_died_starts_another(tmp_path: Path) -> N
             first.process.kill()
             first.process.join(10)
             second = _in_process_job(stub.url, tmp_path, limit=3, parent=parent, folder="job2")
-        assert second.pid != first.pid
+        assert second.process.pid != first.process.pid
         assert MlflowClient(store_uri(tmp_path)).get_run(second.run_id).info.status == "FINISHED"
     finally:
         run_worker.quit_idle()
@@ -316,8 +316,8 @@ def test_a_job_killed_half_way_through_a_message_leaves_no_worker_behind(tmp_pat
         import os, struct
         from cupid_exp.tracking import run_worker
         worker = run_worker.RunWorker()
-        os.write(worker.inbox._writer.fileno(), struct.pack("!i", 4096))  # a length, then nothing
-        print(worker.pid, flush=True)
+        os.write(worker.pipes.inbox._writer.fileno(), struct.pack("!i", 4096))  # a length, then nothing
+        print(worker.process.pid, flush=True)
         os._exit(0)  # as a SIGKILL would: no feeder, no clean-up
     """)
     proc = subprocess.run([sys.executable, "-c", script], env=cli_env(), capture_output=True, text=True, timeout=120)
@@ -340,10 +340,10 @@ def test_a_job_killed_before_the_workers_reply_leaves_it_exiting_quietly() -> No
         import os
         from cupid_exp.tracking import run_worker
         worker = run_worker.RunWorker()
-        worker.inbox.put(("end", "KILLED", None, {}, {}))  # answered ("finished") to nobody
-        worker.inbox.close()
-        worker.inbox.join_thread()  # in the pipe
-        print(worker.pid, flush=True)
+        worker.pipes.inbox.put(("end", "KILLED", None, {}, {}))  # answered ("finished") to nobody
+        worker.pipes.inbox.close()
+        worker.pipes.inbox.join_thread()  # in the pipe
+        print(worker.process.pid, flush=True)
         os._exit(0)  # as a SIGKILL would: the reading end of the worker's notes goes with the process
     """)
     # the worker inherits the output pipes: this returns once the worker too has exited

@@ -67,12 +67,37 @@ class _HTTPServer(ThreadingHTTPServer):
 
 
 @dataclass
+class _InFlight:
+    """Requests in flight now, at most, and integrated over time (request-seconds) from the first arrival to the last
+    arrival or departure (monotonic clock): how fully a client kept the server busy."""
+
+    now: int = 0
+    peak: int = 0
+    busy: float = 0.0
+    first: float | None = None
+    last: float | None = None
+
+    def change(self, n: int) -> None:
+        at = time.monotonic()
+        if self.first is None:
+            self.first = at
+        elif self.last is not None:
+            self.busy += self.now * (at - self.last)
+        self.now += n
+        self.peak = max(self.peak, self.now)
+        self.last = at
+
+    def mean(self) -> float:
+        span = (self.last or 0.0) - (self.first or 0.0)
+        return self.busy / span if span > 0 else float(self.now)
+
+
+@dataclass
 class _Counters:
     received: Counter = field(default_factory=Counter)
     completed: Counter = field(default_factory=Counter)
     faults: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
-    in_flight: int = 0
-    peak_in_flight: int = 0  # the most requests it was answering at once
+    flight: _InFlight = field(default_factory=_InFlight)
     held: int = 0
     completed_prompts: Counter = field(default_factory=Counter)  # digest of the request -> completions
     tokens: Counter = field(default_factory=Counter)  # prompt/completion tokens of the completed responses
@@ -84,34 +109,27 @@ class _Counters:
     outage_ended: float | None = None  # ... when the first request after it was answered
     early_retries: int = 0  # requests sent again before the wait their 429 asked for was over
 
-    busy: float = 0.0  # requests in flight integrated over time (request-seconds), from the first arrival ...
-    first_arrival: float | None = None  # monotonic
-    last_change: float | None = None  # ... to the last arrival or departure
+    @property
+    def in_flight(self) -> int:
+        return self.flight.now
+
+    @property
+    def peak_in_flight(self) -> int:  # the most requests it was answering at once
+        return self.flight.peak
 
     def arrived(self, step: str) -> None:
         """A request of ``step`` came in (the caller holds its lock): counted, and in flight."""
         self.received[step] += 1
-        self._in_flight_by(1)
-        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        self.flight.change(1)
 
     def departed(self) -> None:
         """A request is no longer in flight (answered, failed or abandoned; the caller holds the lock)."""
-        self._in_flight_by(-1)
-
-    def _in_flight_by(self, n: int) -> None:
-        now = time.monotonic()
-        if self.first_arrival is None:
-            self.first_arrival = now
-        elif self.last_change is not None:
-            self.busy += self.in_flight * (now - self.last_change)
-        self.in_flight += n
-        self.last_change = now
+        self.flight.change(-1)
 
     def mean_in_flight(self) -> float:
-        """Requests in flight on average, from the first arrival to the last answer: how fully the client kept the
-        server busy (a client that stalls lets it drop)."""
-        span = (self.last_change or 0.0) - (self.first_arrival or 0.0)
-        return self.busy / span if span > 0 else float(self.in_flight)
+        """Requests in flight on average, from the first arrival to the last answer (a client that stalls lets it
+        drop)."""
+        return self.flight.mean()
 
     def answered(self, step: str, request_digest: str, usage: dict[str, int]) -> None:
         """A completion of ``step`` reached its client (the caller holds its lock): counted, with its tokens."""

@@ -72,6 +72,7 @@ def configure_litellm(settings: CallSettings) -> None:
     _litellm.keep_developer_role()
     _litellm.skip_signature_without_positional_args()
     _litellm.reuse_cache_options_adapter()
+    _litellm.skip_cost_breakdown_of_internal_calls()
 
 
 # A prompt this many characters per token of the model's window cannot fit (real text runs 3-5

@@ -79,11 +79,17 @@ def _native_state_flag() -> Callable[[], object]:
     return _native.process_state_started
 
 
+def _cost_breakdown() -> Callable[..., object]:
+    from litellm import cost_calculator
+
+    return cost_calculator.get_token_type_cost_breakdown
+
+
 _TARGETS = {"native_state_flag": _native_state_flag, "pending_cache_writes": _pending_cache_writes,
             "logging_worker": _logging_worker, "internal_call_flag": _internal_call_flag,
             "custom_llm_setup": _custom_llm_setup, "developer_role": _openai_chat_config,
             "first_call_modules": _first_call_modules, "cache_args_to_kwargs": _cache_args_to_kwargs,
-            "cache_options_adapter": _cache_options_adapter}
+            "cache_options_adapter": _cache_options_adapter, "cost_breakdown": _cost_breakdown}
 
 
 def probe() -> dict[str, bool]:
@@ -156,6 +162,31 @@ def reuse_cache_options_adapter() -> None:
 
     type_adapter._pydantics_own = build  # type: ignore[attr-defined]
     caching_handler.TypeAdapter = type_adapter  # type: ignore[misc,assignment]
+
+
+def skip_cost_breakdown_of_internal_calls() -> None:
+    """litellm prices each reply twice: its total (``response_cost``, what we bill by) and again by token type for its
+    logging callbacks (``get_token_type_cost_breakdown``: the model's map entry walked a second time, about half of
+    the pricing's CPU). Our calls run with its "internal call" flag (``no_logging_flag``), which skips those
+    callbacks: there the breakdown is left at zero, as litellm leaves it for an unpriced model. The total is
+    computed as before; any other call gets litellm's breakdown."""
+    try:
+        from litellm import cost_calculator
+        from litellm.litellm_core_utils.llm_cost_calc.utils import TokenTypeCostBreakdown
+    except ImportError:  # another layout: litellm computes the breakdown, as it would anyway
+        return
+    breakdown = cost_calculator.get_token_type_cost_breakdown
+    if getattr(breakdown, "_litellms_own", None) is not None:  # already wrapped
+        return
+    internal = no_logging_flag()
+    if internal is None:
+        return
+
+    def token_type_cost_breakdown(*args: Any, **kwargs: Any) -> Any:
+        return TokenTypeCostBreakdown(0.0, 0.0, 0.0) if internal.get() else breakdown(*args, **kwargs)
+
+    token_type_cost_breakdown._litellms_own = breakdown  # type: ignore[attr-defined]
+    cost_calculator.get_token_type_cost_breakdown = token_type_cost_breakdown
 
 
 def native_runtime_started() -> bool:

@@ -72,6 +72,7 @@ def configure_litellm(settings: CallSettings) -> None:
     _litellm.keep_developer_role()
     _litellm.skip_signature_without_positional_args()
     _litellm.reuse_cache_options_adapter()
+    _litellm.skip_cost_breakdown_of_internal_calls()
 
 
 # A prompt this many characters per token of the model's window cannot fit (real text runs 3-5
@@ -384,7 +385,12 @@ class LLMClient:
         inside the pool's slot (``cupid_exp.llm.retry.with_retries``)."""
         import litellm
 
-        return await litellm.acompletion(messages=messages, **{**kwargs, **self._send_params})  # ours win: no retries
+        sent = {**kwargs, **self._send_params}  # ours win: no retries
+        if kwargs.get("caching") and litellm.cache is not None:
+            # litellm computes the response cache's key for the lookup and again for the write; given the key, it
+            # uses it for both (``cache_key``, one of its call options, never sent to the provider)
+            sent["cache_key"] = litellm.cache.get_cache_key(messages=messages, **sent)
+        return await litellm.acompletion(messages=messages, **sent)
 
     def _scrub(self, text: str) -> str:
         """A provider's message without the key (some quote the key they refused)."""

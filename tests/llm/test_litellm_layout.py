@@ -16,7 +16,7 @@ def test_every_private_target_is_found() -> None:
                          "(the workaround for each is documented there)")
     assert set(found) == {"native_state_flag", "pending_cache_writes", "logging_worker", "internal_call_flag",
                           "custom_llm_setup", "developer_role", "first_call_modules", "cache_args_to_kwargs",
-                         "cache_options_adapter"}
+                         "cache_options_adapter", "cost_breakdown"}
 
 
 def test_the_first_call_imports_almost_nothing_once_the_clients_are_built(tmp_path) -> None:
@@ -137,3 +137,41 @@ def test_a_call_through_the_response_cache_computes_no_signature(tmp_path, monke
     # a caller that does pass positional arguments still has them named by litellm's own function
     assert caching_handler.convert_args_to_kwargs(lambda model, messages: None, ("m", hello)) == {
         "model": "m", "messages": hello}
+
+
+def test_our_calls_are_priced_once_not_again_by_token_type(tmp_path, monkeypatch) -> None:
+    """litellm priced each reply for its total and again by token type for logging callbacks our calls skip
+    (``skip_cost_breakdown_of_internal_calls``): the map entry is now read once per reply; the total is unchanged."""
+    import asyncio
+
+    import litellm
+    from litellm.litellm_core_utils.llm_cost_calc import utils as cost_utils
+
+    from cupid_exp.config import ModelConfig, RuntimeConfig
+    from cupid_exp.llm.client import LLMClient, configure_litellm
+    from cupid_exp.llm.pools import forget_pools
+    from cupid_exp.llm.usage import UsageMeter
+    from cupid_exp.testing.stub_llm_server import StubServer
+
+    priced: list[object] = []
+    real = cost_utils._get_token_base_cost
+    monkeypatch.setattr(cost_utils, "_get_token_base_cost", lambda *a, **k: priced.append(a) or real(*a, **k))
+    with StubServer() as stub:
+        forget_pools()
+        settings = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=0,
+                                 timeout=10).call_settings()
+        configure_litellm(settings)
+        client = LLMClient(ModelConfig(name="m", litellm_model="openai/gpt-4o-2024-11-20", api_base=stub.url),
+                           settings, UsageMeter())
+        reply = asyncio.run(client.complete([{"role": "user", "content": "Say hello."}], step="s"))
+        served = stub.stats()["total_completed"]
+    entry = litellm.model_cost["gpt-4o-2024-11-20"]
+    assert served == 1 and reply.prompt_tokens and reply.completion_tokens
+    assert reply.cost_usd == reply.prompt_tokens * entry["input_cost_per_token"] + \
+        reply.completion_tokens * entry["output_cost_per_token"]
+    assert len(priced) == 1  # the total's; 2 with the breakdown
+    # a call outside ours (the flag unset) still gets litellm's breakdown
+    from litellm.cost_calculator import get_token_type_cost_breakdown
+    usage = litellm.Usage(prompt_tokens=10, completion_tokens=5, total_tokens=15)
+    assert get_token_type_cost_breakdown(model="gpt-4o-2024-11-20", custom_llm_provider="openai",
+                                         usage=usage).rates is not None

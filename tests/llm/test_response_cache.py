@@ -137,3 +137,35 @@ def test_writes_run_on_the_stores_own_thread_not_the_loops_executor(tmp_path, mo
         asyncio.run(three())
     assert len(rows(tmp_path)) == 3 and len(seen) == 3  # each reply written once
     assert set(seen) == {seen[0]} and seen[0].startswith("cupid-cache-write"), seen
+
+
+def test_a_call_computes_its_cache_key_once_and_the_key_is_litellms_own(tmp_path, monkeypatch) -> None:
+    """litellm computed the key for the lookup and again for the write; given as ``cache_key`` it is computed once
+    per request. The key is the one litellm computes itself: a reply it stored under its own key (as older runs did)
+    is served from the cache."""
+    import litellm
+    from litellm.caching.caching import Cache
+
+    from cupid_exp.llm import _litellm
+
+    keys: list[str] = []
+    real = Cache._get_hashed_cache_key
+    monkeypatch.setattr(Cache, "_get_hashed_cache_key", staticmethod(lambda material: keys.append(material) or
+                                                                     real(material)))
+    with ScriptedServer([(200, completion_body(text), {}) for text in ("six", "seven")]) as server:
+        client = fresh_client(tmp_path, server.url)
+
+        async def calls() -> tuple:
+            older = [{"role": "user", "content": "stored by litellm alone"}]
+            sent = {**client.request_params(None, client.step_params("s", None)), **client._send_params}
+            await litellm.acompletion(messages=older, **sent)  # the key litellm computes itself, for both
+            await _litellm.flush_cache_writes()
+            keys.clear()
+            miss = await client.complete(MESSAGES, step="s")  # a lookup and a write
+            hit = await client.complete(MESSAGES, step="s")  # a lookup
+            return miss, hit, await client.complete(older, step="s")
+
+        miss, hit, older = asyncio.run(calls())
+    assert len(server.requests) == 2 and not miss.cached and hit.cached and older.cached
+    assert len(keys) == 3, keys  # one per request: 2 before
+    assert all("cache_key" not in body for body in server.requests)  # litellm's option, never sent

@@ -77,12 +77,13 @@ def test_a_run_scores_instances_logs_one_mlflow_run_and_reruns_for_free(tmp_path
     assert expected <= artifacts
 
     # an identical rerun finds every instance in the resume journal and calls nothing
-    resumed = run_cli(cli_command(stub.url, root, "data.limit=2", cache_dir=cache))
+    # (the reruns in this process: what they show needs neither a process of their own nor a new Python)
+    resumed = run_job(cli_command(stub.url, root, "data.limit=2", cache_dir=cache))
     assert "calls: 0 ok (0 cached)" in resumed.stdout
     assert job_dirs(root) == [job]  # into the folder of the first run (test_a_rerun_reuses_its_experiments_folder)
     assert json.loads((job / "metrics.json").read_text())["metrics"]["resume/instances_from_journal"] == 2
     # without the journal, the same calls are served from the response cache
-    again = run_cli(cli_command(stub.url, root, "data.limit=2", "runtime.resume=false", cache_dir=cache))
+    again = run_job(cli_command(stub.url, root, "data.limit=2", "runtime.resume=false", cache_dir=cache))
     assert "calls: 8 ok (8 cached), 0 failed; requests sent: 0" in again.stdout
 
 
@@ -131,7 +132,7 @@ def test_settings_sweep_and_oracle_preference_each_log_a_run(tmp_path: Path, inp
 
 
 def test_impossible_combination_stops_before_any_call(tmp_path: Path) -> None:
-    proc = run_cli([sys.executable, "-m", "cupid_exp", "task=inference", "setting=oracle_preference",
+    proc = run_job([sys.executable, "-m", "cupid_exp", "task=inference", "setting=oracle_preference",
                     f"paths.output_root={tmp_path / 'outputs'}"], check=False)
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.startswith("cupid_exp:")]
@@ -164,7 +165,7 @@ def test_prefmatcher_evaluator_serves_and_scores(tmp_path: Path, stub) -> None:
         port = s.getsockname()[1]
     # subject, decomposer, judge at the stub; its evaluator=local would win over evaluator=prefmatcher
     overrides = [o for o in stub_overrides(stub.url) if "matcher" not in o and not o.startswith("evaluator=")]
-    proc = run_cli([sys.executable, "-m", "cupid_exp", "evaluator=prefmatcher", *overrides,
+    proc = run_job([sys.executable, "-m", "cupid_exp", "evaluator=prefmatcher", *overrides,
                     "evaluator.server.serve=true", f"evaluator.server.base_url=http://127.0.0.1:{port}",
                     f"evaluator.server.command=[{sys.executable},-m,cupid_exp.testing.stub_llm_server,--port,{port}]",
                     f"evaluator.matcher.api_base=http://127.0.0.1:{port}/v1", "data.limit=1",
@@ -260,7 +261,7 @@ def test_ctrl_c_prints_one_line_and_exits_130_and_the_same_command_resumes(tmp_p
         assert len(list((root / "runs").glob("*/*/.hydra"))) == 1  # the sweep stopped there (its jobs' folders)
         if not sweep:  # the same command resumes: what the line counted is not run again
             stub.config.wire.latency_ms = 0
-            resumed = run_cli(cmd)
+            resumed = run_job(cmd)
             assert f"resuming: {finished} of 8 instances already finished" in resumed.stdout + resumed.stderr
 
 
@@ -268,7 +269,7 @@ def test_a_model_name_with_a_path_in_it_stays_inside_the_output_root(tmp_path: P
     root = tmp_path / "deep" / "out"
     escape = "../" * 5 + "escaped"  # from <root>/runs/<name>/<fingerprint>: out of <root>, into tmp_path
     for sweep in ([], ["-m"]):
-        run_cli([sys.executable, "-m", "cupid_exp", *sweep, f"model.name={escape}", "runtime.dry_run=true",
+        run_job([sys.executable, "-m", "cupid_exp", *sweep, f"model.name={escape}", "runtime.dry_run=true",
                  "tracking=none", f"paths.output_root={root}", "runtime.progress=false"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["deep"] and os.listdir(root.parent) == ["out"]
     (config,) = root.rglob(".hydra/config.yaml")  # the run's and the sweep job's (one experiment: one folder)
@@ -280,10 +281,10 @@ def test_a_model_name_with_a_path_in_it_stays_inside_the_output_root(tmp_path: P
 
 def test_a_job_whose_output_is_no_terminal_prints_progress_lines(tmp_path: Path) -> None:
     """nohup, SLURM, CI: no bars, but a line every runtime.progress_every_s seconds (tests run with progress off)."""
-    with StubServer(latency_ms=400) as slow:
-        cmd = [a for a in cli_command(slow.url, tmp_path / "outputs", "data.limit=2", "tracking=none")
+    with InProcessModel(latency_ms=400) as slow:
+        cmd = [a for a in cli_command(slow, tmp_path / "outputs", "data.limit=2", "tracking=none")
                if a != "runtime.progress=false"]
-        proc = run_cli([*cmd, "runtime.progress_every_s=0.3"])
+        proc = run_job([*cmd, "runtime.progress_every_s=0.3"])
     lines = [line for line in proc.stderr.splitlines() if line.startswith("progress: ")]
     assert len(lines) >= 2, proc.stderr[-2000:]
     assert all(re.match(r"progress: \d/2 instances \(\d+%\); calls \d+ \(\d+ cached, 0 failed\); \$0\.0000; "
@@ -295,30 +296,30 @@ def test_a_setting_the_chosen_option_does_not_read_is_refused_in_one_line(tmp_pa
     """data.path beside data=sample ran the sample and logged the path it never read; model.local.* beside an API
     model was a traceback: each is one line naming the option that reads it, exit 2, nothing run."""
     cmd = [sys.executable, "-m", "cupid_exp", f"paths.output_root={tmp_path}"]
-    proc = run_cli([*cmd, "data.path=/nonexistent/x.jsonl"], check=False)
+    proc = run_job([*cmd, "data.path=/nonexistent/x.jsonl"], check=False)
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == ["cupid_exp: data.path is read only by data=local; add data=local"]
     assert not (tmp_path / "mlflow.db").exists()
     (folder,) = (tmp_path / "runs").glob("*/*")
     assert sorted(p.name for p in folder.iterdir()) == [".hydra", "cli.log"]  # no journal, no instances
     assert "/nonexistent" not in (folder / "cli.log").read_text().replace("data.path is read only", "")
-    proc = run_cli([*cmd, "model=gpt4o", "model.local.n_threads=4"], check=False)
+    proc = run_job([*cmd, "model=gpt4o", "model.local.n_threads=4"], check=False)
     assert proc.returncode == 2 and proc.stderr.splitlines() == [
         "cupid_exp: model.local.n_threads is read only by model=local, model=local_gemma; add model=local"]
 
 
 def test_a_misspelt_key_is_one_line_of_ours_and_help_lists_only_choices(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "cupid_exp", f"paths.output_root={tmp_path}"]
-    proc = run_cli([*cmd, "data.limt=1"], check=False)
+    proc = run_job([*cmd, "data.limt=1"], check=False)
     assert proc.returncode == 2 and not (tmp_path / "runs").exists()
     assert proc.stderr.splitlines() == [  # Hydra's own text was 8 lines
         "cupid_exp: Could not override 'data.limt': Key 'limt' not in 'DataConfig' (a new key: +data.limt=1); "
         "HYDRA_FULL_ERROR=1 shows Hydra's full message"]
-    (line,) = run_cli([*cmd, "model=gpt5"], check=False).stderr.splitlines()
+    (line,) = run_job([*cmd, "model=gpt5"], check=False).stderr.splitlines()
     assert "Could not find 'model/gpt5' (choose one of: claude, " in line
-    full = run_cli([*cmd, "data.limt=1"], env=cli_env(HYDRA_FULL_ERROR="1"), check=False)
+    full = run_job([*cmd, "data.limt=1"], env={"HYDRA_FULL_ERROR": "1"}, check=False)
     assert full.returncode == 2 and "Traceback" in full.stderr and "Could not override 'data.limt'" in full.stderr
-    shown = run_cli([*cmd, "--help"]).stdout
+    shown = run_job([*cmd, "--help"]).stdout
     assert "setting: oracle, oracle_preference, retrieval, standard, summary\n" in shown and "_schema" not in shown
 
 
@@ -338,7 +339,7 @@ def test_a_refused_override_never_echoes_the_key_it_carries(tmp_path: Path, prog
     """Hydra's refusal quotes the override back: a key under a key's name (``+model.api_key=…``) or given where a
     choice goes (``model=sk-…``: "Could not find 'model/sk-…'") is masked, in a single run (our one line) and in a
     sweep (Hydra's own lines as each job is composed, and the ``multirun.yaml`` it saved first)."""
-    proc = run_cli([sys.executable, "-m", program, *overrides, f"paths.output_root={tmp_path}"], check=False)
+    proc = run_job([sys.executable, "-m", program, *overrides, f"paths.output_root={tmp_path}"], check=False)
     assert proc.returncode == 2 and named in proc.stderr, proc.stderr  # refused, what was wrong still named
     assert "SENTINEL" not in proc.stdout + proc.stderr, proc.stderr
     saved = [p for p in tmp_path.rglob("*") if p.is_file()]

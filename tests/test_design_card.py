@@ -11,7 +11,7 @@ from pathlib import Path
 
 import mlflow
 import pytest
-from helpers.cli_runner import PROJECT_ROOT, cli_env, job_dirs, run_cli
+from helpers.cli_runner import PROJECT_ROOT, cli_env, job_dirs, run_cli, seed_store
 
 from cupid_exp.testing.cupid_data import sample_rows, write_jsonl
 from cupid_exp.testing.stub_llm_server import StubServer
@@ -30,6 +30,8 @@ def at_stub(url: str) -> list[str]:
 def sweep(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProcess, str]:
     data = write_jsonl(tmp_path / "small.jsonl", sample_rows()[:3])
     uri = f"sqlite:///{tmp_path}/mlflow.db"
+    seed_store(tmp_path)  # the store at ``uri``, already made
+    # a process of its own: in this one the job and the stub's server thread share one interpreter (slower here)
     with StubServer() as stub:
         proc = run_cli([sys.executable, "-m", "cupid_exp", "-m", *overrides, *at_stub(stub.url), "data=local",
                         f"data.path={data}", f"paths.output_root={tmp_path / 'out'}", f"tracking.uri={uri}",

@@ -1,6 +1,7 @@
 """The paper's experiments as presets (conf/experiment/): each composes its table's sweep one to one —
 the models, settings, task and matcher of the paper's rows (cupid_exp/reporting/paper_reference.yaml) —
-and previews it with runtime.dry_run=true through the real CLI, with no model called."""
+and previews it with runtime.dry_run=true through the CLI's entry (in this process: the sweep's cost is Hydra
+composing each job, not the process), with no model called."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import CONF_DIR, compose_config
-from helpers.cli_runner import cli_env, run_cli
+from helpers.cli_runner import run_job
 
 from cupid_exp.job import typed_config
 from cupid_exp.reporting.reference import GROUPS, load_reference
@@ -70,9 +71,9 @@ TOTAL = re.compile(r"DRY RUN sweep total over (\d+) jobs: (\d+) calls, (\d+) pro
 @pytest.mark.parametrize("preset", PRESETS)
 def test_a_preset_is_previewed_by_a_dry_run(preset: str, tmp_path: Path) -> None:
     data = write_jsonl(tmp_path / "small.jsonl", sample_rows()[:3])
-    proc = run_cli([sys.executable, "-m", "cupid_exp", "-m", f"+experiment={preset}", "runtime.dry_run=true",
+    proc = run_job([sys.executable, "-m", "cupid_exp", "-m", f"+experiment={preset}", "runtime.dry_run=true",
                     "data=local", f"data.path={data}", f"paths.output_root={tmp_path / 'out'}",
-                    "runtime.progress=false"], env=cli_env(), timeout=300)
+                    "runtime.progress=false"])
     (total,) = TOTAL.findall(proc.stdout)
     jobs, calls, prompt_tokens, _, cost = total
     assert int(jobs) == JOBS[preset] and proc.stdout.count("DRY RUN (no model was called)") == JOBS[preset]

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import cli_command, run_cli
+from helpers.cli_runner import cli_command, run_job
 from helpers.jobs import run_one, stub_plan
 from helpers.prompt_dirs import full_prompt_folder
 
@@ -18,6 +18,7 @@ from cupid_exp.config import ConfigError
 from cupid_exp.llm.client import LLMClient
 from cupid_exp.prompts import MATCHER_EXAMPLES, PROJECT_PROMPTS, PromptSet
 from cupid_exp.rendering import matcher_examples
+from cupid_exp.testing.inprocess import InProcessModel
 from cupid_exp.testing.stub_llm_server import StubServer
 
 INVENTED = [
@@ -136,16 +137,16 @@ def test_the_matcher_call_carries_the_official_examples(tmp_path: Path, monkeypa
 
 def test_the_cli_stops_before_any_call_when_the_examples_are_missing(tmp_path: Path) -> None:
     directory = official_layout(tmp_path / "official", None)
-    with StubServer() as stub:
-        proc = run_cli(cli_command(stub.url, tmp_path / "out", f"prompts.dir={directory}", "tracking=none"),
+    with InProcessModel() as stub:
+        proc = run_job(cli_command(stub, tmp_path / "out", f"prompts.dir={directory}", "tracking=none"),
                        check=False)
         assert stub.stats()["total_received"] == 0
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if "matcher few-shot examples" in line]
     assert len(errors) == 1 and "Traceback" not in proc.stderr
     # a PrefMatcher run needs no examples: the same directory is fine there
-    with StubServer() as stub:
-        run_cli(cli_command(stub.url, tmp_path / "out2", f"prompts.dir={directory}", "tracking=none",
+    with InProcessModel() as stub:
+        run_job(cli_command(stub, tmp_path / "out2", f"prompts.dir={directory}", "tracking=none",
                             "evaluator.matcher_few_shot=false",
                             "evaluator.matcher_prompt=evaluation/preference_matcher_model"))
         assert stub.stats()["total_received"] > 0

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import diskcache
 import pytest
-from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env, job_dirs, read_jsonl, run_cli, scoring
+from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env, job_dirs, read_jsonl, run_job, scoring
 
 from cupid_exp.llm.response_cache import STORE_FOLDER
 from cupid_exp.testing.cupid_data import write_dataset
@@ -87,7 +87,7 @@ def test_sigkill_at_random_points_then_resume_gives_identical_results(tmp_path: 
     with StubServer(latency_ms=5, seed=3) as stub:
         # the uninterrupted run
         base_root = tmp_path / "base"
-        run_cli(cli_command(stub.url, base_root, *extra, cache_dir=base_root / "cache", data=data))
+        run_job(cli_command(stub.url, base_root, *extra, cache_dir=base_root / "cache", data=data))  # in this process
         baseline = stub.stats()
         assert baseline["total_completed"] == baseline["distinct_completed"] == 4 * N_INSTANCES
         (base_dir,) = job_dirs(base_root)
@@ -113,7 +113,7 @@ def test_sigkill_at_random_points_then_resume_gives_identical_results(tmp_path: 
         assert torn_key is not None and torn_log is not None
         assert all(k["in_flight"] >= 1 for k in kills)  # each kill really cut requests off
         assert not job_dirs(root), "a killed attempt must not leave an instances.jsonl"
-        final = run_cli(cmd)
+        final = run_job(cmd)  # the resume: no process of its own needed
         after = stub.stats()
 
     # identical per-instance results
@@ -153,7 +153,7 @@ def test_a_killed_job_of_three_epochs_resumes_sending_each_instance_epoch_once(t
         assert kill["in_flight"] >= 1 and kill["non_durable"] == 0  # the kill cut requests off
         journalled = journal_records(root / "journal")
         assert 0 < journalled < n * epochs and not job_dirs(root)
-        final = run_cli(cmd)
+        final = run_job(cmd)  # the resume: no process of its own needed
         after = stub.stats()
     assert "resuming:" in final.stdout + final.stderr
     assert after["distinct_completed"] == after["total_completed"] == 4 * n * epochs  # each call went out once

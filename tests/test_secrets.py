@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import cli_command, cli_env, job_dirs, read_jsonl, run_cli
+from helpers.cli_runner import cli_command, cli_env, job_dirs, read_jsonl, run_cli, run_job
 
 from cupid_exp import secrets as secrets_module
 from cupid_exp.testing.cupid_data import write_dataset
@@ -56,7 +56,8 @@ def test_no_key_appears_in_outputs_logs_hydra_files_or_mlflow(tmp_path: Path) ->
         assert echoed == {"infer", "decompose", "match"}  # each role's key was quoted back at least once
         sweep = run_cli([*cmd[:3], "-m", *cmd[3:]], env=env)  # a one-job sweep: multirun.yaml, parent run
         outputs += [sweep.stdout, sweep.stderr]
-    failing = run_cli([*cmd, "data.strict=true", f"data.path={tmp_path / 'missing.jsonl'}"], env=env, check=False)
+    # refused before any job ran (no MLflow worker process to print): in this process
+    failing = run_job([*cmd, "data.strict=true", f"data.path={tmp_path / 'missing.jsonl'}"], env=env, check=False)
     outputs += [failing.stdout, failing.stderr]
     assert failing.returncode != 0
     # a 401 quoting the key stops the job (a fatal refusal): its one line quotes the key, masked
@@ -159,8 +160,10 @@ def test_headers_and_url_credentials_reach_the_call_but_no_file_and_no_printed_l
         for key, override in refused.items():
             single = cli_command(stub.url, root, override, data=data)
             # a sweep's parent run would be opened with the tracking URI before any job checks it
+            # the others refused before a job starts (in this process); a sweep over tracking.uri has its
+            # parent run's worker process by then (its output is the CLI's only in a process of its own)
             for cmd in [single, sweep(single)] if key == "tracking.uri" else [single]:
-                proc = run_cli(cmd, check=False)
+                proc = (run_cli if key == "tracking.uri" else run_job)(cmd, check=False)
                 outputs += [proc.stdout, proc.stderr]
                 lines = [line for line in proc.stderr.splitlines() if line.startswith("cupid_exp: ")]
                 assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]

@@ -11,12 +11,11 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_cli, run_job
+from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_job
 from test_loading import BAD_KEY, ROW_CASES, _bad_row, make_row
 
 from cupid_exp.testing.cupid_data import delete_at, make_rows, set_at
 from cupid_exp.testing.inprocess import InProcessModel
-from cupid_exp.testing.stub_llm_server import StubServer
 
 pytestmark = pytest.mark.slow
 
@@ -131,8 +130,8 @@ def test_malformed_corpus_is_reported_line_by_line_and_valid_rows_run(tmp_path: 
 def test_strict_stops_before_the_first_model_call(tmp_path: Path) -> None:
     build_corpus(tmp_path / "corpus")
     root = tmp_path / "out"
-    with StubServer() as stub:
-        proc = run_cli(cli_command(stub.url, root, "tracking=none", "data.strict=true", cache_dir=tmp_path / "cache",
+    with InProcessModel() as stub:
+        proc = run_job(cli_command(stub, root, "tracking=none", "data.strict=true", cache_dir=tmp_path / "cache",
                                    data=tmp_path / "corpus"), check=False)
         assert stub.stats()["total_received"] == 0
     assert proc.returncode == 2

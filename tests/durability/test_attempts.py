@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import PROJECT_ROOT, job_dirs, metrics_of, read_jsonl, run_cli
+from helpers.cli_runner import job_dirs, metrics_of, read_jsonl, run_job
 from helpers.tracking_runs import (
     held_job,
     history,
@@ -26,6 +26,7 @@ from mlflow.tracking import MlflowClient
 
 from cupid_exp.durability.attempts import earlier_attempt_metrics, earlier_usage, run_key, whole_job_metrics
 from cupid_exp.testing.cupid_data import write_dataset
+from cupid_exp.testing.inprocess import InProcessModel
 from cupid_exp.testing.stub_llm_server import StubServer
 
 N = 10
@@ -46,7 +47,7 @@ def test_killed_attempts_resume_one_run_that_reports_the_whole_job(tmp_path: Pat
     data = write_dataset(tmp_path / "data.jsonl", N)
     with StubServer(latency_ms=5) as stub:
         clean_root = tmp_path / "clean"
-        run_cli(job_command(stub.url, clean_root, data), timeout=240)
+        run_job(job_command(stub.url, clean_root, data))  # the reference: no process of its own needed
         clean = only_run(store_uri(clean_root)).data.metrics
         assert clean["calls/total"] == CALLS and clean["cost/usd"] > 0
         stub.reset()  # the gate counts completed responses from here
@@ -84,7 +85,7 @@ def test_killed_attempts_resume_one_run_that_reports_the_whole_job(tmp_path: Pat
         assert only_run(uri).info.status == "RUNNING"
         # attempt 3: nothing left to call; it ends the run
         before = stub.stats()["total_received"]
-        final = run_cli(cmd, timeout=240)
+        final = run_job(cmd)
         assert stub.stats()["total_received"] == before and "resuming: 10 of 10" in final.stdout + final.stderr
 
     run = only_run(uri)  # ...but the next attempt takes the run over: still one run for the job
@@ -147,14 +148,14 @@ def test_the_same_data_spelt_two_ways_is_one_job(tmp_path: Path) -> None:
     attempt's, not a second attempt's $0)."""
     data = write_dataset(tmp_path / "data.jsonl", 3)
     root = tmp_path / "out"
-    with StubServer(latency_ms=1) as stub:
-        first = run_cli(job_command(stub.url, root, data), timeout=240)
+    with InProcessModel() as stub:
+        first = run_job(job_command(stub, root, data))
         spent = only_run(store_uri(root)).data.metrics["cost/usd"]
         assert spent > 0 and "resuming" not in first.stdout + first.stderr
-        relative = os.path.relpath(data, PROJECT_ROOT)  # the CLI runs in the project's folder
+        relative = os.path.relpath(data)  # run_job runs the command in this process's folder
         assert not Path(relative).is_absolute()
         before = stub.stats()["total_received"]
-        again = run_cli(job_command(stub.url, root, Path(relative), cache_dir=tmp_path / "cold"), timeout=240)
+        again = run_job(job_command(stub, root, Path(relative), cache_dir=tmp_path / "cold"))
         assert stub.stats()["total_received"] == before and "resuming: 3 of 3" in again.stdout + again.stderr
     run = only_run(store_uri(root))  # the same run, untouched (tests/tracking/test_finished_runs.py)
     assert f"MLflow run {run.info.run_id} (FINISHED): left as it was" in again.stdout + again.stderr

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import cli_command, job_dirs, read_jsonl, run_cli, run_job
+from helpers.cli_runner import cli_command, job_dirs, read_jsonl, run_job
 from helpers.jobs import stub_config
 from helpers.prompt_dirs import full_prompt_folder
 
@@ -19,7 +19,6 @@ from cupid_exp.evaluation import plan
 from cupid_exp.prompts import PROJECT_PROMPTS
 from cupid_exp.testing.cupid_data import make_rows, stub_overrides, write_jsonl
 from cupid_exp.testing.inprocess import InProcessModel
-from cupid_exp.testing.stub_llm_server import StubServer
 
 UNREACHABLE = "http://127.0.0.1:9/v1"
 
@@ -81,7 +80,7 @@ def test_each_bad_setting_is_one_line_before_any_call(tmp_path: Path, override: 
 @pytest.mark.parametrize("override,message", [BAD_SETTINGS[i] for i in (0, 3, 15, 22, 23)],
                          ids=[BAD_SETTINGS[i][0] for i in (0, 3, 15, 22, 23)])
 def test_the_cli_exits_2_in_one_line_without_a_traceback(tmp_path: Path, override: str, message: str) -> None:
-    proc = run_cli([sys.executable, "-m", "cupid_exp", *stub_overrides(UNREACHABLE), "runtime.progress=false",
+    proc = run_job([sys.executable, "-m", "cupid_exp", *stub_overrides(UNREACHABLE), "runtime.progress=false",
                     f"paths.output_root={tmp_path / 'out'}", *override.split()], check=False)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith("cupid_exp: ")
@@ -158,8 +157,8 @@ def test_a_prompts_dir_lacking_a_file_the_job_does_not_send_is_fine(tmp_path: Pa
 
 def test_the_cli_refuses_a_prompts_dir_lacking_a_file_before_any_call(tmp_path: Path) -> None:
     folder = official_folder_without(tmp_path, "evaluation/preference_matcher.yaml")
-    with StubServer() as stub:
-        proc = run_cli(cli_command(stub.url, tmp_path / "out", f"prompts.dir={folder}", "data.limit=1"), check=False)
+    with InProcessModel() as stub:
+        proc = run_job(cli_command(stub, tmp_path / "out", f"prompts.dir={folder}", "data.limit=1"), check=False)
         received = stub.stats()["total_received"]
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert received == 0  # not one request: the shipped matcher prompt was not sent in its place

@@ -10,10 +10,10 @@ import json
 import sys
 from pathlib import Path
 
-from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env, job_dirs, read_jsonl, run_cli, run_job
+from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env, job_dirs, read_jsonl, run_cli, run_job, seed_store
 from mlflow.tracking import MlflowClient
 
-from cupid_exp.testing.cupid_data import stub_overrides, write_dataset
+from cupid_exp.testing.cupid_data import write_dataset
 from cupid_exp.testing.inprocess import InProcessModel
 from cupid_exp.testing.stub_llm_server import StubServer
 
@@ -43,8 +43,8 @@ def test_a_bug_stops_the_job_loudly_and_the_journal_keeps_what_finished(tmp_path
         finished = read_jsonl(journal)
         assert 0 < len(finished) < N and all(not r["errors"] and r["f1"] is not None for r in finished)
         # without the bug the same command resumes: only the rest runs, nothing is duplicated
-        fixed = run_cli(cli_command(stub.url, root, "tracking=none", "model.max_concurrency=1", data=data,
-                                    cache_dir=tmp_path / "cache"))
+        fixed = run_job(cli_command(stub.url, root, "tracking=none", "model.max_concurrency=1", data=data,
+                                    cache_dir=tmp_path / "cache"))  # the resume: no process of its own needed
     assert f"resuming: {len(finished)} of {N} instances already finished" in fixed.stdout + fixed.stderr
     (job,) = [d for d in job_dirs(root) if (d / "metrics.json").exists()]
     records = read_jsonl(job / "instances.jsonl")
@@ -100,8 +100,9 @@ def test_a_resume_retries_provider_failures_but_keeps_unusable_replies_unless_as
 
 def test_a_sweep_runs_its_valid_jobs_and_reports_the_invalid_ones(tmp_path: Path) -> None:
     root = tmp_path / "out"
-    with StubServer() as stub:
-        proc = run_cli([sys.executable, "-m", "cupid_exp", "-m", *stub_overrides(stub.url),
+    seed_store(root)
+    with InProcessModel() as stub:
+        proc = run_job([sys.executable, "-m", "cupid_exp", "-m", *stub.overrides(),
                         f"paths.output_root={root}", "runtime.progress=false", "data.limit=2",
                         "task=inference,generation", "setting=oracle_preference,standard"], check=False)
     assert proc.returncode == 2, proc.stderr[-3000:]
@@ -115,10 +116,10 @@ def test_a_sweep_runs_its_valid_jobs_and_reports_the_invalid_ones(tmp_path: Path
 
 
 def test_a_composition_error_exits_2_before_any_call(tmp_path: Path) -> None:
-    proc = run_cli([sys.executable, "-m", "cupid_exp", "model=no_such_model", f"paths.output_root={tmp_path}"],
+    proc = run_job([sys.executable, "-m", "cupid_exp", "model=no_such_model", f"paths.output_root={tmp_path}"],
                    check=False)
     assert proc.returncode == 2 and "no_such_model" in proc.stderr
-    proc = run_cli([sys.executable, "-m", "cupid_exp", "runtime.failure_policy=bogus",
+    proc = run_job([sys.executable, "-m", "cupid_exp", "runtime.failure_policy=bogus",
                     f"paths.output_root={tmp_path}"], check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 from conftest import CONF_DIR, compose_config
-from helpers.cli_runner import cli_command, run_cli
+from helpers.cli_runner import cli_command, run_job
 from helpers.jobs import stub_config
 
 from cupid_exp.config import ConfigError
 from cupid_exp.decoding_params import param_problem
 from cupid_exp.job import typed_config
-from cupid_exp.testing.stub_llm_server import StubServer
+from cupid_exp.testing.inprocess import InProcessModel
 
 UNREACHABLE = "http://127.0.0.1:9/v1"
 
@@ -84,8 +84,8 @@ def test_the_table_rejects_strings_for_numbers() -> None:
 
 
 def test_the_cli_exits_2_before_any_call(tmp_path: Path) -> None:
-    with StubServer() as stub:
-        proc = run_cli(cli_command(stub.url, tmp_path / "out", "tracking=none", "model.params.temperature=0 .5"),
+    with InProcessModel() as stub:
+        proc = run_job(cli_command(stub, tmp_path / "out", "tracking=none", "model.params.temperature=0 .5"),
                        check=False)
         received = stub.stats()["total_received"]
     assert proc.returncode == 2, proc.stderr[-2000:]

@@ -75,7 +75,7 @@ def test_a_running_synthesis_shows_progress_and_a_killed_one_resumes_in_its_run_
             first.send_signal(signal.SIGKILL)
             assert first.wait(timeout=30) == -signal.SIGKILL
         folder = job_folder(root)
-        again = run_cli(cmd, timeout=300)
+        again = run_job(cmd)  # the takeover: in this process (the killed attempt was the process that mattered)
         stats = stub.stats()
         assert stats["repeated_completions"] == 0  # every reply the killed attempt got was kept (journey, cache)
         (run,) = runs(root)
@@ -92,7 +92,7 @@ def test_a_running_synthesis_shows_progress_and_a_killed_one_resumes_in_its_run_
         faster = [f"synthesis.roles.{role}.{key}={value}" for role in ROLES
                   for key, value in (("max_concurrency", 32), ("rpm", 6000))]
         spelt = stub.url.replace("127.0.0.1", "localhost") + "/"
-        replay = run_cli(command(spelt, root, "synthesis.n_personas=3", *PRICED, *faster), timeout=300)
+        replay = run_job(command(spelt, root, "synthesis.n_personas=3", *PRICED, *faster))
         assert stub.stats()["total_received"] == stats["total_received"]  # nothing sent
     said = replay.stdout + replay.stderr
     assert "resuming: 3 of 3 personas already finished" in said and "this job finished earlier" in said
@@ -129,11 +129,11 @@ def test_a_budget_stops_synthesis_with_exit_4_and_a_resume_completes_it_with_the
     that was never stopped, byte for byte (that one run by two processes, a persona each)."""
     with StubServer() as stub:
         cmd = command(stub.url, tmp_path / "out", "synthesis.n_personas=2", *PRICED)
-        stopped = run_cli([*cmd, "runtime.max_cost_usd=0.05"], check=False, timeout=300)
+        stopped = run_job([*cmd, "runtime.max_cost_usd=0.05"], check=False)
         assert stopped.returncode == 4, (stopped.stdout[-2000:], stopped.stderr[-2000:])
         line = stopped.stderr.strip().splitlines()[-1]
         assert line.startswith("BUDGET: $") and "personas not run; resume with a higher budget" in line
-        resumed = run_cli([*cmd, "runtime.max_cost_usd=100"], timeout=300)
+        resumed = run_job([*cmd, "runtime.max_cost_usd=100"])
         whole = run_cli(command(stub.url, tmp_path / "whole", "synthesis.n_personas=2", "runtime.workers=2", *PRICED),
                         timeout=300)
     assert "model calls shared by 2 processes" in whole.stdout + whole.stderr

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import job_dirs, read_jsonl, run_cli
+from helpers.cli_runner import job_dirs, read_jsonl, run_job
 from helpers.tracking_runs import held_job, history, job_command, only_run, store_uri, wait_for
 from mlflow.tracking import MlflowClient
 
@@ -64,7 +64,7 @@ def test_a_deleted_journal_is_said_and_the_resume_keeps_the_earlier_spend(tmp_pa
         paid = first.data.metrics["progress/calls"]
         assert spent > 0
 
-        again = run_cli(cmd, timeout=240)  # every instance again (the response cache answers what it kept)
+        again = run_job(cmd)  # every instance again (the response cache answers what it kept)
     out = again.stdout + again.stderr
     assert f"the job's usage ledger is gone: its earlier attempts' {paid:g} calls and ${spent:.4f} are carried" in out
     run = only_run(uri)

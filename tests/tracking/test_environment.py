@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import PROJECT_ROOT, cli_env, read_jsonl, run_cli
+from helpers.cli_runner import PROJECT_ROOT, cli_env, read_jsonl, run_job
 from helpers.tmpfs import mount_tmpfs, unmount
 from helpers.tracking_runs import job_command, only_run, store_uri
 
@@ -119,7 +119,7 @@ def test_the_cli_on_a_failing_disk_exits_5_with_one_line_and_ends_its_run_failed
         assert len(kept) == 2
         assert only_run(store_uri(root)).info.status == "FAILED"
         # the disk is fine again: the same command resumes and completes
-        again = run_cli(job_command(stub.url, root, data), timeout=240)
+        again = run_job(job_command(stub.url, root, data))  # the resume: in this process
     assert f"resuming: 2 of {N}" in again.stdout + again.stderr
     keys = [r["key"] for r in read_jsonl(journal)]
     assert len(keys) == len(set(keys)) == N and only_run(store_uri(root)).info.status == "FINISHED"
@@ -154,7 +154,7 @@ def test_a_really_full_disk_exits_5_and_the_rerun_on_a_freed_disk_completes(tmp_
         before = read_jsonl(journals[0]) if journals else []
         assert len(before) < n
         subprocess.run(["mount", "-o", "remount,size=64m", str(tiny_disk)], check=True)
-        again = run_cli(cmd, timeout=300)
+        again = run_job(cmd)
     if before:  # the disk may fill before the first instance is journalled: then there is nothing to resume
         assert f"resuming: {len(before)} of {n}" in again.stdout + again.stderr
     (journal,) = (tiny_disk / "journal").glob("*.jsonl")
@@ -177,7 +177,7 @@ def test_a_read_only_output_root_is_one_line_and_exit_5(tmp_path: Path, sweep: b
         if sweep:
             cmd[3:3] = ["-m"]
             cmd.append("model.name=a,b")
-        proc = run_cli(cmd, check=False)
+        proc = run_job(cmd, check=False)
     finally:
         unmount(root)
     said = [line for line in proc.stderr.splitlines() if line.strip()]

@@ -14,7 +14,7 @@ Each cell is the real CLI's command on the stub (cupid_exp/testing/stub_llm_serv
 faults are the wire's), 2 instances a job (synthesis: one persona), the stub answering at once, ``tracking=none``
 except where the store is the fault or is checked (a joblib sweep's SIGTERM: every run KILLED). A command runs in the
 test's process through the CLI's entry (``helpers.cli_runner.run_job``: its exit code, and everything written to fds
-1 and 2, its worker processes' and a sweep's loky workers' too, warnings printed as a process prints them) wherever
+1 and 2, its worker processes' and a sweep's loky workers' too) wherever
 the process is not the point: the stub's faults, the ``corrupt_*`` files, the full disk at the start, and every
 resume. A subprocess of its own only where it is: kill -9 (also at the store's creation), SIGTERM, Ctrl-C, and the
 faults injected while the job runs (the tracking server's death, the disk filling up). The
@@ -215,20 +215,16 @@ def test_a_retry_before_the_wait_asked_is_counted_early() -> None:
 def test_an_in_process_run_reads_what_its_child_processes_print(monkeypatch: pytest.MonkeyPatch) -> None:
     """The in-process runner reads fds 1 and 2, as a subprocess's pipes are read: a forked and a spawned process
     (a job's workers, a sweep's loky workers), each leaving by ``os._exit``, and a write below Python all reach the
-    output a cell checks for tracebacks and secrets; so does a warning a new process would print (pytest's own
-    recording of warnings is off for the run)."""
+    output a cell checks for tracebacks and secrets."""
     import multiprocessing
     import os
-    import warnings
 
-    from helpers.cli_runner import _printed, _warned_as_a_process
+    from helpers.cli_runner import _printed
     from helpers.processes import say_and_leave
 
     monkeypatch.setenv("PYTHONUNBUFFERED", "1")  # the CLI's environment (``cli_env``), which a spawned child reads
-    with _printed() as printed, _warned_as_a_process():
+    with _printed() as printed:
         print("from the job")
-        warnings.warn("a warning a process prints", UserWarning)
-        warnings.warn("one it does not", DeprecationWarning)
         for method in ("fork", "spawn"):
             child = multiprocessing.get_context(method).Process(target=say_and_leave,
                                                                 args=(f"from a {method}ed child",))
@@ -238,6 +234,4 @@ def test_an_in_process_run_reads_what_its_child_processes_print(monkeypatch: pyt
         os.write(2, b"below Python\n")
     out, err = printed
     assert out.splitlines() == ["from the job", "from a forked child", "from a spawned child"], printed
-    assert [line for line in err.splitlines() if "warn" not in line] == [
-        "from a forked child", "from a spawned child", "below Python"], printed
-    assert "UserWarning: a warning a process prints" in err and "one it does not" not in err, printed
+    assert err.splitlines() == ["from a forked child", "from a spawned child", "below Python"], printed

@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -118,30 +117,6 @@ def _printed() -> Iterator[list[str]]:
             file.close()
 
 
-#: a new Python's warning filters (the ``warnings`` docs' "Default Warning Filter"), the first to apply last
-_PYTHON_FILTERS = (("ignore", ResourceWarning, ""), ("ignore", ImportWarning, ""),
-                   ("ignore", PendingDeprecationWarning, ""), ("ignore", DeprecationWarning, ""),
-                   ("default", DeprecationWarning, "__main__"))
-
-
-def _show(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
-          line: str | None = None) -> None:
-    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
-
-
-@contextlib.contextmanager
-def _warned_as_a_process() -> Iterator[None]:
-    """Warnings filtered as in a new process (Python's filters, then ``PYTHONWARNINGS``) and printed to stderr: pytest
-    records them instead, and a warning the CLI would print (an extra line under its one) went unseen."""
-    with warnings.catch_warnings():
-        warnings.resetwarnings()
-        for action, category, module in _PYTHON_FILTERS:
-            warnings.filterwarnings(action, category=category, module=module)
-        warnings._processoptions([o for o in os.environ.get("PYTHONWARNINGS", "").split(",") if o])  # type: ignore
-        warnings.showwarning = _show
-        yield
-
-
 def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = True, park: bool = True, **_: Any
             ) -> subprocess.CompletedProcess:
     """``cmd`` (``cli_command``'s) run as ``run_cli`` runs it, but in this process: the same entry, exit code and
@@ -189,7 +164,7 @@ def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = 
         run_worker.start = lambda keep=False: start(keep=True)  # parked when its run ends, for the next run_job
         run_worker._IDLE, _WORKER = _WORKER, None
     try:
-        with _printed() as printed, _warned_as_a_process():
+        with _printed() as printed:
             try:
                 code = main.run()
             finally:  # what the process's exit does, while its output is still read

@@ -10,10 +10,14 @@ crossed with every mode, each cell held to the same invariants (``faults.invaria
   the cell's folder (output root, journal, cache, MLflow store) or in anything printed;
 - and first, that the fault really happened (the stub's counters, the job's own counts, the process gone).
 
-Each cell is the real CLI on the stub (cupid_exp/testing/stub_llm_server.py, its Batch API queue), 2 instances a job
-(synthesis: one persona), the stub answering at once, ``tracking=none`` except where the store is the fault or is
-checked (a joblib sweep's SIGTERM: every run KILLED). The
-table is ``catalogue.table()`` (a test keeps it so): the exit code each cell must end with, ``N/A`` where the cell
+Each cell is the real CLI's command on the stub (cupid_exp/testing/stub_llm_server.py, its Batch API queue: the
+faults are the wire's), 2 instances a job (synthesis: one persona), the stub answering at once, ``tracking=none``
+except where the store is the fault or is checked (a joblib sweep's SIGTERM: every run KILLED). A command runs in the
+test's process through the CLI's entry (``helpers.cli_runner.run_job``: its exit code, and everything written to fds
+1 and 2, its worker processes' and a sweep's loky workers' too) wherever the process is not the point: the stub's
+faults, the ``corrupt_*`` files, the full disk at the start, and every resume. A process of its own only where it
+is: kill -9 (also at the store's creation), SIGTERM, Ctrl-C, and the faults injected while the job runs (the
+tracking server's death, the disk filling up). The table is ``catalogue.table()`` (a test keeps it so): the exit code each cell must end with, ``N/A`` where the cell
 makes no sense (why: below), ``xfail`` where the behaviour has not landed or the product is wrong, ``flaky`` where
 it is wrong some of the time (the reasons are the markers', from ``faults.known``).
 
@@ -94,9 +98,8 @@ from pathlib import Path
 import pytest
 from faults import invariants
 from faults.catalogue import FAULTS, Arrangement, Evidence, Fault, table
-from faults.drivers import DRIVERS
-from faults.modes import HEADER_SECRET, IN, KEY_SECRET, MODES, OUT, SECRETS, command, env, new_cell
-from helpers.cli_runner import run_cli
+from faults.drivers import DRIVERS, in_process
+from faults.modes import HEADER_SECRET, IN, KEY_SECRET, MODES, OUT, SECRETS, command, new_cell
 from helpers.spend import billed_usd, settled
 
 from cupid_exp.llm.retry import retry_after_s
@@ -157,7 +160,7 @@ def test_the_fault_keeps_every_invariant(fault: Fault, mode: str, tmp_path: Path
                 if repair is not None:
                     repair()
             if fault.exit != 0:
-                again = run_cli(run(*arrangement.resume), env=env(), check=False, timeout=300)
+                again = in_process(run(*arrangement.resume))  # an ordinary run, whatever stopped the first
                 invariants.ending(again, cell, 0)
                 outputs += [again.stdout, again.stderr]
             stats = settled(stub)
@@ -206,3 +209,28 @@ def test_a_retry_before_the_wait_asked_is_counted_early() -> None:
     with StubServer(fail_first=1, fail_first_kind="429", rate_limit_style="retry-after-ms", retry_after=2.0) as stub:
         assert (ask(stub.url), ask(stub.url)) == (429, 200)  # sent again at once: 2 s too early
         assert stub.stats()["early_retries"] == 1 and stub.stats()["rate_limit_styles"] == {"retry-after-ms": 1}
+
+
+def test_an_in_process_run_reads_what_its_child_processes_print(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The in-process runner reads fds 1 and 2, as a subprocess's pipes are read: a forked and a spawned process
+    (a job's workers, a sweep's loky workers), each leaving by ``os._exit``, and a write below Python all reach the
+    output a cell checks for tracebacks and secrets."""
+    import multiprocessing
+    import os
+
+    from helpers.cli_runner import _printed
+    from helpers.processes import say_and_leave
+
+    monkeypatch.setenv("PYTHONUNBUFFERED", "1")  # the CLI's environment (``cli_env``), which a spawned child reads
+    with _printed() as printed:
+        print("from the job")
+        for method in ("fork", "spawn"):
+            child = multiprocessing.get_context(method).Process(target=say_and_leave,
+                                                                args=(f"from a {method}ed child",))
+            child.start()
+            child.join(60)
+            assert child.exitcode == 0
+        os.write(2, b"below Python\n")
+    out, err = printed
+    assert out.splitlines() == ["from the job", "from a forked child", "from a spawned child"], printed
+    assert err.splitlines() == ["from a forked child", "from a spawned child", "below Python"], printed

@@ -1,6 +1,9 @@
 """How a cell drives its fault when the stub alone cannot: each driver runs the faulted command, checks the fault
 happened (the process killed and gone, the server dead, the disk full), and removes the fault for the resume
-(``repair``). ``stub``: the stub's config is the fault; the others are context managers around the cell."""
+(``repair``). ``stub``: the stub's config is the fault; the others are context managers around the cell.
+
+A command runs in this process (``in_process``) unless its process is the point: a kill, a signal, or a fault
+injected while it runs (the tracking server's death, the disk filling up), which needs it running beside the test."""
 
 from __future__ import annotations
 
@@ -19,11 +22,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-from helpers.cli_runner import PROJECT_ROOT, run_cli
+from helpers.cli_runner import PROJECT_ROOT, run_job
 from helpers.processes import alive, children
 from helpers.tmpfs import mount_tmpfs, unmount
 
 from faults.modes import Cell, env
+
+
+def in_process(cmd: list[str]) -> subprocess.CompletedProcess:
+    """``cmd`` run by the CLI's entry in this process (``run_job``): its exit code and everything printed, its worker
+    processes' too, with a fresh MLflow run worker (one left from an earlier run prints into that run's output)."""
+    return run_job(cmd, env=env(), check=False, park=False)
 
 
 class StubDriver:
@@ -41,7 +50,7 @@ class StubDriver:
         pass
 
     def run(self, cmd: list[str]) -> subprocess.CompletedProcess:
-        return run_cli(cmd, env=env(), check=False, timeout=150)
+        return in_process(cmd)
 
     def repair(self) -> None:
         pass
@@ -368,7 +377,7 @@ class FullDiskDriver(DiskDriver):
 
     def run(self, cmd: list[str]) -> subprocess.CompletedProcess:
         self.fill(leave=64 * 1024)
-        return run_cli(cmd, env=env(), check=False, timeout=150)
+        return in_process(cmd)
 
 
 # -- issue 40 item 3: whatever the cache or state holds, a rerun runs
@@ -426,7 +435,7 @@ class CorruptDriver(StubDriver):
     def run(self, cmd: list[str]) -> subprocess.CompletedProcess:
         pattern, made_by_a_run = STATE_FILES[self.kind]
         if made_by_a_run:
-            first = run_cli(cmd, env=env(), check=False, timeout=150)
+            first = in_process(cmd)
             assert first.returncode == 0, first.stderr[-2000:]
             files = self._files()
             if self.kind == "mlflow_store":
@@ -447,7 +456,7 @@ class CorruptDriver(StubDriver):
                 assert _unreadable(note)
         self.corrupted = files
         (self.cell.tmp / "corrupted.json").write_text(json.dumps([str(p) for p in files]))
-        return run_cli(cmd, env=env(), check=False, timeout=150)
+        return in_process(cmd)
 
 
 DRIVERS = {"stub": StubDriver, "kill": KillDriver, "store": StoreDriver, "tracking": TrackingDriver,

@@ -4,6 +4,8 @@ the in-process model (``run_job``), and read what it wrote."""
 from __future__ import annotations
 
 import atexit
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -11,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from cupid_exp.testing.cupid_data import stub_overrides
 from cupid_exp.testing.inprocess import InProcessModel
@@ -83,20 +85,55 @@ _PROGRAMS = {"cupid_exp": "cupid_exp.cli", "cupid_exp.synthesize": "cupid_exp.sy
 _WORKER: Any = None  # the MLflow run worker ``run_job``'s runs share, as a sweep's jobs do (its start: ~3-5 s)
 
 
-def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = True, **_: Any
+@contextlib.contextmanager
+def _printed() -> Iterator[list[str]]:
+    """File descriptors 1 and 2 sent to files while the block runs, and ``sys.stdout``/``sys.stderr`` written straight
+    to them (unbuffered, as ``cli_env``'s ``PYTHONUNBUFFERED``): what the job prints, and what its worker processes, a
+    sweep's loky workers or C code write to the descriptors, is read back as a subprocess's output would be (the
+    list, once the block ends: stdout, stderr)."""
+    files = [tempfile.TemporaryFile() for _ in range(2)]
+    streams = sys.stdout, sys.stderr
+    for stream in streams:
+        stream.flush()
+    saved = [os.dup(1), os.dup(2)]
+    printed: list[str] = []
+    try:
+        for fd, file in zip((1, 2), files):
+            os.dup2(file.fileno(), fd)
+        sys.stdout, sys.stderr = (io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
+                                                   errors="backslashreplace", write_through=True) for fd in (1, 2))
+        yield printed
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        sys.stdout, sys.stderr = streams
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
+        for file in files:
+            file.seek(0)
+            printed.append(file.read().decode("utf-8", errors="backslashreplace"))
+            file.close()
+
+
+def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = True, park: bool = True, **_: Any
             ) -> subprocess.CompletedProcess:
     """``cmd`` (``cli_command``'s) run as ``run_cli`` runs it, but in this process: the same entry, exit code and
-    printed lines, without a new Python and litellm's import (~3 s each). For what needs no process of its own:
-    signals, kills, locks and exit by ``os._exit`` stay with ``run_cli``. ``env`` is set for the run only."""
-    import contextlib
+    printed lines (``_printed``: its worker processes' too), without a new Python and litellm's import (~3 s each).
+    For what needs no process of its own: signals, kills, locks and exit by ``os._exit`` stay with ``run_cli``.
+    ``env`` is set for the run only. ``park``: the job's MLflow run worker waits for the next ``run_job`` (its start:
+    ~3-5 s); off, it is a fresh one, quit when the job ends, as at a process's exit (a parked worker writes into the
+    output of the run that started it, so later runs would not read what it prints); a joblib sweep's loky workers are
+    stopped at the end either way, as the process's exit (``entry.exit_now``) stops them: a next run starts its own,
+    with nothing of this run's module state or output."""
     import importlib
-    import io
     import logging
     import signal
 
     from hydra.core.global_hydra import GlobalHydra
 
-    from cupid_exp.entry import reset_entry
+    from cupid_exp.entry import _release_sweep_workers, reset_entry
     from cupid_exp.llm.pools import forget_pools
     from cupid_exp.tracking import run_worker
 
@@ -116,7 +153,6 @@ def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = 
 
     # the job sets litellm's response cache for the process (``client.configure_litellm``): put back after
     cache = litellm.cache, client._CACHE_DIR
-    out, err = io.StringIO(), io.StringIO()
     os.environ.pop("MLFLOW_TRACKING_URI", None)  # as ``cli_env`` leaves it out
     os.environ.update({k: v for k, v in (env or {}).items() if os.environ.get(k) != v})
     sys.argv = [cmd[2], *cmd[3:]]
@@ -124,15 +160,22 @@ def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = 
     forget_pools()  # a new process's: no answers, failures or pace learned by an earlier run
     GlobalHydra.instance().clear()
     start = run_worker.start
-    run_worker.start = lambda keep=False: start(keep=True)  # parked when its run ends, for the next run_job
-    run_worker._IDLE, _WORKER = _WORKER, None
+    if park:
+        run_worker.start = lambda keep=False: start(keep=True)  # parked when its run ends, for the next run_job
+        run_worker._IDLE, _WORKER = _WORKER, None
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main.run()
+        with _printed() as printed:
+            try:
+                code = main.run()
+            finally:  # what the process's exit does, while its output is still read
+                _release_sweep_workers()
+                if not park:
+                    run_worker.quit_idle()
     finally:
         litellm.cache, client._CACHE_DIR = cache
         run_worker.start = start
-        run_worker._IDLE, _WORKER = None, run_worker._IDLE
+        if park:
+            run_worker._IDLE, _WORKER = None, run_worker._IDLE
         sys.argv = saved_argv
         for key, value in saved_env.items():
             if value is None:
@@ -149,7 +192,7 @@ def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = 
         logging.root.setLevel(root_level)
         GlobalHydra.instance().clear()
         reset_entry()
-    proc = subprocess.CompletedProcess(cmd, code, out.getvalue(), err.getvalue())
+    proc = subprocess.CompletedProcess(cmd, code, *printed)
     if check:
         assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     return proc

@@ -34,3 +34,13 @@ _DEFAULT_SIGINT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.
 def with_default_sigint(cmd: list[str]) -> list[str]:
     """``cmd`` (a ``sys.executable`` command) started with SIGINT at its default, so that Ctrl-C reaches it."""
     return [cmd[0], "-c", _DEFAULT_SIGINT, *cmd[1:]]
+
+
+def say_and_leave(text: str) -> None:
+    """In a child process: ``text`` on stdout and on stderr, then gone without flushing, as a job's worker leaves."""
+    import os
+    import sys
+
+    print(text)
+    print(text, file=sys.stderr)
+    os._exit(0)

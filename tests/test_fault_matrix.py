@@ -17,9 +17,10 @@ test's process through the CLI's entry (``helpers.cli_runner.run_job``: its exit
 1 and 2, its worker processes' and a sweep's loky workers' too) wherever the process is not the point: the stub's
 faults, the ``corrupt_*`` files, the full disk at the start, and every resume. A process of its own only where it
 is: kill -9 (also at the store's creation), SIGTERM, Ctrl-C, and the faults injected while the job runs (the
-tracking server's death, the disk filling up). The table is ``catalogue.table()`` (a test keeps it so): the exit code each cell must end with, ``N/A`` where the cell
-makes no sense (why: below), ``xfail`` where the behaviour has not landed or the product is wrong, ``flaky`` where
-it is wrong some of the time (the reasons are the markers', from ``faults.known``).
+tracking server's death, the disk filling up). The table is ``catalogue.table()`` (a test keeps it so): the exit
+code each cell must end with, ``N/A`` where the cell makes no sense (why: below), ``xfail`` where the behaviour has
+not landed or the product is wrong, ``flaky`` where it is wrong some of the time (the reasons are the markers', from
+``faults.known``).
 
 | fault | sync | batch | workers | sweep | synthesis |
 |---|---|---|---|---|---|

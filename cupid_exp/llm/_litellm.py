@@ -8,6 +8,7 @@ the layout changes they do nothing (slower, same results), and ``probe()``, chec
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from contextvars import ContextVar
 from types import ModuleType
@@ -228,10 +229,11 @@ def _as_given(self: object, messages: list[Any], *args: object, **kwargs: object
     return messages
 
 
+@functools.cache
 def no_logging_flag() -> Any:
     """litellm's "internal call" context flag: set around our calls, it skips litellm's per-call logging callbacks,
     pure CPU waste without callbacks configured (cost, usage, caching and retries are computed outside it). None on
-    another layout."""
+    another layout. Looked up once."""
     try:
         return _internal_call_flag()
     except ImportError:

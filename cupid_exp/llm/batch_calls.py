@@ -82,11 +82,11 @@ async def batched_completion(batcher: Batcher, model: ModelConfig, messages: lis
 def unread_usd(client: LLMClient, messages: list[Message], kwargs: dict[str, Any], unread: int) -> float:
     """What ``unread`` attempts of a row cost that were answered (billed) in output lines that could not be read: the
     call's worst case each, at batch prices (an unpriced model: nothing, not guessed)."""
-    if not unread or client.prices is None:
+    if not unread or client.pricing.worst is None:
         return 0.0
-    prompt, reply = worst_case_tokens(messages, kwargs, client.prices.max_output_tokens)
+    prompt, reply = worst_case_tokens(messages, kwargs, client.pricing.worst.max_output_tokens)
     usd = batch_price(client.model, prompt, reply)
-    return unread * (usd if usd is not None else worst_case_usd(client.prices, messages, kwargs))
+    return unread * (usd if usd is not None else worst_case_usd(client.pricing.worst, messages, kwargs))
 
 
 def client_guard(client: LLMClient) -> Guard:
@@ -146,10 +146,10 @@ async def complete_in_batch(client: Any, messages: list[Message], step: str,
     bound), settled at the batch price of the row (nothing for a row another call paid); failures counted by kind
     as a live call's, fatal refusals and rate limits beyond patience stopping the job as they do live."""
     if client._batcher is None or client._batcher.loop is not asyncio.get_running_loop():
-        client._batcher = new_batcher(client.model, client.settings, client._api_key, client.meter.batches,
-                                      client_guard(client))
+        client._batcher = new_batcher(client.model, client.settings, client._send_params.get("api_key"),
+                                      client.meter.batches, client_guard(client))
     held, bill = await reserve_call(client, messages, kwargs, step), RowBill()
-    worst = in_flight_worst(client.prices, messages, kwargs)
+    worst = in_flight_worst(client.pricing.worst, messages, kwargs)
     client.meter.sending(step, worst)  # the row, in flight until its call is counted (a kill: its worst case)
     try:
         completion = await batched_completion(client._batcher, client.model, messages, kwargs, bill)

@@ -351,7 +351,7 @@ async def reserve_call(client: Any, messages: list[Message], kwargs: Mapping[str
     if client.budget is None:
         return None
     try:
-        reservation: Reservation = await client.budget.reserve(worst_case_usd(client.prices, messages, kwargs))
+        reservation: Reservation = await client.budget.reserve(worst_case_usd(client.pricing.worst, messages, kwargs))
         return reservation
     except BudgetExceeded:
         client.meter.refuse(step, "budget")

@@ -110,14 +110,50 @@ def max_output_tokens(model: ModelConfig) -> int | None:
     return None if model.local is not None else _mapped(model, "max_output_tokens")
 
 
+class Pricing:
+    """What one model's replies cost. litellm prices each reply by its map as it returns it; a config's own prices
+    override the map, applied to a reply's tokens by litellm's calculator, never registered in litellm's global map
+    (two configs may price one id). ``worst``: the prices a lost request is charged its worst case at (budget or
+    not; a budget needs them, ``priced``); None: unpriced."""
+
+    def __init__(self, model: ModelConfig, settings: CallSettings, budgeted: bool):
+        self.litellm_model = model.litellm_model
+        self.worst = priced(model, settings) if budgeted else model_prices(model)
+        self.own = _config_prices(model)
+        self.unpriced = False  # learnt on the first reply litellm cannot price: counted, never guessed
+
+    def of(self, response: Any) -> float | None:
+        """A reply's cost; None for an unpriced model (tried once, not per call)."""
+        import litellm
+
+        cost = None if self.own else (getattr(response, "_hidden_params", None) or {}).get("response_cost")
+        if isinstance(cost, (int, float)):
+            return float(cost)
+        if self.unpriced:
+            return None
+        try:
+            return float(litellm.completion_cost(completion_response=response, custom_cost_per_token=self.own))
+        except (litellm.exceptions.ModelNotMappedError, litellm.exceptions.BadRequestError,
+                litellm.exceptions.NotFoundError):
+            self.unpriced = True
+            return None
+
+    def of_tokens(self, prompt: int, completion: int) -> float | None:
+        """The cost of tokens counted here (a reply without usage)."""
+        if self.unpriced:
+            return None
+        cost = token_cost(self.litellm_model, prompt, completion, self.own)
+        self.unpriced = cost is None
+        return cost
+
+
 class LLMClient:
     """Completions for one configured model, shared by every step and role that uses it."""
 
     def __init__(self, model: ModelConfig, settings: CallSettings, meter: UsageMeter, budget: Budget | None = None):
         self.model, self.settings, self.meter = model, settings, meter
         self.budget = budget  # every call reserves its worst case first (cupid_exp.llm.budget)
-        # a lost request is charged its worst case at these prices (budget or not); a budget needs them (``priced``)
-        self.prices = priced(model, settings) if budget is not None else model_prices(model)
+        self.pricing = Pricing(model, settings, budgeted=budget is not None)
         if model.local is not None:
             from cupid_exp.llm.local import register_local_model
 
@@ -133,15 +169,10 @@ class LLMClient:
         # No litellm Router: it cost ~1.4 ms of CPU per call on top of this (30% of the client's, measured) for
         # nothing the runner uses: no retries (ours: cupid_exp.llm.retry), one deployment, no fallbacks.
         self._send_params = {**params, "timeout": settings.timeout, "num_retries": 0, "max_retries": 0}
-        # A config's own prices override litellm's map: applied to the response's tokens by litellm's cost
-        # calculator after the call, never registered in litellm's global map (two configs may price one id).
-        self._config_prices = _config_prices(model)
-        self._api_key = params.get("api_key")
         self._batcher: Batcher | None = None
         self._batch = _wants_batch(model, settings)
         self.roles: tuple[str, ...] = (model.name,)  # the roles it serves (``clients_for``), for a fatal refusal
         self.stop = JobStop()  # shared with the job's other clients (``clients_for``)
-        self._key = key
         self.pool: Pool = pool_for(
             model.litellm_model, model.api_base, key, named=model.pool, config_id=_identity(model),
             max_concurrency=model.max_concurrency, rpm=model.rpm, tpm=model.tpm, pools=settings.pools,
@@ -150,8 +181,6 @@ class LLMClient:
         # a bound given once for the pool replaces the role's own (the pool holds every role to it together)
         self._bound = max(1, int(self.pool.members.given.max_concurrency or model.max_concurrency))
         self._semaphore = asyncio.Semaphore(self._bound)
-        self._unpriced = False
-        self._internal = _litellm.no_logging_flag()
         self.window = context_window(model)
         self._max_output: int | None | bool = False  # ``max_output_tokens``, looked up on the first cut reply
 
@@ -169,24 +198,6 @@ class LLMClient:
             self.meter.refuse(step)
             raise ProviderError("context_length", f"{self.model.name}: not sent: a prompt of {chars:,} characters "
                                                   f"cannot fit the model's {self.window:,}-token context window")
-
-    def _cost(self, response: Any) -> float | None:
-        """What a reply cost: litellm prices each response by its map as it returns it; a config's own prices
-        are applied by litellm's calculator here. None for an unpriced model (tried once per client, not per call)."""
-        import litellm
-
-        cost = None if self._config_prices else (getattr(response, "_hidden_params", None) or {}).get("response_cost")
-        if isinstance(cost, (int, float)):
-            return float(cost)
-        if self._unpriced:
-            return None
-        try:
-            return float(litellm.completion_cost(completion_response=response,
-                                                 custom_cost_per_token=self._config_prices))
-        except (litellm.exceptions.ModelNotMappedError, litellm.exceptions.BadRequestError,
-                litellm.exceptions.NotFoundError):
-            self._unpriced = True  # an unpriced model: counted, never guessed
-            return None
 
     def cache_namespace(self, json_schema: dict[str, Any] | None, params: dict[str, Any] | None = None) -> str:
         """Everything besides messages that changes an answer; litellm's own key misses api_base. An endpoint
@@ -275,8 +286,9 @@ class LLMClient:
             return await self._complete_in_batch(messages, step, kwargs)
         start = time.perf_counter()
         tokens = estimated_tokens(messages, kwargs.get("max_tokens") or kwargs.get("max_completion_tokens"))
-        bill = CallBill(step=step, worst=in_flight_worst(self.prices, messages, kwargs))
-        token = self._internal.set(True) if self._internal is not None else None
+        bill = CallBill(step=step, worst=in_flight_worst(self.pricing.worst, messages, kwargs))
+        internal = _litellm.no_logging_flag()
+        token = internal.set(True) if internal is not None else None
         try:
             async def reserve() -> None:  # each attempt's worst case, before it waits for the pool's slot
                 bill.held = await reserve_call(self, messages, kwargs, step)  # None without a budget
@@ -308,7 +320,7 @@ class LLMClient:
             raise
         finally:
             if token is not None:
-                self._internal.reset(token)
+                internal.reset(token)
         response = reply.response
         choice = response.choices[0]
         completion = Completion(
@@ -366,19 +378,17 @@ class LLMClient:
                                                        getattr(response, "usage", None),
                                                        reply_text(choices[0]) if choices else "")
         if not estimated:
-            cost = self._cost(response)
+            cost = self.pricing.of(response)
         elif self.model.is_embedded:
             cost = 0.0
-        elif self._unpriced:
-            cost = None
         else:
-            cost = token_cost(self.model.litellm_model, prompt, completion, self._config_prices)
-            self._unpriced = cost is None
+            cost = self.pricing.of_tokens(prompt, completion)
         return Reply(response, prompt, completion, cost, estimated, cached=bool(hidden.get("cache_hit")))
 
     def _worst_case(self, messages: list[Message], kwargs: dict[str, Any]) -> float:
         """A lost request's charge: its worst case at the model's prices (0 for an unpriced model: not guessed)."""
-        return worst_case_usd(self.prices, messages, kwargs) if self.prices is not None else 0.0
+        worst = self.pricing.worst
+        return worst_case_usd(worst, messages, kwargs) if worst is not None else 0.0
 
     async def _send(self, messages: list[Message], kwargs: dict[str, Any]) -> Any:
         """The one place a request goes out (``messages`` with ``kwargs``' max_tokens): once per attempt,
@@ -394,11 +404,12 @@ class LLMClient:
 
     def _scrub(self, text: str) -> str:
         """A provider's message without the key (some quote the key they refused)."""
-        if not self._key or self._key == "EMPTY":
+        key = self._send_params.get("api_key")
+        if not key or key == "EMPTY":
             return text
         from cupid_exp.secrets import scrub
 
-        return scrub(text, [self._key])
+        return scrub(text, [key])
 
 
 def _config_prices(model: ModelConfig) -> dict[str, float] | None:

@@ -98,7 +98,7 @@ def _printed() -> Iterator[list[str]]:
     saved = [os.dup(1), os.dup(2)]
     printed: list[str] = []
     try:
-        for fd, file in zip((1, 2), files):
+        for fd, file in zip((1, 2), files, strict=True):
             os.dup2(file.fileno(), fd)
         sys.stdout, sys.stderr = (io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
                                                    errors="backslashreplace", write_through=True) for fd in (1, 2))
@@ -108,7 +108,7 @@ def _printed() -> Iterator[list[str]]:
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
         sys.stdout, sys.stderr = streams
-        for fd, copy in zip((1, 2), saved):
+        for fd, copy in zip((1, 2), saved, strict=True):
             os.dup2(copy, fd)
             os.close(copy)
         for file in files:

@@ -145,12 +145,12 @@ def reuse_cache_options_adapter() -> None:
         from litellm.caching import caching_handler
     except ImportError:  # another layout: litellm builds its adapters, as it would anyway
         return
-    build: Any = caching_handler.TypeAdapter
+    build: Callable[..., object] = caching_handler.TypeAdapter
     if getattr(build, "_pydantics_own", None) is not None:  # already wrapped
         return
-    adapters: dict[object, Any] = {}
+    adapters: dict[object, object] = {}
 
-    def type_adapter(type_: object, *args: Any, **kwargs: Any) -> Any:
+    def type_adapter(type_: object, *args: object, **kwargs: object) -> object:
         if args or kwargs:
             return build(type_, *args, **kwargs)
         try:
@@ -176,14 +176,14 @@ def skip_cost_breakdown_of_internal_calls() -> None:
         from litellm.litellm_core_utils.llm_cost_calc.utils import TokenTypeCostBreakdown
     except ImportError:  # another layout: litellm computes the breakdown, as it would anyway
         return
-    breakdown = cost_calculator.get_token_type_cost_breakdown
+    breakdown: Callable[..., TokenTypeCostBreakdown] = cost_calculator.get_token_type_cost_breakdown
     if getattr(breakdown, "_litellms_own", None) is not None:  # already wrapped
         return
     internal = no_logging_flag()
     if internal is None:
         return
 
-    def token_type_cost_breakdown(*args: Any, **kwargs: Any) -> Any:
+    def token_type_cost_breakdown(*args: object, **kwargs: object) -> TokenTypeCostBreakdown:
         return TokenTypeCostBreakdown(0.0, 0.0, 0.0) if internal.get() else breakdown(*args, **kwargs)
 
     token_type_cost_breakdown._litellms_own = breakdown  # type: ignore[attr-defined]

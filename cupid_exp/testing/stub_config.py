@@ -93,12 +93,12 @@ class StubConfig:
 
     __slots__ = ("seed", "faults", "replies", "limits", "wire")  # a knob set by its flat name here fails loudly
 
-    def __init__(self, **knobs: Any):
+    def __init__(self, **knobs: object):
         self.seed = 0  # of every share chosen by hash, and of the jitter
         self.faults, self.replies, self.limits, self.wire = Faults(), Replies(), Limits(), Wire()
         self.set(**knobs)
 
-    def set(self, **knobs: Any) -> None:
+    def set(self, **knobs: object) -> None:
         for name, value in knobs.items():
             if name != "seed" and name not in KNOBS:
                 raise TypeError(f"the stub has no knob {name!r}")

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import replace
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Sequence
 
 from cupid_exp.config import TrackingConfig
 from cupid_exp.durability.attempts import Claim
@@ -32,7 +32,9 @@ from cupid_exp.tracking.store_errors import TrackingError, TrackingUnavailable, 
 from cupid_exp.tracking.traces import trace_input
 
 if TYPE_CHECKING:
+    from ctypes import c_longlong
     from multiprocessing.connection import Connection
+    from multiprocessing.queues import Queue
 
     from cupid_exp.tracking.sweep import SweepEnd
 
@@ -47,9 +49,9 @@ PULSE_MIN_S = 0.25  #: the job's usage totals go to the worker at most this ofte
 class Pipes(NamedTuple):
     """A run worker's channels."""
 
-    inbox: Any  #: a multiprocessing Queue: its feeder thread sends, a put never waits on the worker
+    inbox: Queue[object]  #: its feeder thread sends: a put never waits on the worker
     notes: Connection  #: what the worker says (the reading end)
-    handled: Any  #: a shared count of the messages the worker has handled, to tell slow from stuck
+    handled: c_longlong  #: a shared count of the messages the worker has handled, to tell slow from stuck
 
 
 class RunWorker:

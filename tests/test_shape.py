@@ -57,3 +57,33 @@ def test_no_class_holds_more_than_fifteen_fields():
     assert not over, f"classes over {MOST_FIELDS} fields (split them into parts they hold): {over}"
     stale = {name: found.get(name, 0) for name, n in ALLOWED.items() if found.get(name, 0) < n}
     assert not stale, f"lower (or drop) these allowances, the classes shrank to: {stale}"
+
+
+MOST_BARE_ANY = 79  # issue 42: under 80 annotations that say nothing (a parameter, return or variable typed ``Any``)
+
+
+def bare_any(source: str) -> list[str]:
+    """The annotations of ``source`` that are exactly ``Any``: parameters (``*args``/``**kwargs`` too), returns and
+    annotated variables."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            named = [(x.arg, x.annotation) for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if x]
+            found += [f"{node.name}({name})" for name, ann in named if ann is not None and ast.unparse(ann) == "Any"]
+            if node.returns is not None and ast.unparse(node.returns) == "Any":
+                found.append(f"{node.name}() ->")
+        elif isinstance(node, ast.AnnAssign) and ast.unparse(node.annotation) == "Any":
+            found.append(ast.unparse(node.target))
+    return found
+
+
+def test_the_any_counter_counts_parameters_returns_and_variables():
+    source = "def f(a: Any, *b: Any, c: 'int', **d: Any) -> Any:\n    e: Any = 1\n    g: list[Any] = []\n"
+    assert bare_any(source) == ["f(a)", "f(b)", "f(d)", "f() ->", "e"]
+
+
+def test_few_annotations_say_any():
+    found = [f"{path.relative_to(PACKAGE.parent).as_posix()}: {name}" for path in sorted(PACKAGE.rglob("*.py"))
+             for name in bare_any(path.read_text(encoding="utf-8"))]
+    assert len(found) <= MOST_BARE_ANY, f"{len(found)} bare Any (at most {MOST_BARE_ANY}): type the new ones: {found}"

@@ -281,7 +281,7 @@ def test_a_model_name_with_a_path_in_it_stays_inside_the_output_root(tmp_path: P
 
 def test_a_job_whose_output_is_no_terminal_prints_progress_lines(tmp_path: Path) -> None:
     """nohup, SLURM, CI: no bars, but a line every runtime.progress_every_s seconds (tests run with progress off)."""
-    with InProcessModel(latency_ms=400) as slow:
+    with InProcessModel(latency_ms=400, name="slow") as slow:  # beside the module's ``inproc`` (named "stub")
         cmd = [a for a in cli_command(slow, tmp_path / "outputs", "data.limit=2", "tracking=none")
                if a != "runtime.progress=false"]
         proc = run_job([*cmd, "runtime.progress_every_s=0.3"])

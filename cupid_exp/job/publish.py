@@ -74,9 +74,9 @@ def start_tracking(job: Job) -> Any:
 
 def results_line(job: Job, summary: Summary, metrics: dict[str, float], tags: dict[str, str]) -> str:
     """The run's results at a glance, for its name and description (``tracking.names.headline``)."""
-    total = len(job.work.units)
-    failed = int(tags.get("cupid.failed_instances", "0") or 0)
-    return headline(metrics, max(summary.n_units - failed, 0), total, f"{job.work.noun}s")
+    total, units = len(job.work.units), f"{job.work.noun}s"
+    failed = int(tags.get(f"cupid.failed_{units}", "0") or 0)  # the kind's own tag: failed instances, personas
+    return headline(metrics, max(summary.n_units - failed, 0), total, units)
 
 
 def job_outcome(job: Job, summary: Summary, spending: BudgetReport | None = None) -> Outcome:

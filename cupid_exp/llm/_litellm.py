@@ -115,6 +115,17 @@ def drop_legacy_cache_callbacks() -> None:
             callbacks.remove("cache")
 
 
+def _wrap_once(module: object, name: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """``module.name`` replaced by ``wrap(it)``, once: a second call (another job in this process) finds the wrapper,
+    marked with what it wraps, and leaves it."""
+    original = getattr(module, name)
+    if getattr(original, "_litellms_own", None) is not None:
+        return
+    wrapper = wrap(original)
+    wrapper._litellms_own = original  # type: ignore[attr-defined]
+    setattr(module, name, wrapper)
+
+
 def skip_signature_without_positional_args() -> None:
     """litellm's cache layer names a call's positional arguments by ``inspect.signature`` of ``acompletion``, on the
     lookup and again on the write, even for a call that has none (ours pass keywords only): ~50 µs of CPU each, a
@@ -124,16 +135,15 @@ def skip_signature_without_positional_args() -> None:
         from litellm.caching import caching_handler
     except ImportError:  # another layout: litellm computes the signature, as it would anyway
         return
-    convert = caching_handler.convert_args_to_kwargs
-    if getattr(convert, "_litellms_own", None) is not None:  # already wrapped
-        return
 
-    def args_to_kwargs(original_function: Callable[..., object], args: tuple[object, ...] | None = None
-                       ) -> dict[str, object]:
-        return convert(original_function, args) if args else {}
+    def wrap(convert: Callable[..., dict[str, object]]) -> Callable[..., dict[str, object]]:
+        def args_to_kwargs(original_function: Callable[..., object], args: tuple[object, ...] | None = None
+                           ) -> dict[str, object]:
+            return convert(original_function, args) if args else {}
 
-    args_to_kwargs._litellms_own = convert  # type: ignore[attr-defined]
-    caching_handler.convert_args_to_kwargs = args_to_kwargs
+        return args_to_kwargs
+
+    _wrap_once(caching_handler, "convert_args_to_kwargs", wrap)
 
 
 def reuse_cache_options_adapter() -> None:
@@ -145,24 +155,24 @@ def reuse_cache_options_adapter() -> None:
         from litellm.caching import caching_handler
     except ImportError:  # another layout: litellm builds its adapters, as it would anyway
         return
-    build: Callable[..., object] = caching_handler.TypeAdapter
-    if getattr(build, "_pydantics_own", None) is not None:  # already wrapped
-        return
-    adapters: dict[object, object] = {}
 
-    def type_adapter(type_: object, *args: object, **kwargs: object) -> object:
-        if args or kwargs:
-            return build(type_, *args, **kwargs)
-        try:
-            return adapters[type_]
-        except KeyError:
-            adapters[type_] = adapter = build(type_)
-            return adapter
-        except TypeError:  # an unhashable type: built each time, as litellm does
-            return build(type_)
+    def wrap(build: Callable[..., object]) -> Callable[..., object]:
+        adapters: dict[object, object] = {}
 
-    type_adapter._pydantics_own = build  # type: ignore[attr-defined]
-    caching_handler.TypeAdapter = type_adapter  # type: ignore[misc,assignment]
+        def type_adapter(type_: object, *args: object, **kwargs: object) -> object:
+            if args or kwargs:
+                return build(type_, *args, **kwargs)
+            try:
+                return adapters[type_]
+            except KeyError:
+                adapters[type_] = adapter = build(type_)
+                return adapter
+            except TypeError:  # an unhashable type: built each time, as litellm does
+                return build(type_)
+
+        return type_adapter
+
+    _wrap_once(caching_handler, "TypeAdapter", wrap)
 
 
 def skip_cost_breakdown_of_internal_calls() -> None:
@@ -176,18 +186,17 @@ def skip_cost_breakdown_of_internal_calls() -> None:
         from litellm.litellm_core_utils.llm_cost_calc.utils import TokenTypeCostBreakdown
     except ImportError:  # another layout: litellm computes the breakdown, as it would anyway
         return
-    breakdown: Callable[..., TokenTypeCostBreakdown] = cost_calculator.get_token_type_cost_breakdown
-    if getattr(breakdown, "_litellms_own", None) is not None:  # already wrapped
-        return
     internal = no_logging_flag()
     if internal is None:
         return
 
-    def token_type_cost_breakdown(*args: object, **kwargs: object) -> TokenTypeCostBreakdown:
-        return TokenTypeCostBreakdown(0.0, 0.0, 0.0) if internal.get() else breakdown(*args, **kwargs)
+    def wrap(breakdown: Callable[..., TokenTypeCostBreakdown]) -> Callable[..., TokenTypeCostBreakdown]:
+        def token_type_cost_breakdown(*args: object, **kwargs: object) -> TokenTypeCostBreakdown:
+            return TokenTypeCostBreakdown(0.0, 0.0, 0.0) if internal.get() else breakdown(*args, **kwargs)
 
-    token_type_cost_breakdown._litellms_own = breakdown  # type: ignore[attr-defined]
-    cost_calculator.get_token_type_cost_breakdown = token_type_cost_breakdown
+        return token_type_cost_breakdown
+
+    _wrap_once(cost_calculator, "get_token_type_cost_breakdown", wrap)
 
 
 def native_runtime_started() -> bool:

@@ -35,6 +35,11 @@ def in_process(cmd: list[str]) -> subprocess.CompletedProcess:
     return run_job(cmd, env=env(), check=False, park=False)
 
 
+class FaultMissed(AssertionError):
+    """A timed fault landed outside its window (a kill after the store was whole): the fault did not happen, so the
+    cell proves nothing; the test runs it again from nothing, with the kill at the window's start."""
+
+
 class StubDriver:
     """The fault is the stub's (or the command's): run the command, and that is all."""
 
@@ -236,7 +241,9 @@ class StoreDriver(_Started):
     """kill -9 while the first command makes its MLflow store (its schema migrations take about a second): at a seeded
     instant after the store's file (or one made aside) appears, within the first 30% of the time this machine takes to
     make a store now (measured here: a fixed delay outlived the whole creation on an idle machine). The fault happened
-    if the store was not whole at the kill (a file made aside, or a schema short of the version a made store has)."""
+    if the store was not whole at the kill (a file made aside, or a schema short of the version a made store has);
+    if not (this process slowed while it measured, the job's store made faster), ``FaultMissed``: a retry kills at once
+    when the store's file appears."""
 
     tracking, seed_store, group = True, False, True  # the store may be made by the job's MLflow worker
 
@@ -250,13 +257,17 @@ class StoreDriver(_Started):
         try:
             _wait(lambda: db.exists() or list(self.cell.root.glob(".mlflow.db.*")) or proc.poll() is not None, 120,
                   "the store")
-            time.sleep(random.Random(f"store-{self.cell.mode}").uniform(0.0, 0.3) * making_s)
+            share = random.Random(f"store-{self.cell.mode}").uniform(0.0, 0.3) if not self.cell.attempt else 0.0
+            time.sleep(share * making_s)
             aside = list(self.cell.root.glob(".mlflow.db.*"))
+            if proc.poll() is not None:
+                raise FaultMissed(f"the run ended before its kill (attempt {self.cell.attempt})")
             killed = _killed(proc, out, err, group=True)
         finally:
             if proc.poll() is None:
                 proc.kill()
-        assert aside or _schema_version(db) != whole, "the kill came after the store was made"
+        if not (aside or _schema_version(db) != whole):
+            raise FaultMissed(f"the kill came after the store was made (attempt {self.cell.attempt})")
         return killed
 
 

@@ -43,6 +43,7 @@ class Cell:
     mode: str
     tmp: Path
     data: list[Path] = field(default_factory=list)
+    attempt: int = 0  # > 0: the cell again, its timed fault having missed (``drivers.FaultMissed``)
 
     @property
     def root(self) -> Path:
@@ -62,8 +63,9 @@ class Cell:
         return "cupid_exp.synthesize" if self.mode == "synthesis" else "cupid_exp"
 
 
-def new_cell(mode: str, tmp: Path) -> Cell:
-    cell = Cell(mode, tmp)
+def new_cell(mode: str, tmp: Path, attempt: int = 0) -> Cell:
+    cell = Cell(mode, tmp, attempt=attempt)
+    tmp.mkdir(parents=True, exist_ok=True)
     if mode != "synthesis":  # a sweep's two jobs on different instances: no request of one is the other's
         rows = make_rows(N * cell.jobs)
         cell.data = [write_jsonl(tmp / f"data{j}.jsonl", rows[N * j:N * (j + 1)]) for j in range(cell.jobs)]

@@ -27,6 +27,13 @@ def compose_config(overrides: list[str] | None = None, *, return_hydra_config: b
         return compose("config", overrides=overrides or [], return_hydra_config=return_hydra_config)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests first (``slow``: the embedded model, the tracking server, kills), the rest after in their order:
+    two workers end together when the longest tests start early, not when one is left alone with them at the end.
+    An ``xdist_group`` (``--dist loadgroup``) runs whole on one worker, the largest group first."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True)
 def _no_tracking_uri_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """The job config honours $MLFLOW_TRACKING_URI, and ``mlflow.set_tracking_uri`` in one in-process test would

@@ -16,7 +16,8 @@ import pytest
 from helpers.cli_runner import PROJECT_ROOT, cli_env, seed_store
 from helpers.doc_commands import LINKED, SAMPLE_FULL, key_of
 
-pytestmark = pytest.mark.slow
+# one worker runs the module whole (``--dist loadgroup``): its commands share one workspace and response cache
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("embedded-model")]
 
 # The README's commands that run offline on the bundled model, each with the jobs it runs. Ordered so that the
 # sweep's jobs fill the response cache the single jobs after it read.

@@ -28,10 +28,10 @@ def compose_config(overrides: list[str] | None = None, *, return_hydra_config: b
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow tests first (``slow``: the embedded model, the tracking server, kills), the rest after in their order:
-    two workers end together when the longest tests start early, not when one is left alone with them at the end.
-    An ``xdist_group`` (``--dist loadgroup``) runs whole on one worker, the largest group first."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The longest tests first (``longest``: minutes; then ``slow``), the rest after in their order: with
+    ``--dist worksteal`` the first worker starts on them while the other takes the rest, and an idle worker takes
+    half of a busy one's queue, so the two end together instead of one being left alone with a long test."""
+    items.sort(key=lambda item: (item.get_closest_marker("longest") is None, item.get_closest_marker("slow") is None))
 
 
 @pytest.fixture(autouse=True)

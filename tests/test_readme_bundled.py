@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 from helpers.cli_runner import PROJECT_ROOT, cli_env, seed_store
 from helpers.doc_commands import LINKED, SAMPLE_FULL, key_of
 
-# one worker runs the module whole (``--dist loadgroup``): its commands share one workspace and response cache
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("embedded-model")]
+pytestmark = pytest.mark.slow
 
 # The README's commands that run offline on the bundled model, each with the jobs it runs. Ordered so that the
 # sweep's jobs fill the response cache the single jobs after it read.
@@ -38,20 +38,22 @@ def test_the_offline_commands_are_the_readmes() -> None:
     assert set(OFFLINE) <= commands, sorted(set(OFFLINE) - commands)
 
 
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory: pytest.TempPathFactory):
-    root = tmp_path_factory.mktemp("readme-bundled")
-    for name in LINKED:
-        (root / name).symlink_to(PROJECT_ROOT / name)
-    seed_store(root / "outputs")
-    return root
-
-
-@pytest.mark.parametrize("command", list(OFFLINE))
-def test_offline_command_completes_on_the_bundled_model(command: str, workspace) -> None:
+def _fails(command: str, workspace: Path) -> str | None:
+    """What went wrong with ``command`` run in ``workspace`` (None: it exited 0, each job with every instance)."""
     proc = subprocess.run(["bash", "-c", command], cwd=workspace, env=cli_env(), capture_output=True, text=True,
                           timeout=1800)
     said = f"\n$ {command}\nexit {proc.returncode}\nstdout: {proc.stdout[-3000:]}\nstderr: {proc.stderr[-3000:]}"
-    assert proc.returncode == 0, said
     done = re.findall(r"^complete: (\d+) of (\d+) instances ran without a failed step$", proc.stdout, re.M)
-    assert len(done) == OFFLINE[command] and all(a == b and int(a) > 0 for a, b in done), said
+    ok = proc.returncode == 0 and len(done) == OFFLINE[command] and all(a == b and int(a) > 0 for a, b in done)
+    return None if ok else said
+
+
+@pytest.mark.longest
+def test_the_offline_commands_complete_on_the_bundled_model(tmp_path: Path) -> None:
+    """One test, the commands in order in one workspace (their shared response cache): a worker runs them all, and
+    every command runs even when an earlier one failed, each failure said with its output."""
+    for name in LINKED:
+        (tmp_path / name).symlink_to(PROJECT_ROOT / name)
+    seed_store(tmp_path / "outputs")
+    failed = [said for said in (_fails(command, tmp_path) for command in OFFLINE) if said]
+    assert not failed, "".join(failed)

@@ -1,11 +1,6 @@
-"""Decoding parameters checked before the first call: a wrong type or range in ``model.params`` fails the plan in one
-line instead of reaching a provider, which would refuse it (one paid request per instance) or coerce it.
-
-The table holds the OpenAI chat API's and litellm's common parameters, the shipped configs' provider extras and
-open-weight servers' sampling knobs. An unknown key passes through (providers differ) unless it is a near miss of
-a known one (``temprature``), which would silently leave the provider's default in force. It imports nothing, so
-the config (``config.ModelConfig.check``) stays below the model layer.
-"""
+"""Decoding parameters checked at planning: a wrong type or range in ``model.params`` fails in one line instead of a
+paid provider refusal. Unknown keys pass (providers differ) unless a near miss of a known one (``temprature``).
+Imports nothing, so the config stays below the model layer."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Dry run: count tokens and estimate cost of a call that is never sent.
-
-Each step supplies its own placeholder reply (``dry_reply`` in ``ask``), shaped so its parser
-accepts it and the pipeline proceeds exactly as a real run would: same steps, same number of
-calls. Token counts come from litellm's tokenizers, the estimated cost from its price map.
-"""
+"""Dry run: count tokens and estimate the cost of calls never sent. Each step's placeholder reply (``dry_reply``)
+parses, so the pipeline makes the same calls a real run would."""
 
 from __future__ import annotations
 

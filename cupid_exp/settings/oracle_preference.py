@@ -1,8 +1,5 @@
-"""oracle_preference (generation only): the model is given the ground-truth preference (paper §4.1).
-
-The paper does not say whether the log is still shown; ``include_log`` (default false) adds it
-(prompt files ``response_generator_oracle_preference[_log].yaml``).
-"""
+"""oracle_preference (generation only): the model is given the true preference (paper §4.1); ``include_log`` also shows
+the log, which the paper leaves open."""
 
 from __future__ import annotations
 

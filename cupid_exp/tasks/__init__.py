@@ -24,8 +24,8 @@ TASKS: dict[str, Task] = {"inference": Task("inference", run_inference, "f1"),
 
 
 def check_task_parts(parts: Sequence[str], where: str = "task.parts") -> None:
-    """A job's ``task.parts``: a non-empty list of distinct registered parts (ConfigError otherwise); checked while
-    the job is planned, where the registry is at hand, so that the config schema need not import it."""
+    """``task.parts`` must be distinct registered parts (ConfigError otherwise); checked at planning, so the schema need
+    not import the registry."""
     require(bool(parts) and set(parts) <= set(TASKS) and len(set(parts)) == len(parts), where, parts,
             f"a non-empty list of distinct parts from {sorted(TASKS)}")
 

@@ -1,8 +1,5 @@
-"""A job's attempts share one MLflow run: a resumed job reopens the run its earlier attempt left.
-
-The run is found by the job's run key (``durability.attempts.run_key``, tagged ``cupid.run_key``); each attempt
-is numbered on it, and an attempt that died without ending the run (SIGKILL) is noted by the next one.
-"""
+"""A job's attempts share one MLflow run, found by the run key (``cupid.run_key``); a SIGKILLed attempt is noted by the
+next."""
 
 from __future__ import annotations
 

@@ -59,8 +59,8 @@ def placeholders(data: object) -> list[str]:
 
 
 def looks_english(text: str) -> bool:
-    """False for text with more foreign function words than English ones (two at least), or with more than
-    a few accented letters: the mark of a reply that drifted into another language."""
+    """False for text with more foreign function words than English ones, or several accented letters: a drifted reply.
+    """
     words = re.findall(r"[^\W\d_]+", text.lower())
     accented = sum(1 for ch in text if ch.isalpha() and not ch.isascii())
     if accented > max(3, len(text) // 20):

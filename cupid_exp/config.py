@@ -165,8 +165,7 @@ class EvaluatorConfig(Checked):
 
 @dataclass
 class TaskConfig:
-    """What the job asks of the model: the parts it runs, in order (``both`` = inference + generation). Checked against
-    the task registry at planning."""
+    """What the job asks of the model: the parts it runs, in order (``both`` = inference + generation)."""
 
     name: str = MISSING  # short id used in run names and tables
     parts: List[str] = field(default_factory=list)  # inference, generation: the parts run, in this order
@@ -234,7 +233,8 @@ class TrackingConfig(Checked):
 
 @dataclass
 class RuntimeConfig(Checked):
-    """How a job runs: what each model call needs (``call_settings``) and what only the job reads."""
+    """How a job runs: what each model call needs (``call_settings``: cache, retries, timeout, patience, batch, dry run,
+    spending caps, pool limits) and what only the job reads (failure policy, resume, workers, progress)."""
 
     cache: bool = True  # reuse replies cached on disk for the same request
     cache_dir: str = MISSING  # the response cache, rate-limit schedules and batch ledger

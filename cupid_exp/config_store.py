@@ -1,5 +1,4 @@
-"""The schemas registered in Hydra's ConfigStore. Registering imports every setting module, so it lives at the entry,
-not in ``cupid_exp.config``."""
+"""The schemas registered in Hydra's ConfigStore, at the entry: registering imports every setting module."""
 
 from __future__ import annotations
 

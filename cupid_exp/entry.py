@@ -133,8 +133,7 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
 
 
 def _sweep_job(hc: DictConfig, output_dir: Path) -> tuple[str, Path]:
-    """A sweep job's name and status folder: its own if inside the sweep's, else ``<sweep folder>/<n>_<name>``, so the
-    sweep's folder lists every job."""
+    """A sweep job's name and status folder, so the sweep's folder lists every job."""
     sweep = Path(hc.sweep.dir).resolve()
     if output_dir.resolve().parent == sweep:
         return output_dir.name, output_dir
@@ -146,8 +145,7 @@ _ROOM_BYTES = 64 * 1024  #: kept for a sweep job's status file: its overrides an
 
 
 def _keep_room(output_dir: Path) -> Path | None:
-    """Reserve room for a sweep job's status file at its start, so a disk that fills during the job still gets it. None
-    when already too full."""
+    """Reserve room for a sweep job's status file, so a full disk still gets it; None if already too full."""
     room = output_dir / ".job_status.room"
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -366,8 +364,7 @@ def reset_entry() -> None:
 
 
 def _quiet_interrupted_calls() -> None:
-    """Silence asyncio's "never awaited" warning for a provider coroutine a Ctrl-C, stop signal or timeout dropped
-    unstarted: it is no bug of ours."""
+    """Silence "never awaited" for provider coroutines an interrupt or timeout dropped unstarted: no bug of ours."""
     warnings.filterwarnings("ignore", message=r"coroutine '\w+\.a(completion|\w+_batch|\w*file\w*)' was never awaited",
                             category=RuntimeWarning)
 
@@ -388,8 +385,7 @@ def exit_code_of(exc: SystemExit) -> int:
 
 
 def exit_now(code: int) -> None:
-    """End the process without tearing down every object litellm, MLflow and pandas made; threads are joined, atexit
-    handlers run and streams flushed first."""
+    """End the process without tearing down every object (threads joined, atexit run, streams flushed first)."""
     import atexit
     import os
     import threading

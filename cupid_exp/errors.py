@@ -88,8 +88,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 class Terminated(SystemExit):
-    """A stop signal: stop like Ctrl-C, then exit 128 + its number. In a joblib launcher ``jobs`` holds what each
-    stopped job raised."""
+    """A stop signal: stop like Ctrl-C, exit 128 + its number; ``jobs``: what a joblib launcher's jobs raised."""
 
     def __init__(self, signum: int = signal.SIGTERM, jobs: tuple[Interrupted, ...] = ()) -> None:
         super().__init__(128 + signum)

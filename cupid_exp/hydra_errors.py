@@ -32,8 +32,7 @@ class HeldStderr(io.TextIOBase):
         return "".join(self.parts)
 
     def release(self, *, replay: bool = True, clean: Callable[[str], str] = str) -> None:
-        """The real stream back; what was held is replayed through ``clean`` (secrets removed) unless ``replay`` is off.
-        """
+        """The real stream back; what was held is replayed through ``clean`` unless ``replay`` is off."""
         if sys.stderr is self:
             sys.stderr = self.real
         if replay and self.parts:

@@ -1,5 +1,4 @@
-"""What decides a result, by content: the one rule a job's identity and the report's rows share, so they never disagree
-on what makes two runs the same."""
+"""What decides a result, by content: one rule for a job's identity and the report's rows."""
 
 from __future__ import annotations
 

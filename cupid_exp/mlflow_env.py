@@ -1,5 +1,4 @@
-"""MLflow's process-wide tracking URI, kept from leaking out of our calls; a leaf shared by ``tracking`` and
-``reporting``."""
+"""MLflow's process-wide tracking URI, kept from leaking out of our calls (shared by tracking and reporting)."""
 
 from __future__ import annotations
 
@@ -10,8 +9,7 @@ from typing import Iterator
 
 @contextmanager
 def env_uri_kept() -> Iterator[None]:
-    """``mlflow.set_tracking_uri`` exports ``MLFLOW_TRACKING_URI``, which the config reads: keep it from leaking into a
-    sweep's next job or child processes."""
+    """Keep ``set_tracking_uri``'s export of ``MLFLOW_TRACKING_URI`` from leaking into later jobs or children."""
     before = os.environ.get("MLFLOW_TRACKING_URI")
     try:
         yield

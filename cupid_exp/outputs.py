@@ -45,8 +45,7 @@ class EnvironmentFailure(Exception):
 
 
 def environment_failure(exc: BaseException) -> EnvironmentFailure | None:
-    """The environment failure behind ``exc`` (itself, cause or context), or None. An OSError without a file name yields
-    to one further down that names the path."""
+    """The environment failure behind ``exc`` (or its cause or context), preferring one that names the path."""
     seen: set[int] = set()
     current: BaseException | None = exc
     unnamed: EnvironmentFailure | None = None

@@ -68,8 +68,7 @@ class PromptSet:
         return self._cache[name]
 
     def _examples_source(self) -> Path | None:
-        """Where the matcher's examples come from: ours, a drop-in's own file, or the official module beside it (None).
-        """
+        """Where the matcher's examples come from: ours, a drop-in's file, or the official module (None)."""
         own = self.directory / MATCHER_EXAMPLES
         if own.is_file():
             return own
@@ -77,8 +76,7 @@ class PromptSet:
         return official if official.is_file() else None
 
     def matcher_examples(self) -> list[dict]:
-        """The few-shot pairs as ``{'preference': str, 'checklist': {entry: score}}``; a drop-in without its own raises
-        ConfigError before any call."""
+        """The few-shot pairs; a drop-in without its own raises ConfigError before any call."""
         source = self._examples_source()
         if source is None:
             raise missing_examples(self.directory, MATCHER_EXAMPLES)

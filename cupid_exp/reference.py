@@ -108,8 +108,7 @@ def _nested(annotation: str, cls: type) -> type | None:
 
 
 def rows(prefix: str, cls: type, chosen: dict | None = None) -> Iterator[tuple[str, str, str, str | None]]:
-    """(key, type, default, meaning) of every field of ``cls`` under ``prefix``, nested schemas expanded (not a role's
-    model)."""
+    """(key, type, default, meaning) of every field of ``cls`` under ``prefix``, nested schemas expanded."""
     for f in fields(cls):
         key, kind = f"{prefix}.{f.name}" if prefix else f.name, str(f.type)
         inner = _nested(kind, cls)

@@ -45,8 +45,7 @@ def matcher_examples(examples: Sequence[Mapping]) -> str:
 
 
 def summary_log(summaries: Sequence[Mapping]) -> str:
-    """Summaries in the log's place, per session a Context and a Preferences list (the paper leaves this open; the
-    summariser's 'analysis' is dropped)."""
+    """Summaries as per-session Context and Preferences lists (our rendering; 'analysis' dropped)."""
     parts = []
     for i, summary in enumerate(summaries, start=1):
         block = f"### Session {i}\n\n#### Context\n\n{bulleted(summary['context']) or '- (none)'}\n\n"

@@ -56,8 +56,7 @@ def is_headers_key(name: str) -> bool:
 
 
 def url_credentials(text: str) -> list[str]:
-    """The credentials in ``text``'s URLs: ``user:password`` (and the password alone), and secret-looking query values,
-    as written and decoded."""
+    """The credentials in ``text``'s URLs (user:password, password, secret query values), raw and decoded."""
     found: list[str] = []
     for match in _URL.finditer(text):
         try:
@@ -123,8 +122,7 @@ def _leaves(value: object) -> Iterator[str]:
 
 
 def _texts(value: object) -> Iterator[str]:
-    """Every string in a nested container, plus the values of those that are overrides as Hydra reads them (escaped
-    colons)."""
+    """Every string in a container, plus override values as Hydra reads them (escaped colons)."""
     for text in _leaves(value):
         yield text
         override = _parsed_override(text) if "=" in text else None
@@ -251,8 +249,7 @@ _BASE_FACTORY: Callable[..., logging.LogRecord] | None = None
 
 
 def _install_record_factory(secrets: Iterable[str]) -> None:
-    """Mask secrets in every log record at creation: unlike a handler filter, this survives Hydra reconfiguring logging.
-    """
+    """Mask secrets in log records at creation: unlike a filter, it survives Hydra reconfiguring logging."""
     global _BASE_FACTORY
     _FACTORY_SECRETS[:] = sorted(set(_FACTORY_SECRETS) | {s for s in secrets if s}, key=len, reverse=True)
     if _BASE_FACTORY is not None:

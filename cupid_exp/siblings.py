@@ -8,8 +8,7 @@ from typing import Any, Awaitable
 
 
 async def together(*aws: Awaitable[Any]) -> list[Any]:
-    """Each result in order; at the first failure the others are cancelled and awaited and it is raised (also when
-    cancelled from outside)."""
+    """Each result in order; at the first failure (or outside cancellation) the others are cancelled and awaited."""
     tasks = [asyncio.ensure_future(a) for a in aws]
     if not tasks:
         return []

@@ -56,8 +56,7 @@ def normalize_text(text: str) -> str:
 
 
 def relevant_positions(instance: Instance) -> list[int]:
-    """1-based positions of the prior sessions sharing the current context factor and preference (the oracle sessions).
-    """
+    """1-based positions of the oracle sessions (sharing the current context factor and preference)."""
     factor = normalize_text(instance.current_context_factor)
     preference = normalize_text(instance.current_contextual_preference)
     return [i for i, s in enumerate(instance.prior_interactions, start=1)

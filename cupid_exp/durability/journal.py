@@ -51,8 +51,7 @@ def whole_record(record: Any, fields: Mapping[str, type | tuple[type, ...]] = RE
 
 
 def is_final(record: Mapping[str, Any], retry_failed: bool = False) -> bool:
-    """Whether a record stands on resume: provider failures rerun, unusable replies only with ``runtime.retry_failed``.
-    """
+    """Whether a record stands on resume: failures rerun, unusable replies only with ``runtime.retry_failed``."""
     errors = record.get("errors", [])
     if retry_failed:
         return not errors

@@ -36,8 +36,7 @@ class UsageLedger:
         return cls(journal.parent / "usage" / journal.name)
 
     def keep_room(self) -> None:
-        """Reserve ``ROOM_BYTES`` beside the ledger for the lines in flight when the disk fills; too full already: exit
-        5."""
+        """Reserve ``ROOM_BYTES`` for the lines in flight when the disk fills; already too full: exit 5."""
         try:
             with writing(self.path.parent):
                 self.room.parent.mkdir(parents=True, exist_ok=True)
@@ -56,8 +55,7 @@ class UsageLedger:
             raise
 
     def append(self, step: str, added: Mapping[str, float]) -> None:
-        """One line for one count. A full disk frees the kept room for the lines in flight, then raises
-        ``EnvironmentFailure`` (exit 5), once."""
+        """One line per count; a full disk frees the kept room, then raises ``EnvironmentFailure`` once."""
         line = (json.dumps({"step": step, **added}, separators=(",", ":")) + "\n").encode()
         try:
             self._write(line)

@@ -1,5 +1,4 @@
-"""Evaluation: a job whose unit is a CUPID instance (``work``: the kind; ``instances``: one instance's run; ``checks``:
-what it checks before the first call)."""
+"""Evaluation: a job whose unit is a CUPID instance (``work``, ``instances``, ``checks``)."""
 
 from __future__ import annotations
 

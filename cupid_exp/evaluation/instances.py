@@ -23,8 +23,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class EpochInstance(Instance):
-    """One run of an instance when ``runtime.epochs`` > 1: a unit of its own, keyed ``<persona>/<type>#<epoch>`` (from
-    0)."""
+    """One run of an instance when ``runtime.epochs`` > 1, keyed ``<persona>/<type>#<epoch>`` (from 0)."""
 
     epoch: int = 0
 

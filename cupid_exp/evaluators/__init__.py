@@ -1,5 +1,4 @@
-"""The evaluator (paper §2.3): the decomposer, matcher and judge clients with their prompts, so tasks never see prompt
-files or client wiring."""
+"""The evaluator (paper §2.3): decomposer, matcher and judge with their prompts, hidden from the tasks."""
 
 from __future__ import annotations
 

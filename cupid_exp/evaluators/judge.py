@@ -25,8 +25,7 @@ _NUMBER = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)(?:\s*(?:/|out of)\s*10)?")
 
 
 def parse_judge_score(text: str, low: float = 1.0, high: float = 10.0) -> float:
-    """The score from JSON {'score': ...} or the first number after the last 'Evaluation Score' header; none, or one
-    outside [low, high], is a ParseError."""
+    """The score from JSON or after the last 'Evaluation Score' header; missing or out of range: ParseError."""
     body = strip_thinking(text)
     score: object = None
     if body.lstrip().startswith(("{", "```")):

@@ -15,8 +15,7 @@ ESTIMATE_FILE = "budget_estimate.json"  #: a dry-run sweep's jobs add their esti
 
 def job_budget(runtime: RuntimeConfig, *, job_ledger: Path, sweep_dir: str | None,
                spent: float = 0.0) -> Budget | None:
-    """One job's accounts: its own ledger and, in a sweep, the sweep's (else a second cap). ``spent``: what its usage
-    ledger counted of earlier attempts."""
+    """One job's accounts (its ledger, and a sweep's); ``spent``: what earlier attempts counted."""
     accounts: list[Account] = []
     job_caps = [(runtime.max_cost_usd, "runtime.max_cost_usd")]
     if sweep_dir is None:

@@ -37,8 +37,7 @@ def _placeholders(text: str | None) -> set[str]:
 
 
 def check_prompts(prompts: PromptSet, needed: dict[str, set[str]]) -> None:
-    """Each prompt file exists in the prompt directory (no fallback to ours), parses, and asks only for placeholders its
-    step fills."""
+    """Each prompt file exists in the directory (no fallback), parses, and asks only for known placeholders."""
     where = f"prompts.dir={str(prompts.directory)!r}"
     missing = prompts.missing(needed)
     if missing:

@@ -17,7 +17,6 @@ def content_digest(config: Mapping[str, Any], not_identity: Iterable[str] = (), 
 
 def job_identity(resolved: Mapping[str, Any], *, dataset_digest: str | None = None, prompts_digest: str,
                  not_identity: Iterable[str] = ("data.path",)) -> str:
-    """Hash of everything that decides a job's results. The data enter by their digest, so a relative and an absolute
-    ``data.path`` of one file are one job."""
+    """Hash of what decides a job's results; the data enter by digest, not by how their path is spelt."""
     return config_digest({"config": content(resolved, not_identity), "data": dataset_digest,
                           "prompts": prompts_digest})

@@ -31,8 +31,7 @@ def pool_slots(clients: Iterable[Any]) -> int:
 
 
 def fair_share(units: int, processes: int) -> int | None:
-    """The most units one of ``processes`` should run at once (None: one process): more than its share of slots would
-    leave another process's slots idle."""
+    """The most units one of ``processes`` runs at once (None: one process), so no process idles another's slots."""
     return None if processes <= 1 else max(1, -(-units // processes))
 
 

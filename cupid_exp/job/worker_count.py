@@ -53,8 +53,7 @@ def is_auto(cfg: JobConfig) -> bool:
 
 
 def processes(cfg: JobConfig, todo: int, *, per_process: int = INSTANCES_PER_PROCESS, noun: str = "instance") -> int:
-    """``runtime.workers`` (or ``auto_processes``), capped by units left and by the least concurrent model's slots; 1
-    where this process cannot spawn."""
+    """``runtime.workers`` (or ``auto_processes``), capped by units left and model slots; 1 if unable to spawn."""
     if is_auto(cfg):
         n, why = auto_processes(cfg, todo, per_process=per_process, noun=noun)
         log.log(logging.INFO if n > 1 else logging.DEBUG, "runtime.workers=auto: %d process%s (%s)", n,

@@ -114,8 +114,7 @@ class Batcher:
         self._open: dict[str, str] = {}  # request digest -> the open batch (an earlier run's) that holds it
 
     async def complete(self, body: dict[str, Any], bill: RowBill) -> dict[str, Any]:
-        """The reply body for ``body``; ``bill`` says what it costs this caller (an identical request's first caller
-        pays)."""
+        """The reply body for ``body``; ``bill``: what it costs this caller (the first identical caller pays)."""
         digest = request_digest(self.endpoint, body)
         kept = self.ledger.kept(digest)
         if kept is not None:
@@ -142,8 +141,7 @@ class Batcher:
     # ---- gathering and sending
 
     def _adopt(self, digest: str) -> bool:
-        """True when an earlier run's open batch holds ``digest``: await it rather than resend. Reads the ledger once.
-        """
+        """True when an earlier run's open batch holds ``digest``: await it, not resend. Reads the ledger once."""
         if not self._adopted:
             self._adopted = True
             for batch_id, entry in self.ledger.open_batches().items():

@@ -61,8 +61,7 @@ def new_batcher(model: ModelConfig, settings: CallSettings, api_key: str | None,
 
 async def batched_completion(batcher: Batcher, model: ModelConfig, messages: list[Message], kwargs: dict[str, Any],
                              bill: RowBill) -> Completion:
-    """One call through the Batch API; raises ``RowFailed`` (or litellm's error). ``bill``: what the row costs beyond
-    its reply."""
+    """One call through the Batch API (``RowFailed`` when it fails); ``bill``: the row's cost beyond its reply."""
     params = {k: v for k, v in kwargs.items() if k not in ("caching", "cache")}
     body = {"model": model.litellm_model.split("/", 1)[1], "messages": messages, **params}
     start = time.perf_counter()
@@ -77,8 +76,7 @@ async def batched_completion(batcher: Batcher, model: ModelConfig, messages: lis
 
 
 def unread_usd(client: LLMClient, messages: list[Message], kwargs: dict[str, Any], unread: int) -> float:
-    """The cost of ``unread`` billed-but-unreadable attempts: the worst case each at batch prices (unpriced: nothing).
-    """
+    """The cost of ``unread`` billed attempts: the worst case each at batch prices (unpriced: nothing)."""
     if not unread or client.pricing.worst is None:
         return 0.0
     prompt, reply = worst_case_tokens(messages, kwargs, client.pricing.worst.max_output_tokens)

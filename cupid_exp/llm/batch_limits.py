@@ -71,8 +71,7 @@ class EnqueuedTokens:
         return 0.0 if self.held_since is None else time.monotonic() - self.held_since
 
     def fitting(self, tokens: list[int]) -> int:
-        """How many of the next rows fit the next batch: all without a known limit, else what fits (at least one if
-        idle)."""
+        """How many next rows fit the next batch under the known limit (all without one; one at least if idle)."""
         if self.limit is None:
             return len(tokens)
         room = self.limit * self.share - sum(self.in_flight.values())

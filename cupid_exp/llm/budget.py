@@ -195,8 +195,7 @@ def _restart(account: Account, error: Exception) -> dict[str, Any]:
 
 
 def _save(fd: int, data: Mapping[str, Any]) -> None:
-    """Rewrite in place under the lock, padded to the old length, so the file is never cut short and no rename is paid
-    (bench/performance.md)."""
+    """Rewrite in place under the lock, padded to the old length: never cut short, no rename paid."""
     raw = json.dumps(data, sort_keys=True).encode()
     os.pwrite(fd, raw.ljust(os.fstat(fd).st_size), 0)
 
@@ -277,8 +276,8 @@ class Budget:
         return self._update(change)
 
     async def reserve(self, usd: float) -> "Reservation":
-        """Hold ``usd`` on every account, waiting while others' reservations may come back; BudgetExceeded when spent
-        money alone leaves too little."""
+        """Hold ``usd`` on every account, waiting while reservations may return; BudgetExceeded if spend alone forbids.
+        """
         rid, order = f"{_host()}:{os.getpid()}:{uuid.uuid4().hex[:12]}", _ORDER.get()
         try:
             while True:

@@ -1,5 +1,4 @@
-"""How an endpoint is spelt never makes it another endpoint (``localhost`` is ``127.0.0.1``): for the cache's namespace
-and a job's identity."""
+"""One spelling per endpoint (``localhost`` is ``127.0.0.1``), for the cache's namespace and a job's identity."""
 
 from __future__ import annotations
 
@@ -10,8 +9,7 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def canonical_api_base(api_base: str | None) -> str | None:
-    """``api_base`` in one spelling: lower-case scheme and host, loopback as ``127.0.0.1``, no default port or trailing
-    slash."""
+    """``api_base`` lower-cased, loopback as ``127.0.0.1``, without default port or trailing slash."""
     if not api_base:
         return api_base
     text = api_base.strip()

@@ -9,8 +9,7 @@ EPOCH: ContextVar[int | None] = ContextVar("cupid_epoch", default=None)
 
 
 def epoch_params(params: Mapping[str, Any]) -> dict[str, Any]:
-    """The running epoch's seed (the model's ``seed`` or 0, plus the epoch), so each epoch is another request and cache
-    entry; nothing outside an epoch."""
+    """The running epoch's seed (``seed`` or 0, plus the epoch), so each epoch is its own request; else nothing."""
     epoch = EPOCH.get()
     if epoch is None:
         return {}

@@ -1,5 +1,4 @@
-"""In-process llama.cpp models (xllamacpp) as a litellm custom provider ("llamacpp/<name>"), with the same caching,
-retries and accounting as API models."""
+"""In-process llama.cpp models (xllamacpp) as the litellm provider "llamacpp/<name>"."""
 
 from __future__ import annotations
 
@@ -52,8 +51,7 @@ def resolve_gguf(spec: str) -> Path:
 
 
 def strict_schema(schema: object) -> object:
-    """OpenAI's ``strict: true`` for a JSON schema (no extra properties): otherwise a small model invents keys until
-    max_tokens."""
+    """OpenAI's ``strict: true`` (no extra properties): else a small model invents keys until max_tokens."""
     if isinstance(schema, list):
         return [strict_schema(s) for s in schema]
     if not isinstance(schema, dict):

@@ -61,8 +61,7 @@ UNPRICED = "unpriced: its cost will read as unknown (set input_cost_per_token an
 
 
 def model_note(model: ModelConfig, roles: Iterable[str], today: dt.date | None = None) -> tuple[str, str] | None:
-    """One line (and its level) about a model the map cannot vouch for; None when all is well. For an ``api_base`` only
-    a missing price is noted."""
+    """One line and its level for a model the map cannot vouch for (``api_base``: only a missing price); else None."""
     if model.is_embedded:
         return None
     who = f"{', '.join(roles)} ({model.name}, {model.litellm_model})"

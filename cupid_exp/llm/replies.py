@@ -40,8 +40,7 @@ def strip_thinking(text: str) -> str:
 
 
 def parse_json_reply(text: str) -> Any:
-    """JSON from a ```json fence, a bare value, or the outermost {...} / [...] span (``strict=False``: llama.cpp lets
-    raw newlines into strings)."""
+    """JSON from a ```json fence, a bare value, or the outermost {...} / [...] (non-strict: raw newlines)."""
     text = strip_thinking(text)
     fenced = re.search(r"```(?:json)?\s*(.*?)```", text, re.DOTALL)
     candidates = [fenced.group(1)] if fenced else []

@@ -73,8 +73,7 @@ class Reask:
 
 @dataclass(frozen=True)
 class Resample:
-    """Synthesis's policy: ask afresh, noting the attempt and what was wrong, with a moved seed: a tiny model otherwise
-    repeats the rejected answer."""
+    """Synthesis's policy: ask afresh with the reason and a moved seed, or a tiny model repeats itself."""
 
     attempts: int = 2
 

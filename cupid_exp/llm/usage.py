@@ -99,8 +99,7 @@ class BatchCounts:
 
 @dataclass
 class UsageMeter:
-    """Per-step counters shared by every client of a job. ``sink`` hears every count (the usage ledger), so an
-    interrupted attempt's spend is kept."""
+    """Per-step counters of a job's clients; ``sink`` (the usage ledger) hears every count as it is made."""
 
     counts: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
     sink: Callable[[str, dict[str, float]], None] | None = None
@@ -150,23 +149,20 @@ class UsageMeter:
 
     def abandon(self, step: str, sent: int, charged_usd: float = 0.0, charged: int = 0,
                 settled: Mapping[str, float] = {}) -> None:
-        """A call ended unanswered and unfailed after ``sent`` requests (budget, or the job stopped); its bill is
-        counted."""
+        """A call ended unanswered after ``sent`` requests (budget, or the job stopped); its bill is counted."""
         added: dict[str, float] = {"abandoned_requests": sent}
         _charges(added, charged_usd, charged)
         self._count(step, _plus(added, settled))
 
     def charge(self, step: str, usd: float, requests: int, settled: Mapping[str, float] = {}) -> None:
-        """``requests`` billed without a usable reply whose call is counted apart (a batch row's unreadable attempts).
-        """
+        """``requests`` billed without a usable reply, their call counted apart (unreadable batch rows)."""
         added: dict[str, float] = {**settled}
         _charges(added, usd, requests)
         if added:
             self._count(step, added)
 
     def refuse(self, step: str, reason: str = "oversized") -> None:
-        """A call not sent: its prompt overflows the context (``oversized``) or its worst case the budget (``budget``).
-        """
+        """A call not sent: it overflows the context (``oversized``) or the budget (``budget``)."""
         self._count(step, {f"not_sent_{reason}": 1})
 
     def reject(self, step: str, kind: str) -> None:
@@ -346,8 +342,7 @@ def _limits_part(metrics: dict[str, float]) -> str:
 
 
 def _pools_part(metrics: dict[str, float]) -> str:
-    """"; pool openai-gpt-4o: 64 in flight at most, limit 64, paced at 300 RPM, 5 answered 429, 3.1 s waited" per pool.
-    """
+    """"; pool openai-gpt-4o: 64 in flight at most, limit 64, paced at 300 RPM, 5 answered 429, 3.1 s waited"."""
     pools = sorted(k[len("pools/"):-len("/peak_in_flight")] for k in metrics
                    if k.startswith("pools/") and k.endswith("/peak_in_flight"))
     parts = []

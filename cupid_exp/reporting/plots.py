@@ -73,8 +73,7 @@ def _errorbar(est, scale: float) -> tuple[float, float]:
 
 def plot_by_type(records: Series, task: str = "inference", *, metric: str | None = None, n_boot: int = 1000,
                  seed: int = 0, failure_policy: str = "exclude", title: str | None = None) -> Figure:
-    """Bars per instance type (and 'all') with 95% cluster-bootstrap intervals: P, R and F1 for one inference run, one
-    metric per run for several."""
+    """Bars per instance type with 95% cluster-bootstrap intervals (P, R, F1 for one inference run)."""
     series = _series(records)
     metric, _ = _metric(metric or HEADLINE[task])
     present = {r.get("instance_type") for recs in series.values() for r in recs}
@@ -189,8 +188,7 @@ def _mean_position(r: Mapping[str, Any]) -> float | None:
 
 def plot_by_relevant_position(records: Series, metric: str = "f1", *, n_boot: int = 1000, seed: int = 0,
                               failure_policy: str = "exclude", title: str | None = None) -> Figure:
-    """Score against the mean 1-based position of the relevant sessions, in unit bins (paper Fig. 3); records without
-    positions are counted in the footnote."""
+    """Score by mean position of the relevant sessions (paper Fig. 3); records without positions are footnoted."""
     series = _series(records)
     metric, _ = _metric(metric)
     title = title or f"{LABELS[metric]} vs. where the relevant sessions are in the history"
@@ -253,8 +251,7 @@ def plot_by_history_length(records: Series, metric: str = "f1", *, n_bins: int =
 def save_run_plots(records: Sequence[Mapping[str, Any]], parts: Sequence[str] | str, out_dir: str | Path, *,
                    n_boot: int = 1000, seed: int = 0, failure_policy: str = "exclude",
                    title_prefix: str = "") -> list[Path]:
-    """Write one run's plots as PNGs into ``out_dir``; returns the paths. A plot whose data is missing is skipped and
-    logged."""
+    """Write one run's plots as PNGs into ``out_dir`` (those lacking data skipped, logged); returns the paths."""
     names = [parts] if isinstance(parts, str) else list(parts)
     if any(p not in TASK_METRICS for p in names):
         raise ValueError(f"parts={parts!r}; expected parts from {sorted(TASK_METRICS)}")

@@ -53,8 +53,7 @@ def _why_not(run: JobRun, chosen: JobRun) -> str:
 
 
 def _pick(group: list[JobRun], show_subsets: bool) -> tuple[list[JobRun], str | None]:
-    """The runs one experiment shows (the whole data set's best; a subset's as its own row when asked or alone), and a
-    note when it had several."""
+    """The runs one experiment shows (full data's best, subsets as own rows when asked or alone), with a note."""
     full = sorted((r for r in group if not r.subset), key=_preference, reverse=True)
     by_subset: dict[str, list[JobRun]] = {}
     for run in sorted((r for r in group if r.subset), key=_preference, reverse=True):

@@ -47,8 +47,7 @@ def recovered_shares(values: pd.DataFrame) -> pd.DataFrame:
 
 
 def setting_table(tidy: pd.DataFrame, runs: Sequence[JobRun], task: str, *, data: str, evaluator: str) -> Table | None:
-    """Headline metric by model × setting × type, with the oracle gain each setting recovers; None if only standard ran.
-    """
+    """Headline metric by model × setting × type with the oracle gain recovered; None if only standard ran."""
     by_model = runs_by_model(task, runs, data, evaluator)
     if not any(label != "standard" for settings in by_model.values() for label in settings):
         return None

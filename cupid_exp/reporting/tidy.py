@@ -1,5 +1,4 @@
-"""The report's one tidy frame: a row per number (run or paper × setting × group × metric) with its interval. Every
-table is a pivot of it."""
+"""The report's one tidy frame: a row per number with its interval; every table is a pivot of it."""
 
 from __future__ import annotations
 

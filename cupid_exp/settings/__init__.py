@@ -28,8 +28,7 @@ def _load_all() -> None:
 
 
 def register_setting_schemas() -> None:
-    """Store every setting's schema as ``<name>_setting_schema`` at the root: inside ``setting`` ``--help`` listed it as
-    a choice."""
+    """Store each setting's schema as ``<name>_setting_schema`` at the root (inside ``setting``, --help lists it)."""
     from hydra.core.config_store import ConfigStore
 
     _load_all()

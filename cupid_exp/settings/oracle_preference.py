@@ -1,5 +1,4 @@
-"""oracle_preference (generation only): the model is given the true preference (paper §4.1); ``include_log`` also shows
-the log, which the paper leaves open."""
+"""oracle_preference (generation only): the model gets the true preference (paper §4.1), the log if ``include_log``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The 13-session journey template (paper B.3) and instance construction (paper B.5): pure functions of the seed; the
-LLM only writes text into the slots."""
+"""The journey template (paper B.3) and instances (B.5): pure functions of the seed; the LLM fills the slots."""
 
 from __future__ import annotations
 
@@ -101,8 +100,7 @@ def build_instances(pid: str, template: JourneyTemplate, factors: Sequence[Mappi
                     changed_preference: str, checklists: Mapping[str, Sequence[str]],
                     sessions: Sequence[Mapping[str, Any]], dialogues: Sequence[Sequence[Mapping[str, str]]],
                     ) -> list[dict[str, Any]]:
-    """The three CUPID rows of one persona in the Hub schema, each with 8 prior sessions in journey order; Changing
-    answers with the changed preference."""
+    """The three CUPID rows of one persona in the Hub schema, each with 8 prior sessions in journey order."""
     if len(template.slots) != N_SESSIONS or len(sessions) != N_SESSIONS or len(dialogues) < N_SESSIONS - 1:
         raise ValueError("a journey needs 13 sessions and 12 prior dialogues")
     current = factors[template.current_factor]

@@ -34,8 +34,7 @@ class PersonaTemplate:
 
 
 class BalancedSampler:
-    """Draws k options from the least-used ones (seeded ties), so counts stay within one or two; upstream's half-pool
-    draw let them drift by 5 or more."""
+    """Draws k options from the least-used (seeded ties), so counts stay within one or two (upstream's drift)."""
 
     def __init__(self, options: Sequence[str], rng: random.Random):
         self.options, self.rng = list(options), rng

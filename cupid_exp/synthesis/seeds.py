@@ -1,5 +1,4 @@
-"""Seed persona descriptions, one line per occupation, written for this project (``synthesis.persona_source=builtin``).
-"""
+"""Seed persona descriptions, one per occupation, ours (``synthesis.persona_source=builtin``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""One persona's journey file, ``journeys/persona_NNN.json``, rewritten atomically after every step: what resume reads.
-"""
+"""One persona's journey file, rewritten atomically after every step: what resume reads."""
 
 from __future__ import annotations
 

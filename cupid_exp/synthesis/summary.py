@@ -1,5 +1,4 @@
-"""The synthesis job's numbers: persona, dialogue, instance and validation counts and whether too many personas failed;
-usage comes from ``usage_metrics``."""
+"""The synthesis job's numbers: persona, dialogue, instance and validation counts, and completeness."""
 
 from __future__ import annotations
 
@@ -68,8 +67,7 @@ def _validation_metrics(outcomes: list[PersonaOutcome]) -> dict[str, float]:
 
 def summary_metrics(outcomes: list[PersonaOutcome], meter: UsageMeter, max_failed_fraction: float
                     ) -> dict[str, float]:
-    """Flat MLflow metrics (``personas/...``, ``dialogues/...``, ``instances/...``, ``validation/...``) plus the shared
-    usage ones."""
+    """MLflow metrics: ``personas/``, ``dialogues/``, ``instances/``, ``validation/``, plus usage."""
     m = Completeness.of(outcomes, max_failed_fraction).metrics()
     journeys = [o.journey for o in outcomes]
     m["factors/count"] = sum(len(j.get("factors") or []) for j in journeys)

@@ -55,8 +55,7 @@ def persona_templates(cfg: SynthesizeConfig) -> list[PersonaTemplate]:
 
 
 def check_synthesis(cfg: SynthesizeConfig) -> None:
-    """Refused before any call: a dry run and the Batch API (each step needs the one before's real output) and epochs.
-    """
+    """Refused before any call: dry runs and the Batch API (each step needs the last's output) and epochs."""
     require(not cfg.runtime.dry_run, "runtime.dry_run", cfg.runtime.dry_run,
             "false: synthesis needs each step's real output to write the next")
     require(not cfg.runtime.batch, "runtime.batch", cfg.runtime.batch,
@@ -118,8 +117,7 @@ class SynthesisWork:
         return outcome
 
     def summarise(self, job: "Job", execution: "Execution") -> "SynthesisSummary":
-        """Every persona that ran, in order: this attempt's and the journal's finished ones (a budget-stopped one has
-        none)."""
+        """Every persona that ran, in order: this attempt's and the journal's finished ones."""
         from cupid_exp.synthesis.phases import PersonaOutcome
         from cupid_exp.synthesis.store import JourneyStore
         from cupid_exp.synthesis.summary import Completeness, SynthesisSummary, summary_metrics

@@ -24,8 +24,7 @@ TASKS: dict[str, Task] = {"inference": Task("inference", run_inference, "f1"),
 
 
 def check_task_parts(parts: Sequence[str], where: str = "task.parts") -> None:
-    """``task.parts`` must be distinct registered parts (ConfigError otherwise); checked at planning, so the schema need
-    not import the registry."""
+    """``task.parts``: distinct registered parts, else ConfigError (checked at planning, not in the schema)."""
     require(bool(parts) and set(parts) <= set(TASKS) and len(set(parts)) == len(parts), where, parts,
             f"a non-empty list of distinct parts from {sorted(TASKS)}")
 

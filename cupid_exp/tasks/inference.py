@@ -54,8 +54,7 @@ def _clean_sentence(text: str) -> str:
 
 
 def parse_preference(text: str) -> str:
-    """The stated preference from JSON or under the last 'Most Likely Preference(s)' header (bold, plural, same-line).
-    """
+    """The stated preference, from JSON or under the last 'Most Likely Preference(s)' header."""
     body = strip_thinking(text)
     if body.lstrip().startswith(("{", "```")):
         try:

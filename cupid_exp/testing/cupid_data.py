@@ -1,5 +1,4 @@
-"""Synthetic CUPID data sets: the shipped 9-row sample under new persona ids, perturbed so each instance's prompts
-differ."""
+"""Synthetic CUPID data sets: the 9-row sample under new persona ids, perturbed so prompts differ."""
 
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ def write_dataset(path: Path, n: int, *, start: int = 100) -> Path:
 
 
 def stub_overrides(url: str, litellm_model: str = "openai/stub") -> list[str]:
-    """Overrides sending the subject model and every evaluator role to the stub at ``url`` (``null``: the in-process
-    ``litellm_model``)."""
+    """Overrides sending every role to the stub at ``url`` (``null``: the in-process ``litellm_model``)."""
     out = ["model=openai_compatible", f"model.litellm_model={litellm_model}", f"model.api_base={url}",
            "evaluator=local"]
     for role in ("decomposer", "matcher", "judge"):

@@ -1,5 +1,4 @@
-"""The faults the stub injects, as real providers send them, chosen by hashes so a run's faults do not depend on arrival
-order."""
+"""The stub's faults, as providers send them, chosen by hashes so arrival order does not matter."""
 
 from __future__ import annotations
 

@@ -107,8 +107,7 @@ def stub_sentence(key: str, min_len: int = 0, max_len: int = 200) -> str:
 
 
 def schema_value(schema: dict[str, Any], key: str, position: int | None = None) -> Any:
-    """A value valid under ``schema``, drawn by ``key``; an enum in an array takes its position, arrays their minItems.
-    """
+    """A value valid under ``schema``, drawn by ``key`` (enums in arrays by position, arrays at minItems)."""
     draw = int(digest(key)[:8], 16)
     if "enum" in schema:
         options = schema["enum"]

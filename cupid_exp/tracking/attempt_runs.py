@@ -1,5 +1,4 @@
-"""A job's attempts share one MLflow run, found by the run key (``cupid.run_key``); a SIGKILLed attempt is noted by the
-next."""
+"""A job's attempts share one MLflow run, found by ``cupid.run_key``; a SIGKILLed attempt is noted."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Hydra callbacks for both entry points: secrets out of Hydra's files, one MLflow parent per sweep, and the sweep's
-report of failed jobs."""
+"""Hydra callbacks: secrets out of Hydra's files, an MLflow parent per sweep, the sweep's failure report."""
 
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def config_secrets(config: DictConfig, overrides: Sequence[str]) -> list[str]:
-    """The secrets of the overrides and the composed config, unresolved (a broken interpolation must not stop masking).
-    """
+    """The secrets of the overrides and composed config, unresolved (so broken interpolations still mask)."""
     return secret_values([*overrides, OmegaConf.to_container(config, resolve=False)])
 
 

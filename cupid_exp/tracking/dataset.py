@@ -1,5 +1,4 @@
-"""The evaluated data as an MLflow dataset input; a subset's digest includes the keys kept, so it never shares an entry
-with the full run."""
+"""The evaluated data as an MLflow dataset input; a subset's digest includes its keys."""
 
 from __future__ import annotations
 

@@ -342,8 +342,7 @@ class FinalLog:
 
 @dataclass
 class PlotRequest:
-    """The run's plots, drawn by the run worker (matplotlib never imported by the job's process), records in dataset
-    order so the intervals match the job's table."""
+    """The run's plots, drawn by the run worker from records in dataset order (as the job's table)."""
 
     parts: tuple[str, ...]
     folder: str

@@ -67,8 +67,7 @@ def prepare_store(uri: str) -> None:
 
 
 def artifact_location(tracking: TrackingConfig) -> str | None:
-    """Where a new experiment keeps artifacts: as configured; beside a SQLite database (not ./mlruns); else the
-    server's."""
+    """Where a new experiment keeps artifacts: as configured, beside a SQLite file, else the server's."""
     where = tracking.artifact_location
     if where:
         return where if re.match(r"^[a-zA-Z][\w+.-]*:/", where) else Path(where).expanduser().resolve().as_uri()
@@ -113,8 +112,7 @@ class SweepParent:
 
 
 def ensure_parent(tracking: TrackingConfig, sweep_dir: str | Path, overrides: Iterable[str] = ()) -> str:
-    """The sweep's parent run id: the marker's, else a new run under a file lock, with the command's overrides as
-    ``sweep.*`` params."""
+    """The sweep's parent run id: the marker's, else a new run (under a lock) with ``sweep.*`` params."""
     from filelock import FileLock
 
     folder = Path(sweep_dir)

@@ -132,8 +132,7 @@ def trace_keys(client: MlflowClient, experiment_id: str, run_id: str) -> set[str
 
 
 def one_trace_per_unit(client: MlflowClient, experiment_id: str, run_id: str) -> int:
-    """Delete all but one trace per unit (the journalled one's: live over rebuilt, then latest). Returns how many; a
-    failing store leaves them (one warning)."""
+    """Delete all but one trace per unit (the journalled one's); returns how many. Failures only warn."""
     try:
         best: dict[str, TraceInfo] = {}
         extra: list[str] = []
@@ -162,8 +161,7 @@ def _rank(info: TraceInfo) -> tuple[bool, int, int]:
 
 
 def leave_no_empty_parent(client: MlflowClient, experiment_id: str, previous: Run | None, parent: str | None) -> None:
-    """A run that moved to another sweep leaves its old parent; an ended parent left childless is deleted. Never fails.
-    """
+    """Leave an old sweep parent; delete it if ended and childless. Never fails."""
     before = previous.data.tags.get("mlflow.parentRunId") if previous is not None else None
     if not before or not parent or before == parent:
         return

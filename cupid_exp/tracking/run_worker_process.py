@@ -33,8 +33,7 @@ class SnapshotMeter:
 
 
 def serve(inbox: Queue[tuple[Any, ...]], outbox: Connection, progress: ctypes.c_longlong) -> None:
-    """The worker: open the run, hear of each instance, finish or end the run, say so, exit (or await a sweep's next).
-    """
+    """The worker: open the run, hear of instances, finish or end it, say so, exit (or await a sweep's next)."""
     ignore_stops()  # Ctrl-C and a launcher's SIGTERM reach the whole process group: the job decides, and tells us
     from cupid_exp.tracking import traces
 

@@ -63,8 +63,7 @@ def holds_nothing(db: Path) -> bool:
 
 
 def unreadable(db: Path) -> sqlite3.DatabaseError | None:
-    """SQLite's error when ``db`` is no database at all; None otherwise (locks and permissions are not the file's
-    fault)."""
+    """SQLite's error when ``db`` is no database at all; else None (locks, permissions: not the file)."""
     try:
         with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as con:
             con.execute("SELECT name FROM sqlite_master").fetchall()

@@ -13,8 +13,7 @@ class TrackingError(RuntimeError):
 
 
 class TrackingUnavailable(TrackingError, EnvironmentFailure):
-    """The tracking store could not be reached: exit 5 in one line; the same command publishes the kept results later.
-    """
+    """The tracking store is unreachable: exit 5 in one line; the same command publishes later."""
 
     def __init__(self, message: str):
         RuntimeError.__init__(self, f"environment failure: {message}")
@@ -31,8 +30,7 @@ _CONNECTION_CLASSES = {"ConnectionError", "ConnectTimeout", "ReadTimeout", "Time
 
 
 def store_unreachable(exc: BaseException) -> bool:
-    """Whether ``exc`` (or its cause) says the store could not be reached or written, rather than refused what was sent.
-    """
+    """Whether ``exc`` (or its cause) says the store is unreachable or unwritable, not that it refused."""
     if environment_failure(exc) is not None:
         return True
     seen: set[int] = set()

@@ -1,5 +1,4 @@
-"""MLflow's own error logs, one line each, in the job's log file rather than on the console: a failing store logs
-thousands of lines for one cause."""
+"""MLflow's error logs, one line each, in the job's log file only: a failing store floods the console."""
 
 from __future__ import annotations
 
@@ -51,8 +50,7 @@ def _first_line(text: str) -> str:
 
 
 class OffTheConsole(logging.Filter):
-    """On a console handler: store notes go to the root's log files instead (MLflow's logger does not propagate); a
-    process without one drops them."""
+    """On a console handler: store notes go to the root's log files (MLflow's logger does not propagate)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not _about_the_store(record):

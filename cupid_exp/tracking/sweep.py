@@ -1,5 +1,4 @@
-"""A sweep's parent run as its front page: the leaderboard and comparison plots of its finished runs (docs/mlflow.md).
-"""
+"""A sweep's parent run as its front page: leaderboard and plots of its finished runs (docs/mlflow.md)."""
 
 from __future__ import annotations
 
@@ -88,8 +87,7 @@ class SweepEnd:
 
 
 def finish_sweep(end: SweepEnd) -> str | None:
-    """Log the leaderboard on the sweep's parent and end it (FAILED if a job failed); returns why it could not, if not.
-    """
+    """Log the leaderboard on the sweep's parent and end it; returns why it could not, if so."""
     from mlflow.tracking import MlflowClient
 
     from cupid_exp.durability.signals import shielded

@@ -37,8 +37,7 @@ def score_retrieval(instance: Instance, retrieved: Sequence[int], oracle: Sequen
 
 
 def retrieval_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """recall@k / precision@k of the oracle sessions (overall and per type), and how often a contrastive or stale
-    session was retrieved."""
+    """recall@k / precision@k of the oracle sessions, and how often a contrastive or stale one was retrieved."""
     rows = [{"instance_type": r["instance_type"], **r["retrieval"]} for r in records if r.get("retrieval")]
     if not rows:
         return {}

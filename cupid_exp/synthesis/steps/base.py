@@ -54,8 +54,7 @@ class SynthContext:
 
     async def ask_json(self, role: str, step: str, messages: Messages, schema: dict,
                        build: Callable[[object], T]) -> T:
-        """``build(data)`` of ``role``'s JSON reply; StepFailed when no attempt is valid. The journey file is the
-        record."""
+        """``build(data)`` of ``role``'s JSON reply; StepFailed when no attempt is valid."""
         return await ask(self.clients[role], step, messages, lambda text: build(reply_json(text)),
                          transcript=Transcript(), schema=schema, retry=self.retry)
 

@@ -59,8 +59,7 @@ def placeholders(data: object) -> list[str]:
 
 
 def looks_english(text: str) -> bool:
-    """False for text with more foreign function words than English ones, or several accented letters: a drifted reply.
-    """
+    """False for more foreign function words than English ones, or several accents: a drifted reply."""
     words = re.findall(r"[^\W\d_]+", text.lower())
     accented = sum(1 for ch in text if ch.isalpha() and not ch.isascii())
     if accented > max(3, len(text) // 20):

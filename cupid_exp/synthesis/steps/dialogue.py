@@ -57,8 +57,7 @@ def simulator_view(dialogue: Sequence[Mapping[str, str]]) -> Messages:
 
 
 async def _assistant_reply(ctx: SynthContext, messages: Messages, attempt: int) -> str:
-    """The assistant simulator's text, its seed moving with the attempt. Empty: '(no answer)', counted; cut at
-    max_tokens: kept, counted."""
+    """The assistant simulator's text (seed moved per attempt); empty or cut replies stand, counted."""
     client = ctx.clients["assistant_simulator"]
     reply = await ask(client, "assistant_simulator", messages, str.strip, transcript=Transcript(),
                       params=ctx.retry.params(client, attempt), retry=Resample(0), keep_cut=True)

@@ -1,5 +1,4 @@
-"""Step 2 (paper B.2): eight context factors, the last two a contrastive pair, then the changed preference. Code plans
-the slots; the model writes the text."""
+"""Step 2 (paper B.2): eight context factors (a contrastive pair last), then the changed preference."""
 
 from __future__ import annotations
 
@@ -89,8 +88,7 @@ def validate_factors(factors: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 class NameRepair:
-    """After the first ``after`` attempts, a reply whose only fault is its name takes a taxonomy name (the model's kept
-    as ``model_name``)."""
+    """After ``after`` attempts, a reply faulty only in its name takes a taxonomy name (``model_name`` kept)."""
 
     def __init__(self, after: int, key: str):
         self.after, self.key, self.attempts = after, key, 0

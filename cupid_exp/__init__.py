@@ -1,8 +1,5 @@
-"""cupid-exp: a Hydra-driven experiment runner for the CUPID benchmark (COLM 2025).
-
-The pipeline: ``data`` → ``settings`` → ``tasks`` → ``evaluators`` → ``scoring`` → ``tracking`` / ``reporting``; ``llm``
-underneath, ``durability`` beside it, ``job`` ties one run together.
-"""
+"""cupid-exp: a Hydra-driven experiment runner for the CUPID benchmark (COLM 2025): ``data`` → ``settings`` → ``tasks``
+→ ``evaluators`` → ``scoring`` → ``tracking`` / ``reporting``, over ``llm``, beside ``durability``, tied by ``job``."""
 
 import os
 

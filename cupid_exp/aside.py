@@ -1,6 +1,5 @@
-"""A file a rerun cannot read at all (a corrupt cache, a journal of garbage) is renamed ``<name>.corrupt-<UTC time>``
-with one warning line, not deleted and not fatal: the job goes on without it and the bytes stay for a look. Imports
-nothing of cupid_exp, so every layer can use it."""
+"""A file a rerun cannot read at all is renamed ``<name>.corrupt-<UTC time>`` with one warning, neither deleted nor
+fatal: the job goes on without it. Imports nothing of cupid_exp, so every layer can use it."""
 
 from __future__ import annotations
 

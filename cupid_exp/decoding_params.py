@@ -1,6 +1,5 @@
-"""Decoding parameters checked at planning: a wrong type or range in ``model.params`` fails in one line instead of a
-paid provider refusal. Unknown keys pass (providers differ) unless a near miss of a known one (``temprature``).
-Imports nothing, so the config stays below the model layer."""
+"""Decoding parameters checked at planning: a wrong type or range in ``model.params`` fails in one line, not a paid
+refusal; unknown keys pass unless a near miss (``temprature``). Imports nothing, so the config stays below ``llm``."""
 
 from __future__ import annotations
 

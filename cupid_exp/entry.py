@@ -1,6 +1,5 @@
-"""The Hydra entry shared by ``python -m cupid_exp`` and ``python -m cupid_exp.synthesize``: a job's ``Outcome`` becomes
-the README's exit codes, one line and no traceback for everything but a bug. A sweep runs every job and exits with
-the worst code, listing the failed and incomplete ones."""
+"""The Hydra entry of ``python -m cupid_exp`` and ``python -m cupid_exp.synthesize``: a job's ``Outcome`` becomes the
+README's exit codes, one line and no traceback but for a bug; a sweep runs every job and exits with the worst."""
 
 from __future__ import annotations
 

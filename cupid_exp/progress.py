@@ -1,6 +1,5 @@
-"""Progress: on a terminal, a bar per stage with ETA and usage so far; elsewhere (nohup, SLURM, CI) a line every
-``runtime.progress_every_s``, so a log is never silent for a job's length. Observers hear of finished instances
-through ``InstanceObserver``."""
+"""Progress: on a terminal a bar per stage; elsewhere (nohup, SLURM, CI) a line every ``runtime.progress_every_s``, so a
+log is never silent. Observers hear of finished instances through ``InstanceObserver``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Keep API keys out of everything we write: logs, outputs, Hydra's saved config, MLflow. Config data gets secret values
-replaced by '***' (``redact``); free text gets every known secret value replaced (``scrub``). The calls still get the
-values."""
+"""Keep API keys out of everything we write (logs, outputs, Hydra's files, MLflow): config data gets secret values
+replaced by '***' (``redact``), free text every known secret value (``scrub``)."""
 
 from __future__ import annotations
 

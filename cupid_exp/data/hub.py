@@ -1,6 +1,5 @@
-"""A data set from the Hugging Face Hub, or one line saying why not. Offline mode uses only the cache; otherwise one
-metadata request (``HF_HUB_ETAG_TIMEOUT``) comes first, so an unreachable Hub is reported at once instead of after
-huggingface_hub's backoff and a traceback."""
+"""A data set from the Hugging Face Hub, or one line saying why not: offline mode reads only the cache, else one quick
+metadata request reports an unreachable Hub at once rather than after huggingface_hub's backoff."""
 
 from __future__ import annotations
 

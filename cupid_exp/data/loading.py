@@ -1,8 +1,6 @@
-"""Load CUPID instances from the Hub, a local file or directory, or the shipped sample.
-
-A bad row is one ``DataError`` line (file:line, key, field), counted, and the rest still run (``data.strict`` stops).
-Refused: duplicate keys, NaN/Infinity, a BOM, non-regular files (a pipe would hang), no valid row at all.
-"""
+"""Load CUPID instances from the Hub, a local file or directory, or the shipped sample. A bad row is one counted
+``DataError`` line (file:line, key, field) and the rest run (``data.strict`` stops); duplicate keys, NaN, a BOM,
+non-regular files and data without a valid row are refused."""
 
 from __future__ import annotations
 

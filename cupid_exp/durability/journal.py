@@ -1,9 +1,6 @@
-"""Resume: finished instances are appended to a journal keyed by the job's identity, so a rerun skips them.
-
-Each line is written whole (a kill cannot lose it) and fsynced off the event loop, several lines per fsync
-(``_Syncer``). Torn lines and lines that are not whole records are skipped; a journal with no whole record is set aside
-(``cupid_exp.aside``).
-"""
+"""Resume: finished instances are appended to a journal keyed by the job's identity, so a rerun skips them. Lines are
+written whole and fsynced off the event loop (``_Syncer``); torn or partial lines are skipped, and a journal without
+a whole record is set aside (``cupid_exp.aside``)."""
 
 from __future__ import annotations
 

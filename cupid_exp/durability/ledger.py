@@ -1,6 +1,5 @@
-"""A job's usage ledger: one line per count a ``UsageMeter`` makes, written as it happens, so every paid request is in
-the spend. A kill leaves its in-flight requests charged their worst case. Room kept beforehand (``keep_room``) lets
-the lines of calls in flight be written when the disk fills (exit 5)."""
+"""A job's usage ledger: a line per ``UsageMeter`` count as it happens, so every paid request is in the spend (a kill's
+in-flight ones at their worst case). Room kept beforehand (``keep_room``) takes the last lines when the disk fills."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""A stop signal becomes an exception, and ending a run cannot be interrupted.
-
-Python dies on SIGTERM without unwinding, leaving the MLflow run RUNNING. While a job works, ``STOP_SIGNALS`` raise
-``Terminated`` (a ``SystemExit`` with 128 + the signal, which Hydra lets through) and the job stops as on Ctrl-C.
-Interrupts are held back while the run is ended. A joblib sweep's launcher hands the signal to its workers first.
-"""
+"""A stop signal becomes an exception, and ending a run cannot be interrupted: Python dies on SIGTERM without unwinding,
+leaving the MLflow run RUNNING. While a job works, ``STOP_SIGNALS`` raise ``Terminated`` (exit 128 + the signal) and
+it stops as on Ctrl-C; a joblib sweep's launcher hands the signal to its workers first."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The garbage collector kept off start-up and off the long-lived objects while units run: full collections there free
-next to nothing and stall the event loop (bench/versus_official.md). Paused from the job's start until the units run,
-then the objects alive are frozen (``gc.freeze``) until they are done."""
+"""The garbage collector kept off start-up and off the long-lived objects while units run, where full collections free
+next to nothing and stall the event loop (bench/versus_official.md): paused, then ``gc.freeze`` until units end."""
 
 from __future__ import annotations
 

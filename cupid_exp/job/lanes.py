@@ -1,6 +1,5 @@
-"""The lanes a process runs units in, as many as the kind's ``connect`` said. A fatal refusal or ``RetryLater`` stops
-the taking and is raised once every lane stopped (units in flight unjournalled); any other exception cancels the
-other lanes (``siblings.together``)."""
+"""The lanes a process runs units in. A fatal refusal or ``RetryLater`` stops the taking and is raised once every lane
+stopped (in-flight units unjournalled); any other exception cancels the others (``siblings.together``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""How many processes share a job's calls. ``auto`` adds a process only for API models, per ``INSTANCES_PER_PROCESS``
-units and ``SLOTS_PER_PROCESS`` slots, up to the usable cores: a process costs memory a small job never earns back.
-One for an embedded model, batch, dry run, or where spawning is impossible."""
+"""How many processes share a job's calls: ``auto`` adds one for API models per ``INSTANCES_PER_PROCESS`` units and
+``SLOTS_PER_PROCESS`` slots, up to the cores (a small job never earns a process back); else one."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """A provider's Batch API behind the same ``complete`` call: half price, hours of latency, resumable (docs/batch.md).
-
-Nothing is paid twice: batches and rows are journalled (``BatchLedger``) before they are awaited, so a rerun collects
-kept rows and pending batches, and identical requests share one row. Retryable row failures go into a later batch (up to
-``runtime.num_retries``); the batcher's own requests follow the live retry policy (``Guard``).
-"""
+Batches and rows are journalled (``BatchLedger``) before they are awaited and identical requests share a row, so
+nothing is paid twice; failed rows retry in later batches, and upload and creation follow the live retry policy."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""A provider's cap on enqueued batch tokens, learnt from its rejection (``token_limit_exceeded``), and batches sized
-under it. Such a batch fails no row. Our token counts are estimates: a rejection while none of ours is queued halves
-the share aimed for, down to a batch of one."""
+"""A provider's cap on enqueued batch tokens, learnt from its rejection (a batch that fails no row), and batches sized
+under it. Our counts are estimates, so a rejection with none of ours queued halves the share aimed for."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""A spending limit that holds across calls, worker processes and a sweep's parallel jobs. Each request *reserves* its
-worst case before sending and *settles* its bill after, in JSON ledgers under a file lock. A call that does not fit
-raises ``BudgetExceeded``, or waits while reservations may come back (oldest instance first)."""
+"""A spending limit across calls, worker processes and a sweep's jobs: each request *reserves* its worst case and
+*settles* its bill, in JSON ledgers under a file lock; a call that cannot fit raises ``BudgetExceeded`` or waits."""
 
 from __future__ import annotations
 

@@ -92,12 +92,8 @@ class Resample:
 async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[[str], _T], *,
               transcript: Transcript, schema: dict[str, Any] | None = None, params: dict[str, Any] | None = None,
               retry: Reask | Resample = Reask(1), dry_reply: DryReply | None = None, keep_cut: bool = False) -> _T:
-    """``parse(reply)`` of ``client``'s reply for ``step``; StepFailed when no reply is usable.
-
-    A reply cut at max_tokens is never parsed: it is asked once more with a larger max_tokens, then fails as
-    ``truncated``. A refusal fails as ``content_filter`` at once. ``keep_cut`` (or the model's ``keep_cut_replies``): a
-    cut reply is used as it is (``truncated_kept``).
-    """
+    """``parse(reply)`` of ``client``'s reply for ``step``; StepFailed when none is usable. A reply cut at max_tokens is
+    asked again with more room, then fails ``truncated`` (kept as is with ``keep_cut``); a refusal fails at once."""
     reply, reason, kind = "", "", "unparseable"
     log = calls.current()
     attempt = requests = 0

@@ -1,9 +1,5 @@
-"""What every model call costs and how it ended, counted per step; the one place usage becomes metrics.
-
-A *call* is a completion a step asked for (fresh, cached, or failed); *requests* are what reached a provider. A request
-counts in flight at its worst case until its call settles it, so after ``kill -9`` the spend shown is never below the
-bill.
-"""
+"""What every model call costs and how it ended, per step; the one place usage becomes metrics. A request counts in
+flight at its worst case until its call settles it, so after ``kill -9`` the spend shown is never below the bill."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""What changed between two runs, as Hydra overrides: ``python -m cupid_exp.diff A B``.
-
-A and B are MLflow run ids or job folders. Appended to A's overrides, the printed ones compose B's resolved config:
-changed group choices first, then differing leaves (interpolated values left out when their source already gives them),
-then digests and commit as ``#`` comments. The result is checked by composing against the current ``conf/``. Redacted
-values are never compared.
-"""
+"""What changed between two runs (MLflow run ids or job folders), as Hydra overrides: ``python -m cupid_exp.diff A B``.
+Appended to A's overrides they compose B's resolved config, which is checked against the current ``conf/``; redacted
+values are never compared."""
 
 from __future__ import annotations
 

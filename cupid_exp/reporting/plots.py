@@ -1,9 +1,5 @@
-"""Plots of per-instance records: where a model succeeds and fails (by type, by relevant position: paper Fig. 3, by
-history length: Fig. 9).
-
-Each takes one run's records or ``{label: records}`` and returns a Figure on the Agg canvas (no pyplot state: safe in
-worker processes). Every number comes from ``cupid_exp.scoring``.
-"""
+"""Plots of per-instance records: by type, by relevant position (paper Fig. 3), by history length (Fig. 9). Each returns
+a Figure on the Agg canvas (no pyplot state: safe in workers); every number comes from ``cupid_exp.scoring``."""
 
 from __future__ import annotations
 

@@ -81,9 +81,8 @@ def _pick(group: list[JobRun], show_subsets: bool) -> tuple[list[JobRun], str | 
 
 def select_runs(runs: Sequence[JobRun], load: Callable[[str], Records | None], *,
                 show_subsets: bool = False) -> Selection:
-    """Keep finished, complete runs, one per identity × task × data; a newer run replaces an older one of the same
-    identity. The whole data set beats a newer subset or incomplete run; subsets show as their own rows when
-    ``show_subsets`` or alone. ``load(run_id)`` returns records or None."""
+    """Finished, complete runs, one per identity × task × data (the newest, the whole data set first); subsets as their
+    own rows when ``show_subsets`` or alone. ``load(run_id)`` returns records or None."""
     notes: list[str] = []
     records: dict[str, Records | None] = {}
     usable: list[JobRun] = []

@@ -1,9 +1,5 @@
-"""Confidence for CUPID numbers: seeded cluster bootstrap over personas, and paired comparisons.
-
-A persona's three instances share one user and history, so intervals resample *personas* and paired tests permute within
-them; with epochs, personas then epochs are drawn. Statistics and failure policy are ``scoring.statistics``'s, so an
-interval surrounds the number the job reports.
-"""
+"""Seeded cluster bootstrap over personas, and paired comparisons: a persona's three instances share one history, so
+intervals resample personas (then epochs) and tests permute within them, around ``scoring.statistics``'s numbers."""
 
 from __future__ import annotations
 

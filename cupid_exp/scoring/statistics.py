@@ -1,12 +1,10 @@
 """Each statistic and the failure policy, defined once; point values, tables and intervals all use them.
 
-Statistics: ``precision`` / ``recall`` are means of per-instance values; ``f1`` is the harmonic mean of mean P and mean
-R (the paper's, *not* a mean of F1s); ``score`` the mean judge score; any other field its mean.
-
-Failure policy (``runtime.failure_policy``): ``exclude`` leaves a failed instance out (counted); ``zero`` scores it 0;
-``upstream`` follows the official tool's ``evaluation/pipeline/evaluate.py``: a context-length error while inferring, or
-a failed match, scores 0 in inference; a context-length error while generating, or a judge failure, scores 0 in
-generation; any other failure drops the instance. Where its aggregation would crash, its intent is used.
+``precision`` / ``recall``: means of per-instance values; ``f1``: the harmonic mean of mean P and mean R (the paper's,
+*not* a mean of F1s); ``score``: the mean judge score. ``runtime.failure_policy``: ``exclude`` leaves a failed instance
+out (counted); ``zero`` scores it 0; ``upstream`` follows the official ``evaluation/pipeline/evaluate.py``: a
+context-length error while inferring or generating, a failed match or a judge failure score 0, anything else drops the
+instance (where its aggregation would crash, its intent is used).
 """
 
 from __future__ import annotations

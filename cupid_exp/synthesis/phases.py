@@ -1,6 +1,5 @@
-"""One persona through every phase (persona → factors → changed preference → sessions → instances → validation), each
-saved as done; checklists and dialogues start as soon as their inputs exist. A ``StepFailed`` fails the persona; any
-other exception stops the job."""
+"""One persona through its phases, each saved as done; checklists and dialogues start once their inputs exist. A
+``StepFailed`` fails the persona; any other exception stops the job."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""OpenAI's Files and Batch endpoints in memory, for the stub server: uploads, batches that complete after
-``complete_after_s``, failing, expired and malformed rows, counted submissions (to tell a resume from a resubmit),
-refused uploads, the enqueued-token limit, and garbled output lines."""
+"""OpenAI's Files and Batch endpoints in memory, for the stub server: slow, failing, expired and malformed batches,
+refused uploads, the enqueued-token limit, garbled lines, and counted submissions."""
 
 from __future__ import annotations
 

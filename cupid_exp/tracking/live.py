@@ -1,9 +1,5 @@
-"""The job's MLflow run while the job works: progress points, a trace per instance, and a clean end.
-
-Progress is stepped by units done (journalled included), so a resume's curves continue. A thread logs points; the event
-loop never waits on MLflow. ``end`` is the one way the run ends: the last point, the traces, the status and outcome
-tags, a line on this attempt.
-"""
+"""The job's MLflow run while the job works: progress points (stepped by units done, so a resume's curves continue), a
+trace per instance, and ``end``, the one way it ends. A thread logs; the event loop never waits on MLflow."""
 
 from __future__ import annotations
 

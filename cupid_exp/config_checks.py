@@ -1,5 +1,4 @@
-"""How a config is checked: the one-line ``ConfigError``, range helpers, unknown keys refused, and the walk that runs
-every node's check. ``cupid_exp.config`` re-exports these names."""
+"""How a config is checked: the one-line ``ConfigError``, range helpers, unknown keys, the walk over every node."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""What a job prints: results per task part, failures, usage, outputs, and a last line saying whether the run is
-complete (scripts read it). Also kept in ``results.txt`` and the job's log."""
+"""What a job prints (also to ``results.txt``), ending with a line saying whether the run is complete: scripts read it.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""How a job ends: the exit codes, the ``Outcome``, and the one-line errors. A leaf importing nothing of cupid_exp, so
-every layer can name them (``cupid_exp.entry`` documents each code)."""
+"""How a job ends: exit codes, ``Outcome``, the one-line errors. A leaf, so every layer can name them."""
 
 from __future__ import annotations
 

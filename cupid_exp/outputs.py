@@ -16,8 +16,7 @@ _NOT_IN_A_NAME = re.compile(r"[/\\\x00-\x1f]")  # a path separator (either OS's)
 
 
 def folder_name(*parts: object) -> str:
-    """One folder name from config values joined by '_' (``conf/config.yaml``). Separators and control characters become
-    '_', so ``model.name=../../x`` stays inside ``paths.output_root``."""
+    """Config values joined by '_' as one folder name; separators become '_', so no value escapes the output root."""
     return "_".join(_NOT_IN_A_NAME.sub("_", str(part)) for part in parts)
 
 

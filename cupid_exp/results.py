@@ -1,5 +1,4 @@
-"""Typed results of one instance and their instances.jsonl line (the public schema read back by
-``InstanceResult.from_record``). A field never reached is absent, not null."""
+"""Typed results of one instance and their instances.jsonl line; a field never reached is absent, not null."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""How a job ended, as its MLflow run says: FINISHED only for exit 0, else FAILED (KILLED for a stop signal) with
-``cupid.outcome``/``cupid.reason`` tags (docs/mlflow.md)."""
+"""A job's ending as its MLflow run says it: FINISHED only for exit 0, else FAILED or KILLED with outcome tags."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""One evaluated instance: the setting's view once, then the task parts concurrently on it. A step's failure is recorded
-and counted; a bug propagates and stops the job."""
+"""One evaluated instance: the setting's view once, then the task parts concurrently; a bug stops the job."""
 
 from __future__ import annotations
 

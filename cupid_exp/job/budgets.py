@@ -1,5 +1,4 @@
-"""A job's budgets: ``runtime.max_cost_usd`` spans its attempts (ledger beside the journal);
-``runtime.sweep_max_cost_usd`` is shared by a sweep's jobs (ledger in the sweep folder)."""
+"""A job's budgets: ``runtime.max_cost_usd`` over its attempts, ``runtime.sweep_max_cost_usd`` over a sweep's jobs."""
 
 from __future__ import annotations
 

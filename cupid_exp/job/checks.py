@@ -1,5 +1,4 @@
-"""Checks that need the world, before any job's first call: folders writable, prompt files usable, tracking server
-reachable, credentials present. One ConfigError line per problem."""
+"""Checks that need the world (folders, prompts, tracking server, credentials), before any call: one line each."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Phase 2 of a job: run the units left (in this process and its workers), journal each, tell the MLflow run. A bug
-stops the job with its traceback; the journal keeps what finished."""
+"""Phase 2 of a job: run the units left, here and in workers, journal each, tell the MLflow run."""
 
 from __future__ import annotations
 

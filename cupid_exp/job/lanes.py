@@ -36,8 +36,7 @@ def fair_share(units: int, processes: int) -> int | None:
 
 async def run_units(kind: Kind, ctx: Any, lanes: int, take: Taker, finished: Finished, progress: Progress | None,
                     with_calls: bool, at_most: int | None = None) -> None:
-    """Run units as ``take`` hands them out, ``lanes`` (and ``at_most``) at a time, telling ``finished`` of each. The
-    caller drains litellm's background work after."""
+    """Run units as ``take`` hands them out, ``lanes`` (and ``at_most``) at a time; the caller drains litellm after."""
     stop = asyncio.Event()  # a call refused by the budget: no unit starts after it; those in flight go on
     fatal: list[FatalProviderError] = []
 

@@ -1,5 +1,4 @@
-"""Phase 1 of a job: everything decided and checked before the first model call; the result is the frozen ``JobSpec``.
-Clients are built later when possible (importing litellm takes seconds)."""
+"""Phase 1 of a job: everything decided and checked before the first model call, frozen as a ``JobSpec``."""
 
 from __future__ import annotations
 

@@ -22,8 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def start_tracking(job: Job) -> Any:
-    """Have the MLflow run opened (by the run worker, or here) before any model is called; a resumed job reopens its
-    earlier run. Waited for only before the first call."""
+    """Have the MLflow run opened (or a resumed job's reopened) while the job starts; awaited before the first call."""
     from cupid_exp.durability import attempts
     from cupid_exp.tracking import run_worker
     from cupid_exp.tracking.live import RunRequest, TraceRequest, Units, open_run
@@ -97,8 +96,7 @@ def restore_folder(job: Job, had_hydra: bool) -> None:
 
 def publish(job: Job, summary: Summary, tracker: Any, spending: BudgetReport | None = None, *,
             had_hydra: bool = False) -> None:
-    """Files, console report, MLflow and the run's end. A budget-stopped job is not complete. ``had_hydra``: the folder
-    had ``.hydra/`` at the start (``restore_folder``)."""
+    """Files, console report, MLflow, the run's end; ``had_hydra``: the folder had ``.hydra/`` (``restore_folder``)."""
     live = tracker
     stopped = spending is not None and spending.stopped
     complete = summary.complete and not stopped

@@ -275,8 +275,7 @@ class Budget:
         return self._update(change)
 
     async def reserve(self, usd: float) -> "Reservation":
-        """Hold ``usd`` on every account, waiting while reservations may return; BudgetExceeded if spend alone forbids.
-        """
+        """Hold ``usd`` on every account, waiting while reservations may return; else BudgetExceeded."""
         rid, order = f"{_host()}:{os.getpid()}:{uuid.uuid4().hex[:12]}", _ORDER.get()
         try:
             while True:
@@ -322,8 +321,7 @@ class Reservation:
         self.budget.settle(self.rid, max(0.0, usd) + beyond)
 
     def failed(self, exc: BaseException, beyond: float = 0.0) -> float:
-        """No reply: returned in full, unless the request may have been billed (``billing.lost_after_sending``): then
-        charged its worst case. Returns what was charged."""
+        """No reply: returned in full, or charged its worst case if it may have been billed. Returns the charge."""
         from cupid_exp.llm.billing import lost_after_sending
 
         usd = self.usd if lost_after_sending(exc) else 0.0

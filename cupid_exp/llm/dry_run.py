@@ -1,5 +1,4 @@
-"""Dry run: count tokens and estimate the cost of calls never sent. Each step's placeholder reply (``dry_reply``)
-parses, so the pipeline makes the same calls a real run would."""
+"""Dry run: placeholder replies that parse (``dry_reply``), so the estimate counts the calls a real run makes."""
 
 from __future__ import annotations
 

@@ -15,8 +15,7 @@ class ProviderError(RuntimeError):
 
 
 class EmptyReply(Exception):
-    """A reply with no completion; retried like a 5xx, then a ``provider`` failure. ``status_code`` 422: a request a
-    server rejected twice, which a retry cannot fix."""
+    """A reply with no completion, retried like a 5xx; ``status_code`` 422: rejected twice, not retryable."""
 
     def __init__(self, message: str, status_code: int | None = None):
         self.status_code = status_code

@@ -1,5 +1,4 @@
-"""Credentials checked before the first call, so a missing key is one line naming the role, model and variable rather
-than every instance failing ``auth``. Only names are printed."""
+"""Credentials checked before the first call: a missing key is one line, not every instance failing ``auth``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""What every reply parser shares: ``ParseError``, thinking blocks, JSON extraction. A parser returns a value or raises
-ParseError, never guesses; any other exception is a bug."""
+"""What every reply parser shares: a parser returns a value or raises ``ParseError``; never guesses."""
 
 from __future__ import annotations
 

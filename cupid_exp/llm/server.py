@@ -1,5 +1,4 @@
-"""Start, health-check and stop a local OpenAI-compatible model server (vLLM for PrefMatcher). One already answering is
-reused and left running; one we started is stopped with the job."""
+"""A local model server (vLLM for PrefMatcher): reused if already answering, else started and stopped with the job."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""One model step, for evaluation and synthesis alike: ask → parse → ask again → fail (counted). A provider failure or a
-reply that never parses is ``StepFailed``; anything else is a bug."""
+"""One model step, for evaluation and synthesis: ask → parse → ask again → fail as ``StepFailed`` (counted)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Which data a run ran on: the rows' content (``dataset_digest``) and the part taken (``data.limit``,
-``data.instance_types``). A subset never stands in for its full-data run."""
+"""Which data a run ran on: the rows' digest and the part taken; a subset never stands in for the full run."""
 
 from __future__ import annotations
 

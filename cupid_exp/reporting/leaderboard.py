@@ -1,5 +1,4 @@
-"""Paper-layout leaderboards: model × {all, instance types, oracle, ..., one column per setting variant}, pivoted from
-the tidy frame; paper rows stand beside their model."""
+"""Paper-layout leaderboards: a row per model, a column per type or setting variant, pivoted from the tidy frame."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Every reply a persona got, with why it was rejected: ``journeys/persona_NNN.calls.jsonl``, appended and never read
-back, so a failing step can be read reply by reply."""
+"""Every reply a persona got and why it was rejected (``persona_NNN.calls.jsonl``), to read a failing step back."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Typed schema of the synthesis job, registered as ``synthesize_schema``: a misspelt key or wrong type stops it at
-composition; ranges are checked by ``SynthesisConfig.check``."""
+"""Typed schema of the synthesis job (``synthesize_schema``); ranges are checked by ``SynthesisConfig.check``."""
 
 from __future__ import annotations
 

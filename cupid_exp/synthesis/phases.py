@@ -1,5 +1,4 @@
-"""One persona through its phases, each saved as done; checklists and dialogues start once their inputs exist. A
-``StepFailed`` fails the persona; any other exception stops the job."""
+"""One persona through its phases, each saved as done; a ``StepFailed`` fails the persona, a bug the job."""
 
 from __future__ import annotations
 

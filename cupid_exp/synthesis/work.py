@@ -1,5 +1,4 @@
-"""Synthesis as a kind of work for the job lifecycle (``cupid_exp.job``): the unit is a persona, run through its phases
-over its journey file (resumable mid-persona)."""
+"""Synthesis as a kind of work for the job lifecycle (``cupid_exp.job``): the unit is a persona."""
 
 from __future__ import annotations
 

@@ -1,2 +1,1 @@
-"""Test tools the package ships, to run offline and against faults: ``stub_llm_server``, ``inprocess``,
-``fault_server``, ``cupid_data``. Nothing here imports pytest."""
+"""Test tools the package ships, to run offline and against faults; nothing here imports pytest."""

@@ -1,5 +1,4 @@
-"""What the stub answers: the step a request belongs to (by prompt or schema) and a well-formed reply for it, drawn from
-the prompt's hash so a request always gets the same answer."""
+"""What the stub answers: the request's step (by prompt or schema) and a well-formed reply from the prompt's hash."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""MLflow: one run per job, closed with its outcome, and one parent per sweep (its id in the sweep folder, so jobs in
-other processes nest under it). Keys never reach MLflow."""
+"""MLflow: one run per job, closed with its outcome, and one parent per sweep, named in the sweep folder."""
 
 from __future__ import annotations
 

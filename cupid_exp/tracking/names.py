@@ -1,5 +1,4 @@
-"""A run's name and description, so MLflow's runs list tells runs apart and shows their scores: what distinguishes the
-job, then its headline, cost and units once it ends."""
+"""A run's name and description, so MLflow's runs list tells runs apart and shows how each scored."""
 
 from __future__ import annotations
 

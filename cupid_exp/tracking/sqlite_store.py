@@ -1,5 +1,4 @@
-"""A SQLite tracking store made whole or not at all: made aside and renamed into place, since MLflow's migrations are
-not transactional. Callers hold the store's file lock."""
+"""A SQLite tracking store made aside and renamed into place, since MLflow's migrations are not transactional."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""A failing tracking store: the environment's (unreachable, locked, unreadable: exit 5, never asked again) or an error
-of what was sent (``TrackingError``). Imports no MLflow."""
+"""A failing tracking store: the environment's (exit 5, never asked again) or what was sent (``TrackingError``)."""
 
 from __future__ import annotations
 

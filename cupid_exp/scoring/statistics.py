@@ -3,8 +3,8 @@
 ``precision`` / ``recall``: means of per-instance values; ``f1``: the harmonic mean of mean P and mean R (the paper's,
 *not* a mean of F1s); ``score``: the mean judge score. ``runtime.failure_policy``: ``exclude`` leaves a failed instance
 out (counted); ``zero`` scores it 0; ``upstream`` follows the official ``evaluation/pipeline/evaluate.py``: a
-context-length error while inferring or generating, a failed match or a judge failure score 0, anything else drops the
-instance (where its aggregation would crash, its intent is used).
+context-length error while inferring, decomposing or generating, a failed match or a judge failure score 0, anything
+else drops the instance (where its aggregation would crash, its intent is used).
 """
 
 from __future__ import annotations

@@ -22,8 +22,9 @@ if TYPE_CHECKING:
 JOB_USAGE = {"calls/total": "calls", "calls/requests": "requests", "tokens/prompt": "prompt_tokens",
              "tokens/completion": "completion_tokens", "cost/usd": "cost_usd"}
 
+
 def run_key(identity: str, runtime: object, output_root: str | Path) -> str:
-    """What makes two jobs the same MLflow run (see the module docstring)."""
+    """What makes two jobs one MLflow run: the identity, the output root and the settings that change the report."""
     payload = {"identity": identity, "output_root": str(Path(output_root).expanduser().resolve()),
                **{name: getattr(runtime, name) for name in REPORT_SETTINGS}}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]

@@ -57,6 +57,8 @@ def compose(overrides: Sequence[str], conf_dir: str | Path | None = None) -> Com
     OmegaConf.set_struct(cfg, False)
     del cfg["hydra"]
     return Composed(redact(resolved(cfg)), cfg, choices)
+
+
 def _quote(text: str) -> str:
     """Hydra's single-quoted string: quotes escaped, and the backslashes before a quote or the end doubled."""
     return QuotedString(text=text, quote=Quote.single).with_quotes()

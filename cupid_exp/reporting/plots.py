@@ -304,7 +304,6 @@ def report_figures(selection: "Selection", *, n_boot: int = 1000, seed: int = 0
                        f"{task} {name.replace('_', ' ')}: data={data.label}, evaluator={evaluator}", fig)
 
 
-
 def save_report_plots(selection: "Selection", out_dir: Path, *, n_boot: int = 1000, seed: int = 0) -> list[Path]:
     """``report_figures`` as PNG files in ``out_dir`` (a sweep's plots, logged on its parent run)."""
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,6 @@ TASKS: dict[str, Task] = {"inference": Task("inference", run_inference, "f1"),
                           "generation": Task("generation", run_generation, "score")}
 
 
-
 def check_task_parts(parts: Sequence[str], where: str = "task.parts") -> None:
     """``task.parts``: distinct registered parts, else ConfigError (checked at planning, not in the schema)."""
     require(bool(parts) and set(parts) <= set(TASKS) and len(set(parts)) == len(parts), where, parts,

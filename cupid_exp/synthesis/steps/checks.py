@@ -14,7 +14,7 @@ _PLACEHOLDER = re.compile(r"<[A-Za-z][^<>\n]{1,40}>|^\.\.\.$")
 
 
 # A tiny model at a hot retry now and then drifts into French or Spanish; the decomposer then cannot write
-# English yes/no questions about the preference and the whole persona is lost (seed 1, 2026-11-25), so
+# English yes/no questions about the preference and the whole persona is lost, so
 # such text is refused where it is written. Function words tell the languages apart without a model.
 _ENGLISH = set("a an the and or of to in on for with by at from is are be that this it i my you your "
                "when what which who how should would wants want prefers prefer likes like not must".split())

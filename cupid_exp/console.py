@@ -1,5 +1,4 @@
-"""What a job prints (also to ``results.txt``), ending with a line saying whether the run is complete: scripts read it.
-"""
+"""What a job prints (also to ``results.txt``), ending with a line saying whether it is complete: scripts read it."""
 
 from __future__ import annotations
 

@@ -26,8 +26,7 @@ class PromptTemplate:
 
     def messages(self, system_role: str = "system", *, format_system: bool = True,
                  **values: object) -> list[dict[str, str]]:
-        """Chat messages by ``str.format``; ``format_system=False`` leaves the system text as written (official tool).
-        """
+        """Chat messages by ``str.format``; ``format_system=False`` sends the system text as written (as upstream)."""
         try:
             user = self.user.format(**values)
             system = self.system if self.system is None or not format_system else self.system.format(**values)

@@ -211,8 +211,7 @@ class Journal:
             os.fsync(fh.fileno())
 
     def append(self, record: dict[str, Any]) -> None:
-        """One whole line, fsynced soon after; a full disk raises ``EnvironmentFailure`` now and on every later append.
-        """
+        """One whole line, fsynced soon after; a full disk raises ``EnvironmentFailure``, then on every later append."""
         if self._failed is not None:
             raise self._failed
         try:

@@ -1,9 +1,5 @@
-"""cupid-exp: a Hydra-driven experiment runner for the CUPID benchmark (COLM 2025).
-
-The package reads as the pipeline it runs: ``data`` → ``settings`` → ``tasks`` → ``evaluators`` →
-``scoring`` → ``tracking`` / ``reporting``, with ``llm`` (every model call) underneath, ``durability`` (what a
-job keeps on disk to resume) beside it, and ``job`` tying one run together (plan → execute → summarise → publish).
-"""
+"""cupid-exp: a Hydra-driven experiment runner for the CUPID benchmark (COLM 2025): ``data`` → ``settings`` → ``tasks``
+→ ``evaluators`` → ``scoring`` → ``tracking`` / ``reporting``, over ``llm``, beside ``durability``, tied by ``job``."""
 
 import os
 

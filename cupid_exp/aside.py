@@ -1,9 +1,5 @@
-"""A file a rerun reads back that cannot be read at all (a corrupt cache, a journal of garbage) is set aside, not
-deleted and not fatal: renamed ``<name>.corrupt-<UTC time>`` beside itself, with one warning line naming both and
-what the job does without it. The job then goes on as if the file had never been there (or from what else it
-knows), so a rerun runs whatever the disk holds, and the bytes stay for whoever wants to look at them.
-It imports nothing of cupid_exp: the model layer, the journal and the stores all stand on it.
-"""
+"""A file a rerun cannot read at all is renamed ``<name>.corrupt-<UTC time>`` with one warning, neither deleted nor
+fatal: the job goes on without it. Imports nothing of cupid_exp, so every layer can use it."""
 
 from __future__ import annotations
 
@@ -29,9 +25,8 @@ def aside_name(path: Path) -> Path:
 
 def set_aside(path: Path, what: str, why: BaseException | str, then: str, *, companions: tuple[str, ...] = (),
               copy: bool = False) -> Path:
-    """Rename ``path`` aside (and its ``companions``: suffixes of files that belong to it, e.g. SQLite's ``-wal``)
-    and say so in one warning: ``what`` it is, ``why`` it is unreadable, and what the job does ``then``. ``copy``:
-    copy its bytes aside instead, for a file other processes hold open and the caller rewrites in place."""
+    """Rename ``path`` (and its ``companions``, e.g. SQLite's ``-wal``) aside with one warning naming ``what``, ``why``
+    and what the job does ``then``. ``copy``: copy instead, for a file others hold open."""
     target = aside_name(path)
     if copy:
         shutil.copyfile(path, target)
@@ -47,8 +42,7 @@ def set_aside(path: Path, what: str, why: BaseException | str, then: str, *, com
 
 
 def torn(raw: bytes) -> bool:
-    """Whether an unterminated last line of a JSON-lines file looks like a write cut short (the start of a JSON
-    object, text) rather than garbage: the first is cut off as before, the second makes the file unreadable."""
+    """Whether an unterminated last line looks like a cut-short write (cut off) rather than garbage (unreadable)."""
     try:
         raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -1,10 +1,5 @@
-"""Typed schema for every config group, and the value checks a type cannot express.
-
-A misspelt key or a wrong type fails at composition; ranges and choices are checked once the config becomes
-objects (``check_tree``): one ``ConfigError`` line each. Settings carry their schemas beside their code. This
-module imports nothing above it: schemas are registered where an entry starts (``config_store``), and
-``task.parts`` is checked when a job is planned (``tasks.check_task_parts``).
-"""
+"""Typed schema for every config group, and the value checks a type cannot express (``check_tree``: one ``ConfigError``
+line each). Imports nothing above it: schemas are registered in ``config_store``."""
 
 from __future__ import annotations
 
@@ -49,8 +44,7 @@ def _without_nulls(value: object) -> object:
 
 
 def config_digest(data: object, length: int = 20) -> str:
-    """A stable hash of plain config data. Null values are left out, so a new optional setting (null by
-    default) does not change the digest of every earlier job: resumes and job folders carry over."""
+    """A stable hash of plain config data; nulls are left out so a new optional setting keeps earlier digests."""
     import hashlib
     import json
 
@@ -171,8 +165,7 @@ class EvaluatorConfig(Checked):
 
 @dataclass
 class TaskConfig:
-    """What the job asks of the model: the parts it runs, in order (``both`` = inference + generation). The parts
-    are checked against the task registry when the job is planned (``tasks.check_task_parts``)."""
+    """What the job asks of the model: the parts it runs, in order (``both`` = inference + generation)."""
 
     name: str = MISSING  # short id used in run names and tables
     parts: List[str] = field(default_factory=list)  # inference, generation: the parts run, in this order
@@ -190,8 +183,7 @@ _HUB = read_only_by("cupid", source="hf")
 
 @dataclass
 class DataConfig(Checked):
-    """Where the instances come from and which of them run. One schema for every ``data`` choice: a field only one
-    source reads says so (``read_only_by``), and is refused beside another (``check_read``)."""
+    """Where the instances come from and which of them run. A field only one source reads says so (``read_only_by``)."""
 
     name: str = MISSING  # short id used in run names
     source: str = MISSING  # hf | local | sample
@@ -241,8 +233,8 @@ class TrackingConfig(Checked):
 
 @dataclass
 class RuntimeConfig(Checked):
-    """How a job runs: what each model call needs (``call_settings``: cache, retries, timeout, patience, batch,
-    dry run, spending caps, pool limits) and what only the job reads (failure policy, resume, workers, progress)."""
+    """How a job runs: what each model call needs (``call_settings``: cache, retries, timeout, patience, batch, dry run,
+    spending caps, pool limits) and what only the job reads (failure policy, resume, workers, progress)."""
 
     cache: bool = True  # reuse replies cached on disk for the same request
     cache_dir: str = MISSING  # the response cache, rate-limit schedules and batch ledger
@@ -307,9 +299,8 @@ class RuntimeConfig(Checked):
 
 @dataclass(frozen=True)
 class CallSettings:
-    """What one model call needs of ``runtime``, and nothing a job decides: derived by ``RuntimeConfig.call_settings``
-    (the YAML keys stay ``runtime.*``), so that the model layer never sees the job's failure policy, resume,
-    workers or progress. Frozen: every client of a job (and every worker process) calls under the same settings."""
+    """What one model call needs of ``runtime`` and nothing the job decides, so the model layer never sees the job's
+    policy. Frozen: every client and worker calls under the same settings."""
 
     cache: bool  #: the response cache on disk (``runtime.cache``), under ``cache_dir``
     cache_dir: str  #: also where the rate-limit schedules and the batch ledger live

@@ -1,9 +1,4 @@
-"""How a config is checked: the one-line ``ConfigError`` every bad value gets (key, value, what is allowed), the
-range helpers the schemas use, unknown keys refused with a suggestion, and the walk that runs every node's check.
-
-The schemas themselves are ``cupid_exp.config`` (which re-exports these names, where the settings and synthesis
-configs have always imported them).
-"""
+"""How a config is checked: the one-line ``ConfigError``, range helpers, unknown keys, the walk over every node."""
 
 from __future__ import annotations
 
@@ -31,8 +26,7 @@ def require_positive(key: str, value: float | None, *, allow_none: bool = False,
 
 
 def require_no_credentials(key: str, url: str | None, instead: str) -> None:
-    """A URL with credentials in it (``user:password@``, ``?api_key=…``) would be written wherever the setting is
-    (Hydra's files, MLflow params, error lines): refused in one line that shows it masked, with the way that works."""
+    """Refuse a URL with credentials in it: it would be written wherever the setting goes (Hydra, MLflow, errors)."""
     from cupid_exp.secrets import mask_url_credentials, url_credentials
 
     if url and url_credentials(url):
@@ -55,8 +49,7 @@ class Checked:
 
 
 def check_known_keys(composed: object, node: object, where: str = "") -> None:
-    """Reject keys a schema does not have. Hydra's ``+key=value`` adds a key even to a typed node, and
-    turning the config into objects drops it silently: ``+runtime.num_retry=3`` would be ignored."""
+    """Reject keys a schema lacks: ``+runtime.num_retry=3`` would otherwise be dropped silently."""
     import difflib
 
     if not is_dataclass(node) or not hasattr(composed, "keys"):
@@ -73,15 +66,13 @@ def check_known_keys(composed: object, node: object, where: str = "") -> None:
 
 
 def not_read(key: str, group: str, options: Sequence[str]) -> ConfigError:
-    """The one line for a setting the chosen option of its group does not read: nothing would use it, and the
-    job would run (and say it ran) on what the option reads instead."""
+    """The line for a setting the group's chosen option does not read: the job would silently ignore it."""
     readers = ", ".join(f"{group}={o}" for o in options)
     return ConfigError(f"{key} is read only by {readers}; add {group}={options[0]}")
 
 
 def read_only_by(option: str, **when: object) -> dict[str, object]:
-    """A schema field's metadata: the field is read only when its node's fields ``when`` hold those values (a data
-    file's path only by ``source: local``); ``option`` is the choice of the node's group that sets them."""
+    """Field metadata: read only when the node's fields hold ``when``; ``option`` is the choice that sets them."""
     return {"read_only_by": (option, when)}
 
 
@@ -97,8 +88,7 @@ def check_read(node: object, where: str) -> None:
 
 
 def check_tree(node: object, where: str = "") -> None:
-    """Run ``check`` on every Checked dataclass in a config object tree (parents first), after refusing what a
-    node's own choice does not read (``check_read``)."""
+    """Run ``check`` on every Checked node of a config tree, parents first, after ``check_read``."""
     if is_dataclass(node):
         check_read(node, where)
     if isinstance(node, Checked):

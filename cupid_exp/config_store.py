@@ -1,9 +1,4 @@
-"""The config schemas registered in Hydra's ConfigStore, done where a Hydra entry starts.
-
-Registering needs every setting module (each carries its own schema, ``cupid_exp.settings``), so it lives here, at
-the entry, and not in ``cupid_exp.config``: importing the schema then imports nothing above it. Called by
-``entry.hydra_entry`` and by what composes configs without an entry (``reporting.diff_compose``, the tests).
-"""
+"""The schemas registered in Hydra's ConfigStore, at the entry: registering imports every setting module."""
 
 from __future__ import annotations
 
@@ -31,8 +26,7 @@ def register_configs() -> None:
 
 
 def experiment_fingerprint(*, _root_: DictConfig) -> str:
-    """``${experiment_fingerprint:}``: the folder name of the job the composed config describes
-    (``identity.folder_fingerprint``). A config that does not resolve enters as written: the job says what is wrong."""
+    """``${experiment_fingerprint:}``: the job folder's name; a config that does not resolve enters as written."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -47,10 +41,8 @@ def experiment_fingerprint(*, _root_: DictConfig) -> str:
 
 
 def sweep_job_folder(num: int, name: str, *, _root_: DictConfig) -> str:
-    """``hydra.sweep.subdir``: a sweep job's folder is its experiment's, the one a single run of it has
-    (``<output_root>/runs/<name>/<fingerprint>``; absolute, so Hydra puts it there, outside the sweep's folder),
-    while the sweep's folder is under ``<output_root>/multirun``; a ``hydra.sweep.dir`` set elsewhere keeps its jobs
-    inside it (``<num>_<name>``)."""
+    """``hydra.sweep.subdir``: a sweep job's folder is the one a single run of it has (absolute, outside the sweep's
+    folder), unless ``hydra.sweep.dir`` is set elsewhere (then ``<num>_<name>`` inside it)."""
     root = Path(str(_root_.paths.output_root)).expanduser().resolve()
     sweep = Path(str(_root_.hydra.sweep.dir)).expanduser().resolve()
     if not sweep.is_relative_to(root / "multirun"):

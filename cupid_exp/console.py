@@ -1,9 +1,4 @@
-"""What a job prints: the results table per task part, failures, usage, where the outputs went, and a
-last line that says whether the run is complete (scripts read it). Dry runs print their estimate.
-
-What a job prints at its end is kept in its folder too (``results.txt``) and in its log file (Hydra's
-``<job>.log``), so that a folder read later says what the console said.
-"""
+"""What a job prints (also to ``results.txt``), ending with a line saying whether it is complete: scripts read it."""
 
 from __future__ import annotations
 
@@ -89,8 +84,7 @@ def job_report(title: str, nested: Mapping[str, Any], errors: Mapping[str, int],
 
 
 def dry_run_report(title: str, meter: UsageMeter, budget_line: str | None = None) -> str:
-    """Calls, tokens and estimated cost per step; nothing was sent to any model. ``budget_line``: whether the
-    estimate fits the budget."""
+    """Calls, tokens and estimated cost per step of a dry run; ``budget_line``: whether it fits the budget."""
     rows = [{"step": step, "calls": int(c.get("calls", 0)), "prompt tokens": int(c.get("prompt_tokens", 0)),
              "completion tokens (est.)": int(c.get("completion_tokens", 0)),
              "cost USD (est.)": round(c.get("cost_usd", 0.0), 4), "unpriced calls": int(c.get("unpriced_calls", 0))}

@@ -1,11 +1,5 @@
-"""Decoding parameters checked before the first call: a wrong type or range in ``model.params`` fails the plan in one
-line instead of reaching a provider, which would refuse it (one paid request per instance) or coerce it.
-
-The table holds the OpenAI chat API's and litellm's common parameters, the shipped configs' provider extras and
-open-weight servers' sampling knobs. An unknown key passes through (providers differ) unless it is a near miss of
-a known one (``temprature``), which would silently leave the provider's default in force. It imports nothing, so
-the config (``config.ModelConfig.check``) stays below the model layer.
-"""
+"""Decoding parameters checked at planning: a wrong type or range in ``model.params`` fails in one line, not a paid
+refusal; unknown keys pass unless a near miss (``temprature``). Imports nothing, so the config stays below ``llm``."""
 
 from __future__ import annotations
 

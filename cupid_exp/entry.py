@@ -1,10 +1,5 @@
-"""The Hydra entry shared by ``python -m cupid_exp`` and ``python -m cupid_exp.synthesize``.
-
-It turns a job's ``Outcome`` into the exit codes of the README's table: one line and no traceback for everything
-but a bug. In a sweep a job's bad setting or incomplete result does not stop the others: each job writes
-``job_status.json`` into its folder in the sweep's, and when the sweep ends the failed and incomplete jobs are
-listed together and the process exits with the worst code.
-"""
+"""The Hydra entry of ``python -m cupid_exp`` and ``python -m cupid_exp.synthesize``: a job's ``Outcome`` becomes the
+README's exit codes, one line and no traceback but for a bug; a sweep runs every job and exits with the worst."""
 
 from __future__ import annotations
 
@@ -46,8 +41,7 @@ _SWEEP_SEVERITY = (EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_BUDGET, EXIT_RETRY_LAT
 
 
 def _masked(line: str, overrides: Sequence[str], cfg: DictConfig | None = None) -> str:
-    """An error line without any secret of the overrides or the job's config (a key, a URL's credentials, a
-    header): Hydra's own refusals and suggestions quote the override they refused."""
+    """An error line without any secret of the overrides or the config: Hydra's refusals quote the override."""
     from omegaconf import OmegaConf
 
     from cupid_exp.secrets import mask_url_credentials, scrub, secret_values
@@ -62,9 +56,7 @@ _SWEEP_DIR: Path | None = None  # a sweep's folder once it starts: a job's refus
 
 
 def _release_stderr(*, sweep: bool = False) -> None:
-    """The real stderr back, with what was held (a job has started: what follows is the job's own). A ``sweep``
-    composes each job later, where Hydra may refuse an override by quoting it: its stderr stays scrubbed of the
-    command line's secrets."""
+    """The real stderr back, with what was held; in a ``sweep`` it stays scrubbed of the command line's secrets."""
     global _HELD
     if _HELD is not None:
         _HELD.release(clean=lambda text: _masked(text, sys.argv[1:]))
@@ -140,9 +132,7 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
 
 
 def _sweep_job(hc: DictConfig, output_dir: Path) -> tuple[str, Path]:
-    """A sweep job's name and the folder of its status: its own folder where it lies in the sweep's, else (its
-    experiment's folder under ``runs/``: ``conf/config.yaml``) ``<sweep folder>/<n>_<name>``, so that the sweep's
-    folder lists every job it ran."""
+    """A sweep job's name and status folder, so the sweep's folder lists every job."""
     sweep = Path(hc.sweep.dir).resolve()
     if output_dir.resolve().parent == sweep:
         return output_dir.name, output_dir
@@ -154,9 +144,7 @@ _ROOM_BYTES = 64 * 1024  #: kept for a sweep job's status file: its overrides an
 
 
 def _keep_room(output_dir: Path) -> Path | None:
-    """A sweep's job takes room for its status file at its start: the sweep's end reads how the job ended there,
-    and a disk that fills up during the job (exit 5) would leave none (an OSError through Hydra's sweeper: a
-    traceback). None when the disk is already too full for it (the status is then written as it can be)."""
+    """Reserve room for a sweep job's status file, so a full disk still gets it; None if already too full."""
     room = output_dir / ".job_status.room"
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -186,8 +174,7 @@ def _write_status(path: Path, text: str, room: Path | None) -> None:
 
 
 def _store_failure(exc: Exception, cfg: DictConfig) -> Exception | None:
-    """A tracking store that could not be reached, wherever MLflow raised it from: the environment's failure (the
-    results are in the journal; the same command publishes them once the store answers)."""
+    """A tracking store that could not be reached, as the environment's failure (results stay in the journal)."""
     from cupid_exp.tracking.store_errors import TrackingUnavailable, store_unreachable
 
     if not store_unreachable(exc) or not _raised_in_tracking(exc):
@@ -200,8 +187,7 @@ def _store_failure(exc: Exception, cfg: DictConfig) -> Exception | None:
 
 
 def _raised_in_tracking(exc: BaseException) -> bool:
-    """Whether ``exc`` (or one behind it) came from MLflow or our tracking: a ConnectionError elsewhere (a tokenizer's
-    download) is not the store's."""
+    """Whether ``exc`` (or its cause) came from MLflow or our tracking, not e.g. a tokenizer's download."""
     current: BaseException | None = exc
     seen: set[int] = set()
     while current is not None and id(current) not in seen:
@@ -217,8 +203,7 @@ def _raised_in_tracking(exc: BaseException) -> bool:
 
 
 def _refused(line: str, reason: str, sweep_dir: Path | None) -> None:
-    """Say why a job was refused, in its log file always, and on the console unless an earlier job of the same
-    sweep was refused for the same reason (the sweep's end groups them: ``SweepReportCallback``)."""
+    """Log why a job was refused; on the console only if no earlier job of the sweep was refused for the same reason."""
     from cupid_exp.console import in_job_log
     from cupid_exp.tracking.callbacks import reason_reported
 
@@ -250,8 +235,7 @@ def grouped_outcomes(bad: list[Mapping[str, object]]) -> list[str]:
 
 
 class SweepReportCallback(Callback):
-    """At the end of a sweep: list the jobs that failed or ended incomplete, jobs that ended alike for one reason
-    on one line, and set the exit code."""
+    """At a sweep's end: list failed or incomplete jobs, grouped by reason, and set the exit code."""
 
     exit_code = EXIT_OK
 
@@ -283,11 +267,7 @@ _PROGRAMS = {"config": "cupid_exp", "synthesize": "cupid_exp.synthesize"}  # how
 
 def hydra_entry(config_name: str, task: Callable[[DictConfig], object],
                 register: Callable[[], None] | None = None) -> Callable[[], None]:
-    """A console-script ``main()`` running ``task`` under Hydra with cupid-exp's config folder.
-
-    Exit codes: Hydra's own composition errors (an unknown choice, a misspelt key) exit 2 like our
-    checks; a sweep exits with its worst job's code once every job has run.
-    """
+    """A console-script ``main()`` running ``task`` under Hydra; composition errors exit 2, a sweep its worst code."""
     import hydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -383,17 +363,13 @@ def reset_entry() -> None:
 
 
 def _quiet_interrupted_calls() -> None:
-    """A Ctrl-C, a stop signal (or a timeout) cancels a call (a completion, a Batch API request) while litellm's
-    executor thread makes its provider coroutine: asyncio drops it unstarted, which is no forgotten await of ours,
-    and not what a stopped job should print (in the command's process, and in a joblib sweep's workers, which run
-    jobs without it)."""
+    """Silence "never awaited" for provider coroutines an interrupt or timeout dropped unstarted: no bug of ours."""
     warnings.filterwarnings("ignore", message=r"coroutine '\w+\.a(completion|\w+_batch|\w*file\w*)' was never awaited",
                             category=RuntimeWarning)
 
 
 def _quiet_in_children(rule: str) -> None:
-    """A warnings filter for the processes this one starts (``PYTHONWARNINGS``, which they read at start-up), after
-    any the user set."""
+    """A warnings filter for child processes (``PYTHONWARNINGS``), after any the user set."""
     rules = [r for r in os.environ.get("PYTHONWARNINGS", "").split(",") if r]
     if rule not in rules:
         os.environ["PYTHONWARNINGS"] = ",".join([*rules, rule])
@@ -408,9 +384,7 @@ def exit_code_of(exc: SystemExit) -> int:
 
 
 def exit_now(code: int) -> None:
-    """End the process once its work is done, without the interpreter tearing down every object litellm, MLflow,
-    pandas and matplotlib made (over a second, ``bench/``). What shutdown must do still happens first: non-daemon
-    threads joined, atexit handlers run, the standard streams flushed."""
+    """End the process without tearing down every object (threads joined, atexit run, streams flushed first)."""
     import atexit
     import os
     import threading
@@ -431,9 +405,8 @@ def exit_now(code: int) -> None:
 
 
 def _release_sweep_workers() -> None:
-    """Stop a joblib sweep's idle loky workers by force: every job has returned and flushed by now, and a worker whose
-    own interpreter shutdown deadlocks (litellm's HTTP finalizer importing during teardown) held the command
-    forever after its last line when loky's exit hook joined it."""
+    """Stop a joblib sweep's idle loky workers by force: a worker whose interpreter shutdown deadlocks (litellm's HTTP
+    finalizer) would otherwise hold the command for ever."""
     reusable = sys.modules.get("joblib.externals.loky.reusable_executor")
     executor = getattr(reusable, "_executor", None)
     if executor is not None:

@@ -1,8 +1,4 @@
-"""What every layer may raise or return about how a job ends: the exit codes, the ``Outcome``, and the errors
-that end a job in one line. A leaf: it imports nothing of cupid_exp, so the config schema, the model layer and
-the durability code can name them without importing the entry (``cupid_exp.entry`` documents each code and
-re-exports these names).
-"""
+"""How a job ends: exit codes, ``Outcome``, the one-line errors. A leaf, so every layer can name them."""
 
 from __future__ import annotations
 
@@ -20,8 +16,7 @@ EXIT_CLOSED_PIPE = 141  #: 128 + SIGPIPE: the reader of the output went away (``
 
 
 def pipe_safe(main: Callable[[], Any]) -> Any:
-    """``main()``'s exit code; when its output's reader went away (``| head``), ``EXIT_CLOSED_PIPE`` and no
-    traceback, the rest of the output dropped. A broken pipe elsewhere (a socket) goes on: stdout still writes."""
+    """``main()``'s exit code; a closed stdout (``| head``) gives ``EXIT_CLOSED_PIPE`` without a traceback."""
     import os
     import sys
 
@@ -67,9 +62,8 @@ class InputError(Exception):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C (or a stop signal: ``signum``, ``durability.signals.Terminated``) during a job, with how far its journal
-    got (``finished`` None: no journal), reported in one line with exit 128 + ``signum`` by ``hydra_entry``. Still a
-    KeyboardInterrupt: whatever ends runs on one ends them KILLED."""
+    """Ctrl-C or a stop signal (``signum``) during a job, with what its journal holds (``finished``; None: no journal);
+    exit 128 + ``signum``. Still a KeyboardInterrupt, so runs end KILLED."""
 
     def __init__(self, finished: int | None = None, total: int | None = None, job: str | None = None,
                  noun: str = "instances", signum: int = signal.SIGINT):
@@ -93,8 +87,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 class Terminated(SystemExit):
-    """A stop signal arrived: stop like Ctrl-C does, then exit 128 + its number (143: SIGTERM). In a joblib sweep's
-    launching process, ``jobs`` holds what each job it stopped raised (``durability.signals``): their lines."""
+    """A stop signal: stop like Ctrl-C, exit 128 + its number; ``jobs``: what a joblib launcher's jobs raised."""
 
     def __init__(self, signum: int = signal.SIGTERM, jobs: tuple[Interrupted, ...] = ()) -> None:
         super().__init__(128 + signum)

@@ -1,9 +1,5 @@
-"""Hydra's composition errors (a misspelt key, a wrong type, an unknown choice) as one line of our own.
-
-Hydra prints them in 7-25 lines. Until a job starts stderr is held (``HeldStderr``); if composition fails,
-``one_line`` keeps what names the problem. A traceback passes whole, and ``HYDRA_FULL_ERROR=1`` turns the holding
-off. An override of a key only another option of its group has is said as such (``unread_override``).
-"""
+"""Hydra's composition errors as one line of our own: stderr is held until a job starts (``HeldStderr``), and on failure
+``one_line`` keeps what names the problem. A traceback passes whole; ``HYDRA_FULL_ERROR=1`` disables it."""
 
 from __future__ import annotations
 
@@ -36,8 +32,7 @@ class HeldStderr(io.TextIOBase):
         return "".join(self.parts)
 
     def release(self, *, replay: bool = True, clean: Callable[[str], str] = str) -> None:
-        """The real stream back in ``sys.stderr``; what was held is written to it (through ``clean``: without the
-        secrets of the command line) unless ``replay`` is off."""
+        """The real stream back; what was held is replayed through ``clean`` unless ``replay`` is off."""
         if sys.stderr is self:
             sys.stderr = self.real
         if replay and self.parts:
@@ -47,8 +42,7 @@ class HeldStderr(io.TextIOBase):
 
 
 class ScrubbedStderr(io.TextIOBase):
-    """``sys.stderr`` through ``clean``: a sweep's output as it happens, without the command line's secrets (Hydra's
-    refusal of one job's override quotes it)."""
+    """``sys.stderr`` through ``clean``: a sweep's output live, without the command line's secrets."""
 
     def __init__(self, real: TextIO, clean: Callable[[str], str]):
         self.real, self.clean = real, clean
@@ -72,8 +66,7 @@ class ScrubbedStderr(io.TextIOBase):
 
 
 def one_line(text: str) -> str | None:
-    """Hydra's error text in one line: what failed and the key's schema, the group's options folded in, the hint
-    to append a new key last; None for a traceback (it is shown whole)."""
+    """Hydra's error in one line (what failed, the options, the hint for a new key); None for a traceback."""
     if "Traceback (most recent call last)" in text:
         return None
     kept, options, hint = [], [], None
@@ -117,12 +110,8 @@ def _has(node: object, key: str) -> bool:
 
 
 def unread_override(overrides: Sequence[str], config_name: str) -> str | None:
-    """After a composition failed: the one line (``config_checks.not_read``) for the first ``group.key=value``
-    override whose key the group's chosen option does not have but other options of the group do
-    (``setting.top_k`` beside ``setting=standard``, ``model.local.n_threads`` beside an API model); None when no
-    override is such (Hydra's own message then says what failed).
-
-    Each option is composed once, with the command's choices: this runs only on the way out of a failure."""
+    """After a failed composition: the ``not_read`` line for the first override whose key only another option of its
+    group has (``setting.top_k`` beside ``setting=standard``); None if none is."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf

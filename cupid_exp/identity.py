@@ -1,8 +1,4 @@
-"""What decides a result, by content: the rule a job's identity (``job.identity``) and the report's rows
-(``reporting.runs.JobRun.identity``) share, so that the two never disagree on what makes two runs the same.
-
-Never how fast, through which spelling of an endpoint or with which key results are got: see ``job.identity``.
-"""
+"""What decides a result, by content: one rule for a job's identity and the report's rows."""
 
 from __future__ import annotations
 
@@ -34,8 +30,7 @@ LOCAL_NOT_IDENTITY = {"n_threads", "n_threads_batch", "n_batch", "prompt_cache_m
 
 
 def by_content(value: object) -> object:
-    """``value`` (plain config data) with every model config reduced to what decides its replies: see the module
-    docstring. A model config is any mapping with a ``litellm_model``."""
+    """``value`` with every model config (a mapping with ``litellm_model``) reduced to what decides its replies."""
     if isinstance(value, Mapping):
         if "litellm_model" in value:
             return _model(value)
@@ -57,9 +52,8 @@ def _model(model: Mapping[str, object]) -> dict[str, object]:
 
 
 def content(resolved: Mapping[str, object], not_identity: Iterable[str] = ()) -> dict[str, object]:
-    """The resolved config as it decides results: secrets masked (``secrets.redact``: a header's or key's value
-    never counts, its name does), paths, tracking and the runtime's how-to left out, models by content, and the
-    dotted keys ``not_identity`` dropped (a kind's own: ``data.path``, ``synthesis.n_personas``)."""
+    """The resolved config as it decides results: secrets masked (names count, values not), paths, tracking and the
+    runtime's how-to left out, models by content, ``not_identity`` keys dropped."""
     config = redact({k: v for k, v in resolved.items() if k not in NOT_IDENTITY})
     if "runtime" in config:
         config["runtime"] = {k: v for k, v in dict(config["runtime"] or {}).items() if k not in RUNTIME_NOT_IDENTITY
@@ -76,26 +70,19 @@ def content(resolved: Mapping[str, object], not_identity: Iterable[str] = ()) ->
 
 
 def short_key(key: str) -> str:
-    """How a label names an identity key: the evaluated model's own keys without ``model.`` (``temperature``
-    for ``model.params.temperature``), every other key whole. A report row's label and a run's name both say it."""
+    """A key as labels say it: the model's own keys without ``model.``, every other key whole."""
     return key.removeprefix("model.params.").removeprefix("model.")
 
 
 def subset_text(limit: int | None, types: Iterable[str] = ()) -> str:
-    """'data.limit=1, data.instance_types=[changing]': the part of the data a job took; empty for all of it
-    (``types`` as the job kept them: empty for every type)."""
+    """'data.limit=1, data.instance_types=[changing]': the part of the data a job took; empty for all."""
     return ", ".join(([f"data.limit={limit}"] if limit is not None else [])
                      + ([f"data.instance_types=[{','.join(types)}]"] if types else []))
 
 
 def folder_fingerprint(resolved: Mapping[str, object]) -> str:
-    """Short hash naming an evaluation job's folder (``conf/config.yaml``), from its resolved config: a rerun writes
-    into the folder of its earlier runs, a changed job gets its own.
-
-    It holds the config by ``content``, the prompt files, the bytes of the data files (Hydra names the folder before
-    the job reads its rows, which the identity digests: bytes are never coarser; a Hub data set enters by its name,
-    split and revision) and the settings that change the report (``REPORT_SETTINGS``). What cannot be read enters by
-    its name: the job refuses it in one line."""
+    """Short hash naming an evaluation job's folder: the config by ``content``, the prompt files, the data files' bytes
+    (Hydra names the folder before the rows are read) and ``REPORT_SETTINGS``. What cannot be read enters by name."""
     from cupid_exp.config import config_digest
     from cupid_exp.prompts import EVALUATION_PROMPTS, PromptSet
 

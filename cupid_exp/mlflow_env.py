@@ -1,8 +1,4 @@
-"""MLflow's process-wide tracking URI, kept from leaking out of our own calls.
-
-Shared by the code that publishes runs (``tracking``) and the code that reads them (``reporting``): a leaf, so
-that the reader need not import the publisher (which builds the sweep's leaderboard with the reader).
-"""
+"""MLflow's process-wide tracking URI, kept from leaking out of our calls (shared by tracking and reporting)."""
 
 from __future__ import annotations
 
@@ -13,8 +9,7 @@ from typing import Iterator
 
 @contextmanager
 def env_uri_kept() -> Iterator[None]:
-    """``mlflow.set_tracking_uri`` also exports ``MLFLOW_TRACKING_URI``, which the job config reads: keep our own
-    calls of it from leaking into the next job of a sweep (``paths.output_root=a,b``) or into child processes."""
+    """Keep ``set_tracking_uri``'s export of ``MLFLOW_TRACKING_URI`` from leaking into later jobs or children."""
     before = os.environ.get("MLFLOW_TRACKING_URI")
     try:
         yield

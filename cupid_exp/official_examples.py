@@ -1,10 +1,5 @@
-"""The official tool's matcher few-shot examples, read at run time from its source.
-
-The official tool keeps its eight matcher examples in Python (a module-level ``EXAMPLES`` list in
-``evaluation/modules/preference_matcher.py``), not in a prompt file. With ``prompts.dir`` pointing
-at an official checkout's ``prompts/`` folder, that module sits beside it; we parse it with ``ast``
-and evaluate only the literal, so nothing from it is executed and nothing is copied into this repo.
-"""
+"""The official tool's eight matcher examples, read at run time from its ``evaluation/modules/preference_matcher.py``
+beside ``prompts.dir``: only the literal is evaluated (``ast``), so nothing of it runs and nothing is copied here."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Job-directory outputs, written atomically so a half-written file never survives; and what the environment did
-to a job's files, told apart from our bugs: a full disk, a read-only file system or a forbidden path ends the job
-with one line and exit 5. A vanished folder (``ENOENT``) counts only where our own writes find it gone
-(``writing``): elsewhere a missing file can be our bug.
-"""
+"""Job outputs written atomically, and the environment's failures told apart from our bugs: a full disk, read-only file
+system or forbidden path ends the job in one line (exit 5). A vanished folder counts only under ``writing``."""
 
 from __future__ import annotations
 
@@ -19,10 +16,7 @@ _NOT_IN_A_NAME = re.compile(r"[/\\\x00-\x1f]")  # a path separator (either OS's)
 
 
 def folder_name(*parts: object) -> str:
-    """One folder name from config values joined by '_': Hydra's run and sweep folders are named by it
-    (``${folder_name:${model.name},${task.name},...}``, ``conf/config.yaml``). A path separator or a control
-    character in a value becomes '_', so ``model.name=../../x`` names a folder inside ``paths.output_root``,
-    never one outside it."""
+    """Config values joined by '_' as one folder name; separators become '_', so no value escapes the output root."""
     return "_".join(_NOT_IN_A_NAME.sub("_", str(part)) for part in parts)
 
 
@@ -50,9 +44,7 @@ class EnvironmentFailure(Exception):
 
 
 def environment_failure(exc: BaseException) -> EnvironmentFailure | None:
-    """The environment failure behind ``exc`` (itself, its cause or its context), or None when it is not one. An OSError
-    without a file name (a write to an open file) is the answer only when nothing further down names the path: on a
-    full disk, a later write's error often has ours, which named it, as its context."""
+    """The environment failure behind ``exc`` (or its cause or context), preferring one that names the path."""
     seen: set[int] = set()
     current: BaseException | None = exc
     unnamed: EnvironmentFailure | None = None
@@ -74,8 +66,7 @@ _SQLITE_FULL = "database or disk is full"
 
 @contextmanager
 def writing(path: Path) -> Iterator[None]:
-    """Around a write of ours under ``path`` (files, or a SQLite database there): the environment's errors, and a
-    folder that vanished under it, become ``EnvironmentFailure`` naming ``path``."""
+    """Around our writes under ``path``: environment errors and a vanished folder become ``EnvironmentFailure``."""
     import sqlite3
 
     try:

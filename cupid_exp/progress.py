@@ -1,8 +1,5 @@
-"""Progress: on a terminal, one bar per stage (summaries, inference, generation) with ETA, plus calls,
-cache hits, tokens and cost so far; elsewhere (nohup, SLURM, CI: stderr is a file or a pipe), one line every
-``runtime.progress_every_s`` seconds with the instances done, calls, failures, spend, rate and time left, so
-that a log is never silent for the length of a job. ``runtime.progress=false`` silences both. Other watchers of
-a job (its live MLflow run) hear of each finished instance through ``InstanceObserver``."""
+"""Progress: on a terminal a bar per stage; elsewhere (nohup, SLURM, CI) a line every ``runtime.progress_every_s``, so a
+log is never silent. Observers hear of finished instances through ``InstanceObserver``."""
 
 from __future__ import annotations
 
@@ -41,8 +38,7 @@ def _duration(seconds: float) -> str:
 
 
 class ProgressLines:
-    """One progress line to stderr every ``every_s`` seconds, from a thread of its own: a job whose instances each
-    take minutes (or whose event loop waits on an embedded model) still says where it is."""
+    """A progress line every ``every_s`` from its own thread, so a job whose loop is busy still says where it is."""
 
     def __init__(self, progress: Progress, every_s: float):
         self.progress, self.every_s = progress, every_s

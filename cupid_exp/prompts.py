@@ -1,8 +1,5 @@
-"""Prompt files in the official tool's layout: <dir>/{evaluation,synthesis}/<name>.yaml, with ``system_prompt`` and
-``user_prompt`` templates. The official directory reproduces its messages (the matcher's few-shot examples are
-read from its Python source: ``official_examples``). A drop-in directory is taken whole: a file it lacks is never
-replaced by ours, and the plan refuses a job that needs one (``job.checks.check_prompts``).
-"""
+"""Prompt files in the official tool's layout: <dir>/{evaluation,synthesis}/<name>.yaml. A drop-in directory is taken
+whole: a file it lacks is never replaced by ours, and the plan refuses a job needing one."""
 
 from __future__ import annotations
 
@@ -29,11 +26,7 @@ class PromptTemplate:
 
     def messages(self, system_role: str = "system", *, format_system: bool = True,
                  **values: object) -> list[dict[str, str]]:
-        """Fill the templates with ``str.format`` into chat messages, as the official tool does.
-
-        ``format_system=False`` sends the system text as written: the official tool formats only the
-        user prompt of the evaluated model's steps (inference, generation).
-        """
+        """Chat messages by ``str.format``; ``format_system=False`` sends the system text as written (as upstream)."""
         try:
             user = self.user.format(**values)
             system = self.system if self.system is None or not format_system else self.system.format(**values)
@@ -44,8 +37,7 @@ class PromptTemplate:
 
 
 class PromptSet:
-    """Loads templates on first use, each from this directory only: asking for a file it lacks raises
-    FileNotFoundError naming it (a drop-in never falls back to the project's files)."""
+    """Loads templates on first use, from this directory only: a missing file raises FileNotFoundError naming it."""
 
     def __init__(self, directory: str | Path | None = None):
         self.directory = Path(directory).expanduser().resolve() if directory else PROJECT_PROMPTS
@@ -54,8 +46,7 @@ class PromptSet:
         self._cache: dict[str, PromptTemplate] = {}
 
     def _path(self, relative: str) -> Path:
-        """The file for the digest: a drop-in's, or the project's of the same name (the digests of earlier jobs
-        covered both; a file a drop-in lacks is never sent, ``get``)."""
+        """The file for the digest: a drop-in's, or ours of the same name (earlier digests covered both)."""
         path = self.directory / relative
         return path if path.is_file() else PROJECT_PROMPTS / relative
 
@@ -76,8 +67,7 @@ class PromptSet:
         return self._cache[name]
 
     def _examples_source(self) -> Path | None:
-        """Where the matcher's few-shot examples come from: ours; a drop-in directory's own
-        ``preference_matcher_examples.yaml``; or the official tool's module beside it (None: neither)."""
+        """Where the matcher's examples come from: ours, a drop-in's file, or the official module (None)."""
         own = self.directory / MATCHER_EXAMPLES
         if own.is_file():
             return own
@@ -85,11 +75,7 @@ class PromptSet:
         return official if official.is_file() else None
 
     def matcher_examples(self) -> list[dict]:
-        """The few-shot pairs as ``{'preference': str, 'checklist': {entry: score}}``.
-
-        A drop-in directory never falls back to ours: without its own examples file or the official
-        module, this raises ConfigError (one line) before any model is called.
-        """
+        """The few-shot pairs; a drop-in without its own raises ConfigError before any call."""
         source = self._examples_source()
         if source is None:
             raise missing_examples(self.directory, MATCHER_EXAMPLES)
@@ -98,8 +84,7 @@ class PromptSet:
         return list(yaml.safe_load(source.read_text(encoding="utf-8"))["examples"])
 
     def digest(self, prefixes: tuple[str, ...] | None = None) -> str:
-        """Hash of the prompt files in effect (those whose path starts with one of ``prefixes``, or all),
-        so runs with different prompts never look alike."""
+        """Hash of the prompt files in effect (under ``prefixes``, or all), so runs with different prompts differ."""
         h = hashlib.sha256()
         names = {p.relative_to(PROJECT_PROMPTS).as_posix() for p in PROJECT_PROMPTS.rglob("*.yaml")}
         names |= {p.relative_to(self.directory).as_posix() for p in self.directory.rglob("*.yaml")}

@@ -1,9 +1,5 @@
 """The configuration reference (docs/configuration.md), written from the schemas: ``python -m cupid_exp.reference``.
-
-Every key's meaning is its field's comment in the schema (the comment on its line, else the comment lines just
-above it), so the reference cannot drift from the code: tests/test_reference.py regenerates it, compares, and
-fails on a key whose field has no comment.
-"""
+Each key's meaning is its field's comment, so the reference cannot drift from the code."""
 
 from __future__ import annotations
 
@@ -112,8 +108,7 @@ def _nested(annotation: str, cls: type) -> type | None:
 
 
 def rows(prefix: str, cls: type, chosen: dict | None = None) -> Iterator[tuple[str, str, str, str | None]]:
-    """(key, type, default, meaning) of every field of ``cls`` under ``prefix``, nested schemas expanded (a model
-    in a role is not: it is the ``model`` section's)."""
+    """(key, type, default, meaning) of every field of ``cls`` under ``prefix``, nested schemas expanded."""
     for f in fields(cls):
         key, kind = f"{prefix}.{f.name}" if prefix else f.name, str(f.type)
         inner = _nested(kind, cls)

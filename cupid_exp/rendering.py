@@ -1,8 +1,4 @@
-"""Text rendering of sessions, checklists and few-shot blocks.
-
-The byte layout follows the official tool, so that prompts dropped in from the
-official directory produce exactly the messages the official tool sends.
-"""
+"""Text rendering of sessions, checklists and few-shot blocks, byte for byte as the official tool lays them out."""
 
 from __future__ import annotations
 
@@ -49,11 +45,7 @@ def matcher_examples(examples: Sequence[Mapping]) -> str:
 
 
 def summary_log(summaries: Sequence[Mapping]) -> str:
-    """Summaries in the log's place: per session a Context and a Preferences bullet list.
-
-    The paper does not specify this rendering; we mirror the log's headers so the task
-    prompts read the same, and drop the summariser's free-text 'analysis'.
-    """
+    """Summaries as per-session Context and Preferences lists (our rendering; 'analysis' dropped)."""
     parts = []
     for i, summary in enumerate(summaries, start=1):
         block = f"### Session {i}\n\n#### Context\n\n{bulleted(summary['context']) or '- (none)'}\n\n"

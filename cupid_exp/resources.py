@@ -1,9 +1,4 @@
-"""Where the shipped config groups and prompt files live, in a checkout and in an installed wheel.
-
-``conf/`` and ``prompts/`` stay top-level in the repository (the layout users edit); the wheel
-build maps them into the package as ``cupid_exp/conf`` and ``cupid_exp/prompts``. A source
-checkout (or an editable install) finds them beside the package.
-"""
+"""Where the shipped ``conf/`` and ``prompts/`` live: beside the package in a checkout, inside it in a wheel."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""Typed results of one instance: what each stage returns, and the line it becomes in instances.jsonl.
-
-Stages return these values instead of filling a shared dict. ``InstanceResult.to_record`` writes
-the flat instances.jsonl line (its field names are the public schema that scoring, reporting and
-resume read back with ``InstanceResult.from_record``); a field a stage never reached is absent,
-not null, so "not reached" and "computed" never look alike.
-"""
+"""Typed results of one instance and their instances.jsonl line; a field never reached is absent, not null."""
 
 from __future__ import annotations
 
@@ -19,8 +13,7 @@ _PREVIEW = 2000
 
 
 def preview(text: Any) -> Any:
-    """A text up to ``LONG_TEXT`` characters as it is; a longer one as its first 2,000 characters and a note of its
-    length and sha256 (what finds the whole text in the journal or tells two apart); anything else as it is."""
+    """A text up to ``LONG_TEXT`` as it is; longer, its first 2,000 characters with its length and sha256."""
     if not isinstance(text, str) or len(text) <= LONG_TEXT:
         return text
     digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
@@ -28,9 +21,7 @@ def preview(text: Any) -> Any:
 
 
 def previewed(value: Any, quoted: tuple[str, ...] | None = None) -> Any:
-    """``preview`` of every string in a nested container (a record's copy outside the journal). With ``quoted``
-    (``long_texts``: a unit's long replies and answers), only those are cut, wherever a string holds them (a call's
-    reply, a judge prompt quoting it): a long prompt of the data's own stays whole."""
+    """``preview`` of every string in a container; with ``quoted``, only those texts are cut, wherever they appear."""
     if isinstance(value, Mapping):
         return {k: previewed(v, quoted) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -44,8 +35,7 @@ def previewed(value: Any, quoted: tuple[str, ...] | None = None) -> Any:
 
 
 def long_texts(*texts: object) -> tuple[str, ...]:
-    """The texts past ``LONG_TEXT``, shortest first for ``previewed``: an answer parsed out of a reply is cut inside
-    the reply too, and its preview's sha256 is that of the answer the journal keeps."""
+    """The texts past ``LONG_TEXT``, shortest first, so an answer is cut inside its reply too with the same sha256."""
     return tuple(sorted({t for t in texts if isinstance(t, str) and len(t) > LONG_TEXT}, key=len))
 
 

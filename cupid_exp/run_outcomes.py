@@ -1,7 +1,4 @@
-"""How a job ended, as its MLflow run says it: FINISHED only for exit 0, else FAILED (KILLED for a stop signal)
-with ``cupid.outcome`` and ``cupid.reason`` tags and the reason as the description, so the runs table never shows
-a green check for a job that scored nothing (docs/mlflow.md).
-"""
+"""A job's ending as its MLflow run says it: FINISHED only for exit 0, else FAILED or KILLED with outcome tags."""
 
 from __future__ import annotations
 
@@ -45,8 +42,7 @@ def stale_tags(tags: Mapping[str, str]) -> list[str]:
 
 
 def outcome_of(exc: BaseException) -> tuple[str, str]:
-    """(outcome, reason) of the exception that ended a job: the outcome an exception names itself (an
-    ``outcome`` attribute), else its class's, else ``error`` (a bug); the reason is its first line."""
+    """(outcome, reason) of the exception that ended a job: its ``outcome``, its class's, or ``error``."""
     from cupid_exp.errors import Terminated
     from cupid_exp.outputs import environment_failure
 

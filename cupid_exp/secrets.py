@@ -1,10 +1,5 @@
-"""Keep API keys out of everything we write: logs, outputs, Hydra's saved config, MLflow.
-
-Two nets: config data has the values of secret-looking keys, every header and the credentials in URLs replaced by
-'***' (``redact``); free text has every known secret value (from such keys, headers, URLs, overrides and
-key-like environment variables) replaced (``scrub``). The calls still get the values: only what is written is
-masked.
-"""
+"""Keep API keys out of everything we write (logs, outputs, Hydra's files, MLflow): config data gets secret values
+replaced by '***' (``redact``), free text every known secret value (``scrub``)."""
 
 from __future__ import annotations
 
@@ -47,9 +42,8 @@ def looks_like_key(value: str) -> bool:
 
 
 def _random(run: str) -> bool:
-    """20+ letters and digits that change class (upper, lower, digit) at 40% of their places or more, as random
-    characters do (a model's name, a camel-cased run name: far fewer); mixed case unless 48+ long, so that a git
-    commit or an MLflow run id (lower-case hex) is none."""
+    """20+ letters and digits changing class at 40% of places or more, as random characters do; mixed case unless 48+
+    long, so a git commit or run id (lower-case hex) is none."""
     classes = ["u" if c.isupper() else "l" if c.islower() else "d" for c in run]
     changes = sum(a != b for a, b in zip(classes, classes[1:], strict=False))
     return ("d" in classes and changes >= 0.4 * (len(run) - 1)
@@ -61,9 +55,7 @@ def is_headers_key(name: str) -> bool:
 
 
 def url_credentials(text: str) -> list[str]:
-    """The credentials written into URLs in ``text``: each ``user:password`` (and the password alone) before an
-    '@', each value of a secret-looking query parameter (``?api_key=…``, ``?token=…``, ``?sig=…``), as written
-    and decoded."""
+    """The credentials in ``text``'s URLs (user:password, password, secret query values), raw and decoded."""
     found: list[str] = []
     for match in _URL.finditer(text):
         try:
@@ -99,8 +91,7 @@ def _masked(value: object) -> object:
 
 
 def redact(value: Mapping[str, object]) -> dict[str, object]:
-    """Copy of a nested container with secret-looking keys' values, every header's value and the credentials in
-    URLs replaced by '***'."""
+    """A copy with secret-looking keys' values, every header's value and URL credentials replaced by '***'."""
     return {k: (MASK if is_secret_key(str(k)) and v not in (None, "") and not isinstance(v, (Mapping, list, tuple))
                 else _masked(v) if is_headers_key(str(k)) else _redacted(v)) for k, v in value.items()}
 
@@ -130,8 +121,7 @@ def _leaves(value: object) -> Iterator[str]:
 
 
 def _texts(value: object) -> Iterator[str]:
-    """Every string inside a nested container, and the values of those that are overrides as Hydra reads them
-    (a sweep's job overrides escape a URL's colons: ``http\\://user\\:pw@host``)."""
+    """Every string in a container, plus override values as Hydra reads them (escaped colons)."""
     for text in _leaves(value):
         yield text
         override = _parsed_override(text) if "=" in text else None
@@ -167,8 +157,7 @@ def _config_secrets(value: object) -> Iterable[str]:
 
 
 def _parsed_override(text: str) -> dict[str, object] | None:
-    """A command-line override as ``{last key: value}`` (every value of a sweep in a list), parsed as Hydra
-    parses it; None for what is no override."""
+    """An override as ``{last key: value}`` (a sweep's values in a list), parsed as Hydra does; None if none."""
     name, sep, raw = text.partition("=")
     if not sep or not _OVERRIDE_KEY.match(name):
         return None
@@ -203,8 +192,7 @@ def env_snapshot() -> dict[str, str]:
 
 
 def secret_values(config: object = None) -> list[str]:
-    """Secret strings known now: env vars named like keys/tokens, values under secret config keys and header
-    blocks (in config data or in override strings), and credentials in any URL of the config or the environment."""
+    """Secret strings known now: key-like env vars, secret config keys, headers, overrides, and URL credentials."""
     env = env_snapshot()
     found = {v for k, v in env.items() if _SECRET_ENV.search(k) and len(v) >= _MIN_SECRET_LEN}
     texts = list(env.values())
@@ -229,8 +217,7 @@ _YAML_MASKED_VALUE = re.compile(r"^([ \t]*(?:-[ \t]+|[^\s#'\"][^:#\n]*:[ \t]+)+)
 
 
 def scrub_file(path: Path, secrets: Iterable[str]) -> None:
-    """Mask secrets in a file in place, atomically (parallel jobs may scrub the sweep's multirun.yaml at once); a
-    YAML file stays YAML."""
+    """Mask secrets in a file in place, atomically (parallel jobs may scrub one file); YAML stays YAML."""
     if path.is_file():
         text = path.read_text(encoding="utf-8", errors="replace")
         cleaned = scrub(text, secrets)
@@ -261,8 +248,7 @@ _BASE_FACTORY: Callable[..., logging.LogRecord] | None = None
 
 
 def _install_record_factory(secrets: Iterable[str]) -> None:
-    """Mask secrets in every log record when it is created: unlike handler filters, this survives
-    Hydra re-configuring logging (its launchers do, then log each job's overrides)."""
+    """Mask secrets in log records at creation: unlike a filter, it survives Hydra reconfiguring logging."""
     global _BASE_FACTORY
     _FACTORY_SECRETS[:] = sorted(set(_FACTORY_SECRETS) | {s for s in secrets if s}, key=len, reverse=True)
     if _BASE_FACTORY is not None:
@@ -285,8 +271,7 @@ def _install_record_factory(secrets: Iterable[str]) -> None:
 
 
 def install_log_scrubber(secrets: Iterable[str]) -> None:
-    """Mask secrets in every log record (record factory) and in every handler of the root logger
-    (Hydra's console and job-log handlers)."""
+    """Mask secrets in every log record and in every root handler (Hydra's console and job log)."""
     secrets = list(secrets)
     _install_record_factory(secrets)
     scrubber = ScrubbingFilter(secrets)

@@ -1,10 +1,5 @@
-"""Concurrent units of one job that stand or fall together: the lanes of a process, the parts of an instance.
-
-``asyncio.gather`` leaves the others running after the first failure, and their own errors go unretrieved (a
-full disk printed "unhandled exception" after the job's line). ``together`` cancels the others, waits for them
-and raises the first failure; ``asyncio.TaskGroup`` would wrap it in an ``ExceptionGroup``, hiding it from the
-job's exit (``outputs.environment_failure`` reads the chain).
-"""
+"""Concurrent units that stand or fall together. ``asyncio.gather`` leaves the others running and their errors
+unretrieved; ``TaskGroup`` hides the failure in an ``ExceptionGroup``. ``together`` cancels, waits, raises the first."""
 
 from __future__ import annotations
 
@@ -13,8 +8,7 @@ from typing import Any, Awaitable
 
 
 async def together(*aws: Awaitable[Any]) -> list[Any]:
-    """Each awaitable's result, in order; at the first failure the others are cancelled and awaited, and it is
-    raised. Cancelled from outside (Ctrl-C), they are cancelled too before the cancellation goes on."""
+    """Each result in order; at the first failure (or outside cancellation) the others are cancelled and awaited."""
     tasks = [asyncio.ensure_future(a) for a in aws]
     if not tasks:
         return []
@@ -30,8 +24,7 @@ async def together(*aws: Awaitable[Any]) -> list[Any]:
 
 
 async def _cancel(tasks: list[asyncio.Future[Any]]) -> None:
-    """Cancel what still runs and wait for all of it, each outcome retrieved (``gather`` retrieves them even when
-    it is itself cancelled meanwhile)."""
+    """Cancel what still runs and wait for all of it, every outcome retrieved."""
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,12 +1,5 @@
-"""A data set from the Hugging Face Hub, or one line saying why not and what to do instead.
-
-Left alone, ``datasets.load_dataset`` meets an unreachable Hub with huggingface_hub's backoff (about
-24 s of retries) and ends in a long traceback. So: with offline mode declared (``HF_HUB_OFFLINE`` or
-``HF_DATASETS_OFFLINE``) the cache is the only source and nothing is tried on the network; otherwise
-one request for the data set's metadata comes first, under huggingface_hub's own timeout for such
-requests (``HF_HUB_ETAG_TIMEOUT``, 10 s by default), and a Hub that does not answer it is reported at
-once instead of retried.
-"""
+"""A data set from the Hugging Face Hub, or one line saying why not: offline mode reads only the cache, else one quick
+metadata request reports an unreachable Hub at once rather than after huggingface_hub's backoff."""
 
 from __future__ import annotations
 
@@ -42,8 +35,7 @@ def _one_line(exc: BaseException, limit: int = 160) -> str:
 
 
 def probe(name: str, revision: str | None, timeout: float | None = None) -> None:
-    """One request for the data set's metadata: HubUnavailable when the Hub cannot be reached or has no such
-    data set. Other answers (a busy Hub's 5xx) are left to ``datasets``, which retries them."""
+    """One metadata request: HubUnavailable when the Hub is unreachable or lacks the set; 5xx left to ``datasets``."""
     from huggingface_hub import HfApi, constants
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
     from huggingface_hub.utils import httpx  # the HTTP client huggingface_hub calls with (its exceptions)

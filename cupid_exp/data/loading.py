@@ -1,12 +1,6 @@
-"""Load CUPID instances from the Hub, a local file or directory, or the shipped sample.
-
-Every row goes through ``validate_row``; a bad row becomes one ``DataError`` line naming file:line,
-key and field, which the caller reports and counts, and the valid rows still run (``data.strict``
-stops instead). What JSON lets through silently is refused here: a key given twice in one object
-(the last would win), NaN/Infinity, a byte-order mark that would hide the first row. A path that
-is not a regular file or directory (a pipe would hang) and data with no valid row at all are
-errors before any model call.
-"""
+"""Load CUPID instances from the Hub, a local file or directory, or the shipped sample. A bad row is one counted
+``DataError`` line (file:line, key, field) and the rest run (``data.strict`` stops); duplicate keys, NaN, a BOM,
+non-regular files and data without a valid row are refused."""
 
 from __future__ import annotations
 
@@ -147,10 +141,7 @@ def _plain(value: object) -> object:
 
 
 def check_path(path_str: str | None) -> Path:
-    """The data path, if it is a readable regular file or a directory; else one DataError line.
-
-    A pipe or device is refused at once: reading one could block for ever.
-    """
+    """The data path if it is a readable regular file or directory, else one DataError line (a pipe could block)."""
     if not path_str:
         raise DataError("data.path", "<path>", "is empty; give a file or directory (data=local data.path=...)")
     path = Path(path_str).expanduser()

@@ -1,8 +1,4 @@
-"""The CUPID instance schema and its row validator.
-
-Rows are validated one by one so that a single malformed row is reported with its
-key and field and the remaining rows still run (upstream crashes or silently drops).
-"""
+"""The CUPID instance schema and its row validator: one bad row is reported by key and field, the rest still run."""
 
 from __future__ import annotations
 
@@ -60,8 +56,7 @@ def normalize_text(text: str) -> str:
 
 
 def relevant_positions(instance: Instance) -> list[int]:
-    """1-based positions of the prior sessions sharing the current context factor and preference
-    (the oracle sessions: 2 in CUPID)."""
+    """1-based positions of the oracle sessions (sharing the current context factor and preference)."""
     factor = normalize_text(instance.current_context_factor)
     preference = normalize_text(instance.current_contextual_preference)
     return [i for i, s in enumerate(instance.prior_interactions, start=1)
@@ -119,10 +114,7 @@ def _dialogue(raw: object, field: str, where: str) -> tuple[Message, ...]:
 
 
 def validate_row(row: object, where: str) -> Instance:
-    """Turn one raw row into an Instance or raise DataError naming the row and field.
-
-    ``where`` locates the row (file and line or row index); the key is added once known.
-    """
+    """One raw row as an Instance, or DataError naming ``where`` (file and line or row index) and the field."""
     if not isinstance(row, Mapping):
         raise DataError(where, "<row>", f"must be an object, got {type(row).__name__}")
     persona_id = _text(row, "persona_id", where)

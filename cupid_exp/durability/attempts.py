@@ -1,11 +1,5 @@
-"""A job's attempts: what makes two processes the same job, and what its earlier attempts spent.
-
-The *run key* (the job identity, the output root, and the settings that change what is reported from the same
-results) makes two jobs continue one another in one MLflow run (``tracking.attempt_runs``). While an attempt runs
-it holds the job's lock (``durability.job_lock``), which dies with its process: a SIGKILLed attempt's run, left
-RUNNING, is taken over by the next. What earlier attempts spent is read back from the usage ledger, so a resumed
-run reports the whole job's usage beside this attempt's.
-"""
+"""A job's attempts: what makes two processes the same job (the *run key*: one MLflow run), and what earlier attempts
+spent (from the usage ledger), so a resumed run reports the whole job's usage."""
 
 from __future__ import annotations
 
@@ -28,8 +22,9 @@ if TYPE_CHECKING:
 JOB_USAGE = {"calls/total": "calls", "calls/requests": "requests", "tokens/prompt": "prompt_tokens",
              "tokens/completion": "completion_tokens", "cost/usd": "cost_usd"}
 
+
 def run_key(identity: str, runtime: object, output_root: str | Path) -> str:
-    """What makes two jobs the same MLflow run (see the module docstring)."""
+    """What makes two jobs one MLflow run: the identity, the output root and the settings that change the report."""
     payload = {"identity": identity, "output_root": str(Path(output_root).expanduser().resolve()),
                **{name: getattr(runtime, name) for name in REPORT_SETTINGS}}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
@@ -37,8 +32,7 @@ def run_key(identity: str, runtime: object, output_root: str | Path) -> str:
 
 @dataclass
 class Claim:
-    """The right to reopen the run key's earlier run: the job's lock (``durability.job_lock``), held while an
-    attempt runs, or None (``runtime.resume=false``: each attempt gets a run of its own)."""
+    """The right to reopen the run key's earlier run: the job's lock, or None (``runtime.resume=false``)."""
 
     key: str
     lock: JobLock | None = None
@@ -54,10 +48,7 @@ class Claim:
 
 
 def earlier_usage(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
-    """Calls, tokens and cost of the journalled instances (what a journal from before the usage ledger knew).
-
-    ``unpriced_instances`` counts instances with calls but no recorded cost (journals written before the
-    per-instance cost was kept)."""
+    """Calls, tokens and cost of journalled instances; ``unpriced_instances``: those with calls but no recorded cost."""
     out = {"calls": 0.0, "prompt_tokens": 0.0, "completion_tokens": 0.0, "cost_usd": 0.0, "cache_hits": 0.0,
            "instances": 0.0, "unpriced_instances": 0.0}
     for record in records:
@@ -72,8 +63,7 @@ def earlier_usage(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
 
 
 def earlier_spend(earlier: UsageMeter | None) -> dict[str, float]:
-    """The totals of what the job's earlier attempts counted (its usage ledger), with the requests they sent
-    (``requests``); nothing without a journal."""
+    """Totals of what the earlier attempts counted, ``requests`` included; nothing without a journal."""
     if earlier is None:
         return {}
     totals = earlier.totals()

@@ -1,10 +1,5 @@
-"""One process per job: a job holds a lock beside its journal from planning to its end.
-
-A second process of the same job stops before its first call with one line naming the holder (written beside
-the lock: pid, host, since when), exit 2. The lock is the system's (``filelock``), so it dies with its process
-and the next attempt after a SIGKILL takes the job over. Jobs with one identity and different run keys (a sweep
-over ``runtime.failure_policy``) wait for each other, then replay the journal into their own runs.
-"""
+"""One process per job: a lock beside the journal from planning to the end. A second process stops before its first call
+naming the holder (exit 2). The lock dies with its process, so the attempt after a SIGKILL takes over."""
 
 from __future__ import annotations
 
@@ -59,9 +54,8 @@ def lock_path(journal_dir: Path, identity: str) -> Path:
 
 
 def acquire(journal_dir: Path, identity: str, run_key: str) -> JobLock:
-    """Hold the journal of ``identity`` under ``journal_dir`` for the job ``run_key``. Held by another live process
-    for the same run key: ``JobRunning``, at once; for another run key (the same calls reported differently): wait
-    for it. A lock this process holds already (the same job planned again in one process) is returned as it is."""
+    """Hold ``identity``'s journal for ``run_key``: another live holder of the same run key raises ``JobRunning`` at
+    once; of another run key, wait. A lock this process holds already is returned as it is."""
     from filelock import FileLock, Timeout
 
     path = lock_path(journal_dir, identity)

@@ -1,15 +1,6 @@
-"""Resume: finished instances are appended to a journal keyed by the job's identity.
-
-Re-running the same command after a crash (or SIGKILL) finds the journal, skips every
-instance already finished, and re-runs only the rest; together with the response cache
-no completed model call is repeated. Each line is written whole at once (a kill cannot lose it: the page cache
-outlives the process) and fsynced by a thread, several lines to one fsync (``_Syncer``): an fsync is ~4 ms of disk
-wait, which on the event loop stalled every call in flight once per finished instance. A torn last line
-from a kill is ignored on load, and so is any line that is not a whole record (valid JSON that lacks a
-record's fields, e.g. ``{"key": ...}`` alone): it never replaces a good record of its key, and its instance
-runs again unless a good record stands. A journal with not one whole record in it (garbage, another file written
-over it) is set aside whole (``cupid_exp.aside``): its instances run again, and its bytes stay for a look.
-"""
+"""Resume: finished instances are appended to a journal keyed by the job's identity, so a rerun skips them. Lines are
+written whole and fsynced off the event loop (``_Syncer``); torn or partial lines are skipped, and a journal without
+a whole record is set aside (``cupid_exp.aside``)."""
 
 from __future__ import annotations
 
@@ -41,8 +32,7 @@ RECORD_FIELDS: dict[str, type | tuple[type, ...]] = {
 
 
 def whole_record(record: Any, fields: Mapping[str, type | tuple[type, ...]] = RECORD_FIELDS) -> str | None:
-    """Why a parsed journal line is not a whole record with ``fields`` (a kind's: ``job.spec.Work.record_fields``;
-    an evaluated instance's by default) (None when it is)."""
+    """Why a parsed line is not a whole record with ``fields`` (default: an evaluated instance's); None when it is."""
     if not isinstance(record, dict):
         return f"a JSON {type(record).__name__}, not a record"
     missing = [name for name in fields if name not in record]
@@ -58,8 +48,7 @@ def whole_record(record: Any, fields: Mapping[str, type | tuple[type, ...]] = RE
 
 
 def is_final(record: Mapping[str, Any], retry_failed: bool = False) -> bool:
-    """Whether a journalled instance stands on resume: provider failures are retried, unusable replies
-    only when asked (``runtime.retry_failed``)."""
+    """Whether a record stands on resume: failures rerun, unusable replies only with ``runtime.retry_failed``."""
     errors = record.get("errors", [])
     if retry_failed:
         return not errors
@@ -67,8 +56,7 @@ def is_final(record: Mapping[str, Any], retry_failed: bool = False) -> bool:
 
 
 class _Syncer:
-    """The journals' fsyncs, off the caller's thread: ``request`` after a line is written, ``wait`` until every line
-    written so far is on disk (at the process's exit too). One fsync covers all the lines written before it."""
+    """The journals' fsyncs on a thread: ``request`` after a write, ``wait`` until everything written is on disk."""
 
     def __init__(self) -> None:
         self.reset()
@@ -95,8 +83,7 @@ class _Syncer:
             return self._errors.pop(path, None)
 
     def wait(self, path: Path | None = None) -> None:
-        """Until the lines written so far (``path``'s, or every journal's) are synced, or the thread has died (a bug
-        of ours, printed by threading's hook: the exit must not hang on it)."""
+        """Until ``path``'s (or every) written line is synced, or the thread died (so the exit cannot hang)."""
         with self._changed:
             while not all(self._synced.get(p, 0) >= n for p, n in self._wanted.items()
                           if path in (None, p) and p not in self._errors):
@@ -132,8 +119,7 @@ os.register_at_fork(after_in_child=_SYNCER.reset)  # no lock the parent's thread
 
 
 class JournalGone(EnvironmentFailure):
-    """The journal (or its folder) was deleted while the job ran: what it held is gone, and the line says so
-    instead of the usual "the journal keeps what finished"."""
+    """The journal was deleted while the job ran: the line must not claim it keeps what finished."""
 
     def __init__(self, path: Path, held: int):
         error = OSError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
@@ -146,8 +132,7 @@ class JournalGone(EnvironmentFailure):
 
 
 class Journal:
-    """A job's finished units, one record a line. ``fields`` and ``final`` are the kind's (an evaluated instance's by
-    default; a synthesised persona's: ``cupid_exp.synthesis.work``): what a whole record holds, and which stand."""
+    """A job's finished units, one record a line; ``fields`` and ``final`` are the unit kind's."""
 
     def __init__(self, path: Path, secrets: list[str] | None = None, *,
                  fields: Mapping[str, type | tuple[type, ...]] = RECORD_FIELDS,
@@ -160,8 +145,7 @@ class Journal:
         path.parent.mkdir(parents=True, exist_ok=True)
 
     def load(self, retry_failed: bool = False) -> dict[str, dict[str, Any]]:
-        """Finished records by key; later whole records win; a torn line, or one that is not a whole record
-        (``whole_record``), is skipped with a warning."""
+        """Finished records by key, later whole records win; bad lines are skipped with a warning."""
         done: dict[str, dict[str, Any]] = {}
         if not self.path.exists():
             return done
@@ -188,8 +172,7 @@ class Journal:
         return {k: r for k, r in done.items() if self.final(r, retry_failed)}
 
     def _unreadable(self) -> int:
-        """The lines of a journal that holds bytes but not one whole record (0 when it holds one, or nothing but a
-        torn last line: a kill's, cut by ``_cut_torn_tail``)."""
+        """Lines of a journal with bytes but no whole record (0 if it has one, or only a torn tail)."""
         lines = 0
         with self.path.open("rb") as fh:
             for raw in fh:
@@ -204,8 +187,7 @@ class Journal:
         return lines
 
     def _cut_torn_tail(self) -> None:
-        """Drop a last line without its newline (a kill mid-write), so the next append starts a fresh line
-        instead of being glued to the torn one and lost with it."""
+        """Drop a last line without newline, so the next append does not glue onto it."""
         with self.path.open("rb+") as fh:
             size = fh.seek(0, os.SEEK_END)
             if size == 0:
@@ -229,9 +211,7 @@ class Journal:
             os.fsync(fh.fileno())
 
     def append(self, record: dict[str, Any]) -> None:
-        """One whole line, fsynced soon after (``sync`` waits for it). A full disk or a forbidden folder raises
-        ``outputs.EnvironmentFailure`` and leaves no part of the line; every later append raises it again without
-        touching the disk."""
+        """One whole line, fsynced soon after; a full disk raises ``EnvironmentFailure``, then on every later append."""
         if self._failed is not None:
             raise self._failed
         try:

@@ -1,13 +1,5 @@
-"""Every paid request in the spend: a job's usage ledger, one line per counted call as it returns.
-
-The journal holds only finished instances; the ledger beside it (``journal/usage/<identity>.jsonl``) gets a line
-for each count a ``UsageMeter`` makes, a request in flight at its worst case included, by one unbuffered
-``write`` per process. A kill then leaves its cut requests charged their worst case (``charge_unsettled``), as the
-provider may have billed them. Lines are not fsynced (the page cache outlives the process). Room kept beside it
-from the start (``keep_room``) lets the lines of calls answered when the disk fills be written before the job
-stops (exit 5). A resumed job replays it into a meter; a journal from before the ledger, or a ledger with no
-usage count in it (set aside whole), has its instances' usage carried into a new one.
-"""
+"""A job's usage ledger: a line per ``UsageMeter`` count as it happens, so every paid request is in the spend (a kill's
+in-flight ones at their worst case). Room kept beforehand (``keep_room``) takes the last lines when the disk fills."""
 
 from __future__ import annotations
 
@@ -43,8 +35,7 @@ class UsageLedger:
         return cls(journal.parent / "usage" / journal.name)
 
     def keep_room(self) -> None:
-        """At the job's start: ``ROOM_BYTES`` taken beside the ledger for the lines of the calls in flight when the
-        disk fills up. A disk too full for them stops the job there (exit 5), the part it took given back."""
+        """Reserve ``ROOM_BYTES`` for the lines in flight when the disk fills; already too full: exit 5."""
         try:
             with writing(self.path.parent):
                 self.room.parent.mkdir(parents=True, exist_ok=True)
@@ -63,9 +54,7 @@ class UsageLedger:
             raise
 
     def append(self, step: str, added: Mapping[str, float]) -> None:
-        """One line for one count (``UsageMeter.sink``); opened on the first, kept open. A full disk frees the room
-        kept (``keep_room``) for this line and the others of calls in flight, then raises ``EnvironmentFailure``
-        naming the ledger (exit 5), once: the job is stopping."""
+        """One line per count; a full disk frees the kept room, then raises ``EnvironmentFailure`` once."""
         line = (json.dumps({"step": step, **added}, separators=(",", ":")) + "\n").encode()
         try:
             self._write(line)
@@ -85,9 +74,8 @@ class UsageLedger:
             os.write(self._fd, line)
 
     def load(self, carried: Iterable[Mapping[str, Any]] = ()) -> UsageMeter:
-        """Every count the job's earlier attempts made, as a meter; a torn last line is cut, a line that is not a
-        count is skipped (with a warning). No ledger yet: ``carried`` journal records' usage becomes its first
-        lines. The job takes its ledger here, at its start: the room for a full disk is kept (``keep_room``)."""
+        """The earlier attempts' counts as a meter (torn or bad lines skipped); with no ledger, ``carried`` journal
+        records' usage becomes its first lines. Keeps the room for a full disk."""
         self.keep_room()
         meter, carried = UsageMeter(), list(carried)
         if self.path.exists():

@@ -1,14 +1,6 @@
-"""Interrupts a run can survive: a stop signal becomes an exception, and ending a run cannot be interrupted.
-
-Python dies on SIGTERM without unwinding, so a job stopped by ``kill``, a scheduler or a container
-runtime would leave its MLflow run RUNNING for ever. While a job works, a stop signal (``STOP_SIGNALS``: SIGTERM;
-SIGHUP, a closed terminal; SIGUSR1/SIGUSR2, what SLURM's ``--signal`` sends ahead of its SIGTERM) raises
-``Terminated`` instead (a ``SystemExit`` with code 128 + the signal's number, 143 for SIGTERM, so Hydra lets it
-through and the process exits as killed processes do); the job then stops as on Ctrl-C: the run ends KILLED, one
-line says what the journal holds (``cupid_exp.errors.Interrupted``). While the run is being ended, further
-interrupts are held back and delivered afterwards. A joblib sweep's process hands the signal on to its workers
-running jobs and waits for them to stop (``_stop_sweep_jobs``) before joblib stops its workers by force.
-"""
+"""A stop signal becomes an exception, and ending a run cannot be interrupted: Python dies on SIGTERM without unwinding,
+leaving the MLflow run RUNNING. While a job works, ``STOP_SIGNALS`` raise ``Terminated`` (exit 128 + the signal) and
+it stops as on Ctrl-C; a joblib sweep's launcher hands the signal to its workers first."""
 
 from __future__ import annotations
 
@@ -46,8 +38,7 @@ def _set(handler: Any) -> dict[int, Any]:
 
 
 def ignore_stops() -> None:
-    """In a job's helper process (its MLflow worker, its calls processes): Ctrl-C and stop signals sent to the whole
-    process group (a terminal, SLURM, systemd) are the job's to act on; it ends its helpers itself."""
+    """In a job's helper process: signals sent to the process group are the job's to act on; it ends its helpers."""
     for s in (signal.SIGINT, *STOP_SIGNALS):
         signal.signal(s, signal.SIG_IGN)
 
@@ -79,9 +70,8 @@ def sigterm_raises() -> Iterator[None]:
 
 
 def install_sigterm_handler() -> None:
-    """For a process that runs jobs until it exits (the command's own, a sweep's launcher): a stop signal raises
-    ``Terminated`` (one left at its default only: one the user ignores, e.g. ``nohup``'s SIGHUP, stays ignored), and
-    Ctrl-C in a joblib sweep's launcher stops its jobs as a stop signal does (``_interrupt``)."""
+    """For a process that runs jobs: a stop signal left at its default raises ``Terminated`` (ignored ones stay
+    ignored), and Ctrl-C in a joblib launcher stops its jobs first."""
     if _main_thread():
         for s in STOP_SIGNALS:
             if signal.getsignal(s) in (signal.SIG_DFL, None):
@@ -91,9 +81,7 @@ def install_sigterm_handler() -> None:
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
-    """Ctrl-C: a KeyboardInterrupt, as by default, but in a joblib sweep's launcher the jobs running in its workers
-    are first told and awaited (``_stop_sweep_jobs``), so that joblib's abort finds their runs ended and their lines
-    kept (``Terminated`` with them: exit 130)."""
+    """Ctrl-C as KeyboardInterrupt, but a joblib launcher first stops and awaits its running jobs (exit 130)."""
     if _sweep_executor() is not None and not _in_sweep_worker():
         raise Terminated(signum, _stop_sweep_jobs(signum))
     raise KeyboardInterrupt
@@ -135,14 +123,8 @@ def _in_sweep_worker() -> bool:
 
 
 def end_with_launcher(poll_s: float = 0.5) -> None:
-    """In a joblib sweep's worker, stop when the sweep's own process dies (kill -9, the OOM killer).
-
-    loky's workers outlive a killed launcher: an idle one waits minutes for work, a busy one runs its job to the
-    end, sending paid requests nobody will read. Once the launcher is gone a job in the worker gets SIGTERM (it
-    stops as on ``kill``: journal kept, run ended KILLED), and the worker exits once the job has stopped, or after
-    ``LAUNCHER_GONE_GRACE_S`` regardless; an idle one at once. Started once per process; elsewhere (a plain command,
-    a sequential sweep) it does nothing.
-    """
+    """In a joblib sweep's worker, stop when the launcher dies: loky's workers outlive it and would keep sending paid
+    requests. The job gets SIGTERM; the worker exits when it has stopped, or after ``LAUNCHER_GONE_GRACE_S``."""
     global _WATCHING_LAUNCHER
     if _WATCHING_LAUNCHER or not _in_sweep_worker():
         return
@@ -163,8 +145,7 @@ def end_with_launcher(poll_s: float = 0.5) -> None:
 
 
 def _catches(pid: int, signum: int) -> bool:
-    """Whether process ``pid`` has a handler for ``signum`` (a sweep's worker has one for SIGTERM only while it runs a
-    job: ``sigterm_raises``); where /proc cannot tell, assume so."""
+    """Whether ``pid`` has a handler for ``signum`` (assume so where /proc cannot tell)."""
     try:
         with open(f"/proc/{pid}/status") as status:
             caught = next(line for line in status if line.startswith("SigCgt:"))
@@ -180,11 +161,8 @@ def _sweep_executor() -> Any:
 
 
 def _stop_sweep_jobs(signum: int) -> tuple[Any, ...]:
-    """In a joblib sweep's launching process, hand a stop signal to its running jobs before joblib's abort kills
-    their workers (SIGKILL: runs left RUNNING, nothing said): each worker running a job gets the same signal and
-    stops as a single job does (its run ended KILLED, its journal kept); the jobs not started never start. Waits
-    (at most ``SWEEP_STOP_GRACE_S``; a second stop signal ends the wait) until every job has returned; what each
-    stopped job raised (``Interrupted``, its line). Elsewhere nothing, at once."""
+    """In a joblib launcher, hand a stop signal to the running jobs before joblib's abort SIGKILLs their workers, and
+    wait (at most ``SWEEP_STOP_GRACE_S``) for them; return what each raised."""
     global _FORWARDING
     executor = _sweep_executor()
     if executor is None or _FORWARDING or _in_sweep_worker():

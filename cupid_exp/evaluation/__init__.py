@@ -1,8 +1,4 @@
-"""Evaluation: a job whose unit of work is a CUPID instance, run through the job lifecycle (``cupid_exp.job``).
-
-``work`` is the kind (what the lifecycle asks of it), ``instances`` how one instance runs (the setting's view,
-then the task parts), ``checks`` what an evaluation job checks of its own before the first call.
-"""
+"""Evaluation: a job whose unit is a CUPID instance (``work``, ``instances``, ``checks``)."""
 
 from __future__ import annotations
 

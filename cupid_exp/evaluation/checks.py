@@ -1,6 +1,4 @@
-"""What an evaluation job checks of itself before its first call: the prompt files its task, setting and evaluator
-send (each in the folder, usable, asking only for placeholders its step fills), the matcher's examples, a model
-server's command."""
+"""What an evaluation job checks before its first call: its prompt files, the matcher's examples, a model server."""
 
 from __future__ import annotations
 

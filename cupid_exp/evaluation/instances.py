@@ -1,8 +1,4 @@
-"""One evaluated instance: the setting's view once, then the task parts concurrently on it.
-
-A step's failure is recorded on its instance and the others go on; a bug (any exception that is not a
-counted step failure) propagates and stops the job with its traceback, the journal keeping what finished.
-"""
+"""One evaluated instance: the setting's view once, then the task parts concurrently; a bug stops the job."""
 
 from __future__ import annotations
 
@@ -26,8 +22,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class EpochInstance(Instance):
-    """One run of an instance in a job of ``runtime.epochs`` > 1: a unit of its own (journaled, resumed, priced and
-    its calls seeded and cached per epoch), keyed ``<persona>/<type>#<epoch>``; epochs count from 0."""
+    """One run of an instance when ``runtime.epochs`` > 1, keyed ``<persona>/<type>#<epoch>`` (from 0)."""
 
     epoch: int = 0
 
@@ -103,7 +98,5 @@ async def _evaluate(setting: Setting, parts: Sequence[str], ctx: TaskContext, in
 
 
 def instances_in_flight(ctx: TaskContext) -> int:
-    """Twice the calls the job's provider pools take together (``pool_slots``), so that every free slot finds a
-    call waiting; the rest wait unstarted, so that the job's
-    memory does not grow with the data set (``bench/scale.py``)."""
+    """Twice the job's pool slots, so every free slot finds a call waiting while memory stays bounded."""
     return 2 * pool_slots((ctx.subject, ctx.evaluator.decomposer, ctx.evaluator.matcher, ctx.evaluator.judge))

@@ -1,10 +1,4 @@
-"""Evaluation as a kind of work for the job lifecycle (``cupid_exp.job``): the unit is a CUPID instance.
-
-``load_evaluation`` checks what an evaluation job sends (its prompt files, the matcher's examples, a model server)
-and loads its setting and data (every row validated); each instance runs the setting's view and the task parts
-(``evaluation.instances``); the summary is the paper's numbers (``scoring.summary``), the files are
-``instances.jsonl`` and ``metrics.json``, the MLflow run gets the dataset input, running scores and the plots.
-"""
+"""Evaluation as a kind of work for the job lifecycle (``cupid_exp.job``): the unit is a CUPID instance."""
 
 from __future__ import annotations
 
@@ -99,9 +93,7 @@ class EvaluationWork:
                          max_failed_fraction=cfg.runtime.max_failed_fraction)
 
     def publish(self, job: "Job", summary: JobSummary, complete: bool) -> Published:
-        """instances.jsonl and metrics.json (atomically: a tracking failure can never cost the results); a dry
-        run's replies are placeholders: it writes no record and no score. A long answer is its preview here and in
-        the run's table: whole once, in the journal."""
+        """instances.jsonl and metrics.json, written atomically; a dry run writes no record and no score."""
         out, data = job.output_dir, self.data
         records = previewed(scrub_obj(summary.records, list(job.spec.secrets)))
         out.mkdir(parents=True, exist_ok=True)
@@ -125,8 +117,7 @@ class EvaluationWork:
 
 
 def load_evaluation(cfg: RunConfig, output_dir: Path) -> Work:
-    """The task parts (against the registry) and the setting's, the prompts the job sends, then the data (every
-    row validated); the instances are the units, each ``runtime.epochs`` times (``with_epochs``)."""
+    """The task parts, the setting, the prompts and the data (every row validated); units repeat per epoch."""
     from cupid_exp.job.checks import prompt_set
 
     check_task_parts(cfg.task.parts)
@@ -159,8 +150,7 @@ def load_evaluation(cfg: RunConfig, output_dir: Path) -> Work:
 
 def _tracking(cfg: RunConfig, data: LoadedData, setting: Setting, units: tuple[Instance, ...], digests: Digests,
               output_dir: Path) -> TrackingView:
-    """The run's name (what tells it apart in MLflow's runs list), the dataset input, running scores, and the plots:
-    score by type, vs relevant-session position (paper Fig. 3), vs history length (Fig. 9)."""
+    """The run's name, dataset input, running scores and plots (by type, by relevant position, by history length)."""
     from cupid_exp.tracking.dataset import dataset_input, dataset_name
     from cupid_exp.tracking.live import PlotRequest
     from cupid_exp.tracking.names import hydra_overrides, job_run_name

@@ -1,8 +1,4 @@
-"""The evaluator: who decomposes, matches and judges, and how (paper §2.3; GPT-4o in the paper).
-
-``Evaluator`` bundles the three role clients with their prompts so the tasks ask it for a
-checklist, a match or a judgment and never see prompt files or client wiring.
-"""
+"""The evaluator (paper §2.3): decomposer, matcher and judge with their prompts, hidden from the tasks."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Checklist evaluation (paper §2.3): decompose a preference into yes/no items, then match items
-against a preference, each labelled Fully (1) / Partially (0.5) / Not (0) covered.
-
-Used by the inference task in both directions and by synthesis to decompose preferences
-(``decompose``: one prompt, one schema, one parser for both).
-"""
+"""Checklist evaluation (paper §2.3): decompose a preference into yes/no items, then match items against a preference as
+Fully (1) / Partially (0.5) / Not (0) covered. Synthesis uses ``decompose`` too."""
 
 from __future__ import annotations
 
@@ -66,8 +62,7 @@ def parse_checklist(text: str) -> list[str]:
 async def decompose(client: LLMClient, prompts: PromptSet, preference: str, *, transcript: Transcript,
                     retry: Reask | Resample, max_items: int = 4, step: str = "decompose",
                     parse: Callable[[str], list[str]] = parse_checklist) -> list[str]:
-    """The preference as yes/no checklist items, at most ``max_items``; synthesis passes a ``parse`` with its
-    data checks (its checklists become dataset rows)."""
+    """The preference as at most ``max_items`` yes/no items; synthesis passes a ``parse`` with its data checks."""
     messages = prompts.get(DECOMPOSER_PROMPT).messages(client.model.system_role, preferences=preference)
     items = await ask(client, step, messages, parse, transcript=transcript, schema=checklist_schema(max_items),
                       retry=retry, dry_reply=dry_checklist)

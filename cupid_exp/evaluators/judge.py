@@ -1,8 +1,5 @@
-"""The generation judge (paper §2.3): a 1–10 score of a response against the true preference and checklist.
-
-The score is kept exactly as written (upstream truncated 7.5 to 7); a judgment without a usable
-score is a ParseError, re-asked and then counted as a failure, never averaged in as 0.
-"""
+"""The generation judge (paper §2.3): a 1–10 score of a response against the true preference and checklist, kept exactly
+as written (upstream truncated 7.5 to 7); no usable score is a ParseError, never 0."""
 
 from __future__ import annotations
 
@@ -28,9 +25,7 @@ _NUMBER = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)(?:\s*(?:/|out of)\s*10)?")
 
 
 def parse_judge_score(text: str, low: float = 1.0, high: float = 10.0) -> float:
-    """The judge's score, exactly as written: JSON {'score': ...} or the first number after the last
-    'Evaluation Score' header. A missing header, no number, or a number outside [low, high] is a
-    ParseError, never 0."""
+    """The score from JSON or after the last 'Evaluation Score' header; missing or out of range: ParseError."""
     body = strip_thinking(text)
     score: object = None
     if body.lstrip().startswith(("{", "```")):

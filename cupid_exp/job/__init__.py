@@ -1,10 +1,4 @@
-"""One job, whatever its unit of work, in four phases: plan → execute → summarise → publish (docs/architecture.md).
-
-Evaluation (an instance) and synthesis (a persona) share this lifecycle: ``plan`` checks all it can before the
-first call and takes the job (lock, journal, ledger, budget: ``job.attempt``), ``execute`` runs the units left,
-the kind summarises (``Kind.summarise``), ``publish`` writes files, prints the report and finishes the MLflow run
-opened right after planning.
-"""
+"""One job, whatever its unit of work, in four phases: plan → execute → summarise → publish (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -42,8 +36,7 @@ def budget_report(job: Job, execution: Execution) -> BudgetReport | None:
 
 
 def summarize_job(job: Job, execution: Execution, started: float) -> Summary:
-    """The kind's summary of the job, with what every job adds: what earlier attempts spent (the usage ledger)
-    and the time it took."""
+    """The kind's summary plus what earlier attempts spent and the time taken."""
     summary = job.work.kind.summarise(job, execution)
     if not job.dry_run:
         summary.metrics.update(earlier_attempt_metrics(earlier_spend(job.attempt.earlier)))
@@ -52,9 +45,8 @@ def summarize_job(job: Job, execution: Execution, started: float) -> Summary:
 
 
 def import_alongside(modules: tuple[str, ...]) -> threading.Thread:
-    """Import ``modules`` (``Work.summary_modules``: pandas, numpy) on a thread while the job waits on its model calls.
-    Not matplotlib: on the same GIL it slowed the model phase as much as it took (the run worker draws the plots).
-    Join it before using them; a failed import is left to the main thread's own import, which raises it."""
+    """Import ``modules`` on a thread while the job waits on model calls (not matplotlib: it slowed the model phase).
+    Join before use; a failed import is raised by the main thread's own."""
     def load() -> None:
         try:
             for name in modules:
@@ -68,8 +60,7 @@ def import_alongside(modules: tuple[str, ...]) -> threading.Thread:
 
 
 def interrupted(job: Job, signum: int = signal.SIGINT) -> Interrupted:
-    """How far a job interrupted by ``signum`` got: its units that its journal holds as finished (what a resume
-    skips)."""
+    """How far an interrupted job got: the units its journal holds as finished."""
     units = job.work.units
     noun = f"{job.work.noun}s"
     if job.dry_run:

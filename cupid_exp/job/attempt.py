@@ -1,9 +1,5 @@
-"""What one attempt of a job opens and holds, all opened here in one place: the job's lock, its resume journal and
-what it already holds, its usage ledger, its budget's accounts, and how many processes share its calls.
-
-The lock is taken first (``durability.job_lock``): a second process on the same job stops here with one line
-(exit 2) before it reads the journal or calls anything. A dry run opens nothing (it writes no journal and no run).
-"""
+"""What one attempt of a job opens, in one place: lock, journal, usage ledger, budget, process count. The lock comes
+first, so a second process stops (exit 2) before reading anything; a dry run opens nothing."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""A job's budgets: which ledgers it draws on (``llm.budget`` holds them), and its last line, metrics and exit.
-
-``runtime.max_cost_usd`` spans all the job's attempts (its ledger sits beside the journal, so a resume with a
-higher budget starts from what was spent); ``runtime.sweep_max_cost_usd`` is shared by a ``-m`` sweep's jobs (its
-ledger is in the sweep folder: the same ``hydra.sweep.dir`` continues it).
-"""
+"""A job's budgets: ``runtime.max_cost_usd`` over its attempts, ``runtime.sweep_max_cost_usd`` over a sweep's jobs."""
 
 from __future__ import annotations
 
@@ -19,10 +14,7 @@ ESTIMATE_FILE = "budget_estimate.json"  #: a dry-run sweep's jobs add their esti
 
 def job_budget(runtime: RuntimeConfig, *, job_ledger: Path, sweep_dir: str | None,
                spent: float = 0.0) -> Budget | None:
-    """The accounts of one job: its own ledger (``runtime.max_cost_usd``) and, in a sweep, the sweep's
-    (``runtime.sweep_max_cost_usd``). Outside a sweep the sweep's limit is simply a second cap on the job. ``spent``:
-    what the job's usage ledger counted of its earlier attempts, where an unreadable ledger counts again from (the
-    sweep's too: no less than this job's)."""
+    """One job's accounts (its ledger, and a sweep's); ``spent``: what earlier attempts counted."""
     accounts: list[Account] = []
     job_caps = [(runtime.max_cost_usd, "runtime.max_cost_usd")]
     if sweep_dir is None:
@@ -95,8 +87,7 @@ def sweep_estimate(sweep_dir: str, estimate_usd: float) -> tuple[float, int]:
 
 
 def fit_line(runtime: RuntimeConfig, estimate_usd: float, sweep_dir: str | None = None) -> str | None:
-    """The dry run's one line: whether its estimate fits each budget (None without one). In a sweep, the jobs'
-    estimates are added up in the sweep folder: the last job's line holds the whole sweep's."""
+    """The dry run's line: whether the estimate fits each budget; in a sweep, the jobs' estimates add up."""
     parts = []
     if runtime.max_cost_usd is not None:
         parts.append(_verdict("the estimate", estimate_usd, runtime.max_cost_usd, "runtime.max_cost_usd"))

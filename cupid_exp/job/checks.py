@@ -1,10 +1,4 @@
-"""Checks that need the world, run before the first model call of any job: folders writable, prompt files usable,
-the tracking server reachable, each role's credentials in the environment. Each problem is one ConfigError
-line naming the setting and the value. Which prompt files a job sends is its kind's to say
-(``cupid_exp.evaluation.checks``, ``cupid_exp.synthesis.work``).
-
-(Value ranges and choices are checked by the config schema itself, ``cupid_exp.config``.)
-"""
+"""Checks that need the world (folders, prompts, tracking server, credentials), before any call: one line each."""
 
 from __future__ import annotations
 
@@ -42,8 +36,7 @@ def _placeholders(text: str | None) -> set[str]:
 
 
 def check_prompts(prompts: PromptSet, needed: dict[str, set[str]]) -> None:
-    """Each prompt file exists in the prompt directory (a drop-in never falls back to ours), parses, and asks
-    only for placeholders its step fills."""
+    """Each prompt file exists in the directory (no fallback), parses, and asks only for known placeholders."""
     where = f"prompts.dir={str(prompts.directory)!r}"
     missing = prompts.missing(needed)
     if missing:
@@ -104,8 +97,7 @@ def check_workers(cfg: JobConfig) -> None:
 
 
 def check_keys(roles: Mapping[str, ModelConfig], dry_run: bool) -> None:
-    """Every called role's provider has its credentials (``cupid_exp.llm.keys``). A dry run calls nothing: it
-    only warns, in the same one line, so the estimate can be made before the keys are set."""
+    """Every called role's provider has credentials; a dry run only warns."""
     from cupid_exp.llm.keys import missing_keys_line
 
     line = missing_keys_line(roles)
@@ -118,8 +110,7 @@ def check_keys(roles: Mapping[str, ModelConfig], dry_run: bool) -> None:
 
 
 def note_models(roles: Mapping[str, ModelConfig]) -> None:
-    """One line per model that litellm's map cannot vouch for: an unknown id (misspelt or retired), a passed
-    deprecation date, no price (``cupid_exp.llm.model_map``). Roles on the same endpoint share the line."""
+    """One line per model litellm's map cannot vouch for (unknown id, past deprecation, no price), per endpoint."""
     from cupid_exp.llm.model_map import model_note
 
     groups: dict[tuple[str, str, str | None], tuple[ModelConfig, list[str]]] = {}

@@ -1,9 +1,4 @@
-"""Phase 2 of a job: run every unit left to run (in this process's lanes, and its workers' when it has some),
-journal each as it finishes, tell the MLflow run.
-
-A step's failure is recorded on its unit and the others go on; a bug (any exception that is not a counted step
-failure) stops the job with its traceback, and the journal keeps what finished.
-"""
+"""Phase 2 of a job: run the units left, here and in workers, journal each, tell the MLflow run."""
 
 from __future__ import annotations
 
@@ -34,9 +29,7 @@ async def _run_all(job: Job, units: list[Any], observer: InstanceObserver | None
 
 
 def execute(job: Job, observer: InstanceObserver | None = None, workers: Workers | None = None) -> Execution:
-    """Run what is left to run (nothing on a complete resume), inside the work's model server if any;
-    ``observer`` (the MLflow run's live view) hears of each finished unit. With ``runtime.workers`` the job's
-    ``workers`` (started with the job by ``run_job``, or here) share the units."""
+    """Run what is left inside the work's model server, if any; ``observer`` hears of each finished unit."""
     todo = job.todo
     if not todo:
         return Execution([])

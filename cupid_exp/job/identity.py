@@ -1,11 +1,5 @@
-"""A job's identity, by content: what decides its results, never how fast, through which spelling of an endpoint or
-with which key it gets them.
-
-It names the job's journal, lock, ledgers and (with the reporting settings) MLflow run. A changed concurrency,
-pace, timeout, retry count, worker count, price, Batch API switch or cache setting resumes the same job, as do
-``localhost`` for ``127.0.0.1``, a trailing slash and a rotated key; a model, its parameters, a prompt, the data or
-the recipe make a new one. The rule (``content``) lives in ``cupid_exp.identity``: the report reads runs by it too.
-"""
+"""A job's identity, by content: what decides its results, never how fast, through which endpoint spelling or with which
+key. It names the journal, lock, ledgers and MLflow run; the rule lives in ``cupid_exp.identity``."""
 
 from __future__ import annotations
 
@@ -23,11 +17,6 @@ def content_digest(config: Mapping[str, Any], not_identity: Iterable[str] = (), 
 
 def job_identity(resolved: Mapping[str, Any], *, dataset_digest: str | None = None, prompts_digest: str,
                  not_identity: Iterable[str] = ("data.path",)) -> str:
-    """Hash of everything that decides a job's results, from the resolved config as plain data.
-
-    The data enter by their digest (the valid rows, in order), not by how a file's path is spelt: a relative and
-    an absolute ``data.path`` of the same file are one job (its journal, its MLflow run). Configs without a path
-    (``data=cupid``, ``data=sample``) keep the identity they always had. Synthesis has no dataset (its personas
-    are drawn from the recipe, which is in the config)."""
+    """Hash of what decides a job's results; the data enter by digest, not by how their path is spelt."""
     return config_digest({"config": content(resolved, not_identity), "data": dataset_digest,
                           "prompts": prompts_digest})

@@ -1,10 +1,5 @@
-"""The lanes a process runs units in: each takes the next unit left, runs it, hands it on, takes another.
-
-As many lanes run at once as the kind's ``connect`` said. A call the budget refuses ends its unit unfinished and
-starts no other. A fatal refusal or ``RetryLater`` stops the taking: the units in flight end, none is journalled (a
-resume runs them), and the refusal is raised once every lane stopped. Any other exception (a bug, a full disk)
-cancels the other lanes and is raised once they ended (``siblings.together``).
-"""
+"""The lanes a process runs units in. A fatal refusal or ``RetryLater`` stops the taking and is raised once every lane
+stopped (in-flight units unjournalled); any other exception cancels the others (``siblings.together``)."""
 
 from __future__ import annotations
 
@@ -27,8 +22,7 @@ Finished = Callable[[Any, Result, "CallLog | None"], None]
 
 
 def pool_slots(clients: Iterable[Any]) -> int:
-    """The calls ``clients``' provider pools take at once together (each pool counted once, at the most any of its
-    clients takes): what a kind's ``connect`` sizes its lanes by."""
+    """The calls ``clients``' pools take at once together (each pool once): what ``connect`` sizes lanes by."""
     slots: dict[int, int] = {}
     for client in clients:
         slots[id(client.pool)] = max(slots.get(id(client.pool), 0), client.slots)
@@ -36,19 +30,13 @@ def pool_slots(clients: Iterable[Any]) -> int:
 
 
 def fair_share(units: int, processes: int) -> int | None:
-    """The most units one of ``processes`` sharing ``units`` should run at once (None: one process, no cap).
-    Each process has its part of the models' slots; a process that took more units at once than its part can
-    serve (32 slots, 32 personas of several calls each) left another's slots idle with the rest (8 personas):
-    40 personas on 2 processes kept 32 calls in flight of 64."""
+    """The most units one of ``processes`` runs at once (None: one process), so no process idles another's slots."""
     return None if processes <= 1 else max(1, -(-units // processes))
 
 
 async def run_units(kind: Kind, ctx: Any, lanes: int, take: Taker, finished: Finished, progress: Progress | None,
                     with_calls: bool, at_most: int | None = None) -> None:
-    """Run units as ``take`` hands them out, ``lanes`` at a time (and ``at_most``: this process's
-    fair share, ``fair_share``), and tell ``finished`` of each (with its model calls when ``with_calls``). The
-    caller drains litellm's background work after (``drain_background_tasks`` waits for every other task: its
-    own too)."""
+    """Run units as ``take`` hands them out, ``lanes`` (and ``at_most``) at a time; the caller drains litellm after."""
     stop = asyncio.Event()  # a call refused by the budget: no unit starts after it; those in flight go on
     fatal: list[FatalProviderError] = []
 
@@ -81,8 +69,7 @@ def stopped_by_budget(meter: UsageMeter) -> bool:
 
 
 def job_finisher(job: "Job", observer: InstanceObserver | None, results: list[Result]) -> Finished:
-    """What the job's process does with each finished unit, whichever process ran it: journal its record, tell
-    the observer (the MLflow run), keep its result."""
+    """Journal each finished unit, tell the observer, keep its result, whichever process ran it."""
     journal = job.attempt.journal
 
     def finished(unit: Unit, result: Result, calls: CallLog | None) -> None:

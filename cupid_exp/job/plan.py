@@ -1,10 +1,4 @@
-"""Phase 1 of a job: everything decided and checked before the first model call, whatever the kind of work.
-
-The config is typed and checked once, then what the job needs of the world, then the kind's work (its ``Load``);
-the identity follows from the content. That is the frozen ``JobSpec``. The attempt then opens the job and, when
-``clients`` is asked for, builds the clients (``run_job`` builds them later: importing litellm takes seconds,
-while the MLflow run opens and worker processes start).
-"""
+"""Phase 1 of a job: everything decided and checked before the first model call, frozen as a ``JobSpec``."""
 
 from __future__ import annotations
 

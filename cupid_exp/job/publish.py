@@ -1,10 +1,5 @@
-"""Phase 4 of a job: write its files, print its report, finish its MLflow run (and, before phase 2, open that run:
-``start_tracking``), whatever the kind of work.
-
-The kind's files land in the Hydra job folder first (atomically: ``Kind.publish``), so a tracking failure can
-never cost the results; the run worker draws any plots while the report is computed and printed. The run ends
-FINISHED only for a job that exits 0, else FAILED with its outcome (``run_outcomes``).
-"""
+"""Phase 4 of a job: files first (atomically, so tracking can never cost the results), then the report, then the MLflow
+run's end (FINISHED only for exit 0). ``start_tracking`` opens the run before phase 2."""
 
 from __future__ import annotations
 
@@ -27,12 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def start_tracking(job: Job) -> Any:
-    """Have the job's MLflow run opened before any model is called: params, tags and the dataset input first,
-    then progress while the job works. A resumed job reopens its earlier attempt's run (``tracking.attempt_runs``).
-
-    The run is kept by a worker process (``tracking.run_worker``), asked here and waited for only before the
-    first call (``wait_opened``), so that opening it overlaps the job's own start; without a worker, here.
-    """
+    """Have the MLflow run opened (or a resumed job's reopened) while the job starts; awaited before the first call."""
     from cupid_exp.durability import attempts
     from cupid_exp.tracking import run_worker
     from cupid_exp.tracking.live import RunRequest, TraceRequest, Units, open_run
@@ -80,8 +70,7 @@ def results_line(job: Job, summary: Summary, metrics: dict[str, float], tags: di
 
 
 def job_outcome(job: Job, summary: Summary, spending: BudgetReport | None = None) -> Outcome:
-    """How a job that got through ends (its exit code, its one line): stopped by its budget, incomplete (more
-    failed units than ``runtime.max_failed_fraction``), or ok; with the kind's headline."""
+    """How a job ends: budget-stopped, incomplete (over ``runtime.max_failed_fraction``), or ok."""
     headline = summary.headline
     if spending is not None and spending.stopped:
         return Outcome("budget", spending.line(), headline)
@@ -91,8 +80,7 @@ def job_outcome(job: Job, summary: Summary, spending: BudgetReport | None = None
 
 
 def restore_folder(job: Job, had_hydra: bool) -> None:
-    """A job folder deleted while the job ran (Hydra's ``.hydra/`` was there when it started) is made again, with
-    the resolved config (secrets redacted) as ``.hydra/config.yaml``, and said in one line."""
+    """Recreate a job folder deleted while the job ran, with its redacted config, and say so."""
     hydra = job.output_dir / ".hydra"
     if not had_hydra or hydra.is_dir():
         return
@@ -108,10 +96,7 @@ def restore_folder(job: Job, had_hydra: bool) -> None:
 
 def publish(job: Job, summary: Summary, tracker: Any, spending: BudgetReport | None = None, *,
             had_hydra: bool = False) -> None:
-    """Files, then the console report, then MLflow (metrics, tags, artifacts, table, plots) and the run's end:
-    FINISHED for a job that exits 0, else FAILED with its outcome (``run_outcomes``). A job its budget
-    stopped (``spending``) is not complete, whatever the units it ran. ``had_hydra``: the job folder had Hydra's
-    ``.hydra/`` when the job started (a folder deleted since is made again: ``restore_folder``)."""
+    """Files, console report, MLflow, the run's end; ``had_hydra``: the folder had ``.hydra/`` (``restore_folder``)."""
     live = tracker
     stopped = spending is not None and spending.stopped
     complete = summary.complete and not stopped

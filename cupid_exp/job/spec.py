@@ -1,13 +1,5 @@
-"""What a job is and what a run of it holds: its kind of work, its units, its identity, its attempt.
-
-Every job runs units of one kind of work through the same lifecycle (``cupid_exp.job``): plan → lock →
-journal → execute → summarise → publish. Evaluation's unit is an instance (``cupid_exp.evaluation``),
-synthesis's a persona (``cupid_exp.synthesis.work``). ``Work`` is a kind once loaded: a frozen description (its
-units, the roles it calls, its digests, stages, title, what its journal records look like) and its ``Kind``, the
-four verbs the lifecycle calls (connect, run a unit, summarise, publish). ``JobSpec`` is planning's frozen result;
-what one attempt of the job opens (its lock, journal, ledger, budget) is its ``Attempt`` (``job.attempt``); a
-planned ``Job`` is the two, with its clients once connected.
-"""
+"""What a job is: its kind of work, units, identity and attempt. ``Work`` is a loaded kind (frozen data plus its
+``Kind``); ``JobSpec`` is planning's result; a ``Job`` is a spec with its ``Attempt`` and clients."""
 
 from __future__ import annotations
 
@@ -111,12 +103,10 @@ class Published:
 
 
 class Kind(Protocol):
-    """What a kind of work does (``EvaluationWork``, ``SynthesisWork``): the four verbs the lifecycle calls. Its
-    own state (config, prompts, setting) is frozen data too: it travels to a worker process with its ``Work``."""
+    """The four verbs the lifecycle calls on a kind of work. Its state is frozen data: it travels to workers."""
 
     def connect(self, meter: UsageMeter, budget: Budget | None, share: tuple[int, int]) -> tuple[Any, int]:
-        """The clients (whatever a unit's run gets) and how many units run at once with them; ``share``: this
-        process's index among the processes that split each model's concurrency, and their number."""
+        """The clients and how many units run at once; ``share``: this process's index and the process count."""
 
     async def run(self, ctx: Any, unit: Any, progress: Progress | None) -> Result:
         """One unit, start to end; a failed step is recorded on its result, never raised."""
@@ -130,9 +120,7 @@ class Kind(Protocol):
 
 @dataclass(frozen=True)
 class Work:
-    """A kind of work once loaded (``job.plan.Load``: ``load_evaluation``, ``load_synthesis``): what the lifecycle
-    reads of it, fixed at load, and its verbs (``kind``). A worker process gets it with ``units`` and ``tracking``
-    left out (they go through its queue, or stay with the job's process)."""
+    """A kind of work once loaded, fixed at load. Workers get it without ``units`` and ``tracking``."""
 
     kind: Kind
     noun: str  #: what a unit is called in lines and metric names: "instance", "persona" (plural: +s)

@@ -1,11 +1,5 @@
-"""How many processes share a job's model calls: ``runtime.workers=auto`` (the default) chooses by the job's size.
-
-A process more costs ~200 MB and its share of the coordination, which a small job never earns back, so ``auto``
-adds one only for API models, per ``INSTANCES_PER_PROCESS`` units left (``per_process`` for kinds whose units
-make more calls) and per ``SLOTS_PER_PROCESS`` slots of the least concurrent model, up to the usable cores; it
-stays at one for an embedded model (loaded once per process), ``runtime.batch``, a dry run, or a process that
-cannot spawn (joblib's loky workers). ``runtime.workers=N`` is taken as given.
-"""
+"""How many processes share a job's calls: ``auto`` adds one for API models per ``INSTANCES_PER_PROCESS`` units and
+``SLOTS_PER_PROCESS`` slots, up to the cores (a small job never earns a process back); else one."""
 
 from __future__ import annotations
 
@@ -36,8 +30,7 @@ def can_spawn() -> bool:
 
 def auto_processes(cfg: JobConfig, todo: int, cores: int | None = None, *, per_process: int = INSTANCES_PER_PROCESS,
                    noun: str = "instance") -> tuple[int, str]:
-    """``runtime.workers=auto``: the processes for ``todo`` units left (a process per ``per_process``), and why, in
-    words for the log."""
+    """``runtime.workers=auto``: the processes for ``todo`` units, and why, for the log."""
     if cfg.runtime.dry_run:
         return 1, "a dry run calls no model"
     if cfg.runtime.batch:
@@ -59,9 +52,7 @@ def is_auto(cfg: JobConfig) -> bool:
 
 
 def processes(cfg: JobConfig, todo: int, *, per_process: int = INSTANCES_PER_PROCESS, noun: str = "instance") -> int:
-    """How many processes share the calls: ``runtime.workers`` (``auto``: by the job's size, ``auto_processes``),
-    at most one per unit left and per slot of the least concurrent model (each process needs one), and 1 where
-    this process cannot spawn."""
+    """``runtime.workers`` (or ``auto_processes``), capped by units left and model slots; 1 if unable to spawn."""
     if is_auto(cfg):
         n, why = auto_processes(cfg, todo, per_process=per_process, noun=noun)
         log.log(logging.INFO if n > 1 else logging.DEBUG, "runtime.workers=auto: %d process%s (%s)", n,

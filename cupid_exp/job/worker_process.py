@@ -1,8 +1,5 @@
-"""A worker process of a job (``runtime.workers`` > 1; ``job.workers`` is the job's side): its own clients and event
-loop, units taken from a counter it shares with the job, each finished unit sent back with its calls and usage.
-Stop signals are left to the job, which stops its workers; a worker whose job died exits rather than call models
-for nobody; its environment failure is the job's one line (exit 5).
-"""
+"""A job's worker process: its own clients and event loop, units from a shared counter, each sent back with its calls
+and usage. Exits if its job died; its environment failure is the job's (exit 5)."""
 
 from __future__ import annotations
 
@@ -51,8 +48,7 @@ class WorkerSpec:
 
 @dataclass(frozen=True)
 class Report:
-    """What a worker tells the job, pickled: a finished unit (``unit``), its last word (``done``), or why it stopped
-    (``fatal``, ``environment``, ``bug``; the job makes a dead worker's ``died`` itself)."""
+    """What a worker tells the job: a finished ``unit``, ``done``, or why it stopped."""
 
     kind: str
     pid: int | None = None
@@ -66,8 +62,7 @@ class Report:
 
 @dataclass
 class Shared:
-    """What the job's process and its workers share: the next unit's index, the go, and whether to send each
-    unit's model calls (the MLflow run traces them; known once the run is open)."""
+    """What the job and its workers share: the next unit's index, the go, and whether to send calls."""
 
     counter: Synchronized[int]
     go: Event
@@ -96,8 +91,7 @@ class SharedCursor:
 
 
 class WorkerEnvironmentFailure(EnvironmentFailure):
-    """The environment failure a worker met (a full disk under the usage ledger or the cache), as its one line: the
-    job raises it as its own (exit 5), not as a worker's bug. Pickled whole (``EnvironmentFailure`` is not)."""
+    """A worker's environment failure, re-raised by the job as its own (exit 5); picklable, unlike its base."""
 
     def __init__(self, line: str, path: str | None, error: OSError):
         Exception.__init__(self, line)
@@ -148,9 +142,7 @@ def _connect(spec: WorkerSpec) -> tuple[Any, int, UsageMeter]:
 
 def serve_units(spec: WorkerSpec, shared: Shared, inbox: Queue[bytes],
                 outbox: Queue[bytes | logging.LogRecord]) -> None:
-    """A worker process: its clients built and the units left to run received, it waits for the job's go (the run
-    is open, the job calls models), then takes units from the shared counter until none is left, each sent back
-    as it finishes."""
+    """A worker: build clients, receive units, wait for the go, then run units from the shared counter."""
     ignore_stops()  # Ctrl-C or a scheduler's SIGTERM reach the whole group: the job decides (``Workers.stop``)
     _exit_with_parent()
     _log_to(outbox)

@@ -1,12 +1,5 @@
-"""``runtime.workers`` > 1: a job's model calls shared by several processes, each with its own event loop.
-
-Each call costs the client milliseconds of CPU, so one core bounds the call rate at high concurrency
-(``bench/scale.py``). Workers are forked once litellm is imported (spawned elsewhere, paying their own start).
-The job's process runs its share of units and alone journals, talks to the MLflow run and draws progress; the
-workers take units from a shared counter and send each back with its calls and usage, their log lines through
-the same queue. Each model's ``max_concurrency`` is split among the processes. A worker's bug or death stops the
-job as it would in one process; its environment failure is the job's exit 5 (``WorkerEnvironmentFailure``).
-"""
+"""``runtime.workers`` > 1: a job's calls shared by several processes, since one core bounds the call rate. Only the
+job's process journals, tracks and draws progress; each model's ``max_concurrency`` is split among processes."""
 
 from __future__ import annotations
 
@@ -44,15 +37,12 @@ CLIENT_MODULES = ("litellm", "cupid_exp.llm.client", "cupid_exp.llm.steps", "cup
 
 
 def start_method() -> Literal["fork", "spawn"]:
-    """``fork`` on Linux, ``spawn`` elsewhere (macOS's system libraries are not fork-safe; Windows has no fork). A
-    forked worker starts with litellm imported, where a spawned one imports it again on the cores the job's own
-    start needs."""
+    """``fork`` on Linux (litellm already imported), ``spawn`` elsewhere (macOS is not fork-safe)."""
     return "fork" if sys.platform.startswith("linux") else "spawn"
 
 
 class Workers:
-    """The job's side: its worker processes, started with the job, and a thread that moves their messages onto
-    the event loop once the job calls models."""
+    """The job's side: its worker processes, and a thread moving their messages onto the event loop."""
 
     def __init__(self, job: Job, method: Literal["fork", "spawn"] = "spawn"):
         ctx = multiprocessing.get_context("fork") if method == "fork" else multiprocessing.get_context("spawn")
@@ -88,8 +78,7 @@ class Workers:
 
     def listen(self, loop: asyncio.AbstractEventLoop,
                handle: Callable[[logging.LogRecord | Report], None]) -> threading.Thread:
-        """Each message, unpickled, goes to ``handle`` on ``loop``; a worker that exits without its last word
-        becomes a ``died`` report."""
+        """Each message goes to ``handle`` on ``loop``; a worker exiting without its last word is a ``died`` report."""
         def run() -> None:
             reported: set[int | None] = set()  # workers whose last word ("done" or "bug") came
             seen_dead = False
@@ -193,11 +182,8 @@ async def _spread(job: Job, todo: list[Any], observer: InstanceObserver | None, 
 
 
 def start_workers(job: Job) -> Workers | None:
-    """The job's worker processes, when it has some (``job.attempt.processes``); stop them with ``Workers.stop``.
-
-    Forked only before the job's clients exist (``run_job`` starts them before ``connect``): a fork must not inherit
-    their SQLite cache connection or their share of each limit. Spawned where the clients exist already, or where
-    litellm's native runtime started in this process (it does not survive a fork; the client never starts it)."""
+    """The job's worker processes, if any. Forked only before the clients exist (a fork must not inherit their cache
+    connection or limits), and before litellm's native runtime; spawned otherwise."""
     if job.attempt.processes <= 1:
         return None
     method = start_method() if job.ctx is None else "spawn"

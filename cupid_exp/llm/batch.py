@@ -1,13 +1,6 @@
 """A provider's Batch API behind the same ``complete`` call: half price, hours of latency, resumable (docs/batch.md).
-
-A client's ``Batcher`` gathers the requests waiting (up to ``batch_size``, or those within ``batch_delay_s`` of the
-first), uploads them as one JSONL file, creates a batch and polls it; each row's reply resolves its call, so the
-instance pipeline keeps its shape. Nothing is paid twice: batches and their rows are journalled (``BatchLedger``)
-before they are awaited, so a rerun serves kept rows and polls pending batches instead of resubmitting, and
-identical requests share one row. Retryable row failures go into a later batch, up to ``runtime.num_retries``
-times; an unreadable output line was billed all the same (``RowBill``). Uploads and creation follow the live
-retry policy (``Guard``); a batch rejected for the enqueued-token limit fails no row (``batch_limits``).
-"""
+Batches and rows are journalled (``BatchLedger``) before they are awaited and identical requests share a row, so
+nothing is paid twice; failed rows retry in later batches, and upload and creation follow the live retry policy."""
 
 from __future__ import annotations
 
@@ -58,9 +51,8 @@ class _Row:
 
 @dataclass
 class RowBill:
-    """What a call pays for its row, filled in by ``Batcher.complete`` (also when the row fails): nothing when it
-    was kept from an earlier batch or another identical call of the job pays it (``free``); else its reply, and the
-    attempts answered (billed) whose output line could not be read (``unread``)."""
+    """What a call pays for its row (filled in also when it fails): nothing when ``free`` (kept, or paid by an identical
+    call); else its reply and the billed attempts whose output line was unreadable (``unread``)."""
 
     free: bool = False
     unread: int = 0
@@ -76,8 +68,7 @@ def _no_stop(kind: str, message: str) -> Exception:
 
 @dataclass
 class Guard:
-    """How the batcher's own requests (upload, creation) meet refusals: the client's live retry policy (``run``:
-    ``cupid_exp.llm.retry.with_retries``) and its stop for later (``later``: sets the job's ``RetryLater``)."""
+    """How upload and creation meet refusals: the client's retry policy (``run``) and its stop for later (``later``)."""
 
     run: Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]] = _direct
     later: Callable[[str, str], Exception] = _no_stop
@@ -120,9 +111,7 @@ class Batcher:
         self._open: dict[str, str] = {}  # request digest -> the open batch (an earlier run's) that holds it
 
     async def complete(self, body: dict[str, Any], bill: RowBill) -> dict[str, Any]:
-        """The reply body for ``body``; ``bill`` says what it costs this caller: nothing when kept from an earlier
-        batch, or when it is the row another identical request of this job asked for (one row, billed once: its
-        first caller pays, unreadable attempts included)."""
+        """The reply body for ``body``; ``bill``: what it costs this caller (the first identical caller pays)."""
         digest = request_digest(self.endpoint, body)
         kept = self.ledger.kept(digest)
         if kept is not None:
@@ -149,9 +138,7 @@ class Batcher:
     # ---- gathering and sending
 
     def _adopt(self, digest: str) -> bool:
-        """True when an earlier run's batch, still open, holds ``digest``: its result is awaited, not resent.
-
-        The ledger is read once per job: open batches of this model and endpoint are watched from then on."""
+        """True when an earlier run's open batch holds ``digest``: await it, not resend. Reads the ledger once."""
         if not self._adopted:
             self._adopted = True
             for batch_id, entry in self.ledger.open_batches().items():
@@ -169,8 +156,7 @@ class Batcher:
             self._timer = self._spawn(self._send_after_delay(self.settings.delay_s if delay_s is None else delay_s))
 
     def _take(self) -> list[_Row]:
-        """The next batch: up to ``size`` rows, and under the enqueued-token limit once one is known (none when
-        the queue is full: a batch of ours that finishes schedules the rest)."""
+        """The next batch: up to ``size`` rows, under the enqueued-token limit once known."""
         n = self.queue.fitting([row.tokens for row in self._intake[: self.settings.size]])
         rows, self._intake = self._intake[:n], self._intake[n:]
         return rows
@@ -188,8 +174,7 @@ class Batcher:
         return task
 
     def _failed(self, task: asyncio.Task[Any]) -> None:
-        """A sending or polling task that raised (the ledger on a full disk, a bug): every call still waiting gets
-        its exception, rather than waiting forever on a row nobody will resolve."""
+        """A sending or polling task raised: every waiting call gets its exception rather than waiting for ever."""
         if task.cancelled() or task.exception() is None:
             return
         for row in [*self._waiting.values(), *self._intake]:
@@ -265,9 +250,8 @@ class Batcher:
                 self._fail(self._waiting[digest], stop)
 
     async def _answered(self, send: Callable[[], Awaitable[_T]]) -> _T:
-        """``send()`` (a poll, a result file's download) until the endpoint answers: an outage (no connection, a
-        5xx) is waited out with capped backoff, one line when it begins and one when it ends; past
-        ``runtime.outage_patience_s`` raises ``_Gone`` with the job's stop for later."""
+        """``send()`` until the endpoint answers, outages waited out with capped backoff (a line at start and end); past
+        ``runtime.outage_patience_s`` raises ``_Gone``."""
         down, tries = None, 0
         where = self.endpoint.get("api_base") or self.endpoint["model"]
         while True:
@@ -350,8 +334,7 @@ class Batcher:
             self._schedule(self.settings.poll_s if rejection is not None and not self.queue.queued else None)
 
     def _hold(self, batch_id: str, rows: dict[str, str], limit: int | None, message: str) -> None:
-        """A batch the enqueued-token limit refused: its rows wait for earlier batches, at the front of the queue,
-        unless the limit has refused this job for longer than the patience (the job stops, to be run later)."""
+        """Requeue a batch the enqueued-token limit refused at the front, unless the limit outlasted the patience."""
         self.counts.held_token_limit += 1
         self.queue.rejected(batch_id, limit, message)
         held = [self._waiting[d] for d in rows.values() if d in self._waiting]
@@ -393,9 +376,8 @@ class Batcher:
             self._fail(row, failure)
 
     def _resend_missing(self, batch: LiteLLMBatch, missing: list[_Row], unread: int) -> None:
-        """Rows neither file answers readably go into a later batch, bounded like any retryable row. Each of the
-        ``unread`` lines was answered and billed: as many of these rows carry an unread attempt (which of them
-        cannot be told: the largest prompts, an upper bound), paid by their caller (``RowBill``)."""
+        """Resend rows neither file answers readably. The ``unread`` lines were billed: as many rows (the largest
+        prompts, an upper bound) carry an unread attempt."""
         if unread:
             self.counts.rows_unreadable += unread
             log.warning("batch %s: %d result lines could not be read (answered and billed): their rows go into a "

@@ -1,8 +1,5 @@
-"""The client's side of the Batch API (``runtime.batch``): a call as a batch row, priced at batch rates and counted
-like a live call. The upload and the batch's creation go through the client's retry policy (``Guard``), so a bad
-key, ``insufficient_quota`` or a row refused for its key or model stops the job (exit 2) and a long rate limit
-stops it for later (exit 75), rather than fail every row.
-"""
+"""The client's side of the Batch API: a call as a batch row, priced at batch rates and counted like a live call. Upload
+and creation go through the retry policy, so a fatal refusal stops the job instead of failing every row."""
 
 from __future__ import annotations
 
@@ -64,8 +61,7 @@ def new_batcher(model: ModelConfig, settings: CallSettings, api_key: str | None,
 
 async def batched_completion(batcher: Batcher, model: ModelConfig, messages: list[Message], kwargs: dict[str, Any],
                              bill: RowBill) -> Completion:
-    """One call answered through the Batch API; raises ``RowFailed`` (or litellm's error) when it failed. ``bill``:
-    what the row costs this call beyond its reply (``Batcher.complete``), also when it fails."""
+    """One call through the Batch API (``RowFailed`` when it fails); ``bill``: the row's cost beyond its reply."""
     params = {k: v for k, v in kwargs.items() if k not in ("caching", "cache")}
     body = {"model": model.litellm_model.split("/", 1)[1], "messages": messages, **params}
     start = time.perf_counter()
@@ -80,8 +76,7 @@ async def batched_completion(batcher: Batcher, model: ModelConfig, messages: lis
 
 
 def unread_usd(client: LLMClient, messages: list[Message], kwargs: dict[str, Any], unread: int) -> float:
-    """What ``unread`` attempts of a row cost that were answered (billed) in output lines that could not be read: the
-    call's worst case each, at batch prices (an unpriced model: nothing, not guessed)."""
+    """The cost of ``unread`` billed attempts: the worst case each at batch prices (unpriced: nothing)."""
     if not unread or client.pricing.worst is None:
         return 0.0
     prompt, reply = worst_case_tokens(messages, kwargs, client.pricing.worst.max_output_tokens)
@@ -142,9 +137,8 @@ def _row_refusal(exc: RowFailed) -> str | None:
 
 async def complete_in_batch(client: Any, messages: list[Message], step: str,
                             kwargs: dict[str, Any]) -> Completion:
-    """The call through the provider's Batch API: its worst case held on the budget at the live price (an upper
-    bound), settled at the batch price of the row (nothing for a row another call paid); failures counted by kind
-    as a live call's, fatal refusals and rate limits beyond patience stopping the job as they do live."""
+    """The call through the Batch API: the worst case held at the live price, settled at the row's batch price; failures
+    counted and stopping the job as live ones do."""
     if client._batcher is None or client._batcher.loop is not asyncio.get_running_loop():
         client._batcher = new_batcher(client.model, client.settings, client._send_params.get("api_key"),
                                       client.meter.batches, client_guard(client))

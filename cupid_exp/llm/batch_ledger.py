@@ -1,10 +1,5 @@
-"""The Batch API's memory on disk: which batches were submitted with which requests, and every row that came back.
-
-Shared by every process that uses the same cache folder (``<runtime.cache_dir>/batches``), so a job killed while
-its batches were pending, rerun later (another day, another machine with the same outputs folder), collects
-them instead of paying again (``cupid_exp.llm.batch``). A list of batches with not one readable entry (garbage) is
-set aside whole (``cupid_exp.aside``): the batches it named are not collected, their requests are sent again.
-"""
+"""The Batch API's memory on disk (``<runtime.cache_dir>/batches``): the batches submitted and every row returned, so a
+rerun anywhere with the same folder collects them instead of paying again. An unreadable list is set aside."""
 
 from __future__ import annotations
 

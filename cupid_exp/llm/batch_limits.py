@@ -1,11 +1,5 @@
-"""A provider's cap on the tokens waiting in its batch queue, learnt from its rejection, and batches sized under it.
-
-OpenAI fails a batch that would take a model's enqueued tokens past the organisation's limit
-(``token_limit_exceeded``, "Limit: 90,000 enqueued tokens"); a low tier meets it at once. Such a batch fails no
-row: its rows are sent again as earlier batches finish, in batches sized under the stated limit. Our token counts
-are estimates (prompt characters / 4): a rejection while none of ours is queued halves the share aimed for, so an
-underestimate converges, down to a batch of one request.
-"""
+"""A provider's cap on enqueued batch tokens, learnt from its rejection (a batch that fails no row), and batches sized
+under it. Our counts are estimates, so a rejection with none of ours queued halves the share aimed for."""
 
 from __future__ import annotations
 
@@ -30,8 +24,7 @@ def _errors(batch: object) -> list[tuple[str | None, str]]:
 
 
 def token_limit_rejection(batch: object) -> tuple[int | None, str] | None:
-    """(the limit it states, the provider's message) when a failed batch was rejected for the enqueued-token limit;
-    None when it failed for another reason (its rows fail)."""
+    """(stated limit, message) for a batch rejected for the enqueued-token limit; None for other failures."""
     for code, message in _errors(batch):
         if code == TOKEN_LIMIT_CODE or "enqueued token limit" in message.lower():
             match = _LIMIT.search(message)
@@ -60,8 +53,7 @@ class EnqueuedTokens:
             self.held_since = None
 
     def rejected(self, batch_id: str, limit: int | None, message: str) -> None:
-        """A batch refused for the limit: learn the limit; a rejection with nothing else of ours queued means our
-        estimate ran short (or another job fills the queue): aim lower."""
+        """Learn the limit; rejected with nothing of ours queued means our estimate ran short: aim lower."""
         self.in_flight.pop(batch_id, None)
         self.limit = limit or self.limit or 0
         if not self.in_flight:
@@ -78,8 +70,7 @@ class EnqueuedTokens:
         return 0.0 if self.held_since is None else time.monotonic() - self.held_since
 
     def fitting(self, tokens: list[int]) -> int:
-        """How many of the next rows (their estimated ``tokens``) the next batch takes: all of them without a known
-        limit; else as many as fit the room left, and at least one when none of ours is queued."""
+        """How many next rows fit the next batch under the known limit (all without one; one at least if idle)."""
         if self.limit is None:
             return len(tokens)
         room = self.limit * self.share - sum(self.in_flight.values())

@@ -1,9 +1,5 @@
-"""What a provider bills for each request it was sent, whatever its reply carries (or whether one came).
-
-A reply without usage (proxies, self-hosted servers) is counted locally and marked estimated, so a budget still
-stops; each attempt holds its own reservation, and one lost after sending (a timeout, a dropped connection) is
-charged its worst case; a reply with no completion (``EmptyReply``) is charged what it cost and retried.
-"""
+"""What a provider bills for each request it was sent, whatever its reply carries (or whether one came). Usage missing
+from a reply is counted locally (estimated); a request lost after sending is charged its worst case."""
 
 from __future__ import annotations
 
@@ -20,11 +16,8 @@ if TYPE_CHECKING:
 
 
 def lost_after_sending(exc: BaseException) -> bool:
-    """Whether a failed request may have been processed (and billed) without its reply reaching us: it timed out,
-    or its connection dropped once it was sent, or it was cancelled or interrupted in flight (the job is being
-    stopped: SIGTERM or Ctrl-C raised while the request was out, a dead sweep launcher, a fatal refusal elsewhere;
-    the provider goes on with a request we stop waiting for). Not a connection that was never made, not an HTTP
-    error status (the provider answered that it did not serve it)."""
+    """Whether a failed request may have been billed without its reply reaching us: timed out, dropped after sending, or
+    cancelled in flight. Not a connection never made, nor an HTTP error status."""
     import litellm
     import openai
 
@@ -41,9 +34,7 @@ def lost_after_sending(exc: BaseException) -> bool:
 
 
 def empty_reason(response: object) -> str | None:
-    """Why ``response`` carries no completion (None when it carries one): no choices at all, or a message whose
-    content is null with no refusal and no tool call. A refusal (content filter) or a reply cut at max_tokens is a
-    reply: the step decides what it is worth."""
+    """Why ``response`` carries no completion (None if it does). A refusal or a cut reply is a reply."""
     if response is None:
         return f"got {type(response).__name__}; e.g. an HTTP 422 rejection"
     choices = getattr(response, "choices", None)
@@ -83,8 +74,7 @@ def reply_text(choice: object) -> str:
 
 
 def counted_tokens(litellm_model: str, messages: list[Message], usage: object, text: str) -> tuple[int, int, bool]:
-    """(prompt, completion, estimated): the reply's usage when it has some, else counted locally. A billed prompt
-    is never 0 tokens, so a usage without prompt tokens is a usage left out."""
+    """(prompt, completion, estimated): the reply's usage, else counted locally (a billed prompt is never 0 tokens)."""
     def get(name: str) -> int:
         value = usage.get(name) if isinstance(usage, dict) else getattr(usage, name, None)
         return int(value or 0)
@@ -143,8 +133,7 @@ class CallBill:
             self.charged_tokens = (self.charged_tokens[0] + prompt, self.charged_tokens[1] + completion)
 
     def settled(self) -> dict[str, float]:
-        """What the call's count adds beyond its reply: the requests it sent settled (``UsageMeter.sending``), and the
-        tokens of the attempts charged without a usable reply."""
+        """What the call's count adds beyond its reply: its requests settled and the charged attempts' tokens."""
         out = self.worst.in_flight(-self.sent)
         if any(self.charged_tokens):
             out.update(prompt_tokens=self.charged_tokens[0], completion_tokens=self.charged_tokens[1])

@@ -1,9 +1,4 @@
-"""Dry run: count tokens and estimate cost of a call that is never sent.
-
-Each step supplies its own placeholder reply (``dry_reply`` in ``ask``), shaped so its parser
-accepts it and the pipeline proceeds exactly as a real run would: same steps, same number of
-calls. Token counts come from litellm's tokenizers, the estimated cost from its price map.
-"""
+"""Dry run: placeholder replies that parse (``dry_reply``), so the estimate counts the calls a real run makes."""
 
 from __future__ import annotations
 

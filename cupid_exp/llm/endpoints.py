@@ -1,9 +1,4 @@
-"""How an endpoint is spelt never makes it another endpoint: ``localhost`` is ``127.0.0.1``, a trailing slash is none.
-
-Used where an endpoint enters a key that must survive a respelling: the response cache's namespace
-(``cupid_exp.llm.client``) and a job's identity (``cupid_exp.job.identity``). Credentials written into a URL are
-not part of an endpoint (they are masked before this sees them).
-"""
+"""One spelling per endpoint (``localhost`` is ``127.0.0.1``), for the cache's namespace and a job's identity."""
 
 from __future__ import annotations
 
@@ -14,8 +9,7 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def canonical_api_base(api_base: str | None) -> str | None:
-    """``api_base`` in one spelling: lower-case scheme and host, the loopback as ``127.0.0.1``, no default port, no
-    trailing slash. What cannot be parsed as a URL is returned without its trailing slashes."""
+    """``api_base`` lower-cased, loopback as ``127.0.0.1``, without default port or trailing slash."""
     if not api_base:
         return api_base
     text = api_base.strip()

@@ -1,8 +1,4 @@
-"""Which failures are the provider's (counted per instance, the run goes on) and which are bugs (the job stops).
-
-A provider's failure becomes a ``ProviderError`` with a kind for the failure counts; anything else raised
-while calling a model, a missing module or a programming error of ours, must stop the job with its traceback.
-"""
+"""Which failures are the provider's (counted per instance, the run goes on) and which are bugs (the job stops)."""
 
 from __future__ import annotations
 
@@ -19,9 +15,7 @@ class ProviderError(RuntimeError):
 
 
 class EmptyReply(Exception):
-    """A reply that carries no completion: HTTP 200 with no ``choices``, or a message whose ``content`` is null
-    with no refusal and no tool call. Retried like a 5xx (``cupid_exp.llm.retry``), then a ``provider`` failure.
-    ``status_code`` 422: litellm's None for a request a server rejected twice, which a retry cannot fix."""
+    """A reply with no completion, retried like a 5xx; ``status_code`` 422: rejected twice, not retryable."""
 
     def __init__(self, message: str, status_code: int | None = None):
         self.status_code = status_code
@@ -62,14 +56,8 @@ def _is_bug(exc: BaseException) -> bool:
 
 
 def provider_error_kind(exc: BaseException) -> str | None:
-    """The failure kind of a provider's error, or None when ``exc`` is a bug that must stop the job.
-
-    Provider errors are litellm's API exception types (rate limit, timeout, server error, bad request,
-    context window, auth, connection) and asyncio timeouts. litellm wraps whatever an in-process
-    provider raises as APIConnectionError, so the chain is read too: a missing module, or a programming
-    error (TypeError, KeyError, ...) raised outside the HTTP/provider libraries, is a bug whatever
-    litellm wrapped it in.
-    """
+    """The failure kind of a provider's error, or None for a bug that must stop the job. litellm wraps in-process errors
+    as APIConnectionError, so the chain is read: a TypeError of ours is a bug whatever wraps it."""
     import litellm
     import openai
 

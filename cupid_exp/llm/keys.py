@@ -1,8 +1,4 @@
-"""Credentials checked before the first call: the environment variables each role's provider needs (litellm's
-``validate_environment``, the config's ``api_key_env``), so a missing key is one line naming the role, the model
-and the variable rather than every instance failing with ``auth``. Only names are printed. Embedded models and
-roles with an ``api_base`` (sent ``api_key_env``'s value, else "EMPTY") need none.
-"""
+"""Credentials checked before the first call: a missing key is one line, not every instance failing ``auth``."""
 
 from __future__ import annotations
 
@@ -24,9 +20,7 @@ def check_key_env_name(role: str, model: ModelConfig) -> None:
 
 
 def missing_credentials(model: ModelConfig) -> tuple[str, bool] | None:
-    """The variable(s) this model's calls need and the environment lacks, as a phrase ("ANTHROPIC_API_KEY",
-    "VERTEXAI_PROJECT and VERTEXAI_LOCATION", "TOGETHER_API_KEY (or TOGETHERAI_API_KEY)") and whether it names
-    several that are all needed; None when nothing is missing or nothing is needed."""
+    """The variable(s) this model needs and lacks, as a phrase, and whether all of several are needed; None if none."""
     if model.is_embedded or model.api_base:
         return None
     own = model.api_key_env
@@ -44,8 +38,7 @@ def missing_credentials(model: ModelConfig) -> tuple[str, bool] | None:
 
 
 def missing_keys_line(roles: Mapping[str, ModelConfig]) -> str | None:
-    """One line naming every role whose provider lacks its credentials (roles on one model together), with
-    what to do; None when every role can call its model."""
+    """One line naming every role lacking credentials, with what to do; None when all can call."""
     groups: dict[tuple[str, str, str], list[str]] = {}
     plural = False
     for role, model in roles.items():

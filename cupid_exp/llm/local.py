@@ -1,11 +1,4 @@
-"""In-process llama.cpp models as a litellm custom provider ("llamacpp/<name>"): the same caching, retries and
-accounting as API models.
-
-The engine is xllamacpp (prebuilt CPU wheels, no source build), whose llama.cpp server runs in this process and is
-called directly (``handle_chat_completions``; its HTTP listener is locked with a random key). It brings JSON-schema
-constrained decoding, the GGUF's chat template, a context check and prompt-prefix reuse (the matcher's long
-few-shot system prompt is processed once).
-"""
+"""In-process llama.cpp models (xllamacpp) as the litellm provider "llamacpp/<name>"."""
 
 from __future__ import annotations
 
@@ -58,11 +51,7 @@ def resolve_gguf(spec: str) -> Path:
 
 
 def strict_schema(schema: object) -> object:
-    """OpenAI's ``strict: true`` semantics for a JSON schema: objects take no properties beyond the listed ones.
-
-    The OpenAI API rejects strict schemas without ``additionalProperties: false``; llguidance follows the
-    JSON-schema default (extra properties allowed), and a small model then invents keys until max_tokens.
-    """
+    """OpenAI's ``strict: true`` (no extra properties): else a small model invents keys until max_tokens."""
     if isinstance(schema, list):
         return [strict_schema(s) for s in schema]
     if not isinstance(schema, dict):
@@ -238,10 +227,8 @@ def _model_response(name: str, out: dict[str, Any]) -> ModelResponse:
 
 
 async def off_the_loop(fn: Callable[..., object], *args: object) -> Any:
-    """``fn(*args)`` on a daemon thread of its own, awaited. Not ``asyncio.to_thread``: a job stopped mid-generation
-    (Ctrl-C, SIGTERM) would wait, as ``asyncio.run`` ends, for its executor's threads: the generation under way and
-    every call queued behind it (one at a time per model) run to their end. Here the job stops at once, the threads
-    going with its process."""
+    """``fn(*args)`` on a daemon thread, awaited. Not ``asyncio.to_thread``: a stopped job would wait for the generation
+    under way and every call queued behind it."""
     loop = asyncio.get_running_loop()
     future = loop.create_future()
 
@@ -268,8 +255,7 @@ async def off_the_loop(fn: Callable[..., object], *args: object) -> Any:
 
 
 def _make_handler(models: LocalModels) -> CustomLLM:
-    """litellm's CustomLLM over ``models``. A bug raised here reaches the caller wrapped by litellm as an
-    APIConnectionError; ``client.provider_error_kind`` reads the exception chain and stops the job on it."""
+    """litellm's CustomLLM over ``models``; a bug here arrives wrapped as APIConnectionError and still stops the job."""
     import litellm
 
     def call(model: str, messages: list[Message], optional_params: dict[str, Any]) -> ModelResponse:

@@ -1,7 +1,5 @@
-"""What litellm's model map says about a configured model (known id, context window, prices, deprecation), read
-before the first call so that a misspelt or retired id is said once in the plan. litellm's ``get_model_info``
-falls back to a near name (``gpt-4o-2024-08-07`` answers as ``gpt-4o``): only the exact id counts as known here.
-"""
+"""What litellm's model map says of a configured model, read at planning so a misspelt or retired id is said once. Only
+the exact id counts as known (``get_model_info`` falls back to near names)."""
 
 from __future__ import annotations
 
@@ -63,9 +61,7 @@ UNPRICED = "unpriced: its cost will read as unknown (set input_cost_per_token an
 
 
 def model_note(model: ModelConfig, roles: Iterable[str], today: dt.date | None = None) -> tuple[str, str] | None:
-    """One line about a model the map cannot vouch for, with its level ("warning" or "info"); None when all is
-    well. Embedded models price themselves. A self-hosted endpoint (``api_base``) serves whatever name it likes,
-    so only a missing price is noted, at info level."""
+    """One line and its level for a model the map cannot vouch for (``api_base``: only a missing price); else None."""
     if model.is_embedded:
         return None
     who = f"{', '.join(roles)} ({model.name}, {model.litellm_model})"

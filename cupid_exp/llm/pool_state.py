@@ -1,10 +1,5 @@
-"""What the processes calling one pool tell each other: a pause, a cut, the stated limits, a learned pace, who is
-calling (they split a bound given once), and when the endpoint last answered (so a process starting during an
-outage waits for it rather than take it for an endpoint that never answered). The pacer has its own ledger.
-
-One JSON file per pool under ``runtime.cache_dir/rate_limits/``, exchanged under a ``filelock`` at most every
-``pools.SYNC_S`` and at each 429. News older than ``FRESH_S`` is ignored: a limit may have changed since.
-"""
+"""What the processes calling one pool tell each other (pause, cut, limits, pace, callers, last answer), as one JSON
+file per pool under a ``filelock``. News older than ``FRESH_S`` is ignored: a limit may have changed."""
 
 from __future__ import annotations
 

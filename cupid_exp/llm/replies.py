@@ -1,9 +1,4 @@
-"""What every parser of a model reply shares: the error it raises, thinking blocks, JSON extraction.
-
-A parser returns a value or raises ``ParseError``; none guesses. ``ask`` (``llm/steps.py``) turns a
-ParseError into a re-ask and, when attempts run out, into a counted step failure. Any other
-exception escaping a parser is a bug and stops the job.
-"""
+"""What every reply parser shares: a parser returns a value or raises ``ParseError``; never guesses."""
 
 from __future__ import annotations
 
@@ -44,10 +39,7 @@ def strip_thinking(text: str) -> str:
 
 
 def parse_json_reply(text: str) -> Any:
-    """JSON from a ```json fence, a bare value, or the outermost {...} / [...] span of the reply.
-
-    Parsed with ``strict=False``: llama.cpp's JSON grammar lets raw newlines into strings.
-    """
+    """JSON from a ```json fence, a bare value, or the outermost {...} / [...] (non-strict: raw newlines)."""
     text = strip_thinking(text)
     fenced = re.search(r"```(?:json)?\s*(.*?)```", text, re.DOTALL)
     candidates = [fenced.group(1)] if fenced else []
@@ -73,8 +65,7 @@ def json_object(text: str, what: str) -> dict[str, Any]:
 
 
 def counted_list(text: str, key: str, n_items: int, what: str, unit: str) -> list[Any]:
-    """The list under ``key`` of a JSON reply (or a bare JSON list): exactly one item per one of ``n_items``
-    ``unit`` (checklist entries, sessions)."""
+    """The list under ``key`` (or a bare list) with exactly ``n_items`` items."""
     data = parse_json_reply(text)
     items = data.get(key) if isinstance(data, dict) else data
     if not isinstance(items, list):

@@ -1,9 +1,4 @@
-"""Start, health-check and stop a local OpenAI-compatible model server (vLLM for PrefMatcher).
-
-A server already answering on the configured URL is reused and left running; a server
-this process started is stopped (its whole process group) when the job ends. A server command that
-is not installed is found before the job's first call (``check_server_command``), in one line.
-"""
+"""A local model server (vLLM for PrefMatcher): reused if already answering, else started and stopped with the job."""
 
 from __future__ import annotations
 
@@ -44,8 +39,7 @@ INSTALL_HINTS = {"vllm": "install it with pip install -e '.[vllm]' (vLLM needs a
 
 
 def check_server_command(cfg: ServerConfig | None, where: str = "evaluator.server") -> None:
-    """With ``serve=true``, the command's program must be installed, unless a server already answers at
-    ``base_url`` (it is reused and nothing is started): ConfigError in one line naming the program."""
+    """With ``serve=true`` the command must be installed, unless a server already answers: else one ConfigError."""
     if cfg is None or not cfg.serve or not cfg.command:
         return
     program = str(cfg.command[0])

@@ -1,10 +1,4 @@
-"""One model step, used by evaluation and synthesis alike: ask → parse → ask again → fail (counted).
-
-On a ``ParseError`` the step's ``retry`` policy asks again: ``Reask`` shows the model its reply and the reason
-(evaluation), ``Resample`` asks afresh with a moved seed (synthesis: a tiny model otherwise repeats itself). A
-provider failure or a reply that never parses is ``StepFailed``; anything else is a bug and propagates. Every
-reply, usage and failure lands in the instance's ``Transcript``.
-"""
+"""One model step, for evaluation and synthesis: ask → parse → ask again → fail as ``StepFailed`` (counted)."""
 
 from __future__ import annotations
 
@@ -78,11 +72,7 @@ class Reask:
 
 @dataclass(frozen=True)
 class Resample:
-    """Synthesis's policy: ask afresh, saying which attempt it is and what was wrong, with a moved seed.
-
-    The note changes the cache key and the seed changes the sample: a tiny model otherwise repeats the
-    rejected answer almost word for word.
-    """
+    """Synthesis's policy: ask afresh with the reason and a moved seed, or a tiny model repeats itself."""
 
     attempts: int = 2
 
@@ -101,16 +91,8 @@ class Resample:
 async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[[str], _T], *,
               transcript: Transcript, schema: dict[str, Any] | None = None, params: dict[str, Any] | None = None,
               retry: Reask | Resample = Reask(1), dry_reply: DryReply | None = None, keep_cut: bool = False) -> _T:
-    """Ask ``client`` for ``step`` and return ``parse(reply)``; raise StepFailed when no reply is usable.
-
-    A reply cut at max_tokens (finish_reason "length") is never parsed, even when what came back would: its request
-    is sent once more with a larger max_tokens (``LLMClient.longer_reply``), and a second cut (or no room to grow)
-    fails the step as ``truncated``, each cut text kept. A refusal (finish_reason "content_filter", or the
-    provider's ``refusal`` field) without a usable reply fails it as ``content_filter`` at once: a paid
-    re-ask of the same request would be refused again. ``keep_cut``: the step's max_tokens is a length the recipe
-    wants (synthesis's short assistant replies), so a cut reply is used as it is, counted as ``truncated_kept``;
-    so does every step of a model with ``keep_cut_replies`` (the offline demo's 135M model, which never stops).
-    """
+    """``parse(reply)`` of ``client``'s reply for ``step``; StepFailed when none is usable. A reply cut at max_tokens is
+    asked again with more room, then fails ``truncated`` (kept as is with ``keep_cut``); a refusal fails at once."""
     reply, reason, kind = "", "", "unparseable"
     log = calls.current()
     attempt = requests = 0

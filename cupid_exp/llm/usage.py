@@ -1,12 +1,5 @@
-"""What every model call costs and how it ended, counted per step; the one place usage becomes metrics.
-
-A *call* is one completion a step asked for: fresh (``calls``), from the cache (``cache_hits``: nothing billed),
-or failed after our retries. *Requests* are what reached a provider, retries included; unusable replies are
-counted apart (``<kind>_attempt``). A request is counted in flight at its worst case before it is sent and settled
-by its call's count in the same ledger line, so a request a killed process never settled is charged its worst
-case and the spend shown after ``kill -9`` is never below the bill. Each pool has its entry (``pool/<name>``):
-429s and seconds waited, and its state per process id (``usage_metrics`` adds them up).
-"""
+"""What every model call costs and how it ended, per step; the one place usage becomes metrics. A request counts in
+flight at its worst case until its call settles it, so after ``kill -9`` the spend shown is never below the bill."""
 
 from __future__ import annotations
 
@@ -48,8 +41,7 @@ class Completion:
 
 @dataclass(frozen=True)
 class WorstCase:
-    """An upper bound on what one request is billed (``cupid_exp.llm.budget.worst_case_tokens``), counted while it
-    is in flight."""
+    """An upper bound on what one request is billed, counted while it is in flight."""
 
     usd: float = 0.0
     prompt_tokens: int = 0
@@ -68,8 +60,7 @@ _IN_FLIGHT = ("in_flight", "in_flight_usd", "in_flight_prompt_tokens", "in_fligh
 
 
 def charged_unsettled(counts: dict[str, float]) -> dict[str, float]:
-    """``counts`` with the requests still in flight charged their worst case (cost, tokens, ``unsettled`` requests
-    billed without a usable reply): what an attempt that ended before their replies may have been billed for them."""
+    """``counts`` with the requests still in flight charged their worst case."""
     out = {k: v for k, v in counts.items() if k not in _IN_FLIGHT}
     n = counts.get("in_flight", 0.0)
     if n >= 0.5:  # counts of whole requests: a settled one leaves 0 (its dollars may leave a float's rounding)
@@ -104,10 +95,7 @@ class BatchCounts:
 
 @dataclass
 class UsageMeter:
-    """Per-step counters shared by every client of a job (evaluation and synthesis alike).
-
-    ``sink``, when set, is told of every count as it is made (step, the counters it added): the job's usage
-    ledger (``durability.ledger``), so that what an interrupted attempt paid is not lost with it."""
+    """Per-step counters of a job's clients; ``sink`` (the usage ledger) hears every count as it is made."""
 
     counts: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
     sink: Callable[[str, dict[str, float]], None] | None = None
@@ -121,8 +109,7 @@ class UsageMeter:
             self.sink(step, added)
 
     def sending(self, step: str, worst: WorstCase) -> None:
-        """A request about to be sent, counted in flight at its worst case until its call's count settles it
-        (``settled``: ``WorstCase.in_flight`` of minus the requests the call sent)."""
+        """A request about to be sent, counted in flight at its worst case until its call settles it."""
         self._count(step, worst.in_flight(1))
 
     def add(self, step: str, completion: Completion, settled: Mapping[str, float] = {}) -> None:
@@ -148,9 +135,8 @@ class UsageMeter:
 
     def fail(self, step: str, kind: str, retries: int = 0, rate_limited: int = 0, wait_s: float = 0.0,
              charged_usd: float = 0.0, charged: int = 0, settled: Mapping[str, float] = {}) -> None:
-        """A call that failed for good (``kind`` from the provider) after ``retries`` repeated requests (and
-        ``rate_limited`` repeated after a 429, ``wait_s`` seconds waited on limits); ``charged_usd``: what its
-        ``charged`` attempts without a usable reply were billed (``cupid_exp.llm.billing``)."""
+        """A call failed for good after ``retries`` (``rate_limited`` after a 429, ``wait_s`` waited); ``charged_usd``:
+        its billed attempts without a usable reply."""
         added: dict[str, float] = {f"failed_{kind}": 1, "retries": retries}
         if rate_limited or wait_s:
             added.update(rate_limited=rate_limited, limit_wait_s=wait_s)
@@ -159,28 +145,24 @@ class UsageMeter:
 
     def abandon(self, step: str, sent: int, charged_usd: float = 0.0, charged: int = 0,
                 settled: Mapping[str, float] = {}) -> None:
-        """A call ended, neither answered nor failed, after ``sent`` requests: its retry did not fit the budget, or
-        the job stopped (a fatal refusal, a rate limit beyond patience). What they were billed is counted."""
+        """A call ended unanswered after ``sent`` requests (budget, or the job stopped); its bill is counted."""
         added: dict[str, float] = {"abandoned_requests": sent}
         _charges(added, charged_usd, charged)
         self._count(step, _plus(added, settled))
 
     def charge(self, step: str, usd: float, requests: int, settled: Mapping[str, float] = {}) -> None:
-        """``requests`` billed without a usable reply whose call is counted apart (``fail``): a batch row's
-        unreadable attempts."""
+        """``requests`` billed without a usable reply, their call counted apart (unreadable batch rows)."""
         added: dict[str, float] = {**settled}
         _charges(added, usd, requests)
         if added:
             self._count(step, added)
 
     def refuse(self, step: str, reason: str = "oversized") -> None:
-        """A call not sent (no request, no cost): its prompt cannot fit the model's context window
-        (``oversized``), or its worst case would pass the budget (``budget``)."""
+        """A call not sent: it overflows the context (``oversized``) or the budget (``budget``)."""
         self._count(step, {f"not_sent_{reason}": 1})
 
     def reject(self, step: str, kind: str) -> None:
-        """A reply that came back but could not be used (``unparseable``, ``invalid``, ``truncated``: cut at max_tokens,
-        ``content_filter``: refused)."""
+        """A reply that could not be used (``unparseable``, ``invalid``, ``truncated``, ``content_filter``)."""
         self._count(step, {f"{kind}_attempt": 1})
 
     def kept_cut(self, step: str) -> None:
@@ -196,21 +178,18 @@ class UsageMeter:
         self._count(POOL + pool, added)
 
     def pool_state(self, pool: str, **values: float) -> None:
-        """Where a pool stands in this process: kept per process id (a worker's reach the job by ``since``), not
-        told to the sink (an earlier attempt's state is not this one's)."""
+        """Where a pool stands in this process, per process id; not sent to the sink."""
         counts, pid = self.counts[POOL + pool], os.getpid()
         for key, value in values.items():
             counts[f"{key}@{pid}"] = value
 
     def charge_unsettled(self) -> None:
-        """The requests still in flight charged their worst case (``charged_unsettled``): a meter read back from the
-        usage ledger of attempts that have ended (``cupid_exp.durability.ledger``)."""
+        """Charge the requests still in flight their worst case (a meter of ended attempts)."""
         for step, values in self.as_dict().items():
             self.counts[step] = defaultdict(float, charged_unsettled(values))
 
     def merge(self, counts: dict[str, dict[str, float]]) -> None:
-        """Add counts another meter made (a worker process's, ``since``; the ledger's), step by step. Not told to
-        the sink: the meter that made them did."""
+        """Add another meter's counts, step by step; not sent to the sink (that meter's did)."""
         for step, values in counts.items():
             mine = self.counts[step]
             for key, value in values.items():
@@ -253,15 +232,13 @@ def failed_calls(counts: dict[str, float]) -> float:
 
 
 def requests_sent(counts: dict[str, float]) -> float:
-    """Requests that reached a provider: fresh successes, failed calls, every retry (after a 429 too), and those
-    an attempt sent that ended before their replies (``unsettled``)."""
+    """Requests that reached a provider: successes, failures, every retry, and the unsettled."""
     return (counts.get("calls", 0.0) + failed_calls(counts) + counts.get("retries", 0.0)
             + counts.get("rate_limited", 0.0) + counts.get("abandoned_requests", 0.0) + counts.get("unsettled", 0.0))
 
 
 def usage_metrics(meter: UsageMeter) -> dict[str, float]:
-    """Flat MLflow metrics: ``calls/<step>``, ``calls/total``, ``calls/requests``, ``cost/usd``, ... Calls and
-    tokens are the provider's (billed), cache hits apart; requests still in flight are charged their worst case."""
+    """Flat MLflow metrics (``calls/<step>``, ``cost/usd``, ...): billed calls and tokens, in-flight at worst case."""
     out: dict[str, float] = {}
     steps = {step: charged_unsettled(counts) for step, counts in meter.as_dict().items()}
     for step, counts in steps.items():
@@ -304,8 +281,7 @@ def usage_metrics(meter: UsageMeter) -> dict[str, float]:
 
 
 def _pool_metrics(pool: str, counts: dict[str, float]) -> dict[str, float]:
-    """``pools/<name>/…``: the processes' peaks and concurrency limits summed (each had its share), the pace
-    they shared."""
+    """``pools/<name>/…``: the processes' peaks and limits summed, and their shared pace."""
     def each(key: str) -> list[float]:
         return [v for k, v in counts.items() if k.startswith(key + "@")]
 
@@ -362,8 +338,7 @@ def _limits_part(metrics: dict[str, float]) -> str:
 
 
 def _pools_part(metrics: dict[str, float]) -> str:
-    """"; pool openai-gpt-4o: 64 in flight at most, limit 64, paced at 300 RPM, 5 answered 429, 3.1 s waited"
-    for each pool the job sent requests to."""
+    """"; pool openai-gpt-4o: 64 in flight at most, limit 64, paced at 300 RPM, 5 answered 429, 3.1 s waited"."""
     pools = sorted(k[len("pools/"):-len("/peak_in_flight")] for k in metrics
                    if k.startswith("pools/") and k.endswith("/peak_in_flight"))
     parts = []

@@ -16,8 +16,7 @@ from cupid_exp.scoring.statistics import TASK_METRICS
 
 def build_report(selection: Selection, *, reference: Mapping[str, Any] | None = None, n_boot: int = DEFAULT_N_BOOT,
                  seed: int = 0) -> list[Table]:
-    """The leaderboards of every data set × evaluator in the selection; with ``reference``, the paper's
-    rows beside the matching ones, and each paper table not already shown printed once on its own."""
+    """The leaderboards of every data set × evaluator selected; with ``reference``, the paper's rows beside them."""
     tidy = tidy_frame(selection, reference, n_boot=n_boot, seed=seed)
     tables: list[Table] = []
     shown: set[tuple[str, bool, str]] = set()

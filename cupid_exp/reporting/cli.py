@@ -1,8 +1,6 @@
 """Paper-layout leaderboards from the MLflow store, with bootstrap intervals and paired comparisons.
 
-``python -m cupid_exp.report`` (docs/reports.md): the finished job runs (tag ``cupid.kind=job``) of an
-experiment, a table per data set × evaluator × task (the paper's Tables 1/11, 9, 3/10, one more column per
-setting variant), a table by setting with the oracle gain each recovers; ``--compare A B`` pairs two runs.
+``python -m cupid_exp.report`` (docs/reports.md).
 """
 
 from __future__ import annotations

@@ -26,8 +26,7 @@ def _tasks(run_a: JobRun, records_a: Records, run_b: JobRun, records_b: Records)
 
 
 def differs(run_a: JobRun, run_b: JobRun) -> str:
-    """'differs: model.params.temperature: 0 → 0.4; ...': every part of the two runs' identities that differs
-    (``JobRun.identity``: model, decoding, setting, evaluator, prompts), their task parts and their data."""
+    """'differs: model.params.temperature: 0 → 0.4; ...': the two runs' differences."""
     said = identity_diff(run_a.identity, run_b.identity)
     if run_a.tasks != run_b.tasks:
         said.append(f"task: {', '.join(run_a.tasks)} → {', '.join(run_b.tasks)}")
@@ -78,9 +77,7 @@ def compare_runs(run_a: JobRun, records_a: Records, run_b: JobRun, records_b: Re
 
 
 def best_two(runs: Sequence[JobRun]) -> tuple[JobRun, JobRun] | None:
-    """The runs of a leaderboard's two best rows (second, best), for a paired comparison: the first task, data set
-    and evaluator (in the report's order) where two runs have the headline in the standard setting (in any setting
-    when fewer did), ranked by it; None when no table has two."""
+    """The runs of the first table's two best rows (second, best; standard setting first); None if none."""
     for task in TASK_METRICS:
         key = metric_key(task, "all", HEADLINE[task])
         for data, evaluator in sorted({(r.data_label, r.evaluator) for r in runs}):

@@ -1,9 +1,4 @@
-"""Which data a run ran on, as the report tells runs apart: the rows' content and the part of it the job took.
-
-The content is the job's ``dataset_digest`` tag (a digest of every valid row, in order): two files behind one
-``data=local`` are two data sets, one file at two paths is one. The part taken is ``data.limit`` and
-``data.instance_types``: a subset is not the experiment its full-data run is, so it never stands in for it.
-"""
+"""Which data a run ran on: the rows' digest and the part taken; a subset never stands in for the full run."""
 
 from __future__ import annotations
 
@@ -56,8 +51,7 @@ class DataIdentity:
 
 
 def one_name_per_content(identities: Iterable[DataIdentity]) -> dict[DataIdentity, DataIdentity]:
-    """Each identity with one ``where`` for its content: the same rows reached through two file names are one
-    data set, named by both ('a.jsonl = b.jsonl')."""
+    """Each identity with one ``where`` per content: one set of rows under two names is 'a.jsonl = b.jsonl'."""
     names: dict[DataIdentity, set[str]] = {}
     for identity in identities:
         names.setdefault(identity.full, set()).add(identity.where)

@@ -1,21 +1,6 @@
-"""What changed between two runs, as Hydra overrides: ``python -m cupid_exp.diff A B``.
-
-A and B are MLflow run ids or Hydra job output dirs. The printed overrides, appended to A's
-own overrides, make ``python -m cupid_exp`` compose B's resolved config:
-
-- a config group whose choice changed is printed as the choice (``model=gpt4o``,
-  ``llm@evaluator.judge=local``, ``~group`` / ``+group=x`` when removed / added);
-- then every leaf that still differs: ``key=value``, ``+key=value`` (added), ``~key`` (removed);
-  a value that follows from another by interpolation (``tracking.uri`` from ``paths.output_root``)
-  is not printed when setting its source already reproduces it;
-- the prompt-set hash, dataset digest and git commit, when they differ, as ``#`` comments.
-
-The overrides are computed — and then checked — by composing with Hydra's compose API against
-the current ``conf/``: compose(A's overrides + printed) must equal B's recorded resolved config.
-For an MLflow run, A's overrides are the job dir's ``.hydra/overrides.yaml`` when its ``output_dir``
-tag still points at one, otherwise they are reconstructed from the run's group choices and config.
-Secret-looking values are redacted in MLflow and are never compared.
-"""
+"""What changed between two runs (MLflow run ids or job folders), as Hydra overrides: ``python -m cupid_exp.diff A B``.
+Appended to A's overrides they compose B's resolved config, which is checked against the current ``conf/``; redacted
+values are never compared."""
 
 from __future__ import annotations
 
@@ -47,8 +32,7 @@ class ConfigDiff:
     superseded: list[str] = field(default_factory=list)
 
     def command(self) -> str:
-        """One pasteable line: A's overrides, less those a later override sets again (``model=local`` before
-        ``model=local_gemma`` said nothing), then the diff."""
+        """One pasteable line: A's overrides (less those set again later), then the diff."""
         later = {_override_key(o) for o in (*self.overrides, *self.drift)}
         base = [o for o in self.base_overrides if o not in self.superseded
                 and (o.startswith(("+", "~")) or _override_key(o) not in later)]
@@ -64,8 +48,7 @@ def _try_compose(overrides: Sequence[str], conf_dir: str | Path | None) -> Compo
 
 def _extend(prefix: list[str], batch: Sequence[str], conf_dir: str | Path | None,
             failed: list[str]) -> tuple[list[str], Composed | None]:
-    """The overrides of ``batch`` that compose after ``prefix`` (all at once if they can, else one by one,
-    collecting the ones Hydra rejects in ``failed``), and the config they compose."""
+    """The overrides of ``batch`` that compose after ``prefix`` (rejected ones in ``failed``), and their config."""
     attempt = _try_compose([*prefix, *batch], conf_dir)
     if attempt is not None:
         return list(batch), attempt
@@ -82,8 +65,7 @@ def _extend(prefix: list[str], batch: Sequence[str], conf_dir: str | Path | None
 
 
 def _implied(prefix: list[str], added: list[str], composed: Composed | None, conf_dir: str | Path | None) -> list[str]:
-    """``added`` without the group choices another one brings along (``model=gpt4o`` implies
-    ``evaluator=gpt4o`` through its defaults list), so only the choice that decides is printed."""
+    """``added`` without group choices another brings along (``model=gpt4o`` implies ``evaluator=gpt4o``)."""
     if composed is None:
         return added
     kept = list(added)
@@ -104,13 +86,8 @@ class Reach(NamedTuple):
 
 def overrides_to_reach(base: Sequence[str], target: RunSpec, *, conf_dir: str | Path | None = None,
                        max_rounds: int = 6, who: str = "B") -> Reach:
-    """Overrides that, after ``base``, compose ``target.config``.
-
-    Group choices first (only those that composing the top-level ones did not already bring along),
-    then leaf values, sources of interpolations before the values derived from them. A base override
-    that sets a key inside a group the target chose otherwise cannot stand with the new option when
-    its schema lacks the key (settings have one schema each): it is left out of the base (``superseded``).
-    """
+    """Overrides that, after ``base``, compose ``target.config``: group choices first, then leaves (sources before
+    derived). A base override the target's group schema lacks is dropped (``superseded``)."""
     failed: list[str] = []
     base, superseded = list(base), []
     composed = compose(base, conf_dir)
@@ -218,8 +195,7 @@ def _override_key(override: str) -> str:
 
 
 def _is_drift(override: str, a: RunSpec, b: RunSpec, drift_keys: Sequence[str], drift_groups: set[str]) -> bool:
-    """True when ``override`` only undoes conf drift: A's overrides compose differently today than A's
-    record there, and A's and B's records agree on it — so it is not a difference between A and B."""
+    """True when ``override`` only undoes conf drift since A was recorded, on which A and B agree."""
     key = _override_key(override)
     if key in a.choices or key in b.choices or "@" in key:  # a group choice
         return key in drift_groups and a.choices.get(key) == b.choices.get(key)

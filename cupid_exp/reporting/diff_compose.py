@@ -1,5 +1,4 @@
-"""Composing a config as ``python -m cupid_exp`` would, and writing values and differences in Hydra's override
-grammar (Hydra quotes a string for us, but writes no whole value as an override, so ``format_value`` does)."""
+"""Composing a config as ``python -m cupid_exp`` would, and values and differences in Hydra's override grammar."""
 
 from __future__ import annotations
 
@@ -58,6 +57,8 @@ def compose(overrides: Sequence[str], conf_dir: str | Path | None = None) -> Com
     OmegaConf.set_struct(cfg, False)
     del cfg["hydra"]
     return Composed(redact(resolved(cfg)), cfg, choices)
+
+
 def _quote(text: str) -> str:
     """Hydra's single-quoted string: quotes escaped, and the backslashes before a quote or the end doubled."""
     return QuotedString(text=text, quote=Quote.single).with_quotes()
@@ -118,10 +119,7 @@ class LeafDiff:
 
 
 def leaf_diffs(current: Mapping[str, Any], target: Mapping[str, Any], prefix: str = "") -> list[LeafDiff]:
-    """What to set on ``current`` to reach ``target``; dicts recurse, lists are compared whole.
-
-    Redacted values are never compared (neither side is known).
-    """
+    """What to set on ``current`` to reach ``target`` (dicts recurse, lists whole, redacted values never compared)."""
     out: list[LeafDiff] = []
     for key in list(current) + [k for k in target if k not in current]:
         path = f"{prefix}{key}"

@@ -1,5 +1,4 @@
-"""The two sides of a config diff: what a run was composed from and what it resolved to, read from a Hydra job
-folder or an MLflow run."""
+"""The two sides of a config diff (composed from, resolved to), read from a job folder or an MLflow run."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""Paper-layout leaderboards: model × {all, instance types, oracle, ..., one column per setting variant}.
-
-A leaderboard is the tidy frame's numbers of one task × data set × evaluator, each put in the column
-its (setting, group) feeds, pivoted to a row per model; the paper's rows (``--reference paper``)
-come from the same frame and stand beside the model they correspond to.
-"""
+"""Paper-layout leaderboards: a row per model, a column per type or setting variant, pivoted from the tidy frame."""
 
 from __future__ import annotations
 
@@ -73,10 +68,7 @@ def _cells(numbers: pd.DataFrame, order: Sequence[str], columns: Sequence[str], 
 
 def leaderboard(tidy: pd.DataFrame, runs: Sequence[JobRun], task: str, *, data: str | None, evaluator: str,
                 summary_by_type: bool = False) -> Table | None:
-    """One paper-layout table. ``summary_by_type``: the summary setting's all/type breakdown (Tables 9/10).
-
-    ``data=None`` builds the paper's rows alone (for ``evaluator``'s matcher).
-    """
+    """One paper-layout table (``summary_by_type``: Tables 9/10); ``data=None``: the paper's rows alone."""
     by_model = runs_by_model(task, runs, data, evaluator)
     base = "summary" if summary_by_type else "standard"
     columns = list(GROUPS) if summary_by_type else [

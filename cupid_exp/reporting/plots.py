@@ -1,21 +1,5 @@
-"""Plots of per-instance records (instances.jsonl): where a model succeeds and fails.
-
-- :func:`plot_by_type` — score per instance type, bars with cluster-bootstrap 95% intervals;
-- :func:`plot_by_relevant_position` — score against the mean position of the sessions that reveal
-  the current preference (paper Fig. 3: is a preference shown early harder to recover?);
-- :func:`plot_by_history_length` — score against the history's length in words, in equal-size
-  bins (paper Fig. 9);
-- :func:`save_run_plots` — all of them for one run, as PNG files;
-- :func:`save_report_plots` — the cross-model ones of a report's selection.
-
-Every function takes either one run's records or ``{label: records}`` for several runs (one
-series each, e.g. one per model in the report) and returns a matplotlib ``Figure`` built with
-the object-oriented API on the Agg canvas: no pyplot state, safe in worker processes.
-
-Inference is shown as the paper's F1 (harmonic mean of mean precision and mean recall,
-recomputed per bin); generation as the mean judge score (1–10). Every number, and which instances
-enter it under the failure policy, comes from ``cupid_exp.scoring``.
-"""
+"""Plots of per-instance records: by type, by relevant position (paper Fig. 3), by history length (Fig. 9). Each returns
+a Figure on the Agg canvas (no pyplot state: safe in workers); every number comes from ``cupid_exp.scoring``."""
 
 from __future__ import annotations
 
@@ -85,11 +69,7 @@ def _errorbar(est, scale: float) -> tuple[float, float]:
 
 def plot_by_type(records: Series, task: str = "inference", *, metric: str | None = None, n_boot: int = 1000,
                  seed: int = 0, failure_policy: str = "exclude", title: str | None = None) -> Figure:
-    """Bars per instance type (and 'all') with 95% cluster-bootstrap intervals.
-
-    One run of inference shows P, R and F1 side by side; several runs show one metric (F1 or
-    judge score) with one bar per run.
-    """
+    """Bars per instance type with 95% cluster-bootstrap intervals (P, R, F1 for one inference run)."""
     series = _series(records)
     metric, _ = _metric(metric or HEADLINE[task])
     present = {r.get("instance_type") for recs in series.values() for r in recs}
@@ -204,12 +184,7 @@ def _mean_position(r: Mapping[str, Any]) -> float | None:
 
 def plot_by_relevant_position(records: Series, metric: str = "f1", *, n_boot: int = 1000, seed: int = 0,
                               failure_policy: str = "exclude", title: str | None = None) -> Figure:
-    """Score against the mean 1-based position of the relevant sessions (paper Fig. 3).
-
-    Instances are grouped by that mean into unit-width bins [k, k+1) of the session axis
-    (1 = oldest session); records without ``relevant_positions`` (or with none found) are
-    left out and counted in the footnote.
-    """
+    """Score by mean position of the relevant sessions (paper Fig. 3); records without positions are footnoted."""
     series = _series(records)
     metric, _ = _metric(metric)
     title = title or f"{LABELS[metric]} vs. where the relevant sessions are in the history"
@@ -242,10 +217,7 @@ def plot_by_relevant_position(records: Series, metric: str = "f1", *, n_boot: in
 
 def plot_by_history_length(records: Series, metric: str = "f1", *, n_bins: int = 5, n_boot: int = 1000,
                            seed: int = 0, failure_policy: str = "exclude", title: str | None = None) -> Figure:
-    """Score against history length (words in the prior sessions), in ``n_bins`` equal-size bins (paper Fig. 9).
-
-    Bin edges are quantiles of all instances pooled (so several runs share the same bins).
-    """
+    """Score against history length in words, in ``n_bins`` quantile bins shared by all runs (paper Fig. 9)."""
     series = _series(records)
     metric, _ = _metric(metric)
     title = title or f"{LABELS[metric]} vs. history length (equal-size bins)"
@@ -275,13 +247,7 @@ def plot_by_history_length(records: Series, metric: str = "f1", *, n_bins: int =
 def save_run_plots(records: Sequence[Mapping[str, Any]], parts: Sequence[str] | str, out_dir: str | Path, *,
                    n_boot: int = 1000, seed: int = 0, failure_policy: str = "exclude",
                    title_prefix: str = "") -> list[Path]:
-    """Write one run's plots as PNGs into ``out_dir``; returns the paths written.
-
-    For each task part in ``parts`` (inference, generation): ``<part>_by_type.png``,
-    ``<part>_by_position.png`` (needs ``relevant_positions``), ``<part>_by_history_length.png``
-    (needs ``history_words``). A plot whose data the records lack is skipped (and logged),
-    not written empty.
-    """
+    """Write one run's plots as PNGs into ``out_dir`` (those lacking data skipped, logged); returns the paths."""
     names = [parts] if isinstance(parts, str) else list(parts)
     if any(p not in TASK_METRICS for p in names):
         raise ValueError(f"parts={parts!r}; expected parts from {sorted(TASK_METRICS)}")
@@ -316,11 +282,7 @@ def save_run_plots(records: Sequence[Mapping[str, Any]], parts: Sequence[str] | 
 
 def report_figures(selection: "Selection", *, n_boot: int = 1000, seed: int = 0
                    ) -> Iterator[tuple[str, str, Figure]]:
-    """Cross-model figures (one series per model, setting=standard) per data set × evaluator × task, as
-    (file stem, caption, figure): the stem names the data by its content digest and subset
-    (``DataIdentity.slug``), the caption by its label.
-
-    Under the runs' shared failure policy (``exclude`` when they differ)."""
+    """Cross-model figures (standard setting) per data set × evaluator × task, as (file stem, caption, figure)."""
     from cupid_exp.reporting.runs import common_policy, row_labels
 
     pairs = {(r.data_id, r.evaluator) for r in selection.runs}
@@ -340,7 +302,6 @@ def report_figures(selection: "Selection", *, n_boot: int = 1000, seed: int = 0
             for name, fig in figures.items():
                 yield (f"{data.slug}_{evaluator}_{task}_{name}",
                        f"{task} {name.replace('_', ' ')}: data={data.label}, evaluator={evaluator}", fig)
-
 
 
 def save_report_plots(selection: "Selection", out_dir: Path, *, n_boot: int = 1000, seed: int = 0) -> list[Path]:

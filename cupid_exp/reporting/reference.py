@@ -25,11 +25,7 @@ def matcher_of(evaluator: str) -> str:
 
 
 def paper_rows(reference: Mapping[str, Any]) -> pd.DataFrame:
-    """One row per published number, on the same coordinates as a run's: (setting, group, metric).
-
-    A paper column named after an instance group is that group of the table's setting; any other column
-    (oracle, oracle_preference) names a setting, whose 'all' it is. Inference values become fractions.
-    """
+    """One row per published number on a run's coordinates (setting, group, metric); inference values as fractions."""
     models = reference.get("models", {})
     rows = []
     for table in reference["tables"].values():

@@ -1,8 +1,4 @@
-"""The report as Markdown, HTML or CSV, written by pandas (``to_markdown`` needs ``tabulate``).
-
-The HTML is one self-contained page: its plots are inside it (base64 PNG), and a table wider than the window
-scrolls in its own box instead of pushing the page sideways.
-"""
+"""The report as Markdown, HTML or CSV, by pandas; the HTML is one self-contained page."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Finished job runs as the report reads them: MLflow queries, and each run's records (downloaded once, cached).
-
-A run's setting label comes from the setting's own ``label()``, fed the run's recorded ``setting.*``
-params through the setting's schema, so the report and the job name a variant the same way. A run's identity
-(``JobRun.identity``) is what its scores depend on, read back from its params by the job's own rule
-(``cupid_exp.identity.content``): only runs with the same one share a row, or replace one another.
-"""
+"""Finished job runs as the report reads them: MLflow queries and each run's records (cached). Labels come from the
+setting's own ``label()``, identities from the job's own rule, so report and job agree."""
 
 from __future__ import annotations
 
@@ -68,8 +63,7 @@ def _setting_class(name: str) -> type[Setting] | None:
 
 
 def setting_label(params: Mapping[str, str]) -> str:
-    """What the setting's ``label()`` says for the run's params; a param the run did not record (or that does
-    not fit the schema) takes the schema's default, as composing would have given it."""
+    """The setting's ``label()`` for the run's params, unrecorded ones at the schema's default."""
     name = params.get("setting.name") or "standard"
     cls = _setting_class(name)
     if cls is None:
@@ -119,9 +113,7 @@ def _dotted(value: object, prefix: str = "") -> dict[str, object]:
 
 
 def scored_identity(params: Mapping[str, str], tags: Mapping[str, str]) -> dict[str, str]:
-    """Dotted key -> value of everything that decides a run's scores but its data: its params nested back into
-    the config they were flattened from, kept by the job identity's rule (``cupid_exp.identity.content``: no paths,
-    tracking, call pacing, prices or keys), without ``REPORT_NOT_IDENTITY``; and the prompts' digest."""
+    """Dotted key -> value of everything but the data that decides a run's scores, by ``cupid_exp.identity.content``."""
     from cupid_exp.identity import content
 
     nested: dict[str, Any] = {}
@@ -147,9 +139,7 @@ def _shown(key: str, value: str | None) -> str:
 
 
 def row_labels(runs: Sequence["JobRun"]) -> dict[str, str]:
-    """run id -> the label of its row: the model's name, followed by what sets it apart from the model's other
-    runs here (``gpt4o · temperature=0.4``). A model's settings are columns of one row, so its ``setting.*`` keys
-    label a row only where two runs of one setting label differ in them."""
+    """run id -> row label: the model's name plus what sets it apart from its other runs here."""
     by_model: dict[str, list[JobRun]] = {}
     for run in runs:
         by_model.setdefault(run.model, []).append(run)
@@ -231,8 +221,7 @@ class JobRun:
 
     @property
     def tasks(self) -> list[str]:
-        """Task parts this run has numbers for: its ``task.parts`` (or, for an older run, its task name) confirmed
-        by its headline metrics; when neither names a part, the parts whose headline it logged."""
+        """Task parts this run has numbers for, confirmed by its headline metrics."""
         recorded = self.params.get("task.parts")
         declared = json.loads(recorded) if recorded else [self.param("task.name", "")]
         found = [t for t in TASK_METRICS if metric_key(t, "all", HEADLINE[t]) in self.metrics]
@@ -312,10 +301,7 @@ def is_run_id_prefix(ref: str) -> bool:
 
 
 def resolve_run_id(uri: str, ref: str) -> str:
-    """The full id of the run whose id is ``ref`` or starts with it (the report prints the first 8 digits).
-
-    Every active run of the store counts, whichever experiment it is in; RunIdError when none or several match.
-    """
+    """The full id of the one run (in any experiment) whose id starts with ``ref``; else RunIdError."""
     from mlflow.entities import ViewType
     from mlflow.tracking import MlflowClient
 
@@ -352,10 +338,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def load_records(uri: str, run_id: str, cache_dir: Path | None = DEFAULT_CACHE) -> list[dict[str, Any]] | None:
-    """The run's per-instance records (its ``instances.jsonl`` artifact), cached by run id; None if absent.
-
-    Finished runs' artifacts do not change, so the cache never goes stale.
-    """
+    """The run's ``instances.jsonl`` records, cached by run id (finished artifacts never change); None if absent."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     import mlflow.artifacts
 

@@ -1,5 +1,4 @@
-"""Which runs a report uses: finished, complete ones; one per experiment (everything that decides its scores,
-``JobRun.identity``, × task × data), the whole data set's before a subset's."""
+"""Which runs a report uses: finished, complete ones, one per experiment, the whole data set's before a subset's."""
 
 from __future__ import annotations
 
@@ -54,10 +53,7 @@ def _why_not(run: JobRun, chosen: JobRun) -> str:
 
 
 def _pick(group: list[JobRun], show_subsets: bool) -> tuple[list[JobRun], str | None]:
-    """The runs one experiment (model × setting × task × evaluator × data) shows, and a note when it had several.
-
-    The whole data set's best run; a subset's best run as its own row when ``show_subsets`` or when no run
-    covers the whole data set."""
+    """The runs one experiment shows (full data's best, subsets as own rows when asked or alone), with a note."""
     full = sorted((r for r in group if not r.subset), key=_preference, reverse=True)
     by_subset: dict[str, list[JobRun]] = {}
     for run in sorted((r for r in group if r.subset), key=_preference, reverse=True):
@@ -85,15 +81,8 @@ def _pick(group: list[JobRun], show_subsets: bool) -> tuple[list[JobRun], str | 
 
 def select_runs(runs: Sequence[JobRun], load: Callable[[str], Records | None], *,
                 show_subsets: bool = False) -> Selection:
-    """Keep finished, complete runs; one run per experiment: identity (model, its decoding parameters, setting,
-    evaluator, prompts, ...: ``JobRun.identity``) × task × data. A newer run replaces an older one only when
-    both have the same identity; runs that differ in it are rows of their own (``runs.row_labels``).
-
-    The data is the rows' content (two files are two data sets) and the part of it taken: a run on the whole
-    data set is preferred to a newer one on a subset (``data.limit``, ``data.instance_types``) or an incomplete
-    one. A subset run is shown, as its own row marked with its subset, when ``show_subsets`` or when no run
-    covers the whole data set. ``load(run_id)`` returns a run's records or None.
-    """
+    """Finished, complete runs, one per identity × task × data (the newest, the whole data set first); subsets as their
+    own rows when ``show_subsets`` or alone. ``load(run_id)`` returns records or None."""
     notes: list[str] = []
     records: dict[str, Records | None] = {}
     usable: list[JobRun] = []

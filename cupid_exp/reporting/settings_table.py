@@ -30,8 +30,7 @@ UNITS = {"inference": "F1 in %", "generation": "mean judge score 1–10"}
 
 
 def recovered_shares(values: pd.DataFrame) -> pd.DataFrame:
-    """(setting − standard) / (oracle − standard) per (model, setting) row and group column of point values;
-    NaN for standard and oracle themselves, without both of them, or when their gap is 0."""
+    """(setting − standard) / (oracle − standard) per row and column; NaN where undefined."""
     models = values.index.get_level_values("model")
     settings = values.index.get_level_values("setting")
 
@@ -48,8 +47,7 @@ def recovered_shares(values: pd.DataFrame) -> pd.DataFrame:
 
 
 def setting_table(tidy: pd.DataFrame, runs: Sequence[JobRun], task: str, *, data: str, evaluator: str) -> Table | None:
-    """Headline metric by model × setting label × instance type, with the share of the oracle gain each setting
-    recovers; None unless some setting other than standard ran."""
+    """Headline metric by model × setting × type with the oracle gain recovered; None if only standard ran."""
     by_model = runs_by_model(task, runs, data, evaluator)
     if not any(label != "standard" for settings in by_model.values() for label in settings):
         return None

@@ -65,8 +65,7 @@ def ordered(frame: pd.DataFrame, orders: Mapping[str, Sequence[Any]]) -> pd.Data
 
 
 def long_rows(frame: pd.DataFrame, title: str, task: str) -> pd.DataFrame:
-    """A table's numbers as CSV rows (the columns of ``LONG_COLUMNS``), scaled as its cells are (inference in %,
-    derived shares in %), so that a CSV row reads like the table it comes from."""
+    """A table's numbers as CSV rows (``LONG_COLUMNS``), scaled as its cells are."""
     derived = frame["source"].eq("derived")
     factor = derived.map({True: 100.0, False: SCALE[task][0]})
     scaled = {col: pd.to_numeric(frame[col], errors="coerce") * factor for col in ("value", "ci_low", "ci_high")
@@ -97,8 +96,7 @@ def setting_order(label: str) -> tuple[int, list[Any]]:
 
 
 def runs_by_model(task: str, runs: Sequence[JobRun], data: str | None, evaluator: str) -> dict[str, dict[str, JobRun]]:
-    """{row: {setting label: run}} for the runs of one task × data set (its label) × evaluator; a row is a model,
-    labelled by what sets it apart where the model ran in several ways (``runs.row_labels``)."""
+    """{row: {setting label: run}} for one task × data × evaluator; rows labelled by ``runs.row_labels``."""
     here = [run for run in runs if task in run.tasks and run.data_label == data and run.evaluator == evaluator]
     labels = row_labels(here)
     by_model: dict[str, dict[str, JobRun]] = {}
@@ -120,8 +118,7 @@ UNFINISHED_TITLE = "Runs that did not finish (in no table above)"
 
 
 def unfinished_table(runs: Sequence[JobRun]) -> Table:
-    """The failed, killed and running job runs: which data each ran on and why it ended (its outcome and reason);
-    a row each, in the CSV too."""
+    """The failed, killed and running runs, with their data and why they ended."""
     from cupid_exp.reporting.selection import ended
 
     rows = [{"run_id": r.short, "model": r.model, "setting": r.setting_label, "data": r.data_label,

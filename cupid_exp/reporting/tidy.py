@@ -1,8 +1,4 @@
-"""The report's one tidy frame: a row per number (run or paper × setting × group × metric) with its interval.
-
-Every table the report prints is a filter and a pivot of this frame; every number in it comes from
-``cupid_exp.scoring`` (the run's logged metric as the point value, the interval from its records).
-"""
+"""The report's one tidy frame: a row per number with its interval; every table is a pivot of it."""
 
 from __future__ import annotations
 
@@ -24,8 +20,7 @@ COLUMNS = ["source", "reference", "matcher", "run_id", "data", "evaluator", "mod
 
 def estimate(run: JobRun, records: Sequence[Mapping[str, Any]] | None, task: str, group: str, metric: str, *,
              n_boot: int, seed: int) -> tuple[Estimate | None, str | None]:
-    """The logged metric as the point value, with the interval from the run's records; and a note when the two
-    disagree (the logged number stays the headline, the interval is the records')."""
+    """The logged metric with the interval from the records, and a note when they disagree."""
     key = metric_key(task, group, metric)
     logged = run.metrics.get(key)
     if records is None:

@@ -1,19 +1,5 @@
-"""Confidence for CUPID numbers: seeded cluster bootstrap over personas, and paired comparisons.
-
-The three instances of a persona (consistent / contrastive / changing) share one user, one
-history and one preference, so they are not independent draws. Every interval here resamples
-*personas* (``persona_id``) with replacement and keeps all of a drawn persona's instances —
-a cluster bootstrap — and every paired test permutes at the persona level.
-
-With epochs (``runtime.epochs`` > 1: records carry their ``epoch``) an interval covers the model's sampling too: a
-two-stage cluster bootstrap draws personas with replacement and then, within each drawn persona, ``K`` of its epochs
-with replacement (all of a drawn epoch's instances kept); a paired comparison draws the same personas and epochs
-for A and B, pairing epoch ``e`` of A with epoch ``e`` of B.
-
-The statistics and the failure policy are those of ``cupid_exp.scoring.statistics`` (defined
-there once): an interval is always around the very number the job reports. Intervals are
-percentile intervals of ``n_boot`` resamples drawn from ``numpy.random.default_rng(seed)``.
-"""
+"""Seeded cluster bootstrap over personas, and paired comparisons: a persona's three instances share one history, so
+intervals resample personas (then epochs) and tests permute within them, around ``scoring.statistics``'s numbers."""
 
 from __future__ import annotations
 
@@ -123,9 +109,8 @@ def _clusters(rows: pd.DataFrame, fields: Sequence[str], cluster: str, ids: Sequ
 
 def _epoch_cells(rows: pd.DataFrame, cluster: str, personas: Sequence[str] | None = None
                  ) -> tuple[pd.DataFrame, str, list[str] | None, int]:
-    """With more than one epoch among ``rows``: the rows with a (persona, epoch) cell column, the column's name,
-    every cell persona-major (each persona's epochs in order, a missing one as an empty cell) and the epoch count.
-    Otherwise ``rows``, ``cluster``, ``personas`` and 1: the plain persona bootstrap."""
+    """With several epochs: the rows with a (persona, epoch) cell column, its name, the cells persona-major and the
+    epoch count; else the plain persona bootstrap's inputs."""
     if rows.empty or "epoch" not in rows or rows["epoch"].nunique(dropna=True) < 2:
         return rows, cluster, (list(personas) if personas is not None else None), 1
     epochs = sorted(rows["epoch"].dropna().astype(int).unique())
@@ -146,8 +131,7 @@ def _from_totals(metric: str, sums: Mapping[str, np.ndarray], counts: Mapping[st
 
 
 def _scored_clusters(cl: _Clusters, n_epochs: int = 1) -> _Clusters:
-    """Only the personas with at least one scored instance (the population the statistic is about); with epochs,
-    every cell of such a persona (an epoch of it left without a score counts nothing when drawn)."""
+    """Only personas with a scored instance; with epochs, every cell of such a persona."""
     first = next(iter(cl.counts))
     keep = np.repeat(cl.counts[first].reshape(-1, n_epochs).sum(axis=1) > 0, n_epochs)
     return _Clusters(tuple(c for c, k in zip(cl.ids, keep, strict=False) if k),
@@ -178,9 +162,7 @@ def _resample_weights(n_clusters: int, n_boot: int, rng: np.random.Generator) ->
 
 
 def _epoch_weights(n_clusters: int, n_epochs: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
-    """n_boot x (n_clusters * n_epochs) counts over persona-major cells: ``n_clusters`` personas drawn with
-    replacement, then for each draw ``n_epochs`` of its epochs with replacement (drawn in that order from ``rng``).
-    One epoch: ``_resample_weights``."""
+    """n_boot x (n_clusters * n_epochs) counts: personas drawn with replacement, then each draw's epochs."""
     if n_epochs == 1:
         return _resample_weights(n_clusters, n_boot, rng)
     personas = rng.integers(0, n_clusters, size=(n_boot, n_clusters))
@@ -192,8 +174,7 @@ def _epoch_weights(n_clusters: int, n_epochs: int, n_boot: int, rng: np.random.G
 
 @functools.lru_cache(maxsize=8)
 def _seeded_weights(n_clusters: int, n_boot: int, seed: int, n_epochs: int = 1) -> np.ndarray:
-    """``_epoch_weights`` from a fresh generator at ``seed``, made once for every metric and plot that asks for
-    the same resamples (a job's table and plots ask for them a dozen times per group); read-only."""
+    """``_epoch_weights`` at ``seed``, made once for every metric and plot asking the same (read-only)."""
     weights = _epoch_weights(n_clusters, n_epochs, n_boot, np.random.default_rng(seed))
     weights.setflags(write=False)
     return weights
@@ -278,15 +259,8 @@ def paired_compare(records_a: Iterable[Mapping[str, Any]], records_b: Iterable[M
                    key: str = "key", cluster: str = "persona_id", n_boot: int = DEFAULT_N_BOOT,
                    n_perm: int = DEFAULT_N_PERM, seed: int = 0, level: float = 0.95,
                    failure_policy: str = "exclude") -> Comparison:
-    """B − A on the instances both runs scored.
-
-    Instances are paired by ``key``; an instance failed in either run is left out of both
-    (so the two statistics cover exactly the same instances). The interval is a paired
-    cluster bootstrap (the same personas drawn for A and B); the p-value is a two-sided
-    sign-flip permutation test that swaps A and B within each persona (exact when there
-    are at most ``MAX_EXACT_PERSONAS`` personas, else ``n_perm`` random patterns, with
-    p = (1 + #{|d*| >= |d|}) / (1 + n_perm)).
-    """
+    """B − A on the instances both runs scored (paired by ``key``). The interval is a paired cluster bootstrap; the
+    p-value a two-sided sign-flip permutation test within personas (exact up to ``MAX_EXACT_PERSONAS``)."""
     fields = fields_of(metric)
 
     records_a, records_b = list(records_a), list(records_b)

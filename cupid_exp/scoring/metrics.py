@@ -1,5 +1,4 @@
-"""A job's numbers, overall and per instance type: the paper's macro P/R/F1 and judge score, plus
-upstream's pooled micro P/R/F1, each with the count of instances it covers."""
+"""A job's numbers, overall and per type: the paper's macro P/R/F1 and judge score, and upstream's micro P/R/F1."""
 
 from __future__ import annotations
 

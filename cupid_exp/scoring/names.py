@@ -1,8 +1,4 @@
-"""Metric names, built in one place: ``<task>[/<group>]/<metric>[/<suffix>]``.
-
-``inference/f1``, ``inference/changing/recall``, ``generation/score/ci_low``, ``inference/count/failed``.
-MLflow runs, metrics.json, reports and plots all use these names.
-"""
+"""Metric names, built in one place: ``<task>[/<group>]/<metric>[/<suffix>]`` (``inference/changing/recall``)."""
 
 from __future__ import annotations
 

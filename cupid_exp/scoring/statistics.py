@@ -1,30 +1,10 @@
 """Each statistic and the failure policy, defined once; point values, tables and intervals all use them.
 
-Statistics (``metric``):
-
-- ``precision`` / ``recall``: mean of the per-instance values (the paper's macro numbers);
-- ``f1``: harmonic mean of mean precision and mean recall (the paper's F1 — *not* the mean of
-  per-instance F1s; every F1 in the paper's tables is the harmonic mean of its P and R);
-- ``score``: mean judge score of generation (1–10), read from the record field ``judge_score``;
-- any other numeric record field: its mean, over the records that have it.
-
-Failure policy (``runtime.failure_policy``): how an instance whose task failed enters a statistic.
-
-- ``exclude`` (default): left out, and counted (every number says how many instances it covers);
-- ``zero`` (ours, not the official tool's): every failed instance scores 0, whatever step failed —
-  inference against its full true checklist and the inferred items it had (none if it never got
-  them), generation as a judge score of 0;
-- ``upstream``: the official tool's rule (``evaluation/pipeline/evaluate.py``), which only counts a
-  failure as 0 where its code saves a result:
-  inference — a context-length error while inferring or decomposing (its inferrer wraps both) scores 0
-  with no inferred items; a failed match (either direction) scores 0 against both full checklists;
-  any other failure drops the instance;
-  generation — a context-length error while generating, or any judge failure, scores 0; any other
-  failure drops the instance, and so does an inference failure that dropped it (with ``task=both``
-  the official tool returns before generating).
-  Where the official aggregation itself crashes, the evident intent is used: an inference with no
-  inferred items (label-less match records) scores 0; with ``task=both``, a generation that failed
-  after a saved inference (a record without a score) is dropped.
+``precision`` / ``recall``: means of per-instance values; ``f1``: the harmonic mean of mean P and mean R (the paper's,
+*not* a mean of F1s); ``score``: the mean judge score. ``runtime.failure_policy``: ``exclude`` leaves a failed instance
+out (counted); ``zero`` scores it 0; ``upstream`` follows the official ``evaluation/pipeline/evaluate.py``: a
+context-length error while inferring, decomposing or generating, a failed match or a judge failure score 0, anything
+else drops the instance (where its aggregation would crash, its intent is used).
 """
 
 from __future__ import annotations
@@ -67,8 +47,7 @@ def _failed_steps(record: Mapping[str, Any]) -> set[tuple[str, str]]:
 
 
 def _upstream_drops_inference(failed: set[tuple[str, str]]) -> bool:
-    """The official tool returns without saving anything when inferring or decomposing fails for any
-    reason but the context length (which it saves as an empty inference)."""
+    """The official tool saves nothing when inferring or decomposing fails other than by context length."""
     return any(step in UPSTREAM_INFERRER_STEPS and kind != "context_length" for step, kind in failed)
 
 
@@ -107,8 +86,7 @@ def _zeroed(record: Mapping[str, Any], task: str) -> dict[str, Any]:
 
 
 def task_frame(records: Iterable[Mapping[str, Any]], task: str, policy: str = "exclude") -> pd.DataFrame:
-    """The rows that enter ``task``'s statistics (failed ones zero-filled where the policy says so), with a
-    ``treatment`` column; excluded rows are left out."""
+    """The rows entering ``task``'s statistics (failed ones zero-filled per policy), with a ``treatment`` column."""
     rows = []
     for record in records:
         how = treatment(record, task, policy)

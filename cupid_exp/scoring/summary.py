@@ -76,8 +76,7 @@ class JobSummary:
 
 def epoch_metrics(records: Sequence[Mapping[str, Any]], parts: Sequence[str], failure_policy: str
                   ) -> dict[str, float]:
-    """With ``runtime.epochs`` > 1: each epoch's headline numbers (``epoch/<e>/inference/f1``, ...) and their mean
-    over the epochs (``epoch/mean/...``); the job's own numbers pool every epoch's instances. Nothing with one."""
+    """With ``runtime.epochs`` > 1: each epoch's headline numbers and their mean; nothing with one."""
     epochs = sorted({r["epoch"] for r in records if r.get("epoch") is not None})
     if len(epochs) < 2:
         return {}

@@ -1,9 +1,5 @@
-"""Settings: what the model sees of an instance's history, registered by name (paper §4.1 and ours).
-
-Each module in this package defines one setting and its config dataclass and registers both with
-``@register``; the module is found and imported on its own, so adding a setting touches its module
-and its YAML (``conf/setting/<name>.yaml``, whose defaults name ``/<name>_setting_schema@_here_``) only.
-"""
+"""Settings: what the model sees of an instance's history, registered by name (paper §4.1 and ours). A setting is its
+module (found and imported on its own) and its ``conf/setting/<name>.yaml``."""
 
 from __future__ import annotations
 
@@ -32,8 +28,7 @@ def _load_all() -> None:
 
 
 def register_setting_schemas() -> None:
-    """Store every setting's schema in Hydra's ConfigStore as ``<name>_setting_schema``, at the root: in the group
-    ``setting`` it was listed by ``--help`` as a choice of its own."""
+    """Store each setting's schema as ``<name>_setting_schema`` at the root (inside ``setting``, --help lists it)."""
     from hydra.core.config_store import ConfigStore
 
     _load_all()

@@ -1,10 +1,5 @@
-"""What a setting is: a rule for what the model sees of an instance's history (paper §4.1).
-
-A setting turns an instance into a ``View``: the text that fills the prompts' ``{interaction_log}``,
-the sessions it shows, the generation prompt to use, and what it adds to the record. Each setting
-is one module with its config dataclass beside it, registered by name (``@register``); the job,
-the journal and the report ask the setting object instead of comparing names.
-"""
+"""What a setting is: a rule for what the model sees of an instance's history (paper §4.1). It turns an instance into a
+``View``; the job, journal and report ask the setting object instead of comparing names."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""oracle: only the prior sessions that share the current context factor and preference (paper §4.1).
-
-CUPID has exactly 2 per instance; another count is a data warning on the instance and counted
-in ``data/oracle_count_warnings``, and the instance still runs.
-"""
+"""oracle: only the prior sessions sharing the current context factor and preference (paper §4.1). Not 2 of them is a
+counted data warning (``data/oracle_count_warnings``); the instance still runs."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""oracle_preference (generation only): the model is given the ground-truth preference (paper §4.1).
-
-The paper does not say whether the log is still shown; ``include_log`` (default false) adds it
-(prompt files ``response_generator_oracle_preference[_log].yaml``).
-"""
+"""oracle_preference (generation only): the model gets the true preference (paper §4.1), the log if ``include_log``."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""summary: the evaluated model first summarises each prior session (paper §4.1, Fig. 23), then the
-task runs on the rendered summaries instead of the dialogues.
-
-One summary call per instance and job, shared by both tasks of ``task=both``; through the
-response cache, one per (model, instance) across jobs and reruns. The rendering of summaries is
-ours (the paper leaves it open): per session a Context and a Preferences bullet list, the
-summariser's free-text ``analysis`` dropped.
-"""
+"""summary: the evaluated model summarises each prior session first (paper §4.1, Fig. 23) and the task runs on the
+summaries. One summary call per instance, shared by both tasks and cached across jobs."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""Every model reply a persona got, kept beside its journey: ``journeys/persona_NNN.calls.jsonl``.
-
-The journey file keeps only what was accepted; a step that fails after its retries leaves just its
-last reason in the report. This file keeps each attempt's raw reply and why it was rejected, so a
-failing step on a weak model can be read back reply by reply instead of guessed at. Lines are
-appended as the persona goes (a resumed job adds to them); nothing reads them back.
-"""
+"""Every reply a persona got and why it was rejected (``persona_NNN.calls.jsonl``), to read a failing step back."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""Typed schema of the synthesis job (``conf/synthesize.yaml`` and the ``synthesis`` group).
-
-Registered in Hydra's ConfigStore as ``synthesize_schema`` (the entry config extends it), so
-a misspelt key or a wrong type in any synthesis choice, role model or override stops the run
-at composition, before any model call. Value ranges are checked by ``SynthesisConfig.check``
-(run with every other ``check`` of the tree by ``config.check_tree``), one ``ConfigError`` line each.
-"""
+"""Typed schema of the synthesis job (``synthesize_schema``); ranges are checked by ``SynthesisConfig.check``."""
 
 from __future__ import annotations
 
@@ -26,8 +20,7 @@ EMBEDDED_SAMPLERS = ("repeat_penalty", "repeat_last_n", "presence_penalty", "fre
 
 
 class SynthesisError(RuntimeError):
-    """A problem outside the config that stops the job before any call (e.g. an unreachable seed source);
-    its message is one line for the user."""
+    """A problem outside the config that stops the job before any call; its message is one line."""
 
 
 @dataclass
@@ -113,10 +106,8 @@ NOT_IDENTITY = ("synthesis.n_personas",)
 
 
 def fingerprint(synthesis: DictConfig | Mapping[str, object], prompts_dir: str | None = None) -> str:
-    """Short hash of everything that shapes a persona's artefacts, by content (``job.identity.content``: not
-    n_personas, not a role's throughput, pacing, prices or key, not how its endpoint is spelt). Used in the job
-    dir name, so one command always resumes in its own dir, a changed recipe never mixes with old artefacts, and a
-    faster setting of the same recipe resumes the same dir."""
+    """Short hash of what shapes a persona's artefacts, by content: names the job folder, so a changed recipe never
+    mixes with old artefacts and a faster setting of the same recipe resumes."""
     from cupid_exp.job.identity import content_digest
 
     data = OmegaConf.to_container(synthesis, resolve=True) if OmegaConf.is_config(synthesis) else dict(synthesis)

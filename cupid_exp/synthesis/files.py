@@ -1,12 +1,5 @@
-"""A persona's files written off the event loop, in order: its journey file (replaced whole after every step)
-and its replies (``persona_NNN.calls.jsonl``, appended).
-
-Why: each write is atomic and fsynced (``outputs.atomic_write_text``), ~50 a persona; on the event loop each
-would stop every persona's calls while the disk flushes. The text is taken on the event loop (the phases change
-the data between two saves) and written by a thread; saves that come during a write are coalesced, the last
-winning, so the file is never older than the last save once ``flushed`` returns. Outside an event loop a write
-happens at once.
-"""
+"""A persona's files (journey, replies) written in order by a thread: each write is atomic and fsynced, which on the
+event loop would stall every call. Saves during a write coalesce, the last winning; ``flushed`` waits."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""The 13-session journey template (paper B.3) and instance construction (paper B.5).
-
-Both are pure functions of the seed and the journey: structure is decided here, in code;
-the LLM only writes text into the slots.
-"""
+"""The journey template (paper B.3) and instances (B.5): pure functions of the seed; the LLM fills the slots."""
 
 from __future__ import annotations
 
@@ -53,13 +49,8 @@ def persona_rng(seed: int, persona_index: int, purpose: str = "journey") -> rand
 
 
 def make_template(seed: int, persona_index: int) -> JourneyTemplate:
-    """Draw the positions of one persona's journey.
-
-    The current factor (one of the pair, at random) takes 4 random positions among the first 12:
-    the first two with its original preference, the last two with the changed one; the contrastive
-    factor takes 2 of the remaining positions; the 6 ordinary factors fill the other 6, one each,
-    in random order; the 13th session is the current factor again (changed preference).
-    """
+    """Draw one persona's journey: the current factor takes 4 of the first 12 positions (two original, two changed
+    preference), the contrastive factor 2, six ordinary factors one each; session 13 is the current factor, changed."""
     rng = persona_rng(seed, persona_index)
     current = rng.choice(PAIR)
     contrastive = PAIR[1] if current == PAIR[0] else PAIR[0]
@@ -109,13 +100,7 @@ def build_instances(pid: str, template: JourneyTemplate, factors: Sequence[Mappi
                     changed_preference: str, checklists: Mapping[str, Sequence[str]],
                     sessions: Sequence[Mapping[str, Any]], dialogues: Sequence[Sequence[Mapping[str, str]]],
                     ) -> list[dict[str, Any]]:
-    """The three CUPID rows of one persona, in the Hugging Face schema.
-
-    ``sessions[i]['request']`` is session i's request without the preference; ``dialogues[i]``
-    is the simulated dialogue of prior session i (0..11); ``checklists`` maps a preference to
-    its checklist. Consistent/Contrastive answer with the original preference, Changing with
-    the changed one; every row keeps 8 prior sessions in journey order.
-    """
+    """The three CUPID rows of one persona in the Hub schema, each with 8 prior sessions in journey order."""
     if len(template.slots) != N_SESSIONS or len(sessions) != N_SESSIONS or len(dialogues) < N_SESSIONS - 1:
         raise ValueError("a journey needs 13 sessions and 12 prior dialogues")
     current = factors[template.current_factor]
@@ -153,12 +138,8 @@ def relevant_checks(template: JourneyTemplate, factors: Sequence[Mapping[str, An
 
 
 def plan_factors(seed: int, persona_index: int) -> list[dict[str, Any]]:
-    """Code-chosen types for the 8 factor slots (paper Table 7): the LLM only writes the text.
-
-    Seven distinct factor types (six ordinary factors, then one shared by the contrastive pair),
-    seven distinct preference types (the pair contradicts on one dimension), one to three task
-    types per factor (the pair shares its task types, so its sessions stay comparable).
-    """
+    """Code-chosen types for the 8 factor slots (paper Table 7): distinct factor and preference types, one to three task
+    types each (shared by the contrastive pair)."""
     from cupid_exp.synthesis import taxonomy
 
     rng = persona_rng(seed, persona_index, "factors")

@@ -34,12 +34,7 @@ class PersonaTemplate:
 
 
 class BalancedSampler:
-    """Draws k options per call from the least-used ones, so counts stay within one or two.
-
-    Ties in usage are broken by a seeded shuffle, not by list order. If no allowed combination
-    exists among the k least-used options (e.g. two levels of one trait), the pool grows by one.
-    Upstream draws from the least-used half instead, which lets counts drift apart by 5 or more.
-    """
+    """Draws k options from the least-used (seeded ties), so counts stay within one or two (upstream's drift)."""
 
     def __init__(self, options: Sequence[str], rng: random.Random):
         self.options, self.rng = list(options), rng

@@ -1,11 +1,4 @@
-"""One persona through every phase: persona → factors → changed preference → sessions → instances → validation,
-each saved to its journey file as soon as it is done. Beside that chain: each preference's checklist, started as
-soon as its factor is written, and each dialogue, as soon as its session and checklist exist.
-
-A step that fails (``StepFailed``: a provider's failure or replies that never validated) fails the
-persona at that phase and the other personas go on; any other exception is a bug and stops the job,
-the journey file keeping what finished.
-"""
+"""One persona through its phases, each saved as done; a ``StepFailed`` fails the persona, a bug the job."""
 
 from __future__ import annotations
 
@@ -67,8 +60,7 @@ class PersonaOutcome:
         return f"persona_{self.index:03d}"
 
     def to_record(self) -> dict[str, Any]:
-        """The persona's line in the job's journal: whether it stands on resume; the artefacts are its journey
-        file's (``journeys/persona_NNN.json``)."""
+        """The persona's journal line; its artefacts are its journey file's."""
         errors = ([{"step": self.failed_phase, "kind": self.failed_kind or "failed", "message": self.error or ""}]
                   if self.failed_phase else [])
         persona = self.journey.get("persona") or {}
@@ -95,8 +87,7 @@ class PersonaOutcome:
 
 def filter_unsatisfied(rows: list[dict[str, Any]], journey: JourneyTemplate, dialogues: list[dict[str, Any]],
                        policy: str) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
-    """``keep``: every row (unsatisfied dialogues stay flagged in the journey file); otherwise a row is
-    dropped when one of its 8 prior sessions ended unsatisfied (after regeneration, for ``regenerate``)."""
+    """``keep``: every row; else drop a row with an unsatisfied prior session."""
     unsatisfied = {i for i, d in enumerate(dialogues) if not d["is_satisfied"]}
     kept, dropped = [], []
     for row in rows:
@@ -118,9 +109,7 @@ class PhaseFailed(Exception):
 
 
 async def in_phases(work: list[tuple[str, Any]]) -> None:
-    """Run all, each named by its phase; after every one has finished (so finished work is saved), raise what
-    failed: a bug first (it must stop the job, never hide behind a step's failure), else the first step that
-    failed in the list's order, as ``PhaseFailed``."""
+    """Run all; once all finished, raise a bug first, else the first failed step as ``PhaseFailed``."""
     results = await asyncio.gather(*(coro for _, coro in work), return_exceptions=True)
     failures = [(phase, r) for (phase, _), r in zip(work, results, strict=False) if isinstance(r, BaseException)]
     for _, r in failures:
@@ -177,8 +166,7 @@ class PersonaRun:
                 self.ctx, self.description, factors[self.journey.current_factor], others))
 
     def start_checklists(self, preferences: Iterable[str]) -> None:
-        """Each preference's checklist, started once, beside the persona's chain (so that idle slots have work),
-        behind the calls of every persona's chain."""
+        """Start each preference's checklist once, beside the chain, so idle slots have work."""
         for preference in preferences:
             if preference not in self._checklists:
                 with in_turn():
@@ -191,9 +179,7 @@ class PersonaRun:
             self.persist()
 
     async def settle_checklists(self, cancel: bool) -> None:
-        """When the chain beside them stops: let the checklists finish and be saved (or cancel them, when the
-        persona itself is stopped or a bug stops the job); a bug among them raises, a step's failure does not
-        (the persona already fails at its chain's phase)."""
+        """Let the checklists finish and be saved (or cancel them); a bug among them raises, a step failure does not."""
         if cancel:
             for task in self._checklists.values():
                 task.cancel()
@@ -203,10 +189,8 @@ class PersonaRun:
                 raise result
 
     async def sessions_checklists_dialogues(self) -> None:
-        """The sessions one after another (each reads the earlier ones); meanwhile the checklists, and each dialogue
-        as soon as its session and its preference's checklist exist (so that idle slots have work). A step that
-        fails lets the others finish (what they made is saved) and fails the persona at the earliest of sessions,
-        checklists, dialogues."""
+        """Sessions in order, with checklists and dialogues as soon as their inputs exist; a failure lets the others
+        finish and fails the persona at the earliest phase."""
         sessions = self.j.setdefault("sessions", [None] * N_SESSIONS)
         checklists = self.j.setdefault("checklists", {})
         self.j.setdefault("dialogues", [None] * (N_SESSIONS - 1))

@@ -11,8 +11,7 @@ from cupid_exp.synthesis.phases import PersonaOutcome
 
 
 def rejections(metrics: Mapping[str, float]) -> str:
-    """Rejected replies and failed calls per step (``calls/<step>/<kind>_attempt``, ``.../failed_<kind>``), and cut
-    replies kept (``.../truncated_kept``)."""
+    """Rejected replies, failed calls and kept cut replies per step."""
     parts = []
     for key, value in sorted(metrics.items()):
         step, _, kind = key.removeprefix("calls/").rpartition("/")

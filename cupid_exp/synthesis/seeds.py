@@ -1,8 +1,4 @@
-"""Seed persona descriptions shipped with the package: one short line per occupation.
-
-Written for this project (not taken from PersonaHub) to cover many fields, ages of career and
-kinds of work; ``synthesis.persona_source=builtin`` draws from this list with the run's seed.
-"""
+"""Seed persona descriptions, one per occupation, ours (``synthesis.persona_source=builtin``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""One persona's journey file, ``journeys/persona_NNN.json``: what resume reads and every step extends.
-
-It is rewritten atomically after every step (off the event loop: ``files.FileWrites``), so a killed job re-run
-with the same command skips the personas, phases and sessions that finished.
-"""
+"""One persona's journey file, rewritten atomically after every step: what resume reads."""
 
 from __future__ import annotations
 
@@ -27,8 +23,7 @@ class JourneyStore:
 
     @classmethod
     def open(cls, directory: Path, template: PersonaTemplate, journey: JourneyTemplate, seed: int) -> "JourneyStore":
-        """The persona's file as a previous run left it, or a fresh one when it was written for another
-        template (compared as JSON, so tuples and lists agree)."""
+        """The persona's file as left, or a fresh one if written for another template (compared as JSON)."""
         path = directory / f"{template.key}.json"
         fresh = json.loads(json.dumps({"persona_index": template.index, "template": template.to_dict(),
                                        "journey": journey.to_dict(),
@@ -44,8 +39,7 @@ class JourneyStore:
 
     @staticmethod
     def _readable(path: Path) -> dict[str, Any] | None:
-        """The persona's file as data; one that cannot be read (garbage, not text) is set aside and the persona starts
-        again (the response cache answers what it asked already)."""
+        """The file as data; an unreadable one is set aside and the persona starts again."""
         if not path.exists():
             return None
         try:

@@ -1,8 +1,4 @@
-"""The job's numbers: persona, dialogue, instance and validation counts, the per-instance validation
-table, and whether too many personas failed; call counts and cost come from ``usage_metrics``.
-
-``SynthesisSummary`` is what the job lifecycle reads (``cupid_exp.job.spec.Summary``): its metrics, whether
-the job is complete, its last line."""
+"""The synthesis job's numbers: persona, dialogue, instance and validation counts, and completeness."""
 
 from __future__ import annotations
 
@@ -71,9 +67,7 @@ def _validation_metrics(outcomes: list[PersonaOutcome]) -> dict[str, float]:
 
 def summary_metrics(outcomes: list[PersonaOutcome], meter: UsageMeter, max_failed_fraction: float
                     ) -> dict[str, float]:
-    """Flat MLflow metrics: ``personas/...``, ``dialogues/...``, ``instances/...``, ``validation/...``,
-    plus the shared ``calls/...``, ``tokens/...`` and ``cost/usd`` (rejected replies as
-    ``calls/<step>/<kind>_attempt``, provider failures as ``calls/<step>/failed_<kind>``)."""
+    """MLflow metrics: ``personas/``, ``dialogues/``, ``instances/``, ``validation/``, plus usage."""
     m = Completeness.of(outcomes, max_failed_fraction).metrics()
     journeys = [o.journey for o in outcomes]
     m["factors/count"] = sum(len(j.get("factors") or []) for j in journeys)

@@ -1,12 +1,4 @@
-"""Synthesis as a kind of work for the job lifecycle (``cupid_exp.job``): the unit is a persona.
-
-Planning, the lock, the journal, the usage ledger, the budget, the clients, worker processes, the MLflow run (its
-progress, one trace per persona, its end) are the lifecycle's, as for evaluation. What is synthesis's own: the
-persona templates the recipe draws (``personas``), how one persona runs through its phases over its journey file
-(``phases``: a killed job resumes mid-persona from that file, the response cache answering every call that
-finished), how many personas run at once (``in_flight``: as many as the roles' provider pools take calls at once, so
-an embedded model's one slot keeps one persona going at a time), and the job's files and report.
-"""
+"""Synthesis as a kind of work for the job lifecycle (``cupid_exp.job``): the unit is a persona."""
 
 from __future__ import annotations
 
@@ -62,9 +54,7 @@ def persona_templates(cfg: SynthesizeConfig) -> list[PersonaTemplate]:
 
 
 def check_synthesis(cfg: SynthesizeConfig) -> None:
-    """What a synthesis job refuses before any call: a dry run (each step needs the real output of the one before)
-    and the Batch API (a persona is a chain of ~35 dependent calls: each would wait for a batch of its own), and
-    epochs (evaluation's: ``runtime.epochs``)."""
+    """Refused before any call: dry runs and the Batch API (each step needs the last's output) and epochs."""
     require(not cfg.runtime.dry_run, "runtime.dry_run", cfg.runtime.dry_run,
             "false: synthesis needs each step's real output to write the next")
     require(not cfg.runtime.batch, "runtime.batch", cfg.runtime.batch,
@@ -79,8 +69,7 @@ def check_synthesis(cfg: SynthesizeConfig) -> None:
 
 @dataclass(frozen=True)
 class SynthesisWork:
-    """Synthesis's verbs, with the prompts its personas are written with and the folder they land in (the persona
-    templates are its ``Work``'s units)."""
+    """Synthesis's verbs, with its prompts and output folder."""
 
     cfg: SynthesizeConfig
     prompts: PromptSet
@@ -127,8 +116,7 @@ class SynthesisWork:
         return outcome
 
     def summarise(self, job: "Job", execution: "Execution") -> "SynthesisSummary":
-        """Every persona that ran, in index order: this attempt's, and those the journal holds as finished (read
-        from their journey files). A persona a budget stop left unrun has no outcome (it runs on resume)."""
+        """Every persona that ran, in order: this attempt's and the journal's finished ones."""
         from cupid_exp.synthesis.phases import PersonaOutcome
         from cupid_exp.synthesis.store import JourneyStore
         from cupid_exp.synthesis.summary import Completeness, SynthesisSummary, summary_metrics
@@ -181,16 +169,13 @@ class SynthesisWork:
 
 
 def in_flight(ctx: "SynthContext") -> int:
-    """Twice as many personas as the roles' provider pools take calls at once (``pool_slots``): a persona is a
-    chain of calls, and while one waits (a retry-after) a second persona keeps the slot busy
-    (``bench/rate_limits.md``). An embedded model's one slot: one persona."""
+    """Twice the roles' pool slots, so a second persona keeps a slot busy while one waits (an embedded model: one)."""
     total = pool_slots(ctx.clients.values())
     return 1 if total <= 1 else 2 * total
 
 
 def is_final(journeys: Path, record: Mapping[str, Any], retry_failed: bool) -> bool:
-    """A persona that finished stands while its journey file says so; a failed one is tried again (from where
-    its journey file got, the response cache answering what was asked already)."""
+    """A finished persona stands while its journey file says so; a failed one runs again from where it got."""
     if record.get("status") != "done":
         return False
     try:
@@ -201,8 +186,7 @@ def is_final(journeys: Path, record: Mapping[str, Any], retry_failed: bool) -> b
 
 
 def load_synthesis(cfg: SynthesizeConfig, output_dir: Path) -> Work:
-    """The prompts synthesis sends (a drop-in folder is taken whole), then the persona templates (the seed source
-    may be the Hugging Face Hub: ``SynthesisError``)."""
+    """The prompts synthesis sends, then the persona templates (a Hub seed source may raise ``SynthesisError``)."""
     from cupid_exp.job.checks import prompt_set
 
     check_synthesis(cfg)

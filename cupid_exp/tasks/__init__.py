@@ -22,10 +22,8 @@ TASKS: dict[str, Task] = {"inference": Task("inference", run_inference, "f1"),
                           "generation": Task("generation", run_generation, "score")}
 
 
-
 def check_task_parts(parts: Sequence[str], where: str = "task.parts") -> None:
-    """A job's ``task.parts``: a non-empty list of distinct registered parts (ConfigError otherwise); checked while
-    the job is planned, where the registry is at hand, so that the config schema need not import it."""
+    """``task.parts``: distinct registered parts, else ConfigError (checked at planning, not in the schema)."""
     require(bool(parts) and set(parts) <= set(TASKS) and len(set(parts)) == len(parts), where, parts,
             f"a non-empty list of distinct parts from {sorted(TASKS)}")
 

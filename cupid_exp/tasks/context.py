@@ -1,5 +1,4 @@
-"""What a task needs besides the instance and the setting's view: the subject model, the evaluator,
-the prompts and the re-ask policy."""
+"""What a task needs besides the instance and view: subject model, evaluator, prompts and re-ask policy."""
 
 from __future__ import annotations
 

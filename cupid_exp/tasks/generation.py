@@ -1,5 +1,4 @@
-"""Generation task: answer the current request, then the judge scores the answer 1–10 against the
-true preference and checklist (paper §2.3)."""
+"""Generation task: answer the current request; the judge scores it 1–10 (paper §2.3)."""
 
 from __future__ import annotations
 

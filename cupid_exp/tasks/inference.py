@@ -1,8 +1,4 @@
-"""Inference task: state the preference, decompose it, match checklists both ways -> P/R/F1 (paper §2.3).
-
-Precision matches the inferred checklist against the ground-truth preference; recall matches the
-ground-truth checklist against the inferred preference.
-"""
+"""Inference task: state the preference, decompose it, match checklists both ways -> P/R/F1 (paper §2.3)."""
 
 from __future__ import annotations
 
@@ -58,10 +54,7 @@ def _clean_sentence(text: str) -> str:
 
 
 def parse_preference(text: str) -> str:
-    """The stated preference: JSON {'preference': ...} or the first line under 'Most Likely Preference(s)'.
-
-    Tolerates bold or plural headers, a same-line answer and <think> blocks; the last header wins.
-    """
+    """The stated preference, from JSON or under the last 'Most Likely Preference(s)' header."""
     body = strip_thinking(text)
     if body.lstrip().startswith(("{", "```")):
         try:

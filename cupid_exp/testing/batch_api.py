@@ -1,23 +1,5 @@
-"""OpenAI's Files and Batch endpoints, in memory, for the stub server (``stub_llm_server.py``).
-
-What a real batch queue does to a client, on 127.0.0.1: an upload (``POST /v1/files``, multipart,
-``purpose=batch``), a batch that stays ``validating``/``in_progress`` for ``complete_after_s`` and then
-``completed`` with an output file (one line per row, in OpenAI's format) and an error file; rows
-that fail (``status_code`` 500 in the output file, by a seeded hash); a chosen batch (by the order of
-submission) that ``expired`` with its rows in the error file as ``batch_expired``; a malformed
-input line rejected as a whole batch (``failed``, with ``errors``). Submissions are counted, so a
-test can tell a resumed job that re-submitted from one that collected.
-
-And the refusals a key meets there: an upload refused (``refuse_upload``: 401 ``invalid_api_key``, 429
-``insufficient_quota``, a daily limit, as ``rate_limits.REFUSALS`` answers a live request), and OpenAI's
-enqueued-token limit (``enqueued_token_limit``): a batch whose prompt tokens (characters / 4, the stub's usage
-rule) would take the batches in progress past it is created, then ``failed`` with ``token_limit_exceeded`` and
-"Enqueued token limit reached for <model> in organization org-stub. Limit: 90,000 enqueued tokens. ...".
-And what passes: the first uploads answered as a live request's 429 / 5xx (``fail_first_uploads``: the stub's
-``fault_reply``, so a 429 says its wait in the stub's ``rate_limit_style``); output lines cut in half
-(``garble_rows``, at a row's first runs: ``garble_runs``), rows the provider answered and billed that the client
-cannot read.
-"""
+"""OpenAI's Files and Batch endpoints in memory, for the stub server: slow, failing, expired and malformed batches,
+refused uploads, the enqueued-token limit, garbled lines, and counted submissions."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Synthetic CUPID-schema data sets for reliability tests and benchmarks: the shipped 9-row sample
-(``cupid_sample_full.jsonl``: three personas x three types), copied under new persona ids and perturbed
-so that every instance sends different prompts."""
+"""Synthetic CUPID data sets: the 9-row sample under new persona ids, perturbed so prompts differ."""
 
 from __future__ import annotations
 
@@ -42,12 +40,7 @@ def write_dataset(path: Path, n: int, *, start: int = 100) -> Path:
 
 
 def stub_overrides(url: str, litellm_model: str = "openai/stub") -> list[str]:
-    """CLI overrides that send the subject model and every evaluator role to the stub at ``url`` (``null``: the
-    in-process model ``litellm_model``).
-
-    ``evaluator=local`` names the evaluator these tests have always had (an API subject model would
-    otherwise imply ``gpt4o``); every role is then replaced by the stub anyway.
-    """
+    """Overrides sending every role to the stub at ``url`` (``null``: the in-process ``litellm_model``)."""
     out = ["model=openai_compatible", f"model.litellm_model={litellm_model}", f"model.api_base={url}",
            "evaluator=local"]
     for role in ("decomposer", "matcher", "judge"):

@@ -1,12 +1,5 @@
-"""The stub model served in this process: a litellm custom provider (``inproc/<name>``) answering as the HTTP stub
-does, for tests that need neither the wire nor another process.
-
-A config with ``litellm_model: inproc/<name>`` goes through the real call path (our client, litellm, retries,
-limits, budget, cache); only the HTTP hop is gone. The replies are the stub's (``stub_faults.answer``), the faults
-those the stub decides by the same hashes (``stub_faults.choose_fault``), raised as litellm's exception types. What
-only the wire or a server can show (status codes and headers as sent, malformed bodies, slow responses past a
-client's timeout, a key's limits and refusals, outages, the Batch API) stays with ``stub_llm_server``: a knob for
-it is refused here. ``stats()`` keeps the stub's counters, so a test can prove its fault happened.
+"""The stub model in this process, as the litellm provider ``inproc/<name>``: the real call path minus the HTTP hop,
+with the stub's replies and hashed faults. Wire-only knobs are refused; ``stats()`` proves a fault happened.
 
     with InProcessModel(fail_first=1) as model:
         run_job([*model.overrides(), ...])

@@ -1,5 +1,4 @@
-"""What the stub can be told: the pipeline steps it recognises, and every knob of its replies and faults
-(``StubServer(**knobs)``, or ``--knob`` on its command line)."""
+"""Every knob of the stub's replies and faults, and the steps it recognises."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""The faults the stub injects, each as a real provider sends it: which request gets one (decided by hashes of the
-seed, the prompt and how many times it was seen, so a run's faults do not depend on the order in which concurrent
-requests arrive), and the reply that carries it (OpenAI's status codes, headers and error bodies; context-length
-errors in several providers' styles; malformed 200s; unusable text for chosen steps).
-"""
+"""The stub's faults, as providers send them, chosen by hashes so arrival order does not matter."""
 
 from __future__ import annotations
 
@@ -41,8 +37,7 @@ CONTEXT_ERRORS: dict[str, tuple[int, dict[str, Any]]] = {
 
 
 def choose_fault(cfg: StubConfig, step: str, prompt_digest: str, attempt: int, body: dict[str, Any]) -> str | None:
-    """The fault this attempt of this prompt gets, if any: decided by hashes, so the same run gets the same faults
-    whatever order concurrent requests arrive in."""
+    """The fault this attempt of this prompt gets, if any, by hashes."""
     r, f = cfg.replies, cfg.faults
     if r.context_error and (not r.context_error_steps or step in r.context_error_steps):
         return "context_length"
@@ -68,8 +63,7 @@ def choose_fault(cfg: StubConfig, step: str, prompt_digest: str, attempt: int, b
 
 
 def cut_reply(cfg: StubConfig, step: str, body: dict[str, Any], text: str) -> str | None:
-    """The text of a reply that ran into max_tokens (``length_steps``, for ``length_rate`` of their prompts: cut in
-    half, or whole with ``length_whole``); None when this request's reply is complete."""
+    """A reply cut at max_tokens for ``length_steps`` (whole with ``length_whole``); None if complete."""
     if step not in cfg.replies.length_steps:
         return None
     system, user = prompt_of(body.get("messages") or [])
@@ -79,9 +73,7 @@ def cut_reply(cfg: StubConfig, step: str, body: dict[str, Any], text: str) -> st
 
 
 def answer(cfg: StubConfig, step: str, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-    """The completion a request gets when no fault is chosen (unusable text for ``garbage_steps``, a reply cut at
-    max_tokens, a content filter or a refusal as configured) and whether it was cut: the one reply of the HTTP stub
-    and of the in-process model (``inprocess.py``)."""
+    """The completion when no fault is chosen, and whether it was cut; the HTTP and in-process stubs share it."""
     system, user = prompt_of(body.get("messages") or [])  # the template's prompt: its re-asks share it
     if step in cfg.replies.garbage_steps and unit(cfg.seed, "garbage", system, user) < cfg.replies.garbage_rate:
         # unusable text; it differs between a prompt and its re-asks, as a real model's would
@@ -109,8 +101,7 @@ def no_completion(fault: str, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def error_reply(kind: str, cfg: StubConfig, style: str = "") -> tuple[int, dict[str, Any], dict[str, str], float]:
-    """(status, body, headers, the wait asked) of a 429 (in ``style``: ``rate_limits.RATE_LIMIT_STYLES``; none: the
-    stub's own, ``retry-after: <retry_after>``), a 500 or a 503, as OpenAI sends them."""
+    """(status, body, headers, wait) of a 429 in ``style``, a 500 or a 503, as OpenAI sends them."""
     from cupid_exp.testing.rate_limits import rate_limit_reply
 
     if kind == "429" and not style:
@@ -130,8 +121,7 @@ def error_reply(kind: str, cfg: StubConfig, style: str = "") -> tuple[int, dict[
 
 def send_fault(handler: Any, fault: str, body: dict[str, Any], cfg: StubConfig, billed: Billed, auth: str = "",
                reply: ErrorReply | None = None) -> None:
-    """Answer with ``fault`` as a provider would; what is processed is billed (``billed``: the server's count); a
-    429 or a 5xx is ``reply``'s (the server's: it counts how each 429 said its wait)."""
+    """Answer with ``fault`` as a provider would, billing what is processed; 429s and 5xx go through ``reply``."""
     if fault == "echo_key":  # some providers quote the key they rejected (or, in a 400, the request's fields)
         key = auth.removeprefix("Bearer ").strip()
         rejected = cfg.replies.echo_key_status == 401

@@ -1,8 +1,4 @@
-"""What the stub answers: which CUPID pipeline step a request belongs to (from the prompt text, or from the JSON
-schema in ``response_format``), and a well-formed reply for that step, derived from a hash of the prompt so that
-the same request always gets the same answer. Synthesis steps are recognised by their schema alone and answered
-with JSON built from that schema (``schema_value``); the assistant simulator (free text) by its prompt.
-"""
+"""What the stub answers: the request's step (by prompt or schema) and a well-formed reply from the prompt's hash."""
 
 from __future__ import annotations
 
@@ -110,11 +106,7 @@ def stub_sentence(key: str, min_len: int = 0, max_len: int = 200) -> str:
 
 
 def schema_value(schema: dict[str, Any], key: str, position: int | None = None) -> Any:
-    """A value valid under ``schema`` (the subset synthesis uses), drawn deterministically by ``key``.
-
-    An enum inside an array takes its item's position (checklist indices 1, 2, ...), elsewhere a
-    draw; an array gets its minItems, or one item.
-    """
+    """A value valid under ``schema``, drawn by ``key`` (enums in arrays by position, arrays at minItems)."""
     draw = int(digest(key)[:8], 16)
     if "enum" in schema:
         options = schema["enum"]
@@ -195,8 +187,7 @@ def _reply_text(step: str, body: dict[str, Any], cfg: StubConfig) -> str:
 
 
 def billed_tokens(body: dict[str, Any], reply: dict[str, Any]) -> tuple[int, int]:
-    """(prompt, completion) tokens a reply is billed: its usage, or, where it carries none, litellm's token count
-    of the request's messages and the reply's text (tiktoken for OpenAI's models)."""
+    """(prompt, completion) tokens billed: the reply's usage, else litellm's count."""
     usage = reply.get("usage")
     if usage:
         return int(usage["prompt_tokens"]), int(usage["completion_tokens"])

@@ -1,6 +1,4 @@
-"""Tracking: publishing to MLflow. The job's run (live progress, one trace per instance, the dataset input, resumed
-attempts), the sweep's Hydra callbacks and parent run, provenance. What a job keeps on its own disk to survive a
-crash (journal, ledger, lock, signals) is ``cupid_exp.durability``."""
+"""Tracking: publishing to MLflow (the job's run, the sweep's callbacks and parent, provenance)."""
 
 from cupid_exp.tracking.mlflow import PARENT_RUN_FILE, RunTracker, flatten, parent_run_id, records_table
 from cupid_exp.tracking.provenance import git_state

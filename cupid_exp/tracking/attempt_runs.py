@@ -1,8 +1,4 @@
-"""A job's attempts share one MLflow run: a resumed job reopens the run its earlier attempt left.
-
-The run is found by the job's run key (``durability.attempts.run_key``, tagged ``cupid.run_key``); each attempt
-is numbered on it, and an attempt that died without ending the run (SIGKILL) is noted by the next one.
-"""
+"""A job's attempts share one MLflow run, found by ``cupid.run_key``; a SIGKILLed attempt is noted."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Hydra callbacks shared by both entry points: secrets out of Hydra's files, one MLflow parent per sweep,
-and a sweep that reports its failed and incomplete jobs together when it ends."""
+"""Hydra callbacks: secrets out of Hydra's files, an MLflow parent per sweep, the sweep's failure report."""
 
 from __future__ import annotations
 
@@ -23,15 +22,12 @@ log = logging.getLogger(__name__)
 
 
 def config_secrets(config: DictConfig, overrides: Sequence[str]) -> list[str]:
-    """The secrets of a job's overrides and of its composed config (a header or a URL may come from a config file),
-    unresolved: an interpolation that cannot resolve must not stop the masking."""
+    """The secrets of the overrides and composed config, unresolved (so broken interpolations still mask)."""
     return secret_values([*overrides, OmegaConf.to_container(config, resolve=False)])
 
 
 class RedactSecretsCallback(Callback):
-    """Hydra saves the config and overrides before the job starts (and a sweep's overrides in
-    ``multirun.yaml``), and prints a failed job's overrides; mask any secret in them: keys, header values,
-    credentials in URLs (``cupid_exp.secrets``). MLflow logs the masked files as the run's ``.hydra`` artifacts."""
+    """Mask secrets in the config and overrides Hydra saves (and ``multirun.yaml``) and prints."""
 
     def on_job_start(self, config: DictConfig, **kwargs: object) -> None:
         from hydra.core.hydra_config import HydraConfig
@@ -66,14 +62,8 @@ class RedactSecretsCallback(Callback):
 
 
 class MlflowSweepCallback(Callback):
-    """Opens the parent run of a multirun and closes it when the sweep ends (FAILED if any job failed),
-    after logging the sweep's leaderboard and plots on it (``tracking.sweep``). A sweep stopped by Ctrl-C
-    or SIGTERM in the launching process ends its parent KILLED (at exit) instead of leaving it RUNNING.
-
-    Both ends are the run worker's (``tracking.run_worker``), which the sweep's jobs share: it opens the parent
-    while the first job starts (the launching process does not wait for MLflow's import), and at the end
-    publishes the leaderboard with MLflow and matplotlib already imported. Without a worker, here.
-    """
+    """Opens a multirun's parent run and closes it at the end with the sweep's leaderboard (FAILED if a job failed;
+    KILLED on Ctrl-C or SIGTERM). Both ends are the run worker's when there is one."""
 
     def __init__(self) -> None:
         self._open: tuple[str, str] | None = None  # (tracking uri, sweep folder) while the sweep runs
@@ -159,8 +149,7 @@ class MlflowSweepCallback(Callback):
 
 
 def _tracked(config: DictConfig) -> bool:
-    """Whether a sweep has a parent run: tracking on, no dry run, and a tracking URI without credentials in it
-    (each job refuses that one in one line, ``config.require_no_credentials``)."""
+    """Whether a sweep gets a parent run: tracking on, no dry run, a URI without credentials."""
     return bool(config.tracking.enabled and not config.runtime.dry_run and not url_credentials(config.tracking.uri))
 
 
@@ -194,8 +183,7 @@ def reason_reported(sweep_dir: Path, reason: str) -> bool:
 
 
 def sweep_dry_run_total(sweep_dir: Path) -> str:
-    """Sum the dry-run estimates of every job of a sweep; without any, say that no job was estimated (a total
-    over zero jobs would read like an estimate of $0)."""
+    """Sum a sweep's dry-run estimates; with none, say so (not an estimate of $0)."""
     statuses = job_statuses(sweep_dir)
     refused = sum(s.get("outcome") == "error" for s in statuses)
     # each estimated job's metrics.json, in its folder (its experiment's, or one in the sweep's: ``entry._sweep_job``)

@@ -1,7 +1,4 @@
-"""The evaluated data as an MLflow dataset input, so runs can be grouped and filtered by it in the UI: the instances
-the job ran, one row each; its source the Hub id or the file; its digest the data's, or for a subset one of the
-data's and the keys kept, so a 3-instance run and a full run never share an entry (MLflow keys by name and digest).
-"""
+"""The evaluated data as an MLflow dataset input; a subset's digest includes its keys."""
 
 from __future__ import annotations
 
@@ -19,8 +16,7 @@ if TYPE_CHECKING:
 
 
 def dataset_name(cfg: DataConfig, data: LoadedData) -> str:
-    """The file's (or Hub dataset's) name, and for a subset the part taken (``h2.jsonl [data.limit=2]``): the
-    runs table's Dataset column then reads as a part of the file, not another version of it."""
+    """The file's name, with the part taken for a subset (``h2.jsonl [data.limit=2]``)."""
     from cupid_exp.tracking.names import subset_of
 
     if cfg.source == "hf":
@@ -42,8 +38,7 @@ def dataset_digest(cfg: DataConfig, data: LoadedData) -> str:
 
 @dataclass
 class DatasetInput:
-    """What the run's dataset input is made of, as plain data: built in the job's process, turned into MLflow's
-    entity where the run is logged (``entity``), so the job itself never imports MLflow."""
+    """The dataset input as plain data, turned into MLflow's entity where the run is logged."""
 
     name: str
     digest: str

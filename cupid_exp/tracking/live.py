@@ -1,11 +1,5 @@
-"""The job's MLflow run while the job works: progress points, a trace per instance, and a clean end.
-
-Progress metrics (``progress/...``) are stepped by the units done, journalled ones included, so a resumed job's
-curves continue the earlier attempt's. A background thread logs a point every ``tracking.progress_every_s`` while
-calls go out, sooner each 5% of the units, at most once a second and only on change; the event loop only hands
-each finished unit over and never waits on MLflow. ``end`` is the one way the run ends: the last point, the trace
-export (bounded when an exception stopped the job), the status, the outcome tags and a line on this attempt.
-"""
+"""The job's MLflow run while the job works: progress points (stepped by units done, so a resume's curves continue), a
+trace per instance, and ``end``, the one way it ends. A thread logs; the event loop never waits on MLflow."""
 
 from __future__ import annotations
 
@@ -58,8 +52,7 @@ class Totals(Protocol):
 
 
 def read_totals(meter: Totals) -> dict[str, float]:
-    """The meter's totals, read from another thread than the event loop that writes them: a read that
-    meets a counter being added (dict changed size) is simply tried again."""
+    """The meter's totals from another thread, retried when a counter is added meanwhile."""
     for _ in range(20):
         try:
             return meter.totals()
@@ -193,13 +186,11 @@ class LiveRun:
             t.failing = True
 
     def backfill_traces(self, request: "RunRequest") -> None:
-        """Have the journalled instances' traces the run lacks rebuilt when the model phase ends (``executed``):
-        by then a worker its killed predecessor left behind has exported what it had (``ORPHAN_FLUSH_S``)."""
+        """Rebuild the missing traces of journalled instances once the model phase ends."""
         self._backfill = request if request.units.done else None
 
     def executed(self) -> None:
-        """The model phase is over: rebuild the traces the run lacks, and export them and the phase's while the
-        job computes its numbers."""
+        """The model phase is over: rebuild missing traces and export while the job computes its numbers."""
         if self._backfill is not None and self.traces is not None:
             from cupid_exp.tracking.reopen import backfill
 
@@ -210,9 +201,7 @@ class LiveRun:
         self.ticks.wake.set()
 
     def draw_plots(self) -> None:
-        """Draw the run's plots from the records heard so far (all of them once the model phase is over): the
-        run worker does it as soon as it hears ``executed``, while the job computes its numbers and prints its
-        table, so that ``finish`` only logs the files."""
+        """Draw the run's plots from the records heard so far, while the job computes its numbers."""
         if self.plots is not None and self.drawn is None:
             with self._lock:
                 records = list(self._records)
@@ -231,8 +220,7 @@ class LiveRun:
 
     def end(self, status: str, summary: Mapping[str, Any] | None = None, tags: Mapping[str, str] | None = None,
             *, published: bool = False) -> None:
-        """End the run (once) with ``status`` and the outcome ``tags`` (``run_outcomes``): see the module
-        docstring for the order; ``published``: the job's results are in, so every trace is waited for."""
+        """End the run once with ``status`` and ``tags``; ``published``: wait for every trace."""
         if self.tracker.status is not None:
             return
         try:
@@ -253,8 +241,7 @@ class LiveRun:
             self._close_traces(INTERRUPTED_FLUSH_S)  # (a published job's are closed already)
 
     def finish(self, final: "FinalLog") -> None:
-        """The job's results into the run, then the run's end: FINISHED for a job that exits 0, else FAILED (its
-        outcome tags are among ``final.tags``)."""
+        """The job's results into the run, then its end (FINISHED for exit 0, else FAILED)."""
         run = self.tracker
         metrics, tags = final.metrics, final.tags
         if self.opened.carried is not None:  # the usage ledger was gone: the earlier attempts' usage as the run had it
@@ -284,16 +271,14 @@ class LiveRun:
         self.end(final.status, final.summary, published=True)
 
     def _close_traces(self, timeout: float | None) -> None:
-        """Wait for the trace backlog (``timeout`` None: a finished job's, as long as it progresses) and stop
-        tracing; the tracer warns if it gave up."""
+        """Wait for the trace backlog (``timeout`` None: while it progresses) and stop tracing."""
         if self.traces is not None:
             traces, self.traces = self.traces, None
             traces.close(timeout)
 
 
 def _without_replies(path: Path, folder: Path) -> Path:
-    """A copy of the records file ``path`` in ``folder`` without each record's ``raw`` replies: the run's traces hold
-    them, each reply's text once in the run (the job's folder keeps the whole file)."""
+    """A copy of the records file without ``raw`` replies: the traces hold them once."""
     copy = folder / path.name
     with path.open(encoding="utf-8") as records, copy.open("w", encoding="utf-8") as out:
         for line in records:
@@ -327,8 +312,7 @@ class RunRequest:
 
 @dataclass
 class TraceRequest:
-    """The run's traces: their tags, the judges' names, and the journalled units' inputs (``shown``: key ->
-    request, factor), from which a trace the run lacks is rebuilt (``reopen.backfill``)."""
+    """The run's trace tags, judge names and journalled units' inputs, for rebuilding missing traces."""
 
     tags: dict[str, str] = field(default_factory=dict)
     judges: dict[str, str] = field(default_factory=dict)
@@ -354,10 +338,7 @@ class FinalLog:
 
 @dataclass
 class PlotRequest:
-    """The run's plots (``cupid_exp.reporting.plots.save_run_plots``), drawn where the run is kept: by the run
-    worker (which imported matplotlib while the job called models) from the records it heard, else from
-    ``FinalLog.table``; the job's process never imports matplotlib. Records are put in dataset order first
-    (``order``: the instances' keys), so that the bootstrap intervals are those of the job's own table."""
+    """The run's plots, drawn by the run worker from records in dataset order (as the job's table)."""
 
     parts: tuple[str, ...]
     folder: str
@@ -378,9 +359,8 @@ class PlotRequest:
 
 
 def open_run(request: RunRequest, claim: Claim, meter: Totals) -> LiveRun | FinishedEarlier:
-    """Open the run (a resumed job's earlier run when ``request.exclusive``), with its params, tags, config and
-    dataset input, and start its progress thread; the traces (``request.traces``) are written in this process.
-    A done job whose earlier run holds its results gets that run, untouched (``reopen.FinishedEarlier``)."""
+    """Open (or reopen) the run with its params, tags, config and dataset, and start its progress thread; a done job
+    whose earlier run holds its results gets that run untouched."""
     from cupid_exp.tracking import attempt_runs, reopen
     from cupid_exp.tracking import traces as tracing
 

@@ -1,10 +1,4 @@
-"""MLflow: one run per job, opened when the job starts and closed with its outcome; one parent per sweep.
-
-The parent is created on the launching process (``callbacks.MlflowSweepCallback``) and its id written into the
-sweep folder, so jobs in other processes (joblib, submitit) nest under it. Keys never reach MLflow: secret-looking
-config values are redacted and known secrets scrubbed from params, tags and artifacts. Artifacts go to the
-server's store unless ``tracking.artifact_location`` names one; a SQLite store's beside the database.
-"""
+"""MLflow: one run per job, closed with its outcome, and one parent per sweep, named in the sweep folder."""
 
 from __future__ import annotations
 
@@ -47,13 +41,8 @@ def flatten(value: object, prefix: str = "") -> dict[str, str]:
 
 
 def prepare_store(uri: str) -> None:
-    """Make sure a SQLite store exists whole, once per process, under a file lock (parallel jobs on a fresh store
-    would each run MLflow's schema migrations at once and fail: 'table ... already exists').
-
-    MLflow's migrations on SQLite are not transactional: a process killed while they run leaves a half-made store
-    that every later command fails on. So a new store is made aside and moved into place whole
-    (``sqlite_store.create_aside``), and a store that MLflow cannot open and that holds no run (one half made
-    before this existed) is moved away and made again (``sqlite_store.repair``)."""
+    """Make sure a SQLite store exists whole, once per process, under a file lock: MLflow's migrations are neither
+    concurrent-safe nor transactional, so a store is made aside and moved in whole, and a half-made one is remade."""
     if not uri.startswith("sqlite:///") or uri in _READY_STORES:
         return
     from filelock import FileLock
@@ -77,8 +66,7 @@ def prepare_store(uri: str) -> None:
 
 
 def artifact_location(tracking: TrackingConfig) -> str | None:
-    """Where a new experiment keeps its artifacts: the configured place; beside a SQLite database (MLflow
-    would otherwise use ./mlruns of whatever the current directory is); None, the server's choice, otherwise."""
+    """Where a new experiment keeps artifacts: as configured, beside a SQLite file, else the server's."""
     where = tracking.artifact_location
     if where:
         return where if re.match(r"^[a-zA-Z][\w+.-]*:/", where) else Path(where).expanduser().resolve().as_uri()
@@ -105,8 +93,7 @@ def experiment_id(tracking: TrackingConfig) -> str:
 
 
 def parent_run_id(sweep_dir: str | Path | None) -> str | None:
-    """The run id the sweep folder's marker names; None without one, or when it holds no run id (garbage: the
-    next ``ensure_parent`` sets it aside)."""
+    """The run id the sweep folder's marker names; None without a valid one."""
     if not sweep_dir:
         return None
     try:
@@ -118,16 +105,13 @@ def parent_run_id(sweep_dir: str | Path | None) -> str | None:
 
 @dataclass(frozen=True)
 class SweepParent:
-    """A sweep's parent run as its jobs name it before it exists: by the sweep's folder. The sweep's run worker
-    opens it while the first job starts (``ensure_parent``); its id is then in the folder's marker file."""
+    """A sweep's parent run named by its folder before it exists; the run worker opens it."""
 
     sweep_dir: str
 
 
 def ensure_parent(tracking: TrackingConfig, sweep_dir: str | Path, overrides: Iterable[str] = ()) -> str:
-    """The id of the sweep's parent run: the one the sweep folder's marker names, else a new run (and the marker),
-    under a file lock (parallel jobs of a launcher may ask at once). A new run gets the sweep's ``overrides`` (the
-    command's) as ``sweep.*`` params, and the swept ones in its name."""
+    """The sweep's parent run id: the marker's, else a new run (under a lock) with ``sweep.*`` params."""
     from filelock import FileLock
 
     folder = Path(sweep_dir)
@@ -204,8 +188,7 @@ class RunTracker:
 
     def start(self, *, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str], parent: str | None,
               config: Mapping[str, Any], resume: str | None = None) -> str:
-        """A new run, or (``resume``: a run id) an earlier attempt's run reopened. Params are write-once in
-        MLflow: a reopened run keeps its values and gets only the params it lacks."""
+        """A new run, or ``resume``'s reopened; params are write-once, so only missing ones are added."""
         all_tags = {**git_state(), **tags, "cupid.kind": "job"}
         if parent:
             all_tags["mlflow.parentRunId"] = parent
@@ -275,8 +258,7 @@ class RunTracker:
 
     def end(self, status: str = "FINISHED", summary: Mapping[str, object] | None = None,
             tags: Mapping[str, str] | None = None) -> None:
-        """End the run once (with ``tags``: how it ended, ``run_outcomes``); later calls (an interrupt after
-        the run finished) change nothing. ``summary`` is for the job's own runs' note (``live.LiveRun``)."""
+        """End the run once (with outcome ``tags``); later calls change nothing."""
         if self.run_id is not None and self.status is None:
             if tags:
                 self.set_tags(tags)
@@ -286,10 +268,8 @@ class RunTracker:
 
 @contextmanager
 def ends_on_error(run: Any) -> Iterator[None]:
-    """Around a job's work: its run (anything with ``end(status, summary, tags)``) ends KILLED on Ctrl-C or SIGTERM
-    and FAILED on any other exception (the exception goes on), with the outcome and reason as tags
-    (``run_outcomes``); a job that gets through ends its run itself, with its results. SIGTERM raises
-    ``Terminated`` inside the block, and ending the run is shielded from interrupts."""
+    """Around a job's work: its run ends KILLED on Ctrl-C or SIGTERM, FAILED on any other exception (which goes on),
+    with outcome tags; ending is shielded from interrupts."""
     from cupid_exp.durability.signals import shielded, sigterm_raises
     from cupid_exp.run_outcomes import outcome_of, outcome_tags, status_of
 

@@ -1,10 +1,4 @@
-"""What a run's name and description say, so that MLflow's runs list tells runs apart and shows how each scored
-without picking columns (the description, ``mlflow.note.content``, heads the run's page).
-
-A job run is named by what distinguishes it (model, task, setting, evaluator, data and subset, the command's
-decoding choices as ``reporting.runs.row_labels`` names them, epochs past one); when it ends the name gains the
-headline scores, the cost and the units with a result. A sweep's parent is named by its swept overrides.
-"""
+"""A run's name and description, so MLflow's runs list tells runs apart and shows how each scored."""
 
 from __future__ import annotations
 
@@ -25,11 +19,7 @@ def override_pairs(overrides: Iterable[str]) -> list[tuple[str, str]]:
 
 
 def scoring_overrides(overrides: Iterable[str]) -> list[str]:
-    """The command's decoding choices, as a row label names them (``temperature=0.4``:
-    ``identity.short_key``): overrides of a model's or an evaluator role's parameters (``model.params.*``,
-    ``model.step_params.*``, ``evaluator.judge.params.*``) and of the prompts. Group choices are in the name
-    already; the data's part and the setting's parameters too (its label); the rest changes no score, or is a
-    model's own config (``cupid_exp.identity``)."""
+    """The command's decoding and prompt overrides, as a row label names them (``temperature=0.4``)."""
     from cupid_exp.identity import short_key
     from cupid_exp.secrets import is_headers_key, is_secret_key, mask_url_credentials
 
@@ -46,8 +36,7 @@ def scoring_overrides(overrides: Iterable[str]) -> list[str]:
 
 
 def subset_of(limit: int | None, types: Sequence[str] | None) -> str:
-    """'data.limit=2' (as the report names a subset: ``identity.subset_text``) for a part of the data; empty for
-    all of it."""
+    """'data.limit=2' for a part of the data; empty for all."""
     from cupid_exp.data.schema import INSTANCE_TYPES
     from cupid_exp.identity import subset_text
 
@@ -76,8 +65,7 @@ def hydra_overrides() -> list[str]:
 
 
 def headline(metrics: Mapping[str, float], done: int, total: int, unit: str) -> str:
-    """'inference f1 0.620 · $0.0123 · 3 of 3 instances': each task part's headline score, the cost, the units
-    with a result."""
+    """'inference f1 0.620 · $0.0123 · 3 of 3 instances'."""
     from cupid_exp.scoring.names import metric_key
     from cupid_exp.scoring.statistics import HEADLINE
 

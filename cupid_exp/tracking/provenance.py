@@ -1,7 +1,4 @@
-"""Where a run's code came from: the git commit and whether the checkout had uncommitted changes.
-
-MLflow sets no git tags when run from ``python -m``, so they are recorded explicitly.
-"""
+"""Where a run's code came from (git commit, uncommitted changes): MLflow sets no git tags under ``python -m``."""
 
 from __future__ import annotations
 

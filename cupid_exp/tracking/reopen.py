@@ -1,11 +1,5 @@
-"""What a job's MLflow run takes over from the job's earlier attempts, and what it leaves alone.
-
-A done job whose run holds its results (``holds_results``) keeps that run untouched (a sweep links to it with a
-``cupid.kind=link`` child run, which its leaderboard follows). A reopened run gets a trace rebuilt from the journal
-for each instance that has none (``backfill``), keeps one trace per instance (``one_trace_per_unit``), leaves no
-empty parent behind when a new sweep takes it (``leave_no_empty_parent``), and, its usage ledger gone, carries the
-earlier attempts' usage from its own progress metrics (``carried_usage``).
-"""
+"""What a job's MLflow run takes over from earlier attempts: a done job keeps its run untouched; a reopened run gets
+missing traces rebuilt, one trace per unit, no empty parent left, and usage carried when its ledger is gone."""
 
 from __future__ import annotations
 
@@ -32,8 +26,7 @@ ATTEMPT_TAG = "cupid.attempt"  #: on a trace: the attempt of the run that wrote 
 
 
 def holds_results(run: Run | None) -> bool:
-    """Whether an earlier attempt's run was ended with the job's results: FINISHED (a job that exited 0, or one
-    from before outcome tags existed), or FAILED because too many instances failed (their failures are final)."""
+    """Whether an earlier run ended with the job's results: FINISHED, or FAILED for too many failed instances."""
     if run is None:
         return False
     outcome = run.data.tags.get(OUTCOME_TAG)
@@ -43,8 +36,7 @@ def holds_results(run: Run | None) -> bool:
 
 
 class FinishedEarlier:
-    """The job's handle on a run that finished earlier: nothing is written to it. The plots are drawn into the
-    job's folder as for any job; a sweep's link run, if any, was made when it was found."""
+    """The job's handle on a run that finished earlier: nothing is written to it."""
 
     traces = None
     wants_calls = False
@@ -96,8 +88,7 @@ def leave_finished(tracker: RunTracker, request: RunRequest, previous: Run, pare
 
 
 def carried_usage(previous: Run | None, ledger_found: bool) -> tuple[dict[str, float] | None, str | None]:
-    """The earlier attempts' usage when their ledger is gone: the reopened run's last progress point (the whole
-    job's calls, tokens and cost so far), with a line saying so; (None, a line) when the run has none."""
+    """The earlier attempts' usage from the run's last progress point when the ledger is gone, with a line saying so."""
     if previous is None or ledger_found:
         return None, None
     metrics, run_id = previous.data.metrics, previous.info.run_id
@@ -141,11 +132,7 @@ def trace_keys(client: MlflowClient, experiment_id: str, run_id: str) -> set[str
 
 
 def one_trace_per_unit(client: MlflowClient, experiment_id: str, run_id: str) -> int:
-    """Leave the run one trace per unit: where a unit has several (a resumed attempt ran it again after a failure
-    or a journal line cut by a kill; a killed attempt's worker exported it late beside a rebuilt one), the one its
-    journalled record came from stays: a live trace over a rebuilt one, then the latest attempt's, then the latest
-    started. The others are deleted (``MlflowClient.delete_traces``). Returns how many; a store that fails here
-    leaves them all (one warning)."""
+    """Delete all but one trace per unit (the journalled one's); returns how many. Failures only warn."""
     try:
         best: dict[str, TraceInfo] = {}
         extra: list[str] = []
@@ -174,9 +161,7 @@ def _rank(info: TraceInfo) -> tuple[bool, int, int]:
 
 
 def leave_no_empty_parent(client: MlflowClient, experiment_id: str, previous: Run | None, parent: str | None) -> None:
-    """A reopened run that moved to another sweep's parent (the sweep was run again, in a new folder) leaves its
-    earlier parent; one left with no child run and already ended is deleted (MLflow keeps deleted runs, restorable,
-    out of the default view). One still RUNNING may be a sweep that goes on: left. Never fails the job."""
+    """Leave an old sweep parent; delete it if ended and childless. Never fails."""
     before = previous.data.tags.get("mlflow.parentRunId") if previous is not None else None
     if not before or not parent or before == parent:
         return
@@ -195,8 +180,7 @@ def leave_no_empty_parent(client: MlflowClient, experiment_id: str, previous: Ru
 
 
 def backfill(live: LiveRun, request: RunRequest) -> int:
-    """Rebuild the trace of every journalled instance the run has none for; returns how many. A store that fails
-    here costs the rebuilt traces only (one warning)."""
+    """Rebuild the trace of every journalled instance lacking one; returns how many (a failing store: one warning)."""
     shown = request.traces.shown if request.traces is not None else {}
     if live.traces is None or not request.units.done:
         return 0

@@ -1,10 +1,4 @@
-"""The run worker's own process: the loop that keeps the job's MLflow run (``tracking.run_worker`` is the job's
-handle on it).
-
-It opens the run, hears of each finished instance, finishes or ends the run, says so and exits (or, in a sweep,
-waits for the next job's run). A job that dies leaves it an EOF or a dead parent: it exports what it built, for a
-bounded time, and exits.
-"""
+"""The run worker's own process: it keeps the job's MLflow run, and exports and exits when its job dies."""
 
 from __future__ import annotations
 
@@ -39,8 +33,7 @@ class SnapshotMeter:
 
 
 def serve(inbox: Queue[tuple[Any, ...]], outbox: Connection, progress: ctypes.c_longlong) -> None:
-    """The worker: open the run, hear of each instance, finish or end the run, say so and exit (or, in a sweep,
-    wait for the next job's run)."""
+    """The worker: open the run, hear of instances, finish or end it, say so, exit (or await a sweep's next)."""
     ignore_stops()  # Ctrl-C and a launcher's SIGTERM reach the whole process group: the job decides, and tells us
     from cupid_exp.tracking import traces
 
@@ -140,8 +133,7 @@ def serve(inbox: Queue[tuple[Any, ...]], outbox: Connection, progress: ctypes.c_
 
 
 def _orphaned(live: LiveRun | None) -> None:
-    """The job died: export what was built (for a bounded time) and exit; its run stays RUNNING, as a SIGKILLed
-    job's does (``tracking.attempt_runs``)."""
+    """The job died: export what was built (bounded) and exit; the run stays RUNNING."""
     if live is not None and live.traces is not None:
         live.traces.close(ORPHAN_FLUSH_S)
     os._exit(0)

@@ -1,10 +1,4 @@
-"""A SQLite tracking store made whole or not at all.
-
-MLflow migrates a new SQLite store in place, not transactionally: a command killed meanwhile left a store every
-later command failed on. Here it is made beside the real path and renamed into place (atomic); a kill leaves only
-the aside file, removed by the next command. A store half made before (no run, MLflow cannot open it) is made
-again; one SQLite cannot read is set aside whole (``cupid_exp.aside``). Callers hold the store's file lock.
-"""
+"""A SQLite tracking store made aside and renamed into place, since MLflow's migrations are not transactional."""
 
 from __future__ import annotations
 
@@ -46,8 +40,7 @@ def create_aside(db: Path) -> None:
 
 
 def forget_connections(uri: str) -> None:
-    """Close MLflow's pooled connections to ``uri``'s file: they would outlive a rename of it (its engines are kept
-    per URI for the process's life)."""
+    """Close MLflow's pooled connections to ``uri``'s file: they would outlive its rename."""
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
     engine = getattr(SqlAlchemyStore, "_engine_map", {}).pop(uri, None)
@@ -56,8 +49,7 @@ def forget_connections(uri: str) -> None:
 
 
 def holds_nothing(db: Path) -> bool:
-    """No run and no experiment of anyone's in it (an empty file, or MLflow's tables with the Default experiment at
-    most): nothing would be lost by making it again."""
+    """No run and no experiment but Default in it: nothing lost by remaking it."""
     try:
         with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as con:
             tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -70,8 +62,7 @@ def holds_nothing(db: Path) -> bool:
 
 
 def unreadable(db: Path) -> sqlite3.DatabaseError | None:
-    """SQLite's error when it cannot read ``db`` as a database at all (None when it can, or cannot for another reason:
-    locked, a folder, no right to read: not the file's fault)."""
+    """SQLite's error when ``db`` is no database at all; else None (locks, permissions: not the file)."""
     try:
         with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as con:
             con.execute("SELECT name FROM sqlite_master").fetchall()
@@ -83,8 +74,7 @@ def unreadable(db: Path) -> sqlite3.DatabaseError | None:
 
 
 def repair(db: Path, error: BaseException) -> bool:
-    """A store MLflow could not open (``error``): when SQLite cannot read it, or it holds nothing, move it away and
-    make a new one (returns True); otherwise leave it as it is (False)."""
+    """Remake a store MLflow could not open when unreadable or empty (True); else leave it (False)."""
     if not db.exists():
         return False
     corrupt = unreadable(db)

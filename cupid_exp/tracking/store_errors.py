@@ -1,10 +1,4 @@
-"""What a failing tracking store means to a job: a bug of ours, or the environment's failure (exit 5).
-
-A store that cannot be reached (no connection, a timeout, a server error after MLflow's own retries) or a SQLite
-file that is locked, unreadable or on a failing disk is the environment's: the job reports it in one line and
-never asks it again (each ask can cost MLflow's retries: minutes). Anything else the store refuses is an error
-of what was sent, reported as ``TrackingError``. Read by the job's process and by its run worker; imports no MLflow.
-"""
+"""A failing tracking store: the environment's (exit 5, never asked again) or what was sent (``TrackingError``)."""
 
 from __future__ import annotations
 
@@ -18,8 +12,7 @@ class TrackingError(RuntimeError):
 
 
 class TrackingUnavailable(TrackingError, EnvironmentFailure):
-    """The tracking store could not be reached or did not answer in time: the environment's failure (exit 5, one
-    line), not a bug. The results are in the job's folder and its journal, and the same command publishes them."""
+    """The tracking store is unreachable: exit 5 in one line; the same command publishes later."""
 
     def __init__(self, message: str):
         RuntimeError.__init__(self, f"environment failure: {message}")
@@ -36,8 +29,7 @@ _CONNECTION_CLASSES = {"ConnectionError", "ConnectTimeout", "ReadTimeout", "Time
 
 
 def store_unreachable(exc: BaseException) -> bool:
-    """Whether ``exc`` (or an exception behind it) says the tracking store could not be reached or written, as
-    opposed to a refusal of what was sent or a bug: the job then reports the store, and does not try it again."""
+    """Whether ``exc`` (or its cause) says the store is unreachable or unwritable, not that it refused."""
     if environment_failure(exc) is not None:
         return True
     seen: set[int] = set()

@@ -1,9 +1,4 @@
-"""MLflow's own error logs, one line each, in the job's log file rather than on the console.
-
-A failing store makes MLflow log each error with its SQL and traceback, thousands of lines for one cause; the job
-reports the error that stops it itself. What MLflow logs (and our notes marked ``STORE_NOTE``) is cut to each
-message's first line, each distinct line once, and written only to the job's log file.
-"""
+"""MLflow's error logs, one line each, in the job's log file only: a failing store floods the console."""
 
 from __future__ import annotations
 
@@ -55,11 +50,7 @@ def _first_line(text: str) -> str:
 
 
 class OffTheConsole(logging.Filter):
-    """On a handler that writes to the console: a note about the store goes to the root's log files instead.
-
-    MLflow's logger does not propagate (it has its own stderr handler), so its notes are handed to those files
-    here; the job's own notes reach them by propagation. A process without a log file (the run worker) drops
-    them: its job reports the store's failure."""
+    """On a console handler: store notes go to the root's log files (MLflow's logger does not propagate)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not _about_the_store(record):
@@ -85,8 +76,7 @@ _FILTER, _CONSOLE = OneLineOnce(), OffTheConsole()
 
 
 def install() -> None:
-    """On the handlers MLflow's messages and the job's notes reach (MLflow's logger's, and the root's); idempotent.
-    Call it again once logging is configured (Hydra sets the root's handlers when the job starts)."""
+    """On MLflow's and the root's handlers; idempotent, called again once Hydra configures logging."""
     logger = logging.getLogger("mlflow")
     for handler in list(logger.handlers) + list(logging.getLogger().handlers):
         if _FILTER not in handler.filters:

@@ -1,9 +1,4 @@
-"""A sweep's parent run as the sweep's front page: its leaderboard and comparison plots.
-
-When a sweep ends the report is built from its finished child runs and the runs its links stand for, as
-``python -m cupid_exp.report`` builds it, and logged on the parent (docs/mlflow.md). A sweep that ended before its
-parent existed, or with no finished child, logs notes only.
-"""
+"""A sweep's parent run as its front page: leaderboard and plots of its finished runs (docs/mlflow.md)."""
 
 from __future__ import annotations
 
@@ -92,8 +87,7 @@ class SweepEnd:
 
 
 def finish_sweep(end: SweepEnd) -> str | None:
-    """Log the leaderboard on the sweep's parent run and end the run (FAILED if a job failed). Returns why the
-    leaderboard could not be logged, if it could not: it is a view, the jobs' runs hold the results."""
+    """Log the leaderboard on the sweep's parent and end it; returns why it could not, if so."""
     from mlflow.tracking import MlflowClient
 
     from cupid_exp.durability.signals import shielded

@@ -1,5 +1,4 @@
-"""retrieval (ours, beyond the paper): the top-k sessions a retriever picks for the current request,
-kept in their original order; the retriever's choice is scored on its own from the data's labels."""
+"""retrieval (ours): the top-k sessions a retriever picks, in their original order, the choice scored on its own."""
 
 from __future__ import annotations
 

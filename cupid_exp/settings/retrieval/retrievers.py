@@ -1,8 +1,4 @@
-"""Retrievers for the retrieval setting: pick the top-k prior sessions for the current request.
-
-bm25 (lexical, default), embedding (a local sentence-transformers model shipped on PyPI, or any
-litellm embedding model), recency (the last k sessions: the baseline models fall back on).
-"""
+"""Retrievers picking the top-k prior sessions: bm25 (default), embedding (local or litellm), recency."""
 
 from __future__ import annotations
 
@@ -43,8 +39,7 @@ _ENCODERS_LOCK = threading.Lock()
 
 
 def local_encoder(package: str) -> SentenceTransformer:
-    """A sentence-transformers model shipped inside a PyPI package (offline, no hub), loaded once per process:
-    instances retrieve on threads of their own, and the lock keeps each from loading its own copy."""
+    """A sentence-transformers model shipped in a PyPI package, loaded once per process under a lock."""
     with _ENCODERS_LOCK:
         if package not in _ENCODERS:
             _ENCODERS[package] = _load_quietly(package)

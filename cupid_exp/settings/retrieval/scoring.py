@@ -1,9 +1,5 @@
-"""Retrieval scored from CUPID's session labels: did the retriever find the oracle sessions, and did it
-pull in a contrastive (same-looking factor, conflicting preference) or a stale (superseded) session?
-
-The paper finds models fail mostly by attending to the wrong prior sessions; every prior session
-carries its factor and preference, so a retriever's choice can be scored directly.
-"""
+"""Retrieval scored from CUPID's session labels: were the oracle sessions found, and was a contrastive or stale one
+pulled in? Models fail mostly by attending to the wrong sessions (the paper)."""
 
 from __future__ import annotations
 
@@ -41,8 +37,7 @@ def score_retrieval(instance: Instance, retrieved: Sequence[int], oracle: Sequen
 
 
 def retrieval_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """recall@k / precision@k of the oracle sessions (overall and per type), and how often a
-    contrastive or a stale session was retrieved, over the instances that have one."""
+    """recall@k / precision@k of the oracle sessions, and how often a contrastive or stale one was retrieved."""
     rows = [{"instance_type": r["instance_type"], **r["retrieval"]} for r in records if r.get("retrieval")]
     if not rows:
         return {}

@@ -1,8 +1,4 @@
-"""The model steps of synthesis, one module per phase; each writes text into a slot code has laid out.
-
-``base`` holds the context and the one way a step asks (the shared ``llm.steps.ask`` with
-``Resample``), ``checks`` the text heuristics the validators share.
-"""
+"""The model steps of synthesis, one module per phase, each writing text into a slot code has laid out."""
 
 from cupid_exp.synthesis.steps.base import SynthContext
 from cupid_exp.synthesis.steps.checklists import decompose

@@ -1,12 +1,5 @@
-"""What every synthesis step shares: its context, the one way it asks a model, and reply-shape helpers.
-
-Each step asks for JSON under a schema (constrained decoding where the model supports it) through
-the shared ``llm.steps.ask`` with ``Resample``: a reply that does not parse (``ParseError``) or
-breaks a rule (``Invalid``) is asked for again with the attempt number, the reason and a moved seed,
-up to ``synthesis.max_retries`` times; then the step fails (``StepFailed``), counted by the shared
-``UsageMeter``. Builders check the JSON's shape themselves and raise ``ParseError`` for a wrong one,
-so any other exception escaping a builder is a bug and stops the job.
-"""
+"""What every synthesis step shares: its context, the one way it asks (``llm.steps.ask`` with ``Resample``), and
+reply-shape helpers. Builders raise ``ParseError`` for a wrong shape; any other exception is a bug."""
 
 from __future__ import annotations
 
@@ -24,12 +17,8 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class WarmerResample(Resample):
-    """``Resample`` whose every retry also samples hotter: ``temperature + step * attempt``, at most ``ceiling``.
-
-    A moved seed alone is not enough: a 135M model at 0.7 gives the rejected answer again under
-    another seed (its distribution is that peaked), and at temperature 0 (decomposer, validator) the
-    seed changes nothing at all. The first attempt keeps the paper's temperature.
-    """
+    """``Resample`` whose retries also sample hotter (``temperature + step * attempt``, at most ``ceiling``): a moved
+    seed alone changes little for a peaked tiny model and nothing at temperature 0."""
 
     step: float = 0.3
     ceiling: float = 1.3
@@ -65,10 +54,7 @@ class SynthContext:
 
     async def ask_json(self, role: str, step: str, messages: Messages, schema: dict,
                        build: Callable[[object], T]) -> T:
-        """Ask ``role`` for JSON and return ``build(data)``; StepFailed when no attempt gives a valid artefact.
-
-        The transcript is thrown away: the journey file is synthesis's record of what each step made.
-        """
+        """``build(data)`` of ``role``'s JSON reply; StepFailed when no attempt is valid."""
         return await ask(self.clients[role], step, messages, lambda text: build(reply_json(text)),
                          transcript=Transcript(), schema=schema, retry=self.retry)
 

@@ -1,10 +1,5 @@
-"""Step 4 (paper B.4): each preference as a yes/no checklist, by the evaluator's own decomposition step.
-
-Synthesis and evaluation share the prompt, the schema and the parser (``evaluators.checklist``);
-synthesis adds the checks a dataset row needs on top: no copied placeholders and no fragment too short to be
-a question (each dropped beside real questions, refused alone), no duplicates, at most
-``synthesis.max_checklist_items`` of them.
-"""
+"""Step 4 (paper B.4): each preference as a yes/no checklist, by the evaluator's decomposition, plus a dataset row's
+checks: no placeholders, no fragments, no duplicates, at most ``synthesis.max_checklist_items``."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ _PLACEHOLDER = re.compile(r"<[A-Za-z][^<>\n]{1,40}>|^\.\.\.$")
 
 
 # A tiny model at a hot retry now and then drifts into French or Spanish; the decomposer then cannot write
-# English yes/no questions about the preference and the whole persona is lost (seed 1, 2026-11-25), so
+# English yes/no questions about the preference and the whole persona is lost, so
 # such text is refused where it is written. Function words tell the languages apart without a model.
 _ENGLISH = set("a an the and or of to in on for with by at from is are be that this it i my you your "
                "when what which who how should would wants want prefers prefer likes like not must".split())
@@ -59,8 +59,7 @@ def placeholders(data: object) -> list[str]:
 
 
 def looks_english(text: str) -> bool:
-    """False for text with more foreign function words than English ones (two at least), or with more than
-    a few accented letters: the mark of a reply that drifted into another language."""
+    """False for more foreign function words than English ones, or several accents: a drifted reply."""
     words = re.findall(r"[^\W\d_]+", text.lower())
     accented = sum(1 for ch in text if ch.isalpha() and not ch.isascii())
     if accented > max(3, len(text) // 20):

@@ -57,11 +57,7 @@ def simulator_view(dialogue: Sequence[Mapping[str, str]]) -> Messages:
 
 
 async def _assistant_reply(ctx: SynthContext, messages: Messages, attempt: int) -> str:
-    """The assistant simulator's free text; its seed moves with the dialogue's attempt like a re-ask's.
-
-    An empty reply is counted as rejected and stands in the dialogue as '(no answer)'. A reply cut at the role's
-    max_tokens stands as it is, counted (``truncated_kept``): the recipe's cap asks for short replies.
-    """
+    """The assistant simulator's text (seed moved per attempt); empty or cut replies stand, counted."""
     client = ctx.clients["assistant_simulator"]
     reply = await ask(client, "assistant_simulator", messages, str.strip, transcript=Transcript(),
                       params=ctx.retry.params(client, attempt), retry=Resample(0), keep_cut=True)
@@ -72,13 +68,8 @@ async def _assistant_reply(ctx: SynthContext, messages: Messages, attempt: int) 
 
 async def simulate_dialogue(ctx: SynthContext, *, persona_description: str, factor: str, preference: str,
                             checklist: Sequence[str], request: str, attempt: int = 0) -> dict[str, Any]:
-    """User simulator vs assistant simulator until a score of 10 or ``max_turns`` assistant replies.
-
-    The dialogue starts with the user's request; when the user simulator gives 10 its closing
-    message ends the dialogue (``is_satisfied``); otherwise it ends with the last assistant reply.
-    A user simulator that fails ends the dialogue early with its ``error``; an assistant simulator
-    whose provider fails fails the whole dialogue (StepFailed).
-    """
+    """User simulator vs assistant simulator until a score of 10 or ``max_turns`` replies. A failing user simulator ends
+    it early (``error``); a failing assistant provider fails it (StepFailed)."""
     take = f"\n\n(Conversation {attempt + 1}.)" if attempt else ""
     assistant_system = ctx.prompts.get("synthesis/assistant_simulator").system.format() + take
     user_system = ctx.prompts.get("synthesis/user_simulator").system.format(

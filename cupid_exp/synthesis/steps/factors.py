@@ -1,8 +1,4 @@
-"""Step 2 (paper B.2): eight context factors, the last two a contrastive pair; then the changed preference.
-
-Code plans each factor slot (factor type, preference type, task types); the model writes the
-background, the name and the preference, one factor per call.
-"""
+"""Step 2 (paper B.2): eight context factors (a contrastive pair last), then the changed preference."""
 
 from __future__ import annotations
 
@@ -65,8 +61,7 @@ def _factor_problems(f: Mapping[str, Any], label: str, existing: Sequence[Mappin
 
 
 def fallback_name(factor_type: str, taken: Sequence[str], key: str) -> str | None:
-    """A name for a ``factor_type`` slot from the taxonomy's list, none of ``taken``; the order is a
-    pure function of ``key`` (random.Random seeds from a string's SHA-512, stable across runs)."""
+    """A taxonomy name for a ``factor_type`` slot, none of ``taken``, in an order stable for ``key``."""
     names = list(taxonomy.FALLBACK_FACTOR_NAMES.get(factor_type, ()))
     random.Random(key).shuffle(names)
     used = {name_key(t) for t in taken}
@@ -93,9 +88,7 @@ def validate_factors(factors: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 class NameRepair:
-    """Counts a step's attempts (``ask`` builds once per attempt); after the model's first ``after``, a reply
-    whose only fault is its name keeps its text and takes a name from ``taxonomy.FALLBACK_FACTOR_NAMES``
-    (``name_source: taxonomy``, the model's kept as ``model_name``)."""
+    """After ``after`` attempts, a reply faulty only in its name takes a taxonomy name (``model_name`` kept)."""
 
     def __init__(self, after: int, key: str):
         self.after, self.key, self.attempts = after, key, 0
@@ -158,11 +151,8 @@ def _slot_text(slot: Mapping[str, Any]) -> str:
 async def write_factors(ctx: SynthContext, persona_description: str, plan: Sequence[Mapping[str, Any]],
                         done: list[dict[str, Any]] | None = None,
                         on_factor: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
-    """Six ordinary factors and the pair's first member one call each, then the pair's second member, in the
-    slots ``plan`` fixed. One call per factor keeps each constrained generation short (a tiny model drifts on
-    long outputs) and lets a rejected factor be regenerated alone. The earlier names are not shown (a tiny model
-    copies them): a clash is rejected, and after ``NAME_ATTEMPTS`` swapped (``NameRepair``). ``done`` resumes a
-    partial list; ``on_factor`` hears of each accepted factor."""
+    """One call per factor (a tiny model drifts on long outputs; a rejected one is redone alone), in ``plan``'s slots.
+    Earlier names are not shown (a tiny model copies them); clashes are rejected, later swapped (``NameRepair``)."""
     template = ctx.prompts.get("synthesis/context_factors_generator")
     role = ctx.system_role("factor_writer")
     model_attempts = min(NAME_ATTEMPTS, ctx.max_retries)

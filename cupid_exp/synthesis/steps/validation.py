@@ -1,5 +1,4 @@
-"""Step 7 (paper App. E, Fig. 20): which checklist items the user's messages express, and what the
-current request leaks; asked per instance of a persona, each distinct check once."""
+"""Step 7 (paper App. E, Fig. 20): which checklist items the user's messages express, and what the request leaks."""
 
 from __future__ import annotations
 
@@ -55,8 +54,7 @@ async def check_expressed(ctx: SynthContext, checklist: Sequence[str], user_mess
 async def validate_persona(ctx: SynthContext, journey: JourneyTemplate, factors: list[dict], changed: str,
                            checklists: Mapping[str, list[str]], dialogues: list[dict],
                            instances: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per instance: which checklist items the relevant sessions' user messages express, and which the
-    current request leaks. A failed check is recorded on its instance; the others go on."""
+    """Per instance: items the relevant sessions express and the request leaks; a failed check stays on its instance."""
     memo: dict[tuple, asyncio.Task] = {}
 
     def ask(checklist: list[str], messages: list[str], step: str) -> asyncio.Task:

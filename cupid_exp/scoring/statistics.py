@@ -4,7 +4,7 @@
 *not* a mean of F1s); ``score``: the mean judge score. ``runtime.failure_policy``: ``exclude`` leaves a failed instance
 out (counted); ``zero`` scores it 0; ``upstream`` follows the official ``evaluation/pipeline/evaluate.py``: a
 context-length error while inferring, decomposing or generating, a failed match or a judge failure score 0, anything
-else drops the instance (where its aggregation would crash, its intent is used).
+else drops the instance (where its aggregation would crash, its intent is used): docs/failures-and-resume.md.
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ answered 429. The provider's pools (``--limits-pool``):
   per ``api_base``) matches it, and "limits set" gives the pool's ``rpm``/``tpm`` once (``runtime.pools``).
 
 ``--limit-headers retry-after``: the stub's 429s state nothing but ``retry-after`` in whole seconds.
+``--bucket continuous``: the stub's limits a bucket of one second's share refilled continuously (full at the
+start), instead of one-second windows.
 ``--rate-429 0.1``: an overloaded provider besides (or instead of) the limit: that share of requests answered 429
 at random (seeded by the prompt and the attempt) with ``retry-after: --retry-after``; each cupid-exp row is then
 run without it and with it, in turn, so that the throughput lost to the refusals reads off the pair.
@@ -222,6 +224,7 @@ def main() -> None:
     p.add_argument("--task", choices=("inference", "synthesis"), default="inference")
     p.add_argument("--personas", type=int, default=4, help="--task synthesis: personas per job")
     p.add_argument("--latency", type=float, default=0.2)
+    p.add_argument("--jitter", type=float, default=0.0, help="seconds of uniform extra latency (0.4: 0.3-0.7 s)")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--rpm", type=float, default=0.0)
     p.add_argument("--tpm", type=float, default=0.0)
@@ -229,6 +232,9 @@ def main() -> None:
                    help="the stub's pools: one per model, or one for the key (both snapshots together)")
     p.add_argument("--limit-headers", choices=("openai", "retry-after"), default="openai",
                    help="what the stub's 429s state: OpenAI's headers and body, or only retry-after in seconds")
+    p.add_argument("--bucket", choices=("windows", "continuous"), default="windows",
+                   help="how the stub spends a per-minute limit: one-second windows, or a bucket of one second's "
+                        "share refilled continuously")
     p.add_argument("--rate-429", type=float, default=0.0,
                    help="besides: this share of requests answered 429 at random (an overloaded provider)")
     p.add_argument("--retry-after", type=float, default=2.0, help="--rate-429: the wait those 429s ask, seconds")
@@ -245,8 +251,9 @@ def main() -> None:
     has_official = args.official is not None and (Path(args.official) / "evaluation" / "run.py").is_file()
     work = Path(tempfile.mkdtemp(prefix="cupid-limits-"))
     results: dict[str, list[dict[str, Any]]] = {}
-    stub_opts = dict(latency_ms=int(args.latency * 1000), model_ids=",".join(OFFICIAL_MODELS), rpm=args.rpm,
-                     tpm=args.tpm, limits_pool=args.limits_pool, limit_headers=args.limit_headers)
+    stub_opts = dict(latency_ms=int(args.latency * 1000), jitter_ms=int(args.jitter * 1000),
+                     model_ids=",".join(OFFICIAL_MODELS), rpm=args.rpm, tpm=args.tpm, limits_pool=args.limits_pool,
+                     limit_headers=args.limit_headers, bucket=args.bucket)
     started = time.strftime("%Y-%m-%d %H:%M")
     try:
         data = write_dataset(work / "data.jsonl", args.instances)
@@ -265,14 +272,16 @@ def main() -> None:
     flags = " ".join(sys.argv[1:])
     what = (f"synthesis, {args.personas} personas a job" if args.task == "synthesis" else
             f"{args.instances} instances, task=inference, model=gpt4o evaluator=gpt4o")
+    spread_ms = f"–{(args.latency + args.jitter) * 1000:.0f}" if args.jitter else ""
     lines = ["", f"## {what} at {limit} ({'one pool for the key' if args.limits_pool == 'key' else 'a pool per model'}"
-             f"{', 429s with retry-after only' if args.limit_headers == 'retry-after' else ''})", "",
+             f"{', 429s with retry-after only' if args.limit_headers == 'retry-after' else ''}"
+             f"{', a bucket refilled continuously' if args.bucket == 'continuous' else ''})", "",
              f"`python bench/rate_limits.py {flags}` from {started} to {time.strftime('%H:%M')}: stub latency "
-             f"{args.latency * 1000:.0f} ms, concurrency {args.concurrency}, {args.repeats} interleaved round(s), "
-             f"median (min–max); {m['nproc']} cores, {m['cpu']}, Python {m['python']}, litellm {m['litellm']}; load "
-             f"average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}. Ideal: the sum of each admitted "
-             "request's share of the binding limit (the stub's count); model phase: `time/model_seconds` "
-             "(synthesis: `time/seconds`), the largest of a row's jobs.", "",
+             f"{args.latency * 1000:.0f}{spread_ms} ms, concurrency {args.concurrency}, {args.repeats} interleaved "
+             f"round(s), median (min–max); {m['nproc']} cores, {m['cpu']}, Python {m['python']}, litellm "
+             f"{m['litellm']}; load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}. Ideal: the sum "
+             "of each admitted request's share of the binding limit (the stub's count); model phase: "
+             "`time/model_seconds` (synthesis: `time/seconds`), the largest of a row's jobs.", "",
              "| run | completed | wall, s | model phase, s | ideal, s | model phase (wall) / ideal | requests "
              "| answered 429 |",
              "|---|---|---|---|---|---|---|---|"]

@@ -61,6 +61,11 @@ def first_request(stub: Stub, started: float, done: threading.Event) -> list[flo
     return seen
 
 
+def mean_latency(args: argparse.Namespace) -> float:
+    """A reply's mean latency: ``--latency`` plus half the uniform ``--jitter``."""
+    return args.latency + args.jitter / 2
+
+
 def run(size: int, args: argparse.Namespace, stub: Stub, work: Path, store: Path) -> dict:
     root = Path(tempfile.mkdtemp(prefix=f"synth-{size}-", dir=work))
     shutil.copyfile(store, root / "mlflow.db")
@@ -78,12 +83,12 @@ def run(size: int, args: argparse.Namespace, stub: Stub, work: Path, store: Path
     metrics = json.loads(metrics_file.read_text())["metrics"]
     calls = stats["total_completed"]
     model_s = metrics["time/model_seconds"]
-    ideal = calls * args.latency / args.concurrency
+    ideal = calls * mean_latency(args) / args.concurrency
     startup = seen[0] if seen else float("nan")
     return {"size": size, "wall": res["wall"], "cpu": res["cpu"], "startup": startup, "calls": calls,
             "received": stats["total_received"], "ideal": ideal, "model_s": model_s,
             "model_cpu": metrics["time/model_cpu_seconds"], "peak": stats["peak_in_flight"],
-            "mean": calls * args.latency / model_s if model_s else float("nan"),
+            "mean": calls * mean_latency(args) / model_s if model_s else float("nan"),
             "instances": int(metrics["instances/count"]), "failed": int(metrics["personas/failed"]),
             "rss_tree": res["rss_tree_mb"], "bound": BOUND * ideal + startup}
 
@@ -92,6 +97,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[40, 252])
     parser.add_argument("--latency", type=float, default=0.5)
+    parser.add_argument("--jitter", type=float, default=0.0,
+                        help="seconds of uniform extra latency per reply (--latency 0.3 --jitter 0.4: 0.3-0.7 s)")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--out", type=Path, default=BENCH / "synthesis.md")
@@ -102,7 +109,7 @@ def main() -> None:
     results = []
     try:
         store = migrated_store(work)
-        with Stub(latency_ms=int(args.latency * 1000)) as stub:
+        with Stub(latency_ms=int(args.latency * 1000), jitter_ms=int(args.jitter * 1000)) as stub:
             for _ in range(args.repeats):
                 for size in args.sizes:
                     r = run(size, args, stub, work, store)
@@ -116,13 +123,15 @@ def main() -> None:
     m, load_after = machine(), os.getloadavg()
     lines = ["# Synthesis at scale", "",
              f"`python bench/synthesis.py --sizes {' '.join(map(str, args.sizes))} --latency {args.latency} "
-             f"--concurrency {args.concurrency}{' ' + ' '.join(args.overrides) if args.overrides else ''}` on "
-             f"{time.strftime('%Y-%m-%d')}: `synthesis=api`, every role on the stub at {args.latency * 1000:.0f} ms "
+             f"{f'--jitter {args.jitter} ' if args.jitter else ''}--concurrency {args.concurrency}"
+             f"{' ' + ' '.join(args.overrides) if args.overrides else ''}` on "
+             f"{time.strftime('%Y-%m-%d')}: `synthesis=api`, every role on the stub at {args.latency * 1000:.0f}"
+             f"{f'–{(args.latency + args.jitter) * 1000:.0f}' if args.jitter else ''} ms "
              f"with `max_concurrency={args.concurrency}`, MLflow tracking into SQLite. Machine: {m['nproc']} cores, "
              f"{m['cpu']}, Python {m['python']}, litellm {m['litellm']}, mlflow {m['mlflow']}; load average "
              f"{load_before[0]:.1f} before, {load_after[0]:.1f} after.", "",
              f"Bound (issue 35): wall <= {BOUND} x ideal + start-up, start-up <= {STARTUP_BOUND_S:.0f} s; ideal = "
-             "calls x latency / concurrency.", "",
+             "calls x mean latency / concurrency.", "",
              "| personas | wall, s | start-up, s | calls | calls/persona | ideal, s | bound, s | within | "
              "model phase, s | in flight: peak / mean | instances | failed | CPU, s (tree) | model-phase CPU ms/call | "
              "peak RSS tree, MB |",

@@ -6,6 +6,11 @@
   (what it spends beyond that is owed by the next windows). The
   tokens a request counts are its prompt (characters / 4, as the stub's ``usage`` reports them) plus its
   ``max_tokens``; a refused request counts nothing.
+- ``bucket="continuous"``: each limit a token bucket instead, holding one second's share (rpm/60 requests,
+  tpm/60 tokens), full at the start and refilled continuously; a request is admitted when the bucket holds its
+  cost (a cost above the whole bucket waits for a full one, and what it spends beyond is owed). Its headers
+  follow the bucket: ``x-ratelimit-remaining-*`` the whole requests or tokens left, ``x-ratelimit-reset-*`` the
+  time until it is full again, a 429's ``retry-after-ms`` the time until the request's cost is there.
 - An admitted request's reply carries ``x-ratelimit-limit-*``, ``x-ratelimit-remaining-*`` and
   ``x-ratelimit-reset-*`` too, as OpenAI's do (``stated``).
 - A refused request gets a 429 with ``retry-after`` (whole seconds), ``retry-after-ms``,
@@ -153,6 +158,50 @@ class _Window:
     def remaining(self) -> int:
         return max(0, int((self.per_window - self.level) * 60))
 
+    def full_in(self, now: float) -> float:
+        """Seconds until the next window (an admitted reply's ``x-ratelimit-reset-*``)."""
+        return max(0.001, self.window + 1 - now)
+
+
+class _Bucket:
+    """One per-minute limit as a token bucket of one second's share, refilled continuously (full at the start)."""
+
+    def __init__(self, per_minute: float):
+        self.per_minute, self.rate = per_minute, per_minute / 60.0  # the capacity is one second's refill
+        self.level, self.at = self.rate, -math.inf
+
+    def _refill(self, now: float) -> None:
+        if now > self.at:
+            self.level = min(self.rate, self.level + self.rate * (now - self.at))
+            self.at = now
+
+    def _needs(self, cost: float) -> float:
+        return min(cost, self.rate)  # a request larger than the bucket waits for a full one
+
+    def fits(self, cost: float, now: float) -> bool:
+        self._refill(now)
+        return self.level >= self._needs(cost) - 1e-9
+
+    def spend(self, cost: float) -> None:
+        self.level -= cost
+
+    def reset_s(self, cost: float, now: float) -> float:
+        """Seconds until the bucket holds the request's cost."""
+        self._refill(now)
+        return max(0.001, (self._needs(cost) - self.level) / self.rate)
+
+    def remaining(self) -> int:
+        return max(0, int(self.level + 1e-9))
+
+    def full_in(self, now: float) -> float:
+        """Seconds until the bucket is full again."""
+        self._refill(now)
+        return max(0.001, (self.rate - self.level) / self.rate)
+
+
+_Limit = _Window | _Bucket
+BUCKETS = ("windows", "continuous")  #: how a per-minute limit is spent: one-second windows, or a continuous bucket
+
 
 @dataclass
 class Verdict:
@@ -166,13 +215,15 @@ class KeyLimits:
     """Admits or refuses each request as a key with these limits would (thread-safe)."""
 
     def __init__(self, rpm: float = 0.0, tpm: float = 0.0, closed_s: float = 0.0, refuse: str = "",
-                 pool: str = "model", headers: str = "openai"):
+                 pool: str = "model", headers: str = "openai", bucket: str = "windows"):
         if refuse and refuse not in REFUSALS:
             raise ValueError(f"refuse={refuse!r}: one of {sorted(REFUSALS)}")
-        if pool not in ("model", "key") or headers not in ("openai", "retry-after"):
-            raise ValueError(f"pool={pool!r}, headers={headers!r}: pool is model or key, headers openai or retry-after")
+        if pool not in ("model", "key") or headers not in ("openai", "retry-after") or bucket not in BUCKETS:
+            raise ValueError(f"pool={pool!r}, headers={headers!r}, bucket={bucket!r}: pool is model or key, headers "
+                             f"openai or retry-after, bucket one of {BUCKETS}")
         self.rpm, self.tpm, self.pool, self.headers = rpm, tpm, pool, headers
-        self.windows: dict[str, tuple[_Window | None, _Window | None]] = {}
+        self._limit = _Bucket if bucket == "continuous" else _Window
+        self.windows: dict[str, tuple[_Limit | None, _Limit | None]] = {}
         self.ideal_by_model: dict[str, float] = {}
         self.closed_s, self.refuse = closed_s, refuse
         self.opened_at: float | None = None
@@ -200,16 +251,16 @@ class KeyLimits:
                 self.opened_at = now
             if self.closed_s and now - self.opened_at < self.closed_s:
                 wait = min(self.closed_s - (now - self.opened_at), 1.0)  # "try again in 1s", as long as it lasts
-                return self._limited("requests", model, wait, 0, 0, cost, (None, None))
+                return self._limited("requests", model, wait, 0, 0, cost, (None, None), now)
             pool = model if self.pool == "model" else "key"
             windows = self.windows.get(pool)
             if windows is None:
-                windows = self.windows[pool] = (_Window(self.rpm) if self.rpm else None,
-                                                _Window(self.tpm) if self.tpm else None)
+                windows = self.windows[pool] = (self._limit(self.rpm) if self.rpm else None,
+                                                self._limit(self.tpm) if self.tpm else None)
             for kind, window, amount in (("requests", windows[0], 1), ("tokens", windows[1], cost)):
                 if window is not None and not window.fits(amount, now):
                     return self._limited(kind, model, window.reset_s(amount, now), window.per_minute,
-                                         window.per_minute - window.remaining(), amount, windows)
+                                         window.per_minute - window.remaining(), amount, windows, now)
             for window, amount in zip(windows, (1, cost), strict=False):
                 if window is not None:
                     window.spend(amount)
@@ -218,18 +269,19 @@ class KeyLimits:
                 60.0 / self.rpm if self.rpm else 0.0, 60.0 * cost / self.tpm if self.tpm else 0.0)
         return None
 
-    def stated(self, body: dict[str, Any]) -> dict[str, str]:
+    def stated(self, body: dict[str, Any], now: float | None = None) -> dict[str, str]:
         """The limit headers of an admitted request's reply (OpenAI sends them with every response; a provider
         that states only ``retry-after`` sends none)."""
         if self.headers != "openai" or not (self.rpm or self.tpm):
             return {}
+        now = time.time() if now is None else now
         model = str(body.get("model") or "stub")
         with self._lock:
             windows = self.windows.get(model if self.pool == "model" else "key") or (None, None)
-            return _window_headers(windows, lambda name, window: max(0.001, window.window + 1 - time.time()))
+            return _window_headers(windows, lambda name, window: window.full_in(now))
 
     def _limited(self, kind: str, model: str, wait: float, limit: float, used: float, requested: int,
-                 windows: tuple[_Window | None, _Window | None]) -> Verdict:
+                 windows: tuple[_Limit | None, _Limit | None], now: float) -> Verdict:
         if self.headers == "retry-after":  # the wait in whole seconds, and nothing else
             body = {"error": {"message": "Too many requests. Please slow down.", "type": "rate_limit_error",
                               "param": None, "code": "rate_limit_exceeded"}}
@@ -238,19 +290,23 @@ class KeyLimits:
         message = (f"Rate limit reached for {model} in organization org-stub on {unit}: Limit {limit:g}, Used "
                    f"{used:g}, Requested {requested if kind == 'tokens' else 1}. Please try again in "
                    f"{openai_duration(wait)}. Visit https://platform.openai.com/account/rate-limits to learn more.")
+        # a window's resets: the wait for the refused limit, the other's already open; a bucket's: until it is full
+        reset = ((lambda name, window: window.full_in(now)) if self._limit is _Bucket
+                 else (lambda name, window: wait if name == kind else 0.001))
         headers = {"retry-after": str(max(1, math.ceil(wait))), "retry-after-ms": str(max(1, round(wait * 1000))),
-                   **_window_headers(windows, lambda name, window: wait if name == kind else 0.001)}
+                   **_window_headers(windows, reset)}
         body = {"error": {"message": message, "type": kind, "param": None, "code": "rate_limit_exceeded"}}
         return Verdict(429, body, headers, "429")
 
 
-def _window_headers(windows: tuple[_Window | None, _Window | None],
-                    reset_s: Callable[[str, _Window], float]) -> dict[str, str]:
+def _window_headers(windows: tuple[_Limit | None, _Limit | None],
+                    reset_s: Callable[[str, _Limit], float]) -> dict[str, str]:
     """OpenAI's ``x-ratelimit-limit-*``, ``-remaining-*`` and ``-reset-*`` of the requests and tokens windows."""
     out = {}
     for name, window in zip(("requests", "tokens"), windows, strict=False):
         if window is not None:
+            reset = openai_duration(reset_s(name, window))  # first: a bucket refills to the moment it states
             out[f"x-ratelimit-limit-{name}"] = f"{window.per_minute:g}"
             out[f"x-ratelimit-remaining-{name}"] = str(window.remaining())
-            out[f"x-ratelimit-reset-{name}"] = openai_duration(reset_s(name, window))
+            out[f"x-ratelimit-reset-{name}"] = reset
     return out

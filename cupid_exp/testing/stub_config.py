@@ -62,6 +62,7 @@ class Limits:
     tpm: float = 0.0
     limits_pool: str = "model"  # "key": one pool of rpm/tpm for every model (rate_limits.py), not one per model
     limit_headers: str = "openai"  # "retry-after": a 429 states only retry-after, in whole seconds
+    bucket: str = "windows"  # "continuous": rpm/tpm as a bucket of one second's share refilled continuously
     closed_s: float = 0.0  # every request 429 for this long from the first one (inf: for ever)
     refuse: str = ""  # "401" | "403" | "404" | "insufficient_quota" | "daily": every request refused (rate_limits.py)
     outage_after: int = 0  # an outage begins at the request after this many (any route, the Batch API's too) ...

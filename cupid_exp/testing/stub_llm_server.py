@@ -25,6 +25,7 @@ CLI (for bench/ and manual use)::
     python -m cupid_exp.testing.stub_llm_server --rpm 300 --tpm 400000   # a key's limits (rate_limits.py)
     python -m cupid_exp.testing.stub_llm_server --rpm 300 --limits-pool key   # one pool for every model
     python -m cupid_exp.testing.stub_llm_server --rpm 480 --limit-headers retry-after   # 429s state only retry-after
+    python -m cupid_exp.testing.stub_llm_server --rpm 300 --bucket continuous   # a bucket refilled continuously
 """
 
 from __future__ import annotations
@@ -202,7 +203,8 @@ class StubServer(StubModel):
 
     def _key_limits(self) -> KeyLimits:
         c = self.config.limits
-        return KeyLimits(c.rpm, c.tpm, c.closed_s, c.refuse, pool=c.limits_pool, headers=c.limit_headers)
+        return KeyLimits(c.rpm, c.tpm, c.closed_s, c.refuse, pool=c.limits_pool, headers=c.limit_headers,
+                         bucket=c.bucket)
 
     def fault_reply(self, kind: str, prompt_digest: str = "") -> tuple[int, dict[str, Any], dict[str, str]]:
         """(status, body, headers) of a 429, a 500 or a 503 (``stub_faults.error_reply``); a 429 is said in the

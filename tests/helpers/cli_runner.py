@@ -145,7 +145,7 @@ def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = 
     # what the run's own variables and the entry set (not what a library sets for the process: litellm's tokenizer
     # folder, set when it is first imported, must stay)
     saved_env = {k: os.environ.get(k) for k in {*(env or {}), "MLFLOW_TRACKING_URI", "PYTHONWARNINGS"}}
-    saved_argv, cwd = sys.argv, os.getcwd()
+    saved_argv, saved_cwd = sys.argv, os.getcwd()
     handlers = {name: signal.getsignal(getattr(signal, name)) for name in _SIGNALS}
     raise_exceptions, root_handlers, root_level = logging.raiseExceptions, logging.root.handlers[:], logging.root.level
     import litellm
@@ -185,7 +185,7 @@ def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = 
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        os.chdir(cwd)
+        os.chdir(saved_cwd)
         for name, handler in handlers.items():
             signal.signal(getattr(signal, name), handler)
         logging.raiseExceptions = raise_exceptions

@@ -4,8 +4,10 @@ Each fenced ```bash block is split into commands (one per line; ``\\`` continuat
 joined; trailing ``# comments`` dropped), and each command must be declared in ``EXPECTED`` below, keyed by
 its text (fields: ``Expect`` in tests/helpers/doc_commands.py): an undeclared command fails
 ``test_every_command_is_declared…``, and so does a declaration whose command left the docs. A block's
-commands run in order, for real, in a subprocess whose working folder is a scratch copy of the checkout
-(links to its folders; ``outputs/`` of its own), with:
+commands run in order, for real, from a working folder that is a scratch copy of the checkout (links to its
+folders; ``outputs/`` of its own): a plain ``python -m cupid_exp`` (or ``.synthesize``) through the CLI's entry in
+this process (``helpers.cli_runner.run_job``: its exit code and everything printed), any other command (the shell's
+own, an environment changed, a server, another program) by ``bash -c``; with:
 
 - API roles (``stub="eval"``) sent to the stub server (cupid_exp/testing/stub_llm_server.py) by appended overrides,
   as tests/test_design_card.py does; every provider's key variable set to a fake value;
@@ -20,10 +22,11 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from typing import Callable
 
 import pytest
-from helpers.cli_runner import PROJECT_ROOT, cli_env, seed_store
+from helpers.cli_runner import PROJECT_ROOT, cli_env, run_job, seed_store
 from helpers.doc_commands import (
     DOCS,
     FAST,
@@ -53,7 +56,8 @@ EXPECTED: dict[str, Expect] = {
                                       "data and prompts, and tests/test_launchers.py (slow) runs the CLI on it"),
     "python -m pytest -q": Expect(skip="the suite itself (CI runs it: .ci/run)"),
     "LITELLM_LOCAL_MODEL_COST_MAP=True mlflow ui --backend-store-uri sqlite:///outputs/mlflow.db": Expect(
-        server=True, extra="--workers 1", why="one web worker instead of 4: each imports MLflow's app (~4 s of CPU)"),
+        server=True, extra="--workers 1",
+        why="one web worker instead of 4 (each imports MLflow's app), and no job runner (doc_commands._serve)"),
     # README: Evaluate a real model
     # no stub: a role pointed at an api_base (a proxy) is not held to its provider's variable; without the check the
     # call would go to the real provider, which this machine cannot reach (and the exit code would be 3, not 2)
@@ -140,7 +144,8 @@ EXPECTED: dict[str, Expect] = {
     # docs/team-server.md
     "LITELLM_LOCAL_MODEL_COST_MAP=True mlflow server --host 0.0.0.0 --port 5000 --backend-store-uri "
     "sqlite:////srv/mlflow/mlflow.db --artifacts-destination /srv/mlflow/artifacts": Expect(
-        server=True, extra="--workers 1", why="one web worker instead of 4: each imports MLflow's app (~4 s of CPU)"),
+        server=True, extra="--workers 1",
+        why="one web worker instead of 4 (each imports MLflow's app), and no job runner (doc_commands._serve)"),
     "export MLFLOW_TRACKING_URI=http://mlflow.internal:5000": Expect(),
     "python -m cupid_exp model=gpt4o evaluator=gpt4o data=cupid": Expect(exit=2, one_line=HUB),
 }
@@ -224,8 +229,8 @@ def workspace(tmp_path_factory: pytest.TempPathFactory):
 def runs(workspace: Workspace) -> dict[str, str]:
     """Two finished, tracked jobs in the workspace's MLflow store (gpt4o and claude on the stub), for the report
     and diff commands: RUN_A, RUN_B (their run ids) and JOB_DIR (A's folder)."""
-    cmd = ["python", "-m", "cupid_exp", "-m", "model=gpt4o,claude", *at_stub(workspace.stub.url)]
-    proc = subprocess.run(cmd, cwd=workspace.root, env=workspace.env, capture_output=True, text=True, timeout=300)
+    cmd = [sys.executable, "-m", "cupid_exp", "-m", "model=gpt4o,claude", *at_stub(workspace.stub.url)]
+    proc = run_job(cmd, env=workspace.env, check=False, park=False, cwd=workspace.root)
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
     ids = re.findall(r"\| MLflow run ([0-9a-f]{32}) at", proc.stdout)  # the outputs line (not the opening log line)
     dirs = re.findall(r"^outputs: (\S+) \|", proc.stdout, re.M)
@@ -273,19 +278,26 @@ CHECKS: dict[str, Callable[[subprocess.CompletedProcess, Workspace], None]] = {
     "dry_run_totals": check_dry_run_totals, "csv_of_gpt4o": check_csv_of_gpt4o, "html_and_plots": check_html_and_plots}
 
 
+def _needs_runs(commands: list[str]) -> bool:
+    return any(re.search(r"\b(RUN_A|RUN_B|JOB_DIR)\b", c) or key_of(c).startswith("python -m cupid_exp.report")
+               for c in commands)
+
+
 def _block_params():
+    """A block each; those that read the ``runs`` on one worker (``--dist loadgroup``), which makes them once."""
     params = []
     for where, commands in BLOCKS:
-        slow = any(EXPECTED.get(key_of(c), Expect()).slow for c in commands)
-        params.append(pytest.param(commands, id=where, marks=[pytest.mark.slow] if slow else []))
+        marks = [pytest.mark.slow] if any(EXPECTED.get(key_of(c), Expect()).slow for c in commands) else []
+        if _needs_runs(commands):
+            marks.append(pytest.mark.xdist_group("readme-runs"))
+        params.append(pytest.param(commands, id=where, marks=marks))
     return params
 
 
 @pytest.mark.parametrize("commands", _block_params())
 def test_docs_block_runs_as_declared(commands: list[str], workspace: Workspace, request: pytest.FixtureRequest) -> None:
     values: dict[str, str] = {}
-    if any(re.search(r"\b(RUN_A|RUN_B|JOB_DIR)\b", c) or key_of(c).startswith("python -m cupid_exp.report")
-           for c in commands):
+    if _needs_runs(commands):
         values.update(request.getfixturevalue("runs"))
     failures = []
     for command in commands:  # every command runs, so that one failure does not hide the next

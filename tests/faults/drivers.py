@@ -11,18 +11,17 @@ import json
 import os
 import random
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
 import time
-import urllib.request
 from contextlib import closing
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
 from helpers.cli_runner import PROJECT_ROOT, run_job
+from helpers.mlflow_server import free_port, kill, serve
 from helpers.processes import alive, children
 from helpers.tmpfs import mount_tmpfs, unmount
 
@@ -271,50 +270,27 @@ class StoreDriver(_Started):
         return killed
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class TrackingDriver(_Started):
-    """A real ``mlflow server`` that dies for good (SIGKILL, its process group) once the job has had two replies;
-    the job must end within ``BOUND_S`` (its flush bound, and the rest of its work) with exit 5. The resume has the
-    server back (same port, same store)."""
+    """A real ``mlflow server`` (``helpers.mlflow_server``) that dies for good (SIGKILL, its process group) once the
+    job has had two replies; the job must end within ``BOUND_S`` (its flush bound, and the rest of its work) with
+    exit 5. The resume has the server back (same port, same store)."""
 
     tracking, FLUSH_S = True, 10  # tracking.flush_timeout_s: the job's bound on the store, once its work is done
     BOUND_S = FLUSH_S + 50
 
     def __enter__(self) -> "TrackingDriver":
-        self.port, self.server = _free_port(), None
+        self.port, self.server = free_port(), None
         self.url = f"http://127.0.0.1:{self.port}"
         self.both = (f"tracking.uri={self.url}", f"tracking.flush_timeout_s={self.FLUSH_S}")
         self._serve()
         return self
 
     def _serve(self) -> None:
-        folder = self.cell.tmp / "server"
-        folder.mkdir(exist_ok=True)
-        log = (folder / "server.log").open("a")
-        self.server = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
-             "--backend-store-uri", f"sqlite:///{folder / 'server.db'}", "--artifacts-destination",
-             str(folder / "artifacts"), "--workers", "1"], cwd=folder, env=env(), stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True)
-
-        def healthy() -> bool:
-            assert self.server.poll() is None, (folder / "server.log").read_text()[-2000:]
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as reply:
-                    return reply.status == 200
-            except OSError:
-                return False
-        _wait(healthy, 120, "mlflow server", poll=0.3)
+        self.server = serve(self.cell.tmp / "server", self.port, env())
 
     def _stop(self) -> None:
         if self.server is not None and self.server.poll() is None:
-            os.killpg(self.server.pid, signal.SIGKILL)
-            self.server.wait(timeout=30)
+            kill(self.server)
 
     def __exit__(self, *exc: Any) -> None:
         self._stop()

@@ -117,16 +117,17 @@ def _printed() -> Iterator[list[str]]:
             file.close()
 
 
-def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = True, park: bool = True, **_: Any
-            ) -> subprocess.CompletedProcess:
+def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = True, park: bool = True,
+            cwd: Path | None = None, **_: Any) -> subprocess.CompletedProcess:
     """``cmd`` (``cli_command``'s) run as ``run_cli`` runs it, but in this process: the same entry, exit code and
     printed lines (``_printed``: its worker processes' too), without a new Python and litellm's import (~3 s each).
     For what needs no process of its own: signals, kills, locks and exit by ``os._exit`` stay with ``run_cli``.
-    ``env`` is set for the run only. ``park``: the job's MLflow run worker waits for the next ``run_job`` (its start:
-    ~3-5 s); off, it is a fresh one, quit when the job ends, as at a process's exit (a parked worker writes into the
-    output of the run that started it, so later runs would not read what it prints); a joblib sweep's loky workers are
-    stopped at the end either way, as the process's exit (``entry.exit_now``) stops them: a next run starts its own,
-    with nothing of this run's module state or output."""
+    ``env`` is set for the run only, and so is ``cwd`` (the working folder; this process's by default). ``park``: the
+    job's MLflow run worker waits for the next ``run_job`` (its start: ~3-5 s); off, it is a fresh one, quit when the
+    job ends, as at a process's exit (a parked worker writes into the output of the run that started it, so later
+    runs would not read what it prints); a joblib sweep's loky workers are stopped at the end either way, as the
+    process's exit (``entry.exit_now``) stops them: a next run starts its own, with nothing of this run's module state
+    or output."""
     import importlib
     import logging
     import signal
@@ -144,7 +145,7 @@ def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = 
     # what the run's own variables and the entry set (not what a library sets for the process: litellm's tokenizer
     # folder, set when it is first imported, must stay)
     saved_env = {k: os.environ.get(k) for k in {*(env or {}), "MLFLOW_TRACKING_URI", "PYTHONWARNINGS"}}
-    saved_argv, cwd = sys.argv, os.getcwd()
+    saved_argv, saved_cwd = sys.argv, os.getcwd()
     handlers = {name: signal.getsignal(getattr(signal, name)) for name in _SIGNALS}
     raise_exceptions, root_handlers, root_level = logging.raiseExceptions, logging.root.handlers[:], logging.root.level
     import litellm
@@ -156,6 +157,8 @@ def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = 
     os.environ.pop("MLFLOW_TRACKING_URI", None)  # as ``cli_env`` leaves it out
     os.environ.update({k: v for k, v in (env or {}).items() if os.environ.get(k) != v})
     sys.argv = [cmd[2], *cmd[3:]]
+    if cwd is not None:
+        os.chdir(cwd)
     reset_entry()
     forget_pools()  # a new process's: no answers, failures or pace learned by an earlier run
     GlobalHydra.instance().clear()
@@ -182,7 +185,7 @@ def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = 
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        os.chdir(cwd)
+        os.chdir(saved_cwd)
         for name, handler in handlers.items():
             signal.signal(getattr(signal, name), handler)
         logging.raiseExceptions = raise_exceptions

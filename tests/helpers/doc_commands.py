@@ -6,8 +6,8 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -17,7 +17,8 @@ from typing import Callable
 import pytest
 
 from cupid_exp.testing.stub_llm_server import StubServer
-from helpers.cli_runner import PROJECT_ROOT
+from helpers.cli_runner import _PROGRAMS, PROJECT_ROOT, run_job
+from helpers.mlflow_server import NO_JOB_RUNNER, free_port
 
 DOCS = [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
 LINKED = ("cupid_exp", "conf", "prompts", "bench", "docs", "scripts", "tests", "pyproject.toml")
@@ -132,21 +133,16 @@ class Workspace:
     env: dict[str, str]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve(command: str, ws: Workspace) -> None:
-    """Start a server command on a free port (its folders under the workspace), wait for /health, stop it."""
-    port = _free_port()
+    """Start a server command on a free port (its folders under the workspace), wait for /health, stop it. An MLflow
+    server starts without its job runner (``NO_JOB_RUNNER``: processes no command here uses)."""
+    port = free_port()
     command = command.replace("/srv/mlflow", str(ws.root / "srv"))
     command = (command.replace("--port 5000", f"--port {port}") if "--port 5000" in command
                else f"{command} --port {port}")
     (ws.root / "srv").mkdir(exist_ok=True)
-    proc = subprocess.Popen(["bash", "-c", command], cwd=ws.root, env=ws.env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(["bash", "-c", command], cwd=ws.root, env={**ws.env, **NO_JOB_RUNNER},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
@@ -165,6 +161,33 @@ def _serve(command: str, ws: Workspace) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def in_process_argv(command: str) -> list[str] | None:
+    """The arguments of ``command`` when it is ``python -m`` of a program ``run_job`` runs (``cupid_exp``,
+    ``cupid_exp.synthesize``) with nothing for the shell to do but split words (no variable, substitution,
+    operator, redirection, brace, tilde or wildcard; a ``[...]`` override matches no file in the workspace): such a
+    command runs in this process, as its own would (the same entry, exit code and printed lines), without a new
+    Python importing litellm. Else None: the shell runs it."""
+    if re.search(r"[$`\\|&;<>(){}*?~]", command) or "\n" in command:
+        return None
+    try:
+        argv = shlex.split(command)
+    except ValueError:
+        return None
+    if len(argv) < 3 or argv[:2] != ["python", "-m"] or argv[2] not in _PROGRAMS:
+        return None
+    return [sys.executable, *argv[1:]]
+
+
+def run_doc_command(command: str, ws: Workspace, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``command`` as the docs give it, from the workspace: in this process where it can be (``in_process_argv``),
+    else by ``bash -c``."""
+    argv = in_process_argv(command)
+    if argv is not None:
+        return run_job(argv, env=ws.env, check=False, park=False, cwd=ws.root)
+    return subprocess.run(["bash", "-c", command], cwd=ws.root, env=ws.env, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 _PASSED: set[str] = set()  # commands already run as declared in this process (a command quoted twice runs once)
@@ -190,8 +213,7 @@ def run_command(command: str, expect: Expect, ws: Workspace, values: dict[str, s
     if appended:
         command += " " + " ".join(shlex.quote(a) for a in appended)
     before = ws.stub.stats()["total_received"] if expect.no_calls else None
-    proc = subprocess.run(["bash", "-c", command], cwd=ws.root, env=ws.env, capture_output=True, text=True,
-                          timeout=300)
+    proc = run_doc_command(command, ws)
     said = f"\n$ {command}\nexit {proc.returncode}\nstdout: {proc.stdout[-2500:]}\nstderr: {proc.stderr[-2500:]}"
     assert proc.returncode == expect.exit, said
     if expect.one_line:

@@ -1,4 +1,5 @@
-"""Providers' faults end to end through the real CLI, against the stub behaving as OpenAI does (issue 33): replies
+"""Providers' faults end to end through the CLI's entry (in this process, ``run_job``, but for the requests that time
+out: their timing is the CLI's own), against the stub behaving as OpenAI does (issue 33): replies
 without usage, requests that time out after the provider processed them, 200s without a completion, a daily rate
 limit, refusals of the Batch API's upload and its enqueued-token limit.
 
@@ -37,7 +38,7 @@ def billed_usd(stats: dict) -> float:
     return spend.billed_usd(stats, IN, OUT)
 
 
-def resume_completes(cmd: list[str], root: Path, run: Callable[..., Any] = run_cli) -> None:
+def resume_completes(cmd: list[str], root: Path, run: Callable[..., Any] = run_job) -> None:
     """No instance lost: the same job, resumed without the fault, journals every instance without a failure."""
     proc = run(cmd, timeout=240)
     assert proc.returncode == 0
@@ -58,7 +59,7 @@ def test_replies_without_usage_are_costed_and_a_budget_stops_them(tmp_path: Path
         m = metrics_of(job_dirs(root)[0])
         assert m["tokens/estimated_calls"] == m["calls/total"] > 0 and m["tokens/prompt"] > 0
         assert f"({int(m['calls/total'])} calls' usage estimated); cost: ${m['cost/usd']:.4f}" in hit.stdout
-        resume_completes([*cmd, "runtime.max_cost_usd=1"], root, run_job)
+        resume_completes([*cmd, "runtime.max_cost_usd=1"], root)
         assert billed_usd(stub.stats()) <= spent(root)  # over both attempts
     from mlflow.tracking import MlflowClient
 
@@ -83,7 +84,7 @@ def test_requests_that_time_out_are_charged_so_no_fault_sends_past_the_budget(tm
         assert billed_usd(stats) <= worst == pytest.approx(spent(root)) and spent(root) <= budget
         one_line(hit.stderr, "BUDGET:")
         stub.config.faults.rate_slow = 0.0
-        resume_completes([*cmd, "runtime.max_cost_usd=1"], root)
+        resume_completes([*cmd, "runtime.max_cost_usd=1"], root, run_cli)
 
 
 @pytest.mark.parametrize("kind", ["empty_choices", "content_null"])
@@ -112,7 +113,7 @@ def test_a_daily_limit_stops_the_job_for_later_and_a_resume_completes_it(tmp_pat
         cmd = cli_command(good.url, root, "tracking=none", "model.max_concurrency=2",
                           *(f"evaluator.{role}.api_base={limited.url}" for role in ("decomposer", "matcher", "judge")),
                           data=data, cache_dir=tmp_path / "cache")
-        proc = run_cli(cmd, check=False, timeout=240)
+        proc = run_job(cmd, check=False)
         refused = limited.stats()["faults"]
         assert proc.returncode == 75, (proc.stdout[-2000:], proc.stderr[-2000:])
         assert sum(f.get("daily", 0) for f in refused.values()) >= 1
@@ -148,7 +149,7 @@ def test_a_daily_limit_means_the_same_in_every_mode(tmp_path: Path, mode: str) -
             cmd += BATCH
         elif mode == "synthesis":
             cmd = _synthesize(stub.url, root)
-        proc = run_cli(cmd, env=cli_env(), check=False, timeout=300)
+        proc = run_job(cmd, env=cli_env(), check=False)
         stats = stub.stats()
     refusals = stub.batches.upload_refusals if batch else sum(f.get("daily", 0) for f in stats["faults"].values())
     assert refusals >= 1 and stats["total_completed"] == 0
@@ -165,7 +166,7 @@ def test_a_batch_upload_refused_for_credit_stops_the_job_with_one_line(tmp_path:
     data, root = write_dataset(tmp_path / "data.jsonl", N), tmp_path / "out"
     with StubServer(batch=BatchQueueConfig(refuse_upload="insufficient_quota")) as stub:
         cmd = cli_command(stub.url, root, "tracking=none", *BATCH, data=data, cache_dir=tmp_path / "cache")
-        proc = run_cli(cmd, check=False, timeout=240)
+        proc = run_job(cmd, check=False)
         assert stub.batches.upload_refusals == 1 and stub.batches.submissions == 0
         assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
         line = one_line(proc.stderr, "cupid_exp: stopped:")
@@ -179,8 +180,8 @@ def test_batches_over_the_enqueued_token_limit_are_held_not_failed(tmp_path: Pat
     data, root = write_dataset(tmp_path / "data.jsonl", N), tmp_path / "out"
     limit = 6000  # tokens: the first batch (six inference prompts, ~1,600 each) is over it, two of them are not
     with StubServer(batch=BatchQueueConfig(complete_after_s=0.3, enqueued_token_limit=limit)) as stub:
-        proc = run_cli(cli_command(stub.url, root, "tracking=none", *BATCH, data=data, cache_dir=tmp_path / "cache"),
-                       check=False, timeout=240)
+        proc = run_job(cli_command(stub.url, root, "tracking=none", *BATCH, data=data, cache_dir=tmp_path / "cache"),
+                       check=False)
         batches = list(stub.batches.batches.values())
     assert stub.batches.token_limit_rejections >= 1, [b.tokens for b in batches]
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])

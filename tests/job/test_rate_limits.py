@@ -1,14 +1,14 @@
-"""A real key's limits, end to end through the CLI: a limit that lifts costs time, not instances; one that never
-lifts stops the job at the patience deadline for later (exit 75), no instance failed; a bad key, a refused region,
-an unknown model or an account out of credit stops the job after its first calls (exit 2, one line), the journal
-kept."""
+"""A real key's limits, end to end through the CLI's entry (in this process, ``run_job``, but for the paced pool,
+whose pace is the CLI's own): a limit that lifts costs time, not instances; one that never lifts stops the job at the
+patience deadline for later (exit 75), no instance failed; a bad key, a refused region, an unknown model or an
+account out of credit stops the job after its first calls (exit 2, one line), the journal kept."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_cli
+from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_cli, run_job
 
 from cupid_exp.testing.cupid_data import write_dataset
 from cupid_exp.testing.stub_llm_server import StubServer
@@ -21,8 +21,8 @@ def test_a_limit_that_lifts_after_a_few_seconds_costs_no_instance(tmp_path: Path
     data = write_dataset(tmp_path / "data.jsonl", N)
     with StubServer(closed_s=3.0, latency_ms=20) as stub:
         # num_retries=0: before, the first 429 of each call failed its instance
-        proc = run_cli(cli_command(stub.url, tmp_path / "out", "tracking=none", "runtime.num_retries=0",
-                                   data=data, cache_dir=tmp_path / "cache"), timeout=240)
+        proc = run_job(cli_command(stub.url, tmp_path / "out", "tracking=none", "runtime.num_retries=0",
+                                   data=data, cache_dir=tmp_path / "cache"))
         st = stub.stats()
     assert st["rate_limited"] >= 1
     (job,) = job_dirs(tmp_path / "out")
@@ -37,8 +37,8 @@ def test_a_limit_that_lifts_after_a_few_seconds_costs_no_instance(tmp_path: Path
 def test_a_limit_that_never_lifts_stops_the_job_for_later_at_the_patience_deadline(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "data.jsonl", 3)
     with StubServer(closed_s=float("inf")) as stub:
-        proc = run_cli(cli_command(stub.url, tmp_path / "out", "tracking=none", "runtime.rate_limit_patience_s=2",
-                                   data=data, cache_dir=tmp_path / "cache"), timeout=240, check=False)
+        proc = run_job(cli_command(stub.url, tmp_path / "out", "tracking=none", "runtime.rate_limit_patience_s=2",
+                                   data=data, cache_dir=tmp_path / "cache"), check=False)
     assert proc.returncode == 75, proc.stderr[-2000:]  # try again later, not 3: no instance failed
     (line,) = [line for line in proc.stderr.splitlines() if line.startswith("cupid_exp: stopped:")]
     assert "rate_limit_patience_s=2" in line and "requests per min" in line and "Traceback" not in proc.stderr
@@ -57,7 +57,7 @@ def test_a_fatal_refusal_stops_the_job_after_its_first_calls(tmp_path: Path, ref
         cmd = cli_command(good.url, root, "tracking=none", "runtime.num_retries=3", "model.max_concurrency=2",
                           *(f"evaluator.{role}.api_base={bad.url}" for role in ("decomposer", "matcher", "judge")),
                           data=data, cache_dir=tmp_path / "cache")
-        proc = run_cli(cmd, timeout=240, check=False)
+        proc = run_job(cmd, check=False)
         refused, answered = bad.stats()["total_received"], good.stats()["total_received"]
     assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
     lines = [line for line in proc.stderr.splitlines() if line.startswith("cupid_exp: stopped:")]

@@ -1,4 +1,5 @@
-"""The Batch API path (``runtime.batch=true``): the real CLI against the stub's Files and Batch endpoints.
+"""The Batch API path (``runtime.batch=true``): the CLI's entry against the stub's Files and Batch endpoints, in this
+process (``run_job``) but for the job that is killed.
 
 The stub answers a batch row exactly as it answers the same request live, so a batch job must give the
 synchronous job's scores; it counts batch submissions, so a resumed job that re-submitted is caught.
@@ -13,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env, job_dirs, metrics_of, read_jsonl, run_cli, scoring
+from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env, job_dirs, metrics_of, read_jsonl, run_job, scoring
 from helpers.spend import billed_usd, settled, spent
 
 from cupid_exp.testing.batch_api import BatchQueueConfig
@@ -36,10 +37,10 @@ def data(tmp_path: Path) -> Path:
 
 def test_a_batch_job_scores_as_the_live_job_with_no_live_call(tmp_path: Path, data: Path) -> None:
     with StubServer(batch=BatchQueueConfig(complete_after_s=0.3)) as stub:
-        run_cli(cli_command(stub.url, tmp_path / "live", "tracking=none", data=data))
+        run_job(cli_command(stub.url, tmp_path / "live", "tracking=none", data=data))
         live_requests = stub.stats()["total_received"]
         assert live_requests > 0 and stub.batches.submissions == 0
-        proc = run_cli(cli_command(stub.url, tmp_path / "batch", *FAST, data=data))
+        proc = run_job(cli_command(stub.url, tmp_path / "batch", *FAST, data=data))
         assert stub.stats()["total_received"] == live_requests, "the batch job sent a live request"
         # inference: the subject's batch, then decompose, then both match directions (one batch each, or merged)
         assert 3 <= stub.batches.submissions <= 4, stub.batches.submissions
@@ -53,8 +54,8 @@ def test_a_batch_job_scores_as_the_live_job_with_no_live_call(tmp_path: Path, da
 def test_failed_rows_are_sent_again_and_an_expired_batch_resubmitted(tmp_path: Path, data: Path) -> None:
     config = BatchQueueConfig(complete_after_s=0.2, row_fail_rate=0.3, expire_batches=(1,))
     with StubServer(batch=config) as stub:
-        run_cli(cli_command(stub.url, tmp_path / "live", "tracking=none", data=data))
-        run_cli(cli_command(stub.url, tmp_path / "batch", *FAST, data=data))
+        run_job(cli_command(stub.url, tmp_path / "live", "tracking=none", data=data))
+        run_job(cli_command(stub.url, tmp_path / "batch", *FAST, data=data))
     metrics = metrics_of(job_dirs(tmp_path / "batch")[0])
     assert metrics["batch/expired"] == 1
     assert metrics["batch/rows_resubmitted"] > N  # the expired batch's N rows and the failed rows
@@ -64,7 +65,7 @@ def test_failed_rows_are_sent_again_and_an_expired_batch_resubmitted(tmp_path: P
 
 def test_rows_that_keep_failing_are_counted_by_kind_not_scored(tmp_path: Path, data: Path) -> None:
     with StubServer(batch=BatchQueueConfig(complete_after_s=0.1, row_fail_rate=1.0)) as stub:
-        proc = run_cli(cli_command(stub.url, tmp_path / "b", *FAST, "runtime.num_retries=1", data=data), check=False)
+        proc = run_job(cli_command(stub.url, tmp_path / "b", *FAST, "runtime.num_retries=1", data=data), check=False)
     assert proc.returncode == 3, proc.stderr[-2000:]
     records = _records(tmp_path / "b")
     assert all(r.get("f1") is None for r in records)
@@ -74,7 +75,7 @@ def test_rows_that_keep_failing_are_counted_by_kind_not_scored(tmp_path: Path, d
 
 def test_a_killed_job_collects_its_pending_batch_instead_of_resubmitting(tmp_path: Path, data: Path) -> None:
     with StubServer(batch=BatchQueueConfig(complete_after_s=1.0)) as stub:
-        run_cli(cli_command(stub.url, tmp_path / "once", *FAST, cache_dir=tmp_path / "cache-once", data=data))
+        run_job(cli_command(stub.url, tmp_path / "once", *FAST, cache_dir=tmp_path / "cache-once", data=data))
         uninterrupted = stub.batches.submissions
     cache = tmp_path / "cache"
     with StubServer(batch=BatchQueueConfig(complete_after_s=3.0)) as stub:
@@ -89,11 +90,11 @@ def test_a_killed_job_collects_its_pending_batch_instead_of_resubmitting(tmp_pat
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         assert (cache / "batches" / "batches.jsonl").exists()
-        run_cli(cmd)
+        run_job(cmd)
         # the subject's batch was collected by the rerun, not sent again
         assert stub.batches.submissions == uninterrupted
         assert [b.status for b in stub.batches.batches.values() if b.number == 1] == ["completed"]
-        run_cli(cmd)
+        run_job(cmd)
         assert stub.batches.submissions == uninterrupted  # a complete resume sends nothing
     assert len(_records(tmp_path / "b")) == N
     assert scoring(_records(tmp_path / "b")) == scoring(_records(tmp_path / "once"))
@@ -110,7 +111,7 @@ def test_an_unreadable_result_line_sends_its_row_again_and_is_charged(tmp_path: 
     the job completes; the unreadable attempts are counted, and charged (their worst case) in the metrics and on the
     budget, so the spend covers what the provider billed."""
     with StubServer(batch=BatchQueueConfig(complete_after_s=0.1, garble_rows=1.0)) as stub:
-        proc = run_cli(cli_command(stub.url, tmp_path, *FAST, *PRICED, "runtime.max_cost_usd=5", data=data))
+        proc = run_job(cli_command(stub.url, tmp_path, *FAST, *PRICED, "runtime.max_cost_usd=5", data=data))
         billed, garbled = billed_usd(settled(stub), 2e-6, 1e-5), stub.batches.rows_garbled
     metrics = metrics_of(job_dirs(tmp_path)[0])
     assert garbled == metrics["batch/rows_unreadable"] == metrics["batch/rows_resubmitted"] > 0
@@ -123,7 +124,7 @@ def test_an_unreadable_result_line_sends_its_row_again_and_is_charged(tmp_path: 
 def test_a_row_whose_result_line_is_never_readable_fails_after_its_retries(tmp_path: Path, data: Path) -> None:
     config = BatchQueueConfig(complete_after_s=0.1, garble_rows=1.0, garble_runs=99)
     with StubServer(batch=config) as stub:
-        proc = run_cli(cli_command(stub.url, tmp_path, *FAST, *PRICED, "runtime.num_retries=1", data=data),
+        proc = run_job(cli_command(stub.url, tmp_path, *FAST, *PRICED, "runtime.num_retries=1", data=data),
                        check=False)
         billed = billed_usd(settled(stub), 2e-6, 1e-5)
     assert proc.returncode == 3, proc.stderr[-2000:]
@@ -144,7 +145,7 @@ def test_a_batch_rejected_as_a_whole_fails_only_its_rows(tmp_path: Path, data: P
             original(batch)
 
         stub.batches._finish = reject_first
-        proc = run_cli(cli_command(stub.url, tmp_path / "b", *FAST, data=data), check=False)
+        proc = run_job(cli_command(stub.url, tmp_path / "b", *FAST, data=data), check=False)
     assert proc.returncode == 3
     records = _records(tmp_path / "b")
     assert all([(e["step"], e["kind"]) for e in r["errors"]] == [("infer", "provider")] for r in records)
@@ -152,7 +153,7 @@ def test_a_batch_rejected_as_a_whole_fails_only_its_rows(tmp_path: Path, data: P
 
 
 def test_the_dry_run_shows_batch_prices(tmp_path: Path) -> None:
-    proc = run_cli(["python", "-m", "cupid_exp", "model=gpt4o", "runtime.dry_run=true", "tracking=none",
+    proc = run_job(["python", "-m", "cupid_exp", "model=gpt4o", "runtime.dry_run=true", "tracking=none",
                     f"paths.output_root={tmp_path}"], env=cli_env(OPENAI_API_KEY="sk-dry"))
     line = next(line for line in proc.stdout.splitlines() if line.startswith("total:"))
     full = float(line.split("~$")[1].split()[0].rstrip(";"))
@@ -164,7 +165,7 @@ def test_the_mlflow_run_has_the_batches_at_batch_prices(tmp_path: Path, data: Pa
     from helpers.tracking_runs import PRICES, only_run, store_uri
 
     with StubServer(batch=BatchQueueConfig(complete_after_s=1.5)) as stub:
-        run_cli(cli_command(stub.url, tmp_path, *PRICES, *FAST[:-1], "tracking.progress_every_s=0.2", data=data))
+        run_job(cli_command(stub.url, tmp_path, *PRICES, *FAST[:-1], "tracking.progress_every_s=0.2", data=data))
         ids = sorted(stub.batches.batches)
     run = only_run(store_uri(tmp_path))
     assert sorted(run.data.tags["cupid.batch_ids"].split()) == ids
@@ -178,7 +179,7 @@ def test_a_parallel_sweep_in_batch_mode_completes(tmp_path: Path, data: Path) ->
     with StubServer(batch=BatchQueueConfig(complete_after_s=0.3)) as stub:
         cmd = cli_command(stub.url, tmp_path, *FAST, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
                           "setting=standard,oracle", data=data)
-        proc = run_cli([*cmd[:3], "-m", *cmd[3:]], timeout=240)
+        proc = run_job([*cmd[:3], "-m", *cmd[3:]], timeout=240)
         assert stub.stats()["total_received"] == 0  # no live call
     jobs = job_dirs(tmp_path)
     assert len(jobs) == 2, proc.stdout[-2000:]
@@ -215,7 +216,7 @@ def test_a_batch_ledger_of_garbage_is_set_aside_and_a_torn_line_is_not(tmp_path:
 
 def test_epochs_go_through_the_batch_api_each_its_own_seeded_row(tmp_path: Path, data: Path) -> None:
     with StubServer(batch=BatchQueueConfig(complete_after_s=0.3)) as stub:
-        run_cli(cli_command(stub.url, tmp_path / "batch", *FAST, "runtime.epochs=2", data=data))
+        run_job(cli_command(stub.url, tmp_path / "batch", *FAST, "runtime.epochs=2", data=data))
         assert stub.stats()["total_received"] == 0 and stub.batches.submissions >= 3  # no live request
         rows = [json.loads(line) for file in stub.batches.files.values() for line in file.decode().splitlines()
                 if line.strip()]

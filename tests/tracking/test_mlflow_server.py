@@ -3,64 +3,34 @@ artifacts there, and the artifacts land in the server's artifact store, not in a
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import cli_env, run_cli
-from helpers.tracking_runs import job_command, only_run, traces_of, wait_for
+from helpers.cli_runner import cli_env, run_cli, run_job
+from helpers.mlflow_server import free_port, kill, serve
+from helpers.tracking_runs import job_command, only_run, traces_of
 from mlflow.tracking import MlflowClient
 
 from cupid_exp.testing.cupid_data import write_dataset
 from cupid_exp.testing.stub_llm_server import StubServer
 
-pytestmark = pytest.mark.slow  # the server alone takes 10-20 s to start here
+pytestmark = pytest.mark.slow  # a real server
 
 N = 4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _healthy(url: str) -> bool:
-    with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
-        return reply.status == 200
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """`mlflow server` on 127.0.0.1 with a SQLite backend and its own artifact store (LITELLM_LOCAL_MODEL_COST_MAP
-    keeps it from deadlocking offline); stopped with its worker processes at the end."""
+    keeps it from deadlocking offline); killed at the end."""
     tmp = tmp_path_factory.mktemp("server")
-    port, artifacts = _free_port(), tmp / "artifact-store"
-    url = f"http://127.0.0.1:{port}"
-    log = (tmp / "server.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                             "--backend-store-uri", f"sqlite:///{tmp / 'server.db'}", "--artifacts-destination",
-                             str(artifacts), "--workers", "1"], cwd=tmp, env=cli_env(), stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    port, artifacts = free_port(), tmp / "artifact-store"
+    proc = serve(tmp, port, cli_env(), artifacts=artifacts)
     try:
-        wait_for(lambda: proc.poll() is None and _healthy(url), 120, "mlflow server")
-        yield {"url": url, "artifacts": artifacts}
+        yield {"url": f"http://127.0.0.1:{port}", "artifacts": artifacts}
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group: uvicorn, its job runner, huey workers
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            pass
-        try:  # huey workers can outlive a SIGTERMed server
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
+        kill(proc)
 
 
 def test_a_job_logs_everything_to_the_server_named_by_the_environment(server, tmp_path: Path) -> None:
@@ -68,7 +38,8 @@ def test_a_job_logs_everything_to_the_server_named_by_the_environment(server, tm
     root = tmp_path / "out"
     env = cli_env(MLFLOW_TRACKING_URI=server["url"])
     with StubServer() as stub:
-        proc = run_cli(job_command(stub.url, root, data, seed=False), env=env, timeout=300)
+        # in this process: the variable is the point, not the process
+        proc = run_job(job_command(stub.url, root, data, seed=False), env=env, park=False)
     assert f"at {server['url']}" in proc.stdout
     assert not (root / "mlflow.db").exists() and not (root / "mlartifacts").exists()  # nothing on the client
 

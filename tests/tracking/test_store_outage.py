@@ -4,64 +4,23 @@ is back, publishes the metrics and every instance's trace into the same run, FIN
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import cli_env, read_jsonl, run_cli
+from helpers.cli_runner import cli_env, read_jsonl, run_job
+from helpers.mlflow_server import answers, free_port, kill, serve
 from helpers.tracking_runs import job_command, only_run, start, traces_of, wait_for
 
 from cupid_exp.entry import EXIT_ENVIRONMENT
 from cupid_exp.testing.cupid_data import write_dataset
 from cupid_exp.testing.stub_llm_server import StubServer
 
-pytestmark = pytest.mark.slow  # two server starts (10-20 s each here)
+pytestmark = pytest.mark.slow  # two server starts
 
 N = 8
 FLUSH_S = 10  #: tracking.flush_timeout_s for these jobs
 SLACK_S = 20  #: what a loaded 2-core machine adds to it (the job's own exit, the worker's kill)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _serve(folder: Path, port: int) -> subprocess.Popen:
-    """`mlflow server` on ``port`` over the store in ``folder`` (the same store each time), in its own process
-    group, once it answers."""
-    url = f"http://127.0.0.1:{port}"
-    log = (folder / "server.log").open("a")
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                             "--backend-store-uri", f"sqlite:///{folder / 'server.db'}", "--artifacts-destination",
-                             str(folder / "artifacts"), "--workers", "1"], cwd=folder, env=cli_env(), stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    wait_for(lambda: proc.poll() is None and _answers(url), 120, "mlflow server")
-    return proc
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
-            return reply.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=30)
 
 
 def _journalled(root: Path) -> list[dict]:
@@ -71,11 +30,11 @@ def _journalled(root: Path) -> list[dict]:
 def test_a_server_gone_for_good_ends_the_job_in_bounded_time_and_the_next_command_publishes_it_all(tmp_path):
     folder = tmp_path / "server"
     folder.mkdir()
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     data = write_dataset(tmp_path / "data.jsonl", N)
     root, log = tmp_path / "out", tmp_path / "job.log"
-    server = _serve(folder, port)
+    server = serve(folder, port, cli_env())
     job = None
     try:
         with StubServer() as stub:
@@ -86,8 +45,8 @@ def test_a_server_gone_for_good_ends_the_job_in_bounded_time_and_the_next_comman
             job = start(cmd, log, new_session=True, MLFLOW_HTTP_REQUEST_MAX_RETRIES="7")
             assert stub.wait_held(timeout=120), log.read_text()[-3000:]
             wait_for(lambda: _journalled(root) and traces_of(url, only_run(url)), 60, "a journalled, traced instance")
-            _kill_group(server)  # the server dies for good, mid-job
-            assert not _answers(url)
+            kill(server)  # the server dies for good, mid-job
+            assert not answers(url)
             stub.release()
             wait_for(lambda: "complete: " in log.read_text(), 120, "the job's table")
             printed = time.monotonic()
@@ -104,17 +63,17 @@ def test_a_server_gone_for_good_ends_the_job_in_bounded_time_and_the_next_comman
             assert "run the same command again once the store answers" in last
             assert len({r["key"] for r in _journalled(root)}) == N  # every instance journalled
 
-            server = _serve(folder, port)  # back, with the same store
+            server = serve(folder, port, cli_env())  # back, with the same store
             sent = stub.stats()["total_received"]
-            again = run_cli(cmd, timeout=300)
+            again = run_job(cmd, park=False)  # in this process: its process is not the point
             assert stub.stats()["total_received"] == sent  # nothing asked of a model again
         assert f"resuming: {N} of {N}" in again.stdout + again.stderr
         run = only_run(url)  # one run: the first attempt's, finished by the second
         traces = traces_of(url, run)
     finally:
         if job is not None and job.poll() is None:
-            _kill_group(job)
-        _kill_group(server)
+            kill(job)
+        kill(server)
     assert run.info.status == "FINISHED" and run.data.tags["cupid.attempt"] == "2"
     assert run.data.metrics["calls/total"] == 4 * N and run.data.metrics["instances/total"] == N
     keys = sorted(t.info.tags["cupid.key"] for t in traces)

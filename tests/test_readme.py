@@ -284,12 +284,10 @@ def _needs_runs(commands: list[str]) -> bool:
 
 
 def _block_params():
-    """A block each; those that read the ``runs`` on one worker (``--dist loadgroup``), which makes them once."""
+    """A block each (``slow`` where a command is)."""
     params = []
     for where, commands in BLOCKS:
         marks = [pytest.mark.slow] if any(EXPECTED.get(key_of(c), Expect()).slow for c in commands) else []
-        if _needs_runs(commands):
-            marks.append(pytest.mark.xdist_group("readme-runs"))
         params.append(pytest.param(commands, id=where, marks=marks))
     return params
 

@@ -428,7 +428,7 @@ def _config_prices(model: ModelConfig) -> dict[str, float] | None:
 
 def _provider(model: ModelConfig) -> str | None:
     """The provider litellm routes ``model`` to, resolved once: without it ``acompletion`` resolves it again for
-    every call, on the event loop (a pydantic check of every option, then the lookup: ~2% of a call's CPU). None where
+    every call, on the event loop (a pydantic check of every option, then the lookup: ~25 µs of CPU). None where
     litellm cannot tell yet (a custom provider registered later): then it resolves it per call, as before."""
     import litellm
 

@@ -101,6 +101,7 @@ def _joinable_sessions(store: Any) -> Any:
     joined = getattr(store, _WRAPPED, None)
     if joined is not None:
         return joined
+    from mlflow.store.db.db_types import SQLITE
     from mlflow.store.db.utils import _get_managed_session_maker
 
     original = store.ManagedSessionMaker
@@ -125,7 +126,12 @@ def _joinable_sessions(store: Any) -> Any:
 
     @contextmanager
     def joined(session_maker: Any) -> Iterator[None]:
-        local.maker = _get_managed_session_maker(session_maker, store.db_type)
+        managed = _get_managed_session_maker(session_maker, store.db_type)
+        with managed():  # MLflow's settings of each session (SQLite's PRAGMAs) hold for the connection: set once
+            pass
+        # the batch's own sessions (one a trace and several a batch, three PRAGMA statements each on SQLite) share
+        # that connection: opened by MLflow's maker as for any other database, without them
+        local.maker = _get_managed_session_maker(session_maker, "joined") if store.db_type == SQLITE else managed
         local.experiments = {}
         try:
             yield

@@ -91,6 +91,36 @@ def test_api_model_calls_are_priced_from_litellms_map(tmp_path) -> None:
     assert meter.as_dict()["s"]["cost_usd"] == pytest.approx(out.cost_usd)
 
 
+def test_the_provider_is_resolved_once_per_client_not_on_the_event_loop_per_call(tmp_path, monkeypatch) -> None:
+    """litellm's ``acompletion`` resolved each call's provider on the event loop (a pydantic check of every option,
+    then the lookup) unless given one; the client gives the one it resolved when built. ``completion`` still resolves
+    the model's name off the loop, as before, and the call is priced as before."""
+    import threading
+
+    import litellm.main
+
+    loop_thread, on_loop = threading.get_ident(), []
+    resolve = litellm.main.get_llm_provider
+
+    def counted(*args, **kwargs):
+        on_loop.append(threading.get_ident() == loop_thread)
+        return resolve(*args, **kwargs)
+
+    monkeypatch.setattr(litellm.main, "get_llm_provider", counted)
+    body = {**completion_body("hello"), "model": "gpt-4o-2024-08-06"}
+    with ScriptedServer([(200, body, {})] * 3) as server:
+        model = ModelConfig(name="gpt4o", litellm_model="openai/gpt-4o-2024-08-06", api_base=server.url)
+        client = LLMClient(model, runtime(tmp_path, cache=False), UsageMeter())
+
+        async def three() -> list:
+            return [await client.complete([{"role": "user", "content": f"hi {n}"}], step="s") for n in range(3)]
+
+        replies = asyncio.run(three())
+    assert len(server.requests) == 3 and [r.text for r in replies] == ["hello"] * 3
+    assert on_loop and True not in on_loop  # 3 on the loop before (one per call), beside completion()'s in its thread
+    assert replies[0].cost_usd == pytest.approx(7 * 2.5e-6 + 3 * 1e-5)
+
+
 def test_custom_priced_model_is_costed_at_its_configured_prices(tmp_path) -> None:
     """Regression: a model priced in its config (input/output_cost_per_token) used to cost $0."""
     with ScriptedServer([(200, completion_body("hello"), {})]) as server:

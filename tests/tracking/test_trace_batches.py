@@ -135,6 +135,26 @@ def test_a_batch_reads_its_experiment_once_not_once_per_trace(tmp_path: Path, mo
     assert reads == [experiment]
 
 
+def test_a_batch_sets_sqlites_session_pragmas_once_not_per_session(tmp_path: Path, monkeypatch) -> None:
+    """MLflow opens each session with three PRAGMA statements on SQLite, and ``start_trace`` opens one a trace,
+    ``log_spans`` several a batch; a batch's sessions share one connection, where the PRAGMAs are set once."""
+    from sqlalchemy import event
+
+    statements: list[str] = []
+
+    def count(batches: Any) -> None:
+        event.listen(batches.store.engine, "before_cursor_execute",
+                     lambda conn, cursor, statement, *rest: statements.append(statement))
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    experiment, batches = _write(uri, N, batched=True, monkeypatch=monkeypatch, prepare=count)
+    assert batches.fallbacks == 0 and 1 <= batches.batches < N
+    pragmas = [s for s in statements if s.lstrip().upper().startswith("PRAGMA")]
+    assert "PRAGMA foreign_keys = ON;" in pragmas  # the batch still sets them (and what counted them saw the writes)
+    assert len(pragmas) <= 3 * batches.batches, len(pragmas)  # 3 per session before: 126 for 40 traces in one batch
+    assert len(_stored(uri, experiment)) == N
+
+
 def test_a_batch_that_fails_is_rolled_back_and_written_trace_by_trace(tmp_path: Path, monkeypatch) -> None:
     """The first batch's spans are refused: its transaction is rolled back (its traces' rows with it, or writing
     them again would take MLflow's conflict path and add their assessments twice), then each trace is written

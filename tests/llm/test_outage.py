@@ -45,8 +45,11 @@ def test_an_outage_mid_run_pauses_the_pool_and_no_call_fails(tmp_path: Path, kin
             out = ask(c, 16)
         outage, received = stub.stats()["outage"], stub.stats()["total_received"]
     assert outage["unanswered"] >= 4 and outage["ended"] is not None, outage  # it happened, and it ended
-    # every request sent again during it counted too (the stub counts those the outage left unanswered apart)
-    assert usage_metrics(meter)["calls/requests"] == received + outage["unanswered"], (received, outage)
+    # every request sent again during it counted too (the stub counts those the outage left unanswered apart); the
+    # client may count one more than the stub saw (an attempt on a pooled connection the stub had just closed fails
+    # before the stub reads it: seen once in a full suite run), never fewer
+    seen, counted = received + outage["unanswered"], usage_metrics(meter)["calls/requests"]
+    assert seen <= counted <= seen + 1, (counted, received, outage)
     assert [o for o in out if isinstance(o, BaseException)] == []
     assert c.pool.total.outages == 1 and c.pool.outage.down_since is None
     assert usage_metrics(meter)[f"pools/{c.pool.label}/outages"] == 1  # the job's own count

@@ -4,26 +4,18 @@ the stub model server started as the serve command."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from helpers.mlflow_server import free_port
 
 from cupid_exp.config import ConfigError, ModelConfig, RuntimeConfig, ServerConfig
 from cupid_exp.llm.client import LLMClient, configure_litellm
 from cupid_exp.llm.server import ServerStartError, check_server_command, is_healthy, managed_server
 from cupid_exp.llm.usage import UsageMeter
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 
 
 def model_server(port: int) -> ServerConfig:

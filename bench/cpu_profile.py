@@ -89,6 +89,7 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--py-spy", default=shutil.which("py-spy") or "py-spy")
     p.add_argument("--rate", type=int, default=200, help="samples a second")
+    p.add_argument("--stacks", type=Path, help="also keep py-spy's raw samples (one folded stack a line) here")
     p.add_argument("overrides", nargs="*", help="cupid-exp overrides (after --)")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="cupid-cpu-"))
@@ -110,6 +111,8 @@ def main() -> None:
             raise SystemExit(f"the job failed (exit {os.waitstatus_to_exitcode(status)})")
         cpu = usage.ru_utime + usage.ru_stime
         buckets, processes = read_samples(work / "stacks.txt", job.pid)
+        if args.stacks:
+            shutil.copyfile(work / "stacks.txt", args.stacks)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     total = sum(buckets.values())

@@ -219,9 +219,8 @@ class Batcher:
             while True:
                 try:
                     batch = await self._answered(lambda: litellm.aretrieve_batch(batch_id=batch_id, **self.kwargs))
-                except _Gone as gone:
-                    self._fail_rows(rows, gone.stop)
-                    return
+                except _Gone:
+                    raise
                 except Exception as exc:  # noqa: BLE001
                     failures += 1
                     if failures >= 10:  # a batch whose status cannot be read: its rows fail, the run goes on
@@ -231,17 +230,16 @@ class Batcher:
                     continue
                 failures = 0
                 if batch.status in FINAL_STATES:
-                    try:
-                        await self._collect(batch, rows)
-                    except _Gone as gone:
-                        self._fail_rows(rows, gone.stop)
+                    await self._collect(batch, rows)
                     return
                 await asyncio.sleep(self.settings.poll_s)
+        except _Gone as gone:  # the endpoint did not come back: the rows' calls get the job's stop for later
+            self._fail_rows(rows, gone.stop)
         finally:
             self.counts.pending -= 1
 
     def _fail_rows(self, rows: dict[str, str], exc: BaseException) -> None:
-        """Every call still waiting on one of ``rows`` gets ``exc`` (the job's stop for later, the batch's failure)."""
+        """Every call still waiting on one of ``rows`` gets ``exc``."""
         for digest in rows.values():
             if digest in self._waiting:
                 self._fail(self._waiting[digest], exc)

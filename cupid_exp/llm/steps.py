@@ -58,8 +58,6 @@ class Reask:
     attempts: int = 1  #: extra attempts after the first
 
     def messages(self, original: Messages, attempt: int, reply: str, reason: str) -> Messages:
-        if attempt == 0:
-            return list(original)
         return [*original, {"role": "assistant", "content": reply},
                 {"role": "user", "content": f"Your reply could not be used ({reason}). "
                                             "Answer again, exactly in the required format."}]
@@ -75,8 +73,6 @@ class Resample:
     attempts: int = 2
 
     def messages(self, original: Messages, attempt: int, reply: str, reason: str) -> Messages:
-        if attempt == 0:
-            return list(original)
         last = dict(original[-1])
         note = f"(Attempt {attempt + 1}. The previous answer was rejected: {reason[:300]}. Write a new answer.)"
         last["content"] = f"{last['content']}\n\n{note}"
@@ -99,7 +95,7 @@ async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[
     while attempt <= retry.attempts:
         extra = {**(params or {}), **(retry.params(client, attempt) or {})}
         if sent is None:
-            sent = retry.messages(messages, attempt, reply, reason)
+            sent = retry.messages(messages, attempt, reply, reason) if attempt else list(messages)
         started = time.time_ns() if log is not None else 0
         try:
             completion = await client.complete(sent, step=step, json_schema=schema, params={**extra, **(longer or {})},

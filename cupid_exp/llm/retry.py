@@ -382,9 +382,9 @@ def _beyond_patience(exc: BaseException, hint: float | None, wait: float, spent:
             f"{patience_s:g} (rate-limited for {spent:.0f} s so far): {_message(exc)}")
 
 
-def _outage_over(endpoint: Any, exc: BaseException, patience_s: float) -> str:
-    """The stop's words when the endpoint did not come back within the patience."""
-    down = endpoint.outage.down_since
+def _outage_over(endpoint: Pool, exc: BaseException, patience_s: float) -> str:
+    """The stop's words when the endpoint did not come back within the patience (its outage has begun)."""
+    down = endpoint.outage.down_since or time.time()
     since = time.strftime("%H:%M:%S", time.localtime(down))
     return (f"provider {endpoint.label} has not answered since {since} ({time.time() - down:.0f} s, "
             f"runtime.outage_patience_s={patience_s:g}): {_message(exc)}")

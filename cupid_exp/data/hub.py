@@ -47,8 +47,7 @@ def probe(name: str, revision: str | None, timeout: float | None = None) -> None
         raise HubUnavailable(
             f"cannot reach the Hugging Face Hub at {constants.ENDPOINT} to load {name} ({_one_line(exc)}; tried once, "
             f"HF_HUB_ETAG_TIMEOUT={timeout:g} s): {LOCAL_COPY}, or download it once where the Hub is reachable and "
-            f"rerun with "
-            f"HF_HUB_OFFLINE=1 to read it from the Hugging Face cache") from None
+            "rerun with HF_HUB_OFFLINE=1 to read it from the Hugging Face cache") from None
     except GatedRepoError:
         raise HubUnavailable(f"{name} is gated on the Hugging Face Hub: ask for access at "
                              f"{constants.ENDPOINT}/datasets/{name} and log in (hf auth login), or "

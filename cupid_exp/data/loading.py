@@ -75,8 +75,8 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
     seen_line = False
     with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
-            if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
-                raw = raw[len(codecs.BOM_UTF8):]  # a BOM would make the first row invalid JSON
+            if lineno == 1:
+                raw = raw.removeprefix(codecs.BOM_UTF8)  # a BOM would make the first row invalid JSON
             if not raw.strip():
                 continue
             seen_line = True
@@ -91,7 +91,7 @@ def _json_rows(path: Path) -> Iterator[tuple[str, Any]]:
     if not raw.strip():
         yield path.name, DataError(path.name, "<file>", "is empty (no rows)")
         return
-    payload = _parse_line(raw[len(codecs.BOM_UTF8):] if raw.startswith(codecs.BOM_UTF8) else raw, path.name)
+    payload = _parse_line(raw.removeprefix(codecs.BOM_UTF8), path.name)
     if isinstance(payload, DataError):
         yield path.name, DataError(path.name, "<file>", f"cannot be read: {payload.problem}")
     elif payload in ([], {}, None):

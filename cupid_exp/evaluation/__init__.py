@@ -1,4 +1,4 @@
-"""Evaluation: a job whose unit is a CUPID instance (``work``, ``instances``, ``checks``)."""
+"""Evaluation: a job whose unit is a CUPID instance (``work``, ``instances``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from omegaconf import DictConfig
 
 from cupid_exp.data.schema import Instance
 from cupid_exp.errors import Outcome
-from cupid_exp.evaluation.work import EvaluationWork, load_evaluation
+from cupid_exp.evaluation.work import load_evaluation
 from cupid_exp.job import Job, run_job
 from cupid_exp.job import plan as plan_job
 from cupid_exp.progress import Progress
@@ -30,6 +30,3 @@ def plan(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = Non
 async def run_instance(job: Job, instance: Instance, progress: Progress | None = None) -> InstanceResult:
     """One instance of a connected evaluation job, in-process (tests, notebooks)."""
     return await job.work.kind.run(job.ctx, instance, progress)
-
-
-__all__ = ["EvaluationWork", "load_evaluation", "plan", "run_evaluation", "run_instance"]

@@ -7,17 +7,18 @@ import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 from cupid_exp import console
 from cupid_exp.config import RunConfig
 from cupid_exp.data.loading import LoadedData, load_instances
 from cupid_exp.data.schema import Instance
 from cupid_exp.durability import journal
-from cupid_exp.evaluation.checks import check_evaluation
 from cupid_exp.evaluation.instances import evaluate_instance, instances_in_flight, with_epochs
+from cupid_exp.job.checks import check_prompts, prompt_set
 from cupid_exp.job.spec import Digests, Published, TrackingView, Work
 from cupid_exp.job.worker_count import INSTANCES_PER_PROCESS
+from cupid_exp.llm.server import check_server_command
 from cupid_exp.outputs import write_json, write_jsonl
 from cupid_exp.progress import Progress
 from cupid_exp.prompts import EVALUATION_PROMPTS, PromptSet
@@ -37,6 +38,15 @@ if TYPE_CHECKING:
     from cupid_exp.llm.usage import UsageMeter
 
 log = logging.getLogger(__name__)
+
+# The placeholders each step fills, by prompt file (a drop-in prompt may use fewer, never others).
+STEP_PROMPTS = {
+    "inference": {"evaluation/preference_inferrer": {"interaction_log", "curr_request"},
+                  "synthesis/preference_decomposer": {"preferences"}},
+    "generation": {"evaluation/response_judger": {"preference", "checklist", "user_request", "ai_response"}},
+}
+MATCHER_FIELDS = {"checklist", "preference", "examples"}
+GENERATOR_FIELDS = {"interaction_log", "curr_request"}
 
 
 @dataclass(frozen=True)
@@ -116,15 +126,30 @@ class EvaluationWork:
                          replies=[out / "instances.jsonl"])
 
 
-def load_evaluation(cfg: RunConfig, output_dir: Path) -> Work:
-    """The task parts, the setting, the prompts and the data (every row validated); units repeat per epoch."""
-    from cupid_exp.job.checks import prompt_set
+def prompts_needed(cfg: RunConfig, setting: Setting, parts: Iterable[str]) -> dict[str, set[str]]:
+    """Every prompt file the job will send, with the placeholders the sending step fills."""
+    needed = dict(setting.own_prompts())
+    for part in parts:
+        needed.update(STEP_PROMPTS[part])
+    if "inference" in parts:
+        needed[cfg.evaluator.matcher_prompt] = MATCHER_FIELDS
+    if "generation" in parts:
+        needed[setting.generation_prompt] = GENERATOR_FIELDS | setting.generation_fields
+    return needed
 
+
+def load_evaluation(cfg: RunConfig, output_dir: Path) -> Work:
+    """The task parts, the setting, the prompts (each checked) and the data (every row validated); units repeat per
+    epoch."""
     check_task_parts(cfg.task.parts)
     setting = make_setting(cfg.setting)
     setting.check_parts(cfg.task.parts)
     prompts = prompt_set(cfg.prompts.dir)
-    check_evaluation(cfg, setting, prompts)
+    check_prompts(prompts, prompts_needed(cfg, setting, cfg.task.parts))
+    if cfg.evaluator.matcher_few_shot:  # read with the clients (``connect``): a drop-in's own examples or the
+        prompts.matcher_examples()  # official module's, never ours; ConfigError in one line
+    if not cfg.runtime.dry_run:  # a dry run starts no server
+        check_server_command(cfg.evaluator.server)
     data = load_instances(cfg.data)
     log.info("%d instances from %s (%d bad rows); model=%s evaluator=%s", len(data.instances), data.source,
              len(data.errors), cfg.model.name, cfg.evaluator.name)

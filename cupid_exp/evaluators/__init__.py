@@ -11,8 +11,6 @@ from cupid_exp.llm.steps import Reask, Transcript, ask
 from cupid_exp.prompts import PromptSet
 from cupid_exp.rendering import bulleted, numbered
 
-__all__ = ["Evaluator"]
-
 
 @dataclass
 class Evaluator:

@@ -72,12 +72,10 @@ async def decompose(client: LLMClient, prompts: PromptSet, preference: str, *, t
 def label_score(label: object) -> float:
     """Map a coverage label to 1 / 0.5 / 0, forgiving case and spacing; anything else is an error."""
     key = re.sub(r"[\s_-]+", " ", str(label)).strip().strip(".").lower()
-    if key in LABEL_SCORES:
-        return LABEL_SCORES[key]
-    for short, score in (("fully", 1.0), ("partially", 0.5), ("not", 0.0)):
-        if key == short:
-            return score
-    raise ParseError(f"unknown coverage label {label!r}")
+    score = LABEL_SCORES.get(key, LABEL_SCORES.get(f"{key} covered"))  # "Fully" too
+    if score is None:
+        raise ParseError(f"unknown coverage label {label!r}")
+    return score
 
 
 def parse_match_labels(text: str, n_items: int) -> list[float]:

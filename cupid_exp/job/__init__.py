@@ -20,7 +20,7 @@ from cupid_exp.job.execute import execute
 from cupid_exp.job.heap import start_up
 from cupid_exp.job.plan import Load, connect, plan, specify, typed_config
 from cupid_exp.job.publish import job_outcome, publish, start_tracking
-from cupid_exp.job.spec import Execution, Job, JobSpec, Kind, Summary, Work
+from cupid_exp.job.spec import Execution, Job, Summary
 from cupid_exp.job.workers import start_workers
 from cupid_exp.tracking.mlflow import SweepParent, ends_on_error
 
@@ -29,10 +29,9 @@ log = logging.getLogger(__name__)
 
 def budget_report(job: Job, execution: Execution) -> BudgetReport | None:
     """What a budgeted job spent, and whether its budget stopped it (None without a budget)."""
-    if job.attempt.budget is None:
-        return None
-    return report(job.attempt.budget, len(job.todo) - len(execution.results),
-                  job.attempt.meter.totals().get("not_sent_budget", 0.0), job.work.noun)
+    budget = job.attempt.budget
+    return None if budget is None else report(budget, len(job.todo) - len(execution.results),
+                                              job.attempt.meter.totals().get("not_sent_budget", 0.0), job.work.noun)
 
 
 def summarize_job(job: Job, execution: Execution, started: float) -> Summary:
@@ -71,15 +70,10 @@ def interrupted(job: Job, signum: int = signal.SIGINT) -> Interrupted:
     return Interrupted(sum(1 for u in units if u.key in finished), len(units), noun=noun, signum=signum)
 
 
+@start_up()  # no garbage collections while it loads and plans (``job.heap``)
 def run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None = None,
             parent_run: str | SweepParent | None = None, *, kind: Load) -> Outcome:
     """Run one job of ``kind`` end to end; the Outcome says whether it completed (and carries its headline)."""
-    with start_up():  # no garbage collections while it loads and plans (``job.heap``)
-        return _run_job(cfg, output_dir, choices, parent_run, kind=kind)
-
-
-def _run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None,
-             parent_run: str | SweepParent | None, *, kind: Load) -> Outcome:
     started = time.perf_counter()
     had_hydra = (output_dir / ".hydra").is_dir()  # Hydra saved the config there: a folder deleted later is said
     job = plan(cfg, output_dir, choices, parent_run, kind=kind, clients=False)  # holds the job (durability.job_lock)
@@ -121,6 +115,5 @@ def _run_job(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None,
     return outcome
 
 
-__all__ = ["Execution", "Job", "JobSpec", "Kind", "Load", "Summary", "Work", "budget_report", "connect", "execute",
-           "import_alongside", "interrupted", "job_outcome", "plan", "publish", "run_job", "specify",
+__all__ = ["Job", "connect", "execute", "import_alongside", "job_outcome", "plan", "publish", "run_job", "specify",
            "start_tracking", "summarize_job", "typed_config"]

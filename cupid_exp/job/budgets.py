@@ -92,11 +92,9 @@ def fit_line(runtime: RuntimeConfig, estimate_usd: float, sweep_dir: str | None 
     if runtime.max_cost_usd is not None:
         parts.append(_verdict("the estimate", estimate_usd, runtime.max_cost_usd, "runtime.max_cost_usd"))
     if runtime.sweep_max_cost_usd is not None:
-        if sweep_dir is None:
-            parts.append(_verdict("the estimate", estimate_usd, runtime.sweep_max_cost_usd,
-                                  "runtime.sweep_max_cost_usd"))
-        else:
-            total, jobs = sweep_estimate(sweep_dir, estimate_usd)
-            parts.append(_verdict(f"the sweep's estimate so far ({jobs} jobs)", total, runtime.sweep_max_cost_usd,
-                                  "runtime.sweep_max_cost_usd"))
+        what, usd = "the estimate", estimate_usd
+        if sweep_dir is not None:
+            usd, jobs = sweep_estimate(sweep_dir, estimate_usd)
+            what = f"the sweep's estimate so far ({jobs} jobs)"
+        parts.append(_verdict(what, usd, runtime.sweep_max_cost_usd, "runtime.sweep_max_cost_usd"))
     return "budget: " + "; ".join(parts) if parts else None

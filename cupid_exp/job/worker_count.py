@@ -18,9 +18,7 @@ SPAWNABLE = (None, "spawn", "fork", "forkserver")  #: start methods under which 
 
 def available_cores() -> int:
     """The cores this process may run on (its affinity: a SLURM allocation, ``taskset``), else the machine's."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
 def can_spawn() -> bool:
@@ -47,13 +45,9 @@ def auto_processes(cfg: JobConfig, todo: int, cores: int | None = None, *, per_p
                f"model (a process per {SLOTS_PER_PROCESS}), {cores} cores")
 
 
-def is_auto(cfg: JobConfig) -> bool:
-    return bool(cfg.runtime.workers == AUTO_WORKERS)  # workers is Any: OmegaConf has no int | str field
-
-
 def processes(cfg: JobConfig, todo: int, *, per_process: int = INSTANCES_PER_PROCESS, noun: str = "instance") -> int:
     """``runtime.workers`` (or ``auto_processes``), capped by units left and model slots; 1 if unable to spawn."""
-    if is_auto(cfg):
+    if cfg.runtime.workers == AUTO_WORKERS:  # workers is Any: OmegaConf has no int | str field
         n, why = auto_processes(cfg, todo, per_process=per_process, noun=noun)
         log.log(logging.INFO if n > 1 else logging.DEBUG, "runtime.workers=auto: %d process%s (%s)", n,
                 "es" if n > 1 else "", why)

@@ -9,97 +9,54 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 import logging
-from contextvars import ContextVar
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from litellm import CustomLLM
-    from litellm.litellm_core_utils.logging_worker import LoggingWorker
 
 log = logging.getLogger(__name__)
 
 
-def _pending_cache_writes() -> set[asyncio.Task[None]]:
-    from litellm.caching.caching_handler import _PENDING_CACHE_WRITES
-
-    return _PENDING_CACHE_WRITES
-
-
-def _logging_worker() -> LoggingWorker:
-    from litellm.litellm_core_utils.logging_worker import GLOBAL_LOGGING_WORKER
-
-    return GLOBAL_LOGGING_WORKER
-
-
-def _internal_call_flag() -> ContextVar[bool]:
-    from litellm._internal_context import is_internal_call
-
-    return is_internal_call
-
-
-def _custom_llm_setup() -> Callable[[], object]:
-    from litellm.utils import custom_llm_setup
-
-    return custom_llm_setup
-
-
-def _openai_chat_config() -> Callable[..., object]:
-    from litellm.llms.openai.chat.gpt_transformation import OpenAIGPTConfig
-
-    return OpenAIGPTConfig.translate_developer_role_to_system_role
-
+#: litellm's private targets, by name: (module, attribute path)
+_TARGETS = {"native_state_flag": ("litellm.rust_bridge._native", "process_state_started"),
+            "pending_cache_writes": ("litellm.caching.caching_handler", "_PENDING_CACHE_WRITES"),
+            "logging_worker": ("litellm.litellm_core_utils.logging_worker", "GLOBAL_LOGGING_WORKER"),
+            "internal_call_flag": ("litellm._internal_context", "is_internal_call"),
+            "custom_llm_setup": ("litellm.utils", "custom_llm_setup"),
+            "developer_role": ("litellm.llms.openai.chat.gpt_transformation",
+                               "OpenAIGPTConfig.translate_developer_role_to_system_role"),
+            "cache_args_to_kwargs": ("litellm.caching.caching_handler", "convert_args_to_kwargs"),
+            "cache_options_adapter": ("litellm.caching.caching_handler", "TypeAdapter"),
+            "cost_breakdown": ("litellm.cost_calculator", "get_token_type_cost_breakdown")}
 
 # What the first request imports (measured: ~0.45 s here, ~580 modules: the OpenAI client's resources and
 # types, litellm's OpenTelemetry hooks and proxy types), imported by ``import_first_call_modules``.
 FIRST_CALL_MODULES = ("openai.resources", "litellm.integrations.otel.logger", "litellm.proxy._types")
 
 
+def _target(name: str) -> Any:
+    """One private target; ImportError where this litellm lacks it."""
+    module, path = _TARGETS[name]
+    try:
+        return functools.reduce(getattr, path.split("."), importlib.import_module(module))
+    except AttributeError as exc:
+        raise ImportError(f"{module} has no {path}") from exc
+
+
 def _first_call_modules() -> list[ModuleType]:
-    import importlib
-
     return [importlib.import_module(name) for name in FIRST_CALL_MODULES]
-
-
-def _cache_args_to_kwargs() -> Callable[..., dict[str, object]]:
-    from litellm.caching import caching_handler
-
-    return caching_handler.convert_args_to_kwargs
-
-
-def _cache_options_adapter() -> Callable[..., object]:
-    from litellm.caching import caching_handler
-
-    return caching_handler.TypeAdapter
-
-
-def _native_state_flag() -> Callable[[], object]:
-    from litellm.rust_bridge import _native
-
-    return _native.process_state_started
-
-
-def _cost_breakdown() -> Callable[..., object]:
-    from litellm import cost_calculator
-
-    return cost_calculator.get_token_type_cost_breakdown
-
-
-_TARGETS = {"native_state_flag": _native_state_flag, "pending_cache_writes": _pending_cache_writes,
-            "logging_worker": _logging_worker, "internal_call_flag": _internal_call_flag,
-            "custom_llm_setup": _custom_llm_setup, "developer_role": _openai_chat_config,
-            "first_call_modules": _first_call_modules, "cache_args_to_kwargs": _cache_args_to_kwargs,
-            "cache_options_adapter": _cache_options_adapter, "cost_breakdown": _cost_breakdown}
 
 
 def probe() -> dict[str, bool]:
     """Which private targets this litellm version still has (all True on the tested version)."""
     found = {}
-    for name, get in _TARGETS.items():
+    for name in (*_TARGETS, "first_call_modules"):
         try:
-            found[name] = get() is not None
-        except (ImportError, AttributeError):
+            found[name] = (_first_call_modules() if name == "first_call_modules" else _target(name)) is not None
+        except ImportError:
             found[name] = False
     return found
 
@@ -115,15 +72,18 @@ def drop_legacy_cache_callbacks() -> None:
             callbacks.remove("cache")
 
 
-def _wrap_once(module: object, name: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-    """``module.name`` replaced by ``wrap(it)``, once: a second call (another job in this process) finds the wrapper,
-    marked with what it wraps, and leaves it."""
-    original = getattr(module, name)
-    if getattr(original, "_litellms_own", None) is not None:
+def _wrap_once(name: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """The target ``name`` replaced by ``wrap(it)``, once: a second call (another job in this process) finds the
+    wrapper, marked with what it wraps. On another layout nothing: litellm does as it would anyway."""
+    try:
+        original = _target(name)
+    except ImportError:
         return
-    wrapper = wrap(original)
-    wrapper._litellms_own = original  # type: ignore[attr-defined]
-    setattr(module, name, wrapper)
+    if getattr(original, "_litellms_own", None) is None:
+        wrapper = wrap(original)
+        wrapper._litellms_own = original  # type: ignore[attr-defined]
+        module, attribute = _TARGETS[name]
+        setattr(importlib.import_module(module), attribute, wrapper)
 
 
 def skip_signature_without_positional_args() -> None:
@@ -131,11 +91,6 @@ def skip_signature_without_positional_args() -> None:
     lookup and again on the write, even for a call that has none (ours pass keywords only): ~50 µs of CPU each, a
     few percent of a call's. With no positional arguments its answer is ``{}``, given here without the signature;
     with some, litellm's own function answers."""
-    try:
-        from litellm.caching import caching_handler
-    except ImportError:  # another layout: litellm computes the signature, as it would anyway
-        return
-
     def wrap(convert: Callable[..., dict[str, object]]) -> Callable[..., dict[str, object]]:
         def args_to_kwargs(original_function: Callable[..., object], args: tuple[object, ...] | None = None
                            ) -> dict[str, object]:
@@ -143,7 +98,7 @@ def skip_signature_without_positional_args() -> None:
 
         return args_to_kwargs
 
-    _wrap_once(caching_handler, "convert_args_to_kwargs", wrap)
+    _wrap_once("cache_args_to_kwargs", wrap)
 
 
 def reuse_cache_options_adapter() -> None:
@@ -151,11 +106,6 @@ def reuse_cache_options_adapter() -> None:
     check the call's ``cache`` options (ours carry the namespace): building one compiles a schema, ~0.13 ms of CPU
     (near 2% of a call's), checking with it ~0.3 µs. Here the adapter of a type is built once and reused: the same
     check, the same answer."""
-    try:
-        from litellm.caching import caching_handler
-    except ImportError:  # another layout: litellm builds its adapters, as it would anyway
-        return
-
     def wrap(build: Callable[..., object]) -> Callable[..., object]:
         adapters: dict[object, object] = {}
 
@@ -172,7 +122,7 @@ def reuse_cache_options_adapter() -> None:
 
         return type_adapter
 
-    _wrap_once(caching_handler, "TypeAdapter", wrap)
+    _wrap_once("cache_options_adapter", wrap)
 
 
 def skip_cost_breakdown_of_internal_calls() -> None:
@@ -182,7 +132,6 @@ def skip_cost_breakdown_of_internal_calls() -> None:
     callbacks: there the breakdown is left at zero, as litellm leaves it for an unpriced model. The total is
     computed as before; any other call gets litellm's breakdown."""
     try:
-        from litellm import cost_calculator
         from litellm.litellm_core_utils.llm_cost_calc.utils import TokenTypeCostBreakdown
     except ImportError:  # another layout: litellm computes the breakdown, as it would anyway
         return
@@ -196,16 +145,15 @@ def skip_cost_breakdown_of_internal_calls() -> None:
 
         return token_type_cost_breakdown
 
-    _wrap_once(cost_calculator, "get_token_type_cost_breakdown", wrap)
+    _wrap_once("cost_breakdown", wrap)
 
 
 def native_runtime_started() -> bool:
     """Whether litellm's Rust extension has run in this process (a native route starts its runtime threads: a
     Router call does, ``litellm.acompletion`` to an OpenAI-style API does not). A process forked after that cannot
-    call models: litellm raises ``ForkedAfterNativeRuntimeStarted`` there. True
-    where this litellm cannot say (fork is then not safe to assume)."""
+    call models (``ForkedAfterNativeRuntimeStarted``). True where this litellm cannot say."""
     try:
-        return bool(_native_state_flag()())
+        return bool(_target("native_state_flag")())
     except (ImportError, AttributeError):
         log.debug("could not read whether litellm's native runtime started", exc_info=True)
         return True
@@ -244,7 +192,7 @@ def no_logging_flag() -> Any:
     pure CPU waste without callbacks configured (cost, usage, caching and retries are computed outside it). None on
     another layout. Looked up once."""
     try:
-        return _internal_call_flag()
+        return _target("internal_call_flag")
     except ImportError:
         return None
 
@@ -253,7 +201,7 @@ async def flush_cache_writes() -> None:
     """Await litellm's background cache-write tasks (it schedules them fire-and-forget), so a paid call
     is on disk before anyone relies on it: a kill must not lose it."""
     try:
-        pending = [t for t in list(_pending_cache_writes()) if not t.done()]
+        pending = [t for t in list(_target("pending_cache_writes")) if not t.done()]
     except ImportError:  # another litellm layout: fall back to its own scheduling
         return
     if pending:
@@ -264,7 +212,7 @@ async def stop_logging_worker(timeout: float = 10.0) -> None:
     """Flush and stop litellm's logging worker before the event loop closes. It loops forever, so waiting
     on every pending task would always run into the timeout (10 s added to every job)."""
     try:
-        worker = _logging_worker()
+        worker = _target("logging_worker")
     except ImportError:
         return
     try:
@@ -280,4 +228,4 @@ def register_custom_provider(name: str, handler: CustomLLM) -> None:
 
     litellm.custom_provider_map = [*[p for p in litellm.custom_provider_map if p.get("provider") != name],
                                    {"provider": name, "custom_handler": handler}]
-    _custom_llm_setup()()
+    _target("custom_llm_setup")()

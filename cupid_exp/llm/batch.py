@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, TypeVar
 
 from cupid_exp.llm.batch_ledger import BatchLedger, request_digest
-from cupid_exp.llm.batch_limits import EnqueuedTokens, token_limit_rejection
+from cupid_exp.llm.batch_limits import EnqueuedTokens, batch_errors, token_limit_rejection
 from cupid_exp.llm.limits import estimated_tokens
 from cupid_exp.llm.pools import PROBE_BASE_S, PROBE_CAP_S
 from cupid_exp.llm.retry import is_outage_failure
@@ -25,7 +25,6 @@ _T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
-# litellm's batch calls per provider; "openai" covers every OpenAI-compatible endpoint (api_base).
 FINAL_STATES = ("completed", "failed", "expired", "cancelled")
 RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
@@ -220,34 +219,30 @@ class Batcher:
             while True:
                 try:
                     batch = await self._answered(lambda: litellm.aretrieve_batch(batch_id=batch_id, **self.kwargs))
-                except _Gone as gone:
-                    self._stop(rows, gone.stop)
-                    return
+                except _Gone:
+                    raise
                 except Exception as exc:  # noqa: BLE001
                     failures += 1
                     if failures >= 10:  # a batch whose status cannot be read: its rows fail, the run goes on
-                        for digest in rows.values():
-                            if digest in self._waiting:
-                                self._fail(self._waiting[digest], exc)
+                        self._fail_rows(rows, exc)
                         return
                     await asyncio.sleep(min(self.settings.poll_s, 2.0 ** failures))
                     continue
                 failures = 0
                 if batch.status in FINAL_STATES:
-                    try:
-                        await self._collect(batch, rows)
-                    except _Gone as gone:
-                        self._stop(rows, gone.stop)
+                    await self._collect(batch, rows)
                     return
                 await asyncio.sleep(self.settings.poll_s)
+        except _Gone as gone:  # the endpoint did not come back: the rows' calls get the job's stop for later
+            self._fail_rows(rows, gone.stop)
         finally:
             self.counts.pending -= 1
 
-    def _stop(self, rows: dict[str, str], stop: Exception) -> None:
-        """The endpoint did not come back within the patience: the rows' calls get the job's stop for later."""
+    def _fail_rows(self, rows: dict[str, str], exc: BaseException) -> None:
+        """Every call still waiting on one of ``rows`` gets ``exc``."""
         for digest in rows.values():
             if digest in self._waiting:
-                self._fail(self._waiting[digest], stop)
+                self._fail(self._waiting[digest], exc)
 
     async def _answered(self, send: Callable[[], Awaitable[_T]]) -> _T:
         """``send()`` until the endpoint answers, outages waited out with capped backoff (a line at start and end); past
@@ -306,11 +301,8 @@ class Batcher:
             self._hold(batch.id, rows, *rejection)
         elif batch.status == "failed":
             self.counts.failed += 1
-            reason = _batch_errors(batch)
-            for digest in rows.values():
-                if digest in self._waiting:
-                    self._fail(self._waiting[digest], RowFailed(400, "batch_failed",
-                                                                f"batch {batch.id} was rejected: {reason}"))
+            reason = "; ".join(m for _, m in batch_errors(batch) if m) or "no reason given"
+            self._fail_rows(rows, RowFailed(400, "batch_failed", f"batch {batch.id} was rejected: {reason}"))
         else:
             self.counts.expired += batch.status == "expired"
             (output, unread), (errors, unread_errors) = (await self._read(batch.output_file_id),
@@ -336,7 +328,7 @@ class Batcher:
     def _hold(self, batch_id: str, rows: dict[str, str], limit: int | None, message: str) -> None:
         """Requeue a batch the enqueued-token limit refused at the front, unless the limit outlasted the patience."""
         self.counts.held_token_limit += 1
-        self.queue.rejected(batch_id, limit, message)
+        self.queue.rejected(batch_id, limit)
         held = [self._waiting[d] for d in rows.values() if d in self._waiting]
         if self.queue.held_s() > self.guard.patience_s:
             stop = self.guard.later(
@@ -417,11 +409,3 @@ def _pay(row: _Row, bill: RowBill) -> None:
     """The first caller to get the row's outcome pays for it; the others sharing it are told it was free."""
     bill.free, row.paid = row.paid, True
     bill.unread = 0 if bill.free else row.unread
-
-
-def _batch_errors(batch: object) -> str:
-    errors = getattr(batch, "errors", None)
-    data = getattr(errors, "data", None) if errors is not None and not isinstance(errors, dict) else (
-        (errors or {}).get("data"))
-    messages = [getattr(e, "message", None) or (e.get("message") if isinstance(e, dict) else None) for e in data or []]
-    return "; ".join(m for m in messages if m) or "no reason given"

@@ -16,16 +16,11 @@ from cupid_exp.llm.billing import counted_tokens, lost_after_sending, reply_text
 from cupid_exp.llm.budget import in_flight_worst, reserve_call, worst_case_tokens, worst_case_usd
 from cupid_exp.llm.errors import ProviderError, _short, provider_error_kind
 from cupid_exp.llm.messages import Message
-from cupid_exp.llm.retry import BILLING_CODES, BILLING_SUFFIX, CallFailed, FatalProviderError, RetryLater, with_retries
+from cupid_exp.llm.retry import CallFailed, FatalProviderError, RetryLater, is_billing, stop_job, with_retries
 from cupid_exp.llm.usage import BatchCounts, Completion
 
 if TYPE_CHECKING:
     from cupid_exp.llm.client import LLMClient
-
-
-def batch_settings(settings: CallSettings) -> BatchSettings:
-    return BatchSettings(size=settings.batch_size, delay_s=settings.batch_delay_s, poll_s=settings.batch_poll_s,
-                         max_resubmits=settings.num_retries)
 
 
 def batch_price(model: ModelConfig, prompt_tokens: int, completion_tokens: int) -> float | None:
@@ -56,7 +51,9 @@ def new_batcher(model: ModelConfig, settings: CallSettings, api_key: str | None,
         kwargs["api_key"] = api_key
     endpoint = {"model": model.litellm_model, "api_base": model.api_base}
     ledger = BatchLedger(Path(settings.cache_dir).expanduser() / "batches")
-    return Batcher(endpoint, kwargs, ledger, batch_settings(settings), counts, guard)
+    batches = BatchSettings(size=settings.batch_size, delay_s=settings.batch_delay_s, poll_s=settings.batch_poll_s,
+                            max_resubmits=settings.num_retries)
+    return Batcher(endpoint, kwargs, ledger, batches, counts, guard)
 
 
 async def batched_completion(batcher: Batcher, model: ModelConfig, messages: list[Message], kwargs: dict[str, Any],
@@ -95,19 +92,10 @@ def client_guard(client: LLMClient) -> Guard:
         return response
 
     def later(kind: str, message: str) -> FatalProviderError:
-        return _stop(client, RetryLater(client.model.name, kind, client._scrub(message), client.roles))
+        return stop_job(RetryLater(client.model.name, kind, client._scrub(message), client.roles), client.pool,
+                        client.stop)
 
     return Guard(run, later, client.settings.rate_limit_patience_s, client.settings.outage_patience_s)
-
-
-def _stop(client: LLMClient, fatal: FatalProviderError) -> FatalProviderError:
-    """The job's stop (the first one set wins): no client of the job sends another request."""
-    if client.pool.fatal is None:
-        client.pool.fatal = fatal
-    if client.stop.fatal is None:
-        client.stop.fatal = fatal
-    first: FatalProviderError = client.stop.fatal
-    return first
 
 
 def row_failure_kind(exc: RowFailed) -> str:
@@ -130,9 +118,7 @@ def _row_refusal(exc: RowFailed) -> str | None:
         return "auth"
     if exc.status == 404 or exc.code == "model_not_found":
         return "model_not_found"
-    if exc.code and (exc.code in BILLING_CODES or exc.code.endswith(BILLING_SUFFIX)):
-        return exc.code
-    return None
+    return exc.code if is_billing(exc.code) else None
 
 
 async def complete_in_batch(client: Any, messages: list[Message], step: str,
@@ -162,8 +148,8 @@ async def complete_in_batch(client: Any, messages: list[Message], step: str,
             raise ProviderError(exc.kind, f"{client.model.name}: batch upload: " + (
                 exc.reason or f"{type(exc.cause).__name__}: {client._scrub(_short(exc.cause))}")) from exc.cause
         if isinstance(exc, RowFailed) and (fatal := _row_refusal(exc)) is not None:
-            raise _stop(client, FatalProviderError(client.model.name, fatal, client._scrub(_short(exc)),
-                                                   client.roles)) from exc
+            raise stop_job(FatalProviderError(client.model.name, fatal, client._scrub(_short(exc)), client.roles),
+                           client.pool, client.stop) from exc
         kind = row_failure_kind(exc) if isinstance(exc, RowFailed) else provider_error_kind(exc)
         if kind is None:
             raise

@@ -3,29 +3,28 @@ under it. Our counts are estimates, so a rejection with none of ours queued halv
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import re
 import time
 from dataclasses import dataclass, field
+
+from cupid_exp.llm.billing import field_of
 
 TOKEN_LIMIT_CODE = "token_limit_exceeded"
 MARGIN = 0.9  #: of the stated limit: our token estimate and the provider's count never agree exactly
 _LIMIT = re.compile(r"limit:\s*([\d,_]+)\s*enqueued tokens", re.IGNORECASE)
 
 
-def _errors(batch: object) -> list[tuple[str | None, str]]:
+def batch_errors(batch: object) -> list[tuple[str | None, str]]:
     """(code, message) of each error a failed batch carries (litellm's object or a plain dict)."""
-    errors = getattr(batch, "errors", None)
-    data = errors.get("data") if isinstance(errors, dict) else getattr(errors, "data", None)
-    out = []
-    for error in data or []:
-        get = error.get if isinstance(error, dict) else (lambda name, e=error: getattr(e, name, None))
-        out.append((get("code"), str(get("message") or "")))
-    return out
+    data = field_of(getattr(batch, "errors", None), "data")
+    return [(field_of(e, "code"), str(field_of(e, "message") or "")) for e in data or []]
 
 
 def token_limit_rejection(batch: object) -> tuple[int | None, str] | None:
     """(stated limit, message) for a batch rejected for the enqueued-token limit; None for other failures."""
-    for code, message in _errors(batch):
+    for code, message in batch_errors(batch):
         if code == TOKEN_LIMIT_CODE or "enqueued token limit" in message.lower():
             match = _LIMIT.search(message)
             limit = int(match.group(1).replace(",", "").replace("_", "")) if match else None
@@ -41,8 +40,6 @@ class EnqueuedTokens:
     share: float = MARGIN  #: of the limit that our batches aim to fill, halved by a rejection while none is queued
     in_flight: dict[str, int] = field(default_factory=dict)  #: batch id -> its estimated tokens
     held_since: float | None = None  #: monotonic time of the first rejection with no batch accepted since
-    rejections: int = 0
-    last_message: str = ""
 
     def sent(self, batch_id: str, tokens: int) -> None:
         self.in_flight[batch_id] = tokens
@@ -52,15 +49,13 @@ class EnqueuedTokens:
         if accepted:
             self.held_since = None
 
-    def rejected(self, batch_id: str, limit: int | None, message: str) -> None:
+    def rejected(self, batch_id: str, limit: int | None) -> None:
         """Learn the limit; rejected with nothing of ours queued means our estimate ran short: aim lower."""
         self.in_flight.pop(batch_id, None)
         self.limit = limit or self.limit or 0
         if not self.in_flight:
             self.share = max(self.share / 2, 1e-6)
         self.held_since = self.held_since if self.held_since is not None else time.monotonic()
-        self.rejections += 1
-        self.last_message = message
 
     @property
     def queued(self) -> bool:
@@ -74,10 +69,5 @@ class EnqueuedTokens:
         if self.limit is None:
             return len(tokens)
         room = self.limit * self.share - sum(self.in_flight.values())
-        n, total = 0, 0
-        for count in tokens:
-            if total + count > room:
-                break
-            total += count
-            n += 1
+        n = bisect.bisect_right(list(itertools.accumulate(tokens)), room)  # counts: their running sums only grow
         return n if n or self.in_flight else min(1, len(tokens))

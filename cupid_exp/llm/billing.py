@@ -54,32 +54,28 @@ def empty_reason(response: object) -> str | None:
 def empty_reply(model: str, response: object) -> EmptyReply | None:
     """The failure to raise for a reply without a completion (None for a usable one)."""
     reason = empty_reason(response)
-    if reason is None:
-        return None
-    return EmptyReply(f"{model}: the provider returned no completion ({reason})",
-                      status_code=422 if response is None else None)
+    return None if reason is None else EmptyReply(f"{model}: the provider returned no completion ({reason})",
+                                                  status_code=422 if response is None else None)
+
+
+def field_of(obj: object, name: str) -> Any:
+    """``obj[name]`` of a dict (a batch row's), else its attribute (litellm's objects); None where it has none."""
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
 
 
 def reply_text(choice: object) -> str:
     """Every output token of a choice: content, refusal, tool calls' arguments (an object or a batch row's dict)."""
-    def get(obj: object, name: str) -> Any:
-        return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
-
-    message = get(choice, "message") or {}
-    parts = [get(message, "content"), get(message, "refusal")]
-    for call in get(message, "tool_calls") or []:
-        function = get(call, "function") or {}
-        parts += [get(function, "name"), get(function, "arguments")]
+    message = field_of(choice, "message") or {}
+    parts = [field_of(message, "content"), field_of(message, "refusal")]
+    for call in field_of(message, "tool_calls") or []:
+        function = field_of(call, "function") or {}
+        parts += [field_of(function, "name"), field_of(function, "arguments")]
     return "".join(p for p in parts if isinstance(p, str))
 
 
 def counted_tokens(litellm_model: str, messages: list[Message], usage: object, text: str) -> tuple[int, int, bool]:
     """(prompt, completion, estimated): the reply's usage, else counted locally (a billed prompt is never 0 tokens)."""
-    def get(name: str) -> int:
-        value = usage.get(name) if isinstance(usage, dict) else getattr(usage, name, None)
-        return int(value or 0)
-
-    prompt, completion = (get("prompt_tokens"), get("completion_tokens")) if usage is not None else (0, 0)
+    prompt, completion = (int(field_of(usage, key) or 0) for key in ("prompt_tokens", "completion_tokens"))
     if prompt > 0:
         return prompt, completion, False
     import litellm

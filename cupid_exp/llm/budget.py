@@ -54,7 +54,6 @@ class BudgetExceeded(Exception):
                          f"${needed:.4f}")
 
 
-# ----------------------------------------------------------------------------------------------- prices
 @dataclass(frozen=True)
 class Prices:
     """USD per token, and the longest reply the model can give when a call does not bound it."""
@@ -117,10 +116,7 @@ def priced(model: ModelConfig, settings: CallSettings) -> Prices:
 def worst_case_usd(prices: Prices, messages: list[Message], kwargs: Mapping[str, Any]) -> float:
     """An upper bound on a call's cost: every prompt byte a token, plus framing and schema, and ``max_tokens`` out. Far
     cheaper than exact counting; it only stops a budget's last call a little early."""
-    if not prices.input and not prices.output:
-        return 0.0
-    prompt, reply = worst_case_tokens(messages, kwargs, prices.max_output_tokens)
-    return prompt * prices.input + reply * prices.output
+    return in_flight_worst(prices, messages, kwargs).usd if prices.input or prices.output else 0.0
 
 
 def worst_case_tokens(messages: list[Message], kwargs: Mapping[str, Any],
@@ -140,7 +136,6 @@ def in_flight_worst(prices: Prices | None, messages: list[Message], kwargs: Mapp
     return WorstCase(usd, prompt, reply)
 
 
-# ----------------------------------------------------------------------------------------------- ledgers
 @dataclass(frozen=True)
 class Account:
     """One limit: its ledger file, the cap in USD and the setting that set it (for the messages)."""

@@ -66,10 +66,7 @@ def provider_error_kind(exc: BaseException) -> str | None:
     provider_types = (*litellm.LITELLM_EXCEPTION_TYPES, openai.APIError, asyncio.TimeoutError)
     if not isinstance(exc, provider_types) or any(_is_bug(inner) for inner in _chain(exc)):
         return None
-    if isinstance(exc, litellm.ContextWindowExceededError):
-        return "context_length"
-    text = str(exc).lower()
-    if any(phrase in text for phrase in _CONTEXT_PHRASES):
+    if isinstance(exc, litellm.ContextWindowExceededError) or any(p in str(exc).lower() for p in _CONTEXT_PHRASES):
         return "context_length"
     if isinstance(exc, (litellm.Timeout, asyncio.TimeoutError)):
         return "timeout"

@@ -20,10 +20,10 @@ import json
 import math
 import time
 from collections import deque
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeVar
 
 from cupid_exp.llm.messages import Message
 
@@ -37,6 +37,7 @@ PACE_MARGIN = 0.98  #: pace at this share of the stated limits (the provider's w
 SLOW_START = 4  #: the least a limit starts at (a quarter of max_concurrency otherwise)
 MIN_GAP = 0.5  #: at the moment of sending, at least this share of the pace's spacing after the last send
 CHARS_PER_TOKEN = 4  #: the prompt estimate for tokens-per-minute (OpenAI's own rule of thumb)
+_T = TypeVar("_T")
 
 
 #: the order in which calls waiting for a slot get one: lower first, then first come (``first_in_line``)
@@ -45,26 +46,25 @@ _PRIORITY: ContextVar[int] = ContextVar("cupid_call_priority", default=_IN_TURN)
 
 
 @contextmanager
-def first_in_line() -> Iterator[None]:
+def _priority(priority: int) -> Iterator[None]:
+    token = _PRIORITY.set(priority)
+    try:
+        yield
+    finally:
+        _PRIORITY.reset(token)
+
+
+def first_in_line() -> AbstractContextManager[None]:
     """Calls made in this context (and in the tasks it starts) take a free slot before the others waiting: a
     unit's critical path (a persona's sessions, one after another) is not queued behind the work that can wait
     (its dialogues, which fill the slots meanwhile)."""
-    token = _PRIORITY.set(_FIRST)
-    try:
-        yield
-    finally:
-        _PRIORITY.reset(token)
+    return _priority(_FIRST)
 
 
-@contextmanager
-def in_turn() -> Iterator[None]:
+def in_turn() -> AbstractContextManager[None]:
     """Calls made in this context wait their turn, even inside ``first_in_line``: for work a critical path starts
     but does not wait for (a persona's checklists, started as each factor is written)."""
-    token = _PRIORITY.set(_IN_TURN)
-    try:
-        yield
-    finally:
-        _PRIORITY.reset(token)
+    return _priority(_IN_TURN)
 
 
 def estimated_tokens(messages: list[Message], max_tokens: int | None) -> int:
@@ -168,13 +168,7 @@ class Pacer:
 
     def reserve(self, tokens: int) -> float:
         """Book one request of ``tokens``; the seconds to wait before sending it."""
-        if self._lock is None or self.ledger is None:  # set together
-            return self._book(self._state, tokens)
-        with self._lock:
-            state = self._read(self.ledger)
-            wait = self._book(state, tokens)
-            self.ledger.write_text(json.dumps(state))
-        return wait
+        return self._update(lambda state: self._book(state, tokens))
 
     def admit(self, now: float | None = None) -> float:
         """At the moment of sending (``now``, wall clock): 0 and the send recorded, or the seconds to wait first
@@ -182,15 +176,8 @@ class Pacer:
         (wake-ups delayed by a busy CPU arrive together)."""
         if not self.rpm:
             return 0.0
-        now = time.time() if now is None else now
-        if self._lock is None or self.ledger is None:  # set together
-            return self._admit(self._state, now, self.rpm)
-        with self._lock:
-            state = self._read(self.ledger)
-            wait = self._admit(state, now, self.rpm)
-            if wait == 0.0:
-                self.ledger.write_text(json.dumps(state))
-        return wait
+        rpm, at = self.rpm, time.time() if now is None else now
+        return self._update(lambda state: self._admit(state, at, rpm))
 
     def _admit(self, state: dict[str, Any], now: float, rpm: float) -> float:
         # the second's share rounded up: rounded down, 300 RPM (4.9 a second at the margin) sent 4, a fifth too few;
@@ -223,16 +210,20 @@ class Pacer:
     def succeeded(self) -> None:
         self._update(lambda state: state.update(scale=min(1.0, state.get("scale", 1.0) + 0.002)))
 
-    def _update(self, change: Callable[[dict[str, Any]], object]) -> None:
+    def _update(self, change: Callable[[dict[str, Any]], _T]) -> _T:
+        """``change`` on the schedule: in memory, or the ledger's under its lock (written back when changed)."""
         if self._lock is None or self.ledger is None:  # set together
-            change(self._state)
-            self.scale = self._state.get("scale", 1.0)
-            return
-        with self._lock:
-            state = self._read(self.ledger)
-            change(state)
-            self.scale = state.get("scale", 1.0)
-            self.ledger.write_text(json.dumps(state))
+            state = self._state
+            result = change(state)
+        else:
+            with self._lock:
+                state = self._read(self.ledger)
+                before = json.dumps(state)
+                result = change(state)
+                if json.dumps(state) != before:
+                    self.ledger.write_text(json.dumps(state))
+        self.scale = state.get("scale", 1.0)
+        return result
 
     def _read(self, ledger: Path) -> dict[str, Any]:
         try:
@@ -244,15 +235,12 @@ class Pacer:
     def _book(self, state: dict[str, float], tokens: int) -> float:
         now = time.time()
         start = max(now, state.get("requests", 0.0) if self.rpm else now, state.get("tokens", 0.0) if self.tpm else now)
-        self.scale = state.get("scale", 1.0)
-        share = PACE_MARGIN * self.scale
+        share = PACE_MARGIN * state.get("scale", 1.0)
         if self.rpm:
             state["requests"] = start + 60.0 / (self.rpm * share)
         if self.tpm:
             state["tokens"] = start + 60.0 * tokens / (self.tpm * share)
         return start - now
-
-
 
 
 PROBE_S = 1.0  #: a learned pace grows at most once per this many seconds (and only while it binds)
@@ -316,24 +304,18 @@ class RefusalPace:
     def admitted_rpm(self, now: float) -> float | None:
         """Requests per minute the provider admitted lately (sent and not refused, over the last ``MEASURE_S``):
         what it allows, since a refusal says the pool was asking for more. None: too few to tell."""
-        since = max(now - MEASURE_S, self.sends[0] if self.sends else now)
-        sent = sum(1 for t in self.sends if t >= since)
-        refused = sum(1 for t in self.refusals if t >= since)
-        if sent - refused < MIN_ADMITTED:
-            return None
-        return 60.0 * (sent - refused) / max(WINDOW_S, now - since)
+        sent, refused, seconds = self._share(now, MEASURE_S)
+        return 60.0 * (sent - refused) / seconds if sent - refused >= MIN_ADMITTED else None
 
     def refused(self, now: float, hint: float | None) -> bool:
         """A 429: refusals that come together (``LESSON_SHARE`` of what was sent over ``LESSON_S``: a limit's) teach
         the pace (what was admitted lately) and cap the probes a little above it; the rest of that burst correct it.
         A refusal alone among answers before any lesson teaches nothing (the first still pauses the pool). Later
-        ones cap the probes under the pace they came at and cut it (×0.9, or
-        to what was admitted if that is less): once per cooldown, unless a probe raised the pace since the cut
-        (a refusal just after a cut may answer a request the earlier pace sent; one after a probe answers the
-        probe), not while well under the pace, and not before the last cut is judged. Once refusals proved an
-        overload, only a share clearly
-        above it cuts. True when the pace changed; ``news``: the refusal taught or cut it (the others, the
-        overload's among them, are retried after the wait they asked and change nothing else)."""
+        ones cap the probes under the pace they came at and cut it (×0.9, or to what was admitted if less): once
+        per cooldown, unless a probe raised the pace since the cut (a refusal just after a cut may answer a request
+        the earlier pace sent), not while well under the pace, and not before the last cut is judged. Once refusals
+        proved an overload, only a share clearly above it cuts. True when the pace changed; ``news``: the refusal
+        taught or cut it (the others are retried after the wait they asked and change nothing else)."""
         self.refusals.append(now)
         self.n_refused += 1
         self._prune(now)

@@ -45,10 +45,6 @@ def map_entry(litellm_model: str) -> MapEntry | None:
                     deprecation_date=raw.get("deprecation_date"))
 
 
-def config_priced(model: ModelConfig) -> bool:
-    return model.input_cost_per_token is not None and model.output_cost_per_token is not None
-
-
 def _past(date: str | None, today: dt.date) -> bool:
     try:
         return date is not None and dt.date.fromisoformat(date) <= today
@@ -66,7 +62,8 @@ def model_note(model: ModelConfig, roles: Iterable[str], today: dt.date | None =
         return None
     who = f"{', '.join(roles)} ({model.name}, {model.litellm_model})"
     entry = map_entry(model.litellm_model)
-    priced = config_priced(model) or (entry is not None and entry.priced)
+    priced = (model.input_cost_per_token is not None and model.output_cost_per_token is not None
+              or entry is not None and entry.priced)
     if model.api_base:
         return None if priced else ("info", f"{who} at {model.api_base}: a self-hosted endpoint; {UNPRICED}")
     problems = []

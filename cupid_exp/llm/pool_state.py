@@ -81,7 +81,8 @@ class SharedPoolState:
                 seen.told = (told["limits"][0], told["limits"][1])
             learned = state.get("learned")
             if self._learned is not None:
-                state["learned"] = {"rpm": self._learned[0], "refused": _finite(self._learned[1]), "at": now,
+                rpm, refused = self._learned  # JSON has no infinity: None
+                state["learned"] = {"rpm": rpm, "refused": None if refused == float("inf") else refused, "at": now,
                                     "by": self.me}
                 self._learned, changed = None, True
             elif (learned and learned["by"] != self.me and now - learned["at"] < FRESH_S
@@ -108,7 +109,3 @@ class SharedPoolState:
             return state
         except (OSError, ValueError):
             return {}
-
-
-def _finite(value: float) -> float | None:
-    return value if value != float("inf") else None

@@ -1,15 +1,9 @@
 """A provider's pool: what its limits apply to, shared by every role, snapshot, process and job that calls it.
 
-Providers limit a key per pool (a model family, a rate-limit group, a proxy's capacity), not per model config;
-which pool a config calls (``pool_name``) and what a pool holds (a concurrency bound with its adaptive limit, a
-pace, pauses, a refusal for good, an outage's probes) are in docs/limits-and-budgets.md. A 429's wait pauses
-the pool except while a learned pace is in force and the wait is a window or less (a provider sending only
-whole-second ``retry-after`` would idle the pool a second per refusal), and except for a refusal that neither
-taught nor cut the pace (an overloaded provider's, which would pause it at every random refusal).
-
-Processes on one pool share the pace through the pacer's ledger and the rest through
-``runtime.cache_dir/rate_limits/<pool>.pool.json`` (``pool_state``), exchanged at most every ``SYNC_S`` and at
-each 429.
+Providers limit a key per pool (a model family, a rate-limit group, a proxy's capacity), not per model config:
+which pool a config calls (``pool_name``) and what a pool holds are in docs/limits-and-budgets.md. Processes on one
+pool share the pace through the pacer's ledger and the rest through ``runtime.cache_dir/rate_limits/<pool>.pool.json``
+(``pool_state``), exchanged at most every ``SYNC_S`` and at each 429.
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping
 from urllib.parse import urlsplit
 
 from cupid_exp.llm.limits import WINDOW_S, AdaptiveLimit, Pacer, RefusalPace
@@ -178,8 +172,8 @@ class Pool:
         m.bounds[config_id] = max(1, max_concurrency)
         m.limits[config_id] = (rpm, tpm)
         m.given = given
-        self.pace.configured = (given.rpm or _least(r for r, _ in m.limits.values()),
-                                given.tpm or _least(t for _, t in m.limits.values()))
+        self.pace.configured = (given.rpm or min((r for r, _ in m.limits.values() if r), default=None),
+                                given.tpm or min((t for _, t in m.limits.values() if t), default=None))
         self._repace()
         if self._concurrency is None:
             self._concurrency = AdaptiveLimit(self.bound)
@@ -286,6 +280,8 @@ class Pool:
             self.concurrency.rate_limited(time.monotonic())
             if self.shared is not None and self.concurrency.cuts > cuts:
                 self.shared.cut()
+            # not while a learned pace holds and the wait is a window or less: a provider sending only whole-second
+            # ``retry-after`` would idle the pool a second per refusal
             if hint is not None and not (learned_pace and hint <= WINDOW_S):
                 self.pause(hint)
         self.sync(news=True)
@@ -420,11 +416,6 @@ def stated_headers(response: object) -> dict[str, str]:
         response = response.response
     headers = (getattr(response, "_hidden_params", None) or {}).get("additional_headers") or {}
     return {k.removeprefix("llm_provider-"): v for k, v in headers.items() if "ratelimit" in k}
-
-
-def _least(values: Iterable[float | None]) -> float | None:
-    present = [v for v in values if v]
-    return min(present) if present else None
 
 
 _POOLS: dict[str, Pool] = {}

@@ -56,14 +56,6 @@ def parse_json_reply(text: str) -> Any:
     raise ParseError(f"no JSON object found in reply: {excerpt(text)}")
 
 
-def json_object(text: str, what: str) -> dict[str, Any]:
-    """A reply that must be a JSON object."""
-    data = parse_json_reply(text)
-    if not isinstance(data, dict):
-        raise ParseError(f"{what} reply is {type(data).__name__}, not a JSON object: {excerpt(text)}")
-    return data
-
-
 def counted_list(text: str, key: str, n_items: int, what: str, unit: str) -> list[Any]:
     """The list under ``key`` (or a bare list) with exactly ``n_items`` items."""
     data = parse_json_reply(text)

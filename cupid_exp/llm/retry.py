@@ -15,9 +15,12 @@ import email.utils
 import json
 import random
 import re
+import socket
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncContextManager, Awaitable, Callable, Mapping
+
+from cupid_exp.llm.errors import _chain
 
 if TYPE_CHECKING:
     from cupid_exp.llm.pools import Pool
@@ -45,6 +48,15 @@ class JobStop:
         self.fatal: FatalProviderError | None = None
 
 
+def stop_job(fatal: FatalProviderError, endpoint: Pool, stop: JobStop | None) -> FatalProviderError:
+    """``fatal`` as the endpoint's and the job's stop, where none came first; the job's stop (the first one)."""
+    if endpoint.fatal is None:
+        endpoint.fatal = fatal
+    if stop is not None and stop.fatal is None:
+        stop.fatal = fatal
+    return stop.fatal if stop is not None and stop.fatal is not None else fatal
+
+
 class FatalProviderError(Exception):
     """A provider's refusal that no retry and no other instance can get past (bad key, unknown model, no
     endpoint): the job stops starting instances and exits 2 with this one line. Not a ``ProviderError``, so
@@ -54,12 +66,13 @@ class FatalProviderError(Exception):
         self.model, self.kind, self.message, self.roles = model, kind, message, tuple(roles)
         super().__init__(self.line())
 
+    outcome = "error"  #: how the job ends (``cupid_exp.entry.Outcome``): exit 2
+    resume = "fix it and run the same command to resume"
+
     def line(self) -> str:
         who = ", ".join(self.roles) or "a role"
         return (f"stopped: {who} (model {self.model}): {self.kind}: {self.message}; no new instance was started, "
-                "finished ones are journaled: fix it and run the same command to resume")
-
-    outcome = "error"  #: how the job ends (``cupid_exp.entry.Outcome``): exit 2
+                f"finished ones are journaled: {self.resume}")
 
     def __reduce__(self) -> tuple[Any, ...]:  # crosses from a worker process to the job's
         return FatalProviderError, (self.model, self.kind, self.message, self.roles)
@@ -71,21 +84,14 @@ class RetryLater(FatalProviderError):
     exits 75 (``cupid_exp.entry.EXIT_RETRY_LATER``): the same command, later, resumes it."""
 
     outcome = "retry_later"
+    resume = "run the same command later to resume"
 
     def __init__(self, model: str, kind: str, message: str, roles: tuple[str, ...] = (), wait_s: float = 0.0):
         self.wait_s = wait_s
         super().__init__(model, kind, message, roles)
 
-    def line(self) -> str:
-        who = ", ".join(self.roles) or "a role"
-        return (f"stopped: {who} (model {self.model}): {self.kind}: {self.message}; no new instance was started, "
-                "finished ones are journaled: run the same command later to resume")
-
     def __reduce__(self) -> tuple[Any, ...]:
         return RetryLater, (self.model, self.kind, self.message, self.roles, self.wait_s)
-
-
-# ---------------------------------------------------------------- how long the provider asks us to wait
 
 
 def parse_duration(text: str) -> float | None:
@@ -127,11 +133,8 @@ def retry_after_s(headers: Mapping[str, str] | None, body_message: str = "", now
     """
     now = time.time() if now is None else now
     h = {str(k).lower(): str(v) for k, v in (headers or {}).items()}
-    if "retry-after-ms" in h:
-        try:
-            return max(0.0, float(h["retry-after-ms"]) / 1000)
-        except ValueError:
-            pass
+    if "retry-after-ms" in h and (ms := parse_duration(h["retry-after-ms"])) is not None:
+        return ms / 1000
     if "retry-after" in h:
         value = parse_duration(h["retry-after"])
         if value is None:
@@ -147,10 +150,8 @@ def retry_after_s(headers: Mapping[str, str] | None, body_message: str = "", now
     known = [r for r in resets if r is not None]
     if known:
         return max(known)
-    match = _TRY_AGAIN.search(body_message or "")
-    if match:
-        return parse_duration(match.group(1))  # "1.2s", "350ms", a daily limit's "7m12s" or "1h0m0s"
-    return None
+    match = _TRY_AGAIN.search(body_message or "")  # "1.2s", "350ms", a daily limit's "7m12s" or "1h0m0s"
+    return parse_duration(match.group(1)) if match else None
 
 
 def told_limits(headers: Mapping[str, str] | None) -> tuple[float | None, float | None]:
@@ -199,16 +200,16 @@ def provider_code(exc: BaseException, field: str = "code") -> str | None:
     return str(code) if code is not None else None
 
 
+def is_billing(name: str | None) -> bool:
+    """Whether ``name`` (an error code or type) is a billing state: no wait brings the money back."""
+    return name is not None and (name in BILLING_CODES or name.endswith(BILLING_SUFFIX) and name != BILLING_SUFFIX)
+
+
 def billing_state(exc: BaseException) -> str | None:
     """The billing state a refusal names (``insufficient_quota``, ``project_spend_limit_exceeded`` ...), if any:
     OpenAI puts it in ``error.code`` or ``error.type``; litellm's message keeps it when the body is gone."""
-    names = [provider_code(exc), provider_code(exc, "type")]
-    text = str(exc)
-    words: list[str] = re.findall(r"[a-z_]+", text)
-    for name in [*names, *words]:
-        if name and (name in BILLING_CODES or (name.endswith(BILLING_SUFFIX) and len(name) > len(BILLING_SUFFIX))):
-            return name
-    return None
+    words: list[str] = re.findall(r"[a-z_]+", str(exc))
+    return next((n for n in [provider_code(exc), provider_code(exc, "type"), *words] if is_billing(n)), None)
 
 
 def backoff_s(attempt: int, base: float = BACKOFF_BASE_S, cap: float = BACKOFF_CAP_S) -> float:
@@ -216,22 +217,10 @@ def backoff_s(attempt: int, base: float = BACKOFF_BASE_S, cap: float = BACKOFF_C
     return random.uniform(0, min(cap, base * 2 ** min(attempt, 30)))
 
 
-# ---------------------------------------------------------------- which failure is which
-
-
 def is_connection_refused(exc: BaseException) -> bool:
     """No connection could be made at all (refused, unknown host): not a timeout, not a dropped connection."""
-    import socket
-
-    seen: set[int] = set()
-    link: BaseException | None = exc
-    while link is not None and id(link) not in seen:
-        seen.add(id(link))
-        if isinstance(link, (ConnectionRefusedError, socket.gaierror)) or type(link).__name__ in (
-                "ConnectError", "ClientConnectorError"):
-            return True
-        link = link.__cause__ or link.__context__
-    return False
+    return any(isinstance(e, (ConnectionRefusedError, socket.gaierror))
+               or type(e).__name__ in ("ConnectError", "ClientConnectorError") for e in _chain(exc))
 
 
 _DROPPED = ("ConnectError", "ClientConnectorError", "RemoteProtocolError", "ReadError", "WriteError",
@@ -240,16 +229,7 @@ _DROPPED = ("ConnectError", "ClientConnectorError", "RemoteProtocolError", "Read
 
 def is_connection_failure(exc: BaseException) -> bool:
     """No answer at all: the connection refused, reset or closed unanswered, the host unknown (not a timeout)."""
-    import socket
-
-    seen: set[int] = set()
-    link: BaseException | None = exc
-    while link is not None and id(link) not in seen:
-        seen.add(id(link))
-        if isinstance(link, (ConnectionError, socket.gaierror)) or type(link).__name__ in _DROPPED:
-            return True
-        link = link.__cause__ or link.__context__
-    return False
+    return any(isinstance(e, (ConnectionError, socket.gaierror)) or type(e).__name__ in _DROPPED for e in _chain(exc))
 
 
 def is_outage_failure(exc: BaseException) -> bool:
@@ -265,7 +245,7 @@ def is_outage_failure(exc: BaseException) -> bool:
 @dataclass(frozen=True)
 class Decision:
     what: str  #: RATE_LIMIT, TRANSIENT, FATAL or FINAL
-    kind: str  #: the failure kind counted when the call fails (cupid_exp.llm.usage.PROVIDER_KINDS or fatal's)
+    kind: str  #: the failure kind counted when the call fails (``errors.provider_error_kind``'s, or fatal's)
 
 
 def decide(exc: BaseException, kind: str) -> Decision:
@@ -288,9 +268,6 @@ def decide(exc: BaseException, kind: str) -> Decision:
     if kind == "context_length" or (isinstance(status, int) and 400 <= status < 500 and status not in (408, 409)):
         return Decision(FINAL, kind)
     return Decision(TRANSIENT, kind)  # 5xx, dropped connections, malformed bodies
-
-
-# ---------------------------------------------------------------- the loop around one call
 
 
 @dataclass
@@ -356,10 +333,8 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Pool, *, to
                     if endpoint.total.refused >= REFUSED_BEFORE_FATAL and not endpoint.has_answered(outage_patience_s):
                         decision = Decision(FATAL, "unreachable")
                 if decision.what == FATAL:
-                    if endpoint.fatal is None:
-                        endpoint.fatal = FatalProviderError(model, decision.kind, scrub(_message(exc)), roles)
-                    if stop is not None and stop.fatal is None:
-                        stop.fatal = endpoint.fatal
+                    stop_job(endpoint.fatal or FatalProviderError(model, decision.kind, scrub(_message(exc)), roles),
+                             endpoint, stop)
                     raise CallFailed(decision.kind, exc, attempts, fatal=True) from exc
                 headers = headers_of(exc)
                 hint = retry_after_s(headers, str(exc))
@@ -369,11 +344,7 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Pool, *, to
                     if spent + wait > patience_s:  # the job stops: every instance would spend a request to learn it
                         endpoint.rate_limited(told_limits(headers), None, wait)  # counted, never a pause
                         words = scrub(_beyond_patience(exc, hint, wait, spent, patience_s))
-                        later = RetryLater(model, "rate_limit", words, roles, wait)
-                        if endpoint.fatal is None:
-                            endpoint.fatal = later
-                        if stop is not None and stop.fatal is None:
-                            stop.fatal = later
+                        stop_job(RetryLater(model, "rate_limit", words, roles, wait), endpoint, stop)
                         raise CallFailed("rate_limit", exc, attempts, fatal=True) from exc
                     # the pace learned, every caller of the pool paused as the provider asks (not when the job stops
                     # on it: callers held by an hour's pause would not see the stop)
@@ -385,12 +356,8 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Pool, *, to
                     # the pool's outage, not this call's failure: it waits in the pool's slot with every other caller
                     # while one probe at a time asks whether the endpoint is back (``Pool.slot``)
                     if held is not None and held.probe and not endpoint.probe_failed(hint, outage_patience_s):
-                        later = RetryLater(model, "unreachable", scrub(_outage_over(endpoint, exc, outage_patience_s)),
-                                           roles)
-                        if endpoint.fatal is None:
-                            endpoint.fatal = later
-                        if stop is not None and stop.fatal is None:
-                            stop.fatal = later
+                        stop_job(RetryLater(model, "unreachable", scrub(_outage_over(endpoint, exc, outage_patience_s)),
+                                            roles), endpoint, stop)
                         raise CallFailed("unreachable", exc, attempts, fatal=True) from exc
                     attempts.retries += 1  # sent again (a probe, or after the pause): a request counted like any retry
                     continue
@@ -415,9 +382,9 @@ def _beyond_patience(exc: BaseException, hint: float | None, wait: float, spent:
             f"{patience_s:g} (rate-limited for {spent:.0f} s so far): {_message(exc)}")
 
 
-def _outage_over(endpoint: Any, exc: BaseException, patience_s: float) -> str:
-    """The stop's words when the endpoint did not come back within the patience."""
-    down = endpoint.outage.down_since
+def _outage_over(endpoint: Pool, exc: BaseException, patience_s: float) -> str:
+    """The stop's words when the endpoint did not come back within the patience (its outage has begun)."""
+    down = endpoint.outage.down_since or time.time()
     since = time.strftime("%H:%M:%S", time.localtime(down))
     return (f"provider {endpoint.label} has not answered since {since} ({time.time() - down:.0f} s, "
             f"runtime.outage_patience_s={patience_s:g}): {_message(exc)}")

@@ -15,6 +15,7 @@ from cupid_exp.results import StepError
 
 Messages = list[dict[str, str]]
 _T = TypeVar("_T")
+TRUNCATED, REFUSAL_KIND = "truncated", "content_filter"  #: how a cut reply and a refused one are counted
 
 
 class StepFailed(Exception):
@@ -23,9 +24,6 @@ class StepFailed(Exception):
     def __init__(self, step: str, kind: str, message: str):
         self.step, self.kind = step, kind
         super().__init__(f"{step}: {kind}: {message}")
-
-    def as_error(self) -> StepError:
-        return StepError(self.step, self.kind, str(self))
 
 
 @dataclass
@@ -50,7 +48,7 @@ class Transcript:
         self.raw.setdefault(step, []).append(completion.text)
 
     def fail(self, exc: StepFailed) -> None:
-        self.errors.append(exc.as_error())
+        self.errors.append(StepError(exc.step, exc.kind, str(exc)))
 
 
 @dataclass(frozen=True)
@@ -60,8 +58,6 @@ class Reask:
     attempts: int = 1  #: extra attempts after the first
 
     def messages(self, original: Messages, attempt: int, reply: str, reason: str) -> Messages:
-        if attempt == 0:
-            return list(original)
         return [*original, {"role": "assistant", "content": reply},
                 {"role": "user", "content": f"Your reply could not be used ({reason}). "
                                             "Answer again, exactly in the required format."}]
@@ -77,8 +73,6 @@ class Resample:
     attempts: int = 2
 
     def messages(self, original: Messages, attempt: int, reply: str, reason: str) -> Messages:
-        if attempt == 0:
-            return list(original)
         last = dict(original[-1])
         note = f"(Attempt {attempt + 1}. The previous answer was rejected: {reason[:300]}. Write a new answer.)"
         last["content"] = f"{last['content']}\n\n{note}"
@@ -101,7 +95,7 @@ async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[
     while attempt <= retry.attempts:
         extra = {**(params or {}), **(retry.params(client, attempt) or {})}
         if sent is None:
-            sent = retry.messages(messages, attempt, reply, reason)
+            sent = retry.messages(messages, attempt, reply, reason) if attempt else list(messages)
         started = time.time_ns() if log is not None else 0
         try:
             completion = await client.complete(sent, step=step, json_schema=schema, params={**extra, **(longer or {})},
@@ -147,16 +141,10 @@ async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[
     raise StepFailed(step, kind, reason)
 
 
-TRUNCATED = "truncated"
-
-
 def _limit(params: Mapping[str, int | None]) -> str:
     """"max_tokens=600" as the request said it; the provider's own default when it set none."""
     name, value = next(iter(params.items()))
     return f"{name}={value}" if value else "the provider's default max_tokens (the request set none)"
-
-
-REFUSAL_KIND = "content_filter"
 
 
 def _refused(client: LLMClient, step: str, completion: Completion, record: calls.CallRecord | None,

@@ -8,8 +8,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-# Failure kinds that come from the provider (the call failed), as opposed to unusable replies.
-PROVIDER_KINDS = ("provider", "timeout", "rate_limit", "auth", "context_length")
 POOL = "pool/"  #: the prefix of a pool's entry among the steps
 
 
@@ -294,47 +292,26 @@ def _pool_metrics(pool: str, counts: dict[str, float]) -> dict[str, float]:
 
 
 def usage_line(metrics: dict[str, float], seconds: float | None = None) -> str:
-    """The console's one-line account of calls, requests, tokens and cost."""
-    m = metrics.get
-    hits = int(m("calls/cache_hits", 0))
-    line = (f"calls: {int(m('calls/total', 0)) + hits} ok ({hits} cached), "
-            f"{int(m('calls/failed', 0))} failed; requests sent: {int(m('calls/requests', 0))} "
-            f"({int(m('calls/retries', 0))} retries{_limits_part(metrics)}){_pools_part(metrics)}; "
-            f"tokens: {int(m('tokens/prompt', 0))} in / "
-            f"{int(m('tokens/completion', 0))} out{_estimated_part(metrics)}; cost: ${m('cost/usd', 0.0):.4f}"
-            f"{_charged_part(metrics)}")
-    if m("batch/submitted", 0) or m("batch/rows_reused", 0):
-        line += (f"; batches: {int(m('batch/submitted', 0))} submitted ({int(m('batch/rows_submitted', 0))} rows, "
-                 f"{int(m('batch/rows_resubmitted', 0))} resent{_unreadable_part(metrics)}), "
-                 f"{int(m('batch/expired', 0))} expired, "
-                 f"{int(m('batch/rows_reused', 0))} rows reused")
+    """The console's one-line account of calls, requests, tokens and cost (each aside only where it has a count)."""
+    def n(key: str) -> int:
+        return int(metrics.get(key, 0))
+
+    waited = metrics.get("calls/limit_wait_s", 0.0)
+    limits = (f", {n('calls/rate_limited')} after a 429, {waited:.1f} s waiting on rate limits"
+              if n("calls/rate_limited") or waited >= 0.05 else "")
+    estimated = f" ({n('tokens/estimated_calls')} calls' usage estimated)" if n("tokens/estimated_calls") else ""
+    charged = (f" ({n('cost/charged_requests')} requests without a usable reply charged)"
+               if n("cost/charged_requests") else "")  # timed out or lost after sending (their worst case), empty
+    line = (f"calls: {n('calls/total') + n('calls/cache_hits')} ok ({n('calls/cache_hits')} cached), "
+            f"{n('calls/failed')} failed; requests sent: {n('calls/requests')} ({n('calls/retries')} retries{limits})"
+            f"{_pools_part(metrics)}; tokens: {n('tokens/prompt')} in / {n('tokens/completion')} out{estimated}; "
+            f"cost: ${metrics.get('cost/usd', 0.0):.4f}{charged}")
+    if n("batch/submitted") or n("batch/rows_reused"):
+        unreadable = f", {n('batch/rows_unreadable')} unreadable" if n("batch/rows_unreadable") else ""
+        line += (f"; batches: {n('batch/submitted')} submitted ({n('batch/rows_submitted')} rows, "
+                 f"{n('batch/rows_resubmitted')} resent{unreadable}), {n('batch/expired')} expired, "
+                 f"{n('batch/rows_reused')} rows reused")
     return line + (f"; time: {seconds:.1f}s" if seconds is not None else "")
-
-
-def _estimated_part(metrics: dict[str, float]) -> str:
-    """" (3 calls' usage estimated)" when replies carried no usage and their tokens were counted here."""
-    n = int(metrics.get("tokens/estimated_calls", 0.0))
-    return f" ({n} calls' usage estimated)" if n else ""
-
-
-def _unreadable_part(metrics: dict[str, float]) -> str:
-    """", 2 unreadable": result lines the client could not read (answered and billed), their rows resent."""
-    n = int(metrics.get("batch/rows_unreadable", 0.0))
-    return f", {n} unreadable" if n else ""
-
-
-def _charged_part(metrics: dict[str, float]) -> str:
-    """" (2 requests without a usable reply charged)": timed out or lost after sending (their worst case), empty."""
-    n = int(metrics.get("cost/charged_requests", 0.0))
-    return f" ({n} requests without a usable reply charged)" if n else ""
-
-
-def _limits_part(metrics: dict[str, float]) -> str:
-    """", 12 after a 429, 8.3 s waiting on rate limits" when the run met limits (nothing otherwise)."""
-    repeated, waited = metrics.get("calls/rate_limited", 0.0), metrics.get("calls/limit_wait_s", 0.0)
-    if not repeated and waited < 0.05:
-        return ""
-    return f", {int(repeated)} after a 429, {waited:.1f} s waiting on rate limits"
 
 
 def _pools_part(metrics: dict[str, float]) -> str:

@@ -42,6 +42,3 @@ def make_setting(config: "SettingConfig") -> "Setting":
     if config.name not in SETTINGS:
         raise ConfigError(f"setting.name={config.name!r} is not a registered setting; choose one of {sorted(SETTINGS)}")
     return SETTINGS[config.name](config)
-
-
-__all__ = ["SETTINGS", "make_setting", "register", "register_setting_schemas"]

@@ -38,7 +38,6 @@ class Oracle(Setting):
         expected = self.config.expected_oracle_sessions
         if len(view.positions) == expected:
             return view
-        log.warning("data warning: %s: oracle kept %d sessions (expected %d)", instance.key, len(view.positions),
-                    expected)
         warning = f"oracle kept {len(view.positions)} sessions, expected {expected}"
+        log.warning("data warning: %s: %s", instance.key, warning)
         return replace(view, output=SettingOutput(data_warnings=[warning]))

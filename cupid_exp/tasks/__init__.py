@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Sequence
 
 from cupid_exp.config import require
-from cupid_exp.tasks.context import TaskContext
 from cupid_exp.tasks.generation import run_generation
 from cupid_exp.tasks.inference import run_inference
 
@@ -26,6 +25,3 @@ def check_task_parts(parts: Sequence[str], where: str = "task.parts") -> None:
     """``task.parts``: distinct registered parts, else ConfigError (checked at planning, not in the schema)."""
     require(bool(parts) and set(parts) <= set(TASKS) and len(set(parts)) == len(parts), where, parts,
             f"a non-empty list of distinct parts from {sorted(TASKS)}")
-
-
-__all__ = ["TASKS", "Task", "TaskContext", "check_task_parts", "run_generation", "run_inference"]

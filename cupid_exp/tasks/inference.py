@@ -121,6 +121,3 @@ async def run_inference(ctx: TaskContext, instance: Instance, view: View, transc
         n_predicted=len(checklist), n_true=len(gt_checklist),
         predicted_matched=sum(precision_labels), true_matched=sum(recall_labels),
         precision=precision, recall=recall, f1=harmonic_mean(precision, recall))
-
-
-__all__ = ["INFER_SCHEMA", "parse_preference", "run_inference"]

@@ -6,15 +6,14 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Mapping, Sequence
 
-from cupid_exp.data.schema import Instance, normalize_text
+from cupid_exp.data.schema import Instance, normalize_text, relevant_positions
 
 
 def stale_positions(instance: Instance) -> list[int]:
     """Sessions of the current factor with a different (superseded) preference: changing instances."""
-    factor = normalize_text(instance.current_context_factor)
-    preference = normalize_text(instance.current_contextual_preference)
+    factor, oracle = normalize_text(instance.current_context_factor), relevant_positions(instance)
     return [i for i, s in enumerate(instance.prior_interactions, start=1)
-            if normalize_text(s.context_factor) == factor and normalize_text(s.contextual_preference) != preference]
+            if normalize_text(s.context_factor) == factor and i not in oracle]
 
 
 def contrastive_positions(instance: Instance) -> list[int]:

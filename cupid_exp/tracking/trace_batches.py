@@ -11,11 +11,9 @@ Here the exporter's ``export`` (which MLflow's batch span processor calls with t
 0.1 s) takes each finished trace whole from MLflow's trace manager and queues the batch on MLflow's own async
 export queue. There it is written the way MLflow writes a trace whose info comes first: ``start_trace`` for
 each (a plain insert), then all their spans in one ``log_spans`` call, inside one transaction on one
-connection: ~13 ms of CPU per trace and one commit per batch. The batch's ``start_trace`` calls share one
-session whose flushes wait for the last of them (``one_flush``): one flush, not one per trace, writes their rows.
-The rows are those of MLflow's own calls. A batch that fails as a whole is rolled back and written again trace by
-trace, by the same calls, each in its own transaction; what still fails is MLflow's to report (its queue logs it),
-as with its own exporter.
+connection: ~13 ms of CPU per trace and one commit per batch. The rows are those of MLflow's own calls. A
+batch that fails as a whole is rolled back and written again trace by trace, by the same calls, each in its
+own transaction; what still fails is MLflow's to report (its queue logs it), as with its own exporter.
 
 Only where the store is MLflow's SQL store in this process; a tracking server keeps MLflow's exporter. This
 reaches into MLflow (its exporter, trace manager and session maker); ``install`` says whether it could.
@@ -23,12 +21,11 @@ reaches into MLflow (its exporter, trace manager and session maker); ``install``
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 from collections import defaultdict
-from contextlib import contextmanager, nullcontext
-from typing import Any, Callable, ContextManager, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -80,45 +77,27 @@ class BatchTraceExport:
         with self.store.engine.connect() as connection:
             transaction = connection.begin()
             # every session MLflow opens on this thread joins the transaction; their commits are not the commit
-            maker = sessionmaker(bind=connection, class_=_held_flushes(), join_transaction_mode="rollback_only")
-            with self._joined(maker) as one_flush:
-                self._write_all(traces, one_flush)
+            with self._joined(sessionmaker(bind=connection, join_transaction_mode="rollback_only")):
+                self._write_all(traces)
             if not transaction.is_active:  # a call rolled it back (MLflow's conflict path): nothing was kept
                 raise RuntimeError("the batch's transaction was rolled back by a call inside it")
             transaction.commit()
 
-    def _write_all(self, traces: list[Any], infos: Callable[[], ContextManager[None]] = nullcontext) -> None:
-        """``start_trace`` for each trace (inside ``infos()``), then ``log_spans`` for their spans."""
+    def _write_all(self, traces: list[Any]) -> None:
         client = self.exporter._client
         spans: dict[str, list[Any]] = defaultdict(list)
-        with infos():
-            for trace in traces:
-                client.start_trace(trace.info)
-                spans[trace.info.experiment_id].extend(trace.data.spans)
+        for trace in traces:
+            client.start_trace(trace.info)
+            spans[trace.info.experiment_id].extend(trace.data.spans)
         for experiment_id, experiment_spans in spans.items():
             client.log_spans(experiment_id, experiment_spans)
-
-
-@functools.cache
-def _held_flushes() -> type:
-    """A SQLAlchemy session whose ``flush`` does nothing while ``held`` (``one_flush``)."""
-    from sqlalchemy.orm import Session
-
-    class HeldFlushes(Session):
-        held = False
-
-        def flush(self, objects: Any = None) -> None:
-            if not self.held:
-                super().flush(objects)
-
-    return HeldFlushes
 
 
 def _joinable_sessions(store: Any) -> Any:
     """Make ``store`` open its sessions on a given connection while a thread asks for it (``joined(maker)``),
     and as before on every other thread; while joined, the thread reads each experiment once (``start_trace``
-    reads its trace's experiment for every trace: a tenth of the export's CPU), and ``joined`` gives ``one_flush``.
-    Wraps the store's session maker and ``get_experiment`` once (a sweep's jobs share the store)."""
+    reads its trace's experiment for every trace: a tenth of the export's CPU). Wraps the store's session maker
+    and ``get_experiment`` once (a sweep's jobs share the store)."""
     joined = getattr(store, _WRAPPED, None)
     if joined is not None:
         return joined
@@ -146,29 +125,7 @@ def _joinable_sessions(store: Any) -> Any:
         return experiments[experiment_id]
 
     @contextmanager
-    def one_flush(session_maker: Any) -> Iterator[None]:
-        """Inside, this thread's sessions are one, whose flushes wait for the block's end and go as one: each
-        ``start_trace`` flushes its trace's rows (a unit of work and a statement per table: a quarter of the export
-        thread's CPU), a batch's now flush together. A failure rolls the whole batch back (``write``), and its
-        traces are written again one by one, each flushed as MLflow does it."""
-        session, outer = session_maker(), local.maker
-        session.held = True
-
-        @contextmanager
-        def the_session(read_only: bool = True) -> Iterator[Any]:
-            yield session
-
-        local.maker = the_session
-        try:
-            yield
-            session.held = False
-            session.flush()
-        finally:
-            local.maker = outer
-            session.close()  # the transaction is the batch's: closing the session neither commits nor ends it
-
-    @contextmanager
-    def joined(session_maker: Any) -> Iterator[Callable[[], ContextManager[None]]]:
+    def joined(session_maker: Any) -> Iterator[None]:
         managed = _get_managed_session_maker(session_maker, store.db_type)
         with managed():  # MLflow's settings of each session (SQLite's PRAGMAs) hold for the connection: set once
             pass
@@ -177,7 +134,7 @@ def _joinable_sessions(store: Any) -> Any:
         local.maker = _get_managed_session_maker(session_maker, "joined") if store.db_type == SQLITE else managed
         local.experiments = {}
         try:
-            yield lambda: one_flush(session_maker)
+            yield
         finally:
             local.maker = local.experiments = None
 

@@ -155,31 +155,6 @@ def test_a_batch_sets_sqlites_session_pragmas_once_not_per_session(tmp_path: Pat
     assert len(_stored(uri, experiment)) == N
 
 
-def test_a_batch_flushes_its_traces_infos_once_not_once_per_trace(tmp_path: Path, monkeypatch) -> None:
-    """MLflow's ``start_trace`` flushes its trace's rows (a unit of work, a statement per table); a batch's
-    ``start_trace`` calls share a session whose flushes wait, and their rows go in one flush. Every flush that
-    writes trace infos is counted: one per batch."""
-    from mlflow.store.tracking.dbmodels.models import SqlTraceInfo
-    from sqlalchemy import event
-    from sqlalchemy.orm import Session
-
-    flushed: list[int] = []  # the trace infos each flush wrote
-
-    def count(session: Any, context: Any) -> None:
-        if infos := sum(isinstance(o, SqlTraceInfo) for o in session.new):
-            flushed.append(infos)
-
-    event.listen(Session, "after_flush", count)
-    try:
-        uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-        experiment, batches = _write(uri, N, batched=True, monkeypatch=monkeypatch)
-    finally:
-        event.remove(Session, "after_flush", count)
-    assert batches.fallbacks == 0 and 1 <= batches.batches < N
-    assert sum(flushed) == N and len(flushed) == batches.batches, flushed  # N flushes of one trace each before
-    assert len(_stored(uri, experiment)) == N
-
-
 def test_a_batch_that_fails_is_rolled_back_and_written_trace_by_trace(tmp_path: Path, monkeypatch) -> None:
     """The first batch's spans are refused: its transaction is rolled back (its traces' rows with it, or writing
     them again would take MLflow's conflict path and add their assessments twice), then each trace is written

@@ -11,9 +11,17 @@ import time
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from cupid_exp.llm.messages import Message
+
+
+class Rejection(NamedTuple):
+    """Why an attempt's reply was not used: a provider failure's kind, or the parse failure's (unparseable,
+    truncated, ...), with its message."""
+
+    kind: str
+    message: str
 
 
 @dataclass
@@ -34,8 +42,7 @@ class CallRecord:
     cached: bool = False
     retries: int = 0
     finish_reason: str | None = None
-    error_kind: str | None = None  #: provider failure kind, or the parse failure's kind (unparseable, truncated, ...)
-    error: str | None = None
+    rejected: Rejection | None = None  #: None for a reply that was used
 
 
 @dataclass

@@ -4,7 +4,8 @@ litellm removed its disk backend, but its ``Cache`` still does the caching throu
 diskcache's SQLite store holding JSON, never pickles (a pickle read from a shared folder can run code), and reads
 the same under every litellm version the project accepts. litellm swallows a failed background write, so it is
 kept and raised in the call's path (``raise_failed_write``: exit 5). A store SQLite cannot read is set aside whole
-and replaced; one found unreadable later is a miss and no longer written.
+and replaced; one found unreadable later is a miss and no longer written. Reads and writes run on the store's own
+threads, never on the event loop (``_on``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sqlite3
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from litellm.caching.base_cache import BaseCache
 
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from litellm.caching.caching import Cache
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: the store's folder under ``runtime.cache_dir`` (older litellm's disk cache pickled into the folder itself)
 STORE_FOLDER = "responses"
@@ -42,8 +45,8 @@ class DiskResponseStore(BaseCache):
         self.directory = Path(directory)
         self.failed: Exception | None = None  #: the first write that failed (``raise_failed_write``)
         self.broken = False  #: found unreadable after it opened: a miss on read, never written to again
-        self._writer: ThreadPoolExecutor | None = None  #: the one thread that writes (``_on_writer``)
-        self._writer_pid = 0
+        self._threads: dict[str, ThreadPoolExecutor] = {}  #: "read" and "write": one thread each (``_on``)
+        self._threads_pid = 0
         try:
             self.store = self._open()
         except sqlite3.DatabaseError as exc:
@@ -96,23 +99,28 @@ class DiskResponseStore(BaseCache):
             self.failed = self.failed or exc
 
     async def async_set_cache(self, key: str, value: object, **kwargs: object) -> None:
-        await self._on_writer(lambda: self.set_cache(key, value, **kwargs))
+        await self._on("write", lambda: self.set_cache(key, value, **kwargs))
 
     async def async_set_cache_pipeline(self, cache_list: list[tuple[str, object]], **kwargs: object) -> None:
         def store_all() -> None:
             for key, value in cache_list:
                 self.set_cache(key, value, **kwargs)
 
-        await self._on_writer(store_all)
+        await self._on("write", store_all)
 
-    async def _on_writer(self, write: Callable[[], None]) -> None:
-        """A write on the store's own thread, one at a time, off the event loop (compressing and SQLite's write release
-        the GIL). Not on the loop's default executor: litellm prepares every request there (``completion`` in
-        ``acompletion``), and writes queued on SQLite's write lock (one writer at a time; a waiting one sleeps in
-        steps of up to 100 ms) held its few threads while the next requests waited to be prepared."""
-        if self._writer is None or self._writer_pid != os.getpid():  # a forked process has not the parent's thread
-            self._writer, self._writer_pid = ThreadPoolExecutor(1, thread_name_prefix="cupid-cache-write"), os.getpid()
-        await asyncio.get_running_loop().run_in_executor(self._writer, write)
+    async def _on(self, role: str, work: Callable[[], T]) -> T:
+        """``work`` on the store's thread for ``role`` ("read" or "write"), one at a time, off the event loop: on it, a
+        lookup's SQLite read stalled every call in flight. Not on the loop's default executor: litellm prepares every
+        request there (``completion`` in ``acompletion``), and writes queued on SQLite's write lock (one writer at a
+        time; a waiting one sleeps in steps of up to 100 ms) held its few threads while the next requests waited.
+        Reads have a thread (and so a diskcache connection) of their own and never wait behind a write (a WAL read
+        takes no lock); a call awaits its own write (``flush_cache_writes``), so a later call reads it back."""
+        if self._threads_pid != os.getpid():  # a forked process has not the parent's threads
+            self._threads, self._threads_pid = {}, os.getpid()
+        thread = self._threads.get(role)
+        if thread is None:
+            thread = self._threads[role] = ThreadPoolExecutor(1, thread_name_prefix=f"cupid-cache-{role}")
+        return await asyncio.get_running_loop().run_in_executor(thread, work)
 
     def get_cache(self, key: str, **kwargs: object) -> object:
         if self.broken:
@@ -130,13 +138,13 @@ class DiskResponseStore(BaseCache):
             return None
 
     async def async_get_cache(self, key: str, **kwargs: object) -> object:
-        return self.get_cache(key, **kwargs)
+        return await self._on("read", lambda: self.get_cache(key, **kwargs))
 
     def batch_get_cache(self, keys: list[str], **kwargs: object) -> list[object]:
         return [self.get_cache(key, **kwargs) for key in keys]
 
     async def async_batch_get_cache(self, keys: list[str], **kwargs: object) -> list[object]:
-        return self.batch_get_cache(keys, **kwargs)
+        return await self._on("read", lambda: self.batch_get_cache(keys, **kwargs))
 
     def delete_cache(self, key: str) -> None:
         self.store.delete(key)
@@ -145,9 +153,9 @@ class DiskResponseStore(BaseCache):
         self.store.clear()
 
     async def disconnect(self) -> None:
-        if self._writer is not None:
-            self._writer.shutdown(wait=True)
-            self._writer = None
+        for thread in self._threads.values():
+            thread.shutdown(wait=True)
+        self._threads = {}
         self.store.close()
 
 

@@ -102,7 +102,8 @@ async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[
                                                dry_reply=dry_reply)
         except ProviderError as exc:
             if log is not None:
-                log.calls.append(_record(client, step, requests, sent, started, error=(exc.kind, str(exc))))
+                log.calls.append(_record(client, step, requests, sent, started,
+                                         rejected=calls.Rejection(exc.kind, str(exc))))
             raise StepFailed(step, exc.kind, str(exc)) from exc
         transcript.add(step, completion)
         reply = completion.text
@@ -119,13 +120,13 @@ async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[
             retried, cut_at = longer is not None, _limit(client.reply_limit(step, {**extra, **(longer or {})}))
             if not retried and (longer := client.longer_reply(step, extra)) is not None:
                 if record is not None:
-                    record.error_kind, record.error = TRUNCATED, f"cut at {cut_at}; sent again with {_limit(longer)}"
+                    record.rejected = calls.Rejection(TRUNCATED, f"cut at {cut_at}; sent again with {_limit(longer)}")
                 continue
             why = (", sent again after a first cut" if retried else "" if cut_at.startswith("the provider")
                    else ", the longest reply the model gives")
             message = f"the reply was cut at {cut_at}{why}: {excerpt(reply)}"
             if record is not None:
-                record.error_kind, record.error = TRUNCATED, message
+                record.rejected = calls.Rejection(TRUNCATED, message)
             raise StepFailed(step, TRUNCATED, message)
         try:
             return parse(reply)
@@ -133,7 +134,7 @@ async def ask(client: LLMClient, step: str, messages: Messages, parse: Callable[
             if completion.refused:
                 raise _refused(client, step, completion, record, exc) from exc
             if record is not None:
-                record.error_kind, record.error = exc.kind, str(exc)
+                record.rejected = calls.Rejection(exc.kind, str(exc))
             kind, reason = exc.kind, str(exc)
             client.meter.reject(step, kind)
             attempt, sent = attempt + 1, None
@@ -154,21 +155,20 @@ def _refused(client: LLMClient, step: str, completion: Completion, record: calls
                                                          if completion.refusal else "")
     message = f"the provider refused to answer ({why})" + (f"; the partial reply is unusable: {exc}" if exc else "")
     if record is not None:
-        record.error_kind, record.error = REFUSAL_KIND, message
+        record.rejected = calls.Rejection(REFUSAL_KIND, message)
     client.meter.reject(step, REFUSAL_KIND)
     return StepFailed(step, REFUSAL_KIND, message)
 
 
 def _record(client: LLMClient, step: str, attempt: int, messages: Messages, started: int,
-            completion: Completion | None = None, error: tuple[str, str] | None = None) -> calls.CallRecord:
+            completion: Completion | None = None, rejected: calls.Rejection | None = None
+            ) -> calls.CallRecord:
     """What the tracing layer needs of one attempt (only built while a call log is open)."""
     record = calls.CallRecord(step=step, attempt=attempt, model=client.model.name,
                               litellm_model=client.model.litellm_model, messages=messages, started_ns=started,
-                              ended_ns=time.time_ns())
+                              ended_ns=time.time_ns(), rejected=rejected)
     if completion is not None:
         record.reply, record.finish_reason = completion.text, completion.finish_reason
         record.prompt_tokens, record.completion_tokens = completion.prompt_tokens, completion.completion_tokens
         record.cost_usd, record.cached, record.retries = completion.cost_usd, completion.cached, completion.retries
-    if error is not None:
-        record.error_kind, record.error = error
     return record

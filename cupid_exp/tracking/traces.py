@@ -253,9 +253,9 @@ class TraceWriter:
                                             inputs=self._clean(previewed({"messages": call.messages}, quoted)),
                                             attributes=attributes,
                                             start_time_ns=call.started_ns)
-        if call.error_kind:
+        if call.rejected is not None:
             span.set_status("ERROR")
-            span.add_event(_error_event(call.error_kind, self._clean(call.error or ""), call.step))
+            span.add_event(_error_event(call.rejected.kind, self._clean(call.rejected.message), call.step))
         reply = self._clean(previewed(_chat_reply(call), quoted)) if call.reply is not None else None
         span.end(outputs=reply, end_time_ns=call.ended_ns)
 

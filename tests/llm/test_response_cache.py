@@ -169,3 +169,41 @@ def test_a_call_computes_its_cache_key_once_and_the_key_is_litellms_own(tmp_path
     assert len(server.requests) == 2 and not miss.cached and hit.cached and older.cached
     assert len(keys) == 3, keys  # one per request: 2 before
     assert all("cache_key" not in body for body in server.requests)  # litellm's option, never sent
+
+
+def test_the_event_loop_never_runs_a_statement_on_the_store(tmp_path, monkeypatch) -> None:
+    """A lookup is a SQLite read (and a decompression); on the loop it blocked every call in flight. Each statement
+    on the store's connections is recorded with the thread that runs it: during the calls (a miss, then hits read
+    back from the store) none is the loop's."""
+    import threading
+
+    import diskcache.core
+
+    from cupid_exp.llm.response_cache import DiskResponseStore
+
+    statements: list[tuple[int, str]] = []
+    connect = sqlite3.connect
+
+    def traced(*args, **kwargs):  # every connection the store opens, from before it opens
+        con = connect(*args, **kwargs)
+        con.set_trace_callback(lambda sql: statements.append((threading.get_ident(), sql)))
+        return con
+
+    monkeypatch.setattr(diskcache.core.sqlite3, "connect", traced)
+    lookups = []
+    real = DiskResponseStore.get_cache
+    monkeypatch.setattr(DiskResponseStore, "get_cache", lambda self, *a, **k: lookups.append(a) or real(self, *a, **k))
+    with ScriptedServer([(200, completion_body("six"), {})]) as server:
+        client = fresh_client(tmp_path, server.url)
+        statements.clear()  # opening the store, before any call
+
+        async def calls() -> tuple[int, list]:
+            first = await client.complete(MESSAGES, step="s")
+            return threading.get_ident(), [first] + list(await asyncio.gather(
+                *(client.complete(MESSAGES, step="s") for _ in range(3))))
+
+        loop_thread, done = asyncio.run(calls())
+    assert [c.cached for c in done] == [False, True, True, True] and len(server.requests) == 1
+    assert len(lookups) == 4 and any(sql.startswith("INSERT") for _, sql in statements)  # 4 reads, the reply written
+    on_loop = [sql for thread, sql in statements if thread == loop_thread]
+    assert not on_loop, on_loop

@@ -30,8 +30,11 @@ from faults.modes import Cell, env
 
 def in_process(cmd: list[str]) -> subprocess.CompletedProcess:
     """``cmd`` run by the CLI's entry in this process (``run_job``): its exit code and everything printed, its worker
-    processes' too, with a fresh MLflow run worker (one left from an earlier run prints into that run's output)."""
-    return run_job(cmd, env=env(), check=False, park=False)
+    processes' too, with a fresh MLflow run worker (one left from an earlier run prints into that run's output). An
+    untracked sweep's loky workers are kept for the next command's (``helpers.sweep_workers``: starting two costs more
+    than the rest of a sweep cell), each command starting on them as on new ones; a tracked job's would keep MLflow's
+    state of its store, which a new process would not."""
+    return run_job(cmd, env=env(), check=False, park=False, keep_sweep_workers="tracking=none" in cmd)
 
 
 class FaultMissed(AssertionError):

@@ -263,10 +263,10 @@ def test_a_process_kept_from_an_earlier_in_process_run_prints_into_the_run_it_pr
     monkeypatch.setenv("PYTHONUNBUFFERED", "1")
     context = multiprocessing.get_context("spawn")
     told = context.Event()
-    with _printed() as first:
+    with _printed(kept=True) as first:
         child = context.Process(target=say_when_told, args=(told, "from a kept child"))
         child.start()
-    with _printed() as second:
+    with _printed(kept=True) as second:
         told.set()
         child.join(60)
     assert child.exitcode == 0

@@ -86,29 +86,32 @@ _PROGRAMS = {"cupid_exp": "cupid_exp.cli", "cupid_exp.synthesize": "cupid_exp.sy
 _WORKER: Any = None  # the MLflow run worker ``run_job``'s runs share, as a sweep's jobs do (its start: ~3-5 s)
 
 
-_OUTPUT: list[int] = []  #: fds 1 and 2 of every in-process run (``_printed``), opened once for this process
+_KEPT_OUTPUT: list[int] = []  #: fds 1 and 2 of the in-process runs whose processes may be kept (``_printed``)
 
 
 def _output_files() -> list[int]:
-    """Two unlinked files, opened for appending: every process started while a run reads them (its loky workers, which
-    may be kept for later runs) writes at their end, so a later run reads what a kept worker says in it."""
-    if not _OUTPUT:
-        folder = tempfile.mkdtemp(prefix="cupid-printed-")
-        for name in ("stdout", "stderr"):
-            path = os.path.join(folder, name)
-            _OUTPUT.append(os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600))
-            os.unlink(path)
-        os.rmdir(folder)
-    return _OUTPUT
+    """Two unlinked files, opened for appending (a writer that shares them writes at their end)."""
+    folder = tempfile.mkdtemp(prefix="cupid-printed-")
+    files = []
+    for name in ("stdout", "stderr"):
+        path = os.path.join(folder, name)
+        files.append(os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600))
+        os.unlink(path)
+    os.rmdir(folder)
+    return files
 
 
 @contextlib.contextmanager
-def _printed() -> Iterator[list[str]]:
+def _printed(kept: bool = False) -> Iterator[list[str]]:
     """File descriptors 1 and 2 sent to files while the block runs, and ``sys.stdout``/``sys.stderr`` written straight
     to them (unbuffered, as ``cli_env``'s ``PYTHONUNBUFFERED``): what the job prints, and what its worker processes, a
     sweep's loky workers or C code write to the descriptors, is read back as a subprocess's output would be (the
-    list, once the block ends: stdout, stderr: what the files gained while it ran)."""
-    files = _output_files()
+    list, once the block ends: stdout, stderr). ``kept``: processes started in the block may outlive it (a sweep's
+    kept loky workers): the files are this process's one pair for such blocks, each reading what they gained while it
+    ran, so what a kept process says in a later block is read by that block."""
+    if kept and not _KEPT_OUTPUT:
+        _KEPT_OUTPUT.extend(_output_files())
+    files = _KEPT_OUTPUT if kept else _output_files()
     starts = [os.fstat(fd).st_size for fd in files]
     streams = sys.stdout, sys.stderr
     for stream in streams:
@@ -132,6 +135,8 @@ def _printed() -> Iterator[list[str]]:
         for file, start in zip(files, starts, strict=True):
             written = os.pread(file, os.fstat(file).st_size - start, start)
             printed.append(written.decode("utf-8", errors="backslashreplace"))
+            if not kept:
+                os.close(file)
 
 
 def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = True, park: bool = True,
@@ -184,7 +189,7 @@ def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = 
         run_worker.start = lambda keep=False: start(keep=True)  # parked when its run ends, for the next run_job
         run_worker._IDLE, _WORKER = _WORKER, None
     try:
-        with _printed() as printed:
+        with _printed(kept=keep_sweep_workers) as printed:
             try:
                 sweep_workers.before(keep_sweep_workers)
                 code = main.run()

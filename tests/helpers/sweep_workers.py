@@ -72,7 +72,8 @@ def after(keep: bool) -> None:
         return
     from hydra_plugins.hydra_joblib_launcher import _core
 
-    _core.execute_job = _real
+    if isinstance(_core.execute_job, Fresh):
+        _core.execute_job = _real
     _ended_at = time.monotonic()
 
 

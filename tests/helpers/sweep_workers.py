@@ -37,10 +37,11 @@ def _started() -> tuple[Any, ...]:
 def release() -> None:
     """Stop the workers by force (``cupid_exp.entry._release_sweep_workers``); the next sweep starts its own."""
     global _started_with
-    from cupid_exp.entry import _release_sweep_workers
-
-    _release_sweep_workers()
     _started_with = None
+    if _executor() is not None:
+        from cupid_exp.entry import _release_sweep_workers
+
+        _release_sweep_workers()
 
 
 def _executor() -> Any:

@@ -51,6 +51,16 @@ def _no_worker_left_between_tests():
     run_worker.quit_idle()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _sweep_workers_stopped_at_the_end():
+    """A sweep's loky workers kept for the next in-process run (``helpers.sweep_workers``) are stopped by force when
+    the session ends: left to loky's exit hook, an idle worker's own exit can hang it."""
+    yield
+    from helpers import sweep_workers
+
+    sweep_workers.release()
+
+
 @pytest.fixture
 def output_root(tmp_path: Path) -> Path:
     root = tmp_path / "outputs"

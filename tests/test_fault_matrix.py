@@ -14,10 +14,11 @@ Each cell is the real CLI's command on the stub (cupid_exp/testing/stub_llm_serv
 faults are the wire's), 2 instances a job (synthesis: one persona), the stub answering at once, ``tracking=none``
 except where the store is the fault or is checked (a joblib sweep's SIGTERM: every run KILLED). A command runs in the
 test's process through the CLI's entry (``helpers.cli_runner.run_job``: its exit code, and everything written to fds
-1 and 2, its worker processes' and a sweep's loky workers' too) wherever the process is not the point: the stub's
-faults, the ``corrupt_*`` files, the full disk at the start, and every resume. A process of its own only where it
-is: kill -9 (also at the store's creation), SIGTERM, Ctrl-C, and the faults injected while the job runs (the
-tracking server's death, the disk filling up). The table is ``catalogue.table()`` (a test keeps it so): the exit
+1 and 2, its worker processes' and a sweep's loky workers' too, which it keeps for the next command, each starting
+on them as on new ones: ``helpers.sweep_workers``) wherever the process is not the point: the stub's faults, the
+``corrupt_*`` files, the full disk at the start, and every resume. A process of its own only where it is: kill -9
+(also at the store's creation), SIGTERM, Ctrl-C, and the faults injected while the job runs (the tracking server's
+death, the disk filling up). The table is ``catalogue.table()`` (a test keeps it so): the exit
 code each cell must end with, ``N/A`` where the cell makes no sense (why: below), ``xfail`` where the behaviour has
 not landed or the product is wrong, ``flaky`` where it is wrong some of the time (the reasons are the markers', from
 ``faults.known``).
@@ -248,3 +249,25 @@ def test_an_in_process_run_reads_what_its_child_processes_print(monkeypatch: pyt
     out, err = printed
     assert out.splitlines() == ["from the job", "from a forked child", "from a spawned child"], printed
     assert err.splitlines() == ["from a forked child", "from a spawned child", "below Python"], printed
+
+
+def test_a_process_kept_from_an_earlier_in_process_run_prints_into_the_run_it_prints_in(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process started in one in-process run and kept for the next (a sweep's loky worker: ``helpers.sweep_workers``)
+    writes into the output of the run it writes in, which reads it for tracebacks and secrets."""
+    import multiprocessing
+
+    from helpers.cli_runner import _printed
+    from helpers.processes import say_when_told
+
+    monkeypatch.setenv("PYTHONUNBUFFERED", "1")
+    context = multiprocessing.get_context("spawn")
+    told = context.Event()
+    with _printed(kept=True) as first:
+        child = context.Process(target=say_when_told, args=(told, "from a kept child"))
+        child.start()
+    with _printed(kept=True) as second:
+        told.set()
+        child.join(60)
+    assert child.exitcode == 0
+    assert first == ["", ""] and second == ["from a kept child\n"] * 2, (first, second)

@@ -7,7 +7,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import run_cli
+from helpers.cli_runner import run_job
 from helpers.processes import alive, children
 from helpers.tracking_runs import held_job, history, job_command, only_run, start, store_uri, traces_of, wait_for
 from mlflow.tracking import MlflowClient
@@ -58,8 +58,8 @@ def test_an_interrupt_mid_job_ends_the_run_killed(tmp_path: Path, sig: int, code
         assert said == [f"interrupted{by}: {finished} of {N} instances finished and journaled; run the same "
                         "command to resume"], text[-3000:]
         assert "Traceback" not in text, text[-3000:]
-        if sig == signal.SIGTERM and workers == 1:  # the same command resumes, in the same run
-            again = run_cli(cmd, check=False, timeout=180)
+        if sig == signal.SIGTERM and workers == 1:  # the same command resumes, in the same run (in this process)
+            again = run_job(cmd, check=False)
             assert again.returncode == 0, again.stderr[-3000:]
             run = only_run(uri)
             assert run.info.status == "FINISHED" and int(run.data.metrics["progress/instances_done"]) == N

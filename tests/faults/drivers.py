@@ -30,8 +30,11 @@ from faults.modes import Cell, env
 
 def in_process(cmd: list[str]) -> subprocess.CompletedProcess:
     """``cmd`` run by the CLI's entry in this process (``run_job``): its exit code and everything printed, its worker
-    processes' too, with a fresh MLflow run worker (one left from an earlier run prints into that run's output)."""
-    return run_job(cmd, env=env(), check=False, park=False)
+    processes' too, with a fresh MLflow run worker (one left from an earlier run prints into that run's output). An
+    untracked sweep's loky workers are kept for the next command's (``helpers.sweep_workers``: starting two costs more
+    than the rest of a sweep cell), each command starting on them as on new ones; a tracked job's would keep MLflow's
+    state of its store, which a new process would not."""
+    return run_job(cmd, env=env(), check=False, park=False, keep_sweep_workers="tracking=none" in cmd)
 
 
 class FaultMissed(AssertionError):
@@ -236,6 +239,9 @@ def _made_store(folder: Path) -> tuple[str | None, float]:
     return _schema_version(folder / "mlflow.db"), time.monotonic() - start
 
 
+_WHOLE: list[str | None] = []  #: the schema version a store MLflow made has here (``StoreDriver``)
+
+
 class StoreDriver(_Started):
     """kill -9 while the first command makes its MLflow store (its schema migrations take about a second): at a seeded
     instant after the store's file (or one made aside) appears, within the first 30% of the time this machine takes to
@@ -247,10 +253,11 @@ class StoreDriver(_Started):
     tracking, seed_store, group = True, False, True  # the store may be made by the job's MLflow worker
 
     def run(self, cmd: list[str]) -> subprocess.CompletedProcess:
-        # the version a whole store has, and how long making one takes, warm: the first in this process also imports
-        # MLflow's migration modules, which made the kill come after the job's store was made
-        whole, _ = _made_store(self.cell.tmp / "whole")
-        _, making_s = _made_store(self.cell.tmp / "whole-again")
+        # the version a whole store has (once a process), and how long making one takes, warm: the first in this
+        # process also imports MLflow's migration modules, which made the kill come after the job's store was made
+        if not _WHOLE:
+            _WHOLE.append(_made_store(self.cell.tmp / "whole")[0])
+        whole, (_, making_s) = _WHOLE[0], _made_store(self.cell.tmp / "whole-again")
         db = self.cell.root / "mlflow.db"
         proc, out, err = self._start(cmd)
         try:

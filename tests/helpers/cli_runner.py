@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 from cupid_exp.testing.cupid_data import stub_overrides
 from cupid_exp.testing.inprocess import InProcessModel
+from helpers import sweep_workers
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,13 +86,33 @@ _PROGRAMS = {"cupid_exp": "cupid_exp.cli", "cupid_exp.synthesize": "cupid_exp.sy
 _WORKER: Any = None  # the MLflow run worker ``run_job``'s runs share, as a sweep's jobs do (its start: ~3-5 s)
 
 
+_KEPT_OUTPUT: list[int] = []  #: fds 1 and 2 of the in-process runs whose processes may be kept (``_printed``)
+
+
+def _output_files() -> list[int]:
+    """Two unlinked files, opened for appending (a writer that shares them writes at their end)."""
+    folder = tempfile.mkdtemp(prefix="cupid-printed-")
+    files = []
+    for name in ("stdout", "stderr"):
+        path = os.path.join(folder, name)
+        files.append(os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600))
+        os.unlink(path)
+    os.rmdir(folder)
+    return files
+
+
 @contextlib.contextmanager
-def _printed() -> Iterator[list[str]]:
+def _printed(kept: bool = False) -> Iterator[list[str]]:
     """File descriptors 1 and 2 sent to files while the block runs, and ``sys.stdout``/``sys.stderr`` written straight
     to them (unbuffered, as ``cli_env``'s ``PYTHONUNBUFFERED``): what the job prints, and what its worker processes, a
     sweep's loky workers or C code write to the descriptors, is read back as a subprocess's output would be (the
-    list, once the block ends: stdout, stderr)."""
-    files = [tempfile.TemporaryFile() for _ in range(2)]
+    list, once the block ends: stdout, stderr). ``kept``: processes started in the block may outlive it (a sweep's
+    kept loky workers): the files are this process's one pair for such blocks, each reading what they gained while it
+    ran, so what a kept process says in a later block is read by that block."""
+    if kept and not _KEPT_OUTPUT:
+        _KEPT_OUTPUT.extend(_output_files())
+    files = _KEPT_OUTPUT if kept else _output_files()
+    starts = [os.fstat(fd).st_size for fd in files]
     streams = sys.stdout, sys.stderr
     for stream in streams:
         stream.flush()
@@ -99,7 +120,7 @@ def _printed() -> Iterator[list[str]]:
     printed: list[str] = []
     try:
         for fd, file in zip((1, 2), files, strict=True):
-            os.dup2(file.fileno(), fd)
+            os.dup2(file, fd)
         sys.stdout, sys.stderr = (io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
                                                    errors="backslashreplace", write_through=True) for fd in (1, 2))
         yield printed
@@ -111,30 +132,31 @@ def _printed() -> Iterator[list[str]]:
         for fd, copy in zip((1, 2), saved, strict=True):
             os.dup2(copy, fd)
             os.close(copy)
-        for file in files:
-            file.seek(0)
-            printed.append(file.read().decode("utf-8", errors="backslashreplace"))
-            file.close()
+        for file, start in zip(files, starts, strict=True):
+            written = os.pread(file, os.fstat(file).st_size - start, start)
+            printed.append(written.decode("utf-8", errors="backslashreplace"))
+            if not kept:
+                os.close(file)
 
 
 def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = True, park: bool = True,
-            cwd: Path | None = None, **_: Any) -> subprocess.CompletedProcess:
+            cwd: Path | None = None, keep_sweep_workers: bool = False, **_: Any) -> subprocess.CompletedProcess:
     """``cmd`` (``cli_command``'s) run as ``run_cli`` runs it, but in this process: the same entry, exit code and
     printed lines (``_printed``: its worker processes' too), without a new Python and litellm's import (~3 s each).
     For what needs no process of its own: signals, kills, locks and exit by ``os._exit`` stay with ``run_cli``.
     ``env`` is set for the run only, and so is ``cwd`` (the working folder; this process's by default). ``park``: the
     job's MLflow run worker waits for the next ``run_job`` (its start: ~3-5 s); off, it is a fresh one, quit when the
     job ends, as at a process's exit (a parked worker writes into the output of the run that started it, so later
-    runs would not read what it prints); a joblib sweep's loky workers are stopped at the end either way, as the
-    process's exit (``entry.exit_now``) stops them: a next run starts its own, with nothing of this run's module state
-    or output."""
+    runs would not read what it prints); a joblib sweep's loky workers are stopped at the end, as the process's exit
+    (``entry.exit_now``) stops them, unless ``keep_sweep_workers`` (``helpers.sweep_workers``: the next such run
+    takes them, each starting its command as this process does: no pool or MLflow run worker of an earlier one)."""
     import importlib
     import logging
     import signal
 
     from hydra.core.global_hydra import GlobalHydra
 
-    from cupid_exp.entry import _release_sweep_workers, reset_entry
+    from cupid_exp.entry import reset_entry
     from cupid_exp.llm.pools import forget_pools
     from cupid_exp.tracking import run_worker
 
@@ -167,11 +189,12 @@ def run_job(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = 
         run_worker.start = lambda keep=False: start(keep=True)  # parked when its run ends, for the next run_job
         run_worker._IDLE, _WORKER = _WORKER, None
     try:
-        with _printed() as printed:
+        with _printed(kept=keep_sweep_workers) as printed:
             try:
+                sweep_workers.before(keep_sweep_workers)
                 code = main.run()
             finally:  # what the process's exit does, while its output is still read
-                _release_sweep_workers()
+                sweep_workers.after(keep_sweep_workers)
                 if not park:
                     run_worker.quit_idle()
     finally:

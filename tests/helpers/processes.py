@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 
 def children(pid: int) -> list[int]:
@@ -44,3 +45,9 @@ def say_and_leave(text: str) -> None:
     print(text)
     print(text, file=sys.stderr)
     os._exit(0)
+
+
+def say_when_told(told: Any, text: str) -> None:
+    """In a child process: wait for the event ``told`` (a minute at most), then ``say_and_leave``."""
+    told.wait(60)
+    say_and_leave(text)

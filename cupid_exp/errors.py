@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 EXIT_OK, EXIT_BUG, EXIT_BAD_INPUT, EXIT_INCOMPLETE = 0, 1, 2, 3
 EXIT_BUDGET = 4
@@ -36,6 +36,16 @@ def pipe_safe(main: Callable[[], Any]) -> Any:
         except (OSError, ValueError):
             pass
         return EXIT_CLOSED_PIPE
+
+
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then its cause (else its context), and so on, each once."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        yield link
+        link = link.__cause__ or link.__context__
 
 
 @dataclass

@@ -11,9 +11,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from cupid_exp.reporting.build import build_report
-from cupid_exp.reporting.compare import compare_runs
-from cupid_exp.reporting.reference import load_reference
+from cupid_exp.reporting.build import build_report, compare_runs
 from cupid_exp.reporting.render import FORMATS, Image, render
 from cupid_exp.reporting.runs import (
     DEFAULT_CACHE,
@@ -26,7 +24,7 @@ from cupid_exp.reporting.runs import (
     tracking_uri,
 )
 from cupid_exp.reporting.selection import select_runs
-from cupid_exp.reporting.tables import Table
+from cupid_exp.reporting.tables import Table, load_reference
 from cupid_exp.scoring.bootstrap import DEFAULT_N_BOOT
 
 

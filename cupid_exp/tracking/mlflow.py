@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -10,9 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
+from filelock import FileLock
+
+from cupid_exp.aside import set_aside
 from cupid_exp.config import TrackingConfig
-from cupid_exp.run_outcomes import stale_tags
-from cupid_exp.secrets import scrub, scrub_obj
+from cupid_exp.durability.signals import shielded, sigterm_raises
+from cupid_exp.outputs import atomic_write_text
+from cupid_exp.run_outcomes import outcome_of, outcome_tags, stale_tags, status_of
+from cupid_exp.secrets import scrub, scrub_obj, secret_values
+from cupid_exp.tracking import sqlite_store, store_errors
+from cupid_exp.tracking.names import SEP, override_pairs
 from cupid_exp.tracking.provenance import git_state
 
 if TYPE_CHECKING:
@@ -28,8 +36,6 @@ _READY_STORES: set[str] = set()
 
 def flatten(value: object, prefix: str = "") -> dict[str, str]:
     """{'a': {'b': 1}} -> {'a.b': '1'}; lists become JSON strings; values cut at MLflow's 6000 characters."""
-    import json
-
     out: dict[str, str] = {}
     if isinstance(value, Mapping):
         for k, v in value.items():
@@ -45,10 +51,7 @@ def prepare_store(uri: str) -> None:
     concurrent-safe nor transactional, so a store is made aside and moved in whole, and a half-made one is remade."""
     if not uri.startswith("sqlite:///") or uri in _READY_STORES:
         return
-    from filelock import FileLock
     from mlflow.tracking import MlflowClient
-
-    from cupid_exp.tracking import sqlite_store
 
     db = Path(uri.removeprefix("sqlite:///")).expanduser()
     db.parent.mkdir(parents=True, exist_ok=True)
@@ -112,8 +115,6 @@ class SweepParent:
 
 def ensure_parent(tracking: TrackingConfig, sweep_dir: str | Path, overrides: Iterable[str] = ()) -> str:
     """The sweep's parent run id: the marker's, else a new run (under a lock) with ``sweep.*`` params."""
-    from filelock import FileLock
-
     folder = Path(sweep_dir)
     folder.mkdir(parents=True, exist_ok=True)
     with FileLock(str(folder / f".{PARENT_RUN_FILE}.lock")):
@@ -122,14 +123,8 @@ def ensure_parent(tracking: TrackingConfig, sweep_dir: str | Path, overrides: It
             return found
         marker = folder / PARENT_RUN_FILE
         if marker.exists():  # not a run id: a marker written over
-            from cupid_exp.aside import set_aside
-
             set_aside(marker, "sweep parent marker", "not a run id", "a new parent run is made for this sweep")
         from mlflow.tracking import MlflowClient
-
-        from cupid_exp.outputs import atomic_write_text
-        from cupid_exp.secrets import scrub, secret_values
-        from cupid_exp.tracking.names import SEP, override_pairs
 
         prepare_store(tracking.uri)
         hidden = secret_values(list(overrides))
@@ -157,8 +152,6 @@ def parent_of(tracking: TrackingConfig, parent: str | SweepParent | None) -> str
 
 def records_table(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     """Per-instance rows for MLflow's table view: scalars as they are, containers as JSON text."""
-    import json
-
     import pandas as pd
 
     frame = pd.DataFrame([{k: v for k, v in r.items() if k != "raw"} for r in records])
@@ -176,9 +169,7 @@ class RunTracker:
     def __init__(self, tracking: TrackingConfig, secrets: Iterable[str] = ()):
         from mlflow.tracking import MlflowClient
 
-        from cupid_exp.tracking import store_logs
-
-        store_logs.install()  # a failing store is reported once by the job, not in thousands of lines by MLflow
+        store_errors.install()  # a failing store is reported once by the job, not in thousands of lines by MLflow
         self.tracking, self.secrets = tracking, list(secrets)
         prepare_store(tracking.uri)
         self.client = MlflowClient(tracking.uri)
@@ -256,12 +247,9 @@ class RunTracker:
         if table is not None and len(table):
             self.client.log_table(self.run_id, data=table, artifact_file=name)
 
-    def end(self, status: str = "FINISHED", summary: Mapping[str, object] | None = None,
-            tags: Mapping[str, str] | None = None) -> None:
-        """End the run once (with outcome ``tags``); later calls change nothing."""
+    def end(self, status: str = "FINISHED") -> None:
+        """End the run once; later calls change nothing."""
         if self.run_id is not None and self.status is None:
-            if tags:
-                self.set_tags(tags)
             self.client.set_terminated(self.run_id, status=status)
             self.status = status
 
@@ -270,9 +258,6 @@ class RunTracker:
 def ends_on_error(run: Any) -> Iterator[None]:
     """Around a job's work: its run ends KILLED on Ctrl-C or SIGTERM, FAILED on any other exception (which goes on),
     with outcome tags; ending is shielded from interrupts."""
-    from cupid_exp.durability.signals import shielded, sigterm_raises
-    from cupid_exp.run_outcomes import outcome_of, outcome_tags, status_of
-
     with sigterm_raises():
         try:
             yield

@@ -10,6 +10,8 @@ import uuid
 from contextlib import closing
 from pathlib import Path
 
+from cupid_exp.aside import set_aside
+
 log = logging.getLogger(__name__)
 
 ASIDE_SUFFIX = ".creating"  #: a store being made: ``.<name>.<pid>-<random>.creating`` beside it
@@ -79,8 +81,6 @@ def repair(db: Path, error: BaseException) -> bool:
         return False
     corrupt = unreadable(db)
     if corrupt is not None:
-        from cupid_exp.aside import set_aside
-
         forget_connections(f"sqlite:///{db}")
         set_aside(db, "MLflow store", corrupt, "a new store is made and this job's run starts in it (the runs the "
                   "old one held stay in the file set aside)", companions=("-wal", "-shm", "-journal"))

@@ -3,6 +3,8 @@ line each). Imports nothing above it: schemas are registered in ``config_store``
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional
@@ -46,9 +48,6 @@ def _without_nulls(value: object) -> object:
 
 def config_digest(data: object, length: int = 20) -> str:
     """A stable hash of plain config data; nulls are left out so a new optional setting keeps earlier digests."""
-    import hashlib
-    import json
-
     payload = json.dumps(_without_nulls(data), sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:length]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import MISSING, fields, is_dataclass
 from typing import Mapping, Sequence
@@ -54,8 +55,6 @@ class Checked:
 
 def check_known_keys(composed: object, node: object, where: str = "") -> None:
     """Reject keys a schema lacks: ``+runtime.num_retry=3`` would otherwise be dropped silently."""
-    import difflib
-
     if not is_dataclass(node) or not hasattr(composed, "keys"):
         return
     names = [f.name for f in fields(node)]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -17,9 +19,6 @@ EXIT_CLOSED_PIPE = 141  #: 128 + SIGPIPE: the reader of the output went away (``
 
 def pipe_safe(main: Callable[[], Any]) -> Any:
     """``main()``'s exit code; a closed stdout (``| head``) gives ``EXIT_CLOSED_PIPE`` without a traceback."""
-    import os
-    import sys
-
     try:
         try:
             return main()

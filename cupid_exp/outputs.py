@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import re
+import sqlite3
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,8 +66,6 @@ _SQLITE_FULL = "database or disk is full"
 @contextmanager
 def writing(path: Path) -> Iterator[None]:
     """Around our writes under ``path``: environment errors and a vanished folder become ``EnvironmentFailure``."""
-    import sqlite3
-
     try:
         yield
     except OSError as exc:

@@ -19,11 +19,13 @@ time the admitted work could take.
 
 from __future__ import annotations
 
+import email.utils
 import json
 import math
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, Callable
 
 from cupid_exp.testing.stub_replies import prompt_tokens
@@ -69,9 +71,6 @@ def rate_limit_reply(style: str, wait_s: float, now: float | None = None
     asked is what is left to that second), OpenAI's ``x-ratelimit-reset-*`` (``1.2s``), Anthropic's RFC 3339
     ``anthropic-ratelimit-requests-reset``, only the message's "Please try again in 1.2s", or nothing (0: the
     client's own backoff)."""
-    import email.utils
-    from datetime import datetime, timezone
-
     now = time.time() if now is None else now
     said = f" Please try again in {openai_duration(wait_s)}." if style != "none" else ""
     body = {"error": {"message": f"Rate limit reached for requests.{said}", "type": "requests", "param": None,

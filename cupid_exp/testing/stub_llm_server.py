@@ -24,6 +24,8 @@ import contextlib
 import json
 import random
 import signal
+import socket
+import struct
 import sys
 import threading
 import time
@@ -255,9 +257,6 @@ class StubServer(StubModel):
     def _outage(self, handler: Any) -> bool:
         """Whether this request falls in the outage (``outage_after``, ``outage_s``): then it is left unanswered
         as ``outage_kind`` says (the connection reset, or a proxy's 502/503/504 page)."""
-        import socket
-        import struct
-
         with self._lock:
             c, cfg = self.counters, self.config
             c.requests += 1

@@ -3,8 +3,7 @@
 from cupid_exp.synthesis.steps.base import SynthContext
 from cupid_exp.synthesis.steps.checklists import decompose
 from cupid_exp.synthesis.steps.dialogue import simulate_dialogue
-from cupid_exp.synthesis.steps.factors import write_changed_preference, write_factors
-from cupid_exp.synthesis.steps.persona import write_persona
+from cupid_exp.synthesis.steps.factors import write_changed_preference, write_factors, write_persona
 from cupid_exp.synthesis.steps.sessions import first_message, write_session
 from cupid_exp.synthesis.steps.validation import validate_persona
 

@@ -1,12 +1,16 @@
-"""MLflow: one run per job, closed with its outcome, and one parent per sweep, named in the sweep folder."""
+"""MLflow: one run per job, closed with its outcome, and one parent per sweep, named in the sweep folder; a SQLite store
+made aside and renamed into place, since MLflow's migrations are not transactional."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import sqlite3
 import time
-from contextlib import contextmanager
+import uuid
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
@@ -19,7 +23,7 @@ from cupid_exp.durability.signals import shielded, sigterm_raises
 from cupid_exp.outputs import atomic_write_text
 from cupid_exp.run_outcomes import outcome_of, outcome_tags, stale_tags, status_of
 from cupid_exp.secrets import scrub, scrub_obj, secret_values
-from cupid_exp.tracking import sqlite_store, store_errors
+from cupid_exp.tracking import store_errors
 from cupid_exp.tracking.names import SEP, override_pairs
 from cupid_exp.tracking.provenance import git_state
 
@@ -46,6 +50,90 @@ def flatten(value: object, prefix: str = "") -> dict[str, str]:
     return out
 
 
+ASIDE_SUFFIX = ".creating"  #: a store being made: ``.<name>.<pid>-<random>.creating`` beside it
+
+
+def aside_files(db: Path) -> list[Path]:
+    return sorted(db.parent.glob(f".{db.name}.*{ASIDE_SUFFIX}*"))  # its -journal too
+
+
+def clear_leftovers(db: Path) -> None:
+    """Remove stores a killed process was making (the lock is held: nobody else is making one now)."""
+    for path in aside_files(db):
+        path.unlink(missing_ok=True)
+
+
+def create_aside(db: Path) -> None:
+    """Make a new store (MLflow's own schema, its Default experiment) beside ``db``, then move it into place."""
+    from mlflow.tracking import MlflowClient
+
+    aside = db.with_name(f".{db.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}{ASIDE_SUFFIX}")
+    try:
+        MlflowClient(f"sqlite:///{aside}").search_experiments(max_results=1)  # creates and migrates the schema
+        forget_connections(f"sqlite:///{aside}")
+        os.replace(aside, db)
+    finally:
+        for path in aside_files(db):
+            path.unlink(missing_ok=True)
+
+
+def forget_connections(uri: str) -> None:
+    """Close MLflow's pooled connections to ``uri``'s file: they would outlive its rename."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    engine = getattr(SqlAlchemyStore, "_engine_map", {}).pop(uri, None)
+    if engine is not None:
+        engine.dispose()
+
+
+def holds_nothing(db: Path) -> bool:
+    """No run and no experiment but Default in it: nothing lost by remaking it."""
+    try:
+        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as con:
+            tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "runs" in tables and con.execute("SELECT 1 FROM runs LIMIT 1").fetchone():
+                return False
+            return not ("experiments" in tables and con.execute(
+                "SELECT 1 FROM experiments WHERE experiment_id != 0 LIMIT 1").fetchone())
+    except sqlite3.Error:
+        return False  # not a database we can read: not ours to replace
+
+
+def unreadable(db: Path) -> sqlite3.DatabaseError | None:
+    """SQLite's error when ``db`` is no database at all; else None (locks, permissions: not the file)."""
+    try:
+        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as con:
+            con.execute("SELECT name FROM sqlite_master").fetchall()
+    except sqlite3.OperationalError:
+        return None
+    except sqlite3.DatabaseError as exc:
+        return exc
+    return None
+
+
+def repair(db: Path, error: BaseException) -> bool:
+    """Remake a store MLflow could not open when unreadable or empty (True); else leave it (False)."""
+    if not db.exists():
+        return False
+    corrupt = unreadable(db)
+    if corrupt is not None:
+        forget_connections(f"sqlite:///{db}")
+        set_aside(db, "MLflow store", corrupt, "a new store is made and this job's run starts in it (the runs the "
+                  "old one held stay in the file set aside)", companions=("-wal", "-shm", "-journal"))
+        create_aside(db)
+        return True
+    if not holds_nothing(db):
+        return False
+    broken = db.with_name(f"{db.name}.half-made-{time.strftime('%Y%m%d-%H%M%S')}")
+    forget_connections(f"sqlite:///{db}")  # the failed open's: they would read the moved file on
+    os.replace(db, broken)
+    first = (str(error).strip().splitlines() or [""])[0][:200]
+    log.warning("MLflow store %s was half made (%s: %s) and held no run: moved to %s and made again", db,
+                type(error).__name__, first, broken.name)
+    create_aside(db)
+    return True
+
+
 def prepare_store(uri: str) -> None:
     """Make sure a SQLite store exists whole, once per process, under a file lock: MLflow's migrations are neither
     concurrent-safe nor transactional, so a store is made aside and moved in whole, and a half-made one is remade."""
@@ -56,13 +144,13 @@ def prepare_store(uri: str) -> None:
     db = Path(uri.removeprefix("sqlite:///")).expanduser()
     db.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(db.with_name(db.name + ".lock"))):
-        sqlite_store.clear_leftovers(db)
+        clear_leftovers(db)
         if not db.exists():
-            sqlite_store.create_aside(db)
+            create_aside(db)
         try:
             MlflowClient(uri).search_experiments(max_results=1)  # opens it (migrates one made by an older MLflow)
         except Exception as exc:  # noqa: BLE001 - repaired if it holds nothing, else raised as it is
-            if not sqlite_store.repair(db, exc):
+            if not repair(db, exc):
                 raise
             MlflowClient(uri).search_experiments(max_results=1)
     _READY_STORES.add(uri)

@@ -249,6 +249,7 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], object],
                 register: Callable[[], None] | None = None) -> Callable[[], None]:
     """A console-script ``main()`` running ``task`` under Hydra; composition errors exit 2, a sweep its worst code."""
     register_configs()
+    program = _PROGRAMS.get(config_name, config_name)
     if register is not None:
         register()
     hydra_main = hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name=config_name)(task)
@@ -281,7 +282,7 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], object],
                 if failure is not None:
                     if _HELD is not None:
                         _HELD.release(replay=False)
-                    print(f"{_PROGRAMS.get(config_name, config_name)}: {failure}", file=sys.stderr)
+                    print(f"{program}: {failure}", file=sys.stderr)
                     return EXIT_ENVIRONMENT
                 if _SWEEP_DIR is not None:  # the sweeper saved the overrides before composing its jobs
                     scrub_file(_SWEEP_DIR / "multirun.yaml", secret_values(sys.argv[1:]))
@@ -290,7 +291,6 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], object],
                 if said is not None:
                     if _HELD is not None:  # a sweep's composition: Hydra said it already, as it happened
                         _HELD.release(replay=False)
-                    program = _PROGRAMS.get(config_name, config_name)
                     print(f"{program}: {_masked(said, sys.argv[1:])}", file=sys.stderr)
                 return EXIT_BAD_INPUT
             return exit_code_of(exc)

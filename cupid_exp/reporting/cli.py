@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import sys
 from pathlib import Path
@@ -124,10 +125,7 @@ def _leaderboards(args: argparse.Namespace, load) -> tuple[list[Table], list[str
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-
-    def load(run_id: str):
-        return load_records(args.tracking_uri, run_id, args.cache_dir)
-
+    load = functools.partial(load_records, args.tracking_uri, cache_dir=args.cache_dir)  # run id -> its records
     result = (_comparison if args.compare else _leaderboards)(args, load)
     if result is None:
         return 2

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from cupid_exp.data.schema import DataError
 from cupid_exp.entry import hydra_entry, run_job_entry
+from cupid_exp.errors import ConfigError
 
 
 def evaluate(cfg: DictConfig) -> float | None:
-    from cupid_exp.config import ConfigError
-    from cupid_exp.data.schema import DataError
     from cupid_exp.evaluation import run_evaluation
     from cupid_exp.llm.retry import FatalProviderError
 

@@ -3,6 +3,8 @@ line each). Imports nothing above it: schemas are registered in ``config_store``
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional
@@ -16,6 +18,7 @@ from cupid_exp.config_checks import (  # noqa: F401 - re-exported: the settings'
     check_tree,
     read_only_by,
     require,
+    require_int,
     require_no_credentials,
     require_positive,
 )
@@ -45,9 +48,6 @@ def _without_nulls(value: object) -> object:
 
 def config_digest(data: object, length: int = 20) -> str:
     """A stable hash of plain config data; nulls are left out so a new optional setting keeps earlier digests."""
-    import hashlib
-    import json
-
     payload = json.dumps(_without_nulls(data), sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:length]
 
@@ -69,8 +69,7 @@ class LocalModelConfig(Checked):
 
     def check(self, where: str) -> None:
         for key, low in (("n_ctx", 256), ("n_threads", 1), ("n_batch", 1), ("prompt_cache_mb", 0)):
-            value = getattr(self, key)
-            require(isinstance(value, int) and value >= low, f"{where}.{key}", value, f"an integer >= {low}")
+            require_int(f"{where}.{key}", getattr(self, key), low)
 
 
 @dataclass
@@ -107,8 +106,7 @@ class ModelConfig(Checked):
 
     def check(self, where: str) -> None:
         require("/" in self.litellm_model, f"{where}.litellm_model", self.litellm_model, "'<provider>/<model>'")
-        require(isinstance(self.max_concurrency, int) and self.max_concurrency >= 1,
-                f"{where}.max_concurrency", self.max_concurrency, "an integer >= 1")
+        require_int(f"{where}.max_concurrency", self.max_concurrency, 1)
         require(self.system_role in SYSTEM_ROLES, f"{where}.system_role", self.system_role, f"one of {SYSTEM_ROLES}")
         for key in ("input_cost_per_token", "output_cost_per_token"):
             require_positive(f"{where}.{key}", getattr(self, key), allow_none=True, allow_zero=True)
@@ -117,8 +115,7 @@ class ModelConfig(Checked):
         require(self.pool is None or bool(POOL_NAME.fullmatch(str(self.pool))), f"{where}.pool", self.pool,
                 "a name of letters, digits, '_' and '-' that starts with a letter, or null for the provider's "
                 "grouping")
-        require(self.context_window is None or (isinstance(self.context_window, int) and self.context_window >= 1),
-                f"{where}.context_window", self.context_window, "an integer >= 1, or null")
+        require_int(f"{where}.context_window", self.context_window, 1, allow_none=True)
         require_no_credentials(f"{where}.api_base", self.api_base,
                                f"give the key in a variable ({where}.api_key_env=VAR) or the credentials as a "
                                f"header (+{where}.params.extra_headers={{Authorization:'Basic …'}}): neither is ever "
@@ -159,8 +156,7 @@ class EvaluatorConfig(Checked):
     server: Optional[ServerConfig] = None  # a model server the runner starts and stops (PrefMatcher)
 
     def check(self, where: str) -> None:
-        require(isinstance(self.max_checklist_items, int) and self.max_checklist_items >= 1,
-                f"{where}.max_checklist_items", self.max_checklist_items, "an integer >= 1")
+        require_int(f"{where}.max_checklist_items", self.max_checklist_items, 1)
 
 
 @dataclass
@@ -274,23 +270,20 @@ class RuntimeConfig(Checked):
         require_positive(f"{where}.batch_poll_s", self.batch_poll_s)
         require(not (self.batch and self.workers not in (AUTO_WORKERS, 1)), f"{where}.workers", self.workers,
                 "1 with runtime.batch=true (a batch job waits on the provider, not on the client's CPU)")
-        require(isinstance(self.num_retries, int) and self.num_retries >= 0, f"{where}.num_retries",
-                self.num_retries, "an integer >= 0")
+        require_int(f"{where}.num_retries", self.num_retries, 0)
         require_positive(f"{where}.timeout", self.timeout)
         require_positive(f"{where}.rate_limit_patience_s", self.rate_limit_patience_s)
         require_positive(f"{where}.outage_patience_s", self.outage_patience_s)
         require_positive(f"{where}.progress_every_s", self.progress_every_s, allow_zero=True)
         for name, limits in self.pools.items():
             check_pool_limits(f"{where}.pools.{name}", name, limits)
-        require(isinstance(self.reask, int) and self.reask >= 0, f"{where}.reask", self.reask, "an integer >= 0")
-        require(isinstance(self.epochs, int) and not isinstance(self.epochs, bool) and self.epochs >= 1,
-                f"{where}.epochs", self.epochs, "an integer >= 1")
+        require_int(f"{where}.reask", self.reask, 0)
+        require_int(f"{where}.epochs", self.epochs, 1)
         require(self.failure_policy in FAILURE_POLICIES, f"{where}.failure_policy", self.failure_policy,
                 f"one of {list(FAILURE_POLICIES)}")
         require(isinstance(self.max_failed_fraction, (int, float)) and 0 <= self.max_failed_fraction <= 1,
                 f"{where}.max_failed_fraction", self.max_failed_fraction, "a number in [0, 1]")
-        require(isinstance(self.dry_run_completion_tokens, int) and self.dry_run_completion_tokens >= 1,
-                f"{where}.dry_run_completion_tokens", self.dry_run_completion_tokens, "an integer >= 1")
+        require_int(f"{where}.dry_run_completion_tokens", self.dry_run_completion_tokens, 1)
 
     def call_settings(self) -> CallSettings:
         """The slice of these settings a model call reads (``LLMClient`` and the ``llm/`` helpers take it)."""
@@ -327,9 +320,7 @@ def check_pool_limits(where: str, name: str, limits: object) -> None:
             f"a mapping of {', '.join(POOL_LIMITS)}")
     for key in ("rpm", "tpm"):
         require_positive(f"{where}.{key}", limits.get(key), allow_none=True)
-    value = limits.get("max_concurrency")
-    require(value is None or isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-            f"{where}.max_concurrency", value, "an integer >= 1, or null")
+    require_int(f"{where}.max_concurrency", limits.get("max_concurrency"), 1, allow_none=True)
 
 
 @dataclass

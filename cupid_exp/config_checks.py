@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import MISSING, fields, is_dataclass
 from typing import Mapping, Sequence
 
 from cupid_exp.decoding_params import param_problem
 from cupid_exp.errors import ConfigError
+from cupid_exp.secrets import mask_url_credentials, url_credentials
 
 
 def require(ok: bool, key: str, value: object, allowed: str) -> None:
@@ -25,10 +27,13 @@ def require_positive(key: str, value: float | None, *, allow_none: bool = False,
     require(ok, key, value, f"a number {bound}" + (" or null" if allow_none else ""))
 
 
+def require_int(key: str, value: object, low: int, *, allow_none: bool = False) -> None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low or allow_none and value is None
+    require(ok, key, value, f"an integer >= {low}" + (", or null" if allow_none else ""))
+
+
 def require_no_credentials(key: str, url: str | None, instead: str) -> None:
     """Refuse a URL with credentials in it: it would be written wherever the setting goes (Hydra, MLflow, errors)."""
-    from cupid_exp.secrets import mask_url_credentials, url_credentials
-
     if url and url_credentials(url):
         raise ConfigError(f"{key}={mask_url_credentials(url)!r} carries credentials in the URL (masked here), which "
                           f"would be written in clear; {instead}")
@@ -50,8 +55,6 @@ class Checked:
 
 def check_known_keys(composed: object, node: object, where: str = "") -> None:
     """Reject keys a schema lacks: ``+runtime.num_retry=3`` would otherwise be dropped silently."""
-    import difflib
-
     if not is_dataclass(node) or not hasattr(composed, "keys"):
         return
     names = [f.name for f in fields(node)]

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from cupid_exp.llm.usage import UsageMeter, usage_line
+from cupid_exp.outputs import atomic_write_text
 
 if TYPE_CHECKING:  # imported by the tables when they are drawn, after the job's calls
     import pandas as pd
@@ -25,8 +26,6 @@ def in_job_log(message: str, level: int = logging.INFO) -> None:
 
 def show(text: str, output_dir: Path) -> None:
     """Print the job's closing text, then keep it in its folder (``results.txt``) and its log file."""
-    from cupid_exp.outputs import atomic_write_text
-
     print(text, flush=True)
     atomic_write_text(Path(output_dir) / RESULTS_FILE, text.strip("\n") + "\n")
     in_job_log(text.strip("\n"))

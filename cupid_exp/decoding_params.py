@@ -72,9 +72,7 @@ def _thinking(value: object, params: Mapping[str, Any]) -> str | None:
     budget, cap = value.get("budget_tokens"), params.get("max_tokens")
     if not _integer(budget) or budget < THINKING_MIN_BUDGET:
         return f"budget_tokens an integer >= {THINKING_MIN_BUDGET}"
-    if _integer(cap) and budget >= cap:
-        return f"budget_tokens below max_tokens ({cap})"
-    return None
+    return f"budget_tokens below max_tokens ({cap})" if _integer(cap) and budget >= cap else None
 
 
 def param_problem(key: str, value: object, params: Mapping[str, Any]) -> str | None:

@@ -1,9 +1,6 @@
 """``python -m cupid_exp.diff A B``: two runs' config difference as Hydra overrides (``cupid_exp.reporting.diff``)."""
 
-from cupid_exp.reporting.diff import diff_runs, main
-from cupid_exp.reporting.diff_specs import RunSpec, load_spec, spec_from_job_dir, spec_from_mlflow
-
-__all__ = ["RunSpec", "diff_runs", "load_spec", "main", "spec_from_job_dir", "spec_from_mlflow"]
+from cupid_exp.reporting.diff import main
 
 if __name__ == "__main__":
     from cupid_exp.errors import pipe_safe

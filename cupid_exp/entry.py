@@ -3,18 +3,27 @@ README's exit codes, one line and no traceback but for a bug; a sweep runs every
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
 import signal
 import sys
+import threading
+import traceback
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
+from cupid_exp.config_store import register_configs
 from cupid_exp.durability.signals import Terminated, install_sigterm_handler
 from cupid_exp.errors import (
     EXIT_BAD_INPUT,
@@ -28,12 +37,16 @@ from cupid_exp.errors import (
     InputError,
     Interrupted,
     Outcome,
+    causes,
     pipe_safe,
 )
-
-if TYPE_CHECKING:
-    from cupid_exp.tracking.mlflow import SweepParent
-
+from cupid_exp.hydra_errors import HeldStderr, ScrubbedStderr, one_line, unread_override
+from cupid_exp.outputs import environment_failure, writing
+from cupid_exp.resources import conf_dir
+from cupid_exp.secrets import mask_url_credentials, scrub, scrub_file, scrub_obj, secret_values
+from cupid_exp.tracking.callbacks import STATUS_FILE, job_statuses, reason_reported
+from cupid_exp.tracking.mlflow import SweepParent
+from cupid_exp.tracking.store_errors import TrackingUnavailable, store_unreachable
 
 # A sweep exits with its worst job's code, worst first: what needs a fix (a bad setting, the environment, a budget),
 # then what needs only time (a rate limit), then incomplete.
@@ -42,10 +55,6 @@ _SWEEP_SEVERITY = (EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_BUDGET, EXIT_RETRY_LAT
 
 def _masked(line: str, overrides: Sequence[str], cfg: DictConfig | None = None) -> str:
     """An error line without any secret of the overrides or the config: Hydra's refusals quote the override."""
-    from omegaconf import OmegaConf
-
-    from cupid_exp.secrets import mask_url_credentials, scrub, secret_values
-
     config = [] if cfg is None else [OmegaConf.to_container(cfg, resolve=False)]
     return mask_url_credentials(scrub(line, secret_values([*overrides, *config])))
 
@@ -62,9 +71,6 @@ def _release_stderr(*, sweep: bool = False) -> None:
         _HELD.release(clean=lambda text: _masked(text, sys.argv[1:]))
         _HELD = None
         if sweep:
-            from cupid_exp.hydra_errors import ScrubbedStderr
-            from cupid_exp.secrets import mask_url_credentials, scrub, secret_values
-
             secrets = [s for s in secret_values(sys.argv[1:]) if s not in set(secret_values())]
             if secrets:
                 sys.stderr = ScrubbedStderr(sys.stderr, lambda text: mask_url_credentials(scrub(text, secrets)))
@@ -74,12 +80,6 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
                   input_errors: tuple[type[BaseException], ...]) -> float | None:
     """Run one job under Hydra; write its status; exit with its code when it is a single run."""
     global _STARTED
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    from cupid_exp.tracking.callbacks import STATUS_FILE
-    from cupid_exp.tracking.mlflow import SweepParent
-
     _STARTED = True
     _release_stderr()
     _quiet_interrupted_calls()
@@ -106,8 +106,6 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
             exc.job = name
             raise
         except Exception as exc:  # noqa: BLE001 - a bug goes on with its traceback; the environment's is one line
-            from cupid_exp.outputs import environment_failure
-
             failure = environment_failure(exc) or _store_failure(exc, cfg)
             if failure is None:
                 raise
@@ -121,8 +119,6 @@ def run_job_entry(cfg: DictConfig, program: str, job: Callable[[DictConfig, Path
     if multirun:
         status = {"job": name, "folder": str(output_dir), "overrides": list(hc.overrides.task),
                   "outcome": outcome.outcome, "reason": outcome.reason}
-        from cupid_exp.secrets import scrub_obj, secret_values
-
         _write_status(status_dir / STATUS_FILE, json.dumps(scrub_obj(status, secret_values(status["overrides"]))),
                       room)
         return outcome.value
@@ -160,8 +156,6 @@ def _keep_room(output_dir: Path) -> Path | None:
 
 def _write_status(path: Path, text: str, room: Path | None) -> None:
     """The job's status, in the room kept for it (``_keep_room``) when the disk is full."""
-    from cupid_exp.outputs import writing
-
     try:
         with writing(path):
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -175,8 +169,6 @@ def _write_status(path: Path, text: str, room: Path | None) -> None:
 
 def _store_failure(exc: Exception, cfg: DictConfig) -> Exception | None:
     """A tracking store that could not be reached, as the environment's failure (results stay in the journal)."""
-    from cupid_exp.tracking.store_errors import TrackingUnavailable, store_unreachable
-
     if not store_unreachable(exc) or not _raised_in_tracking(exc):
         return None
     first = (str(exc).strip().splitlines() or [""])[0][:200]
@@ -188,24 +180,14 @@ def _store_failure(exc: Exception, cfg: DictConfig) -> Exception | None:
 
 def _raised_in_tracking(exc: BaseException) -> bool:
     """Whether ``exc`` (or its cause) came from MLflow or our tracking, not e.g. a tokenizer's download."""
-    current: BaseException | None = exc
-    seen: set[int] = set()
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        tb = current.__traceback__
-        while tb is not None:
-            path = tb.tb_frame.f_code.co_filename.replace("\\", "/")
-            if "/mlflow/" in path or "/cupid_exp/tracking/" in path:
-                return True
-            tb = tb.tb_next
-        current = current.__cause__ or current.__context__
-    return False
+    paths = (frame.f_code.co_filename.replace("\\", "/") for link in causes(exc)
+             for frame, _ in traceback.walk_tb(link.__traceback__))
+    return any("/mlflow/" in path or "/cupid_exp/tracking/" in path for path in paths)
 
 
 def _refused(line: str, reason: str, sweep_dir: Path | None) -> None:
     """Log why a job was refused; on the console only if no earlier job of the sweep was refused for the same reason."""
     from cupid_exp.console import in_job_log
-    from cupid_exp.tracking.callbacks import reason_reported
 
     in_job_log(line, logging.ERROR)
     if sweep_dir is None or not reason_reported(sweep_dir, reason):
@@ -250,8 +232,6 @@ class SweepReportCallback(Callback):
         _release_stderr(sweep=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: object) -> None:
-        from cupid_exp.tracking.callbacks import job_statuses
-
         statuses = job_statuses(Path(config.hydra.sweep.dir))
         bad = [s for s in statuses if s.get("outcome") != "ok"]
         if not bad:
@@ -268,22 +248,14 @@ _PROGRAMS = {"config": "cupid_exp", "synthesize": "cupid_exp.synthesize"}  # how
 def hydra_entry(config_name: str, task: Callable[[DictConfig], object],
                 register: Callable[[], None] | None = None) -> Callable[[], None]:
     """A console-script ``main()`` running ``task`` under Hydra; composition errors exit 2, a sweep its worst code."""
-    import hydra
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from cupid_exp.config_store import register_configs
-    from cupid_exp.resources import conf_dir
-
     register_configs()
+    program = _PROGRAMS.get(config_name, config_name)
     if register is not None:
         register()
     hydra_main = hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name=config_name)(task)
 
     def run() -> int:
         global _HELD
-        from cupid_exp.hydra_errors import HeldStderr, one_line, unread_override
-
         _quiet_interrupted_calls()
         # loky's resource tracker (a process of its own, writing to our stderr) warns of the semaphores that a
         # sweep's workers, stopped by force once every job has returned (``_release_sweep_workers``), left for it
@@ -305,25 +277,20 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], object],
             return exc.code
         except SystemExit as exc:
             if exc.code == EXIT_BUG and not _STARTED:  # no job ran, no call was made
-                from cupid_exp.outputs import environment_failure
-
                 # Hydra could not make the job's folder (a read-only output root): Hydra printed the error it caught
                 failure = environment_failure(exc.__context__) if exc.__context__ is not None else None
                 if failure is not None:
                     if _HELD is not None:
                         _HELD.release(replay=False)
-                    print(f"{_PROGRAMS.get(config_name, config_name)}: {failure}", file=sys.stderr)
+                    print(f"{program}: {failure}", file=sys.stderr)
                     return EXIT_ENVIRONMENT
                 if _SWEEP_DIR is not None:  # the sweeper saved the overrides before composing its jobs
-                    from cupid_exp.secrets import scrub_file, secret_values
-
                     scrub_file(_SWEEP_DIR / "multirun.yaml", secret_values(sys.argv[1:]))
                 said = unread_override(sys.argv[1:], config_name) or (
                     one_line(_HELD.text) if _HELD is not None else None)
                 if said is not None:
                     if _HELD is not None:  # a sweep's composition: Hydra said it already, as it happened
                         _HELD.release(replay=False)
-                    program = _PROGRAMS.get(config_name, config_name)
                     print(f"{program}: {_masked(said, sys.argv[1:])}", file=sys.stderr)
                 return EXIT_BAD_INPUT
             return exit_code_of(exc)
@@ -335,8 +302,6 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], object],
         except (HydraException, OmegaConfBaseException):  # HYDRA_FULL_ERROR=1: Hydra raised it, with its trace
             if _STARTED:
                 raise
-            import traceback
-
             traceback.print_exc()
             return EXIT_BAD_INPUT
         finally:
@@ -385,10 +350,6 @@ def exit_code_of(exc: SystemExit) -> int:
 
 def exit_now(code: int) -> None:
     """End the process without tearing down every object (threads joined, atexit run, streams flushed first)."""
-    import atexit
-    import os
-    import threading
-
     _release_sweep_workers()
     # what the interpreter does first: threading's own exit hooks (they stop e.g. joblib's executor threads, which
     # a plain join would wait on forever), then joining the non-daemon threads

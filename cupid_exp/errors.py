@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 EXIT_OK, EXIT_BUG, EXIT_BAD_INPUT, EXIT_INCOMPLETE = 0, 1, 2, 3
 EXIT_BUDGET = 4
@@ -17,9 +19,6 @@ EXIT_CLOSED_PIPE = 141  #: 128 + SIGPIPE: the reader of the output went away (``
 
 def pipe_safe(main: Callable[[], Any]) -> Any:
     """``main()``'s exit code; a closed stdout (``| head``) gives ``EXIT_CLOSED_PIPE`` without a traceback."""
-    import os
-    import sys
-
     try:
         try:
             return main()
@@ -36,6 +35,16 @@ def pipe_safe(main: Callable[[], Any]) -> Any:
         except (OSError, ValueError):
             pass
         return EXIT_CLOSED_PIPE
+
+
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then its cause (else its context), and so on, each once."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        yield link
+        link = link.__cause__ or link.__context__
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -98,8 +99,6 @@ def folder_fingerprint(resolved: Mapping[str, object]) -> str:
 
 def _files_digest(data: object) -> str | None:
     """Hash of the bytes of the files a ``data`` config reads (None for the Hub's, or for a path that is not there)."""
-    import hashlib
-
     from cupid_exp.data.loading import LOCAL_SUFFIXES, SAMPLE_PATH
 
     if not isinstance(data, Mapping):

@@ -7,10 +7,13 @@ import errno
 import json
 import os
 import re
+import sqlite3
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator
+
+from cupid_exp.errors import causes
 
 _NOT_IN_A_NAME = re.compile(r"[/\\\x00-\x1f]")  # a path separator (either OS's) or a control character
 
@@ -45,18 +48,14 @@ class EnvironmentFailure(Exception):
 
 def environment_failure(exc: BaseException) -> EnvironmentFailure | None:
     """The environment failure behind ``exc`` (or its cause or context), preferring one that names the path."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
     unnamed: EnvironmentFailure | None = None
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in causes(exc):
         if isinstance(current, EnvironmentFailure):
             return current
         if isinstance(current, OSError) and current.errno in ENVIRONMENT_ERRNOS:
             if current.filename:
                 return EnvironmentFailure(current.filename, current)
             unnamed = unnamed or EnvironmentFailure(None, current)
-        current = current.__cause__ or current.__context__
     return unnamed
 
 
@@ -67,8 +66,6 @@ _SQLITE_FULL = "database or disk is full"
 @contextmanager
 def writing(path: Path) -> Iterator[None]:
     """Around our writes under ``path``: environment errors and a vanished folder become ``EnvironmentFailure``."""
-    import sqlite3
-
     try:
         yield
     except OSError as exc:

@@ -32,6 +32,22 @@ def wants_calls(observer: InstanceObserver | None) -> bool:
     return observer is not None and observer.wants_calls
 
 
+class Totals(Protocol):
+    """A job's usage meter, or its totals as the run worker last heard them."""
+
+    def totals(self) -> dict[str, float]: ...
+
+
+def read_totals(meter: Totals) -> dict[str, float]:
+    """The meter's totals from another thread, retried when a counter is added meanwhile."""
+    for _ in range(20):
+        try:
+            return meter.totals()
+        except RuntimeError:
+            time.sleep(0.001)
+    return {}
+
+
 def _duration(seconds: float) -> str:
     minutes, secs = divmod(int(seconds), 60)
     return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{secs:02d}s"
@@ -54,14 +70,7 @@ class ProgressLines:
 
     def line(self) -> str:
         done, total = self.progress.instances_done, self.progress.total
-        for _ in range(3):  # the event loop may add a step's counters while they are read
-            try:
-                totals = self.progress.meter.totals()
-                break
-            except RuntimeError:
-                continue
-        else:
-            totals = {}
+        totals = read_totals(self.progress.meter)
         elapsed = time.monotonic() - self.started
         rate = done / elapsed * 60 if elapsed > 0 else 0.0
         left = f", ~{_duration((total - done) / rate * 60)} left" if 0 < done < total and rate > 0 else ""

@@ -2,8 +2,6 @@
 
 from cupid_exp.reporting.cli import main
 
-__all__ = ["main"]
-
 if __name__ == "__main__":
     from cupid_exp.errors import pipe_safe
 

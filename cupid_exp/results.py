@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Mapping
+from typing import Any, Mapping
 
 #: A text longer than this (a reply of megabytes) is kept whole once on disk by us: in the journal line of its record
 #: (the parsed answer; what resume reads, with or without the response cache); every other copy is its ``preview``.
@@ -110,7 +110,6 @@ class GenerationResult:
 class SettingOutput:
     """What a setting adds to a record (retrieval scores, summaries, data warnings); none for standard."""
 
-    FIELDS: ClassVar[tuple[str, ...]] = ("retrieved_positions", "retrieval", "summaries", "data_warnings")
     retrieved_positions: list[int] | None = None  #: retrieval: the sessions the retriever picked
     retrieval: dict[str, float | None] | None = None  #: retrieval: recall@k, precision@k, contrastive/stale hit
     summaries: list[dict[str, Any]] | None = None  #: summary: the model's per-session summaries

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
+
+from cupid_exp.errors import Terminated
+from cupid_exp.outputs import environment_failure
 
 OUTCOME_TAG = "cupid.outcome"
 REASON_TAG = "cupid.reason"
@@ -15,9 +18,7 @@ _BY_CLASS = {"FatalProviderError": "refused", "InputError": "bad_input", "Config
 
 def status_of(outcome: str) -> str:
     """The MLflow status of an outcome: only ``ok`` is FINISHED."""
-    if outcome == "ok":
-        return "FINISHED"
-    return "KILLED" if outcome == "interrupted" else "FAILED"
+    return "FINISHED" if outcome == "ok" else "KILLED" if outcome == "interrupted" else "FAILED"
 
 
 def description(outcome: str, reason: str) -> str:
@@ -43,9 +44,6 @@ def stale_tags(tags: Mapping[str, str]) -> list[str]:
 
 def outcome_of(exc: BaseException) -> tuple[str, str]:
     """(outcome, reason) of the exception that ended a job: its ``outcome``, its class's, or ``error``."""
-    from cupid_exp.errors import Terminated
-    from cupid_exp.outputs import environment_failure
-
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted", "Ctrl-C"
     if isinstance(exc, Terminated):
@@ -62,8 +60,3 @@ def outcome_of(exc: BaseException) -> tuple[str, str]:
     if kind is not None:
         return kind, first
     return "error", f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-
-
-def ended_with(tags: Mapping[str, Any], status: str) -> str:
-    """A run's outcome from its tags, for runs ended before the outcome tag existed: their status."""
-    return tags.get(OUTCOME_TAG) or ("ok" if status == "FINISHED" else status.lower())

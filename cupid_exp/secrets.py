@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 from urllib.parse import unquote, urlsplit
 
+from cupid_exp.outputs import atomic_write_text
+
 MASK = "***"
 _SECRET_KEY = re.compile(r"(api[_-]?key|secret|password|token|authorization|credential)", re.IGNORECASE)
 _NOT_SECRET = re.compile(r"(_env|_tokens?|max_.*tokens?|budget_tokens|tokens?_.*)$", re.IGNORECASE)
@@ -224,8 +226,6 @@ def scrub_file(path: Path, secrets: Iterable[str]) -> None:
         if cleaned != text and path.suffix in (".yaml", ".yml"):
             cleaned = _YAML_MASKED_VALUE.sub(lambda m: m.group(1) + "'" + m.group(2).replace("'", "''") + "'", cleaned)
         if cleaned != text:
-            from cupid_exp.outputs import atomic_write_text
-
             atomic_write_text(path, cleaned)
 
 

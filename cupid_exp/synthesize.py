@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 from omegaconf import DictConfig
 
 from cupid_exp.entry import hydra_entry, run_job_entry
-from cupid_exp.errors import Outcome
-from cupid_exp.synthesis.config import register_synthesis_configs
+from cupid_exp.errors import ConfigError, Outcome
+from cupid_exp.synthesis.config import SynthesisError, register_synthesis_configs
 
 if TYPE_CHECKING:
     from cupid_exp.tracking.mlflow import SweepParent
@@ -25,9 +25,7 @@ def run_synthesis(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | N
 
 
 def synthesize(cfg: DictConfig) -> float | None:
-    from cupid_exp.config import ConfigError
     from cupid_exp.llm.retry import FatalProviderError
-    from cupid_exp.synthesis.config import SynthesisError
 
     return run_job_entry(cfg, "cupid_exp.synthesize", run_synthesis, (ConfigError, SynthesisError, FatalProviderError))
 

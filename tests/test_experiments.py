@@ -15,7 +15,7 @@ from conftest import CONF_DIR, compose_config
 from helpers.cli_runner import run_job
 
 from cupid_exp.job import typed_config
-from cupid_exp.reporting.reference import GROUPS, load_reference
+from cupid_exp.reporting.tables import GROUPS, load_reference
 from cupid_exp.settings import make_setting
 from cupid_exp.testing.cupid_data import sample_rows, write_jsonl
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from cupid_exp.diff import diff_runs, spec_from_job_dir, spec_from_mlflow
+from cupid_exp.reporting.diff import diff_runs, spec_from_job_dir, spec_from_mlflow
 from cupid_exp.testing.cupid_data import stub_overrides
 from cupid_exp.testing.stub_llm_server import StubServer
-from cupid_exp.tracking import PARENT_RUN_FILE
+from cupid_exp.tracking.mlflow import PARENT_RUN_FILE
 
 pytestmark = pytest.mark.slow
 

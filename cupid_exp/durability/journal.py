@@ -5,6 +5,7 @@ a whole record is set aside (``cupid_exp.aside``)."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import json
 import logging
@@ -50,9 +51,7 @@ def whole_record(record: Any, fields: Mapping[str, type | tuple[type, ...]] = RE
 def is_final(record: Mapping[str, Any], retry_failed: bool = False) -> bool:
     """Whether a record stands on resume: failures rerun, unusable replies only with ``runtime.retry_failed``."""
     errors = record.get("errors", [])
-    if retry_failed:
-        return not errors
-    return not any(err.get("kind") in TRANSIENT_KINDS for err in errors)
+    return not errors if retry_failed else not any(err.get("kind") in TRANSIENT_KINDS for err in errors)
 
 
 class _Syncer:
@@ -179,11 +178,9 @@ class Journal:
                 if not raw.strip() or torn(raw):
                     continue
                 lines += 1
-                try:
+                with contextlib.suppress(json.JSONDecodeError, UnicodeDecodeError):
                     if whole_record(json.loads(raw), self.fields) is None:
                         return 0
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    pass
         return lines
 
     def _cut_torn_tail(self) -> None:
@@ -249,10 +246,8 @@ class Journal:
                     view = view[os.write(fd, view):]
                 _SYNCER.request(self.path)
             except OSError:  # a full disk may have taken part of the line: cut it, so the journal stays whole lines
-                try:
+                with contextlib.suppress(OSError):  # else the next load cuts it
                     self._cut_torn_tail()
-                except OSError:  # the next load cuts it
-                    pass
                 raise
             finally:
                 os.close(fd)

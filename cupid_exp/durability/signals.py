@@ -4,6 +4,7 @@ it stops as on Ctrl-C; a joblib sweep's launcher hands the signal to its workers
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -178,10 +179,8 @@ def _stop_sweep_jobs(signum: int) -> tuple[Any, ...]:
             for pid in list(getattr(executor, "_processes", {})):  # a worker may start its job later: it is told then
                 if pid not in told and _catches(pid, signal.SIGTERM):  # a job runs there (an idle one has no handler)
                     told.add(pid)
-                    try:
+                    with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signum)
-                    except ProcessLookupError:
-                        pass
             time.sleep(0.05)
     finally:
         _FORWARDING = False

@@ -1,2 +1,2 @@
-"""Reporting from the MLflow store: ``runs`` → ``selection`` → ``tidy`` (one frame of numbers) → ``leaderboard`` /
-``settings_table`` / ``compare`` → ``render``; ``plots``, ``diff``, and ``cli`` (``python -m cupid_exp.report``)."""
+"""Reporting from the MLflow store: ``runs`` → ``selection`` → ``build`` (one frame of numbers, the tables pivoted
+from it, a paired comparison) → ``render``; ``plots``, ``diff``, and ``cli`` (``python -m cupid_exp.report``)."""

@@ -6,14 +6,13 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import sys
 from pathlib import Path
 from typing import Sequence
 
-from cupid_exp.reporting.build import build_report
-from cupid_exp.reporting.compare import compare_runs
-from cupid_exp.reporting.reference import load_reference
+from cupid_exp.reporting.build import build_report, compare_runs
 from cupid_exp.reporting.render import FORMATS, Image, render
 from cupid_exp.reporting.runs import (
     DEFAULT_CACHE,
@@ -26,7 +25,7 @@ from cupid_exp.reporting.runs import (
     tracking_uri,
 )
 from cupid_exp.reporting.selection import select_runs
-from cupid_exp.reporting.tables import Table
+from cupid_exp.reporting.tables import Table, load_reference
 from cupid_exp.scoring.bootstrap import DEFAULT_N_BOOT
 
 
@@ -126,10 +125,7 @@ def _leaderboards(args: argparse.Namespace, load) -> tuple[list[Table], list[str
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-
-    def load(run_id: str):
-        return load_records(args.tracking_uri, run_id, args.cache_dir)
-
+    load = functools.partial(load_records, args.tracking_uri, cache_dir=args.cache_dir)  # run id -> its records
     result = (_comparison if args.compare else _leaderboards)(args, load)
     if result is None:
         return 2

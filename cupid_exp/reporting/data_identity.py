@@ -9,6 +9,7 @@ from pathlib import PurePath
 from typing import Iterable, Mapping
 
 from cupid_exp.data.schema import INSTANCE_TYPES
+from cupid_exp.identity import subset_text
 
 DIGEST_SHOWN = 8  # characters of the content digest a label shows
 
@@ -26,8 +27,6 @@ class DataIdentity:
     @property
     def subset(self) -> str:
         """'data.limit=1, data.instance_types=[changing]'; empty for the whole data set."""
-        from cupid_exp.identity import subset_text
-
         return subset_text(self.limit, self.types)
 
     @property

@@ -1,19 +1,254 @@
 """What changed between two runs (MLflow run ids or job folders), as Hydra overrides: ``python -m cupid_exp.diff A B``.
-Appended to A's overrides they compose B's resolved config, which is checked against the current ``conf/``; redacted
-values are never compared."""
+Each side is read from a job folder or an MLflow run (``RunSpec``); appended to A's overrides, the diff composes B's
+resolved config, which is checked against the current ``conf/`` (as ``python -m cupid_exp`` would compose it, in
+Hydra's override grammar); redacted values are never compared."""
 
 from __future__ import annotations
 
 import argparse
+import functools
+import json
+import math
+import os
+import re
 import shlex
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
-from cupid_exp.reporting.diff_compose import REDACTED, Composed, LeafDiff, compose, leaf_diffs, same
-from cupid_exp.reporting.diff_specs import ABSENT, DIGESTS, RunSpec, load_spec
-from cupid_exp.reporting.runs import DEFAULT_TRACKING_URI, tracking_uri
+import yaml
+from hydra.core.override_parser.types import Quote, QuotedString
+from omegaconf import DictConfig, OmegaConf
+
+from cupid_exp.reporting.runs import DEFAULT_TRACKING_URI, is_run_id_prefix, resolve_run_id, tracking_uri
+from cupid_exp.secrets import MASK, redact
+
+DIGESTS = ("prompts_digest", "dataset_digest", "git_commit")
+ABSENT = object()  # what ``RunSpec.select`` gives for a key the record does not have
+
+
+@dataclass
+class RunSpec:
+    """One side of a diff: what a run was composed from and what it resolved to."""
+
+    label: str
+    config: dict[str, Any]  # resolved (where resolvable), secrets redacted, no 'hydra' key
+    choices: dict[str, str]  # config group -> option (Hydra's runtime.choices), hydra/* left out
+    overrides: list[str] | None  # the task overrides it was launched with; None when unknown
+    digests: dict[str, str] = field(default_factory=dict)
+
+    @functools.cached_property
+    def _tree(self) -> DictConfig:
+        return OmegaConf.create(self.config)
+
+    def select(self, key: str) -> object:
+        """The recorded value at dotted ``key`` as plain data; ``ABSENT`` when the record lacks it."""
+        value = OmegaConf.select(self._tree, key, default=ABSENT, throw_on_resolution_failure=False)
+        return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+
+
+def job_choices(raw: Mapping[str, Any] | None) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (raw or {}).items() if v is not None and not str(k).startswith("hydra/")}
+
+
+def resolved(cfg: DictConfig) -> dict[str, Any]:
+    """Resolve interpolations where possible; a top-level node that cannot be resolved stays as written."""
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except Exception:
+        raw = OmegaConf.to_container(cfg, resolve=False)
+        out = {}
+        for key in cfg:
+            try:
+                node = cfg[key]
+                out[key] = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+            except Exception:
+                out[key] = raw[key]
+        return out
+
+
+def _read_overrides(path: Path) -> list[str] | None:
+    return [str(o) for o in (yaml.safe_load(path.read_text()) or [])] if path.exists() else None
+
+
+def spec_from_job_dir(path: str | Path) -> RunSpec:
+    """A Hydra job output dir: .hydra/config.yaml, .hydra/hydra.yaml, .hydra/overrides.yaml (+ metrics.json)."""
+    path = Path(path)
+    hydra_dir = path / ".hydra"
+    if not (hydra_dir / "config.yaml").exists():
+        raise FileNotFoundError(f"{path} is not a Hydra job dir (no .hydra/config.yaml)")
+    cfg = OmegaConf.load(hydra_dir / "config.yaml")
+    config = redact({k: v for k, v in resolved(cfg).items() if k != "hydra"})
+    choices: dict[str, str] = {}
+    if (hydra_dir / "hydra.yaml").exists():
+        raw = OmegaConf.select(OmegaConf.load(hydra_dir / "hydra.yaml"), "hydra.runtime.choices")
+        choices = job_choices(OmegaConf.to_container(raw) if raw is not None else None)
+    digests = {}
+    metrics = path / "metrics.json"
+    if metrics.exists():
+        summary = json.loads(metrics.read_text())
+        git = summary.get("git") or {}  # provenance.git_state(): git_commit, git_dirty
+        digests = {"prompts_digest": summary.get("prompts_digest"),
+                   "dataset_digest": (summary.get("data") or {}).get("digest"),
+                   "git_commit": summary.get("git_commit") or git.get("git_commit") or git.get("commit")}
+        digests = {k: str(v) for k, v in digests.items() if v}
+        if git.get("git_dirty") == "true" and "git_commit" in digests:  # as an MLflow run's tags say it
+            digests["git_commit"] += " (dirty)"
+    return RunSpec(f"job dir {path}", config, choices, _read_overrides(hydra_dir / "overrides.yaml"), digests)
+
+
+def spec_from_mlflow(run_id: str, tracking_uri: str) -> RunSpec:
+    """An MLflow job run: the config.yaml artifact, params choice.<group>, tags for the digests."""
+    import mlflow.artifacts
+    from mlflow.tracking import MlflowClient
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    run = MlflowClient(tracking_uri).get_run(run_id)
+    with tempfile.TemporaryDirectory() as tmp:
+        local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="config.yaml", dst_path=tmp,
+                                                    tracking_uri=tracking_uri)
+        config = yaml.safe_load(Path(local).read_text(encoding="utf-8")) or {}
+    # the tracker writes 'choice.' + the group with characters outside [\w.\-/: ] (the '@') turned into ':'
+    choices = job_choices({k.removeprefix("choice.").replace(":", "@"): v
+                           for k, v in run.data.params.items() if k.startswith("choice.")})
+    out_dir = run.data.tags.get("output_dir")
+    overrides = _read_overrides(Path(out_dir) / ".hydra" / "overrides.yaml") if out_dir else None
+    digests = {k: run.data.tags[k] for k in DIGESTS if run.data.tags.get(k)}
+    if run.data.tags.get("git_dirty") == "true" and "git_commit" in digests:
+        digests["git_commit"] += " (dirty)"
+    return RunSpec(f"MLflow run {run_id}", redact(config), choices, overrides, digests)
+
+
+def load_spec(ref: str, tracking_uri: str) -> RunSpec:
+    """A job output dir, or an MLflow run by its id or the start of it when unique (RunIdError otherwise)."""
+    if Path(ref).is_dir():
+        return spec_from_job_dir(ref)
+    if is_run_id_prefix(ref):
+        return spec_from_mlflow(resolve_run_id(tracking_uri, ref), tracking_uri)
+    raise ValueError(f"{ref!r} is neither a job output dir nor an MLflow run id (or the start of one: hex digits)")
+
+
+_UNQUOTED = re.compile(r"^[A-Za-z_/][\w\-./@:+]*$")
+_KEYWORDS = {"true", "false", "null", "none", "nan", "inf", "-inf", "+inf"}
+
+
+@dataclass
+class Composed:
+    resolved: dict[str, Any]
+    unresolved: DictConfig
+    choices: dict[str, str]
+
+    def derived(self, key: str) -> bool:
+        """True when the value at dotted ``key`` follows from another by interpolation."""
+        parent, _, leaf = key.rpartition(".")
+        try:
+            node = OmegaConf.select(self.unresolved, parent) if parent else self.unresolved
+            return isinstance(node, DictConfig) and OmegaConf.is_interpolation(node, leaf)
+        except Exception:  # a parent that cannot be resolved: treat the key as a source
+            return False
+
+
+def compose(overrides: Sequence[str], conf_dir: str | Path | None = None) -> Composed:
+    """Compose ``conf/config.yaml`` with ``overrides`` as ``python -m cupid_exp`` would (no hydra key)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from cupid_exp.config_store import register_configs
+
+    if conf_dir is None:
+        from cupid_exp.resources import conf_dir as shipped_conf
+
+        conf_dir = shipped_conf()
+    register_configs()
+    if GlobalHydra.instance().is_initialized():  # e.g. called from inside a Hydra app
+        GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
+    choices = job_choices(OmegaConf.to_container(cfg.hydra.runtime.choices))
+    OmegaConf.set_struct(cfg, False)
+    del cfg["hydra"]
+    return Composed(redact(resolved(cfg)), cfg, choices)
+
+
+def _quote(text: str) -> str:
+    """Hydra's single-quoted string: quotes escaped, and the backslashes before a quote or the end doubled."""
+    return QuotedString(text=text, quote=Quote.single).with_quotes()
+
+
+def format_value(value: object) -> str:
+    """A Python value in Hydra's override grammar."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{_key(k)}:{format_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(format_value(v) for v in value) + "]"
+    text = str(value)
+    if _UNQUOTED.match(text) and text.lower() not in _KEYWORDS and "${" not in text:
+        return text
+    return _quote(text)
+
+
+def _key(key: object) -> str:
+    k = str(key)
+    return k if re.match(r"^[A-Za-z_][\w\-]*$", k) else _quote(k)
+
+
+def same(a: object, b: object) -> bool:
+    """Equal as config values: a bool is not 1, NaN equals NaN, containers compare element by element."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=False))
+    return a == b
+
+
+@dataclass(frozen=True)
+class LeafDiff:
+    key: str
+    op: str  # set | add | remove
+    value: object = None
+
+    def override(self) -> str:
+        if self.op == "remove":
+            return f"~{self.key}"
+        return f"{'+' if self.op == 'add' else ''}{self.key}={format_value(self.value)}"
+
+
+def leaf_diffs(current: Mapping[str, Any], target: Mapping[str, Any], prefix: str = "") -> list[LeafDiff]:
+    """What to set on ``current`` to reach ``target`` (dicts recurse, lists whole, redacted values never compared)."""
+    out: list[LeafDiff] = []
+    for key in list(current) + [k for k in target if k not in current]:
+        path = f"{prefix}{key}"
+        a, b = current.get(key, ABSENT), target.get(key, ABSENT)
+        if a == MASK or b == MASK:
+            continue
+        if b is ABSENT:
+            out.append(LeafDiff(path, "remove"))
+        elif a is ABSENT:
+            out.append(LeafDiff(path, "add", b))
+        elif isinstance(a, Mapping) and isinstance(b, Mapping):
+            out.extend(leaf_diffs(a, b, f"{path}."))
+        elif not same(a, b):
+            out.append(LeafDiff(path, "set", b))
+    return out
 
 
 @dataclass
@@ -185,7 +420,7 @@ def diff_runs(a: RunSpec, b: RunSpec, *, conf_dir: str | Path | None = None) -> 
                for k in DIGESTS if (k in a.digests) != (k in b.digests)]
     if unknown:
         notes.append("not recorded, so not compared: " + ", ".join(unknown))
-    if any(v == REDACTED for v in _walk(b.config)):
+    if json.dumps(MASK) in json.dumps(b.config, default=str):  # a value that is the mask
         notes.append("secret-looking values are redacted in the records and were not compared")
     return ConfigDiff(overrides, base, digests, notes, not remaining, remaining, drifted, added_since, superseded)
 
@@ -203,17 +438,6 @@ def _is_drift(override: str, a: RunSpec, b: RunSpec, drift_keys: Sequence[str], 
         return False
     va, vb = a.select(key), b.select(key)
     return (va is ABSENT and vb is ABSENT) or (va is not ABSENT and vb is not ABSENT and same(va, vb))
-
-
-def _walk(tree: object) -> Iterable[object]:
-    if isinstance(tree, Mapping):
-        for v in tree.values():
-            yield from _walk(v)
-    elif isinstance(tree, (list, tuple)):
-        for v in tree:
-            yield from _walk(v)
-    else:
-        yield tree
 
 
 def render(diff: ConfigDiff, a: RunSpec, b: RunSpec) -> str:
@@ -263,4 +487,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     diff = diff_runs(a, b)
     sys.stdout.write(diff.command() + "\n" if args.shell else render(diff, a, b))
     return 0 if diff.verified else 1
-

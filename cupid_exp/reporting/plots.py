@@ -14,6 +14,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from cupid_exp.data.schema import INSTANCE_TYPES
+from cupid_exp.reporting.runs import common_policy, row_labels
 from cupid_exp.scoring.bootstrap import bootstrap_ci
 from cupid_exp.scoring.statistics import HEADLINE, TASK_METRICS, fields_of, task_frame, task_of
 
@@ -33,9 +34,7 @@ COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e3
 
 
 def _series(records: Series) -> dict[str, list[Mapping[str, Any]]]:
-    if isinstance(records, Mapping):
-        return {str(k): list(v) for k, v in records.items()}
-    return {"": list(records)}
+    return {str(k): list(v) for k, v in records.items()} if isinstance(records, Mapping) else {"": list(records)}
 
 
 def _metric(metric: str) -> tuple[str, str]:
@@ -136,17 +135,10 @@ def _binned_plot(series: dict[str, list[Mapping[str, Any]]], metric: str, bins: 
             b = assign(r)
             if b is not None:
                 members[b].append(r)
-        xs, ys, lo, hi, ns = [], [], [], [], []
-        for (x, _), part in zip(bins, members, strict=False):
-            est = bootstrap_ci(part, metric, n_boot=n_boot, seed=seed, failure_policy=failure_policy)
-            if est.n == 0:
-                continue
-            xs.append(x)
-            ys.append(est.value * scale)
-            e = _errorbar(est, scale)
-            lo.append(e[0])
-            hi.append(e[1])
-            ns.append(est.n)
+        ests = [(x, est) for (x, _), part in zip(bins, members, strict=False)
+                if (est := bootstrap_ci(part, metric, n_boot=n_boot, seed=seed, failure_policy=failure_policy)).n]
+        xs, ys, ns = [x for x, _ in ests], [est.value * scale for _, est in ests], [est.n for _, est in ests]
+        lo, hi = ([_errorbar(est, scale)[side] for _, est in ests] for side in (0, 1))
         if len(series) == 1:  # each instance's own value as a faint dot
             px, py = [], []
             for (x, _), part in zip(bins, members, strict=False):
@@ -177,9 +169,7 @@ def _binned_plot(series: dict[str, list[Mapping[str, Any]]], metric: str, bins: 
 
 def _mean_position(r: Mapping[str, Any]) -> float | None:
     pos = r.get("relevant_positions")
-    if not isinstance(pos, (list, tuple)) or not pos:
-        return None
-    return float(np.mean(pos))
+    return float(np.mean(pos)) if isinstance(pos, (list, tuple)) and pos else None
 
 
 def plot_by_relevant_position(records: Series, metric: str = "f1", *, n_boot: int = 1000, seed: int = 0,
@@ -283,8 +273,6 @@ def save_run_plots(records: Sequence[Mapping[str, Any]], parts: Sequence[str] | 
 def report_figures(selection: "Selection", *, n_boot: int = 1000, seed: int = 0
                    ) -> Iterator[tuple[str, str, Figure]]:
     """Cross-model figures (standard setting) per data set × evaluator × task, as (file stem, caption, figure)."""
-    from cupid_exp.reporting.runs import common_policy, row_labels
-
     pairs = {(r.data_id, r.evaluator) for r in selection.runs}
     for data, evaluator in sorted(pairs, key=lambda pair: (pair[0].label, pair[1])):
         for task in TASK_METRICS:

@@ -3,6 +3,7 @@ setting's own ``label()``, identities from the job's own rule, so report and job
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -19,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
-from cupid_exp.identity import short_key
+from cupid_exp.identity import content, short_key
+from cupid_exp.mlflow_env import env_uri_kept
 from cupid_exp.reporting.data_identity import DIGEST_SHOWN, DataIdentity, data_identity
 from cupid_exp.scoring.names import metric_key
 from cupid_exp.scoring.statistics import HEADLINE, TASK_METRICS
@@ -72,10 +74,8 @@ def setting_label(params: Mapping[str, str]) -> str:
     for f in dataclasses.fields(cls.Config):
         value = params.get(f"setting.{f.name}")
         if f.name != "name" and value not in (None, ""):
-            try:
+            with contextlib.suppress(ValidationError):  # a value the schema refuses stays at its default
                 node[f.name] = value  # the schema turns "2" into 2
-            except ValidationError:
-                pass
     return cls(OmegaConf.to_object(node)).label()
 
 
@@ -114,8 +114,6 @@ def _dotted(value: object, prefix: str = "") -> dict[str, object]:
 
 def scored_identity(params: Mapping[str, str], tags: Mapping[str, str]) -> dict[str, str]:
     """Dotted key -> value of everything but the data that decides a run's scores, by ``cupid_exp.identity.content``."""
-    from cupid_exp.identity import content
-
     nested: dict[str, Any] = {}
     for key, text in params.items():
         if key.startswith("choice.") or key.split(".")[0] in REPORT_NOT_IDENTITY or key in REPORT_NOT_IDENTITY:
@@ -267,8 +265,6 @@ def search_job_runs(uri: str, experiment: str, filter_string: str | None = None)
     """All job runs (any status) of ``experiment`` matching ``filter_string``; sweep parents are not jobs."""
     import mlflow
     from mlflow.tracking import MlflowClient
-
-    from cupid_exp.mlflow_env import env_uri_kept
 
     existing_store(uri)
     with env_uri_kept():  # the report runs in-process in tests and notebooks: no exported URI for later jobs

@@ -8,6 +8,7 @@ from typing import Any, Callable, Sequence
 
 from cupid_exp.reporting.data_identity import one_name_per_content
 from cupid_exp.reporting.runs import JobRun
+from cupid_exp.run_outcomes import OUTCOME_TAG, REASON_TAG, description
 from cupid_exp.scoring.names import metric_key
 from cupid_exp.scoring.statistics import HEADLINE
 
@@ -131,7 +132,5 @@ def select_runs(runs: Sequence[JobRun], load: Callable[[str], Records | None], *
 
 def ended(run: JobRun) -> str:
     """How a run that did not finish ended, as its tags say (``run_outcomes``): 'budget: the budget ...'."""
-    from cupid_exp.run_outcomes import OUTCOME_TAG, REASON_TAG, description
-
     outcome = run.tags.get(OUTCOME_TAG, "")
     return description(outcome, run.tags.get(REASON_TAG, "")) if outcome else ""

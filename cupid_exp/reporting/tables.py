@@ -1,18 +1,52 @@
-"""What every report table shares: its shape, the cell text of a number, the column order of settings."""
+"""What every report table shares: its shape, the cell text of a number, the column order of settings; and the paper's
+published numbers (``paper_reference.yaml``) as rows of the report's tidy frame."""
 
 from __future__ import annotations
 
 import math
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
+import yaml
 
-from cupid_exp.reporting.reference import GROUPS
+from cupid_exp.data.schema import INSTANCE_TYPES
 from cupid_exp.reporting.runs import JobRun, row_labels
+from cupid_exp.reporting.selection import ended
 from cupid_exp.scoring.bootstrap import Estimate
+from cupid_exp.scoring.statistics import TASK_METRICS
 
+REFERENCE_FILE = Path(__file__).with_name("paper_reference.yaml")
+GROUPS = ("all", *INSTANCE_TYPES)
+
+
+def load_reference(path: Path = REFERENCE_FILE) -> dict[str, Any]:
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def matcher_of(evaluator: str) -> str:
+    """Which paper matcher a run's evaluator corresponds to (Table 11 for PrefMatcher, else Table 1)."""
+    return "prefmatcher" if evaluator == "prefmatcher" else "gpt4o"
+
+
+def paper_rows(reference: Mapping[str, Any]) -> pd.DataFrame:
+    """One row per published number on a run's coordinates (setting, group, metric); inference values as fractions."""
+    models = reference.get("models", {})
+    rows = []
+    for table in reference["tables"].values():
+        task = table["task"]
+        for label, cells in table["rows"].items():
+            for column, cell in zip(table["columns"], cells, strict=False):
+                setting, group = (table["setting"], column) if column in GROUPS else (column, "all")
+                values = cell if task == "inference" else [cell]
+                for metric, value in zip(TASK_METRICS[task], values, strict=False):
+                    rows.append({"source": "paper", "reference": table["title"].split(":")[0],
+                                 "matcher": table.get("matcher"), "model": label, "conf_model": models.get(label),
+                                 "setting": setting, "task": task, "group": group, "metric": metric,
+                                 "value": value / 100 if task == "inference" else value})
+    return pd.DataFrame(rows)
 PAPER_SETTINGS = ("standard", "oracle", "oracle_preference", "summary")
 # the paper's columns of each leaderboard: the instance groups (setting standard), then other settings' 'all'
 PAPER_COLUMNS = {"inference": [*GROUPS, "oracle", "summary"],
@@ -119,8 +153,6 @@ UNFINISHED_TITLE = "Runs that did not finish (in no table above)"
 
 def unfinished_table(runs: Sequence[JobRun]) -> Table:
     """The failed, killed and running runs, with their data and why they ended."""
-    from cupid_exp.reporting.selection import ended
-
     rows = [{"run_id": r.short, "model": r.model, "setting": r.setting_label, "data": r.data_label,
              "evaluator": r.evaluator, "status": r.status, "reason": ended(r) or "–"} for r in runs]
     frame = pd.DataFrame(rows)

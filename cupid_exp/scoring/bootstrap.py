@@ -198,9 +198,7 @@ def bootstrap_distribution(records: Sequence[Mapping[str, Any]], metric: str, *,
 def point_estimate(records: Sequence[Mapping[str, Any]], metric: str, *, cluster: str = "persona_id",
                    failure_policy: str = "exclude") -> float:
     cl = _clusters(_rows(list(records), metric, failure_policy), fields_of(metric), cluster)
-    if cl.n == 0:
-        return math.nan
-    return float(_statistic(metric, cl, np.ones((1, cl.n)))[0])
+    return float(_statistic(metric, cl, np.ones((1, cl.n)))[0]) if cl.n else math.nan
 
 
 def bootstrap_ci(records: Iterable[Mapping[str, Any]], metric: str, *, n_boot: int = DEFAULT_N_BOOT,

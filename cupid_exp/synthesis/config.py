@@ -8,7 +8,7 @@ from typing import Dict, Mapping
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from cupid_exp.config import Checked, JobConfig, ModelConfig, require
+from cupid_exp.config import Checked, JobConfig, ModelConfig, require, require_int, require_positive
 
 ROLES = ("persona_writer", "factor_writer", "session_writer", "user_simulator", "assistant_simulator",
          "decomposer", "validator")
@@ -64,22 +64,14 @@ class SynthesisConfig(Checked):
 
     def check(self, where: str) -> None:
         """Value checks a dataclass cannot express (the role models are checked as ModelConfigs)."""
-        def at_least(key: str, low: int) -> None:
-            value = getattr(self, key)
-            require(isinstance(value, int) and not isinstance(value, bool) and value >= low, f"{where}.{key}",
-                    value, f"an integer >= {low}")
-
-        at_least("n_personas", 1)
-        at_least("max_retries", 0)
-        at_least("max_turns", 1)
-        at_least("max_checklist_items", 1)
+        for key, low in (("n_personas", 1), ("max_retries", 0), ("max_turns", 1), ("max_checklist_items", 1)):
+            require_int(f"{where}.{key}", getattr(self, key), low)
         require(self.persona_source in PERSONA_SOURCES, f"{where}.persona_source", self.persona_source,
                 f"one of {list(PERSONA_SOURCES)}")
         for key, value in self.embedded_sampling.items():
             require(key in EMBEDDED_SAMPLERS, f"{where}.embedded_sampling.{key}", key,
                     f"one of {list(EMBEDDED_SAMPLERS)}")
-            require(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0,
-                    f"{where}.embedded_sampling.{key}", value, "a number >= 0")
+            require_positive(f"{where}.embedded_sampling.{key}", value, allow_zero=True)
         require(self.on_unsatisfied in UNSATISFIED_POLICIES, f"{where}.on_unsatisfied", self.on_unsatisfied,
                 f"one of {list(UNSATISFIED_POLICIES)}")
 

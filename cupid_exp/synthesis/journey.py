@@ -69,9 +69,7 @@ def make_template(seed: int, persona_index: int) -> JourneyTemplate:
 
 
 def slot_preference(slot: Slot, factors: Sequence[Mapping[str, Any]], changed_preference: str) -> str:
-    if slot.kind in (CHANGED, FINAL):
-        return changed_preference
-    return factors[slot.factor]["preference"]
+    return changed_preference if slot.kind in (CHANGED, FINAL) else factors[slot.factor]["preference"]
 
 
 def removed_sessions(template: JourneyTemplate, instance_type: str) -> list[int]:

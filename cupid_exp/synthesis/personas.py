@@ -9,7 +9,6 @@ from typing import Any, Callable, Sequence
 
 from cupid_exp.synthesis import taxonomy
 from cupid_exp.synthesis.config import SynthesisError
-from cupid_exp.synthesis.seeds import SEED_DESCRIPTIONS
 
 
 @dataclass(frozen=True)
@@ -73,7 +72,7 @@ def sample_templates(n: int, seed: int, seeds: Sequence[str]) -> list[PersonaTem
 
 def builtin_seeds(n: int, seed: int) -> list[str]:
     """The shipped seed list in a seeded order (distinct occupations until the list runs out)."""
-    order = list(SEED_DESCRIPTIONS)
+    order = list(taxonomy.SEED_DESCRIPTIONS)
     random.Random(f"{seed}/seeds").shuffle(order)
     return order
 

@@ -13,7 +13,6 @@ from cupid_exp.llm import calls
 from cupid_exp.llm.limits import first_in_line, in_turn
 from cupid_exp.llm.steps import StepFailed
 from cupid_exp.synthesis import steps
-from cupid_exp.synthesis.attempts import AttemptLog
 from cupid_exp.synthesis.config import SynthesisConfig
 from cupid_exp.synthesis.journey import (
     CHANGED,
@@ -26,7 +25,7 @@ from cupid_exp.synthesis.journey import (
     slot_preference,
 )
 from cupid_exp.synthesis.personas import PersonaTemplate, render_template
-from cupid_exp.synthesis.store import JourneyStore
+from cupid_exp.synthesis.store import AttemptLog, JourneyStore
 
 if TYPE_CHECKING:
     from cupid_exp.tracking.traces import TraceRoot

@@ -138,8 +138,7 @@ class SynthesisWork:
 
     def publish(self, job: "Job", summary: "SynthesisSummary", complete: bool) -> Published:
         """personas.json, instances.jsonl, validation.json/.csv and metrics.json."""
-        from cupid_exp.synthesis.report import render_report
-        from cupid_exp.synthesis.summary import validation_table
+        from cupid_exp.synthesis.summary import render_report, validation_table
 
         out, outcomes, metrics = self.output_dir, summary.outcomes, summary.metrics
         by_index = {t.index: t for t in job.work.units}

@@ -49,23 +49,20 @@ def stub_overrides(url: str, litellm_model: str = "openai/stub") -> list[str]:
     return out
 
 
-def set_at(path: list, value: Any) -> Callable[[dict], dict]:
-    """A row mutation for bad-input tests: set the value at ``path`` (keys and list indices) in place."""
+def _mutation(path: list, change: Callable[[Any, Any], None]) -> Callable[[dict], dict]:
+    """A row mutation for bad-input tests: ``change(container, key)`` at ``path`` (keys and list indices), in place."""
     def apply(row: dict) -> dict:
         target = row
         for part in path[:-1]:
             target = target[part]
-        target[path[-1]] = value
+        change(target, path[-1])
         return row
     return apply
+
+
+def set_at(path: list, value: Any) -> Callable[[dict], dict]:
+    return _mutation(path, lambda target, key: target.__setitem__(key, value))
 
 
 def delete_at(path: list) -> Callable[[dict], dict]:
-    """A row mutation for bad-input tests: delete what ``path`` names, in place."""
-    def apply(row: dict) -> dict:
-        target = row
-        for part in path[:-1]:
-            target = target[part]
-        del target[path[-1]]
-        return row
-    return apply
+    return _mutation(path, lambda target, key: target.__delitem__(key))

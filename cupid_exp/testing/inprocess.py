@@ -154,18 +154,14 @@ def _register() -> None:
         return
 
     class _Handler(litellm.CustomLLM):
-        def completion(self, model: str, messages: list[Any], api_base: object, custom_prompt_dict: object,
-                       model_response: object, print_verbose: object, encoding: object, api_key: object,
-                       logging_obj: object, optional_params: dict[str, Any], *args: object,
-                       **kwargs: object) -> "litellm.ModelResponse":
+        def completion(self, model: str, messages: list[Any], optional_params: dict[str, Any],
+                       **kwargs: object) -> "litellm.ModelResponse":  # litellm passes every argument by name
             served, body = _model(model), {"model": model, "messages": messages, **optional_params}
             step, _, delay, fault = served._receive(body)
             time.sleep(delay)
             return served._reply(body, step, fault)
 
-        async def acompletion(self, model: str, messages: list[Any], api_base: object, custom_prompt_dict: object,
-                              model_response: object, print_verbose: object, encoding: object, api_key: object,
-                              logging_obj: object, optional_params: dict[str, Any], *args: object,
+        async def acompletion(self, model: str, messages: list[Any], optional_params: dict[str, Any],
                               **kwargs: object) -> "litellm.ModelResponse":
             served, body = _model(model), {"model": model, "messages": messages, **optional_params}
             step, _, delay, fault = served._receive(body)

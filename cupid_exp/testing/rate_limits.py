@@ -1,46 +1,31 @@
 """A key's limits as the OpenAI API enforces them, for the stub server (``stub_llm_server.py --rpm/--tpm``).
 
-- Requests per minute and tokens per minute for each model (OpenAI limits a key per model), quantised into
-  one-second windows: each window adds a
-  60th of the limit to what may be spent, and a request is admitted while the window has any of it left
-  (what it spends beyond that is owed by the next windows). The
-  tokens a request counts are its prompt (characters / 4, as the stub's ``usage`` reports them) plus its
-  ``max_tokens``; a refused request counts nothing.
-- ``bucket="continuous"``: each limit a token bucket instead, holding one second's share (rpm/60 requests,
-  tpm/60 tokens), full at the start and refilled continuously; a request is admitted when the bucket holds its
-  cost (a cost above the whole bucket waits for a full one, and what it spends beyond is owed). Its headers
-  follow the bucket: ``x-ratelimit-remaining-*`` the whole requests or tokens left, ``x-ratelimit-reset-*`` the
-  time until it is full again, a 429's ``retry-after-ms`` the time until the request's cost is there.
-- An admitted request's reply carries ``x-ratelimit-limit-*``, ``x-ratelimit-remaining-*`` and
-  ``x-ratelimit-reset-*`` too, as OpenAI's do (``stated``).
-- A refused request gets a 429 with ``retry-after`` (whole seconds), ``retry-after-ms``,
-  ``x-ratelimit-limit-*``, ``x-ratelimit-remaining-*``, ``x-ratelimit-reset-*`` (``1.2s``, ``6m0s``, ``20ms``)
-  and OpenAI's body: ``{"error": {"message": "Rate limit reached for ... Please try again in 1.2s. ...",
-  "type": "requests" | "tokens", "param": null, "code": "rate_limit_exceeded"}}``.
-- ``pool="key"``: one pool for every model the key calls (a proxy, a self-hosted server, or OpenAI's shared
-  limit of a model family: gpt-4o-2024-08-06 and gpt-4o-2024-11-20 both count toward gpt-4o's), where the
-  default ``"model"`` gives each model its own limits.
-- ``headers="retry-after"``: a provider that states nothing but ``retry-after`` in whole seconds (no
-  ``retry-after-ms``, no ``x-ratelimit-*``, no "try again in" in its message), as many proxies and smaller
-  hosts do.
-- ``closed_s``: every request refused (429, type ``requests``, "try again in 1s" at most) for that long from
-  the first request on (``inf``: for ever): a limit that lifts, or one that never does.
-- ``refuse``: every request answered as OpenAI answers a bad key (401 ``invalid_api_key``), a region or
-  permission refusal (403), an unknown model (404 ``model_not_found``), an account out of credit (429
-  ``insufficient_quota``), or a key past its requests per day (``daily``: 429 with ``retry-after: 3600`` and
-  "... on requests per day (RPD) ...").
+- RPM and TPM per model, in one-second windows each adding a 60th of the limit: a request is admitted while its
+  window has any left (its excess is owed by the next ones). A request counts its prompt (characters / 4, as the
+  stub's ``usage``) plus its ``max_tokens``; a refused one counts nothing.
+- ``bucket="continuous"``: a token bucket of one second's share instead, refilled continuously; its headers follow
+  the bucket (``remaining``: what it holds, ``reset``: until full, a 429's ``retry-after-ms``: until the cost is there).
+- Admitted replies carry ``x-ratelimit-limit/remaining/reset-*`` (``stated``); a 429 adds ``retry-after``,
+  ``retry-after-ms`` and OpenAI's body ("Please try again in 1.2s", ``type`` requests or tokens).
+- ``pool="key"``: one pool for every model of the key (a proxy, or OpenAI's shared limit of a model family).
+- ``headers="retry-after"``: a 429 states only ``retry-after`` in whole seconds, as many proxies do.
+- ``closed_s``: every request 429 for that long from the first one (``inf``: for ever).
+- ``refuse``: every request refused as OpenAI refuses a bad key (401), a region (403), an unknown model (404), an
+  account out of credit (429 ``insufficient_quota``) or a key past its requests per day (``daily``).
 
-``ideal_s`` adds up each admitted request's share of the binding limit (max of 60/rpm and 60·tokens/tpm) per
-model (per pool), and takes the largest: the least wall time the admitted work could take.
+``ideal_s``: per pool, the sum of each admitted request's share of the binding limit; the largest is the least wall
+time the admitted work could take.
 """
 
 from __future__ import annotations
 
+import email.utils
 import json
 import math
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, Callable
 
 from cupid_exp.testing.stub_replies import prompt_tokens
@@ -86,9 +71,6 @@ def rate_limit_reply(style: str, wait_s: float, now: float | None = None
     asked is what is left to that second), OpenAI's ``x-ratelimit-reset-*`` (``1.2s``), Anthropic's RFC 3339
     ``anthropic-ratelimit-requests-reset``, only the message's "Please try again in 1.2s", or nothing (0: the
     client's own backoff)."""
-    import email.utils
-    from datetime import datetime, timezone
-
     now = time.time() if now is None else now
     said = f" Please try again in {openai_duration(wait_s)}." if style != "none" else ""
     body = {"error": {"message": f"Rate limit reached for requests.{said}", "type": "requests", "param": None,

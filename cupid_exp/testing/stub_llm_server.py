@@ -1,38 +1,31 @@
 """A deterministic OpenAI-compatible stand-in model on 127.0.0.1, for fault injection and benchmarks.
 
-This module is the server and its command line. What it answers is ``stub_replies``' (a well-formed reply for the
-CUPID step a request belongs to, from a hash of its prompt; a synthesis step is known by its schema alone, so
-synthesis roles pointed at the stub need ``structured_output=true``); the faults it injects are ``stub_faults``'
-(decided by hashes, so they do not depend on the order in which concurrent requests arrive), a key's limits and
-refusals ``rate_limits``', the Batch API ``batch_api``'s, and every knob is a field of ``stub_config.StubConfig``.
+The server and its command line: replies are ``stub_replies``' (a synthesis step is known by its schema alone, so
+synthesis roles pointed here need ``structured_output=true``), faults ``stub_faults``' (chosen by hashes, so arrival
+order does not matter), a key's limits ``rate_limits``', the Batch API ``batch_api``'s; every knob is a field of
+``stub_config.StubConfig``. What it *bills* (``stats()["billed"]``) is what a provider bills: every request processed
+into a reply, a slow one whose client gave up included, never a 429, a 5xx or a refusal; without ``usage``
+(``omit_usage``) its tokens are counted with litellm's ``token_counter``, as a client must estimate them.
 
-What it *bills* is counted apart (``stats()["billed"]``), as a provider bills: every request it processed into a
-reply, including a slow one whose client had given up and a reply without a completion; never a 429, a 5xx or a
-refusal. A reply's tokens are its ``usage``; where it sends none (``omit_usage``), they are counted with litellm's
-``token_counter`` (tiktoken), the rule a client must estimate them by.
-
-Counters per step (requests received, responses completed, faults by kind) are available
-in-process (``StubServer.stats()``) and over HTTP (``GET /stats``). A test can also close a
-*gate* after N completed responses: further requests are received but held unanswered until
-the gate opens — the moment to SIGKILL a client with a known set of requests in flight. An *outage*
-(``outage_after``, ``outage_s``, ``outage_kind``) leaves every request unanswered for a while, on every route,
-and counts them (``stats()["outage"]``).
+Counters per step are in ``StubServer.stats()`` and ``GET /stats``. A *gate* (``hold_after``) holds every request
+after N completed responses unanswered: the moment to SIGKILL a client with known requests in flight. An *outage*
+(``outage_after``, ``outage_s``, ``outage_kind``) leaves every request on every route unanswered for a while.
 
 CLI (for bench/ and manual use)::
 
     python -m cupid_exp.testing.stub_llm_server --port 8011 --latency-ms 200 --jitter-ms 20 \
         --rate-429 0.1 --rate-500 0.1 --rate-503 0.1 --retry-after 1 --seed 0
-    python -m cupid_exp.testing.stub_llm_server --rpm 300 --tpm 400000   # a key's limits (rate_limits.py)
-    python -m cupid_exp.testing.stub_llm_server --rpm 300 --limits-pool key   # one pool for every model
-    python -m cupid_exp.testing.stub_llm_server --rpm 480 --limit-headers retry-after   # 429s state only retry-after
-    python -m cupid_exp.testing.stub_llm_server --rpm 300 --bucket continuous   # a bucket refilled continuously
+    python -m cupid_exp.testing.stub_llm_server --rpm 300 --tpm 400000 --limits-pool key --bucket continuous
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import signal
+import socket
+import struct
 import sys
 import threading
 import time
@@ -110,14 +103,6 @@ class _Counters:
     outage_ended: float | None = None  # ... when the first request after it was answered
     early_retries: int = 0  # requests sent again before the wait their 429 asked for was over
 
-    @property
-    def in_flight(self) -> int:
-        return self.flight.now
-
-    @property
-    def peak_in_flight(self) -> int:  # the most requests it was answering at once
-        return self.flight.peak
-
     def arrived(self, step: str) -> None:
         """A request of ``step`` came in (the caller holds its lock): counted, and in flight."""
         self.received[step] += 1
@@ -126,11 +111,6 @@ class _Counters:
     def departed(self) -> None:
         """A request is no longer in flight (answered, failed or abandoned; the caller holds the lock)."""
         self.flight.change(-1)
-
-    def mean_in_flight(self) -> float:
-        """Requests in flight on average, from the first arrival to the last answer (a client that stalls lets it
-        drop)."""
-        return self.flight.mean()
 
     def answered(self, step: str, request_digest: str, usage: dict[str, int]) -> None:
         """A completion of ``step`` reached its client (the caller holds its lock): counted, with its tokens."""
@@ -143,8 +123,8 @@ class _Counters:
         return {"received": dict(self.received), "completed": dict(self.completed),
                 "faults": {k: dict(v) for k, v in self.faults.items()},
                 "total_received": sum(self.received.values()), "total_completed": sum(self.completed.values()),
-                "in_flight": self.in_flight, "peak_in_flight": self.peak_in_flight,
-                "mean_in_flight": round(self.mean_in_flight(), 2),
+                "in_flight": self.flight.now, "peak_in_flight": self.flight.peak,
+                "mean_in_flight": round(self.flight.mean(), 2),
                 "repeated_completions": sum(n - 1 for n in self.completed_prompts.values() if n > 1),
                 "distinct_completed": len(self.completed_prompts), "tokens": dict(self.tokens),
                 "billed": {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, **self.billed},
@@ -277,9 +257,6 @@ class StubServer(StubModel):
     def _outage(self, handler: Any) -> bool:
         """Whether this request falls in the outage (``outage_after``, ``outage_s``): then it is left unanswered
         as ``outage_kind`` says (the connection reset, or a proxy's 502/503/504 page)."""
-        import socket
-        import struct
-
         with self._lock:
             c, cfg = self.counters, self.config
             c.requests += 1
@@ -468,14 +445,10 @@ def main(argv: list[str] | None = None) -> None:
     port, cfg = stub_arguments(argv, __doc__.split("\n\n")[0])
     server = StubServer(cfg, port=port)
     print(f"stub LLM server listening on {server.url} ({json.dumps(cfg.knobs())})", flush=True)
-    def stop(*_: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a KeyboardInterrupt: the stats are printed
     try:
-        server.httpd.serve_forever(poll_interval=0.05)
-    except KeyboardInterrupt:
-        pass
+        with contextlib.suppress(KeyboardInterrupt):
+            server.httpd.serve_forever(poll_interval=0.05)
     finally:
         print("stub stats " + json.dumps(server.stats()), file=sys.stderr, flush=True)
         server.httpd.server_close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -12,8 +13,10 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from cupid_exp.config import TrackingConfig
+from cupid_exp.durability.signals import Terminated, install_sigterm_handler
 from cupid_exp.secrets import install_log_scrubber, scrub, scrub_file, secret_values, url_credentials
 from cupid_exp.tracking.mlflow import ensure_parent, parent_run_id
+from cupid_exp.tracking.store_errors import STORE_NOTE, store_unreachable
 
 if TYPE_CHECKING:
     from hydra.core.utils import JobReturn
@@ -71,7 +74,6 @@ class MlflowSweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: object) -> None:
         if not _tracked(config):
             return
-        from cupid_exp.durability.signals import install_sigterm_handler
         from cupid_exp.tracking import run_worker
 
         sweep_dir = Path(config.hydra.sweep.dir).resolve()
@@ -94,10 +96,6 @@ class MlflowSweepCallback(Callback):
     def _killed_at_exit(self) -> None:
         """The process exits with the sweep still open: KILLED after an interrupt, FAILED after a crash."""
         if self._open is not None:
-            import sys
-
-            from cupid_exp.durability.signals import Terminated
-
             uri, sweep_dir = self._open
             self._open = None
             parent = parent_run_id(sweep_dir)
@@ -110,9 +108,6 @@ class MlflowSweepCallback(Callback):
             try:
                 MlflowClient(uri).set_terminated(parent, status="KILLED" if interrupted else "FAILED")
             except Exception as exc:  # noqa: BLE001  # a dead store: its jobs said so; the parent stays RUNNING
-                from cupid_exp.tracking.store_errors import store_unreachable
-                from cupid_exp.tracking.store_logs import STORE_NOTE
-
                 if not store_unreachable(exc):
                     raise
                 log.warning("the sweep's parent run could not be ended: %s", type(exc).__name__, extra=STORE_NOTE)
@@ -129,9 +124,6 @@ class MlflowSweepCallback(Callback):
         end = SweepEnd(uri=config.tracking.uri, experiment=config.tracking.experiment,
                        sweep_dir=str(sweep_dir.resolve()), seed=int(config.get("seed", 0) or 0),
                        failed=any(s.get("outcome") == "error" for s in job_statuses(sweep_dir)))
-        from cupid_exp.tracking.store_errors import store_unreachable
-        from cupid_exp.tracking.store_logs import STORE_NOTE
-
         worker = run_worker.take_idle()
         try:
             done, problem = worker.close_sweep(end) if worker is not None else (False, None)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from cupid_exp.config import DataConfig
 from cupid_exp.data.loading import LoadedData
+from cupid_exp.tracking.names import subset_of
 
 if TYPE_CHECKING:
     from mlflow.entities import Dataset
@@ -17,14 +18,7 @@ if TYPE_CHECKING:
 
 def dataset_name(cfg: DataConfig, data: LoadedData) -> str:
     """The file's name, with the part taken for a subset (``h2.jsonl [data.limit=2]``)."""
-    from cupid_exp.tracking.names import subset_of
-
-    if cfg.source == "hf":
-        name = str(cfg.hf_name)
-    elif cfg.source == "sample":
-        name = "cupid-sample"
-    else:
-        name = Path(data.source).name or data.source
+    name = {"hf": str(cfg.hf_name), "sample": "cupid-sample"}.get(cfg.source) or Path(data.source).name or data.source
     subset = subset_of(cfg.limit, cfg.instance_types)
     return f"{name} [{subset}]" if subset else name
 

@@ -10,17 +10,21 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from cupid_exp.config import TrackingConfig
 from cupid_exp.durability.attempts import Claim
+from cupid_exp.durability.signals import Terminated
 from cupid_exp.llm.calls import CallLog
 from cupid_exp.llm.pools import pool_metrics
+from cupid_exp.progress import Totals, read_totals
 from cupid_exp.results import InstanceResult
 from cupid_exp.scoring.statistics import TASK_METRICS, point_value, task_frame
+from cupid_exp.tracking import reopen
 from cupid_exp.tracking.dataset import DatasetInput
-from cupid_exp.tracking.mlflow import RunTracker, SweepParent, parent_of
-from cupid_exp.tracking.store_logs import STORE_NOTE
+from cupid_exp.tracking.mlflow import RunTracker, SweepParent, parent_of, records_table
+from cupid_exp.tracking.names import scored_name
+from cupid_exp.tracking.store_errors import STORE_NOTE
 
 if TYPE_CHECKING:
     from cupid_exp.tracking.reopen import FinishedEarlier
@@ -43,22 +47,6 @@ def running_scores(records: Sequence[Mapping[str, Any]], parts: Sequence[str], p
             if value == value:
                 out[f"progress/{part}/{metric}"] = value
     return out
-
-
-class Totals(Protocol):
-    """A job's usage meter, or its totals as the run worker last heard them."""
-
-    def totals(self) -> dict[str, float]: ...
-
-
-def read_totals(meter: Totals) -> dict[str, float]:
-    """The meter's totals from another thread, retried when a counter is added meanwhile."""
-    for _ in range(20):
-        try:
-            return meter.totals()
-        except RuntimeError:
-            time.sleep(0.001)
-    return {}
 
 
 @dataclass
@@ -192,9 +180,7 @@ class LiveRun:
     def executed(self) -> None:
         """The model phase is over: rebuild missing traces and export while the job computes its numbers."""
         if self._backfill is not None and self.traces is not None:
-            from cupid_exp.tracking.reopen import backfill
-
-            self.rebuilt = backfill(self, self._backfill)
+            self.rebuilt = reopen.backfill(self, self._backfill)
             self._backfill = None
         if self.traces is not None:
             self.traces.executed()
@@ -228,9 +214,7 @@ class LiveRun:
             if published:
                 self._close_traces(None)
                 if self.opened.resumed or self.rebuilt:  # units run again, or traces rebuilt: one trace per unit
-                    from cupid_exp.tracking.reopen import one_trace_per_unit
-
-                    one_trace_per_unit(self.tracker.client, self.tracker.experiment_id, self.run_id)
+                    reopen.one_trace_per_unit(self.tracker.client, self.tracker.experiment_id, self.run_id)
             note = f"{status} with {len(self._records)} of {self.units.total} {self.units.noun} done"
             if summary:
                 note += "; " + ", ".join(f"{k} {v}" for k, v in summary.items())
@@ -245,15 +229,12 @@ class LiveRun:
         run = self.tracker
         metrics, tags = final.metrics, final.tags
         if self.opened.carried is not None:  # the usage ledger was gone: the earlier attempts' usage as the run had it
-            from cupid_exp.tracking.reopen import CARRIED_TAG, carry_into
-
-            metrics = carry_into(dict(metrics), self.opened.carried)
-            tags = {**tags, CARRIED_TAG: "the run's last progress point before this attempt (the ledger was gone)"}
+            metrics = reopen.carry_into(dict(metrics), self.opened.carried)
+            tags = {**tags, reopen.CARRIED_TAG:
+                    "the run's last progress point before this attempt (the ledger was gone)"}
         run.log_metrics(metrics, step=final.step)
         run.set_tags(tags)
         if final.headline and self.opened.name:
-            from cupid_exp.tracking.names import scored_name
-
             run.client.update_run(run.run_id, name=scored_name(self.opened.name, final.headline))
         artifacts = list(final.artifacts)
         if self.drawn is not None:
@@ -265,8 +246,6 @@ class LiveRun:
                 run.log_artifacts([_without_replies(Path(f), Path(tmp)) if f in final.without_replies else Path(f)
                                    for f in files], folder)
         if final.table is not None:
-            from cupid_exp.tracking.mlflow import records_table
-
             run.log_table(records_table(final.table), "instances_table.json")
         self.end(final.status, final.summary, published=True)
 
@@ -361,16 +340,14 @@ class PlotRequest:
 def open_run(request: RunRequest, claim: Claim, meter: Totals) -> LiveRun | FinishedEarlier:
     """Open (or reopen) the run with its params, tags, config and dataset, and start its progress thread; a done job
     whose earlier run holds its results gets that run untouched."""
-    from cupid_exp.tracking import attempt_runs, reopen
     from cupid_exp.tracking import traces as tracing
 
     tracker = RunTracker(request.tracking, request.secrets)
-    previous = attempt_runs.earlier_run(tracker.client, tracker.experiment_id, request.run_key) if request.exclusive \
-        else None
+    previous = reopen.earlier_run(tracker.client, tracker.experiment_id, request.run_key) if request.exclusive else None
     parent = parent_of(request.tracking, request.parent)
     if request.nothing_left and reopen.holds_results(previous):
         return reopen.leave_finished(tracker, request, previous, parent, claim)
-    tags = {**request.tags, **attempt_runs.attempt_tags(previous, request.run_key)}
+    tags = {**request.tags, **reopen.attempt_tags(previous, request.run_key)}
     carried, notice = reopen.carried_usage(previous, request.ledger_found)
     try:
         tracker.start(run_name=request.run_name, params=request.params, parent=parent, config=request.config,
@@ -394,8 +371,6 @@ def open_run(request: RunRequest, claim: Claim, meter: Totals) -> LiveRun | Fini
         live.backfill_traces(request)
         live.start()
     except BaseException as exc:  # an interrupt or a store error while opening: never leave it RUNNING
-        from cupid_exp.durability.signals import Terminated
-
         tracker.end("KILLED" if isinstance(exc, (KeyboardInterrupt, Terminated)) else "FAILED")
         raise
     return live

@@ -1,18 +1,30 @@
-"""MLflow: one run per job, closed with its outcome, and one parent per sweep, named in the sweep folder."""
+"""MLflow: one run per job, closed with its outcome, and one parent per sweep, named in the sweep folder; a SQLite store
+made aside and renamed into place, since MLflow's migrations are not transactional."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import re
+import sqlite3
 import time
-from contextlib import contextmanager
+import uuid
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
+from filelock import FileLock
+
+from cupid_exp.aside import set_aside
 from cupid_exp.config import TrackingConfig
-from cupid_exp.run_outcomes import stale_tags
-from cupid_exp.secrets import scrub, scrub_obj
+from cupid_exp.durability.signals import shielded, sigterm_raises
+from cupid_exp.outputs import atomic_write_text
+from cupid_exp.run_outcomes import outcome_of, outcome_tags, stale_tags, status_of
+from cupid_exp.secrets import scrub, scrub_obj, secret_values
+from cupid_exp.tracking import store_errors
+from cupid_exp.tracking.names import SEP, override_pairs
 from cupid_exp.tracking.provenance import git_state
 
 if TYPE_CHECKING:
@@ -28,8 +40,6 @@ _READY_STORES: set[str] = set()
 
 def flatten(value: object, prefix: str = "") -> dict[str, str]:
     """{'a': {'b': 1}} -> {'a.b': '1'}; lists become JSON strings; values cut at MLflow's 6000 characters."""
-    import json
-
     out: dict[str, str] = {}
     if isinstance(value, Mapping):
         for k, v in value.items():
@@ -40,26 +50,107 @@ def flatten(value: object, prefix: str = "") -> dict[str, str]:
     return out
 
 
+ASIDE_SUFFIX = ".creating"  #: a store being made: ``.<name>.<pid>-<random>.creating`` beside it
+
+
+def aside_files(db: Path) -> list[Path]:
+    return sorted(db.parent.glob(f".{db.name}.*{ASIDE_SUFFIX}*"))  # its -journal too
+
+
+def clear_leftovers(db: Path) -> None:
+    """Remove stores a killed process was making (the lock is held: nobody else is making one now)."""
+    for path in aside_files(db):
+        path.unlink(missing_ok=True)
+
+
+def create_aside(db: Path) -> None:
+    """Make a new store (MLflow's own schema, its Default experiment) beside ``db``, then move it into place."""
+    from mlflow.tracking import MlflowClient
+
+    aside = db.with_name(f".{db.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}{ASIDE_SUFFIX}")
+    try:
+        MlflowClient(f"sqlite:///{aside}").search_experiments(max_results=1)  # creates and migrates the schema
+        forget_connections(f"sqlite:///{aside}")
+        os.replace(aside, db)
+    finally:
+        for path in aside_files(db):
+            path.unlink(missing_ok=True)
+
+
+def forget_connections(uri: str) -> None:
+    """Close MLflow's pooled connections to ``uri``'s file: they would outlive its rename."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    engine = getattr(SqlAlchemyStore, "_engine_map", {}).pop(uri, None)
+    if engine is not None:
+        engine.dispose()
+
+
+def holds_nothing(db: Path) -> bool:
+    """No run and no experiment but Default in it: nothing lost by remaking it."""
+    try:
+        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as con:
+            tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "runs" in tables and con.execute("SELECT 1 FROM runs LIMIT 1").fetchone():
+                return False
+            return not ("experiments" in tables and con.execute(
+                "SELECT 1 FROM experiments WHERE experiment_id != 0 LIMIT 1").fetchone())
+    except sqlite3.Error:
+        return False  # not a database we can read: not ours to replace
+
+
+def unreadable(db: Path) -> sqlite3.DatabaseError | None:
+    """SQLite's error when ``db`` is no database at all; else None (locks, permissions: not the file)."""
+    try:
+        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as con:
+            con.execute("SELECT name FROM sqlite_master").fetchall()
+    except sqlite3.OperationalError:
+        return None
+    except sqlite3.DatabaseError as exc:
+        return exc
+    return None
+
+
+def repair(db: Path, error: BaseException) -> bool:
+    """Remake a store MLflow could not open when unreadable or empty (True); else leave it (False)."""
+    if not db.exists():
+        return False
+    corrupt = unreadable(db)
+    if corrupt is not None:
+        forget_connections(f"sqlite:///{db}")
+        set_aside(db, "MLflow store", corrupt, "a new store is made and this job's run starts in it (the runs the "
+                  "old one held stay in the file set aside)", companions=("-wal", "-shm", "-journal"))
+        create_aside(db)
+        return True
+    if not holds_nothing(db):
+        return False
+    broken = db.with_name(f"{db.name}.half-made-{time.strftime('%Y%m%d-%H%M%S')}")
+    forget_connections(f"sqlite:///{db}")  # the failed open's: they would read the moved file on
+    os.replace(db, broken)
+    first = (str(error).strip().splitlines() or [""])[0][:200]
+    log.warning("MLflow store %s was half made (%s: %s) and held no run: moved to %s and made again", db,
+                type(error).__name__, first, broken.name)
+    create_aside(db)
+    return True
+
+
 def prepare_store(uri: str) -> None:
     """Make sure a SQLite store exists whole, once per process, under a file lock: MLflow's migrations are neither
     concurrent-safe nor transactional, so a store is made aside and moved in whole, and a half-made one is remade."""
     if not uri.startswith("sqlite:///") or uri in _READY_STORES:
         return
-    from filelock import FileLock
     from mlflow.tracking import MlflowClient
-
-    from cupid_exp.tracking import sqlite_store
 
     db = Path(uri.removeprefix("sqlite:///")).expanduser()
     db.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(db.with_name(db.name + ".lock"))):
-        sqlite_store.clear_leftovers(db)
+        clear_leftovers(db)
         if not db.exists():
-            sqlite_store.create_aside(db)
+            create_aside(db)
         try:
             MlflowClient(uri).search_experiments(max_results=1)  # opens it (migrates one made by an older MLflow)
         except Exception as exc:  # noqa: BLE001 - repaired if it holds nothing, else raised as it is
-            if not sqlite_store.repair(db, exc):
+            if not repair(db, exc):
                 raise
             MlflowClient(uri).search_experiments(max_results=1)
     _READY_STORES.add(uri)
@@ -112,8 +203,6 @@ class SweepParent:
 
 def ensure_parent(tracking: TrackingConfig, sweep_dir: str | Path, overrides: Iterable[str] = ()) -> str:
     """The sweep's parent run id: the marker's, else a new run (under a lock) with ``sweep.*`` params."""
-    from filelock import FileLock
-
     folder = Path(sweep_dir)
     folder.mkdir(parents=True, exist_ok=True)
     with FileLock(str(folder / f".{PARENT_RUN_FILE}.lock")):
@@ -122,14 +211,8 @@ def ensure_parent(tracking: TrackingConfig, sweep_dir: str | Path, overrides: It
             return found
         marker = folder / PARENT_RUN_FILE
         if marker.exists():  # not a run id: a marker written over
-            from cupid_exp.aside import set_aside
-
             set_aside(marker, "sweep parent marker", "not a run id", "a new parent run is made for this sweep")
         from mlflow.tracking import MlflowClient
-
-        from cupid_exp.outputs import atomic_write_text
-        from cupid_exp.secrets import scrub, secret_values
-        from cupid_exp.tracking.names import SEP, override_pairs
 
         prepare_store(tracking.uri)
         hidden = secret_values(list(overrides))
@@ -157,8 +240,6 @@ def parent_of(tracking: TrackingConfig, parent: str | SweepParent | None) -> str
 
 def records_table(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     """Per-instance rows for MLflow's table view: scalars as they are, containers as JSON text."""
-    import json
-
     import pandas as pd
 
     frame = pd.DataFrame([{k: v for k, v in r.items() if k != "raw"} for r in records])
@@ -176,9 +257,7 @@ class RunTracker:
     def __init__(self, tracking: TrackingConfig, secrets: Iterable[str] = ()):
         from mlflow.tracking import MlflowClient
 
-        from cupid_exp.tracking import store_logs
-
-        store_logs.install()  # a failing store is reported once by the job, not in thousands of lines by MLflow
+        store_errors.install()  # a failing store is reported once by the job, not in thousands of lines by MLflow
         self.tracking, self.secrets = tracking, list(secrets)
         prepare_store(tracking.uri)
         self.client = MlflowClient(tracking.uri)
@@ -256,12 +335,9 @@ class RunTracker:
         if table is not None and len(table):
             self.client.log_table(self.run_id, data=table, artifact_file=name)
 
-    def end(self, status: str = "FINISHED", summary: Mapping[str, object] | None = None,
-            tags: Mapping[str, str] | None = None) -> None:
-        """End the run once (with outcome ``tags``); later calls change nothing."""
+    def end(self, status: str = "FINISHED") -> None:
+        """End the run once; later calls change nothing."""
         if self.run_id is not None and self.status is None:
-            if tags:
-                self.set_tags(tags)
             self.client.set_terminated(self.run_id, status=status)
             self.status = status
 
@@ -270,9 +346,6 @@ class RunTracker:
 def ends_on_error(run: Any) -> Iterator[None]:
     """Around a job's work: its run ends KILLED on Ctrl-C or SIGTERM, FAILED on any other exception (which goes on),
     with outcome tags; ending is shielded from interrupts."""
-    from cupid_exp.durability.signals import shielded, sigterm_raises
-    from cupid_exp.run_outcomes import outcome_of, outcome_tags, status_of
-
     with sigterm_raises():
         try:
             yield

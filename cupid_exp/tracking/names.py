@@ -4,24 +4,21 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Sequence
 
+from cupid_exp.data.schema import INSTANCE_TYPES
+from cupid_exp.secrets import is_headers_key, is_secret_key, mask_url_credentials
+
 SEP = " · "
 SCORES_SEP = " | "  #: between a job run's identity and its results in its name
 
 
 def override_pairs(overrides: Iterable[str]) -> list[tuple[str, str]]:
     """(key, value) of each ``key=value`` override, its ``+``/``++``/``~`` prefix dropped."""
-    pairs = []
-    for text in overrides:
-        key, sep, value = str(text).partition("=")
-        if sep:
-            pairs.append((key.lstrip("+~"), value))
-    return pairs
+    return [(key.lstrip("+~"), value) for key, sep, value in (str(text).partition("=") for text in overrides) if sep]
 
 
 def scoring_overrides(overrides: Iterable[str]) -> list[str]:
     """The command's decoding and prompt overrides, as a row label names them (``temperature=0.4``)."""
-    from cupid_exp.identity import short_key
-    from cupid_exp.secrets import is_headers_key, is_secret_key, mask_url_credentials
+    from cupid_exp.identity import short_key  # (it imports the model layer: not where a sweep starts)
 
     shown = []
     for key, value in override_pairs(overrides):
@@ -37,7 +34,6 @@ def scoring_overrides(overrides: Iterable[str]) -> list[str]:
 
 def subset_of(limit: int | None, types: Sequence[str] | None) -> str:
     """'data.limit=2' for a part of the data; empty for all."""
-    from cupid_exp.data.schema import INSTANCE_TYPES
     from cupid_exp.identity import subset_text
 
     kept = tuple(sorted(set(types or ()))) if types and not set(types) >= set(INSTANCE_TYPES) else ()
@@ -71,9 +67,7 @@ def headline(metrics: Mapping[str, float], done: int, total: int, unit: str) -> 
 
     parts = [f"{task} {name} {metrics[key]:.3f}" for task, name in HEADLINE.items()
              if (key := metric_key(task, "all", name)) in metrics and metrics[key] == metrics[key]]
-    parts.append(f"${metrics.get('cost/usd', 0.0):.4f}")
-    parts.append(f"{done} of {total} {unit}")
-    return SEP.join(parts)
+    return SEP.join([*parts, f"${metrics.get('cost/usd', 0.0):.4f}", f"{done} of {total} {unit}"])
 
 
 def scored_name(name: str, line: str) -> str:

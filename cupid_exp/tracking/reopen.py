@@ -1,5 +1,6 @@
-"""What a job's MLflow run takes over from earlier attempts: a done job keeps its run untouched; a reopened run gets
-missing traces rebuilt, one trace per unit, no empty parent left, and usage carried when its ledger is gone."""
+"""What a job's MLflow run takes over from earlier attempts (one run per job, found by ``cupid.run_key``): a done job
+keeps its run untouched; a reopened run gets missing traces rebuilt, one trace per unit, no empty parent left, and
+usage carried when its ledger is gone; a SIGKILLed attempt is noted."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from cupid_exp.run_outcomes import DESCRIPTION_TAG, OUTCOME_TAG
+from cupid_exp.tracking.names import link_name
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -23,6 +25,24 @@ LINK_KIND = "link"  #: ``cupid.kind`` of a sweep's child run that stands for a j
 LINKS_TO = "cupid.links_to"  #: the run id such a link stands for
 CARRIED_TAG = "cupid.earlier_usage"  #: where a run's earlier attempts' usage came from, when not the ledger
 ATTEMPT_TAG = "cupid.attempt"  #: on a trace: the attempt of the run that wrote it
+
+
+def earlier_run(client: MlflowClient, experiment_id: str, key: str) -> Run | None:
+    """The latest run of ``key`` in the experiment, any status (None when there is none)."""
+    runs = client.search_runs([experiment_id], filter_string=f"tags.`cupid.run_key` = '{key}'",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0] if runs else None
+
+
+def attempt_tags(previous: Run | None, key: str) -> dict[str, str]:
+    """``cupid.run_key`` and the attempt number; a previous attempt left RUNNING died without ending its run."""
+    if previous is None:
+        return {"cupid.run_key": key, ATTEMPT_TAG: "1"}
+    before = int(previous.data.tags.get(ATTEMPT_TAG, "1"))
+    tags = {"cupid.run_key": key, ATTEMPT_TAG: str(before + 1)}
+    if previous.info.status == "RUNNING" and f"cupid.attempt.{before}" not in previous.data.tags:
+        tags[f"cupid.attempt.{before}"] = "the process died without ending the run (e.g. SIGKILL)"
+    return tags
 
 
 def holds_results(run: Run | None) -> bool:
@@ -76,8 +96,6 @@ def leave_finished(tracker: RunTracker, request: RunRequest, previous: Run, pare
     notice = f"this job finished earlier, in MLflow run {run_id} ({previous.info.status}): left as it was"
     if parent and previous.data.tags.get("mlflow.parentRunId") != parent:
         client = tracker.client
-        from cupid_exp.tracking.names import link_name
-
         link = client.create_run(tracker.experiment_id, run_name=link_name(request.run_name, run_id), tags={
             "cupid.kind": LINK_KIND, LINKS_TO: run_id, "mlflow.parentRunId": parent,
             "job_identity": request.tags.get("job_identity", ""),

@@ -13,6 +13,7 @@ In a sweep the worker outlives its job and serves this process's next one, MLflo
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import multiprocessing
 import pickle
@@ -25,8 +26,9 @@ from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Sequence
 from cupid_exp.config import TrackingConfig
 from cupid_exp.durability.attempts import Claim
 from cupid_exp.llm.calls import CallLog
+from cupid_exp.progress import Totals, read_totals
 from cupid_exp.results import InstanceResult
-from cupid_exp.tracking.live import FinalLog, LiveRun, RunRequest, Totals, read_totals
+from cupid_exp.tracking.live import FinalLog, LiveRun, RunRequest
 from cupid_exp.tracking.run_worker_process import SnapshotMeter, serve
 from cupid_exp.tracking.store_errors import TrackingError, TrackingUnavailable, store_unreachable
 from cupid_exp.tracking.traces import trace_input
@@ -348,11 +350,9 @@ class RunWorker:
 
     def _healthy(self) -> bool:
         """Read the worker's notes and check it is alive (two cheap system calls)."""
-        try:
+        with contextlib.suppress(EOFError, OSError):
             while not self.stopped and self.pipes.notes.poll():
                 self._note(self.pipes.notes.recv())
-        except (EOFError, OSError):
-            pass
         if not self.stopped and self.process.exitcode is not None:
             self._give_up(self._gone())
         return not self.stopped
@@ -377,10 +377,8 @@ class RunWorker:
 
     def _quit(self) -> None:
         """Tell a parked worker to exit, and wait for it (briefly)."""
-        try:
+        with contextlib.suppress(OSError, ValueError):  # its queue may be closed already
             self.pipes.inbox.put(("quit",))
-        except (OSError, ValueError):  # its queue is closed already
-            pass
         self.claim = None
         self._release()
 

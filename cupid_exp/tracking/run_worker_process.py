@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from cupid_exp.durability.attempts import Claim
 from cupid_exp.durability.signals import ignore_stops
-from cupid_exp.tracking.live import FinalLog, LiveRun, RunRequest
-from cupid_exp.tracking.store_errors import store_unreachable
+from cupid_exp.tracking import store_errors
+from cupid_exp.tracking.live import FinalLog, LiveRun, RunRequest, open_run
+from cupid_exp.tracking.mlflow import ensure_parent
 
 if TYPE_CHECKING:
     import ctypes
@@ -43,14 +44,10 @@ def serve(inbox: Queue[tuple[Any, ...]], outbox: Connection, progress: ctypes.c_
     console = logging.StreamHandler()
     console.setLevel(logging.WARNING)
     logging.getLogger().addHandler(console)
-    from cupid_exp.tracking import store_logs
-
-    store_logs.install()
+    store_errors.install()
     import mlflow.store.tracking.sqlalchemy_store  # noqa: F401  # now, while the job is still starting
     import mlflow.tracing.export.mlflow_v3  # noqa: F401
     import mlflow.tracing.provider  # noqa: F401
-
-    from cupid_exp.tracking.live import open_run
 
     # The queue's writing end came along with it: closed here, so that a job killed half-way through sending a
     # message leaves this end an EOF, not a read that waits for the rest forever (an orphan worker).
@@ -107,8 +104,6 @@ def serve(inbox: Queue[tuple[Any, ...]], outbox: Connection, progress: ctypes.c_
                     os._exit(0)  # all is in the store: skip the interpreter's teardown (and MLflow's exit-time drain)
                 live, meter, reported = None, SnapshotMeter(), False  # the sweep's next job may take this worker
             elif kind == "sweep":  # the sweep's parent run, before its first job's run
-                from cupid_exp.tracking.mlflow import ensure_parent
-
                 ensure_parent(message[1], message[2], message[3])
             elif kind == "sweep_end":
                 from cupid_exp.tracking.sweep import finish_sweep
@@ -125,7 +120,7 @@ def serve(inbox: Queue[tuple[Any, ...]], outbox: Connection, progress: ctypes.c_
                 os._exit(0)
         except Exception as exc:  # noqa: BLE001  # the job hears why (and whether the store is to blame)
             first = (str(exc).strip().splitlines() or [""])[0][:300]
-            say(("failed", f"{type(exc).__name__}: {first}", store_unreachable(exc)))
+            say(("failed", f"{type(exc).__name__}: {first}", store_errors.store_unreachable(exc)))
             if live is not None and live.traces is not None:
                 live.traces.close(ORPHAN_FLUSH_S)
             os._exit(1)

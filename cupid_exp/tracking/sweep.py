@@ -25,8 +25,7 @@ def publish_sweep(client: MlflowClient, uri: str, experiment: str, parent_id: st
     """Log the sweep's leaderboard and plots on its parent run; returns the metrics logged there."""
     from mlflow.entities import Metric
 
-    from cupid_exp.reporting.build import build_report
-    from cupid_exp.reporting.compare import best_two, compare_runs
+    from cupid_exp.reporting.build import best_two, build_report, compare_runs
     from cupid_exp.reporting.plots import save_report_plots
     from cupid_exp.reporting.render import render
     from cupid_exp.reporting.runs import load_records, search_job_runs

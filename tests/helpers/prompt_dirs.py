@@ -11,7 +11,7 @@ from cupid_exp.prompts import MATCHER_EXAMPLES, PROJECT_PROMPTS
 
 def full_prompt_folder(target: Path) -> Path:
     """``target`` holding every project prompt file but the matcher's few-shot examples (the official tool keeps
-    those in Python, beside its prompts/: ``cupid_exp.official_examples``)."""
+    those in Python, beside its prompts/: ``cupid_exp.prompts``)."""
     examples = PROJECT_PROMPTS / MATCHER_EXAMPLES
     shutil.copytree(PROJECT_PROMPTS, target, dirs_exist_ok=True,
                     ignore=lambda folder, names: [n for n in names if Path(folder, n) == examples])

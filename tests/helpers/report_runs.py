@@ -11,7 +11,7 @@ from conftest import compose_config
 from omegaconf import OmegaConf
 
 from cupid_exp.data.loading import load_instances
-from cupid_exp.scoring.metrics import flat_metrics, task_metrics
+from cupid_exp.scoring.summary import flat_metrics, task_metrics
 from helpers.mlflow_runs import log_job_run
 
 

@@ -101,10 +101,10 @@ def test_import_alongside_loads_its_modules_and_leaves_failures_to_the_caller(mo
 
     unhandled: list[BaseException] = []
     monkeypatch.setattr(threading, "excepthook", lambda args: unhandled.append(args.exc_value))
-    monkeypatch.delitem(sys.modules, "cupid_exp.reporting.tidy", raising=False)
-    thread = import_alongside(("cupid_exp.reporting.tidy", "cupid_exp.no_such_module"))
+    monkeypatch.delitem(sys.modules, "cupid_exp.reporting.build", raising=False)
+    thread = import_alongside(("cupid_exp.reporting.build", "cupid_exp.no_such_module"))
     thread.join(60)
-    assert not thread.is_alive() and "cupid_exp.reporting.tidy" in sys.modules and unhandled == []
+    assert not thread.is_alive() and "cupid_exp.reporting.build" in sys.modules and unhandled == []
     with pytest.raises(ModuleNotFoundError):  # where the module is used, the import raises as usual
         __import__("cupid_exp.no_such_module")
 

@@ -15,9 +15,7 @@ from helpers.mlflow_runs import log_job_run
 from omegaconf import OmegaConf
 
 from cupid_exp.diff import main
-from cupid_exp.reporting.diff import diff_runs, render
-from cupid_exp.reporting.diff_compose import format_value, leaf_diffs
-from cupid_exp.reporting.diff_specs import RunSpec, spec_from_job_dir
+from cupid_exp.reporting.diff import RunSpec, diff_runs, format_value, leaf_diffs, render, spec_from_job_dir
 
 
 def resolved(overrides: list[str]) -> dict:

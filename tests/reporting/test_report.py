@@ -21,10 +21,10 @@ from omegaconf import OmegaConf
 
 from cupid_exp.report import main
 from cupid_exp.reporting.build import build_report
-from cupid_exp.reporting.reference import load_reference
 from cupid_exp.reporting.render import render
 from cupid_exp.reporting.runs import JobRun
 from cupid_exp.reporting.selection import Selection
+from cupid_exp.reporting.tables import load_reference
 from cupid_exp.scoring.bootstrap import bootstrap_ci, paired_compare
 from cupid_exp.tracking.callbacks import MlflowSweepCallback
 

@@ -14,8 +14,8 @@ import pytest
 
 from cupid_exp.config import FAILURE_POLICIES as CONFIG_POLICIES
 from cupid_exp.scoring.bootstrap import bootstrap_ci, ci_metrics, paired_compare
-from cupid_exp.scoring.metrics import flat_metrics, task_metrics
 from cupid_exp.scoring.statistics import FAILURE_POLICIES, task_frame, treatment
+from cupid_exp.scoring.summary import flat_metrics, task_metrics
 
 
 def err(step: str, kind: str) -> list[dict]:

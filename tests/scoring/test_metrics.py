@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from cupid_exp.scoring.metrics import error_counts, flat_metrics, task_metrics
+from cupid_exp.scoring.summary import error_counts, flat_metrics, task_metrics
 
 
 def rec(itype, pm, n_pred, tm, n_true, **extra):

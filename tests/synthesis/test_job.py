@@ -21,7 +21,7 @@ from cupid_exp.config import ConfigError
 from cupid_exp.config_store import register_configs
 from cupid_exp.job import connect, execute, plan, start_tracking
 from cupid_exp.synthesis.config import ROLES, SynthesizeConfig, register_synthesis_configs
-from cupid_exp.synthesis.steps import persona as persona_step
+from cupid_exp.synthesis.steps import factors as persona_step
 from cupid_exp.synthesis.work import load_synthesis
 from cupid_exp.synthesize import run_synthesis
 from cupid_exp.testing.stub_llm_server import StubServer

@@ -9,7 +9,7 @@ import pytest
 from cupid_exp.synthesis import taxonomy
 from cupid_exp.synthesis.config import SynthesisError
 from cupid_exp.synthesis.personas import builtin_seeds, personahub_seeds, sample_templates
-from cupid_exp.synthesis.seeds import SEED_DESCRIPTIONS
+from cupid_exp.synthesis.taxonomy import SEED_DESCRIPTIONS
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

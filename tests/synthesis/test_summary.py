@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from cupid_exp.llm.usage import Completion, UsageMeter
 from cupid_exp.synthesis.phases import PersonaOutcome
-from cupid_exp.synthesis.report import rejections
-from cupid_exp.synthesis.summary import Completeness, summary_metrics, validation_table
+from cupid_exp.synthesis.summary import Completeness, rejections, summary_metrics, validation_table
 
 DIALOGUE = {"dialogue": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}],
             "is_satisfied": False, "scores": [4], "attempt": 1, "error": None}

@@ -17,7 +17,7 @@ def test_the_mean_in_flight_weighs_each_count_by_how_long_it_held(monkeypatch) -
         now[0] = at
         counters.arrived("s") if change == "arrived" else counters.departed()
     # 1 in flight for 1 s, 2 for 1 s, 1 for 2 s: 5 request-seconds over the 4 s from first arrival to last answer
-    assert counters.mean_in_flight() == 1.25 and counters.in_flight == 0 and counters.peak_in_flight == 2
+    assert counters.flight.mean() == 1.25 and counters.flight.now == 0 and counters.flight.peak == 2
 
 
 def _two_requests_on_one_connection(stub: StubServer) -> list[tuple[int, bool]]:

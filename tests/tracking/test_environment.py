@@ -285,7 +285,7 @@ def test_the_response_cache_on_a_full_disk_is_one_environment_failure_naming_its
 def test_mlflows_store_errors_are_one_line_once_and_other_loggers_untouched() -> None:
     import logging
 
-    from cupid_exp.tracking import store_logs
+    from cupid_exp.tracking import store_errors
 
     class Kept(logging.Handler):
         def __init__(self) -> None:
@@ -299,7 +299,7 @@ def test_mlflows_store_errors_are_one_line_once_and_other_loggers_untouched() ->
     logging.getLogger("mlflow").addHandler(kept)
     logging.getLogger("cupid_exp.anything").addHandler(kept)
     try:
-        store_logs.install()  # finds MLflow's handlers, this one among them
+        store_errors.install()  # finds MLflow's handlers, this one among them
         for _ in range(3):
             try:
                 raise RuntimeError("(sqlite3.OperationalError) database or disk is full\n[SQL: INSERT ...]")

@@ -263,7 +263,7 @@ def test_a_store_that_refuses_the_run_stops_the_job_before_any_call(tmp_path: Pa
                    "tracking.experiment=x", "data=local", f"data.path={SAMPLE_FULL_PATH}", "data.limit=1"])
     job = plan(cfg, root / "job", clients=False)
     # after the checks: the store breaks in between, into a database MLflow refuses that holds someone's rows (a file
-    # of garbage would be set aside and made again: ``sqlite_store.repair``)
+    # of garbage would be set aside and made again: ``tracking.mlflow.repair``)
     import sqlite3
     from contextlib import closing
 

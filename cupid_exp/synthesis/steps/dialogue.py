@@ -90,11 +90,10 @@ async def simulate_dialogue(ctx: SynthContext, *, persona_description: str, fact
             error = str(exc)
             break
         turns.append(judged)
-        if judged["score"] == 10:
+        satisfied = judged["score"] == 10
+        if satisfied or turn < ctx.max_turns - 1:  # the last reply of a dialogue cut at max_turns gets no answer
             dialogue.append({"role": "user", "content": judged["message"]})
-            satisfied = True
+        if satisfied:
             break
-        if turn < ctx.max_turns - 1:
-            dialogue.append({"role": "user", "content": judged["message"]})
     return {"dialogue": dialogue, "is_satisfied": satisfied, "scores": [t["score"] for t in turns],
             "evaluations": turns, "attempt": attempt, "error": error}

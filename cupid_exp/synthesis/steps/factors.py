@@ -1,4 +1,5 @@
-"""Step 2 (paper B.2): eight context factors (a contrastive pair last), then the changed preference."""
+"""Steps 1 and 2 (paper B.2): a persona written from its code-sampled template, its eight context factors (a
+contrastive pair last), then the changed preference."""
 
 from __future__ import annotations
 
@@ -13,6 +14,40 @@ from cupid_exp.synthesis import taxonomy
 from cupid_exp.synthesis.journey import N_FACTORS, PAIR
 from cupid_exp.synthesis.steps.base import SynthContext, as_object, string_schema, text
 from cupid_exp.synthesis.steps.checks import looks_english, name_key, overlap, same_text
+
+PERSONA_SCHEMA = {
+    "type": "object",
+    "properties": {"personas": {"type": "array", "minItems": 1, "maxItems": 1, "items": {
+        "type": "object",
+        "properties": {"occupation": string_schema(3, 40), "description": string_schema(100, 700)},
+        "required": ["occupation", "description"]}}},
+    "required": ["personas"],
+}
+
+
+def build_persona(data: object) -> dict[str, str]:
+    """{'personas': [{...}]}, a bare list of personas, or a bare persona object: the first persona."""
+    item = data.get("personas") if isinstance(data, dict) and "personas" in data else data
+    if isinstance(item, list):
+        item = item[0] if item else None
+    item = as_object(item, "persona")
+    occupation = re.split(r"[.,;:(\n]", text(item, "occupation", "persona"))[0].strip(" .'\"")
+    persona = {"description": text(item, "description", "persona"), "occupation": occupation}
+    problems = []
+    if len(persona["description"]) < 80:
+        problems.append("the description must be several sentences long")
+    if not re.search(r"[A-Za-z]{3}", persona["occupation"]) or len(persona["occupation"].split()) > 6:
+        problems.append("the occupation must be a short job title of two to four words")
+    if problems:
+        raise Invalid(problems)
+    return persona
+
+
+async def write_persona(ctx: SynthContext, rendered_template: str) -> dict[str, str]:
+    messages = ctx.prompts.get("synthesis/persona_generator").messages(
+        ctx.system_role("persona_writer"), seed_descriptions=rendered_template)
+    return await ctx.ask_json("persona_writer", "persona", messages, PERSONA_SCHEMA, build_persona)
+
 
 FACTOR_SCHEMA = {"type": "object", "properties": {"factor": string_schema(3, 50),
                                                   "background": string_schema(20, 200),

@@ -10,7 +10,7 @@ import pytest
 from cupid_exp.evaluators.checklist import DECOMPOSER_PROMPT, checklist_schema
 from cupid_exp.llm.replies import Invalid, ParseError
 from cupid_exp.prompts import PromptSet
-from cupid_exp.synthesis.steps import checklists as steps
+from cupid_exp.synthesis.steps import validation as steps
 
 from ..scripted import ScriptedServer, context, counts, reply
 

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from cupid_exp.llm.replies import Invalid
-from cupid_exp.synthesis.steps import persona as steps
+from cupid_exp.synthesis.steps import factors as steps
 
 from ..scripted import WRONG_SHAPES, ScriptedServer, assert_rejected, context, counts, reply
 

@@ -25,11 +25,12 @@ def pipe_safe(main: Callable[[], Any]) -> Any:
         finally:
             sys.stdout.flush()
     except BrokenPipeError:
-        try:
+        try:  # what a write to a closed stdout left in its buffer fails again; another pipe's error is not ours
             sys.stdout.flush()
-            raise  # stdout is fine: not the reader's pipe
         except BrokenPipeError:
             pass
+        else:
+            raise
         try:  # what is still buffered goes nowhere, also at exit
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         except (OSError, ValueError):

@@ -6,7 +6,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Optional
 
-from cupid_exp.config import SettingConfig, require
+from cupid_exp.config import SettingConfig
+from cupid_exp.config_checks import require, require_int
 from cupid_exp.data.schema import Instance, relevant_positions
 from cupid_exp.llm.client import provider_error_kind
 from cupid_exp.llm.steps import StepFailed
@@ -30,7 +31,7 @@ class RetrievalConfig(SettingConfig):
 
     def check(self, where: str) -> None:
         require(self.retriever in RETRIEVERS, f"{where}.retriever", self.retriever, f"one of {list(RETRIEVERS)}")
-        require(isinstance(self.top_k, int) and self.top_k >= 1, f"{where}.top_k", self.top_k, "an integer >= 1")
+        require_int(f"{where}.top_k", self.top_k, 1)
 
 
 @register

@@ -22,6 +22,7 @@ from cupid_exp.llm.server import check_server_command
 from cupid_exp.outputs import write_json, write_jsonl
 from cupid_exp.progress import Progress
 from cupid_exp.prompts import EVALUATION_PROMPTS, PromptSet
+from cupid_exp.resources import git_state
 from cupid_exp.results import InstanceResult, previewed
 from cupid_exp.scoring.summary import JobSummary, epoch_metrics, summarize
 from cupid_exp.secrets import scrub_obj
@@ -29,7 +30,6 @@ from cupid_exp.settings import make_setting
 from cupid_exp.settings.base import Setting
 from cupid_exp.tasks import check_task_parts
 from cupid_exp.tasks.context import TaskContext
-from cupid_exp.tracking.provenance import git_state
 
 if TYPE_CHECKING:
     from cupid_exp.job import Job

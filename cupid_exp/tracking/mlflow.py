@@ -21,11 +21,11 @@ from cupid_exp.aside import set_aside
 from cupid_exp.config import TrackingConfig
 from cupid_exp.durability.signals import shielded, sigterm_raises
 from cupid_exp.outputs import atomic_write_text
+from cupid_exp.resources import git_state
 from cupid_exp.run_outcomes import outcome_of, outcome_tags, stale_tags, status_of
 from cupid_exp.secrets import scrub, scrub_obj, secret_values
 from cupid_exp.tracking import store_errors
 from cupid_exp.tracking.names import SEP, override_pairs
-from cupid_exp.tracking.provenance import git_state
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -16,8 +16,7 @@ if TYPE_CHECKING:
     from cupid_exp.durability.ledger import UsageLedger
     from cupid_exp.llm.budget import Budget
     from cupid_exp.progress import Progress
-    from cupid_exp.tracking.dataset import DatasetInput
-    from cupid_exp.tracking.live import PlotRequest
+    from cupid_exp.tracking.live import DatasetInput, PlotRequest
     from cupid_exp.tracking.mlflow import SweepParent
 
 

@@ -46,7 +46,7 @@ def setup(uri: str) -> Any:
     to a SQL store (``trace_batches``; returned, None where MLflow's exporter stays)."""
     import mlflow
 
-    from cupid_exp.mlflow_env import env_uri_kept
+    from cupid_exp.reporting.runs import env_uri_kept
     from cupid_exp.tracking import trace_batches
 
     for key, value in _EXPORT_DEFAULTS.items():

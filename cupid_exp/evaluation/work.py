@@ -177,7 +177,7 @@ def _tracking(cfg: RunConfig, data: LoadedData, setting: Setting, units: tuple[I
               output_dir: Path) -> TrackingView:
     """The run's name, dataset input, running scores and plots (by type, by relevant position, by history length)."""
     from cupid_exp.tracking.live import PlotRequest, dataset_input, dataset_name
-    from cupid_exp.tracking.names import hydra_overrides, job_run_name
+    from cupid_exp.tracking.mlflow import hydra_overrides, job_run_name
 
     ev, parts, label = cfg.evaluator, tuple(cfg.task.parts), setting.label()
     return TrackingView(

@@ -15,8 +15,7 @@ from cupid_exp.job.budgets import BudgetReport, fit_line
 from cupid_exp.job.spec import Job, Summary
 from cupid_exp.run_outcomes import DESCRIPTION_TAG, outcome_tags, status_of
 from cupid_exp.tracking.live import FinalLog
-from cupid_exp.tracking.mlflow import SweepParent, flatten
-from cupid_exp.tracking.names import headline
+from cupid_exp.tracking.mlflow import SweepParent, flatten, headline
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +62,7 @@ def start_tracking(job: Job) -> Any:
 
 
 def results_line(job: Job, summary: Summary, metrics: dict[str, float], tags: dict[str, str]) -> str:
-    """The run's results at a glance, for its name and description (``tracking.names.headline``)."""
+    """The run's results at a glance, for its name and description (``tracking.mlflow.headline``)."""
     total, units = len(job.work.units), f"{job.work.noun}s"
     failed = int(tags.get(f"cupid.failed_{units}", "0") or 0)  # the kind's own tag: failed instances, personas
     return headline(metrics, max(summary.n_units - failed, 0), total, units)

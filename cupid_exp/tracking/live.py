@@ -24,8 +24,7 @@ from cupid_exp.progress import Totals, read_totals
 from cupid_exp.results import InstanceResult
 from cupid_exp.scoring.statistics import TASK_METRICS, point_value, task_frame
 from cupid_exp.tracking import reopen
-from cupid_exp.tracking.mlflow import RunTracker, SweepParent, parent_of, records_table
-from cupid_exp.tracking.names import scored_name, subset_of
+from cupid_exp.tracking.mlflow import RunTracker, SweepParent, parent_of, records_table, scored_name, subset_of
 from cupid_exp.tracking.store_errors import STORE_NOTE
 
 if TYPE_CHECKING:
@@ -371,7 +370,7 @@ class FinalLog:
     totals: dict[str, float] = field(default_factory=dict)  #: the meter's last totals (a worker's final point)
     plots: PlotRequest | None = None  #: drawn where the run is kept, then logged under plots/
     without_replies: list[str] = field(default_factory=list)  #: artifacts logged without their records' replies
-    headline: str = ""  #: the results at a glance: after the run's name (``tracking.names.scored_name``)
+    headline: str = ""  #: the results at a glance: after the run's name (``mlflow.scored_name``)
 
 
 @dataclass

@@ -187,7 +187,7 @@ def _raised_in_tracking(exc: BaseException) -> bool:
 
 def _refused(line: str, reason: str, sweep_dir: Path | None) -> None:
     """Log why a job was refused; on the console only if no earlier job of the sweep was refused for the same reason."""
-    from cupid_exp.console import in_job_log
+    from cupid_exp.job.publish import in_job_log
 
     in_job_log(line, logging.ERROR)
     if sweep_dir is None or not reason_reported(sweep_dir, reason):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
+from cupid_exp.config import config_digest
 from cupid_exp.llm.endpoints import canonical_api_base
 from cupid_exp.secrets import redact
 
@@ -122,3 +123,17 @@ def _files_digest(data: object) -> str | None:
             digest.update(str(path).encode())
         digest.update(b"\0")
     return digest.hexdigest()
+
+
+def content_digest(config: Mapping[str, Any], not_identity: Iterable[str] = (), *, length: int = 20,
+                   **beside: object) -> str:
+    """A short hash of ``config``'s content (``content``) and of what goes ``beside`` it (a prompts folder)."""
+    return config_digest({**beside, "config": content(config, not_identity)}, length=length)
+
+
+def job_identity(resolved: Mapping[str, Any], *, dataset_digest: str | None = None, prompts_digest: str,
+                 not_identity: Iterable[str] = ("data.path",)) -> str:
+    """Hash of what decides a job's results (it names the journal, lock, ledgers and MLflow run); the data enter by
+    digest, not by how their path is spelt."""
+    return config_digest({"config": content(resolved, not_identity), "data": dataset_digest,
+                          "prompts": prompts_digest})

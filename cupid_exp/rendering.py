@@ -10,16 +10,15 @@ from cupid_exp.data.schema import PriorSession
 SCORE_TO_LABEL = {1.0: "Fully Covered", 0.5: "Partially Covered", 0.0: "Not Covered"}
 
 
+def _sessions(blocks: Iterable[str]) -> str:
+    """Each block under its '### Session i' heading, '---' after each."""
+    return "".join(f"### Session {i}\n\n{block}---\n\n" for i, block in enumerate(blocks, start=1)).strip()
+
+
 def interaction_log(sessions: Sequence[PriorSession]) -> str:
-    """Sessions as '### Session i' blocks of '#### User' / '#### AI Assistant' turns, '---' after each."""
-    parts = []
-    for i, session in enumerate(sessions, start=1):
-        block = f"### Session {i}\n\n"
-        for message in session.dialogue:
-            speaker = "User" if message.role == "user" else "AI Assistant"
-            block += f"#### {speaker}\n\n{message.content}\n\n"
-        parts.append(block + "---\n\n")
-    return "".join(parts).strip()
+    """Sessions as '### Session i' blocks of '#### User' / '#### AI Assistant' turns."""
+    return _sessions("".join(f"#### {'User' if m.role == 'user' else 'AI Assistant'}\n\n{m.content}\n\n"
+                             for m in session.dialogue) for session in sessions)
 
 
 def numbered(items: Iterable[str]) -> str:
@@ -46,9 +45,5 @@ def matcher_examples(examples: Sequence[Mapping]) -> str:
 
 def summary_log(summaries: Sequence[Mapping]) -> str:
     """Summaries as per-session Context and Preferences lists (our rendering; 'analysis' dropped)."""
-    parts = []
-    for i, summary in enumerate(summaries, start=1):
-        block = f"### Session {i}\n\n#### Context\n\n{bulleted(summary['context']) or '- (none)'}\n\n"
-        block += f"#### Preferences\n\n{bulleted(summary['preferences']) or '- (none)'}\n\n"
-        parts.append(block + "---\n\n")
-    return "".join(parts).strip()
+    return _sessions(f"#### Context\n\n{bulleted(s['context']) or '- (none)'}\n\n"
+                     f"#### Preferences\n\n{bulleted(s['preferences']) or '- (none)'}\n\n" for s in summaries)

@@ -1,8 +1,13 @@
-"""Where the shipped ``conf/`` and ``prompts/`` live: beside the package in a checkout, inside it in a wheel."""
+"""Where the shipped ``conf/`` and ``prompts/`` live (beside the package in a checkout, inside it in a wheel), and which
+commit of the checkout runs."""
 
 from __future__ import annotations
 
+import functools
+import subprocess
 from pathlib import Path
+
+from cupid_exp import __version__
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -28,7 +33,20 @@ def prompts_dir() -> Path:
     return _shipped("prompts")
 
 
-def source_root() -> Path | None:
-    """The git checkout this package runs from, if any (for provenance tags)."""
+@functools.lru_cache(maxsize=1)
+def git_state() -> dict[str, str]:
+    """{'git_commit', 'git_dirty'} of the checkout this package runs from ('unknown' for an installed wheel): MLflow
+    sets no git tags under ``python -m``."""
     root = PACKAGE_DIR.parent
-    return root if (root / ".git").exists() else None
+    if not (root / ".git").exists():
+        return {"git_commit": "unknown", "git_dirty": "unknown", "cupid_exp_version": __version__}
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return {"git_commit": "unknown", "git_dirty": "unknown", "cupid_exp_version": __version__}
+    return {"git_commit": commit or "unknown", "git_dirty": str(dirty).lower(), "cupid_exp_version": __version__}

@@ -1,4 +1,4 @@
-"""``siblings.together``: units that run concurrently stop together at the first failure, and no task's exception is
+"""``job.lanes.together``: units that run concurrently stop together at the first failure, and no task's exception is
 left unretrieved (a full disk printed "unhandled exception during asyncio.run() shutdown" after the job's line)."""
 
 from __future__ import annotations
@@ -9,17 +9,17 @@ import gc
 
 import pytest
 
-from cupid_exp.siblings import together
+from cupid_exp.job.lanes import together
 
 
 def _ours(context: dict) -> bool:
-    """The report is about a coroutine of this module or of ``siblings`` (a collection that ``gc.collect`` below
+    """The report is about a coroutine of this module or of ``job.lanes`` (a collection that ``gc.collect`` below
     triggers may report another test's leftovers on this loop: seen once in CI under load, three of them)."""
-    import cupid_exp.siblings
+    import cupid_exp.job.lanes
 
     task = context.get("task") or context.get("future")
     code = getattr(getattr(task, "get_coro", lambda: None)(), "cr_code", None)
-    return code is None or code.co_filename in (__file__, cupid_exp.siblings.__file__)
+    return code is None or code.co_filename in (__file__, cupid_exp.job.lanes.__file__)
 
 
 def _unretrieved(run) -> list[str]:

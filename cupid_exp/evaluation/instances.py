@@ -7,13 +7,12 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from cupid_exp.data.schema import Instance, relevant_positions
-from cupid_exp.job.lanes import pool_slots
+from cupid_exp.job.lanes import pool_slots, together
 from cupid_exp.llm.epochs import EPOCH
 from cupid_exp.llm.steps import StepFailed, Transcript
 from cupid_exp.progress import Progress
 from cupid_exp.results import HistoryView, InstanceResult, SettingOutput, Truth
 from cupid_exp.settings.base import Setting, View
-from cupid_exp.siblings import together
 from cupid_exp.tasks import TASKS
 from cupid_exp.tasks.context import TaskContext
 

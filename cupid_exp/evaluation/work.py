@@ -9,19 +9,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
-from cupid_exp import console
 from cupid_exp.config import RunConfig
 from cupid_exp.data.loading import LoadedData, load_instances
 from cupid_exp.data.schema import Instance
 from cupid_exp.durability import journal
 from cupid_exp.evaluation.instances import evaluate_instance, instances_in_flight, with_epochs
 from cupid_exp.job.checks import check_prompts, prompt_set
+from cupid_exp.job.publish import dry_run_metrics, header, job_report
 from cupid_exp.job.spec import Digests, Published, TrackingView, Work
 from cupid_exp.job.worker_count import INSTANCES_PER_PROCESS
 from cupid_exp.llm.server import check_server_command
 from cupid_exp.outputs import write_json, write_jsonl
 from cupid_exp.progress import Progress
 from cupid_exp.prompts import EVALUATION_PROMPTS, PromptSet
+from cupid_exp.resources import git_state
 from cupid_exp.results import InstanceResult, previewed
 from cupid_exp.scoring.summary import JobSummary, epoch_metrics, summarize
 from cupid_exp.secrets import scrub_obj
@@ -29,7 +30,6 @@ from cupid_exp.settings import make_setting
 from cupid_exp.settings.base import Setting
 from cupid_exp.tasks import check_task_parts
 from cupid_exp.tasks.context import TaskContext
-from cupid_exp.tracking.provenance import git_state
 
 if TYPE_CHECKING:
     from cupid_exp.job import Job
@@ -109,7 +109,7 @@ class EvaluationWork:
         out.mkdir(parents=True, exist_ok=True)
         if not job.dry_run:
             write_jsonl(out / "instances.jsonl", records)
-        metrics = console.dry_run_metrics(summary.metrics) if job.dry_run else summary.metrics
+        metrics = dry_run_metrics(summary.metrics) if job.dry_run else summary.metrics
         write_json(out / "metrics.json", {
             "dry_run": job.dry_run, "git": git_state(), "metrics": metrics,
             "breakdown": {} if job.dry_run else summary.nested,
@@ -119,7 +119,7 @@ class EvaluationWork:
                      "instances": len(job.work.units) // self.cfg.runtime.epochs,
                      "bad_rows": [str(e) for e in data.errors]},
             "prompts_digest": job.work.digests["prompts_digest"]})
-        report = functools.partial(console.job_report, job.work.title, summary.nested, summary.errors,
+        report = functools.partial(job_report, job.work.title, summary.nested, summary.errors,
                                    summary.metrics, len(data.errors))
         return Published(files=[out / "instances.jsonl", out / "metrics.json"],
                          tags={"cupid.failed_instances": str(summary.failed_instances)}, report=report, table=records,
@@ -163,7 +163,7 @@ def load_evaluation(cfg: RunConfig, output_dir: Path) -> Work:
     return Work(
         kind=EvaluationWork(cfg, dataclasses.replace(data, instances=[]), prompts, setting, parts),
         noun="instance", units=units, roles=roles, digests=digests,
-        title=console.header(cfg.task.name, {"model": cfg.model.name, "setting": setting.label(),
+        title=header(cfg.task.name, {"model": cfg.model.name, "setting": setting.label(),
                                              "evaluator": ev.name, "data": cfg.data.name}),
         not_identity=("data.path",),  # the data enter by their digest, not by how a file's path is spelt
         stages=(*setting.stages, *parts), tracking=_tracking(cfg, data, setting, units, digests, output_dir),
@@ -176,9 +176,8 @@ def load_evaluation(cfg: RunConfig, output_dir: Path) -> Work:
 def _tracking(cfg: RunConfig, data: LoadedData, setting: Setting, units: tuple[Instance, ...], digests: Digests,
               output_dir: Path) -> TrackingView:
     """The run's name, dataset input, running scores and plots (by type, by relevant position, by history length)."""
-    from cupid_exp.tracking.dataset import dataset_input, dataset_name
-    from cupid_exp.tracking.live import PlotRequest
-    from cupid_exp.tracking.names import hydra_overrides, job_run_name
+    from cupid_exp.tracking.live import PlotRequest, dataset_input, dataset_name
+    from cupid_exp.tracking.mlflow import hydra_overrides, job_run_name
 
     ev, parts, label = cfg.evaluator, tuple(cfg.task.parts), setting.label()
     return TrackingView(

@@ -1,10 +1,10 @@
 """The lanes a process runs units in. A fatal refusal or ``RetryLater`` stops the taking and is raised once every lane
-stopped (in-flight units unjournalled); any other exception cancels the others (``siblings.together``)."""
+stopped (in-flight units unjournalled); any other exception cancels the others (``together``)."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable
 
 from cupid_exp.job.spec import Kind, Result, Unit
 from cupid_exp.llm.budget import BudgetExceeded, started_instance
@@ -12,13 +12,31 @@ from cupid_exp.llm.calls import CallLog, recording
 from cupid_exp.llm.retry import FatalProviderError
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.progress import InstanceObserver, Progress
-from cupid_exp.siblings import together
 
 if TYPE_CHECKING:
     from cupid_exp.job.spec import Job
 
 Taker = Callable[[], Any]  #: the next unit left to run, or None
 Finished = Callable[[Any, Result, "CallLog | None"], None]
+
+
+async def together(*aws: Awaitable[Any]) -> list[Any]:
+    """Each result in order; at the first failure (or outside cancellation) the others are cancelled and awaited and
+    the failure raised as it is (``gather`` leaves the others running, ``TaskGroup`` hides it in an ExceptionGroup)."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    if not tasks:
+        return []
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception() is not None]
+        if failed or any(not t.done() for t in tasks):
+            for task in tasks:  # what still runs is cancelled, and all of it awaited, every outcome retrieved
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    if failed:
+        raise failed[0].exception()  # type: ignore[misc]
+    return [t.result() for t in tasks]
 
 
 def pool_slots(clients: Iterable[Any]) -> int:

@@ -14,9 +14,9 @@ from cupid_exp.durability import job_lock
 from cupid_exp.durability.attempts import run_key
 from cupid_exp.durability.journal import Journal
 from cupid_exp.durability.ledger import UsageLedger
+from cupid_exp.identity import job_identity
 from cupid_exp.job.budgets import job_budget
 from cupid_exp.job.checks import check_before_calls, check_keys, note_models
-from cupid_exp.job.identity import job_identity
 from cupid_exp.job.spec import Attempt, Job, JobSpec, Work
 from cupid_exp.job.worker_count import processes
 from cupid_exp.llm.budget import check_priced

@@ -1,22 +1,27 @@
-"""Phase 4 of a job: files first (atomically, so tracking can never cost the results), then the report, then the MLflow
-run's end (FINISHED only for exit 0). ``start_tracking`` opens the run before phase 2."""
+"""Phase 4 of a job: files first (atomically, so tracking can never cost the results), then the report (printed and
+kept in ``results.txt``; its last line says whether the job is complete: scripts read it), then the MLflow run's end
+(FINISHED only for exit 0). ``start_tracking`` opens the run before phase 2."""
 
 from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
 
-from cupid_exp import console
 from cupid_exp.durability.attempts import whole_job_metrics, whole_job_usage
 from cupid_exp.durability.signals import shielded
 from cupid_exp.errors import Outcome
 from cupid_exp.job.budgets import BudgetReport, fit_line
 from cupid_exp.job.spec import Job, Summary
+from cupid_exp.llm.usage import UsageMeter, usage_line
+from cupid_exp.outputs import atomic_write_text
 from cupid_exp.run_outcomes import DESCRIPTION_TAG, outcome_tags, status_of
 from cupid_exp.tracking.live import FinalLog
-from cupid_exp.tracking.mlflow import SweepParent, flatten
-from cupid_exp.tracking.names import headline
+from cupid_exp.tracking.mlflow import SweepParent, flatten, headline
+
+if TYPE_CHECKING:  # imported by the tables when they are drawn, after the job's calls
+    import pandas as pd
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +68,7 @@ def start_tracking(job: Job) -> Any:
 
 
 def results_line(job: Job, summary: Summary, metrics: dict[str, float], tags: dict[str, str]) -> str:
-    """The run's results at a glance, for its name and description (``tracking.names.headline``)."""
+    """The run's results at a glance, for its name and description (``tracking.mlflow.headline``)."""
     total, units = len(job.work.units), f"{job.work.noun}s"
     failed = int(tags.get(f"cupid.failed_{units}", "0") or 0)  # the kind's own tag: failed instances, personas
     return headline(metrics, max(summary.n_units - failed, 0), total, units)
@@ -86,7 +91,6 @@ def restore_folder(job: Job, had_hydra: bool) -> None:
         return
     from omegaconf import OmegaConf
 
-    from cupid_exp.outputs import atomic_write_text
 
     atomic_write_text(hydra / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(dict(job.spec.resolved))))
     print(f"job folder {job.output_dir} was deleted while the job ran: made again with its results and "
@@ -108,7 +112,7 @@ def publish(job: Job, summary: Summary, tracker: Any, spending: BudgetReport | N
         estimate = meter.totals().get("cost_usd", 0.0)
         parent = job.spec.parent_run
         sweep = parent.sweep_dir if isinstance(parent, SweepParent) else None
-        console.show(console.dry_run_report(job.work.title, meter, fit_line(job.cfg.runtime, estimate, sweep)),
+        show(dry_run_report(job.work.title, meter, fit_line(job.cfg.runtime, estimate, sweep)),
                      job.output_dir)
         return
     where = str(job.output_dir)
@@ -118,7 +122,7 @@ def publish(job: Job, summary: Summary, tracker: Any, spending: BudgetReport | N
         if live.notice:
             log.warning("MLflow: %s", live.notice)
     status = spending.status_line() if spending is not None and stopped else summary.status_line()
-    console.show(published.report(where, status), job.output_dir)
+    show(published.report(where, status), job.output_dir)
     if live is None:
         return
     # The results are on disk and printed: logging them is held together, an interrupt waits for it (a few
@@ -135,9 +139,102 @@ def publish(job: Job, summary: Summary, tracker: Any, spending: BudgetReport | N
             tags={"cupid.complete": str(complete).lower(), **published.tags, DESCRIPTION_TAG: line,
                   **outcome_tags(outcome.outcome, outcome.reason), **batch_ids},
             headline=line,
-            artifacts=[([*(str(f) for f in published.files), str(job.output_dir / console.RESULTS_FILE)], None),
+            artifacts=[([*(str(f) for f in published.files), str(job.output_dir / RESULTS_FILE)], None),
                        ([str(p) for p in sorted((job.output_dir / ".hydra").glob("*.yaml"))], ".hydra")],
             table=published.table, plots=job.work.tracking.plots if job.work.tracking is not None else None,
             # the run's traces hold each instance's replies: its copy of the records leaves them out
             without_replies=[str(p) for p in published.replies] if job.cfg.tracking.traces else [],
             summary={"calls": int(m.get("calls/total", 0)), "cost_usd": round(m.get("cost/usd", 0.0), 6)}))
+
+
+RESULTS_FILE = "results.txt"  # the printed results table (or a dry run's estimate), beside metrics.json
+DRY_RUN_METRICS = ("calls/", "tokens/", "cost/", "time/", "data/", "resume/", "instances/total")  # what it measures
+
+
+def in_job_log(message: str, level: int = logging.INFO) -> None:
+    """Write ``message`` to the job's log file only (Hydra's file handler): the console has said it already."""
+    record = logging.LogRecord("cupid_exp", level, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
+def show(text: str, output_dir: Path) -> None:
+    """Print the job's closing text, then keep it in its folder (``results.txt``) and its log file."""
+    print(text, flush=True)
+    atomic_write_text(Path(output_dir) / RESULTS_FILE, text.strip("\n") + "\n")
+    in_job_log(text.strip("\n"))
+
+
+def dry_run_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    """What a dry run measured (calls, tokens, cost, time, data): not the scores of its placeholder replies."""
+    return {k: v for k, v in metrics.items() if k.startswith(DRY_RUN_METRICS)}
+
+
+PERCENT_COLUMNS = ("precision", "recall", "f1", "micro/precision", "micro/recall", "micro/f1")
+HEADERS = {"inference": "inference P/R/F1 in %: macro (paper: mean per-instance P and R, F1 = their harmonic "
+                        "mean) and micro (pooled, upstream)",
+           "generation": "generation: mean judge score (1-10)"}
+
+
+def results_table(nested: Mapping[str, Any]) -> pd.DataFrame:
+    """One row per instance group (all, then each type): n and the task's numbers."""
+    rows = []
+    for group, block in nested.items():
+        if group == "counts":
+            continue
+        row: dict[str, Any] = {"instances": group, "n": block.get("n", 0)}
+        row.update({k: round(100 * block[k], 1) for k in PERCENT_COLUMNS if k in block})
+        if "score" in block:
+            row["score (1-10)"] = round(block["score"], 2)
+        rows.append(row)
+    import pandas as pd
+
+    frame = pd.DataFrame(rows).set_index("instances")
+    return frame.astype(object).where(frame.notna(), "-")  # "-" in a float column: as text, not a downcast
+
+
+def header(kind: str, choices: Mapping[str, str]) -> str:
+    return f"CUPID {kind} | " + " ".join(f"{k}={v}" for k, v in choices.items())
+
+
+def job_report(title: str, nested: Mapping[str, Any], errors: Mapping[str, int], metrics: Mapping[str, float],
+               n_bad_rows: int, where: str, status: str) -> str:
+    lines = ["", title]
+    for part, block in nested.items():
+        counts = block.get("counts", {})
+        lines += [HEADERS.get(part, part), results_table(block).to_string(),
+                  f"{part} instances: {counts.get('instances', 0)} run, {counts.get('scored', 0)} scored, "
+                  f"{counts.get('failed', 0)} failed (policy: {counts.get('failure_policy', '-')})"]
+    warnings = int(metrics.get("data/oracle_count_warnings", 0))
+    lines += [
+        f"bad data rows skipped: {n_bad_rows}" + (f"; oracle count warnings: {warnings}" if warnings else ""),
+        "failed steps: " + (", ".join(f"{k}={v}" for k, v in sorted(errors.items()) if "/" in k) or "none"),
+        usage_line(dict(metrics), metrics.get("time/seconds")),
+        f"outputs: {where}",
+        status,
+    ]
+    return "\n".join(lines)
+
+
+def dry_run_report(title: str, meter: UsageMeter, budget_line: str | None = None) -> str:
+    """Calls, tokens and estimated cost per step of a dry run; ``budget_line``: whether it fits the budget."""
+    rows = [{"step": step, "calls": int(c.get("calls", 0)), "prompt tokens": int(c.get("prompt_tokens", 0)),
+             "completion tokens (est.)": int(c.get("completion_tokens", 0)),
+             "cost USD (est.)": round(c.get("cost_usd", 0.0), 4), "unpriced calls": int(c.get("unpriced_calls", 0))}
+            for step, c in meter.as_dict().items()]
+    totals = meter.totals()
+    import pandas as pd
+
+    table = pd.DataFrame(rows).set_index("step").to_string() if rows else "(no calls)"
+    unpriced = int(totals.get("unpriced_calls", 0))
+    batch = totals.get("batch_cost_usd")
+    return "\n".join([
+        "", f"DRY RUN (no model was called) | {title}", table,
+        f"total: {int(totals.get('calls', 0))} calls, {int(totals.get('prompt_tokens', 0))} prompt tokens, "
+        f"~{int(totals.get('completion_tokens', 0))} completion tokens, ~${totals.get('cost_usd', 0.0):.4f}"
+        + (f" ({unpriced} calls unpriced)" if unpriced else "")
+        + (f"; with runtime.batch=true ~${batch:.4f} (Batch API prices where the provider has them)"
+           if batch is not None and batch < totals.get("cost_usd", 0.0) else ""),
+        *([budget_line] if budget_line else []),
+    ])

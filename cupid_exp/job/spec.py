@@ -16,8 +16,7 @@ if TYPE_CHECKING:
     from cupid_exp.durability.ledger import UsageLedger
     from cupid_exp.llm.budget import Budget
     from cupid_exp.progress import Progress
-    from cupid_exp.tracking.dataset import DatasetInput
-    from cupid_exp.tracking.live import PlotRequest
+    from cupid_exp.tracking.live import DatasetInput, PlotRequest
     from cupid_exp.tracking.mlflow import SweepParent
 
 
@@ -26,7 +25,7 @@ class _Prompts(TypedDict):
 
 
 class Digests(_Prompts, total=False):
-    """What enters a job's identity besides its config (``job.identity.job_identity``'s keywords)."""
+    """What enters a job's identity besides its config (``identity.job_identity``'s keywords)."""
 
     dataset_digest: str | None
 
@@ -128,7 +127,7 @@ class Work:
     title: str  #: the report's first line
     roles: Mapping[str, ModelConfig]  #: the roles a run of the units calls (for the key check)
     digests: Digests  #: what enters the identity besides the config
-    not_identity: tuple[str, ...]  #: dotted config keys that do not change its results (``job.identity``)
+    not_identity: tuple[str, ...]  #: dotted config keys that do not change its results (``identity.content``)
     stages: tuple[str, ...]  #: the progress bars' stages
     tracking: TrackingView | None  #: what the job's MLflow run gets besides the config and the identity
     record_fields: Mapping[str, type | tuple[type, ...]]  #: a whole journal record's fields, with their types
@@ -150,7 +149,7 @@ class JobSpec:
     choices: Mapping[str, str]  #: Hydra's group choices (model=..., synthesis=...)
     parent_run: "str | SweepParent | None"  #: the sweep's MLflow parent run (by id, or by the sweep's folder)
     secrets: tuple[str, ...]
-    identity: str  #: hash of what decides the results (``job.identity``): names the journal and the lock
+    identity: str  #: hash of what decides the results (``identity.job_identity``): names the journal and the lock
     run_key: str  #: the identity plus what changes the report (``durability.attempts.run_key``): names the run
 
     @property

@@ -14,13 +14,12 @@ import sys
 import threading
 from typing import Any, Callable, Literal
 
-from cupid_exp.job.lanes import fair_share, job_finisher, job_progress, run_units, stopped_by_budget
+from cupid_exp.job.lanes import fair_share, job_finisher, job_progress, run_units, stopped_by_budget, together
 from cupid_exp.job.spec import Job, Result
 from cupid_exp.job.worker_process import Report, Shared, SharedCursor, WorkerSpec, serve_units
 from cupid_exp.llm.client import drain_background_tasks
 from cupid_exp.llm.retry import FatalProviderError
 from cupid_exp.progress import InstanceObserver, wants_calls
-from cupid_exp.siblings import together
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cupid_exp.llm.errors import EmptyReply, _chain
+from cupid_exp.errors import causes
+from cupid_exp.llm.errors import EmptyReply
 from cupid_exp.llm.messages import Message
 from cupid_exp.llm.usage import WorstCase
 
@@ -30,7 +31,7 @@ def lost_after_sending(exc: BaseException) -> bool:
     if is_connection_refused(exc):
         return False
     # litellm reports a dropped connection as a 500 ("Connection error."): the transport's error is in the chain
-    return any(isinstance(e, openai.APIConnectionError) for e in _chain(exc))
+    return any(isinstance(e, openai.APIConnectionError) for e in causes(exc))
 
 
 def empty_reason(response: object) -> str | None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Iterator
+
+from cupid_exp.errors import causes
 
 
 class ProviderError(RuntimeError):
@@ -33,15 +34,6 @@ _PROGRAMMING_ERRORS = (TypeError, AttributeError, NameError, KeyError, IndexErro
 _PROVIDER_LIBRARIES = {"litellm", "openai", "httpx", "httpcore", "h11", "aiohttp", "anyio"}
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    link: BaseException | None = exc
-    while link is not None and id(link) not in seen:
-        seen.add(id(link))
-        yield link
-        link = link.__cause__ or link.__context__
-
-
 def _is_bug(exc: BaseException) -> bool:
     """A programming error, unless it was raised inside a provider library digesting a reply."""
     if isinstance(exc, ImportError):
@@ -64,7 +56,7 @@ def provider_error_kind(exc: BaseException) -> str | None:
     if isinstance(exc, EmptyReply):
         return "provider"
     provider_types = (*litellm.LITELLM_EXCEPTION_TYPES, openai.APIError, asyncio.TimeoutError)
-    if not isinstance(exc, provider_types) or any(_is_bug(inner) for inner in _chain(exc)):
+    if not isinstance(exc, provider_types) or any(_is_bug(inner) for inner in causes(exc)):
         return None
     if isinstance(exc, litellm.ContextWindowExceededError) or any(p in str(exc).lower() for p in _CONTEXT_PHRASES):
         return "context_length"

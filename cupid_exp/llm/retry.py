@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncContextManager, Awaitable, Callable, Mapping
 
-from cupid_exp.llm.errors import _chain
+from cupid_exp.errors import causes
 
 if TYPE_CHECKING:
     from cupid_exp.llm.pools import Pool
@@ -220,7 +220,7 @@ def backoff_s(attempt: int, base: float = BACKOFF_BASE_S, cap: float = BACKOFF_C
 def is_connection_refused(exc: BaseException) -> bool:
     """No connection could be made at all (refused, unknown host): not a timeout, not a dropped connection."""
     return any(isinstance(e, (ConnectionRefusedError, socket.gaierror))
-               or type(e).__name__ in ("ConnectError", "ClientConnectorError") for e in _chain(exc))
+               or type(e).__name__ in ("ConnectError", "ClientConnectorError") for e in causes(exc))
 
 
 _DROPPED = ("ConnectError", "ClientConnectorError", "RemoteProtocolError", "ReadError", "WriteError",
@@ -229,7 +229,7 @@ _DROPPED = ("ConnectError", "ClientConnectorError", "RemoteProtocolError", "Read
 
 def is_connection_failure(exc: BaseException) -> bool:
     """No answer at all: the connection refused, reset or closed unanswered, the host unknown (not a timeout)."""
-    return any(isinstance(e, (ConnectionError, socket.gaierror)) or type(e).__name__ in _DROPPED for e in _chain(exc))
+    return any(isinstance(e, (ConnectionError, socket.gaierror)) or type(e).__name__ in _DROPPED for e in causes(exc))
 
 
 def is_outage_failure(exc: BaseException) -> bool:

@@ -89,7 +89,7 @@ def spec_from_job_dir(path: str | Path) -> RunSpec:
     metrics = path / "metrics.json"
     if metrics.exists():
         summary = json.loads(metrics.read_text())
-        git = summary.get("git") or {}  # provenance.git_state(): git_commit, git_dirty
+        git = summary.get("git") or {}  # resources.git_state(): git_commit, git_dirty
         digests = {"prompts_digest": summary.get("prompts_digest"),
                    "dataset_digest": (summary.get("data") or {}).get("digest"),
                    "git_commit": summary.get("git_commit") or git.get("git_commit") or git.get("commit")}

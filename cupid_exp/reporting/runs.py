@@ -12,16 +12,16 @@ import os
 import re
 import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
 from cupid_exp.identity import content, short_key
-from cupid_exp.mlflow_env import env_uri_kept
 from cupid_exp.reporting.data_identity import DIGEST_SHOWN, DataIdentity, data_identity
 from cupid_exp.scoring.names import metric_key
 from cupid_exp.scoring.statistics import HEADLINE, TASK_METRICS
@@ -45,6 +45,19 @@ POINT_ELSEWHERE = "point it at your store with --tracking-uri URI or MLFLOW_TRAC
 
 class NoStore(LookupError):
     """A SQLite store that is not there: a read-only command says so in one line rather than make an empty one."""
+
+
+@contextmanager
+def env_uri_kept() -> Iterator[None]:
+    """Keep ``set_tracking_uri``'s export of ``MLFLOW_TRACKING_URI`` from leaking into later jobs or children."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = before
 
 
 def existing_store(uri: str) -> None:

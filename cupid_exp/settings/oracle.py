@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
-from cupid_exp.config import SettingConfig, require
+from cupid_exp.config import SettingConfig
+from cupid_exp.config_checks import require_int
 from cupid_exp.data.schema import Instance, relevant_positions
 from cupid_exp.results import SettingOutput
 from cupid_exp.settings import register
@@ -21,8 +22,7 @@ class OracleConfig(SettingConfig):
     expected_oracle_sessions: int = 2  # CUPID has exactly 2; any other count is a data warning
 
     def check(self, where: str) -> None:
-        require(isinstance(self.expected_oracle_sessions, int) and self.expected_oracle_sessions >= 1,
-                f"{where}.expected_oracle_sessions", self.expected_oracle_sessions, "an integer >= 1")
+        require_int(f"{where}.expected_oracle_sessions", self.expected_oracle_sessions, 1)
 
 
 @register

@@ -100,7 +100,7 @@ NOT_IDENTITY = ("synthesis.n_personas",)
 def fingerprint(synthesis: DictConfig | Mapping[str, object], prompts_dir: str | None = None) -> str:
     """Short hash of what shapes a persona's artefacts, by content: names the job folder, so a changed recipe never
     mixes with old artefacts and a faster setting of the same recipe resumes."""
-    from cupid_exp.job.identity import content_digest
+    from cupid_exp.identity import content_digest
 
     data = OmegaConf.to_container(synthesis, resolve=True) if OmegaConf.is_config(synthesis) else dict(synthesis)
     return content_digest({"synthesis": data}, NOT_IDENTITY, length=8, prompts_dir=prompts_dir)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from cupid_exp.run_outcomes import DESCRIPTION_TAG, OUTCOME_TAG
-from cupid_exp.tracking.names import link_name
+from cupid_exp.tracking.mlflow import link_name
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

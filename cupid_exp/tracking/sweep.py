@@ -90,7 +90,7 @@ def finish_sweep(end: SweepEnd) -> str | None:
     from mlflow.tracking import MlflowClient
 
     from cupid_exp.durability.signals import shielded
-    from cupid_exp.mlflow_env import env_uri_kept
+    from cupid_exp.reporting.runs import env_uri_kept
     from cupid_exp.tracking.mlflow import parent_run_id
 
     parent = parent_run_id(end.sweep_dir)

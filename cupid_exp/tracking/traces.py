@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from cupid_exp.llm.calls import CallLog, CallRecord
 from cupid_exp.results import InstanceResult, long_texts, previewed
@@ -46,7 +46,7 @@ def setup(uri: str) -> Any:
     to a SQL store (``trace_batches``; returned, None where MLflow's exporter stays)."""
     import mlflow
 
-    from cupid_exp.mlflow_env import env_uri_kept
+    from cupid_exp.reporting.runs import env_uri_kept
     from cupid_exp.tracking import trace_batches
 
     for key, value in _EXPORT_DEFAULTS.items():
@@ -128,10 +128,13 @@ class TraceWriter:
 
     def write(self, instance: Any, result: InstanceResult, calls: CallLog) -> None:
         """Never raises: a trace that cannot be built is logged once and tracing stops for the job."""
+        self._guarded(lambda: self._write(instance, result, calls))
+
+    def _guarded(self, write: Callable[[], None]) -> None:
         if self.failed:
             return
         try:
-            self._write(instance, result, calls)
+            write()
             self.written += 1
         except Exception as exc:  # noqa: BLE001  # tracing must never stop the job
             self.error = f"{type(exc).__name__}: {exc}"
@@ -141,29 +144,35 @@ class TraceWriter:
         if not isinstance(result, InstanceResult):
             self._write_root(result.trace_root(), calls)
             return
+        root = self._instance_root(instance, result, {}, calls.started_ns)
+        quoted = long_texts(*(c.reply for c in calls.calls), *_outputs(result).values())
+        for call in sorted(calls.calls, key=lambda c: c.started_ns):
+            self._call_span(root, call, quoted)
+        self._end_instance(root, result, max([c.ended_ns for c in calls.calls] + [calls.started_ns + 1]))
+
+    def _instance_root(self, instance: Any, result: InstanceResult, marks: dict[str, str],
+                       started_ns: int | None = None) -> Any:
+        """An instance's root span; ``marks`` go into its attributes and tags."""
         import mlflow
         from mlflow.entities import SpanType
 
-        ended = max([c.ended_ns for c in calls.calls] + [calls.started_ns + 1])
-        clean = self._clean
-        root = mlflow.start_span_no_context(
-            result.key, span_type=SpanType.CHAIN, experiment_id=self.experiment_id, start_time_ns=calls.started_ns,
-            inputs=clean({"current_request": instance.current_request,  # first: the Traces page previews it
-                          "context_factor": instance.current_context_factor, "key": result.key,
-                          "instance_type": result.instance_type}),
-            attributes={"cupid.persona_id": result.persona_id, "cupid.instance_type": result.instance_type},
-            tags={**self.tags, "cupid.key": result.key, "cupid.instance_type": result.instance_type},
+        return mlflow.start_span_no_context(
+            result.key, span_type=SpanType.CHAIN, experiment_id=self.experiment_id, start_time_ns=started_ns,
+            inputs=self._clean({"current_request": instance.current_request,  # first: the Traces page previews it
+                                "context_factor": instance.current_context_factor, "key": result.key,
+                                "instance_type": result.instance_type}),
+            attributes={"cupid.persona_id": result.persona_id, "cupid.instance_type": result.instance_type, **marks},
+            tags={**self.tags, "cupid.key": result.key, "cupid.instance_type": result.instance_type, **marks},
             metadata={"mlflow.sourceRun": self.run_id})
-        outputs = _outputs(result)
-        quoted = long_texts(*(c.reply for c in calls.calls), *outputs.values())
-        for call in sorted(calls.calls, key=lambda c: c.started_ns):
-            self._call_span(root, call, quoted)
+
+    def _end_instance(self, root: Any, result: InstanceResult, ended_ns: int | None = None) -> None:
+        """Its scores as assessments, its errors as events, then its outputs."""
         self._assess(root.trace_id, result)
         if result.errors:
             root.set_status("ERROR")
             for error in result.errors:
-                root.add_event(_error_event(error.kind, clean(error.message), error.step))
-        root.end(outputs=clean(previewed(outputs)), end_time_ns=ended)
+                root.add_event(_error_event(error.kind, self._clean(error.message), error.step))
+        root.end(outputs=self._clean(previewed(_outputs(result))), end_time_ns=ended_ns)
 
     def _write_root(self, spec: TraceRoot, calls: CallLog) -> None:
         """Another unit's trace: its root span as the unit described it, a span per call."""
@@ -189,42 +198,20 @@ class TraceWriter:
         reached the store: the scores, errors and assessments as a live trace has them, and one span per step with
         its replies and usage; not the messages sent, nor when the calls were made (the record keeps neither).
         Never raises, as ``write``."""
-        if self.failed:
-            return
-        try:
-            self._write_record(instance, InstanceResult.from_record(record, parts))
-            self.written += 1
-        except Exception as exc:  # noqa: BLE001  # tracing must never stop the job
-            self.error = f"{type(exc).__name__}: {exc}"
-            log.warning("MLflow tracing stopped for this job: %s", self.error)
+        self._guarded(lambda: self._write_record(instance, InstanceResult.from_record(record, parts)))
 
     def _write_record(self, instance: Any, result: InstanceResult) -> None:
         import mlflow
         from mlflow.entities import SpanType
 
-        clean = self._clean
-        root = mlflow.start_span_no_context(
-            result.key, span_type=SpanType.CHAIN, experiment_id=self.experiment_id,
-            inputs=clean({"current_request": instance.current_request,
-                          "context_factor": instance.current_context_factor, "key": result.key,
-                          "instance_type": result.instance_type}),
-            attributes={"cupid.persona_id": result.persona_id, "cupid.instance_type": result.instance_type,
-                        "cupid.rebuilt": "from the journal"},
-            tags={**self.tags, "cupid.key": result.key, "cupid.instance_type": result.instance_type,
-                  "cupid.rebuilt": "from the journal"},
-            metadata={"mlflow.sourceRun": self.run_id})
+        root = self._instance_root(instance, result, {"cupid.rebuilt": "from the journal"})
         for step in dict.fromkeys([*result.usage, *result.raw]):
             usage = result.usage.get(step, {})
             span = mlflow.start_span_no_context(
                 step, span_type=SpanType.CHAT_MODEL, parent_span=root,
                 attributes={"cupid.step": step, **{f"cupid.{k}": v for k, v in usage.items()}})
-            span.end(outputs=clean({"replies": result.raw.get(step, [])}))
-        self._assess(root.trace_id, result)
-        if result.errors:
-            root.set_status("ERROR")
-            for error in result.errors:
-                root.add_event(_error_event(error.kind, clean(error.message), error.step))
-        root.end(outputs=clean(previewed(_outputs(result))))
+            span.end(outputs=self._clean({"replies": result.raw.get(step, [])}))
+        self._end_instance(root, result)
 
     def _clean(self, value: Any) -> Any:
         return scrub_obj(value, self.secrets)

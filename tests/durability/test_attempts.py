@@ -166,7 +166,7 @@ def test_the_same_data_spelt_two_ways_is_one_job(tmp_path: Path) -> None:
 
 def test_the_identity_keeps_its_value_where_no_path_was_part_of_it() -> None:
     from cupid_exp.config import config_digest
-    from cupid_exp.job.identity import job_identity
+    from cupid_exp.identity import job_identity
 
     resolved = {"model": {"name": "m"}, "data": {"name": "cupid", "source": "hf", "path": None}, "runtime": {"seed": 1},
                 "paths": {"output_root": "x"}}

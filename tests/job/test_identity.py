@@ -1,4 +1,4 @@
-"""A job's identity is by content (``cupid_exp.job.identity``): what decides its results, not how fast, through
+"""A job's identity is by content (``cupid_exp.identity``): what decides its results, not how fast, through
 which spelling of an endpoint or with which key it gets them; evaluation and synthesis alike."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from helpers.jobs import stub_config
 
 from cupid_exp.evaluation import load_evaluation
+from cupid_exp.identity import content, job_identity
 from cupid_exp.job import specify
-from cupid_exp.job.identity import content, job_identity
 
 URL = "http://127.0.0.1:9/v1"
 TOKEN = "+model.params.extra_headers={Authorization: 'Bearer sk-first-token-5678'}"

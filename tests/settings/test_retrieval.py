@@ -7,13 +7,13 @@ import os
 import pytest
 
 from cupid_exp.data.schema import Instance, Message, PriorSession, relevant_positions
-from cupid_exp.settings.retrieval.retrievers import top_k
-from cupid_exp.settings.retrieval.scoring import (
+from cupid_exp.settings.retrieval import (
     contrastive_positions,
     retrieval_metrics,
     score_retrieval,
     stale_positions,
 )
+from cupid_exp.settings.retrieval.retrievers import top_k
 
 A, A2 = "Keep the garden plan tables compact, one row per bed.", "Write garden plans as a flowing narrative."
 B = "Give the client brochure lots of photos and warm prose."

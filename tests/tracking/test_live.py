@@ -94,7 +94,7 @@ def test_a_subset_is_its_own_dataset(tmp_path: Path) -> None:
 
     from cupid_exp.data.loading import load_instances
     from cupid_exp.job import typed_config
-    from cupid_exp.tracking.dataset import dataset_digest, dataset_input
+    from cupid_exp.tracking.live import dataset_digest, dataset_input
 
     full_cfg = typed_config(compose_config([f"paths.output_root={tmp_path}"])).data
     part_cfg = typed_config(compose_config([f"paths.output_root={tmp_path}", "data.limit=3"])).data

@@ -133,7 +133,7 @@ def test_our_own_set_tracking_uri_does_not_leak_into_the_environment(monkeypatch
 
     import mlflow
 
-    from cupid_exp.mlflow_env import env_uri_kept
+    from cupid_exp.reporting.runs import env_uri_kept
 
     with env_uri_kept():
         mlflow.set_tracking_uri("sqlite:///leak.db")

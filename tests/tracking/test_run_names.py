@@ -1,5 +1,5 @@
 """MLflow's runs list tells runs apart: a job run's name says what distinguishes it, a sweep's parent what the
-sweep varied (``cupid_exp.tracking.names``). The names of whole jobs' runs, their results and the links of a
+sweep varied (``cupid_exp.tracking.mlflow``). The names of whole jobs' runs, their results and the links of a
 sweep are checked where those jobs run (test_live.py, test_finished_runs.py)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from conftest import compose_config
 from helpers.jobs import stub_plan
 from mlflow.tracking import MlflowClient
 
-from cupid_exp.tracking import names
+from cupid_exp.tracking import mlflow as names
 
 
 def test_a_job_runs_name_carries_its_decoding_choices_subset_and_epochs(tmp_path: Path, monkeypatch) -> None:

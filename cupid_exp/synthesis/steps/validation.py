@@ -9,10 +9,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 from cupid_exp.evaluators.checklist import decompose as decompose_preference
 from cupid_exp.evaluators.checklist import parse_checklist
+from cupid_exp.job.lanes import together
 from cupid_exp.llm.replies import Invalid
 from cupid_exp.llm.steps import StepFailed, Transcript
 from cupid_exp.rendering import numbered
-from cupid_exp.siblings import together
 from cupid_exp.synthesis.journey import JourneyTemplate, relevant_checks
 from cupid_exp.synthesis.steps.base import PLACEHOLDER_REASON, SynthContext
 from cupid_exp.synthesis.steps.checks import placeholders

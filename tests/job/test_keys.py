@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cupid_exp.config import ConfigError, LocalModelConfig, ModelConfig
-from cupid_exp.llm.keys import missing_credentials, missing_keys_line
+from cupid_exp.job.checks import missing_credentials, missing_keys_line
 
 PROVIDER_VARS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "TOGETHER_API_KEY",
                  "TOGETHERAI_API_KEY", "VERTEXAI_PROJECT", "VERTEXAI_LOCATION", "MY_OWN_KEY")

@@ -71,10 +71,12 @@ class FileWrites:
 def attempt_line(record: CallRecord) -> dict[str, Any]:
     """One attempt, without the (long, repeated) prompt: the last message's tail says which attempt it was."""
     last = record.messages[-1]["content"] if record.messages else ""
+    rejected = record.rejected
     return {"step": record.step, "attempt": record.attempt, "model": record.model, "cached": record.cached,
             "finish_reason": record.finish_reason, "seconds": round((record.ended_ns - record.started_ns) / 1e9, 2),
-            "completion_tokens": record.completion_tokens, "reply": record.reply, "rejected": record.error_kind,
-            "reason": record.error, "prompt_tail": last[-400:]}
+            "completion_tokens": record.completion_tokens, "reply": record.reply,
+            "rejected": rejected.kind if rejected else None, "reason": rejected.message if rejected else None,
+            "prompt_tail": last[-400:]}
 
 
 class AttemptLog:

@@ -349,6 +349,9 @@ class LLMClient:
         """One request of a call, inside the pool's slot: its reservation (``bill.held``: a retry that did not
         fit the budget was not sent) settled at what the provider bills for it (``cupid_exp.llm.billing``); a reply
         without a completion raises ``EmptyReply`` (retried like a 5xx) once its cost is counted."""
+        # the replies just received are written to the response cache on a thread: a twin of one of them, queued on
+        # the role's bound until that call let it go, reads the entry instead of asking again (nothing sent yet)
+        await _litellm.flush_cache_writes()
         held, bill.held = bill.held, None
         bill.sent += 1
         self.meter.sending(bill.step, bill.worst)  # before it goes out: a kill from now on charges its worst case

@@ -248,6 +248,10 @@ class LLMClient:
         if self.settings.cache:
             kwargs["caching"] = True
             kwargs["cache"] = {"namespace": self.cache_namespace(json_schema, dict(params or {}))}
+            if self.model.keep_cut_replies:  # its cut replies are answers: kept in the cache like any other
+                from cupid_exp.llm.response_cache import KEEP_CUT
+
+                kwargs["cache"][KEEP_CUT] = True
         return kwargs
 
     def _dry_run(self, messages: list[Message], step: str, kwargs: dict[str, Any], dry_reply: DryReply | None

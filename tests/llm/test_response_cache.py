@@ -161,6 +161,27 @@ def test_a_twin_queued_behind_its_call_is_served_the_reply_that_call_wrote(tmp_p
     assert not first.cached and second.cached and second.text == first.text == "six"
 
 
+def test_a_cut_reply_is_cached_only_for_a_model_that_scores_cut_replies(tmp_path) -> None:
+    """A reply cut at max_tokens is no answer (its step asks again, then fails): never kept, a rerun asks again. For a
+    model that scores its cut replies (``keep_cut_replies``: the embedded model, whose free text always runs to the
+    cap) it is the answer: kept, so a later job with the same request (the README's commands) does not generate it
+    again."""
+    cut = completion_body("a reply that ran on")
+    cut["choices"][0]["finish_reason"] = "length"
+    sent = {}
+    for keep in (False, True):
+        with ScriptedServer([(200, cut, {})] * 2) as server:
+            client = fresh_client(tmp_path / str(keep), server.url, keep_cut_replies=keep)
+
+            async def twice(client: LLMClient) -> list:
+                return [await client.complete(MESSAGES, step="s") for _ in range(2)]
+
+            replies = asyncio.run(twice(client))
+        assert all(r.finish_reason == "length" and r.text == "a reply that ran on" for r in replies)
+        sent[keep] = len(server.requests)
+    assert sent == {False: 2, True: 1}, sent
+
+
 def test_a_call_computes_its_cache_key_once_and_the_key_is_litellms_own(tmp_path, monkeypatch) -> None:
     """litellm computed the key for the lookup and again for the write; given as ``cache_key`` it is computed once
     per request. The key is the one litellm computes itself: a reply it stored under its own key (as older runs did)

@@ -2,20 +2,24 @@
 
 tests/test_readme.py runs every documented command against the stub server, which answers every step well;
 only the embedded SmolLM2-135M shows whether a command's steps fit the model (a summary cut at ``max_tokens``,
-a judge that loops until it). These run the commands as a user would, on the CPU, in one workspace whose
-response cache they share (a command's calls that an earlier command made are served from it), and each must
-end with every instance complete. Slow: minutes on 2 cores.
+a judge that loops until it). These run the commands as given, on the CPU, in one workspace whose response cache
+they share (a command's calls that an earlier command made are served from it), and each must end with every
+instance complete. They run in this process as tests/test_readme.py runs the documented commands (``run_job``: the
+same entry, exit code and printed lines): the process is not what they check, and one process loads the model once
+and keeps llama.cpp's prompt cache (the matcher's few-shot prompt) from one command to the next. Slow: minutes on
+2 cores.
 """
 
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
-from helpers.cli_runner import PROJECT_ROOT, cli_env, seed_store
-from helpers.doc_commands import LINKED, SAMPLE_FULL, key_of
+from helpers.cli_runner import PROJECT_ROOT, cli_env, run_job, seed_store
+from helpers.doc_commands import LINKED, SAMPLE_FULL, in_process_argv, key_of
+
+from cupid_exp.llm.local import local_models
 
 pytestmark = pytest.mark.slow
 
@@ -40,8 +44,9 @@ def test_the_offline_commands_are_the_readmes() -> None:
 
 def _fails(command: str, workspace: Path) -> str | None:
     """What went wrong with ``command`` run in ``workspace`` (None: it exited 0, each job with every instance)."""
-    proc = subprocess.run(["bash", "-c", command], cwd=workspace, env=cli_env(), capture_output=True, text=True,
-                          timeout=1800)
+    argv = in_process_argv(command)
+    assert argv is not None, f"{command}: not a command run_job runs"
+    proc = run_job(argv, env=cli_env(), check=False, cwd=workspace)
     said = f"\n$ {command}\nexit {proc.returncode}\nstdout: {proc.stdout[-3000:]}\nstderr: {proc.stderr[-3000:]}"
     done = re.findall(r"^complete: (\d+) of (\d+) instances ran without a failed step$", proc.stdout, re.M)
     ok = proc.returncode == 0 and len(done) == OFFLINE[command] and all(a == b and int(a) > 0 for a, b in done)
@@ -55,5 +60,8 @@ def test_the_offline_commands_complete_on_the_bundled_model(tmp_path: Path) -> N
     for name in LINKED:
         (tmp_path / name).symlink_to(PROJECT_ROOT / name)
     seed_store(tmp_path / "outputs")
-    failed = [said for said in (_fails(command, tmp_path) for command in OFFLINE) if said]
+    try:
+        failed = [said for said in (_fails(command, tmp_path) for command in OFFLINE) if said]
+    finally:
+        local_models().close()  # the model's ~1 GB is not kept for the worker's later tests
     assert not failed, "".join(failed)

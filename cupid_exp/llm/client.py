@@ -248,6 +248,10 @@ class LLMClient:
         if self.settings.cache:
             kwargs["caching"] = True
             kwargs["cache"] = {"namespace": self.cache_namespace(json_schema, dict(params or {}))}
+            if self.model.keep_cut_replies:  # its cut replies are answers: kept in the cache like any other
+                from cupid_exp.llm.response_cache import KEEP_CUT
+
+                kwargs["cache"][KEEP_CUT] = True
         return kwargs
 
     def _dry_run(self, messages: list[Message], step: str, kwargs: dict[str, Any], dry_reply: DryReply | None
@@ -349,6 +353,9 @@ class LLMClient:
         """One request of a call, inside the pool's slot: its reservation (``bill.held``: a retry that did not
         fit the budget was not sent) settled at what the provider bills for it (``cupid_exp.llm.billing``); a reply
         without a completion raises ``EmptyReply`` (retried like a 5xx) once its cost is counted."""
+        # the replies just received are written to the response cache on a thread: a twin of one of them, queued on
+        # the role's bound until that call let it go, reads the entry instead of asking again (nothing sent yet)
+        await _litellm.flush_cache_writes()
         held, bill.held = bill.held, None
         bill.sent += 1
         self.meter.sending(bill.step, bill.worst)  # before it goes out: a kill from now on charges its worst case

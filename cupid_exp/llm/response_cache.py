@@ -34,6 +34,9 @@ T = TypeVar("T")
 
 #: the store's folder under ``runtime.cache_dir`` (older litellm's disk cache pickled into the folder itself)
 STORE_FOLDER = "responses"
+#: a request's cache option (beside its namespace) saying that its model scores cut replies (``keep_cut_replies``): such
+#: a reply is its answer, kept like any other, so a later job with the same request does not generate it again
+KEEP_CUT = "cupid_keep_cut"
 
 
 class DiskResponseStore(BaseCache):
@@ -82,8 +85,8 @@ class DiskResponseStore(BaseCache):
                         self.directory, type(exc).__name__, str(exc)[:200])
 
     def set_cache(self, key: str, value: object, **kwargs: Any) -> None:
-        if _cut(value):  # a reply cut at max_tokens is no answer: a rerun asks again (``llm.steps.ask``)
-            return
+        if _cut(value) and not (kwargs.get("cache") or {}).get(KEEP_CUT):
+            return  # a reply cut at max_tokens is no answer: a rerun asks again (``llm.steps.ask``)
         ttl = kwargs.get("ttl")
         if self.broken:
             return

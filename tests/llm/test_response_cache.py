@@ -21,12 +21,13 @@ MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content
             {"role": "assistant", "content": "four"}, {"role": "user", "content": "five?"}]  # > 4 messages
 
 
-def fresh_client(tmp_path: Path, url: str) -> LLMClient:
+def fresh_client(tmp_path: Path, url: str, **model: object) -> LLMClient:
     """A client on a newly built cache object (as in a new process): only the disk carries entries over."""
     client_module._CACHE_DIR = None
     runtime = RuntimeConfig(cache_dir=str(tmp_path / "cache"), num_retries=0, timeout=30).call_settings()
     configure_litellm(runtime)
-    return LLMClient(ModelConfig(name="m", litellm_model="openai/scripted", api_base=url), runtime, UsageMeter())
+    return LLMClient(ModelConfig(name="m", litellm_model="openai/scripted", api_base=url, **model), runtime,
+                     UsageMeter())
 
 
 def rows(tmp_path: Path) -> list[tuple]:
@@ -137,6 +138,48 @@ def test_writes_run_on_the_stores_own_thread_not_the_loops_executor(tmp_path, mo
         asyncio.run(three())
     assert len(rows(tmp_path)) == 3 and len(seen) == 3  # each reply written once
     assert set(seen) == {seen[0]} and seen[0].startswith("cupid-cache-write"), seen
+
+
+def test_a_twin_queued_behind_its_call_is_served_the_reply_that_call_wrote(tmp_path, monkeypatch) -> None:
+    """Two identical requests at once on a model that takes one at a time (the embedded model, a sweep's instances
+    that see the same prompt): the second, let in as the first ends, is served from the entry the first wrote on the
+    store's thread (slowed here, so that it is still being written), and only one request is sent."""
+    import time
+
+    from cupid_exp.llm.response_cache import DiskResponseStore
+
+    real = DiskResponseStore.set_cache
+    monkeypatch.setattr(DiskResponseStore, "set_cache", lambda self, *a, **k: time.sleep(0.3) or real(self, *a, **k))
+    with ScriptedServer([(200, completion_body(text), {}) for text in ("six", "seven")]) as server:
+        client = fresh_client(tmp_path, server.url, max_concurrency=1)
+
+        async def twins() -> list:
+            return await asyncio.gather(*(client.complete(MESSAGES, step="s") for _ in range(2)))
+
+        first, second = asyncio.run(twins())
+    assert len(server.requests) == 1, server.requests
+    assert not first.cached and second.cached and second.text == first.text == "six"
+
+
+def test_a_cut_reply_is_cached_only_for_a_model_that_scores_cut_replies(tmp_path) -> None:
+    """A reply cut at max_tokens is no answer (its step asks again, then fails): never kept, a rerun asks again. For a
+    model that scores its cut replies (``keep_cut_replies``: the embedded model, whose free text always runs to the
+    cap) it is the answer: kept, so a later job with the same request (the README's commands) does not generate it
+    again."""
+    cut = completion_body("a reply that ran on")
+    cut["choices"][0]["finish_reason"] = "length"
+    sent = {}
+    for keep in (False, True):
+        with ScriptedServer([(200, cut, {})] * 2) as server:
+            client = fresh_client(tmp_path / str(keep), server.url, keep_cut_replies=keep)
+
+            async def twice(client: LLMClient) -> list:
+                return [await client.complete(MESSAGES, step="s") for _ in range(2)]
+
+            replies = asyncio.run(twice(client))
+        assert all(r.finish_reason == "length" and r.text == "a reply that ran on" for r in replies)
+        sent[keep] = len(server.requests)
+    assert sent == {False: 2, True: 1}, sent
 
 
 def test_a_call_computes_its_cache_key_once_and_the_key_is_litellms_own(tmp_path, monkeypatch) -> None:

@@ -119,20 +119,34 @@ def test_a_pool_paced_at_n_rpm_across_two_configs_sends_at_most_n_a_minute(tmp_p
 @pytest.mark.slow
 def test_a_provider_that_states_only_retry_after_teaches_the_pool_its_pace(tmp_path: Path) -> None:
     """480 RPM in one-second windows, 429s with nothing but ``retry-after: 1``: before, the pool stayed unpaced
-    (AIMD and pauses bound what is in flight, not how fast it goes out) and 29% of requests were refused."""
-    n = 96  # 12 s at eight a second
+    (AIMD and pauses bound what is in flight, not how fast it goes out) and 29% of requests were refused.
+    The lesson's own refusals are counted apart from what follows it: on a loaded CPU the first seconds' share
+    swung the whole run's rate from 4% to 17% (a CI failure at 17%). Unpaced, 21% of the later ones were refused."""
     with StubServer(rpm=480, limit_headers="retry-after", latency_ms=50) as stub:
         clients, meter = _clients(stub.url, tmp_path, {"name": "stub", "litellm_model": "openai/stub",
                                                         "max_concurrency": 8})
-        elapsed = _ask(clients, n)
+        client, learned = clients[0], {}
+
+        def ask(i: int):
+            return client.complete([{"role": "user", "content": f"question {i}"}], step="s")
+
+        async def go() -> float:
+            await asyncio.gather(*(ask(i) for i in range(32)))  # the lesson: four seconds at eight a second
+            learned.update(stub.stats())
+            start = time.perf_counter()
+            await asyncio.gather(*(ask(i) for i in range(32, 96)))  # then eight seconds at the learned pace
+            return time.perf_counter() - start
+
+        elapsed = asyncio.run(go())
         st = stub.stats()
     pool = clients[0].pool
-    assert st["total_completed"] == n
+    assert st["total_completed"] == 96
+    after = {k: st[k] - learned[k] for k in ("rate_limited", "total_received")}
+    # unpaced, about a quarter of these are refused; paced, a late wake-up on a loaded CPU can land one in the next
+    # window now and then
+    assert after["rate_limited"] <= 0.10 * after["total_received"], (after, learned)
     assert 0.75 * 480 <= pool.pace.pacer.rpm <= 1.15 * 480, pool.pace.pacer.rpm  # it converged to what was admitted
-    # before: 26-29% refused; the bench's target is 10% over a longer run, this short one on a loaded CPU (a late
-    # wake-up lands a request in the next window) has measured 4-11%
-    assert st["rate_limited"] <= 0.15 * st["total_received"], st
-    assert elapsed <= 1.4 * st["limits_ideal_s"], (elapsed, st["limits_ideal_s"])
+    assert elapsed <= 1.5 * 64 / 8, elapsed  # not held back: the ideal is eight seconds
     assert usage_metrics(meter)[f"pools/{pool.label}/answered_429"] == st["rate_limited"]
 
 

@@ -66,6 +66,7 @@ class LocalModelConfig(Checked):
     n_batch: int = 512  # prompt tokens evaluated per llama.cpp step
     chat_format: Optional[str] = None  # llama.cpp's chat template name; null: the one in the GGUF file
     prompt_cache_mb: int = 1024  # llama.cpp KV states reused across calls sharing a prompt prefix; 0 = off
+    flash_attn: Optional[bool] = None  # llama.cpp's flash attention; null: llama.cpp decides (auto)
 
     def check(self, where: str) -> None:
         for key, low in (("n_ctx", 256), ("n_threads", 1), ("n_batch", 1), ("prompt_cache_mb", 0)):

@@ -95,6 +95,8 @@ class XLlamaCppEngine:
         params.cache_prompt = cfg.prompt_cache_mb > 0
         params.cache_ram_mib = max(0, cfg.prompt_cache_mb)
         params.cache_idle_slots = cfg.prompt_cache_mb > 0
+        if cfg.flash_attn is not None:
+            params.flash_attn_type = int(cfg.flash_attn)  # llama.cpp's enum: -1 auto, 0 off, 1 on
         params.verbosity = -1  # llama.cpp's per-request log lines would flood stderr
         # xllamacpp always starts the server's HTTP listener too (127.0.0.1, a random port); a random
         # key nobody holds makes it refuse every request but /health. In-process calls need no key.

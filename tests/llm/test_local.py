@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -240,6 +241,17 @@ def test_generation_that_runs_out_of_context_raises_context_window_exceeded() ->
     with pytest.raises(litellm.ContextWindowExceededError):
         _call("llamacpp/test-smol-tiny", max_tokens=200,
               messages=[{"role": "user", "content": "Count from one to one hundred in words, one per line. " * 8}])
+
+
+@pytest.mark.parametrize("flash_attn,expected", [(None, -1), (False, 0), (True, 1)])
+def test_flash_attention_is_llama_cpps_choice_unless_set(monkeypatch: pytest.MonkeyPatch, flash_attn: bool | None,
+                                                         expected: int) -> None:
+    """``flash_attn: false`` (the bundled model's) reaches llama.cpp's parameters; null leaves llama.cpp's auto."""
+    xllamacpp = pytest.importorskip("xllamacpp")
+    seen = []
+    monkeypatch.setattr(xllamacpp, "Server", lambda params: seen.append(params))
+    local.XLlamaCppEngine(Path(__file__), LocalModelConfig(gguf=__file__, flash_attn=flash_attn))
+    assert seen[0].flash_attn_type == expected
 
 
 @needs_model

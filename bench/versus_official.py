@@ -292,6 +292,9 @@ def main() -> None:
     parser.add_argument("--tracking-costs", action="store_true",
                         help="also run cupid-exp with tracking.traces=false and with tracking=none: what tracing and "
                              "MLflow cost")
+    parser.add_argument("--also", action="append", default=[], metavar="OVERRIDES",
+                        help="also run cupid-exp with these overrides (space-separated, e.g. 'runtime.workers=1'), "
+                             "interleaved; repeatable")
     parser.add_argument("--close-connections", action="store_true",
                         help="the stub answers as HTTP/1.0, closing each connection after its reply (a new connection "
                              "per request), as some servers and proxies do; default: HTTP/1.1 keep-alive")
@@ -315,6 +318,7 @@ def main() -> None:
         extra_runs: list[tuple[str, tuple[str, ...], Path]] = []
         if args.per_role_pools:
             extra_runs.append(("cupid-exp, each role its own pool", tuple(per_role_pools()), ROOT))
+        extra_runs += [(f"cupid-exp `{overrides}`", tuple(overrides.split()), ROOT) for overrides in args.also]
         if args.compare is not None:
             extra_runs += [("before (--compare), at its defaults", (), args.compare),
                            (f"before (--compare), held to {args.concurrency} in flight by a split per role",
@@ -431,9 +435,10 @@ def render(args: argparse.Namespace, has_official: bool, official: list[dict], o
             w_x = [r["wall"] for r in runs]
             lines += [f"| whole-process wall, {name}, s | {spread(w_off)} | {spread(w_x)} | "
                       f"{statistics.median(w_x) / statistics.median(w_off):.2f} | |",
-                      f"| ... its model phase, s; peak in flight; CPU per request, ms | | "
+                      f"| ... its model phase, s; peak / mean in flight; CPU per request, ms | | "
                       f"{spread([r['model_s'] for r in runs], '{:.2f}')}; "
-                      f"{spread([r['peak_in_flight'] for r in runs], '{:.0f}')}; "
+                      f"{spread([r['peak_in_flight'] for r in runs], '{:.0f}')} / "
+                      f"{spread([r['mean_in_flight'] for r in runs])}; "
                       f"{spread(per_request_ms(runs), '{:.2f}')} | | |"]
     else:
         lines += [f"| whole-process wall, s | – | {spread(w_ours)} | | |",
@@ -445,9 +450,10 @@ def render(args: argparse.Namespace, has_official: bool, official: list[dict], o
                   f"{spread([r['mean_in_flight'] for r in ours])} | | ≥ {0.9 * args.concurrency:.0f} |"]
         for name, runs in (extra_rows or {}).items():
             lines += [f"| whole-process wall, {name}, s | – | {spread([r['wall'] for r in runs])} | | |",
-                      f"| ... its model phase, s; peak in flight; CPU per request, ms | | "
+                      f"| ... its model phase, s; peak / mean in flight; CPU per request, ms | | "
                       f"{spread([r['model_s'] for r in runs], '{:.2f}')}; "
-                      f"{spread([r['peak_in_flight'] for r in runs], '{:.0f}')}; "
+                      f"{spread([r['peak_in_flight'] for r in runs], '{:.0f}')} / "
+                      f"{spread([r['mean_in_flight'] for r in runs])}; "
                       f"{spread(per_request_ms(runs), '{:.2f}')} | | |"]
     lines += [
         f"| cupid-exp model phase, s | | {spread(model, '{:.2f}')} | "

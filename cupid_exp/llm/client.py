@@ -343,6 +343,7 @@ class LLMClient:
         )
         # counted (its requests in flight settled) before anything is awaited: a job stopped now has paid for it
         self.meter.add(step, completion, settled=bill.settled())
+        await _litellm.flush_cache_writes()
         from cupid_exp.llm.response_cache import raise_failed_write
 
         raise_failed_write()  # a cache that could not keep the reply stops the job (a full disk)
@@ -352,6 +353,11 @@ class LLMClient:
         """One request of a call, inside the pool's slot: its reservation (``bill.held``: a retry that did not
         fit the budget was not sent) settled at what the provider bills for it (``cupid_exp.llm.billing``); a reply
         without a completion raises ``EmptyReply`` (retried like a 5xx) once its cost is counted."""
+        # the replies just received are written to the response cache on a thread: a twin of one of them, queued on
+        # the role's bound until that call let it go, reads the entry instead of asking again (nothing sent yet).
+        # Not awaited after this attempt's reply instead: a job stopped during that wait lost the reply's tokens from
+        # its spend (the reply is counted by ``complete``, before anything is awaited)
+        await _litellm.flush_cache_writes()
         held, bill.held = bill.held, None
         bill.sent += 1
         self.meter.sending(bill.step, bill.worst)  # before it goes out: a kill from now on charges its worst case
@@ -364,9 +370,6 @@ class LLMClient:
                 held.settle(usd)
             bill.charge(usd, *((bill.worst.prompt_tokens, bill.worst.completion_tokens) if lost else (0, 0)))
             raise
-        # litellm writes the reply to the response cache on a task of its own: awaited here, inside the role's slot,
-        # so the reply is on disk before a kill can lose it, and a twin queued on the slot reads it instead of asking
-        await _litellm.flush_cache_writes()
         reply = self._billed(messages, response)
         if held is not None:
             held.settle(0.0 if reply.cached else reply.cost_usd)  # None (unpriced): its worst case

@@ -6,7 +6,9 @@ import asyncio
 import atexit
 import importlib
 import importlib.metadata
+import os
 import secrets
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -77,12 +79,27 @@ def _request(messages: list[Message], params: dict[str, Any], cache_prompt: bool
     return request
 
 
+def import_xllamacpp() -> Any:
+    """xllamacpp, its OpenMP runtime told to sleep rather than spin while a thread waits (``OMP_WAIT_POLICY``, which
+    libgomp reads once, as it loads; a value the user set is kept). Spinning threads on a core another process wants
+    took twice the CPU and twice the time per prompt (bench/local_backend.md, "OpenMP's wait policy"). The variable is
+    set only while the library loads: the job's other libraries and child processes see the environment as it was."""
+    if "xllamacpp" not in sys.modules and "OMP_WAIT_POLICY" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        try:
+            import xllamacpp
+        finally:
+            del os.environ["OMP_WAIT_POLICY"]
+    import xllamacpp
+
+    return xllamacpp
+
+
 class XLlamaCppEngine:
     """One GGUF model loaded by xllamacpp; ``chat`` takes and returns OpenAI-style dicts (thread-safe)."""
 
     def __init__(self, gguf: Path, cfg: LocalModelConfig):
-        import xllamacpp
-
+        xllamacpp = import_xllamacpp()
         params = xllamacpp.CommonParams()
         params.model.path = str(gguf)
         params.n_ctx = cfg.n_ctx

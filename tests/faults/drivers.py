@@ -7,6 +7,7 @@ injected while it runs (the tracking server's death, the disk filling up), which
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -339,12 +340,13 @@ class DiskDriver(_Started):
     def fill(self, leave: int = 0) -> None:
         """Take all the space but ``leave`` bytes."""
         stat = os.statvfs(self.cell.root)
-        with self.filler.open("ab") as out:
-            try:
+        try:  # the job's own writes may have filled it already: then the filler cannot even be created
+            with self.filler.open("ab") as out:
                 out.write(b"\0" * max(0, stat.f_bavail * stat.f_frsize - leave))
                 out.flush()
-            except OSError:
-                pass  # full
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
         stat = os.statvfs(self.cell.root)
         assert stat.f_bavail * stat.f_frsize <= leave + stat.f_frsize
 

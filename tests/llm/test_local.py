@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -247,11 +250,42 @@ def test_generation_that_runs_out_of_context_raises_context_window_exceeded() ->
 def test_flash_attention_is_llama_cpps_choice_unless_set(monkeypatch: pytest.MonkeyPatch, flash_attn: bool | None,
                                                          expected: int) -> None:
     """``flash_attn: false`` (the bundled model's) reaches llama.cpp's parameters; null leaves llama.cpp's auto."""
-    xllamacpp = pytest.importorskip("xllamacpp")
+    if not HAVE_MODEL:
+        pytest.skip("xllamacpp not installed")
+    xllamacpp = local.import_xllamacpp()
     seen = []
     monkeypatch.setattr(xllamacpp, "Server", lambda params: seen.append(params))
     local.XLlamaCppEngine(Path(__file__), LocalModelConfig(gguf=__file__, flash_attn=flash_attn))
     assert seen[0].flash_attn_type == expected
+
+
+WAIT_POLICY_PROBE = """
+import ctypes, os, sys
+from cupid_exp.llm.local import import_xllamacpp
+import_xllamacpp()
+sys.stderr.flush()
+ctypes.CDLL("libgomp.so.1").omp_display_env(1)
+print("env after:", os.environ.get("OMP_WAIT_POLICY"))
+"""
+
+
+@needs_model
+@pytest.mark.parametrize("users", [None, "ACTIVE"])
+def test_llama_cpps_threads_sleep_while_they_wait_unless_the_user_said_otherwise(users: str | None) -> None:
+    """libgomp reads OMP_WAIT_POLICY once, as it loads (so a process of its own): set to PASSIVE for the load only
+    (GOMP_SPINCOUNT 0: a waiting thread sleeps at once); the user's own value is kept, and the environment is as it
+    was afterwards."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if users:
+        env["OMP_WAIT_POLICY"] = users
+    proc = subprocess.run([sys.executable, "-c", WAIT_POLICY_PROBE], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    said = proc.stdout + proc.stderr
+    expected = "PASSIVE" if users is None else users
+    assert f"OMP_WAIT_POLICY = '{expected}'" in said, said[-2000:]
+    assert ("GOMP_SPINCOUNT = '0'" in said) == (users is None), said[-2000:]
+    assert f"env after: {users}" in said
 
 
 @needs_model

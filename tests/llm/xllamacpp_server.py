@@ -24,8 +24,9 @@ def main() -> None:
     parser.add_argument("--n_threads", type=int, default=2)
     args = parser.parse_args()
 
-    import xllamacpp
+    from cupid_exp.llm.local import import_xllamacpp
 
+    xllamacpp = import_xllamacpp()  # sleeping, not spinning, threads: the suite's processes share the cores
     params = xllamacpp.CommonParams()
     params.model.path = args.model
     params.n_ctx = args.n_ctx

@@ -44,7 +44,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: Any) -> Any:
 
 
 def summarise(path: str, top: int = 40) -> str:
-    rows = [json.loads(line) for line in open(path, encoding="utf-8")]
+    with open(path, encoding="utf-8") as lines:
+        rows = [json.loads(line) for line in lines]
     by_file: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0])
     for r in rows:
         f = by_file[r["test"].split("::")[0]]

@@ -27,8 +27,8 @@ REPORT_SETTINGS = ("failure_policy", "max_failed_fraction", "retry_failed")
 #: pool, where there is one).
 MODEL_NOT_IDENTITY = {"max_concurrency", "rpm", "tpm", "pool", "api_key_env", "input_cost_per_token",
                       "output_cost_per_token", "batch"}
-#: An embedded model's threads and caches (``config.LocalModelConfig``).
-LOCAL_NOT_IDENTITY = {"n_threads", "n_threads_batch", "n_batch", "prompt_cache_mb"}
+#: An embedded model's threads, kernels and caches (``config.LocalModelConfig``): how llama.cpp computes, not what.
+LOCAL_NOT_IDENTITY = {"n_threads", "n_threads_batch", "n_batch", "prompt_cache_mb", "flash_attn"}
 
 
 def by_content(value: object) -> object:

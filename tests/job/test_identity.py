@@ -42,7 +42,7 @@ def test_secrets_enter_by_name_and_models_by_content() -> None:
     model = {"name": "m", "litellm_model": "openai/x", "api_base": "HTTP://LocalHost:80/v1/", "max_concurrency": 8,
              "rpm": 300, "tpm": None, "api_key_env": "KEY", "params": {"temperature": 0, "api_key": "sk-123456789",
                                                                      "extra_headers": {"X-Key": "secret-987654321"}},
-             "local": {"gguf": "a.gguf", "n_ctx": 8192, "n_threads": 4, "prompt_cache_mb": 10}}
+             "local": {"gguf": "a.gguf", "n_ctx": 8192, "n_threads": 4, "prompt_cache_mb": 10, "flash_attn": False}}
     got = content({"model": model, "runtime": {"reask": 1, "timeout": 5}, "paths": {"output_root": "x"}})
     assert got == {"model": {"name": "m", "litellm_model": "openai/x", "api_base": "http://127.0.0.1/v1",
                              "params": {"temperature": 0, "api_key": "***",

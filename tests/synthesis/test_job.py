@@ -93,14 +93,13 @@ def test_job_dir_is_stable_for_a_command_and_differs_by_recipe() -> None:
 
     assert run_dir(["synthesis.n_personas=2"]) == run_dir(["synthesis.n_personas=5"])  # top-up resumes
     # pinned: a new optional (null) setting must not move every job folder (nulls are left out of the hash)
-    # (moved from ..._0f27b137 when conf/llm/local.yaml set flash_attn false: a config value that changes the replies)
     # (moved from ..._21e1ff6a when conf/llm/local.yaml set n_threads 1 and n_threads_batch 2: a config value
     # that changed, not a null; with n_threads=2 and n_threads_batch=null on every role the old hash comes back)
     # (moved from ..._952b87cc when the recipe gained embedded_sampling, the repetition samplers of the local model)
     # (moved from ..._bf8ecab3 when conf/llm/local.yaml gained the DRY sampler and step_params: config values)
     # (moved from default_local_seed0_64ab4f54 when the folder became a hash of the recipe's content: no role's
     # throughput, threads, prices or key variable; and the bare command's recipe became synthesis=offline)
-    assert run_dir([]) == "outputs/synthesis/offline_local_seed0_967e5bf2"
+    assert run_dir([]) == "outputs/synthesis/offline_local_seed0_0f27b137"
     assert run_dir([]) != run_dir(["synthesis.max_turns=2"])
     assert run_dir([]) != run_dir(["synthesis.seed=1"])
     assert run_dir([]) != run_dir(["synthesis.roles.decomposer.params.temperature=0.5"])

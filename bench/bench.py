@@ -109,7 +109,7 @@ def price_overrides() -> list[str]:
 
 def cli(url: str, root: Path, data: Path, *extra: str, multirun: bool = False) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "cupid_exp", *(["-m"] if multirun else []), *stub_overrides(url), *price_overrides(),
-           f"paths.output_root={root}", f"runtime.cache_dir={root / 'cache'}", "runtime.progress=false",
+           f"paths.output_root={root}", f"calls.cache_dir={root / 'cache'}", "runtime.progress=false",
            "data=local", f"data.path={data}", *extra]
     since = time.time() - 1
     start = time.perf_counter()
@@ -169,7 +169,7 @@ async def measure(fn):
 async def main():
     import litellm
     from openai import AsyncOpenAI
-    rt = RuntimeConfig(cache_dir=sys.argv[2], cache=True, num_retries=3, timeout=600).call_settings()
+    rt = CallsConfig(cache_dir=sys.argv[2], cache=True, num_retries=3, timeout=600)
     configure_litellm(rt)
     sdk = AsyncOpenAI(base_url=url, api_key="x", max_retries=0)
     client = LLMClient(ModelConfig(name="s", litellm_model="openai/stub", api_base=url, max_concurrency=16,

@@ -30,12 +30,12 @@ BENCH = Path(__file__).resolve().parent
 def one(calls: int, concurrency: int, cache: bool, latency_ms: int) -> dict[str, float]:
     """This process's CPU per call, in ms (the code on its path), its wall time and the stub's mean in flight."""
     from bench import Stub
-    from cupid_exp.config import ModelConfig, RuntimeConfig
+    from cupid_exp.config import CallsConfig, ModelConfig
     from cupid_exp.llm.client import LLMClient, configure_litellm
     from cupid_exp.llm.usage import UsageMeter
 
     with Stub(latency_ms=latency_ms) as stub, tempfile.TemporaryDirectory() as tmp:
-        settings = RuntimeConfig(cache_dir=f"{tmp}/cache", cache=cache, num_retries=0, timeout=30).call_settings()
+        settings = CallsConfig(cache_dir=f"{tmp}/cache", cache=cache, num_retries=0, timeout=30)
         configure_litellm(settings)
         model = ModelConfig(name="m", litellm_model="openai/gpt-4o-2024-08-06", api_base=stub.url,
                             params={"max_tokens": 50}, max_concurrency=concurrency)
@@ -70,7 +70,7 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=1000)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--no-cache", action="store_true", help="runtime.cache=false")
+    p.add_argument("--no-cache", action="store_true", help="calls.cache=false")
     p.add_argument("--latency-ms", type=int, default=0, help="the stub's time to answer a request")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child: one measurement, as JSON
     args = p.parse_args()

@@ -12,7 +12,7 @@ the requests the stub served. py-spy counts a thread that waits for the GIL as b
 read, not the sampled seconds.
 
     python bench/cpu_profile.py --instances 756 --latency 0.5 --concurrency 64 --py-spy /path/to/py-spy
-    python bench/cpu_profile.py ... -- tracking.traces=false runtime.cache=false   # overrides after --
+    python bench/cpu_profile.py ... -- tracking.traces=false calls.cache=false   # overrides after --
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ answered 429. The provider's pools (``--limits-pool``):
 * ``model`` (the default): each model its own limit; cupid-exp's roles then name a pool per model
   (``model.pool=subject``, the evaluator roles ``pool=evaluator``): issue 36's "separate pools";
 * ``key``: one pool for both snapshots (OpenAI's gpt-4o family, a proxy); cupid-exp's default grouping (one pool
-  per ``api_base``) matches it, and "limits set" gives the pool's ``rpm``/``tpm`` once (``runtime.pools``).
+  per ``api_base``) matches it, and "limits set" gives the pool's ``rpm``/``tpm`` once (``calls.pools``).
 
 ``--limit-headers retry-after``: the stub's 429s state nothing but ``retry-after`` in whole seconds.
 ``--bucket continuous``: the stub's limits a bucket of one second's share refilled continuously (full at the
@@ -25,7 +25,7 @@ run without it and with it, in turn, so that the throughput lost to the refusals
 cupid-exp (the code before a change), interleaved with these.
 
 Rows: cupid-exp with adaptation alone; with the limits set; ``--parallel N``: N jobs started together on the
-same key (one process each, one ``runtime.cache_dir`` for their ledger), with the limits set and without, and
+same key (one process each, one ``calls.cache_dir`` for their ledger), with the limits set and without, and
 the same N jobs as one ``-m`` sweep under Hydra's joblib launcher; the official runner (``--official DIR
 --official-python PY``; inference only).
 
@@ -75,7 +75,7 @@ def limit_overrides(args: argparse.Namespace, url: str, before: bool) -> list[st
     every role."""
     if args.limits_pool == "key" and not before:
         pool = pool_name("openai/stub", url)
-        return [f"+runtime.pools.{pool}.{k}={v:g}" for k, v in limits(args).items()]
+        return [f"+calls.pools.{pool}.{k}={v:g}" for k, v in limits(args).items()]
     return [f"{role}.{k}={v:g}" for role in role_names(args) for k, v in limits(args).items()]
 
 
@@ -104,7 +104,7 @@ def synthesis_command(args: argparse.Namespace, url: str, root: Path) -> list[st
 
 def ours(args: argparse.Namespace, url: str, data: Path, work: Path, extra: list[str], jobs: int = 1,
          joblib: bool = False, tree: Path = ROOT) -> dict[str, Any]:
-    """``jobs`` cupid-exp processes (of the checkout ``tree``) started together, one ``runtime.cache_dir`` (their
+    """``jobs`` cupid-exp processes (of the checkout ``tree``) started together, one ``calls.cache_dir`` (their
     pacing ledger), no response cache (every job makes every call, as jobs on different models would);
     ``joblib``: instead one ``-m`` sweep of ``jobs`` jobs run side by side by Hydra's joblib launcher."""
     roots = [work / f"ours-{time.monotonic_ns()}-{i}" for i in range(1 if joblib else jobs)]
@@ -120,7 +120,7 @@ def ours(args: argparse.Namespace, url: str, data: Path, work: Path, extra: list
             cmd = ours_command(url, root, data, args.concurrency) + [temperature]
             if joblib:  # Hydra's --multirun flag before the overrides
                 cmd[3:3] = ["-m", "hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs}"]
-        cmd += ["tracking=none", f"runtime.cache_dir={cache}", "runtime.cache=false", *extra]
+        cmd += ["tracking=none", f"calls.cache_dir={cache}", "calls.cache=false", *extra]
         env = {**ENV, "OPENAI_API_KEY": "sk-bench", "PYTHONPATH": str(tree)}
         procs.append(subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))

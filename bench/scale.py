@@ -40,7 +40,7 @@ def run(size: int, args: argparse.Namespace, stub: Stub, work: Path, store: Path
     roles = ("model", "evaluator.decomposer", "evaluator.matcher", "evaluator.judge")
     cmd = [sys.executable, "-m", "cupid_exp", *stub_overrides(stub.url), *price_overrides(),
            f"task={args.task}", "data=local", f"data.path={data}", f"paths.output_root={root}",
-           f"runtime.cache_dir={root / 'cache'}", "runtime.progress=false",
+           f"calls.cache_dir={root / 'cache'}", "runtime.progress=false",
            *[f"{r}.max_concurrency={args.concurrency}" for r in roles], f"runtime.workers={workers}", *args.overrides]
     before = stub.stats()["total_completed"]
     res = timed(cmd, cwd=ROOT, env=ENV)

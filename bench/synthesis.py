@@ -70,7 +70,7 @@ def run(size: int, args: argparse.Namespace, stub: Stub, work: Path, store: Path
     root = Path(tempfile.mkdtemp(prefix=f"synth-{size}-", dir=work))
     shutil.copyfile(store, root / "mlflow.db")
     cmd = [sys.executable, "-m", "cupid_exp.synthesize", "synthesis=api", *role_overrides(stub.url, args.concurrency),
-           f"synthesis.n_personas={size}", f"paths.output_root={root}", f"runtime.cache_dir={root / 'cache'}",
+           f"synthesis.n_personas={size}", f"paths.output_root={root}", f"calls.cache_dir={root / 'cache'}",
            "runtime.progress=false", *args.overrides]
     stub.reset()
     done = threading.Event()

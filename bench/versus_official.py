@@ -159,7 +159,7 @@ def run_official(args: argparse.Namespace, stub: Stub, data_dir: Path, work: Pat
 
 def ours_command(url: str, root: Path, data: Path, concurrency: int) -> list[str]:
     cmd = [sys.executable, "-m", "cupid_exp", "model=gpt4o", "evaluator=gpt4o", "task=inference", "data=local",
-           f"data.path={data}", f"paths.output_root={root}", f"runtime.cache_dir={root / 'cache'}",
+           f"data.path={data}", f"paths.output_root={root}", f"calls.cache_dir={root / 'cache'}",
            "runtime.progress=false", f"model.api_base={url}", f"model.max_concurrency={concurrency}"]
     for role in ("decomposer", "matcher", "judge"):
         cmd += [f"evaluator.{role}.api_base={url}", f"evaluator.{role}.max_concurrency={concurrency}"]
@@ -240,7 +240,7 @@ def run_ours_sweep(args: argparse.Namespace, stub: Stub, data: Path, work: Path,
     shutil.copyfile(store, root / "mlflow.db")
     temperatures = ",".join(f"{i / 10:g}" for i in range(args.sweep))
     cmd = ours_command(stub.url, root, data, args.concurrency)
-    cmd = [*cmd[:3], "-m", *cmd[3:], f"model.params.temperature={temperatures}", "runtime.cache=false"]
+    cmd = [*cmd[:3], "-m", *cmd[3:], f"model.params.temperature={temperatures}", "calls.cache=false"]
     before = stub.stats()["total_completed"]
     res = timed(cmd, cwd=ROOT, env={**ENV, "OPENAI_API_KEY": "sk-bench"})
     res["requests"] = stub.stats()["total_completed"] - before
@@ -494,7 +494,7 @@ def render_sweeps(args: argparse.Namespace, has_official: bool, sweeps: dict[str
     single = statistics.median(r["wall"] for r in ours)
     lines = ["", f"{n} models one after the other (the same workload each; cupid-exp: "
              "`-m model.params.temperature=…` "
-             f"`runtime.cache=false`, {n} jobs in one process; official: {n} runs back to back):", "",
+             f"`calls.cache=false`, {n} jobs in one process; official: {n} runs back to back):", "",
              "| | official | cupid-exp | ratio |", "|---|---|---|---|"]
     if has_official:
         off = [r["wall"] for r in sweeps["official"]]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
@@ -29,7 +29,7 @@ FAILURE_POLICIES = ("exclude", "zero", "upstream")
 AUTO_WORKERS = "auto"  #: runtime.workers chosen by the job's size (cupid_exp.job.worker_count)
 SYSTEM_ROLES = ("system", "developer", "user")
 POOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")  #: what a Hydra override key takes
-POOL_LIMITS = ("rpm", "tpm", "max_concurrency")  #: what ``runtime.pools.<name>`` may give
+POOL_LIMITS = ("rpm", "tpm", "max_concurrency")  #: what ``calls.pools.<name>`` may give
 
 
 # Settings whose default is an empty mapping (an override cannot fill a null one): left out of a digest while
@@ -94,7 +94,7 @@ class ModelConfig(Checked):
     input_cost_per_token: Optional[float] = None  # for models litellm's price map lacks
     output_cost_per_token: Optional[float] = None  # the same for reply tokens
     context_window: Optional[int] = None  # input tokens the model takes; null: litellm's map (or local n_ctx)
-    batch: Optional[bool] = None  # through the provider's Batch API; null: runtime.batch decides
+    batch: Optional[bool] = None  # through the provider's Batch API; null: calls.batch decides
     local: Optional[LocalModelConfig] = None  # set: the model runs embedded in this process (llama.cpp)
     rpm: Optional[float] = None  # the pool's requests per minute: calls are paced under it (null: not paced)
     tpm: Optional[float] = None  # the pool's tokens per minute (prompt estimate + max_tokens per request)
@@ -230,13 +230,9 @@ class TrackingConfig(Checked):
 
 @dataclass
 class RuntimeConfig(Checked):
-    """How a job runs: what each model call needs (``call_settings``: cache, retries, timeout, patience, batch, dry run,
-    spending caps, pool limits) and what only the job reads (failure policy, resume, workers, progress)."""
+    """How a job runs as a job: its failure policy, resume, epochs, re-asks, worker processes and progress. How each
+    model call is made is ``calls`` (``CallsConfig``)."""
 
-    cache: bool = True  # reuse replies cached on disk for the same request
-    cache_dir: str = MISSING  # the response cache, rate-limit schedules and batch ledger
-    num_retries: int = 3  # retries of a transient failure (5xx, timeout, dropped connection); not of a 429
-    timeout: float = 600.0  # seconds one request may take before it counts as failed (and is retried)
     reask: int = 1  # extra attempts when a reply cannot be parsed
     epochs: int = 1  # runs of every instance (sampling variance: each its own seed and cache entry); 1: one draw
     failure_policy: str = "exclude"  # exclude | zero | upstream: how a failed instance enters the means
@@ -245,76 +241,67 @@ class RuntimeConfig(Checked):
     progress: bool = True  # bars on a terminal; elsewhere a progress line every progress_every_s seconds
     progress_every_s: float = 30.0  # seconds between two progress lines when stderr is not a terminal; 0: none
     resume: bool = True  # skip instances a previous run of the same job already finished
-    dry_run: bool = False  # render prompts and count calls/tokens/cost; call no model
-    dry_run_completion_tokens: int = 300  # assumed reply length for the dry-run cost estimate
     workers: Any = "auto"  # processes sharing a job's model calls (cupid_exp.job.workers): auto (by job size) or N
-    max_cost_usd: Optional[float] = None  # USD the job may spend over all its attempts; null: no budget (exit 4)
-    sweep_max_cost_usd: Optional[float] = None  # USD all jobs of a -m sweep may spend together; null: no budget
-    batch: bool = False  # send calls through the providers' Batch APIs (half price, hours): cupid_exp.llm.batch
-    batch_size: int = 1000  # rows per batch at most
-    batch_delay_s: float = 5.0  # the first waiting request waits this long for others before its batch is sent
-    batch_poll_s: float = 30.0  # seconds between two status checks of a pending batch
-    rate_limit_patience_s: float = 1800.0  # how long one call may wait for a provider's rate limit to reopen
-    outage_patience_s: float = 900.0  # how long a pool waits for an endpoint that stopped answering (then exit 75)
-    # a provider pool's limits, given once for every role on it: {<pool>: {rpm, tpm, max_concurrency}}
-    # (cupid_exp/llm/pools.py names the pools); e.g. +runtime.pools.openai-gpt-4o.rpm=500
-    pools: Dict[str, Any] = field(default_factory=dict)
 
     def check(self, where: str) -> None:
-        for key in ("max_cost_usd", "sweep_max_cost_usd"):
-            require_positive(f"{where}.{key}", getattr(self, key), allow_none=True, allow_zero=True)
         require(self.workers == AUTO_WORKERS or isinstance(self.workers, int) and not isinstance(self.workers, bool)
                 and self.workers >= 1, f"{where}.workers", self.workers, f"{AUTO_WORKERS!r} or an integer >= 1")
-        require(isinstance(self.batch_size, int) and 1 <= self.batch_size <= 50000, f"{where}.batch_size",
-                self.batch_size, "an integer from 1 to 50000 (OpenAI's limit per batch)")
-        require_positive(f"{where}.batch_delay_s", self.batch_delay_s, allow_zero=True)
-        require_positive(f"{where}.batch_poll_s", self.batch_poll_s)
-        require(not (self.batch and self.workers not in (AUTO_WORKERS, 1)), f"{where}.workers", self.workers,
-                "1 with runtime.batch=true (a batch job waits on the provider, not on the client's CPU)")
-        require_int(f"{where}.num_retries", self.num_retries, 0)
-        require_positive(f"{where}.timeout", self.timeout)
-        require_positive(f"{where}.rate_limit_patience_s", self.rate_limit_patience_s)
-        require_positive(f"{where}.outage_patience_s", self.outage_patience_s)
         require_positive(f"{where}.progress_every_s", self.progress_every_s, allow_zero=True)
-        for name, limits in self.pools.items():
-            check_pool_limits(f"{where}.pools.{name}", name, limits)
         require_int(f"{where}.reask", self.reask, 0)
         require_int(f"{where}.epochs", self.epochs, 1)
         require(self.failure_policy in FAILURE_POLICIES, f"{where}.failure_policy", self.failure_policy,
                 f"one of {list(FAILURE_POLICIES)}")
         require(isinstance(self.max_failed_fraction, (int, float)) and 0 <= self.max_failed_fraction <= 1,
                 f"{where}.max_failed_fraction", self.max_failed_fraction, "a number in [0, 1]")
+
+
+@dataclass
+class CallsConfig(Checked):
+    """How each model call is made: cache, retries, timeout, patience, batch, dry run, spending caps, pool limits.
+    The one slice of the config the model layer reads (``LLMClient`` and the ``llm/`` helpers take it), so it never
+    sees the job's policy; every client and worker of a job calls under the same one."""
+
+    cache: bool = True  # reuse replies cached on disk for the same request
+    cache_dir: str = MISSING  # the response cache, rate-limit schedules and batch ledger
+    num_retries: int = 3  # retries of a transient failure (5xx, timeout, dropped connection); not of a 429
+    timeout: float = 600.0  # seconds one request may take before it counts as failed (and is retried)
+    rate_limit_patience_s: float = 1800.0  # how long one call may wait for a provider's rate limit to reopen
+    outage_patience_s: float = 900.0  # how long a pool waits for an endpoint that stopped answering (then exit 75)
+    dry_run: bool = False  # render prompts and count calls/tokens/cost; call no model
+    dry_run_completion_tokens: int = 300  # assumed reply length for the dry-run cost estimate
+    batch: bool = False  # send calls through the providers' Batch APIs (half price, hours): cupid_exp.llm.batch
+    batch_size: int = 1000  # rows per batch at most
+    batch_delay_s: float = 5.0  # the first waiting request waits this long for others before its batch is sent
+    batch_poll_s: float = 30.0  # seconds between two status checks of a pending batch
+    max_cost_usd: Optional[float] = None  # USD the job may spend over all its attempts; null: no budget (exit 4)
+    sweep_max_cost_usd: Optional[float] = None  # USD all jobs of a -m sweep may spend together; null: no budget
+    # a provider pool's limits, given once for every role on it: {<pool>: {rpm, tpm, max_concurrency}}
+    # (cupid_exp/llm/pools.py names the pools); e.g. +calls.pools.openai-gpt-4o.rpm=500
+    pools: Dict[str, Any] = field(default_factory=dict)
+
+    def check(self, where: str) -> None:
+        for key in ("max_cost_usd", "sweep_max_cost_usd"):
+            require_positive(f"{where}.{key}", getattr(self, key), allow_none=True, allow_zero=True)
+        require(isinstance(self.batch_size, int) and 1 <= self.batch_size <= 50000, f"{where}.batch_size",
+                self.batch_size, "an integer from 1 to 50000 (OpenAI's limit per batch)")
+        require_positive(f"{where}.batch_delay_s", self.batch_delay_s, allow_zero=True)
+        require_positive(f"{where}.batch_poll_s", self.batch_poll_s)
+        require_int(f"{where}.num_retries", self.num_retries, 0)
+        require_positive(f"{where}.timeout", self.timeout)
+        require_positive(f"{where}.rate_limit_patience_s", self.rate_limit_patience_s)
+        require_positive(f"{where}.outage_patience_s", self.outage_patience_s)
+        for name, limits in self.pools.items():
+            check_pool_limits(f"{where}.pools.{name}", name, limits)
         require_int(f"{where}.dry_run_completion_tokens", self.dry_run_completion_tokens, 1)
 
-    def call_settings(self) -> CallSettings:
-        """The slice of these settings a model call reads (``LLMClient`` and the ``llm/`` helpers take it)."""
-        return CallSettings(**{f.name: getattr(self, f.name) for f in fields(CallSettings)})
 
-
-@dataclass(frozen=True)
-class CallSettings:
-    """What one model call needs of ``runtime`` and nothing the job decides, so the model layer never sees the job's
-    policy. Frozen: every client and worker calls under the same settings."""
-
-    cache: bool  #: the response cache on disk (``runtime.cache``), under ``cache_dir``
-    cache_dir: str  #: also where the rate-limit schedules and the batch ledger live
-    num_retries: int  #: repeats of a transient failure (a 429 is waited out instead, up to the patience)
-    timeout: float  #: seconds one request may take
-    rate_limit_patience_s: float  #: how long one call may wait for a provider's rate limit to reopen
-    outage_patience_s: float  #: how long a pool waits for an endpoint that stopped answering
-    dry_run: bool  #: count calls, tokens and cost; send nothing
-    dry_run_completion_tokens: int  #: the reply length a dry run assumes
-    batch: bool  #: through the providers' Batch APIs (a model's own ``batch`` wins)
-    batch_size: int
-    batch_delay_s: float
-    batch_poll_s: float
-    max_cost_usd: Optional[float]  #: the caps a budgeted call is priced for (``llm.budget.check_priced``)
-    sweep_max_cost_usd: Optional[float]
-    pools: Dict[str, Any]  #: limits given once per provider pool (``runtime.pools.<name>``: ``llm.pools``)
+#: Keys that changed group, old dotted key -> new: a command that spells the old one is told the new
+#: (``hydra_errors.one_line``). The call settings left ``runtime`` for ``calls`` on 2026-11-29.
+MOVED_KEYS = {f"runtime.{name}": f"calls.{name}" for name in CallsConfig.__dataclass_fields__}
 
 
 def check_pool_limits(where: str, name: str, limits: object) -> None:
-    """``runtime.pools.<name>``: a pool name and a mapping of its rpm, tpm and max_concurrency."""
+    """``calls.pools.<name>``: a pool name and a mapping of its rpm, tpm and max_concurrency."""
     require(bool(POOL_NAME.fullmatch(str(name))), where, name,
             "a pool name of letters, digits, '_' and '-' that starts with a letter")
     require(hasattr(limits, "items") and set(limits) <= set(POOL_LIMITS), where, limits,
@@ -335,13 +322,19 @@ class PathsConfig:
 
 
 @dataclass
-class JobConfig:
+class JobConfig(Checked):
     """What every job (evaluation or synthesis) shares: where it writes, how it calls, where it logs."""
 
     tracking: TrackingConfig = MISSING
     runtime: RuntimeConfig = MISSING
+    calls: CallsConfig = MISSING
     prompts: PromptsConfig = field(default_factory=PromptsConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
+
+    def check(self, where: str) -> None:
+        require(not (self.calls.batch and self.runtime.workers not in (AUTO_WORKERS, 1)), "runtime.workers",
+                self.runtime.workers, "1 with calls.batch=true (a batch job waits on the provider, not on the "
+                "client's CPU)")
 
     def roles(self) -> dict[str, ModelConfig]:
         """Every role's model config by its config path (the override's prefix): the job's one role map."""

@@ -53,19 +53,25 @@ class Checked:
         pass
 
 
-def check_known_keys(composed: object, node: object, where: str = "") -> None:
-    """Reject keys a schema lacks: ``+runtime.num_retry=3`` would otherwise be dropped silently."""
+def check_known_keys(composed: object, node: object, where: str = "",
+                     groups: dict[str, list[str]] | None = None) -> None:
+    """Reject keys a schema lacks: ``+calls.num_retry=3`` would otherwise be dropped silently. The hint looks in the
+    other groups too: ``runtime.num_retries`` moved to ``calls`` when the call settings became a group."""
     if not is_dataclass(node) or not hasattr(composed, "keys"):
         return
     names = [f.name for f in fields(node)]
+    if groups is None:  # the root: its groups' keys, for a key given in the wrong one
+        groups = {f.name: [g.name for g in fields(v)] for f in fields(node) if is_dataclass(v := getattr(node, f.name))}
     for key in composed.keys():
         if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"; did you mean {where + '.' if where else ''}{close[0]}?" if close else ""
+            close = [f"{where + '.' if where else ''}{c}" for c in difflib.get_close_matches(str(key), names, n=1)]
+            for group, keys in ({} if close or "." in where else groups).items():
+                close = close or [f"{group}.{c}" for c in difflib.get_close_matches(str(key), keys, n=1)]
+            hint = f"; did you mean {close[0]}?" if close else ""
             raise ConfigError(f"{where + '.' if where else ''}{key} is not a setting of "
                               f"{where or 'the config'}{hint} (known: {', '.join(names)})")
     for name in names:
-        check_known_keys(composed.get(name), getattr(node, name), f"{where}.{name}" if where else name)
+        check_known_keys(composed.get(name), getattr(node, name), f"{where}.{name}" if where else name, groups)
 
 
 def not_read(key: str, group: str, options: Sequence[str]) -> ConfigError:

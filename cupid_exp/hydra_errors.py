@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import re
 import sys
-from typing import Callable, Sequence, TextIO
+from typing import Callable, Mapping, Sequence, TextIO
 
 _NOISE = (re.compile(r"^\s*(full_key|reference_type|object_type|key|parent_node)[:=]"),
           re.compile(r"^Set the environment variable HYDRA_FULL_ERROR=1"))
@@ -65,8 +65,9 @@ class ScrubbedStderr(io.TextIOBase):
         return self.real.encoding
 
 
-def one_line(text: str) -> str | None:
-    """Hydra's error in one line (what failed, the options, the hint for a new key); None for a traceback."""
+def one_line(text: str, moved: Mapping[str, str] | None = None) -> str | None:
+    """Hydra's error in one line (what failed, the options, the hint for a new key, or the key's new name where
+    ``moved`` has the key: old dotted key -> new); None for a traceback."""
     if "Traceback (most recent call last)" in text:
         return None
     kept, options, hint = [], [], None
@@ -95,7 +96,10 @@ def one_line(text: str) -> str | None:
     said = ": ".join(kept)
     if options:
         said += f" (choose one of: {', '.join(options)})"
-    if hint:
+    key, _, value = (hint or "").removeprefix("+").partition("=")
+    if key in (moved or {}):
+        said += f" (moved: {moved[key]}={value})" if value else f" (moved: {moved[key]})"
+    elif hint:
         said += f" (a new key: {hint})"
     return said + "; HYDRA_FULL_ERROR=1 shows Hydra's full message"
 

@@ -13,8 +13,8 @@ from cupid_exp.secrets import redact
 #: Where a job is written or logged, how progress shows, how failures enter the means (aggregation reads the
 #: journal, so another policy replays it for free).
 NOT_IDENTITY = {"paths", "tracking", "hydra"}
-#: How calls are made, paced (``pools``: a provider pool's limits), retried, shared among processes, cached and
-#: budgeted: none decides a reply.
+#: How calls are made (``calls``), paced (``pools``: a provider pool's limits), retried, shared among processes,
+#: cached and budgeted, and how the job reports (``runtime``): none decides a reply.
 RUNTIME_NOT_IDENTITY = {"progress", "cache", "cache_dir", "resume", "failure_policy", "max_failed_fraction",
                         "retry_failed", "workers", "max_cost_usd", "sweep_max_cost_usd", "timeout", "num_retries",
                         "rate_limit_patience_s", "outage_patience_s", "batch", "batch_size", "batch_delay_s",
@@ -57,8 +57,10 @@ def content(resolved: Mapping[str, object], not_identity: Iterable[str] = ()) ->
     """The resolved config as it decides results: secrets masked (names count, values not), paths, tracking and the
     runtime's how-to left out, models by content, ``not_identity`` keys dropped."""
     config = redact({k: v for k, v in resolved.items() if k not in NOT_IDENTITY})
-    if "runtime" in config:
-        config["runtime"] = {k: v for k, v in dict(config["runtime"] or {}).items() if k not in RUNTIME_NOT_IDENTITY
+    if "runtime" in config or "calls" in config:
+        # judged as one mapping, as when ``calls`` was part of ``runtime``: every earlier identity stands
+        runtime = {**dict(config.pop("runtime", None) or {}), **dict(config.pop("calls", None) or {})}
+        config["runtime"] = {k: v for k, v in runtime.items() if k not in RUNTIME_NOT_IDENTITY
                              and not (k == "epochs" and str(v) == "1")}  # one epoch: the identity before epochs
     config = by_content(config)
     for dotted in not_identity:

@@ -15,6 +15,7 @@ from typing import Iterator
 import yaml
 
 from cupid_exp.config import (
+    CallsConfig,
     DataConfig,
     EvaluatorConfig,
     ModelConfig,
@@ -38,6 +39,7 @@ SECTIONS = (
     ("task", TaskConfig, None),
     ("data", DataConfig, None),
     ("runtime", RuntimeConfig, None),
+    ("calls", CallsConfig, None),
     ("tracking", TrackingConfig, "where and what a job logs (MLflow)"),
     ("synthesis", SynthesisConfig, "the synthesis job's recipe (`python -m cupid_exp.synthesize`)"),
 )

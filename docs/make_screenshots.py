@@ -56,7 +56,7 @@ def run_sweep(work: Path, n: int) -> Path:
     with StubServer(latency_ms=300, jitter_ms=300, giveup_match="(variant 5)", garbage_steps=("decompose",),
                     garbage_rate=0.2, seed=7) as stub:
         cmd = [sys.executable, "-m", "cupid_exp", "-m", *stub_overrides(stub.url), *PRICES,
-               f"paths.output_root={outputs}", "runtime.progress=false", "runtime.num_retries=0",
+               f"paths.output_root={outputs}", "runtime.progress=false", "calls.num_retries=0",
                "runtime.max_failed_fraction=1", "data=local", f"data.path={data}", "task=both",
                "setting=standard,oracle", "tracking.progress_every_s=1", "model.name=stub"]
         subprocess.run(cmd, cwd=ROOT, env=ENV, check=True, timeout=1800)

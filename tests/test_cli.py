@@ -144,7 +144,7 @@ def test_impossible_combination_stops_before_any_call(tmp_path: Path) -> None:
 
 def test_a_dry_run_keeps_its_estimate_and_writes_no_placeholder_scores(tmp_path: Path, inproc) -> None:
     root = tmp_path / "outputs"
-    proc = run_job(cli_command(inproc, root, "data.limit=2", "task=both", "runtime.dry_run=true"))
+    proc = run_job(cli_command(inproc, root, "data.limit=2", "task=both", "calls.dry_run=true"))
     (job,) = [p.parent for p in root.glob("runs/*/*/metrics.json")]
     saved = json.loads((job / "metrics.json").read_text())
     assert saved["dry_run"] and saved["metrics"]["calls/total"] == 12 and saved["metrics"]["tokens/prompt"] > 0
@@ -269,7 +269,7 @@ def test_a_model_name_with_a_path_in_it_stays_inside_the_output_root(tmp_path: P
     root = tmp_path / "deep" / "out"
     escape = "../" * 5 + "escaped"  # from <root>/runs/<name>/<fingerprint>: out of <root>, into tmp_path
     for sweep in ([], ["-m"]):
-        run_job([sys.executable, "-m", "cupid_exp", *sweep, f"model.name={escape}", "runtime.dry_run=true",
+        run_job([sys.executable, "-m", "cupid_exp", *sweep, f"model.name={escape}", "calls.dry_run=true",
                  "tracking=none", f"paths.output_root={root}", "runtime.progress=false"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["deep"] and os.listdir(root.parent) == ["out"]
     (config,) = root.rglob(".hydra/config.yaml")  # the run's and the sweep job's (one experiment: one folder)

@@ -17,7 +17,7 @@ from cupid_exp.testing.stub_llm_server import StubServer
 
 
 def _run(url: str, root: Path, *overrides: str) -> dict:
-    outcome = run_evaluation(stub_config(url, root, f"runtime.cache_dir={root / 'cache'}", *overrides), root / "job")
+    outcome = run_evaluation(stub_config(url, root, f"calls.cache_dir={root / 'cache'}", *overrides), root / "job")
     assert outcome.outcome == "ok", outcome
     return json.loads((root / "job" / "metrics.json").read_text())
 
@@ -58,7 +58,7 @@ def test_each_epoch_is_its_own_draw_and_cache_entry(tmp_path: Path) -> None:
         first = stub.stats()
         stub.reset()
         _run(stub.url, tmp_path / "again", "runtime.epochs=3", "+model.params.seed=7",
-             f"runtime.cache_dir={tmp_path / 'three' / 'cache'}")
+             f"calls.cache_dir={tmp_path / 'three' / 'cache'}")
         again = stub.stats()
     # each epoch went out (none answered by another epoch's cached reply), seeded the model's seed + epoch
     assert first["total_completed"] == first["distinct_completed"] == 3 * sent_once
@@ -96,7 +96,7 @@ def test_per_epoch_metrics_and_their_mean_go_to_mlflow(tmp_path: Path) -> None:
 
 def test_the_dry_run_prices_every_epoch(tmp_path: Path) -> None:
     def dry(root: Path, *overrides: str) -> dict:
-        cfg = compose_config(["model=gpt4o", "runtime.dry_run=true", "tracking=none", "runtime.progress=false",
+        cfg = compose_config(["model=gpt4o", "calls.dry_run=true", "tracking=none", "runtime.progress=false",
                               f"paths.output_root={root}", *overrides])
         assert run_evaluation(cfg, root / "job").outcome == "ok"
         return json.loads((root / "job" / "metrics.json").read_text())["metrics"]

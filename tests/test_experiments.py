@@ -1,6 +1,6 @@
 """The paper's experiments as presets (conf/experiment/): each composes its table's sweep one to one —
 the models, settings, task and matcher of the paper's rows (cupid_exp/reporting/paper_reference.yaml) —
-and previews it with runtime.dry_run=true through the CLI's entry (in this process: the sweep's cost is Hydra
+and previews it with calls.dry_run=true through the CLI's entry (in this process: the sweep's cost is Hydra
 composing each job, not the process), with no model called."""
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ TOTAL = re.compile(r"DRY RUN sweep total over (\d+) jobs: (\d+) calls, (\d+) pro
 @pytest.mark.parametrize("preset", PRESETS)
 def test_a_preset_is_previewed_by_a_dry_run(preset: str, tmp_path: Path) -> None:
     data = write_jsonl(tmp_path / "small.jsonl", sample_rows()[:3])
-    proc = run_job([sys.executable, "-m", "cupid_exp", "-m", f"+experiment={preset}", "runtime.dry_run=true",
+    proc = run_job([sys.executable, "-m", "cupid_exp", "-m", f"+experiment={preset}", "calls.dry_run=true",
                     "data=local", f"data.path={data}", f"paths.output_root={tmp_path / 'out'}",
                     "runtime.progress=false"])
     (total,) = TOTAL.findall(proc.stdout)

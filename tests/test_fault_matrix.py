@@ -87,7 +87,7 @@ run made them; the job must run (exit 0), the file set aside with its bytes and 
 taken and let go, its bytes are nobody's). A reply cut at max_tokens keeps its whole text (it parses: only its
 finish_reason says so), live and in batch rows, and so does the longer request it is sent again as. An outage
 resets every connection for a few seconds after the job's first answers (``outage_beyond_patience``: until the
-resume, past ``runtime.outage_patience_s=1``). Cells marked ``slow`` (sweeps, the tracking server, the disk, kills,
+resume, past ``calls.outage_patience_s=1``). Cells marked ``slow`` (sweeps, the tracking server, the disk, kills,
 SIGTERM) run in CI too.
 """
 
@@ -161,7 +161,7 @@ def _the_cell(fault: Fault, cell: Cell) -> None:
         with DRIVERS[fault.driver](cell, stub) as driver:
             run = partial(command, cell, stub.url, *driver.both, *arrangement.both, tracking=driver.tracking,
                           seed_store=driver.seed_store)
-            budget = [f"runtime.max_cost_usd={arrangement.budget}"] if arrangement.budget is not None else []
+            budget = [f"calls.max_cost_usd={arrangement.budget}"] if arrangement.budget is not None else []
             switch_on(stub, arrangement)
             first = driver.run(run(*arrangement.on, *budget))
             stats = settled(stub)

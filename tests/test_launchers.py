@@ -35,7 +35,7 @@ def stub():
 def cli(args: list[str], cwd: Path, output_root: Path, cache_dir: Path, url: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "cupid_exp", *args, *stub_overrides(url), "data.limit=1",
-           f"paths.output_root={output_root}", f"runtime.cache_dir={cache_dir}"]
+           f"paths.output_root={output_root}", f"calls.cache_dir={cache_dir}"]
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
     return proc

@@ -120,13 +120,15 @@ def test_importing_and_checking_the_config_loads_no_task_setting_or_model_module
     task's) loads nothing of the tasks, the settings or the model layer."""
     script = """
 import json, sys
-from cupid_exp.config import (DataConfig, EvaluatorConfig, ModelConfig, RuntimeConfig, TaskConfig, TrackingConfig,
+from cupid_exp.config import (CallsConfig, DataConfig, EvaluatorConfig, ModelConfig, RuntimeConfig, TaskConfig,
+                              TrackingConfig,
                               check_tree)
 model = ModelConfig(name="m", litellm_model="openai/m", params={"temperature": 0, "max_tokens": 8})
 check_tree(model, "model")
 check_tree(EvaluatorConfig(name="e", decomposer=model, matcher=model, judge=model), "evaluator")
 check_tree(TaskConfig(name="inference", parts=["inference"]), "task")
-check_tree(RuntimeConfig(cache_dir="c"), "runtime")
+check_tree(RuntimeConfig(), "runtime")
+check_tree(CallsConfig(cache_dir="c"), "calls")
 check_tree(DataConfig(name="sample", source="sample"), "data")
 check_tree(TrackingConfig(uri="sqlite:///x.db"), "tracking")
 print(json.dumps(sorted(m for m in sys.modules if m.startswith("cupid_exp"))))
@@ -187,8 +189,8 @@ def test_the_shipped_test_tools_need_no_pytest_and_the_runner_never_imports_them
     assert not users, users
 
 
-def test_the_model_layer_takes_the_call_settings_not_the_runtime_config() -> None:
-    """``LLMClient`` and the ``llm/`` helpers are handed ``CallSettings``; none of them names ``RuntimeConfig``."""
+def test_the_model_layer_takes_the_calls_group_not_the_runtime_config() -> None:
+    """``LLMClient`` and the ``llm/`` helpers are handed ``CallsConfig``; none of them names ``RuntimeConfig``."""
     naming = []
     for module, path in _module_names().items():
         if within(module, ("cupid_exp.llm",)):
@@ -197,7 +199,7 @@ def test_the_model_layer_takes_the_call_settings_not_the_runtime_config() -> Non
                    or isinstance(node, ast.alias) and node.name == "RuntimeConfig" for node in ast.walk(tree)):
                 naming.append(module)
     assert not naming, naming
-    assert "CallSettings" in _module_names()["cupid_exp.llm.client"].read_text(encoding="utf-8")
+    assert "CallsConfig" in _module_names()["cupid_exp.llm.client"].read_text(encoding="utf-8")
 
 
 def test_no_circle_among_the_modules() -> None:

@@ -129,7 +129,7 @@ def test_the_matcher_call_carries_the_official_examples(tmp_path: Path, monkeypa
     monkeypatch.setattr(LLMClient, "complete", recording_complete)
     directory = official_layout(tmp_path / "official", MODULE.format(examples=repr(INVENTED)))
     with StubServer() as stub:
-        result = run_one(stub_plan(stub.url, tmp_path, f"prompts.dir={directory}", "runtime.cache=false"))
+        result = run_one(stub_plan(stub.url, tmp_path, f"prompts.dir={directory}", "calls.cache=false"))
     system = sent["match_recall"][0]["content"]
     assert system == f"FAKE MATCHER. Label each entry.\n\n### Examples\n\n{expected_block(INVENTED)}"
     assert result.inference.f1 is not None

@@ -107,7 +107,7 @@ def test_jobs_run_one_after_another_in_one_process_each_call_models_in_its_own_e
     data = write_dataset(tmp_path / "data.jsonl", 3)
     root = tmp_path / "out"
     with StubServer() as stub:
-        cmd = cli_command(stub.url, root, "tracking=none", "runtime.cache=false", data=data)
+        cmd = cli_command(stub.url, root, "tracking=none", "calls.cache=false", data=data)
         proc = run_cli([*cmd[:3], "-m", *cmd[3:], "runtime.reask=1,2"])  # two jobs: both call the model
         st = stub.stats()
     assert st["total_completed"] == st["total_received"] == 2 * 3 * 4  # both jobs called the model, no errors

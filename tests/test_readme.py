@@ -50,7 +50,7 @@ EXPECTED: dict[str, Expect] = {
     "python3 -m venv .venv && . .venv/bin/activate": Expect(skip="CI makes the fresh venv (.ci/run)"),
     "bash scripts/setup.sh": Expect(skip="CI runs it in a fresh clone (.ci/run), and this suite runs inside its "
                                          "result"),
-    "python -m cupid_exp": Expect(instead="python -m cupid_exp runtime.dry_run=true", stdout_has="DRY RUN",
+    "python -m cupid_exp": Expect(instead="python -m cupid_exp calls.dry_run=true", stdout_has="DRY RUN",
                                   why="the demo's embedded model takes minutes on 2 busy cores; this checks its "
                                       "config, "
                                       "data and prompts, and tests/test_launchers.py (slow) runs the CLI on it"),
@@ -62,14 +62,14 @@ EXPECTED: dict[str, Expect] = {
     # no stub: a role pointed at an api_base (a proxy) is not held to its provider's variable; without the check the
     # call would go to the real provider, which this machine cannot reach (and the exit code would be 3, not 2)
     "env -u ANTHROPIC_API_KEY python -m cupid_exp model=claude": Expect(exit=2, one_line="ANTHROPIC_API_KEY"),
-    "python -m cupid_exp model=gpt4o runtime.max_cost_usd=5": Expect(stub="base", extra=FAST,
+    "python -m cupid_exp model=gpt4o calls.max_cost_usd=5": Expect(stub="base", extra=FAST,
                                                                       stdout_has="complete: 1 of 1 instances"),
-    "python -m cupid_exp model=gpt4o runtime.max_cost_usd=8": Expect(stub="base", extra=FAST,
+    "python -m cupid_exp model=gpt4o calls.max_cost_usd=8": Expect(stub="base", extra=FAST,
                                                                       stdout_has="complete: 1 of 1 instances"),
-    "python -m cupid_exp model=gpt4o data=cupid runtime.dry_run=true": Expect(exit=2, one_line=HUB),
+    "python -m cupid_exp model=gpt4o data=cupid calls.dry_run=true": Expect(exit=2, one_line=HUB),
     "python -m cupid_exp model=gpt4o data=cupid": Expect(exit=2, one_line=HUB),
     "python -m cupid_exp.report": Expect(stdout_has="gpt4o"),
-    f"python -m cupid_exp model=gpt4o data=local data.path={SAMPLE_FULL} runtime.dry_run=true": Expect(
+    f"python -m cupid_exp model=gpt4o data=local data.path={SAMPLE_FULL} calls.dry_run=true": Expect(
         stub="eval", stdout_has="DRY RUN"),
     # README: Compose experiments
     "python -m cupid_exp data.limit=1": Expect(stub="eval", extra="tracking=none",
@@ -91,11 +91,11 @@ EXPECTED: dict[str, Expect] = {
     "python -m cupid_exp model=gpt4o evaluator=prefmatcher evaluator.server.serve=true": Expect(
         exit=2, one_line="vllm"),
     # README: Presets
-    "python -m cupid_exp -m +experiment=table1 runtime.dry_run=true": Expect(exit=2, stderr_has=HUB),
+    "python -m cupid_exp -m +experiment=table1 calls.dry_run=true": Expect(exit=2, stderr_has=HUB),
     "python -m cupid_exp -m +experiment=table1": Expect(exit=2, stderr_has=HUB),
     "python -m cupid_exp.report --reference paper": Expect(stdout_has="paper: GPT-4o"),
     # docs/presets.md
-    f"python -m cupid_exp -m +experiment=table1 runtime.dry_run=true data=local data.path={SAMPLE_FULL}": Expect(
+    f"python -m cupid_exp -m +experiment=table1 calls.dry_run=true data=local data.path={SAMPLE_FULL}": Expect(
         check="dry_run_totals"),
     # README: Reports, comparisons and config diffs
     "python -m cupid_exp.report --filter \"params.\\`model.name\\` = 'gpt4o'\" --format csv --output leaderboard.csv":
@@ -122,13 +122,13 @@ EXPECTED: dict[str, Expect] = {
     "mkdir -p myconf/model && cat > myconf/model/my_model.yaml <<'YAML'": Expect(),
     "cupid-exp --config-dir myconf model=my_model": Expect(stub="eval", extra=FAST, stdout_has="model=my_model"),
     # docs/batch.md
-    "python -m cupid_exp model=gpt4o runtime.batch=true": Expect(
-        stub="base", extra=f"{FAST} runtime.batch_delay_s=0.1 runtime.batch_poll_s=0.2", stdout_has="batches: "),
-    "python -m cupid_exp -m +experiment=table1 runtime.batch=true": Expect(exit=2, stderr_has=HUB),
+    "python -m cupid_exp model=gpt4o calls.batch=true": Expect(
+        stub="base", extra=f"{FAST} calls.batch_delay_s=0.1 calls.batch_poll_s=0.2", stdout_has="batches: "),
+    "python -m cupid_exp -m +experiment=table1 calls.batch=true": Expect(exit=2, stderr_has=HUB),
     # how calls are sent is not the job's identity: after the command above this one would resume its journal
     # and send nothing; run afresh, it shows the judge kept live while the other roles batch
-    "python -m cupid_exp model=gpt4o evaluator.judge.batch=false runtime.batch=true": Expect(
-        stub="base", extra=f"{FAST} runtime.batch_delay_s=0.1 runtime.batch_poll_s=0.2 runtime.resume=false",
+    "python -m cupid_exp model=gpt4o evaluator.judge.batch=false calls.batch=true": Expect(
+        stub="base", extra=f"{FAST} calls.batch_delay_s=0.1 calls.batch_poll_s=0.2 runtime.resume=false",
         stdout_has="batches: "),
     # docs/performance.md
     "python bench/bench.py --quick": Expect(instead="python bench/bench.py --help",
@@ -138,7 +138,7 @@ EXPECTED: dict[str, Expect] = {
     "evaluator=gpt4o data=cupid": Expect(exit=2, stderr_has=HUB),
     "python -m cupid_exp -m hydra/launcher=submitit_slurm hydra.launcher.partition=cpu hydra.launcher.timeout_min=600 "
     "hydra.launcher.cpus_per_task=4 hydra.launcher.mem_gb=16 hydra.launcher.array_parallelism=8 "
-    "tracking.uri=http://mlflow.internal:5000 runtime.cache_dir=/shared/cupid-cache model=gpt4o,claude37,deepseek_r1 "
+    "tracking.uri=http://mlflow.internal:5000 calls.cache_dir=/shared/cupid-cache model=gpt4o,claude37,deepseek_r1 "
     "setting=standard,oracle,summary evaluator=gpt4o data=cupid": Expect(
         skip="needs a SLURM cluster; the same submitit path runs locally in tests/test_launchers.py"),
     # docs/team-server.md

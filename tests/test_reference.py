@@ -26,7 +26,7 @@ def test_every_runtime_key_is_in_the_reference() -> None:
     keys = {key for _, _, found in reference.sections() for key, *_ in found}
     missing = {f"runtime.{name}" for name in RuntimeConfig.__dataclass_fields__} - keys
     assert not missing, missing
-    assert "| `runtime.timeout` | `float` | `600` |" in reference.render()
+    assert "| `calls.timeout` | `float` | `600` |" in reference.render()
 
 
 @dataclass

@@ -31,7 +31,7 @@ N_KILLS = 5
 
 
 def cache_entries(cache_dir: Path) -> int:
-    """Entries in the response cache's store (``runtime.cache_dir``/responses)."""
+    """Entries in the response cache's store (``calls.cache_dir``/responses)."""
     store = cache_dir / STORE_FOLDER
     if not store.exists():
         return 0
@@ -83,7 +83,7 @@ def journal_records(journal_dir: Path) -> int:
 
 def test_sigkill_at_random_points_then_resume_gives_identical_results(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "data.jsonl", N_INSTANCES)
-    extra = ["tracking=none", "runtime.num_retries=0"]
+    extra = ["tracking=none", "calls.num_retries=0"]
     with StubServer(latency_ms=5, seed=3) as stub:
         # the uninterrupted run
         base_root = tmp_path / "base"
@@ -146,7 +146,7 @@ def test_a_killed_job_of_three_epochs_resumes_sending_each_instance_epoch_once(t
     data = write_dataset(tmp_path / "data.jsonl", n)
     root, cache = tmp_path / "killed", tmp_path / "cache"
     with StubServer(latency_ms=5, seed=3) as stub:
-        cmd = cli_command(stub.url, root, "tracking=none", "runtime.num_retries=0", f"runtime.epochs={epochs}",
+        cmd = cli_command(stub.url, root, "tracking=none", "calls.num_retries=0", f"runtime.epochs={epochs}",
                           cache_dir=cache, data=data)
         # 40 of 48 replies: more than the 36 (three of four calls for each of 12 units) that could leave all unfinished
         kill = kill_after(stub, cmd, 4 * n * epochs - 8, cache, tmp_path / "attempt.log", journal_dir=root / "journal")

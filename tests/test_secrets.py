@@ -41,10 +41,10 @@ def leaks(root: Path, outputs: list[str]) -> list[str]:
 @pytest.mark.slow
 def test_no_key_appears_in_outputs_logs_hydra_files_or_mlflow(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "data.jsonl", 12)
-    root = tmp_path / "out"  # the response cache stays under it too (runtime.cache_dir default)
+    root = tmp_path / "out"  # the response cache stays under it too (calls.cache_dir default)
     env = cli_env(**KEYS)
     overrides = ["model.api_key_env=STUB_CREDS", f"+evaluator.decomposer.params.api_key={OVERRIDE_KEY}",
-                 "runtime.num_retries=0", "runtime.max_failed_fraction=1"]
+                 "calls.num_retries=0", "runtime.max_failed_fraction=1"]
     outputs = []
     # a 400 quoting the key: counted per instance, so the key flows into the journal, the records and MLflow
     with StubServer(echo_key_steps=("infer", "decompose", "match"), echo_key_rate=0.35, seed=2,
@@ -62,7 +62,7 @@ def test_no_key_appears_in_outputs_logs_hydra_files_or_mlflow(tmp_path: Path) ->
     assert failing.returncode != 0
     # a 401 quoting the key stops the job (a fatal refusal): its one line quotes the key, masked
     with StubServer(echo_key_steps=("infer",), seed=2) as stub:
-        fatal = run_cli([*cli_command(stub.url, root, *overrides, "runtime.cache=false", data=data),
+        fatal = run_cli([*cli_command(stub.url, root, *overrides, "calls.cache=false", data=data),
                          "paths.output_root=" + str(tmp_path / "fatal")], env=env, check=False)
     outputs += [fatal.stdout, fatal.stderr]
     assert fatal.returncode == 2 and "invalid_api_key" in fatal.stderr and "***" in fatal.stderr, fatal.stderr[-2000:]
@@ -142,7 +142,7 @@ def test_headers_and_url_credentials_reach_the_call_but_no_file_and_no_printed_l
     # some inferences answered with a 400 quoting the bearer token: it flows into the records, the journal, MLflow
     with StubServer(record_headers=("x-tenant", "x-api-key", "authorization"), echo_key_steps=("infer",),
                     echo_key_rate=0.5, echo_key_status=400, seed=3) as stub:
-        base = cli_command(stub.url, root, HEADER_OVERRIDE, "runtime.num_retries=0", "runtime.max_failed_fraction=1",
+        base = cli_command(stub.url, root, HEADER_OVERRIDE, "calls.num_retries=0", "runtime.max_failed_fraction=1",
                            data=data)
         for cmd in (base, sweep([*base, "data.limit=4"])):  # a sweep: multirun.yaml, the launcher's log, a parent run
             proc = run_cli(cmd)

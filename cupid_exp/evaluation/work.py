@@ -67,9 +67,9 @@ class EvaluationWork:
         from cupid_exp.rendering import matcher_examples
 
         cfg = self.cfg
-        calls = cfg.runtime.call_settings()  # what the clients read of runtime
+        calls = cfg.calls  # the slice the clients read
         configure_litellm(calls)
-        if not cfg.runtime.dry_run:
+        if not cfg.calls.dry_run:
             from cupid_exp.llm._litellm import import_first_call_modules
 
             import_first_call_modules()
@@ -148,7 +148,7 @@ def load_evaluation(cfg: RunConfig, output_dir: Path) -> Work:
     check_prompts(prompts, prompts_needed(cfg, setting, cfg.task.parts))
     if cfg.evaluator.matcher_few_shot:  # read with the clients (``connect``): a drop-in's own examples or the
         prompts.matcher_examples()  # official module's, never ours; ConfigError in one line
-    if not cfg.runtime.dry_run:  # a dry run starts no server
+    if not cfg.calls.dry_run:  # a dry run starts no server
         check_server_command(cfg.evaluator.server)
     data = load_instances(cfg.data)
     log.info("%d instances from %s (%d bad rows); model=%s evaluator=%s", len(data.instances), data.source,

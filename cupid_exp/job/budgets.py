@@ -1,4 +1,4 @@
-"""A job's budgets: ``runtime.max_cost_usd`` over its attempts, ``runtime.sweep_max_cost_usd`` over a sweep's jobs."""
+"""A job's budgets: ``calls.max_cost_usd`` over its attempts, ``calls.sweep_max_cost_usd`` over a sweep's jobs."""
 
 from __future__ import annotations
 
@@ -6,26 +6,26 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from cupid_exp.config import RuntimeConfig
+from cupid_exp.config import CallsConfig
 from cupid_exp.llm.budget import LEDGER_FILE, Account, Budget
 
 ESTIMATE_FILE = "budget_estimate.json"  #: a dry-run sweep's jobs add their estimates up here
 
 
-def job_budget(runtime: RuntimeConfig, *, job_ledger: Path, sweep_dir: str | None,
+def job_budget(calls: CallsConfig, *, job_ledger: Path, sweep_dir: str | None,
                spent: float = 0.0) -> Budget | None:
     """One job's accounts (its ledger, and a sweep's); ``spent``: what earlier attempts counted."""
     accounts: list[Account] = []
-    job_caps = [(runtime.max_cost_usd, "runtime.max_cost_usd")]
+    job_caps = [(calls.max_cost_usd, "calls.max_cost_usd")]
     if sweep_dir is None:
-        job_caps.append((runtime.sweep_max_cost_usd, "runtime.sweep_max_cost_usd"))
+        job_caps.append((calls.sweep_max_cost_usd, "calls.sweep_max_cost_usd"))
     set_caps = [(cap, key) for cap, key in job_caps if cap is not None]
     if set_caps:
         cap, key = min(set_caps)
         accounts.append(Account(str(job_ledger), float(cap), key, spent))
-    if sweep_dir is not None and runtime.sweep_max_cost_usd is not None:
-        accounts.append(Account(str(Path(sweep_dir) / LEDGER_FILE), float(runtime.sweep_max_cost_usd),
-                                "runtime.sweep_max_cost_usd", spent))
+    if sweep_dir is not None and calls.sweep_max_cost_usd is not None:
+        accounts.append(Account(str(Path(sweep_dir) / LEDGER_FILE), float(calls.sweep_max_cost_usd),
+                                "calls.sweep_max_cost_usd", spent))
     return Budget(accounts) if accounts else None
 
 
@@ -86,15 +86,15 @@ def sweep_estimate(sweep_dir: str, estimate_usd: float) -> tuple[float, int]:
     return float(data["usd"]), int(data["jobs"])
 
 
-def fit_line(runtime: RuntimeConfig, estimate_usd: float, sweep_dir: str | None = None) -> str | None:
+def fit_line(calls: CallsConfig, estimate_usd: float, sweep_dir: str | None = None) -> str | None:
     """The dry run's line: whether the estimate fits each budget; in a sweep, the jobs' estimates add up."""
     parts = []
-    if runtime.max_cost_usd is not None:
-        parts.append(_verdict("the estimate", estimate_usd, runtime.max_cost_usd, "runtime.max_cost_usd"))
-    if runtime.sweep_max_cost_usd is not None:
+    if calls.max_cost_usd is not None:
+        parts.append(_verdict("the estimate", estimate_usd, calls.max_cost_usd, "calls.max_cost_usd"))
+    if calls.sweep_max_cost_usd is not None:
         what, usd = "the estimate", estimate_usd
         if sweep_dir is not None:
             usd, jobs = sweep_estimate(sweep_dir, estimate_usd)
             what = f"the sweep's estimate so far ({jobs} jobs)"
-        parts.append(_verdict(what, usd, runtime.sweep_max_cost_usd, "runtime.sweep_max_cost_usd"))
+        parts.append(_verdict(what, usd, calls.sweep_max_cost_usd, "calls.sweep_max_cost_usd"))
     return "budget: " + "; ".join(parts) if parts else None

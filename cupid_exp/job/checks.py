@@ -63,7 +63,7 @@ def check_prompts(prompts: PromptSet, needed: dict[str, set[str]]) -> None:
 def check_tracking(cfg: JobConfig) -> None:
     """An MLflow server answers within a few seconds; a SQLite store's folder is writable."""
     tracking = cfg.tracking
-    if not tracking.enabled or cfg.runtime.dry_run:
+    if not tracking.enabled or cfg.calls.dry_run:
         return
     uri = tracking.uri
     if uri.startswith("sqlite:///"):
@@ -90,7 +90,7 @@ def prompt_set(directory: str | None) -> PromptSet:
 
 def check_workers(cfg: JobConfig) -> None:
     """Embedded models run inside the job's process: every worker would load (and compute with) its own copy."""
-    if cfg.runtime.workers == AUTO_WORKERS or cfg.runtime.workers <= 1 or cfg.runtime.dry_run:
+    if cfg.runtime.workers == AUTO_WORKERS or cfg.runtime.workers <= 1 or cfg.calls.dry_run:
         return  # auto: one process with an embedded model (job.worker_count)
     embedded = cfg.embedded_model_names()
     if embedded:
@@ -128,8 +128,8 @@ def check_before_calls(cfg: JobConfig) -> None:
     """What every job checks before its first call, whatever its kind."""
     check_workers(cfg)
     check_writable("paths.output_root", cfg.paths.output_root)
-    if cfg.runtime.cache and not cfg.runtime.dry_run:
-        check_writable("runtime.cache_dir", cfg.runtime.cache_dir)
+    if cfg.calls.cache and not cfg.calls.dry_run:
+        check_writable("calls.cache_dir", cfg.calls.cache_dir)
     check_tracking(cfg)
 
 

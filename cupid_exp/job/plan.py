@@ -48,7 +48,7 @@ def specify(cfg: DictConfig, output_dir: Path, choices: dict[str, str] | None, p
     secrets = secret_values(resolved)
     install_log_scrubber(secrets)
     check_before_calls(job_cfg)
-    check_priced(job_cfg.model_configs(), job_cfg.runtime.call_settings())  # a budget needs every model's price
+    check_priced(job_cfg.model_configs(), job_cfg.calls)  # a budget needs every model's price
     work = kind(job_cfg, output_dir)
     identity = job_identity(resolved, not_identity=work.not_identity, **work.digests)
     return JobSpec(cfg=job_cfg, work=work, resolved=redact(resolved), output_dir=output_dir,
@@ -84,7 +84,7 @@ def open_attempt(spec: JobSpec) -> Attempt:
                         else spec.output_dir / "budget.json")
             sweep = spec.parent_run.sweep_dir if isinstance(spec.parent_run, SweepParent) else None
             spent = earlier.totals().get("cost_usd", 0.0) if earlier is not None else 0.0
-            budget = job_budget(cfg.runtime, job_ledger=accounts, sweep_dir=sweep, spent=spent)
+            budget = job_budget(cfg.calls, job_ledger=accounts, sweep_dir=sweep, spent=spent)
         n = processes(cfg, left, per_process=work.units_per_process, noun=work.noun) if left and not spec.dry_run \
             else 1
         return Attempt(lock, journal, ledger, earlier, done, budget, n, meter)

@@ -112,7 +112,7 @@ def publish(job: Job, summary: Summary, tracker: Any, spending: BudgetReport | N
         estimate = meter.totals().get("cost_usd", 0.0)
         parent = job.spec.parent_run
         sweep = parent.sweep_dir if isinstance(parent, SweepParent) else None
-        show(dry_run_report(job.work.title, meter, fit_line(job.cfg.runtime, estimate, sweep)),
+        show(dry_run_report(job.work.title, meter, fit_line(job.cfg.calls, estimate, sweep)),
                      job.output_dir)
         return
     where = str(job.output_dir)
@@ -234,7 +234,7 @@ def dry_run_report(title: str, meter: UsageMeter, budget_line: str | None = None
         f"total: {int(totals.get('calls', 0))} calls, {int(totals.get('prompt_tokens', 0))} prompt tokens, "
         f"~{int(totals.get('completion_tokens', 0))} completion tokens, ~${totals.get('cost_usd', 0.0):.4f}"
         + (f" ({unpriced} calls unpriced)" if unpriced else "")
-        + (f"; with runtime.batch=true ~${batch:.4f} (Batch API prices where the provider has them)"
+        + (f"; with calls.batch=true ~${batch:.4f} (Batch API prices where the provider has them)"
            if batch is not None and batch < totals.get("cost_usd", 0.0) else ""),
         *([budget_line] if budget_line else []),
     ])

@@ -154,7 +154,7 @@ class JobSpec:
 
     @property
     def dry_run(self) -> bool:
-        return bool(self.cfg.runtime.dry_run)
+        return bool(self.cfg.calls.dry_run)
 
     @property
     def journal_dir(self) -> Path:

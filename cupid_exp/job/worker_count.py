@@ -29,10 +29,10 @@ def can_spawn() -> bool:
 def auto_processes(cfg: JobConfig, todo: int, cores: int | None = None, *, per_process: int = INSTANCES_PER_PROCESS,
                    noun: str = "instance") -> tuple[int, str]:
     """``runtime.workers=auto``: the processes for ``todo`` units, and why, for the log."""
-    if cfg.runtime.dry_run:
+    if cfg.calls.dry_run:
         return 1, "a dry run calls no model"
-    if cfg.runtime.batch:
-        return 1, "runtime.batch waits on the provider, not on this process"
+    if cfg.calls.batch:
+        return 1, "calls.batch waits on the provider, not on this process"
     embedded = cfg.embedded_model_names()
     if embedded:
         return 1, f"{', '.join(embedded)} run(s) inside the job's process"

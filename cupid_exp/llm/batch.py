@@ -76,7 +76,7 @@ class Guard:
 
 
 class _Gone(Exception):
-    """The endpoint did not answer within ``runtime.outage_patience_s``: ``stop`` is the job's stop for later."""
+    """The endpoint did not answer within ``calls.outage_patience_s``: ``stop`` is the job's stop for later."""
 
     def __init__(self, stop: Exception):
         self.stop = stop
@@ -246,7 +246,7 @@ class Batcher:
 
     async def _answered(self, send: Callable[[], Awaitable[_T]]) -> _T:
         """``send()`` until the endpoint answers, outages waited out with capped backoff (a line at start and end); past
-        ``runtime.outage_patience_s`` raises ``_Gone``."""
+        ``calls.outage_patience_s`` raises ``_Gone``."""
         down, tries = None, 0
         where = self.endpoint.get("api_base") or self.endpoint["model"]
         while True:
@@ -260,7 +260,7 @@ class Batcher:
                 if now - down > self.guard.outage_patience_s:
                     raise _Gone(self.guard.later("unreachable", (
                         f"provider {where} has not answered since {time.strftime('%H:%M:%S', time.localtime(down))} "
-                        f"({now - down:.0f} s, runtime.outage_patience_s={self.guard.outage_patience_s:g}): "
+                        f"({now - down:.0f} s, calls.outage_patience_s={self.guard.outage_patience_s:g}): "
                         + " ".join(str(exc).split())[:300]))) from exc
                 wait = min(self.settings.poll_s, PROBE_BASE_S * 2 ** tries, PROBE_CAP_S)
                 if tries == 0:
@@ -333,7 +333,7 @@ class Batcher:
         if self.queue.held_s() > self.guard.patience_s:
             stop = self.guard.later(
                 "token_limit_exceeded", f"the provider's enqueued-token limit has refused this job's batches for "
-                f"{self.queue.held_s():.0f} s, more than runtime.rate_limit_patience_s={self.guard.patience_s:g}: "
+                f"{self.queue.held_s():.0f} s, more than calls.rate_limit_patience_s={self.guard.patience_s:g}: "
                 f"{message}")
             for row in held + self._intake:
                 self._fail(row, stop)

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from cupid_exp.config import CallSettings, ModelConfig
+from cupid_exp.config import CallsConfig, ModelConfig
 from cupid_exp.llm.batch import Batcher, BatchSettings, Guard, RowBill, RowFailed
 from cupid_exp.llm.batch_ledger import BatchLedger
 from cupid_exp.llm.batch_providers import BatchUnsupported, batch_provider
@@ -38,7 +38,7 @@ def batch_price(model: ModelConfig, prompt_tokens: int, completion_tokens: int) 
     return float(cost_in + cost_out)
 
 
-def new_batcher(model: ModelConfig, settings: CallSettings, api_key: str | None, counts: BatchCounts,
+def new_batcher(model: ModelConfig, settings: CallsConfig, api_key: str | None, counts: BatchCounts,
                 guard: Guard | None = None) -> Batcher:
     provider = batch_provider(model.litellm_model)
     if provider is None:

@@ -1,4 +1,4 @@
-"""The Batch API's memory on disk (``<runtime.cache_dir>/batches``): the batches submitted and every row returned, so a
+"""The Batch API's memory on disk (``<calls.cache_dir>/batches``): the batches submitted and every row returned, so a
 rerun anywhere with the same folder collects them instead of paying again. An unreadable list is set aside."""
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, TypeVar
 
-from cupid_exp.config import CallSettings, ModelConfig
+from cupid_exp.config import CallsConfig, ModelConfig
 from cupid_exp.errors import ConfigError
 from cupid_exp.llm.messages import Message
 from cupid_exp.llm.usage import WorstCase
@@ -85,15 +85,15 @@ def model_prices(model: ModelConfig) -> Prices | None:
     return Prices(float(cost_in), float(cost_out), info.get("max_output_tokens") or info.get("max_tokens"))
 
 
-def wanted(settings: CallSettings) -> bool:
+def wanted(settings: CallsConfig) -> bool:
     return settings.max_cost_usd is not None or settings.sweep_max_cost_usd is not None
 
 
-def check_priced(models: Iterable[ModelConfig], settings: CallSettings) -> None:
+def check_priced(models: Iterable[ModelConfig], settings: CallsConfig) -> None:
     """Before the first call: a budget needs every model's price and a bound on its replies (one-line ConfigError)."""
     if not wanted(settings):
         return
-    key = "runtime.max_cost_usd" if settings.max_cost_usd is not None else "runtime.sweep_max_cost_usd"
+    key = "calls.max_cost_usd" if settings.max_cost_usd is not None else "calls.sweep_max_cost_usd"
     cap = settings.max_cost_usd if settings.max_cost_usd is not None else settings.sweep_max_cost_usd
     for model in models:
         prices = model_prices(model)
@@ -107,7 +107,7 @@ def check_priced(models: Iterable[ModelConfig], settings: CallSettings) -> None:
                               f"({model.litellm_model}): set its params.max_tokens")
 
 
-def priced(model: ModelConfig, settings: CallSettings) -> Prices:
+def priced(model: ModelConfig, settings: CallsConfig) -> Prices:
     """The prices of a model a budgeted client calls (checked by the job before, ``check_priced``)."""
     check_priced([model], settings)
     return model_prices(model)  # type: ignore[return-value]

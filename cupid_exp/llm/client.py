@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from cupid_exp.config import CallSettings, ModelConfig
+from cupid_exp.config import CallsConfig, ModelConfig
 from cupid_exp.llm import _litellm
 from cupid_exp.llm.billing import (
     CallBill,
@@ -49,7 +49,7 @@ DryReply = Callable[[list[Message]], str]
 _CACHE_DIR: str | None = None
 
 
-def configure_litellm(settings: CallSettings) -> None:
+def configure_litellm(settings: CallsConfig) -> None:
     """Process-wide litellm settings: quiet, offline price map, the response cache on disk."""
     global _CACHE_DIR
     import litellm
@@ -116,7 +116,7 @@ class Pricing:
     (two configs may price one id). ``worst``: the prices a lost request is charged its worst case at (budget or
     not; a budget needs them, ``priced``); None: unpriced."""
 
-    def __init__(self, model: ModelConfig, settings: CallSettings, budgeted: bool):
+    def __init__(self, model: ModelConfig, settings: CallsConfig, budgeted: bool):
         self.litellm_model = model.litellm_model
         self.worst = priced(model, settings) if budgeted else model_prices(model)
         self.own = _config_prices(model)
@@ -150,7 +150,7 @@ class Pricing:
 class LLMClient:
     """Completions for one configured model, shared by every step and role that uses it."""
 
-    def __init__(self, model: ModelConfig, settings: CallSettings, meter: UsageMeter, budget: Budget | None = None):
+    def __init__(self, model: ModelConfig, settings: CallsConfig, meter: UsageMeter, budget: Budget | None = None):
         self.model, self.settings, self.meter = model, settings, meter
         self.budget = budget  # every call reserves its worst case first (cupid_exp.llm.budget)
         self.pricing = Pricing(model, settings, budgeted=budget is not None)
@@ -266,7 +266,7 @@ class LLMClient:
             self.model.input_cost_per_token, self.model.output_cost_per_token)
         text = dry_reply(messages) if dry_reply is not None else "(dry run)"
         at_batch = batch_price(self.model, prompt_tokens, completion_tokens) if batch_provider(
-            self.model.litellm_model) else None  # what runtime.batch=true would cost: live price without a batch API
+            self.model.litellm_model) else None  # what calls.batch=true would cost: live price without a batch API
         completion = Completion(text=text, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                                 cost_usd=cost, batch_cost_usd=at_batch if at_batch is not None else cost)
         self.meter.add(step, completion)
@@ -453,8 +453,8 @@ def _identity(model: ModelConfig) -> str:
     return json.dumps(asdict(model), sort_keys=True, default=str)
 
 
-def _wants_batch(model: ModelConfig, settings: CallSettings) -> bool:
-    """Whether this model's calls go through a Batch API (``model.batch``, else ``runtime.batch``)."""
+def _wants_batch(model: ModelConfig, settings: CallsConfig) -> bool:
+    """Whether this model's calls go through a Batch API (``model.batch``, else ``calls.batch``)."""
     wanted = model.batch if model.batch is not None else settings.batch
     if not wanted or settings.dry_run:
         return False
@@ -467,7 +467,7 @@ def _wants_batch(model: ModelConfig, settings: CallSettings) -> bool:
     return True
 
 
-def clients_for(roles: Mapping[str, ModelConfig], settings: CallSettings, meter: UsageMeter,
+def clients_for(roles: Mapping[str, ModelConfig], settings: CallsConfig, meter: UsageMeter,
                 budget: Budget | None = None, share: tuple[int, int] = (0, 1)) -> dict[str, LLMClient]:
     """One client per distinct model config, so roles on the same model share its concurrency bound. ``share``:
     this process's index among the ``n`` that split each model's ``max_concurrency`` (together: the configured)."""

@@ -4,7 +4,7 @@
   first window does not meet the whole burst), ×0.8 on a 429 at most once per ``COOLDOWN_S``, +10% after a round of
   successes;
 - ``Pacer``: no request before the requests and tokens per minute allow, counted as OpenAI counts them, with the
-  schedule in a ledger file under ``runtime.cache_dir/rate_limits/`` shared by every process on the pool. At the
+  schedule in a ledger file under ``calls.cache_dir/rate_limits/`` shared by every process on the pool. At the
   moment of sending no second holds more than its share: a caller a busy CPU woke late waits rather than land in
   the next second's window, and none goes within half the spacing of the last (a pair straddles a window's edge);
 - ``RefusalPace``: the pace learned from the refusals of a provider that states no limit, probed upward, cut on a

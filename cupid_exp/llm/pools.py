@@ -2,7 +2,7 @@
 
 Providers limit a key per pool (a model family, a rate-limit group, a proxy's capacity), not per model config:
 which pool a config calls (``pool_name``) and what a pool holds are in docs/limits-and-budgets.md. Processes on one
-pool share the pace through the pacer's ledger and the rest through ``runtime.cache_dir/rate_limits/<pool>.pool.json``
+pool share the pace through the pacer's ledger and the rest through ``calls.cache_dir/rate_limits/<pool>.pool.json``
 (``pool_state``), exchanged at most every ``SYNC_S`` and at each 429.
 """
 
@@ -41,7 +41,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
 def _safe(text: str) -> str:
-    """A name that MLflow metric keys and Hydra override keys take (``+runtime.pools.<name>.rpm=…``; the
+    """A name that MLflow metric keys and Hydra override keys take (``+calls.pools.<name>.rpm=…``; the
     callers' prefixes make it start with a letter, as Hydra's keys must)."""
     return _UNSAFE.sub("_", text.replace(":", "-").replace("/", "-")).strip("_-") or "pool"
 
@@ -68,7 +68,7 @@ def pool_name(litellm_model: str, api_base: str | None, named: str | None = None
 
 @dataclass(frozen=True)
 class PoolLimits:
-    """What ``runtime.pools.<name>`` gives, once for every config on the pool."""
+    """What ``calls.pools.<name>`` gives, once for every config on the pool."""
 
     rpm: float | None = None
     tpm: float | None = None
@@ -89,7 +89,7 @@ class Held:
 class Members:
     """The model configs on a pool in this process, and the bound they give."""
 
-    given: PoolLimits = field(default_factory=PoolLimits)  #: the job's ``runtime.pools.<name>``
+    given: PoolLimits = field(default_factory=PoolLimits)  #: the job's ``calls.pools.<name>``
     bounds: dict[str, int] = field(default_factory=dict)  #: each config's max_concurrency in this process
     limits: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)  #: each config's rpm, tpm
     share: float = 1.0  #: this process's part of a given bound (the live processes split it)
@@ -163,7 +163,7 @@ class Pool:
     def join(self, config_id: str, max_concurrency: int, rpm: float | None, tpm: float | None,
              given: PoolLimits, meter: UsageMeter | None) -> None:
         """A client of a model config on this pool: its bound and limits count, ``given`` (the job's
-        ``runtime.pools.<name>``) wins over the configs'. A new job (a sweep's next, in this process: another
+        ``calls.pools.<name>``) wins over the configs'. A new job (a sweep's next, in this process: another
         meter) starts from its own configs; what the pool learned (its limit, pace, pauses) carries over."""
         m = self.members
         if meter is not None and meter is not self.meter:

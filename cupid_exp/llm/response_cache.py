@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: the store's folder under ``runtime.cache_dir`` (older litellm's disk cache pickled into the folder itself)
+#: the store's folder under ``calls.cache_dir`` (older litellm's disk cache pickled into the folder itself)
 STORE_FOLDER = "responses"
 #: a request's cache option (beside its namespace) saying that its model scores cut replies (``keep_cut_replies``): such
 #: a reply is its answer, kept like any other, so a later job with the same request does not generate it again

@@ -1,11 +1,11 @@
 """What to do with a failed request: wait and retry, retry a bounded number of times, give up, or stop the job.
 
 litellm's own retries honour only a short ``retry-after`` and hide 429s, so the client turns them off and
-decides here: a 429 is waited out as long as the provider says, until ``runtime.rate_limit_patience_s``; a
-transient failure is retried ``runtime.num_retries`` times with full-jitter backoff; a refusal retrying cannot fix
+decides here: a 429 is waited out as long as the provider says, until ``calls.rate_limit_patience_s``; a
+transient failure is retried ``calls.num_retries`` times with full-jitter backoff; a refusal retrying cannot fix
 raises ``FatalProviderError`` (exit 2); a wait longer than the patience left raises ``RetryLater`` (exit 75); an
 outage pauses the pool while one probe at a time asks whether it is back (``Pool.went_down``), until
-``runtime.outage_patience_s``; anything else (a context window, a 400) fails the call at once.
+``calls.outage_patience_s``; anything else (a context window, a 400) fails the call at once.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ RATE_LIMIT, TRANSIENT, FATAL, FINAL = "rate_limit", "transient", "fatal", "final
 BACKOFF_BASE_S, BACKOFF_CAP_S = 0.5, 60.0
 RATE_LIMIT_BASE_S = 1.0  # a 429 without any hint: 1, 2, 4 ... s (full jitter), at most BACKOFF_CAP_S
 REFUSED_BEFORE_FATAL = 3  # connection refusals, with no success ever, that make an endpoint unreachable
-OUTAGE_PATIENCE_S = 900.0  # runtime.outage_patience_s's default: how long a pool waits for its endpoint to answer
+OUTAGE_PATIENCE_S = 900.0  # calls.outage_patience_s's default: how long a pool waits for its endpoint to answer
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _TRY_AGAIN = re.compile(r"try again in ((?:\d+(?:\.\d+)?(?:ms|h|m|s))+)(?![a-z])", re.IGNORECASE)
@@ -79,7 +79,7 @@ class FatalProviderError(Exception):
 
 
 class RetryLater(FatalProviderError):
-    """A rate limit that outlasts ``runtime.rate_limit_patience_s`` (a daily limit asks for hours; or the patience
+    """A rate limit that outlasts ``calls.rate_limit_patience_s`` (a daily limit asks for hours; or the patience
     is used up): the job stops as on a fatal refusal (no new instance, those in flight unjournaled, not failed) and
     exits 75 (``cupid_exp.entry.EXIT_RETRY_LATER``): the same command, later, resumes it."""
 
@@ -274,8 +274,8 @@ def decide(exc: BaseException, kind: str) -> Decision:
 class Attempts:
     """What one call went through before its last request: counted in the usage meter."""
 
-    retries: int = 0  #: requests repeated after a transient failure (bounded by runtime.num_retries)
-    rate_limited: int = 0  #: requests repeated after a 429 (bounded by runtime.rate_limit_patience_s)
+    retries: int = 0  #: requests repeated after a transient failure (bounded by calls.num_retries)
+    rate_limited: int = 0  #: requests repeated after a 429 (bounded by calls.rate_limit_patience_s)
     wait_s: float = 0.0  #: seconds waited on rate limits: 429s, the endpoint's pause, the pacer
 
 
@@ -378,7 +378,7 @@ def _beyond_patience(exc: BaseException, hint: float | None, wait: float, spent:
     the limit: "requests per day", "tokens per min")."""
     asked = (f"the provider asks to wait {wait:.0f} s" if hint is not None
              else f"still refused, next try in {wait:.1f} s")
-    return (f"{asked}, more than the {max(0.0, patience_s - spent):.0f} s left of runtime.rate_limit_patience_s="
+    return (f"{asked}, more than the {max(0.0, patience_s - spent):.0f} s left of calls.rate_limit_patience_s="
             f"{patience_s:g} (rate-limited for {spent:.0f} s so far): {_message(exc)}")
 
 
@@ -387,7 +387,7 @@ def _outage_over(endpoint: Pool, exc: BaseException, patience_s: float) -> str:
     down = endpoint.outage.down_since or time.time()
     since = time.strftime("%H:%M:%S", time.localtime(down))
     return (f"provider {endpoint.label} has not answered since {since} ({time.time() - down:.0f} s, "
-            f"runtime.outage_patience_s={patience_s:g}): {_message(exc)}")
+            f"calls.outage_patience_s={patience_s:g}): {_message(exc)}")
 
 
 def _message(exc: BaseException, n: int = 300) -> str:

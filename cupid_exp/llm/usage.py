@@ -97,7 +97,7 @@ class UsageMeter:
 
     counts: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
     sink: Callable[[str, dict[str, float]], None] | None = None
-    batches: BatchCounts = field(default_factory=lambda: BatchCounts())  #: the Batch API's side (runtime.batch)
+    batches: BatchCounts = field(default_factory=lambda: BatchCounts())  #: the Batch API's side (calls.batch)
 
     def _count(self, step: str, added: dict[str, float]) -> None:
         c = self.counts[step]
@@ -271,7 +271,7 @@ def usage_metrics(meter: UsageMeter) -> dict[str, float]:
     out["tokens/prompt"] = totals.get("prompt_tokens", 0.0)
     out["tokens/completion"] = totals.get("completion_tokens", 0.0)
     out["cost/usd"] = totals.get("cost_usd", 0.0)
-    if "batch_cost_usd" in totals:  # a dry run: the estimate at the Batch API's prices too (runtime.batch)
+    if "batch_cost_usd" in totals:  # a dry run: the estimate at the Batch API's prices too (calls.batch)
         out["cost/usd_at_batch_prices"] = totals["batch_cost_usd"]
     if meter.batches.submitted or meter.batches.rows_reused or meter.batches.collected:
         out.update(meter.batches.metrics())

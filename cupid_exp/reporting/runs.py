@@ -96,9 +96,11 @@ def setting_label(params: Mapping[str, str]) -> str:
 #: the data (``JobRun.data_id`` stands for it: its content and the subset taken), the task (each task part is a
 #: table of its own), the seed (it seeds the bootstrap), the prompts folder's path (its content digest stands
 #: for it) and the group choices (their content is in the other params).
-#: (``runtime.progress_every_s`` and ``runtime.dry_run`` say how a job showed its progress and that it called
-#: models: no published run differs in them.)
-REPORT_NOT_IDENTITY = ("data", "task", "seed", "prompts.dir", "runtime.progress_every_s", "runtime.dry_run")
+#: (``runtime.progress_every_s`` and ``calls.dry_run`` say how a job showed its progress and that it called
+#: models: no published run differs in them; runs logged before ``calls`` was a group of its own say
+#: ``runtime.dry_run``.)
+REPORT_NOT_IDENTITY = ("data", "task", "seed", "prompts.dir", "runtime.progress_every_s", "calls.dry_run",
+                       "runtime.dry_run")
 PROMPTS_KEY = "prompts"  #: the prompts folder's content digest (tag ``prompts_digest``), as an identity key
 
 

@@ -55,9 +55,9 @@ def persona_templates(cfg: SynthesizeConfig) -> list[PersonaTemplate]:
 
 def check_synthesis(cfg: SynthesizeConfig) -> None:
     """Refused before any call: dry runs and the Batch API (each step needs the last's output) and epochs."""
-    require(not cfg.runtime.dry_run, "runtime.dry_run", cfg.runtime.dry_run,
+    require(not cfg.calls.dry_run, "calls.dry_run", cfg.calls.dry_run,
             "false: synthesis needs each step's real output to write the next")
-    require(not cfg.runtime.batch, "runtime.batch", cfg.runtime.batch,
+    require(not cfg.calls.batch, "calls.batch", cfg.calls.batch,
             "false: each persona is a chain of dependent calls, each of which would wait for a batch of its own")
     require(cfg.runtime.epochs == 1, "runtime.epochs", cfg.runtime.epochs,
             "1: epochs repeat an evaluation's instances; synthesis draws each persona once")
@@ -90,7 +90,7 @@ class SynthesisWork:
         from cupid_exp.synthesis.steps import SynthContext
 
         cfg, scfg = self.cfg, self.cfg.synthesis
-        calls = cfg.runtime.call_settings()  # what the clients read of runtime
+        calls = cfg.calls  # the slice the clients read
         configure_litellm(calls)
         from cupid_exp.llm._litellm import import_first_call_modules
 

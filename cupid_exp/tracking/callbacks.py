@@ -114,7 +114,7 @@ class MlflowSweepCallback(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: object) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        if config.runtime.dry_run:
+        if config.calls.dry_run:
             print(sweep_dry_run_total(sweep_dir))
         if not config.tracking.enabled or url_credentials(config.tracking.uri):  # each job refused the URI
             return
@@ -142,7 +142,7 @@ class MlflowSweepCallback(Callback):
 
 def _tracked(config: DictConfig) -> bool:
     """Whether a sweep gets a parent run: tracking on, no dry run, a URI without credentials."""
-    return bool(config.tracking.enabled and not config.runtime.dry_run and not url_credentials(config.tracking.uri))
+    return bool(config.tracking.enabled and not config.calls.dry_run and not url_credentials(config.tracking.uri))
 
 
 def _tracking(config: DictConfig) -> TrackingConfig:
@@ -194,5 +194,5 @@ def sweep_dry_run_total(sweep_dir: Path) -> str:
             + (f" ({refused} refused, not counted)" if refused else "")
             + f": {int(total('calls/total'))} calls, {int(total('tokens/prompt'))} prompt tokens, "
             f"~{int(total('tokens/completion'))} completion tokens, ~${cost:.4f}"
-            + (f"; with runtime.batch=true ~${batch:.4f} (Batch API prices where the provider has them)"
+            + (f"; with calls.batch=true ~${batch:.4f} (Batch API prices where the provider has them)"
                if 0 < batch < cost else ""))

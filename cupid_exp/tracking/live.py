@@ -149,7 +149,7 @@ class LiveRun:
         failed = sum(1 for r in records if r.get("errors"))  # a point's cost is its scores, not this
         usage = read_totals(self.meter)
         done = len(records)
-        batches = getattr(self.meter, "batches", None)  # runtime.batch: the provider's queue, while nothing finishes
+        batches = getattr(self.meter, "batches", None)  # calls.batch: the provider's queue, while nothing finishes
         batch_points = ({f"progress/{k}": v for k, v in batches.metrics().items() if k != "batch/rows_reused"}
                         if batches is not None and (batches.submitted or batches.pending) else {})
         state, units, t = (done, usage.get("calls", 0.0), tuple(batch_points.values())), self.units, self.ticks

@@ -80,7 +80,7 @@ def test_a_sweep_says_once_that_its_jobs_could_not_load_the_hub(tmp_path: Path, 
     """Three jobs refused for one reason: said when the first is refused, then once in the sweep's closing list
     (it was said for every job, twice: 41 lines for table1's 20 jobs); each job's cli.log holds it; a dry run
     prints no total over zero jobs."""
-    proc, _ = run(tmp_path, hub_env(tmp_path, offline=True), "data.limit=1,2,3", f"runtime.dry_run={dry_run}",
+    proc, _ = run(tmp_path, hub_env(tmp_path, offline=True), "data.limit=1,2,3", f"calls.dry_run={dry_run}",
                   sweep=True)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
@@ -117,6 +117,6 @@ def _cache_like_a_download(cache: Path) -> None:
 def test_offline_with_the_data_set_in_the_cache_loads_it(tmp_path: Path) -> None:
     env = hub_env(tmp_path, offline=True)
     _cache_like_a_download(Path(env["HF_DATASETS_CACHE"]))
-    proc, _ = run(tmp_path, env, "runtime.dry_run=true")
+    proc, _ = run(tmp_path, env, "calls.dry_run=true")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "3 instances from kixlab/CUPID" in proc.stdout + proc.stderr

@@ -54,7 +54,7 @@ def test_killed_attempts_resume_one_run_that_reports_the_whole_job(tmp_path: Pat
 
         root = tmp_path / "out"
         uri = store_uri(root)
-        cmd = job_command(stub.url, root, data, "runtime.num_retries=0")
+        cmd = job_command(stub.url, root, data, "calls.num_retries=0")
         # attempt 1: SIGKILL mid-job, some instances journalled
         log1 = tmp_path / "attempt1.log"
         # instances progress side by side: most finish in the last quarter of the calls

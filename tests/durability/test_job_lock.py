@@ -30,7 +30,7 @@ def test_a_second_process_on_a_running_job_stops_and_a_dead_ones_job_is_taken_ov
     data = write_dataset(tmp_path / "data.jsonl", N)
     root = tmp_path / "out"
     with StubServer(latency_ms=1) as stub:
-        cmd = job_command(stub.url, root, data, "runtime.num_retries=0")
+        cmd = job_command(stub.url, root, data, "calls.num_retries=0")
         with held_job(stub, cmd, tmp_path / "first.log", after=CALLS - 8) as first:
             wait_for(lambda: _journalled(root), 60, "a journalled instance")
             received = held_job_settled(stub)

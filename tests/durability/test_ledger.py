@@ -110,7 +110,7 @@ def test_what_an_interrupted_attempt_paid_is_in_the_resumed_runs_cost(tmp_path: 
     root = tmp_path / "out"
     with StubServer() as stub:
         cmd = job_command(stub.url, root, data, "model.max_concurrency=2", "runtime.workers=2",
-                          "runtime.num_retries=0")
+                          "calls.num_retries=0")
         with held_job(stub, cmd, tmp_path / "attempt1.log", after=2 * n) as proc:
             time.sleep(1.5)  # the replies sent before the gate closed are read (their requests are paid)
             for pid in [proc.pid, *children(proc.pid)]:  # as a terminal's Ctrl-C reaches the whole group

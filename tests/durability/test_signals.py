@@ -101,7 +101,7 @@ def test_sigterm_to_a_sweep_ends_its_running_job_and_its_parent_killed(tmp_path:
     with StubServer() as stub:
         cmd = [sys.executable, "-m", "cupid_exp", "-m", *stub_overrides(stub.url), *PRICES,
                f"paths.output_root={root}", "runtime.progress=false", "data=local", f"data.path={data}",
-               "model.name=stub_a,stub_b", "runtime.cache=false"]  # (the cache would answer the second job)
+               "model.name=stub_a,stub_b", "calls.cache=false"]  # (the cache would answer the second job)
         # the first job finishes; the second is stuck
         with held_job(stub, cmd, log, after=N * 4 + N, timeout=180) as proc:
             wait_for(lambda: len(_runs(uri, "job")) == 2, 30, "the second job's run")

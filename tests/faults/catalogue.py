@@ -32,7 +32,7 @@ class Arrangement:
     on: tuple[str, ...] = ()  # CLI overrides of the faulted run only
     both: tuple[str, ...] = ()  # CLI overrides of both runs
     resume: tuple[str, ...] = ()  # CLI overrides of the resume only
-    budget: float | None = None  # runtime.max_cost_usd of the faulted run (its override added to ``on``)
+    budget: float | None = None  # calls.max_cost_usd of the faulted run (its override added to ``on``)
     repair: Callable[[], None] | None = None  # removes a fault that is not the stub's (a prompt file put back)
     secrets: tuple[str, ...] = ()  # sentinels of its own, besides the cell's
 
@@ -222,7 +222,7 @@ def _lock_taken(ev: Evidence) -> None:
 #: $0.006 binds; at ~2.5 requests' worth the budget refuses the third request
 _TIMEOUT_BUDGET = {"synthesis": 0.0034}
 OUTAGE_S = 3.0  #: seconds the stub leaves every request unanswered, once the job's first requests were answered
-OUTAGE_RETRIES = ("runtime.num_retries=1",)  #: a call's retries (0.5 + 1 s at most) end well inside the outage
+OUTAGE_RETRIES = ("calls.num_retries=1",)  #: a call's retries (0.5 + 1 s at most) end well inside the outage
 
 
 def _outage(mode: str, seconds: float) -> dict[str, Any]:
@@ -258,8 +258,8 @@ FAULTS = [
     Fault("timeout_under_budget", 4, "BUDGET:",
           lambda mode, cell, port: Arrangement(
               stub={"rate_slow": 1.0, "slow_s": 1.0, "fault_steps": _steps(mode, (), ("persona",))},
-              both=("runtime.timeout=0.4", "runtime.num_retries=3"), budget=_TIMEOUT_BUDGET.get(mode, 0.006),
-              resume=("runtime.max_cost_usd=1",)),
+              both=("calls.timeout=0.4", "calls.num_retries=3"), budget=_TIMEOUT_BUDGET.get(mode, 0.006),
+              resume=("calls.max_cost_usd=1",)),
           lambda ev: _timed_out(ev),
           na={"batch": NO_TIMEOUT_IN_A_BATCH}),
     Fault("refused_401", 2, "invalid_api_key", _refusal("401"), _refused("401")),
@@ -306,7 +306,7 @@ FAULTS = [
           lambda mode, cell, port: Arrangement(stub={"content_filter_steps": _steps(mode, ("infer",), ("persona",))},
                                                resume=("runtime.retry_failed=true",)),
           _filtered, na={"batch": "a content filter through the Batch API is a row's body, read as a live reply's"}),
-    Fault("timeouts", 0, "", _first_attempts("slow", both=("runtime.timeout=0.4",), slow_s=1.0), _timed_out,
+    Fault("timeouts", 0, "", _first_attempts("slow", both=("calls.timeout=0.4",), slow_s=1.0), _timed_out,
           na={"batch": NO_TIMEOUT_IN_A_BATCH}),
     Fault("dead_endpoint", 2, "unreachable",
           lambda mode, cell, port: Arrangement(on=tuple(f"{role}.api_base=http://127.0.0.1:{_dead_port()}/v1"
@@ -317,7 +317,7 @@ FAULTS = [
     Fault("disk_full_at_start", 5, "environment failure: /", lambda mode, cell, port: Arrangement(), lambda ev: None,
           driver="disk_full", slow=True),
     Fault("kill_9", -9, "", lambda mode, cell, port: Arrangement(stub={"latency_ms": 300}, budget=1.0,
-                                                                 resume=("runtime.max_cost_usd=1",)),
+                                                                 resume=("calls.max_cost_usd=1",)),
           lambda ev: None, driver="kill", slow=True),
     Fault("kill_9_at_store_creation", -9, "", lambda mode, cell, port: Arrangement(), lambda ev: None,
           driver="store", slow=True),
@@ -348,14 +348,14 @@ FAULTS = [
     # issue 40, item 5: a stop always says so
     Fault("sigterm", 143, "interrupted (SIGTERM)",
           lambda mode, cell, port: Arrangement(stub={"latency_ms": 300}, budget=1.0,
-                                               resume=("runtime.max_cost_usd=1",)),
+                                               resume=("calls.max_cost_usd=1",)),
           _sent, driver="sigterm", slow=True),
     # issue 40, item 1: an outage is a pause
     Fault("outage", 0, "", lambda mode, cell, port: Arrangement(stub=_outage(mode, OUTAGE_S), both=OUTAGE_RETRIES),
           _outage_happened),
-    Fault("outage_beyond_patience", 75, "runtime.outage_patience_s=1",
+    Fault("outage_beyond_patience", 75, "calls.outage_patience_s=1",
           lambda mode, cell, port: Arrangement(stub=_outage(mode, float("inf")), both=OUTAGE_RETRIES,
-                                               on=("runtime.outage_patience_s=1",)),
+                                               on=("calls.outage_patience_s=1",)),
           _unanswered),
     # issue 40 item 2: sporadic refusals (an overloaded provider) do not collapse the pace
     Fault("sporadic_429", 0, "", lambda mode, cell, port: Arrangement(
@@ -365,7 +365,7 @@ FAULTS = [
     # issue 40 item 5: Ctrl-C (the terminal's SIGINT to the whole process group) says so in every mode too
     Fault("ctrl_c", 130, "interrupted",
           lambda mode, cell, port: Arrangement(stub={"latency_ms": 300}, budget=1.0,
-                                               resume=("runtime.max_cost_usd=1",)),
+                                               resume=("calls.max_cost_usd=1",)),
           _sent, driver="ctrl_c", slow=True),
 ]
 

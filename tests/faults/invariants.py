@@ -112,7 +112,7 @@ def spend_covers(cell: Cell, stats: dict[str, Any], billed: float, *, usage: boo
 
 
 def within_budget(cell: Cell, budget: float, billed: float) -> None:
-    """Each job's budget ledger spent and holds no more than its budget (``runtime.max_cost_usd`` is a job's), and
+    """Each job's budget ledger spent and holds no more than its budget (``calls.max_cost_usd`` is a job's), and
     together at least what was billed so far (a killed process's reservations are charged in full)."""
     found = ledgers(cell.root, settled=False)
     held = [entry["spent"] + sum(r["usd"] for r in entry["reservations"].values()) for entry in found]

@@ -23,7 +23,7 @@ EVAL_ROLES = ("model", "evaluator.decomposer", "evaluator.matcher", "evaluator.j
 HEADER_SECRET = "hdr-faultmatrix-SENTINEL-51ce"
 KEY_SECRET = "sk-faultmatrix-SENTINEL-7d2a90"
 SECRETS = (HEADER_SECRET, KEY_SECRET)
-BATCH = ("runtime.batch=true", "runtime.batch_delay_s=0.2", "runtime.batch_poll_s=0.2")
+BATCH = ("calls.batch=true", "calls.batch_delay_s=0.2", "calls.batch_poll_s=0.2")
 
 
 def roles(mode: str) -> tuple[str, ...]:

@@ -60,13 +60,13 @@ def cli_command(url: str | InProcessModel, output_root: Path, *extra: str, cache
                 data: Path | None = None, seed: bool = True) -> list[str]:
     """The CLI against the stub at ``url`` (or an in-process model), writing under ``output_root`` (its MLflow store
     pre-created when the job will track into the default SQLite file and ``seed`` is on)."""
-    if seed and not {"tracking=none", "runtime.dry_run=true"} & set(extra):
+    if seed and not {"tracking=none", "calls.dry_run=true"} & set(extra):
         seed_store(output_root)
     target = url.overrides() if isinstance(url, InProcessModel) else stub_overrides(url)
     cmd = [sys.executable, "-m", "cupid_exp", *target, f"paths.output_root={output_root}",
            "runtime.progress=false"]
     if cache_dir is not None:
-        cmd.append(f"runtime.cache_dir={cache_dir}")
+        cmd.append(f"calls.cache_dir={cache_dir}")
     if data is not None:
         cmd += ["data=local", f"data.path={data}"]
     return cmd + list(extra)

@@ -53,7 +53,7 @@ def test_a_budget_hit_mid_job_stops_it_and_a_higher_budget_resumes_to_the_result
                                     cache_dir=tmp_path / "whole-cache"))
         stub.reset()
 
-        hit = run_job(cli_command(stub, root, *PRICES, *concurrency(1), f"runtime.max_cost_usd={budget}", data=data,
+        hit = run_job(cli_command(stub, root, *PRICES, *concurrency(1), f"calls.max_cost_usd={budget}", data=data,
                                   cache_dir=tmp_path / "cache"), check=False)
         sent = stub.stats()["total_received"]
         assert hit.returncode == 4, (hit.stdout[-2000:], hit.stderr[-2000:])
@@ -69,7 +69,7 @@ def test_a_budget_hit_mid_job_stops_it_and_a_higher_budget_resumes_to_the_result
         assert 0 < not_run < N and m["budget/job/spent_usd"] == pytest.approx(state["spent"])
         assert m["budget/job/left_usd"] == pytest.approx(budget - state["spent"])
         assert budget_lines(hit.stderr) == [f"BUDGET: ${state['spent']:.4f} of ${budget:.4f} spent; {not_run} "
-                                            "instances not run; resume with a higher budget (runtime.max_cost_usd)"]
+                                            "instances not run; resume with a higher budget (calls.max_cost_usd)"]
         assert hit.stdout.rstrip().splitlines()[-1] == (f"INCOMPLETE: {not_run} instances not run: the budget was "
                                                         "reached: exit 4")
         assert saved["complete"] is False
@@ -82,7 +82,7 @@ def test_a_budget_hit_mid_job_stops_it_and_a_higher_budget_resumes_to_the_result
         assert run.data.metrics["budget/job/spent_usd"] == pytest.approx(state["spent"])
 
         stub.reset()
-        resumed = run_job(cli_command(stub, root, *PRICES, *concurrency(1), "runtime.max_cost_usd=1", data=data,
+        resumed = run_job(cli_command(stub, root, *PRICES, *concurrency(1), "calls.max_cost_usd=1", data=data,
                                       cache_dir=tmp_path / "cache"))
     assert f"resuming: {N - not_run} of {N} instances already finished" in resumed.stdout + resumed.stderr
     assert not budget_lines(resumed.stderr)
@@ -105,8 +105,8 @@ def test_parallel_sweep_jobs_share_one_budget_and_never_pass_it_together(tmp_pat
     # a job alone costs ~$0.0084: whichever job starts first cannot spend it all, the two together need more
     root, budget = tmp_path / "out", 0.012
     with StubServer(latency_ms=200) as stub:
-        cmd = cli_command(stub.url, root, "tracking=none", *PRICES, f"runtime.sweep_max_cost_usd={budget}",
-                          "runtime.cache=false", data=data)
+        cmd = cli_command(stub.url, root, "tracking=none", *PRICES, f"calls.sweep_max_cost_usd={budget}",
+                          "calls.cache=false", data=data)
         proc = run_cli([*cmd[:3], "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *cmd[3:], "seed=0,1"],
                        check=False, timeout=300)
         sent = stub.stats()["total_received"]
@@ -122,28 +122,28 @@ def test_parallel_sweep_jobs_share_one_budget_and_never_pass_it_together(tmp_pat
     assert sweep_ledger["spent"] == pytest.approx(paid) and paid <= budget
     assert sum(m["budget/instances_not_run"] for m in metrics) > 0
     assert all(m["budget/sweep/max_usd"] == budget for m in metrics)
-    assert len(budget_lines(proc.stderr)) >= 1 and "runtime.sweep_max_cost_usd" in budget_lines(proc.stderr)[0]
+    assert len(budget_lines(proc.stderr)) >= 1 and "calls.sweep_max_cost_usd" in budget_lines(proc.stderr)[0]
 
 
 def test_a_budget_with_an_unpriced_model_is_refused_before_any_request(tmp_path: Path) -> None:
     with InProcessModel() as stub:
-        proc = run_job(cli_command(stub, tmp_path / "out", "tracking=none", "runtime.max_cost_usd=1",
+        proc = run_job(cli_command(stub, tmp_path / "out", "tracking=none", "calls.max_cost_usd=1",
                                    "data.limit=1", cache_dir=tmp_path / "cache"), check=False)
         assert stub.stats()["total_received"] == 0
     assert proc.returncode == 2
-    errors = [line for line in proc.stderr.splitlines() if "runtime.max_cost_usd" in line]
-    assert errors == ["cupid_exp: runtime.max_cost_usd=1 needs a price for model 'openai_compatible' (inproc/stub): "
+    errors = [line for line in proc.stderr.splitlines() if "calls.max_cost_usd" in line]
+    assert errors == ["cupid_exp: calls.max_cost_usd=1 needs a price for model 'openai_compatible' (inproc/stub): "
                       "litellm's price map does not list it; set its input_cost_per_token and output_cost_per_token"]
 
 
 @pytest.mark.parametrize("budget,verdict", [(10, "fits"), (0.001, "does NOT fit")])
 def test_the_dry_run_says_whether_the_estimate_fits_the_budget(tmp_path: Path, budget: float, verdict: str) -> None:
     with InProcessModel() as stub:
-        proc = run_job(cli_command(stub, tmp_path / "out", "runtime.dry_run=true", *PRICES, "data.limit=2",
-                                   f"runtime.max_cost_usd={budget}", cache_dir=tmp_path / "cache"))
+        proc = run_job(cli_command(stub, tmp_path / "out", "calls.dry_run=true", *PRICES, "data.limit=2",
+                                   f"calls.max_cost_usd={budget}", cache_dir=tmp_path / "cache"))
         assert stub.stats()["total_received"] == 0
     (line,) = [line for line in proc.stdout.splitlines() if line.startswith("budget:")]
-    assert f" {verdict} runtime.max_cost_usd=${budget:.4f}" in line
+    assert f" {verdict} calls.max_cost_usd=${budget:.4f}" in line
 
 
 def test_a_jobs_worker_processes_draw_on_one_budget(tmp_path: Path) -> None:
@@ -151,7 +151,7 @@ def test_a_jobs_worker_processes_draw_on_one_budget(tmp_path: Path) -> None:
     root, budget = tmp_path / "out", 0.005
     with StubServer(latency_ms=50) as stub:
         proc = run_cli(cli_command(stub.url, root, "tracking=none", *PRICES, "runtime.workers=2",
-                                   f"runtime.max_cost_usd={budget}", data=data, cache_dir=tmp_path / "cache"),
+                                   f"calls.max_cost_usd={budget}", data=data, cache_dir=tmp_path / "cache"),
                        check=False)
         sent = stub.stats()["total_received"]
     assert proc.returncode == 4, (proc.stdout[-2000:], proc.stderr[-3000:])

@@ -33,10 +33,10 @@ def bad_prompts(tmp_path: Path) -> Path:
 # (override, the one-line message's start or fragment)
 BAD_SETTINGS = [
     ("runtime.failure_policy=bogus", "runtime.failure_policy='bogus' is not allowed: one of"),
-    ("runtime.timeout=0", "runtime.timeout=0.0 is not allowed: a number > 0"),
-    ("runtime.timeout=-5", "runtime.timeout=-5.0 is not allowed"),
+    ("calls.timeout=0", "calls.timeout=0.0 is not allowed: a number > 0"),
+    ("calls.timeout=-5", "calls.timeout=-5.0 is not allowed"),
     ("runtime.reask=-1", "runtime.reask=-1 is not allowed: an integer >= 0"),
-    ("runtime.num_retries=-2", "runtime.num_retries=-2 is not allowed"),
+    ("calls.num_retries=-2", "calls.num_retries=-2 is not allowed"),
     ("runtime.max_failed_fraction=1.5", "runtime.max_failed_fraction=1.5 is not allowed: a number in [0, 1]"),
     ("data.limit=-1", "data.limit=-1 is not allowed: an integer >= 1, or null"),
     ("data.limit=0", "data.limit=0 is not allowed"),
@@ -47,7 +47,7 @@ BAD_SETTINGS = [
     ("model.params.max_tokens=0", "model.params.max_tokens=0 is not allowed"),
     ("model.system_role=admin", "model.system_role='admin' is not allowed"),
     ("model.context_window=-3", "model.context_window=-3 is not allowed"),
-    ("+runtime.num_retry=3", "runtime.num_retry is not a setting of runtime; did you mean runtime.num_retries?"),
+    ("+runtime.num_retry=3", "runtime.num_retry is not a setting of runtime; did you mean calls.num_retries?"),
     ("+evaluator.temperature=0", "evaluator.temperature is not a setting of evaluator"),
     ("setting=retrieval setting.top_k=0", "setting.top_k=0 is not allowed: an integer >= 1"),
     ("setting=retrieval setting.retriever=tfidf", "setting.retriever='tfidf' is not allowed"),
@@ -57,7 +57,7 @@ BAD_SETTINGS = [
     (f"tracking.uri={UNREACHABLE}", f"tracking.uri='{UNREACHABLE}' is not reachable within 3 s"),
     ("prompts.dir=/no/such/folder", "prompts.dir='/no/such/folder' is not a directory"),
     ("paths.output_root=/etc/hostname/outputs", "paths.output_root='/etc/hostname/outputs' is not a writable folder"),
-    ("runtime.cache_dir=/etc/hostname/cache", "runtime.cache_dir='/etc/hostname/cache' is not a writable folder"),
+    ("calls.cache_dir=/etc/hostname/cache", "calls.cache_dir='/etc/hostname/cache' is not a writable folder"),
     ("BAD_PROMPTS", "prompt evaluation/preference_inferrer asks for placeholder(s) ['user_name']"),
     # credentials in a URL: shown masked (tests/test_secrets.py checks nothing else shows them)
     ("evaluator.judge.api_base=http://u:pw-1@127.0.0.1:9/v1",
@@ -151,7 +151,7 @@ def test_a_prompts_dir_lacking_a_file_the_job_sends_is_refused_naming_it(tmp_pat
 
 def test_a_prompts_dir_lacking_a_file_the_job_does_not_send_is_fine(tmp_path: Path) -> None:
     folder = official_folder_without(tmp_path, "evaluation/session_summarizer.yaml")
-    job = plan(stub_config(UNREACHABLE, tmp_path, f"prompts.dir={folder}", "runtime.dry_run=true"), tmp_path / "job")
+    job = plan(stub_config(UNREACHABLE, tmp_path, f"prompts.dir={folder}", "calls.dry_run=true"), tmp_path / "job")
     assert job.work.kind.prompts.directory == folder.resolve()
 
 

@@ -21,7 +21,7 @@ TOKEN = "+model.params.extra_headers={Authorization: 'Bearer sk-first-token-5678
     ["model.rpm=300", "model.tpm=40000"],
     ["model.api_base=http://localhost:9/v1/"],
     ["model.params.extra_headers={Authorization: 'Bearer sk-rotated-token-1234'}"],
-    ["runtime.timeout=30", "runtime.num_retries=7", "runtime.cache=false", "runtime.rate_limit_patience_s=60"],
+    ["calls.timeout=30", "calls.num_retries=7", "calls.cache=false", "calls.rate_limit_patience_s=60"],
     ["model.input_cost_per_token=1e-06", "model.output_cost_per_token=2e-06"],
 ], ids=["concurrency", "pacing", "endpoint spelling", "rotated header", "runtime how-to", "prices"])
 def test_an_evaluation_job_keeps_its_identity_when_only_the_way_to_its_endpoint_changes(tmp_path: Path,
@@ -53,3 +53,16 @@ def test_secrets_enter_by_name_and_models_by_content() -> None:
     topped_up = {"synthesis": {"n_personas": 40, "roles": {"writer": {**model, "max_concurrency": 64}}}}
     ids = [job_identity(r, prompts_digest="p", not_identity=("synthesis.n_personas",)) for r in (resolved, topped_up)]
     assert ids[0] == ids[1]
+
+
+@pytest.mark.parametrize("overrides", [[], ["calls.dry_run=true", "runtime.epochs=2", "calls.timeout=5"]])
+def test_an_identity_is_the_same_since_the_call_settings_left_runtime(tmp_path: Path, overrides: list[str]) -> None:
+    """``calls`` was part of ``runtime`` until 2026-11-29: the same job, written either way, keeps its identity (its
+    journal, lock, folder and MLflow run), so that an earlier job resumes where it is."""
+    from omegaconf import OmegaConf
+
+    now = OmegaConf.to_container(stub_config(URL, tmp_path, *overrides), resolve=True)
+    before = {k: v for k, v in now.items() if k != "calls"}
+    before["runtime"] = {**now["runtime"], **now["calls"]}  # the one group of before
+    assert set(now["calls"]) and content(now) == content(before)
+    assert content(now)["runtime"]["dry_run"] == ("calls.dry_run=true" in overrides)

@@ -59,7 +59,7 @@ def test_model_claude_without_its_key_is_one_line_and_exit_2(tmp_path: Path) -> 
 
 def test_a_dry_run_warns_in_the_same_line_and_estimates(tmp_path: Path) -> None:
     with StubServer() as stub:
-        proc = run(tmp_path, stub.url, "llm@evaluator.matcher=gpt4o_eval", "runtime.dry_run=true",
+        proc = run(tmp_path, stub.url, "llm@evaluator.matcher=gpt4o_eval", "calls.dry_run=true",
                    matcher_at_stub=False)
         received = stub.stats()["total_received"]
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -55,7 +55,7 @@ def test_an_incomplete_run_exits_3_and_says_so_everywhere(tmp_path: Path) -> Non
     data = write_dataset(tmp_path / "data.jsonl", N)
     root = tmp_path / "out"
     with InProcessModel(giveup_match="(variant 2)") as stub:
-        proc = run_job(cli_command(stub, root, "runtime.num_retries=0", "runtime.max_failed_fraction=0.05",
+        proc = run_job(cli_command(stub, root, "calls.num_retries=0", "runtime.max_failed_fraction=0.05",
                                    data=data, cache_dir=tmp_path / "cache"), check=False)
         assert proc.returncode == 3, proc.stderr[-2000:]
         assert proc.stdout.rstrip().splitlines()[-1] == (
@@ -72,7 +72,7 @@ def test_an_incomplete_run_exits_3_and_says_so_everywhere(tmp_path: Path) -> Non
         assert run.data.tags["mlflow.note.content"] == f"incomplete: {line}"
         assert run.data.metrics["instances/failed"] == 1
         tolerant = run_job(cli_command(stub, tmp_path / "tolerant", "tracking=none",
-                                       "runtime.num_retries=0", "runtime.max_failed_fraction=0.2",
+                                       "calls.num_retries=0", "runtime.max_failed_fraction=0.2",
                                        data=data, cache_dir=tmp_path / "cache"))
     assert tolerant.stdout.rstrip().splitlines()[-1].endswith("within runtime.max_failed_fraction=0.2")
 
@@ -80,7 +80,7 @@ def test_an_incomplete_run_exits_3_and_says_so_everywhere(tmp_path: Path) -> Non
 def test_a_resume_retries_provider_failures_but_keeps_unusable_replies_unless_asked(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "data.jsonl", N)
     root = tmp_path / "out"
-    common = ("tracking=none", "runtime.num_retries=0", "runtime.reask=0", "runtime.max_failed_fraction=1")
+    common = ("tracking=none", "calls.num_retries=0", "runtime.reask=0", "runtime.max_failed_fraction=1")
     with InProcessModel(giveup_match="(variant 2)", garbage_steps=("decompose",), garbage_rate=0.3, seed=1) as stub:
         run_job(cli_command(stub, root, *common, data=data, cache_dir=tmp_path / "c1"))
         (job,) = job_dirs(root)
@@ -129,8 +129,8 @@ def test_a_composition_error_exits_2_before_any_call(tmp_path: Path) -> None:
 def test_the_calls_line_counts_requests_sent_even_when_every_call_fails(tmp_path: Path) -> None:
     """A run whose every call timed out used to print 'calls: 0 ... $0.0000' while requests reached the server."""
     with StubServer(rate_slow=1.0, slow_s=4.0) as stub:
-        proc = run_cli(cli_command(stub.url, tmp_path / "out", "tracking=none", "data.limit=2", "runtime.timeout=1",
-                                   "runtime.num_retries=1", cache_dir=tmp_path / "c"), check=False, timeout=120)
+        proc = run_cli(cli_command(stub.url, tmp_path / "out", "tracking=none", "data.limit=2", "calls.timeout=1",
+                                   "calls.num_retries=1", cache_dir=tmp_path / "c"), check=False, timeout=120)
         received = stub.stats()["total_received"]
     assert proc.returncode == 3
     assert received == 4  # 2 instances x (1 request + 1 retry) on the infer step

@@ -26,8 +26,8 @@ def test_plan_checks_everything_before_any_call(tmp_path: Path) -> None:
     assert len(job.todo) == 9 and job.ctx is not None and job.identity
     with pytest.raises(ConfigError, match="setting=oracle_preference is defined for generation only"):
         plan(stub_config("http://127.0.0.1:9/v1", tmp_path, "task=both", "setting=oracle_preference"), tmp_path)
-    with pytest.raises(ConfigError, match=r"runtime.timeout=0.0 is not allowed: a number > 0"):
-        plan(stub_config("http://127.0.0.1:9/v1", tmp_path, "runtime.timeout=0"), tmp_path)
+    with pytest.raises(ConfigError, match=r"calls.timeout=0.0 is not allowed: a number > 0"):
+        plan(stub_config("http://127.0.0.1:9/v1", tmp_path, "calls.timeout=0"), tmp_path)
 
 
 def test_execute_summarize_publish(tmp_path: Path, capsys) -> None:

@@ -31,7 +31,7 @@ ROLES = ("model", "evaluator.decomposer", "evaluator.matcher", "evaluator.judge"
 PRICES = [f"{role}.{key}={value}" for role in ROLES for key, value in (
     ("input_cost_per_token", IN), ("output_cost_per_token", OUT), ("params.max_tokens", MAX_TOKENS))]
 ONE_AT_A_TIME = [f"{role}.max_concurrency=1" for role in ROLES]  # 2 instances in flight: a budget stops part-way
-BATCH = ["runtime.batch=true", "runtime.batch_delay_s=0.2", "runtime.batch_poll_s=0.2"]
+BATCH = ["calls.batch=true", "calls.batch_delay_s=0.2", "calls.batch_poll_s=0.2"]
 
 
 def billed_usd(stats: dict) -> float:
@@ -50,7 +50,7 @@ def test_replies_without_usage_are_costed_and_a_budget_stops_them(tmp_path: Path
     data, root, budget = write_dataset(tmp_path / "data.jsonl", N), tmp_path / "out", 0.005
     with InProcessModel(omit_usage=True) as stub:
         cmd = cli_command(stub, root, *PRICES, *ONE_AT_A_TIME, data=data, cache_dir=tmp_path / "cache")
-        hit = run_job([*cmd, f"runtime.max_cost_usd={budget}"], check=False, timeout=240)
+        hit = run_job([*cmd, f"calls.max_cost_usd={budget}"], check=False, timeout=240)
         first = stub.stats()
         assert hit.returncode == 4, (hit.stdout[-2000:], hit.stderr[-2000:])
         assert first["billed"]["requests"] == first["total_completed"] > 0  # every reply billed, none said so
@@ -59,7 +59,7 @@ def test_replies_without_usage_are_costed_and_a_budget_stops_them(tmp_path: Path
         m = metrics_of(job_dirs(root)[0])
         assert m["tokens/estimated_calls"] == m["calls/total"] > 0 and m["tokens/prompt"] > 0
         assert f"({int(m['calls/total'])} calls' usage estimated); cost: ${m['cost/usd']:.4f}" in hit.stdout
-        resume_completes([*cmd, "runtime.max_cost_usd=1"], root)
+        resume_completes([*cmd, "calls.max_cost_usd=1"], root)
         assert billed_usd(stub.stats()) <= spent(root)  # over both attempts
     from mlflow.tracking import MlflowClient
 
@@ -71,9 +71,9 @@ def test_replies_without_usage_are_costed_and_a_budget_stops_them(tmp_path: Path
 def test_requests_that_time_out_are_charged_so_no_fault_sends_past_the_budget(tmp_path: Path) -> None:
     data, root, budget = write_dataset(tmp_path / "data.jsonl", N), tmp_path / "out", 0.006
     with StubServer(rate_slow=1.0, slow_s=1.2, record_bodies=True) as stub:  # processed, billed, after the timeout
-        cmd = cli_command(stub.url, root, *PRICES, "runtime.timeout=0.4", "runtime.num_retries=3", "tracking=none",
+        cmd = cli_command(stub.url, root, *PRICES, "calls.timeout=0.4", "calls.num_retries=3", "tracking=none",
                           data=data, cache_dir=tmp_path / "cache")
-        hit = run_cli([*cmd, f"runtime.max_cost_usd={budget}"], check=False, timeout=240)
+        hit = run_cli([*cmd, f"calls.max_cost_usd={budget}"], check=False, timeout=240)
         stats = settled(stub)
         assert hit.returncode == 4, (hit.stdout[-2000:], hit.stderr[-2000:])
         slow = sum(f.get("slow", 0) for f in stats["faults"].values())
@@ -84,14 +84,14 @@ def test_requests_that_time_out_are_charged_so_no_fault_sends_past_the_budget(tm
         assert billed_usd(stats) <= worst == pytest.approx(spent(root)) and spent(root) <= budget
         one_line(hit.stderr, "BUDGET:")
         stub.config.faults.rate_slow = 0.0
-        resume_completes([*cmd, "runtime.max_cost_usd=1"], root, run_cli)
+        resume_completes([*cmd, "calls.max_cost_usd=1"], root, run_cli)
 
 
 @pytest.mark.parametrize("kind", ["empty_choices", "content_null"])
 def test_a_200_without_a_completion_is_retried_and_costs_no_instance(tmp_path: Path, kind: str) -> None:
     data, root = write_dataset(tmp_path / "data.jsonl", N), tmp_path / "out"
     with InProcessModel(fail_first=1, fail_first_kind=kind, fault_steps=("decompose",)) as stub:
-        proc = run_job(cli_command(stub, root, *PRICES, "runtime.max_cost_usd=1", "tracking=none", data=data,
+        proc = run_job(cli_command(stub, root, *PRICES, "calls.max_cost_usd=1", "tracking=none", data=data,
                                    cache_dir=tmp_path / "cache"), check=False, timeout=240)
         stats = stub.stats()
     assert stats["faults"]["decompose"][kind] >= N  # the first reply of every decomposition had no completion
@@ -132,7 +132,7 @@ def _synthesize(url: str, root: Path) -> list[str]:
 
     return [sys.executable, "-m", "cupid_exp.synthesize", "synthesis.n_personas=1", "synthesis.max_turns=2",
             "runtime.progress=false", "tracking=none", *role_overrides(url), f"paths.output_root={root}",
-            f"runtime.cache_dir={root / 'cache'}"]
+            f"calls.cache_dir={root / 'cache'}"]
 
 
 @pytest.mark.parametrize("mode", ["workers", "sweep", "batch", "synthesis"])

@@ -21,7 +21,7 @@ def test_a_limit_that_lifts_after_a_few_seconds_costs_no_instance(tmp_path: Path
     data = write_dataset(tmp_path / "data.jsonl", N)
     with StubServer(closed_s=3.0, latency_ms=20) as stub:
         # num_retries=0: before, the first 429 of each call failed its instance
-        proc = run_job(cli_command(stub.url, tmp_path / "out", "tracking=none", "runtime.num_retries=0",
+        proc = run_job(cli_command(stub.url, tmp_path / "out", "tracking=none", "calls.num_retries=0",
                                    data=data, cache_dir=tmp_path / "cache"))
         st = stub.stats()
     assert st["rate_limited"] >= 1
@@ -37,7 +37,7 @@ def test_a_limit_that_lifts_after_a_few_seconds_costs_no_instance(tmp_path: Path
 def test_a_limit_that_never_lifts_stops_the_job_for_later_at_the_patience_deadline(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "data.jsonl", 3)
     with StubServer(closed_s=float("inf")) as stub:
-        proc = run_job(cli_command(stub.url, tmp_path / "out", "tracking=none", "runtime.rate_limit_patience_s=2",
+        proc = run_job(cli_command(stub.url, tmp_path / "out", "tracking=none", "calls.rate_limit_patience_s=2",
                                    data=data, cache_dir=tmp_path / "cache"), check=False)
     assert proc.returncode == 75, proc.stderr[-2000:]  # try again later, not 3: no instance failed
     (line,) = [line for line in proc.stderr.splitlines() if line.startswith("cupid_exp: stopped:")]
@@ -54,7 +54,7 @@ def test_a_fatal_refusal_stops_the_job_after_its_first_calls(tmp_path: Path, ref
     root = tmp_path / "out"
     with StubServer() as good, StubServer(refuse=refuse) as bad:
         # the subject answers; the evaluator's key is refused
-        cmd = cli_command(good.url, root, "tracking=none", "runtime.num_retries=3", "model.max_concurrency=2",
+        cmd = cli_command(good.url, root, "tracking=none", "calls.num_retries=3", "model.max_concurrency=2",
                           *(f"evaluator.{role}.api_base={bad.url}" for role in ("decomposer", "matcher", "judge")),
                           data=data, cache_dir=tmp_path / "cache")
         proc = run_job(cmd, check=False)
@@ -83,7 +83,7 @@ def test_a_pools_limit_given_once_paces_every_role_and_shows_in_the_calls_line(t
     data = write_dataset(tmp_path / "data.jsonl", N)
     with StubServer(rpm=300, limits_pool="key", latency_ms=20) as stub:
         pool = pool_name("openai/stub", stub.url)
-        proc = run_cli(cli_command(stub.url, tmp_path / "out", "tracking=none", f"+runtime.pools.{pool}.rpm=300",
+        proc = run_cli(cli_command(stub.url, tmp_path / "out", "tracking=none", f"+calls.pools.{pool}.rpm=300",
                                    data=data, cache_dir=tmp_path / "cache"), timeout=240)
         st = stub.stats()
     assert st["total_completed"] >= 4 * N and st["rate_limited"] <= 1, st

@@ -40,7 +40,7 @@ def test_auto_stays_at_one_process_where_another_cannot_help(tmp_path: Path) -> 
     assert auto_processes(low, todo=10_000, cores=16)[0] == 1
     one_slow_role = _cfg(tmp_path, "evaluator.judge.max_concurrency=8")
     assert auto_processes(one_slow_role, todo=10_000, cores=16)[0] == 1
-    for overrides, why in ((("runtime.batch=true",), "runtime.batch"), (("runtime.dry_run=true",), "dry run"),
+    for overrides, why in ((("calls.batch=true",), "calls.batch"), (("calls.dry_run=true",), "dry run"),
                            (("model=local",), "inside the job's process")):
         n, said = auto_processes(_cfg(tmp_path, *overrides), todo=10_000, cores=16)
         assert n == 1 and why in said
@@ -67,9 +67,9 @@ def test_an_explicit_number_is_kept_and_bad_values_are_refused(tmp_path: Path) -
     for bad in ("0", "-1", "many", "true"):
         with pytest.raises(ConfigError, match=r"runtime.workers=.* is not allowed: 'auto' or an integer >= 1"):
             _cfg(tmp_path, f"runtime.workers={bad}")
-    assert _cfg(tmp_path, "runtime.batch=true").runtime.workers == "auto"  # auto goes with the Batch API
-    with pytest.raises(ConfigError, match=r"runtime.workers=2 is not allowed: 1 with runtime.batch=true"):
-        _cfg(tmp_path, "runtime.batch=true", "runtime.workers=2")
+    assert _cfg(tmp_path, "calls.batch=true").runtime.workers == "auto"  # auto goes with the Batch API
+    with pytest.raises(ConfigError, match=r"runtime.workers=2 is not allowed: 1 with calls.batch=true"):
+        _cfg(tmp_path, "calls.batch=true", "runtime.workers=2")
 
 
 def test_the_job_identity_does_not_depend_on_the_number_of_processes(tmp_path: Path) -> None:

@@ -69,7 +69,7 @@ def test_each_models_concurrency_is_split_and_the_processes_are_bounded(tmp_path
                                    "model.max_concurrency=8", "evaluator.judge.max_concurrency=4"))
 
     def slots(cfg, index: int, n: int) -> dict[str, int]:
-        clients = clients_for(cfg.roles(), cfg.runtime.call_settings(), UsageMeter(), share=(index, n))
+        clients = clients_for(cfg.roles(), cfg.calls, UsageMeter(), share=(index, n))
         return {role: client.slots for role, client in clients.items()}
 
     shares = [slots(cfg, i, 3) for i in range(3)]
@@ -205,7 +205,7 @@ def test_a_job_killed_outright_leaves_no_worker_calling_models(tmp_path: Path) -
 
     data = write_dataset(tmp_path / "data.jsonl", 12)
     with StubServer(latency_ms=400) as stub:
-        cmd = cli_command(stub.url, tmp_path / "out", "tracking=none", "runtime.workers=2", "runtime.cache=false",
+        cmd = cli_command(stub.url, tmp_path / "out", "tracking=none", "runtime.workers=2", "calls.cache=false",
                           *_concurrency(2), data=data)
         job = subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
@@ -240,7 +240,7 @@ def test_a_sweeps_later_job_forks_its_worker_too_and_every_call_of_both_jobs_is_
 
     data = write_dataset(tmp_path / "data.jsonl", 4)
     with StubServer(latency_ms=50) as stub:
-        cmd = cli_command(stub.url, tmp_path / "out", "tracking=none", "runtime.workers=2", "runtime.cache=false",
+        cmd = cli_command(stub.url, tmp_path / "out", "tracking=none", "runtime.workers=2", "calls.cache=false",
                           *_concurrency(2), data=data)
         done = run_cli([*cmd[:3], "-m", *cmd[3:], "model.params.temperature=0,0.5"], env=cli_env(), timeout=300)
         received = stub.stats()["total_received"]

@@ -1,4 +1,4 @@
-"""The Batch API path (``runtime.batch=true``): the CLI's entry against the stub's Files and Batch endpoints, in this
+"""The Batch API path (``calls.batch=true``): the CLI's entry against the stub's Files and Batch endpoints, in this
 process (``run_job``) but for the job that is killed.
 
 The stub answers a batch row exactly as it answers the same request live, so a batch job must give the
@@ -21,7 +21,7 @@ from cupid_exp.testing.batch_api import BatchQueueConfig
 from cupid_exp.testing.cupid_data import write_dataset
 from cupid_exp.testing.stub_llm_server import StubServer
 
-FAST = ("runtime.batch=true", "runtime.batch_delay_s=0.2", "runtime.batch_poll_s=0.2", "tracking=none")
+FAST = ("calls.batch=true", "calls.batch_delay_s=0.2", "calls.batch_poll_s=0.2", "tracking=none")
 N = 6
 
 
@@ -65,7 +65,7 @@ def test_failed_rows_are_sent_again_and_an_expired_batch_resubmitted(tmp_path: P
 
 def test_rows_that_keep_failing_are_counted_by_kind_not_scored(tmp_path: Path, data: Path) -> None:
     with StubServer(batch=BatchQueueConfig(complete_after_s=0.1, row_fail_rate=1.0)) as stub:
-        proc = run_job(cli_command(stub.url, tmp_path / "b", *FAST, "runtime.num_retries=1", data=data), check=False)
+        proc = run_job(cli_command(stub.url, tmp_path / "b", *FAST, "calls.num_retries=1", data=data), check=False)
     assert proc.returncode == 3, proc.stderr[-2000:]
     records = _records(tmp_path / "b")
     assert all(r.get("f1") is None for r in records)
@@ -111,7 +111,7 @@ def test_an_unreadable_result_line_sends_its_row_again_and_is_charged(tmp_path: 
     the job completes; the unreadable attempts are counted, and charged (their worst case) in the metrics and on the
     budget, so the spend covers what the provider billed."""
     with StubServer(batch=BatchQueueConfig(complete_after_s=0.1, garble_rows=1.0)) as stub:
-        proc = run_job(cli_command(stub.url, tmp_path, *FAST, *PRICED, "runtime.max_cost_usd=5", data=data))
+        proc = run_job(cli_command(stub.url, tmp_path, *FAST, *PRICED, "calls.max_cost_usd=5", data=data))
         billed, garbled = billed_usd(settled(stub), 2e-6, 1e-5), stub.batches.rows_garbled
     metrics = metrics_of(job_dirs(tmp_path)[0])
     assert garbled == metrics["batch/rows_unreadable"] == metrics["batch/rows_resubmitted"] > 0
@@ -124,7 +124,7 @@ def test_an_unreadable_result_line_sends_its_row_again_and_is_charged(tmp_path: 
 def test_a_row_whose_result_line_is_never_readable_fails_after_its_retries(tmp_path: Path, data: Path) -> None:
     config = BatchQueueConfig(complete_after_s=0.1, garble_rows=1.0, garble_runs=99)
     with StubServer(batch=config) as stub:
-        proc = run_job(cli_command(stub.url, tmp_path, *FAST, *PRICED, "runtime.num_retries=1", data=data),
+        proc = run_job(cli_command(stub.url, tmp_path, *FAST, *PRICED, "calls.num_retries=1", data=data),
                        check=False)
         billed = billed_usd(settled(stub), 2e-6, 1e-5)
     assert proc.returncode == 3, proc.stderr[-2000:]
@@ -153,11 +153,11 @@ def test_a_batch_rejected_as_a_whole_fails_only_its_rows(tmp_path: Path, data: P
 
 
 def test_the_dry_run_shows_batch_prices(tmp_path: Path) -> None:
-    proc = run_job(["python", "-m", "cupid_exp", "model=gpt4o", "runtime.dry_run=true", "tracking=none",
+    proc = run_job(["python", "-m", "cupid_exp", "model=gpt4o", "calls.dry_run=true", "tracking=none",
                     f"paths.output_root={tmp_path}"], env=cli_env(OPENAI_API_KEY="sk-dry"))
     line = next(line for line in proc.stdout.splitlines() if line.startswith("total:"))
     full = float(line.split("~$")[1].split()[0].rstrip(";"))
-    batch = float(line.split("with runtime.batch=true ~$")[1].split()[0])
+    batch = float(line.split("with calls.batch=true ~$")[1].split()[0])
     assert batch == pytest.approx(full / 2, rel=0.01)
 
 

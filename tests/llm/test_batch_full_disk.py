@@ -1,6 +1,6 @@
 """The Batch API path on a full disk: the batch ledger's write that fails (``/dev/full``: ENOSPC on every write)
 ends the calls waiting on the batch with the environment's failure naming the file, instead of leaving them
-waiting forever (a ``runtime.batch=true`` job hung once its disk filled up)."""
+waiting forever (a ``calls.batch=true`` job hung once its disk filled up)."""
 
 from __future__ import annotations
 

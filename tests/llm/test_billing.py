@@ -15,7 +15,7 @@ from pathlib import Path
 import litellm
 import pytest
 
-from cupid_exp.config import ModelConfig, RuntimeConfig
+from cupid_exp.config import CallsConfig, ModelConfig
 from cupid_exp.durability.ledger import UsageLedger
 from cupid_exp.errors import Terminated
 from cupid_exp.llm.billing import lost_after_sending
@@ -34,13 +34,13 @@ HELLO = [{"role": "user", "content": "Say hello to the billing department, pleas
 
 def client(url: str, tmp_path: Path, cap: float | None = None, **runtime) -> tuple[LLMClient, UsageMeter]:
     forget_pools()
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), **{"cache": False, "num_retries": 3, "timeout": 10,
-                                                              **runtime}).call_settings()
+    rt = CallsConfig(cache_dir=str(tmp_path / "cache"), **{"cache": False, "num_retries": 3, "timeout": 10,
+                                                              **runtime})
     configure_litellm(rt)
     model = ModelConfig(name="priced", litellm_model="openai/stub", api_base=url, params={"max_tokens": MAX_TOKENS},
                         input_cost_per_token=IN, output_cost_per_token=OUT)
     meter = UsageMeter()
-    budget = Budget([Account(str(tmp_path / "budget.json"), cap, "runtime.max_cost_usd")]) if cap else None
+    budget = Budget([Account(str(tmp_path / "budget.json"), cap, "calls.max_cost_usd")]) if cap else None
     return LLMClient(model, rt, meter, budget), meter
 
 

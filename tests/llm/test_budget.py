@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cupid_exp.config import ConfigError, LocalModelConfig, ModelConfig, RuntimeConfig
+from cupid_exp.config import CallsConfig, ConfigError, LocalModelConfig, ModelConfig
 from cupid_exp.llm.budget import Account, Budget, BudgetExceeded, check_priced, model_prices, worst_case_usd
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
 from cupid_exp.llm.usage import UsageMeter
@@ -26,7 +26,7 @@ def ledger(path: Path) -> dict:
 
 
 def one_account(tmp_path: Path, cap: float) -> Budget:
-    return Budget([Account(str(tmp_path / "budget.json"), cap, "runtime.max_cost_usd")])
+    return Budget([Account(str(tmp_path / "budget.json"), cap, "calls.max_cost_usd")])
 
 
 # Each process reserves a random worst case, "spends" a random part of it, settles, and prints what it spent,
@@ -34,7 +34,7 @@ def one_account(tmp_path: Path, cap: float) -> Budget:
 HAMMER = textwrap.dedent("""
     import asyncio, random, sys
     from cupid_exp.llm.budget import Account, Budget, BudgetExceeded
-    budget = Budget([Account(sys.argv[1], float(sys.argv[2]), "runtime.sweep_max_cost_usd")])
+    budget = Budget([Account(sys.argv[1], float(sys.argv[2]), "calls.sweep_max_cost_usd")])
     rng, mine = random.Random(int(sys.argv[3])), 0.0
 
     async def main():
@@ -80,7 +80,7 @@ def test_a_call_waits_for_reservations_that_may_come_back_and_is_refused_on_what
         (await asyncio.wait_for(second, 5)).settle(3.0)
         with pytest.raises(BudgetExceeded) as refused:  # 5 spent: a worst case of 6 can never fit
             await budget.reserve(6.0)
-        assert refused.value.spent == pytest.approx(5.0) and "runtime.max_cost_usd=10" in str(refused.value)
+        assert refused.value.spent == pytest.approx(5.0) and "calls.max_cost_usd=10" in str(refused.value)
 
     asyncio.run(scenario())
     assert ledger(tmp_path / "budget.json")["spent"] == pytest.approx(5.0) and budget.refused == 1
@@ -152,16 +152,16 @@ def test_prices_come_from_the_config_the_price_map_or_are_zero_for_an_embedded_m
     assert model_prices(embedded).output == 0.0
     unpriced = ModelConfig(name="mystery", litellm_model="openai/stub", params={"max_tokens": 10})
     assert model_prices(unpriced) is None
-    check_priced([unpriced], RuntimeConfig(cache_dir="c").call_settings())  # no budget: nothing to check
+    check_priced([unpriced], CallsConfig(cache_dir="c"))  # no budget: nothing to check
     with pytest.raises(ConfigError) as refused:
-        check_priced([configured, unpriced], RuntimeConfig(cache_dir="c", max_cost_usd=5).call_settings())
+        check_priced([configured, unpriced], CallsConfig(cache_dir="c", max_cost_usd=5))
     message = str(refused.value)
-    assert "\n" not in message and "'mystery' (openai/stub)" in message and "runtime.max_cost_usd=5" in message
+    assert "\n" not in message and "'mystery' (openai/stub)" in message and "calls.max_cost_usd=5" in message
 
 
 def test_a_client_settles_the_actual_cost_releases_a_failure_and_refuses_past_the_budget(tmp_path: Path) -> None:
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=0, timeout=30,
-                       max_cost_usd=1.0).call_settings()
+    rt = CallsConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=0, timeout=30,
+                       max_cost_usd=1.0)
     configure_litellm(rt)
     script = [(200, completion_body("hello"), {}), (500, {"error": {"message": "internal"}}, {})]
     budget = one_account(tmp_path, 0.005)
@@ -193,7 +193,7 @@ def test_an_unreadable_ledger_is_copied_aside_and_counts_again_from_the_usage_le
     path.write_bytes(garbage)
     with pytest.raises(ValueError):  # the fault: not JSON
         json.loads(path.read_bytes())
-    budget = Budget([Account(str(path), 1.0, "runtime.max_cost_usd", floor=0.75)])
+    budget = Budget([Account(str(path), 1.0, "calls.max_cost_usd", floor=0.75)])
     with caplog.at_level(logging.WARNING, logger="cupid_exp.aside"):
         assert budget.state()[0][1] == 0.75
     (aside,) = tmp_path.glob("budget.json.corrupt-*")

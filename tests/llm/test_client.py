@@ -6,15 +6,15 @@ import asyncio
 
 import pytest
 
-from cupid_exp.config import CallSettings, ModelConfig, RuntimeConfig
+from cupid_exp.config import CallsConfig, ModelConfig
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.testing.fault_server import ScriptedServer, completion_body
 
 
-def runtime(tmp_path, **kw) -> CallSettings:
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), num_retries=kw.pop("num_retries", 2), timeout=30,
-                       **kw).call_settings()
+def runtime(tmp_path, **kw) -> CallsConfig:
+    rt = CallsConfig(cache_dir=str(tmp_path / "cache"), num_retries=kw.pop("num_retries", 2), timeout=30,
+                       **kw)
     configure_litellm(rt)
     return rt
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_job
 
-from cupid_exp.config import ModelConfig, RuntimeConfig
+from cupid_exp.config import CallsConfig, ModelConfig
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.testing.cupid_data import write_dataset
@@ -23,7 +23,7 @@ from cupid_exp.testing.stub_llm_server import StubServer
 
 @pytest.mark.parametrize("style", ["openai", "anthropic", "vllm", "llamacpp"])
 def test_context_length_errors_of_every_style_are_classified(tmp_path: Path, style: str) -> None:
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=3, timeout=10).call_settings()
+    rt = CallsConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=3, timeout=10)
     configure_litellm(rt)
     meter = UsageMeter()
     with StubServer(context_error=style) as stub:

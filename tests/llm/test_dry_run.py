@@ -24,8 +24,8 @@ def job_metrics(output_root: Path) -> dict[str, float]:
 def test_dry_run_counts_equal_the_real_runs_calls(tmp_path: Path, task: str, setting: str) -> None:
     data = write_dataset(tmp_path / "data.jsonl", 6)
     with InProcessModel() as stub:
-        common = [f"task={task}", f"setting={setting}", "runtime.cache=false"]
-        dry = run_job(cli_command(stub, tmp_path / "dry", *common, "runtime.dry_run=true", data=data))
+        common = [f"task={task}", f"setting={setting}", "calls.cache=false"]
+        dry = run_job(cli_command(stub, tmp_path / "dry", *common, "calls.dry_run=true", data=data))
         assert stub.stats()["total_received"] == 0, "a dry run must not call any model"
         assert "DRY RUN" in dry.stdout and not (tmp_path / "dry" / "mlflow.db").exists()
         run_job(cli_command(stub, tmp_path / "real", *common, data=data))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cupid_exp.config import ModelConfig, RuntimeConfig
+from cupid_exp.config import CallsConfig, ModelConfig
 from cupid_exp.llm.client import LLMClient
 from cupid_exp.llm.endpoints import canonical_api_base
 from cupid_exp.llm.usage import UsageMeter
@@ -25,7 +25,7 @@ def test_an_endpoint_has_one_spelling(spelt: str | None, canonical: str | None) 
 
 
 def _namespace(tmp_path, **model) -> str:
-    runtime = RuntimeConfig(cache_dir=str(tmp_path / "cache"))
+    runtime = CallsConfig(cache_dir=str(tmp_path / "cache"))
     config = ModelConfig(name="m", litellm_model=model.pop("litellm_model", "openai/x"), **model)
     return LLMClient(config, runtime, UsageMeter()).cache_namespace(None)
 

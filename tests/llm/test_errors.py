@@ -8,7 +8,7 @@ import asyncio
 import litellm
 import pytest
 
-from cupid_exp.config import ModelConfig, RuntimeConfig
+from cupid_exp.config import CallsConfig, ModelConfig, RuntimeConfig
 from cupid_exp.llm import _litellm
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm, provider_error_kind
 from cupid_exp.llm.retry import FatalProviderError, RetryLater
@@ -19,7 +19,7 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 
 
 def runtime(tmp_path, **kw) -> RuntimeConfig:
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), num_retries=0, timeout=10, **kw).call_settings()
+    rt = CallsConfig(cache_dir=str(tmp_path / "cache"), num_retries=0, timeout=10, **kw)
     configure_litellm(rt)
     return rt
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_cli
 
-from cupid_exp.config import ModelConfig, RuntimeConfig
+from cupid_exp.config import CallsConfig, ModelConfig
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.testing.cupid_data import write_dataset
@@ -24,8 +24,8 @@ KINDS = {"rate_limit", "provider", "timeout", "context_length", "auth", "unparse
 
 
 def client(url: str, tmp_path: Path, **runtime) -> tuple[LLMClient, UsageMeter]:
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False,
-                       **{"num_retries": 3, "timeout": 10, **runtime}).call_settings()
+    rt = CallsConfig(cache_dir=str(tmp_path / "cache"), cache=False,
+                       **{"num_retries": 3, "timeout": 10, **runtime})
     configure_litellm(rt)
     meter = UsageMeter()
     return LLMClient(ModelConfig(name="stub", litellm_model="openai/stub", api_base=url), rt, meter), meter
@@ -95,7 +95,7 @@ def test_run_survives_provider_faults_and_counts_them_in_mlflow(tmp_path: Path) 
                   retry_after=1, giveup_match="(variant 3)", seed=11)  # instance 3's inference always fails
     root = tmp_path / "out"
     with StubServer(**faults) as stub:
-        proc = run_cli(cli_command(stub.url, root, "runtime.timeout=2", "runtime.num_retries=3",
+        proc = run_cli(cli_command(stub.url, root, "calls.timeout=2", "calls.num_retries=3",
                                    "runtime.max_failed_fraction=1", cache_dir=tmp_path / "cache", data=data),
                        timeout=240)
         st = stub.stats()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cupid_exp.config import ConfigError, ModelConfig, RuntimeConfig
+from cupid_exp.config import CallsConfig, ConfigError, ModelConfig
 from cupid_exp.llm.client import LLMClient, configure_litellm
 from cupid_exp.llm.limits import COOLDOWN_S, MIN_GAP, PACE_MARGIN, AdaptiveLimit, Pacer, estimated_tokens
 from cupid_exp.llm.pools import forget_pools
@@ -101,7 +101,7 @@ def test_rpm_and_tpm_are_checked() -> None:
 
 def _run(url: str, tmp_path: Path, n: int, **model) -> tuple[UsageMeter, float]:
     forget_pools()
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=0, timeout=10).call_settings()
+    rt = CallsConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=0, timeout=10)
     configure_litellm(rt)
     meter = UsageMeter()
     c = LLMClient(ModelConfig(name="stub", litellm_model="openai/stub", api_base=url,

@@ -35,7 +35,7 @@ def test_the_first_call_imports_almost_nothing_once_the_clients_are_built(tmp_pa
     with StubServer() as stub:
         overrides = [*stub_overrides(stub.url), f"paths.output_root={tmp_path}", "tracking=none", "data=local",
                      f"data.path={SAMPLE_FULL_PATH}", "data.limit=1", "runtime.progress=false",
-                     f"runtime.cache_dir={tmp_path / 'cache'}"]
+                     f"calls.cache_dir={tmp_path / 'cache'}"]
         script = textwrap.dedent(f"""
             import sys
             from hydra import compose, initialize_config_dir
@@ -79,11 +79,11 @@ def test_a_developer_message_reaches_the_api_as_developer(tmp_path) -> None:
 
     with StubServer(record_bodies=True) as stub:
         cfg = typed_config(compose_config(["evaluator=gpt4o", f"evaluator.judge.api_base={stub.url}",
-                                           f"paths.output_root={tmp_path}", "runtime.cache=false"]))
-        configure_litellm(cfg.runtime.call_settings())
+                                           f"paths.output_root={tmp_path}", "calls.cache=false"]))
+        configure_litellm(cfg.calls)
         import os
         os.environ.setdefault("OPENAI_API_KEY", "sk-test-not-a-key")
-        client = LLMClient(cfg.evaluator.judge, cfg.runtime.call_settings(), UsageMeter())
+        client = LLMClient(cfg.evaluator.judge, cfg.calls, UsageMeter())
         messages = [{"role": cfg.evaluator.judge.system_role, "content": "S"}, {"role": "user", "content": "U"}]
         asyncio.run(client.complete(messages, step="judge"))
         assert cfg.evaluator.judge.litellm_model == "openai/gpt-4o-2024-11-20"
@@ -101,7 +101,7 @@ def test_a_call_through_the_response_cache_computes_no_signature(tmp_path, monke
     from litellm.caching import caching_handler
     from pydantic import TypeAdapter
 
-    from cupid_exp.config import ModelConfig, RuntimeConfig
+    from cupid_exp.config import CallsConfig, ModelConfig
     from cupid_exp.llm.client import LLMClient, configure_litellm
     from cupid_exp.llm.pools import forget_pools
     from cupid_exp.llm.usage import UsageMeter
@@ -116,8 +116,8 @@ def test_a_call_through_the_response_cache_computes_no_signature(tmp_path, monke
     hello = [{"role": "user", "content": "Say hello."}]
     with StubServer() as stub:
         forget_pools()
-        settings = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=True, num_retries=0,
-                                 timeout=10).call_settings()
+        settings = CallsConfig(cache_dir=str(tmp_path / "cache"), cache=True, num_retries=0,
+                                 timeout=10)
         configure_litellm(settings)
         client = LLMClient(ModelConfig(name="m", litellm_model="openai/stub", api_base=stub.url), settings,
                            UsageMeter())
@@ -147,7 +147,7 @@ def test_our_calls_are_priced_once_not_again_by_token_type(tmp_path, monkeypatch
     import litellm
     from litellm.litellm_core_utils.llm_cost_calc import utils as cost_utils
 
-    from cupid_exp.config import ModelConfig, RuntimeConfig
+    from cupid_exp.config import CallsConfig, ModelConfig
     from cupid_exp.llm.client import LLMClient, configure_litellm
     from cupid_exp.llm.pools import forget_pools
     from cupid_exp.llm.usage import UsageMeter
@@ -158,8 +158,8 @@ def test_our_calls_are_priced_once_not_again_by_token_type(tmp_path, monkeypatch
     monkeypatch.setattr(cost_utils, "_get_token_base_cost", lambda *a, **k: priced.append(a) or real(*a, **k))
     with StubServer() as stub:
         forget_pools()
-        settings = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=0,
-                                 timeout=10).call_settings()
+        settings = CallsConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=0,
+                                 timeout=10)
         configure_litellm(settings)
         client = LLMClient(ModelConfig(name="m", litellm_model="openai/gpt-4o-2024-11-20", api_base=stub.url),
                            settings, UsageMeter())

@@ -1,5 +1,5 @@
 """An outage is a pause (issue 40): an endpoint that answered and then stops (connections reset, a proxy's 503s) is
-waited for, one probe at a time, and no call fails for it; past ``runtime.outage_patience_s`` the job stops for
+waited for, one probe at a time, and no call fails for it; past ``calls.outage_patience_s`` the job stops for
 later (``RetryLater``, exit 75); one call's own 5xx is not an outage. Against the stub's outage
 (``outage_after``, ``outage_s``, ``outage_kind``), whose counters prove it happened."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cupid_exp.config import ModelConfig, RuntimeConfig
+from cupid_exp.config import CallsConfig, ModelConfig
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
 from cupid_exp.llm.pools import forget_pools
 from cupid_exp.llm.retry import RetryLater
@@ -22,8 +22,8 @@ from cupid_exp.testing.stub_llm_server import StubServer
 
 def client(url: str, tmp_path: Path, **runtime) -> tuple[LLMClient, UsageMeter]:
     forget_pools()
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False,
-                       **{"num_retries": 1, "timeout": 10, **runtime}).call_settings()
+    rt = CallsConfig(cache_dir=str(tmp_path / "cache"), cache=False,
+                       **{"num_retries": 1, "timeout": 10, **runtime})
     configure_litellm(rt)
     meter = UsageMeter()
     model = ModelConfig(name="stub", litellm_model="openai/stub", api_base=url, max_concurrency=4)
@@ -69,7 +69,7 @@ def test_an_outage_beyond_the_patience_stops_the_job_for_later(tmp_path: Path) -
     assert sum(isinstance(o, dict) or not isinstance(o, BaseException) for o in out) == 2  # before the outage
     stops = [o for o in out if isinstance(o, BaseException)]
     assert stops and all(isinstance(o, RetryLater) and not isinstance(o, ProviderError) for o in stops), stops
-    assert stops[0].kind == "unreachable" and "runtime.outage_patience_s=1" in str(stops[0])
+    assert stops[0].kind == "unreachable" and "calls.outage_patience_s=1" in str(stops[0])
     assert "\n" not in stops[0].line()
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from cupid_exp.config import ConfigError, ModelConfig, RuntimeConfig, config_digest
+from cupid_exp.config import CallsConfig, ConfigError, ModelConfig, config_digest
 from cupid_exp.llm.client import LLMClient, configure_litellm
 from cupid_exp.llm.limits import RefusalPace
 from cupid_exp.llm.pool_state import SharedPoolState
@@ -47,20 +47,20 @@ def test_each_provider_groups_its_models_into_pools(model: str, base: str | None
 def test_pool_settings_are_checked_and_leave_job_identities_alone() -> None:
     with pytest.raises(ConfigError, match=r"model.pool='a/b'"):
         ModelConfig(name="m", litellm_model="openai/m", pool="a/b").check("model")
-    with pytest.raises(ConfigError, match=r"runtime.pools.p.max_concurrency=0"):
-        RuntimeConfig(cache_dir="c", pools={"p": {"max_concurrency": 0}}).check("runtime")
-    with pytest.raises(ConfigError, match=r"runtime.pools.p=.*a mapping of rpm, tpm, max_concurrency"):
-        RuntimeConfig(cache_dir="c", pools={"p": {"rpn": 3}}).check("runtime")
-    RuntimeConfig(cache_dir="c", pools={"openai-gpt-4o": {"rpm": 500, "tpm": 30000, "max_concurrency": 64}}
-                  ).check("runtime")
+    with pytest.raises(ConfigError, match=r"calls.pools.p.max_concurrency=0"):
+        CallsConfig(cache_dir="c", pools={"p": {"max_concurrency": 0}}).check("calls")
+    with pytest.raises(ConfigError, match=r"calls.pools.p=.*a mapping of rpm, tpm, max_concurrency"):
+        CallsConfig(cache_dir="c", pools={"p": {"rpn": 3}}).check("calls")
+    CallsConfig(cache_dir="c", pools={"openai-gpt-4o": {"rpm": 500, "tpm": 30000, "max_concurrency": 64}}
+                ).check("calls")
     runtime = {"reask": 1}
     assert config_digest({"runtime": {**runtime, "pools": {}}}) == config_digest({"runtime": runtime})
 
 
 def _clients(url: str, tmp_path: Path, *models: dict, pools: dict | None = None) -> tuple[list[LLMClient], UsageMeter]:
     forget_pools()
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=0, timeout=20,
-                       pools=pools or {}).call_settings()
+    rt = CallsConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=0, timeout=20,
+                       pools=pools or {})
     configure_litellm(rt)
     meter = UsageMeter()
     return [LLMClient(ModelConfig(api_base=url, **m), rt, meter) for m in models], meter
@@ -80,7 +80,7 @@ def _ask(clients: list[LLMClient], n: int) -> float:
 def test_two_configs_in_one_pool_never_hold_more_than_its_bound_in_flight_together(
         tmp_path: Path, pools: dict | None, role_bound: int, bound: int) -> None:
     """Each config alone keeps its bound; together, on one pool, they keep the pool's (the largest of theirs, or the
-    one given once in runtime.pools), not the sum: per-config bounds put 3 x 64 in flight where 64 were meant."""
+    one given once in calls.pools), not the sum: per-config bounds put 3 x 64 in flight where 64 were meant."""
     with StubServer(latency_ms=150) as stub:
         clients, _ = _clients(stub.url, tmp_path, *(
             {"name": name, "litellm_model": model, "max_concurrency": role_bound, "pool": "shared" if pools else None}

@@ -12,7 +12,7 @@ import pytest
 from helpers.cli_runner import cli_command, job_dirs, metrics_of, read_jsonl, run_job
 from mlflow.tracking import MlflowClient
 
-from cupid_exp.config import ModelConfig, RuntimeConfig
+from cupid_exp.config import CallsConfig, ModelConfig
 from cupid_exp.llm.client import LLMClient, configure_litellm
 from cupid_exp.llm.replies import ParseError
 from cupid_exp.llm.steps import Reask, StepFailed, Transcript, ask
@@ -25,7 +25,7 @@ ASK = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
 
 
 def _client(url: str, tmp_path: Path, meter: UsageMeter) -> LLMClient:
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0, timeout=10).call_settings()
+    rt = CallsConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0, timeout=10)
     configure_litellm(rt)
     return LLMClient(ModelConfig(name="s", litellm_model="openai/scripted", api_base=url), rt, meter)
 

@@ -9,7 +9,7 @@ import sqlite3
 import zlib
 from pathlib import Path
 
-from cupid_exp.config import ModelConfig, RuntimeConfig
+from cupid_exp.config import CallsConfig, ModelConfig
 from cupid_exp.llm import client as client_module
 from cupid_exp.llm.client import LLMClient, configure_litellm
 from cupid_exp.llm.response_cache import STORE_FOLDER
@@ -24,7 +24,7 @@ MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content
 def fresh_client(tmp_path: Path, url: str, **model: object) -> LLMClient:
     """A client on a newly built cache object (as in a new process): only the disk carries entries over."""
     client_module._CACHE_DIR = None
-    runtime = RuntimeConfig(cache_dir=str(tmp_path / "cache"), num_retries=0, timeout=30).call_settings()
+    runtime = CallsConfig(cache_dir=str(tmp_path / "cache"), num_retries=0, timeout=30)
     configure_litellm(runtime)
     return LLMClient(ModelConfig(name="m", litellm_model="openai/scripted", api_base=url, **model), runtime,
                      UsageMeter())

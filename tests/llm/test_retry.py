@@ -1,5 +1,5 @@
 """Rate limits waited out as the provider asks (every header style, any length), bounded by patience, not by
-``runtime.num_retries``, and a wait beyond the patience a stop of the job for later; fatal refusals (billing states
+``calls.num_retries``, and a wait beyond the patience a stop of the job for later; fatal refusals (billing states
 included) not retried. Against the OpenAI-like limits of the stub server."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cupid_exp.config import ModelConfig, RuntimeConfig
+from cupid_exp.config import CallsConfig, ModelConfig
 from cupid_exp.llm.client import LLMClient, configure_litellm
 from cupid_exp.llm.pools import Pool, forget_pools
 from cupid_exp.llm.retry import FatalProviderError, RetryLater, parse_duration, retry_after_s, told_limits
@@ -53,8 +53,8 @@ def test_durations_and_stated_limits() -> None:
 
 def client(url: str, tmp_path: Path, model: ModelConfig | None = None, **runtime) -> tuple[LLMClient, UsageMeter]:
     forget_pools()
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False,
-                       **{"num_retries": 1, "timeout": 10, **runtime}).call_settings()
+    rt = CallsConfig(cache_dir=str(tmp_path / "cache"), cache=False,
+                       **{"num_retries": 1, "timeout": 10, **runtime})
     configure_litellm(rt)
     meter = UsageMeter()
     model = model or ModelConfig(name="stub", litellm_model="openai/stub", api_base=url, max_concurrency=8)
@@ -136,7 +136,7 @@ def test_a_permanent_limit_stops_the_job_for_later_at_the_patience_deadline(tmp_
         after = ask(c, n=3)  # the job has stopped: nothing more is sent
         assert stub.stats()["total_received"] == st["total_received"]
     assert isinstance(err, RetryLater) and err.outcome == "retry_later"  # the job's stop, not the call's failure
-    assert "runtime.rate_limit_patience_s=2.5" in str(err) and "\n" not in str(err)
+    assert "calls.rate_limit_patience_s=2.5" in str(err) and "\n" not in str(err)
     assert "run the same command later" in str(err) and "requests per min" in str(err)  # the provider's words
     assert 1.5 <= elapsed < 6
     counts = meter.as_dict()["s"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers.mlflow_server import free_port
 
-from cupid_exp.config import ConfigError, ModelConfig, RuntimeConfig, ServerConfig
+from cupid_exp.config import CallsConfig, ConfigError, ModelConfig, ServerConfig
 from cupid_exp.llm.client import LLMClient, configure_litellm
 from cupid_exp.llm.server import ServerStartError, check_server_command, is_healthy, managed_server
 from cupid_exp.llm.usage import UsageMeter
@@ -31,7 +31,7 @@ def test_starts_waits_serves_reuses_and_stops(tmp_path) -> None:
         with managed_server(cfg):  # already up: reused, and left running afterwards
             pass
         assert is_healthy(url)
-        rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=0, timeout=60).call_settings()
+        rt = CallsConfig(cache_dir=str(tmp_path / "cache"), cache=False, num_retries=0, timeout=60)
         configure_litellm(rt)
         model = ModelConfig(name="pm", litellm_model="hosted_vllm/kixlab/prefmatcher-7b", api_base=f"{url}/v1",
                             params={"temperature": 0, "max_tokens": 8})

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from cupid_exp.config import ModelConfig, RuntimeConfig
+from cupid_exp.config import CallsConfig, ModelConfig
 from cupid_exp.llm.client import LLMClient, configure_litellm
 from cupid_exp.llm.replies import Invalid, ParseError
 from cupid_exp.llm.steps import Reask, Resample, StepFailed, Transcript, ask
@@ -17,7 +17,7 @@ ASK = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
 
 
 def client(url: str, tmp_path, meter: UsageMeter, **params) -> LLMClient:
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0, timeout=10).call_settings()
+    rt = CallsConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0, timeout=10)
     configure_litellm(rt)
     return LLMClient(ModelConfig(name="s", litellm_model="openai/scripted", api_base=url, params=params), rt, meter)
 
@@ -106,7 +106,7 @@ def test_a_reply_cut_twice_fails_as_truncated_and_is_not_parsed(tmp_path) -> Non
 def test_the_longer_request_stops_at_the_models_longest_reply(tmp_path, model_max_tokens, sent) -> None:
     """gpt-4o gives at most 16,384 tokens (litellm's map): a request already there, or one that set no max_tokens
     (the provider's default cut it), fails at its first cut."""
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0, timeout=10).call_settings()
+    rt = CallsConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0, timeout=10)
     configure_litellm(rt)
     params = {} if model_max_tokens is None else {"max_tokens": model_max_tokens}
     with ScriptedServer([(200, cut('{"summaries": [{"session'), {})]) as server:

@@ -38,7 +38,7 @@ PAIRS = [
     (["paths.output_root=/a"], ["paths.output_root=/b", "tracking.uri=sqlite:////elsewhere.db"]),
     ([], ["model=openai_compatible", "model.litellm_model=openai/my-model",
           "model.api_base='http://127.0.0.1:8000/v1'", "tracking.run_name='it\\'s \"odd\", {x: 1} \\\\'",
-          "runtime.timeout=12.5", "runtime.reask=0", "data.strict=true", "+model.params.stop=['a b',null]"]),
+          "calls.timeout=12.5", "runtime.reask=0", "data.strict=true", "+model.params.stop=['a b',null]"]),
     (["model=claude37"], ["model=claude37", "model.params.temperature=0.5",
                           "+model.params.thinking={type:enabled,budget_tokens:2048}"]),
     (["tracking=none"], ["tracking=mlflow", "runtime.failure_policy=zero"]),

@@ -68,7 +68,7 @@ def test_a_runs_identity_is_what_decides_its_scores() -> None:
 
     base = identity()
     for same in (["model.rpm=500", "model.max_concurrency=3", "model.input_cost_per_token=0.1"],
-                 ["seed=7", "paths.output_root=/elsewhere", "runtime.timeout=5", "runtime.workers=2"],
+                 ["seed=7", "paths.output_root=/elsewhere", "calls.timeout=5", "runtime.workers=2"],
                  ["model.params.temperature=0.0"]):  # 0 and 0.0 are one value
         assert identity(*same) == base, same
     for key, override in (("model.params.temperature", "model.params.temperature=0.4"),

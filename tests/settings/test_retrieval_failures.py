@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from cupid_exp.config import DataConfig, RuntimeConfig
+from cupid_exp.config import CallsConfig, DataConfig
 from cupid_exp.data.loading import load_instances
 from cupid_exp.llm.client import configure_litellm
 from cupid_exp.llm.steps import StepFailed, Transcript
@@ -29,7 +29,7 @@ def embedding_body(n: int) -> dict:
     (429, {"error": {"message": "slow down"}}, "rate_limit"),
 ])
 def test_an_embedding_provider_failure_is_a_step_failure(tmp_path, status, body, kind) -> None:
-    configure_litellm(RuntimeConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0).call_settings())
+    configure_litellm(CallsConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0))
     with ScriptedServer([(status, body, {"retry-after": "0"})]) as server:
         setting = make_setting(RetrievalConfig(retriever="embedding", embedding_model="openai/embedder",
                                                embedding_api_base=server.url))
@@ -39,7 +39,7 @@ def test_an_embedding_provider_failure_is_a_step_failure(tmp_path, status, body,
 
 
 def test_an_embedding_provider_that_answers_is_used(tmp_path) -> None:
-    configure_litellm(RuntimeConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0).call_settings())
+    configure_litellm(CallsConfig(cache_dir=str(tmp_path / "c"), cache=False, num_retries=0))
     with ScriptedServer([(200, embedding_body(9), {})]) as server:
         setting = make_setting(RetrievalConfig(retriever="embedding", embedding_model="openai/embedder",
                                                embedding_api_base=server.url, top_k=2))

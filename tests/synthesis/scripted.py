@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import pytest
 
-from cupid_exp.config import ModelConfig, RuntimeConfig
+from cupid_exp.config import CallsConfig, ModelConfig
 from cupid_exp.llm.client import LLMClient, configure_litellm
 from cupid_exp.llm.replies import ParseError
 from cupid_exp.llm.usage import UsageMeter
@@ -33,7 +33,7 @@ def reply(payload: Any) -> tuple:
 def context(url: str, tmp_path: Path, max_retries: int = 2, structured: bool = False, **knobs: Any) -> SynthContext:
     """Every role on one model at ``url`` (``structured``: JSON schemas sent, as the stub server needs);
     the shared meter is ``ctx.clients['persona_writer'].meter``."""
-    runtime = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=True, num_retries=0, timeout=10).call_settings()
+    runtime = CallsConfig(cache_dir=str(tmp_path / "cache"), cache=True, num_retries=0, timeout=10)
     configure_litellm(runtime)
     model = ModelConfig(name="scripted", litellm_model="openai/scripted", api_base=url, params={"temperature": 0.7},
                         structured_output=structured)

@@ -31,7 +31,7 @@ FAST = ["synthesis=api", "synthesis.n_personas=1", "synthesis.max_turns=2", "syn
 
 def synthesize(args: list[str], root: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "cupid_exp.synthesize", *args, f"paths.output_root={root / 'outputs'}",
-           f"runtime.cache_dir={root / 'cache'}"]
+           f"calls.cache_dir={root / 'cache'}"]
     proc = subprocess.run(cmd, cwd=root, env=cli_env(), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     return proc
@@ -163,7 +163,7 @@ def test_embedded_local_model_writes_valid_personas_factors_and_sessions(tmp_pat
 
     cfg = compose_synthesis([f"synthesis.seed={seed}", "synthesis.n_personas=1", "tracking=none",
                              f"paths.output_root={tmp_path}",
-                             f"runtime.cache_dir={EMBEDDED_CACHE or tmp_path / 'cache'}"])
+                             f"calls.cache_dir={EMBEDDED_CACHE or tmp_path / 'cache'}"])
     job = plan(cfg, tmp_path / "job", kind=load_synthesis)
     job.release()
     ctx, meter = job.ctx, job.attempt.meter

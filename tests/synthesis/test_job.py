@@ -110,7 +110,7 @@ NOT_CONTENT = [["synthesis.roles.user_simulator.max_concurrency=64"],
                ["synthesis.roles.user_simulator.rpm=300", "synthesis.roles.user_simulator.tpm=40000"],
                ["synthesis.roles.user_simulator.api_base=http://localhost:8000/v1/"],
                ["+synthesis.roles.user_simulator.params.extra_headers={Authorization: 'Bearer sk-rotated-1234'}"],
-               ["runtime.timeout=30", "runtime.num_retries=7", "runtime.workers=2", "runtime.cache=false"],
+               ["calls.timeout=30", "calls.num_retries=7", "runtime.workers=2", "calls.cache=false"],
                ["synthesis.roles.user_simulator.input_cost_per_token=1e-06"],
                ["synthesis.roles.user_simulator.api_key_env=MY_KEY"]]
 HEADER = "+synthesis.roles.user_simulator.params.extra_headers={Authorization: 'Bearer sk-first-5678'}"
@@ -140,12 +140,12 @@ def test_how_an_endpoint_is_reached_changes_neither_the_folder_nor_the_identity(
 @pytest.mark.parametrize("override,key", [("synthesis.on_unsatisfied=maybe", "synthesis.on_unsatisfied"),
                                           ("synthesis.n_personas=0", "synthesis.n_personas"),
                                           ("synthesis.max_retries=-1", "synthesis.max_retries"),
-                                          ("runtime.batch=true", "runtime.batch"),
+                                          ("calls.batch=true", "calls.batch"),
                                           ("synthesis.roles.validator.batch=true", "synthesis.roles.validator.batch"),
                                           ("synthesis.persona_source=web", "synthesis.persona_source"),
                                           ("synthesis.roles.validator.max_concurrency=0",
                                            "synthesis.roles.validator.max_concurrency"),
-                                          ("runtime.dry_run=true", "runtime.dry_run"),
+                                          ("calls.dry_run=true", "calls.dry_run"),
                                           ("runtime.epochs=2", "runtime.epochs"),
                                           ("+synthesis.embedded_sampling.min_p=0.1",
                                            "synthesis.embedded_sampling.min_p"),
@@ -170,7 +170,7 @@ def test_bad_model_output_fails_personas_and_the_job_ends_incomplete(tmp_path: P
     with ScriptedServer([reply("I cannot write JSON.")]) as server:
         cmd = [sys.executable, "-m", "cupid_exp.synthesize", "synthesis=api", "synthesis.n_personas=2",
                "synthesis.max_retries=1",
-               f"paths.output_root={tmp_path / 'out'}", "runtime.num_retries=0", "runtime.progress=false",
+               f"paths.output_root={tmp_path / 'out'}", "calls.num_retries=0", "runtime.progress=false",
                *role_overrides(server.url, structured=False)]
         proc = subprocess.run(cmd, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 3, proc.stderr[-3000:]
@@ -226,7 +226,7 @@ def test_the_run_shows_progress_while_calls_go_out_before_any_persona_is_done(tm
     with StubServer() as stub:
         cfg = compose_synthesis(["synthesis=api", "synthesis.max_turns=1", "synthesis.max_checklist_items=2",
                                  "synthesis.n_personas=1", *role_overrides(stub.url), f"paths.output_root={root}",
-                                 f"runtime.cache_dir={root / 'cache'}", "runtime.progress=false",
+                                 f"calls.cache_dir={root / 'cache'}", "runtime.progress=false",
                                  "tracking.progress_every_s=0.5"])
         job = plan(cfg, root / "job", kind=load_synthesis, clients=False)
         live = start_tracking(job)

@@ -28,7 +28,7 @@ PRICED = [f"synthesis.roles.{role}.{kind}_cost_per_token={price}" for role in RO
 def command(url: str, root: Path, *extra: str) -> list[str]:
     seed_store(root)
     return [sys.executable, "-m", "cupid_exp.synthesize", *SMALL, *role_overrides(url), f"paths.output_root={root}",
-            f"runtime.cache_dir={root / 'cache'}", "runtime.progress=false", "tracking.progress_every_s=0.5", *extra]
+            f"calls.cache_dir={root / 'cache'}", "runtime.progress=false", "tracking.progress_every_s=0.5", *extra]
 
 
 def runs(root: Path) -> list:
@@ -124,16 +124,16 @@ def test_twin_launches_send_each_call_once(tmp_path: Path) -> None:
 
 def test_a_budget_stops_synthesis_with_exit_4_and_a_resume_completes_it_with_the_same_instances(
         tmp_path: Path) -> None:
-    """runtime.max_cost_usd holds synthesis too: the job stops at it (exit 4, one BUDGET line naming the personas
+    """calls.max_cost_usd holds synthesis too: the job stops at it (exit 4, one BUDGET line naming the personas
     not run), the same command with a higher budget resumes it in its run, and the instances are those of a job
     that was never stopped, byte for byte (that one run by two processes, a persona each)."""
     with StubServer() as stub:
         cmd = command(stub.url, tmp_path / "out", "synthesis.n_personas=2", *PRICED)
-        stopped = run_job([*cmd, "runtime.max_cost_usd=0.05"], check=False)
+        stopped = run_job([*cmd, "calls.max_cost_usd=0.05"], check=False)
         assert stopped.returncode == 4, (stopped.stdout[-2000:], stopped.stderr[-2000:])
         line = stopped.stderr.strip().splitlines()[-1]
         assert line.startswith("BUDGET: $") and "personas not run; resume with a higher budget" in line
-        resumed = run_job([*cmd, "runtime.max_cost_usd=100"])
+        resumed = run_job([*cmd, "calls.max_cost_usd=100"])
         whole = run_cli(command(stub.url, tmp_path / "whole", "synthesis.n_personas=2", "runtime.workers=2", *PRICED),
                         timeout=300)
     assert "model calls shared by 2 processes" in whole.stdout + whole.stderr

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cupid_exp.config import ModelConfig, RuntimeConfig
+from cupid_exp.config import CallsConfig, ModelConfig
 from cupid_exp.durability.journal import whole_record
 from cupid_exp.llm.client import clients_for
 from cupid_exp.llm.pools import forget_pools
@@ -20,7 +20,7 @@ from cupid_exp.synthesis.work import in_flight, is_final
 def _context(tmp_path: Path, endpoint_of: dict[str, tuple[str, int]]) -> SynthContext:
     """Each role on (api_base, max_concurrency), with its own decoding (so a config, a client, of its own)."""
     forget_pools()
-    runtime = RuntimeConfig(cache_dir=str(tmp_path / "cache"))
+    runtime = CallsConfig(cache_dir=str(tmp_path / "cache"))
     roles = {role: ModelConfig(name=role, litellm_model="openai/stub", api_base=base, max_concurrency=slots,
                                params={"temperature": 0.1 * i})
              for i, (role, (base, slots)) in enumerate(endpoint_of.items())}

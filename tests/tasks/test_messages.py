@@ -110,7 +110,7 @@ def test_drop_in_prompts_send_the_official_messages(tmp_path: Path, monkeypatch)
     monkeypatch.setattr(LLMClient, "complete", recording_complete)
     with StubServer() as stub:
         job = stub_plan(stub.url, tmp_path, f"prompts.dir={official_style_dir(tmp_path / 'official')}",
-                        "task=both", "runtime.reask=0", "runtime.cache=false")
+                        "task=both", "runtime.reask=0", "calls.cache=false")
         result = run_one(job)
 
     log = official_log(INSTANCE)
@@ -146,8 +146,8 @@ def test_drop_in_prompts_send_the_official_messages(tmp_path: Path, monkeypatch)
 ])
 def test_decoding_parameters_reach_litellm_unchanged(tmp_path: Path, model: str, expected: dict, monkeypatch) -> None:
     cfg = typed_config(compose_config([f"model={model}", f"paths.output_root={tmp_path}"]))
-    configure_litellm(cfg.runtime.call_settings())
-    client = LLMClient(cfg.model, cfg.runtime.call_settings(), UsageMeter())
+    configure_litellm(cfg.calls)
+    client = LLMClient(cfg.model, cfg.calls, UsageMeter())
     seen = {}
 
     class Stop(Exception):
@@ -168,4 +168,4 @@ def test_decoding_parameters_reach_litellm_unchanged(tmp_path: Path, model: str,
         assert "temperature" not in seen
     assert seen["model"] == cfg.model.litellm_model
     assert seen["num_retries"] == seen["max_retries"] == 0  # retries are ours (cupid_exp.llm.retry), not litellm's
-    assert seen["timeout"] == cfg.runtime.timeout
+    assert seen["timeout"] == cfg.calls.timeout

@@ -35,7 +35,7 @@ def paper_plan(url: str, root: Path, *extra: str):
     """model=gpt4o with the evaluator it implies (the paper's), every endpoint at the stub: only the
     provider route and the address change, so roles and decoding are the shipped configs'."""
     overrides = ["model=gpt4o", "model.litellm_model=openai/stub", f"model.api_base={url}", "task=both",
-                 f"prompts.dir={Path(OFFICIAL) / 'prompts'}", "runtime.cache=false", "runtime.reask=0",
+                 f"prompts.dir={Path(OFFICIAL) / 'prompts'}", "calls.cache=false", "runtime.reask=0",
                  "tracking=none", "runtime.progress=false", f"paths.output_root={root}", *extra]
     for role in ROLES:
         overrides += [f"evaluator.{role}.litellm_model=openai/stub", f"evaluator.{role}.api_base={url}"]

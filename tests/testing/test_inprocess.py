@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cupid_exp.config import ModelConfig, RuntimeConfig
+from cupid_exp.config import CallsConfig, ModelConfig
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
 from cupid_exp.llm.pools import forget_pools
 from cupid_exp.llm.usage import UsageMeter
@@ -28,8 +28,8 @@ def _fresh_pools():
 
 
 def ask(litellm_model: str, tmp_path: Path, api_base: str | None = None, messages=INFER, **runtime):
-    rt = RuntimeConfig(cache_dir=str(tmp_path / "cache"), cache=False,
-                       **{"num_retries": 2, "timeout": 10, **runtime}).call_settings()
+    rt = CallsConfig(cache_dir=str(tmp_path / "cache"), cache=False,
+                       **{"num_retries": 2, "timeout": 10, **runtime})
     configure_litellm(rt)
     client = LLMClient(ModelConfig(name="stub", litellm_model=litellm_model, api_base=api_base,
                                    params={"max_tokens": 300}), rt, UsageMeter())

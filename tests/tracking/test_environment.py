@@ -173,7 +173,7 @@ def test_a_read_only_output_root_is_one_line_and_exit_5(tmp_path: Path, sweep: b
     try:
         with pytest.raises(OSError):  # read-only, even to root
             (root / "x").write_text("")
-        cmd = job_command("http://127.0.0.1:9/v1", root, tmp_path / "none.jsonl", "runtime.dry_run=true", seed=False)
+        cmd = job_command("http://127.0.0.1:9/v1", root, tmp_path / "none.jsonl", "calls.dry_run=true", seed=False)
         if sweep:
             cmd[3:3] = ["-m"]
             cmd.append("model.name=a,b")
@@ -258,7 +258,7 @@ def test_the_response_cache_on_a_full_disk_is_one_environment_failure_naming_its
     call raises ours instead, once it has counted the reply it paid for); litellm prints nothing of its own."""
     import asyncio
 
-    from cupid_exp.config import ModelConfig, RuntimeConfig
+    from cupid_exp.config import CallsConfig, ModelConfig
     from cupid_exp.llm import client as client_module
     from cupid_exp.llm.client import LLMClient, configure_litellm
     from cupid_exp.llm.response_cache import STORE_FOLDER, DiskResponseStore
@@ -267,7 +267,7 @@ def test_the_response_cache_on_a_full_disk_is_one_environment_failure_naming_its
 
     folder = tiny_disk / "cache" / STORE_FOLDER
     client_module._CACHE_DIR = None
-    runtime = RuntimeConfig(cache_dir=str(tiny_disk / "cache"), num_retries=0, timeout=30).call_settings()
+    runtime = CallsConfig(cache_dir=str(tiny_disk / "cache"), num_retries=0, timeout=30)
     configure_litellm(runtime)
     with ScriptedServer([(200, completion_body("six"), {})]) as server:
         client = LLMClient(ModelConfig(name="m", litellm_model="openai/scripted", api_base=server.url), runtime,

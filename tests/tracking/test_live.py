@@ -26,7 +26,7 @@ def test_the_run_streams_progress_while_the_job_works_and_has_the_dataset_as_inp
         # (and not all); the held requests are retried when the gate opens
         stub.hold_after(3 * N + 2)
         began = time.monotonic()
-        proc = start(job_command(stub.url, root, data, "model.max_concurrency=2", "runtime.num_retries=3"),
+        proc = start(job_command(stub.url, root, data, "model.max_concurrency=2", "calls.num_retries=3"),
                      tmp_path / "job.log")
         try:
             assert stub.wait_held(timeout=120), (tmp_path / "job.log").read_text()[-3000:]

@@ -54,8 +54,8 @@ def resumed(tmp_path_factory) -> dict:
     uri = store_uri(root)
     with StubServer(giveup_match="(variant 2)") as stub:
         cfg = compose_config([*stub_overrides(stub.url), f"paths.output_root={root}", "runtime.progress=false",
-                              "data=local", f"data.path={data}", f"runtime.cache_dir={root / 'cache'}",
-                              "runtime.num_retries=0", "runtime.max_failed_fraction=1", *PRICES])
+                              "data=local", f"data.path={data}", f"calls.cache_dir={root / 'cache'}",
+                              "calls.num_retries=0", "runtime.max_failed_fraction=1", *PRICES])
         first = sweep(cfg, root, "first")
         (journal,) = (root / "journal").glob("*.jsonl")
         records = [json.loads(line) for line in journal.read_text().splitlines()]

@@ -29,7 +29,7 @@ def traced(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("traced")
     data = write_dataset(tmp / "data.jsonl", N)
     root, again, off = tmp / "out", tmp / "again", tmp / "off"
-    common = ("task=both", "runtime.num_retries=0", "runtime.max_failed_fraction=1")
+    common = ("task=both", "calls.num_retries=0", "runtime.max_failed_fraction=1")
     with InProcessModel(giveup_match="(variant 2)", garbage_steps=("decompose",), garbage_rate=0.4, seed=3) as model:
         first = run_job(job_command(model, root, data, *common))
         run_job(job_command(model, again, data, *common, "data.limit=2", cache_dir=root / "cache"))
@@ -85,7 +85,7 @@ def test_a_long_reply_is_whole_once_on_disk_in_the_journal_and_a_preview_elsewhe
     from cupid_exp.testing.cupid_data import SAMPLE_FULL_PATH
 
     cfg = ("task=generation", "tracking=mlflow", f"tracking.uri={store_uri(tmp_path)}", "data=local",
-           f"data.path={SAMPLE_FULL_PATH}", "data.limit=1", f"runtime.cache_dir={tmp_path / 'cache'}")
+           f"data.path={SAMPLE_FULL_PATH}", "data.limit=1", f"calls.cache_dir={tmp_path / 'cache'}")
     with StubServer(long_steps=("generate",), long_bytes=200_000) as stub:
         assert run_evaluation(stub_config(stub.url, tmp_path, *cfg), tmp_path / "job").outcome == "ok"
         whole = {str(p.relative_to(tmp_path)): p.read_bytes().count(b"LONG-REPLY-END")
@@ -187,7 +187,7 @@ def test_calls_shared_by_two_processes_are_traced_counted_and_logged(tmp_path) -
     slots = [f"{role}.max_concurrency=2" for role in ("model", "evaluator.decomposer", "evaluator.matcher",
                                                        "evaluator.judge")]
     with StubServer(latency_ms=200, giveup_match="(variant 2)") as stub:
-        done = run_cli(job_command(stub.url, tmp_path, data, "task=both", "runtime.num_retries=0",
+        done = run_cli(job_command(stub.url, tmp_path, data, "task=both", "calls.num_retries=0",
                                    "runtime.max_failed_fraction=1", "runtime.workers=2", *slots), timeout=240)
         received = stub.stats()["total_received"]
     uri = store_uri(tmp_path)

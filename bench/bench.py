@@ -103,8 +103,8 @@ class Stub:
 def price_overrides() -> list[str]:
     if not PRICED:
         return []
-    return [f"{prefix}.{k}={v}" for prefix in ("model", "evaluator.decomposer", "evaluator.matcher", "evaluator.judge")
-            for k, v in PRICES.items()]
+    return [f"{prefix}.model_info.{k}={v}" for k, v in PRICES.items()
+            for prefix in ("model", "evaluator.decomposer", "evaluator.matcher", "evaluator.judge")]
 
 
 def cli(url: str, root: Path, data: Path, *extra: str, multirun: bool = False) -> dict[str, Any]:
@@ -147,7 +147,7 @@ def machine() -> dict[str, str]:
 
 LAYERS = r"""
 import asyncio, json, sys, time
-from cupid_exp.config import ModelConfig, RuntimeConfig
+from cupid_exp.config import CallsConfig, ModelConfig, ModelInfo
 from cupid_exp.llm.client import LLMClient, configure_litellm
 from cupid_exp.llm.usage import UsageMeter
 url, n, prices = sys.argv[1], 300, json.loads(sys.argv[3])
@@ -173,7 +173,7 @@ async def main():
     configure_litellm(rt)
     sdk = AsyncOpenAI(base_url=url, api_key="x", max_retries=0)
     client = LLMClient(ModelConfig(name="s", litellm_model="openai/stub", api_base=url, max_concurrency=16,
-                                   params={"temperature": 0}, **prices), rt, UsageMeter())
+                                   params={"temperature": 0}, model_info=ModelInfo(**prices)), rt, UsageMeter())
     out = {"OpenAI SDK alone (no litellm)": await measure(
                lambda i: sdk.chat.completions.create(model="stub", messages=messages(i, "sdk"))),
            "litellm.acompletion + response cache on disk": await measure(

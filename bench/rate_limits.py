@@ -10,7 +10,7 @@ ideal (the sum of each admitted request's share of the binding limit, from the s
 answered 429. The provider's pools (``--limits-pool``):
 
 * ``model`` (the default): each model its own limit; cupid-exp's roles then name a pool per model
-  (``model.pool=subject``, the evaluator roles ``pool=evaluator``): issue 36's "separate pools";
+  (``model.pool.name=subject``, the evaluator roles ``pool.name=evaluator``): issue 36's "separate pools";
 * ``key``: one pool for both snapshots (OpenAI's gpt-4o family, a proxy); cupid-exp's default grouping (one pool
   per ``api_base``) matches it, and "limits set" gives the pool's ``rpm``/``tpm`` once (``calls.pools``).
 
@@ -76,7 +76,7 @@ def limit_overrides(args: argparse.Namespace, url: str, before: bool) -> list[st
     if args.limits_pool == "key" and not before:
         pool = pool_name("openai/stub", url)
         return [f"+calls.pools.{pool}.{k}={v:g}" for k, v in limits(args).items()]
-    return [f"{role}.{k}={v:g}" for role in role_names(args) for k, v in limits(args).items()]
+    return [f"{role}.pool.{k}={v:g}" for role in role_names(args) for k, v in limits(args).items()]
 
 
 def pool_overrides(args: argparse.Namespace, before: bool) -> list[str]:
@@ -84,7 +84,7 @@ def pool_overrides(args: argparse.Namespace, before: bool) -> list[str]:
     pools: it kept every config apart)."""
     if args.limits_pool != "model" or before or args.task == "synthesis":
         return []
-    return ["model.pool=subject", *(f"{role}.pool=evaluator" for role in ROLES[1:])]
+    return ["model.pool.name=subject", *(f"{role}.pool.name=evaluator" for role in ROLES[1:])]
 
 
 def job_files(root: Path, name: str) -> list[Path]:

@@ -212,7 +212,8 @@ def gc_stalls(run: dict[str, Any]) -> int:
 
 def per_role_pools() -> list[str]:
     """Each role its own pool (what every config had before pools): up to 3 x --concurrency in flight."""
-    return ["model.pool=subject", *(f"evaluator.{role}.pool={role}" for role in ("decomposer", "matcher", "judge"))]
+    return ["model.pool.name=subject",
+            *(f"evaluator.{role}.pool.name={role}" for role in ("decomposer", "matcher", "judge"))]
 
 
 def equal_in_flight(concurrency: int) -> list[str]:

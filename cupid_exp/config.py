@@ -74,6 +74,39 @@ class LocalModelConfig(Checked):
 
 
 @dataclass
+class ModelInfo(Checked):
+    """What litellm's model map says of a model, for one it lacks (litellm's own keys): what a token costs."""
+
+    input_cost_per_token: Optional[float] = None  # USD per prompt token; null: litellm's price map
+    output_cost_per_token: Optional[float] = None  # the same for reply tokens
+
+    @property
+    def priced(self) -> bool:
+        return self.input_cost_per_token is not None and self.output_cost_per_token is not None
+
+    def check(self, where: str) -> None:
+        for key in ("input_cost_per_token", "output_cost_per_token"):
+            require_positive(f"{where}.{key}", getattr(self, key), allow_none=True, allow_zero=True)
+
+
+@dataclass
+class PoolConfig(Checked):
+    """The provider pool a model's calls count in (``llm/pools.py``): every config on one key and model shares its
+    limits, and these are its limits as this config knows them (``calls.pools.<name>`` gives them once for all)."""
+
+    name: Optional[str] = None  # the pool's name; null: the provider's rule (llm/pools.py)
+    rpm: Optional[float] = None  # the pool's requests per minute: calls are paced under it (null: not paced)
+    tpm: Optional[float] = None  # the pool's tokens per minute (prompt estimate + max_tokens per request)
+
+    def check(self, where: str) -> None:
+        for key in ("rpm", "tpm"):
+            require_positive(f"{where}.{key}", getattr(self, key), allow_none=True)
+        require(self.name is None or bool(POOL_NAME.fullmatch(str(self.name))), f"{where}.name", self.name,
+                "a name of letters, digits, '_' and '-' that starts with a letter, or null for the provider's "
+                "grouping")
+
+
+@dataclass
 class ModelConfig(Checked):
     """One LLM endpoint as litellm sees it, plus its paper decoding parameters."""
 
@@ -91,14 +124,11 @@ class ModelConfig(Checked):
     keep_cut_replies: bool = False
     system_role: str = "system"  # the official tool sends "developer" to OpenAI evaluator models
     structured_output: bool = False  # ask for JSON-schema constrained output on JSON steps
-    input_cost_per_token: Optional[float] = None  # for models litellm's price map lacks
-    output_cost_per_token: Optional[float] = None  # the same for reply tokens
+    model_info: ModelInfo = field(default_factory=ModelInfo)  # prices litellm's model map lacks
     context_window: Optional[int] = None  # input tokens the model takes; null: litellm's map (or local n_ctx)
     batch: Optional[bool] = None  # through the provider's Batch API; null: calls.batch decides
     local: Optional[LocalModelConfig] = None  # set: the model runs embedded in this process (llama.cpp)
-    rpm: Optional[float] = None  # the pool's requests per minute: calls are paced under it (null: not paced)
-    tpm: Optional[float] = None  # the pool's tokens per minute (prompt estimate + max_tokens per request)
-    pool: Optional[str] = None  # the provider pool its limits count in; null: the provider's rule (llm/pools.py)
+    pool: PoolConfig = field(default_factory=PoolConfig)  # the provider pool its calls count in
 
     @property
     def is_embedded(self) -> bool:
@@ -109,13 +139,6 @@ class ModelConfig(Checked):
         require("/" in self.litellm_model, f"{where}.litellm_model", self.litellm_model, "'<provider>/<model>'")
         require_int(f"{where}.max_concurrency", self.max_concurrency, 1)
         require(self.system_role in SYSTEM_ROLES, f"{where}.system_role", self.system_role, f"one of {SYSTEM_ROLES}")
-        for key in ("input_cost_per_token", "output_cost_per_token"):
-            require_positive(f"{where}.{key}", getattr(self, key), allow_none=True, allow_zero=True)
-        for key in ("rpm", "tpm"):
-            require_positive(f"{where}.{key}", getattr(self, key), allow_none=True)
-        require(self.pool is None or bool(POOL_NAME.fullmatch(str(self.pool))), f"{where}.pool", self.pool,
-                "a name of letters, digits, '_' and '-' that starts with a letter, or null for the provider's "
-                "grouping")
         require_int(f"{where}.context_window", self.context_window, 1, allow_none=True)
         require_no_credentials(f"{where}.api_base", self.api_base,
                                f"give the key in a variable ({where}.api_key_env=VAR) or the credentials as a "
@@ -295,9 +318,20 @@ class CallsConfig(Checked):
         require_int(f"{where}.dry_run_completion_tokens", self.dry_run_completion_tokens, 1)
 
 
-#: Keys that changed group, old dotted key -> new: a command that spells the old one is told the new
-#: (``hydra_errors.one_line``). The call settings left ``runtime`` for ``calls`` on 2026-11-29.
-MOVED_KEYS = {f"runtime.{name}": f"calls.{name}" for name in CallsConfig.__dataclass_fields__}
+def moved_key(key: str) -> str | None:
+    """The new name of a dotted key that moved on 2026-11-29, for a command that spells the old one
+    (``hydra_errors.one_line``): the call settings left ``runtime`` for ``calls``; a model's ``rpm``/``tpm`` went
+    into its ``pool``, its prices into its ``model_info``. None for any other key."""
+    parent, _, name = key.rpartition(".")
+    if parent and name == "pool":  # once the pool's name, now a group
+        return f"{parent}.pool.name"
+    if parent == "runtime" and name in CallsConfig.__dataclass_fields__:
+        return f"calls.{name}"
+    if parent and name in PoolConfig.__dataclass_fields__ and name != "name":
+        return f"{parent}.pool.{name}"
+    if parent and name in ModelInfo.__dataclass_fields__:
+        return f"{parent}.model_info.{name}"
+    return None
 
 
 def check_pool_limits(where: str, name: str, limits: object) -> None:

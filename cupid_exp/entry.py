@@ -23,7 +23,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from cupid_exp.config import MOVED_KEYS
+from cupid_exp.config import moved_key
 from cupid_exp.config_store import register_configs
 from cupid_exp.durability.signals import Terminated, install_sigterm_handler
 from cupid_exp.errors import (
@@ -288,7 +288,7 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], object],
                 if _SWEEP_DIR is not None:  # the sweeper saved the overrides before composing its jobs
                     scrub_file(_SWEEP_DIR / "multirun.yaml", secret_values(sys.argv[1:]))
                 said = unread_override(sys.argv[1:], config_name) or (
-                    one_line(_HELD.text, MOVED_KEYS) if _HELD is not None else None)
+                    one_line(_HELD.text, moved_key) if _HELD is not None else None)
                 if said is not None:
                     if _HELD is not None:  # a sweep's composition: Hydra said it already, as it happened
                         _HELD.release(replay=False)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import io
 import re
 import sys
-from typing import Callable, Mapping, Sequence, TextIO
+from typing import Callable, Sequence, TextIO
 
 _NOISE = (re.compile(r"^\s*(full_key|reference_type|object_type|key|parent_node)[:=]"),
           re.compile(r"^Set the environment variable HYDRA_FULL_ERROR=1"))
 _HINT = re.compile(r"^To append to your config use (\S+)$")
+_MERGED = re.compile(r"^Error merging override (\S+)")
 
 
 class HeldStderr(io.TextIOBase):
@@ -65,9 +66,9 @@ class ScrubbedStderr(io.TextIOBase):
         return self.real.encoding
 
 
-def one_line(text: str, moved: Mapping[str, str] | None = None) -> str | None:
+def one_line(text: str, moved: Callable[[str], str | None] = lambda key: None) -> str | None:
     """Hydra's error in one line (what failed, the options, the hint for a new key, or the key's new name where
-    ``moved`` has the key: old dotted key -> new); None for a traceback."""
+    ``moved`` knows one: old dotted key -> new); None for a traceback."""
     if "Traceback (most recent call last)" in text:
         return None
     kept, options, hint = [], [], None
@@ -96,9 +97,11 @@ def one_line(text: str, moved: Mapping[str, str] | None = None) -> str | None:
     said = ": ".join(kept)
     if options:
         said += f" (choose one of: {', '.join(options)})"
-    key, _, value = (hint or "").removeprefix("+").partition("=")
-    if key in (moved or {}):
-        said += f" (moved: {moved[key]}={value})" if value else f" (moved: {moved[key]})"
+    # a key that moved: Hydra's hint to add it anew, or a value given to what became a group (``model.pool=x``)
+    merged = _MERGED.match(text) if "is not a subclass of" in text else None
+    key, _, value = (hint or (merged.group(1) if merged else "")).removeprefix("+").partition("=")
+    if key and (new := moved(key)):
+        said += f" (moved: {new}={value})" if value else f" (moved: {new})"
     elif hint:
         said += f" (a new key: {hint})"
     return said + "; HYDRA_FULL_ERROR=1 shows Hydra's full message"

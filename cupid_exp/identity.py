@@ -23,10 +23,11 @@ RUNTIME_NOT_IDENTITY = {"progress", "cache", "cache_dir", "resume", "failure_pol
 #: (``durability.attempts.run_key``) and in the job folder's name (``folder_fingerprint``): a folder holds one report,
 #: as an MLflow run does.
 REPORT_SETTINGS = ("failure_policy", "max_failed_fraction", "retry_failed")
-#: A model config's throughput, pacing, prices and key variable (``config.ModelConfig``; ``pool``: its provider
-#: pool, where there is one).
-MODEL_NOT_IDENTITY = {"max_concurrency", "rpm", "tpm", "pool", "api_key_env", "input_cost_per_token",
-                      "output_cost_per_token", "batch"}
+#: A model config's throughput, pacing (``pool``: its provider pool and the pool's limits), prices (``model_info``)
+#: and key variable (``config.ModelConfig``); ``rpm``, ``tpm`` and the prices stood at the top of a model config
+#: until 2026-11-29, and runs logged then still name them so.
+MODEL_NOT_IDENTITY = {"max_concurrency", "pool", "model_info", "api_key_env", "batch", "rpm", "tpm",
+                      "input_cost_per_token", "output_cost_per_token"}
 #: An embedded model's threads, kernels and caches (``config.LocalModelConfig``): how llama.cpp computes, not what.
 LOCAL_NOT_IDENTITY = {"n_threads", "n_threads_batch", "n_batch", "prompt_cache_mb", "flash_attn"}
 

@@ -39,8 +39,8 @@ DOCS = ROOT / "docs"
 ENV = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
 ENV.pop("MLFLOW_TRACKING_URI", None)
-PRICES = [f"{role}.{kind}_cost_per_token={price}" for role in ("model", "evaluator.decomposer", "evaluator.matcher",
-                                                               "evaluator.judge")
+PRICES = [f"{role}.model_info.{kind}_cost_per_token={price}"
+          for role in ("model", "evaluator.decomposer", "evaluator.matcher", "evaluator.judge")
           for kind, price in (("input", "2.5e-06"), ("output", "1e-05"))]
 CHROMIUM = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",

@@ -27,8 +27,9 @@ def batch_price(model: ModelConfig, prompt_tokens: int, completion_tokens: int) 
     """A reply's cost at the provider's batch prices (litellm's map), else the config's prices, else None."""
     import litellm
 
-    if model.input_cost_per_token is not None and model.output_cost_per_token is not None:
-        return prompt_tokens * model.input_cost_per_token + completion_tokens * model.output_cost_per_token
+    info = model.model_info
+    if info.input_cost_per_token is not None and info.output_cost_per_token is not None:
+        return prompt_tokens * info.input_cost_per_token + completion_tokens * info.output_cost_per_token
     try:
         cost_in, cost_out = litellm.cost_per_token(model=model.litellm_model, prompt_tokens=prompt_tokens,
                                                    completion_tokens=completion_tokens, call_type="aretrieve_batch")

@@ -68,7 +68,8 @@ def model_prices(model: ModelConfig) -> Prices | None:
     if model.is_embedded:
         return Prices(0.0, 0.0, None)
     info: Mapping[str, Any] = {}
-    if model.input_cost_per_token is None or model.output_cost_per_token is None or not model.params.get("max_tokens"):
+    given = model.model_info
+    if not given.priced or not model.params.get("max_tokens"):
         import litellm
 
         provider, _, name = model.litellm_model.partition("/")
@@ -77,8 +78,8 @@ def model_prices(model: ModelConfig) -> Prices | None:
         except (litellm.exceptions.ModelNotMappedError, litellm.exceptions.BadRequestError,
                 litellm.exceptions.NotFoundError, ValueError):
             info = {}
-    cost_in = model.input_cost_per_token if model.input_cost_per_token is not None else info.get("input_cost_per_token")
-    cost_out = (model.output_cost_per_token if model.output_cost_per_token is not None
+    cost_in = given.input_cost_per_token if given.input_cost_per_token is not None else info.get("input_cost_per_token")
+    cost_out = (given.output_cost_per_token if given.output_cost_per_token is not None
                 else info.get("output_cost_per_token"))
     if cost_in is None or cost_out is None:
         return None
@@ -99,8 +100,8 @@ def check_priced(models: Iterable[ModelConfig], settings: CallsConfig) -> None:
         prices = model_prices(model)
         if prices is None:
             raise ConfigError(f"{key}={cap:g} needs a price for model {model.name!r} ({model.litellm_model}): "
-                              "litellm's price map does not list it; set its input_cost_per_token and "
-                              "output_cost_per_token")
+                              "litellm's price map does not list it; set its model_info.input_cost_per_token and "
+                              "model_info.output_cost_per_token")
         if not model.is_embedded and not (model.params.get("max_tokens") or model.params.get("max_completion_tokens")
                                           or prices.max_output_tokens):
             raise ConfigError(f"{key}={cap:g} needs a bound on the replies of model {model.name!r} "

@@ -177,8 +177,8 @@ class LLMClient:
         self.roles: tuple[str, ...] = (model.name,)  # the roles it serves (``clients_for``), for a fatal refusal
         self.stop = JobStop()  # shared with the job's other clients (``clients_for``)
         self.pool: Pool = pool_for(
-            model.litellm_model, model.api_base, key, named=model.pool, config_id=_identity(model),
-            max_concurrency=model.max_concurrency, rpm=model.rpm, tpm=model.tpm, pools=settings.pools,
+            model.litellm_model, model.api_base, key, named=model.pool.name, config_id=_identity(model),
+            max_concurrency=model.max_concurrency, rpm=model.pool.rpm, tpm=model.pool.tpm, pools=settings.pools,
             ledger_dir=Path(settings.cache_dir).expanduser() / "rate_limits" if settings.cache_dir else None,
             meter=meter)
         # a bound given once for the pool replaces the role's own (the pool holds every role to it together)
@@ -263,7 +263,7 @@ class LLMClient:
         max_tokens = kwargs.get("max_tokens") or kwargs.get("max_completion_tokens")
         prompt_tokens, completion_tokens, cost = estimate(
             self.model.litellm_model, messages, max_tokens, self.settings.dry_run_completion_tokens,
-            self.model.input_cost_per_token, self.model.output_cost_per_token)
+            self.model.model_info.input_cost_per_token, self.model.model_info.output_cost_per_token)
         text = dry_reply(messages) if dry_reply is not None else "(dry run)"
         at_batch = batch_price(self.model, prompt_tokens, completion_tokens) if batch_provider(
             self.model.litellm_model) else None  # what calls.batch=true would cost: live price without a batch API
@@ -427,7 +427,8 @@ class LLMClient:
 def _config_prices(model: ModelConfig) -> dict[str, float] | None:
     """The prices per token a config gives (the map's for the one it leaves out), for litellm's cost calculator;
     None when the config gives none (litellm's map prices the call) or the model has no price at all."""
-    if model.is_embedded or (model.input_cost_per_token is None and model.output_cost_per_token is None):
+    given = model.model_info
+    if model.is_embedded or (given.input_cost_per_token is None and given.output_cost_per_token is None):
         return None
     from cupid_exp.llm.budget import model_prices
 

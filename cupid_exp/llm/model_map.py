@@ -53,7 +53,8 @@ def _past(date: str | None, today: dt.date) -> bool:
 
 
 UNKNOWN = "not in litellm's model map (likely misspelt or retired by its provider)"
-UNPRICED = "unpriced: its cost will read as unknown (set input_cost_per_token and output_cost_per_token)"
+UNPRICED = ("unpriced: its cost will read as unknown (set model_info.input_cost_per_token and "
+            "model_info.output_cost_per_token)")
 
 
 def model_note(model: ModelConfig, roles: Iterable[str], today: dt.date | None = None) -> tuple[str, str] | None:
@@ -62,8 +63,7 @@ def model_note(model: ModelConfig, roles: Iterable[str], today: dt.date | None =
         return None
     who = f"{', '.join(roles)} ({model.name}, {model.litellm_model})"
     entry = map_entry(model.litellm_model)
-    priced = (model.input_cost_per_token is not None and model.output_cost_per_token is not None
-              or entry is not None and entry.priced)
+    priced = model.model_info.priced or entry is not None and entry.priced
     if model.api_base:
         return None if priced else ("info", f"{who} at {model.api_base}: a self-hosted endpoint; {UNPRICED}")
     problems = []

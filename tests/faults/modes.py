@@ -75,7 +75,7 @@ def new_cell(mode: str, tmp: Path, attempt: int = 0) -> Cell:
 def _per_role(mode: str) -> list[str]:
     out = []
     for role in roles(mode):
-        out += [f"{role}.input_cost_per_token={IN}", f"{role}.output_cost_per_token={OUT}",
+        out += [f"{role}.model_info.input_cost_per_token={IN}", f"{role}.model_info.output_cost_per_token={OUT}",
                 f"{role}.params.max_tokens={MAX_TOKENS}", f"+{role}.params.extra_headers={{X-Api-Key:{HEADER_SECRET}}}"]
     return out
 

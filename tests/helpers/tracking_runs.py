@@ -15,8 +15,8 @@ from cupid_exp.testing.inprocess import InProcessModel
 from helpers.cli_runner import PROJECT_ROOT, cli_command, cli_env
 
 # Priced like gpt-4o, so cost is counted (litellm does not know the stub).
-PRICES = [f"{role}.{kind}_cost_per_token={price}" for role in ("model", "evaluator.decomposer", "evaluator.matcher",
-                                                               "evaluator.judge")
+PRICES = [f"{role}.model_info.{kind}_cost_per_token={price}"
+          for role in ("model", "evaluator.decomposer", "evaluator.matcher", "evaluator.judge")
           for kind, price in (("input", "2.5e-06"), ("output", "1e-05"))]
 
 

@@ -24,7 +24,7 @@ N = 6
 # worst case ~$0.002, so a budget of a few instances stops a job part-way with a few calls in flight
 ROLES = ("model", "evaluator.decomposer", "evaluator.matcher", "evaluator.judge")
 PRICES = [f"{role}.{key}={value}" for role in ROLES for key, value in (
-    ("input_cost_per_token", 1e-7), ("output_cost_per_token", 2e-6), ("params.max_tokens", 600))]
+    ("model_info.input_cost_per_token", 1e-7), ("model_info.output_cost_per_token", 2e-6), ("params.max_tokens", 600))]
 
 
 def concurrency(n: int) -> list[str]:
@@ -133,7 +133,8 @@ def test_a_budget_with_an_unpriced_model_is_refused_before_any_request(tmp_path:
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if "calls.max_cost_usd" in line]
     assert errors == ["cupid_exp: calls.max_cost_usd=1 needs a price for model 'openai_compatible' (inproc/stub): "
-                      "litellm's price map does not list it; set its input_cost_per_token and output_cost_per_token"]
+                      "litellm's price map does not list it; set its model_info.input_cost_per_token and "
+                      "model_info.output_cost_per_token"]
 
 
 @pytest.mark.parametrize("budget,verdict", [(10, "fits"), (0.001, "does NOT fit")])

@@ -18,11 +18,11 @@ TOKEN = "+model.params.extra_headers={Authorization: 'Bearer sk-first-token-5678
 
 @pytest.mark.parametrize("changed", [
     ["model.max_concurrency=3", "evaluator.judge.max_concurrency=2"],
-    ["model.rpm=300", "model.tpm=40000"],
+    ["model.pool.rpm=300", "model.pool.tpm=40000"],
     ["model.api_base=http://localhost:9/v1/"],
     ["model.params.extra_headers={Authorization: 'Bearer sk-rotated-token-1234'}"],
     ["calls.timeout=30", "calls.num_retries=7", "calls.cache=false", "calls.rate_limit_patience_s=60"],
-    ["model.input_cost_per_token=1e-06", "model.output_cost_per_token=2e-06"],
+    ["model.model_info.input_cost_per_token=1e-06", "model.model_info.output_cost_per_token=2e-06"],
 ], ids=["concurrency", "pacing", "endpoint spelling", "rotated header", "runtime how-to", "prices"])
 def test_an_evaluation_job_keeps_its_identity_when_only_the_way_to_its_endpoint_changes(tmp_path: Path,
                                                                                        changed: list[str]) -> None:

@@ -155,6 +155,6 @@ def test_roles_on_one_provider_pool_share_its_bound_in_the_instances_started(tmp
         assert len({id(c) for c in clients}) == 4 and len({id(c.pool) for c in clients}) == 1
         assert phase.instances_in_flight(shared.ctx) == 2 * 3
         apart = stub_plan(stub.url, tmp_path / "b", *NINE, *[f"{r}.max_concurrency=3" for r in roles[:3]],
-                          "evaluator.judge.max_concurrency=5", "evaluator.judge.pool=judge_pool", *distinct)
+                          "evaluator.judge.max_concurrency=5", "evaluator.judge.pool.name=judge_pool", *distinct)
         connect(apart)
         assert phase.instances_in_flight(apart.ctx) == 2 * 3 + 2 * 5

@@ -27,6 +27,6 @@ def test_an_unknown_unpriced_subject_is_one_warning_when_the_plan_connects(
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == ["model (deepseek_r1, together_ai/deepseek-ai/DeepSeek-R1): not in litellm's model map "
                         "(likely misspelt or retired by its provider); unpriced: its cost will read as unknown "
-                        "(set input_cost_per_token and output_cost_per_token)"]
+                        "(set model_info.input_cost_per_token and model_info.output_cost_per_token)"]
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert len(infos) == 1 and "evaluator.decomposer, evaluator.matcher (openai_compatible, openai/stub)" in infos[0]

@@ -29,7 +29,8 @@ N = 6
 IN, OUT, MAX_TOKENS = 1e-7, 2e-6, 600
 ROLES = ("model", "evaluator.decomposer", "evaluator.matcher", "evaluator.judge")
 PRICES = [f"{role}.{key}={value}" for role in ROLES for key, value in (
-    ("input_cost_per_token", IN), ("output_cost_per_token", OUT), ("params.max_tokens", MAX_TOKENS))]
+    ("model_info.input_cost_per_token", IN), ("model_info.output_cost_per_token", OUT),
+    ("params.max_tokens", MAX_TOKENS))]
 ONE_AT_A_TIME = [f"{role}.max_concurrency=1" for role in ROLES]  # 2 instances in flight: a budget stops part-way
 BATCH = ["calls.batch=true", "calls.batch_delay_s=0.2", "calls.batch_poll_s=0.2"]
 

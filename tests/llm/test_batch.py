@@ -101,7 +101,7 @@ def test_a_killed_job_collects_its_pending_batch_instead_of_resubmitting(tmp_pat
 
 
 ROLES = ("model", "evaluator.decomposer", "evaluator.matcher", "evaluator.judge")
-PRICED = (*[f"{role}.{kind}_cost_per_token={price}" for role in ROLES for kind, price in (("input", 2e-6),
+PRICED = (*[f"{role}.model_info.{kind}_cost_per_token={price}" for role in ROLES for kind, price in (("input", 2e-6),
                                                                                          ("output", 1e-5))],
           *[f"{role}.params.max_tokens=600" for role in ROLES])
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import litellm
 import pytest
 
-from cupid_exp.config import CallsConfig, ModelConfig
+from cupid_exp.config import CallsConfig, ModelConfig, ModelInfo
 from cupid_exp.durability.ledger import UsageLedger
 from cupid_exp.errors import Terminated
 from cupid_exp.llm.billing import lost_after_sending
@@ -38,7 +38,7 @@ def client(url: str, tmp_path: Path, cap: float | None = None, **runtime) -> tup
                                                               **runtime})
     configure_litellm(rt)
     model = ModelConfig(name="priced", litellm_model="openai/stub", api_base=url, params={"max_tokens": MAX_TOKENS},
-                        input_cost_per_token=IN, output_cost_per_token=OUT)
+                        model_info=ModelInfo(input_cost_per_token=IN, output_cost_per_token=OUT))
     meter = UsageMeter()
     budget = Budget([Account(str(tmp_path / "budget.json"), cap, "calls.max_cost_usd")]) if cap else None
     return LLMClient(model, rt, meter, budget), meter

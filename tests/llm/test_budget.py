@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cupid_exp.config import CallsConfig, ConfigError, LocalModelConfig, ModelConfig
+from cupid_exp.config import CallsConfig, ConfigError, LocalModelConfig, ModelConfig, ModelInfo
 from cupid_exp.llm.budget import Account, Budget, BudgetExceeded, check_priced, model_prices, worst_case_usd
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
 from cupid_exp.llm.usage import UsageMeter
@@ -145,7 +145,7 @@ def test_the_worst_case_bounds_the_tokens_a_tokenizer_counts() -> None:
 
 def test_prices_come_from_the_config_the_price_map_or_are_zero_for_an_embedded_model() -> None:
     configured = ModelConfig(name="m", litellm_model="openai/stub", params={"max_tokens": 10},
-                             input_cost_per_token=1e-6, output_cost_per_token=2e-6)
+                             model_info=ModelInfo(input_cost_per_token=1e-6, output_cost_per_token=2e-6))
     assert (model_prices(configured).input, model_prices(configured).output) == (1e-6, 2e-6)
     assert model_prices(ModelConfig(name="g", litellm_model="openai/gpt-4o")).input == pytest.approx(2.5e-6)
     embedded = ModelConfig(name="l", litellm_model="cupid_local/x", local=LocalModelConfig(gguf="x.gguf"))
@@ -167,7 +167,8 @@ def test_a_client_settles_the_actual_cost_releases_a_failure_and_refuses_past_th
     budget = one_account(tmp_path, 0.005)
     with ScriptedServer(script) as server:
         model = ModelConfig(name="priced", litellm_model="openai/scripted", api_base=server.url,
-                            params={"max_tokens": 1000}, input_cost_per_token=1e-6, output_cost_per_token=4e-6)
+                            params={"max_tokens": 1000},
+                            model_info=ModelInfo(input_cost_per_token=1e-6, output_cost_per_token=4e-6))
         meter = UsageMeter()
         client = LLMClient(model, rt, meter, budget)
         messages = [{"role": "user", "content": "hi"}]

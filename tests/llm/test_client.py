@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from cupid_exp.config import CallsConfig, ModelConfig
+from cupid_exp.config import CallsConfig, ModelConfig, ModelInfo
 from cupid_exp.llm.client import LLMClient, ProviderError, configure_litellm
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.testing.fault_server import ScriptedServer, completion_body
@@ -125,7 +125,7 @@ def test_custom_priced_model_is_costed_at_its_configured_prices(tmp_path) -> Non
     """Regression: a model priced in its config (input/output_cost_per_token) used to cost $0."""
     with ScriptedServer([(200, completion_body("hello"), {})]) as server:
         model = ModelConfig(name="mine", litellm_model="openai/my-model", api_base=server.url,
-                            input_cost_per_token=1e-6, output_cost_per_token=2e-6)
+                            model_info=ModelInfo(input_cost_per_token=1e-6, output_cost_per_token=2e-6))
         meter = UsageMeter()
         out = asyncio.run(LLMClient(model, runtime(tmp_path, cache=False), meter).complete(
             [{"role": "user", "content": "hi"}], step="s"))
@@ -147,7 +147,8 @@ def test_two_configs_of_one_model_id_are_each_costed_at_their_own_prices_and_tou
     before, prices_before = lists(), dict(litellm.model_cost)
     with ScriptedServer([(200, body, {}), (200, body, {})]) as server:
         own = LLMClient(ModelConfig(name="own", litellm_model="openai/gpt-4o-2024-08-06", api_base=server.url,
-                                    input_cost_per_token=1e-6, output_cost_per_token=2e-6), rt, UsageMeter())
+                                    model_info=ModelInfo(input_cost_per_token=1e-6, output_cost_per_token=2e-6)),
+                        rt, UsageMeter())
         listed = LLMClient(ModelConfig(name="listed", litellm_model="openai/gpt-4o-2024-08-06", api_base=server.url),
                            rt, UsageMeter())
         costs = [asyncio.run(c.complete([{"role": "user", "content": "hi"}], step="s")).cost_usd for c in (own, listed)]

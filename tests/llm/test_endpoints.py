@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cupid_exp.config import CallsConfig, ModelConfig
+from cupid_exp.config import CallsConfig, ModelConfig, PoolConfig
 from cupid_exp.llm.client import LLMClient
 from cupid_exp.llm.endpoints import canonical_api_base
 from cupid_exp.llm.usage import UsageMeter
@@ -38,7 +38,7 @@ def test_the_cache_keeps_its_answers_across_a_rotated_key_and_spelling_but_not_a
                                   "extra_headers": {"Authorization": "Bearer tok-22222222"}}}
     assert _namespace(tmp_path, **rotated) == first
     assert _namespace(tmp_path, **{**base, "api_base": "http://localhost:1/v1/"}) == first
-    assert _namespace(tmp_path, **{**base, "max_concurrency": 64, "rpm": 100.0}) == first
+    assert _namespace(tmp_path, **{**base, "max_concurrency": 64, "pool": PoolConfig(rpm=100.0)}) == first
     assert _namespace(tmp_path, **{**base, "api_base": "http://127.0.0.1:2/v1"}) != first  # another endpoint
     assert _namespace(tmp_path, **{**base, "litellm_model": "openai/y"}) != first  # another model
     other_header = {**base, "params": {**base["params"], "extra_headers": {"Authorization": "x", "X-Beta": "1"}}}

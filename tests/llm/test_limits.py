@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cupid_exp.config import CallsConfig, ConfigError, ModelConfig
+from cupid_exp.config import CallsConfig, ConfigError, ModelConfig, PoolConfig, check_tree
 from cupid_exp.llm.client import LLMClient, configure_litellm
 from cupid_exp.llm.limits import COOLDOWN_S, MIN_GAP, PACE_MARGIN, AdaptiveLimit, Pacer, estimated_tokens
 from cupid_exp.llm.pools import forget_pools
@@ -94,9 +94,9 @@ def test_tokens_are_counted_as_openai_counts_them() -> None:
 
 
 def test_rpm_and_tpm_are_checked() -> None:
-    with pytest.raises(ConfigError, match="model.rpm"):
-        ModelConfig(name="m", litellm_model="openai/m", rpm=0).check("model")
-    ModelConfig(name="m", litellm_model="openai/m", rpm=300, tpm=400_000).check("model")
+    with pytest.raises(ConfigError, match="model.pool.rpm"):
+        check_tree(ModelConfig(name="m", litellm_model="openai/m", pool=PoolConfig(rpm=0)), "model")
+    check_tree(ModelConfig(name="m", litellm_model="openai/m", pool=PoolConfig(rpm=300, tpm=400_000)), "model")
 
 
 def _run(url: str, tmp_path: Path, n: int, **model) -> tuple[UsageMeter, float]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cupid_exp.config import LocalModelConfig, ModelConfig
+from cupid_exp.config import LocalModelConfig, ModelConfig, ModelInfo
 from cupid_exp.job.checks import note_models
 from cupid_exp.llm.model_map import map_entry, model_note
 
@@ -42,9 +42,11 @@ def map_problems(text: str) -> list[str]:
     if len(reason.split()) < 5:
         problems.append(f"{cfg['litellm_model']} is not in litellm's map and no comment says why "
                         f"(a comment '# Not in litellm's model map: <reason>')")
-    if not (cfg.get("input_cost_per_token") is not None and cfg.get("output_cost_per_token") is not None
+    info = cfg.get("model_info") or {}
+    if not (info.get("input_cost_per_token") is not None and info.get("output_cost_per_token") is not None
             or "unpriced" in reason):
-        problems.append("neither input_cost_per_token and output_cost_per_token nor 'unpriced' in the reason")
+        problems.append("neither model_info's input_cost_per_token and output_cost_per_token nor 'unpriced' in the "
+                        "reason")
     if not (cfg.get("context_window") or cfg.get("api_base")):
         problems.append("no context_window (only a self-hosted api_base endpoint may leave it to the server)")
     return problems
@@ -64,7 +66,8 @@ def test_the_shipped_configs_cover_the_papers_api_models() -> None:
 def test_an_unknown_id_without_a_reason_fails_the_rule() -> None:
     bare = "name: x\nlitellm_model: openai/gpt-4o-2024-08-07\n"
     assert len(map_problems(bare)) == 3
-    priced = bare + "input_cost_per_token: 2.5e-06\noutput_cost_per_token: 1.0e-05\ncontext_window: 128000\n"
+    priced = bare + ("model_info: {input_cost_per_token: 2.5e-06, output_cost_per_token: 1.0e-05}\n"
+                     "context_window: 128000\n")
     assert len(map_problems(priced)) == 1  # prices alone are not a reason
     reasoned = "# Not in litellm's model map: a snapshot its provider retired in 2025.\n" + priced
     assert map_problems(reasoned) == []
@@ -103,8 +106,8 @@ def test_an_unknown_unpriced_id_is_one_warning_saying_both() -> None:
 
 
 def test_an_unknown_id_priced_by_its_config_warns_only_about_the_id() -> None:
-    model = api("claude37", "anthropic/claude-3-7-sonnet-20250219", input_cost_per_token=3e-6,
-                output_cost_per_token=1.5e-5)
+    model = api("claude37", "anthropic/claude-3-7-sonnet-20250219", model_info=ModelInfo(input_cost_per_token=3e-6,
+                output_cost_per_token=1.5e-5))
     level, text = model_note(model, ["model"], TODAY)
     assert level == "warning" and "likely misspelt or retired" in text and "unpriced" not in text
 
@@ -124,7 +127,7 @@ def test_embedded_and_self_hosted_models_make_no_warning() -> None:
     embedded = api("local", "llamacpp/smollm2-135m-instruct", local=LocalModelConfig(gguf="x.gguf"))
     assert model_note(embedded, ["model"], TODAY) is None
     priced_server = api("prefmatcher", "hosted_vllm/kixlab/prefmatcher-7b", api_base="http://127.0.0.1:8000/v1",
-                        input_cost_per_token=0.0, output_cost_per_token=0.0)
+                        model_info=ModelInfo(input_cost_per_token=0.0, output_cost_per_token=0.0))
     assert model_note(priced_server, ["evaluator.matcher"], TODAY) is None
     level, text = model_note(api("srv", "openai/whatever", api_base="http://127.0.0.1:8000/v1"), ["model"], TODAY)
     assert level == "info" and "self-hosted" in text and "unpriced" in text and "not in litellm's model map" not in text

@@ -6,6 +6,7 @@ bound, its pace and its pauses, in one process and across processes; a provider 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections import Counter, deque
@@ -14,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from cupid_exp.config import CallsConfig, ConfigError, ModelConfig, config_digest
+from cupid_exp.config import CallsConfig, ConfigError, ModelConfig, PoolConfig, check_tree, config_digest
 from cupid_exp.llm.client import LLMClient, configure_litellm
-from cupid_exp.llm.limits import RefusalPace
+from cupid_exp.llm.limits import PACE_MARGIN, RefusalPace
 from cupid_exp.llm.pool_state import SharedPoolState
 from cupid_exp.llm.pools import Pool, PoolLimits, forget_pools, pool_name
 from cupid_exp.llm.usage import UsageMeter, usage_line, usage_metrics
@@ -45,8 +46,8 @@ def test_each_provider_groups_its_models_into_pools(model: str, base: str | None
 
 
 def test_pool_settings_are_checked_and_leave_job_identities_alone() -> None:
-    with pytest.raises(ConfigError, match=r"model.pool='a/b'"):
-        ModelConfig(name="m", litellm_model="openai/m", pool="a/b").check("model")
+    with pytest.raises(ConfigError, match=r"model.pool.name='a/b'"):
+        check_tree(ModelConfig(name="m", litellm_model="openai/m", pool=PoolConfig(name="a/b")), "model")
     with pytest.raises(ConfigError, match=r"calls.pools.p.max_concurrency=0"):
         CallsConfig(cache_dir="c", pools={"p": {"max_concurrency": 0}}).check("calls")
     with pytest.raises(ConfigError, match=r"calls.pools.p=.*a mapping of rpm, tpm, max_concurrency"):
@@ -83,7 +84,8 @@ def test_two_configs_in_one_pool_never_hold_more_than_its_bound_in_flight_togeth
     one given once in calls.pools), not the sum: per-config bounds put 3 x 64 in flight where 64 were meant."""
     with StubServer(latency_ms=150) as stub:
         clients, _ = _clients(stub.url, tmp_path, *(
-            {"name": name, "litellm_model": model, "max_concurrency": role_bound, "pool": "shared" if pools else None}
+            {"name": name, "litellm_model": model, "max_concurrency": role_bound,
+             "pool": PoolConfig(name="shared" if pools else None)}
             for name, model in (("subject", SUBJECT), ("evaluator", EVALUATOR))), pools=pools)
         assert clients[0].pool is clients[1].pool
         for _ in range(2):
@@ -100,7 +102,7 @@ def test_a_pool_paced_at_n_rpm_across_two_configs_sends_at_most_n_a_minute(tmp_p
     sent its own ten a second and half were refused; paced per pool, none is."""
     n = 20  # per config: 40 requests, 3.9 s at 600 RPM
     with StubServer(rpm=600, limits_pool="key", latency_ms=20) as stub:
-        per_config = {} if given_once else {"rpm": 600}
+        per_config = {} if given_once else {"pool": PoolConfig(rpm=600)}
         clients, meter = _clients(stub.url, tmp_path, *(
             {"name": name, "litellm_model": model, "max_concurrency": 8, **per_config}
             for name, model in (("subject", SUBJECT), ("evaluator", EVALUATOR))),
@@ -120,42 +122,38 @@ def test_a_pool_paced_at_n_rpm_across_two_configs_sends_at_most_n_a_minute(tmp_p
 def test_a_provider_that_states_only_retry_after_teaches_the_pool_its_pace(tmp_path: Path) -> None:
     """480 RPM in one-second windows, 429s with nothing but ``retry-after: 1``: before, the pool stayed unpaced
     (AIMD and pauses bound what is in flight, not how fast it goes out) and 29% of requests were refused.
-    What is checked is what the pool decides: when it sends. How many of those sends the stub then refused
-    depends on when they reach it, which a loaded CPU delays and bunches: the share refused after the lesson
-    was 0-12% on a quiet machine and 22% in one CI run (21% unpaced), so it is not asserted here; the fake-clock
-    tests below hold the pace's refusals to 5% of a limit's."""
+    On the wire: the 429s teach a pace near what the stub admitted, and the pool's sends keep to it. How the pace
+    fares after (its cuts and probes, the share refused) is the fake-clock tests' below: here a loaded CPU moves
+    it (0-12% refused on a quiet machine, 22% in one CI run; beside eight busy loops, a cut was judged an overload
+    in 1 run of 7 and the pool went unpaced for 4 s), so this test does not assert it."""
     with StubServer(rpm=480, limit_headers="retry-after", latency_ms=50) as stub:
         clients, meter = _clients(stub.url, tmp_path, {"name": "stub", "litellm_model": "openai/stub",
                                                         "max_concurrency": 8})
         client, pool, sends = clients[0], clients[0].pool, []
         record = pool.pace.learner.sent
 
-        def sent(now: float) -> None:
-            sends.append(now)
+        def sent(now: float) -> None:  # each send, with the pace it went out under (None: unpaced)
+            sends.append((now, pool.pace.pacer.rpm if pool.pace.pacer.active else None))
             record(now)
 
         pool.pace.learner.sent = sent
 
-        def ask(i: int):
-            return client.complete([{"role": "user", "content": f"question {i}"}], step="s")
+        async def go() -> None:
+            await asyncio.gather(*(client.complete([{"role": "user", "content": f"question {i}"}], step="s")
+                                   for i in range(96)))  # twelve seconds at eight a second
 
-        async def go() -> tuple[float, int]:
-            await asyncio.gather(*(ask(i) for i in range(32)))  # the lesson: four seconds at eight a second
-            lesson, start = len(sends), time.perf_counter()
-            await asyncio.gather(*(ask(i) for i in range(32, 96)))  # then eight seconds at the learned pace
-            return time.perf_counter() - start, lesson
-
-        elapsed, lesson = asyncio.run(go())
+        asyncio.run(go())
         st = stub.stats()
     assert st["total_completed"] == 96 and st["rate_limited"] > 0  # the limit refused: there was a lesson
-    after = sends[lesson:]
-    busiest = max(sum(1 for u in after[i:] if u < t + 1.0) for i, t in enumerate(after))
-    # paced: at most 480 RPM's eight a second, plus the probes' 15% (9.2), rounded up; unpaced, the pool sent
-    # up to eight at once every 50 ms between refusals' pauses
-    assert busiest <= 10, busiest
-    # it converged to what was admitted: under four busy loops on two cores, the lesson admitted 357 RPM once
-    assert 0.6 * 480 <= pool.pace.pacer.rpm <= 1.15 * 480, pool.pace.pacer.rpm
-    assert elapsed <= 1.5 * 64 / 8, elapsed  # not held back: the ideal is eight seconds
+    paced = [(t, rpm) for t, rpm in sends if rpm is not None]
+    assert len(paced) >= 32, len(paced)  # unpaced, none is
+    # the first pace taught is what the stub admitted: eight a window, or up to twice that for a burst across a
+    # window's turn (720 seen)
+    assert 0.5 * 480 <= paced[0][1] <= 2 * 480, paced[0]
+    for i, (t, _) in enumerate(paced):  # no second holds more paced sends than the pace's share of it, rounded up
+        # (less 20 ms: the pacer reads the clock a moment before the send is recorded, longer on a busy CPU)
+        window = [(u, rpm) for u, rpm in paced[i:] if u < t + 0.98]
+        assert len(window) <= math.ceil(max(r for _, r in window) * PACE_MARGIN / 60), (window[-1][0] - t, window)
     assert usage_metrics(meter)[f"pools/{pool.label}/answered_429"] == st["rate_limited"]
 
 

@@ -67,7 +67,7 @@ def test_a_runs_identity_is_what_decides_its_scores() -> None:
         return JobRun("r" * 32, "", "FINISHED", 0, flatten(resolved), {}, {"prompts_digest": prompts}).identity
 
     base = identity()
-    for same in (["model.rpm=500", "model.max_concurrency=3", "model.input_cost_per_token=0.1"],
+    for same in (["model.pool.rpm=500", "model.max_concurrency=3", "model.model_info.input_cost_per_token=0.1"],
                  ["seed=7", "paths.output_root=/elsewhere", "calls.timeout=5", "runtime.workers=2"],
                  ["model.params.temperature=0.0"]):  # 0 and 0.0 are one value
         assert identity(*same) == base, same

@@ -107,11 +107,11 @@ def test_job_dir_is_stable_for_a_command_and_differs_by_recipe() -> None:
 
 # Each: how a role's endpoint is reached, not what it answers; none moves the job (its folder, its identity).
 NOT_CONTENT = [["synthesis.roles.user_simulator.max_concurrency=64"],
-               ["synthesis.roles.user_simulator.rpm=300", "synthesis.roles.user_simulator.tpm=40000"],
+               ["synthesis.roles.user_simulator.pool.rpm=300", "synthesis.roles.user_simulator.pool.tpm=40000"],
                ["synthesis.roles.user_simulator.api_base=http://localhost:8000/v1/"],
                ["+synthesis.roles.user_simulator.params.extra_headers={Authorization: 'Bearer sk-rotated-1234'}"],
                ["calls.timeout=30", "calls.num_retries=7", "runtime.workers=2", "calls.cache=false"],
-               ["synthesis.roles.user_simulator.input_cost_per_token=1e-06"],
+               ["synthesis.roles.user_simulator.model_info.input_cost_per_token=1e-06"],
                ["synthesis.roles.user_simulator.api_key_env=MY_KEY"]]
 HEADER = "+synthesis.roles.user_simulator.params.extra_headers={Authorization: 'Bearer sk-first-5678'}"
 

@@ -21,7 +21,7 @@ from .scripted import role_overrides
 
 SMALL = ["synthesis=api", "synthesis.max_turns=1", "synthesis.max_checklist_items=2"]
 ONE_AT_A_TIME = [f"synthesis.roles.{role}.max_concurrency=1" for role in ROLES]  # a provider taking one call at once
-PRICED = [f"synthesis.roles.{role}.{kind}_cost_per_token={price}" for role in ROLES
+PRICED = [f"synthesis.roles.{role}.model_info.{kind}_cost_per_token={price}" for role in ROLES
           for kind, price in (("input", "2.5e-06"), ("output", "1e-05"))]
 
 
@@ -90,7 +90,7 @@ def test_a_running_synthesis_shows_progress_and_a_killed_one_resumes_in_its_run_
         assert len(written.splitlines()) == 9
 
         faster = [f"synthesis.roles.{role}.{key}={value}" for role in ROLES
-                  for key, value in (("max_concurrency", 32), ("rpm", 6000))]
+                  for key, value in (("max_concurrency", 32), ("pool.rpm", 6000))]
         spelt = stub.url.replace("127.0.0.1", "localhost") + "/"
         replay = run_job(command(spelt, root, "synthesis.n_personas=3", *PRICED, *faster))
         assert stub.stats()["total_received"] == stats["total_received"]  # nothing sent

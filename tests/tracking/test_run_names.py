@@ -14,7 +14,7 @@ from cupid_exp.tracking import mlflow as names
 
 
 def test_a_job_runs_name_carries_its_decoding_choices_subset_and_epochs(tmp_path: Path, monkeypatch) -> None:
-    given = ["model.params.temperature=0.4", "data.limit=2", "runtime.workers=2", "model.rpm=10"]
+    given = ["model.params.temperature=0.4", "data.limit=2", "runtime.workers=2", "model.pool.rpm=10"]
     monkeypatch.setattr(names, "hydra_overrides", lambda: given)  # as Hydra hands a job its command's overrides
     job = stub_plan("http://127.0.0.1:9", tmp_path, *given)
     name = job.work.tracking.run_name

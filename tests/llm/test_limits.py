@@ -124,7 +124,7 @@ def test_rpm_pacing_keeps_429s_near_zero(tmp_path: Path) -> None:
         meter, seconds = _run(stub.url, tmp_path, n)
         unpaced = stub.stats()["rate_limited"]
     with StubServer(rpm=240, latency_ms=50, limit_headers="retry-after") as stub:
-        meter, seconds = _run(stub.url, tmp_path, n, rpm=240)
+        meter, seconds = _run(stub.url, tmp_path, n, pool=PoolConfig(rpm=240))
         paced = stub.stats()["rate_limited"]
     assert unpaced >= 2
     assert paced <= 1 and meter.as_dict()["s"]["calls"] == n

@@ -61,13 +61,14 @@ def test_a_running_synthesis_shows_progress_and_a_killed_one_resumes_in_its_run_
             uri = f"sqlite:///{root / 'mlflow.db'}"
             client = MlflowClient(uri)
 
-            def progress() -> dict | None:
+            def progress() -> dict | None:  # the points come every 0.5 s from a thread: later on a busy CPU
                 (run,) = runs(root)
                 done = client.get_metric_history(run.info.run_id, "progress/personas_done")
-                return run if run.info.status == "RUNNING" and any(m.value == 1 for m in done) else None
+                return run if run.info.status == "RUNNING" and any(m.value == 1 for m in done) and \
+                    run.data.metrics.get("progress/calls", 0) >= 60 else None
 
-            run = wait_for(progress, 60, "a progress point with one persona done while the run is RUNNING")
-            assert run.data.metrics["progress/calls"] >= 60 and run.data.metrics["progress/cost_usd"] > 0
+            run = wait_for(progress, 60, "a progress point with one persona done and 60 calls while the run is RUNNING")
+            assert run.data.metrics["progress/cost_usd"] > 0
             journeys = job_folder(root) / "journeys"  # one persona at a time: the third has not started
             assert (journeys / "persona_002.json").exists() and not (journeys / "persona_003.json").exists()
             held_job_settled(stub)

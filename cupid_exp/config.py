@@ -318,18 +318,23 @@ class CallsConfig(Checked):
         require_int(f"{where}.dry_run_completion_tokens", self.dry_run_completion_tokens, 1)
 
 
+_MODEL_PATH = re.compile(r"model|evaluator\.\w+|synthesis\.roles\.\w+")  #: where a job holds a model config
+
+
 def moved_key(key: str) -> str | None:
     """The new name of a dotted key that moved on 2026-11-29, for a command that spells the old one
     (``hydra_errors.one_line``): the call settings left ``runtime`` for ``calls``; a model's ``rpm``/``tpm`` went
     into its ``pool``, its prices into its ``model_info``. None for any other key."""
     parent, _, name = key.rpartition(".")
-    if parent and name == "pool":  # once the pool's name, now a group
-        return f"{parent}.pool.name"
     if parent == "runtime" and name in CallsConfig.__dataclass_fields__:
         return f"calls.{name}"
-    if parent and name in PoolConfig.__dataclass_fields__ and name != "name":
+    if not _MODEL_PATH.fullmatch(parent):  # the other moves are a model config's, under any role
+        return None
+    if name == "pool":  # once the pool's name, now a group
+        return f"{parent}.pool.name"
+    if name in ("rpm", "tpm"):
         return f"{parent}.pool.{name}"
-    if parent and name in ModelInfo.__dataclass_fields__:
+    if name in ModelInfo.__dataclass_fields__:
         return f"{parent}.model_info.{name}"
     return None
 

@@ -29,6 +29,7 @@ def _refusal(override: str) -> str:
     ("model.rpm=300", "(moved: model.pool.rpm=300)"),
     ("evaluator.judge.input_cost_per_token=1e-06", "(moved: evaluator.judge.model_info.input_cost_per_token=1e-06)"),
     ("model.pool=shared", "(moved: model.pool.name=shared)"),
+    ("data.rpm=300", "(a new key: +data.rpm=300)"),  # no model config: nothing moved from there
 ])
 def test_a_key_hydra_refuses_is_one_line_with_the_hint_that_fits(override: str, said: str) -> None:
     line = one_line(_refusal(override), moved_key)

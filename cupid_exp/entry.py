@@ -41,7 +41,7 @@ from cupid_exp.errors import (
     causes,
     pipe_safe,
 )
-from cupid_exp.hydra_errors import HeldStderr, ScrubbedStderr, one_line, unread_override
+from cupid_exp.hydra_errors import HeldStderr, ScrubbedStderr, hydra_text, one_line, unread_override
 from cupid_exp.outputs import environment_failure, writing
 from cupid_exp.resources import conf_dir
 from cupid_exp.secrets import mask_url_credentials, scrub, scrub_file, scrub_obj, secret_values
@@ -217,6 +217,35 @@ def grouped_outcomes(bad: list[Mapping[str, object]]) -> list[str]:
     return lines
 
 
+class SweepDoesNotCompose(BaseException):
+    """A sweep's job whose overrides do not compose (a BaseException: Hydra turns a callback's Exception into a
+    warning and goes on)."""
+
+
+class SweepComposesCallback(Callback):
+    """Composes each job of a sweep before the sweep's other callbacks start anything (the MLflow store, its parent
+    run, stderr live): Hydra's sweeper composes them only after, so one bad override left a half-made store and a
+    message of many lines. One composition a job more; a sweeper other than Hydra's basic one is not checked."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: object) -> None:
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+        from hydra.core.global_hydra import GlobalHydra
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        if OmegaConf.select(config, "hydra.sweeper._target_") != f"{BasicSweeper.__module__}.BasicSweeper":
+            return
+        loader = GlobalHydra.instance().config_loader()
+        params = OmegaConf.select(config, "hydra.sweeper.params") or {}
+        arguments = [*(f"{key}={value}" for key, value in params.items()), *config.hydra.overrides.task]
+        try:
+            overrides = OverridesParser.create(config_loader=loader).parse_overrides(arguments)
+            for batch in BasicSweeper.split_arguments(overrides, None):
+                for job in batch:
+                    loader.load_sweep_config(config, list(job))
+        except (HydraException, OmegaConfBaseException) as exc:
+            raise SweepDoesNotCompose() from exc
+
+
 class SweepReportCallback(Callback):
     """At a sweep's end: list failed or incomplete jobs, grouped by reason, and set the exit code."""
 
@@ -295,6 +324,14 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], object],
                     print(f"{program}: {_masked(said, sys.argv[1:])}", file=sys.stderr)
                 return EXIT_BAD_INPUT
             return exit_code_of(exc)
+        except SweepDoesNotCompose as exc:  # no job ran, nothing was made
+            if _HELD is None:  # HYDRA_FULL_ERROR=1
+                traceback.print_exception(exc.__cause__)
+                return EXIT_BAD_INPUT
+            _HELD.release(replay=False)
+            said = unread_override(sys.argv[1:], config_name) or one_line(hydra_text(exc.__cause__), moved_key)
+            print(f"{program}: {_masked(said or str(exc.__cause__), sys.argv[1:])}", file=sys.stderr)
+            return EXIT_BAD_INPUT
         except KeyboardInterrupt as exc:  # Ctrl-C: the journal and the runs are closed by now; no traceback
             if not isinstance(exc, Interrupted):
                 exc = Interrupted()

@@ -107,6 +107,14 @@ def one_line(text: str, moved: Callable[[str], str | None] = lambda key: None) -
     return said + "; HYDRA_FULL_ERROR=1 shows Hydra's full message"
 
 
+def hydra_text(exc: BaseException | None) -> str:
+    """What Hydra prints for a composition error it caught: the error, and OmegaConf's under it."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    cause = exc.__cause__ if exc is not None else None
+    return f"{exc}\n{cause}" if isinstance(cause, OmegaConfBaseException) else str(exc)
+
+
 def _has(node: object, key: str) -> bool:
     """Whether the plain config ``node`` has the dotted ``key`` (a null parent has none of its keys)."""
     for part in key.split("."):

@@ -323,6 +323,20 @@ def test_a_misspelt_key_is_one_line_of_ours_and_help_lists_only_choices(tmp_path
     assert "setting: oracle, oracle_preference, retrieval, standard, summary\n" in shown and "_schema" not in shown
 
 
+def test_a_sweep_whose_job_does_not_compose_stops_in_one_line_before_anything_is_made(tmp_path: Path) -> None:
+    """Every job of a sweep is composed before its MLflow store, parent run or folder is made: Hydra composes them
+    only after its callbacks start, and a typo in one job left a half-made store and Hydra's lines."""
+    cmd = [sys.executable, "-m", "cupid_exp", "-m", f"paths.output_root={tmp_path}", "task=inference,generation"]
+    proc = run_job([*cmd, "setting=retrieval,standard", "setting.top_k=3"], check=False)  # only standard's fail
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        "cupid_exp: Could not override 'setting.top_k': Key 'top_k' not in 'StandardConfig' (a new key: "
+        "+setting.top_k=3); HYDRA_FULL_ERROR=1 shows Hydra's full message"], proc.stderr
+    proc = run_job([*cmd, "model=gpt4o,gpt5"], check=False)
+    (line,) = proc.stderr.splitlines()
+    assert proc.returncode == 2 and line.startswith("cupid_exp: In 'config': Could not find 'model/gpt5' (choose one")
+    assert not list(tmp_path.iterdir())  # no store, no sweep folder, no multirun.yaml
+
+
 _REFUSED_KEY = "sk-refusal-SENTINEL-0a1b2c3d"
 
 
@@ -338,10 +352,10 @@ def test_a_refused_override_never_echoes_the_key_it_carries(tmp_path: Path, prog
                                                              named: str) -> None:
     """Hydra's refusal quotes the override back: a key under a key's name (``+model.api_key=…``) or given where a
     choice goes (``model=sk-…``: "Could not find 'model/sk-…'") is masked, in a single run (our one line) and in a
-    sweep (Hydra's own lines as each job is composed, and the ``multirun.yaml`` it saved first)."""
+    sweep (our one line too, each job composed before the sweep starts)."""
     proc = run_job([sys.executable, "-m", program, *overrides, f"paths.output_root={tmp_path}"], check=False)
     assert proc.returncode == 2 and named in proc.stderr, proc.stderr  # refused, what was wrong still named
     assert "SENTINEL" not in proc.stdout + proc.stderr, proc.stderr
     saved = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert not [p for p in saved if "SENTINEL" in p.read_text(errors="replace")]
-    assert "-m" not in overrides or "multirun.yaml" in [p.name for p in saved]  # the sweep's file was written
+    assert not saved or "-m" not in overrides  # a sweep's jobs are composed before it writes anything

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import math
 from dataclasses import MISSING, fields, is_dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from cupid_exp.decoding_params import param_problem
 from cupid_exp.errors import ConfigError
@@ -54,9 +54,11 @@ class Checked:
 
 
 def check_known_keys(composed: object, node: object, where: str = "",
-                     groups: dict[str, list[str]] | None = None) -> None:
-    """Reject keys a schema lacks: ``+calls.num_retry=3`` would otherwise be dropped silently. The hint looks in the
-    other groups too: ``runtime.num_retries`` moved to ``calls`` when the call settings became a group."""
+                     groups: dict[str, list[str]] | None = None,
+                     moved: Callable[[str], str | None] = lambda key: None) -> None:
+    """Reject keys a schema lacks: ``+calls.num_retry=3`` would otherwise be dropped silently. The hint is the key's
+    new name where ``moved`` knows one (``+model.rpm=300``: ``model.pool.rpm``), else a close name, in the other
+    groups too (``runtime.num_retries`` moved to ``calls`` when the call settings became a group)."""
     if not is_dataclass(node) or not hasattr(composed, "keys"):
         return
     names = [f.name for f in fields(node)]
@@ -64,14 +66,16 @@ def check_known_keys(composed: object, node: object, where: str = "",
         groups = {f.name: [g.name for g in fields(v)] for f in fields(node) if is_dataclass(v := getattr(node, f.name))}
     for key in composed.keys():
         if key not in names:
-            close = [f"{where + '.' if where else ''}{c}" for c in difflib.get_close_matches(str(key), names, n=1)]
+            new_name = moved(f"{where + '.' if where else ''}{key}")
+            close = [new_name] if new_name else [
+                f"{where + '.' if where else ''}{c}" for c in difflib.get_close_matches(str(key), names, n=1)]
             for group, keys in ({} if close or "." in where else groups).items():
                 close = close or [f"{group}.{c}" for c in difflib.get_close_matches(str(key), keys, n=1)]
             hint = f"; did you mean {close[0]}?" if close else ""
             raise ConfigError(f"{where + '.' if where else ''}{key} is not a setting of "
                               f"{where or 'the config'}{hint} (known: {', '.join(names)})")
     for name in names:
-        check_known_keys(composed.get(name), getattr(node, name), f"{where}.{name}" if where else name, groups)
+        check_known_keys(composed.get(name), getattr(node, name), f"{where}.{name}" if where else name, groups, moved)
 
 
 def not_read(key: str, group: str, options: Sequence[str]) -> ConfigError:

@@ -109,6 +109,24 @@ def test_how_calls_are_made_and_how_the_job_runs_are_two_groups() -> None:
         check_known_keys(old, OmegaConf.to_object(old))
 
 
+@pytest.mark.parametrize("override, hint", [
+    ("+model.rpm=300", "model.rpm is not a setting of model; did you mean model.pool.rpm?"),
+    ("+evaluator.judge.input_cost_per_token=1e-06",
+     "evaluator.judge.input_cost_per_token is not a setting of evaluator.judge; did you mean "
+     "evaluator.judge.model_info.input_cost_per_token?"),
+    ("+runtime.dry_run=true", "runtime.dry_run is not a setting of runtime; did you mean calls.dry_run?"),
+    ("+data.rpm=300", "data.rpm is not a setting of data (known:"),  # never a model's key: no move named
+])
+def test_a_moved_key_added_anew_is_refused_with_its_new_name(override: str, hint: str) -> None:
+    """``+key=`` composes (Hydra adds the key), so the schema check, not Hydra's refusal, names where it went."""
+    from cupid_exp.errors import ConfigError
+    from cupid_exp.job.plan import typed_config
+
+    with pytest.raises(ConfigError) as refused:
+        typed_config(compose_config([override]))
+    assert str(refused.value).startswith(hint), refused.value
+
+
 @pytest.mark.parametrize("overrides, line", [
     (["data.path=/x.jsonl"], "data.path is read only by data=local; add data=local"),
     (["data.split=train"], "data.split is read only by data=cupid; add data=cupid"),

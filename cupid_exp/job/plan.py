@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from cupid_exp.config import JobConfig
+from cupid_exp.config import JobConfig, moved_key
 from cupid_exp.config_checks import check_known_keys, check_tree
 from cupid_exp.durability import job_lock
 from cupid_exp.durability.attempts import run_key
@@ -33,7 +33,7 @@ Load = Callable[[Any, Path], Work]
 def typed_config(cfg: DictConfig) -> JobConfig:
     """The composed config as objects, every value checked (ConfigError names the first bad one)."""
     job_cfg: JobConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]  # a schema makes it an object
-    check_known_keys(cfg, job_cfg)
+    check_known_keys(cfg, job_cfg, moved=moved_key)
     check_tree(job_cfg)
     return job_cfg
 

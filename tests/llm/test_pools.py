@@ -147,9 +147,10 @@ def test_a_provider_that_states_only_retry_after_teaches_the_pool_its_pace(tmp_p
     assert st["total_completed"] == 96 and st["rate_limited"] > 0  # the limit refused: there was a lesson
     paced = [(t, rpm) for t, rpm in sends if rpm is not None]
     assert len(paced) >= 32, len(paced)  # unpaced, none is
-    # the first pace taught is what the stub admitted: eight a window, or up to twice that for a burst across a
-    # window's turn (720 seen)
-    assert 0.5 * 480 <= paced[0][1] <= 2 * 480, paced[0]
+    # the first pace taught is what the stub admitted over the refusals' span (at least a second): eight a window, but
+    # a span of s seconds can hold parts of ceil(s) + 1 windows, so a burst across a window's turn teaches up to about
+    # three times the limit (720 and 962 seen on a busy CPU; an overestimate the pace's cuts must then undo: known)
+    assert 0.5 * 480 <= paced[0][1] <= 3 * 480, paced[0]
     for i, (t, _) in enumerate(paced):  # no second holds more paced sends than the pace's share of it, rounded up
         # (less 20 ms: the pacer reads the clock a moment before the send is recorded, longer on a busy CPU)
         window = [(u, rpm) for u, rpm in paced[i:] if u < t + 0.98]

@@ -61,21 +61,21 @@ def check_known_keys(composed: object, node: object, where: str = "",
     groups too (``runtime.num_retries`` moved to ``calls`` when the call settings became a group)."""
     if not is_dataclass(node) or not hasattr(composed, "keys"):
         return
-    names = [f.name for f in fields(node)]
+    names, prefix = [f.name for f in fields(node)], f"{where}." if where else ""
     if groups is None:  # the root: its groups' keys, for a key given in the wrong one
         groups = {f.name: [g.name for g in fields(v)] for f in fields(node) if is_dataclass(v := getattr(node, f.name))}
     for key in composed.keys():
         if key not in names:
-            new_name = moved(f"{where + '.' if where else ''}{key}")
+            new_name = moved(f"{prefix}{key}")
             close = [new_name] if new_name else [
-                f"{where + '.' if where else ''}{c}" for c in difflib.get_close_matches(str(key), names, n=1)]
+                f"{prefix}{c}" for c in difflib.get_close_matches(str(key), names, n=1)]
             for group, keys in ({} if close or "." in where else groups).items():
                 close = close or [f"{group}.{c}" for c in difflib.get_close_matches(str(key), keys, n=1)]
             hint = f"; did you mean {close[0]}?" if close else ""
-            raise ConfigError(f"{where + '.' if where else ''}{key} is not a setting of "
+            raise ConfigError(f"{prefix}{key} is not a setting of "
                               f"{where or 'the config'}{hint} (known: {', '.join(names)})")
     for name in names:
-        check_known_keys(composed.get(name), getattr(node, name), f"{where}.{name}" if where else name, groups, moved)
+        check_known_keys(composed.get(name), getattr(node, name), f"{prefix}{name}", groups, moved)
 
 
 def not_read(key: str, group: str, options: Sequence[str]) -> ConfigError:

@@ -134,9 +134,9 @@ class JourneyStore:
         return store
 
     @classmethod
-    def read(cls, directory: Path, template: PersonaTemplate) -> "JourneyStore | None":
+    def read(cls, directory: Path, key: str) -> "JourneyStore | None":
         """The persona's file as it stands, or None where there is none (or it cannot be read)."""
-        path = directory / f"{template.key}.json"
+        path = directory / f"{key}.json"
         try:
             return cls(path, json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError):

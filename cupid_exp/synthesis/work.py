@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -114,7 +113,7 @@ class SynthesisWork:
         for template in job.work.units:
             outcome = fresh.get(template.key)
             if outcome is None and template.key in job.attempt.done:
-                store = JourneyStore.read(self.journeys, template)
+                store = JourneyStore.read(self.journeys, template.key)
                 outcome = PersonaOutcome.from_store(template.index, store) if store is not None else None
             if outcome is not None:
                 outcomes.append(outcome)
@@ -161,13 +160,10 @@ def in_flight(ctx: "SynthContext") -> int:
 
 def is_final(journeys: Path, record: Mapping[str, Any], retry_failed: bool) -> bool:
     """A finished persona stands while its journey file says so; a failed one runs again from where it got."""
-    if record.get("status") != "done":
-        return False
-    try:
-        journey = json.loads((journeys / f"{record['key']}.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return journey.get("status") == "done"
+    from cupid_exp.synthesis.store import JourneyStore
+
+    store = JourneyStore.read(journeys, record["key"]) if record.get("status") == "done" else None
+    return store is not None and store.data.get("status") == "done"
 
 
 def load_synthesis(cfg: SynthesizeConfig, output_dir: Path) -> Work:

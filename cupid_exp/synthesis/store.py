@@ -47,9 +47,8 @@ class FileWrites:
         self._start()
 
     def append(self, path: Path, lines: list[str]) -> None:
-        if lines:
-            self._append.setdefault(path, []).extend(lines)
-            self._start()
+        self._append.setdefault(path, []).extend(lines)
+        self._start()
 
     def _start(self) -> None:
         try:

@@ -86,12 +86,6 @@ class SynthesizeConfig(JobConfig):
         return {f"synthesis.roles.{role}": getattr(self.synthesis.roles, role) for role in ROLES}
 
 
-def register_synthesis_configs() -> None:
-    cs = ConfigStore.instance()
-    cs.store(name="synthesize_schema", node=SynthesizeConfig)
-    register_resolvers()
-
-
 #: What does not shape a persona's artefacts: a rerun with more personas tops up the same job (its folder, its
 #: journal, its MLflow run).
 NOT_IDENTITY = ("synthesis.n_personas",)
@@ -106,6 +100,7 @@ def fingerprint(synthesis: DictConfig | Mapping[str, object], prompts_dir: str |
     return content_digest({"synthesis": data}, NOT_IDENTITY, length=8, prompts_dir=prompts_dir)
 
 
-def register_resolvers() -> None:
+def register_synthesis_configs() -> None:
+    ConfigStore.instance().store(name="synthesize_schema", node=SynthesizeConfig)
     if not OmegaConf.has_resolver("synthesis_fingerprint"):
         OmegaConf.register_new_resolver("synthesis_fingerprint", fingerprint)

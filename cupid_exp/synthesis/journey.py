@@ -106,13 +106,10 @@ def build_instances(pid: str, template: JourneyTemplate, factors: Sequence[Mappi
     rows = []
     for instance_type in ("consistent", "contrastive", "changing"):
         removed = set(removed_sessions(template, instance_type))
-        prior = []
-        for slot in template.slots[:-1]:
-            if slot.index in removed:
-                continue
-            prior.append({"context_factor": factors[slot.factor]["factor"],
-                          "contextual_preference": slot_preference(slot, factors, changed_preference),
-                          "dialogue": [dict(role=m["role"], content=m["content"]) for m in dialogues[slot.index]]})
+        prior = [{"context_factor": factors[slot.factor]["factor"],
+                  "contextual_preference": slot_preference(slot, factors, changed_preference),
+                  "dialogue": [dict(role=m["role"], content=m["content"]) for m in dialogues[slot.index]]}
+                 for slot in template.slots[:-1] if slot.index not in removed]
         preference = changed_preference if instance_type == "changing" else current["preference"]
         rows.append({"persona_id": pid, "instance_type": instance_type, "current_request": final_request,
                      "current_context_factor": current["factor"], "current_contextual_preference": preference,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 from cupid_exp.synthesis import taxonomy
 from cupid_exp.synthesis.config import SynthesisError
@@ -24,12 +24,6 @@ class PersonaTemplate:
     def key(self) -> str:
         """The persona's key in the job's journal (and its journey file's name)."""
         return f"persona_{self.index:03d}"
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["personality_traits"] = list(self.personality_traits)
-        data["personal_values"] = list(self.personal_values)
-        return data
 
 
 class BalancedSampler:

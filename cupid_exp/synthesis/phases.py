@@ -241,15 +241,12 @@ class PersonaRun:
                 self.persist()
             written[slot.index].set()
 
-    def _regenerate(self, record: dict[str, Any]) -> bool:
-        return (self.scfg.on_unsatisfied == "regenerate" and not record["is_satisfied"]
-                and record["attempt"] < self.scfg.max_retries)
-
     async def dialogue(self, slot_index: int, preference: str) -> None:
         factors, sessions, dialogues = self.j["factors"], self.j["sessions"], self.j["dialogues"]
         slot = self.journey.slots[slot_index]
         record = dialogues[slot_index]
-        while record is None or self._regenerate(record):
+        while record is None or (self.scfg.on_unsatisfied == "regenerate" and not record["is_satisfied"]
+                                 and record["attempt"] < self.scfg.max_retries):
             record = await steps.simulate_dialogue(
                 self.ctx, persona_description=self.description, factor=factors[slot.factor]["factor"],
                 preference=preference, checklist=self.j["checklists"][preference],

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,21 @@ from cupid_exp.synthesis.journey import JourneyTemplate, plan_factors
 from cupid_exp.synthesis.personas import PersonaTemplate
 
 log = logging.getLogger(__name__)
+
+
+def json_object(path: Path, what: str, then: str) -> dict[str, Any] | None:
+    """``path``'s JSON object, or None where there is none; one that is not (not JSON, not text, not an object) is
+    set aside as the ``what`` it was, with ``then``: what the job does without it."""
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise ValueError(f"a JSON {type(data).__name__}")
+    except ValueError as exc:
+        set_aside(path, what, exc, then)
+        return None
+    return data
 
 
 class FileWrites:
@@ -31,9 +47,8 @@ class FileWrites:
         self._start()
 
     def append(self, path: Path, lines: list[str]) -> None:
-        if lines:
-            self._append.setdefault(path, []).extend(lines)
-            self._start()
+        self._append.setdefault(path, []).extend(lines)
+        self._start()
 
     def _start(self) -> None:
         try:
@@ -104,10 +119,11 @@ class JourneyStore:
     def open(cls, directory: Path, template: PersonaTemplate, journey: JourneyTemplate, seed: int) -> "JourneyStore":
         """The persona's file as left, or a fresh one if written for another template (compared as JSON)."""
         path = directory / f"{template.key}.json"
-        fresh = json.loads(json.dumps({"persona_index": template.index, "template": template.to_dict(),
+        fresh = json.loads(json.dumps({"persona_index": template.index, "template": asdict(template),
                                        "journey": journey.to_dict(),
                                        "factor_plan": plan_factors(seed, template.index)}))
-        data = cls._readable(path)
+        data = json_object(path, "persona file", "that persona starts again (the response cache answers what it "
+                           "asked already)")
         if data is not None:
             if all(data.get(k) == fresh[k] for k in ("template", "journey", "factor_plan")):
                 return cls(path, data)
@@ -116,25 +132,10 @@ class JourneyStore:
         store.save()
         return store
 
-    @staticmethod
-    def _readable(path: Path) -> dict[str, Any] | None:
-        """The file as data; an unreadable one is set aside and the persona starts again."""
-        if not path.exists():
-            return None
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            if not isinstance(data, dict):
-                raise ValueError(f"a JSON {type(data).__name__}")
-        except ValueError as exc:
-            set_aside(path, "persona file", exc, "that persona starts again (the response cache answers what it "
-                      "asked already)")
-            return None
-        return data
-
     @classmethod
-    def read(cls, directory: Path, template: PersonaTemplate) -> "JourneyStore | None":
+    def read(cls, directory: Path, key: str) -> "JourneyStore | None":
         """The persona's file as it stands, or None where there is none (or it cannot be read)."""
-        path = directory / f"{template.key}.json"
+        path = directory / f"{key}.json"
         try:
             return cls(path, json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError):

@@ -200,10 +200,10 @@ def _next_step(m: Mapping[str, float], outcomes: list[PersonaOutcome], instances
     if m.get("instances/count", 0) > 0:
         return [f"instances file: {instances_path}",
                 f"evaluate: python -m cupid_exp data=local data.path={instances_path}"]
-    if any(o.failed_phase for o in outcomes) and not any(o.dropped for o in outcomes):
-        why = "every persona failed before its instances were built (see 'failed' above)"
-    elif any(o.dropped for o in outcomes):
+    if any(o.dropped for o in outcomes):
         why = "every instance was dropped (metrics.json lists why, per persona)"
+    elif any(o.failed_phase for o in outcomes):
+        why = "every persona failed before its instances were built (see 'failed' above)"
     else:
         why = "no persona produced an instance"
     return [f"no instances to evaluate ({instances_path.name} is empty): {why}; journeys/ keeps each persona's "

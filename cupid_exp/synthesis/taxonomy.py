@@ -17,8 +17,6 @@ PERSONAL_VALUES = ("Self-Direction", "Achievement", "Universalism", "Power", "St
 DECISION_STYLES = ("Analytical", "Directive", "Conceptual", "Behavioral")
 
 # Table 7.
-FACTOR_TYPES = ("Person/Group", "Organization/Institution", "Object/Artifact", "Content/Media",
-                "Tool/Technology", "Location/Place", "Process/Activity", "Event/Time")
 FACTOR_TYPE_HINTS = {
     "Person/Group": "a specific person or group of people",
     "Organization/Institution": "a specific organization or institution",
@@ -29,6 +27,7 @@ FACTOR_TYPE_HINTS = {
     "Process/Activity": "a specific recurring activity or process",
     "Event/Time": "a specific event or period of time",
 }
+FACTOR_TYPES = tuple(FACTOR_TYPE_HINTS)
 PREFERENCE_TYPES_BY_DIMENSION = {
     "Style": ("Formality", "Clarity", "Conciseness", "Vividness", "Format", "Tone"),
     "Informativeness": ("Relevance", "Depth", "Creativity", "Efficiency", "Practicality"),

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from cupid_exp.aside import set_aside
 from cupid_exp.config import ConfigError, require
 from cupid_exp.job.lanes import pool_slots
 from cupid_exp.job.spec import Published, TrackingView, Work
@@ -41,16 +39,6 @@ def prompts_digest(prompts: PromptSet) -> str:
     for name in SYNTHESIS_PROMPTS:
         h.update(name.encode() + b"\0" + prompts._path(f"synthesis/{name}.yaml").read_bytes())
     return h.hexdigest()[:16]
-
-
-def persona_templates(cfg: SynthesizeConfig) -> list[PersonaTemplate]:
-    scfg = cfg.synthesis
-    if scfg.persona_source == "personahub":
-        p = scfg.personahub
-        seeds = personahub_seeds(scfg.n_personas, scfg.seed, p.name, p.subset, p.split, p.text_field)
-    else:
-        seeds = builtin_seeds(scfg.n_personas, scfg.seed)
-    return sample_templates(scfg.n_personas, scfg.seed, seeds)
 
 
 def check_synthesis(cfg: SynthesizeConfig) -> None:
@@ -86,14 +74,13 @@ class SynthesisWork:
     def connect(self, meter: "UsageMeter", budget: "Budget | None", share: tuple[int, int]
                 ) -> tuple["SynthContext", int]:
         """The role clients (roles on one model config share one) and the recipe's knobs every step reads."""
+        from cupid_exp.llm._litellm import import_first_call_modules
         from cupid_exp.llm.client import clients_for, configure_litellm
         from cupid_exp.synthesis.steps import SynthContext
 
         cfg, scfg = self.cfg, self.cfg.synthesis
         calls = cfg.calls  # the slice the clients read
         configure_litellm(calls)
-        from cupid_exp.llm._litellm import import_first_call_modules
-
         import_first_call_modules()
         clients = clients_for(cfg.roles(), calls, meter, budget, share)  # by config path; the steps name the role
         ctx = SynthContext(clients={path.rsplit(".", 1)[1]: c for path, c in clients.items()},
@@ -126,7 +113,7 @@ class SynthesisWork:
         for template in job.work.units:
             outcome = fresh.get(template.key)
             if outcome is None and template.key in job.attempt.done:
-                store = JourneyStore.read(self.journeys, template)
+                store = JourneyStore.read(self.journeys, template.key)
                 outcome = PersonaOutcome.from_store(template.index, store) if store is not None else None
             if outcome is not None:
                 outcomes.append(outcome)
@@ -142,12 +129,10 @@ class SynthesisWork:
 
         out, outcomes, metrics = self.output_dir, summary.outcomes, summary.metrics
         by_index = {t.index: t for t in job.work.units}
-        personas = []
-        for o in outcomes:
-            p = o.journey.get("persona") or {}
-            personas.append({"persona_id": p.get("persona_id"), **by_index[o.index].to_dict(),
-                             "description": p.get("description"), "occupation": p.get("occupation"),
-                             "status": o.journey.get("status"), "failed_phase": o.failed_phase, "error": o.error})
+        personas = [{"persona_id": p.get("persona_id"), **asdict(by_index[o.index]),
+                     "description": p.get("description"), "occupation": p.get("occupation"),
+                     "status": o.journey.get("status"), "failed_phase": o.failed_phase, "error": o.error}
+                    for o in outcomes for p in [o.journey.get("persona") or {}]]
         write_json(out / "personas.json", personas)
         write_jsonl(self.instances_path, summary.instances)
         write_json(out / "validation.json", {
@@ -175,18 +160,16 @@ def in_flight(ctx: "SynthContext") -> int:
 
 def is_final(journeys: Path, record: Mapping[str, Any], retry_failed: bool) -> bool:
     """A finished persona stands while its journey file says so; a failed one runs again from where it got."""
-    if record.get("status") != "done":
-        return False
-    try:
-        journey = json.loads((journeys / f"{record['key']}.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return journey.get("status") == "done"
+    from cupid_exp.synthesis.store import JourneyStore
+
+    store = JourneyStore.read(journeys, record["key"]) if record.get("status") == "done" else None
+    return store is not None and store.data.get("status") == "done"
 
 
 def load_synthesis(cfg: SynthesizeConfig, output_dir: Path) -> Work:
     """The prompts synthesis sends, then the persona templates (a Hub seed source may raise ``SynthesisError``)."""
     from cupid_exp.job.checks import prompt_set
+    from cupid_exp.synthesis.store import json_object
 
     check_synthesis(cfg)
     prompts = prompt_set(cfg.prompts.dir)
@@ -195,26 +178,23 @@ def load_synthesis(cfg: SynthesizeConfig, output_dir: Path) -> Work:
         raise ConfigError(f"prompts.dir={str(prompts.directory)!r} lacks {', '.join(missing)}, which synthesis "
                           "sends; add the file to that folder (the project's own is under prompts/) or leave "
                           "prompts.dir unset")
-    templates = persona_templates(cfg)
+    scfg = cfg.synthesis
+    if scfg.persona_source == "personahub":
+        p = scfg.personahub
+        seeds = personahub_seeds(scfg.n_personas, scfg.seed, p.name, p.subset, p.split, p.text_field)
+    else:
+        seeds = builtin_seeds(scfg.n_personas, scfg.seed)
+    templates = sample_templates(scfg.n_personas, scfg.seed, seeds)
     digest = prompts_digest(prompts)
     output_dir.mkdir(parents=True, exist_ok=True)
     state = output_dir / "state.json"
-    if state.exists():
-        try:
-            before = json.loads(state.read_text(encoding="utf-8"))
-            if not isinstance(before, dict):
-                raise ValueError(f"a JSON {type(before).__name__}")
-        except ValueError as exc:  # not JSON, not text
-            set_aside(state, "synthesis state", exc, "the prompts it was started with are not known: finished "
-                      "artefacts are kept")
-        else:
-            if before.get("prompts_digest") != digest:
-                log.warning("the synthesis prompts changed since %s was started; finished artefacts are kept",
-                            output_dir)
+    before = json_object(state, "synthesis state", "the prompts it was started with are not known: finished "
+                         "artefacts are kept")
+    if before is not None and before.get("prompts_digest") != digest:
+        log.warning("the synthesis prompts changed since %s was started; finished artefacts are kept", output_dir)
     write_json(state, {"prompts_digest": digest})
     log.info("synthesising %d personas into %s", len(templates), output_dir)
     kind = SynthesisWork(cfg, prompts, output_dir)
-    scfg = cfg.synthesis
     writer = scfg.roles.session_writer.name
     return Work(
         kind=kind, noun="persona", units=tuple(templates), roles=cfg.roles(), digests={"prompts_digest": digest},

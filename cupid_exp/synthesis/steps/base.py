@@ -67,8 +67,7 @@ PLACEHOLDER_REASON = "write real text of your own instead of copying the templat
 def reply_json(text: str) -> object:
     """The reply's JSON, refused when it still holds the prompt's template placeholders."""
     data = parse_json_reply(text)
-    found = placeholders(data)
-    if found:
+    if placeholders(data):
         raise Invalid(PLACEHOLDER_REASON)
     return data
 

@@ -51,10 +51,8 @@ def placeholders(data: object) -> list[str]:
     """Strings copied from the prompt's example ('<one sentence>', '...') instead of written."""
     if isinstance(data, str):
         return _PLACEHOLDER.findall(data.strip())
-    if isinstance(data, dict):
-        return [p for v in data.values() for p in placeholders(v)]
-    if isinstance(data, list):
-        return [p for v in data for p in placeholders(v)]
+    if isinstance(data, (dict, list)):
+        return [p for v in (data.values() if isinstance(data, dict) else data) for p in placeholders(v)]
     return []
 
 

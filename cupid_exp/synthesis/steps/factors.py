@@ -134,14 +134,11 @@ class NameRepair:
 
     def __call__(self, factor: dict[str, Any], label: str, existing: Sequence[Mapping[str, Any]]
                  ) -> dict[str, Any] | None:
-        """The factor with a taxonomy name when its name is its only problem; None otherwise."""
-        if not _name_problems(factor, label, existing):
-            return None
+        """The factor with a taxonomy name when its name has a problem (the builder checks the rest); None otherwise."""
         name = fallback_name(factor["factor_type"], [e["factor"] for e in existing], self.key)
-        if name is None:
+        if name is None or not _name_problems(factor, label, existing):
             return None
-        repaired = dict(factor, factor=name, name_source="taxonomy", model_name=factor["factor"])
-        return repaired if not _factor_problems(repaired, label, existing) else None
+        return dict(factor, factor=name, name_source="taxonomy", model_name=factor["factor"])
 
 
 def build_factor(existing: Sequence[Mapping[str, Any]], label: str, slot: Mapping[str, Any],

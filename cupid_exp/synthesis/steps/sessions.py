@@ -33,15 +33,6 @@ def validate_session(session: Mapping[str, Any], preference: str, with_resources
     return problems
 
 
-def _resource(data: Mapping[str, Any]) -> str:
-    value = data.get("resource")
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise ParseError(f"the session's 'resource' must be a string, not {type(value).__name__}")
-    return value.strip()
-
-
 def build_session(preference: str, task_type: str, with_resources: bool) -> Callable[[object], dict]:
     def build(data: object) -> dict[str, Any]:
         item = as_object(data, "session")
@@ -49,7 +40,10 @@ def build_session(preference: str, task_type: str, with_resources: bool) -> Call
                    "request_with_preference": text(item, "request_with_preference", "session"),
                    "request": text(item, "request", "session")}
         if with_resources:
-            session["resource"] = _resource(item)
+            resource = item.get("resource")
+            if resource is not None and not isinstance(resource, str):
+                raise ParseError(f"the session's 'resource' must be a string, not {type(resource).__name__}")
+            session["resource"] = (resource or "").strip()
         problems = validate_session(session, preference, with_resources)
         if problems:
             raise Invalid(problems)

@@ -109,11 +109,10 @@ async def validate_persona(ctx: SynthContext, journey: JourneyTemplate, factors:
                 out["errors"].append(str(exc))
             out["checks"].append(check)
         try:
-            leaked = await ask(row["current_checklist"], [row["current_request"]], "validate_leak")
+            out["leaked"] = await ask(row["current_checklist"], [row["current_request"]], "validate_leak")
         except StepFailed as exc:
-            leaked = None
+            out["leaked"] = None
             out["errors"].append(str(exc))
-        out["leaked"] = leaked
         return out
 
     return await together(*(one(r) for r in instances))

@@ -41,6 +41,16 @@ def prompts_digest(prompts: PromptSet) -> str:
     return h.hexdigest()[:16]
 
 
+def persona_templates(cfg: SynthesizeConfig) -> list[PersonaTemplate]:
+    scfg = cfg.synthesis
+    if scfg.persona_source == "personahub":
+        p = scfg.personahub
+        seeds = personahub_seeds(scfg.n_personas, scfg.seed, p.name, p.subset, p.split, p.text_field)
+    else:
+        seeds = builtin_seeds(scfg.n_personas, scfg.seed)
+    return sample_templates(scfg.n_personas, scfg.seed, seeds)
+
+
 def check_synthesis(cfg: SynthesizeConfig) -> None:
     """Refused before any call: dry runs and the Batch API (each step needs the last's output) and epochs."""
     require(not cfg.calls.dry_run, "calls.dry_run", cfg.calls.dry_run,
@@ -129,10 +139,12 @@ class SynthesisWork:
 
         out, outcomes, metrics = self.output_dir, summary.outcomes, summary.metrics
         by_index = {t.index: t for t in job.work.units}
-        personas = [{"persona_id": p.get("persona_id"), **asdict(by_index[o.index]),
-                     "description": p.get("description"), "occupation": p.get("occupation"),
-                     "status": o.journey.get("status"), "failed_phase": o.failed_phase, "error": o.error}
-                    for o in outcomes for p in [o.journey.get("persona") or {}]]
+        personas = []
+        for o in outcomes:
+            p = o.journey.get("persona") or {}
+            personas.append({"persona_id": p.get("persona_id"), **asdict(by_index[o.index]),
+                             "description": p.get("description"), "occupation": p.get("occupation"),
+                             "status": o.journey.get("status"), "failed_phase": o.failed_phase, "error": o.error})
         write_json(out / "personas.json", personas)
         write_jsonl(self.instances_path, summary.instances)
         write_json(out / "validation.json", {
@@ -178,13 +190,7 @@ def load_synthesis(cfg: SynthesizeConfig, output_dir: Path) -> Work:
         raise ConfigError(f"prompts.dir={str(prompts.directory)!r} lacks {', '.join(missing)}, which synthesis "
                           "sends; add the file to that folder (the project's own is under prompts/) or leave "
                           "prompts.dir unset")
-    scfg = cfg.synthesis
-    if scfg.persona_source == "personahub":
-        p = scfg.personahub
-        seeds = personahub_seeds(scfg.n_personas, scfg.seed, p.name, p.subset, p.split, p.text_field)
-    else:
-        seeds = builtin_seeds(scfg.n_personas, scfg.seed)
-    templates = sample_templates(scfg.n_personas, scfg.seed, seeds)
+    templates = persona_templates(cfg)
     digest = prompts_digest(prompts)
     output_dir.mkdir(parents=True, exist_ok=True)
     state = output_dir / "state.json"
@@ -195,6 +201,7 @@ def load_synthesis(cfg: SynthesizeConfig, output_dir: Path) -> Work:
     write_json(state, {"prompts_digest": digest})
     log.info("synthesising %d personas into %s", len(templates), output_dir)
     kind = SynthesisWork(cfg, prompts, output_dir)
+    scfg = cfg.synthesis
     writer = scfg.roles.session_writer.name
     return Work(
         kind=kind, noun="persona", units=tuple(templates), roles=cfg.roles(), digests={"prompts_digest": digest},

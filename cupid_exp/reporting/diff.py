@@ -160,7 +160,7 @@ def compose(overrides: Sequence[str]) -> Composed:
     from cupid_exp.resources import conf_dir
 
     register_configs()
-    GlobalHydra.instance().clear()  # initialized when called from inside a Hydra app, say
+    GlobalHydra.instance().clear()  # a no-op unless initialized (e.g. when called from inside a Hydra app)
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
     choices = job_choices(OmegaConf.to_container(cfg.hydra.runtime.choices))

@@ -168,6 +168,7 @@ def plot_by_relevant_position(records: Series, metric: str = "f1", *, n_boot: in
     series = _series(records)
     metric, _ = _metric(metric)
     title = title or f"{LABELS[metric]} vs. where the relevant sessions are in the history"
+    fig_args = dict(n_boot=n_boot, seed=seed, failure_policy=failure_policy)
     means = [m for recs in series.values() for r in recs if (m := _mean_position(r)) is not None]
     total = sum(len(recs) for recs in series.values())
     if not means:
@@ -191,8 +192,7 @@ def plot_by_relevant_position(records: Series, metric: str = "f1", *, n_boot: in
                                      f"{left_out} instance(s) without relevant positions left out" if left_out
                                      else ""] if x)
     return _binned_plot(series, metric, bins, assign, title=title, footnote=footnote,
-                        xlabel="mean position of the relevant sessions (bins of one session)", n_boot=n_boot, seed=seed,
-                        failure_policy=failure_policy)
+                        xlabel="mean position of the relevant sessions (bins of one session)", **fig_args)
 
 
 def plot_by_history_length(records: Series, metric: str = "f1", *, n_bins: int = 5, n_boot: int = 1000,

@@ -4,6 +4,7 @@ two runs (B − A) on the instances both scored, overall and per instance type."
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import asdict
 from typing import Any, Mapping, Sequence
@@ -27,7 +28,6 @@ from cupid_exp.reporting.tables import (
     notes_of,
     ordered,
     paper_rows,
-    row_of,
     run_numbers,
     runs_by_model,
     setting_order,
@@ -151,11 +151,9 @@ def _row_order(models: Sequence[str], paper: pd.DataFrame) -> list[str]:
     """Each model's rows, followed by its paper row when the paper has one; then the paper's other rows."""
     paper_label = dict(zip(paper["conf_model"], paper["model"], strict=False))
     order: list[str] = []
-    for i, row in enumerate(models):
-        order.append(row)
-        model = model_of(row)
-        last_of_model = i + 1 == len(models) or model_of(models[i + 1]) != model
-        if model in paper_label and last_of_model:
+    for model, rows in itertools.groupby(models, key=model_of):
+        order += rows
+        if model in paper_label:
             order.append(f"paper: {paper_label[model]}")
     order += [f"paper: {label}" for label in dict.fromkeys(paper["model"]) if f"paper: {label}" not in order]
     return order
@@ -181,10 +179,7 @@ def leaderboard(tidy: pd.DataFrame, runs: Sequence[JobRun], task: str, *, data: 
     source = pd.DataFrame([(c, base, c) if c in GROUPS else (c, c, "all") for c in columns],
                           columns=["column", "setting", "group"])
     by_model = {m: s for m, s in by_model.items() if set(source["setting"]) & set(s)}
-    rows = row_of(by_model)
-    runs_part = run_numbers(tidy, task, data, evaluator)
-    runs_part = runs_part[runs_part["run_id"].isin(list(rows))]
-    runs_part = runs_part.assign(model=runs_part["run_id"].map(rows))  # the row label: a model, and how it ran
+    runs_part = run_numbers(tidy, task, by_model)
     paper = _paper_numbers(tidy, task, evaluator).merge(source, on=["setting", "group"])
     if not by_model and paper.empty:
         return None
@@ -260,10 +255,8 @@ def setting_table(tidy: pd.DataFrame, runs: Sequence[JobRun], task: str, *, data
     index = pd.MultiIndex.from_tuples([(m, label) for m in models
                                        for label in sorted(by_model[m], key=setting_order)], names=["model", "setting"])
     run_of = {key: by_model[key[0]][key[1]] for key in index}
-    rows = row_of(by_model)
-    numbers = with_text(run_numbers(tidy, task, data, evaluator), task)
-    numbers = numbers[(numbers["metric"] == metric) & numbers["run_id"].isin(list(rows))]
-    numbers = numbers.assign(model=numbers["run_id"].map(rows))  # the row label: a model, and how it ran
+    numbers = with_text(run_numbers(tidy, task, by_model), task)
+    numbers = numbers[numbers["metric"] == metric]
     fields = ["text", "value", "n"]
     wide = numbers.pivot(index=["model", "setting"], columns="group", values=fields).reindex(
         index=index, columns=pd.MultiIndex.from_product([fields, GROUPS], names=[None, "group"]))

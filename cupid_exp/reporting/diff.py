@@ -150,22 +150,18 @@ class Composed:
             return False
 
 
-def compose(overrides: Sequence[str], conf_dir: str | Path | None = None) -> Composed:
+def compose(overrides: Sequence[str]) -> Composed:
     """Compose ``conf/config.yaml`` with ``overrides`` as ``python -m cupid_exp`` would (no hydra key)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     from cupid_exp.config_store import register_configs
+    from cupid_exp.resources import conf_dir
 
-    if conf_dir is None:
-        from cupid_exp.resources import conf_dir as shipped_conf
-
-        conf_dir = shipped_conf()
     register_configs()
-    if GlobalHydra.instance().is_initialized():  # e.g. called from inside a Hydra app
-        GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+    GlobalHydra.instance().clear()  # a no-op unless initialized (e.g. when called from inside a Hydra app)
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
     choices = job_choices(OmegaConf.to_container(cfg.hydra.runtime.choices))
     OmegaConf.set_struct(cfg, False)
@@ -184,14 +180,8 @@ def format_value(value: object) -> str:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
+    if isinstance(value, (int, float)):
+        return str(value)  # a float's shortest round-trip text; 'nan', 'inf' and '-inf' as the grammar spells them
     if isinstance(value, Mapping):
         return "{" + ",".join(f"{_key(k)}:{format_value(v)}" for k, v in value.items()) + "}"
     if isinstance(value, (list, tuple)):
@@ -274,23 +264,22 @@ class ConfigDiff:
         return shlex.join(["python", "-m", "cupid_exp", *base, *self.overrides, *self.drift])
 
 
-def _try_compose(overrides: Sequence[str], conf_dir: str | Path | None) -> Composed | None:
+def _try_compose(overrides: Sequence[str]) -> Composed | None:
     try:
-        return compose(overrides, conf_dir)
+        return compose(overrides)
     except Exception:
         return None
 
 
-def _extend(prefix: list[str], batch: Sequence[str], conf_dir: str | Path | None,
-            failed: list[str]) -> tuple[list[str], Composed | None]:
+def _extend(prefix: list[str], batch: Sequence[str], failed: list[str]) -> tuple[list[str], Composed | None]:
     """The overrides of ``batch`` that compose after ``prefix`` (rejected ones in ``failed``), and their config."""
-    attempt = _try_compose([*prefix, *batch], conf_dir)
+    attempt = _try_compose([*prefix, *batch])
     if attempt is not None:
         return list(batch), attempt
     added: list[str] = []
     composed = None
     for override in batch:
-        attempt = _try_compose([*prefix, *added, override], conf_dir)
+        attempt = _try_compose([*prefix, *added, override])
         if attempt is None:
             failed.append(override)
             continue
@@ -299,14 +288,14 @@ def _extend(prefix: list[str], batch: Sequence[str], conf_dir: str | Path | None
     return added, composed
 
 
-def _implied(prefix: list[str], added: list[str], composed: Composed | None, conf_dir: str | Path | None) -> list[str]:
+def _implied(prefix: list[str], added: list[str], composed: Composed | None) -> list[str]:
     """``added`` without group choices another brings along (``model=gpt4o`` implies ``evaluator=gpt4o``)."""
     if composed is None:
         return added
     kept = list(added)
     for override in added:
         trial = [o for o in kept if o != override]
-        attempt = _try_compose([*prefix, *trial], conf_dir)
+        attempt = _try_compose([*prefix, *trial])
         if attempt is not None and attempt.choices == composed.choices:
             kept = trial
     return kept
@@ -319,13 +308,12 @@ class Reach(NamedTuple):
     superseded: list[str]  # base overrides inside a group the target chose otherwise, left out to compose
 
 
-def overrides_to_reach(base: Sequence[str], target: RunSpec, *, conf_dir: str | Path | None = None,
-                       max_rounds: int = 6, who: str = "B") -> Reach:
+def overrides_to_reach(base: Sequence[str], target: RunSpec, *, max_rounds: int = 6, who: str = "B") -> Reach:
     """Overrides that, after ``base``, compose ``target.config``: group choices first, then leaves (sources before
     derived). A base override the target's group schema lacks is dropped (``superseded``)."""
     failed: list[str] = []
     base, superseded = list(base), []
-    composed = compose(base, conf_dir)
+    composed = compose(base)
     out: list[str] = []
 
     # 1. group choices: top-level groups, then nested ones (llm@evaluator.judge) still differing. Top-level
@@ -336,25 +324,19 @@ def overrides_to_reach(base: Sequence[str], target: RunSpec, *, conf_dir: str | 
             if ("@" in group) != nested or not target.choices:
                 continue
             have, want = composed.choices.get(group), target.choices.get(group)
-            if have == want:
-                continue
-            if want is None:
-                wanted.append(f"~{group}")
-            elif have is None:
-                wanted.append(f"+{group}={want}")
-            else:
-                wanted.append(f"{group}={want}")
+            if have != want:
+                wanted.append(f"~{group}" if want is None else f"{'+' if have is None else ''}{group}={want}")
         wanted = [w for w in wanted if w not in failed]
         # base overrides inside the nodes these choices fill (``setting.top_k=3`` inside ``setting=standard``)
         nodes = [_override_key(w).split("@", 1)[-1] + "." for w in wanted]
         stale = [o for o in base if any(_override_key(o).startswith(node) for node in nodes)]
-        if stale and _try_compose([*base, *out, *wanted], conf_dir) is None:
+        if stale and _try_compose([*base, *out, *wanted]) is None:
             kept = [o for o in base if o not in stale]
-            if _try_compose([*kept, *out, *wanted], conf_dir) is not None:
+            if _try_compose([*kept, *out, *wanted]) is not None:
                 base, superseded = kept, superseded + stale
         if wanted:
-            added, attempt = _extend([*base, *out], wanted, conf_dir, failed)
-            out += _implied([*base, *out], added, attempt, conf_dir)
+            added, attempt = _extend([*base, *out], wanted, failed)
+            out += _implied([*base, *out], added, attempt)
             composed = attempt or composed
 
     # 2. leaves: sources first, derived values only if still different
@@ -363,7 +345,7 @@ def overrides_to_reach(base: Sequence[str], target: RunSpec, *, conf_dir: str | 
         if not diffs:
             break
         sources = [d for d in diffs if not composed.derived(d.key)]
-        added, attempt = _extend([*base, *out], [d.override() for d in (sources or diffs)], conf_dir, failed)
+        added, attempt = _extend([*base, *out], [d.override() for d in (sources or diffs)], failed)
         out += added
         composed = attempt or composed
         if not added and len(sources) == len(diffs):
@@ -380,12 +362,12 @@ def overrides_to_reach(base: Sequence[str], target: RunSpec, *, conf_dir: str | 
     return Reach(out, notes, remaining, superseded)
 
 
-def diff_runs(a: RunSpec, b: RunSpec, *, conf_dir: str | Path | None = None) -> ConfigDiff:
+def diff_runs(a: RunSpec, b: RunSpec) -> ConfigDiff:
     notes: list[str] = []
     if not leaf_diffs(a.config, b.config):
         notes.append("A's and B's recorded resolved configs are identical")
     if a.overrides is None:
-        base, rebuild_notes, missing, _ = overrides_to_reach([], a, conf_dir=conf_dir, who="A")
+        base, rebuild_notes, missing, _ = overrides_to_reach([], a, who="A")
         notes.append(f"A's overrides are not recorded; reconstructed as: {' '.join(base) or '(none)'}")
         notes += rebuild_notes
         if missing:
@@ -393,16 +375,15 @@ def diff_runs(a: RunSpec, b: RunSpec, *, conf_dir: str | Path | None = None) -> 
                          f"({', '.join(d.key for d in missing)})")
     else:
         base = list(a.overrides)
-    composed_a = compose(base, conf_dir)
+    composed_a = compose(base)
     drift = [d.key for d in leaf_diffs(composed_a.resolved, a.config)]
     drift_groups = {g for g in set(composed_a.choices) | set(a.choices)
                     if a.choices and composed_a.choices.get(g) != a.choices.get(g)}
-    if a.overrides is not None:
-        if drift:
-            notes.append("A's overrides compose differently under the current conf/ than when A ran "
-                         f"({', '.join(drift[:8])}{', …' if len(drift) > 8 else ''}); the overrides below "
-                         "reach B from A's overrides as they compose today")
-    reach, more_notes, still, superseded = overrides_to_reach(base, b, conf_dir=conf_dir)
+    if a.overrides is not None and drift:
+        notes.append("A's overrides compose differently under the current conf/ than when A ran "
+                     f"({', '.join(drift[:8])}{', …' if len(drift) > 8 else ''}); the overrides below "
+                     "reach B from A's overrides as they compose today")
+    reach, more_notes, still, superseded = overrides_to_reach(base, b)
     notes += more_notes
     # keys today's conf/ has that neither A's nor B's record has: added to the schema since both ran
     added_since = [d.key for d in still if d.op == "remove" and a.select(d.key) is ABSENT]
@@ -455,10 +436,8 @@ def render(diff: ConfigDiff, a: RunSpec, b: RunSpec) -> str:
     if diff.drift:
         lines.append("# conf/ has changed since these runs; to reproduce B under today's conf/, also apply:")
         lines += [shlex.quote(o) for o in diff.drift]
-    for name, va, vb in diff.digests:
-        lines.append(f"# {name}: {va} -> {vb}")
-    for note in diff.notes:
-        lines.append(f"# note: {note}")
+    lines += [f"# {name}: {va} -> {vb}" for name, va, vb in diff.digests]
+    lines += [f"# note: {note}" for note in diff.notes]
     if diff.verified:
         lines.append(f"# verified: A's overrides{' (less those left out)' if diff.superseded else ''} "
                      "+ the overrides above compose B's resolved config"

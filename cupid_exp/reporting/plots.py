@@ -94,9 +94,7 @@ def plot_by_type(records: Series, task: str = "inference", *, metric: str | None
             scored[label] = [e.n for e in ests]
         values = [0.0 if math.isnan(e.value) else e.value * scale for e in ests]
         err = np.array([_errorbar(e, scale) for e in ests]).T
-        name = label if not single else m
-        if single and len(metrics) == 1:
-            name = LABELS.get(m, m)
+        name = label if not single else LABELS.get(m, m) if len(metrics) == 1 else m
         pos = x - 0.4 + width * (j + 0.5)
         ax.bar(pos, values, width * 0.92, yerr=err, capsize=3, label=name, color=COLORS[j % len(COLORS)],
                error_kw={"elinewidth": 1, "ecolor": "0.25"})
@@ -104,14 +102,10 @@ def plot_by_type(records: Series, task: str = "inference", *, metric: str | None
             text = "n/a" if math.isnan(e.value) else (f"{v:.1f}" if scale == 100 else f"{v:.2f}")
             ax.annotate(text, (xi, v + up), xytext=(0, 2), textcoords="offset points", ha="center",
                         va="bottom", fontsize=7, color="0.2")
-    ticks = []
-    for i, g in enumerate(groups):
-        ns = [scored[label][i] for label in series]
-        ticks.append(f"{g}\n(n={ns[0] if len(set(ns)) == 1 else '/'.join(map(str, ns))})")
-    ax.set_xticks(x, ticks)
+    ax.set_xticks(x, [f"{g}\n(n={ns[0] if len(set(ns)) == 1 else '/'.join(map(str, ns))})"
+                      for g, ns in zip(groups, zip(*scored.values(), strict=True), strict=True)])
     ax.set_ylim(0.0, 105.0 if scale == 100 else 10.5)
-    ax.set_ylabel(("%" if scale == 100 else "") + (" " if scale == 100 else "") + LABELS.get(metric, metric)
-                  if len(metrics) == 1 else "% (macro)")
+    ax.set_ylabel(("% " if scale == 100 else "") + LABELS.get(metric, metric) if len(metrics) == 1 else "% (macro)")
     ax.set_title(title, fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", ncols=min(len(bars), 4), frameon=False)
@@ -130,11 +124,7 @@ def _binned_plot(series: dict[str, list[Mapping[str, Any]]], metric: str, bins: 
     rng = np.random.default_rng(seed)
     for j, (label, recs) in enumerate(series.items()):
         color = COLORS[j % len(COLORS)]
-        members: list[list[Mapping[str, Any]]] = [[] for _ in bins]
-        for r in recs:
-            b = assign(r)
-            if b is not None:
-                members[b].append(r)
+        members = [[r for r in recs if assign(r) == i] for i in range(len(bins))]
         ests = [(x, est) for (x, _), part in zip(bins, members, strict=False)
                 if (est := bootstrap_ci(part, metric, n_boot=n_boot, seed=seed, failure_policy=failure_policy)).n]
         xs, ys, ns = [x for x, _ in ests], [est.value * scale for _, est in ests], [est.n for _, est in ests]

@@ -117,16 +117,6 @@ def _plain(text: str) -> str | None:
     return str(int(number)) if number.is_integer() else repr(number)
 
 
-def _dotted(value: object, prefix: str = "") -> dict[str, object]:
-    """{'a': {'b': 1}} -> {'a.b': 1}: the params' keys again (``tracking.mlflow.flatten`` made them)."""
-    if not isinstance(value, Mapping):
-        return {prefix[:-1]: value}
-    out: dict[str, object] = {}
-    for key, item in value.items():
-        out.update(_dotted(item, f"{prefix}{key}."))
-    return out
-
-
 def scored_identity(params: Mapping[str, str], tags: Mapping[str, str]) -> dict[str, str]:
     """Dotted key -> value of everything but the data that decides a run's scores, by ``cupid_exp.identity.content``."""
     nested: dict[str, Any] = {}
@@ -139,7 +129,11 @@ def scored_identity(params: Mapping[str, str], tags: Mapping[str, str]) -> dict[
             node = node.setdefault(part, {}) if isinstance(node, dict) else None
         if isinstance(node, dict):
             node[last] = _plain(text)
-    kept = {k: v for k, v in _dotted(content(nested)).items() if v is not None}
+    import pandas as pd
+
+    # the params' dotted keys again (``tracking.mlflow.flatten`` made them): {'a': {'b': 1}} -> {'a.b': 1}
+    dotted = pd.json_normalize(content(nested), sep=".").to_dict("records")[0]
+    kept = {k: v for k, v in dotted.items() if v is not None}
     if tags.get("prompts_digest"):
         kept[PROMPTS_KEY] = tags["prompts_digest"]
     return dict(sorted(kept.items()))

@@ -83,10 +83,12 @@ def with_text(frame: pd.DataFrame, task: str) -> pd.DataFrame:
     return frame.assign(text=pd.Series(cells, index=frame.index, dtype=object))
 
 
-def run_numbers(tidy: pd.DataFrame, task: str, data: str | None, evaluator: str) -> pd.DataFrame:
-    """The tidy frame's run rows of one task × data set (its label, ``JobRun.data_label``) × evaluator."""
-    return tidy[(tidy["source"] == "run") & (tidy["task"] == task) & (tidy["data"] == data)
-                & (tidy["evaluator"] == evaluator)]
+def run_numbers(tidy: pd.DataFrame, task: str, by_model: Mapping[str, Mapping[str, JobRun]]) -> pd.DataFrame:
+    """The tidy frame's numbers of ``task`` from the runs of ``by_model`` (``runs_by_model``: one data set ×
+    evaluator), each with its row's label as ``model``: a model, and how it ran."""
+    rows = {run.run_id: row for row, settings in by_model.items() for run in settings.values()}
+    numbers = tidy[(tidy["source"] == "run") & (tidy["task"] == task) & tidy["run_id"].isin(list(rows))]
+    return numbers.assign(model=numbers["run_id"].map(rows))
 
 
 def notes_of(frame: pd.DataFrame) -> list[str]:
@@ -137,10 +139,6 @@ def runs_by_model(task: str, runs: Sequence[JobRun], data: str | None, evaluator
     for run in here:
         by_model.setdefault(labels[run.run_id], {})[run.setting_label] = run
     return by_model
-
-
-def row_of(by_model: Mapping[str, Mapping[str, JobRun]]) -> dict[str, str]:
-    return {run.run_id: row for row, settings in by_model.items() for run in settings.values()}
 
 
 def model_of(row: str) -> str:

@@ -52,7 +52,7 @@ class _Batch:
 class BatchQueue:
     """Files and batches of one stub server; ``answer`` gives a row's reply as a live call would."""
 
-    def __init__(self, answer: Answer, config: BatchQueueConfig | None = None, fault_reply: FaultReply | None = None):
+    def __init__(self, answer: Answer, config: BatchQueueConfig | None, fault_reply: FaultReply):
         self.answer, self.config, self.fault_reply = answer, config or BatchQueueConfig(), fault_reply
         self._lock = threading.Lock()
         self.files: dict[str, bytes] = {}
@@ -90,7 +90,6 @@ class BatchQueue:
                 kinds = self.config.upload_fault_kinds
                 kind = kinds[self.upload_faults % len(kinds)]
                 self.upload_faults += 1
-            assert self.fault_reply is not None, "fail_first_uploads needs the stub's fault replies"
             return self.fault_reply(kind)
         if method == "POST" and path == "/v1/files":
             return self._upload(headers.get("content-type", ""), raw)
@@ -186,9 +185,8 @@ class BatchQueue:
                                                     "window expired."}})
                 continue
             body = row["body"]
-            u = int(hashlib.sha256(f"{self.config.seed}:{batch.number}:{json.dumps(body, sort_keys=True)}"
-                                   .encode()).hexdigest()[:8], 16) / 16 ** 8
             key = json.dumps(body, sort_keys=True)
+            u = int(hashlib.sha256(f"{self.config.seed}:{batch.number}:{key}".encode()).hexdigest()[:8], 16) / 16 ** 8
             seen = self._row_seen[key] = self._row_seen.get(key, 0) + 1
             if u < self.config.row_fail_rate or seen <= self.config.fail_first_rows:
                 self.rows_failed += 1

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import functools
 import json
+import operator
 from pathlib import Path
 from typing import Any, Callable
 
@@ -52,17 +54,14 @@ def stub_overrides(url: str, litellm_model: str = "openai/stub") -> list[str]:
 def _mutation(path: list, change: Callable[[Any, Any], None]) -> Callable[[dict], dict]:
     """A row mutation for bad-input tests: ``change(container, key)`` at ``path`` (keys and list indices), in place."""
     def apply(row: dict) -> dict:
-        target = row
-        for part in path[:-1]:
-            target = target[part]
-        change(target, path[-1])
+        change(functools.reduce(operator.getitem, path[:-1], row), path[-1])
         return row
     return apply
 
 
 def set_at(path: list, value: Any) -> Callable[[dict], dict]:
-    return _mutation(path, lambda target, key: target.__setitem__(key, value))
+    return _mutation(path, lambda target, key: operator.setitem(target, key, value))
 
 
 def delete_at(path: list) -> Callable[[dict], dict]:
-    return _mutation(path, lambda target, key: target.__delitem__(key))
+    return _mutation(path, operator.delitem)

@@ -22,7 +22,7 @@ from cupid_exp.testing.cupid_data import stub_overrides
 from cupid_exp.testing.stub_config import StubConfig
 from cupid_exp.testing.stub_faults import CONTEXT_ERRORS, answer, choose_fault, error_reply, no_completion
 from cupid_exp.testing.stub_llm_server import StubModel, _Counters
-from cupid_exp.testing.stub_replies import classify, digest
+from cupid_exp.testing.stub_replies import digest
 
 PROVIDER = "inproc"
 #: what the provider answers: these knobs' faults, and whatever ``StubConfig`` does not make a fault of
@@ -83,26 +83,17 @@ class InProcessModel(StubModel):
 
     # ---- serving one request
 
-    def _receive(self, body: dict[str, Any]) -> tuple[str, str, float, str | None]:
-        """Count the request; (step, its digest, the latency to wait, the fault it gets)."""
-        step = classify(body)
-        prompt_digest = digest(json.dumps(body.get("messages"), sort_keys=True))
-        with self._lock:
-            attempt, delay = self._arrive(body, step, prompt_digest)
-        return step, prompt_digest, delay, choose_fault(self.config, step, prompt_digest, attempt, body)
-
     def _reply(self, body: dict[str, Any], step: str, fault: str | None) -> "litellm.ModelResponse":
         """The reply (a litellm ``ModelResponse``) or the provider's error raised, counted as the stub counts."""
         import litellm
 
         try:
-            if fault in ("429", "500", "503", "context_length"):
+            if fault in FAULTS:
                 with self._lock:
                     self.counters.faults[step][fault] += 1
+            if fault in ("429", "500", "503", "context_length"):
                 raise _error(fault, self.config, self.litellm_model)
             if fault in ("empty_choices", "content_null"):
-                with self._lock:
-                    self.counters.faults[step][fault] += 1
                 return litellm.ModelResponse(**self._billed(body, no_completion(fault, body)))
             full, cut = answer(self.config, step, body)
             reply = self._billed(body, full)
@@ -132,12 +123,18 @@ def _error(fault: str, cfg: StubConfig, model: str) -> Exception:
     return error
 
 
-def _model(name: str) -> InProcessModel:
+def _receive(name: str, messages: list[Any], optional_params: dict[str, Any]
+             ) -> tuple[InProcessModel, dict[str, Any], str, float, str | None]:
+    """The model serving ``inproc/<name>`` now, and the request counted there: (model, body, step, the latency to
+    wait, the fault it gets)."""
     with _REGISTERED:
-        model = _MODELS.get(name)
-    if model is None:
+        served = _MODELS.get(name)
+    if served is None:
         raise ValueError(f"no InProcessModel serves {PROVIDER}/{name} now (use it as a context manager)")
-    return model
+    body = {"model": name, "messages": messages, **optional_params}
+    with served._lock:
+        step, prompt_digest, attempt, delay = served._arrive(body)
+    return served, body, step, delay, choose_fault(served.config, step, prompt_digest, attempt, body)
 
 
 _HANDLER: object = None
@@ -156,15 +153,13 @@ def _register() -> None:
     class _Handler(litellm.CustomLLM):
         def completion(self, model: str, messages: list[Any], optional_params: dict[str, Any],
                        **kwargs: object) -> "litellm.ModelResponse":  # litellm passes every argument by name
-            served, body = _model(model), {"model": model, "messages": messages, **optional_params}
-            step, _, delay, fault = served._receive(body)
+            served, body, step, delay, fault = _receive(model, messages, optional_params)
             time.sleep(delay)
             return served._reply(body, step, fault)
 
         async def acompletion(self, model: str, messages: list[Any], optional_params: dict[str, Any],
                               **kwargs: object) -> "litellm.ModelResponse":
-            served, body = _model(model), {"model": model, "messages": messages, **optional_params}
-            step, _, delay, fault = served._receive(body)
+            served, body, step, delay, fault = _receive(model, messages, optional_params)
             try:
                 await asyncio.sleep(delay)
             except BaseException:  # cancelled while "on the wire": no longer in flight

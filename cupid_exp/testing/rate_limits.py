@@ -209,7 +209,6 @@ class KeyLimits:
         self.ideal_by_model: dict[str, float] = {}
         self.closed_s, self.refuse = closed_s, refuse
         self.opened_at: float | None = None
-        self.admitted = 0
         self._lock = threading.Lock()
 
     @property
@@ -233,7 +232,7 @@ class KeyLimits:
                 self.opened_at = now
             if self.closed_s and now - self.opened_at < self.closed_s:
                 wait = min(self.closed_s - (now - self.opened_at), 1.0)  # "try again in 1s", as long as it lasts
-                return self._limited("requests", model, wait, 0, 0, cost, (None, None), now)
+                return self._limited("requests", model, wait, 0, 0, 1, (None, None), now)
             pool = model if self.pool == "model" else "key"
             windows = self.windows.get(pool)
             if windows is None:
@@ -246,7 +245,6 @@ class KeyLimits:
             for window, amount in zip(windows, (1, cost), strict=False):
                 if window is not None:
                     window.spend(amount)
-            self.admitted += 1
             self.ideal_by_model[pool] = self.ideal_by_model.get(pool, 0.0) + max(
                 60.0 / self.rpm if self.rpm else 0.0, 60.0 * cost / self.tpm if self.tpm else 0.0)
         return None
@@ -270,7 +268,7 @@ class KeyLimits:
             return Verdict(429, body, {"retry-after": str(max(1, math.ceil(wait)))}, "429")
         unit = "requests per min (RPM)" if kind == "requests" else "tokens per min (TPM)"
         message = (f"Rate limit reached for {model} in organization org-stub on {unit}: Limit {limit:g}, Used "
-                   f"{used:g}, Requested {requested if kind == 'tokens' else 1}. Please try again in "
+                   f"{used:g}, Requested {requested}. Please try again in "
                    f"{openai_duration(wait)}. Visit https://platform.openai.com/account/rate-limits to learn more.")
         # a window's resets: the wait for the refused limit, the other's already open; a bucket's: until it is full
         reset = ((lambda name, window: window.full_in(now)) if self._limit is _Bucket

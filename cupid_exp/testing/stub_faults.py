@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import json
-import time
-from typing import Any, Callable
+from typing import Any
 
+from cupid_exp.testing.rate_limits import rate_limit_reply
 from cupid_exp.testing.stub_config import StubConfig
-from cupid_exp.testing.stub_replies import classify, completion_body, digest, prompt_of, reply_text, unit
-
-Billed = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]  #: (request, reply) -> the reply as sent, counted
-#: "429" | "500" | "503" -> (status, body, headers): the server's (a 429 in its ``rate_limit_style``, its wait kept)
-ErrorReply = Callable[[str], tuple[int, dict[str, Any], dict[str, str]]]
+from cupid_exp.testing.stub_replies import completion_body, digest, prompt_of, reply_text, unit
 
 MALFORMED_KINDS = ("truncated", "content_type", "no_choices")  # "malformed" picks one by hash; each can be named
 
@@ -48,10 +44,9 @@ def choose_fault(cfg: StubConfig, step: str, prompt_digest: str, attempt: int, b
     if attempt < f.fail_first:
         kinds = f.fail_first_kind.split(",")
         return kinds[min(attempt, len(kinds) - 1)]
-    if f.giveup_rate and unit(cfg.seed, "giveup", prompt_digest) < f.giveup_rate:
-        return "500"
-    if f.giveup_match and f.giveup_match in prompt_of(body.get("messages") or [])[1]:
-        return "500"
+    if ((f.giveup_rate and unit(cfg.seed, "giveup", prompt_digest) < f.giveup_rate)
+            or (f.giveup_match and f.giveup_match in prompt_of(body.get("messages") or [])[1])):
+        return "500"  # a prompt that always fails
     u = unit(cfg.seed, "fault", prompt_digest, attempt)
     for kind, rate in (("429", f.rate_429), ("500", f.rate_500), ("503", f.rate_503), ("slow", f.rate_slow),
                        ("malformed", f.rate_malformed), ("empty_choices", f.rate_empty_choices),
@@ -64,10 +59,8 @@ def choose_fault(cfg: StubConfig, step: str, prompt_digest: str, attempt: int, b
 
 def cut_reply(cfg: StubConfig, step: str, body: dict[str, Any], text: str) -> str | None:
     """A reply cut at max_tokens for ``length_steps`` (whole with ``length_whole``); None if complete."""
-    if step not in cfg.replies.length_steps:
-        return None
-    system, user = prompt_of(body.get("messages") or [])
-    if unit(cfg.seed, "length", system, user) >= cfg.replies.length_rate:
+    if (step not in cfg.replies.length_steps
+            or unit(cfg.seed, "length", *prompt_of(body.get("messages") or [])) >= cfg.replies.length_rate):
         return None
     return text if cfg.replies.length_whole else text[: len(text) // 2]
 
@@ -102,8 +95,6 @@ def no_completion(fault: str, body: dict[str, Any]) -> dict[str, Any]:
 
 def error_reply(kind: str, cfg: StubConfig, style: str = "") -> tuple[int, dict[str, Any], dict[str, str], float]:
     """(status, body, headers, wait) of a 429 in ``style``, a 500 or a 503, as OpenAI sends them."""
-    from cupid_exp.testing.rate_limits import rate_limit_reply
-
     if kind == "429" and not style:
         body = {"error": {"message": "Rate limit reached; slow down.", "type": "rate_limit_error",
                           "code": "rate_limit_exceeded"}}
@@ -118,36 +109,3 @@ def error_reply(kind: str, cfg: StubConfig, style: str = "") -> tuple[int, dict[
         return 503, overloaded, {}, 0.0
     raise ValueError(f"no error reply for fault {kind!r}")
 
-
-def send_fault(handler: Any, fault: str, body: dict[str, Any], cfg: StubConfig, billed: Billed, auth: str = "",
-               reply: ErrorReply | None = None) -> None:
-    """Answer with ``fault`` as a provider would, billing what is processed; 429s and 5xx go through ``reply``."""
-    if fault == "echo_key":  # some providers quote the key they rejected (or, in a 400, the request's fields)
-        key = auth.removeprefix("Bearer ").strip()
-        rejected = cfg.replies.echo_key_status == 401
-        handler._send(cfg.replies.echo_key_status, json.dumps({"error": {
-            "message": f"Incorrect API key provided: {key}." if rejected else f"Invalid request from key {key}.",
-            "type": "invalid_request_error", "code": "invalid_api_key" if rejected else None}}).encode())
-    elif fault in ("429", "500", "503"):
-        status, payload, headers = reply(fault) if reply is not None else error_reply(fault, cfg)[:3]
-        handler._send(status, json.dumps(payload).encode(), headers=headers)
-    elif fault == "slow":  # processed (and billed) after the client's timeout
-        time.sleep(cfg.faults.slow_s)
-        handler._send(200, json.dumps(billed(body, completion_body("too late", body))).encode())
-    elif fault in ("empty_choices", "content_null"):
-        handler._send(200, json.dumps(billed(body, no_completion(fault, body))).encode())
-    elif fault == "context_length":
-        status, payload = CONTEXT_ERRORS[cfg.replies.context_error or "openai"]
-        handler._send(status, json.dumps(payload).encode())
-    elif fault == "malformed" or fault in MALFORMED_KINDS:
-        text = reply_text(classify(body), body, cfg)
-        full = json.dumps(completion_body(text, body)).encode()
-        kind = fault if fault in MALFORMED_KINDS else MALFORMED_KINDS[int(digest(full.decode())[:2], 16)
-                                                                      % len(MALFORMED_KINDS)]
-        if kind == "truncated":
-            handler._send(200, full[: len(full) // 2])
-        elif kind == "content_type":
-            handler._send(200, b"<html><body><h1>502 Bad Gateway</h1></body></html>", "text/html")
-        else:
-            handler._send(200, json.dumps({"id": "chatcmpl-stub", "object": "chat.completion",
-                                           "created": 0, "model": "stub"}).encode())

@@ -38,12 +38,13 @@ from cupid_exp.testing.batch_api import BatchQueue, BatchQueueConfig
 from cupid_exp.testing.rate_limits import RATE_LIMIT_STYLES, KeyLimits
 from cupid_exp.testing.stub_config import StubConfig, stub_arguments
 from cupid_exp.testing.stub_faults import (
+    CONTEXT_ERRORS,
     MALFORMED_KINDS,
     answer,
     choose_fault,
     cut_reply,
     error_reply,
-    send_fault,
+    no_completion,
 )
 from cupid_exp.testing.stub_replies import billed_tokens, classify, completion_body, digest, reply_text
 
@@ -142,18 +143,19 @@ class StubModel:
         self.counters = _Counters()
         self.bodies: list[dict[str, Any]] = []  # request bodies, when ``record_bodies`` is on
 
-    def _arrive(self, body: dict[str, Any], step: str, prompt_digest: str) -> tuple[int, float]:
-        """Count a request (the caller holds the lock); how many times its prompt came before, and the latency it
-        waits (its jitter drawn by hash, as the faults are)."""
+    def _arrive(self, body: dict[str, Any]) -> tuple[str, str, int, float]:
+        """Count a request (the caller holds the lock); its step, its prompt's digest, how many times that prompt
+        came before, and the latency it waits (its jitter drawn by hash, as the faults are)."""
         if self.config.wire.record_bodies:
             self.bodies.append(body)
+        step, prompt_digest = classify(body), digest(json.dumps(body.get("messages"), sort_keys=True))
         self.counters.arrived(step)
         attempt = self._seen[prompt_digest]
         self._seen[prompt_digest] += 1
         cfg, jitter = self.config, 0.0
         if cfg.wire.jitter_ms:
             jitter = random.Random(f"{cfg.seed}:{prompt_digest}:{attempt}").uniform(0, cfg.wire.jitter_ms)
-        return attempt, (cfg.wire.latency_ms + jitter) / 1000
+        return step, prompt_digest, attempt, (cfg.wire.latency_ms + jitter) / 1000
 
     def _billed(self, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
         """``reply`` as sent (without usage under ``omit_usage``), its tokens counted as billed."""
@@ -179,7 +181,6 @@ class StubServer(StubModel):
         self.batches = BatchQueue(self._batch_row, batch, self.fault_reply)  # OpenAI's Files and Batch endpoints
         self.limits = self._key_limits()
         self.httpd = _HTTPServer(("127.0.0.1", port), self._handler())
-        self._thread: threading.Thread | None = None
 
     def _key_limits(self) -> KeyLimits:
         c = self.config.limits
@@ -190,15 +191,14 @@ class StubServer(StubModel):
         """(status, body, headers) of a 429, a 500 or a 503 (``stub_faults.error_reply``); a 429 is said in the
         ``rate_limit_style`` (``rotate``: each in turn), counted by style, and remembers when the wait it asked for
         ends (a request for the same prompt before then is an early retry). The Batch API's upload faults too."""
-        style = self.config.faults.rate_limit_style
-        if kind == "429" and style:
-            with self._lock:
-                if style == "rotate":
-                    style = RATE_LIMIT_STYLES[sum(self.counters.rate_limit_styles.values()) % len(RATE_LIMIT_STYLES)]
+        style = self.config.faults.rate_limit_style if kind == "429" else ""
+        with self._lock:
+            if style == "rotate":
+                style = RATE_LIMIT_STYLES[sum(self.counters.rate_limit_styles.values()) % len(RATE_LIMIT_STYLES)]
+            if style:
                 self.counters.rate_limit_styles[style] += 1
-        status, payload, headers, asked = error_reply(kind, self.config, style)
-        if kind == "429" and style and prompt_digest:
-            with self._lock:
+            status, payload, headers, asked = error_reply(kind, self.config, style)
+            if style and prompt_digest:
                 self._not_before[prompt_digest] = time.time() + asked
         return status, payload, headers
 
@@ -238,21 +238,13 @@ class StubServer(StubModel):
     def release(self, timeout: float = 10.0) -> None:
         """Open the gate and wait until every held request has left it (so the next gate starts clean)."""
         self.hold_after(None)
-        deadline = time.monotonic() + timeout
         with self._gate:
-            while self.counters.held and deadline - time.monotonic() > 0:
-                self._gate.wait(deadline - time.monotonic())
+            self._gate.wait_for(lambda: not self.counters.held, timeout)
 
     def wait_held(self, timeout: float) -> bool:
         """True once the gate is closed and at least one request waits at it."""
-        deadline = time.monotonic() + timeout
         with self._gate:
-            while self.counters.held == 0:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._gate.wait(left)
-            return True
+            return self._gate.wait_for(lambda: self.counters.held > 0, timeout)
 
     def _outage(self, handler: Any) -> bool:
         """Whether this request falls in the outage (``outage_after``, ``outage_s``): then it is left unanswered
@@ -263,8 +255,7 @@ class StubServer(StubModel):
             if not cfg.limits.outage_s or (c.outage_started is None and c.requests <= cfg.limits.outage_after):
                 return False
             now = time.time()
-            if c.outage_started is None:
-                c.outage_started = now
+            c.outage_started = c.outage_started or now
             if now - c.outage_started >= cfg.limits.outage_s:
                 c.outage_ended = c.outage_ended or now
                 return False
@@ -287,9 +278,7 @@ class StubServer(StubModel):
                                "ended": c.outage_ended}}
 
     def __enter__(self) -> "StubServer":
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        daemon=True)
-        self._thread.start()
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -348,11 +337,12 @@ class StubServer(StubModel):
                 return True
 
             def do_GET(self) -> None:  # noqa: N802
-                if self.path.rstrip("/") not in ("/stats", "/health") and server._outage(self):
+                path = self.path.rstrip("/")
+                if path in ("/stats", "/health"):
+                    self._send(200, json.dumps(server.stats()).encode())
+                elif server._outage(self) or self._batch_api("GET", b""):
                     return
-                if self._batch_api("GET", b""):
-                    return
-                if self.path.rstrip("/") in ("/v1/models", "/models"):
+                elif path in ("/v1/models", "/models"):
                     # and the connection closed: a client that lists models and then forks workers (the official
                     # runner does) would leave one keep-alive socket shared by all of them, and the responses
                     # read by the wrong process (requests that hang until the client's 600 s timeout)
@@ -361,8 +351,6 @@ class StubServer(StubModel):
                         {"id": m, "object": "model", "owned_by": "stub"}
                         for m in server.config.wire.model_ids]}).encode(),
                         headers={"connection": "close"})
-                elif self.path.rstrip("/") in ("/stats", "/health"):
-                    self._send(200, json.dumps(server.stats()).encode())
                 else:
                     self._send(404, b'{"error": {"message": "not found"}}')
 
@@ -392,11 +380,9 @@ class StubServer(StubModel):
 
     def _serve(self, handler: BaseHTTPRequestHandler, body: dict[str, Any], raw: bytes, auth: str = "") -> None:
         cfg = self.config
-        step = classify(body)
-        prompt_digest = digest(json.dumps(body.get("messages"), sort_keys=True))
         request_digest = digest(raw.decode("utf-8", "replace"))
         with self._gate:
-            attempt, delay = self._arrive(body, step, prompt_digest)
+            step, prompt_digest, attempt, delay = self._arrive(body)
             if time.time() < self._not_before.get(prompt_digest, 0.0) - 0.05:  # 50 ms for clocks and transit
                 self.counters.early_retries += 1
         try:
@@ -415,8 +401,7 @@ class StubServer(StubModel):
                         self.counters.held += 1
                         self._gate.notify_all()
                         released = self._releases
-                        while self._releases == released:
-                            self._gate.wait()
+                        self._gate.wait_for(lambda: self._releases != released)
                         self.counters.held -= 1
                         self._gate.notify_all()
                         handler.close_connection = True
@@ -424,8 +409,7 @@ class StubServer(StubModel):
             if fault is not None:
                 with self._lock:
                     self.counters.faults[step][fault] += 1
-                send_fault(handler, fault, body, cfg, self._billed, auth,
-                           lambda kind: self.fault_reply(kind, prompt_digest))
+                self._send_fault(handler, fault, body, auth, prompt_digest)
                 return
             full, cut = answer(cfg, step, body)
             if cut:  # a reply that ran into max_tokens
@@ -439,6 +423,39 @@ class StubServer(StubModel):
         finally:
             with self._lock:
                 self.counters.departed()
+
+
+    def _send_fault(self, handler: Any, fault: str, body: dict[str, Any], auth: str, prompt_digest: str) -> None:
+        """Answer with ``fault`` as a provider would, billing what is processed (429s and 5xx: ``fault_reply``)."""
+        cfg = self.config
+        if fault == "echo_key":  # some providers quote the key they rejected (or, in a 400, the request's fields)
+            key = auth.removeprefix("Bearer ").strip()
+            rejected = cfg.replies.echo_key_status == 401
+            handler._send(cfg.replies.echo_key_status, json.dumps({"error": {
+                "message": f"Incorrect API key provided: {key}." if rejected else f"Invalid request from key {key}.",
+                "type": "invalid_request_error", "code": "invalid_api_key" if rejected else None}}).encode())
+        elif fault in ("429", "500", "503"):
+            status, payload, headers = self.fault_reply(fault, prompt_digest)
+            handler._send(status, json.dumps(payload).encode(), headers=headers)
+        elif fault == "slow":  # processed (and billed) after the client's timeout
+            time.sleep(cfg.faults.slow_s)
+            handler._send(200, json.dumps(self._billed(body, completion_body("too late", body))).encode())
+        elif fault in ("empty_choices", "content_null"):
+            handler._send(200, json.dumps(self._billed(body, no_completion(fault, body))).encode())
+        elif fault == "context_length":
+            status, payload = CONTEXT_ERRORS[cfg.replies.context_error or "openai"]
+            handler._send(status, json.dumps(payload).encode())
+        elif fault == "malformed" or fault in MALFORMED_KINDS:
+            full = json.dumps(completion_body(reply_text(classify(body), body, cfg), body)).encode()
+            kind = fault if fault in MALFORMED_KINDS else MALFORMED_KINDS[int(digest(full.decode())[:2], 16)
+                                                                          % len(MALFORMED_KINDS)]
+            if kind == "truncated":
+                handler._send(200, full[: len(full) // 2])
+            elif kind == "content_type":
+                handler._send(200, b"<html><body><h1>502 Bad Gateway</h1></body></html>", "text/html")
+            else:
+                handler._send(200, json.dumps({"id": "chatcmpl-stub", "object": "chat.completion",
+                                               "created": 0, "model": "stub"}).encode())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -97,10 +97,8 @@ def stub_sentence(key: str, min_len: int = 0, max_len: int = 200) -> str:
     """Words drawn by ``key`` plus a token unique to it: no two fields share much, none is a placeholder."""
     target = max(min_len, min(max_len, 24))
     words = [f"k{key[:6]}"]
-    i = 0
-    while len(" ".join(words)) + 1 < target:
-        words.append(_VOCAB[int(digest(f"{key}\x1f{i}")[:4], 16) % len(_VOCAB)])
-        i += 1
+    while len(" ".join(words)) + 1 < target:  # the i-th word drawn by ``key`` and i
+        words.append(_VOCAB[int(digest(f"{key}\x1f{len(words) - 1}")[:4], 16) % len(_VOCAB)])
     text = " ".join(words[1:] + words[:1]).capitalize()
     return (text[: max(1, max_len - 1)].rstrip() + ".")[:max_len]
 

@@ -87,11 +87,8 @@ def _zeroed(record: Mapping[str, Any], task: str) -> dict[str, Any]:
 
 def task_frame(records: Iterable[Mapping[str, Any]], task: str, policy: str = "exclude") -> pd.DataFrame:
     """The rows entering ``task``'s statistics (failed ones zero-filled per policy), with a ``treatment`` column."""
-    rows = []
-    for record in records:
-        how = treatment(record, task, policy)
-        if how != EXCLUDED:
-            rows.append({**(record if how == SCORED else _zeroed(record, task)), "treatment": how})
+    rows = [{**(record if how == SCORED else _zeroed(record, task)), "treatment": how}
+            for record in records if (how := treatment(record, task, policy)) != EXCLUDED]
     import pandas as pd
 
     return pd.DataFrame(rows)

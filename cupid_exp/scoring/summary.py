@@ -16,8 +16,7 @@ from cupid_exp.scoring.statistics import TASK_METRICS, counts, micro, point_valu
 def _block(frame, task: str) -> dict[str, float]:
     if frame.empty:
         return {"n": 0}
-    block: dict[str, float] = {"n": int(len(frame))}
-    block.update({m: point_value(frame, m) for m in TASK_METRICS[task]})
+    block = {"n": int(len(frame)), **{m: point_value(frame, m) for m in TASK_METRICS[task]}}
     if task == "inference":
         block["mean_instance_f1"] = float(frame["f1"].mean())
         block.update(micro(frame))
@@ -39,22 +38,14 @@ def task_metrics(records: Sequence[Mapping[str, Any]], task: str, failure_policy
 
 def flat_metrics(task: str, nested: Mapping[str, Any]) -> dict[str, float]:
     """'inference/f1', 'inference/micro/f1', 'inference/changing/f1', 'inference/count/scored', ..."""
-    flat: dict[str, float] = {}
-    for group, block in nested.items():
-        if group == "counts":
-            flat.update({f"{task}/count/{k}": float(v) for k, v in block.items() if isinstance(v, (int, float))})
-            continue
-        flat.update({metric_key(task, group, k): float(v) for k, v in block.items()})
-    return flat
+    return {(f"{task}/count/{k}" if group == "counts" else metric_key(task, group, k)): float(v)
+            for group, block in nested.items() for k, v in block.items()
+            if group != "counts" or isinstance(v, (int, float))}
 
 
 def error_counts(records: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for record in records:
-        for err in record.get("errors", []):
-            for key in (err["step"], f"{err['step']}/{err['kind']}"):
-                out[key] = out.get(key, 0) + 1
-    return out
+    return dict(Counter(key for record in records for err in record.get("errors", [])
+                        for key in (err["step"], f"{err['step']}/{err['kind']}")))
 
 
 @dataclass
@@ -146,13 +137,9 @@ def summarize(records: Sequence[Mapping[str, Any]], parts: Sequence[str], *, fai
     records = [dict(r) for r in records]
     nested = {part: task_metrics(records, part, failure_policy) for part in parts}
     summary = JobSummary(records, tuple(parts), nested, error_counts(records), max_failed_fraction=max_failed_fraction)
-    metrics: dict[str, float] = {}
-    for part, block in nested.items():
-        metrics.update(flat_metrics(part, block))
-    metrics.update(usage_metrics(meter))
-    metrics.update(extra_metrics or {})
-    metrics.update({f"errors/{k}": float(v) for k, v in summary.errors.items()})
-    metrics.update(summary.completeness_metrics())
+    metrics = {k: v for part, block in nested.items() for k, v in flat_metrics(part, block).items()}
+    metrics |= usage_metrics(meter) | dict(extra_metrics or {})
+    metrics |= {f"errors/{k}": float(v) for k, v in summary.errors.items()} | summary.completeness_metrics()
     if with_intervals and records:
         from cupid_exp.scoring.bootstrap import ci_metrics  # numpy and pandas: loaded once the calls are done
 

@@ -29,14 +29,10 @@ def missing_examples(prompts_dir: Path, examples_file: str) -> ConfigError:
 
 def _literal(tree: ast.Module) -> object:
     for node in tree.body:
-        if isinstance(node, ast.Assign):
-            targets, value = node.targets, node.value
-        elif isinstance(node, ast.AnnAssign) and node.value is not None:
-            targets, value = [node.target], node.value
-        else:
-            continue
-        if any(isinstance(t, ast.Name) and t.id == EXAMPLES_NAME for t in targets):
-            return ast.literal_eval(value)
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == EXAMPLES_NAME for t in targets):
+                return ast.literal_eval(node.value)
     raise LookupError(f"no module-level {EXAMPLES_NAME} = [...]")
 
 

@@ -26,14 +26,10 @@ def _block(frame, task: str) -> dict[str, float]:
 def task_metrics(records: Sequence[Mapping[str, Any]], task: str, failure_policy: str = "exclude") -> dict[str, Any]:
     """Nested: {'all': {...}, '<type>': {...}, 'counts': {...}} for ``task`` inference or generation."""
     records = list(records)
-    frame = task_frame(records, task, failure_policy)
-    out: dict[str, Any] = {"all": _block(frame, task)}
-    for itype in INSTANCE_TYPES:
-        if any(r.get("instance_type") == itype for r in records):
-            part = frame[frame["instance_type"] == itype] if not frame.empty else frame
-            out[itype] = _block(part, task)
-    out["counts"] = counts(records, task, failure_policy)
-    return out
+    frame, present = task_frame(records, task, failure_policy), {r.get("instance_type") for r in records}
+    by_type = {itype: _block(frame[frame["instance_type"] == itype] if not frame.empty else frame, task)
+               for itype in INSTANCE_TYPES if itype in present}
+    return {"all": _block(frame, task), **by_type, "counts": counts(records, task, failure_policy)}
 
 
 def flat_metrics(task: str, nested: Mapping[str, Any]) -> dict[str, float]:
@@ -120,11 +116,10 @@ def epoch_metrics(records: Sequence[Mapping[str, Any]], parts: Sequence[str], fa
         return {}
     import pandas as pd
 
-    by_epoch: dict[int, dict[str, float]] = {}
-    for epoch in epochs:
-        mine = [r for r in records if r.get("epoch") == epoch]
-        flat = {k: v for part in parts for k, v in flat_metrics(part, task_metrics(mine, part, failure_policy)).items()}
-        by_epoch[epoch] = {k: v for k, v in flat.items() if k.count("/") == 1}  # overall numbers only
+    mine = {epoch: [r for r in records if r.get("epoch") == epoch] for epoch in epochs}
+    by_epoch = {epoch: {k: v for part in parts
+                        for k, v in flat_metrics(part, task_metrics(rs, part, failure_policy)).items()
+                        if k.count("/") == 1} for epoch, rs in mine.items()}  # overall numbers only
     out = {f"epoch/{epoch}/{k}": v for epoch, flat in by_epoch.items() for k, v in flat.items()}
     means = pd.DataFrame(by_epoch).mean(axis=1)  # a row per metric, a column per epoch; NaN left out
     return out | {f"epoch/mean/{name}": float(v) for name, v in means.items() if v == v}

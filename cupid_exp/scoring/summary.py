@@ -80,13 +80,9 @@ class JobSummary:
         return self.failed_instances == 0
 
     @property
-    def failed_fraction(self) -> float:
-        return self.failed_instances / self.n_instances if self.n_instances else 0.0
-
-    @property
     def over_threshold(self) -> bool:
         """More instances failed than ``runtime.max_failed_fraction`` allows: the run exits 3."""
-        return self.failed_fraction > self.max_failed_fraction
+        return (self.failed_instances / self.n_instances if self.n_instances else 0.0) > self.max_failed_fraction
 
     def failure_reasons(self) -> dict[str, int]:
         """Why instances failed: the first failed step/kind of each failed instance."""
@@ -102,10 +98,6 @@ class JobSummary:
                    else f"within runtime.max_failed_fraction={self.max_failed_fraction:g}")
         return (f"INCOMPLETE: {self.failed_instances} of {self.n_instances} instances failed ({reasons}); "
                 f"{verdict}")
-
-    def completeness_metrics(self) -> dict[str, float]:
-        return {"instances/total": float(self.n_instances), "instances/failed": float(self.failed_instances),
-                "instances/complete": float(self.complete)}
 
 
 def epoch_metrics(records: Sequence[Mapping[str, Any]], parts: Sequence[str], failure_policy: str
@@ -134,7 +126,9 @@ def summarize(records: Sequence[Mapping[str, Any]], parts: Sequence[str], *, fai
     summary = JobSummary(records, tuple(parts), nested, error_counts(records), max_failed_fraction=max_failed_fraction)
     metrics = {k: v for part, block in nested.items() for k, v in flat_metrics(part, block).items()}
     metrics |= usage_metrics(meter) | dict(extra_metrics or {})
-    metrics |= {f"errors/{k}": float(v) for k, v in summary.errors.items()} | summary.completeness_metrics()
+    metrics |= {f"errors/{k}": float(v) for k, v in summary.errors.items()}
+    metrics |= {"instances/total": float(summary.n_instances), "instances/failed": float(summary.failed_instances),
+                "instances/complete": float(summary.complete)}
     if with_intervals and records:
         from cupid_exp.scoring.bootstrap import ci_metrics  # numpy and pandas: loaded once the calls are done
 

@@ -28,10 +28,6 @@ def _at_least(low: int) -> Check:
     return (lambda v: _integer(v) and v >= low, f"an integer >= {low}")
 
 
-def _one_of(*choices: object) -> Check:
-    return (lambda v: v in choices, f"one of {', '.join(map(str, choices))}")
-
-
 def _stop(value: object) -> bool:
     return isinstance(value, str) or (isinstance(value, list) and all(isinstance(s, str) for s in value))
 
@@ -58,7 +54,7 @@ CHECKS: dict[str, Check] = {
     "logit_bias": (lambda v: isinstance(v, Mapping) and all(_number(b) and -100 <= b <= 100 for b in v.values()),
                    "a mapping of token id to a number in [-100, 100]"),
     "stream": (lambda v: v is False, "false (the runner reads whole replies)"),
-    "reasoning_effort": _one_of(*REASONING_EFFORTS),
+    "reasoning_effort": (lambda v: v in REASONING_EFFORTS, f"one of {', '.join(REASONING_EFFORTS)}"),
     "user": (lambda v: isinstance(v, str), "a string"),
 }
 

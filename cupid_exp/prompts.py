@@ -21,22 +21,12 @@ EXAMPLES_NAME = "EXAMPLES"
 SCORES = (0, 0.5, 1)
 
 
-def missing_examples(prompts_dir: Path, examples_file: str) -> ConfigError:
-    return ConfigError(
-        f"prompts.dir={prompts_dir}: no matcher few-shot examples: expected {prompts_dir / examples_file} or an "
-        f"{EXAMPLES_NAME} list in {prompts_dir.parent / OFFICIAL_MATCHER_MODULE} (the official checkout's layout)")
-
-
 def _literal(tree: ast.Module) -> object:
     for node in tree.body:
-        if isinstance(node, ast.Assign):
-            targets, value = node.targets, node.value
-        elif isinstance(node, ast.AnnAssign) and node.value is not None:
-            targets, value = [node.target], node.value
-        else:
-            continue
-        if any(isinstance(t, ast.Name) and t.id == EXAMPLES_NAME for t in targets):
-            return ast.literal_eval(value)
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == EXAMPLES_NAME for t in targets):
+                return ast.literal_eval(node.value)
     raise LookupError(f"no module-level {EXAMPLES_NAME} = [...]")
 
 
@@ -126,7 +116,9 @@ class PromptSet:
         """The few-shot pairs; a drop-in without its own raises ConfigError before any call."""
         source = self._examples_source()
         if source is None:
-            raise missing_examples(self.directory, MATCHER_EXAMPLES)
+            raise ConfigError(f"prompts.dir={self.directory}: no matcher few-shot examples: expected "
+                              f"{self.directory / MATCHER_EXAMPLES} or an {EXAMPLES_NAME} list in "
+                              f"{self.directory.parent / OFFICIAL_MATCHER_MODULE} (the official checkout's layout)")
         if source.suffix == ".py":
             return read_official_examples(source)
         return list(yaml.safe_load(source.read_text(encoding="utf-8"))["examples"])

@@ -119,14 +119,6 @@ def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
         yield f"{path.name} row {i}", _plain(row)
 
 
-def _raw_rows_from_file(path: Path) -> Iterator[tuple[str, Any]]:
-    readers = {".jsonl": _jsonl_rows, ".json": _json_rows, ".parquet": _parquet_rows}
-    if path.suffix not in readers:
-        yield path.name, DataError(path.name, "<file>", f"has unsupported suffix; use one of {LOCAL_SUFFIXES}")
-        return
-    yield from readers[path.suffix](path)
-
-
 def _plain(value: object) -> object:
     """numpy/pyarrow containers (from parquet or datasets) -> plain lists and dicts."""
     if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
@@ -174,9 +166,10 @@ def raw_rows(cfg: DataConfig) -> Iterator[tuple[str, Any]]:
         yield from _jsonl_rows(SAMPLE_PATH)
     elif cfg.source == "local":
         path = check_path(cfg.path)
+        readers = {".jsonl": _jsonl_rows, ".json": _json_rows, ".parquet": _parquet_rows}  # LOCAL_SUFFIXES' readers
         for file in sorted(path.iterdir()) if path.is_dir() else [path]:
-            if file.suffix in LOCAL_SUFFIXES and file.is_file():
-                yield from _raw_rows_from_file(file)
+            if file.suffix in readers and file.is_file():
+                yield from readers[file.suffix](file)
     else:
         try:
             ds = load_hub_dataset(cfg.hf_name, cfg.split, cfg.revision)

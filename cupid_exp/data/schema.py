@@ -65,10 +65,9 @@ def relevant_positions(instance: Instance) -> list[int]:
 
 def _text(row: Mapping[str, Any], key: str, where: str, *, label: str | None = None,
           allow_empty: bool = False) -> str:
-    field = label or key
-    if key not in row or row[key] is None:
+    field, value = label or key, row.get(key)
+    if value is None:
         raise DataError(where, field, "is missing")
-    value = row[key]
     if not isinstance(value, str):
         raise DataError(where, field, f"must be a string, got {type(value).__name__}")
     if not allow_empty and not value.strip():
@@ -77,10 +76,9 @@ def _text(row: Mapping[str, Any], key: str, where: str, *, label: str | None = N
 
 
 def _list(row: Mapping[str, Any], key: str, where: str, *, label: str | None = None) -> list:
-    field = label or key
-    if key not in row or row[key] is None:
+    field, value = label or key, row.get(key)
+    if value is None:
         raise DataError(where, field, "is missing")
-    value = row[key]
     if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):  # numpy arrays from parquet
         value = value.tolist()
     if not isinstance(value, (list, tuple)):

@@ -37,17 +37,6 @@ def with_epochs(instances: Sequence[Instance], epochs: int) -> list[Instance]:
     return [EpochInstance(**vars(i), epoch=e) for i in instances for e in range(epochs)]
 
 
-def _truth(instance: Instance) -> Truth:
-    return Truth(gt_preference=instance.current_contextual_preference, gt_checklist=list(instance.current_checklist),
-                 gt_checklist_len=len(instance.current_checklist), context_factor=instance.current_context_factor)
-
-
-def _history(instance: Instance, n_shown: int) -> HistoryView:
-    words = sum(len(m.content.split()) for s in instance.prior_interactions for m in s.dialogue)
-    return HistoryView(n_context_sessions=n_shown, relevant_positions=relevant_positions(instance),
-                       n_prior_sessions=len(instance.prior_interactions), history_words=words)
-
-
 async def evaluate_instance(setting: Setting, parts: Sequence[str], ctx: TaskContext, instance: Instance,
                             progress: Progress | None = None) -> InstanceResult:
     """The setting's view, then every task part on it; failed steps are recorded, never raised."""
@@ -77,7 +66,7 @@ async def _evaluate(setting: Setting, parts: Sequence[str], ctx: TaskContext, in
     outcomes: dict[str, object] = {}
     if view is not None:
         async def part(name: str) -> None:
-            outcomes[name] = await TASKS[name].run(ctx, instance, view, transcript)
+            outcomes[name] = await TASKS[name](ctx, instance, view, transcript)
             if progress is not None:
                 progress.done(name)
 
@@ -88,9 +77,13 @@ async def _evaluate(setting: Setting, parts: Sequence[str], ctx: TaskContext, in
     for error in transcript.errors:
         log.warning("instance %s: %s", instance.key, error.message)
     n_shown = len(view.positions) if view is not None else len(setting.positions(instance))
+    words = sum(len(m.content.split()) for s in instance.prior_interactions for m in s.dialogue)
     return InstanceResult(
         key=instance.key, persona_id=instance.persona_id, instance_type=instance.instance_type,
-        truth=_truth(instance), history=_history(instance, n_shown),
+        truth=Truth(gt_preference=instance.current_contextual_preference, gt_checklist=list(instance.current_checklist),
+                    gt_checklist_len=len(instance.current_checklist), context_factor=instance.current_context_factor),
+        history=HistoryView(n_context_sessions=n_shown, relevant_positions=relevant_positions(instance),
+                            n_prior_sessions=len(instance.prior_interactions), history_words=words),
         setting=view.output if view is not None else SettingOutput(),
         inference=outcomes.get("inference"), generation=outcomes.get("generation"),
         errors=transcript.errors, raw=transcript.raw, usage=transcript.usage)

@@ -217,12 +217,8 @@ def bootstrap_ci(records: Iterable[Mapping[str, Any]], metric: str, *, n_boot: i
 
 
 def _by_type(records: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
-    groups: dict[str, list[Mapping[str, Any]]] = {"all": list(records)}
-    for itype in INSTANCE_TYPES:
-        part = [r for r in records if r.get("instance_type") == itype]
-        if part:
-            groups[itype] = part
-    return groups
+    return {"all": list(records)} | {itype: part for itype in INSTANCE_TYPES
+                                     if (part := [r for r in records if r.get("instance_type") == itype])}
 
 
 def task_cis(records: Iterable[Mapping[str, Any]], task: str, *, n_boot: int = DEFAULT_N_BOOT, seed: int = 0,
@@ -236,14 +232,10 @@ def ci_metrics(records: Iterable[Mapping[str, Any]], parts: Sequence[str], *, n_
                seed: int = 0, failure_policy: str = "exclude") -> dict[str, float]:
     """Flat MLflow metrics for a job's task ``parts``: '<task>/f1/ci_low', '<task>/changing/score/ci_high', ..."""
     records = list(records)
-    out: dict[str, float] = {}
-    for t in parts:
-        for group, block in task_cis(records, t, n_boot=n_boot, seed=seed, failure_policy=failure_policy).items():
-            for m, est in block.items():
-                if est.n:
-                    out[metric_key(t, group, m, "ci_low")] = est.low
-                    out[metric_key(t, group, m, "ci_high")] = est.high
-    return {k: v for k, v in out.items() if v == v}
+    return {metric_key(t, group, m, end): v for t in parts
+            for group, block in task_cis(records, t, n_boot=n_boot, seed=seed, failure_policy=failure_policy).items()
+            for m, est in block.items() if est.n
+            for end, v in (("ci_low", est.low), ("ci_high", est.high)) if v == v}
 
 
 def _sign_patterns(n: int, n_perm: int, rng: np.random.Generator) -> tuple[np.ndarray, bool]:
@@ -275,19 +267,17 @@ def paired_compare(records_a: Iterable[Mapping[str, Any]], records_b: Iterable[M
         keys = [pair(row) for _, row in rows.iterrows()]
         if epochs:
             rows = rows.assign(epoch=rows["epoch"].fillna(0) if "epoch" in rows else 0)
-        return {k: row for k, (_, row) in zip(keys, rows.iterrows(), strict=False)}
+        return dict(zip(keys, (row for _, row in rows.iterrows()), strict=True))
 
     a, b = scored(records_a), scored(records_b)
     shared = sorted(set(a) & set(b))
-    ra = pd.DataFrame([a[k] for k in shared]) if shared else pd.DataFrame()
-    rb = pd.DataFrame([b[k] for k in shared]) if shared else pd.DataFrame()
+    ra, rb = pd.DataFrame([a[k] for k in shared]), pd.DataFrame([b[k] for k in shared])
     personas = sorted({str(a[k].get(cluster, k)) for k in shared})
     ra, cell, ids, n_epochs = _epoch_cells(ra, cluster, personas)
     rb = _epoch_cells(rb, cluster, personas)[0] if n_epochs > 1 else rb
-    ca = _clusters(ra, fields, cell, ids)
-    cb = _clusters(rb, fields, cell, ids)
-    nan = math.nan
+    ca, cb = _clusters(ra, fields, cell, ids), _clusters(rb, fields, cell, ids)
     if not shared:
+        nan = math.nan
         return Comparison(metric, nan, nan, nan, nan, nan, nan, False, 0, 0, len(a), len(b), level, n_boot, seed)
     ones = np.ones((1, len(ids)))
     va, vb = float(_statistic(metric, ca, ones)[0]), float(_statistic(metric, cb, ones)[0])

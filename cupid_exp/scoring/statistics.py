@@ -46,14 +46,11 @@ def _failed_steps(record: Mapping[str, Any]) -> set[tuple[str, str]]:
     return {(e.get("step", ""), e.get("kind", "")) for e in record.get("errors", [])}
 
 
-def _upstream_drops_inference(failed: set[tuple[str, str]]) -> bool:
-    """The official tool saves nothing when inferring or decomposing fails other than by context length."""
-    return any(step in UPSTREAM_INFERRER_STEPS and kind != "context_length" for step, kind in failed)
-
-
 def treatment(record: Mapping[str, Any], task: str, policy: str) -> str:
     """SCORED, ZERO or EXCLUDED: how ``record`` enters ``task``'s statistics under ``policy``."""
-    if policy == "upstream" and task == "generation" and _upstream_drops_inference(_failed_steps(record)):
+    # the official tool saves nothing when inferring or decomposing fails other than by context length
+    if policy == "upstream" and task == "generation" and any(
+            step in UPSTREAM_INFERRER_STEPS and kind != "context_length" for step, kind in _failed_steps(record)):
         return EXCLUDED
     if all(_number(record.get(f)) for m in TASK_METRICS[task] for f in fields_of(m)):
         return SCORED
@@ -87,11 +84,8 @@ def _zeroed(record: Mapping[str, Any], task: str) -> dict[str, Any]:
 
 def task_frame(records: Iterable[Mapping[str, Any]], task: str, policy: str = "exclude") -> pd.DataFrame:
     """The rows entering ``task``'s statistics (failed ones zero-filled per policy), with a ``treatment`` column."""
-    rows = []
-    for record in records:
-        how = treatment(record, task, policy)
-        if how != EXCLUDED:
-            rows.append({**(record if how == SCORED else _zeroed(record, task)), "treatment": how})
+    rows = [{**(record if how == SCORED else _zeroed(record, task)), "treatment": how}
+            for record in records if (how := treatment(record, task, policy)) != EXCLUDED]
     import pandas as pd
 
     return pd.DataFrame(rows)

@@ -16,8 +16,7 @@ from cupid_exp.scoring.statistics import TASK_METRICS, counts, micro, point_valu
 def _block(frame, task: str) -> dict[str, float]:
     if frame.empty:
         return {"n": 0}
-    block: dict[str, float] = {"n": int(len(frame))}
-    block.update({m: point_value(frame, m) for m in TASK_METRICS[task]})
+    block = {"n": int(len(frame)), **{m: point_value(frame, m) for m in TASK_METRICS[task]}}
     if task == "inference":
         block["mean_instance_f1"] = float(frame["f1"].mean())
         block.update(micro(frame))
@@ -27,34 +26,22 @@ def _block(frame, task: str) -> dict[str, float]:
 def task_metrics(records: Sequence[Mapping[str, Any]], task: str, failure_policy: str = "exclude") -> dict[str, Any]:
     """Nested: {'all': {...}, '<type>': {...}, 'counts': {...}} for ``task`` inference or generation."""
     records = list(records)
-    frame = task_frame(records, task, failure_policy)
-    out: dict[str, Any] = {"all": _block(frame, task)}
-    for itype in INSTANCE_TYPES:
-        if any(r.get("instance_type") == itype for r in records):
-            part = frame[frame["instance_type"] == itype] if not frame.empty else frame
-            out[itype] = _block(part, task)
-    out["counts"] = counts(records, task, failure_policy)
-    return out
+    frame, present = task_frame(records, task, failure_policy), {r.get("instance_type") for r in records}
+    by_type = {itype: _block(frame[frame["instance_type"] == itype] if not frame.empty else frame, task)
+               for itype in INSTANCE_TYPES if itype in present}
+    return {"all": _block(frame, task), **by_type, "counts": counts(records, task, failure_policy)}
 
 
 def flat_metrics(task: str, nested: Mapping[str, Any]) -> dict[str, float]:
     """'inference/f1', 'inference/micro/f1', 'inference/changing/f1', 'inference/count/scored', ..."""
-    flat: dict[str, float] = {}
-    for group, block in nested.items():
-        if group == "counts":
-            flat.update({f"{task}/count/{k}": float(v) for k, v in block.items() if isinstance(v, (int, float))})
-            continue
-        flat.update({metric_key(task, group, k): float(v) for k, v in block.items()})
-    return flat
+    return {(f"{task}/count/{k}" if group == "counts" else metric_key(task, group, k)): float(v)
+            for group, block in nested.items() for k, v in block.items()
+            if group != "counts" or isinstance(v, (int, float))}
 
 
 def error_counts(records: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for record in records:
-        for err in record.get("errors", []):
-            for key in (err["step"], f"{err['step']}/{err['kind']}"):
-                out[key] = out.get(key, 0) + 1
-    return out
+    return dict(Counter(key for record in records for err in record.get("errors", [])
+                        for key in (err["step"], f"{err['step']}/{err['kind']}")))
 
 
 @dataclass
@@ -93,13 +80,9 @@ class JobSummary:
         return self.failed_instances == 0
 
     @property
-    def failed_fraction(self) -> float:
-        return self.failed_instances / self.n_instances if self.n_instances else 0.0
-
-    @property
     def over_threshold(self) -> bool:
         """More instances failed than ``runtime.max_failed_fraction`` allows: the run exits 3."""
-        return self.failed_fraction > self.max_failed_fraction
+        return (self.failed_instances / self.n_instances if self.n_instances else 0.0) > self.max_failed_fraction
 
     def failure_reasons(self) -> dict[str, int]:
         """Why instances failed: the first failed step/kind of each failed instance."""
@@ -116,10 +99,6 @@ class JobSummary:
         return (f"INCOMPLETE: {self.failed_instances} of {self.n_instances} instances failed ({reasons}); "
                 f"{verdict}")
 
-    def completeness_metrics(self) -> dict[str, float]:
-        return {"instances/total": float(self.n_instances), "instances/failed": float(self.failed_instances),
-                "instances/complete": float(self.complete)}
-
 
 def epoch_metrics(records: Sequence[Mapping[str, Any]], parts: Sequence[str], failure_policy: str
                   ) -> dict[str, float]:
@@ -129,11 +108,10 @@ def epoch_metrics(records: Sequence[Mapping[str, Any]], parts: Sequence[str], fa
         return {}
     import pandas as pd
 
-    by_epoch: dict[int, dict[str, float]] = {}
-    for epoch in epochs:
-        mine = [r for r in records if r.get("epoch") == epoch]
-        flat = {k: v for part in parts for k, v in flat_metrics(part, task_metrics(mine, part, failure_policy)).items()}
-        by_epoch[epoch] = {k: v for k, v in flat.items() if k.count("/") == 1}  # overall numbers only
+    mine = {epoch: [r for r in records if r.get("epoch") == epoch] for epoch in epochs}
+    by_epoch = {epoch: {k: v for part in parts
+                        for k, v in flat_metrics(part, task_metrics(rs, part, failure_policy)).items()
+                        if k.count("/") == 1} for epoch, rs in mine.items()}  # overall numbers only
     out = {f"epoch/{epoch}/{k}": v for epoch, flat in by_epoch.items() for k, v in flat.items()}
     means = pd.DataFrame(by_epoch).mean(axis=1)  # a row per metric, a column per epoch; NaN left out
     return out | {f"epoch/mean/{name}": float(v) for name, v in means.items() if v == v}
@@ -146,13 +124,11 @@ def summarize(records: Sequence[Mapping[str, Any]], parts: Sequence[str], *, fai
     records = [dict(r) for r in records]
     nested = {part: task_metrics(records, part, failure_policy) for part in parts}
     summary = JobSummary(records, tuple(parts), nested, error_counts(records), max_failed_fraction=max_failed_fraction)
-    metrics: dict[str, float] = {}
-    for part, block in nested.items():
-        metrics.update(flat_metrics(part, block))
-    metrics.update(usage_metrics(meter))
-    metrics.update(extra_metrics or {})
-    metrics.update({f"errors/{k}": float(v) for k, v in summary.errors.items()})
-    metrics.update(summary.completeness_metrics())
+    metrics = {k: v for part, block in nested.items() for k, v in flat_metrics(part, block).items()}
+    metrics |= usage_metrics(meter) | dict(extra_metrics or {})
+    metrics |= {f"errors/{k}": float(v) for k, v in summary.errors.items()}
+    metrics |= {"instances/total": float(summary.n_instances), "instances/failed": float(summary.failed_instances),
+                "instances/complete": float(summary.complete)}
     if with_intervals and records:
         from cupid_exp.scoring.bootstrap import ci_metrics  # numpy and pandas: loaded once the calls are done
 

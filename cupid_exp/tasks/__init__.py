@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Sequence
 
 from cupid_exp.config import require
 from cupid_exp.tasks.generation import run_generation
 from cupid_exp.tasks.inference import run_inference
 
-
-@dataclass(frozen=True)
-class Task:
-    name: str
-    run: Callable[..., Awaitable[Any]]  #: (ctx, instance, view, transcript) -> its typed result
-    headline: str  #: the metric a table leads with (paper: F1 for inference, judge score for generation)
-
-
-TASKS: dict[str, Task] = {"inference": Task("inference", run_inference, "f1"),
-                          "generation": Task("generation", run_generation, "score")}
+#: part -> its run: (ctx, instance, view, transcript) -> its typed result (the headline metric a table leads with is
+#: ``scoring.statistics.HEADLINE``'s)
+TASKS: dict[str, Callable[..., Awaitable[Any]]] = {"inference": run_inference, "generation": run_generation}
 
 
 def check_task_parts(parts: Sequence[str], where: str = "task.parts") -> None:

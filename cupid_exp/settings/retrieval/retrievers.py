@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from cupid_exp.data.schema import Instance, PriorSession
+from cupid_exp.data.schema import Instance
 
 if TYPE_CHECKING:  # numpy is imported by the retrievers that run, not with the settings registry
     import numpy as np
@@ -17,10 +17,6 @@ if TYPE_CHECKING:  # numpy is imported by the retrievers that run, not with the 
 
 RETRIEVERS = ("bm25", "embedding", "recency")
 _TOKEN = re.compile(r"\w+")
-
-
-def session_text(session: PriorSession) -> str:
-    return "\n".join(m.content for m in session.dialogue)
 
 
 def _tokens(text: str) -> list[str]:
@@ -88,7 +84,7 @@ def top_k(instance: Instance, retriever: str, k: int, embedding_model: str, api_
     """1-based positions of the top-k sessions, in their original order; ties go to the more recent one."""
     import numpy as np
 
-    docs = [session_text(s) for s in instance.prior_interactions]
+    docs = ["\n".join(m.content for m in s.dialogue) for s in instance.prior_interactions]
     n = len(docs)
     if retriever == "recency":
         scores = np.arange(n, dtype=float)

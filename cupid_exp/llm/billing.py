@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cupid_exp.errors import causes
-from cupid_exp.llm.errors import EmptyReply
 from cupid_exp.llm.messages import Message
 from cupid_exp.llm.usage import WorstCase
 
@@ -50,13 +49,6 @@ def empty_reason(response: object) -> str | None:
                            and not getattr(message, "function_call", None)):
         return "content null, no refusal and no tool call"
     return None
-
-
-def empty_reply(model: str, response: object) -> EmptyReply | None:
-    """The failure to raise for a reply without a completion (None for a usable one)."""
-    reason = empty_reason(response)
-    return None if reason is None else EmptyReply(f"{model}: the provider returned no completion ({reason})",
-                                                  status_code=422 if response is None else None)
 
 
 def field_of(obj: object, name: str) -> Any:

@@ -86,16 +86,12 @@ def model_prices(model: ModelConfig) -> Prices | None:
     return Prices(float(cost_in), float(cost_out), info.get("max_output_tokens") or info.get("max_tokens"))
 
 
-def wanted(settings: CallsConfig) -> bool:
-    return settings.max_cost_usd is not None or settings.sweep_max_cost_usd is not None
-
-
 def check_priced(models: Iterable[ModelConfig], settings: CallsConfig) -> None:
     """Before the first call: a budget needs every model's price and a bound on its replies (one-line ConfigError)."""
-    if not wanted(settings):
+    key, cap = (("calls.max_cost_usd", settings.max_cost_usd) if settings.max_cost_usd is not None
+                else ("calls.sweep_max_cost_usd", settings.sweep_max_cost_usd))
+    if cap is None:  # no budget
         return
-    key = "calls.max_cost_usd" if settings.max_cost_usd is not None else "calls.sweep_max_cost_usd"
-    cap = settings.max_cost_usd if settings.max_cost_usd is not None else settings.sweep_max_cost_usd
     for model in models:
         prices = model_prices(model)
         if prices is None:

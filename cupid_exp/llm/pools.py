@@ -74,10 +74,6 @@ class PoolLimits:
     tpm: float | None = None
     max_concurrency: int | None = None
 
-    @classmethod
-    def of(cls, given: Mapping[str, Any] | None) -> "PoolLimits":
-        return cls(**dict(given)) if given else cls()
-
 
 @dataclass
 class Held:
@@ -210,7 +206,7 @@ class Pool:
     # ------------------------------------------------------------ one request
 
     @asynccontextmanager
-    async def slot(self, tokens: int, stop: JobStop | None = None) -> AsyncIterator[Held]:
+    async def slot(self, tokens: int, stop: JobStop) -> AsyncIterator[Held]:
         """Held while one request is in flight: after the pause, within the concurrency limit, at the pace.
         ``stop``: the job's (``retry.JobStop``), which ends a wait for an outage to pass."""
         if time.monotonic() >= self._sync_due:
@@ -222,7 +218,7 @@ class Pool:
             if self.fatal is not None:
                 raise self.fatal  # found refusing while this call waited for its slot: not sent
             while out.down_since is not None:  # an outage: one probe at a time, the others wait for its answer
-                if self.fatal is not None or (stop is not None and stop.fatal is not None):
+                if self.fatal is not None or stop.fatal is not None:
                     raise self.fatal or stop.fatal  # the outage outlasted the patience, or the job stops
                 if not out.probing and time.time() >= out.probe_at:
                     out.probing = probe = True
@@ -265,10 +261,7 @@ class Pool:
         learned_pace = pace.learning and pace.learner.rpm is not None
         news = True
         if any(told) and told != pace.told and not all(pace.configured):
-            pace.told = (told[0] or pace.told[0], told[1] or pace.told[1])
-            self._repace()
-            if self.shared is not None:
-                self.shared.told(pace.told)
+            self._stated((told[0] or pace.told[0], told[1] or pace.told[1]))
         elif pace.learning:
             if pace.learner.refused(time.time(), hint):
                 self._learned()
@@ -302,10 +295,14 @@ class Pool:
                 and not all(pace.configured)):
             told = told_limits(stated_headers(response))
             if any(told):
-                pace.told = told
-                self._repace()
-                if self.shared is not None:
-                    self.shared.told(told)
+                self._stated(told)
+
+    def _stated(self, limits: tuple[float | None, float | None]) -> None:
+        """The provider stated these limits to this process: the pool paced at them, the other processes told."""
+        self.pace.told = limits
+        self._repace()
+        if self.shared is not None:
+            self.shared.told(limits)
 
     # ------------------------------------------------------------ an outage
 
@@ -435,7 +432,7 @@ def pool_for(litellm_model: str, api_base: str | None, api_key: str | None, *, n
         taken = {p.label for p in _POOLS.values()}
         label = name if name not in taken else f"{name}-key{ident[:6]}"  # the same pool name with another key
         pool = _POOLS[ident] = Pool(ident, label, ledger_dir)
-    pool.join(config_id, max_concurrency, rpm, tpm, PoolLimits.of((pools or {}).get(name)), meter)
+    pool.join(config_id, max_concurrency, rpm, tpm, PoolLimits(**dict((pools or {}).get(name) or {})), meter)
     return pool
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from cupid_exp.errors import causes
 from cupid_exp.llm.messages import Message
+from cupid_exp.llm.retry import is_connection_refused
 from cupid_exp.llm.usage import WorstCase
 
 if TYPE_CHECKING:
@@ -20,8 +21,6 @@ def lost_after_sending(exc: BaseException) -> bool:
     cancelled in flight. Not a connection never made, nor an HTTP error status."""
     import litellm
     import openai
-
-    from cupid_exp.llm.retry import is_connection_refused
 
     if not isinstance(exc, Exception):  # an interrupt (Terminated, KeyboardInterrupt) or a cancellation
         return True

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, TypeVar
 
+from cupid_exp.aside import set_aside
 from cupid_exp.config import CallsConfig, ModelConfig
 from cupid_exp.errors import ConfigError
+from cupid_exp.llm.billing import lost_after_sending
 from cupid_exp.llm.messages import Message
 from cupid_exp.llm.usage import WorstCase
 
@@ -177,8 +179,6 @@ def _load(fd: int, account: Account) -> dict[str, Any]:
 
 def _restart(account: Account, error: Exception) -> dict[str, Any]:
     """An unreadable ledger: copied aside, and counted again from the account's ``floor``, never from nothing."""
-    from cupid_exp.aside import set_aside
-
     set_aside(Path(account.path), "budget ledger", error,
               f"it counts again from ${account.floor:.4f}, what the job's usage ledger counted of its earlier attempts "
               "(a request a killed attempt left in flight is not in it)", copy=True)
@@ -312,13 +312,9 @@ class Reservation:
             log.warning("a call cost $%.6f, more than the $%.6f reserved for it", usd, self.usd)
         self.budget.settle(self.rid, max(0.0, usd) + beyond)
 
-    def failed(self, exc: BaseException, beyond: float = 0.0) -> float:
-        """No reply: returned in full, or charged its worst case if it may have been billed. Returns the charge."""
-        from cupid_exp.llm.billing import lost_after_sending
-
-        usd = self.usd if lost_after_sending(exc) else 0.0
-        self.budget.settle(self.rid, usd + beyond)
-        return usd
+    def failed(self, exc: BaseException, beyond: float = 0.0) -> None:
+        """No reply: returned in full, or charged its worst case if it may have been billed."""
+        self.budget.settle(self.rid, (self.usd if lost_after_sending(exc) else 0.0) + beyond)
 
 
 async def reserve_call(client: Any, messages: list[Message], kwargs: Mapping[str, Any],

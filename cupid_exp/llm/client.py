@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from cupid_exp.config import CallsConfig, ModelConfig
 from cupid_exp.llm import _litellm
+from cupid_exp.llm.batch_calls import batch_price, complete_in_batch
 from cupid_exp.llm.batch_providers import batch_provider
 from cupid_exp.llm.billing import (
     CallBill,
@@ -37,6 +38,7 @@ from cupid_exp.llm.endpoints import canonical_api_base
 from cupid_exp.llm.epochs import epoch_params
 from cupid_exp.llm.errors import EmptyReply, ProviderError, _short, provider_error_kind  # noqa: F401  (re-exported)
 from cupid_exp.llm.limits import estimated_tokens
+from cupid_exp.llm.local import register_local_model
 from cupid_exp.llm.messages import Message
 from cupid_exp.llm.pools import Pool, flush_pools, pool_for
 from cupid_exp.llm.retry import CallFailed, JobStop, with_retries
@@ -160,8 +162,6 @@ class LLMClient:
         self.budget = budget  # every call reserves its worst case first (cupid_exp.llm.budget)
         self.pricing = Pricing(model, settings, budgeted=budget is not None)
         if model.local is not None:
-            from cupid_exp.llm.local import register_local_model
-
             register_local_model(model.litellm_model, model.local)
         params: dict[str, Any] = {"model": model.litellm_model}
         if model.api_base:
@@ -256,8 +256,6 @@ class LLMClient:
 
     def _dry_run(self, messages: list[Message], step: str, kwargs: dict[str, Any], dry_reply: DryReply | None
                  ) -> Completion:
-        from cupid_exp.llm.batch_calls import batch_price
-
         max_tokens = kwargs.get("max_tokens") or kwargs.get("max_completion_tokens")
         prompt_tokens, completion_tokens, cost = estimate(
             self.model.litellm_model, messages, max_tokens, self.settings.dry_run_completion_tokens,
@@ -282,8 +280,6 @@ class LLMClient:
             return self._dry_run(messages, step, kwargs, dry_reply)
         self._refuse_oversized(messages, step)
         if self._batch:  # through the provider's Batch API, counted like a live call
-            from cupid_exp.llm.batch_calls import complete_in_batch
-
             return await complete_in_batch(self, messages, step, kwargs)
         start = time.perf_counter()
         tokens = estimated_tokens(messages, kwargs.get("max_tokens") or kwargs.get("max_completion_tokens"))

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping
 from urllib.parse import urlsplit
 
+from cupid_exp.llm.billing import Reply
 from cupid_exp.llm.limits import WINDOW_S, AdaptiveLimit, Pacer, RefusalPace
 from cupid_exp.llm.pool_state import SharedPoolState
 from cupid_exp.llm.retry import FatalProviderError, JobStop, told_limits
@@ -224,8 +225,7 @@ class Pool:
                     out.probing = probe = True
                     break
                 await asyncio.sleep(0.1 if out.probing else min(0.5, max(0.01, out.probe_at - time.time())))
-            if limit.in_flight > self.peak:
-                self.peak = limit.in_flight
+            self.peak = max(self.peak, limit.in_flight)
             while (hold := pace.paused_until - time.time()) > 0:
                 waited += hold
                 await asyncio.sleep(hold)
@@ -240,9 +240,8 @@ class Pool:
             if pace.learning:
                 pace.learner.sent(time.time())
             self.sent += 1
-            if waited:
-                self.total.wait_s += waited
-                self.unflushed.wait_s += waited
+            self.total.wait_s += waited
+            self.unflushed.wait_s += waited
             yield Held(waited, probe)
         finally:
             if probe:
@@ -407,8 +406,6 @@ class Pool:
 def stated_headers(response: object) -> dict[str, str]:
     """The rate-limit headers of a reply, as litellm keeps them (OpenAI's by name, other providers' prefixed); a
     billed ``Reply`` (``cupid_exp.llm.billing``) is read through to its response."""
-    from cupid_exp.llm.billing import Reply
-
     if isinstance(response, Reply):
         response = response.response
     headers = (getattr(response, "_hidden_params", None) or {}).get("additional_headers") or {}

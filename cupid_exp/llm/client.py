@@ -35,7 +35,7 @@ from cupid_exp.llm.billing import (
 from cupid_exp.llm.budget import Budget, in_flight_worst, model_prices, priced, reserve_call, worst_case_usd
 from cupid_exp.llm.dry_run import estimate
 from cupid_exp.llm.endpoints import canonical_api_base
-from cupid_exp.llm.epochs import epoch_params
+from cupid_exp.llm.epochs import EPOCH
 from cupid_exp.llm.errors import EmptyReply, ProviderError, _short, provider_error_kind  # noqa: F401  (re-exported)
 from cupid_exp.llm.limits import estimated_tokens
 from cupid_exp.llm.local import register_local_model
@@ -240,14 +240,16 @@ class LLMClient:
         return {name: more} if more > int(limit) else None
 
     def request_params(self, json_schema: dict[str, Any] | None, params: Mapping[str, Any] | None) -> dict[str, Any]:
-        params = {**(params or {}), **epoch_params({**self.model.params, **(params or {})})}  # runtime.epochs > 1
-        kwargs: dict[str, Any] = {**self.model.params, **params}
+        own, epoch = dict(params or {}), EPOCH.get()
+        if epoch is not None:  # runtime.epochs > 1: the seed (``seed`` or 0) plus the epoch, each epoch its own request
+            own["seed"] = int({**self.model.params, **own}.get("seed") or 0) + epoch
+        kwargs: dict[str, Any] = {**self.model.params, **own}
         if json_schema is not None and self.model.structured_output:
             kwargs["response_format"] = {"type": "json_schema",
                                          "json_schema": {"name": "reply", "schema": json_schema, "strict": True}}
         if self.settings.cache:
             kwargs["caching"] = True
-            kwargs["cache"] = {"namespace": self.cache_namespace(json_schema, dict(params or {}))}
+            kwargs["cache"] = {"namespace": self.cache_namespace(json_schema, own)}
             if self.model.keep_cut_replies:  # its cut replies are answers: kept in the cache like any other
                 from cupid_exp.llm.response_cache import KEEP_CUT
 

@@ -149,10 +149,6 @@ class Account:
         return "sweep" if self.key.endswith("sweep_max_cost_usd") else "job"
 
 
-def _host() -> str:
-    return socket.gethostname()
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -193,7 +189,7 @@ def _save(fd: int, data: Mapping[str, Any]) -> None:
 
 def _purge_dead(data: dict[str, Any]) -> None:
     """Reservations of processes that died before settling are charged in full: their requests may have been paid."""
-    host, now = _host(), time.time()
+    host, now = socket.gethostname(), time.time()
     for rid, held in list(data["reservations"].items()):
         gone = (not _alive(int(held["pid"]))) if held.get("host") == host else now - held.get("at", now) > _STALE_S
         if gone:
@@ -260,7 +256,7 @@ class Budget:
                     waiting = waiting or (account, spent)
             if waiting is not None:
                 return "wait", waiting[0], waiting[1]
-            entry = {"usd": usd, "pid": os.getpid(), "host": _host(), "at": time.time()}
+            entry = {"usd": usd, "pid": os.getpid(), "host": socket.gethostname(), "at": time.time()}
             for _, data in ledgers:
                 data["reservations"][rid] = entry
             return "held", None, 0.0
@@ -268,7 +264,7 @@ class Budget:
 
     async def reserve(self, usd: float) -> "Reservation":
         """Hold ``usd`` on every account, waiting while reservations may return; else BudgetExceeded."""
-        rid, order = f"{_host()}:{os.getpid()}:{uuid.uuid4().hex[:12]}", _ORDER.get()
+        rid, order = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}", _ORDER.get()
         try:
             while True:
                 if not any(o < order for o in self._waiting.values()):  # an older instance's call waits: after it

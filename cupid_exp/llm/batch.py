@@ -103,7 +103,6 @@ class Batcher:
         self._waiting: dict[str, _Row] = {}
         self._intake: list[_Row] = []
         self._timer: asyncio.Task[Any] | None = None
-        self._watched: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._adopted = False
         self.loop = asyncio.get_running_loop()
@@ -207,7 +206,6 @@ class Batcher:
     # ---- waiting and collecting
 
     def _watch(self, batch_id: str, rows: dict[str, str]) -> None:
-        self._watched.add(batch_id)
         self.counts.pending += 1
         self._spawn(self._poll(batch_id, rows))
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 from cupid_exp.config import CallsConfig, ModelConfig
 from cupid_exp.llm.batch import Batcher, BatchSettings, Guard, RowBill, RowFailed
 from cupid_exp.llm.batch_ledger import BatchLedger
-from cupid_exp.llm.batch_providers import BatchUnsupported, batch_provider
+from cupid_exp.llm.batch_providers import batch_provider
 from cupid_exp.llm.billing import counted_tokens, lost_after_sending, reply_text
 from cupid_exp.llm.budget import in_flight_worst, reserve_call, worst_case_tokens, worst_case_usd
 from cupid_exp.llm.errors import ProviderError, _short, provider_error_kind
@@ -41,11 +41,9 @@ def batch_price(model: ModelConfig, prompt_tokens: int, completion_tokens: int) 
 
 def new_batcher(model: ModelConfig, settings: CallsConfig, api_key: str | None, counts: BatchCounts,
                 guard: Guard | None = None) -> Batcher:
-    provider = batch_provider(model.litellm_model)
-    if provider is None:
-        raise BatchUnsupported(model.litellm_model)
-    # no retries of the OpenAI SDK's (it retried a 429 insufficient_quota twice): ours decide (``client_guard``)
-    kwargs: dict[str, Any] = {"custom_llm_provider": provider, "max_retries": 0}
+    # no retries of the OpenAI SDK's (it retried a 429 insufficient_quota twice): ours decide (``client_guard``); only
+    # a model with a Batch API gets here (``client._wants_batch``)
+    kwargs: dict[str, Any] = {"custom_llm_provider": batch_provider(model.litellm_model), "max_retries": 0}
     if model.api_base:
         kwargs["api_base"] = model.api_base
     if api_key:
@@ -85,11 +83,7 @@ def unread_usd(client: LLMClient, messages: list[Message], kwargs: dict[str, Any
 def client_guard(client: LLMClient) -> Guard:
     """The batcher's upload and creation under ``client``'s live retry policy, and its stop for later."""
     async def run(send: Callable[[], Awaitable[Any]]) -> object:
-        response, _ = await with_retries(
-            send, client.pool, tokens=0, num_retries=client.settings.num_retries,
-            patience_s=client.settings.rate_limit_patience_s, classify=provider_error_kind, model=client.model.name,
-            roles=client.roles, scrub=client._scrub, stop=client.stop,
-            outage_patience_s=client.settings.outage_patience_s)
+        response, _ = await with_retries(send, client, tokens=0)
         return response
 
     def later(kind: str, message: str) -> FatalProviderError:

@@ -5,10 +5,6 @@ from __future__ import annotations
 BATCH_PROVIDERS = {"openai": "openai", "azure": "azure", "hosted_vllm": "hosted_vllm"}
 
 
-class BatchUnsupported(ValueError):
-    """The model's provider has no Batch API litellm can drive; the client calls it live instead."""
-
-
 def batch_provider(litellm_model: str) -> str | None:
     """litellm's provider name for the Batch API of ``<provider>/<model>``, or None without one."""
     return BATCH_PROVIDERS.get(litellm_model.split("/", 1)[0])

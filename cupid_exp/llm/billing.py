@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cupid_exp.errors import causes
-from cupid_exp.llm.errors import EmptyReply
 from cupid_exp.llm.messages import Message
+from cupid_exp.llm.retry import is_connection_refused
 from cupid_exp.llm.usage import WorstCase
 
 if TYPE_CHECKING:
@@ -21,8 +21,6 @@ def lost_after_sending(exc: BaseException) -> bool:
     cancelled in flight. Not a connection never made, nor an HTTP error status."""
     import litellm
     import openai
-
-    from cupid_exp.llm.retry import is_connection_refused
 
     if not isinstance(exc, Exception):  # an interrupt (Terminated, KeyboardInterrupt) or a cancellation
         return True
@@ -50,13 +48,6 @@ def empty_reason(response: object) -> str | None:
                            and not getattr(message, "function_call", None)):
         return "content null, no refusal and no tool call"
     return None
-
-
-def empty_reply(model: str, response: object) -> EmptyReply | None:
-    """The failure to raise for a reply without a completion (None for a usable one)."""
-    reason = empty_reason(response)
-    return None if reason is None else EmptyReply(f"{model}: the provider returned no completion ({reason})",
-                                                  status_code=422 if response is None else None)
 
 
 def field_of(obj: object, name: str) -> Any:

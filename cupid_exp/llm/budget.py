@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, TypeVar
 
+from cupid_exp.aside import set_aside
 from cupid_exp.config import CallsConfig, ModelConfig
 from cupid_exp.errors import ConfigError
+from cupid_exp.llm.billing import lost_after_sending
 from cupid_exp.llm.messages import Message
 from cupid_exp.llm.usage import WorstCase
 
@@ -86,16 +88,12 @@ def model_prices(model: ModelConfig) -> Prices | None:
     return Prices(float(cost_in), float(cost_out), info.get("max_output_tokens") or info.get("max_tokens"))
 
 
-def wanted(settings: CallsConfig) -> bool:
-    return settings.max_cost_usd is not None or settings.sweep_max_cost_usd is not None
-
-
 def check_priced(models: Iterable[ModelConfig], settings: CallsConfig) -> None:
     """Before the first call: a budget needs every model's price and a bound on its replies (one-line ConfigError)."""
-    if not wanted(settings):
+    key, cap = (("calls.max_cost_usd", settings.max_cost_usd) if settings.max_cost_usd is not None
+                else ("calls.sweep_max_cost_usd", settings.sweep_max_cost_usd))
+    if cap is None:  # no budget
         return
-    key = "calls.max_cost_usd" if settings.max_cost_usd is not None else "calls.sweep_max_cost_usd"
-    cap = settings.max_cost_usd if settings.max_cost_usd is not None else settings.sweep_max_cost_usd
     for model in models:
         prices = model_prices(model)
         if prices is None:
@@ -151,10 +149,6 @@ class Account:
         return "sweep" if self.key.endswith("sweep_max_cost_usd") else "job"
 
 
-def _host() -> str:
-    return socket.gethostname()
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -181,8 +175,6 @@ def _load(fd: int, account: Account) -> dict[str, Any]:
 
 def _restart(account: Account, error: Exception) -> dict[str, Any]:
     """An unreadable ledger: copied aside, and counted again from the account's ``floor``, never from nothing."""
-    from cupid_exp.aside import set_aside
-
     set_aside(Path(account.path), "budget ledger", error,
               f"it counts again from ${account.floor:.4f}, what the job's usage ledger counted of its earlier attempts "
               "(a request a killed attempt left in flight is not in it)", copy=True)
@@ -197,7 +189,7 @@ def _save(fd: int, data: Mapping[str, Any]) -> None:
 
 def _purge_dead(data: dict[str, Any]) -> None:
     """Reservations of processes that died before settling are charged in full: their requests may have been paid."""
-    host, now = _host(), time.time()
+    host, now = socket.gethostname(), time.time()
     for rid, held in list(data["reservations"].items()):
         gone = (not _alive(int(held["pid"]))) if held.get("host") == host else now - held.get("at", now) > _STALE_S
         if gone:
@@ -264,7 +256,7 @@ class Budget:
                     waiting = waiting or (account, spent)
             if waiting is not None:
                 return "wait", waiting[0], waiting[1]
-            entry = {"usd": usd, "pid": os.getpid(), "host": _host(), "at": time.time()}
+            entry = {"usd": usd, "pid": os.getpid(), "host": socket.gethostname(), "at": time.time()}
             for _, data in ledgers:
                 data["reservations"][rid] = entry
             return "held", None, 0.0
@@ -272,7 +264,7 @@ class Budget:
 
     async def reserve(self, usd: float) -> "Reservation":
         """Hold ``usd`` on every account, waiting while reservations may return; else BudgetExceeded."""
-        rid, order = f"{_host()}:{os.getpid()}:{uuid.uuid4().hex[:12]}", _ORDER.get()
+        rid, order = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}", _ORDER.get()
         try:
             while True:
                 if not any(o < order for o in self._waiting.values()):  # an older instance's call waits: after it
@@ -316,13 +308,9 @@ class Reservation:
             log.warning("a call cost $%.6f, more than the $%.6f reserved for it", usd, self.usd)
         self.budget.settle(self.rid, max(0.0, usd) + beyond)
 
-    def failed(self, exc: BaseException, beyond: float = 0.0) -> float:
-        """No reply: returned in full, or charged its worst case if it may have been billed. Returns the charge."""
-        from cupid_exp.llm.billing import lost_after_sending
-
-        usd = self.usd if lost_after_sending(exc) else 0.0
-        self.budget.settle(self.rid, usd + beyond)
-        return usd
+    def failed(self, exc: BaseException, beyond: float = 0.0) -> None:
+        """No reply: returned in full, or charged its worst case if it may have been billed."""
+        self.budget.settle(self.rid, (self.usd if lost_after_sending(exc) else 0.0) + beyond)
 
 
 async def reserve_call(client: Any, messages: list[Message], kwargs: Mapping[str, Any],

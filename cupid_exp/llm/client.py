@@ -15,28 +15,35 @@ import json
 import logging
 import os
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from cupid_exp.config import CallsConfig, ModelConfig
 from cupid_exp.llm import _litellm
+from cupid_exp.llm.batch_calls import batch_price, complete_in_batch
+from cupid_exp.llm.batch_providers import batch_provider
 from cupid_exp.llm.billing import (
     CallBill,
     Reply,
     counted_tokens,
-    empty_reply,
+    empty_reason,
     lost_after_sending,
     reply_text,
     token_cost,
 )
 from cupid_exp.llm.budget import Budget, in_flight_worst, model_prices, priced, reserve_call, worst_case_usd
-from cupid_exp.llm.errors import ProviderError, _short, provider_error_kind  # noqa: F401  (re-exported)
+from cupid_exp.llm.dry_run import estimate
+from cupid_exp.llm.endpoints import canonical_api_base
+from cupid_exp.llm.epochs import EPOCH
+from cupid_exp.llm.errors import EmptyReply, ProviderError, _short, provider_error_kind  # noqa: F401  (re-exported)
 from cupid_exp.llm.limits import estimated_tokens
+from cupid_exp.llm.local import register_local_model
 from cupid_exp.llm.messages import Message
 from cupid_exp.llm.pools import Pool, flush_pools, pool_for
 from cupid_exp.llm.retry import CallFailed, JobStop, with_retries
 from cupid_exp.llm.usage import Completion, UsageMeter
+from cupid_exp.secrets import redact, scrub
 
 if TYPE_CHECKING:
     from cupid_exp.llm.batch import Batcher
@@ -155,8 +162,6 @@ class LLMClient:
         self.budget = budget  # every call reserves its worst case first (cupid_exp.llm.budget)
         self.pricing = Pricing(model, settings, budgeted=budget is not None)
         if model.local is not None:
-            from cupid_exp.llm.local import register_local_model
-
             register_local_model(model.litellm_model, model.local)
         params: dict[str, Any] = {"model": model.litellm_model}
         if model.api_base:
@@ -206,9 +211,6 @@ class LLMClient:
         """Everything besides messages that changes an answer; litellm's own key misses api_base. An endpoint
         enters in one spelling (``llm.endpoints``) and secrets by name only (a header's or key's value masked):
         another endpoint or model is another namespace, a rotated key is not."""
-        from cupid_exp.llm.endpoints import canonical_api_base
-        from cupid_exp.secrets import redact
-
         identity = {"model": self.model.litellm_model, "api_base": canonical_api_base(self.model.api_base),
                     "params": redact({**self.model.params, **(params or {})}),
                     "schema": json_schema if self.model.structured_output else None}
@@ -238,16 +240,16 @@ class LLMClient:
         return {name: more} if more > int(limit) else None
 
     def request_params(self, json_schema: dict[str, Any] | None, params: Mapping[str, Any] | None) -> dict[str, Any]:
-        from cupid_exp.llm.epochs import epoch_params
-
-        params = {**(params or {}), **epoch_params({**self.model.params, **(params or {})})}  # runtime.epochs > 1
-        kwargs: dict[str, Any] = {**self.model.params, **params}
+        own, epoch = dict(params or {}), EPOCH.get()
+        if epoch is not None:  # runtime.epochs > 1: the seed (``seed`` or 0) plus the epoch, each epoch its own request
+            own["seed"] = int({**self.model.params, **own}.get("seed") or 0) + epoch
+        kwargs: dict[str, Any] = {**self.model.params, **own}
         if json_schema is not None and self.model.structured_output:
             kwargs["response_format"] = {"type": "json_schema",
                                          "json_schema": {"name": "reply", "schema": json_schema, "strict": True}}
         if self.settings.cache:
             kwargs["caching"] = True
-            kwargs["cache"] = {"namespace": self.cache_namespace(json_schema, dict(params or {}))}
+            kwargs["cache"] = {"namespace": self.cache_namespace(json_schema, own)}
             if self.model.keep_cut_replies:  # its cut replies are answers: kept in the cache like any other
                 from cupid_exp.llm.response_cache import KEEP_CUT
 
@@ -256,10 +258,6 @@ class LLMClient:
 
     def _dry_run(self, messages: list[Message], step: str, kwargs: dict[str, Any], dry_reply: DryReply | None
                  ) -> Completion:
-        from cupid_exp.llm.batch_calls import batch_price
-        from cupid_exp.llm.batch_providers import batch_provider
-        from cupid_exp.llm.dry_run import estimate
-
         max_tokens = kwargs.get("max_tokens") or kwargs.get("max_completion_tokens")
         prompt_tokens, completion_tokens, cost = estimate(
             self.model.litellm_model, messages, max_tokens, self.settings.dry_run_completion_tokens,
@@ -272,12 +270,6 @@ class LLMClient:
         self.meter.add(step, completion)
         return completion
 
-    async def _complete_in_batch(self, messages: list[Message], step: str, kwargs: dict[str, Any]) -> Completion:
-        """The call through the provider's Batch API (``cupid_exp.llm.batch_calls``), counted like a live one."""
-        from cupid_exp.llm.batch_calls import complete_in_batch
-
-        return await complete_in_batch(self, messages, step, kwargs)
-
     async def complete(self, messages: list[Message], *, step: str, json_schema: dict[str, Any] | None = None,
                        params: dict[str, Any] | None = None, dry_reply: DryReply | None = None) -> Completion:
         """One chat completion; ``params`` overrides the model's decoding parameters for this step.
@@ -289,8 +281,8 @@ class LLMClient:
         if self.settings.dry_run:
             return self._dry_run(messages, step, kwargs, dry_reply)
         self._refuse_oversized(messages, step)
-        if self._batch:
-            return await self._complete_in_batch(messages, step, kwargs)
+        if self._batch:  # through the provider's Batch API, counted like a live call
+            return await complete_in_batch(self, messages, step, kwargs)
         start = time.perf_counter()
         tokens = estimated_tokens(messages, kwargs.get("max_tokens") or kwargs.get("max_completion_tokens"))
         bill = CallBill(step=step, worst=in_flight_worst(self.pricing.worst, messages, kwargs))
@@ -301,12 +293,8 @@ class LLMClient:
                 bill.held = await reserve_call(self, messages, kwargs, step)  # None without a budget
 
             try:  # the role's bound is held per attempt, not while a refused call waits (``with_retries``)
-                reply, attempts = await with_retries(
-                    lambda: self._attempt(messages, kwargs, bill), self.pool, tokens=tokens,
-                    num_retries=self.settings.num_retries, patience_s=self.settings.rate_limit_patience_s,
-                    classify=provider_error_kind, model=self.model.name, roles=self.roles, scrub=self._scrub,
-                    stop=self.stop, before=reserve, outage_patience_s=self.settings.outage_patience_s,
-                    gate=self._semaphore)
+                reply, attempts = await with_retries(lambda: self._attempt(messages, kwargs, bill), self,
+                                                     tokens=tokens, before=reserve, gate=self._semaphore)
             finally:
                 bill.release_unused()
         except CallFailed as failed:
@@ -364,8 +352,9 @@ class LLMClient:
         try:
             response = await self._send(messages, kwargs)
         except BaseException as exc:
-            lost = lost_after_sending(exc)
-            usd = self._worst_case(messages, kwargs) if lost else 0.0
+            lost, worst = lost_after_sending(exc), self.pricing.worst
+            # a lost request's charge: its worst case at the model's prices (0 for an unpriced model: not guessed)
+            usd = worst_case_usd(worst, messages, kwargs) if lost and worst is not None else 0.0
             if held is not None:
                 held.settle(usd)
             bill.charge(usd, *((bill.worst.prompt_tokens, bill.worst.completion_tokens) if lost else (0, 0)))
@@ -373,11 +362,12 @@ class LLMClient:
         reply = self._billed(messages, response)
         if held is not None:
             held.settle(0.0 if reply.cached else reply.cost_usd)  # None (unpriced): its worst case
-        empty = empty_reply(self.model.name, response)
+        empty = empty_reason(response)
         if empty is not None:
             if not reply.cached:
                 bill.charge(reply.cost_usd, reply.prompt_tokens, reply.completion_tokens)
-            raise empty
+            raise EmptyReply(f"{self.model.name}: the provider returned no completion ({empty})",
+                             status_code=422 if response is None else None)
         return reply
 
     def _billed(self, messages: list[Message], response: object) -> Reply:
@@ -397,11 +387,6 @@ class LLMClient:
             cost = self.pricing.of_tokens(prompt, completion)
         return Reply(response, prompt, completion, cost, estimated, cached=bool(hidden.get("cache_hit")))
 
-    def _worst_case(self, messages: list[Message], kwargs: dict[str, Any]) -> float:
-        """A lost request's charge: its worst case at the model's prices (0 for an unpriced model: not guessed)."""
-        worst = self.pricing.worst
-        return worst_case_usd(worst, messages, kwargs) if worst is not None else 0.0
-
     async def _send(self, messages: list[Message], kwargs: dict[str, Any]) -> Any:
         """The one place a request goes out (``messages`` with ``kwargs``' max_tokens): once per attempt,
         inside the pool's slot (``cupid_exp.llm.retry.with_retries``)."""
@@ -419,8 +404,6 @@ class LLMClient:
         key = self._send_params.get("api_key")
         if not key or key == "EMPTY":
             return text
-        from cupid_exp.secrets import scrub
-
         return scrub(text, [key])
 
 
@@ -430,8 +413,6 @@ def _config_prices(model: ModelConfig) -> dict[str, float] | None:
     given = model.model_info
     if model.is_embedded or (given.input_cost_per_token is None and given.output_cost_per_token is None):
         return None
-    from cupid_exp.llm.budget import model_prices
-
     prices = model_prices(model)
     return None if prices is None else {"input_cost_per_token": prices.input, "output_cost_per_token": prices.output}
 
@@ -449,8 +430,6 @@ def _provider(model: ModelConfig) -> str | None:
 
 
 def _identity(model: ModelConfig) -> str:
-    from dataclasses import asdict
-
     return json.dumps(asdict(model), sort_keys=True, default=str)
 
 
@@ -459,8 +438,6 @@ def _wants_batch(model: ModelConfig, settings: CallsConfig) -> bool:
     wanted = model.batch if model.batch is not None else settings.batch
     if not wanted or settings.dry_run:
         return False
-    from cupid_exp.llm.batch_providers import batch_provider
-
     if batch_provider(model.litellm_model) is None:
         log.warning("%s: %s has no Batch API litellm can drive here; its calls are sent one by one", model.name,
                     model.litellm_model.split("/", 1)[0])

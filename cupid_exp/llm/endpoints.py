@@ -20,9 +20,7 @@ def canonical_api_base(api_base: str | None) -> str | None:
         return text.rstrip("/")
     if not parts.scheme or not parts.hostname:
         return text.rstrip("/")
-    scheme = parts.scheme.lower()
-    host = parts.hostname.lower()
-    host = _LOOPBACK.get(host, host)
+    scheme, host = parts.scheme, _LOOPBACK.get(parts.hostname, parts.hostname)  # urlsplit lower-cases both
     if ":" in host:  # an IPv6 address keeps its brackets
         host = f"[{host}]"
     userinfo = parts.netloc.rpartition("@")[0]

@@ -66,10 +66,8 @@ def strict_schema(schema: object) -> object:
 
 def _request(messages: list[Message], params: dict[str, Any], cache_prompt: bool) -> dict[str, Any]:
     """The OpenAI-style request the llama.cpp server takes, from litellm's optional_params."""
-    request: dict[str, Any] = {"messages": messages, "cache_prompt": cache_prompt}
-    for key in _PASSED_PARAMS:
-        if params.get(key) is not None:
-            request[key] = params[key]
+    request: dict[str, Any] = {"messages": messages, "cache_prompt": cache_prompt,
+                               **{key: params[key] for key in _PASSED_PARAMS if params.get(key) is not None}}
     fmt = request.get("response_format")
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
         spec = fmt.get("json_schema") or {}

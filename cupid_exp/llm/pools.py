@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping
 from urllib.parse import urlsplit
 
+from cupid_exp.llm.billing import Reply
 from cupid_exp.llm.limits import WINDOW_S, AdaptiveLimit, Pacer, RefusalPace
 from cupid_exp.llm.pool_state import SharedPoolState
 from cupid_exp.llm.retry import FatalProviderError, JobStop, told_limits
@@ -73,10 +74,6 @@ class PoolLimits:
     rpm: float | None = None
     tpm: float | None = None
     max_concurrency: int | None = None
-
-    @classmethod
-    def of(cls, given: Mapping[str, Any] | None) -> "PoolLimits":
-        return cls(**dict(given)) if given else cls()
 
 
 @dataclass
@@ -210,7 +207,7 @@ class Pool:
     # ------------------------------------------------------------ one request
 
     @asynccontextmanager
-    async def slot(self, tokens: int, stop: JobStop | None = None) -> AsyncIterator[Held]:
+    async def slot(self, tokens: int, stop: JobStop) -> AsyncIterator[Held]:
         """Held while one request is in flight: after the pause, within the concurrency limit, at the pace.
         ``stop``: the job's (``retry.JobStop``), which ends a wait for an outage to pass."""
         if time.monotonic() >= self._sync_due:
@@ -222,14 +219,13 @@ class Pool:
             if self.fatal is not None:
                 raise self.fatal  # found refusing while this call waited for its slot: not sent
             while out.down_since is not None:  # an outage: one probe at a time, the others wait for its answer
-                if self.fatal is not None or (stop is not None and stop.fatal is not None):
+                if self.fatal is not None or stop.fatal is not None:
                     raise self.fatal or stop.fatal  # the outage outlasted the patience, or the job stops
                 if not out.probing and time.time() >= out.probe_at:
                     out.probing = probe = True
                     break
                 await asyncio.sleep(0.1 if out.probing else min(0.5, max(0.01, out.probe_at - time.time())))
-            if limit.in_flight > self.peak:
-                self.peak = limit.in_flight
+            self.peak = max(self.peak, limit.in_flight)
             while (hold := pace.paused_until - time.time()) > 0:
                 waited += hold
                 await asyncio.sleep(hold)
@@ -244,9 +240,8 @@ class Pool:
             if pace.learning:
                 pace.learner.sent(time.time())
             self.sent += 1
-            if waited:
-                self.total.wait_s += waited
-                self.unflushed.wait_s += waited
+            self.total.wait_s += waited
+            self.unflushed.wait_s += waited
             yield Held(waited, probe)
         finally:
             if probe:
@@ -265,10 +260,7 @@ class Pool:
         learned_pace = pace.learning and pace.learner.rpm is not None
         news = True
         if any(told) and told != pace.told and not all(pace.configured):
-            pace.told = (told[0] or pace.told[0], told[1] or pace.told[1])
-            self._repace()
-            if self.shared is not None:
-                self.shared.told(pace.told)
+            self._stated((told[0] or pace.told[0], told[1] or pace.told[1]))
         elif pace.learning:
             if pace.learner.refused(time.time(), hint):
                 self._learned()
@@ -302,10 +294,14 @@ class Pool:
                 and not all(pace.configured)):
             told = told_limits(stated_headers(response))
             if any(told):
-                pace.told = told
-                self._repace()
-                if self.shared is not None:
-                    self.shared.told(told)
+                self._stated(told)
+
+    def _stated(self, limits: tuple[float | None, float | None]) -> None:
+        """The provider stated these limits to this process: the pool paced at them, the other processes told."""
+        self.pace.told = limits
+        self._repace()
+        if self.shared is not None:
+            self.shared.told(limits)
 
     # ------------------------------------------------------------ an outage
 
@@ -410,8 +406,6 @@ class Pool:
 def stated_headers(response: object) -> dict[str, str]:
     """The rate-limit headers of a reply, as litellm keeps them (OpenAI's by name, other providers' prefixed); a
     billed ``Reply`` (``cupid_exp.llm.billing``) is read through to its response."""
-    from cupid_exp.llm.billing import Reply
-
     if isinstance(response, Reply):
         response = response.response
     headers = (getattr(response, "_hidden_params", None) or {}).get("additional_headers") or {}
@@ -435,7 +429,7 @@ def pool_for(litellm_model: str, api_base: str | None, api_key: str | None, *, n
         taken = {p.label for p in _POOLS.values()}
         label = name if name not in taken else f"{name}-key{ident[:6]}"  # the same pool name with another key
         pool = _POOLS[ident] = Pool(ident, label, ledger_dir)
-    pool.join(config_id, max_concurrency, rpm, tpm, PoolLimits.of((pools or {}).get(name)), meter)
+    pool.join(config_id, max_concurrency, rpm, tpm, PoolLimits(**dict((pools or {}).get(name) or {})), meter)
     return pool
 
 

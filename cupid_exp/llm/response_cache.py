@@ -85,11 +85,9 @@ class DiskResponseStore(BaseCache):
                         self.directory, type(exc).__name__, str(exc)[:200])
 
     def set_cache(self, key: str, value: object, **kwargs: Any) -> None:
-        if _cut(value) and not (kwargs.get("cache") or {}).get(KEEP_CUT):
+        if self.broken or _cut(value) and not (kwargs.get("cache") or {}).get(KEEP_CUT):
             return  # a reply cut at max_tokens is no answer: a rerun asks again (``llm.steps.ask``)
         ttl = kwargs.get("ttl")
-        if self.broken:
-            return
         try:
             with writing(self.directory):
                 self.store.set(key, value, expire=float(ttl) if ttl else None)

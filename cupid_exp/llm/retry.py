@@ -10,6 +10,7 @@ outage pauses the pool while one probe at a time asks whether it is back (``Pool
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import email.utils
 import json
@@ -18,11 +19,14 @@ import re
 import socket
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, AsyncContextManager, Awaitable, Callable, Mapping
 
 from cupid_exp.errors import causes
+from cupid_exp.llm.errors import provider_error_kind
 
 if TYPE_CHECKING:
+    from cupid_exp.llm.client import LLMClient
     from cupid_exp.llm.pools import Pool
 
 # Retry classes of a provider failure (``decide``).
@@ -31,7 +35,6 @@ RATE_LIMIT, TRANSIENT, FATAL, FINAL = "rate_limit", "transient", "fatal", "final
 BACKOFF_BASE_S, BACKOFF_CAP_S = 0.5, 60.0
 RATE_LIMIT_BASE_S = 1.0  # a 429 without any hint: 1, 2, 4 ... s (full jitter), at most BACKOFF_CAP_S
 REFUSED_BEFORE_FATAL = 3  # connection refusals, with no success ever, that make an endpoint unreachable
-OUTAGE_PATIENCE_S = 900.0  # calls.outage_patience_s's default: how long a pool waits for its endpoint to answer
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _TRY_AGAIN = re.compile(r"try again in ((?:\d+(?:\.\d+)?(?:ms|h|m|s))+)(?![a-z])", re.IGNORECASE)
@@ -48,13 +51,13 @@ class JobStop:
         self.fatal: FatalProviderError | None = None
 
 
-def stop_job(fatal: FatalProviderError, endpoint: Pool, stop: JobStop | None) -> FatalProviderError:
+def stop_job(fatal: FatalProviderError, endpoint: Pool, stop: JobStop) -> FatalProviderError:
     """``fatal`` as the endpoint's and the job's stop, where none came first; the job's stop (the first one)."""
     if endpoint.fatal is None:
         endpoint.fatal = fatal
-    if stop is not None and stop.fatal is None:
+    if stop.fatal is None:
         stop.fatal = fatal
-    return stop.fatal if stop is not None and stop.fatal is not None else fatal
+    return stop.fatal
 
 
 class FatalProviderError(Exception):
@@ -110,8 +113,6 @@ def parse_duration(text: str) -> float | None:
 
 def _until(text: str, now: float) -> float | None:
     """Seconds until an RFC 3339 time (Anthropic's resets) or an HTTP date (``Retry-After``'s other form)."""
-    from datetime import datetime
-
     text = text.strip()
     try:
         when = datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
@@ -141,12 +142,9 @@ def retry_after_s(headers: Mapping[str, str] | None, body_message: str = "", now
             value = _until(h["retry-after"], now)
         if value is not None:
             return value
-    resets: list[float | None] = []
-    for key, text in h.items():
-        if key.startswith("x-ratelimit-reset"):
-            resets.append(parse_duration(text))
-        elif key.startswith("anthropic-ratelimit-") and key.endswith("-reset"):
-            resets.append(_until(text, now))
+    resets = [parse_duration(text) if key.startswith("x-ratelimit-reset") else _until(text, now)
+              for key, text in h.items() if key.startswith("x-ratelimit-reset")
+              or key.startswith("anthropic-ratelimit-") and key.endswith("-reset")]
     known = [r for r in resets if r is not None]
     if known:
         return max(known)
@@ -287,27 +285,25 @@ class CallFailed(Exception):
         super().__init__(reason or str(cause))
 
 
-async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Pool, *, tokens: int, num_retries: int,
-                       patience_s: float, classify: Callable[[BaseException], str | None], model: str,
-                       roles: tuple[str, ...], scrub: Callable[[str], str], stop: JobStop | None = None,
+async def with_retries(send: Callable[[], Awaitable[Any]], client: LLMClient, *, tokens: int,
                        before: Callable[[], Awaitable[None]] | None = None,
-                       outage_patience_s: float = OUTAGE_PATIENCE_S,
                        gate: AsyncContextManager[Any] | None = None) -> tuple[Any, Attempts]:
-    """``send()`` once per attempt inside the endpoint's slot, until a reply, a final failure (``CallFailed``),
-    a fatal refusal (``FatalProviderError``) or a bug (raised unchanged). ``before()`` runs ahead of each
-    attempt, outside the slot: the attempt's budget reservation, which may wait for others' to come back (a slot
-    held while waiting could be the one a reservation's own request needs). ``gate``: the caller's own bound on
-    calls at once (a role's ``max_concurrency``), held for each attempt and let go while the call waits out a
-    429's retry-after or a backoff, so that a refused call does not keep a ready one from being sent."""
-    import asyncio
-
+    """``send()`` once per attempt inside the slot of ``client``'s pool, under its ``calls.*`` settings, until a reply,
+    a final failure (``CallFailed``), a fatal refusal (``FatalProviderError``) or a bug (raised unchanged).
+    ``before()`` runs ahead of each attempt, outside the slot: the attempt's budget reservation, which may wait for
+    others' to come back (a slot held while waiting could be the one a reservation's own request needs). ``gate``:
+    the caller's own bound on calls at once (a role's ``max_concurrency``), held for each attempt and let go while
+    the call waits out a 429's retry-after or a backoff: a refused call does not keep a ready one from being sent."""
+    endpoint, stop, model, roles, scrub = client.pool, client.stop, client.model.name, client.roles, client._scrub
+    num_retries, patience_s = client.settings.num_retries, client.settings.rate_limit_patience_s
+    outage_patience_s = client.settings.outage_patience_s
     attempts = Attempts()
     started = time.monotonic()
     call = object()  # this call, among those whose failures make up the pool's run of failures
     while True:
         async with gate if gate is not None else contextlib.nullcontext():
             held = None
-            if stop is not None and stop.fatal is not None:
+            if stop.fatal is not None:
                 raise stop.fatal  # the job stops: no new request, whichever endpoint
             if endpoint.fatal is not None:
                 raise endpoint.fatal  # another call found the endpoint refusing: not sent
@@ -318,7 +314,7 @@ async def with_retries(send: Callable[[], Awaitable[Any]], endpoint: Pool, *, to
                     attempts.wait_s += held.seconds
                     response = await send()
             except Exception as exc:  # noqa: BLE001  # sorted right below: a provider's failure vs a bug
-                kind = classify(exc)
+                kind = provider_error_kind(exc)
                 if kind is None:
                     raise
                 decision = decide(exc, kind)

@@ -177,9 +177,7 @@ class UsageMeter:
 
     def pool_state(self, pool: str, **values: float) -> None:
         """Where a pool stands in this process, per process id; not sent to the sink."""
-        counts, pid = self.counts[POOL + pool], os.getpid()
-        for key, value in values.items():
-            counts[f"{key}@{pid}"] = value
+        self.counts[POOL + pool].update({f"{key}@{os.getpid()}": value for key, value in values.items()})
 
     def charge_unsettled(self) -> None:
         """Charge the requests still in flight their worst case (a meter of ended attempts)."""

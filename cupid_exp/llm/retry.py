@@ -142,9 +142,12 @@ def retry_after_s(headers: Mapping[str, str] | None, body_message: str = "", now
             value = _until(h["retry-after"], now)
         if value is not None:
             return value
-    resets = [parse_duration(text) if key.startswith("x-ratelimit-reset") else _until(text, now)
-              for key, text in h.items() if key.startswith("x-ratelimit-reset")
-              or key.startswith("anthropic-ratelimit-") and key.endswith("-reset")]
+    resets: list[float | None] = []
+    for key, text in h.items():
+        if key.startswith("x-ratelimit-reset"):
+            resets.append(parse_duration(text))
+        elif key.startswith("anthropic-ratelimit-") and key.endswith("-reset"):
+            resets.append(_until(text, now))
     known = [r for r in resets if r is not None]
     if known:
         return max(known)

@@ -94,7 +94,9 @@ def plot_by_type(records: Series, task: str = "inference", *, metric: str | None
             scored[label] = [e.n for e in ests]
         values = [0.0 if math.isnan(e.value) else e.value * scale for e in ests]
         err = np.array([_errorbar(e, scale) for e in ests]).T
-        name = label if not single else LABELS.get(m, m) if len(metrics) == 1 else m
+        name = label if not single else m
+        if single and len(metrics) == 1:
+            name = LABELS.get(m, m)
         pos = x - 0.4 + width * (j + 0.5)
         ax.bar(pos, values, width * 0.92, yerr=err, capsize=3, label=name, color=COLORS[j % len(COLORS)],
                error_kw={"elinewidth": 1, "ecolor": "0.25"})
@@ -124,7 +126,11 @@ def _binned_plot(series: dict[str, list[Mapping[str, Any]]], metric: str, bins: 
     rng = np.random.default_rng(seed)
     for j, (label, recs) in enumerate(series.items()):
         color = COLORS[j % len(COLORS)]
-        members = [[r for r in recs if assign(r) == i] for i in range(len(bins))]
+        members: list[list[Mapping[str, Any]]] = [[] for _ in bins]
+        for r in recs:  # each record's bin found once
+            b = assign(r)
+            if b is not None:
+                members[b].append(r)
         ests = [(x, est) for (x, _), part in zip(bins, members, strict=False)
                 if (est := bootstrap_ci(part, metric, n_boot=n_boot, seed=seed, failure_policy=failure_policy)).n]
         xs, ys, ns = [x for x, _ in ests], [est.value * scale for _, est in ests], [est.n for _, est in ests]

@@ -232,10 +232,14 @@ def ci_metrics(records: Iterable[Mapping[str, Any]], parts: Sequence[str], *, n_
                seed: int = 0, failure_policy: str = "exclude") -> dict[str, float]:
     """Flat MLflow metrics for a job's task ``parts``: '<task>/f1/ci_low', '<task>/changing/score/ci_high', ..."""
     records = list(records)
-    return {metric_key(t, group, m, end): v for t in parts
-            for group, block in task_cis(records, t, n_boot=n_boot, seed=seed, failure_policy=failure_policy).items()
-            for m, est in block.items() if est.n
-            for end, v in (("ci_low", est.low), ("ci_high", est.high)) if v == v}
+    out: dict[str, float] = {}
+    for t in parts:
+        for group, block in task_cis(records, t, n_boot=n_boot, seed=seed, failure_policy=failure_policy).items():
+            for m, est in block.items():
+                if est.n:
+                    out[metric_key(t, group, m, "ci_low")] = est.low
+                    out[metric_key(t, group, m, "ci_high")] = est.high
+    return {k: v for k, v in out.items() if v == v}
 
 
 def _sign_patterns(n: int, n_perm: int, rng: np.random.Generator) -> tuple[np.ndarray, bool]:

@@ -34,9 +34,13 @@ def task_metrics(records: Sequence[Mapping[str, Any]], task: str, failure_policy
 
 def flat_metrics(task: str, nested: Mapping[str, Any]) -> dict[str, float]:
     """'inference/f1', 'inference/micro/f1', 'inference/changing/f1', 'inference/count/scored', ..."""
-    return {(f"{task}/count/{k}" if group == "counts" else metric_key(task, group, k)): float(v)
-            for group, block in nested.items() for k, v in block.items()
-            if group != "counts" or isinstance(v, (int, float))}
+    flat: dict[str, float] = {}
+    for group, block in nested.items():
+        if group == "counts":
+            flat.update({f"{task}/count/{k}": float(v) for k, v in block.items() if isinstance(v, (int, float))})
+            continue
+        flat.update({metric_key(task, group, k): float(v) for k, v in block.items()})
+    return flat
 
 
 def error_counts(records: Sequence[Mapping[str, Any]]) -> dict[str, int]:
@@ -108,10 +112,11 @@ def epoch_metrics(records: Sequence[Mapping[str, Any]], parts: Sequence[str], fa
         return {}
     import pandas as pd
 
-    mine = {epoch: [r for r in records if r.get("epoch") == epoch] for epoch in epochs}
-    by_epoch = {epoch: {k: v for part in parts
-                        for k, v in flat_metrics(part, task_metrics(rs, part, failure_policy)).items()
-                        if k.count("/") == 1} for epoch, rs in mine.items()}  # overall numbers only
+    by_epoch: dict[int, dict[str, float]] = {}
+    for epoch in epochs:
+        mine = [r for r in records if r.get("epoch") == epoch]
+        flat = {k: v for part in parts for k, v in flat_metrics(part, task_metrics(mine, part, failure_policy)).items()}
+        by_epoch[epoch] = {k: v for k, v in flat.items() if k.count("/") == 1}  # overall numbers only
     out = {f"epoch/{epoch}/{k}": v for epoch, flat in by_epoch.items() for k, v in flat.items()}
     means = pd.DataFrame(by_epoch).mean(axis=1)  # a row per metric, a column per epoch; NaN left out
     return out | {f"epoch/mean/{name}": float(v) for name, v in means.items() if v == v}

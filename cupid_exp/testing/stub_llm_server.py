@@ -424,7 +424,6 @@ class StubServer(StubModel):
             with self._lock:
                 self.counters.departed()
 
-
     def _send_fault(self, handler: Any, fault: str, body: dict[str, Any], auth: str, prompt_digest: str) -> None:
         """Answer with ``fault`` as a provider would, billing what is processed (429s and 5xx: ``fault_reply``)."""
         cfg = self.config

@@ -102,12 +102,10 @@ def check_keys(roles: Mapping[str, ModelConfig], dry_run: bool) -> None:
     """Every called role's provider has credentials (a missing key is one line, not every instance failing ``auth``);
     a dry run only warns."""
     line = missing_keys_line(roles)
-    if line is None:
-        return
-    if dry_run:
+    if line is not None and dry_run:
         log.warning("a real run would stop here: %s", line)
-        return
-    raise ConfigError(line)
+    elif line is not None:
+        raise ConfigError(line)
 
 
 def note_models(roles: Mapping[str, ModelConfig]) -> None:

@@ -10,7 +10,6 @@ from cupid_exp.job.spec import Kind, Result, Unit
 from cupid_exp.llm.budget import BudgetExceeded, started_instance
 from cupid_exp.llm.calls import CallLog, recording
 from cupid_exp.llm.retry import FatalProviderError
-from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.progress import InstanceObserver, Progress
 
 if TYPE_CHECKING:
@@ -79,11 +78,6 @@ async def run_units(kind: Kind, ctx: Any, lanes: int, take: Taker, finished: Fin
     await together(*(lane() for _ in range(lanes)))  # a bug or a full disk: all stop
     if fatal:
         raise fatal[0]
-
-
-def stopped_by_budget(meter: UsageMeter) -> bool:
-    """Whether some process of the job was refused a call by its budget (its meter counts it, workers' merged)."""
-    return meter.totals().get("not_sent_budget", 0.0) > 0
 
 
 def job_finisher(job: "Job", observer: InstanceObserver | None, results: list[Result]) -> Finished:

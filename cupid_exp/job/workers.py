@@ -65,8 +65,7 @@ class Workers:
         log.info("model calls shared by %d processes (runtime.workers; %s)", attempt.processes,
                  "forked" if method == "fork" else "spawned")
 
-    def listen(self, loop: asyncio.AbstractEventLoop,
-               handle: Callable[[logging.LogRecord | Report], None]) -> threading.Thread:
+    def listen(self, loop: asyncio.AbstractEventLoop, handle: Callable[[logging.LogRecord | Report], None]) -> None:
         """Each message goes to ``handle`` on ``loop``; a worker exiting without its last word is a ``died`` report."""
         def run() -> None:
             reported: set[int | None] = set()  # workers whose last word ("done" or "bug") came
@@ -92,9 +91,7 @@ class Workers:
                 except RuntimeError:  # the loop has closed: the job is over
                     return
 
-        thread = threading.Thread(target=run, name="cupid-workers-inbox", daemon=True)
-        thread.start()
-        return thread
+        threading.Thread(target=run, name="cupid-workers-inbox", daemon=True).start()
 
     def stop(self) -> None:
         """Stop listening; end workers still running (an interrupted or failed job). Once is enough."""

@@ -68,7 +68,7 @@ class Workers:
     def listen(self, loop: asyncio.AbstractEventLoop, handle: Callable[[logging.LogRecord | Report], None]) -> None:
         """Each message goes to ``handle`` on ``loop``; a worker exiting without its last word is a ``died`` report."""
         def run() -> None:
-            reported: set[int | None] = set()  # workers whose last word ("done" or "bug") came
+            reported: set[int | None] = set()  # workers whose last word ("done" or "failed") came
             seen_dead = False
             while not self._stop.is_set():
                 try:

@@ -15,23 +15,26 @@ from omegaconf import DictConfig
 from cupid_exp.durability.attempts import earlier_attempt_metrics, earlier_spend
 from cupid_exp.durability.signals import sigterm_raises
 from cupid_exp.errors import Interrupted, Outcome, Terminated
-from cupid_exp.job.budgets import BudgetReport, report
-from cupid_exp.job.execute import execute
+from cupid_exp.job.budgets import BudgetReport
 from cupid_exp.job.heap import start_up
 from cupid_exp.job.plan import Load, connect, plan, specify, typed_config
 from cupid_exp.job.publish import job_outcome, publish, start_tracking
 from cupid_exp.job.spec import Execution, Job, Summary
-from cupid_exp.job.workers import start_workers
+from cupid_exp.job.workers import execute, start_workers
 from cupid_exp.tracking.mlflow import SweepParent, ends_on_error
 
 log = logging.getLogger(__name__)
 
 
 def budget_report(job: Job, execution: Execution) -> BudgetReport | None:
-    """What a budgeted job spent, and whether its budget stopped it (None without a budget)."""
+    """What a budgeted job spent, and whether its budget stopped it: when some process of the job was refused a call
+    (None without a budget)."""
     budget = job.attempt.budget
-    return None if budget is None else report(budget, len(job.todo) - len(execution.results),
-                                              job.attempt.meter.totals().get("not_sent_budget", 0.0), job.work.noun)
+    if budget is None:
+        return None
+    not_run, refused = len(job.todo) - len(execution.results), job.attempt.meter.totals().get("not_sent_budget", 0.0)
+    return BudgetReport(budget.state(), not_run, stopped=bool(refused or budget.refused) and not_run > 0,
+                        refused_calls=refused, noun=job.work.noun)
 
 
 def summarize_job(job: Job, execution: Execution, started: float) -> Summary:

@@ -36,14 +36,11 @@ class BudgetReport:
     accounts: list[tuple[Account, float]]
     not_run: int
     stopped: bool
-    refused_calls: float = 0.0  #: calls not sent (every process of the job)
-    noun: str = "instance"  #: what a unit of the job is (``job.spec.Work.noun``)
-
-    def binding(self) -> tuple[Account, float]:
-        return min(self.accounts, key=lambda a: a[0].cap - a[1])
+    refused_calls: float  #: calls not sent (every process of the job)
+    noun: str  #: what a unit of the job is (``job.spec.Work.noun``)
 
     def line(self) -> str:
-        account, spent = self.binding()
+        account, spent = min(self.accounts, key=lambda a: a[0].cap - a[1])  # the account closest to its cap
         return (f"BUDGET: ${spent:.4f} of ${account.cap:.4f} spent; {self.not_run} {self.noun}s not run; "
                 f"resume with a higher budget ({account.key})")
 
@@ -58,12 +55,6 @@ class BudgetReport:
             out[f"budget/{account.scope}/spent_usd"] = spent
             out[f"budget/{account.scope}/left_usd"] = max(0.0, account.cap - spent)
         return out
-
-
-def report(budget: Budget, not_run: int, refused_calls: float, noun: str = "instance") -> BudgetReport:
-    """The end of a budgeted job: stopped when some process of the job was refused a call."""
-    return BudgetReport(budget.state(), not_run, stopped=bool(refused_calls or budget.refused) and not_run > 0,
-                        refused_calls=refused_calls, noun=noun)
 
 
 def _verdict(what: str, estimate_usd: float, cap: float, key: str) -> str:

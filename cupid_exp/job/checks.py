@@ -102,12 +102,10 @@ def check_keys(roles: Mapping[str, ModelConfig], dry_run: bool) -> None:
     """Every called role's provider has credentials (a missing key is one line, not every instance failing ``auth``);
     a dry run only warns."""
     line = missing_keys_line(roles)
-    if line is None:
-        return
-    if dry_run:
+    if line is not None and dry_run:
         log.warning("a real run would stop here: %s", line)
-        return
-    raise ConfigError(line)
+    elif line is not None:
+        raise ConfigError(line)
 
 
 def note_models(roles: Mapping[str, ModelConfig]) -> None:
@@ -175,10 +173,10 @@ def missing_keys_line(roles: Mapping[str, ModelConfig]) -> str | None:
         return None
     parts = [f"{', '.join(rs)} ({name}, {litellm_model}) {'needs' if len(rs) == 1 else 'need'} {phrase}"
              for (name, litellm_model, phrase), rs in groups.items()]
-    first = next(iter(groups.values()))[0]
-    hint = f"{first}.api_base=URL, {first}.api_key_env=VAR"
+    first = next(iter(groups.values()))
+    hint = f"{first[0]}.api_base=URL, {first[0]}.api_key_env=VAR"
     if len(groups) == 1:
-        whom = "the role" if len(next(iter(groups.values()))) == 1 else "these roles"
+        whom = "the role" if len(first) == 1 else "these roles"
         return (f"{parts[0]}, which {'are' if plural else 'is'} not set; export {'them' if plural else 'it'} "
                 f"or point {whom} at another endpoint ({hint})")
     return "; ".join(parts) + ("; none of these is set: export them or point the roles at other endpoints "

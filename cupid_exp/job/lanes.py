@@ -4,17 +4,13 @@ stopped (in-flight units unjournalled); any other exception cancels the others (
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable
 
-from cupid_exp.job.spec import Kind, Result, Unit
+from cupid_exp.job.spec import Job, Kind, Result, Unit
 from cupid_exp.llm.budget import BudgetExceeded, started_instance
 from cupid_exp.llm.calls import CallLog, recording
 from cupid_exp.llm.retry import FatalProviderError
-from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.progress import InstanceObserver, Progress
-
-if TYPE_CHECKING:
-    from cupid_exp.job.spec import Job
 
 Taker = Callable[[], Any]  #: the next unit left to run, or None
 Finished = Callable[[Any, Result, "CallLog | None"], None]
@@ -73,20 +69,13 @@ async def run_units(kind: Kind, ctx: Any, lanes: int, take: Taker, finished: Fin
                     return
             finished(unit, result, calls)
 
-    if at_most is not None:
-        lanes = min(lanes, at_most)
-    lanes = max(1, lanes)
+    lanes = max(1, lanes if at_most is None else min(lanes, at_most))
     await together(*(lane() for _ in range(lanes)))  # a bug or a full disk: all stop
     if fatal:
         raise fatal[0]
 
 
-def stopped_by_budget(meter: UsageMeter) -> bool:
-    """Whether some process of the job was refused a call by its budget (its meter counts it, workers' merged)."""
-    return meter.totals().get("not_sent_budget", 0.0) > 0
-
-
-def job_finisher(job: "Job", observer: InstanceObserver | None, results: list[Result]) -> Finished:
+def job_finisher(job: Job, observer: InstanceObserver | None, results: list[Result]) -> Finished:
     """Journal each finished unit, tell the observer, keep its result, whichever process ran it."""
     journal = job.attempt.journal
 
@@ -101,7 +90,7 @@ def job_finisher(job: "Job", observer: InstanceObserver | None, results: list[Re
     return finished
 
 
-def job_progress(job: "Job", total: int) -> Progress:
+def job_progress(job: Job, total: int) -> Progress:
     runtime = job.cfg.runtime
     return Progress(list(job.work.stages), total, job.attempt.meter, enabled=bool(runtime.progress),
                     every_s=runtime.progress_every_s, noun=f"{job.work.noun}s")

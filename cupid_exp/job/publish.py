@@ -91,7 +91,6 @@ def restore_folder(job: Job, had_hydra: bool) -> None:
         return
     from omegaconf import OmegaConf
 
-
     atomic_write_text(hydra / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(dict(job.spec.resolved))))
     print(f"job folder {job.output_dir} was deleted while the job ran: made again with its results and "
           ".hydra/config.yaml (the resolved config; Hydra's overrides.yaml and hydra.yaml are lost)",
@@ -101,7 +100,6 @@ def restore_folder(job: Job, had_hydra: bool) -> None:
 def publish(job: Job, summary: Summary, tracker: Any, spending: BudgetReport | None = None, *,
             had_hydra: bool = False) -> None:
     """Files, console report, MLflow, the run's end; ``had_hydra``: the folder had ``.hydra/`` (``restore_folder``)."""
-    live = tracker
     stopped = spending is not None and spending.stopped
     complete = summary.complete and not stopped
     outcome = job_outcome(job, summary, spending)
@@ -112,18 +110,17 @@ def publish(job: Job, summary: Summary, tracker: Any, spending: BudgetReport | N
         estimate = meter.totals().get("cost_usd", 0.0)
         parent = job.spec.parent_run
         sweep = parent.sweep_dir if isinstance(parent, SweepParent) else None
-        show(dry_run_report(job.work.title, meter, fit_line(job.cfg.calls, estimate, sweep)),
-                     job.output_dir)
+        show(dry_run_report(job.work.title, meter, fit_line(job.cfg.calls, estimate, sweep)), job.output_dir)
         return
     where = str(job.output_dir)
-    if live is not None:
-        live.wait_opened()
-        where += f" | MLflow run {live.run_id} at {job.cfg.tracking.uri}"
-        if live.notice:
-            log.warning("MLflow: %s", live.notice)
+    if tracker is not None:
+        tracker.wait_opened()
+        where += f" | MLflow run {tracker.run_id} at {job.cfg.tracking.uri}"
+        if tracker.notice:
+            log.warning("MLflow: %s", tracker.notice)
     status = spending.status_line() if spending is not None and stopped else summary.status_line()
     show(published.report(where, status), job.output_dir)
-    if live is None:
+    if tracker is None:
         return
     # The results are on disk and printed: logging them is held together, an interrupt waits for it (a few
     # seconds) and is delivered once the run has ended FINISHED. Raised half-way through MLflow's store
@@ -134,7 +131,7 @@ def publish(job: Job, summary: Summary, tracker: Any, spending: BudgetReport | N
         whole = {**m, **whole_job_usage(job.attempt.earlier, meter), **whole_job_metrics(m)}
         batch_ids = {"cupid.batch_ids": " ".join(meter.batches.ids)[:5000]} if meter.batches.ids else {}
         line = results_line(job, summary, whole, published.tags)
-        live.finish(FinalLog(
+        tracker.finish(FinalLog(
             metrics=whole, step=summary.n_units, status=status_of(outcome.outcome),
             tags={"cupid.complete": str(complete).lower(), **published.tags, DESCRIPTION_TAG: line,
                   **outcome_tags(outcome.outcome, outcome.reason), **batch_ids},

@@ -32,7 +32,7 @@ class Digests(_Prompts, total=False):
 
 @dataclass
 class Execution:
-    """What a job's model phase produced (``job.execute``), and what it cost in time."""
+    """What a job's model phase produced (``job.workers.execute``), and what it cost in time."""
 
     results: list[Any]  #: fresh results (``Result``), in completion order
     seconds: float = 0.0  #: wall time calling models and scoring (without start-up or logging)

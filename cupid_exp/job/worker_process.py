@@ -57,7 +57,7 @@ class Report:
     calls: CallLog | None = None  #: the unit's model calls, when the job traces them
     counts: dict[str, dict[str, float]] = field(default_factory=dict)  #: usage since its last report
     cpu_seconds: float = 0.0  #: the worker's CPU time, in its last word
-    error: Any = None  #: the FatalProviderError, the WorkerEnvironmentFailure, the traceback, or how it died
+    error: Any = None  #: the FatalProviderError, the exception the job raises (``failed``), or how it ``died``
 
 
 @dataclass
@@ -90,6 +90,10 @@ class SharedCursor:
             self.counter.value = len(self.units)
 
 
+class WorkerFailed(RuntimeError):
+    """A worker process stopped on a bug or died: the job stops, as it would with the bug in its own process."""
+
+
 class WorkerEnvironmentFailure(EnvironmentFailure):
     """A worker's environment failure, re-raised by the job as its own (exit 5); picklable, unlike its base."""
 
@@ -119,14 +123,6 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="cupid-parent-watch", daemon=True).start()
 
 
-def _log_to(outbox: Queue[bytes | logging.LogRecord]) -> None:
-    """This process's log lines go to the job's process, which writes them with its own handlers."""
-    root = logging.getLogger()
-    root.handlers = [logging.handlers.QueueHandler(outbox)]
-    root.setLevel(logging.WARNING)
-    logging.getLogger("cupid_exp").setLevel(logging.INFO)
-
-
 def _connect(spec: WorkerSpec) -> tuple[Any, int, UsageMeter]:
     """This process's clients, its lanes and its meter (writing into the job's usage ledger)."""
     from cupid_exp.secrets import install_log_scrubber
@@ -145,7 +141,10 @@ def serve_units(spec: WorkerSpec, shared: Shared, inbox: Queue[bytes],
     """A worker: build clients, receive units, wait for the go, then run units from the shared counter."""
     ignore_stops()  # Ctrl-C or a scheduler's SIGTERM reach the whole group: the job decides (``Workers.stop``)
     _exit_with_parent()
-    _log_to(outbox)
+    root = logging.getLogger()  # its log lines go to the job's process, which writes them with its own handlers
+    root.handlers = [logging.handlers.QueueHandler(outbox)]
+    root.setLevel(logging.WARNING)
+    logging.getLogger("cupid_exp").setLevel(logging.INFO)
     code = 0
     try:
         ctx, lanes, meter = _connect(spec)
@@ -172,10 +171,10 @@ def serve_units(spec: WorkerSpec, shared: Shared, inbox: Queue[bytes],
         outbox.put(pickle.dumps(Report("done", os.getpid(), counts=meter.since(sent), cpu_seconds=time.process_time())))
     except BaseException as exc:  # noqa: BLE001 - every failure here is the job's to raise
         failure = environment_failure(exc) if isinstance(exc, Exception) else None
-        if failure is not None:  # the machine's, not a bug: the job's one line (exit 5)
-            outbox.put(pickle.dumps(Report("environment", os.getpid(), error=WorkerEnvironmentFailure.of(failure))))
-        else:
-            outbox.put(pickle.dumps(Report("bug", os.getpid(), error=traceback.format_exc())))
+        # the machine's, not a bug: the job's one line (exit 5); a bug: its traceback
+        error = WorkerEnvironmentFailure.of(failure) if failure is not None \
+            else WorkerFailed(f"a worker process stopped on a bug:\n{traceback.format_exc()}")
+        outbox.put(pickle.dumps(Report("failed", os.getpid(), error=error)))
         code = 1
     outbox.close()
     outbox.join_thread()  # everything sent is in the pipe

@@ -1,5 +1,6 @@
-"""``runtime.workers`` > 1: a job's calls shared by several processes, since one core bounds the call rate. Only the
-job's process journals, tracks and draws progress; each model's ``max_concurrency`` is split among processes."""
+"""Phase 2 of a job: run the units left, here and, with ``runtime.workers`` > 1, in worker processes (one core
+bounds the call rate); journal each and tell the MLflow run. Only the job's process journals, tracks and draws
+progress; each model's ``max_concurrency`` is split among processes."""
 
 from __future__ import annotations
 
@@ -12,32 +13,25 @@ import pickle
 import queue
 import sys
 import threading
+import time
 from typing import Any, Callable, Literal
 
-from cupid_exp.job.lanes import fair_share, job_finisher, job_progress, run_units, stopped_by_budget, together
-from cupid_exp.job.spec import Job, Result
-from cupid_exp.job.worker_process import Report, Shared, SharedCursor, WorkerSpec, serve_units
+from cupid_exp.job.heap import long_lived_frozen
+from cupid_exp.job.lanes import fair_share, job_finisher, job_progress, run_units, together
+from cupid_exp.job.spec import Execution, Job, Result
+from cupid_exp.job.worker_process import Report, Shared, SharedCursor, WorkerFailed, WorkerSpec, serve_units
 from cupid_exp.llm.client import drain_background_tasks
 from cupid_exp.llm.retry import FatalProviderError
+from cupid_exp.llm.server import managed_server
 from cupid_exp.progress import InstanceObserver, wants_calls
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.5  #: how often the job looks at its workers' liveness while none of them reports
 
-
-class WorkerFailed(RuntimeError):
-    """A worker process stopped on a bug or died: the job stops, as it would with the bug in its own process."""
-
-
 # What every calls process imports before its first call: imported once, by the job's process, before a forked
-# worker starts (``start_method``), with the work's own modules (``Work.client_modules``).
+# worker starts (``start_workers``), with the work's own modules (``Work.client_modules``).
 CLIENT_MODULES = ("litellm", "cupid_exp.llm.client", "cupid_exp.llm.steps", "cupid_exp.job.checks")
-
-
-def start_method() -> Literal["fork", "spawn"]:
-    """``fork`` on Linux (litellm already imported), ``spawn`` elsewhere (macOS is not fork-safe)."""
-    return "fork" if sys.platform.startswith("linux") else "spawn"
 
 
 class Workers:
@@ -71,15 +65,10 @@ class Workers:
         log.info("model calls shared by %d processes (runtime.workers; %s)", attempt.processes,
                  "forked" if method == "fork" else "spawned")
 
-    def go(self, with_calls: bool) -> None:
-        self.shared.wants_calls.value = int(with_calls)
-        self.shared.go.set()
-
-    def listen(self, loop: asyncio.AbstractEventLoop,
-               handle: Callable[[logging.LogRecord | Report], None]) -> threading.Thread:
+    def listen(self, loop: asyncio.AbstractEventLoop, handle: Callable[[logging.LogRecord | Report], None]) -> None:
         """Each message goes to ``handle`` on ``loop``; a worker exiting without its last word is a ``died`` report."""
         def run() -> None:
-            reported: set[int | None] = set()  # workers whose last word ("done" or "bug") came
+            reported: set[int | None] = set()  # workers whose last word ("done" or "failed") came
             seen_dead = False
             while not self._stop.is_set():
                 try:
@@ -95,16 +84,14 @@ class Workers:
                 else:
                     if not isinstance(message, logging.LogRecord):
                         message = pickle.loads(message)
-                        if message.kind in ("done", "bug", "environment"):
+                        if message.kind in ("done", "failed"):
                             reported.add(message.pid)
                 try:
                     loop.call_soon_threadsafe(handle, message)
                 except RuntimeError:  # the loop has closed: the job is over
                     return
 
-        thread = threading.Thread(target=run, name="cupid-workers-inbox", daemon=True)
-        thread.start()
-        return thread
+        threading.Thread(target=run, name="cupid-workers-inbox", daemon=True).start()
 
     def stop(self) -> None:
         """Stop listening; end workers still running (an interrupted or failed job). Once is enough."""
@@ -152,10 +139,8 @@ async def _spread(job: Job, todo: list[Any], observer: InstanceObserver | None, 
         elif kind == "fatal":
             fatal.append(message.error)
             cursor.stop()
-        elif kind == "environment":  # a full disk in a worker: the job's one line, exit 5
+        elif kind == "failed":  # a bug (its traceback), or a full disk: the job's one line, exit 5
             all_done.set_exception(message.error)
-        elif kind == "bug":
-            all_done.set_exception(WorkerFailed(f"a worker process stopped on a bug:\n{message.error}"))
         elif kind == "died":
             all_done.set_exception(WorkerFailed(f"{message.error} before it finished its {job.work.noun}s"))
 
@@ -174,7 +159,8 @@ async def _spread(job: Job, todo: list[Any], observer: InstanceObserver | None, 
     await drain_background_tasks()
     if fatal:
         raise fatal[0]
-    if len(results) != len(todo) and not stopped_by_budget(meter):  # taken and sent back, or the job failed
+    # taken and sent back, or the job failed (unless some process of the job was refused a call by its budget)
+    if len(results) != len(todo) and meter.totals().get("not_sent_budget", 0.0) <= 0:
         raise WorkerFailed(f"{len(todo) - len(results)} of {len(todo)} {job.work.noun}s were taken and never "
                            "reported")
     return results
@@ -185,7 +171,8 @@ def start_workers(job: Job) -> Workers | None:
     connection or limits), and before litellm's native runtime; spawned otherwise."""
     if job.attempt.processes <= 1:
         return None
-    method = start_method() if job.ctx is None else "spawn"
+    # ``fork`` on Linux (litellm already imported), ``spawn`` elsewhere (macOS is not fork-safe)
+    method: Literal["fork", "spawn"] = "fork" if sys.platform.startswith("linux") and job.ctx is None else "spawn"
     if method == "fork":
         for name in (*CLIENT_MODULES, *job.work.client_modules):
             importlib.import_module(name)
@@ -199,11 +186,42 @@ def start_workers(job: Job) -> Workers | None:
     return Workers(job, method)
 
 
-def run_spread(job: Job, todo: list[Any], observer: InstanceObserver | None, workers: Workers
-               ) -> tuple[list[Result], float]:
-    """Run ``todo`` over the job's process and its ``workers``; the results and the workers' CPU time."""
-    if [i.key for i in todo] != [i.key for i in workers.todo]:
-        raise RuntimeError(f"the workers were started for other {job.work.noun}s than the job runs")
-    calls = wants_calls(observer)
-    workers.go(calls)
-    return asyncio.run(_spread(job, todo, observer, workers, calls)), workers.cpu_seconds
+async def _run_all(job: Job, units: list[Any], observer: InstanceObserver | None = None) -> list[Result]:
+    progress = job_progress(job, len(units))
+    results: list[Result] = []
+    pending = iter(units)
+    try:
+        await run_units(job.work.kind, job.ctx, job.lanes, lambda: next(pending, None),
+                        job_finisher(job, observer, results), progress, wants_calls(observer))
+    finally:
+        progress.close()
+    await drain_background_tasks()
+    return results
+
+
+def execute(job: Job, observer: InstanceObserver | None = None, workers: Workers | None = None) -> Execution:
+    """Run what is left inside the work's model server, if any; ``observer`` hears of each finished unit."""
+    todo = job.todo
+    if not todo:
+        return Execution([])
+    assert job.ctx is not None, "connect(job) before execute (run_job does, between its workers and the run)"
+    server = job.work.model_server if not job.dry_run else None
+    with managed_server(server), long_lived_frozen():
+        start, cpu = time.perf_counter(), time.process_time()  # without a model server's start-up
+        if job.attempt.processes > 1:
+            running = workers or start_workers(job)
+            assert running is not None  # more than one process: start_workers starts them
+            try:
+                if [i.key for i in todo] != [i.key for i in running.todo]:
+                    raise RuntimeError(f"the workers were started for other {job.work.noun}s than the job runs")
+                calls = wants_calls(observer)
+                running.shared.wants_calls.value = int(calls)
+                running.shared.go.set()
+                results = asyncio.run(_spread(job, todo, observer, running, calls))
+                workers_cpu = running.cpu_seconds
+            finally:
+                if running is not workers:
+                    running.stop()
+        else:
+            results, workers_cpu = asyncio.run(_run_all(job, todo, observer)), 0.0
+        return Execution(results, time.perf_counter() - start, time.process_time() - cpu + workers_cpu)

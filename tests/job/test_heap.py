@@ -14,7 +14,7 @@ from cupid_exp.job import execute
 from cupid_exp.job.heap import long_lived_frozen, start_up
 from cupid_exp.testing.stub_llm_server import StubServer
 
-execute_module = importlib.import_module("cupid_exp.job.execute")  # the module, not the function
+execute_module = importlib.import_module("cupid_exp.job.workers")  # the module, not the function
 
 
 @pytest.fixture(autouse=True)

@@ -57,20 +57,12 @@ class RowBill:
     unread: int = 0
 
 
-async def _direct(send: Callable[[], Awaitable[_T]]) -> _T:
-    return await send()
-
-
-def _no_stop(kind: str, message: str) -> Exception:
-    return RowFailed(429, kind, message)
-
-
 @dataclass
 class Guard:
     """How upload and creation meet refusals: the client's retry policy (``run``) and its stop for later (``later``)."""
 
-    run: Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]] = _direct
-    later: Callable[[str, str], Exception] = _no_stop
+    run: Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]] = lambda send: send()
+    later: Callable[[str, str], Exception] = lambda kind, message: RowFailed(429, kind, message)
     patience_s: float = 1800.0
     outage_patience_s: float = 900.0  #: how long polling waits for an endpoint that stopped answering
 
@@ -195,7 +187,7 @@ class Batcher:
                 self._fail(row, exc)
             return
         mapping = {row.digest[:40]: row.digest for row in rows}  # each line's custom_id: its row
-        self.queue.sent(batch.id, sum(row.tokens for row in rows))
+        self.queue.in_flight[batch.id] = sum(row.tokens for row in rows)
         self.ledger.submitted(batch.id, self.endpoint, uploaded.id, mapping)
         self.counts.submitted += 1
         self.counts.rows_submitted += len(rows)
@@ -306,11 +298,9 @@ class Batcher:
             (output, unread), (errors, unread_errors) = (await self._read(batch.output_file_id),
                                                          await self._read(batch.error_file_id))
             for entry in output + errors:
-                found = rows.get(entry["custom_id"])
-                if found is None:
-                    continue
-                answered.add(found)
-                self._settle(found, entry)
+                if (found := rows.get(entry["custom_id"])) is not None:
+                    answered.add(found)
+                    self._settle(found, entry)
             missing = [self._waiting[d] for d in set(rows.values()) - answered if d in self._waiting]
             self._resend_missing(batch, missing, unread + unread_errors)
         for digest in rows.values():
@@ -321,7 +311,7 @@ class Batcher:
             self.queue.finished(batch.id, accepted=batch.status != "failed")
         if self._intake:
             # held after a rejection with none of ours queued: the queue is someone else's; look again later
-            self._schedule(self.settings.poll_s if rejection is not None and not self.queue.queued else None)
+            self._schedule(self.settings.poll_s if rejection is not None and not self.queue.in_flight else None)
 
     def _hold(self, batch_id: str, rows: dict[str, str], limit: int | None, message: str) -> None:
         """Requeue a batch the enqueued-token limit refused at the front, unless the limit outlasted the patience."""

@@ -13,11 +13,11 @@ from cupid_exp.llm.batch import Batcher, BatchSettings, Guard, RowBill, RowFaile
 from cupid_exp.llm.batch_ledger import BatchLedger
 from cupid_exp.llm.batch_providers import batch_provider
 from cupid_exp.llm.billing import counted_tokens, lost_after_sending, reply_text
-from cupid_exp.llm.budget import in_flight_worst, reserve_call, worst_case_tokens, worst_case_usd
+from cupid_exp.llm.budget import in_flight_worst, reserve_call
 from cupid_exp.llm.errors import ProviderError, _short, provider_error_kind
 from cupid_exp.llm.messages import Message
 from cupid_exp.llm.retry import CallFailed, FatalProviderError, RetryLater, is_billing, stop_job, with_retries
-from cupid_exp.llm.usage import BatchCounts, Completion
+from cupid_exp.llm.usage import BatchCounts, Completion, WorstCase
 
 if TYPE_CHECKING:
     from cupid_exp.llm.client import LLMClient
@@ -71,13 +71,12 @@ async def batched_completion(batcher: Batcher, model: ModelConfig, messages: lis
                       seconds=time.perf_counter() - start, finish_reason=choice.get("finish_reason"))
 
 
-def unread_usd(client: LLMClient, messages: list[Message], kwargs: dict[str, Any], unread: int) -> float:
-    """The cost of ``unread`` billed attempts: the worst case each at batch prices (unpriced: nothing)."""
+def unread_usd(client: LLMClient, worst: WorstCase, unread: int) -> float:
+    """The cost of ``unread`` billed attempts: the worst case (``worst``) each at batch prices (unpriced: nothing)."""
     if not unread or client.pricing.worst is None:
         return 0.0
-    prompt, reply = worst_case_tokens(messages, kwargs, client.pricing.worst.max_output_tokens)
-    usd = batch_price(client.model, prompt, reply)
-    return unread * (usd if usd is not None else worst_case_usd(client.pricing.worst, messages, kwargs))
+    usd = batch_price(client.model, worst.prompt_tokens, worst.completion_tokens)
+    return unread * (usd if usd is not None else worst.usd)
 
 
 def client_guard(client: LLMClient) -> Guard:
@@ -129,7 +128,7 @@ async def complete_in_batch(client: Any, messages: list[Message], step: str,
     try:
         completion = await batched_completion(client._batcher, client.model, messages, kwargs, bill)
     except BaseException as exc:
-        unread = unread_usd(client, messages, kwargs, bill.unread)
+        unread = unread_usd(client, worst, bill.unread)
         if held is not None:
             held.failed(exc, beyond=unread)
         # however the call is counted below; a row the job stopped waiting for stays in flight: its worst case
@@ -150,7 +149,7 @@ async def complete_in_batch(client: Any, messages: list[Message], step: str,
             raise
         client.meter.fail(step, kind)
         raise ProviderError(kind, f"{client.model.name}: {type(exc).__name__}: {_short(exc)}") from exc
-    completion.charged_usd = unread_usd(client, messages, kwargs, bill.unread)
+    completion.charged_usd = unread_usd(client, worst, bill.unread)
     completion.charged_requests = bill.unread
     if held is not None:
         held.settle(0.0 if completion.cached else completion.cost_usd, beyond=completion.charged_usd)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import itertools
 import json
@@ -228,10 +229,9 @@ class Budget:
     def _update(self, change: Callable[[Ledgers], _T]) -> _T:
         """``change(ledgers)`` on every account's ledger at once, under all their locks (taken in path order)."""
         accounts = sorted(self.accounts, key=lambda a: a.path)
-        locks = [self._lock(a) for a in accounts]
-        for lock in locks:
-            lock.acquire()
-        try:
+        with contextlib.ExitStack() as locked:  # released in reverse order
+            for account in accounts:
+                locked.enter_context(self._lock(account))
             ledgers = [(a, _load(self._file(a), a)) for a in accounts]
             for _, data in ledgers:
                 _purge_dead(data)
@@ -240,9 +240,6 @@ class Budget:
                 data["cap"] = account.cap
                 _save(self._file(account), data)
             return result
-        finally:
-            for lock in reversed(locks):
-                lock.release()
 
     def _try_reserve(self, rid: str, usd: float) -> tuple[str, Account | None, float]:
         def change(ledgers: Ledgers) -> tuple[str, Account | None, float]:

@@ -87,10 +87,9 @@ class Batcher:
     """One endpoint's batches for one job (one event loop): gathers, submits, polls, resolves."""
 
     def __init__(self, endpoint: dict[str, Any], call_kwargs: dict[str, Any], ledger: BatchLedger,
-                 settings: BatchSettings, counts: BatchCounts, guard: Guard | None = None):
-        self.endpoint, self.kwargs, self.ledger, self.settings, self.counts = (
-            endpoint, call_kwargs, ledger, settings, counts)
-        self.guard = guard or Guard()
+                 settings: BatchSettings, counts: BatchCounts, guard: Guard):
+        self.endpoint, self.kwargs, self.ledger, self.settings, self.counts, self.guard = (
+            endpoint, call_kwargs, ledger, settings, counts, guard)
         self.queue = EnqueuedTokens()
         self._waiting: dict[str, _Row] = {}
         self._intake: list[_Row] = []
@@ -98,7 +97,7 @@ class Batcher:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._adopted = False
         self.loop = asyncio.get_running_loop()
-        self._open: dict[str, str] = {}  # request digest -> the open batch (an earlier run's) that holds it
+        self._open: set[str] = set()  # the request digests an open batch (an earlier run's) holds
 
     async def complete(self, body: dict[str, Any], bill: RowBill) -> dict[str, Any]:
         """The reply body for ``body``; ``bill``: what it costs this caller (the first identical caller pays)."""
@@ -132,11 +131,10 @@ class Batcher:
         if not self._adopted:
             self._adopted = True
             for batch_id, entry in self.ledger.open_batches().items():
-                if (entry.get("api_base"), entry.get("model")) != (self.endpoint.get("api_base"),
+                if (entry.get("api_base"), entry.get("model")) == (self.endpoint.get("api_base"),
                                                                    self.endpoint.get("model")):
-                    continue
-                self._open.update({d: batch_id for d in entry["rows"].values()})
-                self._watch(batch_id, entry["rows"])
+                    self._open.update(entry["rows"].values())
+                    self._watch(batch_id, entry["rows"])
         return digest in self._open
 
     def _schedule(self, delay_s: float | None = None) -> None:
@@ -304,7 +302,7 @@ class Batcher:
             missing = [self._waiting[d] for d in set(rows.values()) - answered if d in self._waiting]
             self._resend_missing(batch, missing, unread + unread_errors)
         for digest in rows.values():
-            self._open.pop(digest, None)
+            self._open.discard(digest)
         self.counts.collected += 1
         self.ledger.closed(batch.id, batch.status)
         if rejection is None:

@@ -40,7 +40,7 @@ def batch_price(model: ModelConfig, prompt_tokens: int, completion_tokens: int) 
 
 
 def new_batcher(model: ModelConfig, settings: CallsConfig, api_key: str | None, counts: BatchCounts,
-                guard: Guard | None = None) -> Batcher:
+                guard: Guard) -> Batcher:
     # no retries of the OpenAI SDK's (it retried a 429 insufficient_quota twice): ours decide (``client_guard``); only
     # a model with a Batch API gets here (``client._wants_batch``)
     kwargs: dict[str, Any] = {"custom_llm_provider": batch_provider(model.litellm_model), "max_retries": 0}
@@ -93,14 +93,13 @@ def client_guard(client: LLMClient) -> Guard:
 
 
 def row_failure_kind(exc: RowFailed) -> str:
-    """The failure kind a live call with the same HTTP status would have been counted as."""
+    """The failure kind a live call with the same HTTP status would have been counted as (a 401 or 403 never comes
+    here: ``_row_refusal`` stops the job for it first)."""
     text = str(exc).lower()
     if exc.code == "context_length_exceeded" or "context length" in text or "maximum context" in text:
         return "context_length"
     if exc.status == 429:
         return "rate_limit"
-    if exc.status in (401, 403):
-        return "auth"
     if exc.status == 408:
         return "timeout"
     return "provider"

@@ -165,6 +165,8 @@ def corrupt(exc: sqlite3.DatabaseError) -> bool:
     unwritable one (``OperationalError``: locked, a disk I/O error, a full disk) or a refused statement (its other
     subclasses), which are not the file's fault."""
     return type(exc) is sqlite3.DatabaseError
+
+
 def _cut(value: object) -> bool:
     """Whether a cache entry holds a reply that ran into max_tokens (litellm keeps the response as compact JSON)."""
     response = value.get("response") if isinstance(value, dict) else None

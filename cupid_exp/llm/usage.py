@@ -116,8 +116,7 @@ class UsageMeter:
             added = {"calls": 1, "retries": completion.retries, "prompt_tokens": completion.prompt_tokens,
                      "completion_tokens": completion.completion_tokens}
         if completion.rate_limited or completion.limit_wait_s:
-            added["rate_limited"] = completion.rate_limited
-            added["limit_wait_s"] = completion.limit_wait_s
+            added.update(rate_limited=completion.rate_limited, limit_wait_s=completion.limit_wait_s)
         if completion.cost_usd is None:
             added["unpriced_calls"] = 1
         elif not completion.cached:

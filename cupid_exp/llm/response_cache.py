@@ -91,13 +91,11 @@ class DiskResponseStore(BaseCache):
         try:
             with writing(self.directory):
                 self.store.set(key, value, expire=float(ttl) if ttl else None)
-        except sqlite3.DatabaseError as exc:
-            if corrupt(exc):
+        except Exception as exc:  # noqa: BLE001  # litellm would log it and go on: raised in the call's path instead
+            if isinstance(exc, sqlite3.DatabaseError) and corrupt(exc):
                 self._broke(exc)
             else:
                 self.failed = self.failed or exc
-        except Exception as exc:  # noqa: BLE001  # litellm would log it and go on: raised in the call's path instead
-            self.failed = self.failed or exc
 
     async def async_set_cache(self, key: str, value: object, **kwargs: object) -> None:
         await self._on("write", lambda: self.set_cache(key, value, **kwargs))

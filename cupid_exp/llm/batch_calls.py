@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from cupid_exp.config import CallsConfig, ModelConfig
+from cupid_exp.config import ModelConfig
 from cupid_exp.llm.batch import Batcher, BatchSettings, Guard, RowBill, RowFailed
 from cupid_exp.llm.batch_ledger import BatchLedger
 from cupid_exp.llm.batch_providers import batch_provider
@@ -17,7 +17,7 @@ from cupid_exp.llm.budget import in_flight_worst, reserve_call
 from cupid_exp.llm.errors import ProviderError, _short, provider_error_kind
 from cupid_exp.llm.messages import Message
 from cupid_exp.llm.retry import CallFailed, FatalProviderError, RetryLater, is_billing, stop_job, with_retries
-from cupid_exp.llm.usage import BatchCounts, Completion, WorstCase
+from cupid_exp.llm.usage import Completion, WorstCase
 
 if TYPE_CHECKING:
     from cupid_exp.llm.client import LLMClient
@@ -39,10 +39,10 @@ def batch_price(model: ModelConfig, prompt_tokens: int, completion_tokens: int) 
     return float(cost_in + cost_out)
 
 
-def new_batcher(model: ModelConfig, settings: CallsConfig, api_key: str | None, counts: BatchCounts,
-                guard: Guard) -> Batcher:
+def new_batcher(client: LLMClient) -> Batcher:
     # no retries of the OpenAI SDK's (it retried a 429 insufficient_quota twice): ours decide (``client_guard``); only
     # a model with a Batch API gets here (``client._wants_batch``)
+    model, settings, api_key = client.model, client.settings, client._send_params.get("api_key")
     kwargs: dict[str, Any] = {"custom_llm_provider": batch_provider(model.litellm_model), "max_retries": 0}
     if model.api_base:
         kwargs["api_base"] = model.api_base
@@ -52,7 +52,7 @@ def new_batcher(model: ModelConfig, settings: CallsConfig, api_key: str | None, 
     ledger = BatchLedger(Path(settings.cache_dir).expanduser() / "batches")
     batches = BatchSettings(size=settings.batch_size, delay_s=settings.batch_delay_s, poll_s=settings.batch_poll_s,
                             max_resubmits=settings.num_retries)
-    return Batcher(endpoint, kwargs, ledger, batches, counts, guard)
+    return Batcher(endpoint, kwargs, ledger, batches, client.meter.batches, client_guard(client))
 
 
 async def batched_completion(batcher: Batcher, model: ModelConfig, messages: list[Message], kwargs: dict[str, Any],
@@ -119,8 +119,7 @@ async def complete_in_batch(client: Any, messages: list[Message], step: str,
     """The call through the Batch API: the worst case held at the live price, settled at the row's batch price; failures
     counted and stopping the job as live ones do."""
     if client._batcher is None or client._batcher.loop is not asyncio.get_running_loop():
-        client._batcher = new_batcher(client.model, client.settings, client._send_params.get("api_key"),
-                                      client.meter.batches, client_guard(client))
+        client._batcher = new_batcher(client)
     held, bill = await reserve_call(client, messages, kwargs, step), RowBill()
     worst = in_flight_worst(client.pricing.worst, messages, kwargs)
     client.meter.sending(step, worst)  # the row, in flight until its call is counted (a kill: its worst case)

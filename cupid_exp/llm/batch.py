@@ -57,20 +57,12 @@ class RowBill:
     unread: int = 0
 
 
-async def _direct(send: Callable[[], Awaitable[_T]]) -> _T:
-    return await send()
-
-
-def _no_stop(kind: str, message: str) -> Exception:
-    return RowFailed(429, kind, message)
-
-
 @dataclass
 class Guard:
     """How upload and creation meet refusals: the client's retry policy (``run``) and its stop for later (``later``)."""
 
-    run: Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]] = _direct
-    later: Callable[[str, str], Exception] = _no_stop
+    run: Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]] = lambda send: send()
+    later: Callable[[str, str], Exception] = lambda kind, message: RowFailed(429, kind, message)
     patience_s: float = 1800.0
     outage_patience_s: float = 900.0  #: how long polling waits for an endpoint that stopped answering
 
@@ -95,10 +87,9 @@ class Batcher:
     """One endpoint's batches for one job (one event loop): gathers, submits, polls, resolves."""
 
     def __init__(self, endpoint: dict[str, Any], call_kwargs: dict[str, Any], ledger: BatchLedger,
-                 settings: BatchSettings, counts: BatchCounts, guard: Guard | None = None):
-        self.endpoint, self.kwargs, self.ledger, self.settings, self.counts = (
-            endpoint, call_kwargs, ledger, settings, counts)
-        self.guard = guard or Guard()
+                 settings: BatchSettings, counts: BatchCounts, guard: Guard):
+        self.endpoint, self.kwargs, self.ledger, self.settings, self.counts, self.guard = (
+            endpoint, call_kwargs, ledger, settings, counts, guard)
         self.queue = EnqueuedTokens()
         self._waiting: dict[str, _Row] = {}
         self._intake: list[_Row] = []
@@ -106,7 +97,7 @@ class Batcher:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._adopted = False
         self.loop = asyncio.get_running_loop()
-        self._open: dict[str, str] = {}  # request digest -> the open batch (an earlier run's) that holds it
+        self._open: set[str] = set()  # the request digests an open batch (an earlier run's) holds
 
     async def complete(self, body: dict[str, Any], bill: RowBill) -> dict[str, Any]:
         """The reply body for ``body``; ``bill``: what it costs this caller (the first identical caller pays)."""
@@ -140,11 +131,10 @@ class Batcher:
         if not self._adopted:
             self._adopted = True
             for batch_id, entry in self.ledger.open_batches().items():
-                if (entry.get("api_base"), entry.get("model")) != (self.endpoint.get("api_base"),
+                if (entry.get("api_base"), entry.get("model")) == (self.endpoint.get("api_base"),
                                                                    self.endpoint.get("model")):
-                    continue
-                self._open.update({d: batch_id for d in entry["rows"].values()})
-                self._watch(batch_id, entry["rows"])
+                    self._open.update(entry["rows"].values())
+                    self._watch(batch_id, entry["rows"])
         return digest in self._open
 
     def _schedule(self, delay_s: float | None = None) -> None:
@@ -195,7 +185,7 @@ class Batcher:
                 self._fail(row, exc)
             return
         mapping = {row.digest[:40]: row.digest for row in rows}  # each line's custom_id: its row
-        self.queue.sent(batch.id, sum(row.tokens for row in rows))
+        self.queue.in_flight[batch.id] = sum(row.tokens for row in rows)
         self.ledger.submitted(batch.id, self.endpoint, uploaded.id, mapping)
         self.counts.submitted += 1
         self.counts.rows_submitted += len(rows)
@@ -306,22 +296,20 @@ class Batcher:
             (output, unread), (errors, unread_errors) = (await self._read(batch.output_file_id),
                                                          await self._read(batch.error_file_id))
             for entry in output + errors:
-                found = rows.get(entry["custom_id"])
-                if found is None:
-                    continue
-                answered.add(found)
-                self._settle(found, entry)
+                if (found := rows.get(entry["custom_id"])) is not None:
+                    answered.add(found)
+                    self._settle(found, entry)
             missing = [self._waiting[d] for d in set(rows.values()) - answered if d in self._waiting]
             self._resend_missing(batch, missing, unread + unread_errors)
         for digest in rows.values():
-            self._open.pop(digest, None)
+            self._open.discard(digest)
         self.counts.collected += 1
         self.ledger.closed(batch.id, batch.status)
         if rejection is None:
             self.queue.finished(batch.id, accepted=batch.status != "failed")
         if self._intake:
             # held after a rejection with none of ours queued: the queue is someone else's; look again later
-            self._schedule(self.settings.poll_s if rejection is not None and not self.queue.queued else None)
+            self._schedule(self.settings.poll_s if rejection is not None and not self.queue.in_flight else None)
 
     def _hold(self, batch_id: str, rows: dict[str, str], limit: int | None, message: str) -> None:
         """Requeue a batch the enqueued-token limit refused at the front, unless the limit outlasted the patience."""

@@ -8,16 +8,16 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from cupid_exp.config import CallsConfig, ModelConfig
+from cupid_exp.config import ModelConfig
 from cupid_exp.llm.batch import Batcher, BatchSettings, Guard, RowBill, RowFailed
 from cupid_exp.llm.batch_ledger import BatchLedger
 from cupid_exp.llm.batch_providers import batch_provider
 from cupid_exp.llm.billing import counted_tokens, lost_after_sending, reply_text
-from cupid_exp.llm.budget import in_flight_worst, reserve_call, worst_case_tokens, worst_case_usd
+from cupid_exp.llm.budget import in_flight_worst, reserve_call
 from cupid_exp.llm.errors import ProviderError, _short, provider_error_kind
 from cupid_exp.llm.messages import Message
 from cupid_exp.llm.retry import CallFailed, FatalProviderError, RetryLater, is_billing, stop_job, with_retries
-from cupid_exp.llm.usage import BatchCounts, Completion
+from cupid_exp.llm.usage import Completion, WorstCase
 
 if TYPE_CHECKING:
     from cupid_exp.llm.client import LLMClient
@@ -39,10 +39,10 @@ def batch_price(model: ModelConfig, prompt_tokens: int, completion_tokens: int) 
     return float(cost_in + cost_out)
 
 
-def new_batcher(model: ModelConfig, settings: CallsConfig, api_key: str | None, counts: BatchCounts,
-                guard: Guard | None = None) -> Batcher:
+def new_batcher(client: LLMClient) -> Batcher:
     # no retries of the OpenAI SDK's (it retried a 429 insufficient_quota twice): ours decide (``client_guard``); only
     # a model with a Batch API gets here (``client._wants_batch``)
+    model, settings, api_key = client.model, client.settings, client._send_params.get("api_key")
     kwargs: dict[str, Any] = {"custom_llm_provider": batch_provider(model.litellm_model), "max_retries": 0}
     if model.api_base:
         kwargs["api_base"] = model.api_base
@@ -52,7 +52,7 @@ def new_batcher(model: ModelConfig, settings: CallsConfig, api_key: str | None, 
     ledger = BatchLedger(Path(settings.cache_dir).expanduser() / "batches")
     batches = BatchSettings(size=settings.batch_size, delay_s=settings.batch_delay_s, poll_s=settings.batch_poll_s,
                             max_resubmits=settings.num_retries)
-    return Batcher(endpoint, kwargs, ledger, batches, counts, guard)
+    return Batcher(endpoint, kwargs, ledger, batches, client.meter.batches, client_guard(client))
 
 
 async def batched_completion(batcher: Batcher, model: ModelConfig, messages: list[Message], kwargs: dict[str, Any],
@@ -71,13 +71,12 @@ async def batched_completion(batcher: Batcher, model: ModelConfig, messages: lis
                       seconds=time.perf_counter() - start, finish_reason=choice.get("finish_reason"))
 
 
-def unread_usd(client: LLMClient, messages: list[Message], kwargs: dict[str, Any], unread: int) -> float:
-    """The cost of ``unread`` billed attempts: the worst case each at batch prices (unpriced: nothing)."""
+def unread_usd(client: LLMClient, worst: WorstCase, unread: int) -> float:
+    """The cost of ``unread`` billed attempts: the worst case (``worst``) each at batch prices (unpriced: nothing)."""
     if not unread or client.pricing.worst is None:
         return 0.0
-    prompt, reply = worst_case_tokens(messages, kwargs, client.pricing.worst.max_output_tokens)
-    usd = batch_price(client.model, prompt, reply)
-    return unread * (usd if usd is not None else worst_case_usd(client.pricing.worst, messages, kwargs))
+    usd = batch_price(client.model, worst.prompt_tokens, worst.completion_tokens)
+    return unread * (usd if usd is not None else worst.usd)
 
 
 def client_guard(client: LLMClient) -> Guard:
@@ -94,14 +93,13 @@ def client_guard(client: LLMClient) -> Guard:
 
 
 def row_failure_kind(exc: RowFailed) -> str:
-    """The failure kind a live call with the same HTTP status would have been counted as."""
+    """The failure kind a live call with the same HTTP status would have been counted as (a 401 or 403 never comes
+    here: ``_row_refusal`` stops the job for it first)."""
     text = str(exc).lower()
     if exc.code == "context_length_exceeded" or "context length" in text or "maximum context" in text:
         return "context_length"
     if exc.status == 429:
         return "rate_limit"
-    if exc.status in (401, 403):
-        return "auth"
     if exc.status == 408:
         return "timeout"
     return "provider"
@@ -121,15 +119,14 @@ async def complete_in_batch(client: Any, messages: list[Message], step: str,
     """The call through the Batch API: the worst case held at the live price, settled at the row's batch price; failures
     counted and stopping the job as live ones do."""
     if client._batcher is None or client._batcher.loop is not asyncio.get_running_loop():
-        client._batcher = new_batcher(client.model, client.settings, client._send_params.get("api_key"),
-                                      client.meter.batches, client_guard(client))
+        client._batcher = new_batcher(client)
     held, bill = await reserve_call(client, messages, kwargs, step), RowBill()
     worst = in_flight_worst(client.pricing.worst, messages, kwargs)
     client.meter.sending(step, worst)  # the row, in flight until its call is counted (a kill: its worst case)
     try:
         completion = await batched_completion(client._batcher, client.model, messages, kwargs, bill)
     except BaseException as exc:
-        unread = unread_usd(client, messages, kwargs, bill.unread)
+        unread = unread_usd(client, worst, bill.unread)
         if held is not None:
             held.failed(exc, beyond=unread)
         # however the call is counted below; a row the job stopped waiting for stays in flight: its worst case
@@ -150,7 +147,7 @@ async def complete_in_batch(client: Any, messages: list[Message], step: str,
             raise
         client.meter.fail(step, kind)
         raise ProviderError(kind, f"{client.model.name}: {type(exc).__name__}: {_short(exc)}") from exc
-    completion.charged_usd = unread_usd(client, messages, kwargs, bill.unread)
+    completion.charged_usd = unread_usd(client, worst, bill.unread)
     completion.charged_requests = bill.unread
     if held is not None:
         held.settle(0.0 if completion.cached else completion.cost_usd, beyond=completion.charged_usd)

@@ -29,8 +29,7 @@ class BatchLedger:
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / "rows").mkdir(exist_ok=True)
+        (self.root / "rows").mkdir(parents=True, exist_ok=True)
         self._journal = self.root / "batches.jsonl"
         self._lock = FileLock(str(self.root / ".lock"))
 

@@ -41,9 +41,6 @@ class EnqueuedTokens:
     in_flight: dict[str, int] = field(default_factory=dict)  #: batch id -> its estimated tokens
     held_since: float | None = None  #: monotonic time of the first rejection with no batch accepted since
 
-    def sent(self, batch_id: str, tokens: int) -> None:
-        self.in_flight[batch_id] = tokens
-
     def finished(self, batch_id: str, accepted: bool) -> None:
         self.in_flight.pop(batch_id, None)
         if accepted:
@@ -56,10 +53,6 @@ class EnqueuedTokens:
         if not self.in_flight:
             self.share = max(self.share / 2, 1e-6)
         self.held_since = self.held_since if self.held_since is not None else time.monotonic()
-
-    @property
-    def queued(self) -> bool:
-        return bool(self.in_flight)
 
     def held_s(self) -> float:
         return 0.0 if self.held_since is None else time.monotonic() - self.held_since

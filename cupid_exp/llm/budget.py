@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import itertools
 import json
@@ -228,10 +229,9 @@ class Budget:
     def _update(self, change: Callable[[Ledgers], _T]) -> _T:
         """``change(ledgers)`` on every account's ledger at once, under all their locks (taken in path order)."""
         accounts = sorted(self.accounts, key=lambda a: a.path)
-        locks = [self._lock(a) for a in accounts]
-        for lock in locks:
-            lock.acquire()
-        try:
+        with contextlib.ExitStack() as locked:  # released in reverse order
+            for account in accounts:
+                locked.enter_context(self._lock(account))
             ledgers = [(a, _load(self._file(a), a)) for a in accounts]
             for _, data in ledgers:
                 _purge_dead(data)
@@ -240,41 +240,35 @@ class Budget:
                 data["cap"] = account.cap
                 _save(self._file(account), data)
             return result
-        finally:
-            for lock in reversed(locks):
-                lock.release()
-
-    def _try_reserve(self, rid: str, usd: float) -> tuple[str, Account | None, float]:
-        def change(ledgers: Ledgers) -> tuple[str, Account | None, float]:
-            waiting = None
-            for account, data in ledgers:
-                spent, held = data["spent"], sum(r["usd"] for r in data["reservations"].values())
-                if spent + usd > account.cap * (1 + 1e-12):
-                    data["refusals"] = data.get("refusals", 0) + 1
-                    return "refuse", account, spent
-                if spent + held + usd > account.cap * (1 + 1e-12):
-                    waiting = waiting or (account, spent)
-            if waiting is not None:
-                return "wait", waiting[0], waiting[1]
-            entry = {"usd": usd, "pid": os.getpid(), "host": socket.gethostname(), "at": time.time()}
-            for _, data in ledgers:
-                data["reservations"][rid] = entry
-            return "held", None, 0.0
-        return self._update(change)
 
     async def reserve(self, usd: float) -> "Reservation":
         """Hold ``usd`` on every account, waiting while reservations may return; else BudgetExceeded."""
         rid, order = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}", _ORDER.get()
+
+        def change(ledgers: Ledgers) -> BudgetExceeded | bool:
+            """Held (True), or to wait while reservations may return (False), or the account's refusal."""
+            waiting = False
+            for account, data in ledgers:
+                spent, held = data["spent"], sum(r["usd"] for r in data["reservations"].values())
+                if spent + usd > account.cap * (1 + 1e-12):
+                    data["refusals"] = data.get("refusals", 0) + 1
+                    return BudgetExceeded(account, spent, usd)
+                waiting = waiting or spent + held + usd > account.cap * (1 + 1e-12)
+            if not waiting:
+                entry = {"usd": usd, "pid": os.getpid(), "host": socket.gethostname(), "at": time.time()}
+                for _, data in ledgers:
+                    data["reservations"][rid] = entry
+            return not waiting
+
         try:
             while True:
                 if not any(o < order for o in self._waiting.values()):  # an older instance's call waits: after it
-                    verdict, account, spent = self._try_reserve(rid, usd)
-                    if verdict == "held":
-                        return Reservation(self, rid, usd)
-                    if verdict == "refuse":
-                        assert account is not None  # a refusal names the account that refused
+                    verdict = self._update(change)
+                    if isinstance(verdict, BudgetExceeded):
                         self.refused += 1
-                        raise BudgetExceeded(account, spent, usd)
+                        raise verdict
+                    if verdict:
+                        return Reservation(self, rid, usd)
                 self._waiting[rid] = order
                 await asyncio.sleep(_WAIT_S)
         finally:

@@ -147,8 +147,7 @@ class LocalModels:
 
     def register(self, name: str, cfg: LocalModelConfig) -> None:
         with self._load_lock:
-            old = self._configs.get(name)
-            if old is not None and old != cfg and name in self._engines:
+            if name in self._engines and self._configs[name] != cfg:  # an engine is made only for a known config
                 self._engines.pop(name).close()  # reconfigured (another job in this process): reload
             self._configs[name] = cfg
             self._locks.setdefault(name, threading.Lock())

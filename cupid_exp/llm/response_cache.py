@@ -91,13 +91,11 @@ class DiskResponseStore(BaseCache):
         try:
             with writing(self.directory):
                 self.store.set(key, value, expire=float(ttl) if ttl else None)
-        except sqlite3.DatabaseError as exc:
-            if corrupt(exc):
+        except Exception as exc:  # noqa: BLE001  # litellm would log it and go on: raised in the call's path instead
+            if isinstance(exc, sqlite3.DatabaseError) and corrupt(exc):
                 self._broke(exc)
             else:
                 self.failed = self.failed or exc
-        except Exception as exc:  # noqa: BLE001  # litellm would log it and go on: raised in the call's path instead
-            self.failed = self.failed or exc
 
     async def async_set_cache(self, key: str, value: object, **kwargs: object) -> None:
         await self._on("write", lambda: self.set_cache(key, value, **kwargs))
@@ -165,6 +163,8 @@ def corrupt(exc: sqlite3.DatabaseError) -> bool:
     unwritable one (``OperationalError``: locked, a disk I/O error, a full disk) or a refused statement (its other
     subclasses), which are not the file's fault."""
     return type(exc) is sqlite3.DatabaseError
+
+
 def _cut(value: object) -> bool:
     """Whether a cache entry holds a reply that ran into max_tokens (litellm keeps the response as compact JSON)."""
     response = value.get("response") if isinstance(value, dict) else None

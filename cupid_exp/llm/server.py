@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import IO, Iterator
+from typing import Iterator
 
 from cupid_exp.config import ServerConfig
 from cupid_exp.errors import ConfigError
@@ -64,31 +64,29 @@ def managed_server(cfg: ServerConfig | None) -> Iterator[str | None]:
     if not cfg.command:
         raise ServerStartError("evaluator.server.serve=true needs evaluator.server.command")
     log_path = Path(cfg.log_file) if cfg.log_file else None
-    sink: IO[bytes] | None = open(log_path, "ab") if log_path else None  # noqa: SIM115
-    log.info("starting model server: %s", " ".join(cfg.command))
-    try:
-        proc = subprocess.Popen(list(cfg.command), stdout=sink or subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                                start_new_session=True,
-                                env={**env_snapshot(), "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
-    except OSError as exc:  # removed since the check, or not executable
-        if sink:
-            sink.close()
-        raise ServerStartError(f"cannot start the model server {cfg.command[0]!r}: {exc.strerror or exc}") from None
-    try:
-        deadline = time.monotonic() + cfg.startup_timeout
-        while not is_healthy(cfg.base_url):
-            if proc.poll() is not None:
-                raise ServerStartError(f"model server exited with code {proc.returncode} before becoming healthy"
-                                       + (f"; see {log_path}" if log_path else ""))
-            if time.monotonic() > deadline:
-                raise ServerStartError(f"model server not healthy at {cfg.base_url} after {cfg.startup_timeout:.0f}s")
-            time.sleep(0.5)
-        log.info("model server healthy at %s (pid %d)", cfg.base_url, proc.pid)
-        yield cfg.base_url
-    finally:
-        _stop(proc)
-        if sink:
-            sink.close()
+    with open(log_path, "ab") if log_path else contextlib.nullcontext() as sink:
+        log.info("starting model server: %s", " ".join(cfg.command))
+        try:
+            proc = subprocess.Popen(list(cfg.command), stdout=sink or subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                    start_new_session=True,
+                                    env={**env_snapshot(), "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+        except OSError as exc:  # removed since the check, or not executable
+            raise ServerStartError(f"cannot start the model server {cfg.command[0]!r}: "
+                                   f"{exc.strerror or exc}") from None
+        try:
+            deadline = time.monotonic() + cfg.startup_timeout
+            while not is_healthy(cfg.base_url):
+                if proc.poll() is not None:
+                    raise ServerStartError(f"model server exited with code {proc.returncode} before becoming "
+                                           "healthy" + (f"; see {log_path}" if log_path else ""))
+                if time.monotonic() > deadline:
+                    raise ServerStartError(f"model server not healthy at {cfg.base_url} after "
+                                           f"{cfg.startup_timeout:.0f}s")
+                time.sleep(0.5)
+            log.info("model server healthy at %s (pid %d)", cfg.base_url, proc.pid)
+            yield cfg.base_url
+        finally:
+            _stop(proc)
 
 
 def _stop(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:

@@ -100,9 +100,7 @@ class UsageMeter:
     batches: BatchCounts = field(default_factory=lambda: BatchCounts())  #: the Batch API's side (calls.batch)
 
     def _count(self, step: str, added: dict[str, float]) -> None:
-        c = self.counts[step]
-        for key, value in added.items():
-            c[key] += value
+        self.merge({step: added})
         if self.sink is not None:
             self.sink(step, added)
 
@@ -118,8 +116,7 @@ class UsageMeter:
             added = {"calls": 1, "retries": completion.retries, "prompt_tokens": completion.prompt_tokens,
                      "completion_tokens": completion.completion_tokens}
         if completion.rate_limited or completion.limit_wait_s:
-            added["rate_limited"] = completion.rate_limited
-            added["limit_wait_s"] = completion.limit_wait_s
+            added.update(rate_limited=completion.rate_limited, limit_wait_s=completion.limit_wait_s)
         if completion.cost_usd is None:
             added["unpriced_calls"] = 1
         elif not completion.cached:
@@ -249,10 +246,7 @@ def usage_metrics(meter: UsageMeter) -> dict[str, float]:
         for key, value in counts.items():
             if key.endswith("_attempt") or key.startswith("failed_") or key == "truncated_kept":
                 out[f"calls/{step}/{key}"] = value
-    totals: dict[str, float] = defaultdict(float)
-    for counts in steps.values():
-        for key, value in counts.items():
-            totals[key] += value
+    totals = UsageMeter(steps).totals()
     out["calls/total"] = totals.get("calls", 0.0)
     out["calls/cache_hits"] = totals.get("cache_hits", 0.0)
     out["calls/requests"] = requests_sent(totals)

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from mlflow.entities import Dataset
 
     from cupid_exp.tracking.reopen import FinishedEarlier
-    from cupid_exp.tracking.traces import InProcessTraces
+    from cupid_exp.tracking.traces import TraceWriter
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class LiveRun:
     """Observer of a job's instances (``execute``) and owner of its run's end (``ends_on_error``)."""
 
     def __init__(self, tracker: RunTracker, claim: Claim, units: Units, *, meter: Totals, every_s: float,
-                 traces: InProcessTraces | None, attempt: str, plots: "PlotRequest | None" = None):
+                 traces: TraceWriter | None, attempt: str, plots: "PlotRequest | None" = None):
         self.tracker, self.claim, self.traces, self.attempt, self.units = tracker, claim, traces, attempt, units
         self.plots, self.drawn = plots, None  # drawn: the plot files, once ``draw_plots`` made them
         self.meter, self.opened = meter, Opened()
@@ -416,8 +416,8 @@ def open_run(request: RunRequest, claim: Claim, meter: Totals) -> LiveRun | Fini
         if request.traces is not None:
             tracing.setup(request.tracking.uri)
             trace_tags = {**request.traces.tags, reopen.ATTEMPT_TAG: tags["cupid.attempt"]}
-            traces = tracing.InProcessTraces(tracing.TraceWriter(
-                tracker.experiment_id, tracker.run_id, trace_tags, request.traces.judges, request.secrets))
+            traces = tracing.TraceWriter(tracker.experiment_id, tracker.run_id, trace_tags, request.traces.judges,
+                                         request.secrets)
         units = replace(request.units, earlier={**request.units.earlier, **(carried or {})})
         live = LiveRun(tracker, claim, units, meter=meter, every_s=request.tracking.progress_every_s, traces=traces,
                        attempt=tags["cupid.attempt"], plots=request.plots)

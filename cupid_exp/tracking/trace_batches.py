@@ -107,11 +107,8 @@ def _joinable_sessions(store: Any) -> Any:
     original = store.ManagedSessionMaker
     local = threading.local()
 
-    @contextmanager
-    def managed_session(read_only: bool = True) -> Iterator[Any]:
-        maker = getattr(local, "maker", None)
-        with (maker or original)(read_only=read_only) as session:
-            yield session
+    def managed_session(read_only: bool = True) -> Any:
+        return (getattr(local, "maker", None) or original)(read_only=read_only)
 
     read_experiment = store.get_experiment
 

@@ -190,24 +190,19 @@ class LiveRun:
                 records = list(self._records)
             self.drawn = self.plots.draw(records)
 
-    def stop(self) -> None:
-        """Stop the background thread and log the last point (once)."""
-        t = self.ticks
-        if t.thread is None:
-            return
-        t.stop.set()
-        t.wake.set()
-        t.thread.join(30.0)
-        t.thread = None
-        self._log_point()
-
     def end(self, status: str, summary: Mapping[str, Any] | None = None, tags: Mapping[str, str] | None = None,
             *, published: bool = False) -> None:
         """End the run once with ``status`` and ``tags``; ``published``: wait for every trace."""
         if self.tracker.status is not None:
             return
         try:
-            self.stop()
+            t = self.ticks
+            if t.thread is not None:  # the progress thread stopped, and the last point logged (once)
+                t.stop.set()
+                t.wake.set()
+                t.thread.join(30.0)
+                t.thread = None
+                self._log_point()
             if published:
                 self._close_traces(None)
                 if self.opened.resumed or self.rebuilt:  # units run again, or traces rebuilt: one trace per unit

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from mlflow.entities import Dataset
 
     from cupid_exp.tracking.reopen import FinishedEarlier
-    from cupid_exp.tracking.traces import InProcessTraces
+    from cupid_exp.tracking.traces import TraceWriter
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,6 @@ class Ticks:
     thread: threading.Thread | None = None
     logged: tuple[object, ...] | None = None  #: (units done, calls, batch counts) at the last point
     started: float = field(default_factory=time.perf_counter)
-    points: int = 0
     failing: bool = False  #: a failed point was reported: the next ones are not, until one gets through
 
 
@@ -93,7 +92,7 @@ class LiveRun:
     """Observer of a job's instances (``execute``) and owner of its run's end (``ends_on_error``)."""
 
     def __init__(self, tracker: RunTracker, claim: Claim, units: Units, *, meter: Totals, every_s: float,
-                 traces: InProcessTraces | None, attempt: str, plots: "PlotRequest | None" = None):
+                 traces: TraceWriter | None, attempt: str, plots: "PlotRequest | None" = None):
         self.tracker, self.claim, self.traces, self.attempt, self.units = tracker, claim, traces, attempt, units
         self.plots, self.drawn = plots, None  # drawn: the plot files, once ``draw_plots`` made them
         self.meter, self.opened = meter, Opened()
@@ -101,7 +100,7 @@ class LiveRun:
         self._lock = threading.Lock()
         self.ticks = Ticks(every_s, len(self._records))
         self.notice: str | None = None  #: what opening the run found, for the job to say (``reopen``)
-        self._backfill: RunRequest | None = None  #: whose journalled instances' traces to rebuild (``executed``)
+        self.backfill: RunRequest | None = None  #: whose journalled instances' traces to rebuild (``executed``)
         self.rebuilt = 0  #: traces rebuilt from the journal
 
     @property
@@ -169,22 +168,17 @@ class LiveRun:
             metrics.update(running_scores(records, units.parts, units.policy))
             self.tracker.log_metrics(metrics, step=done)
             t.logged, t.failing = state, False
-            t.points += 1
         except Exception as exc:  # noqa: BLE001  # a progress point is never worth the job
             first = (str(exc).strip().splitlines() or [""])[0][:200]  # a store error carries its SQL and values
             (log.debug if t.failing else log.warning)(
                 "MLflow progress point not logged: %s: %s", type(exc).__name__, first, extra=STORE_NOTE)
             t.failing = True
 
-    def backfill_traces(self, request: "RunRequest") -> None:
-        """Rebuild the missing traces of journalled instances once the model phase ends."""
-        self._backfill = request if request.units.done else None
-
     def executed(self) -> None:
         """The model phase is over: rebuild missing traces and export while the job computes its numbers."""
-        if self._backfill is not None and self.traces is not None:
-            self.rebuilt = reopen.backfill(self, self._backfill)
-            self._backfill = None
+        if self.backfill is not None:
+            self.rebuilt = reopen.backfill(self, self.backfill)
+            self.backfill = None
         if self.traces is not None:
             self.traces.executed()
         self.ticks.wake.set()
@@ -196,24 +190,19 @@ class LiveRun:
                 records = list(self._records)
             self.drawn = self.plots.draw(records)
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Stop the background thread and log the last point (once)."""
-        t = self.ticks
-        if t.thread is None:
-            return
-        t.stop.set()
-        t.wake.set()
-        t.thread.join(timeout)
-        t.thread = None
-        self._log_point()
-
     def end(self, status: str, summary: Mapping[str, Any] | None = None, tags: Mapping[str, str] | None = None,
             *, published: bool = False) -> None:
         """End the run once with ``status`` and ``tags``; ``published``: wait for every trace."""
         if self.tracker.status is not None:
             return
         try:
-            self.stop()
+            t = self.ticks
+            if t.thread is not None:  # the progress thread stopped, and the last point logged (once)
+                t.stop.set()
+                t.wake.set()
+                t.thread.join(30.0)
+                t.thread = None
+                self._log_point()
             if published:
                 self._close_traces(None)
                 if self.opened.resumed or self.rebuilt:  # units run again, or traces rebuilt: one trace per unit
@@ -299,13 +288,10 @@ class DatasetInput:
         """The dataset entity (``mlflow.entities.Dataset``): name, source, digest, schema and row count."""
         import mlflow.data
         import pandas as pd
+        from mlflow.data.huggingface_dataset_source import HuggingFaceDatasetSource
 
-        if self.hub is not None:
-            from mlflow.data.huggingface_dataset_source import HuggingFaceDatasetSource
-
-            source: HuggingFaceDatasetSource | str | None = HuggingFaceDatasetSource(**self.hub)
-        else:
-            source = self.local_path  # MLflow makes it a "local" source
+        # a local path: MLflow makes it a "local" source
+        source = HuggingFaceDatasetSource(**self.hub) if self.hub is not None else self.local_path
         with warnings.catch_warnings():  # hints meant for model signatures, and a local path "read two ways"
             warnings.simplefilter("ignore", UserWarning)
             dataset = mlflow.data.from_pandas(pd.DataFrame(self.rows), source=source, name=self.name,
@@ -319,11 +305,9 @@ def dataset_input(cfg: DataConfig, data: LoadedData) -> DatasetInput:
              "current_context_factor": i.current_context_factor, "current_request": i.current_request,
              "n_prior_sessions": len(i.prior_interactions), "n_checklist_items": len(i.current_checklist)}
             for i in data.instances]
-    if cfg.source == "hf":
-        hub = {"path": str(cfg.hf_name), "split": cfg.split, "revision": cfg.revision}
-        return DatasetInput(dataset_name(cfg, data), dataset_digest(cfg, data), rows, hub=hub)
-    return DatasetInput(dataset_name(cfg, data), dataset_digest(cfg, data), rows,
-                        local_path=str(Path(data.source).expanduser().resolve()))
+    hub = {"path": str(cfg.hf_name), "split": cfg.split, "revision": cfg.revision} if cfg.source == "hf" else None
+    return DatasetInput(dataset_name(cfg, data), dataset_digest(cfg, data), rows, hub=hub,
+                        local_path=None if hub else str(Path(data.source).expanduser().resolve()))
 
 
 @dataclass
@@ -416,17 +400,15 @@ def open_run(request: RunRequest, claim: Claim, meter: Totals) -> LiveRun | Fini
         if request.traces is not None:
             tracing.setup(request.tracking.uri)
             trace_tags = {**request.traces.tags, reopen.ATTEMPT_TAG: tags["cupid.attempt"]}
-            traces = tracing.InProcessTraces(tracing.TraceWriter(
-                tracker.experiment_id, tracker.run_id, trace_tags, request.traces.judges, request.secrets))
+            traces = tracing.TraceWriter(tracker.experiment_id, tracker.run_id, trace_tags, request.traces.judges,
+                                         request.secrets)
         units = replace(request.units, earlier={**request.units.earlier, **(carried or {})})
         live = LiveRun(tracker, claim, units, meter=meter, every_s=request.tracking.progress_every_s, traces=traces,
                        attempt=tags["cupid.attempt"], plots=request.plots)
-        live.notice, live.opened = notice, Opened(request.run_name, carried)
-        if previous is not None:
-            live.opened.seconds_before = previous.data.metrics.get("progress/seconds", 0.0)
-            live.opened.resumed = True
-            reopen.leave_no_empty_parent(tracker.client, tracker.experiment_id, previous, parent)
-        live.backfill_traces(request)
+        live.notice, live.backfill = notice, request
+        live.opened = Opened(request.run_name, carried, previous is not None,
+                             previous.data.metrics.get("progress/seconds", 0.0) if previous is not None else 0.0)
+        reopen.leave_no_empty_parent(tracker.client, tracker.experiment_id, previous, parent)
         live.start()
     except BaseException as exc:  # an interrupt or a store error while opening: never leave it RUNNING
         tracker.end("KILLED" if isinstance(exc, (KeyboardInterrupt, Terminated)) else "FAILED")

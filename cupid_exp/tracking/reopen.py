@@ -5,6 +5,7 @@ usage carried when its ledger is gone; a SIGKILLed attempt is noted."""
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Mapping, Sequence
 
@@ -144,26 +145,15 @@ def run_traces(client: MlflowClient, experiment_id: str, run_id: str) -> list[Tr
             return infos
 
 
-def trace_keys(client: MlflowClient, experiment_id: str, run_id: str) -> set[str]:
-    """The instance keys the run has a trace for."""
-    return {info.tags["cupid.key"] for info in run_traces(client, experiment_id, run_id) if "cupid.key" in info.tags}
-
-
 def one_trace_per_unit(client: MlflowClient, experiment_id: str, run_id: str) -> int:
     """Delete all but one trace per unit (the journalled one's); returns how many. Failures only warn."""
     try:
-        best: dict[str, TraceInfo] = {}
-        extra: list[str] = []
+        by_key: dict[str, list[TraceInfo]] = defaultdict(list)
         for info in run_traces(client, experiment_id, run_id):
-            key = info.tags.get("cupid.key")
-            if key is None:
-                continue
-            kept = best.get(key)
-            if kept is None:
-                best[key] = info
-                continue
-            best[key], lost = (info, kept) if _rank(info) > _rank(kept) else (kept, info)
-            extra.append(lost.trace_id)
+            if "cupid.key" in info.tags:
+                by_key[info.tags["cupid.key"]].append(info)
+        # the best kept, the first of equals (a stable sort keeps their order, reversed too)
+        extra = [info.trace_id for infos in by_key.values() for info in sorted(infos, key=_rank, reverse=True)[1:]]
         for i in range(0, len(extra), 100):
             client.delete_traces(experiment_id, trace_ids=extra[i:i + 100])
         return len(extra)
@@ -203,20 +193,17 @@ def backfill(live: LiveRun, request: RunRequest) -> int:
     if live.traces is None or not request.units.done:
         return 0
     try:
-        have = trace_keys(live.tracker.client, live.tracker.experiment_id, live.run_id)
+        have = {info.tags.get("cupid.key") for info in run_traces(live.tracker.client, live.tracker.experiment_id,
+                                                                  live.run_id)}
     except Exception as exc:  # noqa: BLE001 - traces are never worth the job
         log.warning("MLflow: the run's traces could not be listed, none rebuilt (%s: %s)", type(exc).__name__,
                     str(exc).splitlines()[0][:200] if str(exc) else "")
         return 0
-    written = 0
-    for record in request.units.done:
-        key = record.get("key")
-        if key in have or key not in shown:
-            continue
-        current_request, factor = shown[key]
+    missing = [record for record in request.units.done if record.get("key") in shown and record["key"] not in have]
+    for record in missing:
+        current_request, factor = shown[record["key"]]
         live.traces.write_record(SimpleNamespace(current_request=current_request, current_context_factor=factor),
                                  record, tuple(request.units.parts))
-        written += 1
-    if written:
-        log.info("MLflow: %d traces rebuilt from the journal for run %s", written, live.run_id)
-    return written
+    if missing:
+        log.info("MLflow: %d traces rebuilt from the journal for run %s", len(missing), live.run_id)
+    return len(missing)

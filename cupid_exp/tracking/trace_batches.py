@@ -21,6 +21,7 @@ reaches into MLflow (its exporter, trace manager and session maker); ``install``
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections import defaultdict
@@ -107,22 +108,14 @@ def _joinable_sessions(store: Any) -> Any:
     original = store.ManagedSessionMaker
     local = threading.local()
 
-    @contextmanager
-    def managed_session(read_only: bool = True) -> Iterator[Any]:
-        maker = getattr(local, "maker", None)
-        with (maker or original)(read_only=read_only) as session:
-            yield session
+    def managed_session(read_only: bool = True) -> Any:
+        return (getattr(local, "maker", None) or original)(read_only=read_only)
 
     read_experiment = store.get_experiment
 
     def get_experiment(experiment_id: str) -> Any:
         # ``start_trace`` reads its trace's experiment, every trace: a batch's traces share one (or a few)
-        experiments = getattr(local, "experiments", None)
-        if experiments is None:
-            return read_experiment(experiment_id)
-        if experiment_id not in experiments:
-            experiments[experiment_id] = read_experiment(experiment_id)
-        return experiments[experiment_id]
+        return (getattr(local, "read", None) or read_experiment)(experiment_id)
 
     @contextmanager
     def joined(session_maker: Any) -> Iterator[None]:
@@ -132,11 +125,11 @@ def _joinable_sessions(store: Any) -> Any:
         # the batch's own sessions (one a trace and several a batch, three PRAGMA statements each on SQLite) share
         # that connection: opened by MLflow's maker as for any other database, without them
         local.maker = _get_managed_session_maker(session_maker, "joined") if store.db_type == SQLITE else managed
-        local.experiments = {}
+        local.read = functools.cache(read_experiment)
         try:
             yield
         finally:
-            local.maker = local.experiments = None
+            local.maker = local.read = None
 
     store.ManagedSessionMaker = managed_session
     store.get_experiment = get_experiment

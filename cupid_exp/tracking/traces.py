@@ -42,7 +42,7 @@ _EXPORT_DEFAULTS = {"MLFLOW_ENABLE_ASYNC_TRACE_LOGGING": "true", "MLFLOW_USE_BAT
 
 def setup(uri: str) -> Any:
     """A fresh trace exporter for this job, pointed at ``uri``, with the export defaults above (the previous
-    job of a sweep run in this process shut its own down: ``start_flush(terminate=True)``), writing in batches
+    job of a sweep run in this process shut its own down: ``TraceWriter.executed``), writing in batches
     to a SQL store (``trace_batches``; returned, None where MLflow's exporter stays)."""
     import mlflow
 
@@ -57,24 +57,6 @@ def setup(uri: str) -> Any:
         mlflow.set_tracking_uri(uri)
     mlflow.tracing.reset()
     return trace_batches.install()
-
-
-def start_flush(*, terminate: bool = False) -> threading.Event:
-    """Start exporting every finished trace, in a thread; the event is set when all are in the store.
-    ``terminate`` also stops the export threads, which MLflow would otherwise drain again at exit (a second
-    wait of about a second)."""
-    import mlflow
-
-    done = threading.Event()
-
-    def work() -> None:
-        try:
-            mlflow.flush_trace_async_logging(terminate=terminate)
-        finally:
-            done.set()
-
-    threading.Thread(target=work, name="cupid-trace-flush", daemon=True).start()
-    return done
 
 
 @dataclass
@@ -110,8 +92,9 @@ def _chat_reply(call: CallRecord) -> dict[str, Any]:
 
 
 class TraceWriter:
-    """Builds each finished instance's trace in the job's experiment, linked to the job's run. Every text
-    in it is scrubbed of the job's secrets (a provider's auth error may quote the key it rejected)."""
+    """A job's tracer where the run is kept (the run worker, or the job's process as a fallback): builds each finished
+    instance's trace in the job's experiment, linked to the job's run, MLflow's threads exporting. Every text in it
+    is scrubbed of the job's secrets (a provider's auth error may quote the key it rejected)."""
 
     def __init__(self, experiment_id: str, run_id: str, tags: Mapping[str, str], judges: Mapping[str, str],
                  secrets: list[str] | None = None):
@@ -119,79 +102,77 @@ class TraceWriter:
         self.secrets = list(secrets or [])
         self.tags = dict(tags)  #: on every trace (model, setting, task, ...)
         self.judges = dict(judges)  #: part -> the evaluator model whose labels the scores come from
-        self.written = 0
         self.error: str | None = None  #: why tracing stopped, once it has
-
-    @property
-    def failed(self) -> bool:
-        return self.error is not None
+        self._final: threading.Event | None = None  # the last export, once the model phase is over
 
     def write(self, instance: Any, result: InstanceResult, calls: CallLog) -> None:
         """Never raises: a trace that cannot be built is logged once and tracing stops for the job."""
         self._guarded(lambda: self._write(instance, result, calls))
 
     def _guarded(self, write: Callable[[], None]) -> None:
-        if self.failed:
+        if self.error is not None:
             return
         try:
             write()
-            self.written += 1
         except Exception as exc:  # noqa: BLE001  # tracing must never stop the job
             self.error = f"{type(exc).__name__}: {exc}"
             log.warning("MLflow tracing stopped for this job: %s", self.error)
 
     def _write(self, instance: Any, result: Any, calls: CallLog) -> None:
-        if not isinstance(result, InstanceResult):
-            self._write_root(result.trace_root(), calls)
-            return
-        root = self._instance_root(instance, result, {}, calls.started_ns)
-        quoted = long_texts(*(c.reply for c in calls.calls), *_outputs(result).values())
+        """The unit's root span (an instance's, or another unit's as it described itself: ``TraceRoot``), a span per
+        call, then the root's end."""
+        spec = None if isinstance(result, InstanceResult) else result.trace_root()
+        if spec is None:
+            root = self._instance_root(instance, result, {}, calls.started_ns)
+        else:
+            root = self._root(spec.name, spec.inputs, spec.attributes, {**spec.tags, "cupid.key": spec.name},
+                              calls.started_ns)
+        quoted = long_texts(*(c.reply for c in calls.calls), *(_outputs(result).values() if spec is None else ()))
         for call in sorted(calls.calls, key=lambda c: c.started_ns):
             self._call_span(root, call, quoted)
-        self._end_instance(root, result, max([c.ended_ns for c in calls.calls] + [calls.started_ns + 1]))
+        ended = max([c.ended_ns for c in calls.calls] + [calls.started_ns + 1])
+        if spec is None:
+            self._end_instance(root, result, ended)
+            return
+        for kind, message, step in spec.errors:
+            self._fail(root, kind, message, step)
+        root.end(outputs=self._clean(spec.outputs), end_time_ns=ended)
 
-    def _instance_root(self, instance: Any, result: InstanceResult, marks: dict[str, str],
-                       started_ns: int | None = None) -> Any:
-        """An instance's root span; ``marks`` go into its attributes and tags."""
+    def _root(self, name: str, inputs: dict[str, Any], attributes: dict[str, Any], tags: dict[str, str],
+              started_ns: int | None) -> Any:
+        """A unit's root span, with the job's tags and its run."""
         import mlflow
         from mlflow.entities import SpanType
 
         return mlflow.start_span_no_context(
-            result.key, span_type=SpanType.CHAIN, experiment_id=self.experiment_id, start_time_ns=started_ns,
-            inputs=self._clean({"current_request": instance.current_request,  # first: the Traces page previews it
-                                "context_factor": instance.current_context_factor, "key": result.key,
-                                "instance_type": result.instance_type}),
-            attributes={"cupid.persona_id": result.persona_id, "cupid.instance_type": result.instance_type, **marks},
-            tags={**self.tags, "cupid.key": result.key, "cupid.instance_type": result.instance_type, **marks},
+            name, span_type=SpanType.CHAIN, experiment_id=self.experiment_id, start_time_ns=started_ns,
+            inputs=self._clean(inputs), attributes=attributes, tags={**self.tags, **tags},
             metadata={"mlflow.sourceRun": self.run_id})
+
+    def _instance_root(self, instance: Any, result: InstanceResult, marks: dict[str, str],
+                       started_ns: int | None = None) -> Any:
+        """An instance's root span; ``marks`` go into its attributes and tags."""
+        return self._root(
+            result.key, {"current_request": instance.current_request,  # first: the Traces page previews it
+                         "context_factor": instance.current_context_factor, "key": result.key,
+                         "instance_type": result.instance_type},
+            {"cupid.persona_id": result.persona_id, "cupid.instance_type": result.instance_type, **marks},
+            {"cupid.key": result.key, "cupid.instance_type": result.instance_type, **marks}, started_ns)
 
     def _end_instance(self, root: Any, result: InstanceResult, ended_ns: int | None = None) -> None:
         """Its scores as assessments, its errors as events, then its outputs."""
         self._assess(root.trace_id, result)
-        if result.errors:
-            root.set_status("ERROR")
-            for error in result.errors:
-                root.add_event(_error_event(error.kind, self._clean(error.message), error.step))
+        for error in result.errors:
+            self._fail(root, error.kind, error.message, error.step)
         root.end(outputs=self._clean(previewed(_outputs(result))), end_time_ns=ended_ns)
 
-    def _write_root(self, spec: TraceRoot, calls: CallLog) -> None:
-        """Another unit's trace: its root span as the unit described it, a span per call."""
-        import mlflow
-        from mlflow.entities import SpanType
+    def _fail(self, span: Any, kind: str, message: str, step: str) -> None:
+        """The span's status ERROR, and the error as its event."""
+        from mlflow.entities import SpanEvent
 
-        ended = max([c.ended_ns for c in calls.calls] + [calls.started_ns + 1])
-        root = mlflow.start_span_no_context(
-            spec.name, span_type=SpanType.CHAIN, experiment_id=self.experiment_id, start_time_ns=calls.started_ns,
-            inputs=self._clean(spec.inputs), attributes=spec.attributes,
-            tags={**self.tags, **spec.tags, "cupid.key": spec.name}, metadata={"mlflow.sourceRun": self.run_id})
-        quoted = long_texts(*(c.reply for c in calls.calls))
-        for call in sorted(calls.calls, key=lambda c: c.started_ns):
-            self._call_span(root, call, quoted)
-        if spec.errors:
-            root.set_status("ERROR")
-            for kind, message, step in spec.errors:
-                root.add_event(_error_event(kind, self._clean(message), step))
-        root.end(outputs=self._clean(spec.outputs), end_time_ns=ended)
+        span.set_status("ERROR")
+        span.add_event(SpanEvent("exception", attributes={
+            "exception.type": kind, "exception.message": self._clean(message)[:2000], "cupid.step": step}))
 
     def write_record(self, instance: Any, record: Mapping[str, Any], parts: tuple[str, ...]) -> None:
         """An instance's trace rebuilt from its journal record, for an earlier attempt's instance whose trace never
@@ -212,6 +193,32 @@ class TraceWriter:
                 attributes={"cupid.step": step, **{f"cupid.{k}": v for k, v in usage.items()}})
             span.end(outputs=self._clean({"replies": result.raw.get(step, [])}))
         self._end_instance(root, result)
+
+    def executed(self) -> None:
+        """No more traces (the last instance's spans have ended): start the final export now, in a thread, which
+        also stops the export threads (MLflow would otherwise drain them again at exit: a second wait of about a
+        second); ``close`` waits for it."""
+        import mlflow
+
+        if self._final is not None:
+            return
+        self._final = done = threading.Event()
+
+        def work() -> None:
+            try:
+                mlflow.flush_trace_async_logging(terminate=True)
+            finally:
+                done.set()
+
+        threading.Thread(target=work, name="cupid-trace-flush", daemon=True).start()
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Wait for the final export (``timeout`` None: until it ends); whether every trace got into the store."""
+        self.executed()
+        done = self._final.wait(timeout)
+        if not done:
+            log.warning("MLflow trace export gave up after %.0f s; traces of this attempt may be missing", timeout)
+        return done
 
     def _clean(self, value: Any) -> Any:
         return scrub_obj(value, self.secrets)
@@ -241,8 +248,7 @@ class TraceWriter:
                                             attributes=attributes,
                                             start_time_ns=call.started_ns)
         if call.rejected is not None:
-            span.set_status("ERROR")
-            span.add_event(_error_event(call.rejected.kind, self._clean(call.rejected.message), call.step))
+            self._fail(span, call.rejected.kind, call.rejected.message, call.step)
         reply = self._clean(previewed(_chat_reply(call), quoted)) if call.reply is not None else None
         span.end(outputs=reply, end_time_ns=call.ended_ns)
 
@@ -272,13 +278,6 @@ class TraceWriter:
                 trace.info.assessments.extend(items)
 
 
-def _error_event(kind: str, message: str, step: str) -> Any:
-    from mlflow.entities import SpanEvent
-
-    return SpanEvent("exception", attributes={"exception.type": kind, "exception.message": message[:2000],
-                                              "cupid.step": step})
-
-
 def _outputs(result: InstanceResult) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if result.inference is not None:
@@ -290,34 +289,3 @@ def _outputs(result: InstanceResult) -> dict[str, Any]:
     if result.errors:
         out["errors"] = [e.to_record() for e in result.errors]
     return out
-
-
-class InProcessTraces:
-    """A job's tracer where the run is kept (the run worker, or the job's process as a fallback): ``TraceWriter``
-    here, MLflow's threads exporting."""
-
-    def __init__(self, writer: TraceWriter):
-        self.writer = writer
-        self._final: threading.Event | None = None  # the last export, once the model phase is over
-
-    def write(self, instance: Any, result: InstanceResult, calls: Any) -> None:
-        self.writer.write(instance, result, calls)
-
-    def write_record(self, instance: Any, record: Mapping[str, Any], parts: tuple[str, ...]) -> None:
-        self.writer.write_record(instance, record, parts)
-
-    @property
-    def error(self) -> str | None:
-        return self.writer.error
-
-    def executed(self) -> None:
-        """No more traces (the last instance's spans have ended): start the final export now."""
-        if self._final is None:
-            self._final = start_flush(terminate=True)
-
-    def close(self, timeout: float | None = None) -> bool:
-        self.executed()
-        done = self._final.wait(timeout)
-        if not done:
-            log.warning("MLflow trace export gave up after %.0f s; traces of this attempt may be missing", timeout)
-        return done

@@ -48,8 +48,7 @@ def _write(uri: str, n: int, *, batched: bool, monkeypatch: pytest.MonkeyPatch, 
     run = client.create_run(experiment).info.run_id
     batches = traces.setup(uri)
     prepare(batches)
-    tracer = traces.InProcessTraces(traces.TraceWriter(experiment, run, {"cupid.model": "gpt4o"},
-                                                       {"inference": "gpt4o"}))
+    tracer = traces.TraceWriter(experiment, run, {"cupid.model": "gpt4o"}, {"inference": "gpt4o"})
     for i in range(n):
         tracer.write(*_instance(i))
     assert tracer.close(60) and tracer.error is None

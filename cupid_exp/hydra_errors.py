@@ -72,22 +72,18 @@ def one_line(text: str, moved: Callable[[str], str | None] = lambda key: None) -
     if "Traceback (most recent call last)" in text:
         return None
     kept, options, hint = [], [], None
-    in_options = in_search_path = False
+    listed: list[str] | None = None  # under "Available options in" or "Config search path:" (dropped): its lines
     for raw in text.splitlines():
         line = raw.rstrip()
         if not line.strip() or any(p.match(line) for p in _NOISE):
             continue
-        if line.startswith("Config search path:"):
-            in_search_path, in_options = True, False
+        if line.startswith(("Config search path:", "Available options in")):
+            listed = options if line.startswith("Available") else []
             continue
-        if line.startswith("Available options in"):
-            in_options, in_search_path = True, False
+        if raw.startswith(("\t", "    ")) and listed is not None:
+            listed.append(line.strip())
             continue
-        if raw.startswith(("\t", "    ")) and (in_options or in_search_path):
-            if in_options:
-                options.append(line.strip())
-            continue
-        in_options = in_search_path = False
+        listed = None
         if match := _HINT.match(line):
             hint = match.group(1)
             continue

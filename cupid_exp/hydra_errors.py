@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 import sys
@@ -150,7 +151,7 @@ def unread_override(overrides: Sequence[str], config_name: str) -> str | None:
             cfg = compose(config_name, overrides=[f"{g}={o}" for g, o in picked.items()])
         return OmegaConf.to_container(cfg, resolve=False)
 
-    try:
+    with contextlib.suppress(Exception):  # the choices themselves do not compose: Hydra's message says why
         for key in dotted:
             group = key.split(".", 1)[0]
             if _has(composed(group, None), key):
@@ -159,6 +160,4 @@ def unread_override(overrides: Sequence[str], config_name: str) -> str | None:
             readers = [option for option in options if _has(composed(group, option), key)]
             if readers:
                 return str(not_read(key, group, readers))
-    except Exception:  # noqa: BLE001 - the choices themselves do not compose: Hydra's message says why
-        return None
     return None

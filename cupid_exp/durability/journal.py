@@ -115,8 +115,9 @@ atexit.register(_SYNCER.wait)  # a job's last lines are on disk before its proce
 os.register_at_fork(after_in_child=_SYNCER.reset)  # no lock the parent's thread held at the fork
 
 
-def cut_torn_tail(path: Path, what: str) -> None:
-    """Drop a last line without newline, so the next append does not glue onto it."""
+def cut_torn_tail(path: Path, what: str, logger: logging.Logger = log) -> None:
+    """Drop a last line without newline, so the next append does not glue onto it (``what``: the file, in the warning
+    ``logger`` gives)."""
     with path.open("rb+") as fh:
         if fh.seek(0, os.SEEK_END) == 0:  # mmap cannot map an empty file
             return
@@ -124,7 +125,7 @@ def cut_torn_tail(path: Path, what: str) -> None:
             size, keep = len(data), data.rfind(b"\n") + 1
         if keep == size:
             return
-        log.warning("%s %s: dropping a torn last line (%d bytes)", what, path.name, size - keep)
+        logger.warning("%s %s: dropping a torn last line (%d bytes)", what, path.name, size - keep)
         fh.truncate(keep)
         fh.flush()
         os.fsync(fh.fileno())

@@ -91,7 +91,7 @@ class UsageLedger:
             self._carry(carried)
             if not self.path.exists():
                 return meter
-        cut_torn_tail(self.path, "usage ledger")  # a write cut short: the next line must start on its own
+        cut_torn_tail(self.path, "usage ledger", log)  # a write cut short: the next line must start on its own
         counts = [_count(raw) for raw in self.path.read_bytes().splitlines()]
         for step, added in filter(None, counts):
             meter.merge({step: added})

@@ -310,9 +310,8 @@ class CallsConfig(Checked):
         require_positive(f"{where}.batch_delay_s", self.batch_delay_s, allow_zero=True)
         require_positive(f"{where}.batch_poll_s", self.batch_poll_s)
         require_int(f"{where}.num_retries", self.num_retries, 0)
-        require_positive(f"{where}.timeout", self.timeout)
-        require_positive(f"{where}.rate_limit_patience_s", self.rate_limit_patience_s)
-        require_positive(f"{where}.outage_patience_s", self.outage_patience_s)
+        for key in ("timeout", "rate_limit_patience_s", "outage_patience_s"):
+            require_positive(f"{where}.{key}", getattr(self, key))
         for name, limits in self.pools.items():
             check_pool_limits(f"{where}.pools.{name}", name, limits)
         require_int(f"{where}.dry_run_completion_tokens", self.dry_run_completion_tokens, 1)

@@ -102,11 +102,10 @@ def check_read(node: object, where: str) -> None:
 
 def check_tree(node: object, where: str = "") -> None:
     """Run ``check`` on every Checked node of a config tree, parents first, after ``check_read``."""
-    if is_dataclass(node):
+    if is_dataclass(node):  # every Checked node is one
         check_read(node, where)
-    if isinstance(node, Checked):
-        node.check(where)
-    if is_dataclass(node):
+        if isinstance(node, Checked):
+            node.check(where)
         for f in fields(node):
             check_tree(getattr(node, f.name), f"{where}.{f.name}" if where else f.name)
     elif isinstance(node, dict):

@@ -4,6 +4,7 @@ README's exit codes, one line and no traceback but for a bug; a sweep runs every
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
@@ -25,7 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from cupid_exp.config import moved_key
 from cupid_exp.config_store import register_configs
-from cupid_exp.durability.signals import Terminated, install_sigterm_handler
+from cupid_exp.durability.signals import Terminated, install_sigterm_handler, sweep_executor
 from cupid_exp.errors import (
     EXIT_BAD_INPUT,
     EXIT_BUDGET,
@@ -65,11 +66,12 @@ _HELD = None  # stderr held until a job starts (``hydra_errors.HeldStderr``): Hy
 _SWEEP_DIR: Path | None = None  # a sweep's folder once it starts: a job's refused composition leaves its multirun.yaml
 
 
-def _release_stderr(*, sweep: bool = False) -> None:
-    """The real stderr back, with what was held; in a ``sweep`` it stays scrubbed of the command line's secrets."""
+def _release_stderr(*, sweep: bool = False, replay: bool = True) -> None:
+    """The real stderr back, with what was held unless not to ``replay`` it; in a ``sweep`` it stays scrubbed of the
+    command line's secrets."""
     global _HELD
     if _HELD is not None:
-        _HELD.release(clean=lambda text: _masked(text, sys.argv[1:]))
+        _HELD.release(replay=replay, clean=lambda text: _masked(text, sys.argv[1:]))
         _HELD = None
         if sweep:
             secrets = [s for s in secret_values(sys.argv[1:]) if s not in set(secret_values())]
@@ -310,8 +312,7 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], object],
                 # Hydra could not make the job's folder (a read-only output root): Hydra printed the error it caught
                 failure = environment_failure(exc.__context__) if exc.__context__ is not None else None
                 if failure is not None:
-                    if _HELD is not None:
-                        _HELD.release(replay=False)
+                    _release_stderr(replay=False)
                     print(f"{program}: {failure}", file=sys.stderr)
                     return EXIT_ENVIRONMENT
                 if _SWEEP_DIR is not None:  # the sweeper saved the overrides before composing its jobs
@@ -319,8 +320,7 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], object],
                 said = unread_override(sys.argv[1:], config_name) or (
                     one_line(_HELD.text, moved_key) if _HELD is not None else None)
                 if said is not None:
-                    if _HELD is not None:  # a sweep's composition: Hydra said it already, as it happened
-                        _HELD.release(replay=False)
+                    _release_stderr(replay=False)  # none held in a sweep's composition: Hydra said it as it happened
                     print(f"{program}: {_masked(said, sys.argv[1:])}", file=sys.stderr)
                 return EXIT_BAD_INPUT
             return exit_code_of(exc)
@@ -328,7 +328,7 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], object],
             if _HELD is None:  # HYDRA_FULL_ERROR=1
                 traceback.print_exception(exc.__cause__)
                 return EXIT_BAD_INPUT
-            _HELD.release(replay=False)
+            _release_stderr(replay=False)
             said = unread_override(sys.argv[1:], config_name) or one_line(hydra_text(exc.__cause__), moved_key)
             print(f"{program}: {_masked(said or str(exc.__cause__), sys.argv[1:])}", file=sys.stderr)
             return EXIT_BAD_INPUT
@@ -396,17 +396,14 @@ def exit_now(code: int) -> None:
         shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     os._exit(code)
 
 
 def _release_sweep_workers() -> None:
     """Stop a joblib sweep's idle loky workers by force: a worker whose interpreter shutdown deadlocks (litellm's HTTP
     finalizer) would otherwise hold the command for ever."""
-    reusable = sys.modules.get("joblib.externals.loky.reusable_executor")
-    executor = getattr(reusable, "_executor", None)
+    executor = sweep_executor()
     if executor is not None:
         executor.shutdown(wait=True, kill_workers=True)

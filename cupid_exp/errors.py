@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -31,10 +32,8 @@ def pipe_safe(main: Callable[[], Any]) -> Any:
             pass
         else:
             raise
-        try:  # what is still buffered goes nowhere, also at exit
+        with contextlib.suppress(OSError, ValueError):  # what is still buffered goes nowhere, also at exit
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass
         return EXIT_CLOSED_PIPE
 
 

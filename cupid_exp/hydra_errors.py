@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 import sys
@@ -72,22 +73,18 @@ def one_line(text: str, moved: Callable[[str], str | None] = lambda key: None) -
     if "Traceback (most recent call last)" in text:
         return None
     kept, options, hint = [], [], None
-    in_options = in_search_path = False
+    listed: list[str] | None = None  # under "Available options in" or "Config search path:" (dropped): its lines
     for raw in text.splitlines():
         line = raw.rstrip()
         if not line.strip() or any(p.match(line) for p in _NOISE):
             continue
-        if line.startswith("Config search path:"):
-            in_search_path, in_options = True, False
+        if line.startswith(("Config search path:", "Available options in")):
+            listed = options if line.startswith("Available") else []
             continue
-        if line.startswith("Available options in"):
-            in_options, in_search_path = True, False
+        if raw.startswith(("\t", "    ")) and listed is not None:
+            listed.append(line.strip())
             continue
-        if raw.startswith(("\t", "    ")) and (in_options or in_search_path):
-            if in_options:
-                options.append(line.strip())
-            continue
-        in_options = in_search_path = False
+        listed = None
         if match := _HINT.match(line):
             hint = match.group(1)
             continue
@@ -154,7 +151,7 @@ def unread_override(overrides: Sequence[str], config_name: str) -> str | None:
             cfg = compose(config_name, overrides=[f"{g}={o}" for g, o in picked.items()])
         return OmegaConf.to_container(cfg, resolve=False)
 
-    try:
+    with contextlib.suppress(Exception):  # the choices themselves do not compose: Hydra's message says why
         for key in dotted:
             group = key.split(".", 1)[0]
             if _has(composed(group, None), key):
@@ -163,6 +160,4 @@ def unread_override(overrides: Sequence[str], config_name: str) -> str | None:
             readers = [option for option in options if _has(composed(group, option), key)]
             if readers:
                 return str(not_read(key, group, readers))
-    except Exception:  # noqa: BLE001 - the choices themselves do not compose: Hydra's message says why
-        return None
     return None

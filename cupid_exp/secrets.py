@@ -110,11 +110,8 @@ def _redacted(value: object) -> object:
 
 def _leaves(value: object) -> Iterator[str]:
     """Every string inside a nested container (a header block's values)."""
-    if isinstance(value, Mapping):
-        for v in value.values():
-            yield from _leaves(v)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
+    if isinstance(value, (Mapping, list, tuple)):
+        for v in value.values() if isinstance(value, Mapping) else value:
             yield from _leaves(v)
     elif isinstance(value, str):
         yield value
@@ -208,9 +205,8 @@ def secret_values(config: object = None) -> list[str]:
 
 
 def scrub(text: str, secrets: Iterable[str]) -> str:
-    for secret in secrets:
-        if secret and secret in text:
-            text = text.replace(secret, MASK)
+    for secret in filter(None, secrets):  # an empty one would mask between every character
+        text = text.replace(secret, MASK)
     return text
 
 

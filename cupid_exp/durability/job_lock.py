@@ -33,10 +33,6 @@ class JobLock:
     def __init__(self, path: Path, lock: FileLock | None):
         self.path, self._lock = path, lock
 
-    @property
-    def held(self) -> bool:
-        return self._lock is not None
-
     def release(self) -> None:
         if self._lock is not None:
             _HELD.pop(str(self.path), None)
@@ -59,9 +55,8 @@ def acquire(journal_dir: Path, identity: str, run_key: str) -> JobLock:
     from filelock import FileLock, Timeout
 
     path = lock_path(journal_dir, identity)
-    held = _HELD.get(str(path))
-    if held is not None and held.held:
-        return held
+    if str(path) in _HELD:  # released locks leave it (``JobLock.release``)
+        return _HELD[str(path)]
     journal_dir.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(path), thread_local=False)  # released by whichever thread ends the run
     try:

@@ -9,6 +9,7 @@ import contextlib
 import errno
 import json
 import logging
+import mmap
 import os
 import threading
 from dataclasses import fields
@@ -97,11 +98,8 @@ class _Syncer:
                 due = {p: n for p, n in self._wanted.items() if self._synced.get(p, 0) < n}
             for path, written in due.items():
                 try:
-                    fd = os.open(path, os.O_RDONLY)
-                    try:
-                        os.fsync(fd)
-                    finally:
-                        os.close(fd)
+                    with open(path, "rb") as fh:
+                        os.fsync(fh.fileno())
                 except FileNotFoundError:  # deleted: its next append says so (``JournalGone``)
                     pass
                 except OSError as exc:
@@ -115,6 +113,22 @@ class _Syncer:
 _SYNCER = _Syncer()
 atexit.register(_SYNCER.wait)  # a job's last lines are on disk before its process ends
 os.register_at_fork(after_in_child=_SYNCER.reset)  # no lock the parent's thread held at the fork
+
+
+def cut_torn_tail(path: Path, what: str, logger: logging.Logger = log) -> None:
+    """Drop a last line without newline, so the next append does not glue onto it (``what``: the file, in the warning
+    ``logger`` gives)."""
+    with path.open("rb+") as fh:
+        if fh.seek(0, os.SEEK_END) == 0:  # mmap cannot map an empty file
+            return
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            size, keep = len(data), data.rfind(b"\n") + 1
+        if keep == size:
+            return
+        logger.warning("%s %s: dropping a torn last line (%d bytes)", what, path.name, size - keep)
+        fh.truncate(keep)
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 class JournalGone(EnvironmentFailure):
@@ -153,7 +167,7 @@ class Journal:
             set_aside(self.path, "journal", f"{unread} line(s), not one a whole record",
                       "its instances run again (the calls the response cache kept are answered from it)")
             return done
-        self._cut_torn_tail()
+        cut_torn_tail(self.path, "journal")
         self._tail_checked = True
         with self.path.open("rb") as fh:
             for raw in fh:
@@ -183,30 +197,6 @@ class Journal:
                         return 0
         return lines
 
-    def _cut_torn_tail(self) -> None:
-        """Drop a last line without newline, so the next append does not glue onto it."""
-        with self.path.open("rb+") as fh:
-            size = fh.seek(0, os.SEEK_END)
-            if size == 0:
-                return
-            fh.seek(size - 1)
-            if fh.read(1) == b"\n":
-                return
-            keep = size - 1
-            while keep > 0:  # scan back to the last newline
-                step = min(keep, 65536)
-                fh.seek(keep - step)
-                chunk = fh.read(step)
-                cut = chunk.rfind(b"\n")
-                if cut >= 0:
-                    keep = keep - step + cut + 1
-                    break
-                keep -= step
-            log.warning("journal %s: dropping a torn last line (%d bytes)", self.path.name, size - keep)
-            fh.truncate(keep)
-            fh.flush()
-            os.fsync(fh.fileno())
-
     def append(self, record: dict[str, Any]) -> None:
         """One whole line, fsynced soon after; a full disk raises ``EnvironmentFailure``, then on every later append."""
         if self._failed is not None:
@@ -232,7 +222,7 @@ class Journal:
     def _append(self, record: dict[str, Any]) -> None:
         if not self._tail_checked:
             if self.path.exists():
-                self._cut_torn_tail()
+                cut_torn_tail(self.path, "journal")
             self._tail_checked = True
         line = (json.dumps(scrub_obj(record, self.secrets), ensure_ascii=False) + "\n").encode()
         with writing(self.path):
@@ -247,7 +237,7 @@ class Journal:
                 _SYNCER.request(self.path)
             except OSError:  # a full disk may have taken part of the line: cut it, so the journal stays whole lines
                 with contextlib.suppress(OSError):  # else the next load cuts it
-                    self._cut_torn_tail()
+                    cut_torn_tail(self.path, "journal")
                 raise
             finally:
                 os.close(fd)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from cupid_exp.aside import set_aside, torn
+from cupid_exp.durability.journal import cut_torn_tail
 from cupid_exp.llm.usage import UsageMeter
 from cupid_exp.outputs import EnvironmentFailure, writing
 
@@ -90,21 +91,11 @@ class UsageLedger:
             self._carry(carried)
             if not self.path.exists():
                 return meter
-        data = self.path.read_bytes()
-        if data and not data.endswith(b"\n"):  # a write cut short: the next line must start on its own
-            keep = data.rfind(b"\n") + 1
-            log.warning("usage ledger %s: dropping a torn last line (%d bytes)", self.path.name, len(data) - keep)
-            os.truncate(self.path, keep)
-            data = data[:keep]
-        skipped = 0
-        for raw in data.splitlines():
-            count = _count(raw)
-            if count is None:
-                skipped += 1
-                continue
-            step, added = count
+        cut_torn_tail(self.path, "usage ledger", log)  # a write cut short: the next line must start on its own
+        counts = [_count(raw) for raw in self.path.read_bytes().splitlines()]
+        for step, added in filter(None, counts):
             meter.merge({step: added})
-        if skipped:
+        if skipped := counts.count(None):
             log.warning("usage ledger %s: skipped %d line(s) that are not usage counts", self.path.name, skipped)
         meter.charge_unsettled()  # the attempts that wrote it have ended: what they left in flight is charged
         return meter

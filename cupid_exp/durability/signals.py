@@ -32,12 +32,6 @@ def _raise_terminated(signum: int, frame: FrameType | None) -> None:
     raise Terminated(signum, _stop_sweep_jobs(signum))
 
 
-def _set(handler: Any) -> dict[int, Any]:
-    """``handler`` for every stop signal but one the user ignores (``nohup``'s SIGHUP); what each had before."""
-    return {s: signal.signal(s, handler) for s in STOP_SIGNALS
-            if s == signal.SIGTERM or signal.getsignal(s) != signal.SIG_IGN}
-
-
 def ignore_stops() -> None:
     """In a job's helper process: signals sent to the process group are the job's to act on; it ends its helpers."""
     for s in (signal.SIGINT, *STOP_SIGNALS):
@@ -58,7 +52,9 @@ def sigterm_raises() -> Iterator[None]:
     end_with_launcher()
     if _STOPPED:  # a sweep's worker told to stop: the jobs queued to it stop too, before their runs
         raise Terminated(_STOPPED)
-    previous = _set(_raise_terminated)
+    # every stop signal but one the user ignores (``nohup``'s SIGHUP)
+    previous = {s: signal.signal(s, _raise_terminated) for s in STOP_SIGNALS
+                if s == signal.SIGTERM or signal.getsignal(s) != signal.SIG_IGN}
     if _in_sweep_worker():  # Ctrl-C reaches it from the terminal and again from the sweep's process: one stop
         previous[signal.SIGINT] = signal.signal(signal.SIGINT, _raise_terminated)
     _IN_JOB += 1
@@ -83,7 +79,7 @@ def install_sigterm_handler() -> None:
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     """Ctrl-C as KeyboardInterrupt, but a joblib launcher first stops and awaits its running jobs (exit 130)."""
-    if _sweep_executor() is not None and not _in_sweep_worker():
+    if sweep_executor() is not None and not _in_sweep_worker():
         raise Terminated(signum, _stop_sweep_jobs(signum))
     raise KeyboardInterrupt
 
@@ -155,7 +151,7 @@ def _catches(pid: int, signum: int) -> bool:
     return bool(int(caught.split()[1], 16) >> (signum - 1) & 1)
 
 
-def _sweep_executor() -> Any:
+def sweep_executor() -> Any:
     """The loky executor a joblib sweep runs its jobs on, once one has started (else None)."""
     reusable = sys.modules.get("joblib.externals.loky.reusable_executor")
     return getattr(reusable, "_executor", None)
@@ -165,7 +161,7 @@ def _stop_sweep_jobs(signum: int) -> tuple[Any, ...]:
     """In a joblib launcher, hand a stop signal to the running jobs before joblib's abort SIGKILLs their workers, and
     wait (at most ``SWEEP_STOP_GRACE_S``) for them; return what each raised."""
     global _FORWARDING
-    executor = _sweep_executor()
+    executor = sweep_executor()
     if executor is None or _FORWARDING or _in_sweep_worker():
         return ()
     _FORWARDING = True

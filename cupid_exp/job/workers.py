@@ -139,7 +139,7 @@ async def _spread(job: Job, todo: list[Any], observer: InstanceObserver | None, 
         elif kind == "fatal":
             fatal.append(message.error)
             cursor.stop()
-        elif kind == "failed":  # a bug (its traceback), or a full disk: the job's one line, exit 5
+        elif kind == "failed":  # a bug (WorkerFailed, its traceback), or a full disk (one line, exit 5)
             all_done.set_exception(message.error)
         elif kind == "died":
             all_done.set_exception(WorkerFailed(f"{message.error} before it finished its {job.work.noun}s"))

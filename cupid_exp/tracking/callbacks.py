@@ -6,8 +6,9 @@ import atexit
 import json
 import logging
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterator
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
@@ -24,11 +25,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def config_secrets(config: DictConfig, overrides: Sequence[str]) -> list[str]:
-    """The secrets of the overrides and composed config, unresolved (so broken interpolations still mask)."""
-    return secret_values([*overrides, OmegaConf.to_container(config, resolve=False)])
-
-
 class RedactSecretsCallback(Callback):
     """Mask secrets in the config and overrides Hydra saves (and ``multirun.yaml``) and prints."""
 
@@ -37,7 +33,8 @@ class RedactSecretsCallback(Callback):
         from hydra.types import RunMode
 
         hc = HydraConfig.get()
-        secrets = config_secrets(config, hc.overrides.task)
+        # the overrides' and composed config's, unresolved (so broken interpolations still mask)
+        secrets = secret_values([*hc.overrides.task, OmegaConf.to_container(config, resolve=False)])
         if not secrets:
             return
         if hc.output_subdir is not None:
@@ -72,13 +69,14 @@ class MlflowSweepCallback(Callback):
         self._open: tuple[str, str] | None = None  # (tracking uri, sweep folder) while the sweep runs
 
     def on_multirun_start(self, config: DictConfig, **kwargs: object) -> None:
-        if not _tracked(config):
-            return
+        if not config.tracking.enabled or config.calls.dry_run or url_credentials(config.tracking.uri):
+            return  # a sweep gets a parent run with tracking on, no dry run, and a URI without credentials
         from cupid_exp.tracking import run_worker
 
         sweep_dir = Path(config.hydra.sweep.dir).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        tracking = _tracking(config)
+        node = OmegaConf.to_object(config.tracking)  # as its dataclass: plain data for the run worker
+        tracking = node if isinstance(node, TrackingConfig) else TrackingConfig(**node)
         worker = run_worker.start(keep=True)
         overrides = list(OmegaConf.select(config, "hydra.overrides.task", default=None) or [])
         if worker is not None:
@@ -105,12 +103,8 @@ class MlflowSweepCallback(Callback):
 
             crash = getattr(sys, "last_value", None)
             interrupted = crash is None or isinstance(crash, (KeyboardInterrupt, Terminated))
-            try:
+            with _store_gone_said():
                 MlflowClient(uri).set_terminated(parent, status="KILLED" if interrupted else "FAILED")
-            except Exception as exc:  # noqa: BLE001  # a dead store: its jobs said so; the parent stays RUNNING
-                if not store_unreachable(exc):
-                    raise
-                log.warning("the sweep's parent run could not be ended: %s", type(exc).__name__, extra=STORE_NOTE)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: object) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
@@ -125,30 +119,26 @@ class MlflowSweepCallback(Callback):
                        sweep_dir=str(sweep_dir.resolve()), seed=int(config.get("seed", 0) or 0),
                        failed=any(s.get("outcome") == "error" for s in job_statuses(sweep_dir)))
         worker = run_worker.take_idle()
-        try:
+        problem = None
+        with _store_gone_said():
             done, problem = worker.close_sweep(end) if worker is not None else (False, None)
             if not done:
                 problem = finish_sweep(end)
-        except Exception as exc:  # noqa: BLE001  # a dead store: each job said so in its line (exit 5)
-            if not store_unreachable(exc):
-                raise
-            log.warning("the sweep's parent run could not be ended: %s", type(exc).__name__, extra=STORE_NOTE)
-            self._open = None
-            return
         if problem:
             log.warning("sweep leaderboard not logged on the parent run: %s", problem)
         self._open = None
 
 
-def _tracked(config: DictConfig) -> bool:
-    """Whether a sweep gets a parent run: tracking on, no dry run, a URI without credentials."""
-    return bool(config.tracking.enabled and not config.calls.dry_run and not url_credentials(config.tracking.uri))
-
-
-def _tracking(config: DictConfig) -> TrackingConfig:
-    """The composed ``tracking`` node as its dataclass (plain data for the run worker)."""
-    node = OmegaConf.to_object(config.tracking)
-    return node if isinstance(node, TrackingConfig) else TrackingConfig(**node)
+@contextmanager
+def _store_gone_said() -> Iterator[None]:
+    """Around ending the sweep's parent run: a dead store (each job said so in its line, exit 5) leaves it RUNNING,
+    with one note; any other error goes on."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001
+        if not store_unreachable(exc):
+            raise
+        log.warning("the sweep's parent run could not be ended: %s", type(exc).__name__, extra=STORE_NOTE)
 
 
 STATUS_FILE = "job_status.json"

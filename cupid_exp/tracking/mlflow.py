@@ -126,13 +126,9 @@ def flatten(value: object, prefix: str = "") -> dict[str, str]:
 ASIDE_SUFFIX = ".creating"  #: a store being made: ``.<name>.<pid>-<random>.creating`` beside it
 
 
-def aside_files(db: Path) -> list[Path]:
-    return sorted(db.parent.glob(f".{db.name}.*{ASIDE_SUFFIX}*"))  # its -journal too
-
-
 def clear_leftovers(db: Path) -> None:
     """Remove stores a killed process was making (the lock is held: nobody else is making one now)."""
-    for path in aside_files(db):
+    for path in db.parent.glob(f".{db.name}.*{ASIDE_SUFFIX}*"):  # its -journal too
         path.unlink(missing_ok=True)
 
 
@@ -146,8 +142,7 @@ def create_aside(db: Path) -> None:
         forget_connections(f"sqlite:///{aside}")
         os.replace(aside, db)
     finally:
-        for path in aside_files(db):
-            path.unlink(missing_ok=True)
+        clear_leftovers(db)
 
 
 def forget_connections(uri: str) -> None:
@@ -177,10 +172,8 @@ def unreadable(db: Path) -> sqlite3.DatabaseError | None:
     try:
         with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as con:
             con.execute("SELECT name FROM sqlite_master").fetchall()
-    except sqlite3.OperationalError:
-        return None
     except sqlite3.DatabaseError as exc:
-        return exc
+        return None if isinstance(exc, sqlite3.OperationalError) else exc
     return None
 
 
@@ -189,20 +182,18 @@ def repair(db: Path, error: BaseException) -> bool:
     if not db.exists():
         return False
     corrupt = unreadable(db)
+    if corrupt is None and not holds_nothing(db):
+        return False
+    forget_connections(f"sqlite:///{db}")  # the failed open's: they would read the moved file on
     if corrupt is not None:
-        forget_connections(f"sqlite:///{db}")
         set_aside(db, "MLflow store", corrupt, "a new store is made and this job's run starts in it (the runs the "
                   "old one held stay in the file set aside)", companions=("-wal", "-shm", "-journal"))
-        create_aside(db)
-        return True
-    if not holds_nothing(db):
-        return False
-    broken = db.with_name(f"{db.name}.half-made-{time.strftime('%Y%m%d-%H%M%S')}")
-    forget_connections(f"sqlite:///{db}")  # the failed open's: they would read the moved file on
-    os.replace(db, broken)
-    first = (str(error).strip().splitlines() or [""])[0][:200]
-    log.warning("MLflow store %s was half made (%s: %s) and held no run: moved to %s and made again", db,
-                type(error).__name__, first, broken.name)
+    else:
+        broken = db.with_name(f"{db.name}.half-made-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.replace(db, broken)
+        first = (str(error).strip().splitlines() or [""])[0][:200]
+        log.warning("MLflow store %s was half made (%s: %s) and held no run: moved to %s and made again", db,
+                    type(error).__name__, first, broken.name)
     create_aside(db)
     return True
 
@@ -249,9 +240,8 @@ def experiment_id(tracking: TrackingConfig) -> str:
     found = client.get_experiment_by_name(tracking.experiment)
     if found is not None:
         return found.experiment_id
-    location = artifact_location(tracking)
     try:
-        return client.create_experiment(tracking.experiment, artifact_location=location)
+        return client.create_experiment(tracking.experiment, artifact_location=artifact_location(tracking))
     except MlflowException:  # another job created it first
         return client.get_experiment_by_name(tracking.experiment).experiment_id
 
@@ -285,6 +275,7 @@ def ensure_parent(tracking: TrackingConfig, sweep_dir: str | Path, overrides: It
         marker = folder / PARENT_RUN_FILE
         if marker.exists():  # not a run id: a marker written over
             set_aside(marker, "sweep parent marker", "not a run id", "a new parent run is made for this sweep")
+        from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
         prepare_store(tracking.uri)
@@ -295,12 +286,7 @@ def ensure_parent(tracking: TrackingConfig, sweep_dir: str | Path, overrides: It
         run = client.create_run(
             experiment_id(tracking), run_name=SEP.join([f"sweep {folder.name}", *varied]),
             tags={"cupid.kind": "sweep", "cupid.sweep_dir": str(folder.resolve()), **git_state()})
-        if swept:
-            from mlflow.entities import Param
-
-            items = [Param(k, v) for k, v in swept.items()]
-            for i in range(0, len(items), 100):
-                client.log_batch(run.info.run_id, params=items[i:i + 100])
+        client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in swept.items()])  # (none: no request)
         atomic_write_text(folder / PARENT_RUN_FILE, run.info.run_id)
         log.info("MLflow parent run %s for sweep %s", run.info.run_id, folder)
         return run.info.run_id
@@ -341,6 +327,8 @@ class RunTracker:
     def start(self, *, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str], parent: str | None,
               config: Mapping[str, Any], resume: str | None = None) -> str:
         """A new run, or ``resume``'s reopened; params are write-once, so only missing ones are added."""
+        from mlflow.entities import Param
+
         all_tags = {**git_state(), **tags, "cupid.kind": "job"}
         if parent:
             all_tags["mlflow.parentRunId"] = parent
@@ -355,34 +343,26 @@ class RunTracker:
             for stale in stale_tags(before.tags):  # how the attempt before ended: this one decides anew
                 self.client.delete_tag(resume, stale)
             self.set_tags(all_tags)
-            known = before.params
-            params = {k: v for k, v in params.items() if _clean_key(k) not in known}
-        self.log_params(params)
+            params = {k: v for k, v in params.items() if _clean_key(k) not in before.params}
+        self.client.log_batch(self.run_id, params=[Param(_clean_key(k), scrub(str(v), self.secrets)[:6000])
+                                                   for k, v in params.items()])
         self.client.log_dict(self.run_id, scrub_obj(config, self.secrets), "config.yaml")
         return self.run_id
 
-    def log_params(self, params: Mapping[str, Any]) -> None:
-        from mlflow.entities import Param
-
-        items = [Param(_clean_key(k), scrub(str(v), self.secrets)[:6000]) for k, v in params.items()]
-        for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
-            self.client.log_batch(self.run_id, params=items[i:i + 100])
-
+    # MlflowClient.log_batch sends batches of at most 100 params or tags, or 1000 metrics: one request each, not one
+    # per value (and none for an empty list)
     def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        items = [Metric(_clean_key(k), float(v), now, step) for k, v in metrics.items() if v == v]  # NaN-free
-        for i in range(0, len(items), 1000):
-            self.client.log_batch(self.run_id, metrics=items[i:i + 1000])
+        self.client.log_batch(self.run_id, metrics=[Metric(_clean_key(k), float(v), now, step)
+                                                    for k, v in metrics.items() if v == v])  # NaN-free
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        """All in batches of 100 (one request each, not one per tag)."""
         from mlflow.entities import RunTag
 
-        items = [RunTag(k, scrub(str(v), self.secrets)[:8000]) for k, v in tags.items()]
-        for i in range(0, len(items), 100):
-            self.client.log_batch(self.run_id, tags=items[i:i + 100])
+        self.client.log_batch(self.run_id, tags=[RunTag(k, scrub(str(v), self.secrets)[:8000])
+                                                 for k, v in tags.items()])
 
     def log_input(self, dataset: Dataset, context: str = "eval") -> None:
         """A dataset entity as the run's input: the runs table's Dataset column."""

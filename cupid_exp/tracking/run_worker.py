@@ -101,7 +101,7 @@ class RunWorker:
     def wait_opened(self) -> None:
         if self.run_id is not None:
             return
-        note = self._wait(("opened",), OPEN_S, stall=False)
+        note = self._wait("opened", OPEN_S)
         if note is None or note[0] != "opened":
             failed = note is not None and note[0] == "failed"
             alive = not failed and self.process.exitcode is None
@@ -112,7 +112,7 @@ class RunWorker:
                 raise TrackingUnavailable(f"the MLflow store at {uri} could not open the job's run ({why}); no "
                                           "model was called for it: run the same command again once it answers")
             raise TrackingError(f"the MLflow run could not be opened at {uri}: {why}")
-        self._opened(note)
+        self._note(note)
 
     # -- while the job works ---------------------------------------------------------------------------------
     @property
@@ -127,8 +127,8 @@ class RunWorker:
             return
         shown = trace_input(instance, result)  # what its trace shows of it (the rest of the instance stays here)
         with self._sending:
-            self.pipes.inbox.put(("instance", pickle.dumps((shown, result, calls, self.meter.totals()),
-                                                     protocol=pickle.HIGHEST_PROTOCOL)))
+            self.pipes.inbox.put(("instance", self.meter.totals(),
+                            pickle.dumps((shown, result, calls), protocol=pickle.HIGHEST_PROTOCOL)))
 
     def _pulse(self, every_s: float) -> None:
         """Send the job's usage totals every ``every_s`` seconds while they change, from a thread, until the run
@@ -167,10 +167,7 @@ class RunWorker:
             return
         self._quiet()
         final.totals = self.meter.totals()
-        note = None
-        if self._healthy():
-            self.pipes.inbox.put(("finish", final, self.keep))
-            note = self._wait(("finished",), None, stall=True, stall_s=self._flush_s)
+        note = self._ask(("finish", final.totals, final, self.keep), self._flush_s, stall=True)
         self.ended = True
         try:
             if note is not None and note[0] == "failed":
@@ -197,16 +194,13 @@ class RunWorker:
         self.ended = True
         self._quiet()
         try:
-            note = None
             if self.run_id is None and not self.stopped:  # opening may still be under way: let it finish
-                try:
+                with contextlib.suppress(TrackingError):
                     self.wait_opened()
-                except TrackingError:
-                    return
-            if self._healthy():
-                self.pipes.inbox.put(("end", status, summary, self.meter.totals(), tags))
-                note = self._wait(("finished",), INTERRUPTED_WAIT_S, stall=False)
-            if note is not None and note[0] == "finished" or self.run_id is None:
+            if self.run_id is None:  # never opened: nothing to end
+                return
+            note = self._ask(("end", status, summary, self.meter.totals(), tags), INTERRUPTED_WAIT_S)
+            if note is not None and note[0] == "finished":
                 return
             if note is not None and note[2]:  # the store failed the worker
                 raise self._unavailable(note[1], "the run's end")
@@ -234,10 +228,7 @@ class RunWorker:
         """Log the sweep's leaderboard on its parent run and end it (``tracking.sweep.finish_sweep``), here where
         MLflow and matplotlib are imported already; then the worker exits. Returns (done, why the leaderboard is
         missing); not done: the worker could not, and the caller does it itself."""
-        note = None
-        if self._healthy():
-            self.pipes.inbox.put(("sweep_end", end))
-            note = self._wait(("finished",), None, stall=True)
+        note = self._ask(("sweep_end", end), STALL_S, stall=True)
         self.ended = True
         self._release()
         if note is None:
@@ -252,9 +243,6 @@ class RunWorker:
     @property
     def _flush_s(self) -> float:
         return float(getattr(self.request.tracking, "flush_timeout_s", 60.0))
-
-    def _opened(self, note: tuple) -> None:
-        self.run_id, self.attempt, self.notice, self.reused = note[1], note[2], note[3], note[4]
 
     def _unavailable(self, why: str, what: str = "this job's results") -> TrackingUnavailable:
         request = self.request
@@ -279,19 +267,15 @@ class RunWorker:
         thread = threading.Thread(target=run, name="cupid-mlflow-end", daemon=True)
         thread.start()
         thread.join(self._flush_s)
-        problem: TrackingError | None = None
+        problem = failure[0] if failure else None
         if thread.is_alive():
             problem = self._unavailable(f"no answer within {self._flush_s:g} s while trying to {what} here")
-        elif failure and store_unreachable(failure[0]):
-            problem = self._unavailable(f"{type(failure[0]).__name__}: {str(failure[0]).splitlines()[0][:200]}")
-        if quiet:
-            if problem is not None or failure:
-                log.debug("could not %s: %s", what, problem or failure[0])
-            return
-        if problem is not None:
+        elif problem is not None and store_unreachable(problem):
+            problem = self._unavailable(f"{type(problem).__name__}: {str(problem).splitlines()[0][:200]}")
+        if problem is not None and not quiet:
             raise problem
-        if failure:
-            raise failure[0]
+        if problem is not None:
+            log.debug("could not %s: %s", what, problem)
 
     def _here(self, totals: dict[str, float]) -> LiveRun | SimpleNamespace:
         """The run, reattached in this process after the worker failed: no progress thread, no traces."""
@@ -305,10 +289,16 @@ class RunWorker:
         return LiveRun(tracker, Claim(request.run_key), replace(request.units, done=[]), meter=SnapshotMeter(totals),
                        every_s=request.tracking.progress_every_s, traces=None, attempt=self.attempt)
 
-    def _wait(self, wanted: tuple[str, ...], timeout: float | None, *, stall: bool,
-              stall_s: float = STALL_S) -> tuple | None:
-        """The worker's next note among ``wanted`` (or 'failed'); None if it died, or gave no sign of progress
-        for ``stall_s`` (``stall``) or ``timeout`` seconds."""
+    def _ask(self, message: tuple, timeout: float, *, stall: bool = False) -> tuple | None:
+        """Send ``message`` to a healthy worker and wait for its 'finished' (``_wait``); None without one."""
+        if not self._healthy():
+            return None
+        self.pipes.inbox.put(message)
+        return self._wait("finished", timeout, stall=stall)
+
+    def _wait(self, wanted: str, timeout: float, *, stall: bool = False) -> tuple | None:
+        """The worker's next ``wanted`` note (or 'failed'); None if it died, or gave no sign of progress for
+        ``timeout`` seconds (``stall``: since the last message it handled; else since the wait began)."""
         from multiprocessing.connection import wait
 
         began = moved = time.monotonic()
@@ -321,7 +311,7 @@ class RunWorker:
                 except (EOFError, OSError):  # it exited
                     note = None
                 if note is not None:
-                    if note[0] in wanted or note[0] == "failed":
+                    if note[0] in (wanted, "failed"):
                         return note
                     self._note(note)
                     continue
@@ -332,7 +322,7 @@ class RunWorker:
             now = time.monotonic()
             if self.pipes.handled.value != seen:
                 seen, moved = self.pipes.handled.value, now
-            if timeout is not None and now - began >= timeout or stall and now - moved >= stall_s:
+            if now - (moved if stall else began) >= timeout:
                 self.stopped = True  # (the caller says what it means)
                 return None
 
@@ -340,7 +330,7 @@ class RunWorker:
         if note[0] == "traces_stopped":
             log.warning("MLflow tracing stopped for this job: %s", note[1])
         elif note[0] == "opened":
-            self._opened(note)
+            self.run_id, self.attempt, self.notice, self.reused = note[1:]
         elif note[0] == "failed":
             self._give_up(note[1])
 

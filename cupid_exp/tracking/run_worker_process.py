@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from cupid_exp.durability.attempts import Claim
 from cupid_exp.durability.signals import ignore_stops
 from cupid_exp.tracking import store_errors
-from cupid_exp.tracking.live import FinalLog, LiveRun, RunRequest, open_run
+from cupid_exp.tracking.live import LiveRun, RunRequest, open_run
 from cupid_exp.tracking.mlflow import ensure_parent
 
 if TYPE_CHECKING:
@@ -62,18 +62,20 @@ def serve(inbox: Queue[tuple[Any, ...]], outbox: Connection, progress: ctypes.c_
         try:
             outbox.send(note)
         except OSError:  # BrokenPipeError: nobody reads
-            _orphaned(live)
+            _export_and_exit(live)
 
     while True:
         try:
             message = inbox.get(timeout=1.0)
         except queue.Empty:
             if parent is not None and not parent.is_alive():
-                _orphaned(live)
+                _export_and_exit(live)
             continue
         except (EOFError, OSError):  # the job died (mid-message, or with its end closed)
-            _orphaned(live)
+            _export_and_exit(live)
         kind = message[0]
+        if kind in ("totals", "instance", "executed", "finish"):  # the job's usage totals come second (the next
+            meter.latest = message[1]  # progress point shows them)
         try:
             if kind == "open":
                 request: RunRequest = message[1]
@@ -83,24 +85,19 @@ def serve(inbox: Queue[tuple[Any, ...]], outbox: Connection, progress: ctypes.c_
                 # what the end will need (the table, the plots: ~1 s of CPU), imported with the first instance, once
                 # the job calls models, not while its processes import theirs (later instances: a lookup)
                 import cupid_exp.reporting.plots  # noqa: F401
-                shown, result, calls, meter.latest = pickle.loads(message[1])
+                shown, result, calls = pickle.loads(message[2])
                 live.instance_finished(shown, result, result.to_record(), calls)
                 error = getattr(live.traces, "error", None)
                 if error and not reported:
                     reported = True
                     say(("traces_stopped", error))
-            elif kind == "totals":  # the job's usage between units: the next progress point shows it
-                meter.latest = message[1]
             elif kind == "executed" and live is not None:
-                meter.latest = message[1]
                 live.executed()
                 live.draw_plots()  # while the job computes its numbers (files only: logged at the finish)
             elif kind == "finish" and live is not None:
-                final: FinalLog = message[1]
-                meter.latest = final.totals
-                live.finish(final)
+                live.finish(message[2])
                 say(("finished",))
-                if not message[2]:
+                if not message[3]:
                     os._exit(0)  # all is in the store: skip the interpreter's teardown (and MLflow's exit-time drain)
                 live, meter, reported = None, SnapshotMeter(), False  # the sweep's next job may take this worker
             elif kind == "sweep":  # the sweep's parent run, before its first job's run
@@ -121,14 +118,12 @@ def serve(inbox: Queue[tuple[Any, ...]], outbox: Connection, progress: ctypes.c_
         except Exception as exc:  # noqa: BLE001  # the job hears why (and whether the store is to blame)
             first = (str(exc).strip().splitlines() or [""])[0][:300]
             say(("failed", f"{type(exc).__name__}: {first}", store_errors.store_unreachable(exc)))
-            if live is not None and live.traces is not None:
-                live.traces.close(ORPHAN_FLUSH_S)
-            os._exit(1)
+            _export_and_exit(live, 1)
         progress.value += 1
 
 
-def _orphaned(live: LiveRun | None) -> None:
-    """The job died: export what was built (bounded) and exit; the run stays RUNNING."""
+def _export_and_exit(live: LiveRun | None, code: int = 0) -> None:
+    """Export what was built (bounded) and exit: the job died (the run stays RUNNING), or this worker failed (1)."""
     if live is not None and live.traces is not None:
         live.traces.close(ORPHAN_FLUSH_S)
-    os._exit(0)
+    os._exit(code)

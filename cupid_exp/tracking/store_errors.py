@@ -44,9 +44,6 @@ def store_unreachable(exc: BaseException) -> bool:
     return False
 
 
-MAX_CHARS = 300
-
-
 STORE_NOTE = {"cupid_store": True}  #: ``extra=`` of the job's own warnings about a failing store
 
 
@@ -66,17 +63,16 @@ class OneLineOnce(logging.Filter):
         if not _about_the_store(record):
             return True  # (on the root's handlers too: every other logger's records pass as they are)
         decided = getattr(record, "cupid_shown", None)  # one record reaches several handlers: decided once
-        if decided is not None:
-            return decided
-        record.cupid_shown = self._shown(record)
-        return record.cupid_shown
+        if decided is None:
+            decided = record.cupid_shown = self._shown(record)
+        return decided
 
     def _shown(self, record: logging.LogRecord) -> bool:
         line = _first_line(record.getMessage())
         if record.exc_info and record.exc_info[1] is not None:
             exc = record.exc_info[1]
             line = f"{line} ({type(exc).__name__}: {_first_line(str(exc))})"
-        line = line[:MAX_CHARS]
+        line = line[:300]
         if line in self.seen:
             return False
         self.seen.add(line)
@@ -85,8 +81,7 @@ class OneLineOnce(logging.Filter):
 
 
 def _first_line(text: str) -> str:
-    lines = [part for part in text.strip().splitlines() if part.strip()]
-    return lines[0].strip() if lines else ""
+    return next((part.strip() for part in text.splitlines() if part.strip()), "")
 
 
 class OffTheConsole(logging.Filter):
@@ -104,12 +99,10 @@ class OffTheConsole(logging.Filter):
 
 
 def _propagates_to_root(name: str) -> bool:
-    logger: logging.Logger | None = logging.getLogger(name)
-    while logger is not None and logger.parent is not None:
-        if not logger.propagate:
-            return False
+    logger = logging.getLogger(name)
+    while logger.propagate and logger.parent is not None:
         logger = logger.parent
-    return True
+    return logger.parent is None  # (stopped short of the root: a logger that does not propagate)
 
 
 _FILTER, _CONSOLE = OneLineOnce(), OffTheConsole()
@@ -117,8 +110,7 @@ _FILTER, _CONSOLE = OneLineOnce(), OffTheConsole()
 
 def install() -> None:
     """On MLflow's and the root's handlers; idempotent, called again once Hydra configures logging."""
-    logger = logging.getLogger("mlflow")
-    for handler in list(logger.handlers) + list(logging.getLogger().handlers):
+    for handler in [*logging.getLogger("mlflow").handlers, *logging.getLogger().handlers]:
         if _FILTER not in handler.filters:
             handler.addFilter(_FILTER)
         console = isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)

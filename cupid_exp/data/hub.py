@@ -34,13 +34,13 @@ def _one_line(exc: BaseException, limit: int = 160) -> str:
     return f"{type(exc).__name__}: {text[:limit]}" if text else type(exc).__name__
 
 
-def probe(name: str, revision: str | None, timeout: float | None = None) -> None:
+def probe(name: str, revision: str | None) -> None:
     """One metadata request: HubUnavailable when the Hub is unreachable or lacks the set; 5xx left to ``datasets``."""
     from huggingface_hub import HfApi, constants
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
     from huggingface_hub.utils import httpx  # the HTTP client huggingface_hub calls with (its exceptions)
 
-    timeout = constants.HF_HUB_ETAG_TIMEOUT if timeout is None else timeout
+    timeout = constants.HF_HUB_ETAG_TIMEOUT
     try:
         HfApi().dataset_info(name, revision=revision, timeout=timeout)
     except httpx.TransportError as exc:  # no route, no DNS, refused, timed out: retrying will not help soon

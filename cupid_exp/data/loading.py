@@ -88,10 +88,7 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
 
 def _json_rows(path: Path) -> Iterator[tuple[str, Any]]:
     raw = path.read_bytes()
-    if not raw.strip():
-        yield path.name, DataError(path.name, "<file>", "is empty (no rows)")
-        return
-    payload = _parse_line(raw.removeprefix(codecs.BOM_UTF8), path.name)
+    payload = _parse_line(raw.removeprefix(codecs.BOM_UTF8), path.name) if raw.strip() else None
     if isinstance(payload, DataError):
         yield path.name, DataError(path.name, "<file>", f"cannot be read: {payload.problem}")
     elif payload in ([], {}, None):

@@ -79,18 +79,14 @@ def _list(row: Mapping[str, Any], key: str, where: str, *, label: str | None = N
     field, value = label or key, row.get(key)
     if value is None:
         raise DataError(where, field, "is missing")
-    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):  # numpy arrays from parquet
-        value = value.tolist()
-    if not isinstance(value, (list, tuple)):
+    if not isinstance(value, (list, tuple)):  # parquet's and the Hub's arrays are lists by now (loading._plain)
         raise DataError(where, field, f"must be a list, got {type(value).__name__}")
     if not value:
         raise DataError(where, field, "is an empty list")
     return list(value)
 
 
-def _dialogue(raw: object, field: str, where: str) -> tuple[Message, ...]:
-    if not isinstance(raw, Mapping):
-        raise DataError(where, field, f"must be an object, got {type(raw).__name__}")
+def _dialogue(raw: Mapping[str, Any], field: str, where: str) -> tuple[Message, ...]:
     turns = _list(raw, "dialogue", where, label=f"{field}.dialogue")
     messages = []
     for j, turn in enumerate(turns):

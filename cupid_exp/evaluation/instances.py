@@ -43,16 +43,13 @@ async def evaluate_instance(setting: Setting, parts: Sequence[str], ctx: TaskCon
     epoch = instance.epoch if isinstance(instance, EpochInstance) else None
     token = EPOCH.set(epoch)  # its calls' seed and cache entry (``llm.epochs``)
     try:
-        result = await _evaluate(setting, parts, ctx, instance, progress)
+        return await _evaluate(setting, parts, ctx, instance, progress, epoch)
     finally:
         EPOCH.reset(token)
-    if epoch is not None:
-        result.epoch = epoch
-    return result
 
 
 async def _evaluate(setting: Setting, parts: Sequence[str], ctx: TaskContext, instance: Instance,
-                    progress: Progress | None) -> InstanceResult:
+                    progress: Progress | None, epoch: int | None) -> InstanceResult:
     transcript = Transcript()
     try:
         view: View | None = await setting.view(instance, ctx, transcript)
@@ -60,20 +57,19 @@ async def _evaluate(setting: Setting, parts: Sequence[str], ctx: TaskContext, in
         transcript.fail(exc)
         log.warning("instance %s: %s", instance.key, exc)
         view = None
+    done = progress.done if progress is not None else lambda stage: None
     for stage in setting.stages:
-        if progress is not None:
-            progress.done(stage)
+        done(stage)
     outcomes: dict[str, object] = {}
     if view is not None:
         async def part(name: str) -> None:
             outcomes[name] = await TASKS[name](ctx, instance, view, transcript)
-            if progress is not None:
-                progress.done(name)
+            done(name)
 
         await together(*(part(name) for name in parts))  # a bug in one part stops the others
-    elif progress is not None:
+    else:
         for name in parts:
-            progress.done(name)
+            done(name)
     for error in transcript.errors:
         log.warning("instance %s: %s", instance.key, error.message)
     n_shown = len(view.positions) if view is not None else len(setting.positions(instance))
@@ -86,7 +82,7 @@ async def _evaluate(setting: Setting, parts: Sequence[str], ctx: TaskContext, in
                             n_prior_sessions=len(instance.prior_interactions), history_words=words),
         setting=view.output if view is not None else SettingOutput(),
         inference=outcomes.get("inference"), generation=outcomes.get("generation"),
-        errors=transcript.errors, raw=transcript.raw, usage=transcript.usage)
+        errors=transcript.errors, raw=transcript.raw, usage=transcript.usage, epoch=epoch)
 
 
 def instances_in_flight(ctx: TaskContext) -> int:

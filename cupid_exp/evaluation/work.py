@@ -67,14 +67,13 @@ class EvaluationWork:
         from cupid_exp.rendering import matcher_examples
 
         cfg = self.cfg
-        calls = cfg.calls  # the slice the clients read
-        configure_litellm(calls)
+        configure_litellm(cfg.calls)  # the slice the clients read
         if not cfg.calls.dry_run:
             from cupid_exp.llm._litellm import import_first_call_modules
 
             import_first_call_modules()
         ev = cfg.evaluator
-        clients = clients_for(cfg.roles(), calls, meter, budget, share)  # by config path: a fatal refusal names it
+        clients = clients_for(cfg.roles(), cfg.calls, meter, budget, share)  # by config path: a fatal refusal names it
         retry = Reask(cfg.runtime.reask)
         examples = matcher_examples(self.prompts.matcher_examples()) if ev.matcher_few_shot else None
         evaluator = Evaluator(*(clients[f"evaluator.{role}"] for role in ("decomposer", "matcher", "judge")),

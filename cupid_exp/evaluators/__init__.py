@@ -23,10 +23,10 @@ class Evaluator:
     max_checklist_items: int = 4
     retry: Reask = Reask(1)
 
-    async def checklist(self, preference: str, transcript: Transcript, step: str = "decompose") -> list[str]:
+    async def checklist(self, preference: str, transcript: Transcript) -> list[str]:
         """The preference as yes/no checklist items (at most ``max_checklist_items``)."""
         return await decompose(self.decomposer, self.prompts, preference, transcript=transcript, retry=self.retry,
-                               max_items=self.max_checklist_items, step=step)
+                               max_items=self.max_checklist_items)
 
     async def match(self, step: str, checklist: list[str], preference: str, transcript: Transcript) -> list[float]:
         """1 / 0.5 / 0 per checklist item: how far ``preference`` covers it."""

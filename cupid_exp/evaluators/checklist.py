@@ -60,11 +60,11 @@ def parse_checklist(text: str) -> list[str]:
 
 
 async def decompose(client: LLMClient, prompts: PromptSet, preference: str, *, transcript: Transcript,
-                    retry: Reask | Resample, max_items: int = 4, step: str = "decompose",
-                    parse: Callable[[str], list[str]] = parse_checklist) -> list[str]:
+                    retry: Reask | Resample, max_items: int, parse: Callable[[str], list[str]] = parse_checklist
+                    ) -> list[str]:
     """The preference as at most ``max_items`` yes/no items; synthesis passes a ``parse`` with its data checks."""
     messages = prompts.get(DECOMPOSER_PROMPT).messages(client.model.system_role, preferences=preference)
-    items = await ask(client, step, messages, parse, transcript=transcript, schema=checklist_schema(max_items),
+    items = await ask(client, "decompose", messages, parse, transcript=transcript, schema=checklist_schema(max_items),
                       retry=retry, dry_reply=dry_checklist)
     return items[:max_items]
 

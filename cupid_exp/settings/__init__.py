@@ -17,6 +17,8 @@ SETTINGS: dict[str, type["Setting"]] = {}
 
 
 def register(cls: type["Setting"]) -> type["Setting"]:
+    """Registers the setting under its ``Config``'s name, which is its ``name`` too (one spelling, no mismatch)."""
+    cls.name = cls.Config.name
     SETTINGS[cls.name] = cls
     return cls
 

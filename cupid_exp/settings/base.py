@@ -32,7 +32,7 @@ class View:
 class Setting:
     """Base class: every prior session, rendered as the log (the paper's standard setting)."""
 
-    name: ClassVar[str]
+    name: ClassVar[str]  #: its ``Config``'s name (``register`` sets it)
     Config: ClassVar[type[SettingConfig]]
     tasks: ClassVar[tuple[str, ...]] = ("inference", "generation")  #: the task parts it is defined for
     stages: ClassVar[tuple[str, ...]] = ()  #: work before the tasks that gets its own progress bar

@@ -27,7 +27,6 @@ class OracleConfig(SettingConfig):
 
 @register
 class Oracle(Setting):
-    name = "oracle"
     Config = OracleConfig
 
     def positions(self, instance: Instance) -> list[int]:

@@ -17,7 +17,6 @@ class OraclePreferenceConfig(SettingConfig):
 
 @register
 class OraclePreference(Setting):
-    name = "oracle_preference"
     Config = OraclePreferenceConfig
     tasks = ("generation",)
     generation_fields = frozenset({"preference"})

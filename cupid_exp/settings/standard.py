@@ -16,5 +16,4 @@ class StandardConfig(SettingConfig):
 
 @register
 class Standard(Setting):
-    name = "standard"
     Config = StandardConfig

@@ -26,12 +26,10 @@ class SummaryConfig(SettingConfig):
 
 
 def summary_schema(n_sessions: int) -> dict:
+    strings = {"type": "array", "items": {"type": "string", "maxLength": 200}, "minItems": 1, "maxItems": 3}
     item = {"type": "object",
             "properties": {"session_id": {"type": "integer"}, "analysis": {"type": "string", "maxLength": 300},
-                           "context": {"type": "array", "items": {"type": "string", "maxLength": 200},
-                                       "minItems": 1, "maxItems": 3},
-                           "preferences": {"type": "array", "items": {"type": "string", "maxLength": 200},
-                                           "minItems": 1, "maxItems": 3}},
+                           "context": strings, "preferences": strings},
             "required": ["session_id", "analysis", "context", "preferences"]}
     return {"type": "object",
             "properties": {"summaries": {"type": "array", "items": item, "minItems": n_sessions,
@@ -53,7 +51,6 @@ def parse_summaries(text: str, n_sessions: int) -> list[dict[str, Any]]:
 
 @register
 class Summary(Setting):
-    name = "summary"
     Config = SummaryConfig
     stages = ("summary",)
 

@@ -224,8 +224,7 @@ class PersonaRun:
                         + [("dialogues", dialogue(i)) for i in range(N_SESSIONS - 1)])
 
     async def sessions(self, written: list[asyncio.Event]) -> None:
-        factors, changed = self.j["factors"], self.changed
-        sessions = self.j["sessions"]
+        factors, changed, sessions = self.j["factors"], self.changed, self.j["sessions"]
         first_changed = min(self.journey.positions(CHANGED))
         for slot in self.journey.slots:
             if sessions[slot.index] is None:
@@ -264,11 +263,10 @@ class PersonaRun:
         for row in kept:
             try:
                 validate_row(row, f"persona {self.template.index}")
+                outcome.instances.append(row)
             except DataError as exc:
                 outcome.dropped.append({"persona_id": row["persona_id"], "instance_type": row["instance_type"],
                                         "reason": str(exc)})
-                continue
-            outcome.instances.append(row)
         j["instances"], j["dropped_instances"] = outcome.instances, outcome.dropped
         self.persist()
 
@@ -322,9 +320,8 @@ class PersonaRun:
                 phase, caught = caught.phase, caught.failure
             outcome.failed_phase, outcome.error, outcome.failed_kind = phase, str(caught), caught.kind
             log.warning("persona %d failed at %s: %s", self.template.index, phase, caught)
-        self.j["status"] = "failed" if outcome.failed_phase else "done"
-        self.j["failed_phase"], self.j["error"] = outcome.failed_phase, outcome.error
-        self.j["failed_kind"] = outcome.failed_kind
+        self.j.update(status="failed" if outcome.failed_phase else "done", failed_phase=outcome.failed_phase,
+                      error=outcome.error, failed_kind=outcome.failed_kind)
         self.persist()
         return outcome
 

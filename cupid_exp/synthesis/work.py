@@ -89,10 +89,9 @@ class SynthesisWork:
         from cupid_exp.synthesis.steps import SynthContext
 
         cfg, scfg = self.cfg, self.cfg.synthesis
-        calls = cfg.calls  # the slice the clients read
-        configure_litellm(calls)
+        configure_litellm(cfg.calls)  # the slice the clients read
         import_first_call_modules()
-        clients = clients_for(cfg.roles(), calls, meter, budget, share)  # by config path; the steps name the role
+        clients = clients_for(cfg.roles(), cfg.calls, meter, budget, share)  # by config path; the steps name the role
         ctx = SynthContext(clients={path.rsplit(".", 1)[1]: c for path, c in clients.items()},
                            prompts=self.prompts, max_retries=scfg.max_retries, max_turns=scfg.max_turns,
                            max_checklist_items=scfg.max_checklist_items, with_resources=scfg.with_resources,

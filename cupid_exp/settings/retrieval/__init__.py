@@ -38,7 +38,6 @@ class RetrievalConfig(SettingConfig):
 
 @register
 class Retrieval(Setting):
-    name = "retrieval"
     Config = RetrievalConfig
 
     async def view(self, instance: Instance, ctx, transcript) -> View:

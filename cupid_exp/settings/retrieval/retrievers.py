@@ -24,10 +24,9 @@ def _tokens(text: str) -> list[str]:
 
 
 def bm25_scores(query: str, docs: Sequence[str]) -> np.ndarray:
-    import numpy as np
     from rank_bm25 import BM25Okapi
 
-    return np.asarray(BM25Okapi([_tokens(d) or ["<empty>"] for d in docs]).get_scores(_tokens(query)))
+    return BM25Okapi([_tokens(d) or ["<empty>"] for d in docs]).get_scores(_tokens(query))  # an ndarray already
 
 
 _ENCODERS: dict[str, SentenceTransformer] = {}  # package -> its loaded model, for the life of the process

@@ -56,16 +56,6 @@ def simulator_view(dialogue: Sequence[Mapping[str, str]]) -> Messages:
     return [{"role": "user", "content": OPENING}, *flipped]
 
 
-async def _assistant_reply(ctx: SynthContext, messages: Messages, attempt: int) -> str:
-    """The assistant simulator's text (seed moved per attempt); empty or cut replies stand, counted."""
-    client = ctx.clients["assistant_simulator"]
-    reply = await ask(client, "assistant_simulator", messages, str.strip, transcript=Transcript(),
-                      params=ctx.retry.params(client, attempt), retry=Resample(0), keep_cut=True)
-    if not reply:
-        client.meter.reject("assistant_simulator", "empty")
-    return reply or NO_ANSWER
-
-
 async def simulate_dialogue(ctx: SynthContext, *, persona_description: str, factor: str, preference: str,
                             checklist: Sequence[str], request: str, attempt: int = 0) -> dict[str, Any]:
     """User simulator vs assistant simulator until a score of 10 or ``max_turns`` replies. A failing user simulator ends
@@ -76,12 +66,18 @@ async def simulate_dialogue(ctx: SynthContext, *, persona_description: str, fact
         user_profile=persona_description, context_factor=factor, preference=preference,
         checklist=numbered(checklist)) + take
     a_role, u_role = ctx.system_role("assistant_simulator"), ctx.system_role("user_simulator")
+    assistant = ctx.clients["assistant_simulator"]
     dialogue: list[dict[str, str]] = [{"role": "user", "content": request}]
     turns: list[dict[str, Any]] = []
     satisfied, error = False, None
     for turn in range(ctx.max_turns):
-        answer = await _assistant_reply(ctx, [{"role": a_role, "content": assistant_system}, *dialogue], attempt)
-        dialogue.append({"role": "assistant", "content": answer})
+        # the assistant simulator's text (seed moved per attempt); empty or cut replies stand, counted
+        answer = await ask(assistant, "assistant_simulator", [{"role": a_role, "content": assistant_system}, *dialogue],
+                           str.strip, transcript=Transcript(), params=ctx.retry.params(assistant, attempt),
+                           retry=Resample(0), keep_cut=True)
+        if not answer:
+            assistant.meter.reject("assistant_simulator", "empty")
+        dialogue.append({"role": "assistant", "content": answer or NO_ANSWER})
         try:
             judged = await ctx.ask_json("user_simulator", "user_simulator",
                                         [{"role": u_role, "content": user_system}, *simulator_view(dialogue)],

@@ -73,10 +73,8 @@ async def write_session(ctx: SynthContext, *, persona_description: str, factor: 
 
     block = yaml.dump({"context_factor": factor["factor"], "preference": preference, "task_type": task_type},
                       default_flow_style=False, sort_keys=False, allow_unicode=True, width=1000).rstrip()
-    shift = ""
-    if shift_reason:
-        shift = (f"\nThe person's preference about this factor has just changed ({shift_reason}). "
-                 "Let the story show the change.")
+    shift = (f"\nThe person's preference about this factor has just changed ({shift_reason}). "
+             "Let the story show the change.") if shift_reason else ""
     resource_rule = resource_field = ""
     if ctx.with_resources:
         resource_rule = ('\n- "resource": if the request needs a document, code or data, write "[resource]" in both '

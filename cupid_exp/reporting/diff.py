@@ -16,7 +16,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, Mapping, Sequence
 
 import yaml
 from hydra.core.override_parser.types import Quote, QuotedString
@@ -301,16 +301,11 @@ def _implied(prefix: list[str], added: list[str], composed: Composed | None) -> 
     return kept
 
 
-class Reach(NamedTuple):
-    overrides: list[str]  # to append after the base (less ``superseded``)
-    notes: list[str]
-    remaining: list[LeafDiff]  # what still differs after them
-    superseded: list[str]  # base overrides inside a group the target chose otherwise, left out to compose
-
-
-def overrides_to_reach(base: Sequence[str], target: RunSpec, *, max_rounds: int = 6, who: str = "B") -> Reach:
-    """Overrides that, after ``base``, compose ``target.config``: group choices first, then leaves (sources before
-    derived). A base override the target's group schema lacks is dropped (``superseded``)."""
+def overrides_to_reach(base: Sequence[str], target: RunSpec, *, max_rounds: int = 6, who: str = "B"
+                       ) -> tuple[list[str], list[str], list[LeafDiff], list[str]]:
+    """Overrides that, after ``base`` (less ``superseded``), compose ``target.config``: group choices first, then
+    leaves (sources before derived); with notes, what still differs after them, and ``superseded``: the base
+    overrides inside a group the target chose otherwise (its schema may lack their keys), left out to compose."""
     failed: list[str] = []
     base, superseded = list(base), []
     composed = compose(base)
@@ -359,7 +354,7 @@ def overrides_to_reach(base: Sequence[str], target: RunSpec, *, max_rounds: int 
     other = [o for o in failed if not (o.startswith("~") and "=" not in o)]
     if other:
         notes.append(f"not expressible as overrides under the current conf/: {' '.join(other)}")
-    return Reach(out, notes, remaining, superseded)
+    return out, notes, remaining, superseded
 
 
 def diff_runs(a: RunSpec, b: RunSpec) -> ConfigDiff:

@@ -288,10 +288,8 @@ def _extend(prefix: list[str], batch: Sequence[str], failed: list[str]) -> tuple
     return added, composed
 
 
-def _implied(prefix: list[str], added: list[str], composed: Composed | None) -> list[str]:
+def _implied(prefix: list[str], added: list[str], composed: Composed) -> list[str]:
     """``added`` without group choices another brings along (``model=gpt4o`` implies ``evaluator=gpt4o``)."""
-    if composed is None:
-        return added
     kept = list(added)
     for override in added:
         trial = [o for o in kept if o != override]
@@ -331,8 +329,8 @@ def overrides_to_reach(base: Sequence[str], target: RunSpec, *, max_rounds: int 
                 base, superseded = kept, superseded + stale
         if wanted:
             added, attempt = _extend([*base, *out], wanted, failed)
-            out += _implied([*base, *out], added, attempt)
-            composed = attempt or composed
+            composed = attempt or composed  # None only when nothing was added: then there is nothing to drop
+            out += _implied([*base, *out], added, composed)
 
     # 2. leaves: sources first, derived values only if still different
     for _ in range(max_rounds):

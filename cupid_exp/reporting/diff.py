@@ -273,18 +273,14 @@ def _try_compose(overrides: Sequence[str]) -> Composed | None:
 
 def _extend(prefix: list[str], batch: Sequence[str], failed: list[str]) -> tuple[list[str], Composed | None]:
     """The overrides of ``batch`` that compose after ``prefix`` (rejected ones in ``failed``), and their config."""
-    attempt = _try_compose([*prefix, *batch])
-    if attempt is not None:
-        return list(batch), attempt
+    if (composed := _try_compose([*prefix, *batch])) is not None:
+        return list(batch), composed
     added: list[str] = []
-    composed = None
-    for override in batch:
-        attempt = _try_compose([*prefix, *added, override])
-        if attempt is None:
+    for override in batch:  # one at a time: those that compose after the ones kept so far
+        if (attempt := _try_compose([*prefix, *added, override])) is None:
             failed.append(override)
-            continue
-        added.append(override)
-        composed = attempt
+        else:
+            added, composed = [*added, override], attempt
     return added, composed
 
 

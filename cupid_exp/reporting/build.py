@@ -132,12 +132,6 @@ def build_report(selection: Selection, *, reference: Mapping[str, Any] | None = 
 LEADERBOARD_UNITS = {"inference": "P / R / F1 in %", "generation": "mean judge score 1–10"}
 
 
-def _paper_numbers(tidy: pd.DataFrame, task: str, evaluator: str) -> pd.DataFrame:
-    """The paper's numbers for ``task`` scored with the matcher ``evaluator`` stands for (any, for generation)."""
-    paper = tidy[(tidy["source"] == "paper") & (tidy["task"] == task)]
-    return paper[paper["matcher"].isna() | (paper["matcher"] == matcher_of(evaluator))]
-
-
 def _reference_title(paper: pd.DataFrame, summary_by_type: bool) -> str:
     """'Table 1, Table 9 (summary)': the paper tables a leaderboard's paper rows come from."""
     if paper.empty:
@@ -180,7 +174,10 @@ def leaderboard(tidy: pd.DataFrame, runs: Sequence[JobRun], task: str, *, data: 
                           columns=["column", "setting", "group"])
     by_model = {m: s for m, s in by_model.items() if set(source["setting"]) & set(s)}
     runs_part = run_numbers(tidy, task, by_model)
-    paper = _paper_numbers(tidy, task, evaluator).merge(source, on=["setting", "group"])
+    # the paper's numbers scored with the matcher ``evaluator`` stands for (any, for generation)
+    paper = tidy[(tidy["source"] == "paper") & (tidy["task"] == task)]
+    paper = paper[paper["matcher"].isna() | (paper["matcher"] == matcher_of(evaluator))].merge(
+        source, on=["setting", "group"])
     if not by_model and paper.empty:
         return None
     ref_title = _reference_title(paper, summary_by_type)

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, Mapping, Sequence
 
 import yaml
 from hydra.core.override_parser.types import Quote, QuotedString
@@ -273,25 +273,19 @@ def _try_compose(overrides: Sequence[str]) -> Composed | None:
 
 def _extend(prefix: list[str], batch: Sequence[str], failed: list[str]) -> tuple[list[str], Composed | None]:
     """The overrides of ``batch`` that compose after ``prefix`` (rejected ones in ``failed``), and their config."""
-    attempt = _try_compose([*prefix, *batch])
-    if attempt is not None:
-        return list(batch), attempt
+    if (composed := _try_compose([*prefix, *batch])) is not None:
+        return list(batch), composed
     added: list[str] = []
-    composed = None
-    for override in batch:
-        attempt = _try_compose([*prefix, *added, override])
-        if attempt is None:
+    for override in batch:  # one at a time: those that compose after the ones kept so far
+        if (attempt := _try_compose([*prefix, *added, override])) is None:
             failed.append(override)
-            continue
-        added.append(override)
-        composed = attempt
+        else:
+            added, composed = [*added, override], attempt
     return added, composed
 
 
-def _implied(prefix: list[str], added: list[str], composed: Composed | None) -> list[str]:
+def _implied(prefix: list[str], added: list[str], composed: Composed) -> list[str]:
     """``added`` without group choices another brings along (``model=gpt4o`` implies ``evaluator=gpt4o``)."""
-    if composed is None:
-        return added
     kept = list(added)
     for override in added:
         trial = [o for o in kept if o != override]
@@ -301,16 +295,11 @@ def _implied(prefix: list[str], added: list[str], composed: Composed | None) -> 
     return kept
 
 
-class Reach(NamedTuple):
-    overrides: list[str]  # to append after the base (less ``superseded``)
-    notes: list[str]
-    remaining: list[LeafDiff]  # what still differs after them
-    superseded: list[str]  # base overrides inside a group the target chose otherwise, left out to compose
-
-
-def overrides_to_reach(base: Sequence[str], target: RunSpec, *, max_rounds: int = 6, who: str = "B") -> Reach:
-    """Overrides that, after ``base``, compose ``target.config``: group choices first, then leaves (sources before
-    derived). A base override the target's group schema lacks is dropped (``superseded``)."""
+def overrides_to_reach(base: Sequence[str], target: RunSpec, *, max_rounds: int = 6, who: str = "B"
+                       ) -> tuple[list[str], list[str], list[LeafDiff], list[str]]:
+    """Overrides that, after ``base`` (less ``superseded``), compose ``target.config``: group choices first, then
+    leaves (sources before derived); with notes, what still differs after them, and ``superseded``: the base
+    overrides inside a group the target chose otherwise (its schema may lack their keys), left out to compose."""
     failed: list[str] = []
     base, superseded = list(base), []
     composed = compose(base)
@@ -336,8 +325,8 @@ def overrides_to_reach(base: Sequence[str], target: RunSpec, *, max_rounds: int 
                 base, superseded = kept, superseded + stale
         if wanted:
             added, attempt = _extend([*base, *out], wanted, failed)
-            out += _implied([*base, *out], added, attempt)
-            composed = attempt or composed
+            composed = attempt or composed  # None only when nothing was added: then there is nothing to drop
+            out += _implied([*base, *out], added, composed)
 
     # 2. leaves: sources first, derived values only if still different
     for _ in range(max_rounds):
@@ -359,7 +348,7 @@ def overrides_to_reach(base: Sequence[str], target: RunSpec, *, max_rounds: int 
     other = [o for o in failed if not (o.startswith("~") and "=" not in o)]
     if other:
         notes.append(f"not expressible as overrides under the current conf/: {' '.join(other)}")
-    return Reach(out, notes, remaining, superseded)
+    return out, notes, remaining, superseded
 
 
 def diff_runs(a: RunSpec, b: RunSpec) -> ConfigDiff:

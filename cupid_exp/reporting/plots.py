@@ -37,13 +37,12 @@ def _series(records: Series) -> dict[str, list[Mapping[str, Any]]]:
     return {str(k): list(v) for k, v in records.items()} if isinstance(records, Mapping) else {"": list(records)}
 
 
-def _metric(metric: str) -> tuple[str, str]:
-    """(statistic, its task) for a metric name a plot accepts."""
+def _metric(metric: str) -> str:
+    """The statistic a metric name a plot accepts stands for."""
     metric = ALIASES.get(metric, metric)
-    task = task_of(metric)
-    if task is None:
+    if task_of(metric) is None:
         raise ValueError(f"metric={metric!r}; expected one of {[m for ms in TASK_METRICS.values() for m in ms]}")
-    return metric, task
+    return metric
 
 
 def _figure(width: float = 7.5, height: float = 4.5) -> Figure:
@@ -70,7 +69,7 @@ def plot_by_type(records: Series, task: str = "inference", *, metric: str | None
                  seed: int = 0, failure_policy: str = "exclude", title: str | None = None) -> Figure:
     """Bars per instance type with 95% cluster-bootstrap intervals (P, R, F1 for one inference run)."""
     series = _series(records)
-    metric, _ = _metric(metric or HEADLINE[task])
+    metric = _metric(metric or HEADLINE[task])
     present = {r.get("instance_type") for recs in series.values() for r in recs}
     groups = ["all", *[t for t in INSTANCE_TYPES if t in present]]
     single = len(series) == 1
@@ -116,14 +115,17 @@ def plot_by_type(records: Series, task: str = "inference", *, metric: str | None
 
 def _binned_plot(series: dict[str, list[Mapping[str, Any]]], metric: str, bins: list[tuple[float, str]],
                  assign, *, n_boot: int, seed: int, failure_policy: str, title: str, xlabel: str,
-                 footnote: str) -> Figure:
-    """Shared body: one line per series through the per-bin statistic, CI bars, n per point."""
+                 footnote: str, missing: str) -> Figure:
+    """Shared body: one line per series through the per-bin statistic, CI bars, n per point. ``bins``: (x, tick
+    label), one unit apart (both callers number them 0, 1, ... or k + 0.5), which the jitter and dodge are scaled to.
+    A record ``assign`` puts in no bin lacks ``missing``: the footnote counts them."""
     fig = _figure(7.5, 4.6)
     ax = fig.add_subplot()
     scale = 1.0 if metric == "score" else 100.0  # a judge score as it is, P/R/F1 in %
     task = task_of(metric)
     field = "f1" if metric == "f1" else fields_of(metric)[0]  # the dots behind the statistic (F1: each instance's)
     rng = np.random.default_rng(seed)
+    left_out = 0
     for j, (label, recs) in enumerate(series.items()):
         color = COLORS[j % len(COLORS)]
         members: list[list[Mapping[str, Any]]] = [[] for _ in bins]
@@ -131,6 +133,7 @@ def _binned_plot(series: dict[str, list[Mapping[str, Any]]], metric: str, bins: 
             b = assign(r)
             if b is not None:
                 members[b].append(r)
+        left_out += len(recs) - sum(map(len, members))
         ests = [(x, est) for (x, _), part in zip(bins, members, strict=False)
                 if (est := bootstrap_ci(part, metric, n_boot=n_boot, seed=seed, failure_policy=failure_policy)).n]
         xs, ys, ns = [x for x, _ in ests], [est.value * scale for _, est in ests], [est.n for _, est in ests]
@@ -140,12 +143,11 @@ def _binned_plot(series: dict[str, list[Mapping[str, Any]]], metric: str, bins: 
             for (x, _), part in zip(bins, members, strict=False):
                 frame = task_frame(part, task, failure_policy)  # the instances the statistic is over
                 for v in (frame[field].dropna() if field in frame else []):
-                    px.append(x + rng.uniform(-0.12, 0.12) * (bins[1][0] - bins[0][0] if len(bins) > 1 else 1))
+                    px.append(x + rng.uniform(-0.12, 0.12))
                     py.append(float(v) * scale)
             ax.scatter(px, py, s=9, color="0.6", alpha=0.45, linewidths=0, label="instances", zorder=1)
         if len(series) > 1 and len(bins) > 1:  # dodge the series a little so their bars do not overlap
-            step = (bins[1][0] - bins[0][0]) * 0.06
-            xs = [x + step * (j - (len(series) - 1) / 2) for x in xs]
+            xs = [x + 0.06 * (j - (len(series) - 1) / 2) for x in xs]
         ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, color=color, lw=1.6, zorder=3,
                     label=label or LABELS.get(metric, metric))
         for x, y, n in zip(xs, ys, ns, strict=False):
@@ -157,9 +159,9 @@ def _binned_plot(series: dict[str, list[Mapping[str, Any]]], metric: str, bins: 
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, frameon=False, loc="best")
-    if footnote:
-        ax.annotate(footnote, (0, 0), xycoords="axes fraction", xytext=(0, -38), textcoords="offset points",
-                    fontsize=7, color="0.4", ha="left", va="top", annotation_clip=False)
+    footnote += f"; {left_out} instance(s) without {missing} left out" if left_out else ""
+    ax.annotate(footnote, (0, 0), xycoords="axes fraction", xytext=(0, -38), textcoords="offset points",
+                fontsize=7, color="0.4", ha="left", va="top", annotation_clip=False)
     return fig
 
 
@@ -172,11 +174,10 @@ def plot_by_relevant_position(records: Series, metric: str = "f1", *, n_boot: in
                               failure_policy: str = "exclude", title: str | None = None) -> Figure:
     """Score by mean position of the relevant sessions (paper Fig. 3); records without positions are footnoted."""
     series = _series(records)
-    metric, _ = _metric(metric)
+    metric = _metric(metric)
     title = title or f"{LABELS[metric]} vs. where the relevant sessions are in the history"
     fig_args = dict(n_boot=n_boot, seed=seed, failure_policy=failure_policy)
     means = [m for recs in series.values() for r in recs if (m := _mean_position(r)) is not None]
-    total = sum(len(recs) for recs in series.values())
     if not means:
         return _empty(_figure(), title, "no instance carries relevant_positions\n"
                                         "(runs from before they were recorded, or no relevant session found)")
@@ -191,13 +192,10 @@ def plot_by_relevant_position(records: Series, metric: str = "f1", *, n_boot: in
         m = _mean_position(r)
         return None if m is None else int(math.floor(m)) - first
 
-    left_out = total - len(means)
-    hist = (f"histories of {min(n_prior)}–{max(n_prior)} sessions" if n_prior and min(n_prior) != max(n_prior)
-            else f"histories of {n_prior[0]} sessions" if n_prior else "")
-    footnote = "; ".join(x for x in [hist, "1 = oldest session",
-                                     f"{left_out} instance(s) without relevant positions left out" if left_out
-                                     else ""] if x)
-    return _binned_plot(series, metric, bins, assign, title=title, footnote=footnote,
+    hist = (f"histories of {min(n_prior)}–{max(n_prior)} sessions; " if n_prior and min(n_prior) != max(n_prior)
+            else f"histories of {n_prior[0]} sessions; " if n_prior else "")
+    return _binned_plot(series, metric, bins, assign, title=title, footnote=f"{hist}1 = oldest session",
+                        missing="relevant positions",
                         xlabel="mean position of the relevant sessions (bins of one session)", **fig_args)
 
 
@@ -205,7 +203,7 @@ def plot_by_history_length(records: Series, metric: str = "f1", *, n_bins: int =
                            seed: int = 0, failure_policy: str = "exclude", title: str | None = None) -> Figure:
     """Score against history length in words, in ``n_bins`` quantile bins shared by all runs (paper Fig. 9)."""
     series = _series(records)
-    metric, _ = _metric(metric)
+    metric = _metric(metric)
     title = title or f"{LABELS[metric]} vs. history length (equal-size bins)"
     words = sorted(float(r["history_words"]) for recs in series.values() for r in recs
                    if isinstance(r.get("history_words"), (int, float)))
@@ -221,13 +219,11 @@ def plot_by_history_length(records: Series, metric: str = "f1", *, n_bins: int =
         w = r.get("history_words")
         return min(bisect.bisect_left(uppers, w), len(uppers) - 1) if isinstance(w, (int, float)) else None
 
-    total = sum(len(recs) for recs in series.values())
     sizes = sorted({len(c) // max(1, len(series)) for c in chunks})
     size = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}–{sizes[-1]}"
-    footnote = f"{len(chunks)} bins of {size} instances by words in the prior sessions" + (
-        f"; {total - len(words)} instance(s) without history_words left out" if total - len(words) else "")
     return _binned_plot(series, metric, bins, assign, n_boot=n_boot, seed=seed, failure_policy=failure_policy,
-                        title=title, xlabel="history length (words in the prior sessions)", footnote=footnote)
+                        title=title, xlabel="history length (words in the prior sessions)", missing="history_words",
+                        footnote=f"{len(chunks)} bins of {size} instances by words in the prior sessions")
 
 
 def save_run_plots(records: Sequence[Mapping[str, Any]], parts: Sequence[str] | str, out_dir: str | Path, *,

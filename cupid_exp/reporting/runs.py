@@ -43,10 +43,6 @@ def tracking_uri(given: str | None) -> str:
 POINT_ELSEWHERE = "point it at your store with --tracking-uri URI or MLFLOW_TRACKING_URI=URI"
 
 
-class NoStore(LookupError):
-    """A SQLite store that is not there: a read-only command says so in one line rather than make an empty one."""
-
-
 @contextmanager
 def env_uri_kept() -> Iterator[None]:
     """Keep ``set_tracking_uri``'s export of ``MLFLOW_TRACKING_URI`` from leaking into later jobs or children."""
@@ -54,18 +50,18 @@ def env_uri_kept() -> Iterator[None]:
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        if before is not None:
             os.environ["MLFLOW_TRACKING_URI"] = before
 
 
 def existing_store(uri: str) -> None:
-    """Raise ``NoStore`` when ``uri`` is a SQLite file that does not exist (MLflow would create it on opening)."""
+    """A LookupError when ``uri`` is a SQLite file that does not exist: MLflow would create an empty one on opening,
+    so a read-only command says so in one line instead."""
     if uri.startswith("sqlite:///"):
         db = Path(uri.removeprefix("sqlite:///")).expanduser()
         if not db.is_file():
-            raise NoStore(f"no MLflow store at {uri} ({db.resolve()} does not exist): {POINT_ELSEWHERE}")
+            raise LookupError(f"no MLflow store at {uri} ({db.resolve()} does not exist): {POINT_ELSEWHERE}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -314,7 +310,7 @@ def resolve_run_id(uri: str, ref: str) -> str:
         raise RunIdError(f"{ref!r} is not an MLflow run id or the start of one (lowercase hex digits)")
     try:
         existing_store(uri)
-    except NoStore as exc:
+    except LookupError as exc:
         raise RunIdError(str(exc)) from None
     client = MlflowClient(uri)
     experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]

@@ -73,11 +73,9 @@ def with_text(frame: pd.DataFrame, task: str) -> pd.DataFrame:
     """Each number's cell: '43.0 [39.8–46.1]' (inference, in %), '6.46 [6.10–6.80]' (judge score), '–' for none."""
     factor, digits = SCALE[task]
 
-    def text(value: float, low: float, high: float) -> str:
-        if value is None or pd.isna(value):
-            return "–"
-        low, high = (math.nan if pd.isna(x) else float(x) for x in (low, high))
-        return Estimate("", float(value), low, high, 0, 0).fmt(factor, digits)
+    def text(*numbers: float) -> str:  # value, low, high; a missing one (None, NaN, NA) as NaN: '–' for no value
+        value, low, high = (math.nan if pd.isna(x) else float(x) for x in numbers)
+        return Estimate("", value, low, high, 0, 0).fmt(factor, digits)
 
     cells = [text(*row) for row in zip(frame["value"], frame["ci_low"], frame["ci_high"], strict=True)]
     return frame.assign(text=pd.Series(cells, index=frame.index, dtype=object))

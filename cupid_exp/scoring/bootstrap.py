@@ -154,20 +154,14 @@ def _percentiles(samples: np.ndarray, level: float) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def _resample_weights(n_clusters: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
-    """n_boot x n_clusters counts: persona i drawn w[b, i] times in resample b (n_clusters draws)."""
-    draws = rng.integers(0, n_clusters, size=(n_boot, n_clusters))
-    cells = (np.arange(n_boot)[:, None] * n_clusters + draws).ravel()  # (resample, persona) as one index
-    return np.bincount(cells, minlength=n_boot * n_clusters).reshape(n_boot, n_clusters).astype(float)
-
-
 def _epoch_weights(n_clusters: int, n_epochs: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
-    """n_boot x (n_clusters * n_epochs) counts: personas drawn with replacement, then each draw's epochs."""
-    if n_epochs == 1:
-        return _resample_weights(n_clusters, n_boot, rng)
+    """n_boot x (n_clusters * n_epochs) counts: personas drawn with replacement, then each draw's epochs; cell
+    (b, i) counts how often persona i (its epoch) was drawn in resample b. With one epoch the epoch draw is all 0
+    and takes no bits from ``rng`` (an empty range), so the weights are the plain persona bootstrap's."""
     personas = rng.integers(0, n_clusters, size=(n_boot, n_clusters))
     epochs = rng.integers(0, n_epochs, size=(n_boot, n_clusters, n_epochs))
     width = n_clusters * n_epochs
+    # (resample, persona, epoch) as one index
     cells = (np.arange(n_boot)[:, None, None] * width + personas[:, :, None] * n_epochs + epochs).ravel()
     return np.bincount(cells, minlength=n_boot * width).reshape(n_boot, width).astype(float)
 

@@ -78,12 +78,12 @@ def test_resample_weights_count_each_draw_of_the_generator() -> None:
     """Row b counts how often each persona was drawn in resample b (the generator's draws, in order): the same
     resamples as before they were counted with one bincount, so every interval is unchanged. The seeded weights a
     job's table and plots share are those, read-only."""
-    from cupid_exp.scoring.bootstrap import _resample_weights, _seeded_weights
+    from cupid_exp.scoring.bootstrap import _epoch_weights, _seeded_weights
 
     n_clusters, n_boot = 7, 50
     draws = np.random.default_rng(5).integers(0, n_clusters, size=(n_boot, n_clusters))
     expected = np.array([[Counter(row.tolist())[i] for i in range(n_clusters)] for row in draws], dtype=float)
-    weights = _resample_weights(n_clusters, n_boot, np.random.default_rng(5))
+    weights = _epoch_weights(n_clusters, 1, n_boot, np.random.default_rng(5))
     assert np.array_equal(weights, expected) and (weights.sum(axis=1) == n_clusters).all()
     shared = _seeded_weights(n_clusters, n_boot, 5)
     assert np.array_equal(shared, expected) and _seeded_weights(n_clusters, n_boot, 5) is shared

@@ -104,15 +104,6 @@ class _Counters:
     outage_ended: float | None = None  # ... when the first request after it was answered
     early_retries: int = 0  # requests sent again before the wait their 429 asked for was over
 
-    def arrived(self, step: str) -> None:
-        """A request of ``step`` came in (the caller holds its lock): counted, and in flight."""
-        self.received[step] += 1
-        self.flight.change(1)
-
-    def departed(self) -> None:
-        """A request is no longer in flight (answered, failed or abandoned; the caller holds the lock)."""
-        self.flight.change(-1)
-
     def answered(self, step: str, request_digest: str, usage: dict[str, int]) -> None:
         """A completion of ``step`` reached its client (the caller holds its lock): counted, with its tokens."""
         self.completed[step] += 1
@@ -149,7 +140,8 @@ class StubModel:
         if self.config.wire.record_bodies:
             self.bodies.append(body)
         step, prompt_digest = classify(body), digest(json.dumps(body.get("messages"), sort_keys=True))
-        self.counters.arrived(step)
+        self.counters.received[step] += 1
+        self.counters.flight.change(1)
         attempt = self._seen[prompt_digest]
         self._seen[prompt_digest] += 1
         cfg, jitter = self.config, 0.0
@@ -290,7 +282,7 @@ class StubServer(StubModel):
         """A batch row's reply: what a live call with the same body gets (without live faults)."""
         step = classify(body)
         text, finish = reply_text(step, body, self.config), "stop"
-        cut = cut_reply(self.config, step, body, text)
+        cut = cut_reply(self.config, step, text)
         with self._lock:
             self.counters.completed[step] += 1
             if cut is not None:  # a row that ran into max_tokens, as live
@@ -421,8 +413,8 @@ class StubServer(StubModel):
                 with self._lock:
                     self.counters.answered(step, request_digest, full["usage"])
         finally:
-            with self._lock:
-                self.counters.departed()
+            with self._lock:  # answered, failed or abandoned: no longer in flight
+                self.counters.flight.change(-1)
 
     def _send_fault(self, handler: Any, fault: str, body: dict[str, Any], auth: str, prompt_digest: str) -> None:
         """Answer with ``fault`` as a provider would, billing what is processed (429s and 5xx: ``fault_reply``)."""

@@ -28,10 +28,6 @@ def _at_least(low: int) -> Check:
     return (lambda v: _integer(v) and v >= low, f"an integer >= {low}")
 
 
-def _stop(value: object) -> bool:
-    return isinstance(value, str) or (isinstance(value, list) and all(isinstance(s, str) for s in value))
-
-
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 THINKING_MIN_BUDGET = 1024  # Anthropic's smallest thinking budget
 
@@ -48,7 +44,8 @@ CHECKS: dict[str, Check] = {
     "presence_penalty": _between(-2, 2),
     "frequency_penalty": _between(-2, 2),
     "repetition_penalty": (lambda v: _number(v) and v > 0, "a number > 0"),
-    "stop": (_stop, "a string or a list of strings"),
+    "stop": (lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v)),
+             "a string or a list of strings"),
     "logprobs": (lambda v: isinstance(v, bool), "true or false"),
     "top_logprobs": (lambda v: _integer(v) and 0 <= v <= 20, "an integer in [0, 20]"),
     "logit_bias": (lambda v: isinstance(v, Mapping) and all(_number(b) and -100 <= b <= 100 for b in v.values()),

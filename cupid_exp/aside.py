@@ -12,22 +12,16 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 
-def aside_name(path: Path) -> Path:
-    """Where ``path`` goes: beside it, stamped to the second (a second one within the second gets a counter)."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+def set_aside(path: Path, what: str, why: BaseException | str, then: str, *, companions: tuple[str, ...] = (),
+              copy: bool = False) -> Path:
+    """Rename ``path`` (and its ``companions``, e.g. SQLite's ``-wal``) aside with one warning naming ``what``, ``why``
+    and what the job does ``then``. ``copy``: copy instead, for a file others hold open."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())  # beside it, to the second (then a counter)
     target = path.with_name(f"{path.name}.corrupt-{stamp}")
     n = 1
     while target.exists():
         n += 1
         target = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
-    return target
-
-
-def set_aside(path: Path, what: str, why: BaseException | str, then: str, *, companions: tuple[str, ...] = (),
-              copy: bool = False) -> Path:
-    """Rename ``path`` (and its ``companions``, e.g. SQLite's ``-wal``) aside with one warning naming ``what``, ``why``
-    and what the job does ``then``. ``copy``: copy instead, for a file others hold open."""
-    target = aside_name(path)
     if copy:
         shutil.copyfile(path, target)
     else:

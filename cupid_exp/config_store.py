@@ -5,20 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from cupid_exp.config import RunConfig
 
 
 def register_configs() -> None:
-    """Register the entry schema, every setting's schema (group ``setting``) and the folder names' resolvers."""
-    from omegaconf import OmegaConf
-
-    from cupid_exp.outputs import register_resolvers
+    """Register the entry schema, every setting's schema (group ``setting``) and the folder names' resolvers (Hydra
+    carries resolvers to a launcher's processes)."""
+    from cupid_exp.outputs import folder_name
     from cupid_exp.settings import register_setting_schemas
 
-    register_resolvers()
-    for name, resolver in (("experiment_fingerprint", experiment_fingerprint), ("sweep_job_folder", sweep_job_folder)):
+    for name, resolver in (("folder_name", folder_name), ("experiment_fingerprint", experiment_fingerprint),
+                           ("sweep_job_folder", sweep_job_folder)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver)
     ConfigStore.instance().store(name="run_schema", node=RunConfig)
@@ -27,9 +27,6 @@ def register_configs() -> None:
 
 def experiment_fingerprint(*, _root_: DictConfig) -> str:
     """``${experiment_fingerprint:}``: the job folder's name; a config that does not resolve enters as written."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
     from cupid_exp.identity import folder_fingerprint
 
     try:

@@ -18,18 +18,12 @@ def _integer(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _between(low: float, high: float, *, open_low: bool = False) -> Check:
-    bracket = "(" if open_low else "["
-    return (lambda v: _number(v) and (v > low if open_low else v >= low) and v <= high,
-            f"a number in {bracket}{low:g}, {high:g}]")
+def _between(low: float, high: float) -> Check:
+    return (lambda v: _number(v) and low <= v <= high, f"a number in [{low:g}, {high:g}]")
 
 
 def _at_least(low: int) -> Check:
     return (lambda v: _integer(v) and v >= low, f"an integer >= {low}")
-
-
-def _stop(value: object) -> bool:
-    return isinstance(value, str) or (isinstance(value, list) and all(isinstance(s, str) for s in value))
 
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
@@ -37,7 +31,7 @@ THINKING_MIN_BUDGET = 1024  # Anthropic's smallest thinking budget
 
 CHECKS: dict[str, Check] = {
     "temperature": _between(0, 2),
-    "top_p": _between(0, 1, open_low=True),
+    "top_p": (lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"),
     "top_k": (lambda v: _integer(v) and v >= -1, "an integer >= 1 (or 0 / -1: off, as llama.cpp and vLLM take it)"),
     "min_p": _between(0, 1),
     "max_tokens": _at_least(1),
@@ -48,7 +42,8 @@ CHECKS: dict[str, Check] = {
     "presence_penalty": _between(-2, 2),
     "frequency_penalty": _between(-2, 2),
     "repetition_penalty": (lambda v: _number(v) and v > 0, "a number > 0"),
-    "stop": (_stop, "a string or a list of strings"),
+    "stop": (lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v)),
+             "a string or a list of strings"),
     "logprobs": (lambda v: isinstance(v, bool), "true or false"),
     "top_logprobs": (lambda v: _integer(v) and 0 <= v <= 20, "an integer in [0, 20]"),
     "logit_bias": (lambda v: isinstance(v, Mapping) and all(_number(b) and -100 <= b <= 100 for b in v.values()),

@@ -88,7 +88,6 @@ def subset_text(limit: int | None, types: Iterable[str] = ()) -> str:
 def folder_fingerprint(resolved: Mapping[str, object]) -> str:
     """Short hash naming an evaluation job's folder: the config by ``content``, the prompt files, the data files' bytes
     (Hydra names the folder before the rows are read) and ``REPORT_SETTINGS``. What cannot be read enters by name."""
-    from cupid_exp.config import config_digest
     from cupid_exp.prompts import EVALUATION_PROMPTS, PromptSet
 
     runtime = resolved.get("runtime") if isinstance(resolved.get("runtime"), Mapping) else {}
@@ -97,8 +96,8 @@ def folder_fingerprint(resolved: Mapping[str, object]) -> str:
         prompts = PromptSet(directory if isinstance(directory, str) else None).digest(EVALUATION_PROMPTS)
     except OSError:  # not a folder
         prompts = f"missing:{directory}"
-    return config_digest({"config": content(resolved, ("data.path",)), "data": _files_digest(resolved.get("data")),
-                          "prompts": prompts, "report": {k: runtime.get(k) for k in REPORT_SETTINGS}}, length=8)
+    return content_digest(resolved, ("data.path",), length=8, data=_files_digest(resolved.get("data")),
+                          prompts=prompts, report={k: runtime.get(k) for k in REPORT_SETTINGS})
 
 
 def _files_digest(data: object) -> str | None:
@@ -138,5 +137,4 @@ def job_identity(resolved: Mapping[str, Any], *, dataset_digest: str | None = No
                  not_identity: Iterable[str] = ("data.path",)) -> str:
     """Hash of what decides a job's results (it names the journal, lock, ledgers and MLflow run); the data enter by
     digest, not by how their path is spelt."""
-    return config_digest({"config": content(resolved, not_identity), "data": dataset_digest,
-                          "prompts": prompts_digest})
+    return content_digest(resolved, not_identity, data=dataset_digest, prompts=prompts_digest)

@@ -23,14 +23,6 @@ def folder_name(*parts: object) -> str:
     return "_".join(_NOT_IN_A_NAME.sub("_", str(part)) for part in parts)
 
 
-def register_resolvers() -> None:
-    """``folder_name`` for the entry configs' folders (Hydra carries resolvers to a launcher's processes)."""
-    from omegaconf import OmegaConf
-
-    if not OmegaConf.has_resolver("folder_name"):
-        OmegaConf.register_new_resolver("folder_name", folder_name)
-
-
 #: What an OSError's errno must be for the environment to be blamed wherever it is raised.
 ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 

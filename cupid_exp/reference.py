@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import io
+import re
 import tokenize
 from dataclasses import MISSING as NO_DEFAULT
 from dataclasses import Field, fields, is_dataclass
@@ -59,12 +60,8 @@ def field_comments(cls: type) -> dict[str, str]:
             comments[tok.start[0]] = tok.string.lstrip("#:").strip()
     out = {}
     for number, line in enumerate(lines, 1):
-        stripped = line.strip()
-        if line.startswith("    ") and not line.startswith("     ") and ":" in stripped and not stripped.startswith(
-                ("#", "def ", "@", '"')):
-            name = stripped.split(":")[0].strip()
-            if not name.isidentifier():
-                continue
+        if found := re.match(r"    (\w+)\s*:", line):  # a field of the class body (not a method's line)
+            name = found[1]
             text = comments.get(number)
             if text is None:  # the comment block just above the field
                 above, k = [], number - 1
@@ -101,19 +98,13 @@ def _summary(cls: type) -> str:
     return " ".join(doc.replace("``", "`").split()).split(". ")[0].rstrip(".")
 
 
-def _nested(annotation: str, cls: type) -> type | None:
-    """The dataclass a field holds (``X`` or ``Optional[X]``), looked up in its schema's module."""
-    name = annotation.removeprefix("Optional[").removesuffix("]")
-    module = vars(inspect.getmodule(cls))
-    found = module.get(name)
-    return found if isinstance(found, type) and is_dataclass(found) else None
-
-
 def rows(prefix: str, cls: type, chosen: dict | None = None) -> Iterator[tuple[str, str, str, str | None]]:
     """(key, type, default, meaning) of every field of ``cls`` under ``prefix``, nested schemas expanded."""
     for f in fields(cls):
         key, kind = f"{prefix}.{f.name}" if prefix else f.name, str(f.type)
-        inner = _nested(kind, cls)
+        # the dataclass a field holds (``X`` or ``Optional[X]``), looked up in its schema's module
+        inner = vars(inspect.getmodule(cls)).get(kind.removeprefix("Optional[").removesuffix("]"))
+        inner = inner if isinstance(inner, type) and is_dataclass(inner) else None
         meaning = next((field_comments(k)[f.name] for k in cls.__mro__
                         if is_dataclass(k) and f.name in field_comments(k)), None)  # inherited fields too
         if inner is ModelConfig:  # a role: its own meaning, if any, then where its keys are
@@ -125,14 +116,6 @@ def rows(prefix: str, cls: type, chosen: dict | None = None) -> Iterator[tuple[s
 
 def _choices(group: str) -> str:
     return ", ".join(f"`{p.stem}`" for p in sorted((CONF / group).glob("*.yaml")))
-
-
-def _table(items: list[tuple[str, str, str, str | None]]) -> list[str]:
-    out = ["| key | type | default | meaning |", "|---|---|---|---|"]
-    bar = "|"
-    out += [f"| `{key}` | `{kind}` | {default} | {(meaning or '').replace(bar, chr(92) + bar)} |"
-            for key, kind, default, meaning in items]
-    return out + [""]
 
 
 def sections() -> list[tuple[str, str, list[tuple[str, str, str, str | None]]]]:
@@ -174,8 +157,12 @@ def render() -> str:
            "is set on the command line (`runtime.workers=2`) or in `conf/local/default.yaml`; a group by its choice "
            "(`model=gpt4o`: the YAML under `conf/<group>/`). A default is what the group's default choice gives, "
            "else the schema's; \"set by the choice\": each choice gives its own.", ""]
+    bar = "|"
     for title, intro, found in sections():
-        out += [f"## {title}", ""] + ([intro, ""] if intro else []) + _table(found)
+        out += [f"## {title}", ""] + ([intro, ""] if intro else [])
+        out += ["| key | type | default | meaning |", "|---|---|---|---|"]
+        out += [f"| `{key}` | `{kind}` | {default} | {(meaning or '').replace(bar, chr(92) + bar)} |"
+                for key, kind, default, meaning in found] + [""]
     out += ["## Groups without a schema of their own", ""]
     out += [f"- `{group}`: {what}. Choices: {_choices(group) or 'your own'}." for group, what in NO_SCHEMA.items()]
     return "\n".join(out) + "\n"

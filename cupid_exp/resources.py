@@ -13,12 +13,10 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def _shipped(name: str) -> Path:
-    installed = PACKAGE_DIR / name
-    if installed.is_dir():
-        return installed
-    checkout = PACKAGE_DIR.parent / name
-    if checkout.is_dir():
-        return checkout
+    installed, checkout = PACKAGE_DIR / name, PACKAGE_DIR.parent / name
+    for folder in (installed, checkout):
+        if folder.is_dir():
+            return folder
     raise FileNotFoundError(f"cupid-exp's {name}/ folder is missing: looked in {installed} and {checkout}; "
                             "reinstall the package")
 

@@ -103,8 +103,8 @@ class InProcessModel(StubModel):
                 self.counters.answered(step, digest(json.dumps(body, sort_keys=True)), full["usage"])
             return litellm.ModelResponse(**reply)
         finally:
-            with self._lock:
-                self.counters.departed()
+            with self._lock:  # answered or failed: no longer in flight
+                self.counters.flight.change(-1)
 
 
 def _error(fault: str, cfg: StubConfig, model: str) -> Exception:
@@ -164,7 +164,7 @@ def _register() -> None:
                 await asyncio.sleep(delay)
             except BaseException:  # cancelled while "on the wire": no longer in flight
                 with served._lock:
-                    served.counters.departed()
+                    served.counters.flight.change(-1)
                 raise
             return served._reply(body, step, fault)
 

@@ -106,11 +106,6 @@ def openai_duration(seconds: float) -> str:
     return f"{int(minutes)}m{rest:.0f}s"
 
 
-def request_tokens(body: dict[str, Any]) -> int:
-    """What a request counts toward TPM: its prompt (characters / 4) plus its ``max_tokens``."""
-    return prompt_tokens(body) + int(body.get("max_tokens") or body.get("max_completion_tokens") or 0)
-
-
 class _Window:
     """One per-minute limit spent in one-second windows."""
 
@@ -226,7 +221,7 @@ class KeyLimits:
         if self.refuse:
             status, payload, headers = refusal(self.refuse, model)
             return Verdict(status, payload, headers, self.refuse)
-        cost = request_tokens(body)
+        cost = prompt_tokens(body) + int(body.get("max_tokens") or body.get("max_completion_tokens") or 0)  # TPM's
         with self._lock:
             if self.opened_at is None:
                 self.opened_at = now

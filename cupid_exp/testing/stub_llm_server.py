@@ -104,15 +104,6 @@ class _Counters:
     outage_ended: float | None = None  # ... when the first request after it was answered
     early_retries: int = 0  # requests sent again before the wait their 429 asked for was over
 
-    def arrived(self, step: str) -> None:
-        """A request of ``step`` came in (the caller holds its lock): counted, and in flight."""
-        self.received[step] += 1
-        self.flight.change(1)
-
-    def departed(self) -> None:
-        """A request is no longer in flight (answered, failed or abandoned; the caller holds the lock)."""
-        self.flight.change(-1)
-
     def answered(self, step: str, request_digest: str, usage: dict[str, int]) -> None:
         """A completion of ``step`` reached its client (the caller holds its lock): counted, with its tokens."""
         self.completed[step] += 1
@@ -149,7 +140,8 @@ class StubModel:
         if self.config.wire.record_bodies:
             self.bodies.append(body)
         step, prompt_digest = classify(body), digest(json.dumps(body.get("messages"), sort_keys=True))
-        self.counters.arrived(step)
+        self.counters.received[step] += 1
+        self.counters.flight.change(1)
         attempt = self._seen[prompt_digest]
         self._seen[prompt_digest] += 1
         cfg, jitter = self.config, 0.0
@@ -290,7 +282,7 @@ class StubServer(StubModel):
         """A batch row's reply: what a live call with the same body gets (without live faults)."""
         step = classify(body)
         text, finish = reply_text(step, body, self.config), "stop"
-        cut = cut_reply(self.config, step, body, text)
+        cut = cut_reply(self.config, step, text)
         with self._lock:
             self.counters.completed[step] += 1
             if cut is not None:  # a row that ran into max_tokens, as live
@@ -309,8 +301,11 @@ class StubServer(StubModel):
             def log_message(self, *args: Any) -> None:
                 pass
 
-            def _send(self, status: int, payload: bytes, content_type: str = "application/json",
+            def _send(self, status: int, payload: Any, content_type: str = "application/json",
                       headers: dict[str, str] | None = None) -> bool:
+                """Send ``payload``: bytes as they are, anything else as JSON."""
+                if not isinstance(payload, bytes):
+                    payload = json.dumps(payload).encode()
                 try:
                     self.send_response(status)
                     self.send_header("content-type", content_type)
@@ -329,17 +324,15 @@ class StubServer(StubModel):
                 routed = server.batches.route(method, self.path, self.headers, raw)
                 if routed is None:
                     return False
-                status, payload, *headers = routed
-                if isinstance(payload, bytes):
-                    self._send(status, payload, "application/octet-stream")
-                else:
-                    self._send(status, json.dumps(payload).encode(), headers=headers[0] if headers else None)
+                status, payload, *headers = routed  # bytes: a file's content
+                kind = "application/octet-stream" if isinstance(payload, bytes) else "application/json"
+                self._send(status, payload, kind, headers=headers[0] if headers else None)
                 return True
 
             def do_GET(self) -> None:  # noqa: N802
                 path = self.path.rstrip("/")
                 if path in ("/stats", "/health"):
-                    self._send(200, json.dumps(server.stats()).encode())
+                    self._send(200, server.stats())
                 elif server._outage(self) or self._batch_api("GET", b""):
                     return
                 elif path in ("/v1/models", "/models"):
@@ -347,10 +340,9 @@ class StubServer(StubModel):
                     # runner does) would leave one keep-alive socket shared by all of them, and the responses
                     # read by the wrong process (requests that hang until the client's 600 s timeout)
                     self.close_connection = True
-                    self._send(200, json.dumps({"object": "list", "data": [
-                        {"id": m, "object": "model", "owned_by": "stub"}
-                        for m in server.config.wire.model_ids]}).encode(),
-                        headers={"connection": "close"})
+                    self._send(200, {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "stub"}
+                                                                 for m in server.config.wire.model_ids]},
+                               headers={"connection": "close"})
                 else:
                     self._send(404, b'{"error": {"message": "not found"}}')
 
@@ -389,7 +381,7 @@ class StubServer(StubModel):
             if self.limits.active and (verdict := self.limits.check(body)) is not None:  # answered at once
                 with self._lock:
                     self.counters.faults[step][verdict.kind] += 1
-                handler._send(verdict.status, json.dumps(verdict.body).encode(), headers=verdict.headers)
+                handler._send(verdict.status, verdict.body, headers=verdict.headers)
                 return
             if delay > 0:
                 time.sleep(delay)
@@ -417,12 +409,12 @@ class StubServer(StubModel):
                     self.counters.faults[step]["length"] += 1
             reply = self._billed(body, full)  # processed: billed even if the client has gone
             stated = self.limits.stated(body) if self.limits.active else None
-            if handler._send(200, json.dumps(reply).encode(), headers=stated):  # type: ignore[attr-defined]
+            if handler._send(200, reply, headers=stated):  # type: ignore[attr-defined]
                 with self._lock:
                     self.counters.answered(step, request_digest, full["usage"])
         finally:
-            with self._lock:
-                self.counters.departed()
+            with self._lock:  # answered, failed or abandoned: no longer in flight
+                self.counters.flight.change(-1)
 
     def _send_fault(self, handler: Any, fault: str, body: dict[str, Any], auth: str, prompt_digest: str) -> None:
         """Answer with ``fault`` as a provider would, billing what is processed (429s and 5xx: ``fault_reply``)."""
@@ -430,20 +422,20 @@ class StubServer(StubModel):
         if fault == "echo_key":  # some providers quote the key they rejected (or, in a 400, the request's fields)
             key = auth.removeprefix("Bearer ").strip()
             rejected = cfg.replies.echo_key_status == 401
-            handler._send(cfg.replies.echo_key_status, json.dumps({"error": {
+            handler._send(cfg.replies.echo_key_status, {"error": {
                 "message": f"Incorrect API key provided: {key}." if rejected else f"Invalid request from key {key}.",
-                "type": "invalid_request_error", "code": "invalid_api_key" if rejected else None}}).encode())
+                "type": "invalid_request_error", "code": "invalid_api_key" if rejected else None}})
         elif fault in ("429", "500", "503"):
             status, payload, headers = self.fault_reply(fault, prompt_digest)
-            handler._send(status, json.dumps(payload).encode(), headers=headers)
+            handler._send(status, payload, headers=headers)
         elif fault == "slow":  # processed (and billed) after the client's timeout
             time.sleep(cfg.faults.slow_s)
-            handler._send(200, json.dumps(self._billed(body, completion_body("too late", body))).encode())
+            handler._send(200, self._billed(body, completion_body("too late", body)))
         elif fault in ("empty_choices", "content_null"):
-            handler._send(200, json.dumps(self._billed(body, no_completion(fault, body))).encode())
+            handler._send(200, self._billed(body, no_completion(fault, body)))
         elif fault == "context_length":
             status, payload = CONTEXT_ERRORS[cfg.replies.context_error or "openai"]
-            handler._send(status, json.dumps(payload).encode())
+            handler._send(status, payload)
         elif fault == "malformed" or fault in MALFORMED_KINDS:
             full = json.dumps(completion_body(reply_text(classify(body), body, cfg), body)).encode()
             kind = fault if fault in MALFORMED_KINDS else MALFORMED_KINDS[int(digest(full.decode())[:2], 16)
@@ -453,8 +445,7 @@ class StubServer(StubModel):
             elif kind == "content_type":
                 handler._send(200, b"<html><body><h1>502 Bad Gateway</h1></body></html>", "text/html")
             else:
-                handler._send(200, json.dumps({"id": "chatcmpl-stub", "object": "chat.completion",
-                                               "created": 0, "model": "stub"}).encode())
+                handler._send(200, {"id": "chatcmpl-stub", "object": "chat.completion", "created": 0, "model": "stub"})
 
 
 def main(argv: list[str] | None = None) -> None:

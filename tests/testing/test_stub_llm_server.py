@@ -15,7 +15,7 @@ def test_the_mean_in_flight_weighs_each_count_by_how_long_it_held(monkeypatch) -
     counters = _Counters()
     for at, change in ((10.0, "arrived"), (11.0, "arrived"), (12.0, "departed"), (14.0, "departed")):
         now[0] = at
-        counters.arrived("s") if change == "arrived" else counters.departed()
+        counters.flight.change(1 if change == "arrived" else -1)
     # 1 in flight for 1 s, 2 for 1 s, 1 for 2 s: 5 request-seconds over the 4 s from first arrival to last answer
     assert counters.flight.mean() == 1.25 and counters.flight.now == 0 and counters.flight.peak == 2
 

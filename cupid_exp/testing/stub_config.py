@@ -26,7 +26,8 @@ class Faults:
     retry_after: float = 1.0  # seconds, sent with every 429
     rate_limit_style: str = ""  # how a 429 says the wait (rate_limits.RATE_LIMIT_STYLES), "rotate": each in turn
     slow_s: float = 5.0
-    giveup_match: str = ""  # prompts whose first user message contains this text fail with 500 on every attempt
+    giveup_rate: float = 0.0  # prompts that fail with 500 on every attempt (a share chosen by hash)
+    giveup_match: str = ""  # ... and prompts whose first user message contains this text
     fault_steps: tuple[str, ...] = ()  # faults only for these steps (empty: all)
     fail_first: int = 0  # the first N attempts of every prompt get ``fail_first_kind`` (deterministic retries)
     fail_first_kind: str = "429"  # or kinds in turn, comma-separated: "500,503", "truncated,content_type,no_choices"
@@ -45,6 +46,7 @@ class Replies:
     context_error_steps: tuple[str, ...] = ()  # empty: every step
     judge_score: str = "7.5"
     length_steps: tuple[str, ...] = ()  # these steps get their reply cut in half, finish_reason "length" ...
+    length_rate: float = 1.0  # ... for this share of their prompts (by hash, their re-asks too) ...
     length_whole: bool = False  # ... its text kept whole (a reply that still parses: only finish_reason says so)
     content_filter_steps: tuple[str, ...] = ()  # these steps get no content, finish_reason "content_filter"
     refusal_steps: tuple[str, ...] = ()  # ... or no content and a ``refusal`` (OpenAI structured outputs)

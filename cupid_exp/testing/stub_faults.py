@@ -44,7 +44,8 @@ def choose_fault(cfg: StubConfig, step: str, prompt_digest: str, attempt: int, b
     if attempt < f.fail_first:
         kinds = f.fail_first_kind.split(",")
         return kinds[min(attempt, len(kinds) - 1)]
-    if f.giveup_match and f.giveup_match in prompt_of(body.get("messages") or [])[1]:
+    if ((f.giveup_rate and unit(cfg.seed, "giveup", prompt_digest) < f.giveup_rate)
+            or (f.giveup_match and f.giveup_match in prompt_of(body.get("messages") or [])[1])):
         return "500"  # a prompt that always fails
     u = unit(cfg.seed, "fault", prompt_digest, attempt)
     for kind, rate in (("429", f.rate_429), ("500", f.rate_500), ("503", f.rate_503), ("slow", f.rate_slow),
@@ -56,9 +57,10 @@ def choose_fault(cfg: StubConfig, step: str, prompt_digest: str, attempt: int, b
     return None
 
 
-def cut_reply(cfg: StubConfig, step: str, text: str) -> str | None:
+def cut_reply(cfg: StubConfig, step: str, body: dict[str, Any], text: str) -> str | None:
     """A reply cut at max_tokens for ``length_steps`` (whole with ``length_whole``); None if complete."""
-    if step not in cfg.replies.length_steps:
+    if (step not in cfg.replies.length_steps
+            or unit(cfg.seed, "length", *prompt_of(body.get("messages") or [])) >= cfg.replies.length_rate):
         return None
     return text if cfg.replies.length_whole else text[: len(text) // 2]
 
@@ -73,7 +75,7 @@ def answer(cfg: StubConfig, step: str, body: dict[str, Any]) -> tuple[dict[str, 
     else:
         text = reply_text(step, body, cfg)
     finish, refusal = "stop", None
-    if (cut := cut_reply(cfg, step, text or "")) is not None:
+    if (cut := cut_reply(cfg, step, body, text or "")) is not None:
         text, finish = cut, "length"
     if step in cfg.replies.content_filter_steps:
         text, finish = None, "content_filter"

@@ -32,8 +32,8 @@ from cupid_exp.llm.billing import (
     reply_text,
     token_cost,
 )
-from cupid_exp.llm.budget import Budget, in_flight_worst, model_prices, priced, reserve_call, worst_case_usd
-from cupid_exp.llm.dry_run import estimate
+from cupid_exp.llm.budget import Budget, in_flight_worst, model_prices, priced, reserve_call
+from cupid_exp.llm.dry_run import PLACEHOLDER, estimate
 from cupid_exp.llm.endpoints import canonical_api_base
 from cupid_exp.llm.epochs import EPOCH
 from cupid_exp.llm.errors import EmptyReply, ProviderError, _short, provider_error_kind  # noqa: F401  (re-exported)
@@ -100,21 +100,6 @@ def _mapped(model: ModelConfig, key: str) -> int | None:
         return None
     value = info.get(key)
     return int(value) if isinstance(value, (int, float)) and value else None
-
-
-def context_window(model: ModelConfig) -> int | None:
-    """Input tokens the model takes: the config's, the local model's n_ctx, or litellm's price map."""
-    if model.context_window:
-        return model.context_window
-    if model.local is not None:
-        return model.local.n_ctx
-    return _mapped(model, "max_input_tokens")
-
-
-def max_output_tokens(model: ModelConfig) -> int | None:
-    """The longest reply litellm's map gives the model; None when it does not know (an embedded model's is its
-    n_ctx, which ``llm.local`` enforces)."""
-    return None if model.local is not None else _mapped(model, "max_output_tokens")
 
 
 class Pricing:
@@ -189,8 +174,10 @@ class LLMClient:
         # a bound given once for the pool replaces the role's own (the pool holds every role to it together)
         self._bound = max(1, int(self.pool.members.given.max_concurrency or model.max_concurrency))
         self._semaphore = asyncio.Semaphore(self._bound)
-        self.window = context_window(model)
-        self._max_output: int | None | bool = False  # ``max_output_tokens``, looked up on the first cut reply
+        # input tokens the model takes: the config's, the local model's n_ctx, or litellm's price map
+        self.window = model.context_window or (model.local.n_ctx if model.local is not None else
+                                               _mapped(model, "max_input_tokens"))
+        self._max_output: int | None | bool = False  # looked up on the first cut reply (``longer_reply``)
 
     @property
     def slots(self) -> int:
@@ -234,8 +221,9 @@ class LLMClient:
         ((name, limit),) = self.reply_limit(step, params).items()
         if not limit:
             return None
-        if self._max_output is False:
-            self._max_output = max_output_tokens(self.model)
+        if self._max_output is False:  # None where the map does not know (an embedded model's is its n_ctx,
+            # which ``llm.local`` enforces)
+            self._max_output = None if self.model.local is not None else _mapped(self.model, "max_output_tokens")
         more = 2 * int(limit) if self._max_output is None else min(2 * int(limit), self._max_output)
         return {name: more} if more > int(limit) else None
 
@@ -262,7 +250,7 @@ class LLMClient:
         prompt_tokens, completion_tokens, cost = estimate(
             self.model.litellm_model, messages, max_tokens, self.settings.dry_run_completion_tokens,
             self.model.model_info.input_cost_per_token, self.model.model_info.output_cost_per_token)
-        text = dry_reply(messages) if dry_reply is not None else "(dry run)"
+        text = dry_reply(messages) if dry_reply is not None else PLACEHOLDER
         at_batch = batch_price(self.model, prompt_tokens, completion_tokens) if batch_provider(
             self.model.litellm_model) else None  # what calls.batch=true would cost: live price without a batch API
         completion = Completion(text=text, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
@@ -352,9 +340,9 @@ class LLMClient:
         try:
             response = await self._send(messages, kwargs)
         except BaseException as exc:
-            lost, worst = lost_after_sending(exc), self.pricing.worst
+            lost = lost_after_sending(exc)
             # a lost request's charge: its worst case at the model's prices (0 for an unpriced model: not guessed)
-            usd = worst_case_usd(worst, messages, kwargs) if lost and worst is not None else 0.0
+            usd = bill.worst.usd if lost else 0.0
             if held is not None:
                 held.settle(usd)
             bill.charge(usd, *((bill.worst.prompt_tokens, bill.worst.completion_tokens) if lost else (0, 0)))
@@ -402,9 +390,7 @@ class LLMClient:
     def _scrub(self, text: str) -> str:
         """A provider's message without the key (some quote the key they refused)."""
         key = self._send_params.get("api_key")
-        if not key or key == "EMPTY":
-            return text
-        return scrub(text, [key])
+        return scrub(text, [key]) if key and key != "EMPTY" else text
 
 
 def _config_prices(model: ModelConfig) -> dict[str, float] | None:

@@ -217,20 +217,16 @@ class Pacer:
             result = change(state)
         else:
             with self._lock:
-                state = self._read(self.ledger)
+                try:
+                    state = json.loads(self.ledger.read_text())
+                except (OSError, ValueError):
+                    state = {"requests": 0.0, "tokens": 0.0}
                 before = json.dumps(state)
                 result = change(state)
                 if json.dumps(state) != before:
                     self.ledger.write_text(json.dumps(state))
         self.scale = state.get("scale", 1.0)
         return result
-
-    def _read(self, ledger: Path) -> dict[str, Any]:
-        try:
-            state: dict[str, Any] = json.loads(ledger.read_text())
-            return state
-        except (OSError, ValueError):
-            return {"requests": 0.0, "tokens": 0.0}
 
     def _book(self, state: dict[str, float], tokens: int) -> float:
         now = time.time()

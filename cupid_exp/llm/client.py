@@ -111,8 +111,14 @@ class Pricing:
 
     def __init__(self, model: ModelConfig, settings: CallsConfig, budgeted: bool):
         self.litellm_model = model.litellm_model
-        self.worst = priced(model, settings) if budgeted else model_prices(model)
-        self.own = _config_prices(model)
+        self.worst = priced(model, settings) if budgeted else model_prices(model)  # ``model_prices`` either way
+        # the prices per token a config gives (the map's for the one it leaves out), for litellm's cost calculator;
+        # None when the config gives none (litellm's map prices the call) or the model has no price at all
+        self.own: dict[str, float] | None = None
+        given, prices = model.model_info, self.worst
+        if prices is not None and not model.is_embedded and (given.input_cost_per_token is not None
+                                                              or given.output_cost_per_token is not None):
+            self.own = {"input_cost_per_token": prices.input, "output_cost_per_token": prices.output}
         self.unpriced = False  # learnt on the first reply litellm cannot price: counted, never guessed
 
     def of(self, response: Any) -> float | None:
@@ -408,16 +414,6 @@ class LLMClient:
         """A provider's message without the key (some quote the key they refused)."""
         key = self._send_params.get("api_key")
         return scrub(text, [key]) if key and key != "EMPTY" else text
-
-
-def _config_prices(model: ModelConfig) -> dict[str, float] | None:
-    """The prices per token a config gives (the map's for the one it leaves out), for litellm's cost calculator;
-    None when the config gives none (litellm's map prices the call) or the model has no price at all."""
-    given = model.model_info
-    if model.is_embedded or (given.input_cost_per_token is None and given.output_cost_per_token is None):
-        return None
-    prices = model_prices(model)
-    return None if prices is None else {"input_cost_per_token": prices.input, "output_cost_per_token": prices.output}
 
 
 def _provider(model: ModelConfig) -> str | None:

@@ -37,13 +37,8 @@ class SharedPoolState:
         self._looked = time.time()  # cuts before this process started are not its to follow
         self.cut = False  #: this process cut its concurrency limit: the others will too, at the next exchange
         self.told: tuple[float | None, float | None] | None = None  #: limits the provider stated to this process
-        self._learned: tuple[float, float] | None = None
+        self.learned: tuple[float, float] | None = None  #: (rpm, the lowest refused rpm) this process's refusals taught
         self._adopted = 0.0  # when the learned pace this process last adopted was published
-
-    def learned(self, rpm: float | None, refused_rpm: float) -> None:
-        """This process's refusals taught (or changed) the pace."""
-        if rpm:
-            self._learned = (rpm, refused_rpm)
 
     def exchange(self, pool: Pool, news: bool = False) -> Seen:
         """Publish this process's news (``pool``'s pause, stated limits, learned pace, cut), read the others'."""
@@ -75,11 +70,11 @@ class SharedPoolState:
             elif told and now - told["at"] < FRESH_S:
                 seen.told = (told["limits"][0], told["limits"][1])
             learned = state.get("learned")
-            if self._learned is not None:
-                rpm, refused = self._learned  # JSON has no infinity: None
+            if self.learned is not None:
+                rpm, refused = self.learned  # JSON has no infinity: None
                 state["learned"] = {"rpm": rpm, "refused": None if refused == float("inf") else refused, "at": now,
                                     "by": self.me}
-                self._learned, changed = None, True
+                self.learned, changed = None, True
             elif (learned and learned["by"] != self.me and now - learned["at"] < FRESH_S
                   and learned["at"] > self._adopted):
                 refused = learned["refused"] if learned["refused"] is not None else float("inf")

@@ -362,8 +362,8 @@ class Pool:
 
     def _learned(self) -> None:
         self._repace()
-        if self.shared is not None:
-            self.shared.learned(self.pace.learner.rpm, self.pace.learner.refused_rpm)
+        if self.shared is not None and self.pace.learner.rpm:  # taught or changed (not dropped: ``_settle``)
+            self.shared.learned = (self.pace.learner.rpm, self.pace.learner.refused_rpm)
 
     # ------------------------------------------------------------ the other processes, the job's meter
 

@@ -10,6 +10,7 @@ as are the pools' limits (``pools``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -32,8 +33,8 @@ from cupid_exp.llm.billing import (
     reply_text,
     token_cost,
 )
-from cupid_exp.llm.budget import Budget, in_flight_worst, model_prices, priced, reserve_call, worst_case_usd
-from cupid_exp.llm.dry_run import estimate
+from cupid_exp.llm.budget import Budget, in_flight_worst, model_prices, priced, reserve_call
+from cupid_exp.llm.dry_run import PLACEHOLDER
 from cupid_exp.llm.endpoints import canonical_api_base
 from cupid_exp.llm.epochs import EPOCH
 from cupid_exp.llm.errors import EmptyReply, ProviderError, _short, provider_error_kind  # noqa: F401  (re-exported)
@@ -102,21 +103,6 @@ def _mapped(model: ModelConfig, key: str) -> int | None:
     return int(value) if isinstance(value, (int, float)) and value else None
 
 
-def context_window(model: ModelConfig) -> int | None:
-    """Input tokens the model takes: the config's, the local model's n_ctx, or litellm's price map."""
-    if model.context_window:
-        return model.context_window
-    if model.local is not None:
-        return model.local.n_ctx
-    return _mapped(model, "max_input_tokens")
-
-
-def max_output_tokens(model: ModelConfig) -> int | None:
-    """The longest reply litellm's map gives the model; None when it does not know (an embedded model's is its
-    n_ctx, which ``llm.local`` enforces)."""
-    return None if model.local is not None else _mapped(model, "max_output_tokens")
-
-
 class Pricing:
     """What one model's replies cost. litellm prices each reply by its map as it returns it; a config's own prices
     override the map, applied to a reply's tokens by litellm's calculator, never registered in litellm's global map
@@ -125,8 +111,14 @@ class Pricing:
 
     def __init__(self, model: ModelConfig, settings: CallsConfig, budgeted: bool):
         self.litellm_model = model.litellm_model
-        self.worst = priced(model, settings) if budgeted else model_prices(model)
-        self.own = _config_prices(model)
+        self.worst = priced(model, settings) if budgeted else model_prices(model)  # ``model_prices`` either way
+        # the prices per token a config gives (the map's for the one it leaves out), for litellm's cost calculator;
+        # None when the config gives none (litellm's map prices the call) or the model has no price at all
+        self.own: dict[str, float] | None = None
+        given, prices = model.model_info, self.worst
+        if prices is not None and not model.is_embedded and (given.input_cost_per_token is not None
+                                                              or given.output_cost_per_token is not None):
+            self.own = {"input_cost_per_token": prices.input, "output_cost_per_token": prices.output}
         self.unpriced = False  # learnt on the first reply litellm cannot price: counted, never guessed
 
     def of(self, response: Any) -> float | None:
@@ -189,8 +181,10 @@ class LLMClient:
         # a bound given once for the pool replaces the role's own (the pool holds every role to it together)
         self._bound = max(1, int(self.pool.members.given.max_concurrency or model.max_concurrency))
         self._semaphore = asyncio.Semaphore(self._bound)
-        self.window = context_window(model)
-        self._max_output: int | None | bool = False  # ``max_output_tokens``, looked up on the first cut reply
+        # input tokens the model takes: the config's, the local model's n_ctx, or litellm's price map
+        self.window = model.context_window or (model.local.n_ctx if model.local is not None else
+                                               _mapped(model, "max_input_tokens"))
+        self._max_output: int | None | bool = False  # looked up on the first cut reply (``longer_reply``)
 
     @property
     def slots(self) -> int:
@@ -234,8 +228,9 @@ class LLMClient:
         ((name, limit),) = self.reply_limit(step, params).items()
         if not limit:
             return None
-        if self._max_output is False:
-            self._max_output = max_output_tokens(self.model)
+        if self._max_output is False:  # None where the map does not know (an embedded model's is its n_ctx,
+            # which ``llm.local`` enforces)
+            self._max_output = None if self.model.local is not None else _mapped(self.model, "max_output_tokens")
         more = 2 * int(limit) if self._max_output is None else min(2 * int(limit), self._max_output)
         return {name: more} if more > int(limit) else None
 
@@ -258,11 +253,27 @@ class LLMClient:
 
     def _dry_run(self, messages: list[Message], step: str, kwargs: dict[str, Any], dry_reply: DryReply | None
                  ) -> Completion:
+        """The prompt's tokens counted, the reply's estimated, and their cost (None where unpriced)."""
+        import litellm
+
+        model, given = self.model.litellm_model, self.model.model_info
+        try:
+            prompt_tokens = int(litellm.token_counter(model=model, messages=messages))
+        except (ValueError, KeyError, litellm.exceptions.BadRequestError):  # unknown tokenizer: litellm's default
+            prompt_tokens = int(litellm.token_counter(messages=messages))
         max_tokens = kwargs.get("max_tokens") or kwargs.get("max_completion_tokens")
-        prompt_tokens, completion_tokens, cost = estimate(
-            self.model.litellm_model, messages, max_tokens, self.settings.dry_run_completion_tokens,
-            self.model.model_info.input_cost_per_token, self.model.model_info.output_cost_per_token)
-        text = dry_reply(messages) if dry_reply is not None else "(dry run)"
+        estimate = self.settings.dry_run_completion_tokens
+        completion_tokens = min(estimate, max_tokens) if max_tokens else estimate
+        cost: float | None = None
+        if given.input_cost_per_token is not None and given.output_cost_per_token is not None:
+            cost = prompt_tokens * given.input_cost_per_token + completion_tokens * given.output_cost_per_token
+        else:
+            with contextlib.suppress(litellm.exceptions.ModelNotMappedError, litellm.exceptions.BadRequestError,
+                                     litellm.exceptions.NotFoundError):  # not in the price map
+                cost_in, cost_out = litellm.cost_per_token(model=model, prompt_tokens=prompt_tokens,
+                                                           completion_tokens=completion_tokens)
+                cost = float(cost_in + cost_out)
+        text = dry_reply(messages) if dry_reply is not None else PLACEHOLDER
         at_batch = batch_price(self.model, prompt_tokens, completion_tokens) if batch_provider(
             self.model.litellm_model) else None  # what calls.batch=true would cost: live price without a batch API
         completion = Completion(text=text, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
@@ -352,9 +363,9 @@ class LLMClient:
         try:
             response = await self._send(messages, kwargs)
         except BaseException as exc:
-            lost, worst = lost_after_sending(exc), self.pricing.worst
+            lost = lost_after_sending(exc)
             # a lost request's charge: its worst case at the model's prices (0 for an unpriced model: not guessed)
-            usd = worst_case_usd(worst, messages, kwargs) if lost and worst is not None else 0.0
+            usd = bill.worst.usd if lost else 0.0
             if held is not None:
                 held.settle(usd)
             bill.charge(usd, *((bill.worst.prompt_tokens, bill.worst.completion_tokens) if lost else (0, 0)))
@@ -402,19 +413,7 @@ class LLMClient:
     def _scrub(self, text: str) -> str:
         """A provider's message without the key (some quote the key they refused)."""
         key = self._send_params.get("api_key")
-        if not key or key == "EMPTY":
-            return text
-        return scrub(text, [key])
-
-
-def _config_prices(model: ModelConfig) -> dict[str, float] | None:
-    """The prices per token a config gives (the map's for the one it leaves out), for litellm's cost calculator;
-    None when the config gives none (litellm's map prices the call) or the model has no price at all."""
-    given = model.model_info
-    if model.is_embedded or (given.input_cost_per_token is None and given.output_cost_per_token is None):
-        return None
-    prices = model_prices(model)
-    return None if prices is None else {"input_cost_per_token": prices.input, "output_cost_per_token": prices.output}
+        return scrub(text, [key]) if key and key != "EMPTY" else text
 
 
 def _provider(model: ModelConfig) -> str | None:

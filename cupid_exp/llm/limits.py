@@ -217,20 +217,16 @@ class Pacer:
             result = change(state)
         else:
             with self._lock:
-                state = self._read(self.ledger)
+                try:
+                    state = json.loads(self.ledger.read_text())
+                except (OSError, ValueError):
+                    state = {"requests": 0.0, "tokens": 0.0}
                 before = json.dumps(state)
                 result = change(state)
                 if json.dumps(state) != before:
                     self.ledger.write_text(json.dumps(state))
         self.scale = state.get("scale", 1.0)
         return result
-
-    def _read(self, ledger: Path) -> dict[str, Any]:
-        try:
-            state: dict[str, Any] = json.loads(ledger.read_text())
-            return state
-        except (OSError, ValueError):
-            return {"requests": 0.0, "tokens": 0.0}
 
     def _book(self, state: dict[str, float], tokens: int) -> float:
         now = time.time()
@@ -301,12 +297,6 @@ class RefusalPace:
         return (sum(1 for t in self.sends if t >= since), sum(1 for t in self.refusals if t >= since),
                 max(WINDOW_S, now - since))
 
-    def admitted_rpm(self, now: float) -> float | None:
-        """Requests per minute the provider admitted lately (sent and not refused, over the last ``MEASURE_S``):
-        what it allows, since a refusal says the pool was asking for more. None: too few to tell."""
-        sent, refused, seconds = self._share(now, MEASURE_S)
-        return 60.0 * (sent - refused) / seconds if sent - refused >= MIN_ADMITTED else None
-
     def refused(self, now: float, hint: float | None) -> bool:
         """A 429: refusals that come together (``LESSON_SHARE`` of what was sent over ``LESSON_S``: a limit's) teach
         the pace (what was admitted lately) and cap the probes a little above it; the rest of that burst correct it.
@@ -321,7 +311,10 @@ class RefusalPace:
         self._prune(now)
         self.last_refusal = now
         changed = self._settle(now)
-        measured = self.admitted_rpm(now)
+        # requests per minute the provider admitted lately (sent and not refused, over the last ``MEASURE_S``): what
+        # it allows, since a refusal says the pool was asking for more. None: too few to tell
+        sent, refused, seconds = self._share(now, MEASURE_S)
+        measured = 60.0 * (sent - refused) / seconds if sent - refused >= MIN_ADMITTED else None
         self.news = self.rpm is None
         if self.overload is not None and self._cut is None:
             sent, refused, seconds = self._share(now, HORIZON_S)
@@ -351,8 +344,7 @@ class RefusalPace:
         if self.overload is None:
             if now - self.cut_at < COOLDOWN_S and self.changed_at <= self.cut_at:
                 return changed
-            sent, refused, seconds = self._share(now, MEASURE_S)
-            if 60.0 * sent / seconds < BOUND * self.rpm:
+            if 60.0 * sent / seconds < BOUND * self.rpm:  # over the last ``MEASURE_S``, as counted above
                 return changed  # sent well under the pace: a refusal the pace did not cause
         self._cut = (self.n_sent, self.n_refused, sent / seconds, refused / max(1, sent))
         self.refused_rpm = min(self.refused_rpm, self.rpm)

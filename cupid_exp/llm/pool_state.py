@@ -35,30 +35,20 @@ class SharedPoolState:
         self.path, self._lock = path, FileLock(str(path) + ".lock")  # the folder made at the first exchange
         self.me = me or str(os.getpid())  #: who publishes (a process id; tests give two pools two names)
         self._looked = time.time()  # cuts before this process started are not its to follow
-        self._cut = False
-        self._told: tuple[float | None, float | None] | None = None
-        self._learned: tuple[float, float] | None = None
+        self.cut = False  #: this process cut its concurrency limit: the others will too, at the next exchange
+        self.told: tuple[float | None, float | None] | None = None  #: limits the provider stated to this process
+        self.learned: tuple[float, float] | None = None  #: (rpm, the lowest refused rpm) this process's refusals taught
         self._adopted = 0.0  # when the learned pace this process last adopted was published
-
-    def cut(self) -> None:
-        """This process cut its concurrency limit: the others will too."""
-        self._cut = True
-
-    def told(self, limits: tuple[float | None, float | None]) -> None:
-        """The provider stated these limits to this process."""
-        self._told = limits
-
-    def learned(self, rpm: float | None, refused_rpm: float) -> None:
-        """This process's refusals taught (or changed) the pace."""
-        if rpm:
-            self._learned = (rpm, refused_rpm)
 
     def exchange(self, pool: Pool, news: bool = False) -> Seen:
         """Publish this process's news (``pool``'s pause, stated limits, learned pace, cut), read the others'."""
         seen = Seen()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._lock:
-            state = self._read()
+            try:
+                state: dict[str, Any] = json.loads(self.path.read_text())
+            except (OSError, ValueError):
+                state = {}
             now, changed = time.time(), news
             if pool.pace.paused_until > state.get("paused_until", 0.0):
                 state["paused_until"] = pool.pace.paused_until
@@ -68,23 +58,23 @@ class SharedPoolState:
                 state["answered"] = pool.outage.answered_at
                 changed = True
             pool.outage.answered_at = max(pool.outage.answered_at, state.get("answered", 0.0))
-            if self._cut:
+            if self.cut:
                 state["cut"] = {"at": now, "by": self.me}
-                self._cut, changed = False, True
+                self.cut, changed = False, True
             elif (cut := state.get("cut")) and cut["by"] != self.me and cut["at"] > self._looked:
                 seen.cut = True
             told = state.get("told")
-            if self._told is not None:
-                state["told"] = {"limits": list(self._told), "at": now}
-                self._told, changed = None, True
+            if self.told is not None:
+                state["told"] = {"limits": list(self.told), "at": now}
+                self.told, changed = None, True
             elif told and now - told["at"] < FRESH_S:
                 seen.told = (told["limits"][0], told["limits"][1])
             learned = state.get("learned")
-            if self._learned is not None:
-                rpm, refused = self._learned  # JSON has no infinity: None
+            if self.learned is not None:
+                rpm, refused = self.learned  # JSON has no infinity: None
                 state["learned"] = {"rpm": rpm, "refused": None if refused == float("inf") else refused, "at": now,
                                     "by": self.me}
-                self._learned, changed = None, True
+                self.learned, changed = None, True
             elif (learned and learned["by"] != self.me and now - learned["at"] < FRESH_S
                   and learned["at"] > self._adopted):
                 refused = learned["refused"] if learned["refused"] is not None else float("inf")
@@ -102,10 +92,3 @@ class SharedPoolState:
                 except OSError:  # a full disk: the pool's news is advice to the other processes, not a result; the
                     pass  # job's own files say the failure, naming their folder
         return seen
-
-    def _read(self) -> dict[str, Any]:
-        try:
-            state: dict[str, Any] = json.loads(self.path.read_text())
-            return state
-        except (OSError, ValueError):
-            return {}

@@ -87,8 +87,8 @@ class Members:
     """The model configs on a pool in this process, and the bound they give."""
 
     given: PoolLimits = field(default_factory=PoolLimits)  #: the job's ``calls.pools.<name>``
-    bounds: dict[str, int] = field(default_factory=dict)  #: each config's max_concurrency in this process
-    limits: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)  #: each config's rpm, tpm
+    #: each config's max_concurrency in this process, rpm and tpm
+    configs: dict[str, tuple[int, float | None, float | None]] = field(default_factory=dict)
     share: float = 1.0  #: this process's part of a given bound (the live processes split it)
 
 
@@ -130,8 +130,8 @@ class Outage:
     probe_at: float = 0.0  #: wall clock: when the next probe may go
     probing: bool = False  #: a probe is in flight
     probes: int = 0  #: failed probes of this outage
-    failing: set[int] = field(default_factory=set)  #: calls that met an outage's failure since the last answer
-    failing_since: float | None = None
+    #: calls that met an outage's failure since the last answer, each with when it first did
+    failing: dict[int, float] = field(default_factory=dict)
 
 
 class Pool:
@@ -164,13 +164,11 @@ class Pool:
         meter) starts from its own configs; what the pool learned (its limit, pace, pauses) carries over."""
         m = self.members
         if meter is not None and meter is not self.meter:
-            m.bounds.clear()
-            m.limits.clear()
-        m.bounds[config_id] = max(1, max_concurrency)
-        m.limits[config_id] = (rpm, tpm)
+            m.configs.clear()
+        m.configs[config_id] = (max(1, max_concurrency), rpm, tpm)
         m.given = given
-        self.pace.configured = (given.rpm or min((r for r, _ in m.limits.values() if r), default=None),
-                                given.tpm or min((t for _, t in m.limits.values() if t), default=None))
+        self.pace.configured = (given.rpm or min((r for _, r, _ in m.configs.values() if r), default=None),
+                                given.tpm or min((t for _, _, t in m.configs.values() if t), default=None))
         self._repace()
         if self._concurrency is None:
             self._concurrency = AdaptiveLimit(self.bound)
@@ -180,14 +178,13 @@ class Pool:
             self.flush()
             self.meter, self.sent, self.peak = meter, 0, 0
             self.outage.failing.clear()  # an earlier job's failed calls are no evidence of an outage now
-            self.outage.failing_since = None
 
     @property
     def bound(self) -> int:
         """Requests in flight this process may have: its share of a given bound, else its configs' largest."""
         m = self.members
         return max(1, int(m.given.max_concurrency * m.share)) if m.given.max_concurrency else max(
-            m.bounds.values(), default=1)
+            (b for b, _, _ in m.configs.values()), default=1)
 
     def _repace(self) -> None:
         """The pacer at the configured limits, else the stated ones, else the learned pace (one ledger file)."""
@@ -271,7 +268,7 @@ class Pool:
             cuts = self.concurrency.cuts
             self.concurrency.rate_limited(time.monotonic())
             if self.shared is not None and self.concurrency.cuts > cuts:
-                self.shared.cut()
+                self.shared.cut = True
             # not while a learned pace holds and the wait is a window or less: a provider sending only whole-second
             # ``retry-after`` would idle the pool a second per refusal
             if hint is not None and not (learned_pace and hint <= WINDOW_S):
@@ -292,7 +289,11 @@ class Pool:
             pace.pacer.succeeded()
         if (response is not None and self.total.successes <= HEAR_FIRST and not any(pace.told)
                 and not all(pace.configured)):
-            told = told_limits(stated_headers(response))
+            # the headers as litellm keeps them (OpenAI's by name, other providers' prefixed); a billed ``Reply``
+            # (``cupid_exp.llm.billing``) is read through to its response
+            reply = response.response if isinstance(response, Reply) else response
+            headers = (getattr(reply, "_hidden_params", None) or {}).get("additional_headers") or {}
+            told = told_limits({k.removeprefix("llm_provider-"): v for k, v in headers.items()})
             if any(told):
                 self._stated(told)
 
@@ -301,15 +302,13 @@ class Pool:
         self.pace.told = limits
         self._repace()
         if self.shared is not None:
-            self.shared.told(limits)
+            self.shared.told = limits
 
     # ------------------------------------------------------------ an outage
 
     def no_answer(self, call: object) -> None:
         """A request of ``call`` failed as an outage fails them all (no connection, a 5xx)."""
-        if self.outage.failing_since is None:
-            self.outage.failing_since = time.time()
-        self.outage.failing.add(id(call))
+        self.outage.failing.setdefault(id(call), time.time())
 
     def has_answered(self, within_s: float) -> bool:
         """The endpoint answered this process, or another on the pool within ``within_s`` (an outage's patience):
@@ -323,9 +322,9 @@ class Pool:
         out = self.outage
         if out.down_since is not None:
             return True
-        if not self.has_answered(patience_s) or (not connection and len(out.failing - {id(call)}) < 1):
+        if not self.has_answered(patience_s) or (not connection and len(out.failing.keys() - {id(call)}) < 1):
             return False
-        out.down_since, out.probes = out.failing_since or time.time(), 0
+        out.down_since, out.probes = min(out.failing.values(), default=time.time()), 0
         self.total.outages += 1
         self.unflushed.outages += 1
         wait = self._probe_wait(hint)
@@ -350,7 +349,6 @@ class Pool:
         """The endpoint answered (a reply, or a refusal that is an answer): an outage is over."""
         out = self.outage
         out.failing.clear()
-        out.failing_since = None
         if out.down_since is not None:
             log.warning("provider %s answers again after %.0f s; sending resumed", self.label,
                         time.time() - out.down_since)
@@ -364,8 +362,8 @@ class Pool:
 
     def _learned(self) -> None:
         self._repace()
-        if self.shared is not None:
-            self.shared.learned(self.pace.learner.rpm, self.pace.learner.refused_rpm)
+        if self.shared is not None and self.pace.learner.rpm:  # taught or changed (not dropped: ``_settle``)
+            self.shared.learned = (self.pace.learner.rpm, self.pace.learner.refused_rpm)
 
     # ------------------------------------------------------------ the other processes, the job's meter
 
@@ -401,15 +399,6 @@ class Pool:
         self.unflushed = Counts()
         self.meter.pool_state(self.label, peak_in_flight=self.peak, concurrency=int(self.concurrency.limit),
                               rpm=float(self.pace.pacer.rpm or 0.0))
-
-
-def stated_headers(response: object) -> dict[str, str]:
-    """The rate-limit headers of a reply, as litellm keeps them (OpenAI's by name, other providers' prefixed); a
-    billed ``Reply`` (``cupid_exp.llm.billing``) is read through to its response."""
-    if isinstance(response, Reply):
-        response = response.response
-    headers = (getattr(response, "_hidden_params", None) or {}).get("additional_headers") or {}
-    return {k.removeprefix("llm_provider-"): v for k, v in headers.items() if "ratelimit" in k}
 
 
 _POOLS: dict[str, Pool] = {}

@@ -43,12 +43,12 @@ BILLING_CODES = ("insufficient_quota", "credit_balance_exhausted", "organization
 BILLING_SUFFIX = "_spend_limit_exceeded"  # organization_..., project_...
 
 
+@dataclass
 class JobStop:
     """Shared by the clients of one job: the first fatal refusal, after which none of them sends another request
     (calls already in flight finish; ``cupid_exp.llm.client.clients_for``)."""
 
-    def __init__(self) -> None:
-        self.fatal: FatalProviderError | None = None
+    fatal: FatalProviderError | None = None
 
 
 def stop_job(fatal: FatalProviderError, endpoint: Pool, stop: JobStop) -> FatalProviderError:

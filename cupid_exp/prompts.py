@@ -83,6 +83,11 @@ class PromptSet:
             raise FileNotFoundError(f"prompts.dir is not a directory: {self.directory}")
         self._cache: dict[str, PromptTemplate] = {}
 
+    def _path(self, relative: str) -> Path:
+        """The file for the digest: a drop-in's, or ours of the same name (earlier digests covered both)."""
+        path = self.directory / relative
+        return path if path.is_file() else PROJECT_PROMPTS / relative
+
     def missing(self, names: Iterable[str]) -> list[str]:
         """The files among ``names`` (like 'evaluation/preference_inferrer') that this directory lacks."""
         return [f"{name}.yaml" for name in names if not (self.directory / f"{name}.yaml").is_file()]
@@ -127,8 +132,7 @@ class PromptSet:
             names = {n for n in names if n.startswith(prefixes)}
         examples = self._examples_source()
         for name in sorted(names - {MATCHER_EXAMPLES}):
-            path = self.directory / name  # a drop-in's, or ours of the same name (earlier digests covered both)
-            h.update(name.encode() + b"\0" + (path if path.is_file() else PROJECT_PROMPTS / name).read_bytes())
+            h.update(name.encode() + b"\0" + self._path(name).read_bytes())
         if examples is not None and (prefixes is None or MATCHER_EXAMPLES.startswith(prefixes)):
             h.update(MATCHER_EXAMPLES.encode() + b"\0" + examples.read_bytes())
         return h.hexdigest()[:16]

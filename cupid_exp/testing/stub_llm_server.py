@@ -282,7 +282,7 @@ class StubServer(StubModel):
         """A batch row's reply: what a live call with the same body gets (without live faults)."""
         step = classify(body)
         text, finish = reply_text(step, body, self.config), "stop"
-        cut = cut_reply(self.config, step, text)
+        cut = cut_reply(self.config, step, body, text)
         with self._lock:
             self.counters.completed[step] += 1
             if cut is not None:  # a row that ran into max_tokens, as live

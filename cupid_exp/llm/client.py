@@ -10,7 +10,6 @@ as are the pools' limits (``pools``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -34,7 +33,7 @@ from cupid_exp.llm.billing import (
     token_cost,
 )
 from cupid_exp.llm.budget import Budget, in_flight_worst, model_prices, priced, reserve_call
-from cupid_exp.llm.dry_run import PLACEHOLDER
+from cupid_exp.llm.dry_run import PLACEHOLDER, estimate
 from cupid_exp.llm.endpoints import canonical_api_base
 from cupid_exp.llm.epochs import EPOCH
 from cupid_exp.llm.errors import EmptyReply, ProviderError, _short, provider_error_kind  # noqa: F401  (re-exported)
@@ -253,26 +252,9 @@ class LLMClient:
 
     def _dry_run(self, messages: list[Message], step: str, kwargs: dict[str, Any], dry_reply: DryReply | None
                  ) -> Completion:
-        """The prompt's tokens counted, the reply's estimated, and their cost (None where unpriced)."""
-        import litellm
-
-        model, given = self.model.litellm_model, self.model.model_info
-        try:
-            prompt_tokens = int(litellm.token_counter(model=model, messages=messages))
-        except (ValueError, KeyError, litellm.exceptions.BadRequestError):  # unknown tokenizer: litellm's default
-            prompt_tokens = int(litellm.token_counter(messages=messages))
         max_tokens = kwargs.get("max_tokens") or kwargs.get("max_completion_tokens")
-        estimate = self.settings.dry_run_completion_tokens
-        completion_tokens = min(estimate, max_tokens) if max_tokens else estimate
-        cost: float | None = None
-        if given.input_cost_per_token is not None and given.output_cost_per_token is not None:
-            cost = prompt_tokens * given.input_cost_per_token + completion_tokens * given.output_cost_per_token
-        else:
-            with contextlib.suppress(litellm.exceptions.ModelNotMappedError, litellm.exceptions.BadRequestError,
-                                     litellm.exceptions.NotFoundError):  # not in the price map
-                cost_in, cost_out = litellm.cost_per_token(model=model, prompt_tokens=prompt_tokens,
-                                                           completion_tokens=completion_tokens)
-                cost = float(cost_in + cost_out)
+        prompt_tokens, completion_tokens, cost = estimate(self.model, messages, max_tokens,
+                                                          self.settings.dry_run_completion_tokens)
         text = dry_reply(messages) if dry_reply is not None else PLACEHOLDER
         at_batch = batch_price(self.model, prompt_tokens, completion_tokens) if batch_provider(
             self.model.litellm_model) else None  # what calls.batch=true would cost: live price without a batch API

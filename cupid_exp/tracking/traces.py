@@ -121,22 +121,26 @@ class TraceWriter:
     def _write(self, instance: Any, result: Any, calls: CallLog) -> None:
         """The unit's root span (an instance's, or another unit's as it described itself: ``TraceRoot``), a span per
         call, then the root's end."""
-        spec = None if isinstance(result, InstanceResult) else result.trace_root()
-        if spec is None:
+        if isinstance(result, InstanceResult):
             root = self._instance_root(instance, result, {}, calls.started_ns)
-        else:
-            root = self._root(spec.name, spec.inputs, spec.attributes, {**spec.tags, "cupid.key": spec.name},
-                              calls.started_ns)
-        quoted = long_texts(*(c.reply for c in calls.calls), *(_outputs(result).values() if spec is None else ()))
-        for call in sorted(calls.calls, key=lambda c: c.started_ns):
-            self._call_span(root, call, quoted)
-        ended = max([c.ended_ns for c in calls.calls] + [calls.started_ns + 1])
-        if spec is None:
+            ended = self._call_spans(root, calls, *_outputs(result).values())
             self._end_instance(root, result, ended)
             return
+        spec = result.trace_root()
+        root = self._root(spec.name, spec.inputs, spec.attributes, {**spec.tags, "cupid.key": spec.name},
+                          calls.started_ns)
+        ended = self._call_spans(root, calls)
         for kind, message, step in spec.errors:
             self._fail(root, kind, message, step)
         root.end(outputs=self._clean(spec.outputs), end_time_ns=ended)
+
+    def _call_spans(self, root: Any, calls: CallLog, *outputs: object) -> int:
+        """A span per call, in the order they started, each long text of the replies and ``outputs`` previewed;
+        returns when the unit ended (its last call's end)."""
+        quoted = long_texts(*(c.reply for c in calls.calls), *outputs)
+        for call in sorted(calls.calls, key=lambda c: c.started_ns):
+            self._call_span(root, call, quoted)
+        return max([c.ended_ns for c in calls.calls] + [calls.started_ns + 1])
 
     def _root(self, name: str, inputs: dict[str, Any], attributes: dict[str, Any], tags: dict[str, str],
               started_ns: int | None) -> Any:

@@ -40,6 +40,7 @@ from cupid_exp.errors import (
     Interrupted,
     Outcome,
     causes,
+    first_line,
     pipe_safe,
 )
 from cupid_exp.hydra_errors import HeldStderr, ScrubbedStderr, hydra_text, one_line, unread_override
@@ -174,7 +175,7 @@ def _store_failure(exc: Exception, cfg: DictConfig) -> Exception | None:
     """A tracking store that could not be reached, as the environment's failure (results stay in the journal)."""
     if not store_unreachable(exc) or not _raised_in_tracking(exc):
         return None
-    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    first = first_line(exc)
     uri = cfg.get("tracking", {}).get("uri", "?")
     return TrackingUnavailable(f"the MLflow store at {uri} did not take this job's results ({type(exc).__name__}: "
                                f"{first}); the results are in the job's folder and its journal: run the same command "

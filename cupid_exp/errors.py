@@ -37,6 +37,12 @@ def pipe_safe(main: Callable[[], Any]) -> Any:
         return EXIT_CLOSED_PIPE
 
 
+def first_line(error: object, limit: int = 200) -> str:
+    """An error's message for a one-line report: its first non-blank line, cut to ``limit`` ("" for an empty
+    message, which ``OSError()`` or ``TimeoutError()`` have: indexing its lines would raise instead)."""
+    return (str(error).strip().splitlines() or [""])[0][:limit]
+
+
 def causes(exc: BaseException) -> Iterator[BaseException]:
     """``exc``, then its cause (else its context), and so on, each once."""
     seen: set[int] = set()

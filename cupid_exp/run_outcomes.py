@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from cupid_exp.errors import Terminated
+from cupid_exp.errors import Terminated, first_line
 from cupid_exp.outputs import environment_failure
 
 OUTCOME_TAG = "cupid.outcome"
@@ -48,7 +48,7 @@ def outcome_of(exc: BaseException) -> tuple[str, str]:
         return "interrupted", "Ctrl-C"
     if isinstance(exc, Terminated):
         return "interrupted", exc.name
-    first = (str(exc).strip().splitlines() or [""])[0][:1000]
+    first = first_line(exc, 1000)
     named = getattr(exc, "outcome", None)
     if isinstance(named, str) and named:
         # the job's exit 2 (``cupid_exp.entry.Outcome("error")``: a fatal refusal names it) is a refusal here;

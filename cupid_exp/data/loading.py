@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterator, NoReturn
 
 from cupid_exp.data.hub import HubUnavailable, load_hub_dataset
 from cupid_exp.data.schema import DataError, Instance, validate_row
+from cupid_exp.errors import first_line
 
 if TYPE_CHECKING:
     from cupid_exp.config import DataConfig
@@ -108,7 +109,7 @@ def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
         records = pd.read_parquet(path).to_dict(orient="records")
     except (pyarrow.ArrowException, OSError, ValueError) as exc:
         yield path.name, DataError(path.name, "<file>", f"cannot be read as parquet ({type(exc).__name__}: "
-                                                        f"{str(exc).splitlines()[0][:160]})")
+                                                        f"{first_line(exc, 160)})")
         return
     if not records:
         yield path.name, DataError(path.name, "<file>", "is empty (no rows)")

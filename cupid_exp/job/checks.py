@@ -15,7 +15,7 @@ from typing import Mapping
 import yaml
 
 from cupid_exp.config import AUTO_WORKERS, JobConfig, ModelConfig
-from cupid_exp.errors import ConfigError
+from cupid_exp.errors import ConfigError, first_line
 from cupid_exp.prompts import PromptSet
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def check_prompts(prompts: PromptSet, needed: dict[str, set[str]]) -> None:
             template = prompts.get(name)
         except (OSError, ValueError, yaml.YAMLError) as exc:
             raise ConfigError(f"{where}: prompt {name} cannot be used ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0][:200]})") from None
+                              f"{first_line(exc)})") from None
         try:
             unknown = sorted((_placeholders(template.system) | _placeholders(template.user)) - provided)
         except ValueError as exc:  # a stray "{" in the template

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
+from cupid_exp.errors import first_line
 from cupid_exp.identity import content, short_key
 from cupid_exp.reporting.data_identity import DIGEST_SHOWN, DataIdentity, data_identity
 from cupid_exp.scoring.names import metric_key
@@ -284,7 +285,7 @@ def search_job_runs(uri: str, experiment: str, filter_string: str | None = None)
         if exc.error_code != "INVALID_PARAMETER_VALUE" or not filter_string:
             raise
         raise LookupError(f"--filter {filter_string!r} is not an MLflow filter string: "
-                          f"{str(exc).splitlines()[0][:200]}") from None
+                          f"{first_line(exc)}") from None
     return [_job_run(r) for r in runs]
 
 

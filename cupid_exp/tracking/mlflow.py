@@ -21,6 +21,7 @@ from cupid_exp.aside import set_aside
 from cupid_exp.config import TrackingConfig
 from cupid_exp.data.schema import INSTANCE_TYPES
 from cupid_exp.durability.signals import shielded, sigterm_raises
+from cupid_exp.errors import first_line
 from cupid_exp.outputs import atomic_write_text
 from cupid_exp.resources import git_state
 from cupid_exp.run_outcomes import outcome_of, outcome_tags, stale_tags, status_of
@@ -191,7 +192,7 @@ def repair(db: Path, error: BaseException) -> bool:
     else:
         broken = db.with_name(f"{db.name}.half-made-{time.strftime('%Y%m%d-%H%M%S')}")
         os.replace(db, broken)
-        first = (str(error).strip().splitlines() or [""])[0][:200]
+        first = first_line(error)
         log.warning("MLflow store %s was half made (%s: %s) and held no run: moved to %s and made again", db,
                     type(error).__name__, first, broken.name)
     create_aside(db)
@@ -411,5 +412,5 @@ def ends_on_error(run: Any) -> Iterator[None]:
                     except Exception as why:  # noqa: BLE001 - the job's own error is the one to report
                         log.warning("the MLflow run could not be ended %s (%s: %s); the next run of this command "
                                     "repairs it", status_of(outcome), type(why).__name__,
-                                    str(why).splitlines()[0][:200])
+                                    first_line(why))
             raise

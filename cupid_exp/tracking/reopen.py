@@ -9,6 +9,7 @@ from collections import defaultdict
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Mapping, Sequence
 
+from cupid_exp.errors import first_line
 from cupid_exp.run_outcomes import DESCRIPTION_TAG, OUTCOME_TAG
 from cupid_exp.tracking.mlflow import link_name
 
@@ -159,7 +160,7 @@ def one_trace_per_unit(client: MlflowClient, experiment_id: str, run_id: str) ->
         return len(extra)
     except Exception as exc:  # noqa: BLE001 - a duplicate trace is never worth the run's end
         log.warning("MLflow: the run's traces were not checked for duplicates (%s: %s)", type(exc).__name__,
-                    (str(exc).splitlines() or [""])[0][:200])
+                    first_line(exc))
         return 0
 
 
@@ -184,7 +185,7 @@ def leave_no_empty_parent(client: MlflowClient, experiment_id: str, previous: Ru
             log.info("MLflow: sweep run %s has no job left (they moved to sweep run %s): deleted", before, parent)
     except Exception as exc:  # noqa: BLE001 - an empty parent is never worth the job
         log.warning("MLflow: the earlier sweep run %s was not checked for jobs left (%s: %s)", before,
-                    type(exc).__name__, (str(exc).splitlines() or [""])[0][:200])
+                    type(exc).__name__, first_line(exc))
 
 
 def backfill(live: LiveRun, request: RunRequest) -> int:
@@ -197,7 +198,7 @@ def backfill(live: LiveRun, request: RunRequest) -> int:
                                                                   live.run_id)}
     except Exception as exc:  # noqa: BLE001 - traces are never worth the job
         log.warning("MLflow: the run's traces could not be listed, none rebuilt (%s: %s)", type(exc).__name__,
-                    str(exc).splitlines()[0][:200] if str(exc) else "")
+                    first_line(exc))
         return 0
     missing = [record for record in request.units.done if record.get("key") in shown and record["key"] not in have]
     for record in missing:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Sequence
 
 from cupid_exp.config import TrackingConfig
 from cupid_exp.durability.attempts import Claim
+from cupid_exp.errors import first_line
 from cupid_exp.llm.calls import CallLog
 from cupid_exp.progress import Totals, read_totals
 from cupid_exp.results import InstanceResult
@@ -271,7 +272,7 @@ class RunWorker:
         if thread.is_alive():
             problem = self._unavailable(f"no answer within {self._flush_s:g} s while trying to {what} here")
         elif problem is not None and store_unreachable(problem):
-            problem = self._unavailable(f"{type(problem).__name__}: {str(problem).splitlines()[0][:200]}")
+            problem = self._unavailable(f"{type(problem).__name__}: {first_line(problem)}")
         if problem is not None and not quiet:
             raise problem
         if problem is not None:

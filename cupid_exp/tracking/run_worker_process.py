@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from cupid_exp.durability.attempts import Claim
 from cupid_exp.durability.signals import ignore_stops
+from cupid_exp.errors import first_line
 from cupid_exp.tracking import store_errors
 from cupid_exp.tracking.live import LiveRun, RunRequest, open_run
 from cupid_exp.tracking.mlflow import ensure_parent
@@ -116,7 +117,7 @@ def serve(inbox: Queue[tuple[Any, ...]], outbox: Connection, progress: ctypes.c_
                 say(("finished",))
                 os._exit(0)
         except Exception as exc:  # noqa: BLE001  # the job hears why (and whether the store is to blame)
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            first = first_line(exc, 300)
             say(("failed", f"{type(exc).__name__}: {first}", store_errors.store_unreachable(exc)))
             _export_and_exit(live, 1)
         progress.value += 1

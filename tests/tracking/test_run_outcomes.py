@@ -8,6 +8,7 @@ import errno
 import pytest
 
 from cupid_exp.durability.signals import Terminated
+from cupid_exp.errors import first_line
 from cupid_exp.llm.retry import FatalProviderError
 from cupid_exp.outputs import EnvironmentFailure
 from cupid_exp.run_outcomes import outcome_tags, stale_tags, status_of
@@ -54,3 +55,22 @@ def test_only_ok_is_finished_and_a_reopened_run_drops_what_the_attempt_before_sa
     assert sorted(stale_tags(before)) == ["cupid.outcome", "cupid.reason", "mlflow.note.content"]
     assert stale_tags({**before, "mlflow.note.content": "the user's own description"}) == [
         "cupid.outcome", "cupid.reason"]
+
+
+def test_a_run_that_cannot_be_ended_by_an_error_without_a_message_leaves_the_jobs_own_error(caplog) -> None:
+    """``TimeoutError()`` has no message: reporting it must not raise (an ``IndexError`` in the handler would replace
+    the job's own error, the one the user needs)."""
+    class _Unreachable(_Run):
+        def end(self, status: str, summary=None, tags=None) -> None:
+            raise TimeoutError()
+
+    with pytest.raises(ValueError, match="the job's own"):
+        with ends_on_error(_Unreachable()):
+            raise ValueError("the job's own")
+    assert "could not be ended FAILED (TimeoutError: )" in caplog.text
+
+
+@pytest.mark.parametrize("message, first", [("", ""), ("\n  \nsecond line\nthird", "second line"),
+                                            ("x" * 300, "x" * 200)])
+def test_first_line_of_any_message(message, first) -> None:
+    assert first_line(OSError(message) if message else OSError()) == first

@@ -157,13 +157,15 @@ def _percentiles(samples: np.ndarray, level: float) -> tuple[float, float]:
 def _epoch_weights(n_clusters: int, n_epochs: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
     """n_boot x (n_clusters * n_epochs) counts: personas drawn with replacement, then each draw's epochs; cell
     (b, i) counts how often persona i (its epoch) was drawn in resample b. With one epoch the epoch draw is all 0
-    and takes no bits from ``rng`` (an empty range), so the weights are the plain persona bootstrap's."""
+    and takes no bits from ``rng`` (an empty range), so the weights are the plain persona bootstrap's. A resample at a
+    time, its epochs drawn in turn (the same draws as one call): no n_boot x width temporaries (~60 MB at 756)."""
     personas = rng.integers(0, n_clusters, size=(n_boot, n_clusters))
-    epochs = rng.integers(0, n_epochs, size=(n_boot, n_clusters, n_epochs))
     width = n_clusters * n_epochs
-    # (resample, persona, epoch) as one index
-    cells = (np.arange(n_boot)[:, None, None] * width + personas[:, :, None] * n_epochs + epochs).ravel()
-    return np.bincount(cells, minlength=n_boot * width).reshape(n_boot, width).astype(float)
+    weights = np.empty((n_boot, width))
+    for row, drawn in enumerate(personas):
+        cells = drawn[:, None] * n_epochs + rng.integers(0, n_epochs, size=(n_clusters, n_epochs))  # (persona, epoch)
+        weights[row] = np.bincount(cells.ravel(), minlength=width)
+    return weights
 
 
 @functools.lru_cache(maxsize=8)
@@ -233,6 +235,7 @@ def ci_metrics(records: Iterable[Mapping[str, Any]], parts: Sequence[str], *, n_
                 if est.n:
                     out[metric_key(t, group, m, "ci_low")] = est.low
                     out[metric_key(t, group, m, "ci_high")] = est.high
+    _seeded_weights.cache_clear()  # this job's: not held through the rest of it (12 MB at 756 personas)
     return {k: v for k, v in out.items() if v == v}
 
 

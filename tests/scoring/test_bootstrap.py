@@ -91,6 +91,29 @@ def test_resample_weights_count_each_draw_of_the_generator() -> None:
         shared[0, 0] = 99.0
 
 
+def test_epoch_weights_are_one_call_s_draws_counted_a_resample_at_a_time() -> None:
+    """Built row by row (each resample's epochs drawn in turn), the weights are those of every persona, then every
+    epoch, drawn in one call each and counted with one bincount: every interval with epochs is unchanged."""
+    from cupid_exp.scoring.bootstrap import _epoch_weights
+
+    for n_clusters, n_epochs, seed in ((7, 1, 5), (5, 3, 0), (3, 7, 11), (40, 2, 3)):
+        rng, n_boot, width = np.random.default_rng(seed), 60, n_clusters * n_epochs
+        personas = rng.integers(0, n_clusters, size=(n_boot, n_clusters))
+        epochs = rng.integers(0, n_epochs, size=(n_boot, n_clusters, n_epochs))
+        cells = (np.arange(n_boot)[:, None, None] * width + personas[:, :, None] * n_epochs + epochs).ravel()
+        expected = np.bincount(cells, minlength=n_boot * width).reshape(n_boot, width).astype(float)
+        assert np.array_equal(_epoch_weights(n_clusters, n_epochs, n_boot, np.random.default_rng(seed)), expected)
+
+
+def test_a_job_s_intervals_leave_no_resample_weights_held() -> None:
+    """The weights its intervals shared are let go once they are computed (the job's process lives on to publish)."""
+    from cupid_exp.scoring.bootstrap import _seeded_weights, ci_metrics
+
+    records = [rec(f"p{i}", t, precision=0.5, recall=1.0) for i in range(5) for t in ("consistent", "changing")]
+    assert ci_metrics(records, ["inference"], n_boot=50)
+    assert _seeded_weights.cache_info().currsize == 0
+
+
 def test_cluster_interval_is_wider_than_an_instance_interval_when_personas_are_correlated() -> None:
     rng = np.random.default_rng(0)
     records = []

@@ -119,13 +119,14 @@ def publish(job: Job, summary: Summary, tracker: Any, spending: BudgetReport | N
         if tracker.notice:
             log.warning("MLflow: %s", tracker.notice)
     status = spending.status_line() if spending is not None and stopped else summary.status_line()
-    show(published.report(where, status), job.output_dir)
-    if tracker is None:
-        return
-    # The results are on disk and printed: logging them is held together, an interrupt waits for it (a few
-    # seconds) and is delivered once the run has ended FINISHED. Raised half-way through MLflow's store
-    # writes, it could leave a SQLite transaction or a lock behind and the run RUNNING.
+    # Printing the results, keeping them on disk and logging them is held together: an interrupt waits for it (a few
+    # seconds) and is delivered once the run has ended FINISHED. Raised half-way through MLflow's store writes, it
+    # could leave a SQLite transaction or a lock behind and the run RUNNING; raised once the table shows (before the
+    # shield, as it began after the table), it ended a complete run KILLED.
     with shielded():
+        show(published.report(where, status), job.output_dir)
+        if tracker is None:
+            return
         m = summary.metrics
         # the run spans every attempt: usage for the whole job (the folder's metrics.json: this attempt's)
         whole = {**m, **whole_job_usage(job.attempt.earlier, meter), **whole_job_metrics(m)}

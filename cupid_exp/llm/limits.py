@@ -166,9 +166,9 @@ class Pacer:
     def active(self) -> bool:
         return bool(self.rpm or self.tpm)
 
-    def reserve(self, tokens: int) -> float:
-        """Book one request of ``tokens``; the seconds to wait before sending it."""
-        return self._update(lambda state: self._book(state, tokens))
+    def reserve(self, tokens: int, now: float | None = None) -> float:
+        """Book one request of ``tokens`` at ``now`` (wall clock); the seconds to wait before sending it."""
+        return self._update(lambda state: self._book(state, tokens, time.time() if now is None else now))
 
     def admit(self, now: float | None = None) -> float:
         """At the moment of sending (``now``, wall clock): 0 and the send recorded, or the seconds to wait first
@@ -228,8 +228,7 @@ class Pacer:
         self.scale = state.get("scale", 1.0)
         return result
 
-    def _book(self, state: dict[str, float], tokens: int) -> float:
-        now = time.time()
+    def _book(self, state: dict[str, float], tokens: int, now: float) -> float:
         start = max(now, state.get("requests", 0.0) if self.rpm else now, state.get("tokens", 0.0) if self.tpm else now)
         share = PACE_MARGIN * state.get("scale", 1.0)
         if self.rpm:

@@ -22,8 +22,8 @@ issue 43 asks for 58 of 64), cupid-exp's event-loop lag (``loop_lag/sitecustomiz
 wake-up delay of a 10 ms sleep, the stalls over 100 ms and which a full GC overlapped), peak RSS (the largest single
 process, as ``/usr/bin/time`` reports it, and the whole process tree summed, sampled every 20 ms), and
 for cupid-exp its model phase (``time/model_seconds``) against the ideal requests × latency /
-concurrency, and its fixed cost (wall − model phase). Each report is appended to ``bench/versus_official.md``
-(``--out``) as a new section after the ones before it, which are kept.
+concurrency, and its fixed cost (wall − model phase). The report is printed, and appended to ``--out`` when given
+(``bench/versus_official.md`` is a log of dated sections with their reading: a report goes in by hand, with it).
 
     python bench/versus_official.py --official /path/to/CUPID --official-python /path/to/venv/bin/python
     python bench/versus_official.py ... --close-connections   # the stub as an HTTP/1.0 server (no keep-alive)
@@ -281,8 +281,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--official-limit", type=float, default=60.0,
                         help="seconds after which an official run counts as hung: killed, left out, and counted")
-    parser.add_argument("--out", type=Path, default=BENCH / "versus_official.md",
-                        help="the report is appended to this file (created if absent); what it holds is kept")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="also append the report to this file (created if absent); what it holds is kept")
     parser.add_argument("--sweep", type=int, default=0, metavar="N",
                         help="also N models one after the other: the official runner N times, cupid-exp as one "
                              "multirun of N jobs (in one process, as a researcher's `-m` sweep)")
@@ -371,8 +371,9 @@ def main() -> None:
         if hung:
             report += (f"\n{len(hung)} official run(s) hung past {args.official_limit:.0f} s and were killed and left "
                        "out (that repeat's cupid-exp runs too): " + "; ".join(hung) + "\n")
-        with args.out.open("a", encoding="utf-8") as out:  # a log of dated sections: never replace earlier ones
-            out.write(("\n" if args.out.stat().st_size else "") + report)
+        if args.out is not None:
+            with args.out.open("a", encoding="utf-8") as out:  # a log of dated sections: never replace earlier ones
+                out.write(("\n" if args.out.stat().st_size else "") + report)
         print(report)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -37,10 +37,10 @@ def pipe_safe(main: Callable[[], Any]) -> Any:
         return EXIT_CLOSED_PIPE
 
 
-def first_line(error: object, limit: int = 200) -> str:
-    """An error's message for a one-line report: its first non-blank line, cut to ``limit`` ("" for an empty
-    message, which ``OSError()`` or ``TimeoutError()`` have: indexing its lines would raise instead)."""
-    return (str(error).strip().splitlines() or [""])[0][:limit]
+def first_line(error: object, limit: int | None = 200) -> str:
+    """An error's message (or any text) for a one-line report: its first non-blank line, stripped, cut to ``limit``
+    ("" for an empty message, which ``OSError()`` or ``TimeoutError()`` have: indexing its lines would raise)."""
+    return next((line.strip() for line in str(error).splitlines() if line.strip()), "")[:limit]
 
 
 def causes(exc: BaseException) -> Iterator[BaseException]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import re
 
-from cupid_exp.errors import causes
+from cupid_exp.errors import causes, first_line
 from cupid_exp.outputs import EnvironmentFailure, environment_failure
 
 
@@ -68,20 +68,16 @@ class OneLineOnce(logging.Filter):
         return decided
 
     def _shown(self, record: logging.LogRecord) -> bool:
-        line = _first_line(record.getMessage())
+        line = first_line(record.getMessage(), None)
         if record.exc_info and record.exc_info[1] is not None:
             exc = record.exc_info[1]
-            line = f"{line} ({type(exc).__name__}: {_first_line(str(exc))})"
+            line = f"{line} ({type(exc).__name__}: {first_line(exc, None)})"
         line = line[:300]
         if line in self.seen:
             return False
         self.seen.add(line)
         record.msg, record.args, record.exc_info, record.exc_text, record.stack_info = line, None, None, None, None
         return True
-
-
-def _first_line(text: str) -> str:
-    return next((part.strip() for part in text.splitlines() if part.strip()), "")
 
 
 class OffTheConsole(logging.Filter):

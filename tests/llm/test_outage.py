@@ -71,7 +71,8 @@ def test_an_outage_mid_run_pauses_the_pool_and_no_call_fails(tmp_path: Path, kin
     # what the pause allows, however late the CPU runs the calls: the first request of each call the outage met (16 - 6,
     # all sent before any retry: a freed slot goes to a waiting call first), the retries in the 4 slots when the first
     # of them failed and put the pool down, then one probe at a time, spaced 0.5 s, 1 s ...: at most the first fails.
-    # Probes sent closer, or waiting calls sending, add as many more; a pool that did not pause, a request a loop
+    # Probes sent closer together, or waiting calls sending on their own, would add more; a pool that did not pause
+    # at all adds a request for every retry of every call
     assert outage["unanswered"] <= (16 - 6) + 4 + 1, outage
     said = [r.getMessage() for r in caplog.records]
     assert sum("unreachable since" in s and "waiting, next try in" in s for s in said) == 1, said

@@ -28,6 +28,7 @@ from cupid_exp.progress import InstanceObserver, wants_calls
 log = logging.getLogger(__name__)
 
 POLL_S = 0.5  #: how often the job looks at its workers' liveness while none of them reports
+EXIT_GRACE_S = 5.0  #: how long the workers that said "done" have, together, to exit before they are killed
 
 # What every calls process imports before its first call: imported once, by the job's process, before a forked
 # worker starts (``start_workers``), with the work's own modules (``Work.client_modules``).
@@ -98,7 +99,10 @@ class Workers:
         if self._stop.is_set():
             return
         self._stop.set()
+        leaving_by = time.monotonic() + EXIT_GRACE_S
         for process in self.processes:
+            if process.pid not in self.running:  # its last word came: it is leaving, and exits 0 unless killed
+                process.join(max(0.0, leaving_by - time.monotonic()))
             if process.exitcode is None:
                 process.kill()  # it ignores stop signals (``worker_process.serve_units``)
         for process in self.processes:

@@ -94,12 +94,20 @@ def test_embedded_models_refuse_workers_before_any_call(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("start", ["before the clients (run_job)", "after the clients"])
-def test_two_processes_run_every_instance_once_within_the_configured_bound(tmp_path: Path, caplog,
+def test_two_processes_run_every_instance_once_within_the_configured_bound(tmp_path: Path, caplog, monkeypatch,
                                                                           start: str) -> None:
     """One slot per model in each process: two requests at once means both processes called the stub, three
     would break the configured bound. The results, usage and journal are those of a one-process run, and the
     worker's log lines reach the job's log. Started before the job's clients (as ``run_job`` does), the worker is
-    forked on Linux and builds its own clients; started after them, it is spawned."""
+    forked on Linux and builds its own clients; started after them, it is spawned. A forked worker is slow to
+    leave after its last word (as on a loaded machine): stopping the workers waits for it, never kills it."""
+    real_exit = os._exit
+
+    def slow_exit(code: int) -> None:
+        time.sleep(2)
+        real_exit(code)
+
+    monkeypatch.setattr(os, "_exit", slow_exit)  # a forked worker inherits it; this process never exits by it
     with StubServer(latency_ms=150) as stub:
         config = stub_config(stub.url, tmp_path / "two", *_nine(), *_concurrency(2), "runtime.workers=2")
         before = start.startswith("before")

@@ -129,6 +129,17 @@ def concurrency_overrides(n: int) -> list[str]:
                                                                                             "judge")]
 
 
+def emit(report: str, out: Path | None) -> None:
+    """Print a report; with ``out``, also append it to that file after the sections it holds (created if absent):
+    the bench pages are logs of dated sections, never replaced."""
+    print(report)
+    if out is not None:
+        gap = "\n" if out.exists() and out.stat().st_size else ""
+        with out.open("a", encoding="utf-8") as log:
+            log.write(gap + report)
+        print(f"appended to {out}")
+
+
 def machine() -> dict[str, str]:
     model = "unknown"
     try:

@@ -50,7 +50,7 @@ from typing import Any, Callable
 
 from versus_official import OFFICIAL_MODELS, official_instances, ours_command
 
-from bench import ENV, Stub, machine
+from bench import ENV, Stub, emit, machine
 from cupid_exp.llm.pools import pool_name
 from cupid_exp.testing.cupid_data import write_dataset
 
@@ -291,11 +291,7 @@ def main() -> None:
         if "at random" in name and plain and all(r["model_s"] for r in runs + plain):
             kept = statistics.median(r["model_s"] for r in plain) / statistics.median(r["model_s"] for r in runs)
             lines.append(f"\n{name}: {100 * kept:.0f}% of the throughput without the refusals (model phase).")
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if args.out is not None:
-        with args.out.open("a") as f:
-            f.write(report)
+    emit("\n".join(lines) + "\n", args.out)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ Reported per size (a quarter of the benchmark, then all of it, so growth is visi
 times): whole-process wall, model phase against the ideal (requests × latency / concurrency), throughput,
 the model phase's CPU per request (every process that made calls), peak RSS (the job, the largest other
 process, the whole tree) and the size of the records the job keeps (instances.jsonl). Memory that grows
-with the instances by much more than the records do would show here. Results go to ``bench/scale.md``.
+with the instances by much more than the records do would show here. The report is printed; ``--out FILE`` also
+appends it (``bench/scale.md`` keeps the dated ones).
 
     python bench/scale.py [--sizes 189 756] [--workers 1 2] [--repeats 1] [--latency 0.5] [--concurrency 64]
 """
@@ -25,10 +26,8 @@ from pathlib import Path
 
 from versus_official import migrated_store, timed
 
-from bench import ENV, ROOT, Stub, machine, price_overrides
+from bench import ENV, ROOT, Stub, emit, machine, price_overrides
 from cupid_exp.testing.cupid_data import stub_overrides, write_dataset
-
-BENCH = Path(__file__).resolve().parent
 
 
 def run(size: int, args: argparse.Namespace, stub: Stub, work: Path, store: Path, workers: int = 1) -> dict:
@@ -65,7 +64,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1],
                         help="runtime.workers values, each run at every size (interleaved)")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each size x workers, interleaved")
-    parser.add_argument("--out", type=Path, default=BENCH / "scale.md")
+    parser.add_argument("--out", type=Path, help="also append the report to this file (bench/scale.md keeps them)")
     parser.add_argument("overrides", nargs="*", help="more cupid-exp overrides for every run (e.g. tracking=none)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="cupid-scale-"))
@@ -84,7 +83,7 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     m, load = machine(), os.getloadavg()
-    lines = ["# cupid-exp at benchmark scale", "",
+    lines = [f"## Scale bench, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
              f"`python bench/scale.py` on {time.strftime('%Y-%m-%d')}: task={args.task}, stub latency "
              f"{args.latency * 1000:.0f} ms, concurrency {args.concurrency} for every model, MLflow tracking (run, "
              f"progress, traces) into SQLite{'; overrides: ' + ' '.join(args.overrides) if args.overrides else ''}. "
@@ -114,9 +113,7 @@ def main() -> None:
                       f"{b['data_mb'] - a['data_mb']:.1f} MB and the records by "
                       f"{b['records_mb'] - a['records_mb']:.1f} MB "
                       "on disk."]
-    report = "\n".join(lines) + "\n"
-    args.out.write_text(report)
-    print(report)
+    emit("\n".join(lines) + "\n", args.out)
 
 
 if __name__ == "__main__":

@@ -29,9 +29,7 @@ from pathlib import Path
 
 from versus_official import migrated_store, timed
 
-from bench import ENV, ROOT, Stub, machine
-
-BENCH = Path(__file__).resolve().parent
+from bench import ENV, ROOT, Stub, emit, machine
 
 ROLES = ("persona_writer", "factor_writer", "session_writer", "user_simulator", "assistant_simulator", "decomposer",
          "validator")
@@ -145,12 +143,7 @@ def main() -> None:
                      f"{r['model_s']:.1f} | {r['peak']} / {r['mean']:.1f} | {r['instances']} | {r['failed']} | "
                      f"{r['cpu']:.1f} | {1000 * r['model_cpu'] / r['calls']:.1f} | {r['rss_tree']:.0f} | "
                      f"{ITEM6 * r['ideal'] + r['startup']:.1f} |")
-    report = "\n".join(lines) + "\n"
-    print("\n" + report, end="")
-    if args.out is not None:
-        with args.out.open("a", encoding="utf-8") as out:
-            out.write("\n" + report)
-        print(f"appended to {args.out}")
+    emit("\n".join(lines) + "\n", args.out)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import ENV, Stub, machine
+from bench import ENV, Stub, emit, machine
 from cupid_exp.testing.cupid_data import write_dataset
 
 BENCH = Path(__file__).resolve().parent
@@ -371,10 +371,7 @@ def main() -> None:
         if hung:
             report += (f"\n{len(hung)} official run(s) hung past {args.official_limit:.0f} s and were killed and left "
                        "out (that repeat's cupid-exp runs too): " + "; ".join(hung) + "\n")
-        if args.out is not None:
-            with args.out.open("a", encoding="utf-8") as out:  # a log of dated sections: never replace earlier ones
-                out.write(("\n" if args.out.stat().st_size else "") + report)
-        print(report)
+        emit(report, args.out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
